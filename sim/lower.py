@@ -1,0 +1,108 @@
+"""Lowering passes: L0 compute-only programs → L1 programs with communication, optimizer steps and explicit deps.
+
+Each pass is a pure ``Plan -> Plan`` function (style guide §10.7, after PyTorch's ``_add_send_recv``). Both the
+simulator and the executor run the lowered plan, so the dependencies they honour are the same edges, written once.
+
+Placement rules (DESIGN §3):
+    * A SEND goes right after the op that produces its tensor (the sender has it then).
+    * A RECV goes right before the op that consumes it, not where the sender happens to be in its program. PyTorch
+      places receives at the sender's position, which can leave a rank blocked on a receive long before it needs the
+      data (pytorch/pytorch#188833; zero-bubble schedules use a "recv deadline" for the same reason).
+    * Adjacent vstages on the same rank hand tensors over in memory: no SEND/RECV, only a dep edge.
+    * With these rules the SENDs on each directed channel (rank a → rank b) come in the same order as the matching
+      RECVs on b whenever the L0 order is consistent; ``sim.validate`` checks it, because the real transports match
+      point-to-point messages in posting order.
+"""
+
+from __future__ import annotations
+
+from sim.ir import Op, OpKind, Plan
+
+__all__ = ["lower", "add_send_recv", "add_optimizer_steps"]
+
+
+def lower(plan: Plan) -> Plan:
+    """Run every lowering pass on an L0 plan and return the L1 plan."""
+    if plan.level != "L0":
+        raise ValueError(f"lower() takes an L0 plan, got level {plan.level}")
+    return add_optimizer_steps(add_send_recv(plan))
+
+
+def add_send_recv(plan: Plan) -> Plan:
+    """Insert SEND_F/RECV_F and SEND_B/RECV_B around the compute ops and write the data dependencies.
+
+    Forward of (v, mb) needs the forward output of (v − 1, mb); the input-gradient backward (B or I) of (v, mb) needs
+    the input gradient of (v + 1, mb); a W needs the I of the same (v, mb), an R nothing but program order.
+    """
+    to_rank = plan.placement.vstage_to_rank
+    last = plan.num_vstages - 1
+    pair_ids: dict[tuple[OpKind, int, int], int] = {}
+    # (vstage, mb) whose backward is split into I + W: their input gradient comes from the I, otherwise from the B.
+    split = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.I}
+
+    def grad_kind(vstage: int, mb: int) -> OpKind:
+        return OpKind.I if (vstage, mb) in split else OpKind.B
+
+    def pair(kind: OpKind, sender_vstage: int, mb: int) -> int:
+        # Ids are handed out in the order the lowering first meets each transfer, which is fixed by the programs.
+        return pair_ids.setdefault((kind, sender_vstage, mb), len(pair_ids))
+
+    programs = []
+    for rank, program in enumerate(plan.programs):
+        out: list[Op] = []
+        for op in program:
+            v, mb = op.vstage, op.mb
+            assert mb is not None, f"L0 op {op.id} without a microbatch"
+            if op.kind is OpKind.F and v > 0:
+                src = Op(OpKind.F, v - 1, mb).id
+                if to_rank[v - 1] == rank:
+                    out.append(Op(op.kind, v, mb, deps=(src,)))
+                else:
+                    recv = Op(OpKind.RECV_F, v, mb, peer=to_rank[v - 1], pair=pair(OpKind.SEND_F, v - 1, mb),
+                              deps=(Op(OpKind.SEND_F, v - 1, mb).id,))
+                    out.extend((recv, Op(op.kind, v, mb, deps=(recv.id,))))
+            elif op.kind in (OpKind.B, OpKind.I) and v < last:
+                src = Op(grad_kind(v + 1, mb), v + 1, mb).id
+                if to_rank[v + 1] == rank:
+                    out.append(Op(op.kind, v, mb, deps=(src,)))
+                else:
+                    recv = Op(OpKind.RECV_B, v, mb, peer=to_rank[v + 1], pair=pair(OpKind.SEND_B, v + 1, mb),
+                              deps=(Op(OpKind.SEND_B, v + 1, mb).id,))
+                    out.extend((recv, Op(op.kind, v, mb, deps=(recv.id,))))
+            else:
+                out.append(Op(op.kind, v, mb))
+            if op.kind is OpKind.F and v < last and to_rank[v + 1] != rank:
+                out.append(Op(OpKind.SEND_F, v, mb, peer=to_rank[v + 1], pair=pair(OpKind.SEND_F, v, mb),
+                              deps=(op.id,)))
+            if op.kind in (OpKind.B, OpKind.I) and v > 0 and to_rank[v - 1] != rank:
+                out.append(Op(OpKind.SEND_B, v, mb, peer=to_rank[v - 1], pair=pair(OpKind.SEND_B, v, mb),
+                              deps=(op.id,)))
+        programs.append(tuple(out))
+    return plan.with_programs(tuple(programs), level="L1")
+
+
+def add_optimizer_steps(plan: Plan) -> Plan:
+    """Append one OPT_STEP per vstage right after the last op that produces its weight gradient (B or W).
+
+    This is the synchronous flush of GPipe and PipeDream-Flush: the weights of a stage change once per iteration,
+    after every microbatch has contributed its gradient.
+    """
+    programs = []
+    for program in plan.programs:
+        last_grad: dict[int, int] = {}
+        for pos, op in enumerate(program):
+            if op.kind in (OpKind.B, OpKind.W):
+                last_grad[op.vstage] = pos
+        # A SEND_B right after the last B still belongs before the step, so the gradient leaves as early as possible.
+        insert_after: dict[int, list[int]] = {}
+        for vstage, pos in last_grad.items():
+            while pos + 1 < len(program) and program[pos + 1].kind is OpKind.SEND_B:
+                pos += 1
+            insert_after.setdefault(pos, []).append(vstage)
+        out: list[Op] = []
+        for pos, op in enumerate(program):
+            out.append(op)
+            for vstage in sorted(insert_after.get(pos, ())):
+                out.append(Op(OpKind.OPT_STEP, vstage))
+        programs.append(tuple(out))
+    return plan.with_programs(tuple(programs), level=plan.level)
