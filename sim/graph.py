@@ -1,0 +1,249 @@
+"""The cost model of a network: a DAG of layers with FLOPs, parameter and activation bytes (DESIGN §5).
+
+A :class:`LayerGraph` is what every planner, schedule and the SimPy engine see of a model. It is built from a
+compact model spec by :func:`sim.models.build_model` (or from a measured profile) and carries the canonical spec it
+came from, so the executor can rebuild the very same network in torch.
+
+Memory convention (so that stage sums neither miss nor double-count a tensor):
+
+* ``Layer.saved_bytes`` counts the tensors a layer *creates* and that stay alive until backward, its own output
+  included (its consumer needs it for its weight gradient), but never the layer's input: that tensor was created,
+  and is counted, by the producing layer.
+* A pipeline stage holding layers ``[lo, hi)`` therefore keeps, per in-flight sample,
+  ``sum(saved_bytes) + received`` where ``received`` is ``input_bytes`` for the first stage and
+  ``boundary_bytes(lo)`` for the others (the copy of the previous stage's output that arrived over the link).
+
+All sizes are per sample: multiply by the microbatch size for a microbatch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+
+__all__ = ["Layer", "LayerGraph", "canonical_spec"]
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One node of a :class:`LayerGraph`: a layer's per-sample costs.
+
+    Attributes:
+        name: unique in its graph, e.g. ``"embed"``, ``"block0"``, ``"head"``, ``"conv0"``, ``"layer0"``.
+        kind: ``"embedding"``, ``"decoder"``, ``"head"``, ``"conv"``, ``"uniform"``, ...
+        flops_fwd: forward FLOPs per sample (one multiply-add = 2 FLOPs).
+        flops_bwd: backward FLOPs per sample, input and weight gradients together (2x forward for matmuls).
+        param_bytes: bytes of weights, in the graph's dtype.
+        activation_bytes: bytes per sample of the output tensor, i.e. what crosses a stage boundary after this layer.
+        saved_bytes: bytes per sample kept from forward until backward, the output included (module docstring).
+        workspace_bytes: transient bytes per sample alive only while the op runs.
+        fwd_s: device-independent forward time per sample in seconds, or None to derive it from FLOPs.
+        bwd_s: device-independent backward time per sample in seconds; set exactly when ``fwd_s`` is.
+    """
+
+    name: str
+    kind: str
+    flops_fwd: float
+    flops_bwd: float
+    param_bytes: int
+    activation_bytes: int
+    saved_bytes: int
+    workspace_bytes: int = 0
+    fwd_s: float | None = None
+    bwd_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for attr in ("name", "kind"):
+            value = getattr(self, attr)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"layer {attr} must be a non-empty string, got {value!r}")
+        for attr in ("flops_fwd", "flops_bwd"):
+            _check_number(self.name, attr, getattr(self, attr))
+        for attr in ("param_bytes", "activation_bytes", "saved_bytes", "workspace_bytes"):
+            value = getattr(self, attr)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"layer {self.name!r}: {attr} must be an int >= 0 (bytes), got {value!r}")
+        if (self.fwd_s is None) != (self.bwd_s is None):
+            raise ValueError(
+                f"layer {self.name!r}: set both fwd_s and bwd_s or neither, got {self.fwd_s!r}, {self.bwd_s!r}"
+            )
+        if self.fwd_s is not None:
+            _check_number(self.name, "fwd_s", self.fwd_s)
+            _check_number(self.name, "bwd_s", self.bwd_s)
+
+
+def _check_number(layer: str, attr: str, value: object) -> None:
+    """Raise ValueError unless ``value`` is a finite real number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"layer {layer!r}: {attr} must be a finite number >= 0, got {value!r}")
+
+
+def canonical_spec(name: str, values: Mapping[str, int | float]) -> str:
+    """The canonical spec string of a model: ``name:`` then every ``key=value``, keys sorted.
+
+    Integral floats print without a fraction (``fwd_ms=1``) and other floats with ``repr`` (shortest exact form),
+    so parsing the string back yields the same numbers.
+
+    >>> canonical_spec("gpt", {"layers": 2, "hidden": 64})
+    'gpt:hidden=64,layers=2'
+    """
+    parts = []
+    for key in sorted(values):
+        value = values[key]
+        if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+            text = str(int(value))
+        else:
+            text = repr(value)
+        parts.append(f"{key}={text}")
+    return f"{name}:{','.join(parts)}" if parts else name
+
+
+class LayerGraph:
+    """A model as a networkx DiGraph of layers; nodes are ints ``0..n-1`` in execution (topological) order.
+
+    Node attribute ``"layer"`` holds the :class:`Layer`; edge attribute ``"bytes"`` holds the bytes per sample of
+    the tensor flowing along it. The graph is frozen: build a new LayerGraph rather than editing one.
+
+    Args:
+        spec: canonical spec string the graph was built from (all parameters, keys sorted).
+        layers: the layers in execution order.
+        dtype_bytes: bytes per parameter element (2 for fp16 training, 4 for fp32).
+        edges: ``{(src, dst): bytes per sample}``; every edge must go forward (``src < dst``). Defaults to the chain
+            ``i -> i+1`` carrying ``layers[i].activation_bytes``. When given, it replaces the chain entirely.
+        input_bytes: bytes per sample of the model input (token ids, an image), received by layer 0.
+
+    Raises:
+        ValueError: no layers, duplicate names, an edge that is not forward (a self-loop, a cycle or layers not in
+            topological order), an edge naming a missing layer, or a negative / non-integer size.
+    """
+
+    __slots__ = ("spec", "dtype_bytes", "input_bytes", "graph", "layers", "_cut_bytes")
+
+    def __init__(
+        self,
+        spec: str,
+        layers: Sequence[Layer],
+        *,
+        dtype_bytes: int,
+        edges: Mapping[tuple[int, int], int] | None = None,
+        input_bytes: int = 0,
+    ) -> None:
+        if not isinstance(spec, str) or not spec:
+            raise ValueError(f"LayerGraph spec must be a non-empty string, got {spec!r}")
+        layers = tuple(layers)
+        if not layers:
+            raise ValueError(f"LayerGraph {spec!r} needs at least one layer, got 0")
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Layer):
+                raise ValueError(f"LayerGraph {spec!r}: layers[{i}] is not a Layer, got {layer!r}")
+        seen: dict[str, int] = {}
+        for i, layer in enumerate(layers):
+            if layer.name in seen:
+                raise ValueError(
+                    f"LayerGraph {spec!r}: duplicate layer name {layer.name!r} at {seen[layer.name]} and {i}"
+                )
+            seen[layer.name] = i
+        for attr, value, low in (("dtype_bytes", dtype_bytes, 1), ("input_bytes", input_bytes, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"LayerGraph {spec!r}: {attr} must be an int >= {low}, got {value!r}")
+
+        n = len(layers)
+        if edges is None:
+            edges = {(i, i + 1): layers[i].activation_bytes for i in range(n - 1)}
+        graph = nx.DiGraph()
+        for i, layer in enumerate(layers):
+            graph.add_node(i, layer=layer)
+        for (src, dst), nbytes in edges.items():
+            for end in (src, dst):
+                if isinstance(end, bool) or not isinstance(end, int) or not 0 <= end < n:
+                    raise ValueError(f"LayerGraph {spec!r}: edge ({src!r}, {dst!r}) names no layer (0..{n - 1})")
+            if src >= dst:
+                raise ValueError(
+                    f"LayerGraph {spec!r}: edge ({src}, {dst}) does not go forward; layers must be in "
+                    f"execution order, so self-loops and cycles are rejected"
+                )
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+                raise ValueError(f"LayerGraph {spec!r}: edge ({src}, {dst}) bytes must be an int >= 0, got {nbytes!r}")
+            graph.add_edge(src, dst, bytes=nbytes)
+        # Forward-only edges cannot form a cycle; this states the invariant the rest of sim relies on.
+        assert nx.is_directed_acyclic_graph(graph)
+
+        # cut_bytes[c] = bytes on edges (u, v) with u < c <= v: each edge adds its bytes to the cuts it crosses,
+        # accumulated as a difference array so building is O(n + edges).
+        diff = [0] * (n + 1)
+        for src, dst, nbytes in graph.edges(data="bytes"):
+            diff[src + 1] += nbytes
+            diff[dst + 1] -= nbytes
+        cut_bytes, running = [], 0
+        for c in range(n + 1):
+            running += diff[c]
+            cut_bytes.append(running)
+
+        self.spec = spec
+        self.dtype_bytes = dtype_bytes
+        self.input_bytes = input_bytes
+        self.graph = nx.freeze(graph)
+        self.layers: tuple[Layer, ...] = layers
+        self._cut_bytes = tuple(cut_bytes)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, i: int) -> Layer:
+        return self.layers[i]
+
+    def __iter__(self) -> Iterator[Layer]:
+        return iter(self.layers)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LayerGraph):
+            return NotImplemented
+        return (
+            self.spec == other.spec
+            and self.dtype_bytes == other.dtype_bytes
+            and self.input_bytes == other.input_bytes
+            and self.layers == other.layers
+            and self.edge_bytes() == other.edge_bytes()
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.spec, self.layers))
+
+    def __repr__(self) -> str:
+        return f"LayerGraph({self.spec!r}, {len(self)} layers)"
+
+    def edge_bytes(self) -> dict[tuple[int, int], int]:
+        """Every edge as ``{(src, dst): bytes per sample}``."""
+        return {(u, v): b for u, v, b in self.graph.edges(data="bytes")}
+
+    def param_count(self, i: int) -> int:
+        """Number of parameters of layer ``i`` (``param_bytes // dtype_bytes``)."""
+        return self.layers[i].param_bytes // self.dtype_bytes
+
+    def boundary_bytes(self, cut: int) -> int:
+        """Bytes per sample on edges from layers ``[0, cut)`` to ``[cut, n)``: what a stage cut before ``cut`` sends.
+
+        Raises:
+            ValueError: ``cut`` is not an int with ``0 < cut < n``.
+        """
+        n = len(self.layers)
+        if isinstance(cut, bool) or not isinstance(cut, int) or not 0 < cut < n:
+            raise ValueError(f"cut must be an int with 0 < cut < {n} for {self.spec!r}, got {cut!r}")
+        return self._cut_bytes[cut]
+
+    def total_param_bytes(self) -> int:
+        """Bytes of all weights in the graph's dtype."""
+        return sum(layer.param_bytes for layer in self.layers)
+
+    def summary(self) -> str:
+        """One line: layer count, parameters (millions), forward GFLOP per sample (and time when fixed)."""
+        params = sum(self.param_count(i) for i in range(len(self)))
+        gflop = sum(layer.flops_fwd for layer in self.layers) / 1e9
+        text = f"{self.spec}: {len(self)} layers, {params / 1e6:.2f}M params, {gflop:.3f} GFLOP/sample fwd"
+        if all(layer.fwd_s is not None for layer in self.layers):
+            fwd_ms = sum(layer.fwd_s for layer in self.layers) * 1e3  # type: ignore[misc]
+            text += f", {fwd_ms:g} ms/sample fwd"
+        return text

@@ -1,0 +1,71 @@
+"""The model zoo: compact specs such as ``gpt:layers=48,hidden=2048`` turned into a :class:`LayerGraph`.
+
+Every model reads its keys with defaults and rejects unknown keys, so the graph's ``spec`` is canonical: all keys,
+sorted, defaults filled in. ``build_model(graph.spec)`` rebuilds an equal graph, and the executor rebuilds the
+torch modules from the same string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from sim.errors import SpecError
+from sim.graph import LayerGraph, canonical_spec
+from sim.models import cnn, gpt, uniform
+from sim.spec import SpecParams, parse_spec
+
+__all__ = ["ModelEntry", "MODELS", "build_model", "format_model_list"]
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model of the zoo.
+
+    Attributes:
+        name: the spec name, e.g. ``"gpt"``.
+        description: one line for ``--model list``.
+        defaults: every key the model accepts, with its default value.
+        build: reads the keys from a :class:`SpecParams` (rejecting unknown ones) and returns the graph.
+    """
+
+    name: str
+    description: str
+    defaults: Mapping[str, int | float]
+    build: Callable[[SpecParams], LayerGraph]
+
+
+MODELS: Mapping[str, ModelEntry] = MappingProxyType(
+    {
+        module.NAME: ModelEntry(module.NAME, module.DESCRIPTION, MappingProxyType(dict(module.DEFAULTS)), module.build)
+        for module in (uniform, gpt, cnn)
+    }
+)
+
+
+def build_model(spec: str) -> LayerGraph:
+    """Build the :class:`LayerGraph` for a model spec such as ``"gpt:layers=2,hidden=64"``.
+
+    Raises:
+        SpecError: an unknown model name (the message lists the known ones), an unknown key, a non-numeric,
+            zero or negative size, or a model-specific constraint (``heads`` divides ``hidden``, odd ``kernel``).
+    """
+    name, raw = parse_spec(spec)
+    entry = MODELS.get(name)
+    if entry is None:
+        raise SpecError(f"unknown model {name!r} in spec {spec!r} (known: {', '.join(sorted(MODELS))})")
+    params = SpecParams(spec, raw)
+    graph = entry.build(params)
+    params.finish()  # each build already does; this guards a model that forgets
+    return graph
+
+
+def format_model_list() -> str:
+    """Text for ``--model list``: each model's full default spec, then its description indented below."""
+    lines = []
+    for name in sorted(MODELS):
+        entry = MODELS[name]
+        lines.append(canonical_spec(name, entry.defaults))
+        lines.append(f"    {entry.description}")
+    return "\n".join(lines)
