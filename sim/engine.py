@@ -1,0 +1,224 @@
+"""The SimPy engine: replays an L1 plan on a topology with a cost model and returns the trace (DESIGN §6).
+
+Semantics, shared with the dry run in ``sim.validate`` and with the executor:
+
+* One process per rank walks its program in order. Compute-stream ops (F, B, I, W, OPT_STEP) block the walker: an
+  op starts when the previous one has finished and every op in its ``deps`` is done, then runs for its cost.
+* SEND and RECV are issued without blocking the walker (the ``isend``/``irecv`` of the executor). A transfer starts
+  once both sides are issued and the SEND's deps are done (a rendezvous, as point-to-point transports do), occupies
+  every link on its path for ``Σ latency + bytes / min bandwidth`` — the closed form of ``Topology.transfer_time`` —
+  and completes both ops. Links are SimPy resources of capacity one, so transfers that share a link wait for each
+  other; a transfer takes its links in one global order, so two transfers can never hold one link each and wait on
+  the other.
+* Memory per device: the training state of its stages from the start, plus each in-flight microbatch's
+  activations from the start of its F to the end of its B (or W when the backward is split), plus the op's
+  workspace while it runs. Going over the device's capacity raises :class:`OutOfMemoryError` naming the device,
+  the time and the op.
+
+The plan is never mutated; ties are broken by SimPy's event ids, so the same inputs give the same trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from sim.costs import CostModel
+from sim.errors import SpecError
+from sim.ir import RECV_KINDS, Op, OpKind, Plan
+from sim.topology import Topology
+from sim.trace import Span, Trace
+from sim.validate import PlanError
+
+__all__ = ["simulate", "SimResult", "OutOfMemoryError", "HANDLED_KINDS"]
+
+
+class OutOfMemoryError(SpecError):
+    """A device needs more memory than it has; the message names device, time and op."""
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What a simulation produced.
+
+    Attributes:
+        trace: every op's span.
+        peak_memory_bytes: per rank, the highest memory in use at any time, bytes.
+        link_bytes: ``((src, dst), bytes)`` carried by each directed link that was used, sorted.
+    """
+
+    trace: Trace
+    peak_memory_bytes: tuple[int, ...]
+    link_bytes: tuple[tuple[tuple[str, str], int], ...]
+
+
+_Proc = Generator[simpy.Event, Any, None]
+
+
+class _Run:
+    """The state of one simulation. Built, run once, turned into a :class:`SimResult`."""
+
+    def __init__(self, plan: Plan, costs: CostModel, topology: Topology, check_memory: bool) -> None:
+        self.plan, self.costs, self.topology, self.check_memory = plan, costs, topology, check_memory
+        self.env = simpy.Environment()
+        self.done: dict[str, simpy.Event] = {op.id: self.env.event() for program in plan.programs for op in program}
+        self.recv_of_pair: dict[int, Op] = {
+            op.pair: op for program in plan.programs for op in program if op.kind in RECV_KINDS  # type: ignore[misc]
+        }
+        self.recv_issued: dict[int, simpy.Event] = {pair: self.env.event() for pair in self.recv_of_pair}
+        self.links: dict[tuple[str, str], simpy.Resource] = {}
+        self.link_bytes: dict[tuple[str, str], int] = {}
+        self.spans: list[tuple] = []
+        self.position = [0] * plan.num_ranks
+        placement = plan.placement
+        self.capacity = [device.memory_bytes for device in topology.devices[: plan.num_ranks]]
+        self.memory = [sum(costs.state_bytes(v) for v in placement.vstages_of(r)) for r in range(plan.num_ranks)]
+        self.peak = list(self.memory)
+        # The op after which a microbatch's activations are freed: W when the backward is split, else B.
+        self.frees = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.W}
+        self.handlers: dict[OpKind, Callable[[int, Op], _Proc | None]] = {
+            OpKind.F: self._compute,
+            OpKind.B: self._compute,
+            OpKind.I: self._compute,
+            OpKind.W: self._compute,
+            OpKind.OPT_STEP: self._compute,
+            OpKind.SEND_F: self._send,
+            OpKind.SEND_B: self._send,
+            OpKind.RECV_F: self._recv,
+            OpKind.RECV_B: self._recv,
+        }
+
+    # --- memory ----------------------------------------------------------------------------------------------------
+
+    def _allocate(self, rank: int, nbytes: int, op: Op) -> None:
+        self.memory[rank] += nbytes
+        if self.memory[rank] > self.peak[rank]:
+            self.peak[rank] = self.memory[rank]
+            if self.check_memory and self.memory[rank] > self.capacity[rank]:
+                device = self.topology.devices[rank].name
+                raise OutOfMemoryError(
+                    f"out of memory on rank {rank} ({device}) at t={self.env.now * 1e3:.3f} ms during {op.id}: "
+                    f"needs {self.memory[rank] / 1e9:.2f} GB > {self.capacity[rank] / 1e9:.2f} GB "
+                    f"(fewer microbatches in flight, a smaller --microbatch-size or more stages would fit)"
+                )
+
+    # --- handlers --------------------------------------------------------------------------------------------------
+
+    def _walk(self, rank: int) -> _Proc:
+        for pos, op in enumerate(self.plan.programs[rank]):
+            self.position[rank] = pos
+            step = self.handlers[op.kind](rank, op)
+            if step is not None:
+                yield from step
+        self.position[rank] = len(self.plan.programs[rank])
+
+    def _compute(self, rank: int, op: Op) -> _Proc:
+        for dep in op.deps:
+            event = self.done[dep]
+            if not event.processed:
+                yield event
+        start = self.env.now
+        kind, vstage = op.kind, op.vstage
+        activation = self.costs.activation_bytes(vstage)
+        workspace = self.costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
+        self._allocate(rank, workspace + (activation if kind is OpKind.F else 0), op)
+        duration = self.costs.compute_time(kind, vstage)
+        if duration > 0:
+            yield self.env.timeout(duration)
+        freed = workspace
+        if kind is OpKind.W or (kind is OpKind.B and (vstage, op.mb) not in self.frees):
+            freed += activation
+        self.memory[rank] -= freed
+        self.spans.append((op, rank, "compute", start, self.env.now))
+        self.done[op.id].succeed()
+
+    def _send(self, rank: int, op: Op) -> None:
+        self.env.process(self._transfer(rank, op))
+
+    def _recv(self, rank: int, op: Op) -> None:
+        self.recv_issued[op.pair].succeed()  # type: ignore[index]
+
+    def _transfer(self, src: int, send: Op) -> _Proc:
+        for dep in send.deps:
+            event = self.done[dep]
+            if not event.processed:
+                yield event
+        recv = self.recv_of_pair[send.pair]  # type: ignore[index]
+        yield self.recv_issued[send.pair]  # type: ignore[index]
+        dst = send.peer
+        assert dst is not None
+        nbytes = self.costs.message_bytes(send.kind, send.vstage)
+        duration = self.topology.transfer_time(nbytes, src, dst)
+        path = self.topology.path(src, dst)
+        held = []
+        if duration > 0:
+            for key in sorted((link.src, link.dst) for link in path):
+                resource = self.links.get(key)
+                if resource is None:
+                    resource = self.links[key] = simpy.Resource(self.env, capacity=1)
+                request = resource.request()
+                yield request
+                held.append((resource, request))
+        start = self.env.now
+        if duration > 0:
+            yield self.env.timeout(duration)
+        for resource, request in held:
+            resource.release(request)
+        for link in path:
+            key = (link.src, link.dst)
+            self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
+        end = self.env.now
+        self.spans.append((send, src, "send", start, end))
+        self.spans.append((recv, dst, "recv", start, end))
+        self.done[send.id].succeed()
+        self.done[recv.id].succeed()
+
+    # --- driver ----------------------------------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        for rank in range(self.plan.num_ranks):
+            self.env.process(self._walk(rank))
+        self.env.run()
+        stuck = [r for r, program in enumerate(self.plan.programs) if self.position[r] < len(program)]
+        if stuck or not all(event.triggered for event in self.done.values()):
+            lines = [f"  rank {r}: stuck at {self.plan.programs[r][self.position[r]].id}" for r in stuck]
+            raise PlanError("simulation stopped before the plan finished (deadlock)\n" + "\n".join(lines))
+        spans = [
+            Span(op.id, op.kind.value, rank, stream, start, end, op.vstage, op.mb, op.pair, op.peer)
+            for op, rank, stream, start, end in self.spans
+        ]
+        devices = [device.name for device in self.topology.devices[: self.plan.num_ranks]]
+        trace = Trace.from_spans(spans, devices, {"source": "sim", "schedule": self.plan.schedule})
+        return SimResult(trace, tuple(self.peak), tuple(sorted(self.link_bytes.items())))
+
+
+HANDLED_KINDS = frozenset(
+    {OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.OPT_STEP, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F,
+     OpKind.RECV_B}
+)
+
+
+def simulate(plan: Plan, costs: CostModel, topology: Topology, *, check_memory: bool = True) -> SimResult:
+    """Simulate one iteration of an L1 plan.
+
+    Args:
+        plan: a lowered, validated plan.
+        costs: durations and sizes of its ops.
+        topology: the devices and links; rank r runs on ``topology.devices[r]``.
+        check_memory: raise :class:`OutOfMemoryError` when a device's memory is exceeded (else only report peaks).
+
+    Raises:
+        PlanError: the plan is not lowered, uses an op kind the engine has no handler for, or deadlocks.
+        OutOfMemoryError: a device runs out of memory.
+    """
+    if plan.level != "L1":
+        raise PlanError(f"the engine runs lowered (L1) plans, got {plan.level}")
+    if plan.num_ranks > topology.num_ranks:
+        raise PlanError(f"plan has {plan.num_ranks} ranks but topology {topology} has {topology.num_ranks} devices")
+    unhandled = sorted({op.kind.value for program in plan.programs for op in program} - {k.value for k in HANDLED_KINDS})
+    if unhandled:
+        raise PlanError(f"the engine has no handler for op kind(s) {', '.join(unhandled)}")
+    return _Run(plan, costs, topology, check_memory).run()

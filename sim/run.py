@@ -1,0 +1,105 @@
+"""``python -m sim.run``: simulate one pipeline-parallel training iteration and write its plan and timeline.
+
+Example::
+
+    python -m sim.run --topology 16xV100 --model gpt:layers=48,hidden=2048 --schedule 1f1b --microbatches 32 \\
+        --out runs/a
+
+writes ``runs/a/plan.json`` (the lowered plan the executor runs), ``schedule.csv`` (compute-only view, PyTorch's
+CSV syntax), ``metrics.json``, ``trace.json`` (Chrome trace) and ``gantt.png``, and prints a summary. ``--model list``
+and ``--topology list`` print what is built in. Bad input prints one ``error: ...`` line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sim.engine import simulate
+from sim.errors import SpecError, fail, run_cli
+from sim.metrics import compute_metrics, write_text_atomic
+from sim.models import format_model_list
+from sim.outputs import format_summary, write_run_outputs
+from sim.planning import PlanInputs, build_plan
+from sim.schedule_csv import dumps_schedule_csv
+from sim.schedules import SCHEDULES
+from sim.topology import format_topology_list
+
+__all__ = ["main", "make_parser"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the house error format: one ``error: ...`` line, exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        fail(message)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The ``sim.run`` argument parser."""
+    parser = _Parser(prog="python -m sim.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--topology", required=True, help="e.g. 16xV100, 2x8xA100, 4xV100+4xA100, dgx-h100, 4xideal, "
+                        "a YAML file, or 'list'")
+    parser.add_argument("--model", required=True, help="e.g. gpt:layers=48,hidden=2048, uniform:layers=8, or 'list'")
+    parser.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULES), help="schedule generator")
+    parser.add_argument("--schedule-file", help="compute-only schedule CSV (PyTorch pipelining syntax) to run instead")
+    parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration (default 8)")
+    parser.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch (default 1)")
+    parser.add_argument("--partition", default="balanced",
+                        help="uniform, balanced (exact DP, default) or layer counts per stage such as 12,12,13,13")
+    parser.add_argument("--profile", help="measured profile JSON (profiles/README.md) replacing roofline costs")
+    parser.add_argument("--ignore-memory", action="store_true",
+                        help="report peak memory but do not fail when a device runs out")
+    parser.add_argument("--no-gantt", action="store_true", help="skip drawing gantt.png")
+    parser.add_argument("--out", help="output directory")
+    return parser
+
+
+def _run(argv: list[str] | None) -> int:
+    args = make_parser().parse_args(argv)
+    if args.model == "list" or args.topology == "list":
+        print(format_model_list() if args.model == "list" else format_topology_list())
+        return 0
+    if not args.out:
+        raise SpecError("--out is required (the directory to write plan.json, trace.json, gantt.png into)")
+    built = build_plan(PlanInputs(
+        model=args.model, topology=args.topology, schedule=args.schedule, microbatches=args.microbatches,
+        microbatch_size=args.microbatch_size, partition=args.partition, profile=args.profile,
+        schedule_file=args.schedule_file,
+    ))
+    plan, topology = built.plan, built.topology
+    print(topology.describe())
+    print(f"model {built.graph.summary()}")
+    print(f"plan {plan.schedule}: {plan.num_vstages} stages on {plan.num_ranks} ranks, layers per stage "
+          f"{','.join(map(str, plan.placement.layer_counts()))}, {plan.num_microbatches} microbatches × "
+          f"{plan.microbatch_size} sample(s)")
+    result = simulate(plan, built.costs, topology, check_memory=not args.ignore_memory)
+    metrics = compute_metrics(
+        result.trace,
+        num_microbatches=plan.num_microbatches,
+        microbatch_size=plan.microbatch_size,
+        peak_memory_bytes=result.peak_memory_bytes,
+        memory_capacity_bytes=[d.memory_bytes for d in topology.devices[: plan.num_ranks]],
+        link_bytes=result.link_bytes,
+    )
+    metrics["plan"] = {"schedule": plan.schedule, "model": plan.model, "topology": plan.topology,
+                       "layers_per_stage": list(plan.placement.layer_counts())}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(plan.dumps(), out / "plan.json")
+    write_text_atomic(dumps_schedule_csv(plan.programs), out / "schedule.csv")
+    title = f"{plan.schedule} · {plan.model} · {plan.topology} · m={plan.num_microbatches}"
+    names = write_run_outputs(out, result.trace, metrics, title=title, gantt=not args.no_gantt)
+    print(format_summary(metrics))
+    print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    return run_cli(lambda: _run(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
