@@ -1,0 +1,136 @@
+"""``python -m sim.run``: outputs, determinism, schedule files and the one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sim.ir import Plan
+from sim.run import main
+from sim.viz.chrome_trace import read_chrome_trace
+
+SMALL = ["--topology", "4xV100", "--model", "gpt:layers=6,hidden=256,seq=128,vocab=1000", "--microbatches", "6"]
+
+
+def _run(capsys, *args):
+    code = main(list(args))
+    return code, capsys.readouterr()
+
+
+def test_writes_every_output_and_a_summary(tmp_path, capsys):
+    code, out = _run(capsys, *SMALL, "--out", str(tmp_path))
+    assert code == 0
+    for name in ("plan.json", "schedule.csv", "metrics.json", "trace.json", "gantt.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    for key in ("iteration_time_s", "throughput_samples_per_s", "bubble_fraction"):
+        assert key in metrics
+    assert [d["rank"] for d in metrics["devices"]] == [0, 1, 2, 3]
+    assert all({"device", "busy_s", "bubble_fraction", "peak_memory_bytes"} <= set(d) for d in metrics["devices"])
+    trace = read_chrome_trace(tmp_path / "trace.json")
+    assert metrics["iteration_time_s"] == pytest.approx(trace.makespan)
+    plan = Plan.loads((tmp_path / "plan.json").read_text())
+    assert plan.level == "L1" and plan.num_ranks == 4
+    assert "iteration time" in out.out and "bubble fraction" in out.out and "DGX-1" in out.out
+
+
+def test_same_inputs_give_byte_identical_plan_and_trace(tmp_path, capsys):
+    for name in ("a", "b"):
+        assert _run(capsys, *SMALL, "--schedule", "gpipe", "--no-gantt", "--out", str(tmp_path / name))[0] == 0
+    for name in ("plan.json", "trace.json", "metrics.json", "schedule.csv"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_schedule_csv_reads_back_to_the_same_plan(tmp_path, capsys):
+    assert _run(capsys, *SMALL, "--no-gantt", "--out", str(tmp_path / "gen"))[0] == 0
+    csv = tmp_path / "gen" / "schedule.csv"
+    assert csv.read_text().splitlines()[0].startswith("0F0,0F1,0F2,0F3,0B0,")
+    assert _run(capsys, *SMALL, "--schedule-file", str(csv), "--no-gantt", "--out", str(tmp_path / "file"))[0] == 0
+    generated = Plan.loads((tmp_path / "gen" / "plan.json").read_text())
+    loaded = Plan.loads((tmp_path / "file" / "plan.json").read_text())
+    assert loaded.programs == generated.programs and loaded.placement == generated.placement
+    a = json.loads((tmp_path / "gen" / "metrics.json").read_text())
+    b = json.loads((tmp_path / "file" / "metrics.json").read_text())
+    assert a["iteration_time_s"] == b["iteration_time_s"]
+
+
+def test_lists(capsys):
+    code, out = _run(capsys, "--model", "list", "--topology", "x")
+    assert code == 0 and "gpt" in out.out and "uniform" in out.out
+    code, out = _run(capsys, "--model", "x", "--topology", "list")
+    assert code == 0 and "dgx-h100" in out.out and "ideal" in out.out
+
+
+def _bad_files(tmp_path):
+    csv = tmp_path / "bad.csv"
+    csv.write_text("0F0,0B0\n1F0,zzz\n")
+    yaml_file = tmp_path / "bad.yaml"
+    yaml_file.write_text("nodes: [::: not yaml\n")
+    return csv, yaml_file
+
+
+BAD = [
+    (["--topology", "4xB300", "--model", "uniform"], "B300"),
+    (["--topology", "0xV100", "--model", "uniform"], "0xV100"),
+    (["--topology", "16xV1OO", "--model", "uniform"], "V1OO"),
+    (["--topology", "2xV100", "--model", "gpt:layers=-1"], "-1"),
+    (["--topology", "2xV100", "--model", "uniform:layers=0"], "layers"),
+    (["--topology", "2xV100", "--model", "uniform", "--microbatches", "0"], "--microbatches"),
+    (["--topology", "2xV100", "--model", "uniform", "--microbatches", "-3"], "-3"),
+    (["--topology", "2xV100", "--model", "uniform", "--microbatch-size", "0"], "--microbatch-size"),
+    (["--topology", "2xV100", "--model", "uniform", "--microbatches", "x"], "'x'"),
+    (["--topology", "2xV100", "--model", "uniform", "--schedule", "zb9"], "zb9"),
+    (["--topology", "8xideal", "--model", "uniform:layers=4"], "more stages (8"),
+    (["--topology", "2xV100", "--model", "bert"], "bert"),
+    (["--topology", "2xV100", "--model", "uniform", "--partition", "3,3"], "3,3"),
+    (["--topology", "2xV100", "--model", "uniform", "--profile", "/nonexistent/p.json"], "/nonexistent/p.json"),
+]
+
+
+@pytest.mark.parametrize("args, needle", BAD)
+def test_bad_input_is_one_error_line_and_status_2(tmp_path, capsys, args, needle):
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--out", str(tmp_path / "out")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and needle in err, err
+    assert not (tmp_path / "out" / "plan.json").exists()
+
+
+def test_malformed_schedule_csv_and_yaml(tmp_path, capsys):
+    csv, yaml_file = _bad_files(tmp_path)
+    for args, needle in (
+        (["--topology", "2xV100", "--model", "uniform", "--schedule-file", str(csv)], "row 2, column 2"),
+        (["--topology", str(yaml_file), "--model", "uniform"], "bad.yaml"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main([*args, "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.startswith("error: ") and needle in err, err
+
+
+def test_deadlocking_schedule_file_is_rejected_before_running(tmp_path, capsys):
+    csv = tmp_path / "deadlock.csv"
+    csv.write_text("0F0,0B0,0F1,0B1\n1F0,1F1,1B0,1B1\n")
+    with pytest.raises(SystemExit) as info:
+        main(["--topology", "2xideal", "--model", "uniform:layers=2", "--schedule-file", str(csv),
+              "--partition", "1,1", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("error: plan deadlocks") and ">>0B0<<" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_of_memory_leaves_no_outputs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--topology", "2xV100", "--model", "uniform:layers=2,act_mb=12000", "--schedule", "gpipe",
+              "--out", str(tmp_path / "out")])
+    assert info.value.code == 2 and "out of memory on rank 0" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "plan.json").exists()
+
+
+def test_no_traceback_from_the_real_entry_point(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "sim.run", "--topology", "16xV1OO", "--model", "uniform",
+                           "--out", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.startswith("error: ")
