@@ -218,7 +218,8 @@ def simulate(plan: Plan, costs: CostModel, topology: Topology, *, check_memory: 
         raise PlanError(f"the engine runs lowered (L1) plans, got {plan.level}")
     if plan.num_ranks > topology.num_ranks:
         raise PlanError(f"plan has {plan.num_ranks} ranks but topology {topology} has {topology.num_ranks} devices")
-    unhandled = sorted({op.kind.value for program in plan.programs for op in program} - {k.value for k in HANDLED_KINDS})
+    kinds = {op.kind for program in plan.programs for op in program}
+    unhandled = sorted(kind.value for kind in kinds - HANDLED_KINDS)
     if unhandled:
         raise PlanError(f"the engine has no handler for op kind(s) {', '.join(unhandled)}")
     return _Run(plan, costs, topology, check_memory).run()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from sim.errors import SpecError
@@ -38,7 +38,7 @@ __all__ = [
 FORMAT_VERSION = 1
 
 
-class OpKind(str, Enum):
+class OpKind(StrEnum):
     """What an op does. The value is its spelling in the string notation."""
 
     F = "F"  # forward of (vstage, mb); the last stage's F includes the loss

@@ -62,9 +62,11 @@ class _StageCoster:
         prefix = self.prefix[self.topology.devices[stage].name]
         time = prefix[end] - prefix[start]
         if end < len(self.graph) and stage + 1 < num_stages:
-            time += self.topology.transfer_time(self.microbatch_size * self.graph.boundary_bytes(end), stage, stage + 1)
+            activation = self.microbatch_size * self.graph.boundary_bytes(end)
+            time += self.topology.transfer_time(activation, stage, stage + 1)
         if start > 0 and stage > 0:
-            time += self.topology.transfer_time(self.microbatch_size * self.graph.boundary_bytes(start), stage, stage - 1)
+            gradient = self.microbatch_size * self.graph.boundary_bytes(start)
+            time += self.topology.transfer_time(gradient, stage, stage - 1)
         return time
 
 

@@ -75,7 +75,7 @@ class Trace:
                 raise ValueError(f"span {span.op} ends before it starts ({span.start} > {span.end})")
 
     @classmethod
-    def from_spans(cls, spans, devices, meta=None) -> "Trace":
+    def from_spans(cls, spans, devices, meta=None) -> Trace:
         """Build a trace from spans in any order; sorts them canonically."""
         ordered = tuple(sorted(spans, key=lambda s: (s.start, s.rank, STREAMS.index(s.stream), s.end, s.op)))
         return cls(ordered, tuple(devices), dict(meta or {}))

@@ -96,7 +96,7 @@ def test_two_transfers_sharing_links_take_longer_than_one():
     # Rank 0 → 2 and rank 1 → 3 of 2x2xV100 both cross the inter-node network in the same direction.
     topology = "2x2xV100"
     topo = Topology.parse(topology)
-    shared = {(l.src, l.dst) for l in topo.path(0, 2)} & {(l.src, l.dst) for l in topo.path(1, 3)}
+    shared = {(hop.src, hop.dst) for hop in topo.path(0, 2)} & {(hop.src, hop.dst) for hop in topo.path(1, 3)}
     assert shared, "the two paths were expected to share a link"
     s0, r0 = _transfer_program(0, 0, 2, pair=0)
     s1, r1 = _transfer_program(2, 1, 3, pair=1)
@@ -187,10 +187,11 @@ def test_random_plans_simulate_and_respect_lower_bounds(p, m, schedule, topology
     n = data.draw(st.integers(p, 3 * p), label="layers")
     times = data.draw(st.lists(st.tuples(st.floats(1e-4, 1e-2), st.floats(1e-4, 2e-2)), min_size=n, max_size=n))
     acts = data.draw(st.lists(st.integers(0, 50_000_000), min_size=n, max_size=n), label="activation bytes")
-    layers = [Layer(f"l{i}", "uniform", 0.0, 0.0, 1000, a, a, 0, f, b) for i, ((f, b), a) in enumerate(zip(times, acts))]
+    layers = [Layer(f"l{i}", "uniform", 0.0, 0.0, 1000, a, a, 0, f, b)
+              for i, ((f, b), a) in enumerate(zip(times, acts))]
     graph = LayerGraph("custom", layers, dtype_bytes=2, input_bytes=1000)
     topo = Topology.parse(topology.format(p=p))
-    cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), min_size=p - 1, max_size=p - 1), label="cuts")) if p > 1 else []
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, n - 1)), min_size=p - 1, max_size=p - 1), label="cuts"))
     bounds = [0, *cuts, n]
     placement = Placement(tuple(zip(bounds, bounds[1:])), tuple(range(p)))
     l0 = Plan(schedule, "L0", "custom", str(topo), m, 1, "flush", placement, SCHEDULES[schedule].build(p, m))

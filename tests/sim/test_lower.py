@@ -51,7 +51,7 @@ def test_same_rank_neighbours_get_a_dep_not_a_transfer():
 
 def test_one_opt_step_per_stage_after_its_last_backward():
     l1 = lower(_plan("gpipe", 3, 4))
-    for rank, program in enumerate(l1.programs):
+    for program in l1.programs:
         steps = [pos for pos, op in enumerate(program) if op.kind is OpKind.OPT_STEP]
         assert len(steps) == 1
         last_backward = max(pos for pos, op in enumerate(program) if op.kind is OpKind.B)
