@@ -1,0 +1,102 @@
+"""Layer costs: roofline closed form, synthetic times, measured-profile override, memory terms."""
+
+import json
+
+import pytest
+
+from sim.costs import CostModel, layer_costs, state_bytes_per_param
+from sim.errors import SpecError
+from sim.hardware import get_device
+from sim.ir import OpKind, Placement
+from sim.models import build_model
+from sim.profile import load_profile
+from sim.topology import Topology
+
+
+def test_roofline_of_a_gpt_block_is_compute_bound_on_v100():
+    graph = build_model("gpt:layers=2,hidden=2048,seq=1024,heads=16")
+    v100 = get_device("V100")
+    costs = layer_costs(graph, v100, microbatch_size=2)
+    block = graph[1]
+    flops_per_s = v100.peak_flops * v100.matmul_efficiency
+    assert costs.fwd[1] == pytest.approx(2 * block.flops_fwd / flops_per_s + v100.launch_overhead_s, rel=1e-12)
+    assert costs.bwd[1] == pytest.approx(2 * block.flops_bwd / flops_per_s + v100.launch_overhead_s, rel=1e-12)
+    # Adam reads and writes 16 bytes of state per parameter, memory bound.
+    state = graph.param_count(1) * 16
+    assert costs.opt[1] == pytest.approx(2 * state / v100.memory_bandwidth + v100.launch_overhead_s, rel=1e-12)
+
+
+def test_embedding_lookup_is_memory_bound():
+    graph = build_model("gpt:layers=1,hidden=512,seq=64,vocab=1000")
+    v100 = get_device("V100")
+    embed = graph[0]
+    moved = embed.param_bytes + 1 * (graph.input_bytes + embed.activation_bytes)
+    assert layer_costs(graph, v100, 1).fwd[0] == pytest.approx(moved / v100.memory_bandwidth + v100.launch_overhead_s)
+
+
+def test_synthetic_times_scale_with_microbatch_size_on_any_device():
+    graph = build_model("uniform:layers=2,fwd_ms=1.5,bwd_ms=3")
+    for device in ("V100", "T4", "ideal"):
+        costs = layer_costs(graph, get_device(device), microbatch_size=4)
+        assert costs.fwd == (6e-3, 6e-3) and costs.bwd == (12e-3, 12e-3) and costs.opt == (0.0, 0.0)
+
+
+def test_state_bytes_per_param():
+    assert state_bytes_per_param(2) == 16  # fp16 weights + grads, fp32 master, m, v (ZeRO §3.1)
+    assert state_bytes_per_param(4) == 16  # fp32 weights + grads + m + v, no master copy
+
+
+def _profile(tmp_path, graph, device="v100-sxm2-32gb", **overrides):
+    data = {
+        "format": "pipedejavu-profile", "format_version": 1, "model": graph.spec, "device": device,
+        "microbatch_size": 2,
+        "layers": [{"name": layer.name, "fwd_s": 0.001 * (i + 1), "bwd_s": 0.002 * (i + 1)}
+                   for i, layer in enumerate(graph.layers)],
+    }
+    data.update(overrides)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_profile_replaces_roofline_only_on_its_device(tmp_path):
+    graph = build_model("gpt:layers=2,hidden=256,seq=64,vocab=1000")
+    profile = load_profile(_profile(tmp_path, graph))
+    measured = layer_costs(graph, get_device("V100"), microbatch_size=4, profile=profile)
+    assert measured.fwd == pytest.approx((0.002, 0.004, 0.006, 0.008))  # × 4/2 for the microbatch size
+    assert measured.bwd == pytest.approx((0.004, 0.008, 0.012, 0.016))
+    other = layer_costs(graph, get_device("A100"), microbatch_size=4, profile=profile)
+    assert other == layer_costs(graph, get_device("A100"), microbatch_size=4)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"format": "x"}, "pipedejavu-profile"),
+    ({"format_version": 7}, "format_version 7"),
+    ({"microbatch_size": 0}, "microbatch_size"),
+    ({"layers": []}, "layers must be a non-empty list"),
+    ({"layers": [{"name": "embed", "fwd_s": -1, "bwd_s": 0}]}, r"layers\[0\]: fwd_s"),
+    ({"device": ""}, "device"),
+])
+def test_malformed_profiles_name_file_and_field(tmp_path, overrides, message):
+    graph = build_model("gpt:layers=1,hidden=256,seq=64,vocab=1000")
+    with pytest.raises(SpecError, match=message):
+        load_profile(_profile(tmp_path, graph, **overrides))
+
+
+def test_profile_for_another_model_is_rejected(tmp_path):
+    profile = load_profile(_profile(tmp_path, build_model("gpt:layers=1,hidden=256,seq=64,vocab=1000")))
+    with pytest.raises(SpecError, match="was measured for"):
+        layer_costs(build_model("gpt:layers=2,hidden=256,seq=64,vocab=1000"), get_device("V100"), 1, profile)
+
+
+def test_cost_model_sums_stage_layers_and_sizes_messages():
+    graph = build_model("uniform:layers=4,fwd_ms=1,bwd_ms=2,act_mb=3,param_mb=1")
+    placement = Placement(((0, 1), (1, 4)), (0, 1))
+    costs = CostModel(graph, Topology.parse("2xideal"), placement, microbatch_size=2)
+    assert costs.compute_time(OpKind.F, 1) == pytest.approx(6e-3)
+    assert costs.compute_time(OpKind.B, 1) == pytest.approx(12e-3)
+    assert costs.compute_time(OpKind.I, 1) == costs.compute_time(OpKind.W, 1) == pytest.approx(6e-3)
+    assert costs.message_bytes(OpKind.SEND_F, 0) == costs.message_bytes(OpKind.RECV_F, 1) == 6_000_000
+    assert costs.message_bytes(OpKind.SEND_B, 1) == costs.message_bytes(OpKind.RECV_B, 0) == 6_000_000
+    assert costs.activation_bytes(1) == 2 * (3e6 + 3 * 3e6)  # the received input plus each layer's output
+    assert costs.state_bytes(0) == 500_000 * 16
