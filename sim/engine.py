@@ -10,10 +10,14 @@ Semantics, shared with the dry run in ``sim.validate`` and with the executor:
   and completes both ops. Links are SimPy resources of capacity one, so transfers that share a link wait for each
   other; a transfer takes its links in one global order, so two transfers can never hold one link each and wait on
   the other.
+* PREFETCH and EVICT are issued without blocking the walker too. They copy a stage's weights host → device or
+  device → host over the rank's PCIe path, whose directed links are the H2D and D2H copy engines, so copies
+  overlap compute and contend only with other copies (and transfers) on the same links.
 * Memory per device: the training state of its stages from the start, plus each in-flight microbatch's
   activations from the start of its F to the end of its B (or W when the backward is split), plus the op's
-  workspace while it runs. Going over the device's capacity raises :class:`OutOfMemoryError` naming the device,
-  the time and the op.
+  workspace while it runs. A stage with PREFETCH ops lives in host memory: it is not resident at the start, and
+  its weights occupy the device from the start of a PREFETCH to the end of the next EVICT. Going over the device's
+  capacity raises :class:`OutOfMemoryError` naming the device, the time and the op.
 
 The plan is never mutated; ties are broken by SimPy's event ids, so the same inputs give the same trace.
 """
@@ -29,7 +33,7 @@ import simpy
 from sim.costs import CostModel
 from sim.errors import SpecError
 from sim.ir import RECV_KINDS, Op, OpKind, Plan
-from sim.topology import Topology
+from sim.topology import Link, Topology, message_time
 from sim.trace import Span, Trace
 from sim.validate import PlanError
 
@@ -75,7 +79,9 @@ class _Run:
         self.position = [0] * plan.num_ranks
         placement = plan.placement
         self.capacity = [device.memory_bytes for device in topology.devices[: plan.num_ranks]]
-        self.memory = [sum(costs.state_bytes(v) for v in placement.vstages_of(r)) for r in range(plan.num_ranks)]
+        offloaded = {op.vstage for program in plan.programs for op in program if op.kind is OpKind.PREFETCH}
+        self.memory = [sum(costs.state_bytes(v) for v in placement.vstages_of(r) if v not in offloaded)
+                       for r in range(plan.num_ranks)]
         self.peak = list(self.memory)
         # The op after which a microbatch's activations are freed: W when the backward is split, else B.
         self.frees = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.W}
@@ -89,6 +95,8 @@ class _Run:
             OpKind.SEND_B: self._send,
             OpKind.RECV_F: self._recv,
             OpKind.RECV_B: self._recv,
+            OpKind.PREFETCH: self._copy,
+            OpKind.EVICT: self._copy,
         }
 
     # --- memory ----------------------------------------------------------------------------------------------------
@@ -116,7 +124,7 @@ class _Run:
         self.position[rank] = len(self.plan.programs[rank])
 
     def _compute(self, rank: int, op: Op) -> _Proc:
-        for dep in op.deps:
+        for dep in op.deps:  # _wait_deps inlined: this is the hot path, a nested generator per op costs ~10%
             event = self.done[dep]
             if not event.processed:
                 yield event
@@ -141,18 +149,20 @@ class _Run:
     def _recv(self, rank: int, op: Op) -> None:
         self.recv_issued[op.pair].succeed()  # type: ignore[index]
 
-    def _transfer(self, src: int, send: Op) -> _Proc:
-        for dep in send.deps:
+    def _copy(self, rank: int, op: Op) -> None:
+        self.env.process(self._host_copy(rank, op))
+
+    def _wait_deps(self, op: Op) -> _Proc:
+        for dep in op.deps:
             event = self.done[dep]
             if not event.processed:
                 yield event
-        recv = self.recv_of_pair[send.pair]  # type: ignore[index]
-        yield self.recv_issued[send.pair]  # type: ignore[index]
-        dst = send.peer
-        assert dst is not None
-        nbytes = self.costs.message_bytes(send.kind, send.vstage)
-        duration = self.topology.transfer_time(nbytes, src, dst)
-        path = self.topology.path(src, dst)
+
+    def _hold_path(self, path: tuple[Link, ...], duration: float, nbytes: int) -> Generator[simpy.Event, Any, float]:
+        """Occupy every link of ``path`` for ``duration`` s and return when the occupation began (s).
+
+        Links are taken in one global order, so two messages can never each hold a link the other waits for.
+        """
         held = []
         if duration > 0:
             for key in sorted((link.src, link.dst) for link in path):
@@ -170,11 +180,36 @@ class _Run:
         for link in path:
             key = (link.src, link.dst)
             self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
-        end = self.env.now
-        self.spans.append((send, src, "send", start, end))
-        self.spans.append((recv, dst, "recv", start, end))
+        return start
+
+    def _transfer(self, src: int, send: Op) -> _Proc:
+        yield from self._wait_deps(send)
+        recv = self.recv_of_pair[send.pair]  # type: ignore[index]
+        yield self.recv_issued[send.pair]  # type: ignore[index]
+        dst = send.peer
+        assert dst is not None
+        nbytes = self.costs.message_bytes(send.kind, send.vstage)
+        path = self.topology.path(src, dst)
+        duration = self.topology.transfer_time(nbytes, src, dst)
+        start = yield from self._hold_path(path, duration, nbytes)
+        self.spans.append((send, src, "send", start, self.env.now))
+        self.spans.append((recv, dst, "recv", start, self.env.now))
         self.done[send.id].succeed()
         self.done[recv.id].succeed()
+
+    def _host_copy(self, rank: int, op: Op) -> _Proc:
+        yield from self._wait_deps(op)
+        prefetch = op.kind is OpKind.PREFETCH
+        path = self.topology.host_to_device_path(rank) if prefetch else self.topology.device_to_host_path(rank)
+        nbytes = self.costs.param_bytes(op.vstage)
+        duration = message_time(path, nbytes)
+        if prefetch:
+            self._allocate(rank, nbytes, op)  # the destination buffer exists from the moment the copy is issued
+        start = yield from self._hold_path(path, duration, nbytes)
+        if not prefetch:
+            self.memory[rank] -= nbytes
+        self.spans.append((op, rank, "h2d" if prefetch else "d2h", start, self.env.now))
+        self.done[op.id].succeed()
 
     # --- driver ----------------------------------------------------------------------------------------------------
 
@@ -197,7 +232,7 @@ class _Run:
 
 HANDLED_KINDS = frozenset(
     {OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.OPT_STEP, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F,
-     OpKind.RECV_B}
+     OpKind.RECV_B, OpKind.PREFETCH, OpKind.EVICT}
 )
 
 

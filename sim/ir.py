@@ -61,6 +61,7 @@ class OpKind(StrEnum):
 COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R})
 SEND_KINDS = frozenset({OpKind.SEND_F, OpKind.SEND_B})
 RECV_KINDS = frozenset({OpKind.RECV_F, OpKind.RECV_B})
+COPY_KINDS = frozenset({OpKind.PREFETCH, OpKind.EVICT})
 
 _STREAM = {
     OpKind.SEND_F: "send",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from sim.errors import SpecError
-from sim.ir import COMPUTE_KINDS, RECV_KINDS, SEND_KINDS, Op, OpKind, Plan
+from sim.ir import COMPUTE_KINDS, COPY_KINDS, RECV_KINDS, SEND_KINDS, Op, OpKind, Plan
 
 __all__ = ["PlanError", "validate_l0", "validate_l1", "check_deadlock", "validate"]
 
@@ -129,9 +129,9 @@ def validate_l1(plan: Plan) -> None:
 def check_deadlock(plan: Plan) -> None:
     """Dry-run the L1 plan with zero-duration ops and raise :class:`PlanError` if it cannot finish.
 
-    The semantics are the engine's (DESIGN §6): each rank walks its program in order; SEND/RECV are issued without
-    blocking the rank; a transfer happens once its SEND and RECV are both issued and the SEND's deps are done; any
-    other op waits until its deps are done.
+    The semantics are the engine's (DESIGN §6): each rank walks its program in order; SEND/RECV and PREFETCH/EVICT
+    are issued without blocking the rank; a transfer happens once its SEND and RECV are both issued and the SEND's
+    deps are done, a copy once its deps are done; any other op blocks the rank until its deps are done.
     """
     index = plan.op_index()
     done: set[str] = set()
@@ -139,6 +139,7 @@ def check_deadlock(plan: Plan) -> None:
     pointer = [0] * plan.num_ranks
     pending_sends: dict[int, Op] = {}
     issued_recvs: dict[int, Op] = {}
+    issued_copies: list[Op] = []
     progress = True
     while progress:
         progress = False
@@ -149,6 +150,8 @@ def check_deadlock(plan: Plan) -> None:
                     pending_sends[op.pair] = op
                 elif op.kind in RECV_KINDS:
                     issued_recvs[op.pair] = op
+                elif op.kind in COPY_KINDS:
+                    issued_copies.append(op)
                 elif not all(dep in done for dep in op.deps):
                     break
                 else:
@@ -162,6 +165,10 @@ def check_deadlock(plan: Plan) -> None:
                 done.update((send.id, issued_recvs.pop(pair_id).id))
                 del pending_sends[pair_id]
                 progress = True
+        for copy in [c for c in issued_copies if all(dep in done for dep in c.deps)]:
+            done.add(copy.id)
+            issued_copies.remove(copy)
+            progress = True
     if len(done) == len(index):
         return
     lines = ["plan deadlocks: no rank can make progress"]

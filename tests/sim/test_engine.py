@@ -16,7 +16,7 @@ from sim.partition import counts_to_ranges
 from sim.planning import PlanInputs, build_plan
 from sim.schedules import SCHEDULES
 from sim.topology import Topology
-from sim.validate import validate
+from sim.validate import PlanError, validate
 
 
 def _simulate(inputs):
@@ -211,3 +211,39 @@ def test_random_plans_simulate_and_respect_lower_bounds(p, m, schedule, topology
         # receiver posts one receive at a time). The engine must then reproduce the uncontended schedule exactly.
         assert makespan == pytest.approx(critical_path, rel=1e-12)
     assert math.isfinite(makespan) and len(trace.spans) == sum(len(prog) for prog in plan.programs)
+
+
+def test_prefetch_and_evict_use_the_pcie_copy_engines():
+    # A stage kept in host memory: its 100 MB of weights are copied in before F and written back after B.
+    prefetch = Op(OpKind.PREFETCH, 0)
+    program = (
+        prefetch,
+        Op(OpKind.F, 0, 0, deps=(prefetch.id,)),
+        Op(OpKind.B, 0, 0),
+        Op(OpKind.EVICT, 0, deps=("0B0",)),
+    )
+    graph = build_model("uniform:layers=1,fwd_ms=1,bwd_ms=2,act_mb=1,param_mb=100")
+    placement = Placement(((0, 1),), (0,))
+    topo = Topology.parse("1xV100")
+    plan = Plan("file", "L1", graph.spec, "1xV100", 1, 1, "flush", placement, (program,))
+    validate(plan)
+    result = simulate(plan, CostModel(graph, topo, placement, 1), topo)
+    spans = {s.op: s for s in result.trace.spans}
+
+    def closed_form(path):
+        return sum(hop.spec.latency for hop in path) + 1e8 / min(hop.spec.bandwidth for hop in path)
+
+    h2d, d2h = closed_form(topo.host_to_device_path(0)), closed_form(topo.device_to_host_path(0))
+    assert spans["0PREFETCH"].stream == "h2d" and spans["0PREFETCH"].duration == pytest.approx(h2d, rel=1e-12)
+    assert spans["0F0"].start == spans["0PREFETCH"].end
+    assert spans["0EVICT"].stream == "d2h" and spans["0EVICT"].start == spans["0B0"].end
+    assert spans["0EVICT"].duration == pytest.approx(d2h, rel=1e-12)
+    # Offloaded weights are not resident at the start: peak = weights + one microbatch (its input and output).
+    assert result.peak_memory_bytes == (1e8 + 2e6,)
+
+
+def test_copy_waiting_on_a_later_op_of_its_own_rank_is_a_deadlock():
+    program = (Op(OpKind.PREFETCH, 0, deps=("0B0",)), Op(OpKind.F, 0, 0, deps=("0PREFETCH",)), Op(OpKind.B, 0, 0))
+    plan = Plan("file", "L1", "m", "1xideal", 1, 1, "flush", Placement(((0, 1),), (0,)), (program,))
+    with pytest.raises(PlanError, match=r">>0F0<<.*waits for 0PREFETCH"):
+        validate(plan)
