@@ -5,16 +5,13 @@ The same function serves simulated and measured traces, so ``metrics.json`` mean
 
 from __future__ import annotations
 
-import json
-import os
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from sim.trace import Trace
 
-__all__ = ["compute_metrics", "write_json_atomic"]
+__all__ = ["compute_metrics"]
 
 
 def compute_metrics(
@@ -73,16 +70,3 @@ def compute_metrics(
         "ops": {kind: {"count": len(d), "mean_duration_s": sum(d) / len(d)} for kind, d in sorted(per_kind.items())},
         "links": [{"src": src, "dst": dst, "bytes": nbytes} for (src, dst), nbytes in link_bytes],
     }
-
-
-def write_json_atomic(data: Any, path: str | os.PathLike) -> None:
-    """Write canonical JSON (sorted keys) to ``path`` via a temporary file, so no partial file is ever left."""
-    write_text_atomic(json.dumps(data, sort_keys=True, indent=1) + "\n", path)
-
-
-def write_text_atomic(text: str, path: str | os.PathLike) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory and an atomic rename."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, target)

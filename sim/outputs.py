@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sim.metrics import write_json_atomic
+from sim.fileio import write_json_atomic
 from sim.trace import Trace
 from sim.viz.chrome_trace import write_chrome_trace
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from sim.engine import simulate
 from sim.errors import SpecError, fail, run_cli
-from sim.metrics import compute_metrics, write_text_atomic
+from sim.fileio import write_text_atomic
+from sim.metrics import compute_metrics
 from sim.models import format_model_list
 from sim.outputs import format_summary, write_run_outputs
 from sim.planning import PlanInputs, build_plan

@@ -20,15 +20,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from sim.errors import SpecError
+from sim.fileio import write_bytes_atomic
 from sim.trace import STREAMS, Span, Trace
 
-__all__ = ["to_chrome_trace", "write_chrome_trace", "read_chrome_trace", "atomic_write_bytes"]
+__all__ = ["to_chrome_trace", "write_chrome_trace", "read_chrome_trace"]
 
 #: Key of ``otherData`` that holds the device names; the rest of ``otherData`` is ``Trace.meta``.
 DEVICES_KEY = "devices"
@@ -149,31 +149,6 @@ def to_chrome_trace(trace: Trace) -> dict:
     }
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the complete new one.
-
-    The bytes go to a temporary file in the same directory (same filesystem, so the rename is atomic), are flushed
-    to disk, and the temporary file is then renamed over ``path``. On any error the temporary file is removed.
-
-    Args:
-        path: the destination file; its directory must exist.
-        data: the complete file content.
-    """
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    # os.open with mode 0o666 lets the umask decide the final permissions, like a plain open() would.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_chrome_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write ``trace`` as Chrome trace-event JSON, deterministically and atomically.
 
@@ -190,7 +165,7 @@ def write_chrome_trace(trace: Trace, path: str | os.PathLike) -> None:
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     except TypeError as exc:
         raise ValueError(f"trace is not JSON-serialisable (check trace.meta): {exc}") from exc
-    atomic_write_bytes(path, (text + "\n").encode("ascii"))
+    write_bytes_atomic(path, (text + "\n").encode("ascii"))
 
 
 # --------------------------------------------------------------------------------------------------- reading

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from io import BytesIO
 from typing import Any
 
+from sim.fileio import write_bytes_atomic
 from sim.trace import STREAMS, Span, Trace
-from sim.viz.chrome_trace import atomic_write_bytes
 
 __all__ = ["KIND_COLORS", "FALLBACK_COLOR", "draw_gantt", "kind_color"]
 
@@ -255,4 +255,4 @@ def draw_gantt(trace: Trace, path: str | os.PathLike, *, title: str = "") -> Non
 
     buffer = BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI, facecolor="white")
-    atomic_write_bytes(path, buffer.getvalue())
+    write_bytes_atomic(path, buffer.getvalue())
