@@ -3,7 +3,7 @@
 Grammar (DESIGN §5; case-insensitive device and preset names, ``x`` or ``X`` as separator)::
 
     spec   := term ("+" term)*  |  PATH.yaml  |  PATH.yml
-    term   := N "x" DEVICE       one server of N GPUs            8xV100, 4xA100-PCIE, 16xideal
+    term   := N "x" DEVICE       one server of N GPUs            8xV100, 4xA100-PCIE, 16xideal, 2xcpu
             | M "x" N "x" DEVICE M servers of N GPUs each       2x8xA100
             | PRESET | M "x" PRESET                             dgx-a100, 2xdgx-h100
 
@@ -220,6 +220,7 @@ def format_topology_list() -> str:
         "  A+B+...           heterogeneous: servers of each term, ranks in term order (4xV100+4xA100)",
         "  PRESET, MxPRESET  a named server, or M of them (2xdgx-a100)",
         "  Nxideal           N ideal devices, every transfer free (analytic checks)",
+        "  Nxcpu             N executor ranks on this host, gloo over loopback (real runs: executor.run)",
         "  FILE.yaml         a YAML topology file (nodes: [{device, count, intra, repeat}], network, nics_per_node)",
         "",
         "Presets:",

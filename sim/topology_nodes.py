@@ -62,6 +62,7 @@ _V100_SXM2 = ("v100-sxm2-16gb", "v100-sxm2-32gb")
 _CUBE_MESH_MAX = 8  # the DGX-1 has 8 GPUs
 _IDEAL_MAX = 256  # a full mesh has n(n-1) directed links; bounded to keep the graph small
 _PCIE_MAX = 8  # PCIe boxes hold 4-8 GPUs (hardware.md §2.2 'PCIe boxes without NVLink', NVIDIA/nccl#814)
+_CPU_MAX = 64  # executor ranks (processes) on one host; beyond the core count they only oversubscribe it
 
 # device → (NVSwitch link type, most GPUs on one NVSwitch node). DGX-2: 16 V100 on NVSwitch gen1; DGX A100 / H100:
 # 8 GPUs on NVSwitch gen2 / gen3 (hardware.md §2.1-§2.2).
@@ -80,6 +81,7 @@ _SWITCH: dict[str, tuple[str, int]] = {
 # - V100 PCIe, T4: 10 GbE, the PipeDream Cluster-A servers of 4 × V100 PCIe (hardware.md §3, [recalled]);
 # - A10, RTX 3090/4090: 25 GbE [assumed: commodity servers; the p3.16xlarge rate of hardware.md §2.5];
 # - A100/H100 PCIe: 100 GbE [assumed: hardware.md §2.5 Ethernet rates; no cited server];
+# - cpu: 10 GbE [assumed: commodity hosts running the executor on several machines];
 # - ideal: the ideal link.
 _NETWORK: dict[str, tuple[str, int]] = {
     "v100-sxm2-16gb": ("ib-edr", 4),
@@ -96,6 +98,7 @@ _NETWORK: dict[str, tuple[str, int]] = {
     "a100-pcie-40gb": ("eth-100g", 1),
     "a100-pcie-80gb": ("eth-100g", 1),
     "h100-pcie-80gb": ("eth-100g", 1),
+    "cpu": ("eth-10g", 1),
     "ideal": ("ideal", 1),
 }
 _DGX2_NICS = 8  # DGX-2H: '8 InfiniBand adapters per server' (hardware.md §2.2, Megatron-LM 2019)
@@ -145,7 +148,9 @@ def _max_gpus(device: DeviceSpec, intra: str) -> int:
         return _CUBE_MESH_MAX if device.name in _V100_SXM2 else 0
     if intra == "nvswitch":
         return _SWITCH.get(device.name, ("", 0))[1]
-    return _PCIE_MAX if intra == "pcie" else 0
+    if intra == "pcie":
+        return _CPU_MAX if device.name == "cpu" else _PCIE_MAX
+    return 0
 
 
 def max_gpus_per_node(device: DeviceSpec) -> int:

@@ -349,3 +349,13 @@ def test_missing_yaml_file(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.yaml")
     with pytest.raises(SpecError, match="nope.yaml"):
         Topology.parse(missing)
+
+
+def test_cpu_ranks_meet_at_the_host_over_loopback() -> None:
+    topo = Topology.parse("2xcpu")
+    assert str(topo) == "2xcpu" and [d.name for d in topo.devices] == ["cpu", "cpu"]
+    path = topo.path(0, 1)
+    assert [(hop.src, hop.dst, hop.spec.name) for hop in path] == [("gpu0", "host0", "loopback"),
+                                                                   ("host0", "gpu1", "loopback")]
+    link = path[0].spec
+    assert topo.transfer_time(4e6, 0, 1) == pytest.approx(2 * link.latency + 4e6 / link.bandwidth, rel=1e-12)
