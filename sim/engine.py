@@ -32,7 +32,7 @@ import simpy
 
 from sim.costs import CostModel
 from sim.errors import SpecError
-from sim.ir import RECV_KINDS, Op, OpKind, Plan
+from sim.ir import RECV_KINDS, Op, OpKind, Plan, stream_of
 from sim.topology import Link, Topology, message_time
 from sim.trace import Span, Trace
 from sim.validate import PlanError
@@ -140,7 +140,7 @@ class _Run:
         if kind is OpKind.W or (kind is OpKind.B and (vstage, op.mb) not in self.frees):
             freed += activation
         self.memory[rank] -= freed
-        self.spans.append((op, rank, "compute", start, self.env.now))
+        self.spans.append((op, rank, start, self.env.now))
         self.done[op.id].succeed()
 
     def _send(self, rank: int, op: Op) -> None:
@@ -192,8 +192,8 @@ class _Run:
         path = self.topology.path(src, dst)
         duration = self.topology.transfer_time(nbytes, src, dst)
         start = yield from self._hold_path(path, duration, nbytes)
-        self.spans.append((send, src, "send", start, self.env.now))
-        self.spans.append((recv, dst, "recv", start, self.env.now))
+        self.spans.append((send, src, start, self.env.now))
+        self.spans.append((recv, dst, start, self.env.now))
         self.done[send.id].succeed()
         self.done[recv.id].succeed()
 
@@ -208,7 +208,7 @@ class _Run:
         start = yield from self._hold_path(path, duration, nbytes)
         if not prefetch:
             self.memory[rank] -= nbytes
-        self.spans.append((op, rank, "h2d" if prefetch else "d2h", start, self.env.now))
+        self.spans.append((op, rank, start, self.env.now))
         self.done[op.id].succeed()
 
     # --- driver ----------------------------------------------------------------------------------------------------
@@ -222,8 +222,8 @@ class _Run:
             lines = [f"  rank {r}: stuck at {self.plan.programs[r][self.position[r]].id}" for r in stuck]
             raise PlanError("simulation stopped before the plan finished (deadlock)\n" + "\n".join(lines))
         spans = [
-            Span(op.id, op.kind.value, rank, stream, start, end, op.vstage, op.mb, op.pair, op.peer)
-            for op, rank, stream, start, end in self.spans
+            Span(op.id, op.kind.value, rank, stream_of(op.kind), start, end, op.vstage, op.mb, op.pair, op.peer)
+            for op, rank, start, end in self.spans
         ]
         devices = [device.name for device in self.topology.devices[: self.plan.num_ranks]]
         trace = Trace.from_spans(spans, devices, {"source": "sim", "schedule": self.plan.schedule})
