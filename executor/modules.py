@@ -36,7 +36,10 @@ from sim.graph import LayerGraph
 from sim.models import build_model
 from sim.spec import parse_spec
 
-__all__ = ["TORCH_MODELS", "Stage", "build_layers", "build_stage", "synthetic_batch", "loss_fn", "derive_seed"]
+__all__ = [
+    "TORCH_MODELS", "Stage", "TensorSpec", "build_layers", "build_stage", "boundary_specs", "synthetic_batch",
+    "loss_fn", "derive_seed",
+]
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,64 @@ def build_stage(spec: str, start: int, end: int, *, seed: int) -> Stage:
         )
     layers = {graph.layers[i].name: _build_layer(model, values, i, seed) for i in range(start, end)}
     return Stage(graph.spec, start, layers)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of a tensor that crosses a layer boundary (what an ``irecv`` buffer must look like).
+
+    Attributes:
+        shape: the tensor's shape, microbatch dimension first.
+        dtype: its dtype.
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * torch.empty((), dtype=self.dtype).element_size()
+
+
+def boundary_specs(spec: str, cuts: list[int] | tuple[int, ...], num_samples: int) -> dict[int, TensorSpec]:
+    """The shape and dtype of the tensor entering layer ``cut``, for each cut, for a microbatch of ``num_samples``.
+
+    Found by running the whole model once on the ``meta`` device (shapes only: no memory, no arithmetic, no RNG), so
+    the answer is the modules' own, never a second description of them that could drift.
+
+    Args:
+        spec: a model spec.
+        cuts: layer indices in ``[0, len(graph)]``; ``len(graph)`` means the model's output.
+        num_samples: samples in the microbatch, >= 1.
+
+    Returns:
+        cut -> spec of the tensor that flows into layer ``cut`` (cut 0: the model input).
+
+    Raises:
+        SpecError: an invalid spec or a model with no torch implementation.
+        ValueError: a cut outside ``[0, len(graph)]``.
+    """
+    graph, model, values = _resolve(spec)
+    _check_int("num_samples", num_samples, 1)
+    for cut in cuts:
+        if not 0 <= cut <= len(graph):
+            raise ValueError(f"cut {cut} outside [0, {len(graph)}] for {graph.spec!r}")
+    x, _ = model.make_batch(values, num_samples, torch.Generator(device="cpu").manual_seed(0))
+    with torch.device("meta"):
+        layers = [model.make_layer(values, i) for i in range(len(graph))]
+    x = x.to("meta")
+    specs: dict[int, TensorSpec] = {}
+    with torch.no_grad():
+        for i in range(len(graph) + 1):
+            if i in cuts:
+                specs[i] = TensorSpec(tuple(x.shape), x.dtype)
+            if i < len(graph):
+                x = layers[i](x)
+    return specs
 
 
 def synthetic_batch(spec: str, num_samples: int, *, seed: int, index: int) -> tuple[Tensor, Tensor]:

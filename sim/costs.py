@@ -9,8 +9,10 @@ A layer's time on a device is, in order of preference:
 
 The backward split of zero-bubble schedules charges half the backward to I and half to W (for matmul layers the
 input-gradient and weight-gradient products each cost one forward; Qi et al., arXiv 2401.10241 §2), and a recompute
-R costs one forward. Memory per stage follows mixed-precision Adam: fp16 weights and gradients plus fp32 master
-weights, momentum and variance, 16 bytes per parameter (Rajbhandari et al., ZeRO, arXiv 1910.02054 §3.1).
+R costs one forward. A point-to-point message between two devices that the profile was measured on takes the
+profile's fitted ``latency + bytes / bandwidth`` when it has one (measured between two processes of that machine),
+else the topology's link model. Memory per stage follows mixed-precision Adam: fp16 weights and gradients plus fp32
+master weights, momentum and variance, 16 bytes per parameter (Rajbhandari et al., ZeRO, arXiv 1910.02054 §3.1).
 """
 
 from __future__ import annotations
@@ -114,6 +116,10 @@ class CostModel:
                             f"{topology.num_ranks} devices")
         self.graph, self.topology, self.placement = graph, topology, placement
         self.microbatch_size = microbatch_size
+        self.profile = profile
+        self._p2p = None
+        if profile is not None and profile.p2p_latency_s is not None and profile.p2p_bandwidth:
+            self._p2p = (profile.device, profile.p2p_latency_s, profile.p2p_bandwidth)
         by_device: dict[str, LayerCosts] = {}
         for device in topology.devices:
             if device.name not in by_device:
@@ -147,6 +153,18 @@ class CostModel:
         else:
             cut = start if kind is OpKind.SEND_B else end
         return self.microbatch_size * self.graph.boundary_bytes(cut)
+
+    def transfer_time(self, nbytes: int, src_rank: int, dst_rank: int) -> float:
+        """Uncontended time in s of a ``nbytes``-byte message from ``src_rank`` to ``dst_rank``.
+
+        The profile's measured ``latency + nbytes / bandwidth`` when both ranks run on the profile's device, else
+        :meth:`sim.topology.Topology.transfer_time`; 0 between a rank and itself.
+        """
+        if self._p2p is not None and src_rank != dst_rank:
+            device, latency, bandwidth = self._p2p
+            if self.topology.devices[src_rank].name == device and self.topology.devices[dst_rank].name == device:
+                return latency + nbytes / bandwidth
+        return self.topology.transfer_time(nbytes, src_rank, dst_rank)
 
     def param_bytes(self, vstage: int) -> int:
         """Weight bytes of ``vstage`` (what a PREFETCH or EVICT of the stage moves)."""

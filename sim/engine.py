@@ -6,10 +6,10 @@ Semantics, shared with the dry run in ``sim.validate`` and with the executor:
   op starts when the previous one has finished and every op in its ``deps`` is done, then runs for its cost.
 * SEND and RECV are issued without blocking the walker (the ``isend``/``irecv`` of the executor). A transfer starts
   once both sides are issued and the SEND's deps are done (a rendezvous, as point-to-point transports do), occupies
-  every link on its path for ``Σ latency + bytes / min bandwidth`` — the closed form of ``Topology.transfer_time`` —
-  and completes both ops. Links are SimPy resources of capacity one, so transfers that share a link wait for each
-  other; a transfer takes its links in one global order, so two transfers can never hold one link each and wait on
-  the other.
+  every link on its path for ``Σ latency + bytes / min bandwidth`` — the closed form of ``Topology.transfer_time``,
+  or a measured profile's fit (``CostModel.transfer_time``) — and completes both ops. Links are SimPy resources
+  of capacity one, so transfers that share a link wait for each other; a transfer takes its links in one global
+  order, so two transfers can never hold one link each and wait on the other.
 * PREFETCH and EVICT are issued without blocking the walker too. They copy a stage's weights host → device or
   device → host over the rank's PCIe path, whose directed links are the H2D and D2H copy engines, so copies
   overlap compute and contend only with other copies (and transfers) on the same links.
@@ -190,7 +190,7 @@ class _Run:
         assert dst is not None
         nbytes = self.costs.message_bytes(send.kind, send.vstage)
         path = self.topology.path(src, dst)
-        duration = self.topology.transfer_time(nbytes, src, dst)
+        duration = self.costs.transfer_time(nbytes, src, dst)
         start = yield from self._hold_path(path, duration, nbytes)
         self.spans.append((send, src, start, self.env.now))
         self.spans.append((recv, dst, start, self.env.now))

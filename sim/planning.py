@@ -123,7 +123,8 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         weight_policy=weight_policy,
         placement=placement,
         programs=programs,
-        options=(("partition", inputs.partition),),
+        # The profile is recorded so that executor.run predicts with the costs this plan was made with.
+        options=(("partition", inputs.partition),) + ((("profile", inputs.profile),) if inputs.profile else ()),
     )
     validate_l0(l0)
     plan = lower(l0)

@@ -100,3 +100,19 @@ def test_cost_model_sums_stage_layers_and_sizes_messages():
     assert costs.message_bytes(OpKind.SEND_B, 1) == costs.message_bytes(OpKind.RECV_B, 0) == 6_000_000
     assert costs.activation_bytes(1) == 2 * (3e6 + 3 * 3e6)  # the received input plus each layer's output
     assert costs.state_bytes(0) == 500_000 * 16
+
+
+def test_profile_p2p_fit_replaces_link_model_between_its_devices(tmp_path):
+    graph = build_model("gpt:layers=2,hidden=64,seq=16,vocab=50")
+    path = _profile(tmp_path, graph, device="cpu", p2p={"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9})
+    topology = Topology.parse("2xcpu")
+    placement = Placement(((0, 2), (2, 4)), (0, 1))
+    costs = CostModel(graph, topology, placement, microbatch_size=2, profile=load_profile(path))
+    assert costs.transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
+    assert costs.transfer_time(10**6, 1, 1) == 0.0
+    plain = CostModel(graph, topology, placement, microbatch_size=2)
+    assert plain.transfer_time(10**6, 0, 1) == topology.transfer_time(10**6, 0, 1)
+    # A profile measured on another device leaves the link model alone.
+    other = _profile(tmp_path, graph, device="v100-sxm2-32gb", p2p={"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9})
+    assert CostModel(graph, topology, placement, 2, load_profile(other)).transfer_time(10**6, 0, 1) == \
+        topology.transfer_time(10**6, 0, 1)

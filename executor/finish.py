@@ -1,0 +1,130 @@
+"""Rank 0's end of a run: measured traces, the prediction, and every output file (DESIGN §1, §7).
+
+Writes into ``--out`` exactly what ``sim.run`` writes for a simulation, through the same function
+(:func:`sim.outputs.write_run_outputs`): ``metrics.json``, ``trace.json`` and ``gantt.png`` of the median measured
+iteration; plus ``compare.json`` (predicted vs measured), ``plan.json`` (the plan that ran) and, with
+``--calibrate-out``, a calibrated profile. ``metrics.json`` also carries every iteration's time and the losses.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy
+import torch
+
+from executor.clock import ClockOffset
+from executor.compare import calibrated_profile, compare_report, stage_medians
+from executor.measured import RankReport, iteration_times, measured_trace, median_iteration
+from executor.worker import RunOptions
+from profiles.p2p import fit_latency_bandwidth
+from sim.costs import CostModel
+from sim.engine import simulate
+from sim.fileio import write_json_atomic, write_text_atomic
+from sim.metrics import compute_metrics
+from sim.models import build_model
+from sim.outputs import format_summary, write_run_outputs
+from sim.profile import load_profile
+from sim.topology import Topology
+
+__all__ = ["finish_run", "prediction_profile"]
+
+
+def prediction_profile(plan, explicit: str | None) -> str | None:
+    """The profile the prediction uses: ``--profile``, else the one the plan was simulated with, else none."""
+    return explicit if explicit is not None else plan.option("profile")
+
+
+def finish_run(plan, options: RunOptions, reports: Sequence[RankReport], offsets: Sequence[ClockOffset],
+               sweep: tuple[tuple[int, ...], list[float]] | None) -> None:
+    """Build the measured traces, simulate the plan, and write every output; prints a short summary."""
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    times = iteration_times(plan, reports, offsets)
+    index, _ = median_iteration(times, options.warmup)
+    meta = {"devices_threads": [r.threads for r in reports],
+            "clock_uncertainty_s": max(o.uncertainty_s for o in offsets)}
+    measured = [measured_trace(plan, reports, offsets, i, meta) for i in range(options.warmup, len(times))]
+    median_trace = measured[index - options.warmup]
+
+    graph = build_model(plan.model)
+    topology = Topology.parse(plan.topology)
+    profile_path = prediction_profile(plan, options.profile)
+    profile = load_profile(profile_path) if profile_path else None
+    costs = CostModel(graph, topology, plan.placement, plan.microbatch_size, profile)
+    predicted = simulate(plan, costs, topology, check_memory=False).trace
+    cost_source = f"profile {profile_path}" if profile_path else "roofline (hardware catalog)"
+    compare = compare_report(predicted, measured, cost_source=cost_source)
+    measured_devices = sorted({r.device for r in reports})
+    planned_devices = sorted({d.name for d in topology.devices[: plan.num_ranks]})
+    compare["devices"] = {"planned": planned_devices, "measured": measured_devices}
+    if measured_devices != planned_devices:
+        print(f"warning: the plan was made for {', '.join(planned_devices)} but ran on "
+              f"{', '.join(measured_devices)}; the prediction describes the planned hardware", file=sys.stderr)
+
+    metrics = compute_metrics(median_trace, num_microbatches=plan.num_microbatches,
+                              microbatch_size=plan.microbatch_size)
+    metrics["plan"] = {"schedule": plan.schedule, "model": plan.model, "topology": plan.topology,
+                       "layers_per_stage": list(plan.placement.layer_counts())}
+    metrics["measurement"] = {
+        "iteration": index,
+        "warmup_iterations": options.warmup,
+        "iteration_times_s": times,
+        "median_iteration_time_s": compare["measured_iteration_time_s"],
+        "threads_per_rank": [r.threads for r in reports],
+        "clock_uncertainty_s": meta["clock_uncertainty_s"],
+        "optimizer": options.optimizer,
+        "losses": [list(step) for step in _losses(reports)],
+    }
+    write_text_atomic(plan.dumps(), out / "plan.json")
+    title = f"measured · {plan.schedule} · {plan.model} · {', '.join(measured_devices)} · m={plan.num_microbatches}"
+    names = write_run_outputs(out, median_trace, metrics, title=title, gantt=options.gantt)
+    write_json_atomic(compare, out / "compare.json")
+    names = ["plan.json", *names, "compare.json"]
+
+    if options.calibrate_out:
+        p2p = fit_latency_bandwidth(sweep[0], sweep[1]) if sweep else None
+        machine = {"cores": _cores(), "threads_per_rank": [r.threads for r in reports],
+                   "device": measured_devices}
+        software = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
+        calibrated = calibrated_profile(plan, graph, topology, costs, stage_medians(measured), p2p=p2p,
+                                        machine=machine, software=software, iterations=len(measured))
+        if sweep:
+            calibrated["p2p"].update({"sizes_bytes": list(sweep[0]), "one_way_s": list(sweep[1])})
+        target = Path(options.calibrate_out)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(calibrated, target)
+        print(f"wrote calibrated profile {target}")
+
+    print(format_summary(metrics))
+    _print_compare(compare)
+    print(f"wrote {out}/{{{', '.join(names)}}}")
+
+
+def _losses(reports: Sequence[RankReport]) -> tuple[tuple[float, ...], ...]:
+    """Per iteration, the per-microbatch losses, from whichever rank computed them (the last vstage's)."""
+    for report in reports:
+        if any(report.losses):
+            return report.losses
+    return ()
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _print_compare(compare: dict[str, Any]) -> None:
+    predicted, measured = compare["predicted_iteration_time_s"], compare["measured_iteration_time_s"]
+    print(f"predicted {predicted * 1e3:.2f} ms, measured {measured * 1e3:.2f} ms (median), relative error "
+          f"{compare['relative_error'] * 100:+.1f}%  [costs: {compare['cost_source']}]")
+    print("  op kind      predicted mean   measured mean")
+    for kind, row in compare["ops"].items():
+        p = f"{row['predicted_mean_s'] * 1e3:10.3f} ms" if row["predicted_mean_s"] is not None else "         -   "
+        m = f"{row['measured_mean_s'] * 1e3:10.3f} ms" if row["measured_mean_s"] is not None else "         -   "
+        print(f"  {kind:<10} {p}    {m}")

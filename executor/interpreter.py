@@ -1,0 +1,266 @@
+"""The L1 interpreter: one rank walks its program and runs every op for real (DESIGN §7).
+
+The semantics are the simulator's (``sim.engine``), op for op, so a measured trace and a simulated one describe the
+same thing:
+
+* The walker runs its program in order. Compute ops (F, B, OPT_STEP) block it; before one starts, every receive in
+  its ``deps`` is waited on. Dependencies on local ops are already met by program order (``sim.lower`` only ever
+  points a local dep backwards), so only receives need waiting.
+* SEND_* and RECV_* are ``torch.distributed.isend``/``irecv`` and do not block the walker. Their handles are kept in
+  a table keyed by op id; the consumer's deps name the RECV, so the consumer waits on exactly the handle it needs.
+  Sends are waited on at the end of the iteration (their tensors are kept alive until then). ``sim.validate``
+  guarantees the sends on each channel are posted in the order the receives are, which is how point-to-point
+  transports (gloo, NCCL) match messages.
+* Adjacent vstages on the same rank hand their tensors over in memory; the lowering gives them a dep and no message.
+* The last vstage's F applies the loss; its B back-propagates from it divided by the number of microbatches, so
+  the accumulated gradient is the mean over the iteration's samples, like single-process training on the whole
+  batch (GPipe, Huang et al. 2019 §2.2: gradients are accumulated over micro-batches and applied once).
+* OPT_STEP steps the vstage's own optimizer and clears its gradients: the flush of GPipe and PipeDream-Flush.
+
+Every op runs inside ``torch.profiler.record_function(op.id)``, so a PyTorch profiler trace of a run names the IR ops.
+An op kind with no handler is rejected by :func:`check_supported` before anything runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from executor.modules import Stage, TensorSpec
+from sim.ir import Op, OpKind, Plan
+from sim.validate import PlanError
+
+__all__ = ["HANDLED_KINDS", "check_supported", "OpRecord", "RankInterpreter", "OpFailure"]
+
+#: The op kinds this interpreter can run. Issue #4 adds I, W and R; issue #5 PREFETCH and EVICT.
+HANDLED_KINDS = frozenset(
+    {OpKind.F, OpKind.B, OpKind.OPT_STEP, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F, OpKind.RECV_B}
+)
+
+
+def check_supported(plan: Plan) -> None:
+    """Reject a plan the executor cannot run, before anything is launched.
+
+    Raises:
+        PlanError: the plan is not lowered, its weight policy is not ``flush``, or it uses an op kind with no handler
+            (the message lists the kinds and the first op of each).
+    """
+    if plan.level != "L1":
+        raise PlanError(f"the executor runs lowered (L1) plans, got level {plan.level}")
+    if plan.weight_policy != "flush":
+        raise PlanError(f"the executor runs weight policy 'flush' only, this plan has {plan.weight_policy!r}")
+    first: dict[str, str] = {}
+    for program in plan.programs:
+        for op in program:
+            if op.kind not in HANDLED_KINDS:
+                first.setdefault(op.kind.value, op.id)
+    if first:
+        listed = ", ".join(f"{kind} (first: {op_id})" for kind, op_id in sorted(first.items()))
+        raise PlanError(f"the executor has no handler for op kind(s) {listed}; it runs "
+                        f"{', '.join(sorted(k.value for k in HANDLED_KINDS))}")
+
+
+class OpFailure(RuntimeError):
+    """An op raised; carries the op id so every rank's report can name it.
+
+    Attributes:
+        op_id: the failing op's id, e.g. ``"1B3"``.
+    """
+
+    def __init__(self, op_id: str, cause: BaseException) -> None:
+        super().__init__(f"op {op_id} failed: {type(cause).__name__}: {cause}")
+        self.op_id = op_id
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """When one op ran on this rank, on this rank's clock (``time.perf_counter``, s).
+
+    For compute ops ``start``/``end`` bracket the work. For a SEND, ``start`` is when it was posted and ``end`` when
+    its handle completed (checked at the end of the iteration, so an upper bound). For a RECV, ``start`` is when it
+    was posted and ``end`` when the consumer's wait returned, i.e. when the data was there.
+    """
+
+    op: Op
+    start: float
+    end: float
+
+
+class RankInterpreter:
+    """Runs one rank's program for one iteration at a time.
+
+    Args:
+        plan: the validated L1 plan (``check_supported`` has passed).
+        rank: this process's rank; it runs ``plan.programs[rank]``.
+        stages: vstage → its :class:`Stage` module, for every vstage on this rank.
+        optimizers: vstage → the optimizer over that stage's parameters.
+        loss: ``(last layer's output, targets) -> scalar``; used by the last vstage.
+        boundary: vstage v → :class:`TensorSpec` of its input (what RECV_F of v receives; RECV_B of v receives the
+            spec of v + 1's input, v's output).
+        device: where the stages live; on CUDA every op is synchronised before its end time is taken, so spans
+            are the op's real duration rather than its launch time.
+        fail_at: op id at which to raise an injected error (failure-handling tests); ``None`` in real runs.
+        group: the process group for point-to-point ops (``None``: the default group).
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        rank: int,
+        stages: Mapping[int, Stage],
+        optimizers: Mapping[int, torch.optim.Optimizer],
+        loss: Callable[[Tensor, Tensor], Tensor],
+        boundary: Mapping[int, TensorSpec],
+        *,
+        device: torch.device | None = None,
+        fail_at: str | None = None,
+        group: Any = None,
+    ) -> None:
+        self.plan, self.rank, self.stages, self.optimizers = plan, rank, stages, optimizers
+        self.loss, self.boundary, self.fail_at, self.group = loss, boundary, fail_at, group
+        self.device = device or torch.device("cpu")
+        self._sync: Callable[[], None] = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        self.program = plan.programs[rank]
+        self.last_vstage = plan.num_vstages - 1
+        self.handlers: dict[OpKind, Callable[[Op], None]] = {
+            OpKind.F: self._forward,
+            OpKind.B: self._backward,
+            OpKind.OPT_STEP: self._optimizer_step,
+            OpKind.SEND_F: self._send,
+            OpKind.SEND_B: self._send,
+            OpKind.RECV_F: self._recv,
+            OpKind.RECV_B: self._recv,
+        }
+        missing = sorted({op.kind.value for op in self.program} - {k.value for k in self.handlers})
+        if missing:
+            raise PlanError(f"rank {rank}: no handler for op kind(s) {', '.join(missing)}")
+
+    # --- one iteration ---------------------------------------------------------------------------------------------
+
+    def run_iteration(self, inputs: Sequence[Tensor] | None, targets: Sequence[Tensor] | None
+                      ) -> tuple[list[OpRecord], list[float]]:
+        """Run the program once.
+
+        Args:
+            inputs: per microbatch, the model input (needed on the rank of vstage 0, else ``None``).
+            targets: per microbatch, the loss targets (needed on the rank of the last vstage, else ``None``).
+
+        Returns:
+            The op records in program order, and the per-microbatch loss values (empty unless this rank runs the
+            last vstage), in microbatch order.
+
+        Raises:
+            OpFailure: an op raised; the message names it.
+        """
+        self.inputs, self.targets = inputs, targets
+        self.activations: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # (v, mb) -> (stage input, output)
+        self.losses: dict[int, Tensor] = {}
+        self.outbox: dict[tuple[OpKind, int, int], Tensor] = {}  # produced tensors: (F|B, v, mb) -> tensor
+        self.inbox: dict[str, Tensor] = {}  # RECV op id -> its buffer (valid once waited on)
+        self.pending: dict[str, Any] = {}  # op id -> isend/irecv work handle
+        self.sent: list[tuple[Op, Any, Tensor]] = []
+        self.records: dict[str, list[float]] = {}
+        records: list[OpRecord] = []
+        for op in self.program:
+            try:
+                if op.id == self.fail_at:
+                    raise RuntimeError(f"injected failure at {op.id} (--inject-failure)")
+                with torch.profiler.record_function(op.id):
+                    # Waiting for inputs is not part of the op: the simulator starts an op once its deps are done.
+                    self._wait_receives(op)
+                    start = time.perf_counter()
+                    self.handlers[op.kind](op)
+                    self._sync()
+                    end = time.perf_counter()
+            except OpFailure:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any error in an op is reported with the op's id
+                raise OpFailure(op.id, exc) from exc
+            self.records[op.id] = [start, end]
+        for op_id in list(self.pending):  # a receive nobody consumed still has to complete before the next iteration
+            self._wait(op_id)
+        for op, work, _tensor in self.sent:
+            try:
+                work.wait()
+            except Exception as exc:  # noqa: BLE001
+                raise OpFailure(op.id, exc) from exc
+            self.records[op.id][1] = time.perf_counter()
+        for op in self.program:
+            start, end = self.records[op.id]
+            records.append(OpRecord(op, start, end))
+        losses = [float(self.losses[mb]) for mb in sorted(self.losses)]
+        return records, losses
+
+    # --- handlers --------------------------------------------------------------------------------------------------
+
+    def _wait_receives(self, op: Op) -> None:
+        for dep in op.deps:
+            if dep in self.pending:
+                self._wait(dep)
+
+    def _wait(self, recv_id: str) -> None:
+        self.pending.pop(recv_id).wait()
+        self._sync()  # NCCL's wait only orders streams; the data is there once the device has caught up
+        self.records[recv_id][1] = time.perf_counter()
+
+    def _forward(self, op: Op) -> None:
+        v, mb = op.vstage, op.mb
+        assert mb is not None
+        if v == 0:
+            assert self.inputs is not None, "rank runs vstage 0 but was given no inputs"
+            x = self.inputs[mb]
+        else:
+            x = self._incoming(OpKind.F, v - 1, mb, op).requires_grad_(True)
+        y = self.stages[v](x)
+        if v == self.last_vstage:
+            assert self.targets is not None, "rank runs the last vstage but was given no targets"
+            self.losses[mb] = self.loss(y, self.targets[mb])
+        else:
+            self.outbox[(OpKind.F, v, mb)] = y.detach()
+        self.activations[(v, mb)] = (x, y)
+
+    def _backward(self, op: Op) -> None:
+        v, mb = op.vstage, op.mb
+        assert mb is not None
+        x, y = self.activations.pop((v, mb))
+        if v == self.last_vstage:
+            (self.losses[mb] / self.plan.num_microbatches).backward()
+            self.losses[mb] = self.losses[mb].detach()
+        else:
+            torch.autograd.backward(y, self._incoming(OpKind.B, v + 1, mb, op))
+        if v > 0:
+            assert x.grad is not None
+            self.outbox[(OpKind.B, v, mb)] = x.grad
+
+    def _incoming(self, kind: OpKind, producer: int, mb: int, op: Op) -> Tensor:
+        """The tensor ``op`` consumes: from the RECV in its deps, or from a same-rank producer's outbox."""
+        for dep in op.deps:
+            if dep in self.inbox:
+                return self.inbox.pop(dep)
+        return self.outbox.pop((kind, producer, mb))
+
+    def _optimizer_step(self, op: Op) -> None:
+        optimizer = self.optimizers[op.vstage]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def _send(self, op: Op) -> None:
+        assert op.mb is not None and op.peer is not None
+        kind = OpKind.F if op.kind is OpKind.SEND_F else OpKind.B
+        tensor = self.outbox.pop((kind, op.vstage, op.mb)).contiguous()
+        work = dist.isend(tensor, dst=op.peer, group=self.group)
+        self.sent.append((op, work, tensor))
+
+    def _recv(self, op: Op) -> None:
+        assert op.mb is not None and op.peer is not None
+        # RECV_F of v receives v's input; RECV_B of v receives the gradient of v's output, i.e. of v + 1's input.
+        spec = self.boundary[op.vstage if op.kind is OpKind.RECV_F else op.vstage + 1]
+        buffer = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+        self.inbox[op.id] = buffer
+        self.pending[op.id] = dist.irecv(buffer, src=op.peer, group=self.group)

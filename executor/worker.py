@@ -1,0 +1,211 @@
+"""One rank of a run: join the process group, build this rank's stages, run the iterations, report to rank 0.
+
+Started by the launcher (``executor.run``) through torchrun's machinery, or directly by a user's ``torchrun`` on
+several hosts; either way the rendezvous has set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT``. The plan has been checked before launch, and is checked again here against the
+world size (a user's torchrun may start any number of processes).
+
+Failure (DESIGN §7): if anything raises, the rank prints one ``error: rank R failed at op X: ...`` line, records it
+in the failure directory the launcher gave it (so the launcher can report the first failure, not the echoes of it
+on the other ranks), and leaves with ``os._exit(1)`` at once. Exiting without tearing the process group down is
+deliberate: a clean shutdown would wait on peers that may never answer. The peers then either fail on the closed
+connection or are stopped by torchrun's agent, which terminates the whole group when one worker exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from executor.clock import measure_offsets
+from executor.interpreter import RankInterpreter
+from executor.measured import RankReport
+from executor.modules import boundary_specs, build_stage, loss_fn, synthetic_batch
+from executor.optim import make_optimizer
+from sim.errors import SpecError
+from sim.ir import Plan
+
+__all__ = ["RunOptions", "FAILURE_DIR_ENV", "worker_main", "p2p_sweep"]
+
+#: Environment variable naming the directory where a failing rank records its error for the launcher.
+FAILURE_DIR_ENV = "PIPEDEJAVU_FAILURE_DIR"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything a rank needs besides the plan; built from the command line by ``executor.run``.
+
+    Attributes:
+        plan_path: the plan JSON.
+        out: output directory (rank 0 writes into it).
+        iterations: measured iterations after warm-up, >= 1.
+        warmup: iterations run first and left out of the measurement (they still train).
+        backend: ``"gloo"`` or ``"nccl"``.
+        threads: intra-op threads per rank (``None``: this host's cores divided by the ranks on it).
+        seed: parameter seed.
+        data_seed: synthetic data seed.
+        optimizer: ``"adam"`` or ``"sgd"``.
+        lr: learning rate (``None``: the optimizer's default).
+        profile: profile JSON for the prediction (``None``: the plan's own, else roofline).
+        calibrate_out: where to write a calibrated profile, or ``None``.
+        save_state: directory for each stage's final ``state_dict`` (``stage<v>.pt``), or ``None``.
+        inject_failure: ``(rank, op id)`` at which to raise a test failure, or ``None``.
+        gantt: draw ``gantt.png``.
+        timeout_s: collective and point-to-point timeout, s.
+    """
+
+    plan_path: str
+    out: str
+    iterations: int = 5
+    warmup: int = 2
+    backend: str = "gloo"
+    threads: int | None = None
+    seed: int = 0
+    data_seed: int = 0
+    optimizer: str = "adam"
+    lr: float | None = None
+    profile: str | None = None
+    calibrate_out: str | None = None
+    save_state: str | None = None
+    inject_failure: tuple[int, str] | None = None
+    gantt: bool = True
+    timeout_s: float = 300.0
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None or not value.isdigit():
+        raise SpecError(f"environment variable {name} must be set by the launcher (torchrun), got {value!r}")
+    return int(value)
+
+
+def _record_failure(rank: int, exc: BaseException) -> None:
+    """Print the rank's one-line error and leave it where the launcher looks; never raises."""
+    op_id = getattr(exc, "op_id", None)
+    where = f" at op {op_id}" if op_id else ""
+    message = f"rank {rank} failed{where}: {exc if op_id else f'{type(exc).__name__}: {exc}'}"
+    try:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        directory = os.environ.get(FAILURE_DIR_ENV)
+        if directory:
+            record = {"rank": rank, "op": op_id, "message": message, "time": time.time()}
+            Path(directory, f"rank{rank}.json").write_text(json.dumps(record))
+    except Exception:  # noqa: BLE001 - reporting must not mask the original failure
+        pass
+
+
+def p2p_sweep(rank: int, sizes: tuple[int, ...], *, repeats: int = 10, warmup: int = 3,
+              device: torch.device | None = None) -> list[float]:
+    """One-way message times between ranks 0 and 1 for each size in bytes, measured inside the run's group.
+
+    Ping-pong, median round trip over ``repeats`` after ``warmup``, halved. Ranks other than 0 and 1 take no part.
+
+    Returns:
+        On rank 0, the one-way time per size in s; elsewhere an empty list.
+    """
+    if rank > 1:
+        return []
+    device = device or torch.device("cpu")
+    times = []
+    for size in sizes:
+        message = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
+        trips = []
+        for i in range(warmup + repeats):
+            start = time.perf_counter()
+            if rank == 0:
+                dist.send(message, dst=1)
+                dist.recv(message, src=1)
+            else:
+                dist.recv(message, src=0)
+                dist.send(message, dst=0)
+            if i >= warmup:
+                trips.append(time.perf_counter() - start)
+        trips.sort()
+        times.append(trips[len(trips) // 2] / 2)
+    return times if rank == 0 else []
+
+
+def _threads(options: RunOptions, local_world_size: int) -> int:
+    if options.threads is not None:
+        return options.threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // local_world_size)
+
+
+def _run(options: RunOptions, rank: int) -> None:
+    world_size, local_rank = _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    plan = Plan.loads(Path(options.plan_path).read_text(), source=options.plan_path)
+    if plan.num_ranks != world_size:
+        raise SpecError(f"plan {options.plan_path} has {plan.num_ranks} ranks but the launcher started {world_size}")
+    if options.backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device, device_name = torch.device("cpu"), "cpu"
+    torch.set_num_threads(_threads(options, local_world_size))
+    dist.init_process_group(options.backend, timeout=timedelta(seconds=options.timeout_s))
+
+    vstages = plan.placement.vstages_of(rank)
+    stages = {v: build_stage(plan.model, *plan.placement.vstage_layers[v], seed=options.seed).to(device)
+              for v in vstages}
+    optimizers = {v: make_optimizer(options.optimizer, stages[v].parameters(), options.lr) for v in vstages}
+    cuts = [start for start, _ in plan.placement.vstage_layers]
+    specs = boundary_specs(plan.model, cuts, plan.microbatch_size)
+    boundary = {v: specs[start] for v, (start, _) in enumerate(plan.placement.vstage_layers)}
+    fail_at = options.inject_failure[1] if options.inject_failure and options.inject_failure[0] == rank else None
+    interpreter = RankInterpreter(plan, rank, stages, optimizers, loss_fn(plan.model), boundary, device=device,
+                                  fail_at=fail_at)
+    first, last = 0 in vstages, plan.num_vstages - 1 in vstages
+    m = plan.num_microbatches
+
+    offsets = measure_offsets(rank, world_size, device=device)
+    timings, losses = [], []
+    for iteration in range(options.warmup + options.iterations):
+        batches = [synthetic_batch(plan.model, plan.microbatch_size, seed=options.data_seed, index=iteration * m + j)
+                   for j in range(m)] if first or last else []
+        inputs = [x.to(device) for x, _ in batches] if first else None
+        targets = [y.to(device) for _, y in batches] if last else None
+        dist.barrier()  # every rank starts the iteration together, as the simulation assumes
+        records, iteration_losses = interpreter.run_iteration(inputs, targets)
+        timings.append(tuple((r.op.id, r.start, r.end) for r in records))
+        losses.append(tuple(iteration_losses))
+    sweep_sizes = tuple(2**k for k in range(10, 23, 2))
+    sweep = p2p_sweep(rank, sweep_sizes, device=device) if options.calibrate_out and world_size > 1 else []
+
+    if options.save_state:
+        Path(options.save_state).mkdir(parents=True, exist_ok=True)
+        for v in vstages:
+            torch.save({k: t.detach().cpu() for k, t in stages[v].state_dict().items()},
+                       Path(options.save_state, f"stage{v}.pt"))
+    report = RankReport(rank, device_name, torch.get_num_threads(), tuple(timings), tuple(losses))
+    gathered: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
+    dist.gather_object(report, gathered, dst=0)
+    if rank == 0:
+        from executor.finish import finish_run  # rank 0 only: simulation, plotting, file output
+
+        assert gathered is not None
+        finish_run(plan, options, gathered, offsets, (sweep_sizes, sweep) if sweep else None)
+    dist.barrier()  # nobody leaves while rank 0 may still need the group
+    dist.destroy_process_group()
+
+
+def worker_main(options: RunOptions) -> int:
+    """Run this process's rank to the end; on any error report it and exit the process with status 1."""
+    rank = int(os.environ.get("RANK", "0") or 0)
+    try:
+        _run(options, rank)
+    except BaseException as exc:  # noqa: BLE001 - a rank must never hang its peers, whatever went wrong
+        _record_failure(rank, exc)
+        sys.stdout.flush()
+        os._exit(2 if isinstance(exc, SpecError) else 1)  # bad input keeps the CLI's status 2
+    return 0
