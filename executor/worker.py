@@ -91,7 +91,10 @@ def _record_failure(rank: int, exc: BaseException) -> None:
     """Print the rank's one-line error and leave it where the launcher looks; never raises."""
     op_id = getattr(exc, "op_id", None)
     where = f" at op {op_id}" if op_id else ""
-    message = f"rank {rank} failed{where}: {exc if op_id else f'{type(exc).__name__}: {exc}'}"
+    if isinstance(exc, SpecError):
+        message = f"rank {rank}: {exc}"  # bad input: the message already says what is wrong
+    else:
+        message = f"rank {rank} failed{where}: {exc if op_id else f'{type(exc).__name__}: {exc}'}"
     try:
         print(f"error: {message}", file=sys.stderr, flush=True)
         directory = os.environ.get(FAILURE_DIR_ENV)

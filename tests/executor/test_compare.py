@@ -1,0 +1,82 @@
+"""compare.json and calibrated profiles, against hand-made traces."""
+
+import json
+
+import pytest
+
+from executor.compare import calibrated_profile, compare_report, stage_medians
+from sim.costs import CostModel, layer_costs
+from sim.engine import simulate
+from sim.planning import PlanInputs, build_plan
+from sim.profile import load_profile
+from sim.trace import Span, Trace
+
+SPEC = "gpt:heads=2,hidden=32,layers=2,seq=8,vocab=50"
+
+
+def _trace(f, b, *, opt=0.001):
+    """Two F and two B on rank 0, one after the other, then the optimizer step."""
+    spans, t = [], 0.0
+    for op, kind, duration, mb in (("0F0", "F", f, 0), ("0F1", "F", f, 1), ("0B0", "B", b, 0), ("0B1", "B", b, 1),
+                                   ("0OPT_STEP", "OPT_STEP", opt, None)):
+        spans.append(Span(op, kind, 0, "compute", t, t + duration, 0, mb))
+        t += duration
+    return Trace.from_spans(spans, ["cpu"])
+
+
+def test_relative_error_is_against_the_median_measured_iteration():
+    predicted = _trace(0.010, 0.020)  # 61 ms
+    measured = [_trace(0.010, 0.020), _trace(0.020, 0.040), _trace(0.012, 0.024)]  # 61, 121, 73 ms
+    report = compare_report(predicted, measured, cost_source="roofline")
+    assert report["measured_iteration_time_s"] == pytest.approx(0.073)
+    assert report["predicted_iteration_time_s"] == pytest.approx(0.061)
+    assert report["relative_error"] == pytest.approx((0.073 - 0.061) / 0.073)
+    assert report["ops"]["F"]["count"] == 2
+    assert report["ops"]["F"]["measured_mean_s"] == pytest.approx((0.010 + 0.020 + 0.012) / 3)
+    assert report["ops"]["B"]["predicted_mean_s"] == pytest.approx(0.020)
+    assert report["measured_iterations_s"] == pytest.approx([0.061, 0.121, 0.073])
+    with pytest.raises(ValueError):
+        compare_report(predicted, [], cost_source="roofline")
+
+
+def test_stage_medians():
+    medians = stage_medians([_trace(0.010, 0.020), _trace(0.030, 0.060), _trace(0.011, 0.022)])
+    assert medians[(0, "F")] == pytest.approx(0.011)
+    assert medians[(0, "B")] == pytest.approx(0.022)
+    assert medians[(0, "OPT_STEP")] == pytest.approx(0.001)
+
+
+def test_calibrated_profile_reproduces_the_measured_stage_times(tmp_path):
+    built = build_plan(PlanInputs(model=SPEC, topology="2xcpu", schedule="1f1b", microbatches=4,
+                                  partition="uniform"))
+    plan, graph, topology = built.plan, built.graph, built.topology
+    medians = {(0, "F"): 0.010, (0, "B"): 0.030, (0, "OPT_STEP"): 0.002,
+               (1, "F"): 0.012, (1, "B"): 0.020, (1, "OPT_STEP"): 0.001}
+    profile = calibrated_profile(plan, graph, topology, built.costs, medians, p2p=(1e-4, 1e9),
+                                 machine={"cores": 2}, software={}, iterations=3)
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(profile))
+    loaded = load_profile(path)
+    assert [t.name for t in loaded.layers] == [layer.name for layer in graph.layers]
+    costs = CostModel(graph, topology, plan.placement, plan.microbatch_size, loaded)
+    from sim.ir import OpKind
+
+    for v in range(2):
+        assert costs.compute_time(OpKind.F, v) == pytest.approx(medians[(v, "F")])
+        assert costs.compute_time(OpKind.B, v) == pytest.approx(medians[(v, "B")])
+        assert costs.compute_time(OpKind.OPT_STEP, v) == pytest.approx(medians[(v, "OPT_STEP")])
+    # Within a stage the layers keep the prior's proportions.
+    prior = layer_costs(graph, topology.devices[0], 1)
+    start, end = plan.placement.vstage_layers[0]
+    shares = [t.fwd_s for t in loaded.layers[start:end]]
+    assert shares[0] / sum(shares) == pytest.approx(prior.fwd[start] / sum(prior.fwd[start:end]))
+    assert costs.transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
+    simulate(plan, costs, topology)  # the simulator accepts it
+
+
+def test_calibration_needs_every_stage_measured():
+    built = build_plan(PlanInputs(model=SPEC, topology="2xcpu", schedule="1f1b", microbatches=2, partition="uniform"))
+    with pytest.raises(ValueError, match="no measured B for stage 1"):
+        calibrated_profile(built.plan, built.graph, built.topology, built.costs,
+                           {(0, "F"): 1.0, (0, "B"): 1.0, (1, "F"): 1.0}, p2p=None, machine={}, software={},
+                           iterations=1)
