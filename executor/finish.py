@@ -9,6 +9,7 @@ iteration; plus ``compare.json`` (predicted vs measured), ``plan.json`` (the pla
 from __future__ import annotations
 
 import platform
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from profiles.p2p import fit_latency_bandwidth
 from sim.costs import CostModel
 from sim.engine import simulate
 from sim.fileio import write_json_atomic, write_text_atomic
+from sim.ir import OpKind
 from sim.metrics import compute_metrics
 from sim.models import build_model
 from sim.outputs import format_summary, write_run_outputs
@@ -87,14 +89,15 @@ def finish_run(plan, options: RunOptions, reports: Sequence[RankReport], offsets
     names = ["plan.json", *names, "compare.json"]
 
     if options.calibrate_out:
-        p2p = fit_latency_bandwidth(sweep[0], sweep[1]) if sweep else None
+        p2p = _in_place_p2p(plan, costs, measured, sweep) if sweep else None
         machine = {"cores": _cores(), "threads_per_rank": [r.threads for r in reports],
                    "device": measured_devices}
         software = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
         calibrated = calibrated_profile(plan, graph, topology, costs, stage_medians(measured), p2p=p2p,
                                         machine=machine, software=software, iterations=len(measured))
         if sweep:
-            calibrated["p2p"].update({"sizes_bytes": list(sweep[0]), "one_way_s": list(sweep[1])})
+            calibrated["p2p"].update({"sweep_sizes_bytes": list(sweep[0]), "sweep_one_way_s": list(sweep[1]),
+                                      "method": P2P_METHOD})
         target = Path(options.calibrate_out)
         target.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(calibrated, target)
@@ -103,6 +106,36 @@ def finish_run(plan, options: RunOptions, reports: Sequence[RankReport], offsets
     print(format_summary(metrics))
     _print_compare(compare)
     print(f"wrote {out}/{{{', '.join(names)}}}")
+
+
+P2P_METHOD = (
+    "bandwidth: least-squares fit of a ping-pong sweep between ranks 0 and 1 inside the run's process group, "
+    "converted to the model graph's bytes (the executor sends fp32 tensors, the graph counts its own dtype); "
+    "latency: median over the run's transfers of (measured wire time - real bytes / bandwidth), i.e. what a message "
+    "costs while the ranks compute, which on a busy CPU is mostly the wake-up of the threads that move it"
+)
+
+
+def _in_place_p2p(plan, costs: CostModel, measured, sweep) -> tuple[float, float]:
+    """``(latency s, bandwidth in graph bytes/s)`` for the calibrated profile (see :data:`P2P_METHOD`)."""
+    from executor.modules import boundary_specs
+
+    _, bandwidth = fit_latency_bandwidth(sweep[0], sweep[1])
+    starts = [start for start, _ in plan.placement.vstage_layers]
+    real = boundary_specs(plan.model, starts, plan.microbatch_size)
+    samples, ratios = [], []
+    for trace in measured:
+        for span in trace.spans:
+            if span.kind not in ("RECV_F", "RECV_B"):
+                continue
+            # RECV_F of v carries v's input; RECV_B of v carries the gradient of v's output (v + 1's input).
+            vstage = span.vstage if span.kind == "RECV_F" else span.vstage + 1
+            real_bytes = real[starts[vstage]].nbytes
+            samples.append(span.duration - real_bytes / bandwidth)
+            ratios.append(costs.message_bytes(OpKind(span.kind), span.vstage) / real_bytes)
+    if not samples:
+        return fit_latency_bandwidth(sweep[0], sweep[1])
+    return max(0.0, statistics.median(samples)), bandwidth * statistics.median(ratios)
 
 
 def _losses(reports: Sequence[RankReport]) -> tuple[tuple[float, ...], ...]:
