@@ -1,0 +1,289 @@
+"""``python -m profiles.measure``: measure a model's per-layer costs on this machine and write a profile JSON.
+
+Example::
+
+    python -m profiles.measure --model gpt:layers=4,hidden=256 --device cpu --out profiles/measured/gpt4_cpu.json
+    python -m sim.run --topology 2xcpu --model gpt:layers=4,hidden=256 --profile profiles/measured/gpt4_cpu.json \\
+        --out runs/gpt4
+
+writes the schema of ``profiles/README.md``: each layer's forward, backward and optimizer time
+(:mod:`profiles.layer_timing`), the point-to-point latency and bandwidth between two processes (:mod:`profiles.p2p`)
+and, on CUDA, host↔device copy bandwidth (:mod:`profiles.host_copy`), plus where, with what and when it was
+measured. Bad input prints one ``error: ...`` line, exits with status 2 and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import socket
+import sys
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from executor.modules import TORCH_MODELS
+from executor.optim import OPTIMIZERS
+from profiles.layer_timing import LayerMeasurement, time_layers
+from profiles.p2p import P2PError, fit_latency_bandwidth, ping_pong, power_of_two_sizes
+from sim.errors import SpecError, fail, run_cli
+from sim.fileio import write_json_atomic
+from sim.hardware import get_device
+from sim.models import build_model
+from sim.profile import PROFILE_FORMAT_VERSION
+from sim.spec import parse_spec
+
+__all__ = ["main", "make_parser", "catalog_id_for_gpu"]
+
+# torch.cuda.get_device_name() → catalog id of profiles/hardware/devices.yaml. First match wins, so the more
+# specific pattern of a family comes first. Names not listed (H100 NVL, H200, A10G, ...) need --device-name.
+_GPU_NAME_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"h100.*nvl", ""),  # a different part (94 GB, two cards bridged): not in the catalog
+    (r"h100.*pcie", "h100-pcie-80gb"),
+    (r"h100", "h100-sxm5-80gb"),  # "NVIDIA H100 80GB HBM3" is the SXM5 board
+    (r"a100.*(pcie.*80|80.*pcie)", "a100-pcie-80gb"),
+    (r"a100.*pcie", "a100-pcie-40gb"),
+    (r"a100.*80", "a100-sxm4-80gb"),
+    (r"a100", "a100-sxm4-40gb"),
+    (r"v100s", ""),  # V100S has a faster clock and memory than the catalog's V100s
+    (r"v100.*pcie.*32", "v100-pcie-32gb"),
+    (r"v100.*pcie", "v100-pcie-16gb"),
+    (r"v100.*32", "v100-sxm2-32gb"),
+    (r"v100", "v100-sxm2-16gb"),
+    (r"\bt4\b", "t4-16gb"),
+    (r"\ba10\b", "a10-24gb"),
+    (r"rtx 3090", "rtx3090-24gb"),
+    (r"rtx 4090", "rtx4090-24gb"),
+)
+
+
+def catalog_id_for_gpu(gpu_name: str) -> str | None:
+    """The catalog id (``profiles/hardware/devices.yaml``) of a CUDA device name, or None if it has none.
+
+    >>> catalog_id_for_gpu("NVIDIA A100-SXM4-80GB")
+    'a100-sxm4-80gb'
+    """
+    lowered = gpu_name.lower()
+    for pattern, catalog_id in _GPU_NAME_PATTERNS:
+        if re.search(pattern, lowered):
+            return catalog_id or None
+    return None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the house error format: one ``error: ...`` line, exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        fail(message)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The ``profiles.measure`` argument parser."""
+    parser = _Parser(prog="python -m profiles.measure", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help=f"model spec with a torch implementation "
+                        f"({', '.join(TORCH_MODELS)}), e.g. gpt:layers=4,hidden=256")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where to time the layers (cuda: the current CUDA device; pick one with "
+                        "CUDA_VISIBLE_DEVICES)")
+    parser.add_argument("--device-name", help="catalog id written as the profile's device (default: cpu, or the "
+                        "CUDA device's catalog id looked up from its name)")
+    parser.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch (default 1)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimizer whose step is timed")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs before the timed ones (default 3)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs; the median is kept (default 10)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default 1 on cpu, matching one "
+                        "executor rank per core; torch's default on cuda)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights, data and output gradients")
+    parser.add_argument("--no-p2p", action="store_true", help="skip the point-to-point measurement")
+    parser.add_argument("--p2p-min-bytes", type=int, default=2**10, help="smallest p2p message (default 1 KiB)")
+    parser.add_argument("--p2p-max-bytes", type=int, default=2**24,
+                        help="largest p2p message; sizes double from the smallest (default 16 MiB)")
+    parser.add_argument("--p2p-repeats", type=int, default=50,
+                        help="timed round trips per message size; the median is kept (default 50: they are cheap, "
+                        "and a few slow wake-ups of a sleeping rank must not move the median)")
+    parser.add_argument("--p2p-timeout", type=float, default=120.0, help="limit on the p2p measurement in s")
+    parser.add_argument("--out", required=True, help="profile JSON file to write")
+    return parser
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Reject out-of-range numbers before anything is measured."""
+    for flag, value, minimum in (("--microbatch-size", args.microbatch_size, 1), ("--warmup", args.warmup, 0),
+                                 ("--repeats", args.repeats, 1), ("--threads", args.threads, 1),
+                                 ("--p2p-repeats", args.p2p_repeats, 1)):
+        if value is not None and value < minimum:
+            raise SpecError(f"{flag} must be >= {minimum}, got {value}")
+    if not args.p2p_timeout > 0:
+        raise SpecError(f"--p2p-timeout must be > 0 s, got {args.p2p_timeout}")
+    if Path(args.out).is_dir():
+        raise SpecError(f"--out {args.out!r} is a directory; give the profile's file name")
+
+
+def _check_model(spec: str) -> str:
+    """The canonical spec of ``spec``; SpecError if it is invalid or has no torch implementation."""
+    graph = build_model(spec)
+    name = parse_spec(graph.spec)[0]
+    if name not in TORCH_MODELS:
+        raise SpecError(f"model {name!r} has no torch implementation, so {graph.spec!r} cannot be measured "
+                        f"(torch models: {', '.join(TORCH_MODELS)})")
+    return graph.spec
+
+
+def _resolve_device(kind: str, device_name: str | None) -> tuple[torch.device, str, str | None]:
+    """``(torch device, catalog id, GPU name or None)`` for ``--device``/``--device-name``."""
+    if kind == "cpu":
+        return torch.device("cpu"), get_device(device_name or "cpu").name, None
+    if not torch.cuda.is_available():
+        raise SpecError(f"--device cuda, but torch {torch.__version__} sees no CUDA device "
+                        f"(torch.cuda.is_available() is False)")
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpu_name = torch.cuda.get_device_name(device)
+    if device_name is None:
+        device_name = catalog_id_for_gpu(gpu_name)
+        if device_name is None:
+            raise SpecError(f"the CUDA device {gpu_name!r} has no known catalog id; name it with --device-name "
+                            f"(a device of profiles/hardware/devices.yaml)")
+    return device, get_device(device_name).name, gpu_name
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what ``platform`` knows, else None."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _profile_json(args: argparse.Namespace, spec: str, device_id: str, gpu_name: str | None,
+                  layers: tuple[LayerMeasurement, ...], p2p: dict[str, Any] | None, p2p_note: str,
+                  host_copy: dict[str, float] | None) -> dict[str, Any]:
+    """The profile as a JSON-ready dict (schema: profiles/README.md)."""
+    cuda = gpu_name is not None
+    data: dict[str, Any] = {
+        "format": "pipedejavu-profile",
+        "format_version": PROFILE_FORMAT_VERSION,
+        "model": spec,
+        "device": device_id,
+        "microbatch_size": args.microbatch_size,
+        "optimizer": args.optimizer,
+        "method": {
+            "statistic": "median", "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
+            "p2p_repeats": args.p2p_repeats,
+            "timer": "time.perf_counter" + (" between torch.cuda.synchronize() calls" if cuda else ""),
+            "layers": "each layer alone on its real input; bwd_s = autograd.backward(output, seeded grad_output) "
+                      "incl. the input gradient (except layer 0); the last layer's fwd_s/bwd_s include the loss",
+            "p2p": p2p_note,
+        },
+        "layers": [asdict(m) for m in layers],
+        "machine": {"hostname": socket.gethostname(), "cpu": _cpu_model(), "gpu": gpu_name,
+                    "cores": os.cpu_count(), "threads": torch.get_num_threads()},
+        "software": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+                     "cuda": torch.version.cuda},
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if p2p is not None:
+        data["p2p"] = p2p
+    if host_copy is not None:
+        data["host_copy"] = host_copy
+    return data
+
+
+def format_table(layers: tuple[LayerMeasurement, ...]) -> str:
+    """Per-layer times in ms and sizes in MB (1e6 bytes), one row per layer plus a total."""
+    rows = [f"{'layer':<12}{'fwd ms':>10}{'bwd ms':>10}{'opt ms':>10}{'param MB':>11}{'act MB':>10}"]
+    for m in layers:
+        rows.append(f"{m.name:<12}{m.fwd_s * 1e3:>10.3f}{m.bwd_s * 1e3:>10.3f}{m.opt_s * 1e3:>10.3f}"
+                    f"{m.param_bytes / 1e6:>11.3f}{m.activation_bytes / 1e6:>10.3f}")
+    total = [sum(getattr(m, key) for m in layers) for key in ("fwd_s", "bwd_s", "opt_s")]
+    rows.append(f"{'total':<12}{total[0] * 1e3:>10.3f}{total[1] * 1e3:>10.3f}{total[2] * 1e3:>10.3f}"
+                f"{sum(m.param_bytes for m in layers) / 1e6:>11.3f}")
+    return "\n".join(rows)
+
+
+def _measure_p2p(args: argparse.Namespace, device: torch.device,
+                 sizes: tuple[int, ...]) -> tuple[dict[str, Any], str]:
+    """The profile's ``p2p`` object and the method note; without a fit when the medians admit none.
+
+    Raises:
+        P2PError: the ping-pong itself failed.
+    """
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    result = ping_pong(sizes, warmup=args.warmup, repeats=args.p2p_repeats, backend=backend,
+                       timeout_s=args.p2p_timeout)
+    p2p: dict[str, Any] = {"backend": backend, "sizes_bytes": list(result.sizes_bytes),
+                           "one_way_s": list(result.one_way_s), "one_way_min_s": list(result.one_way_min_s)}
+    note = (f"{backend} ping-pong between two processes, sizes interleaved in every round, one-way = median round "
+            f"trip / 2; time = latency + bytes / bandwidth fitted by least squares on relative residuals")
+    try:
+        latency, bandwidth = fit_latency_bandwidth(result.sizes_bytes, result.one_way_s)
+    except SpecError as exc:
+        # Measured data, not user input: keep the layer times (minutes of work) and the raw p2p times, drop the fit.
+        print(f"warning: no p2p fit: {exc}", file=sys.stderr)
+        return p2p, f"{note}; the fit failed ({exc})"
+    p2p.update(latency_s=latency, bandwidth_bytes_per_s=bandwidth)
+    print(f"p2p ({backend}): latency {latency * 1e6:.1f} µs, bandwidth {bandwidth / 1e9:.3f} GB/s "
+          f"({len(sizes)} sizes, {sizes[0]}..{sizes[-1]} bytes, median of {args.p2p_repeats})")
+    return p2p, note
+
+
+def _run(argv: list[str] | None) -> int:
+    args = make_parser().parse_args(argv)
+    _check_args(args)
+    spec = _check_model(args.model)
+    device, device_id, gpu_name = _resolve_device(args.device, args.device_name)
+    sizes = () if args.no_p2p else power_of_two_sizes(args.p2p_min_bytes, args.p2p_max_bytes)
+    threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else None)
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+    print(f"measuring {spec} on {device_id} ({gpu_name or _cpu_model() or 'cpu'}), microbatch size "
+          f"{args.microbatch_size}, {args.optimizer}, median of {args.repeats} after {args.warmup} warm-up, "
+          f"{torch.get_num_threads()} thread(s)")
+    layers = time_layers(spec, microbatch_size=args.microbatch_size, optimizer=args.optimizer, warmup=args.warmup,
+                         repeats=args.repeats, seed=args.seed, device=device)
+    print(format_table(layers))
+
+    if args.no_p2p:
+        p2p, p2p_note = None, "skipped (--no-p2p)"
+    elif device.type == "cuda" and torch.cuda.device_count() < 2:
+        p2p, p2p_note = None, f"skipped: NCCL p2p needs 2 CUDA devices, found {torch.cuda.device_count()}"
+    else:
+        try:
+            p2p, p2p_note = _measure_p2p(args, device, sizes)
+        except P2PError as exc:
+            print(f"error: {exc} (rerun with --no-p2p to skip it)", file=sys.stderr)
+            return 1
+    if p2p is None or "latency_s" not in p2p:
+        print(f"p2p: {p2p_note}")
+
+    host_copy = None
+    if device.type == "cuda":
+        from profiles.host_copy import measure_host_copy
+
+        host_copy = asdict(measure_host_copy(device, warmup=args.warmup, repeats=args.repeats))
+        print("host copy GB/s: " + ", ".join(f"{k.removesuffix('_bytes_per_s')} {v / 1e9:.2f}"
+                                             for k, v in host_copy.items()))
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(_profile_json(args, spec, device_id, gpu_name, layers, p2p, p2p_note, host_copy), out)
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    return run_cli(lambda: _run(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Point-to-point time between two processes: a ping-pong measurement and its latency/bandwidth fit.
+
+Two spawned processes form a two-rank process group (gloo on CPU, NCCL on two CUDA devices) that rendezvous through
+a file in a fresh temporary directory, so no TCP port has to be found free. Rank 0 sends a buffer to rank 1, which
+sends it straight back; every round visits each message size once, and the one-way time of a size is half its
+median round trip. The simulator's link model is ``time = latency + bytes / bandwidth`` (α-β, Hockney 1994), which
+:func:`fit_latency_bandwidth` fits to the measured points.
+
+The parent never waits on a child unboundedly: the process group has a timeout, the parent polls for the result
+with a deadline and notices a child that died, and any child still alive at the end is terminated, then killed.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+
+from sim.errors import SpecError
+
+__all__ = ["PingPong", "P2PError", "fit_latency_bandwidth", "ping_pong", "power_of_two_sizes"]
+
+
+@dataclass(frozen=True)
+class PingPong:
+    """Measured one-way times of a ping-pong.
+
+    Attributes:
+        backend: ``"gloo"`` or ``"nccl"``.
+        sizes_bytes: message sizes in bytes, ascending.
+        one_way_s: one-way time of each size in s: its median round trip / 2 (what the fit uses).
+        one_way_min_s: one-way time of each size in s from its fastest round trip, kept so that a profile measured
+            on a noisy host can be judged (and refitted) later.
+    """
+
+    backend: str
+    sizes_bytes: tuple[int, ...]
+    one_way_s: tuple[float, ...]
+    one_way_min_s: tuple[float, ...]
+
+
+class P2PError(RuntimeError):
+    """The ping-pong could not run (a child failed, died or timed out); the message says which and why."""
+
+
+def power_of_two_sizes(min_bytes: int, max_bytes: int) -> tuple[int, ...]:
+    """Message sizes ``min_bytes, 2 min_bytes, 4 min_bytes, ...`` up to and including at most ``max_bytes``.
+
+    Raises:
+        SpecError: ``min_bytes`` < 1, or fewer than two sizes fit (a line needs two distinct points).
+    """
+    if min_bytes < 1:
+        raise SpecError(f"p2p message sizes must be at least 1 byte, got a minimum of {min_bytes}")
+    sizes = []
+    size = min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 2
+    if len(sizes) < 2:
+        raise SpecError(f"p2p needs at least two message sizes to fit latency and bandwidth; [{min_bytes}, "
+                        f"{max_bytes}] bytes holds {len(sizes)} (raise the maximum to >= {2 * min_bytes})")
+    return tuple(sizes)
+
+
+def fit_latency_bandwidth(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
+    """Fit ``time = latency + bytes / bandwidth`` to measured points by least squares on relative residuals.
+
+    Each residual is divided by its measured time. Plain least squares would let the largest messages (ms each)
+    decide the intercept, whose true value (µs) is then lost in their noise; relative residuals weigh a 1 KiB and a
+    16 MiB message alike, which is also how their noise behaves (roughly proportional to the time). Exact data is
+    fitted exactly by either. The latency is constrained to be >= 0: if the unconstrained intercept comes out
+    negative (noise on a link whose latency is near zero), the constrained optimum lies on latency = 0, i.e. the
+    best line through the origin, which is what is returned.
+
+    Args:
+        sizes_bytes: message sizes in bytes, >= 0, at least two distinct.
+        times_s: the measured one-way time of each size in s, > 0.
+
+    Returns:
+        ``(latency_s, bandwidth_bytes_per_s)``: α in s (>= 0) and β in bytes/s (> 0).
+
+    Raises:
+        SpecError (a ValueError): lengths differ, a value is not finite, a size is negative or a time not
+            positive, fewer than two distinct sizes, or a fitted slope that is not positive (time does not grow
+            with size, so there is no bandwidth to report).
+    """
+    x = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if x.ndim != 1 or x.shape != t.shape:
+        raise SpecError(f"need one time per size, got {x.size} sizes and {t.size} times")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(t))):
+        raise SpecError("sizes and times must be finite numbers")
+    if np.any(x < 0) or np.any(t <= 0):
+        raise SpecError(f"sizes must be >= 0 bytes and times > 0 s, got sizes {x.tolist()} and times {t.tolist()}")
+    if np.unique(x).size < 2:
+        raise SpecError(f"need at least two distinct message sizes to fit latency and bandwidth, got {x.tolist()}")
+    w = 1.0 / t  # relative residuals: (alpha + x * slope - t) / t
+    design = np.column_stack([w, x * w])
+    (alpha, slope), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    if alpha < 0:
+        # Weighted fit through the origin: minimise sum ((x * slope - t) / t)^2 over slope alone.
+        alpha = 0.0
+        slope = float(np.sum(x * w) / np.sum((x * w) ** 2))
+    # Exactly flat data can fit a slope of +1e-22 by rounding alone: a rise over the whole size range below 1e-9 of
+    # the largest time counts as no rise at all.
+    if not slope * (x.max() - x.min()) > 1e-9 * t.max():
+        raise SpecError(f"fitted time per byte is {slope:.3g} s, not positive: the times do not grow with the "
+                        f"message size, so no bandwidth can be fitted (sizes {x.tolist()}, times {t.tolist()})")
+    return float(alpha), float(1.0 / slope)
+
+
+def _rank_main(rank: int, init_file: str, backend: str, sizes: tuple[int, ...], warmup: int, repeats: int,
+               timeout_s: float, results: queue.Queue) -> None:
+    """One rank of the ping-pong; rank 0 puts ``("ok", (medians, minima))`` or either rank ``("error", text)``."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # the two ranks share the host's cores; neither needs intra-op threads to copy
+        device = torch.device("cpu")
+        if backend == "nccl":
+            device = torch.device("cuda", rank)
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=2,
+                                timeout=timedelta(seconds=timeout_s))
+        peer = 1 - rank
+        buffers = [torch.empty(size, dtype=torch.uint8, device=device) for size in sizes]
+        rounds: list[list[float]] = [[] for _ in sizes]
+        # Sizes are interleaved (every round visits each size once) rather than timed one after another, so a
+        # stretch of slow scheduling on the host slows all sizes alike and shifts the fitted latency at worst,
+        # instead of bending the line by slowing only the sizes that happened to be running then.
+        for k in range(warmup + repeats):
+            for buf, times in zip(buffers, rounds):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                start = time.perf_counter()
+                if rank == 0:
+                    dist.send(buf, peer)
+                    dist.recv(buf, peer)
+                else:
+                    dist.recv(buf, peer)
+                    dist.send(buf, peer)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)  # NCCL ops only enqueue; the round trip ends when they finish
+                if k >= warmup:
+                    times.append(time.perf_counter() - start)
+        one_way = ([float(np.median(times)) / 2 for times in rounds], [min(times) / 2 for times in rounds])
+        dist.destroy_process_group()
+        if rank == 0:
+            results.put(("ok", one_way))
+    except BaseException as exc:  # report anything, so the parent fails fast with the cause instead of timing out
+        results.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
+
+
+def ping_pong(sizes_bytes: Sequence[int], *, warmup: int, repeats: int, backend: str = "gloo",
+              timeout_s: float = 120.0) -> PingPong:
+    """Ping-pong ``sizes_bytes`` between two spawned processes; fit the result with :func:`fit_latency_bandwidth`.
+
+    Args:
+        sizes_bytes: message sizes in bytes.
+        warmup: untimed rounds (connection setup, allocator and cache warm-up).
+        repeats: timed rounds, >= 1; each round sends every size once.
+        backend: ``"gloo"`` (CPU tensors) or ``"nccl"`` (rank r on ``cuda:r``; needs two CUDA devices).
+        timeout_s: limit in s on the measurement after start-up, and the process group's own timeout.
+
+    Raises:
+        P2PError: a rank failed or died, or no result came within ``timeout_s`` (plus a minute for start-up).
+    """
+    import torch.multiprocessing as mp
+
+    sizes = tuple(sorted(int(s) for s in sizes_bytes))
+    ctx = mp.get_context("spawn")  # fork would copy the parent's torch threads and CUDA state into the children
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="pipedejavu-p2p-") as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [ctx.Process(target=_rank_main, daemon=True,
+                             args=(rank, init_file, backend, sizes, warmup, repeats, timeout_s, results))
+                 for rank in range(2)]
+        for proc in procs:
+            proc.start()
+        try:
+            status, payload = _wait_for_result(procs, results, timeout_s)
+        finally:
+            _stop(procs)
+    if status != "ok":
+        raise P2PError(f"p2p ping-pong ({backend}) failed: {payload}")
+    medians, minima = payload  # type: ignore[misc]
+    return PingPong(backend, sizes, tuple(medians), tuple(minima))
+
+
+def _wait_for_result(procs: list, results: queue.Queue, timeout_s: float) -> tuple[str, object]:
+    """Rank 0's result or the first error, polling so that a child that died without reporting is noticed."""
+    deadline = time.monotonic() + timeout_s + 60.0  # the children also import torch and rendezvous first
+    while time.monotonic() < deadline:
+        try:
+            return results.get(timeout=0.2)
+        except queue.Empty:
+            pass
+        dead = [p for p in procs if p.exitcode not in (None, 0)]
+        if dead:
+            try:  # its error report may have landed just before it exited
+                return results.get(timeout=1.0)
+            except queue.Empty:
+                return "error", f"a rank exited with status {dead[0].exitcode} without reporting"
+    return "error", f"no result within {timeout_s + 60.0:.0f} s"
+
+
+def _stop(procs: list) -> None:
+    """Join the children briefly, then terminate and finally kill any that are still running."""
+    for proc in procs:
+        proc.join(timeout=10.0)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5.0)
