@@ -1,6 +1,8 @@
 """pipedejavu executor: runs a plan written by ``sim.run`` on real devices with torch.distributed (DESIGN §7).
 
-Built so far: ``executor.modules`` — torch modules for the zoo's ``gpt`` and ``cnn`` that match the simulator's
-``LayerGraph`` exactly (parameter counts, activation sizes), stage splits with split-independent seeded weights, and
-seeded synthetic data. The L1 interpreter, launcher and profiler come with the rest of issue #3.
+``python -m executor.run --plan plan.json --out DIR`` checks the plan, launches one worker per rank (``run.py``,
+``worker.py``), builds each rank's stages from the plan's model spec (``modules.py``), interprets its L1 program
+(``interpreter.py``), puts every rank's op timings on one clock (``clock.py``, ``measured.py``) and has rank 0 write
+the measured trace, metrics, ``compare.json`` and optionally a calibrated profile (``finish.py``, ``compare.py``).
+``reference.py`` is the single-process training that a synchronous pipeline must reproduce.
 """

@@ -8,6 +8,7 @@ iteration; plus ``compare.json`` (predicted vs measured), ``plan.json`` (the pla
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import sys
@@ -153,8 +154,6 @@ def _losses(reports: Sequence[RankReport]) -> tuple[tuple[float, ...], ...]:
 
 
 def _cores() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
