@@ -15,6 +15,9 @@ same thing:
 * The last vstage's F applies the loss; its B back-propagates from it divided by the number of microbatches, so
   the accumulated gradient is the mean over the iteration's samples, like single-process training on the whole
   batch (GPipe, Huang et al. 2019 §2.2: gradients are accumulated over micro-batches and applied once).
+* I and W split the backward (zero-bubble schedules): I computes the input gradient and every gradient except the
+  weights of linear and conv layers, which W computes later (``executor.split_backward``). R rebuilds the forward
+  activations of a microbatch whose F kept only its input (``--recompute``).
 * OPT_STEP steps the vstage's own optimizer and clears its gradients: the flush of GPipe and PipeDream-Flush.
 
 Every op runs inside ``torch.profiler.record_function(op.id)``, so a PyTorch profiler trace of a run names the IR ops.
@@ -23,6 +26,7 @@ An op kind with no handler is rejected by :func:`check_supported` before anythin
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,14 +37,16 @@ import torch.distributed as dist
 from torch import Tensor
 
 from executor.modules import Stage, TensorSpec
+from executor.split_backward import WeightGradStore, enable_split_backward
 from sim.ir import Op, OpKind, Plan
 from sim.validate import PlanError
 
 __all__ = ["HANDLED_KINDS", "check_supported", "OpRecord", "RankInterpreter", "OpFailure"]
 
-#: The op kinds this interpreter can run. Issue #4 adds I, W and R; issue #5 PREFETCH and EVICT.
+#: The op kinds this interpreter can run. Issue #5 adds PREFETCH and EVICT.
 HANDLED_KINDS = frozenset(
-    {OpKind.F, OpKind.B, OpKind.OPT_STEP, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F, OpKind.RECV_B}
+    {OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R, OpKind.OPT_STEP, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F,
+     OpKind.RECV_B}
 )
 
 
@@ -131,6 +137,9 @@ class RankInterpreter:
         self.handlers: dict[OpKind, Callable[[Op], None]] = {
             OpKind.F: self._forward,
             OpKind.B: self._backward,
+            OpKind.I: self._backward_input,
+            OpKind.W: self._backward_weight,
+            OpKind.R: self._recompute,
             OpKind.OPT_STEP: self._optimizer_step,
             OpKind.SEND_F: self._send,
             OpKind.SEND_B: self._send,
@@ -140,6 +149,11 @@ class RankInterpreter:
         missing = sorted({op.kind.value for op in self.program} - {k.value for k in self.handlers})
         if missing:
             raise PlanError(f"rank {rank}: no handler for op kind(s) {', '.join(missing)}")
+        # (vstage, mb) whose forward activations are dropped and rebuilt by an R op before the backward.
+        self.recomputed = {(op.vstage, op.mb) for op in self.program if op.kind is OpKind.R}
+        self.weight_grads = WeightGradStore()
+        for v in sorted({op.vstage for op in self.program if op.kind is OpKind.I}):
+            enable_split_backward(stages[v], self.weight_grads)
 
     # --- one iteration ---------------------------------------------------------------------------------------------
 
@@ -159,7 +173,7 @@ class RankInterpreter:
             OpFailure: an op raised; the message names it.
         """
         self.inputs, self.targets = inputs, targets
-        self.activations: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # (v, mb) -> (stage input, output)
+        self.activations: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}  # (v, mb) -> (input, output)
         self.losses: dict[int, Tensor] = {}
         self.outbox: dict[tuple[OpKind, int, int], Tensor] = {}  # produced tensors: (F|B, v, mb) -> tensor
         self.inbox: dict[str, Tensor] = {}  # RECV op id -> its buffer (valid once waited on)
@@ -217,18 +231,47 @@ class RankInterpreter:
             x = self.inputs[mb]
         else:
             x = self._incoming(OpKind.F, v - 1, mb, op).requires_grad_(True)
+        recompute = (v, mb) in self.recomputed
+        # With recomputation only the stage input is kept (the checkpoint; Chen et al. 2016, GPipe §2.3): the
+        # forward builds no autograd graph and the R op rebuilds it right before the backward.
+        with torch.no_grad() if recompute else contextlib.nullcontext():
+            y = self.stages[v](x)
+            if v == self.last_vstage:
+                assert self.targets is not None, "rank runs the last vstage but was given no targets"
+                self.losses[mb] = self.loss(y, self.targets[mb])
+        if v != self.last_vstage:
+            self.outbox[(OpKind.F, v, mb)] = y.detach()
+        self.activations[(v, mb)] = (x, None if recompute else y)
+
+    def _recompute(self, op: Op) -> None:
+        v, mb = op.vstage, op.mb
+        assert mb is not None
+        x, _ = self.activations[(v, mb)]
         y = self.stages[v](x)
         if v == self.last_vstage:
-            assert self.targets is not None, "rank runs the last vstage but was given no targets"
+            assert self.targets is not None
             self.losses[mb] = self.loss(y, self.targets[mb])
-        else:
-            self.outbox[(OpKind.F, v, mb)] = y.detach()
         self.activations[(v, mb)] = (x, y)
+
+    def _backward_input(self, op: Op) -> None:
+        """I: the backward with the weight gradients of linear and conv layers deferred to the W op."""
+        assert op.mb is not None
+        self.weight_grads.begin((op.vstage, op.mb))
+        try:
+            self._backward(op)
+        finally:
+            self.weight_grads.end()
+
+    def _backward_weight(self, op: Op) -> None:
+        """W: the deferred weight gradients of the I op of the same (vstage, mb)."""
+        assert op.mb is not None
+        self.weight_grads.flush((op.vstage, op.mb))
 
     def _backward(self, op: Op) -> None:
         v, mb = op.vstage, op.mb
         assert mb is not None
         x, y = self.activations.pop((v, mb))
+        assert y is not None, f"{op.id}: the forward kept no activations and no R op rebuilt them"
         if v == self.last_vstage:
             (self.losses[mb] / self.plan.num_microbatches).backward()
             self.losses[mb] = self.losses[mb].detach()
