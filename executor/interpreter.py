@@ -18,7 +18,9 @@ same thing:
 * I and W split the backward (zero-bubble schedules): I computes the input gradient and every gradient except the
   weights of linear and conv layers, which W computes later (``executor.split_backward``). R rebuilds the forward
   activations of a microbatch whose F kept only its input (``--recompute``).
-* OPT_STEP steps the vstage's own optimizer and clears its gradients: the flush of GPipe and PipeDream-Flush.
+* OPT_STEP steps the vstage's own optimizer and clears its gradients: once per iteration under the flush policy
+  (GPipe, 1F1B), after every microbatch under weight stashing (async PipeDream, ``executor.stash``), where F and its
+  backward run on the weight version stashed for the microbatch and the update lands on the latest weights.
 
 Every op runs inside ``torch.profiler.record_function(op.id)``, so a PyTorch profiler trace of a run names the IR ops.
 An op kind with no handler is rejected by :func:`check_supported` before anything runs.
@@ -38,6 +40,7 @@ from torch import Tensor
 
 from executor.modules import Stage, TensorSpec
 from executor.split_backward import WeightGradStore, enable_split_backward
+from executor.stash import StashedWeights
 from sim.ir import Op, OpKind, Plan
 from sim.validate import PlanError
 
@@ -59,8 +62,8 @@ def check_supported(plan: Plan) -> None:
     """
     if plan.level != "L1":
         raise PlanError(f"the executor runs lowered (L1) plans, got level {plan.level}")
-    if plan.weight_policy != "flush":
-        raise PlanError(f"the executor runs weight policy 'flush' only, this plan has {plan.weight_policy!r}")
+    if plan.weight_policy not in ("flush", "stash"):
+        raise PlanError(f"the executor runs weight policies 'flush' and 'stash', this plan has {plan.weight_policy!r}")
     first: dict[str, str] = {}
     for program in plan.programs:
         for op in program:
@@ -154,6 +157,10 @@ class RankInterpreter:
         self.weight_grads = WeightGradStore()
         for v in sorted({op.vstage for op in self.program if op.kind is OpKind.I}):
             enable_split_backward(stages[v], self.weight_grads)
+        self.stashing = StashedWeights(plan, rank, stages) if plan.weight_policy == "stash" else None
+        # Flush: the iteration's microbatches form one minibatch, so each contributes 1/m of the gradient. Stash:
+        # each microbatch is PipeDream's minibatch and is applied on its own.
+        self.loss_scale = plan.num_microbatches if self.stashing is None else 1
 
     # --- one iteration ---------------------------------------------------------------------------------------------
 
@@ -173,6 +180,8 @@ class RankInterpreter:
             OpFailure: an op raised; the message names it.
         """
         self.inputs, self.targets = inputs, targets
+        if self.stashing is not None:
+            self.stashing.begin_iteration()
         self.activations: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}  # (v, mb) -> (input, output)
         self.losses: dict[int, Tensor] = {}
         self.outbox: dict[tuple[OpKind, int, int], Tensor] = {}  # produced tensors: (F|B, v, mb) -> tensor
@@ -235,7 +244,7 @@ class RankInterpreter:
         # With recomputation only the stage input is kept (the checkpoint; Chen et al. 2016, GPipe §2.3): the
         # forward builds no autograd graph and the R op rebuilds it right before the backward.
         with torch.no_grad() if recompute else contextlib.nullcontext():
-            y = self.stages[v](x)
+            y = self._stage_forward(v, mb, x, first=True)
             if v == self.last_vstage:
                 assert self.targets is not None, "rank runs the last vstage but was given no targets"
                 self.losses[mb] = self.loss(y, self.targets[mb])
@@ -247,7 +256,7 @@ class RankInterpreter:
         v, mb = op.vstage, op.mb
         assert mb is not None
         x, _ = self.activations[(v, mb)]
-        y = self.stages[v](x)
+        y = self._stage_forward(v, mb, x, first=False)
         if v == self.last_vstage:
             assert self.targets is not None
             self.losses[mb] = self.loss(y, self.targets[mb])
@@ -273,7 +282,7 @@ class RankInterpreter:
         x, y = self.activations.pop((v, mb))
         assert y is not None, f"{op.id}: the forward kept no activations and no R op rebuilt them"
         if v == self.last_vstage:
-            (self.losses[mb] / self.plan.num_microbatches).backward()
+            (self.losses[mb] / self.loss_scale).backward()
             self.losses[mb] = self.losses[mb].detach()
         else:
             torch.autograd.backward(y, self._incoming(OpKind.B, v + 1, mb, op))
@@ -288,10 +297,21 @@ class RankInterpreter:
                 return self.inbox.pop(dep)
         return self.outbox.pop((kind, producer, mb))
 
+    def _stage_forward(self, v: int, mb: int, x: Tensor, *, first: bool) -> Tensor:
+        """The stage's forward: with the live weights, or (weight stashing) with the version stashed for ``mb``."""
+        if self.stashing is None:
+            return self.stages[v](x)
+        return torch.func.functional_call(self.stages[v], self.stashing.weights_for(v, mb, first=first), (x,))
+
     def _optimizer_step(self, op: Op) -> None:
         optimizer = self.optimizers[op.vstage]
+        if self.stashing is not None:
+            assert op.mb is not None
+            self.stashing.move_gradients(op.vstage, op.mb)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if self.stashing is not None:
+            self.stashing.updated(op.vstage)
 
     def _send(self, op: Op) -> None:
         assert op.mb is not None and op.peer is not None

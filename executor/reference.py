@@ -9,6 +9,7 @@ modules, the data and the optimizer factory, so that agreeing with it means the 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,7 @@ from torch import Tensor
 from executor.modules import build_layers, loss_fn, synthetic_batch
 from executor.optim import make_optimizer
 
-__all__ = ["ReferenceResult", "train_reference"]
+__all__ = ["ReferenceResult", "train_reference", "train_pipedream_reference"]
 
 
 @dataclass(frozen=True)
@@ -77,3 +78,67 @@ def _graph_layers(spec: str):
     from sim.models import build_model
 
     return build_model(spec).layers
+
+
+def train_pipedream_reference(spec: str, *, stage_layers: Sequence[tuple[int, int]],
+                              version: Callable[[int, int], int], iterations: int, minibatches: int,
+                              microbatch_size: int, seed: int = 0, data_seed: int = 0, optimizer: str = "sgd",
+                              lr: float | None = None) -> ReferenceResult:
+    """Single-process PipeDream with weight stashing: the delayed-update rule, written out directly.
+
+    Minibatch k of an iteration runs stage s with the weights after ``version(s, k)`` of that iteration's updates
+    (the caller gives this in closed form, e.g. ``max(0, k - (p - s - 1))`` for 1F1B without vertical sync); its
+    gradient is then applied to stage s's latest weights, in minibatch order (Narayanan et al., SOSP'19 §3.3). The
+    pipeline drains between iterations, so every iteration starts from the previous one's final weights.
+
+    Args:
+        spec: model spec.
+        stage_layers: ``(start, end)`` layer range of each stage.
+        version: ``(stage, minibatch in the iteration) -> updates`` in the weights it uses; at most the minibatch.
+        iterations: iterations (pipeline fills and drains).
+        minibatches: minibatches per iteration (the plan's microbatches).
+        microbatch_size: samples per minibatch.
+        seed, data_seed: as in :func:`train_reference`.
+        optimizer, lr: the update rule.
+
+    Returns:
+        The final live weights and, per iteration, each minibatch's loss.
+    """
+    layers = build_layers(spec, seed=seed)
+    names = [layer.name for layer in _graph_layers(spec)]
+    stages = [torch.nn.Sequential(*layers[start:end]) for start, end in stage_layers]
+    optimizers = [make_optimizer(optimizer, stage.parameters(), lr) for stage in stages]
+    loss = loss_fn(spec)
+    losses = []
+    for iteration in range(iterations):
+        # history[s][u]: stage s's weights after u updates of this iteration.
+        history = [[{n: p.detach().clone() for n, p in stage.named_parameters()}] for stage in stages]
+        step_losses = []
+        for k in range(minibatches):
+            inputs, targets = synthetic_batch(spec, microbatch_size, seed=data_seed,
+                                              index=iteration * minibatches + k)
+            used = []
+            h = inputs
+            for s, stage in enumerate(stages):
+                u = version(s, k)
+                if not 0 <= u <= k:
+                    raise ValueError(f"version({s}, {k}) = {u} is not in 0..{k}")
+                params = {n: t.clone().requires_grad_(True) for n, t in history[s][u].items()}
+                used.append(params)
+                h = torch.func.functional_call(stage, params, (h,))
+            value = loss(h, targets)
+            value.backward()
+            step_losses.append(float(value.detach()))
+            for s, stage in enumerate(stages):
+                for n, p in stage.named_parameters():
+                    p.grad = used[s][n].grad
+                optimizers[s].step()
+                optimizers[s].zero_grad(set_to_none=True)
+                history[s].append({n: p.detach().clone() for n, p in stage.named_parameters()})
+        losses.append(tuple(step_losses))
+    state = {}
+    for start, stage in zip((a for a, _ in stage_layers), stages, strict=True):
+        for i, layer in enumerate(stage):
+            for key, tensor in layer.state_dict().items():
+                state[f"layers.{names[start + i]}.{key}"] = tensor.detach().clone()
+    return ReferenceResult(state, tuple(losses))
