@@ -9,7 +9,9 @@ Procedure, on this host with 2 CPU ranks (topology ``2xcpu``, gloo):
    ``sim.run --profile calibration.json`` writes the plan and its prediction, ``executor.run`` runs that plan and
    writes ``compare.json`` (predicted vs median measured iteration time).
 3. **Report** the table, the median and the maximum absolute relative error, against the issue's target
-   (median ≤ 10%, max ≤ 20%). Published simulators reach 3–9% on GPUs (``../shared/reference/simulators.md``).
+   (median ≤ 10%, max ≤ 20%). ``--schedules`` adds the rest of the family (interleaved, zb1p, pipedream,
+   1f1b-recompute), each predicted from the same 1F1B calibration. Published simulators reach 3–9% on GPUs
+   (``../shared/reference/simulators.md``).
 
 Everything goes through the command-line tools, so the numbers are what a user of the product would get.
 """
@@ -30,6 +32,15 @@ from sim.fileio import write_json_atomic, write_text_atomic
 __all__ = ["main", "run_cases", "summarize", "format_table"]
 
 DEFAULT_MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000"
+#: Case name → ``sim.run`` flags. Interleaving uses 2 chunks per rank; ``-recompute`` adds activation recomputation.
+CASES: dict[str, list[str]] = {
+    "gpipe": ["--schedule", "gpipe"],
+    "1f1b": ["--schedule", "1f1b"],
+    "interleaved": ["--schedule", "interleaved", "--chunks", "2"],
+    "zb1p": ["--schedule", "zb1p"],
+    "pipedream": ["--schedule", "pipedream"],
+    "1f1b-recompute": ["--schedule", "1f1b", "--recompute"],
+}
 TARGET_MEDIAN, TARGET_MAX = 0.10, 0.20
 
 
@@ -43,8 +54,8 @@ def _tool(module: str, *args: str) -> str:
     return result.stdout
 
 
-def _simulate(out: Path, model: str, schedule: str, m: int, mbs: int, profile: Path | None) -> Path:
-    args = ["--topology", "2xcpu", "--model", model, "--schedule", schedule, "-m", str(m), "--microbatch-size",
+def _simulate(out: Path, model: str, case: str, m: int, mbs: int, profile: Path | None) -> Path:
+    args = ["--topology", "2xcpu", "--model", model, *CASES[case], "-m", str(m), "--microbatch-size",
             str(mbs), "--partition", "balanced", "--out", str(out)]
     if profile is not None:
         args += ["--profile", str(profile)]
@@ -115,7 +126,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.run sim_vs_real", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/sim_vs_real", help="output directory (default runs/sim_vs_real)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
-    parser.add_argument("--schedules", default="gpipe,1f1b", help="comma-separated (default gpipe,1f1b)")
+    parser.add_argument("--schedules", default="gpipe,1f1b", help=f"comma-separated cases from {', '.join(CASES)} "
+                        "(default gpipe,1f1b, the issue's benchmark)")
     parser.add_argument("--microbatches", default="4,8,16", help="comma-separated (default 4,8,16)")
     parser.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (default 2)")
     parser.add_argument("--iterations", type=int, default=6, help="measured iterations per run (default 6)")
@@ -125,6 +137,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     microbatches = _positive_list(args.microbatches)
     schedules = [s for s in args.schedules.split(",") if s]
+    unknown = [s for s in schedules if s not in CASES]
+    if unknown or not schedules:
+        fail(f"unknown case(s) {unknown or args.schedules!r} (known: {', '.join(CASES)})")
     for name, value in (("--microbatch-size", args.microbatch_size), ("--iterations", args.iterations),
                         ("--calibrate-m", args.calibrate_m)):
         if value < 1:
