@@ -128,6 +128,7 @@ class CostModel:
         self._times: list[dict[OpKind, float]] = []
         self._state: list[int] = []
         self._activation: list[int] = []
+        self._checkpoint: list[int] = []
         self._workspace: list[int] = []
         for v, (start, end) in enumerate(placement.vstage_layers):
             costs = by_device[topology.devices[placement.vstage_to_rank[v]].name]
@@ -139,6 +140,7 @@ class CostModel:
             # A layer's saved_bytes include its output but not its input, so the stage also keeps what it received.
             received = graph.boundary_bytes(start) if start > 0 else graph.input_bytes
             self._activation.append(microbatch_size * (received + sum(layer.saved_bytes for layer in layers)))
+            self._checkpoint.append(microbatch_size * received)
             self._workspace.append(microbatch_size * max(layer.workspace_bytes for layer in layers))
 
     def compute_time(self, kind: OpKind, vstage: int) -> float:
@@ -178,6 +180,14 @@ class CostModel:
     def activation_bytes(self, vstage: int) -> int:
         """Bytes one in-flight microbatch keeps on the device from its forward to its backward."""
         return self._activation[vstage]
+
+    def checkpoint_bytes(self, vstage: int) -> int:
+        """Bytes one in-flight microbatch keeps from forward to backward when its activations are recomputed.
+
+        The stage's input (what it received, or the model input for the first stage), the checkpoint from which an
+        R op rebuilds the other ``activation_bytes(vstage) - checkpoint_bytes(vstage)`` bytes before the backward.
+        """
+        return self._checkpoint[vstage]
 
     def workspace_bytes(self, vstage: int) -> int:
         """Transient bytes while one op of ``vstage`` runs."""

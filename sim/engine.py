@@ -2,7 +2,7 @@
 
 Semantics, shared with the dry run in ``sim.validate`` and with the executor:
 
-* One process per rank walks its program in order. Compute-stream ops (F, B, I, W, OPT_STEP) block the walker: an
+* One process per rank walks its program in order. Compute-stream ops (F, B, I, W, R, OPT_STEP) block the walker: an
   op starts when the previous one has finished and every op in its ``deps`` is done, then runs for its cost.
 * SEND and RECV are issued without blocking the walker (the ``isend``/``irecv`` of the executor). A transfer starts
   once both sides are issued and the SEND's deps are done (a rendezvous, as point-to-point transports do), occupies
@@ -15,8 +15,10 @@ Semantics, shared with the dry run in ``sim.validate`` and with the executor:
   overlap compute and contend only with other copies (and transfers) on the same links.
 * Memory per device: the training state of its stages from the start, plus each in-flight microbatch's
   activations from the start of its F to the end of its B (or W when the backward is split), plus the op's
-  workspace while it runs. A stage with PREFETCH ops lives in host memory: it is not resident at the start, and
-  its weights occupy the device from the start of a PREFETCH to the end of the next EVICT. Going over the device's
+  workspace while it runs. With recomputation (an R op for the (vstage, mb)), F keeps only the stage's input, the
+  checkpoint (``CostModel.checkpoint_bytes``), and R, right before the backward, allocates the rest of the
+  activations again. A stage with PREFETCH ops lives in host memory: it is not resident at the start, and its
+  weights occupy the device from the start of a PREFETCH to the end of the next EVICT. Going over the device's
   capacity raises :class:`OutOfMemoryError` naming the device, the time and the op.
 
 The plan is never mutated; ties are broken by SimPy's event ids, so the same inputs give the same trace.
@@ -85,11 +87,14 @@ class _Run:
         self.peak = list(self.memory)
         # The op after which a microbatch's activations are freed: W when the backward is split, else B.
         self.frees = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.W}
+        # Microbatches whose activations are recomputed: their F keeps only the checkpoint (the stage input).
+        self.recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.R}
         self.handlers: dict[OpKind, Callable[[int, Op], _Proc | None]] = {
             OpKind.F: self._compute,
             OpKind.B: self._compute,
             OpKind.I: self._compute,
             OpKind.W: self._compute,
+            OpKind.R: self._compute,
             OpKind.OPT_STEP: self._compute,
             OpKind.SEND_F: self._send,
             OpKind.SEND_B: self._send,
@@ -132,7 +137,12 @@ class _Run:
         kind, vstage = op.kind, op.vstage
         activation = self.costs.activation_bytes(vstage)
         workspace = self.costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
-        self._allocate(rank, workspace + (activation if kind is OpKind.F else 0), op)
+        kept = 0  # bytes this op leaves allocated for the backward
+        if kind is OpKind.F:
+            kept = self.costs.checkpoint_bytes(vstage) if (vstage, op.mb) in self.recomputed else activation
+        elif kind is OpKind.R:
+            kept = activation - self.costs.checkpoint_bytes(vstage)  # the checkpoint is the recomputation's input
+        self._allocate(rank, workspace + kept, op)
         duration = self.costs.compute_time(kind, vstage)
         if duration > 0:
             yield self.env.timeout(duration)
@@ -231,7 +241,7 @@ class _Run:
 
 
 HANDLED_KINDS = frozenset(
-    {OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.OPT_STEP, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F,
+    {OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R, OpKind.OPT_STEP, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F,
      OpKind.RECV_B, OpKind.PREFETCH, OpKind.EVICT}
 )
 

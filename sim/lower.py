@@ -16,9 +16,11 @@ Placement rules (DESIGN §3):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sim.ir import Op, OpKind, Plan
 
-__all__ = ["lower", "add_send_recv", "add_optimizer_steps"]
+__all__ = ["lower", "add_recompute", "add_send_recv", "add_optimizer_steps"]
 
 
 def lower(plan: Plan) -> Plan:
@@ -26,6 +28,31 @@ def lower(plan: Plan) -> Plan:
     if plan.level != "L0":
         raise ValueError(f"lower() takes an L0 plan, got level {plan.level}")
     return add_optimizer_steps(add_send_recv(plan))
+
+
+def add_recompute(plan: Plan) -> Plan:
+    """Activation recomputation: an R right before the backward (B or I) of every (vstage, mb). L0 → L0.
+
+    With recomputation a stage keeps only its input (the checkpoint) from F to the backward, and re-runs the forward
+    just before the backward to rebuild the rest (Chen et al., arXiv 1604.06174; GPipe §2.3 "re-materialization").
+    The R goes on the same rank, immediately before the backward in program order, so it needs no data from other
+    ranks and can run while the rank waits for the output gradient. (vstage, mb) pairs that already have an R (a
+    hand-written schedule file) are left as they are. The plan's options record ``recompute = True`` so that the
+    executor and ``plan.json`` readers know.
+    """
+    if plan.level != "L0":
+        raise ValueError(f"add_recompute() takes an L0 plan, got level {plan.level}")
+    have = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.R}
+    programs = []
+    for program in plan.programs:
+        out: list[Op] = []
+        for op in program:
+            if op.kind in (OpKind.B, OpKind.I) and (op.vstage, op.mb) not in have:
+                out.append(Op(OpKind.R, op.vstage, op.mb))
+            out.append(op)
+        programs.append(tuple(out))
+    options = tuple(sorted({**dict(plan.options), "recompute": True}.items()))
+    return replace(plan.with_programs(tuple(programs), level="L0"), options=options)
 
 
 def add_send_recv(plan: Plan) -> Plan:

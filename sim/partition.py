@@ -6,6 +6,12 @@ activation to the next stage, its input gradient to the previous one). The slowe
 state throughput (PipeDream, Narayanan et al. SOSP'19 §3.1 uses the same objective), and with heterogeneous devices
 the same layer costs differ per stage, which the DP handles by costing stage s on rank s's device.
 
+With several virtual stages per rank (interleaved placements) the same DP runs over the vstages in pipeline order,
+each costed on the device of the rank that runs it, with the transfer to its neighbour's rank (free between vstages
+on one rank). That balances the ranks only when every rank has the same device — then equal vstages make equal
+ranks — so ``balanced`` refuses such placements on mixed devices rather than return a partition that looks optimal
+and is not.
+
 Complexity O(p · n²) for n layers and p stages, with prefix sums so each stage cost is O(1).
 """
 
@@ -47,48 +53,66 @@ def _check_sizes(num_layers: int, num_stages: int) -> None:
 
 
 class _StageCoster:
-    """Time per microbatch of a candidate stage [i, j) on rank s, in s."""
+    """Time per microbatch of a candidate stage [i, j) as vstage s, on rank ``vstage_to_rank[s]``, in s."""
 
     def __init__(self, graph: LayerGraph, topology: Topology, microbatch_size: int,
-                 profile: MeasuredProfile | None) -> None:
+                 profile: MeasuredProfile | None, vstage_to_rank: tuple[int, ...] | None = None) -> None:
         self.graph, self.topology, self.microbatch_size = graph, topology, microbatch_size
+        self.to_rank = vstage_to_rank
         self.prefix: dict[str, list[float]] = {}
         for device in topology.devices:
             if device.name not in self.prefix:
                 costs = layer_costs(graph, device, microbatch_size, profile)
                 self.prefix[device.name] = [0.0, *accumulate(f + b for f, b in zip(costs.fwd, costs.bwd))]
 
+    def rank(self, stage: int) -> int:
+        return stage if self.to_rank is None else self.to_rank[stage]
+
     def __call__(self, stage: int, num_stages: int, start: int, end: int) -> float:
-        prefix = self.prefix[self.topology.devices[stage].name]
+        rank = self.rank(stage)
+        prefix = self.prefix[self.topology.devices[rank].name]
         time = prefix[end] - prefix[start]
         if end < len(self.graph) and stage + 1 < num_stages:
             activation = self.microbatch_size * self.graph.boundary_bytes(end)
-            time += self.topology.transfer_time(activation, stage, stage + 1)
+            time += self.topology.transfer_time(activation, rank, self.rank(stage + 1))
         if start > 0 and stage > 0:
             gradient = self.microbatch_size * self.graph.boundary_bytes(start)
-            time += self.topology.transfer_time(gradient, stage, stage - 1)
+            time += self.topology.transfer_time(gradient, rank, self.rank(stage - 1))
         return time
 
 
 def stage_time(graph: LayerGraph, topology: Topology, counts: tuple[int, ...], microbatch_size: int = 1,
-               profile: MeasuredProfile | None = None) -> tuple[float, ...]:
-    """Per-stage time per microbatch (compute + transfers) of a given partition, in s; stage s runs on rank s."""
-    coster = _StageCoster(graph, topology, microbatch_size, profile)
+               profile: MeasuredProfile | None = None,
+               vstage_to_rank: tuple[int, ...] | None = None) -> tuple[float, ...]:
+    """Per-stage time per microbatch (compute + transfers) of a given partition, in s.
+
+    Stage s runs on rank ``vstage_to_rank[s]``, or on rank s when no placement is given.
+    """
+    coster = _StageCoster(graph, topology, microbatch_size, profile, vstage_to_rank)
     return tuple(coster(s, len(counts), start, end) for s, (start, end) in enumerate(counts_to_ranges(counts)))
 
 
 def balanced_counts(graph: LayerGraph, topology: Topology, num_stages: int, microbatch_size: int = 1,
-                    profile: MeasuredProfile | None = None) -> tuple[int, ...]:
+                    profile: MeasuredProfile | None = None,
+                    vstage_to_rank: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """The contiguous partition into ``num_stages`` stages whose slowest stage is fastest.
 
-    Among optimal partitions the one found first is returned: stages end as early as possible, scanning the last
-    stage's start from the left. The result is deterministic.
+    Stage s runs on rank ``vstage_to_rank[s]`` (rank s when not given). Among optimal partitions the one found first
+    is returned: stages end as early as possible, scanning the last stage's start from the left. The result is
+    deterministic.
+
+    Raises:
+        SpecError: more stages than layers or devices, or several stages per rank on devices that differ.
     """
     n = len(graph)
     _check_sizes(n, num_stages)
-    if num_stages > topology.num_ranks:
-        raise SpecError(f"{num_stages} stages need {num_stages} devices, topology {topology} has {topology.num_ranks}")
-    coster = _StageCoster(graph, topology, microbatch_size, profile)
+    if vstage_to_rank is None:
+        if num_stages > topology.num_ranks:
+            raise SpecError(f"{num_stages} stages need {num_stages} devices, topology {topology} has "
+                            f"{topology.num_ranks}")
+    else:
+        _check_placement(topology, num_stages, vstage_to_rank)
+    coster = _StageCoster(graph, topology, microbatch_size, profile, vstage_to_rank)
     # best[s][j]: the smallest possible slowest-stage time when stages 0..s cover layers [0, j).
     best = [[math.inf] * (n + 1) for _ in range(num_stages)]
     cut = [[0] * (n + 1) for _ in range(num_stages)]
@@ -109,9 +133,27 @@ def balanced_counts(graph: LayerGraph, topology: Topology, num_stages: int, micr
     return tuple(reversed(counts))
 
 
+def _check_placement(topology: Topology, num_stages: int, vstage_to_rank: tuple[int, ...]) -> None:
+    """The DP over vstages balances ranks only when one vstage per rank, or all used devices are the same."""
+    if len(vstage_to_rank) != num_stages:
+        raise SpecError(f"placement has {len(vstage_to_rank)} stages, the partition {num_stages}")
+    if max(vstage_to_rank) >= topology.num_ranks:
+        raise SpecError(f"placement uses rank {max(vstage_to_rank)}, topology {topology} has {topology.num_ranks} "
+                        f"devices")
+    if len(set(vstage_to_rank)) == len(vstage_to_rank):
+        return
+    devices = sorted({topology.devices[r].name for r in vstage_to_rank})
+    if len(devices) > 1:
+        raise SpecError(f"--partition balanced with several stages per rank needs identical devices, topology "
+                        f"{topology} mixes {', '.join(devices)}; give --partition uniform or layer counts")
+
+
 def parse_partition(text: str, graph: LayerGraph, topology: Topology, num_stages: int, microbatch_size: int = 1,
-                    profile: MeasuredProfile | None = None) -> tuple[int, ...]:
+                    profile: MeasuredProfile | None = None,
+                    vstage_to_rank: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """Resolve ``--partition``: ``uniform``, ``balanced`` or comma-separated layer counts such as ``4,6,6,8``.
+
+    ``vstage_to_rank`` (default: stage s on rank s) tells ``balanced`` which device runs each stage.
 
     Raises:
         SpecError: unknown method, counts that are not positive integers, or do not add up to the layer count or
@@ -122,7 +164,7 @@ def parse_partition(text: str, graph: LayerGraph, topology: Topology, num_stages
     if text == "uniform":
         return uniform_counts(n, num_stages)
     if text == "balanced":
-        return balanced_counts(graph, topology, num_stages, microbatch_size, profile)
+        return balanced_counts(graph, topology, num_stages, microbatch_size, profile, vstage_to_rank)
     try:
         counts = tuple(int(part) for part in text.split(","))
     except ValueError:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from sim.costs import CostModel
 from sim.errors import SpecError
 from sim.graph import LayerGraph
-from sim.ir import Op, Placement, Plan
-from sim.lower import lower
+from sim.ir import Op, OpKind, Placement, Plan
+from sim.lower import add_recompute, lower
 from sim.models import build_model
 from sim.partition import counts_to_ranges, parse_partition
 from sim.profile import MeasuredProfile, load_profile
@@ -37,6 +37,8 @@ class PlanInputs:
         partition: ``uniform``, ``balanced`` or comma-separated layer counts per stage.
         profile: path of a measured profile JSON, or ``None`` for roofline costs.
         schedule_file: path of a compute-only schedule CSV to use instead of a generator.
+        chunks: model chunks (virtual stages) per rank, for schedules that interleave them (``--chunks``).
+        recompute: recompute activations before each backward instead of keeping them (``--recompute``).
     """
 
     model: str
@@ -47,6 +49,8 @@ class PlanInputs:
     partition: str = "balanced"
     profile: str | None = None
     schedule_file: str | None = None
+    chunks: int = 1
+    recompute: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,11 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         raise SpecError(f"--microbatch-size must be >= 1, got {inputs.microbatch_size}")
     if inputs.microbatches is not None and inputs.microbatches < 1:
         raise SpecError(f"--microbatches must be >= 1, got {inputs.microbatches}")
+    if inputs.chunks < 1:
+        raise SpecError(f"--chunks must be >= 1, got {inputs.chunks}")
+    if inputs.schedule_file and inputs.chunks != 1:
+        raise SpecError(f"--chunks {inputs.chunks} applies to generated schedules; a schedule file places its "
+                        f"stages where its ops are ({inputs.schedule_file})")
     graph = build_model(inputs.model)
     topology = Topology.parse(inputs.topology)
     profile = load_profile(inputs.profile) if inputs.profile else None
@@ -95,23 +104,26 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
             raise SpecError(f"{inputs.schedule_file} has {inferred} microbatches, --microbatches says "
                             f"{inputs.microbatches}")
         num_microbatches, schedule_name, weight_policy = inferred, "file", "flush"
+        generator_options: tuple[tuple[str, int], ...] = ()
         if len(programs) > topology.num_ranks:
             raise SpecError(f"{inputs.schedule_file} has {len(programs)} ranks, topology {topology} has "
                             f"{topology.num_ranks} devices")
     else:
         entry = get_schedule(inputs.schedule)
         num_microbatches = inputs.microbatches if inputs.microbatches is not None else 8
-        num_stages = topology.num_ranks
-        if num_stages > len(graph):
-            raise SpecError(f"more stages ({num_stages}, one per device of {topology}) than layers ({len(graph)}) "
-                            f"in {graph.spec}")
-        programs = entry.build(num_stages, num_microbatches)
-        vstage_to_rank = tuple(range(num_stages))
+        num_ranks = topology.num_ranks
+        # Sizes first, so that a too-small model is named before the generator's own constraints.
+        vstage_to_rank = entry.vstage_to_rank(num_ranks, inputs.chunks) if entry.chunked else tuple(range(num_ranks))
+        if len(vstage_to_rank) > len(graph):
+            per_rank = f"{inputs.chunks} per device" if entry.chunked else "one per device"
+            raise SpecError(f"more stages ({len(vstage_to_rank)}, {per_rank} of {topology}) than layers "
+                            f"({len(graph)}) in {graph.spec}")
+        programs = entry.build(num_ranks, num_microbatches, inputs.chunks)
         schedule_name, weight_policy = entry.name, entry.weight_policy
+        generator_options = (("chunks", inputs.chunks),) if entry.chunked else ()
     num_vstages = len(vstage_to_rank)
-    if inputs.partition == "balanced" and vstage_to_rank != tuple(range(num_vstages)):
-        raise SpecError("--partition balanced needs one stage per rank in rank order; give layer counts instead")
-    counts = parse_partition(inputs.partition, graph, topology, num_vstages, inputs.microbatch_size, profile)
+    counts = parse_partition(inputs.partition, graph, topology, num_vstages, inputs.microbatch_size, profile,
+                             vstage_to_rank)
     placement = Placement(counts_to_ranges(counts), vstage_to_rank)
     l0 = Plan(
         schedule=schedule_name,
@@ -124,8 +136,11 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         placement=placement,
         programs=programs,
         # The profile is recorded so that executor.run predicts with the costs this plan was made with.
-        options=(("partition", inputs.partition),) + ((("profile", inputs.profile),) if inputs.profile else ()),
+        options=tuple(sorted((("partition", inputs.partition),) + generator_options
+                             + ((("profile", inputs.profile),) if inputs.profile else ()))),
     )
+    if inputs.recompute or any(op.kind is OpKind.R for program in programs for op in program):
+        l0 = add_recompute(l0)  # also records ("recompute", True) in the options
     validate_l0(l0)
     plan = lower(l0)
     validate(plan)

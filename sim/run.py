@@ -45,6 +45,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="e.g. gpt:layers=48,hidden=2048, uniform:layers=8, or 'list'")
     parser.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULES), help="schedule generator")
     parser.add_argument("--schedule-file", help="compute-only schedule CSV (PyTorch pipelining syntax) to run instead")
+    parser.add_argument("--chunks", type=int, default=1,
+                        help="model chunks (virtual stages) per rank, placed in a loop; interleaved only (default 1)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="activation recomputation: keep only each stage's input, recompute before the backward")
     parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration (default 8)")
     parser.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch (default 1)")
     parser.add_argument("--partition", default="balanced",
@@ -67,14 +71,16 @@ def _run(argv: list[str] | None) -> int:
     built = build_plan(PlanInputs(
         model=args.model, topology=args.topology, schedule=args.schedule, microbatches=args.microbatches,
         microbatch_size=args.microbatch_size, partition=args.partition, profile=args.profile,
-        schedule_file=args.schedule_file,
+        schedule_file=args.schedule_file, chunks=args.chunks, recompute=args.recompute,
     ))
     plan, topology = built.plan, built.topology
     print(topology.describe())
     print(f"model {built.graph.summary()}")
-    print(f"plan {plan.schedule}: {plan.num_vstages} stages on {plan.num_ranks} ranks, layers per stage "
+    chunks, recompute = plan.option("chunks"), bool(plan.option("recompute"))
+    print(f"plan {plan.schedule}: {plan.num_vstages} stages on {plan.num_ranks} ranks"
+          f"{f' ({chunks} chunks per rank, loop placement)' if chunks else ''}, layers per stage "
           f"{','.join(map(str, plan.placement.layer_counts()))}, {plan.num_microbatches} microbatches × "
-          f"{plan.microbatch_size} sample(s)")
+          f"{plan.microbatch_size} sample(s){', activation recomputation' if recompute else ''}")
     result = simulate(plan, built.costs, topology, check_memory=not args.ignore_memory)
     metrics = compute_metrics(
         result.trace,
@@ -85,12 +91,14 @@ def _run(argv: list[str] | None) -> int:
         link_bytes=result.link_bytes,
     )
     metrics["plan"] = {"schedule": plan.schedule, "model": plan.model, "topology": plan.topology,
-                       "layers_per_stage": list(plan.placement.layer_counts())}
+                       "layers_per_stage": list(plan.placement.layer_counts()),
+                       "vstage_to_rank": list(plan.placement.vstage_to_rank), "recompute": recompute}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(plan.dumps(), out / "plan.json")
     write_text_atomic(dumps_schedule_csv(plan.programs), out / "schedule.csv")
-    title = f"{plan.schedule} · {plan.model} · {plan.topology} · m={plan.num_microbatches}"
+    title = (f"{plan.schedule}{f' v={chunks}' if chunks else ''}{' + recompute' if recompute else ''} · "
+             f"{plan.model} · {plan.topology} · m={plan.num_microbatches}")
     names = write_run_outputs(out, result.trace, metrics, title=title, gantt=not args.no_gantt)
     print(format_summary(metrics))
     print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")

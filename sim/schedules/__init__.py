@@ -1,7 +1,8 @@
-"""Schedule generators: pure functions from (stages, microbatches, ...) to L0 compute-only programs.
+"""Schedule generators: pure functions from (ranks, microbatches, chunks) to L0 compute-only programs.
 
-The registry :data:`SCHEDULES` maps each ``--schedule`` name to its generator and its weight policy; the CLI takes its
-``choices`` from it, so a schedule added here is available everywhere.
+The registry :data:`SCHEDULES` maps each ``--schedule`` name to its generator, its weight policy and its placement
+(which rank runs each virtual stage); the CLI takes its ``choices`` from it, so a schedule added here is available
+everywhere.
 """
 
 from __future__ import annotations
@@ -12,21 +13,60 @@ from dataclasses import dataclass
 from sim.errors import SpecError
 from sim.ir import Op
 from sim.schedules.gpipe import gpipe
+from sim.schedules.interleaved import interleaved, loop_placement
 from sim.schedules.one_f_one_b import one_f_one_b
+from sim.schedules.zero_bubble import zb1p
 
-__all__ = ["ScheduleEntry", "SCHEDULES", "get_schedule"]
+__all__ = ["ScheduleEntry", "SCHEDULES", "get_schedule", "PLACEMENTS"]
 
 Programs = tuple[tuple[Op, ...], ...]
+
+#: ``vstage_to_rank`` of each placement style, from (ranks p, chunks v); PyTorch's
+#: ``generate_stage_to_rank_mapping(style=...)``. ``identity``: one vstage per rank (v = 1); ``loop``: vstage k on
+#: rank k mod p.
+PLACEMENTS: dict[str, Callable[[int, int], tuple[int, ...]]] = {
+    "identity": lambda num_ranks, chunks: tuple(range(num_ranks)),
+    "loop": loop_placement,
+}
 
 
 @dataclass(frozen=True)
 class ScheduleEntry:
-    """One schedule: its name, what it is, how weights are updated, and the generator."""
+    """One schedule: its name, what it is, how weights are updated, where vstages go, and the generator.
+
+    Attributes:
+        name: the ``--schedule`` value.
+        description: one line for ``--help`` and the docs.
+        weight_policy: ``flush``, ``stash`` or ``csp`` (DESIGN §3).
+        generator: ``(p, m)`` → programs, or ``(p, m, v)`` → programs when ``chunked``.
+        placement: a key of :data:`PLACEMENTS`.
+        chunked: whether the generator takes model chunks per rank (``--chunks``); the others run one per rank.
+    """
 
     name: str
     description: str
     weight_policy: str
-    build: Callable[[int, int], Programs]
+    generator: Callable[..., Programs]
+    placement: str = "identity"
+    chunked: bool = False
+
+    def build(self, num_ranks: int, num_microbatches: int, chunks: int = 1) -> Programs:
+        """The L0 programs for p ranks, m microbatches and v chunks per rank.
+
+        Raises:
+            ValueError: p or m < 1.
+            SpecError: ``chunks`` ≠ 1 for a schedule with one stage per rank, or the generator's own constraints.
+        """
+        if self.chunked:
+            return self.generator(num_ranks, num_microbatches, chunks)
+        if chunks != 1:
+            raise SpecError(f"--chunks {chunks} needs an interleaved schedule; {self.name} runs one stage per rank "
+                            f"(schedules taking --chunks: {', '.join(n for n, e in SCHEDULES.items() if e.chunked)})")
+        return self.generator(num_ranks, num_microbatches)
+
+    def vstage_to_rank(self, num_ranks: int, chunks: int = 1) -> tuple[int, ...]:
+        """Rank of each of the ``num_ranks × chunks`` virtual stages."""
+        return PLACEMENTS[self.placement](num_ranks, chunks)
 
 
 SCHEDULES: dict[str, ScheduleEntry] = {
@@ -36,6 +76,13 @@ SCHEDULES: dict[str, ScheduleEntry] = {
         ScheduleEntry(
             "1f1b", "1F1B / PipeDream-Flush (Megatron order): p−r−1 warm-up forwards, then one F one B", "flush",
             one_f_one_b,
+        ),
+        ScheduleEntry(
+            "interleaved", "Megatron interleaved 1F1B: --chunks v model chunks per rank in a loop, bubble ÷ v",
+            "flush", interleaved, placement="loop", chunked=True,
+        ),
+        ScheduleEntry(
+            "zb1p", "Zero Bubble ZB-H1: backward split into I and W, W deferred into 1F1B's bubbles", "flush", zb1p,
         ),
     )
 }

@@ -10,7 +10,7 @@ from sim.costs import CostModel
 from sim.engine import OutOfMemoryError, simulate
 from sim.graph import Layer, LayerGraph
 from sim.ir import RECV_KINDS, SEND_KINDS, Op, OpKind, Placement, Plan
-from sim.lower import lower
+from sim.lower import add_recompute, lower
 from sim.models import build_model
 from sim.partition import counts_to_ranges
 from sim.planning import PlanInputs, build_plan
@@ -175,7 +175,7 @@ def _uncontended_times(plan, costs, topo):
 TOPOLOGIES = ["{p}xideal", "{p}xV100", "{p}xA100", "1x{p}xT4", "{p}xH100"]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     p=st.integers(1, 6),
     m=st.integers(1, 10),
@@ -184,18 +184,25 @@ TOPOLOGIES = ["{p}xideal", "{p}xV100", "{p}xA100", "1x{p}xT4", "{p}xH100"]
     data=st.data(),
 )
 def test_random_plans_simulate_and_respect_lower_bounds(p, m, schedule, topology, data):
-    n = data.draw(st.integers(p, 3 * p), label="layers")
+    entry = SCHEDULES[schedule]
+    chunks = data.draw(st.integers(2, 3), label="chunks") if entry.chunked else 1
+    if entry.chunked:
+        m = p * (1 + m % 3)  # interleaving needs a multiple of p (Megatron)
+    recompute = data.draw(st.booleans(), label="recompute")
+    num_vstages = p * chunks
+    n = data.draw(st.integers(num_vstages, 3 * num_vstages), label="layers")
     times = data.draw(st.lists(st.tuples(st.floats(1e-4, 1e-2), st.floats(1e-4, 2e-2)), min_size=n, max_size=n))
     acts = data.draw(st.lists(st.integers(0, 50_000_000), min_size=n, max_size=n), label="activation bytes")
     layers = [Layer(f"l{i}", "uniform", 0.0, 0.0, 1000, a, a, 0, f, b)
               for i, ((f, b), a) in enumerate(zip(times, acts))]
     graph = LayerGraph("custom", layers, dtype_bytes=2, input_bytes=1000)
     topo = Topology.parse(topology.format(p=p))
-    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, n - 1)), min_size=p - 1, max_size=p - 1), label="cuts"))
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, n - 1)), min_size=num_vstages - 1,
+                                    max_size=num_vstages - 1), label="cuts"))
     bounds = [0, *cuts, n]
-    placement = Placement(tuple(zip(bounds, bounds[1:])), tuple(range(p)))
-    l0 = Plan(schedule, "L0", "custom", str(topo), m, 1, "flush", placement, SCHEDULES[schedule].build(p, m))
-    plan = lower(l0)
+    placement = Placement(tuple(zip(bounds, bounds[1:])), entry.vstage_to_rank(p, chunks))
+    l0 = Plan(schedule, "L0", "custom", str(topo), m, 1, "flush", placement, entry.build(p, m, chunks))
+    plan = lower(add_recompute(l0) if recompute else l0)
     validate(plan)
     costs = CostModel(graph, topo, placement, 1)
     trace = simulate(plan, costs, topo, check_memory=False).trace
@@ -208,7 +215,8 @@ def test_random_plans_simulate_and_respect_lower_bounds(p, m, schedule, topology
     assert makespan >= critical_path * (1 - 1e-12)
     if topo.is_ideal or p <= 2:
         # Nothing can contend: links are free, or with two ranks each direction carries one message at a time (the
-        # receiver posts one receive at a time). The engine must then reproduce the uncontended schedule exactly.
+        # receiver posts one receive at a time, right before the op that needs it). The engine must then reproduce
+        # the uncontended schedule exactly.
         assert makespan == pytest.approx(critical_path, rel=1e-12)
     assert math.isfinite(makespan) and len(trace.spans) == sum(len(prog) for prog in plan.programs)
 

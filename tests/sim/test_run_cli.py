@@ -86,6 +86,12 @@ BAD = [
     (["--topology", "2xV100", "--model", "bert"], "bert"),
     (["--topology", "2xV100", "--model", "uniform", "--partition", "3,3"], "3,3"),
     (["--topology", "2xV100", "--model", "uniform", "--profile", "/nonexistent/p.json"], "/nonexistent/p.json"),
+    (["--topology", "2xideal", "--model", "uniform", "--chunks", "2"], "--chunks 2 needs an interleaved"),
+    (["--topology", "2xideal", "--model", "uniform", "--schedule", "zb1p", "--chunks", "3"], "--chunks 3"),
+    (["--topology", "4xideal", "--model", "uniform", "--schedule", "interleaved", "--chunks", "2", "-m", "6"],
+     "--microbatches 6 with 4 ranks"),
+    (["--topology", "4xideal", "--model", "uniform", "--schedule", "interleaved"], "--chunks >= 2"),
+    (["--topology", "2xideal", "--model", "uniform", "--chunks", "x"], "'x'"),
 ]
 
 
@@ -134,3 +140,25 @@ def test_no_traceback_from_the_real_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sim.run", "--topology", "16xV1OO", "--model", "uniform",
                            "--out", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.startswith("error: ")
+
+
+@pytest.mark.parametrize("args, schedule, ranks_of_vstages", [
+    (["--schedule", "interleaved", "--chunks", "2", "-m", "8"], "interleaved", [0, 1, 2, 3, 0, 1, 2, 3]),
+    (["--schedule", "zb1p"], "zb1p", [0, 1, 2, 3]),
+    (["--schedule", "zb1p", "--recompute"], "zb1p", [0, 1, 2, 3]),
+    (["--schedule", "interleaved", "--chunks", "2", "-m", "8", "--recompute"], "interleaved", [0, 1, 2, 3, 0, 1, 2, 3]),
+])
+def test_new_schedules_and_recompute_from_the_command_line(tmp_path, capsys, args, schedule, ranks_of_vstages):
+    code, out = _run(capsys, *SMALL, *args, "--no-gantt", "--out", str(tmp_path))
+    assert code == 0
+    plan = Plan.loads((tmp_path / "plan.json").read_text())
+    assert plan.schedule == schedule and list(plan.placement.vstage_to_rank) == ranks_of_vstages
+    recompute = "--recompute" in args
+    assert plan.option("recompute", False) is recompute
+    kinds = {op.kind.value for program in plan.programs for op in program}
+    assert ("R" in kinds) is recompute and (("I" in kinds) and ("W" in kinds)) is (schedule == "zb1p")
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["plan"]["recompute"] is recompute
+    assert metrics["plan"]["vstage_to_rank"] == ranks_of_vstages
+    assert (("activation recomputation" in out.out) is recompute
+            and ("2 chunks per rank" in out.out) is (schedule == "interleaved"))
