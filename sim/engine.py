@@ -19,7 +19,9 @@ Semantics, shared with the dry run in ``sim.validate`` and with the executor:
   checkpoint (``CostModel.checkpoint_bytes``), and R, right before the backward, allocates the rest of the
   activations again. A stage with PREFETCH ops lives in host memory: it is not resident at the start, and its
   weights occupy the device from the start of a PREFETCH to the end of the next EVICT. Going over the device's
-  capacity raises :class:`OutOfMemoryError` naming the device, the time and the op.
+  capacity raises :class:`OutOfMemoryError` naming the device, the time and the op. Under weight stashing each
+  weight version some microbatch runs on is one more copy of the stage's weights, from the update that makes it to
+  the update of the last microbatch that used it.
 
 The plan is never mutated; ties are broken by SimPy's event ids, so the same inputs give the same trace.
 """
@@ -38,6 +40,7 @@ from sim.ir import RECV_KINDS, Op, OpKind, Plan, stream_of
 from sim.topology import Link, Topology, message_time
 from sim.trace import Span, Trace
 from sim.validate import PlanError
+from sim.weight_versions import weight_versions
 
 __all__ = ["simulate", "SimResult", "OutOfMemoryError", "HANDLED_KINDS"]
 
@@ -87,6 +90,18 @@ class _Run:
         self.peak = list(self.memory)
         # The op after which a microbatch's activations are freed: W when the backward is split, else B.
         self.frees = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.W}
+        # Weight stashing (async PipeDream §3.3): version u of vstage v is a copy of its weights, kept from the update
+        # that makes it (or the start, for u = 0) until the update of the last microbatch that runs on it; versions
+        # no microbatch uses are never copied. Vertical sync makes later stages keep versions longer.
+        self.versions = weight_versions(plan) if plan.weight_policy == "stash" else {}
+        self.stash_users: dict[tuple[int, int], int] = {}
+        for (v, _), u in self.versions.items():
+            self.stash_users[(v, u)] = self.stash_users.get((v, u), 0) + 1
+        self.updates = [0] * plan.num_vstages
+        for v, u in self.stash_users:
+            if u == 0:  # the starting weights, copied before the first forward
+                self.memory[placement.vstage_to_rank[v]] += costs.param_bytes(v)
+        self.peak = list(self.memory)
         # Microbatches whose activations are recomputed: their F keeps only the checkpoint (the stage input).
         self.recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.R}
         self.handlers: dict[OpKind, Callable[[int, Op], _Proc | None]] = {
@@ -142,6 +157,16 @@ class _Run:
             kept = self.costs.checkpoint_bytes(vstage) if (vstage, op.mb) in self.recomputed else activation
         elif kind is OpKind.R:
             kept = activation - self.costs.checkpoint_bytes(vstage)  # the checkpoint is the recomputation's input
+        if kind is OpKind.OPT_STEP and self.versions and op.mb is not None:
+            # The update first retires the version its microbatch ran on (if it was the last user; the executor
+            # drops that copy before stepping), then copies the new weights if a later forward will run on them.
+            key = (vstage, self.versions[(vstage, op.mb)])
+            self.stash_users[key] -= 1
+            if self.stash_users[key] == 0:
+                self.memory[rank] -= self.costs.param_bytes(vstage)
+            self.updates[vstage] += 1
+            if (vstage, self.updates[vstage]) in self.stash_users:
+                kept += self.costs.param_bytes(vstage)  # the version this update makes is used by a later F
         self._allocate(rank, workspace + kept, op)
         duration = self.costs.compute_time(kind, vstage)
         if duration > 0:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sim.ir import Op, OpKind, Plan
+from sim.weight_versions import add_stash_optimizer_steps
 
 __all__ = ["lower", "add_recompute", "add_send_recv", "add_optimizer_steps"]
 
@@ -27,6 +28,8 @@ def lower(plan: Plan) -> Plan:
     """Run every lowering pass on an L0 plan and return the L1 plan."""
     if plan.level != "L0":
         raise ValueError(f"lower() takes an L0 plan, got level {plan.level}")
+    if plan.weight_policy == "stash":  # async PipeDream: one update per microbatch, right after its backward
+        return add_stash_optimizer_steps(add_send_recv(plan))
     return add_optimizer_steps(add_send_recv(plan))
 
 

@@ -20,6 +20,7 @@ from sim.schedule_csv import load_schedule_csv
 from sim.schedules import get_schedule
 from sim.topology import Topology
 from sim.validate import validate, validate_l0
+from sim.weight_versions import VERTICAL_SYNC_OPTION
 
 __all__ = ["PlanInputs", "BuiltPlan", "build_plan"]
 
@@ -39,6 +40,7 @@ class PlanInputs:
         schedule_file: path of a compute-only schedule CSV to use instead of a generator.
         chunks: model chunks (virtual stages) per rank, for schedules that interleave them (``--chunks``).
         recompute: recompute activations before each backward instead of keeping them (``--recompute``).
+        vertical_sync: every stage uses stage 0's weight version per microbatch (``--vertical-sync``, stash only).
     """
 
     model: str
@@ -51,6 +53,7 @@ class PlanInputs:
     schedule_file: str | None = None
     chunks: int = 1
     recompute: bool = False
+    vertical_sync: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         raise SpecError(f"--microbatches must be >= 1, got {inputs.microbatches}")
     if inputs.chunks < 1:
         raise SpecError(f"--chunks must be >= 1, got {inputs.chunks}")
+    if inputs.schedule_file and inputs.vertical_sync:
+        raise SpecError("--vertical-sync applies to the pipedream schedule, not to a schedule file")
     if inputs.schedule_file and inputs.chunks != 1:
         raise SpecError(f"--chunks {inputs.chunks} applies to generated schedules; a schedule file places its "
                         f"stages where its ops are ({inputs.schedule_file})")
@@ -104,7 +109,7 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
             raise SpecError(f"{inputs.schedule_file} has {inferred} microbatches, --microbatches says "
                             f"{inputs.microbatches}")
         num_microbatches, schedule_name, weight_policy = inferred, "file", "flush"
-        generator_options: tuple[tuple[str, int], ...] = ()
+        generator_options: tuple[tuple[str, int | bool], ...] = ()
         if len(programs) > topology.num_ranks:
             raise SpecError(f"{inputs.schedule_file} has {len(programs)} ranks, topology {topology} has "
                             f"{topology.num_ranks} devices")
@@ -121,6 +126,10 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         programs = entry.build(num_ranks, num_microbatches, inputs.chunks)
         schedule_name, weight_policy = entry.name, entry.weight_policy
         generator_options = (("chunks", inputs.chunks),) if entry.chunked else ()
+        if inputs.vertical_sync:
+            if weight_policy != "stash":
+                raise SpecError(f"--vertical-sync applies to weight stashing (pipedream), not {entry.name}")
+            generator_options += ((VERTICAL_SYNC_OPTION, True),)
     num_vstages = len(vstage_to_rank)
     counts = parse_partition(inputs.partition, graph, topology, num_vstages, inputs.microbatch_size, profile,
                              vstage_to_rank)

@@ -47,6 +47,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--schedule-file", help="compute-only schedule CSV (PyTorch pipelining syntax) to run instead")
     parser.add_argument("--chunks", type=int, default=1,
                         help="model chunks (virtual stages) per rank, placed in a loop; interleaved only (default 1)")
+    parser.add_argument("--vertical-sync", action="store_true",
+                        help="pipedream: every stage uses the weight version stage 0 used for the minibatch")
     parser.add_argument("--recompute", action="store_true",
                         help="activation recomputation: keep only each stage's input, recompute before the backward")
     parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration (default 8)")
@@ -72,6 +74,7 @@ def _run(argv: list[str] | None) -> int:
         model=args.model, topology=args.topology, schedule=args.schedule, microbatches=args.microbatches,
         microbatch_size=args.microbatch_size, partition=args.partition, profile=args.profile,
         schedule_file=args.schedule_file, chunks=args.chunks, recompute=args.recompute,
+        vertical_sync=args.vertical_sync,
     ))
     plan, topology = built.plan, built.topology
     print(topology.describe())

@@ -15,6 +15,7 @@ from sim.ir import Op
 from sim.schedules.gpipe import gpipe
 from sim.schedules.interleaved import interleaved, loop_placement
 from sim.schedules.one_f_one_b import one_f_one_b
+from sim.schedules.pipedream import pipedream
 from sim.schedules.zero_bubble import zb1p
 
 __all__ = ["ScheduleEntry", "SCHEDULES", "get_schedule", "PLACEMENTS"]
@@ -80,6 +81,10 @@ SCHEDULES: dict[str, ScheduleEntry] = {
         ScheduleEntry(
             "interleaved", "Megatron interleaved 1F1B: --chunks v model chunks per rank in a loop, bubble ÷ v",
             "flush", interleaved, placement="loop", chunked=True,
+        ),
+        ScheduleEntry(
+            "pipedream", "async PipeDream: 1F1B order without a flush, an update after every minibatch, weight "
+            "stashing (--vertical-sync optional)", "stash", pipedream,
         ),
         ScheduleEntry(
             "zb1p", "Zero Bubble ZB-H1: backward split into I and W, W deferred into 1F1B's bubbles", "flush", zb1p,

@@ -1,0 +1,97 @@
+"""``executor.run`` on the rest of the schedule family (issue #4), 2 and 4 CPU ranks: the same parameters as
+single-process training (flush schedules) or as the delayed-update reference (async PipeDream)."""
+
+import json
+
+import pytest
+import torch
+
+from executor.reference import train_pipedream_reference, train_reference
+from sim.ir import Plan
+from sim.run import main as sim_main
+from tests.executor.test_run import SPEC, _execute
+
+
+def _plan(tmp_path, ranks, m, *flags):
+    out = tmp_path / "sim"
+    assert sim_main(["--topology", f"{ranks}xcpu", "--model", SPEC, "-m", str(m), "--partition", "uniform",
+                     "--no-gantt", "--out", str(out), *flags]) == 0
+    return out / "plan.json"
+
+
+def _train(tmp_path, plan, warmup, iterations):
+    out, state = tmp_path / "real", tmp_path / "state"
+    result = _execute(plan, out, "--warmup", str(warmup), "--iterations", str(iterations), "--optimizer", "sgd",
+                      "--save-state", str(state), "--no-gantt", "--threads", "1")
+    assert result.returncode == 0, result.stderr
+    plan_obj = Plan.loads(plan.read_text())
+    merged = {}
+    for v in range(plan_obj.num_vstages):
+        merged.update(torch.load(state / f"stage{v}.pt"))
+    losses = json.loads((out / "metrics.json").read_text())["measurement"]["losses"]
+    return plan_obj, merged, losses
+
+
+def _assert_state(merged, reference_state):
+    assert sorted(merged) == sorted(reference_state)
+    for key, value in reference_state.items():
+        torch.testing.assert_close(merged[key], value, rtol=1e-5, atol=1e-7, msg=key)
+
+
+# A zero-bubble-style schedule with two stages per rank (loop placement: stages 0 and 2 on rank 0), written the way
+# torch.distributed.pipelining's ``_dump_csv`` writes a compute-only schedule: one row per rank, cells
+# ``{stage}{action}{mb}``.
+PYTORCH_CSV = """0F0,0F1,2F0,2F1,2I0,2W0,2I1,2W1,0I0,0W0,0I1,0W1
+1F0,1F1,3F0,3F1,3I0,3W0,3I1,3W1,1I0,1W0,1I1,1W1
+"""
+
+
+def test_a_pytorch_multi_stage_schedule_file_runs_and_matches_single_process_training(tmp_path):
+    csv = tmp_path / "zb_2rank_2stage.csv"
+    csv.write_text(PYTORCH_CSV)
+    plan_path = _plan(tmp_path, 2, 2, "--schedule-file", str(csv))
+    plan, merged, losses = _train(tmp_path, plan_path, 1, 1)
+    assert plan.placement.vstage_to_rank == (0, 1, 0, 1)
+    reference = train_reference(SPEC, steps=2, num_microbatches=2, microbatch_size=1, optimizer="sgd")
+    _assert_state(merged, reference.state)
+
+
+@pytest.mark.parametrize("ranks,flags", [
+    (2, ["--schedule", "interleaved", "--chunks", "2"]),
+    (2, ["--schedule", "zb1p"]),
+    (4, ["--schedule", "zb1p"]),
+    (2, ["--schedule", "1f1b", "--recompute"]),
+    (2, ["--schedule", "zb1p", "--recompute"]),
+])
+def test_flush_schedules_equal_single_process_training(tmp_path, ranks, flags):
+    m, warmup, iterations = 4, 1, 1
+    plan, merged, losses = _train(tmp_path, _plan(tmp_path, ranks, m, *flags), warmup, iterations)
+    kinds = {op.kind.value for program in plan.programs for op in program}
+    if "zb1p" in flags:
+        assert {"I", "W"} <= kinds and "B" not in kinds
+    if "--recompute" in flags:
+        assert "R" in kinds
+    reference = train_reference(SPEC, steps=warmup + iterations, num_microbatches=m, microbatch_size=1,
+                                optimizer="sgd")
+    _assert_state(merged, reference.state)
+    for got, want in zip(losses, reference.losses, strict=True):
+        assert got == pytest.approx(list(want), rel=1e-6)
+
+
+@pytest.mark.parametrize("vertical_sync", [False, True])
+def test_pipedream_equals_the_delayed_update_reference(tmp_path, vertical_sync):
+    ranks, m, warmup, iterations = 2, 4, 1, 1
+    flags = ["--schedule", "pipedream"] + (["--vertical-sync"] if vertical_sync else [])
+    plan, merged, losses = _train(tmp_path, _plan(tmp_path, ranks, m, *flags), warmup, iterations)
+
+    # PipeDream §3.3 in closed form: under 1F1B, stage s runs minibatch k with the weights after k - (p - s - 1)
+    # of the iteration's updates (its warm-up forwards ran before any); vertical sync uses stage 0's version.
+    def version(s, k):
+        return max(0, k - (ranks - 1 - (0 if vertical_sync else s)))
+
+    reference = train_pipedream_reference(SPEC, stage_layers=plan.placement.vstage_layers, version=version,
+                                          iterations=warmup + iterations, minibatches=m, microbatch_size=1,
+                                          optimizer="sgd")
+    _assert_state(merged, reference.state)
+    for got, want in zip(losses, reference.losses, strict=True):
+        assert got == pytest.approx(list(want), rel=1e-6)
