@@ -9,9 +9,11 @@ Placement rules (DESIGN §3):
       places receives at the sender's position, which can leave a rank blocked on a receive long before it needs the
       data (pytorch/pytorch#188833; zero-bubble schedules use a "recv deadline" for the same reason).
     * Adjacent vstages on the same rank hand tensors over in memory: no SEND/RECV, only a dep edge.
-    * With these rules the SENDs on each directed channel (rank a → rank b) come in the same order as the matching
-      RECVs on b whenever the L0 order is consistent; ``sim.validate`` checks it, because the real transports match
-      point-to-point messages in posting order.
+    * Real transports (gloo, NCCL) match the messages of one directed channel (rank a → rank b) in posting order, so
+      b must post its RECVs in the order a posts the SENDs. When b consumes the messages of a channel in another
+      order than a sends them (schedules written for PyTorch's runtime, e.g. interleaved zero-bubble), a RECV moves
+      up to just before the first consumer of a later message of its channel (:func:`order_receives`); posting a
+      receive early costs nothing, since only its consumer waits for it. ``sim.validate`` checks the result.
 """
 
 from __future__ import annotations
@@ -21,16 +23,48 @@ from dataclasses import replace
 from sim.ir import Op, OpKind, Plan
 from sim.weight_versions import add_stash_optimizer_steps
 
-__all__ = ["lower", "add_recompute", "add_send_recv", "add_optimizer_steps"]
+__all__ = ["lower", "add_recompute", "add_send_recv", "order_receives", "add_optimizer_steps"]
 
 
 def lower(plan: Plan) -> Plan:
     """Run every lowering pass on an L0 plan and return the L1 plan."""
     if plan.level != "L0":
         raise ValueError(f"lower() takes an L0 plan, got level {plan.level}")
+    with_comms = order_receives(add_send_recv(plan))
     if plan.weight_policy == "stash":  # async PipeDream: one update per microbatch, right after its backward
-        return add_stash_optimizer_steps(add_send_recv(plan))
-    return add_optimizer_steps(add_send_recv(plan))
+        return add_stash_optimizer_steps(with_comms)
+    return add_optimizer_steps(with_comms)
+
+
+def order_receives(plan: Plan) -> Plan:
+    """Post each channel's RECVs in the order its SENDs are posted, moving a RECV earlier where needed.
+
+    Walking a rank's program, a RECV of the j-th message of channel (src → rank) first posts every earlier message of
+    that channel not yet posted, in channel order; a RECV already posted that way is dropped from its old place. A
+    plan whose receives are already in channel order comes back unchanged.
+    """
+    sends: dict[tuple[int, int], list[int]] = {}  # (src, dst) -> pair ids in the sender's posting order
+    for src, program in enumerate(plan.programs):
+        for op in program:
+            if op.kind in (OpKind.SEND_F, OpKind.SEND_B):
+                sends.setdefault((src, op.peer), []).append(op.pair)  # type: ignore[arg-type]
+    programs = []
+    for rank, program in enumerate(plan.programs):
+        recv_of = {op.pair: op for op in program if op.kind in (OpKind.RECV_F, OpKind.RECV_B)}
+        position = {pair: i for (_, dst), pairs in sends.items() if dst == rank for i, pair in enumerate(pairs)}
+        posted_upto: dict[int, int] = {}  # src -> how many of its messages to this rank are posted
+        out: list[Op] = []
+        for op in program:
+            if op.kind not in (OpKind.RECV_F, OpKind.RECV_B):
+                out.append(op)
+                continue
+            src, index = op.peer, position[op.pair]  # type: ignore[index]
+            channel = sends[(src, rank)]  # type: ignore[index]
+            for i in range(posted_upto.get(src, 0), index + 1):  # type: ignore[arg-type]
+                out.append(recv_of[channel[i]])
+            posted_upto[src] = max(posted_upto.get(src, 0), index + 1)  # type: ignore[arg-type]
+        programs.append(tuple(out))
+    return plan.with_programs(tuple(programs), level=plan.level)
 
 
 def add_recompute(plan: Plan) -> Plan:

@@ -56,6 +56,38 @@ def test_a_pytorch_multi_stage_schedule_file_runs_and_matches_single_process_tra
     _assert_state(merged, reference.state)
 
 
+def _pytorch_schedule_csv(path, schedule_class, ranks, stages_per_rank, m):
+    """Write the schedule PyTorch itself generates, with its own ``_dump_csv``, without a process group: the stages
+    are autospec mocks carrying only what the schedule constructor reads (as PyTorch's schedule visualizer does)."""
+    from unittest import mock
+
+    from torch.distributed.pipelining import PipelineStage
+
+    stages = []
+    for k in range(stages_per_rank):
+        stage = mock.create_autospec(PipelineStage, instance=True)
+        stage.stage_index, stage.num_stages = k * ranks, ranks * stages_per_rank  # rank 0's stages, loop placement
+        stage.group_size, stage.group_rank = ranks, 0
+        stage.is_first, stage.is_last = stage.stage_index == 0, stage.stage_index == ranks * stages_per_rank - 1
+        stage.submod = torch.nn.Identity()
+        stages.append(stage)
+    schedule_class(stages, n_microbatches=m, loss_fn=lambda output, target: output)._dump_csv(str(path))
+
+
+def test_pytorchs_own_interleaved_zero_bubble_schedule_runs_and_matches_single_process_training(tmp_path):
+    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+
+    csv = tmp_path / "pytorch_izb.csv"
+    _pytorch_schedule_csv(csv, ScheduleInterleavedZeroBubble, ranks=2, stages_per_rank=2, m=4)
+    assert "UNSHARD" in csv.read_text() and "2I0" in csv.read_text()  # PyTorch's lowered compute_comms form
+    plan, merged, losses = _train(tmp_path, _plan(tmp_path, 2, 4, "--schedule-file", str(csv)), 1, 1)
+    assert plan.placement.vstage_to_rank == (0, 1, 0, 1)
+    reference = train_reference(SPEC, steps=2, num_microbatches=4, microbatch_size=1, optimizer="sgd")
+    _assert_state(merged, reference.state)
+    for got, want in zip(losses, reference.losses, strict=True):
+        assert got == pytest.approx(list(want), rel=1e-6)
+
+
 @pytest.mark.parametrize("ranks,flags", [
     (2, ["--schedule", "interleaved", "--chunks", "2"]),
     (2, ["--schedule", "zb1p"]),

@@ -3,7 +3,7 @@
 import pytest
 
 from sim.ir import Op, OpKind, Placement, Plan
-from sim.lower import lower
+from sim.lower import add_optimizer_steps, add_send_recv, lower, order_receives
 from sim.validate import PlanError, validate
 
 
@@ -50,10 +50,24 @@ def test_deadlock_reports_where_each_rank_waits():
 
 
 def test_channel_order_must_match_posting_order():
-    # Rank 1 receives microbatch 1 before microbatch 0, but rank 0 sends them in the other order.
-    plan = lower(_plan(["0F0 0F1 0B0 0B1", "1F1 1B1 1F0 1B0"]))
+    # Rank 1 consumes microbatch 1 before microbatch 0, but rank 0 sends them in the other order. Receives placed
+    # right before their consumers (add_send_recv alone) would be posted out of channel order.
+    unordered = add_optimizer_steps(add_send_recv(_plan(["0F0 0F1 0B0 0B1", "1F1 1B1 1F0 1B0"])))
     with pytest.raises(PlanError, match="channel rank 0 → rank 1"):
-        validate(plan)
+        validate(unordered)
+
+
+def test_lowering_posts_receives_in_channel_order():
+    l0 = _plan(["0F0 0F1 0B0 0B1", "1F1 1B1 1F0 1B0"])
+    plan = lower(l0)
+    validate(plan)
+    ids = [op.id for op in plan.programs[1]]
+    # 1RECV_F0 moved up before 1F1's own receive; everything else keeps its order.
+    assert ids[:3] == ["1RECV_F0", "1RECV_F1", "1F1"]
+    before = [op.id for op in add_send_recv(l0).programs[1] if "RECV" not in op.id]
+    assert [i for i in ids if "RECV" not in i and "OPT_STEP" not in i] == before
+    in_order = add_send_recv(_plan(GOOD))
+    assert order_receives(in_order) == in_order  # plans already in channel order are untouched
 
 
 def _edit(plan, rank, pos, op):

@@ -1,0 +1,36 @@
+"""schedule.csv: PyTorch's compute-only CSV, and its compute_comms form read by keeping the compute actions."""
+
+import pytest
+
+from sim.errors import SpecError
+from sim.ir import Op
+from sim.schedule_csv import dumps_schedule_csv, load_schedule_csv
+
+
+def _ids(programs):
+    return [[op.id for op in program] for program in programs]
+
+
+def test_compute_only_round_trip(tmp_path):
+    programs = ((Op.parse("0F0"), Op.parse("0F1"), Op.parse("0B0"), Op.parse("0B1")),
+                (Op.parse("1F0"), Op.parse("1I0"), Op.parse("1W0"), Op.parse("1F1"), Op.parse("1B1")))
+    path = tmp_path / "s.csv"
+    path.write_text(dumps_schedule_csv(programs))
+    assert load_schedule_csv(path) == programs
+
+
+def test_compute_comms_file_keeps_compute_actions_in_order(tmp_path):
+    # The shape of what PyTorch's runtime schedules dump: FSDP bookkeeping, sends, receives, gradient reduction.
+    path = tmp_path / "comms.csv"
+    path.write_text("0UNSHARD,0F0,0SEND_F0,0RECV_B0,0I0,0W0,0REDUCE_GRAD,0RESHARD\n"
+                    "1UNSHARD,1RECV_F0,1F0,1I0,1SEND_B0,1W0,1REDUCE_GRAD,1RESHARD\n")
+    assert _ids(load_schedule_csv(path)) == [["0F0", "0I0", "0W0"], ["1F0", "1I0", "1W0"]]
+
+
+@pytest.mark.parametrize("cell,message", [("0FOO1", "row 1, column 2"), ("0OPT_STEP", "not a compute op"),
+                                          ("0F", "has no microbatch")])
+def test_bad_cells_are_named(tmp_path, cell, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(f"0F0,{cell}\n")
+    with pytest.raises(SpecError, match=message):
+        load_schedule_csv(path)
