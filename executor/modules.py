@@ -4,8 +4,8 @@ The executor runs the plan the simulator made, so its network must be the simula
 string goes through :func:`sim.models.build_model` (which checks it and fills in defaults) and then builds one
 module per graph layer, in graph order, with exactly ``graph.param_count(i)`` parameters and an output of exactly
 ``activation_bytes / dtype_bytes`` elements per sample (DESIGN §5). Model-specific code lives in
-:mod:`executor.models_gpt` and :mod:`executor.models_cnn`; ``uniform`` is a cost-only model with no architecture
-and has no torch implementation.
+:mod:`executor.models_gpt`, :mod:`executor.models_cnn` and :mod:`executor.models_supernet`; ``uniform`` is a
+cost-only model with no architecture and has no torch implementation.
 
 Head and loss. Every layer module maps one tensor to one tensor, and the last one returns the network's output
 (GPT: logits; CNN: the last feature map); :func:`loss_fn` turns that output and the microbatch's targets into the
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from executor import models_cnn, models_gpt
+from executor import models_cnn, models_gpt, models_supernet
 from sim.errors import SpecError
 from sim.graph import LayerGraph
 from sim.models import build_model
@@ -60,6 +60,7 @@ class _TorchModel:
 _MODELS: Mapping[str, _TorchModel] = {
     "gpt": _TorchModel(models_gpt.make_layer, models_gpt.make_batch, models_gpt.loss),
     "cnn": _TorchModel(models_cnn.make_layer, models_cnn.make_batch, models_cnn.loss),
+    "supernet": _TorchModel(models_supernet.make_layer, models_supernet.make_batch, models_supernet.loss),
 }
 TORCH_MODELS: tuple[str, ...] = tuple(sorted(_MODELS))  # the zoo models the executor can run
 
@@ -94,7 +95,7 @@ def _resolve(spec: str) -> tuple[LayerGraph, _TorchModel, dict[str, int]]:
             f"model {name!r} has no torch implementation, so the executor cannot run {graph.spec!r} "
             f"(torch models: {', '.join(TORCH_MODELS)})"
         )
-    # gpt and cnn read every key with SpecParams.int, so the canonical values are integers.
+    # gpt, cnn and supernet read every key with SpecParams.int, so the canonical values are integers.
     return graph, model, {key: int(value) for key, value in raw.items()}
 
 

@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 from sim.errors import SpecError
 from sim.graph import LayerGraph, canonical_spec
-from sim.models import cnn, gpt, uniform
+from sim.models import cnn, gpt, supernet, uniform
 from sim.spec import SpecParams, parse_spec
 
 __all__ = ["ModelEntry", "MODELS", "build_model", "format_model_list"]
@@ -39,7 +39,7 @@ class ModelEntry:
 MODELS: Mapping[str, ModelEntry] = MappingProxyType(
     {
         module.NAME: ModelEntry(module.NAME, module.DESCRIPTION, MappingProxyType(dict(module.DEFAULTS)), module.build)
-        for module in (uniform, gpt, cnn)
+        for module in (uniform, gpt, cnn, supernet)
     }
 )
 
