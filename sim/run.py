@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sim.engine import simulate
 from sim.errors import SpecError, fail, run_cli
-from sim.fileio import write_text_atomic
+from sim.fileio import write_json_atomic, write_text_atomic
 from sim.metrics import compute_metrics
 from sim.models import format_model_list
 from sim.outputs import format_summary, write_run_outputs
@@ -42,8 +42,16 @@ def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m sim.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--topology", required=True, help="e.g. 16xV100, 2x8xA100, 4xV100+4xA100, dgx-h100, 4xideal, "
                         "a YAML file, or 'list'")
-    parser.add_argument("--model", required=True, help="e.g. gpt:layers=48,hidden=2048, uniform:layers=8, or 'list'")
-    parser.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULES), help="schedule generator")
+    parser.add_argument("--model", help="e.g. gpt:layers=48,hidden=2048, uniform:layers=8, supernet:blocks=12, or "
+                        "'list' (required unless --space names a supernet)")
+    parser.add_argument("--schedule", default="1f1b", choices=[*sorted(SCHEDULES), "csp"],
+                        help="schedule generator; csp = NASPipe's causal synchronous parallel over a subnet sequence")
+    csp = parser.add_argument_group("csp (NASPipe) options")
+    csp.add_argument("--space", help="supernet search space preset c0|c1|c2|c3 (instead of --model)")
+    csp.add_argument("--subnets", type=int, default=64, help="subnets to train, in order (default 64)")
+    csp.add_argument("--seed", type=int, default=0, help="subnet sampler seed (default 0)")
+    csp.add_argument("--lookahead", type=int, default=30, help="most subnets in flight (default 30, NASPipe's)")
+    csp.add_argument("--one-at-a-time", action="store_true", help="ablation: no CSP overlap, one subnet at a time")
     parser.add_argument("--schedule-file", help="compute-only schedule CSV (PyTorch pipelining syntax) to run instead")
     parser.add_argument("--chunks", type=int, default=1,
                         help="model chunks (virtual stages) per rank, placed in a loop; interleaved only (default 1)")
@@ -70,6 +78,12 @@ def _run(argv: list[str] | None) -> int:
         return 0
     if not args.out:
         raise SpecError("--out is required (the directory to write plan.json, trace.json, gantt.png into)")
+    if args.schedule == "csp":
+        return _run_csp(args)
+    if args.space:
+        raise SpecError("--space names a supernet for --schedule csp; other schedules take --model")
+    if not args.model:
+        raise SpecError("--model is required (e.g. gpt:layers=48,hidden=2048, or 'list')")
     built = build_plan(PlanInputs(
         model=args.model, topology=args.topology, schedule=args.schedule, microbatches=args.microbatches,
         microbatch_size=args.microbatch_size, partition=args.partition, profile=args.profile,
@@ -105,6 +119,45 @@ def _run(argv: list[str] | None) -> int:
     names = write_run_outputs(out, result.trace, metrics, title=title, gantt=not args.no_gantt)
     print(format_summary(metrics))
     print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")
+    return 0
+
+
+def _run_csp(args: argparse.Namespace) -> int:
+    """``--schedule csp``: simulate NASPipe's CSP over a sampled subnet sequence and write the run's outputs."""
+    from sim.csp_plan import CspInputs, run_csp
+
+    run = run_csp(CspInputs(model=args.model, space=args.space, topology=args.topology, subnets=args.subnets,
+                            seed=args.seed, lookahead=args.lookahead, microbatch_size=args.microbatch_size,
+                            partition=args.partition, one_at_a_time=args.one_at_a_time))
+    result, spec = run.result, run.supernet.graph.spec
+    print(run.topology.describe())
+    print(f"model {run.supernet.graph.summary()}")
+    mode = "one subnet at a time (ablation)" if args.one_at_a_time else f"CSP, lookahead {args.lookahead}"
+    print(f"plan csp: {args.subnets} subnets (seed {args.seed}) on {run.topology.num_ranks} stages, layers per stage "
+          f"{','.join(str(end - start) for start, end in run.stage_layers)}, {mode}")
+    metrics = compute_metrics(result.trace, num_microbatches=args.subnets, microbatch_size=args.microbatch_size)
+    metrics["plan"] = {"schedule": "csp", "model": spec, "topology": str(run.topology),
+                       "layers_per_stage": [end - start for start, end in run.stage_layers]}
+    metrics["csp"] = {
+        "subnets": args.subnets, "seed": args.seed, "lookahead": args.lookahead, "space": args.space,
+        "one_at_a_time": args.one_at_a_time, "subnets_per_s": args.subnets / result.makespan,
+        "decisions": len(result.decisions),
+        "stalls": [{"stage": s.stage, "blocked_s": s.blocked_s, "blocked_decisions": s.blocked_decisions}
+                   for s in result.stalls],
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic({"subnets": [list(c) for c in run.subnets],
+                       "decisions": [{"time_s": d.time, "stage": d.stage, "picked": d.picked,
+                                      "arrived": list(d.arrived), "unfinished": list(d.unfinished),
+                                      "edges": [list(e) for e in d.edges]} for d in result.decisions]},
+                      out / "csp.json")
+    title = f"csp · {spec} · {run.topology} · {args.subnets} subnets"
+    names = write_run_outputs(out, result.trace, metrics, title=title, gantt=not args.no_gantt)
+    print(format_summary(metrics))
+    print(f"subnets/s {metrics['csp']['subnets_per_s']:.2f}; CSP stalls per stage (s): "
+          + ", ".join(f"{s.blocked_s:.4f}" for s in result.stalls))
+    print(f"wrote {out}/{{{', '.join(['csp.json', *names])}}}")
     return 0
 
 

@@ -1,0 +1,122 @@
+"""``sim.run --schedule csp``: NASPipe's CSP training of a sampled subnet sequence, simulated on a topology.
+
+From the user's choices to a :class:`sim.csp_sim.CspProblem`: the supernet (``--model supernet:...`` or a search
+space ``--space c0..c3``), a seeded subnet sequence (``--subnets N --seed S``, :func:`sim.supernet_space.
+sample_subnets`), a partition of the supernet's layers over one stage per device, and each subnet's own costs on each
+stage — the roofline (or a measured profile) of the candidates it chose, via :func:`sim.models.supernet.
+subnet_layer_costs` and :func:`sim.costs.layer_costs`, so a subnet of convolutions and one of attention cost what
+they cost. Activations and gradients cross the topology's links like any pipeline message. Two subnets conflict on a
+stage when they chose the same candidate of a block there (NASPipe §4: same choice, same parameters).
+
+Not simulated yet (issue #5 continues): predictive prefetch/evict under a device parameter budget; every layer of a
+stage is taken to be resident.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.costs import layer_costs
+from sim.csp_sim import CspProblem, CspResult, simulate_csp
+from sim.errors import SpecError
+from sim.graph import LayerGraph
+from sim.models import build_model
+from sim.models.supernet import Supernet, build_supernet, subnet_layer_costs
+from sim.partition import counts_to_ranges, parse_partition
+from sim.supernet_space import sample_subnets, space_spec
+from sim.topology import Topology
+
+__all__ = ["CspInputs", "CspRun", "build_csp_problem", "run_csp"]
+
+
+@dataclass(frozen=True)
+class CspInputs:
+    """The user's CSP choices.
+
+    Attributes:
+        model: a ``supernet:...`` spec, or ``None`` when ``space`` names a preset.
+        space: search-space preset (``c0``..``c3``), or ``None``.
+        topology: topology spec; one stage per device.
+        subnets: number of subnets N to train, in order.
+        seed: subnet sampler seed.
+        lookahead: most subnets in flight.
+        microbatch_size: samples per subnet's minibatch.
+        partition: ``uniform``, ``balanced`` or layer counts per stage.
+        one_at_a_time: the ablation without CSP overlap.
+    """
+
+    model: str | None
+    space: str | None
+    topology: str
+    subnets: int = 64
+    seed: int = 0
+    lookahead: int = 30
+    microbatch_size: int = 1
+    partition: str = "balanced"
+    one_at_a_time: bool = False
+
+
+@dataclass(frozen=True)
+class CspRun:
+    """A simulated CSP run and what it was made from."""
+
+    supernet: Supernet
+    topology: Topology
+    stage_layers: tuple[tuple[int, int], ...]
+    subnets: tuple[tuple[int, ...], ...]
+    problem: CspProblem
+    result: CspResult
+
+
+def build_csp_problem(inputs: CspInputs) -> tuple[Supernet, Topology, tuple[tuple[int, int], ...],
+                                                   tuple[tuple[int, ...], ...], CspProblem]:
+    """Parse, sample, partition and cost; SpecError naming any bad value."""
+    if (inputs.model is None) == (inputs.space is None):
+        raise SpecError("--schedule csp needs a supernet: give --model supernet:... or --space c0|c1|c2|c3")
+    spec = space_spec(inputs.space) if inputs.space else inputs.model
+    if not spec.startswith("supernet"):  # type: ignore[union-attr]
+        raise SpecError(f"--schedule csp trains subnets of a supernet, not {spec!r}")
+    for name, value in (("--subnets", inputs.subnets), ("--lookahead", inputs.lookahead),
+                        ("--microbatch-size", inputs.microbatch_size)):
+        if value < 1:
+            raise SpecError(f"{name} must be >= 1, got {value}")
+    supernet = build_supernet(spec)  # type: ignore[arg-type]
+    graph = build_model(supernet.graph.spec)
+    topology = Topology.parse(inputs.topology)
+    p = topology.num_ranks
+    if p > len(graph):
+        raise SpecError(f"more stages ({p}) than layers ({len(graph)}) in {graph.spec}")
+    counts = parse_partition(inputs.partition, graph, topology, p, inputs.microbatch_size, None, tuple(range(p)))
+    stage_layers = tuple(counts_to_ranges(counts))
+    subnets = sample_subnets(supernet.num_blocks, supernet.num_choices, inputs.subnets, inputs.seed)
+    uses, fwd, bwd, upd = [], [], [], []
+    for choice in subnets:
+        layers = subnet_layer_costs(supernet, choice)
+        sub = LayerGraph(graph.spec, layers, dtype_bytes=graph.dtype_bytes, input_bytes=graph.input_bytes)
+        row_uses, row_f, row_b, row_u = [], [], [], []
+        for k, (start, end) in enumerate(stage_layers):
+            costs = layer_costs(sub, topology.devices[k], inputs.microbatch_size)
+            # Graph layer i >= 1 up to the last block is block i - 1; its key is (block, chosen candidate).
+            row_uses.append(frozenset((i - 1, choice[i - 1]) for i in range(start, end)
+                                      if 1 <= i <= supernet.num_blocks))
+            row_f.append(sum(costs.fwd[start:end]))
+            row_b.append(sum(costs.bwd[start:end]))
+            row_u.append(sum(costs.opt[start:end]))
+        uses.append(row_uses)
+        fwd.append(row_f)
+        bwd.append(row_b)
+        upd.append(row_u)
+    cut_bytes = [inputs.microbatch_size * graph.boundary_bytes(end) for _, end in stage_layers[:-1]]
+
+    def transfer(src: int, dst: int, subnet: int, kind: str) -> float:
+        return topology.transfer_time(cut_bytes[min(src, dst)], src, dst)
+
+    problem = CspProblem(p, tuple(tuple(r) for r in uses), fwd, bwd, upd, transfer, inputs.lookahead)
+    return supernet, topology, stage_layers, subnets, problem
+
+
+def run_csp(inputs: CspInputs) -> CspRun:
+    """Build and simulate; the result's trace is in the simulator's format."""
+    supernet, topology, stage_layers, subnets, problem = build_csp_problem(inputs)
+    result = simulate_csp(problem, one_at_a_time=inputs.one_at_a_time)
+    return CspRun(supernet, topology, stage_layers, subnets, problem, result)
