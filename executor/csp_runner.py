@@ -101,8 +101,7 @@ def _send(peer: int, subnet: int, tensor: Tensor, pending: list, group: Any = No
 def run_csp_rank(*, rank: int, num_stages: int, stage: nn.Module, uses: Sequence[Sequence[frozenset]],
                  choose: Callable[[int], None], optimizer: torch.optim.Optimizer,
                  batch: Callable[[int], tuple[Tensor, Tensor]], loss: Callable[[Tensor, Tensor], Tensor],
-                 boundary_shape: tuple[int, ...], lookahead: int, group: Any = None,
-                 timeout_s: float = 120.0) -> CspRankResult:
+                 boundary_shape: tuple[int, ...], lookahead: int, timeout_s: float = 120.0) -> CspRankResult:
     """Train every subnet of ``uses`` through this rank's stage with CSP; returns what this rank did.
 
     Args:
@@ -121,8 +120,15 @@ def run_csp_rank(*, rank: int, num_stages: int, stage: nn.Module, uses: Sequence
     first, last = rank == 0, rank == num_stages - 1
     num_subnets = len(uses)
     inbox: queue.Queue = queue.Queue()
-    forward_in = None if first else _Channel("forward", rank - 1, boundary_shape, inbox, group)
-    backward_in = None if last else _Channel("backward", rank + 1, boundary_shape, inbox, group)
+    # One process group per direction of each neighbour link, so that every group is used by one thread per process
+    # (a receiver thread or the loop): gloo's pairs are not meant to be driven from two threads at once, and doing
+    # so aborted runs now and then. new_group is collective, so every rank creates every group, in one order.
+    forward_groups, backward_groups = [], []
+    for k in range(num_stages - 1):
+        forward_groups.append(dist.new_group([k, k + 1]))  # activations k -> k + 1
+        backward_groups.append(dist.new_group([k, k + 1]))  # gradients k + 1 -> k
+    forward_in = None if first else _Channel("forward", rank - 1, boundary_shape, inbox, forward_groups[rank - 1])
+    backward_in = None if last else _Channel("backward", rank + 1, boundary_shape, inbox, backward_groups[rank])
     result = CspRankResult()
     arrived: list[int] = []
     inputs: dict[int, Tensor] = {}
@@ -161,9 +167,11 @@ def run_csp_rank(*, rank: int, num_stages: int, stage: nn.Module, uses: Sequence
             start = time.perf_counter()
             x, y = saved.pop(subnet)
             choose(subnet)
-            torch.autograd.backward(y, grads.pop(subnet))
+            grad = grads.pop(subnet)
+            if y.requires_grad:  # else nothing trainable upstream: frozen embedding and an identity candidate
+                torch.autograd.backward(y, grad)
             if not first:
-                _send(rank - 1, subnet, x.grad, sent, group)
+                _send(rank - 1, subnet, x.grad, sent, backward_groups[rank - 1])
             result.records.append((f"{rank}B{subnet}", start, time.perf_counter()))
             start = time.perf_counter()
             optimizer.step()
@@ -192,10 +200,12 @@ def run_csp_rank(*, rank: int, num_stages: int, stage: nn.Module, uses: Sequence
             grads[pick] = torch.ones((), dtype=value.dtype)
         else:
             saved[pick] = (x, y)
-            _send(rank + 1, pick, y.detach(), sent, group)
+            _send(rank + 1, pick, y.detach(), sent, forward_groups[rank])
         result.records.append((f"{rank}F{pick}", start, time.perf_counter()))
-    for peer in (rank - 1, rank + 1):  # tell each neighbour nothing more comes on this channel
-        if 0 <= peer < num_stages:
+    # Tell each neighbour nothing more comes on the channel to it: gradients to rank - 1, activations to rank + 1.
+    for peer, group in ((rank - 1, backward_groups[rank - 1] if not first else None),
+                        (rank + 1, forward_groups[rank] if not last else None)):
+        if group is not None:
             marker = torch.tensor([_END], dtype=torch.int64)
             sent.append((dist.isend(marker, dst=peer, group=group), marker))
     for channel in (forward_in, backward_in):
@@ -203,6 +213,8 @@ def run_csp_rank(*, rank: int, num_stages: int, stage: nn.Module, uses: Sequence
             channel.close(timeout_s)
     for work, _ in sent:
         work.wait()
+    for group in (*forward_groups, *backward_groups):
+        dist.destroy_process_group(group)
     return result
 
 
