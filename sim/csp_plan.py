@@ -8,8 +8,10 @@ subnet_layer_costs` and :func:`sim.costs.layer_costs`, so a subnet of convolutio
 they cost. Activations and gradients cross the topology's links like any pipeline message. Two subnets conflict on a
 stage when they chose the same candidate of a block there (NASPipe §4: same choice, same parameters).
 
-Not simulated yet (issue #5 continues): predictive prefetch/evict under a device parameter budget; every layer of a
-stage is taken to be resident.
+Context switching: with ``device_param_budget_bytes`` each device holds at most that many bytes of choice-block
+parameters (key bytes = the chosen candidate's ``params`` × the graph's ``dtype_bytes``; embedding and head are not
+counted), and the ``prefetch`` policy (:mod:`sim.csp_sim`) copies the rest from host memory over the topology's
+host → device path (``message_time`` of :meth:`Topology.host_to_device_path`) and back.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.costs import layer_costs
-from sim.csp_sim import CspProblem, CspResult, simulate_csp
+from sim.csp_sim import PREFETCH_POLICIES, CspProblem, CspResult, simulate_csp
 from sim.errors import SpecError
 from sim.graph import LayerGraph
 from sim.models import build_model
 from sim.models.supernet import Supernet, build_supernet, subnet_layer_costs
 from sim.partition import counts_to_ranges, parse_partition
 from sim.supernet_space import sample_subnets, space_spec
-from sim.topology import Topology
+from sim.topology import Topology, message_time
 
 __all__ = ["CspInputs", "CspRun", "build_csp_problem", "run_csp"]
 
@@ -43,6 +45,8 @@ class CspInputs:
         microbatch_size: samples per subnet's minibatch.
         partition: ``uniform``, ``balanced`` or layer counts per stage.
         one_at_a_time: the ablation without CSP overlap.
+        device_param_budget_bytes: most choice-block parameter bytes per device; ``None``: all resident.
+        prefetch: ``predict``, ``on_demand`` or ``resident`` (:data:`sim.csp_sim.PREFETCH_POLICIES`).
     """
 
     model: str | None
@@ -54,6 +58,8 @@ class CspInputs:
     microbatch_size: int = 1
     partition: str = "balanced"
     one_at_a_time: bool = False
+    device_param_budget_bytes: int | None = None
+    prefetch: str = "predict"
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,8 @@ class CspRun:
 def build_csp_problem(inputs: CspInputs) -> tuple[Supernet, Topology, tuple[tuple[int, int], ...],
                                                    tuple[tuple[int, ...], ...], CspProblem]:
     """Parse, sample, partition and cost; SpecError naming any bad value."""
+    if inputs.prefetch not in PREFETCH_POLICIES:
+        raise SpecError(f"--prefetch must be one of {', '.join(PREFETCH_POLICIES)}, got {inputs.prefetch!r}")
     if (inputs.model is None) == (inputs.space is None):
         raise SpecError("--schedule csp needs a supernet: give --model supernet:... or --space c0|c1|c2|c3")
     spec = space_spec(inputs.space) if inputs.space else inputs.model
@@ -111,12 +119,28 @@ def build_csp_problem(inputs: CspInputs) -> tuple[Supernet, Topology, tuple[tupl
     def transfer(src: int, dst: int, subnet: int, kind: str) -> float:
         return topology.transfer_time(cut_bytes[min(src, dst)], src, dst)
 
-    problem = CspProblem(p, tuple(tuple(r) for r in uses), fwd, bwd, upd, transfer, inputs.lookahead)
+    key_bytes = {(blk, k): cand.params * graph.dtype_bytes for blk, row in enumerate(supernet.candidates)
+                 for k, cand in enumerate(row)}
+    h2d = [topology.host_to_device_path(r) for r in range(p)]
+    d2h = [topology.device_to_host_path(r) for r in range(p)]
+    budget = inputs.device_param_budget_bytes
+    if budget is not None:
+        if budget < 0:
+            raise SpecError(f"--device-param-budget must be >= 0 bytes, got {budget}")
+        table = tuple(tuple(r) for r in uses)
+        need, b, k = max(((sum(key_bytes[x] for x in table[b][k]), b, k) for b in range(len(table))
+                          for k in range(p)), key=lambda t: (t[0], -t[1], -t[2]))
+        if need > budget:
+            raise SpecError(f"--device-param-budget {budget} B is smaller than subnet {b}'s layers on stage {k} "
+                            f"({need} B = {need / 1e9:.3f} GB); every subnet's layers of a stage must fit at once")
+    problem = CspProblem(p, tuple(tuple(r) for r in uses), fwd, bwd, upd, transfer, inputs.lookahead,
+                         key_bytes=key_bytes, param_budget_bytes=budget,
+                         h2d_s=lambda s, n: message_time(h2d[s], n), d2h_s=lambda s, n: message_time(d2h[s], n))
     return supernet, topology, stage_layers, subnets, problem
 
 
 def run_csp(inputs: CspInputs) -> CspRun:
     """Build and simulate; the result's trace is in the simulator's format."""
     supernet, topology, stage_layers, subnets, problem = build_csp_problem(inputs)
-    result = simulate_csp(problem, one_at_a_time=inputs.one_at_a_time)
+    result = simulate_csp(problem, one_at_a_time=inputs.one_at_a_time, prefetch=inputs.prefetch)
     return CspRun(supernet, topology, stage_layers, subnets, problem, result)

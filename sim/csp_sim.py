@@ -36,26 +36,66 @@ Closed forms (uniform t_f, t_b > 0 per op, update t_u, transfer t_c; the oracles
   one-at-a-time value: subnet b + 1 starts when b's update on stage 0 ends. With ``lookahead >= 2`` and p > 1,
   stage 0 is blocked ``(N - 1)(p - 1)(t_f + t_b + 2 t_c)`` seconds in ``N - 1`` decisions; other stages never.
 * One at a time, any costs: the sum over subnets of their round trip (forward chain, backward chain, last update).
+
+Context switching (DESIGN §3; NASPipe's "stash the supernet in CPU memory, predict, prefetch/evict"). When the
+problem has ``key_bytes`` and a ``param_budget_bytes`` and the policy is not ``"resident"``, each stage starts with
+no layer resident and may hold at most the budget of layer parameters; a forward needs all its keys resident.
+Each stage has one host-to-device copy engine (``h2d`` stream, a SimPy priority resource apart from compute, so
+copies overlap compute) and one device-to-host engine (``d2h``). A copy of subnet ``b``'s missing keys is one span
+``"{s}PREFETCH{b}"``; the write-back that made room for it is one span ``"{s}EVICT{b}"`` before it. Copies of a stage
+are serialised on its h2d engine, a demand copy (the stage waits for it) before any queued prefetch.
+
+* ``"resident"``: every layer resident, no copies, the budget ignored (the ablation "all layers resident"); the
+  run is exactly the one without a budget.
+* ``"on_demand"``: the missing keys are copied when the forward is picked, and the stage waits (NASPipe's released
+  code: forward pre-hooks copying to the GPU).
+* ``"predict"``: as on_demand, and in addition, when a stage picks a forward of ``b`` it predicts the next forward
+  with :func:`sim.csp.predict_next` (``b`` leaves ``arrived`` and stays unfinished), and after each backward +
+  update it predicts on the new state; the predicted subnet's missing keys are prefetched. A prefetch evicts only
+  keys that no subnet of the stage's look-ahead window (arrived, or in ``wait_list``) uses; if that does not free
+  enough room it is dropped (the next prediction, after the next update, tries again), so it never holds the copy
+  engine while waiting. A prefetch whose subnet has started by the time the engine is free is dropped too.
+
+Eviction is least recently used first (use = a forward or update of the key, or its copy). A *pinned* key (one used
+by a subnet whose forward has started on the stage and that has not finished there) is never evicted, so a key is
+written back only after its last update. A demand copy evicts, in LRU order, first keys outside the look-ahead
+window, then keys only arrived-but-not-started subnets use.
+
+Memory admission (needed for deadlock freedom; not in NASPipe): a stage considers an arrived subnet ``b`` for
+:func:`csp_pick` only if ``keys(b) ∪ pinned ∪ keys(w)`` fits the budget for every unfinished ``w < b`` of the stage
+(and ``keys(b) ∪ pinned`` when there is none); the decision records the admitted arrivals. Then the smallest
+unfinished subnet of a stage always fits beside the pinned keys (every pinned subnet was admitted with it in the
+check, and pinned only shrinks otherwise), so with a budget of at least every subnet's own keys per stage, the
+smallest unfinished subnet overall can always run and the CSP no-deadlock argument (:mod:`sim.csp`, property 3)
+still applies. Without it, a stage can pin a later subnet ``c`` so that the earlier ``m`` does not fit, while the next
+stage waits for ``m`` before it may run ``c``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Hashable
+from collections.abc import Callable, Generator, Hashable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import simpy
 from simpy.events import NORMAL
 
-from sim.csp import causal_deps, conflicts, csp_pick, subnet_table, wait_list
+from sim.csp import causal_deps, conflicts, csp_pick, predict_next, subnet_table, wait_list
 from sim.trace import Span, Trace
 
-__all__ = ["CspProblem", "CspResult", "Decision", "StageStalls", "SHARING", "simulate_csp"]
+__all__ = ["CspProblem", "CspResult", "Decision", "PREFETCH_POLICIES", "StageCopies", "StageStalls", "SHARING",
+           "simulate_csp"]
+
+#: Context-switch policies of :func:`simulate_csp` (module docstring).
+PREFETCH_POLICIES = ("predict", "on_demand", "resident")
 
 #: How subnets share layers: from the table, every subnet with every other on every stage, or never.
 SHARING = ("table", "all", "none")
 
 TransferTime = Callable[[int, int, int, str], float]
+#: ``f(stage, nbytes)`` → seconds to copy ``nbytes`` between the stage's device and host memory.
+CopyTime = Callable[[int, int], float]
 
 
 def _table(name: str, values: Any, rows: int, cols: int) -> tuple[tuple[float, ...], ...]:
@@ -79,6 +119,11 @@ class CspProblem:
         update_s: weight-update (OPT_STEP) time, seconds.
         transfer_s: seconds per activation or gradient message, a constant or ``f(src, dst, subnet, kind)``.
         lookahead: most subnets in flight at once (>= 1).
+        key_bytes: parameter bytes of each layer key of ``uses`` (keys are scoped as in ``uses``); ``None``: no
+            context switching.
+        param_budget_bytes: most layer-parameter bytes a stage may hold; ``None``: unlimited, every layer resident.
+        h2d_s: ``f(stage, nbytes)``, seconds to copy ``nbytes`` host → device (``None``: free).
+        d2h_s: ``f(stage, nbytes)``, seconds to copy device → host (``None``: free).
     """
 
     num_stages: int
@@ -88,6 +133,10 @@ class CspProblem:
     update_s: tuple[tuple[float, ...], ...]
     transfer_s: float | TransferTime = 0.0
     lookahead: int = 30
+    key_bytes: Mapping[Hashable, int] | None = None
+    param_budget_bytes: int | None = None
+    h2d_s: CopyTime | None = None
+    d2h_s: CopyTime | None = None
 
     def __post_init__(self) -> None:
         if self.num_stages < 1:
@@ -101,15 +150,54 @@ class CspProblem:
             raise ValueError(f"transfer_s must be a finite time >= 0 s or a function, got {self.transfer_s}")
         if self.lookahead < 1:
             raise ValueError(f"lookahead must be >= 1, got {self.lookahead}")
+        if self.key_bytes is not None:
+            object.__setattr__(self, "key_bytes", MappingProxyType(dict(self.key_bytes)))
+            missing = {k for row in uses for keys in row for k in keys} - set(self.key_bytes)
+            if missing:
+                raise ValueError(f"key_bytes has no entry for layer keys {sorted(map(repr, missing))[:5]}")
+            bad = {k: v for k, v in self.key_bytes.items() if not (isinstance(v, int) and v >= 0)}
+            if bad:
+                raise ValueError(f"key_bytes must be ints >= 0, got {bad}")
+        if self.param_budget_bytes is not None:
+            if self.key_bytes is None:
+                raise ValueError("param_budget_bytes needs key_bytes (the parameter bytes of each layer key)")
+            if self.param_budget_bytes < 0:
+                raise ValueError(f"param_budget_bytes must be >= 0, got {self.param_budget_bytes}")
+            need, b, s = self.largest_subnet_bytes()
+            if need > self.param_budget_bytes:
+                raise ValueError(f"param_budget_bytes {self.param_budget_bytes} B is smaller than subnet {b}'s "
+                                 f"layers on stage {s}, {need} B; every subnet's layers of a stage must fit at once")
+
+    def subnet_bytes(self, b: int, s: int) -> int:
+        """Parameter bytes of subnet ``b``'s layer keys on stage ``s`` (0 without ``key_bytes``)."""
+        return 0 if self.key_bytes is None else sum(self.key_bytes[k] for k in self.uses[b][s])
+
+    def largest_subnet_bytes(self) -> tuple[int, int, int]:
+        """``(bytes, subnet, stage)`` of the largest parameter set one subnet needs on one stage (first on ties)."""
+        best = (0, 0, 0)
+        for b in range(self.num_subnets):
+            for s in range(self.num_stages):
+                if self.subnet_bytes(b, s) > best[0]:
+                    best = (self.subnet_bytes(b, s), b, s)
+        return best
+
+    def copy_time(self, direction: str, stage: int, nbytes: int) -> float:
+        """Seconds to copy ``nbytes`` on ``stage``'s ``"h2d"`` or ``"d2h"`` engine."""
+        fn = self.h2d_s if direction == "h2d" else self.d2h_s
+        seconds = 0.0 if fn is None else fn(stage, nbytes)
+        if not 0 <= seconds < float("inf"):
+            raise ValueError(f"{direction}_s({stage}, {nbytes}) = {seconds}; expected a time >= 0 s")
+        return float(seconds)
 
     @classmethod
     def uniform(cls, num_stages: int, uses: Any, fwd_s: float, bwd_s: float, update_s: float = 0.0,
-                transfer_s: float | TransferTime = 0.0, lookahead: int = 30) -> CspProblem:
-        """A problem whose every subnet costs the same on every stage (times in seconds)."""
+                transfer_s: float | TransferTime = 0.0, lookahead: int = 30, **copies: Any) -> CspProblem:
+        """A problem whose every subnet costs the same on every stage (times in seconds); ``copies``: the
+        ``key_bytes``, ``param_budget_bytes``, ``h2d_s``, ``d2h_s`` fields."""
         def grid(seconds: float) -> list[list[float]]:
             return [[seconds] * num_stages for _ in uses]
 
-        return cls(num_stages, uses, grid(fwd_s), grid(bwd_s), grid(update_s), transfer_s, lookahead)
+        return cls(num_stages, uses, grid(fwd_s), grid(bwd_s), grid(update_s), transfer_s, lookahead, **copies)
 
     @property
     def num_subnets(self) -> int:
@@ -157,12 +245,43 @@ class StageStalls:
 
 
 @dataclass(frozen=True)
+class StageCopies:
+    """Context switching on one stage.
+
+    Attributes:
+        stage: the stage.
+        h2d_bytes: bytes copied host → device (PREFETCH).
+        d2h_bytes: bytes written back device → host (EVICT).
+        copy_wait_s: seconds the compute waited for copies between picking a forward and starting it (on-demand
+            copies, mispredictions, or a prefetch still holding the engine).
+        admission_wait_s: seconds the stage idled with arrived forwards none of which fit the budget beside the
+            pinned layers (memory admission, module docstring).
+        peak_resident_bytes: most layer bytes on the device at once, copies in flight included (<= the budget).
+        prefetches: PREFETCH copies issued (each of one subnet's missing keys).
+        evictions: keys written back.
+    """
+
+    stage: int
+    h2d_bytes: int
+    d2h_bytes: int
+    copy_wait_s: float
+    admission_wait_s: float
+    peak_resident_bytes: int
+    prefetches: int
+    evictions: int
+
+
+@dataclass(frozen=True)
 class CspResult:
-    """What :func:`simulate_csp` produced: the trace, every decision, and the stalls per stage."""
+    """What :func:`simulate_csp` produced: the trace, every decision, the stalls and copy statistics per stage.
+
+    ``copies`` is empty when no context switching was simulated (no budget, or the ``"resident"`` policy).
+    """
 
     trace: Trace
     decisions: tuple[Decision, ...]
     stalls: tuple[StageStalls, ...]
+    copies: tuple[StageCopies, ...] = ()
 
     @property
     def makespan(self) -> float:
@@ -189,8 +308,10 @@ _Proc = Generator[simpy.Event, Any, None]
 class _Run:
     """The state of one simulation; built, run once, turned into a :class:`CspResult`."""
 
-    def __init__(self, problem: CspProblem, window: int, uses: tuple) -> None:
+    def __init__(self, problem: CspProblem, window: int, uses: tuple, policy: str = "resident") -> None:
         self.pb, self.window, self.uses = problem, window, uses
+        self.mem = policy != "resident" and problem.param_budget_bytes is not None
+        self.policy = policy
         n, p = problem.num_subnets, problem.num_stages
         self.env = simpy.Environment()
         self.arrived: list[list[int]] = [[] for _ in range(p)]  # NASPipe buffer_list, arrival order
@@ -206,6 +327,20 @@ class _Run:
         self.blocked_s = [0.0] * p
         self.blocked_count = [0] * p
         self.pairs = 0
+        # context switching (only when self.mem)
+        self.budget = problem.param_budget_bytes or 0
+        self.started: list[set[int]] = [set() for _ in range(p)]  # forward started, not finished: keys pinned
+        self.resident: list[dict[Hashable, int]] = [{} for _ in range(p)]  # key → last-use stamp (LRU)
+        self.used = [0] * p  # resident bytes + bytes being copied in or written back
+        self.peak = [0] * p
+        self.h2d_bytes, self.d2h_bytes = [0] * p, [0] * p
+        self.copy_wait = [0.0] * p
+        self.admit_since: list[float | None] = [None] * p
+        self.admit_wait = [0.0] * p
+        self.prefetches, self.evictions = [0] * p, [0] * p
+        self.stamp = 0
+        self.h2d = [simpy.PriorityResource(self.env, capacity=1) for _ in range(p)]
+        self.d2h = [simpy.Resource(self.env, capacity=1) for _ in range(p)]
 
     # --- bookkeeping -----------------------------------------------------------------------------------------------
 
@@ -222,7 +357,8 @@ class _Run:
             self._notify(0)
 
     def _span(self, kind: str, stage: int, b: int, start: float, **comm: Any) -> None:
-        stream = "send" if kind.startswith("SEND") else "recv" if kind.startswith("RECV") else "compute"
+        stream = ("send" if kind.startswith("SEND") else "recv" if kind.startswith("RECV") else
+                  {"PREFETCH": "h2d", "EVICT": "d2h"}.get(kind, "compute"))
         self.spans.append(Span(f"{stage}{kind}{b}", kind, stage, stream, start, self.env.now, stage, b, **comm))
 
     def _end_stall(self, stage: int) -> None:
@@ -230,6 +366,124 @@ class _Run:
         if since is not None:
             self.blocked_s[stage] += self.env.now - since
             self.blocked_since[stage] = None
+
+    # --- context switching -----------------------------------------------------------------------------------------
+
+    def _bytes(self, keys: Any) -> int:
+        kb = self.pb.key_bytes
+        return sum(kb[k] for k in keys)  # type: ignore[index]
+
+    def _pinned(self, s: int) -> set[Hashable]:
+        return set().union(*(self.uses[c][s] for c in self.started[s]))
+
+    def _admitted(self, s: int, arrived: tuple[int, ...], unfinished: frozenset[int]) -> tuple[int, ...]:
+        """The arrivals whose forward may start memory-wise (module docstring, memory admission)."""
+        if not self.mem:
+            return arrived
+        pinned = self._pinned(s)
+        ok = []
+        for b in arrived:
+            base = pinned | self.uses[b][s]
+            earlier = [w for w in unfinished if w < b and w not in self.started[s]]
+            if self._bytes(base) <= self.budget and all(
+                    self._bytes(base | self.uses[w][s]) <= self.budget for w in earlier):
+                ok.append(b)
+        return tuple(ok)
+
+    def _touch(self, s: int, keys: Any) -> None:
+        for k in sorted(keys, key=repr):
+            self.stamp += 1
+            self.resident[s][k] = self.stamp
+
+    def _window_keys(self, s: int) -> set[Hashable]:
+        ids = set(self.arrived[s]) | wait_list(self.upper[s], self.finished[s])
+        return set().union(*(self.uses[w][s] for w in ids))
+
+    def _victims(self, s: int, need: int, groups: list[set[Hashable]]) -> list[Hashable] | None:
+        """LRU keys to evict, from ``groups`` in order, so that ``need`` more bytes fit; None if impossible."""
+        free = self.budget - self.used[s]
+        victims: list[Hashable] = []
+        for group in groups:
+            for k in sorted(group, key=lambda k: self.resident[s][k]):
+                if free >= need:
+                    return victims
+                victims.append(k)
+                free += self.pb.key_bytes[k]  # type: ignore[index]
+        return victims if free >= need else None
+
+    def _copy_in(self, s: int, b: int, missing: set[Hashable], victims: list[Hashable]) -> _Proc:
+        """EVICT ``victims`` (d2h), then PREFETCH ``missing`` (h2d); the caller holds the stage's h2d engine."""
+        if victims:
+            nbytes = self._bytes(victims)
+            for k in victims:
+                del self.resident[s][k]
+            with self.d2h[s].request() as req:
+                yield req
+                start = self.env.now
+                seconds = self.pb.copy_time("d2h", s, nbytes)
+                if seconds > 0:
+                    yield self.env.timeout(seconds)
+                self._span("EVICT", s, b, start)
+            self.used[s] -= nbytes
+            self.d2h_bytes[s] += nbytes
+            self.evictions[s] += len(victims)
+        nbytes = self._bytes(missing)
+        self.used[s] += nbytes
+        assert self.used[s] <= self.budget, (s, self.used[s], self.budget)
+        self.peak[s] = max(self.peak[s], self.used[s])
+        start = self.env.now
+        seconds = self.pb.copy_time("h2d", s, nbytes)
+        if seconds > 0:
+            yield self.env.timeout(seconds)
+        self._span("PREFETCH", s, b, start)
+        self.h2d_bytes[s] += nbytes
+        self.prefetches[s] += 1
+        self._touch(s, missing)
+
+    def _demand(self, s: int, b: int) -> _Proc:
+        """Make ``b``'s keys on ``s`` resident before its forward (admission guarantees room)."""
+        with self.h2d[s].request(priority=0) as req:
+            yield req
+            keys = self.uses[b][s]
+            missing = {k for k in keys if k not in self.resident[s]}
+            if not missing:
+                return
+            evictable = set(self.resident[s]) - self._pinned(s) - keys
+            window = self._window_keys(s)
+            victims = self._victims(s, self._bytes(missing), [evictable - window, evictable & window])
+            if victims is None:  # cannot happen after admission
+                raise RuntimeError(f"stage {s}: no room for subnet {b}'s layers under {self.budget} B")
+            yield from self._copy_in(s, b, missing, victims)
+
+    def _prefetch(self, s: int, x: int) -> _Proc:
+        """Prefetch predicted subnet ``x``'s missing keys, evicting only keys outside the look-ahead window."""
+        with self.h2d[s].request(priority=1) as req:
+            yield req
+            if x not in self.arrived[s]:  # started (its demand copy did the work) or mispredicted state
+                return
+            keys = self.uses[x][s]
+            missing = {k for k in keys if k not in self.resident[s]}
+            if not missing:
+                return
+            evictable = set(self.resident[s]) - self._pinned(s) - self._window_keys(s)
+            victims = self._victims(s, self._bytes(missing), [evictable])
+            if victims is None:
+                return  # no room now; the next prediction retries
+            yield from self._copy_in(s, x, missing, victims)
+
+    def _predict(self, s: int, running: int | None) -> None:
+        if not self.mem or self.policy != "predict":
+            return
+        unfinished = wait_list(self.upper[s], self.finished[s])
+        x = predict_next(s, tuple(self.arrived[s]), unfinished, running, self.uses, finishes=False)
+        if x is not None and not self.uses[x][s] <= set(self.resident[s]):
+            self.env.process(self._prefetch(s, x))
+
+    def _end_admit(self, s: int) -> None:
+        since = self.admit_since[s]
+        if since is not None:
+            self.admit_wait[s] += self.env.now - since
+            self.admit_since[s] = None
 
     # --- processes -------------------------------------------------------------------------------------------------
 
@@ -239,11 +493,15 @@ class _Run:
             yield _AfterInstant(self.env)
             if self.grads[s]:  # backward first: it finishes a subnet, which is what unblocks CSP
                 self._end_stall(s)
+                self._end_admit(s)
                 yield from self._backward(s, self.grads[s].pop(0))
                 continue
-            if self.arrived[s]:
-                arrived = tuple(self.arrived[s])
-                unfinished = wait_list(self.upper[s], self.finished[s])
+            unfinished = wait_list(self.upper[s], self.finished[s])
+            arrived = self._admitted(s, tuple(self.arrived[s]), unfinished)
+            if self.arrived[s] and not arrived and self.admit_since[s] is None:
+                self.admit_since[s] = self.env.now
+            if arrived:
+                self._end_admit(s)
                 b = csp_pick(s, arrived, unfinished, self.uses)
                 if b is None:
                     edges = tuple((w, a) for a in arrived for w in conflicts(s, a, unfinished, self.uses))
@@ -261,8 +519,16 @@ class _Run:
             yield self.wake[s]
 
     def _forward(self, s: int, b: int) -> _Proc:
+        if self.mem:
+            self._predict(s, b)  # before b leaves arrived: predict_next takes it out itself
         self.arrived[s].remove(b)
         start = self.env.now
+        if self.mem:
+            self.started[s].add(b)
+            yield from self._demand(s, b)
+            self.copy_wait[s] += self.env.now - start
+            self._touch(s, self.uses[b][s])
+            start = self.env.now
         if self.pb.fwd_s[b][s] > 0:
             yield self.env.timeout(self.pb.fwd_s[b][s])
         self._span("F", s, b, start)
@@ -283,6 +549,10 @@ class _Run:
             yield self.env.timeout(self.pb.update_s[b][s])
         self._span("OPT_STEP", s, b, start)
         self.finished[s].add(b)
+        if self.mem:
+            self.started[s].discard(b)
+            self._touch(s, self.uses[b][s])
+            self._predict(s, None)
         self.updates_left[b] -= 1
         if self.updates_left[b] == 0:  # finished everywhere: leaves the lookahead window
             self.in_flight -= 1
@@ -316,10 +586,14 @@ class _Run:
         p = self.pb.num_stages
         trace = Trace.from_spans(self.spans, ("ideal",) * p, meta)
         stalls = tuple(StageStalls(s, self.blocked_s[s], self.blocked_count[s]) for s in range(p))
-        return CspResult(trace, tuple(self.decisions), stalls)
+        copies = tuple(StageCopies(s, self.h2d_bytes[s], self.d2h_bytes[s], self.copy_wait[s], self.admit_wait[s],
+                                   self.peak[s], self.prefetches[s], self.evictions[s])
+                       for s in range(p)) if self.mem else ()
+        return CspResult(trace, tuple(self.decisions), stalls, copies)
 
 
-def simulate_csp(problem: CspProblem, *, one_at_a_time: bool = False, sharing: str = "table") -> CspResult:
+def simulate_csp(problem: CspProblem, *, one_at_a_time: bool = False, sharing: str = "table",
+                 prefetch: str = "predict") -> CspResult:
     """Simulate CSP training of ``problem``'s subnet sequence.
 
     Args:
@@ -328,17 +602,26 @@ def simulate_csp(problem: CspProblem, *, one_at_a_time: bool = False, sharing: s
             finished on every stage (a lookahead of 1).
         sharing: ``"table"`` uses ``problem.uses``; ``"all"`` makes every two subnets conflict on every stage;
             ``"none"`` makes them never conflict (for tests and bounds).
+        prefetch: context-switch policy, ``"predict"``, ``"on_demand"`` or ``"resident"`` (module docstring); it
+            matters only when ``problem`` has a ``param_budget_bytes``.
 
     Returns:
         The trace (ops ``"2F5"``, ``"2B5"``, ``"2OPT_STEP5"``, ``"2SEND_F5"``/``"3RECV_F5"``, ``"2SEND_B5"``/
-        ``"1RECV_B5"``; ``rank = vstage = stage``, ``mb = subnet``), every decision, and the stalls per stage. The
-        same input gives the same result.
+        ``"1RECV_B5"``, and under a budget ``"2PREFETCH5"`` on ``h2d``, ``"2EVICT5"`` on ``d2h``; ``rank = vstage =
+        stage``, ``mb = subnet``), every decision, the stalls and the copy statistics per stage. The same input
+        gives the same result.
 
     Raises:
-        ValueError: an unknown ``sharing``, or a transfer function returning a negative time.
+        ValueError: an unknown ``sharing`` or ``prefetch``, a budget with ``sharing`` other than ``"table"``, or a
+            transfer or copy function returning a negative time.
     """
     if sharing not in SHARING:
         raise ValueError(f"sharing must be one of {SHARING}, got {sharing!r}")
+    if prefetch not in PREFETCH_POLICIES:
+        raise ValueError(f"prefetch must be one of {PREFETCH_POLICIES}, got {prefetch!r}")
+    mem = prefetch != "resident" and problem.param_budget_bytes is not None
+    if mem and sharing != "table":
+        raise ValueError(f"a parameter budget needs sharing='table' (key bytes are per table key), got {sharing!r}")
     p, n = problem.num_stages, problem.num_subnets
     if sharing == "all":
         uses = tuple((frozenset({"*"}),) * p for _ in range(n))
@@ -349,4 +632,6 @@ def simulate_csp(problem: CspProblem, *, one_at_a_time: bool = False, sharing: s
     window = 1 if one_at_a_time else problem.lookahead
     meta = {"source": "sim", "schedule": "csp", "lookahead": window, "sharing": sharing,
             "one_at_a_time": one_at_a_time, "num_subnets": n}
-    return _Run(problem, window, uses).run(meta)
+    if mem:
+        meta.update(prefetch=prefetch, param_budget_bytes=problem.param_budget_bytes)
+    return _Run(problem, window, uses, prefetch if mem else "resident").run(meta)

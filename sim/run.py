@@ -37,6 +37,23 @@ class _Parser(argparse.ArgumentParser):
         fail(message)
 
 
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
+          "GIB": 2**30, "TIB": 2**40}
+
+
+def _byte_size(text: str) -> int:
+    """``2GB``, ``1.5GiB``, ``300MB``, ``3e8`` → bytes (SI for KB/MB/GB, binary for KiB/MiB/GiB)."""
+    value = text.strip().upper()
+    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if u and value.endswith(u)), "")
+    try:
+        number = float(value[: len(value) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 2GB, 512MiB, 300000000)") from None
+    if not number >= 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"a byte size must be finite and >= 0, got {text!r}")
+    return int(number * _UNITS[unit])
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The ``sim.run`` argument parser."""
     parser = _Parser(prog="python -m sim.run", description=__doc__.split("\n\n")[0])
@@ -52,6 +69,12 @@ def make_parser() -> argparse.ArgumentParser:
     csp.add_argument("--seed", type=int, default=0, help="subnet sampler seed (default 0)")
     csp.add_argument("--lookahead", type=int, default=30, help="most subnets in flight (default 30, NASPipe's)")
     csp.add_argument("--one-at-a-time", action="store_true", help="ablation: no CSP overlap, one subnet at a time")
+    csp.add_argument("--device-param-budget", type=_byte_size, metavar="BYTES",
+                     help="most choice-block parameter bytes per device, e.g. 2GB, 512MiB or 3e8 (default: all "
+                     "layers resident)")
+    csp.add_argument("--prefetch", default="predict", choices=["predict", "on_demand", "resident"],
+                     help="context switch under --device-param-budget: predict (NASPipe's predictor, default), "
+                     "on_demand (copy when picked) or resident (ablation: all layers resident)")
     parser.add_argument("--schedule-file", help="compute-only schedule CSV (PyTorch pipelining syntax) to run instead")
     parser.add_argument("--chunks", type=int, default=1,
                         help="model chunks (virtual stages) per rank, placed in a loop; interleaved only (default 1)")
@@ -128,11 +151,14 @@ def _run_csp(args: argparse.Namespace) -> int:
 
     run = run_csp(CspInputs(model=args.model, space=args.space, topology=args.topology, subnets=args.subnets,
                             seed=args.seed, lookahead=args.lookahead, microbatch_size=args.microbatch_size,
-                            partition=args.partition, one_at_a_time=args.one_at_a_time))
+                            partition=args.partition, one_at_a_time=args.one_at_a_time,
+                            device_param_budget_bytes=args.device_param_budget, prefetch=args.prefetch))
     result, spec = run.result, run.supernet.graph.spec
     print(run.topology.describe())
     print(f"model {run.supernet.graph.summary()}")
     mode = "one subnet at a time (ablation)" if args.one_at_a_time else f"CSP, lookahead {args.lookahead}"
+    if args.device_param_budget is not None:
+        mode += f", device parameter budget {args.device_param_budget} B, prefetch {args.prefetch}"
     print(f"plan csp: {args.subnets} subnets (seed {args.seed}) on {run.topology.num_ranks} stages, layers per stage "
           f"{','.join(str(end - start) for start, end in run.stage_layers)}, {mode}")
     metrics = compute_metrics(result.trace, num_microbatches=args.subnets, microbatch_size=args.microbatch_size)
@@ -144,6 +170,12 @@ def _run_csp(args: argparse.Namespace) -> int:
         "decisions": len(result.decisions),
         "stalls": [{"stage": s.stage, "blocked_s": s.blocked_s, "blocked_decisions": s.blocked_decisions}
                    for s in result.stalls],
+        "device_param_budget_bytes": args.device_param_budget, "prefetch": args.prefetch,
+        "copies": [{"stage": c.stage, "h2d_bytes": c.h2d_bytes, "d2h_bytes": c.d2h_bytes,
+                    "copy_wait_s": c.copy_wait_s, "admission_wait_s": c.admission_wait_s,
+                    "peak_resident_bytes": c.peak_resident_bytes, "prefetches": c.prefetches,
+                    "evictions": c.evictions} for c in result.copies],
+        "copy_wait_s": sum(c.copy_wait_s for c in result.copies),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,6 +189,11 @@ def _run_csp(args: argparse.Namespace) -> int:
     print(format_summary(metrics))
     print(f"subnets/s {metrics['csp']['subnets_per_s']:.2f}; CSP stalls per stage (s): "
           + ", ".join(f"{s.blocked_s:.4f}" for s in result.stalls))
+    if result.copies:
+        print(f"context switch ({args.prefetch}): copied {sum(c.h2d_bytes for c in result.copies) / 1e9:.3f} GB in, "
+              f"{sum(c.d2h_bytes for c in result.copies) / 1e9:.3f} GB out; compute waited for copies "
+              f"{metrics['csp']['copy_wait_s']:.4f} s; peak resident per stage (GB) "
+              + ", ".join(f"{c.peak_resident_bytes / 1e9:.3f}" for c in result.copies))
     print(f"wrote {out}/{{{', '.join(['csp.json', *names])}}}")
     return 0
 
