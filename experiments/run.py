@@ -38,7 +38,15 @@ def _sim_vs_real(argv: list[str]) -> int:
     return sim_vs_real.main(argv)
 
 
+def _naspipe(argv: list[str]) -> int:
+    from experiments import naspipe
+
+    return naspipe.main(argv)
+
+
 EXPERIMENTS: dict[str, Experiment] = {
+    "naspipe": Experiment("naspipe", "NASPipe CSP vs its ablations on search spaces c1-c3, 8xV100, simulated (issue "
+                          "#5, partial: no GPipe/PipeDream baselines yet)", _naspipe),
     "sim_vs_real": Experiment("sim_vs_real", "simulator fidelity: predicted vs measured iteration time on 2 CPU "
                               "ranks, gpipe and 1f1b x 4/8/16 microbatches, calibrated profile", _sim_vs_real),
 }
