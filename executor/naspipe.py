@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import torch
@@ -155,17 +154,13 @@ def _worker(args: argparse.Namespace, spec: str) -> None:
 
 
 def _launch(argv: list[str], stages: int) -> int:
-    import logging
-
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=stages, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
+    from executor.launch import launch_local
+
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        elastic_launch(config, sys.executable)("-u", "-m", "executor.naspipe", *argv)
+        launch_local("executor.naspipe", argv, stages)
     except ChildFailedError as exc:
         print(f"error: a CSP rank failed: {exc.get_first_failure()[1].message}", file=sys.stderr)
         return 1

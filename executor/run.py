@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import tempfile
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -136,21 +135,16 @@ def _choose_backend(requested: str | None, num_ranks: int) -> str:
 
 def _launch(options: RunOptions, argv: list[str], num_ranks: int) -> int:
     """Start ``num_ranks`` workers on this host with torchrun's launcher; returns the exit status."""
-    import logging
-
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # torchelastic logs every worker failure with a long traceback; the worker's own error line says it better.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=num_ranks, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
+    from executor.launch import launch_local
+
     with tempfile.TemporaryDirectory(prefix="pipedejavu-failures-") as failures:
         os.environ[FAILURE_DIR_ENV] = failures
         os.environ.setdefault("OMP_NUM_THREADS", str(options.threads or 1))
         worker_argv = [*argv, "--backend", options.backend]
         try:
-            elastic_launch(config, sys.executable)("-u", "-m", "executor.run", *worker_argv)
+            launch_local("executor.run", worker_argv, num_ranks)
         except ChildFailedError as exc:
             records = [json.loads(p.read_text()) for p in sorted(Path(failures).glob("rank*.json"))]
             if records:
