@@ -26,7 +26,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,7 +250,7 @@ def trainable(module: nn.Module) -> list[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
-def freeze_shared(module: nn.Module, shared_names: Mapping[str, object] | Sequence[str]) -> None:
+def freeze_shared(module: nn.Module, shared_names: Sequence[str]) -> None:
     """Freeze the layers every subnet uses (embedding, head), by submodule name prefix."""
     for name, param in module.named_parameters():
         if any(name.startswith(prefix) for prefix in shared_names):

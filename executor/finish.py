@@ -8,7 +8,6 @@ iteration; plus ``compare.json`` (predicted vs measured), ``plan.json`` (the pla
 
 from __future__ import annotations
 
-import os
 import platform
 import statistics
 import sys
@@ -22,7 +21,7 @@ import torch
 from executor.clock import ClockOffset
 from executor.compare import calibrated_profile, compare_report, stage_medians
 from executor.measured import RankReport, iteration_times, measured_trace, median_iteration
-from executor.worker import RunOptions
+from executor.worker import RunOptions, host_cores
 from profiles.p2p import fit_latency_bandwidth
 from sim.costs import CostModel
 from sim.engine import simulate
@@ -92,7 +91,7 @@ def finish_run(plan, options: RunOptions, reports: Sequence[RankReport], offsets
 
     if options.calibrate_out:
         p2p = _in_place_p2p(plan, costs, measured, sweep) if sweep else None
-        machine = {"cores": _cores(), "threads_per_rank": [r.threads for r in reports],
+        machine = {"cores": host_cores(), "threads_per_rank": [r.threads for r in reports],
                    "device": measured_devices}
         software = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
         calibrated = calibrated_profile(plan, graph, topology, costs, stage_medians(measured), p2p=p2p,
@@ -151,10 +150,6 @@ def _losses(reports: Sequence[RankReport]) -> tuple[tuple[float, ...], ...]:
         if any(report.losses):
             return report.losses
     return ()
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _print_compare(compare: dict[str, Any]) -> None:

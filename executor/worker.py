@@ -136,11 +136,15 @@ def p2p_sweep(rank: int, sizes: tuple[int, ...], *, repeats: int = 10, warmup: i
     return times if rank == 0 else []
 
 
+def host_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _threads(options: RunOptions, local_world_size: int) -> int:
     if options.threads is not None:
         return options.threads
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // local_world_size)
+    return max(1, host_cores() // local_world_size)
 
 
 def _run(options: RunOptions, rank: int) -> None:

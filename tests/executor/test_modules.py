@@ -27,13 +27,7 @@ ALL_SPECS = GPT_SPECS + CNN_SPECS
 SEEDS = [0, 1, 2**40 + 7]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the suite targets 2-core machines, and fixed threading keeps CPU kernels repeatable."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _splits(n: int, parts: int) -> list[tuple[int, int]]:

@@ -15,12 +15,7 @@ SMALL = "supernet:blocks=4,choices=4,hidden=32,seq=8,vocab=50"
 ALL_KINDS = "supernet:blocks=2,choices=16,hidden=32,heads=4,seq=8,vocab=50"  # every kind once per block
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _whole(spec: str, seed: int = 0):
