@@ -174,8 +174,10 @@ def _run(argv: list[str]) -> int:
         if getattr(args, name) < 1:
             raise SpecError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if "TORCHELASTIC_RUN_ID" in os.environ:
+        from executor.launch import leave_worker
+
         _worker(args, spec)
-        return 0
+        leave_worker(0)
     _plan(args, spec, 1 if args.sequential else args.stages)  # reject bad input before anything starts
     if args.sequential:
         record = _sequential(args, spec)

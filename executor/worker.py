@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from executor.clock import measure_offsets
 from executor.interpreter import RankInterpreter
+from executor.launch import leave_worker
 from executor.measured import RankReport
 from executor.modules import boundary_specs, build_stage, loss_fn, synthetic_batch
 from executor.optim import make_optimizer
@@ -213,6 +214,6 @@ def worker_main(options: RunOptions) -> int:
         _run(options, rank)
     except BaseException as exc:  # noqa: BLE001 - a rank must never hang its peers, whatever went wrong
         _record_failure(rank, exc)
-        sys.stdout.flush()
-        os._exit(2 if isinstance(exc, SpecError) else 1)  # bad input keeps the CLI's status 2
-    return 0
+        leave_worker(2 if isinstance(exc, SpecError) else 1)  # bad input keeps the CLI's status 2
+    leave_worker(0)
+    return 0  # not reached
