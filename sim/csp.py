@@ -143,18 +143,20 @@ def predict_next(
     uses: SubnetTable,
     *,
     finishes: bool = True,
+    finishing: Collection[int] = (),
 ) -> int | None:
-    """NASPipe's context predictor: :func:`csp_pick` on the state the stage will be in when ``running`` is done.
+    """NASPipe's context predictor: :func:`csp_pick` on the state the stage will be in at its next forward decision.
 
     The stage prefetches the predicted subnet's layers while ``running`` computes. With ``finishes`` (the default,
     DESIGN §3 and NASPipe's prediction after a backward arrives) ``running`` is assumed through its update: it leaves
     both lists. With ``finishes=False`` (NASPipe's "#predict next forward", made when the forward of ``running`` is
-    picked) it only leaves ``arrived`` and stays unfinished.
+    picked) it only leaves ``arrived`` and stays unfinished. ``finishing`` are subnets certain to finish on the stage
+    before its next forward decision (their gradients are already waiting, and a stage runs ready backwards first);
+    they leave ``unfinished`` too.
     """
     rest = [b for b in arrived if b != running]
-    if finishes and running is not None:
-        unfinished = [w for w in unfinished if w != running]
-    return csp_pick(stage, rest, unfinished, uses)
+    done = set(finishing) | ({running} if finishes and running is not None else set())
+    return csp_pick(stage, rest, [w for w in unfinished if w not in done], uses)
 
 
 def causal_deps(stage: int, b: int, uses: SubnetTable) -> tuple[int, ...]:

@@ -49,12 +49,24 @@ are serialised on its h2d engine, a demand copy (the stage waits for it) before 
   run is exactly the one without a budget.
 * ``"on_demand"``: the missing keys are copied when the forward is picked, and the stage waits (NASPipe's released
   code: forward pre-hooks copying to the GPU).
-* ``"predict"``: as on_demand, and in addition, when a stage picks a forward of ``b`` it predicts the next forward
-  with :func:`sim.csp.predict_next` (``b`` leaves ``arrived`` and stays unfinished), and after each backward +
-  update it predicts on the new state; the predicted subnet's missing keys are prefetched. A prefetch evicts only
-  keys that no subnet of the stage's look-ahead window (arrived, or in ``wait_list``) uses; if that does not free
-  enough room it is dropped (the next prediction, after the next update, tries again), so it never holds the copy
-  engine while waiting. A prefetch whose subnet has started by the time the engine is free is dropped too.
+* ``"predict"``: as on_demand, and in addition, when a stage picks a forward of ``b`` and after each backward +
+  update, it predicts its next forward with :func:`sim.csp.predict_next` on the state it will decide in: ``b``
+  leaves ``arrived``; on the last stage ``b`` also finishes first (its backward follows at once), and so does every
+  subnet whose gradient is already waiting (backward goes first); only arrivals that memory admission would let
+  start are candidates. The predicted subnet's missing keys are prefetched. A prefetch evicts only keys that no
+  subnet of the stage's look-ahead window uses (ids from the smallest unfinished here up to ``lookahead`` on,
+  arrived or not: the subnet sequence is sampled ahead); if that does not free enough room it is dropped (the next
+  prediction tries again), so it never holds the copy engine while waiting. A prefetch whose subnet has started by
+  the time the engine is free is dropped too, and a forward whose keys are all resident never waits for the engine.
+
+Predict versus on_demand. On one stage the predictor is never slower (``tests/sim/test_csp_prefetch.py``): the next
+subnet does not depend on timing there, so the prediction is exact and a prefetch is the demand copy issued early.
+On several stages no predictor can promise it: CSP's greedy dispatch is not monotone in op durations (Graham's
+list-scheduling anomaly); hiding a copy shortens the wait before a forward, which can let a gradient overtake a
+forward on the critical path. Even every layer resident can be slower than copy-on-demand (the exact case is in the
+tests). In 3000 random problems of 1-4 stages the predictor was faster in 734, equal in 2246 and slower in 20, by
+at most 12%; nearly all of those change some stage's op order, the rest come from the eviction choice (a prefetch
+evicts earlier than the demand copy would, before a subnet beyond the window is known to need the layer).
 
 Eviction is least recently used first (use = a forward or update of the key, or its copy). A *pinned* key (one used
 by a subnet whose forward has started on the stage and that has not finished there) is never evicted, so a key is
@@ -178,18 +190,21 @@ class _Run:
         kb = self.pb.key_bytes
         return sum(kb[k] for k in keys)  # type: ignore[index]
 
-    def _pinned(self, s: int) -> set[Hashable]:
-        return set().union(*(self.uses[c][s] for c in self.started[s]))
+    def _pinned(self, s: int, started: set[int] | None = None) -> set[Hashable]:
+        return set().union(*(self.uses[c][s] for c in (self.started[s] if started is None else started)))
 
-    def _admitted(self, s: int, arrived: tuple[int, ...], unfinished: frozenset[int]) -> tuple[int, ...]:
-        """The arrivals whose forward may start memory-wise (module docstring, memory admission)."""
+    def _admitted(self, s: int, arrived: tuple[int, ...], unfinished: frozenset[int],
+                  started: set[int] | None = None) -> tuple[int, ...]:
+        """The arrivals whose forward may start memory-wise (module docstring, memory admission); ``started``
+        replaces the stage's started subnets (for the predictor's assumed state)."""
         if not self.mem:
             return arrived
-        pinned = self._pinned(s)
+        started = self.started[s] if started is None else started
+        pinned = self._pinned(s, started)
         ok = []
         for b in arrived:
             base = pinned | self.uses[b][s]
-            earlier = [w for w in unfinished if w < b and w not in self.started[s]]
+            earlier = [w for w in unfinished if w < b and w not in started]
             if self._bytes(base) <= self.budget and all(
                     self._bytes(base | self.uses[w][s]) <= self.budget for w in earlier):
                 ok.append(b)
@@ -200,8 +215,14 @@ class _Run:
             self.stamp += 1
             self.resident[s][k] = self.stamp
 
-    def _window_keys(self, s: int) -> set[Hashable]:
-        ids = set(self.arrived[s]) | wait_list(self.upper[s], self.finished[s])
+    def _window_keys(self, s: int, done: frozenset[int] = frozenset()) -> set[Hashable]:
+        """Keys of the stage's look-ahead window: every subnet not finished here that can be in flight before the
+        window slides, i.e. ids below (smallest id unfinished here) + lookahead, arrived or not. The subnet sequence
+        is sampled ahead (NASPipe's sampler is seeded), so a stage knows which subnets come next. ``done`` counts as
+        finished (the predictor's assumed state)."""
+        finished = self.finished[s] | done
+        lowest = min((wait_list(self.upper[s], finished) | set(self.arrived[s])) - done, default=self.upper[s])
+        ids = {b for b in range(lowest, min(lowest + self.window, self.pb.num_subnets)) if b not in finished}
         return set().union(*(self.uses[w][s] for w in ids))
 
     def _victims(self, s: int, need: int, groups: list[set[Hashable]]) -> list[Hashable] | None:
@@ -247,6 +268,8 @@ class _Run:
 
     def _demand(self, s: int, b: int) -> _Proc:
         """Make ``b``'s keys on ``s`` resident before its forward (admission guarantees room)."""
+        if self.uses[b][s] <= self.resident[s].keys():
+            return  # nothing to copy: do not queue behind a prefetch of someone else's layers
         with self.h2d[s].request(priority=0) as req:
             yield req
             keys = self.uses[b][s]
@@ -260,7 +283,7 @@ class _Run:
                 raise RuntimeError(f"stage {s}: no room for subnet {b}'s layers under {self.budget} B")
             yield from self._copy_in(s, b, missing, victims)
 
-    def _prefetch(self, s: int, x: int) -> _Proc:
+    def _prefetch(self, s: int, x: int, done: frozenset[int]) -> _Proc:
         """Prefetch predicted subnet ``x``'s missing keys, evicting only keys outside the look-ahead window."""
         with self.h2d[s].request(priority=1) as req:
             yield req
@@ -270,7 +293,7 @@ class _Run:
             missing = {k for k in keys if k not in self.resident[s]}
             if not missing:
                 return
-            evictable = set(self.resident[s]) - self._pinned(s) - self._window_keys(s)
+            evictable = set(self.resident[s]) - self._pinned(s) - self._window_keys(s, done)
             victims = self._victims(s, self._bytes(missing), [evictable])
             if victims is None:
                 return  # no room now; the next prediction retries
@@ -280,9 +303,18 @@ class _Run:
         if not self.mem or self.policy != "predict":
             return
         unfinished = wait_list(self.upper[s], self.finished[s])
-        x = predict_next(s, tuple(self.arrived[s]), unfinished, running, self.uses, finishes=False)
+        # The assumed state of the next forward decision: the last stage runs a subnet's backward and update right
+        # after its forward (the loss is part of F), and any gradient already here runs before the next forward.
+        # Memory admission applies to that state as well: predicting a subnet that may not start yet would copy its
+        # layers in early and could force a write-back before the subnet that does start.
+        last = s == self.pb.num_stages - 1
+        done = set(self.grads[s]) | ({running} if last and running is not None else set())
+        started = (self.started[s] | ({running} if running is not None else set())) - done
+        rest = frozenset(w for w in unfinished if w not in done)
+        arrived = self._admitted(s, tuple(b for b in self.arrived[s] if b != running), rest, started)
+        x = predict_next(s, arrived, unfinished, running, self.uses, finishes=last, finishing=self.grads[s])
         if x is not None and not self.uses[x][s] <= set(self.resident[s]):
-            self.env.process(self._prefetch(s, x))
+            self.env.process(self._prefetch(s, x, frozenset(done)))
 
     def _end_admit(self, s: int) -> None:
         since = self.admit_since[s]

@@ -65,6 +65,8 @@ def test_predict_next():
     # NASPipe's "#predict next forward": 0's forward was just picked, 0 stays unfinished, so 2 is next, not 1.
     assert predict_next(0, [0, 1, 2], {0, 1, 2}, 0, table, finishes=False) == 2
     assert predict_next(0, [1], {1}, None, table) == 1
+    # A subnet whose gradient is already waiting finishes before the next forward decision: 1 is next after all.
+    assert predict_next(0, [0, 1, 2], {0, 1, 2}, 0, table, finishes=False, finishing=[0]) == 1
 
 
 def test_causal_deps_are_the_latest_earlier_user_per_key():

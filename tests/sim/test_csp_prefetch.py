@@ -16,9 +16,9 @@ def with_copies(problem, key_bytes, budget, h2d=None, d2h=None):
 
 
 @st.composite
-def problems(draw):
+def problems(draw, max_stages=3):
     """Random small problems with key sizes, a budget that fits every subnet, and linear copy times."""
-    p = draw(st.integers(1, 3))
+    p = draw(st.integers(1, max_stages))
     n = draw(st.integers(1, 7))
     pool = draw(st.integers(1, 4))
     uses = [[draw(st.frozensets(st.integers(0, pool - 1), max_size=2)) for _ in range(p)] for _ in range(n)]
@@ -101,20 +101,38 @@ def test_budget_is_never_exceeded_and_decisions_obey_csp(case):
                 assert starts[("F", s, b)].start >= span.end
 
 
-# Issue #5 asks that the predictor never make a run slower than copy-on-demand. It does not hold yet: hypothesis
-# found this case (and others in which nothing is evicted at all: a 0.25 s copy hidden, the run 1.75 s later, a
-# greedy-scheduling anomaly not yet analysed). Strict xfail: the day the property holds here, this test fails and
-# must become a plain assertion again.
-@pytest.mark.xfail(strict=True, reason="open problem (issue #5): under a budget of one key the predictor can be "
-                   "slower than copy-on-demand")
-def test_prediction_is_never_slower_than_copy_on_demand_under_any_budget():
-    uses = [[{0}, set(), set()], [{0}, set(), set()], [set()] * 3, [set()] * 3, [{1}, set(), set()], [set()] * 3,
-            [set()] * 3]
-    fwd = [[1.0] * 3 for _ in uses]
-    bwd = [[1.0] * 3 for _ in uses]
-    fwd[4][0], bwd[1][1], bwd[3][0] = 2.0, 2.0, 2.0
-    base = CspProblem(3, uses, fwd, bwd, [[0.0] * 3 for _ in uses], 0.0, 2)
-    problem = with_copies(base, {0: 1, 1: 1}, 1, lambda s, b: 1.0 * b, lambda s, b: 0.5 * b)
+# Issue #5 asks that the predictor never make a run slower than copy-on-demand. On one stage it holds (below). On
+# several stages no predictor can promise it, because CSP's greedy dispatch is not monotone in op durations (Graham's
+# list-scheduling anomaly): hiding a copy is shortening the wait before a forward, and a shorter op can make the
+# whole run longer. The limit of perfect prediction, every layer resident, shows it exactly:
+#
+#   subnets 0 and 2 share key k on stage 1 (1 byte, 1 s to copy); subnet 1 uses key a (0 bytes) on stage 0.
+#   on_demand: 1F0 waits 1 s for k (3-4), runs 4-7; 1B0 7-8, so stage 0 has F2 ready at 7 and no gradient yet:
+#              0F2 7-9, 0B0 9-13, ...; 1F2 14-17, 1B2 17-18, 0B2 18-21: 21 s.
+#   resident:  1F0 3-6, 1B0 6-7, so 0B0's gradient arrives at 7 with F2: backward first, 0B0 7-11, 0B1 12-14,
+#              and F2 waits until 15; 1F2 17-20, 0B2 21-24: 24 s.
+def test_all_layers_resident_can_be_slower_than_copy_on_demand():
+    e, k = frozenset(), frozenset({"k"})
+    uses = [[e, k], [frozenset({"a"}), e], [e, k]]
+    base = CspProblem(2, uses, [[3.0, 3.0], [4.0, 4.0], [2.0, 3.0]], [[4.0, 1.0], [2.0, 1.0], [3.0, 1.0]],
+                      [[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]], 0.0, 6)
+    problem = with_copies(base, {"a": 0, "k": 1}, 1, lambda s, b: 1.0 * b)
+    starts = {policy: {s.op: (s.start, s.end) for s in simulate_csp(problem, prefetch=policy).trace.spans}
+              for policy in POLICIES}
+    assert starts["on_demand"]["1PREFETCH0"] == (3.0, 4.0) and starts["on_demand"]["0F2"] == (7.0, 9.0)
+    assert starts["resident"]["0B0"] == (7.0, 11.0) and starts["resident"]["0F2"] == (15.0, 17.0)
+    assert starts["resident"]["0OPT_STEP2"][1] == 24.0 and starts["on_demand"]["0OPT_STEP2"][1] == 21.0
+    assert starts["predict"]["0OPT_STEP2"][1] == 21.0  # k's first copy cannot be predicted: nothing ran yet
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems(max_stages=1))
+def test_prediction_is_never_slower_than_copy_on_demand_on_one_stage(case):
+    # One stage runs each subnet's F, B and update back to back (the loss is in F), so which subnet comes next does
+    # not depend on timing and the predictor (on the state after the update, under memory admission) is exact; its
+    # copies are the demand copies issued earlier, evicting only keys no subnet of the window needs.
+    base, key_bytes, budget, per_byte = case
+    problem = with_copies(base, key_bytes, budget, lambda s, b: per_byte * b, lambda s, b: per_byte * b / 2)
     assert simulate_csp(problem, prefetch="predict").makespan <= simulate_csp(problem, prefetch="on_demand").makespan
 
 
