@@ -1,58 +1,125 @@
-"""NASPipe (ASPLOS'22) in simulation: CSP throughput against its ablations on the three search spaces (issue #5).
+"""NASPipe (ASPLOS'22) in simulation: CSP against GPipe, 1F1B, PipeDream and its own ablations (issue #5 item 6).
 
-For each space (``c1``–``c3``, NASPipe's naming: c1 the largest) on ``8xV100``, the same seeded subnet sequence runs
-under ``sim.run --schedule csp`` as
+For each search space (``c1``–``c3``, NASPipe's naming: c1 the largest) on ``8xV100``, one seeded subnet sequence
+(each subnet one minibatch of ``--minibatch`` samples) is trained under
 
-* ``csp`` — CSP with every layer resident;
-* ``csp+predict`` / ``csp+on_demand`` — CSP with the supernet in host memory and a device parameter budget of
-  ``--budget-factor`` × the largest subnet's parameters on any stage, with and without the predictor;
-* ``one-at-a-time`` — the ablation without CSP: a subnet enters the pipeline when the previous one has left.
+* ``csp`` — CSP, every layer resident; ``csp+predict`` / ``csp+on_demand`` — CSP with the supernet in host memory
+  and a device parameter budget of ``--budget-factor`` × the largest subnet's choice-block bytes on a stage, with
+  and without the predictor; ``one-at-a-time`` — CSP's ablation without overlap (:mod:`sim.csp_sim`);
+* ``gpipe`` / ``1f1b`` — each subnet one iteration of ``--microbatches`` microbatches, a flush in between;
+  ``pipedream`` — asynchronous, no flush, no causal dependencies, stashed weights (:mod:`sim.csp_baselines`).
 
-It prints subnets/s per case, CSP's speedup over one-at-a-time beside the paper's NASPipe/GPipe speedups
-(``../shared/reference/hardware.md`` §4.1: c1 8.0×, c2 4.3×, c3 2.8×, from the artifact's sample output), and the
-device parameter bytes against the whole supernet's. The comparison is not like for like, and the table says so:
-our denominator runs one subnet at a time without splitting it into microbatches, the paper's is GPipe (which does),
-and the GPipe/1F1B/PipeDream baselines on the same subnet sequence are not built yet (issue #5).
+It prints and writes (``results.json``, ``table.md``, ``naspipe.png``) subnets/s per case, throughput relative to
+GPipe beside the paper's (``../shared/reference/hardware.md`` §4.1: NASPipe/GPipe 8.0×, 4.3×, 2.8× and PipeDream/GPipe
+0.91×, 0.80×, 1.25× on c1, c2, c3, from the artifact's sample output on 4 GPUs), and the device parameter bytes per
+case against the whole supernet's.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
+from dataclasses import replace
 from pathlib import Path
 
 from sim.errors import SpecError, fail
 from sim.fileio import write_json_atomic, write_text_atomic
 
-__all__ = ["main", "PAPER_SPEEDUP"]
+__all__ = ["main", "PAPER_OVER_GPIPE", "CASES"]
 
-#: NASPipe / GPipe throughput from the artifact's sample output (hardware.md §4.1).
-PAPER_SPEEDUP = {"c1": 8.0, "c2": 4.3, "c3": 2.8}
+#: Throughput relative to GPipe in the artifact's sample output (hardware.md §4.1): (NASPipe, PipeDream).
+PAPER_OVER_GPIPE = {"c1": (8.0, 0.91), "c2": (4.3, 0.80), "c3": (2.8, 1.25)}
 
-
-def _simulate(out: Path, topology: str, space: str, subnets: int, seed: int, *flags: str) -> dict:
-    args = ["--topology", topology, "--schedule", "csp", "--space", space, "--subnets", str(subnets), "--seed",
-            str(seed), "--no-gantt", "--out", str(out), *flags]
-    result = subprocess.run([sys.executable, "-m", "sim.run", *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SpecError(f"sim.run {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}")
-    return json.loads((out / "metrics.json").read_text())
+#: Case names, in table order.
+CASES = ("csp", "csp+predict", "csp+on_demand", "one-at-a-time", "gpipe", "1f1b", "pipedream")
 
 
-def _largest_stage_subnet_bytes(topology: str, space: str, subnets: int, seed: int) -> tuple[int, int]:
-    """(largest parameter bytes one subnet needs on one stage, the whole supernet's parameter bytes)."""
-    from sim.csp_plan import CspInputs, build_csp_problem
-
-    supernet, _, stage_layers, chosen, _ = build_csp_problem(CspInputs(None, space, topology, subnets, seed))
+def _stage_block_bytes(supernet, stage_layers) -> list[int]:
+    """Per stage, the parameter bytes of every candidate of its choice blocks (what the budget is about), bytes."""
     dtype = supernet.graph.dtype_bytes
-    largest = 0
-    for choice in chosen:
-        for start, end in stage_layers:
-            blocks = [i - 1 for i in range(start, end) if 1 <= i <= supernet.num_blocks]
-            largest = max(largest, sum(supernet.candidates[b][choice[b]].params * dtype for b in blocks))
-    return largest, supernet.graph.total_param_bytes()
+    return [sum(c.params * dtype for i in range(start, end) if 1 <= i <= supernet.num_blocks
+                for c in supernet.candidates[i - 1]) for start, end in stage_layers]
+
+
+def _space(args: argparse.Namespace, space: str) -> dict:
+    """Every case on one space: subnets/s and the most parameter bytes any device holds."""
+    from sim.csp_baselines import run_baseline, stage_supernet_bytes
+    from sim.csp_plan import CspInputs, build_csp_problem
+    from sim.csp_sim import simulate_csp
+
+    inputs = CspInputs(None, space, args.topology, args.subnets, args.seed, args.lookahead, args.minibatch)
+    supernet, _, stage_layers, _, problem = build_csp_problem(inputs)
+    resident = stage_supernet_bytes(supernet, stage_layers)
+    shared = [whole - blocks for whole, blocks in zip(resident, _stage_block_bytes(supernet, stage_layers))]
+    largest = max(sum(problem.key_bytes[k] for k in row[s]) for row in problem.uses for s in range(len(row)))
+    budget = int(largest * args.budget_factor)
+    rates, device_bytes, copy_wait = {}, {}, {}
+    for name, policy, one in (("csp", "resident", False), ("csp+predict", "predict", False),
+                              ("csp+on_demand", "on_demand", False), ("one-at-a-time", "resident", True)):
+        budgeted = policy != "resident"
+        run = simulate_csp(replace(problem, param_budget_bytes=budget if budgeted else None), one_at_a_time=one,
+                           prefetch=policy)
+        rates[name] = args.subnets / run.makespan
+        device_bytes[name] = (max(shared[c.stage] + c.peak_resident_bytes for c in run.copies) if budgeted
+                              else max(resident))
+        if budgeted:
+            copy_wait[name] = sum(c.copy_wait_s for c in run.copies)
+    for name in ("gpipe", "1f1b", "pipedream"):
+        baseline = run_baseline(inputs, name, args.microbatches)
+        rates[name] = baseline.subnets_per_s
+        device_bytes[name] = max(baseline.device_param_bytes)
+    naspipe_paper, pipedream_paper = PAPER_OVER_GPIPE.get(space, (None, None))
+    return {"space": space, "spec": supernet.graph.spec, "subnets_per_s": rates,
+            "over_gpipe": {k: v / rates["gpipe"] for k, v in rates.items()},
+            "paper_over_gpipe": {"naspipe": naspipe_paper, "pipedream": pipedream_paper},
+            "device_param_bytes": device_bytes, "supernet_bytes": supernet.graph.total_param_bytes(),
+            "device_budget_bytes": budget, "copy_wait_s": copy_wait}
+
+
+def _table(rows: list[dict], args: argparse.Namespace) -> str:
+    head = "| space | " + " | ".join(CASES) + " | paper NASPipe / GPipe | paper PipeDream / GPipe |"
+    lines = [head, "|---|" + "---:|" * (len(CASES) + 2)]
+    for row in rows:
+        rel = row["over_gpipe"]
+        paper = row["paper_over_gpipe"]
+        cells = [f"{row['subnets_per_s'][c]:.1f} ({rel[c]:.2f}×)" for c in CASES]
+        fmt = [f"{paper[k]:.2f}×" if paper[k] else "—" for k in ("naspipe", "pipedream")]
+        lines.append(f"| {row['space']} | " + " | ".join(cells) + f" | {fmt[0]} | {fmt[1]} |")
+    lines += ["", "subnets/s (× GPipe), simulated on " + f"{args.topology}, {args.subnets} subnets of "
+              f"{args.minibatch} samples, seed {args.seed}; gpipe/1f1b split each subnet into {args.microbatches} "
+              "microbatches.", "", "| space | supernet | " + " | ".join(f"device: {c}" for c in CASES) + " |",
+              "|---|---:|" + "---:|" * len(CASES)]
+    for row in rows:
+        cells = [f"{row['device_param_bytes'][c] / 1e6:.0f} MB" for c in CASES]
+        lines.append(f"| {row['space']} | {row['supernet_bytes'] / 1e6:.0f} MB | " + " | ".join(cells) + " |")
+    lines += ["", "Most parameter bytes on one device (fp16; shared layers included; pipedream counts its stashed "
+              "versions). The budgeted CSP cases hold at most the budget of choice-block parameters."]
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    """Grouped bars of throughput relative to GPipe per space, with the paper's values as markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(CASES)
+    for k, case in enumerate(CASES):
+        xs = [i + (k - len(CASES) / 2 + 0.5) * width for i in range(len(rows))]
+        ax.bar(xs, [row["over_gpipe"][case] for row in rows], width, label=case)
+    for i, row in enumerate(rows):
+        for key, marker in (("naspipe", "*"), ("pipedream", "x")):
+            if row["paper_over_gpipe"][key]:
+                ax.plot([i], [row["paper_over_gpipe"][key]], marker, color="black", markersize=10,
+                        label=f"paper {key} / GPipe" if i == 0 else None)
+    ax.set_xticks(range(len(rows)), [row["space"] for row in rows])
+    ax.set_ylabel("throughput / GPipe")
+    ax.axhline(1.0, color="gray", linewidth=0.5)
+    ax.legend(ncol=3, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv: list[str]) -> int:
@@ -64,44 +131,40 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--spaces", default="c1,c2,c3")
     parser.add_argument("--subnets", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lookahead", type=int, default=30, help="most subnets in flight under CSP (NASPipe: 30)")
+    parser.add_argument("--minibatch", type=int, default=32, help="samples per subnet (32 x 128 tokens, about "
+                        "NASPipe's 3840-token batches)")
+    parser.add_argument("--microbatches", type=int, default=8, help="microbatches per subnet for gpipe and 1f1b")
     parser.add_argument("--budget-factor", type=float, default=1.25,
                         help="device parameter budget in units of the largest subnet's bytes on a stage")
+    parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
     spaces = [s for s in args.spaces.split(",") if s]
-    if args.subnets < 1 or not args.budget_factor >= 1:
-        fail(f"--subnets must be >= 1 and --budget-factor >= 1, got {args.subnets}, {args.budget_factor}")
+    for name in ("subnets", "lookahead", "minibatch", "microbatches"):
+        if getattr(args, name) < 1:
+            fail(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not args.budget_factor >= 1:
+        fail(f"--budget-factor must be >= 1, got {args.budget_factor}")
+    if args.minibatch % args.microbatches:
+        fail(f"--microbatches {args.microbatches} must divide --minibatch {args.minibatch}")
     out = Path(args.out)
     rows = []
     for space in spaces:
-        largest, whole = _largest_stage_subnet_bytes(args.topology, space, args.subnets, args.seed)
-        budget = int(largest * args.budget_factor)
-        case = {}
-        for name, flags in (("csp", []), ("csp+predict", ["--device-param-budget", str(budget), "--prefetch",
-                                                          "predict"]),
-                            ("csp+on_demand", ["--device-param-budget", str(budget), "--prefetch", "on_demand"]),
-                            ("one-at-a-time", ["--one-at-a-time"])):
-            metrics = _simulate(out / space / name, args.topology, space, args.subnets, args.seed, *flags)
-            case[name] = metrics["csp"]["subnets_per_s"]
-        rows.append({"space": space, "subnets_per_s": case, "speedup_csp": case["csp"] / case["one-at-a-time"],
-                     "paper_naspipe_over_gpipe": PAPER_SPEEDUP.get(space), "device_budget_bytes": budget,
-                     "supernet_bytes": whole})
-        print(f"  {space}: " + ", ".join(f"{k} {v:.1f}/s" for k, v in case.items()), flush=True)
-    lines = ["| space | csp | csp+predict | csp+on_demand | one-at-a-time | CSP ÷ one-at-a-time "
-             "| paper NASPipe ÷ GPipe | device budget / supernet |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        rate = row["subnets_per_s"]
-        paper = f"{row['paper_naspipe_over_gpipe']:.1f}×" if row["paper_naspipe_over_gpipe"] else "—"
-        lines.append(f"| {row['space']} | {rate['csp']:.1f} | {rate['csp+predict']:.1f} | {rate['csp+on_demand']:.1f} "
-                     f"| {rate['one-at-a-time']:.1f} | {row['speedup_csp']:.2f}× | {paper} | "
-                     f"{row['device_budget_bytes'] / 1e6:.0f} MB / {row['supernet_bytes'] / 1e9:.2f} GB |")
-    lines += ["", "subnets/s, simulated. Not like for like: our baseline runs one subnet at a time without "
-              "microbatches; the paper's is GPipe; GPipe/1F1B/PipeDream on the same subnet sequence are not built yet."]
-    table = "\n".join(lines)
+        try:
+            row = _space(args, space)
+        except SpecError as exc:
+            fail(str(exc))
+        rows.append(row)
+        print(f"  {space}: " + ", ".join(f"{k} {v:.1f}/s" for k, v in row["subnets_per_s"].items()), flush=True)
+    table = _table(rows, args)
     print()
     print(table)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic({"topology": args.topology, "subnets": args.subnets, "seed": args.seed, "rows": rows},
-                      out / "results.json")
+    write_json_atomic({"topology": args.topology, "subnets": args.subnets, "seed": args.seed,
+                       "minibatch": args.minibatch, "microbatches": args.microbatches, "lookahead": args.lookahead,
+                       "budget_factor": args.budget_factor, "rows": rows}, out / "results.json")
     write_text_atomic(table + "\n", out / "table.md")
-    print(f"wrote {out}/{{results.json, table.md}}")
+    if not args.no_plot:
+        _plot(rows, out / "naspipe.png")
+    print(f"wrote {out}/{{results.json, table.md{'' if args.no_plot else ', naspipe.png'}}}")
     return 0

@@ -45,8 +45,8 @@ def _naspipe(argv: list[str]) -> int:
 
 
 EXPERIMENTS: dict[str, Experiment] = {
-    "naspipe": Experiment("naspipe", "NASPipe CSP vs its ablations on search spaces c1-c3, 8xV100, simulated (issue "
-                          "#5, partial: no GPipe/PipeDream baselines yet)", _naspipe),
+    "naspipe": Experiment("naspipe", "NASPipe CSP vs GPipe, 1F1B, PipeDream and its ablations on search spaces "
+                          "c1-c3, 8xV100, simulated, beside the paper's speedups", _naspipe),
     "sim_vs_real": Experiment("sim_vs_real", "simulator fidelity: predicted vs measured iteration time on 2 CPU "
                               "ranks, gpipe and 1f1b x 4/8/16 microbatches, calibrated profile", _sim_vs_real),
 }

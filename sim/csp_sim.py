@@ -52,26 +52,27 @@ are serialised on its h2d engine, a demand copy (the stage waits for it) before 
 * ``"predict"``: as on_demand, and in addition, when a stage picks a forward of ``b`` and after each backward +
   update, it predicts its next forward with :func:`sim.csp.predict_next` on the state it will decide in: ``b``
   leaves ``arrived``; on the last stage ``b`` also finishes first (its backward follows at once), and so does every
-  subnet whose gradient is already waiting (backward goes first); only arrivals that memory admission would let
-  start are candidates. The predicted subnet's missing keys are prefetched. A prefetch evicts only keys that no
-  subnet of the stage's look-ahead window uses (ids from the smallest unfinished here up to ``lookahead`` on,
-  arrived or not: the subnet sequence is sampled ahead); if that does not free enough room it is dropped (the next
-  prediction tries again), so it never holds the copy engine while waiting. A prefetch whose subnet has started by
-  the time the engine is free is dropped too, and a forward whose keys are all resident never waits for the engine.
+  subnet whose gradient is already waiting (backward goes first); the next subnet to arrive (id ``upper``) counts as
+  arrived, since the sequence is sampled ahead and mostly arrives in order; only subnets that memory admission would
+  let start are candidates. NASPipe's own predictor looks at arrived subnets only; on a stage fed one subnet at a
+  time that leaves nothing to predict while it computes. The predicted subnet's missing keys are prefetched,
+  evicting only keys whose next use comes after it; if that does not free enough room the prefetch is dropped (the
+  next prediction tries again), so it never holds the copy engine while waiting. A prefetch whose subnet has started
+  by the time the engine is free is dropped too, and a forward whose keys are all resident never waits for the
+  engine.
+
+Eviction follows Belady's rule on the known subnet sequence: the key whose next user (the smallest subnet id that
+has neither started nor finished on the stage) comes last goes first, least recently used among equals (use = a
+forward or update of the key, or its copy). A *pinned* key (one used by a subnet whose forward has started on the
+stage and that has not finished there) is never evicted, so a key is written back only after its last update.
 
 Predict versus on_demand. On one stage the predictor is never slower (``tests/sim/test_csp_prefetch.py``): the next
 subnet does not depend on timing there, so the prediction is exact and a prefetch is the demand copy issued early.
 On several stages no predictor can promise it: CSP's greedy dispatch is not monotone in op durations (Graham's
 list-scheduling anomaly); hiding a copy shortens the wait before a forward, which can let a gradient overtake a
 forward on the critical path. Even every layer resident can be slower than copy-on-demand (the exact case is in the
-tests). In 3000 random problems of 1-4 stages the predictor was faster in 734, equal in 2246 and slower in 20, by
-at most 12%; nearly all of those change some stage's op order, the rest come from the eviction choice (a prefetch
-evicts earlier than the demand copy would, before a subnet beyond the window is known to need the layer).
-
-Eviction is least recently used first (use = a forward or update of the key, or its copy). A *pinned* key (one used
-by a subnet whose forward has started on the stage and that has not finished there) is never evicted, so a key is
-written back only after its last update. A demand copy evicts, in LRU order, first keys outside the look-ahead
-window, then keys only arrived-but-not-started subnets use.
+tests). In 3000 random problems of 1-4 stages the predictor was faster in 2032, equal in 926 and slower in 42 (at
+most 18%); on NASPipe's spaces it is 3-29% faster (``python -m experiments.run naspipe``).
 
 Memory admission (needed for deadlock freedom; not in NASPipe): a stage considers an arrived subnet ``b`` for
 :func:`csp_pick` only if ``keys(b) ∪ pinned ∪ keys(w)`` fits the budget for every unfinished ``w < b`` of the stage
@@ -148,6 +149,11 @@ class _Run:
         self.budget = problem.param_budget_bytes or 0
         self.started: list[set[int]] = [set() for _ in range(p)]  # forward started, not finished: keys pinned
         self.resident: list[dict[Hashable, int]] = [{} for _ in range(p)]  # key → last-use stamp (LRU)
+        self.users: list[dict[Hashable, list[int]]] = [{} for _ in range(p)]  # key → subnets using it, ascending
+        for b, row in enumerate(uses):
+            for stage, keys in enumerate(row):
+                for k in keys:
+                    self.users[stage].setdefault(k, []).append(b)
         self.used = [0] * p  # resident bytes + bytes being copied in or written back
         self.peak = [0] * p
         self.h2d_bytes, self.d2h_bytes = [0] * p, [0] * p
@@ -215,26 +221,30 @@ class _Run:
             self.stamp += 1
             self.resident[s][k] = self.stamp
 
-    def _window_keys(self, s: int, done: frozenset[int] = frozenset()) -> set[Hashable]:
-        """Keys of the stage's look-ahead window: every subnet not finished here that can be in flight before the
-        window slides, i.e. ids below (smallest id unfinished here) + lookahead, arrived or not. The subnet sequence
-        is sampled ahead (NASPipe's sampler is seeded), so a stage knows which subnets come next. ``done`` counts as
-        finished (the predictor's assumed state)."""
-        finished = self.finished[s] | done
-        lowest = min((wait_list(self.upper[s], finished) | set(self.arrived[s])) - done, default=self.upper[s])
-        ids = {b for b in range(lowest, min(lowest + self.window, self.pb.num_subnets)) if b not in finished}
-        return set().union(*(self.uses[w][s] for w in ids))
+    def _next_use(self, s: int, key: Hashable, done: frozenset[int]) -> int:
+        """The id of the next subnet that will use ``key`` on stage ``s``: the smallest one that has not started
+        there and is not finished (nor in ``done``); ``num_subnets`` when none will."""
+        for b in self.users[s].get(key, ()):
+            if b not in self.finished[s] and b not in done and b not in self.started[s]:
+                return b
+        return self.pb.num_subnets
 
-    def _victims(self, s: int, need: int, groups: list[set[Hashable]]) -> list[Hashable] | None:
-        """LRU keys to evict, from ``groups`` in order, so that ``need`` more bytes fit; None if impossible."""
+    def _victims(self, s: int, need: int, candidates: set[Hashable], done: frozenset[int] = frozenset(),
+                 before: int | None = None) -> list[Hashable] | None:
+        """Keys to evict so that ``need`` more bytes fit, or None if impossible: from ``candidates``, the one
+        used again furthest in the future first (Belady's rule on the known subnet sequence), least recently used
+        among equals; with ``before``, only keys whose next use comes after subnet ``before``."""
         free = self.budget - self.used[s]
         victims: list[Hashable] = []
-        for group in groups:
-            for k in sorted(group, key=lambda k: self.resident[s][k]):
-                if free >= need:
-                    return victims
-                victims.append(k)
-                free += self.pb.key_bytes[k]  # type: ignore[index]
+        # Stamps are unique per resident key, so the key itself is never compared.
+        order = sorted((-self._next_use(s, k, done), self.resident[s][k], k) for k in candidates)
+        for negative_next, _, k in order:
+            if free >= need:
+                break
+            if before is not None and -negative_next <= before:
+                break  # every remaining key is needed no later than the subnet being prefetched for
+            victims.append(k)
+            free += self.pb.key_bytes[k]  # type: ignore[index]
         return victims if free >= need else None
 
     def _copy_in(self, s: int, b: int, missing: set[Hashable], victims: list[Hashable]) -> _Proc:
@@ -276,25 +286,23 @@ class _Run:
             missing = {k for k in keys if k not in self.resident[s]}
             if not missing:
                 return
-            evictable = set(self.resident[s]) - self._pinned(s) - keys
-            window = self._window_keys(s)
-            victims = self._victims(s, self._bytes(missing), [evictable - window, evictable & window])
+            victims = self._victims(s, self._bytes(missing), set(self.resident[s]) - self._pinned(s) - keys)
             if victims is None:  # cannot happen after admission
                 raise RuntimeError(f"stage {s}: no room for subnet {b}'s layers under {self.budget} B")
             yield from self._copy_in(s, b, missing, victims)
 
     def _prefetch(self, s: int, x: int, done: frozenset[int]) -> _Proc:
-        """Prefetch predicted subnet ``x``'s missing keys, evicting only keys outside the look-ahead window."""
+        """Prefetch predicted subnet ``x``'s missing keys, evicting only keys no subnet up to ``x`` needs."""
         with self.h2d[s].request(priority=1) as req:
             yield req
-            if x not in self.arrived[s]:  # started (its demand copy did the work) or mispredicted state
+            if x in self.started[s] or x in self.finished[s]:  # its demand copy did the work
                 return
             keys = self.uses[x][s]
             missing = {k for k in keys if k not in self.resident[s]}
             if not missing:
                 return
-            evictable = set(self.resident[s]) - self._pinned(s) - self._window_keys(s, done)
-            victims = self._victims(s, self._bytes(missing), [evictable])
+            victims = self._victims(s, self._bytes(missing), set(self.resident[s]) - self._pinned(s) - keys, done,
+                                    before=x)
             if victims is None:
                 return  # no room now; the next prediction retries
             yield from self._copy_in(s, x, missing, victims)
@@ -307,11 +315,19 @@ class _Run:
         # after its forward (the loss is part of F), and any gradient already here runs before the next forward.
         # Memory admission applies to that state as well: predicting a subnet that may not start yet would copy its
         # layers in early and could force a write-back before the subnet that does start.
+        # The subnet sequence is known (sampled ahead), and subnets reach a stage mostly in id order, so the next one
+        # to arrive, id ``upper``, is assumed to be here too: without it a stage fed one subnet at a time would
+        # never have anything to predict while it computes.
         last = s == self.pb.num_stages - 1
         done = set(self.grads[s]) | ({running} if last and running is not None else set())
         started = (self.started[s] | ({running} if running is not None else set())) - done
+        upper = self.upper[s]
+        coming = [upper] if upper < self.pb.num_subnets else []
+        if coming:
+            unfinished = wait_list(upper + 1, self.finished[s])
         rest = frozenset(w for w in unfinished if w not in done)
-        arrived = self._admitted(s, tuple(b for b in self.arrived[s] if b != running), rest, started)
+        candidates = tuple(b for b in self.arrived[s] if b != running) + tuple(coming)
+        arrived = self._admitted(s, candidates, rest, started)
         x = predict_next(s, arrived, unfinished, running, self.uses, finishes=last, finishing=self.grads[s])
         if x is not None and not self.uses[x][s] <= set(self.resident[s]):
             self.env.process(self._prefetch(s, x, frozenset(done)))

@@ -130,7 +130,7 @@ def test_all_layers_resident_can_be_slower_than_copy_on_demand():
 def test_prediction_is_never_slower_than_copy_on_demand_on_one_stage(case):
     # One stage runs each subnet's F, B and update back to back (the loss is in F), so which subnet comes next does
     # not depend on timing and the predictor (on the state after the update, under memory admission) is exact; its
-    # copies are the demand copies issued earlier, evicting only keys no subnet of the window needs.
+    # copies are the demand copies issued earlier, evicting only keys whose next use comes after the predicted one.
     base, key_bytes, budget, per_byte = case
     problem = with_copies(base, key_bytes, budget, lambda s, b: per_byte * b, lambda s, b: per_byte * b / 2)
     assert simulate_csp(problem, prefetch="predict").makespan <= simulate_csp(problem, prefetch="on_demand").makespan
