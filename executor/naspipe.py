@@ -12,6 +12,13 @@ with :func:`sim.csp.csp_pick` (``executor.csp_runner``). Ranks are launched on t
 launcher (as ``executor.run`` does), gloo on CPU, one intra-op thread each: bitwise equality needs the same kernels,
 and a CPU kernel's reduction order can depend on its thread count. The embedding and head are frozen (see
 ``executor.csp_runner``). Bad input prints one ``error:`` line and exits with status 2.
+
+Context switching: ``--device-param-budget BYTES`` (``sim.run``'s syntax and meaning: choice-block parameter bytes
+as the plan counts them, parameters × the graph's ``dtype_bytes``) keeps the candidates' parameters and optimizer
+state in host memory and at most that many bytes of them on each rank's device, with ``--prefetch on_demand`` or
+``predict`` (``resident``: the budget is ignored); a budget below one subnet's layers on a stage is an error, as in
+``sim.run``. The pipelined run also writes ``trace.json`` and ``gantt.png`` (``sim.outputs.write_run_outputs``), and
+``metrics.json`` gains the simulator's trace metrics and, under a budget, ``csp.copies`` per stage.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ from pathlib import Path
 
 import torch
 
+from sim.csp_problem import PREFETCH_POLICIES
 from sim.errors import SpecError, fail, run_cli
 from sim.fileio import write_json_atomic
+from sim.run import _byte_size  # sim.run's parser for --device-param-budget: one syntax for both tools
 
 __all__ = ["main", "SHARED_LAYERS", "params_sha256"]
 
@@ -56,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lookahead", type=int, default=30)
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     parser.add_argument("--sequential", action="store_true", help="train the subnets one by one in this process")
+    parser.add_argument("--device-param-budget", type=_byte_size, metavar="BYTES",
+                        help="most choice-block parameter bytes per device, e.g. 60KB, 2GB or 3e8 (default: all "
+                        "layers resident)")
+    parser.add_argument("--prefetch", default="predict", choices=PREFETCH_POLICIES,
+                        help="context switch under --device-param-budget (default predict)")
+    parser.add_argument("--no-gantt", action="store_true", help="skip drawing gantt.png")
     parser.add_argument("--out", required=True)
     return parser
 
@@ -77,12 +92,14 @@ def _spec(args: argparse.Namespace) -> str:
 
 
 def _plan(args: argparse.Namespace, spec: str, stages: int):
+    """``(layer ranges per stage, subnets, problem)``; the sequential run (one process) has no budget."""
     from sim.csp_plan import CspInputs, build_csp_problem
 
+    budget = None if args.sequential else args.device_param_budget
     _, _, stage_layers, subnets, problem = build_csp_problem(CspInputs(
         model=spec, space=None, topology=f"{stages}xcpu", subnets=args.subnets, seed=args.seed,
-        lookahead=args.lookahead, partition="uniform"))
-    return stage_layers, subnets, problem.uses
+        lookahead=args.lookahead, partition="uniform", device_param_budget_bytes=budget, prefetch=args.prefetch))
+    return stage_layers, subnets, problem
 
 
 def _stage(spec: str, start: int, end: int, subnets, optimizer: str):
@@ -119,38 +136,67 @@ def _sequential(args: argparse.Namespace, spec: str) -> dict:
 def _worker(args: argparse.Namespace, spec: str) -> None:
     import torch.distributed as dist
 
+    from executor.clock import measure_offsets
     from executor.csp_runner import run_csp_rank
     from executor.modules import boundary_specs, loss_fn, synthetic_batch
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    stage_layers, subnets, uses = _plan(args, spec, world)
+    stage_layers, subnets, problem = _plan(args, spec, world)
     stage, optimizer, choose = _stage(spec, *stage_layers[rank], subnets, args.optimizer)
+    offsets = measure_offsets(rank, world)  # all 0 on one host (one CLOCK_MONOTONIC), estimated otherwise
     dist.barrier()
     start = time.perf_counter()
-    result = run_csp_rank(rank=rank, num_stages=world, stage=stage, uses=uses, choose=choose, optimizer=optimizer,
-                          batch=lambda s: synthetic_batch(spec, 1, seed=args.seed, index=s), loss=loss_fn(spec),
-                          boundary_shape=boundary_specs(spec, [1], 1)[1].shape, lookahead=args.lookahead)
+    result = run_csp_rank(rank=rank, num_stages=world, stage=stage, uses=problem.uses, choose=choose,
+                          optimizer=optimizer, batch=lambda s: synthetic_batch(spec, 1, seed=args.seed, index=s),
+                          loss=loss_fn(spec), boundary_shape=boundary_specs(spec, [1], 1)[1].shape,
+                          lookahead=args.lookahead, key_bytes=problem.key_bytes,
+                          param_budget_bytes=args.device_param_budget, prefetch=args.prefetch)
     wall = time.perf_counter() - start
     gathered = [None] * world if rank == 0 else None
-    dist.gather_object(({k: v.detach() for k, v in stage.state_dict().items()}, result.losses,
-                        [s for _, s in result.decisions], wall), gathered, dst=0)
+    dist.gather_object(({k: v.detach() for k, v in stage.state_dict().items()}, result, wall), gathered, dst=0)
     if rank == 0:
-        state, losses, orders = {}, {}, []
-        for part, part_losses, order, _ in gathered:  # type: ignore[union-attr]
-            state.update(part)
-            losses.update(part_losses)
-            orders.append(order)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic({"mode": "csp", "stages": world, "wall_s": max(g[3] for g in gathered),  # type: ignore
-                           "losses": {str(k): v for k, v in sorted(losses.items())},
-                           "forward_order_per_stage": orders, "final_params_sha256": params_sha256(state),
-                           "subnets": [list(s) for s in subnets], "layers_per_stage":
-                           [end - start for start, end in stage_layers]}, out / "metrics.json")
+        _write_outputs(args, spec, stage_layers, subnets, gathered, [o.offset_s for o in offsets])  # type: ignore
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _write_outputs(args: argparse.Namespace, spec: str, stage_layers, subnets, gathered: list,
+                   offsets_s: list[float]) -> None:
+    """Rank 0: ``metrics.json`` (the run's keys, the trace metrics of ``sim.run``, copy statistics), ``trace.json``
+    and ``gantt.png`` of the whole run, in the simulator's format."""
+    from executor.csp_trace import csp_trace
+    from sim.metrics import compute_metrics
+    from sim.outputs import write_run_outputs
+
+    world = len(gathered)
+    state, losses = {}, {}
+    for part, result, _ in gathered:
+        state.update(part)
+        losses.update(result.losses)
+    budget = args.device_param_budget
+    policy = args.prefetch if budget is not None else "resident"  # what ran: no budget means everything resident
+    meta = {"lookahead": args.lookahead, "num_subnets": args.subnets, "prefetch": policy,
+            "param_budget_bytes": budget}
+    trace = csp_trace([r.spans for _, r, _ in gathered], offsets_s, ["cpu"] * world, meta)
+    metrics = compute_metrics(trace, num_microbatches=args.subnets, microbatch_size=1)
+    wall = max(w for _, _, w in gathered)
+    metrics.update({
+        "mode": "csp", "stages": world, "wall_s": wall, "losses": {str(k): v for k, v in sorted(losses.items())},
+        "forward_order_per_stage": [[s for _, s in r.decisions] for _, r, _ in gathered],
+        "final_params_sha256": params_sha256(state), "subnets": [list(s) for s in subnets],
+        "layers_per_stage": [end - start for start, end in stage_layers]})
+    metrics["plan"] = {"schedule": "csp", "model": spec, "topology": f"{world}xcpu",
+                       "layers_per_stage": metrics["layers_per_stage"]}
+    copies = [r.copies for _, r, _ in gathered if r.copies is not None]
+    metrics["csp"] = {"subnets": args.subnets, "seed": args.seed, "lookahead": args.lookahead,
+                      "subnets_per_s": args.subnets / wall, "device_param_budget_bytes": budget,
+                      "prefetch": policy, "copies": copies,
+                      "copy_wait_s": sum(c["copy_wait_s"] for c in copies)}
+    title = f"measured csp · {spec} · {world}xcpu · {args.subnets} subnets" + (
+        f" · budget {budget} B, {policy}" if budget is not None else "")
+    write_run_outputs(Path(args.out), trace, metrics, title=title, gantt=not args.no_gantt)
 
 
 def _launch(argv: list[str], stages: int) -> int:
@@ -178,6 +224,8 @@ def _run(argv: list[str]) -> int:
 
         _worker(args, spec)
         leave_worker(0)
+    if args.sequential and args.device_param_budget is not None:
+        raise SpecError("--device-param-budget applies to CSP runs on stages, not to --sequential")
     _plan(args, spec, 1 if args.sequential else args.stages)  # reject bad input before anything starts
     if args.sequential:
         record = _sequential(args, spec)
@@ -190,6 +238,10 @@ def _run(argv: list[str]) -> int:
     metrics = json.loads((Path(args.out) / "metrics.json").read_text())
     print(f"{metrics['mode']}: {args.subnets} subnets in {metrics['wall_s']:.2f} s, final parameters sha256 "
           f"{metrics['final_params_sha256']}")
+    for c in metrics.get("csp", {}).get("copies", []):
+        print(f"  stage {c['stage']} ({args.prefetch}): {c['h2d_bytes']} B in ({c['prefetches']} copies), "
+              f"{c['d2h_bytes']} B out ({c['evictions']} keys), waited {c['copy_wait_s'] * 1e3:.2f} ms, peak "
+              f"{c['peak_resident_bytes']} B resident")
     return 0
 
 
