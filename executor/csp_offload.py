@@ -1,5 +1,5 @@
 """The tensors behind CSP context switching: host master copies of every candidate layer, and the copies to and from
-the device that :class:`executor.csp_memory.StageMemory` decides on (NASPipe §4.3, "stash the supernet in CPU memory").
+the device that :class:`sim.csp_memory.StageMemory` decides on (NASPipe §4.3, "stash the supernet in CPU memory").
 
 Every choice-block candidate of the stage is one layer key ``(block, candidate)``. Its parameters *and* its optimizer
 state (Adam's ``exp_avg``, ``exp_avg_sq`` and ``step``; nothing for plain SGD) have a master copy in host memory,
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from executor.csp_memory import CopyPlan
 from executor.models_supernet import ChoiceBlock
+from sim.csp_memory import CopyPlan
 
 __all__ = ["ParamOffload", "candidate_params"]
 

@@ -17,7 +17,7 @@ runs a small event loop instead of the L1 interpreter:
 
 Context switching (``param_budget_bytes`` with ``prefetch`` ``"on_demand"`` or ``"predict"``; NASPipe §4.3). The
 candidates' parameters and optimizer state live in host memory (:mod:`executor.csp_offload`) and the device holds at
-most the budget of them, by the simulator's rules (:mod:`executor.csp_memory`): only arrivals that memory admission
+most the budget of them, by the simulator's rules (:mod:`sim.csp_memory`): only arrivals that memory admission
 lets start are offered to :func:`~sim.csp.csp_pick`; a picked forward first makes its keys resident (a demand copy,
 which the stage waits for); with ``"predict"``, picking a forward and finishing an update each predict the next
 forward and prefetch its keys. On CUDA a prefetch is issued at once on the copy stream, after the demand copy. On
@@ -49,9 +49,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from executor.csp_memory import CopyPlan, StageMemory, StageState
 from executor.csp_offload import ParamOffload, candidate_params
 from sim.csp import csp_pick
+from sim.csp_memory import CopyPlan, StageMemory, StageState
 from sim.trace import Span
 
 __all__ = ["CspRankResult", "run_csp_rank", "train_subnets_sequentially"]
@@ -217,7 +217,7 @@ class _RankLoop:
             self.inputs[subnet] = tensor
             pair, peer = _pair("F", self.rank - 1, subnet, self.num_stages), self.rank - 1
         else:
-            st.grads.add(subnet)
+            st.grads.append(subnet)
             self.grad_in[subnet] = tensor
             pair, peer = _pair("B", self.rank, subnet, self.num_stages), self.rank + 1
         self._span(f"RECV_{box[0].upper()}", subnet, arrival, arrival, "recv", pair, peer)
@@ -284,7 +284,7 @@ class _RankLoop:
             self.result.losses[pick] = float(value.detach())
             self.saved[pick] = (x, value)
             self.grad_in[pick] = torch.ones((), dtype=value.dtype)
-            st.grads.add(pick)
+            st.grads.append(pick)
             self._span("F", pick, start)
         else:
             self.saved[pick] = (x, y)
@@ -295,7 +295,7 @@ class _RankLoop:
         start = time.perf_counter()
         x, y = self.saved.pop(subnet)
         self.choose(subnet)
-        self.state.grads.discard(subnet)
+        self.state.grads.remove(subnet)
         grad = self.grad_in.pop(subnet)
         if y.requires_grad:  # else nothing trainable upstream: frozen embedding and an identity candidate
             torch.autograd.backward(y, grad)

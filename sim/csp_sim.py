@@ -86,13 +86,14 @@ stage waits for ``m`` before it may run ``c``.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Hashable
+from collections.abc import Generator
 from typing import Any
 
 import simpy
 from simpy.events import NORMAL
 
-from sim.csp import causal_deps, conflicts, csp_pick, predict_next, wait_list
+from sim.csp import causal_deps, conflicts, csp_pick, wait_list
+from sim.csp_memory import CopyPlan, StageMemory, StageState
 from sim.csp_problem import (
     PREFETCH_POLICIES,
     SHARING,
@@ -132,10 +133,8 @@ class _Run:
         self.policy = policy
         n, p = problem.num_subnets, problem.num_stages
         self.env = simpy.Environment()
-        self.arrived: list[list[int]] = [[] for _ in range(p)]  # NASPipe buffer_list, arrival order
-        self.upper = [0] * p  # NASPipe wait_upper: 1 + the highest id arrived
-        self.finished: list[set[int]] = [set() for _ in range(p)]
-        self.grads: list[list[int]] = [[] for _ in range(p)]  # backwards ready, arrival order
+        # Per stage: NASPipe's buffer_list (arrived), wait_upper (upper), finished, and the ready backwards.
+        self.st = [StageState() for _ in range(p)]
         self.wake: list[simpy.Event] = [self.env.event() for _ in range(p)]
         self.updates_left = [p] * n
         self.next_subnet, self.in_flight = 0, 0
@@ -145,23 +144,12 @@ class _Run:
         self.blocked_s = [0.0] * p
         self.blocked_count = [0] * p
         self.pairs = 0
-        # context switching (only when self.mem)
-        self.budget = problem.param_budget_bytes or 0
-        self.started: list[set[int]] = [set() for _ in range(p)]  # forward started, not finished: keys pinned
-        self.resident: list[dict[Hashable, int]] = [{} for _ in range(p)]  # key → last-use stamp (LRU)
-        self.users: list[dict[Hashable, list[int]]] = [{} for _ in range(p)]  # key → subnets using it, ascending
-        for b, row in enumerate(uses):
-            for stage, keys in enumerate(row):
-                for k in keys:
-                    self.users[stage].setdefault(k, []).append(b)
-        self.used = [0] * p  # resident bytes + bytes being copied in or written back
-        self.peak = [0] * p
-        self.h2d_bytes, self.d2h_bytes = [0] * p, [0] * p
+        # context switching (only when self.mem): the decisions are sim.csp_memory's, shared with the executor
+        self.memory = [StageMemory(s, p, uses, problem.key_bytes or {}, problem.param_budget_bytes or 0, self.st[s])
+                       for s in range(p)] if self.mem else []
         self.copy_wait = [0.0] * p
         self.admit_since: list[float | None] = [None] * p
         self.admit_wait = [0.0] * p
-        self.prefetches, self.evictions = [0] * p, [0] * p
-        self.stamp = 0
         self.h2d = [simpy.PriorityResource(self.env, capacity=1) for _ in range(p)]
         self.d2h = [simpy.Resource(self.env, capacity=1) for _ in range(p)]
 
@@ -175,8 +163,8 @@ class _Run:
         while self.next_subnet < self.pb.num_subnets and self.in_flight < self.window:
             b = self.next_subnet
             self.next_subnet, self.in_flight = b + 1, self.in_flight + 1
-            self.arrived[0].append(b)  # the data loader feeds stage 0 directly
-            self.upper[0] = b + 1
+            self.st[0].arrived.append(b)  # the data loader feeds stage 0 directly
+            self.st[0].upper = b + 1
             self._notify(0)
 
     def _span(self, kind: str, stage: int, b: int, start: float, **comm: Any) -> None:
@@ -192,145 +180,51 @@ class _Run:
 
     # --- context switching -----------------------------------------------------------------------------------------
 
-    def _bytes(self, keys: Any) -> int:
-        kb = self.pb.key_bytes
-        return sum(kb[k] for k in keys)  # type: ignore[index]
-
-    def _pinned(self, s: int, started: set[int] | None = None) -> set[Hashable]:
-        return set().union(*(self.uses[c][s] for c in (self.started[s] if started is None else started)))
-
-    def _admitted(self, s: int, arrived: tuple[int, ...], unfinished: frozenset[int],
-                  started: set[int] | None = None) -> tuple[int, ...]:
-        """The arrivals whose forward may start memory-wise (module docstring, memory admission); ``started``
-        replaces the stage's started subnets (for the predictor's assumed state)."""
-        if not self.mem:
-            return arrived
-        started = self.started[s] if started is None else started
-        pinned = self._pinned(s, started)
-        ok = []
-        for b in arrived:
-            base = pinned | self.uses[b][s]
-            earlier = [w for w in unfinished if w < b and w not in started]
-            if self._bytes(base) <= self.budget and all(
-                    self._bytes(base | self.uses[w][s]) <= self.budget for w in earlier):
-                ok.append(b)
-        return tuple(ok)
-
-    def _touch(self, s: int, keys: Any) -> None:
-        for k in sorted(keys, key=repr):
-            self.stamp += 1
-            self.resident[s][k] = self.stamp
-
-    def _next_use(self, s: int, key: Hashable, done: frozenset[int]) -> int:
-        """The id of the next subnet that will use ``key`` on stage ``s``: the smallest one that has not started
-        there and is not finished (nor in ``done``); ``num_subnets`` when none will."""
-        for b in self.users[s].get(key, ()):
-            if b not in self.finished[s] and b not in done and b not in self.started[s]:
-                return b
-        return self.pb.num_subnets
-
-    def _victims(self, s: int, need: int, candidates: set[Hashable], done: frozenset[int] = frozenset(),
-                 before: int | None = None) -> list[Hashable] | None:
-        """Keys to evict so that ``need`` more bytes fit, or None if impossible: from ``candidates``, the one
-        used again furthest in the future first (Belady's rule on the known subnet sequence), least recently used
-        among equals; with ``before``, only keys whose next use comes after subnet ``before``."""
-        free = self.budget - self.used[s]
-        victims: list[Hashable] = []
-        # Stamps are unique per resident key, so the key itself is never compared.
-        order = sorted((-self._next_use(s, k, done), self.resident[s][k], k) for k in candidates)
-        for negative_next, _, k in order:
-            if free >= need:
-                break
-            if before is not None and -negative_next <= before:
-                break  # every remaining key is needed no later than the subnet being prefetched for
-            victims.append(k)
-            free += self.pb.key_bytes[k]  # type: ignore[index]
-        return victims if free >= need else None
-
-    def _copy_in(self, s: int, b: int, missing: set[Hashable], victims: list[Hashable]) -> _Proc:
-        """EVICT ``victims`` (d2h), then PREFETCH ``missing`` (h2d); the caller holds the stage's h2d engine."""
-        if victims:
-            nbytes = self._bytes(victims)
-            for k in victims:
-                del self.resident[s][k]
+    def _copy(self, s: int, plan: CopyPlan) -> _Proc:
+        """Run ``plan``: EVICT its victims (d2h), then PREFETCH its missing keys (h2d); the caller holds the h2d
+        engine."""
+        memory = self.memory[s]
+        memory.begin(plan)
+        if plan.victims:
             with self.d2h[s].request() as req:
                 yield req
                 start = self.env.now
-                seconds = self.pb.copy_time("d2h", s, nbytes)
+                seconds = self.pb.copy_time("d2h", s, memory.nbytes(plan.victims))
                 if seconds > 0:
                     yield self.env.timeout(seconds)
-                self._span("EVICT", s, b, start)
-            self.used[s] -= nbytes
-            self.d2h_bytes[s] += nbytes
-            self.evictions[s] += len(victims)
-        nbytes = self._bytes(missing)
-        self.used[s] += nbytes
-        assert self.used[s] <= self.budget, (s, self.used[s], self.budget)
-        self.peak[s] = max(self.peak[s], self.used[s])
+                self._span("EVICT", s, plan.subnet, start)
+            memory.evicted(plan)
+        memory.copying(plan)
         start = self.env.now
-        seconds = self.pb.copy_time("h2d", s, nbytes)
+        seconds = self.pb.copy_time("h2d", s, memory.nbytes(plan.missing))
         if seconds > 0:
             yield self.env.timeout(seconds)
-        self._span("PREFETCH", s, b, start)
-        self.h2d_bytes[s] += nbytes
-        self.prefetches[s] += 1
-        self._touch(s, missing)
+        self._span("PREFETCH", s, plan.subnet, start)
+        memory.copied(plan)
 
     def _demand(self, s: int, b: int) -> _Proc:
         """Make ``b``'s keys on ``s`` resident before its forward (admission guarantees room)."""
-        if self.uses[b][s] <= self.resident[s].keys():
+        if self.memory[s].keys(b) <= self.memory[s].resident.keys():
             return  # nothing to copy: do not queue behind a prefetch of someone else's layers
         with self.h2d[s].request(priority=0) as req:
             yield req
-            keys = self.uses[b][s]
-            missing = {k for k in keys if k not in self.resident[s]}
-            if not missing:
-                return
-            victims = self._victims(s, self._bytes(missing), set(self.resident[s]) - self._pinned(s) - keys)
-            if victims is None:  # cannot happen after admission
-                raise RuntimeError(f"stage {s}: no room for subnet {b}'s layers under {self.budget} B")
-            yield from self._copy_in(s, b, missing, victims)
+            plan = self.memory[s].demand(b)  # decided now: a prefetch may have brought the keys meanwhile
+            if plan is not None:
+                yield from self._copy(s, plan)
 
     def _prefetch(self, s: int, x: int, done: frozenset[int]) -> _Proc:
-        """Prefetch predicted subnet ``x``'s missing keys, evicting only keys no subnet up to ``x`` needs."""
+        """Prefetch predicted subnet ``x``'s missing keys once the h2d engine is free, if still useful then."""
         with self.h2d[s].request(priority=1) as req:
             yield req
-            if x in self.started[s] or x in self.finished[s]:  # its demand copy did the work
-                return
-            keys = self.uses[x][s]
-            missing = {k for k in keys if k not in self.resident[s]}
-            if not missing:
-                return
-            victims = self._victims(s, self._bytes(missing), set(self.resident[s]) - self._pinned(s) - keys, done,
-                                    before=x)
-            if victims is None:
-                return  # no room now; the next prediction retries
-            yield from self._copy_in(s, x, missing, victims)
+            plan = self.memory[s].prefetch(x, done)
+            if plan is not None:
+                yield from self._copy(s, plan)
 
     def _predict(self, s: int, running: int | None) -> None:
-        if not self.mem or self.policy != "predict":
-            return
-        unfinished = wait_list(self.upper[s], self.finished[s])
-        # The assumed state of the next forward decision: the last stage runs a subnet's backward and update right
-        # after its forward (the loss is part of F), and any gradient already here runs before the next forward.
-        # Memory admission applies to that state as well: predicting a subnet that may not start yet would copy its
-        # layers in early and could force a write-back before the subnet that does start.
-        # The subnet sequence is known (sampled ahead), and subnets reach a stage mostly in id order, so the next one
-        # to arrive, id ``upper``, is assumed to be here too: without it a stage fed one subnet at a time would
-        # never have anything to predict while it computes.
-        last = s == self.pb.num_stages - 1
-        done = set(self.grads[s]) | ({running} if last and running is not None else set())
-        started = (self.started[s] | ({running} if running is not None else set())) - done
-        upper = self.upper[s]
-        coming = [upper] if upper < self.pb.num_subnets else []
-        if coming:
-            unfinished = wait_list(upper + 1, self.finished[s])
-        rest = frozenset(w for w in unfinished if w not in done)
-        candidates = tuple(b for b in self.arrived[s] if b != running) + tuple(coming)
-        arrived = self._admitted(s, candidates, rest, started)
-        x = predict_next(s, arrived, unfinished, running, self.uses, finishes=last, finishing=self.grads[s])
-        if x is not None and not self.uses[x][s] <= set(self.resident[s]):
-            self.env.process(self._prefetch(s, x, frozenset(done)))
+        if self.mem and self.policy == "predict":
+            predicted = self.memory[s].predict(running)
+            if predicted is not None:
+                self.env.process(self._prefetch(s, *predicted))
 
     def _end_admit(self, s: int) -> None:
         since = self.admit_since[s]
@@ -342,16 +236,16 @@ class _Run:
 
     def _stage(self, s: int) -> _Proc:
         n = self.pb.num_subnets
-        while len(self.finished[s]) < n:
+        while len(self.st[s].finished) < n:
             yield _AfterInstant(self.env)
-            if self.grads[s]:  # backward first: it finishes a subnet, which is what unblocks CSP
+            if self.st[s].grads:  # backward first: it finishes a subnet, which is what unblocks CSP
                 self._end_stall(s)
                 self._end_admit(s)
-                yield from self._backward(s, self.grads[s].pop(0))
+                yield from self._backward(s, self.st[s].grads.pop(0))
                 continue
-            unfinished = wait_list(self.upper[s], self.finished[s])
-            arrived = self._admitted(s, tuple(self.arrived[s]), unfinished)
-            if self.arrived[s] and not arrived and self.admit_since[s] is None:
+            unfinished = wait_list(self.st[s].upper, self.st[s].finished)
+            arrived = self.memory[s].admitted(self.st[s].arrived, unfinished) if self.mem else tuple(self.st[s].arrived)
+            if self.st[s].arrived and not arrived and self.admit_since[s] is None:
                 self.admit_since[s] = self.env.now
             if arrived:
                 self._end_admit(s)
@@ -374,19 +268,19 @@ class _Run:
     def _forward(self, s: int, b: int) -> _Proc:
         if self.mem:
             self._predict(s, b)  # before b leaves arrived: predict_next takes it out itself
-        self.arrived[s].remove(b)
+        self.st[s].arrived.remove(b)
         start = self.env.now
         if self.mem:
-            self.started[s].add(b)
+            self.memory[s].start(b)
             yield from self._demand(s, b)
             self.copy_wait[s] += self.env.now - start
-            self._touch(s, self.uses[b][s])
+            self.memory[s].touch(self.memory[s].keys(b))
             start = self.env.now
         if self.pb.fwd_s[b][s] > 0:
             yield self.env.timeout(self.pb.fwd_s[b][s])
         self._span("F", s, b, start)
         if s == self.pb.num_stages - 1:
-            self.grads[s].append(b)  # the last stage's F includes the loss
+            self.st[s].grads.append(b)  # the last stage's F includes the loss
         else:
             self.env.process(self._transfer(s, s + 1, b, "F"))
 
@@ -401,10 +295,9 @@ class _Run:
         if self.pb.update_s[b][s] > 0:
             yield self.env.timeout(self.pb.update_s[b][s])
         self._span("OPT_STEP", s, b, start)
-        self.finished[s].add(b)
+        self.st[s].finished.add(b)
         if self.mem:
-            self.started[s].discard(b)
-            self._touch(s, self.uses[b][s])
+            self.memory[s].finish(b)
             self._predict(s, None)
         self.updates_left[b] -= 1
         if self.updates_left[b] == 0:  # finished everywhere: leaves the lookahead window
@@ -418,10 +311,10 @@ class _Run:
         self._span(f"SEND_{kind}", src, b, start, pair=pair, peer=dst)
         self._span(f"RECV_{kind}", dst, b, start, pair=pair, peer=src)
         if kind == "F":
-            self.arrived[dst].append(b)
-            self.upper[dst] = max(self.upper[dst], b + 1)
+            self.st[dst].arrived.append(b)
+            self.st[dst].upper = max(self.st[dst].upper, b + 1)
         else:
-            self.grads[dst].append(b)
+            self.st[dst].grads.append(b)
         self._notify(dst)
 
     # --- driver ----------------------------------------------------------------------------------------------------
@@ -433,15 +326,14 @@ class _Run:
         self.env.run()
         left = [b for b, count in enumerate(self.updates_left) if count]
         if left:  # cannot happen (sim.csp, property 3); report the state rather than a wrong trace
-            state = "; ".join(f"stage {s}: arrived {self.arrived[s]}, grads {self.grads[s]}, finished "
-                              f"{sorted(self.finished[s])}" for s in range(self.pb.num_stages))
+            state = "; ".join(f"stage {s}: arrived {self.st[s].arrived}, grads {self.st[s].grads}, finished "
+                              f"{sorted(self.st[s].finished)}" for s in range(self.pb.num_stages))
             raise RuntimeError(f"CSP run deadlocked at t={self.env.now} s with subnets {left} unfinished: {state}")
         p = self.pb.num_stages
         trace = Trace.from_spans(self.spans, ("ideal",) * p, meta)
         stalls = tuple(StageStalls(s, self.blocked_s[s], self.blocked_count[s]) for s in range(p))
-        copies = tuple(StageCopies(s, self.h2d_bytes[s], self.d2h_bytes[s], self.copy_wait[s], self.admit_wait[s],
-                                   self.peak[s], self.prefetches[s], self.evictions[s])
-                       for s in range(p)) if self.mem else ()
+        copies = tuple(StageCopies(s, m.h2d_bytes, m.d2h_bytes, self.copy_wait[s], self.admit_wait[s], m.peak,
+                                   m.prefetches, m.evictions) for s, m in enumerate(self.memory))
         return CspResult(trace, tuple(self.decisions), stalls, copies)
 
 

@@ -1,22 +1,22 @@
-"""Context switching on one CSP rank: which layer keys are resident, what to copy in and what to write back.
+"""Context switching on one CSP stage: which layer keys are resident, what to copy in and what to write back.
 
 NASPipe (§4.3) keeps the whole supernet in host memory and copies a subnet's layers to the device before its
-forward; a predictor guesses the next forward so the copy can start early. This module is the bookkeeping of that,
-torch-free: it decides, :mod:`executor.csp_offload` moves the tensors. The rules are the simulator's, word for word
-(:mod:`sim.csp_sim`, "Context switching", "Eviction", "Memory admission"), so a rank decides from its own state
-exactly what ``sim.csp_sim`` decides from the same state:
+forward; a predictor guesses the next forward so the copy can start early. This module is the decision side of it,
+torch-free and shared: the simulator (:mod:`sim.csp_sim`, which also times the copies on its copy engines) and the
+executor (``executor.csp_runner``, with ``executor.csp_offload`` moving the tensors) both ask a :class:`StageMemory`,
+so a rank decides from its state exactly what the simulator decides from the same state. The rules (their reasons
+are in :mod:`sim.csp_sim`, "Context switching"):
 
 * the device starts empty and holds at most ``budget`` bytes of layer keys; a forward needs all its keys resident;
 * a *pinned* key (used by a subnet whose forward has started here and that has not finished here) is never evicted;
-* eviction is Belady's rule on the known subnet sequence: the key whose next user (smallest id neither started nor
-  finished here) comes last goes first, least recently used among equals;
-* a prefetch for ``x`` evicts only keys whose next use comes after ``x``, and is dropped when that is not enough or
-  ``x`` has started;
+* eviction follows Belady's rule on the known subnet sequence: the key used again furthest in the future goes
+  first, least recently used among equals; a prefetch evicts only keys whose next use comes after its subnet, and is
+  dropped when that is not enough or its subnet has started;
 * memory admission: an arrival ``b`` may be picked only if ``keys(b) ∪ pinned ∪ keys(w)`` fits for every earlier
-  unfinished ``w`` that has not started (deadlock freedom, see :mod:`sim.csp_sim`);
+  unfinished ``w`` that has not started (deadlock freedom);
 * the predictor runs :func:`sim.csp.predict_next` on the assumed state of the next forward decision: the last stage
   finishes the running subnet first (its loss is part of F), waiting gradients finish first, the next subnet to
-  arrive (id ``upper``) counts as arrived, admission applies.
+  arrive counts as arrived, admission applies.
 
 Bytes are the plan's (``problem.key_bytes``: parameters × the graph's ``dtype_bytes``, as ``sim.run`` counts them),
 so ``--device-param-budget`` means the same for the executor as for the simulator.
@@ -40,13 +40,13 @@ class StageState:
         arrived: subnets whose forward input is here and whose forward has not started, in arrival order.
         finished: subnets whose backward and update are done here.
         upper: one more than the highest subnet id that has arrived here (NASPipe's ``wait_upper``).
-        grads: subnets whose output gradient is here and whose backward has not run.
+        grads: subnets whose output gradient is here and whose backward has not run, in arrival order.
     """
 
     arrived: list[int] = field(default_factory=list)
     finished: set[int] = field(default_factory=set)
     upper: int = 0
-    grads: set[int] = field(default_factory=set)
+    grads: list[int] = field(default_factory=list)
 
     def unfinished(self) -> frozenset[int]:
         """NASPipe's ``wait_list``: every id below ``upper`` not finished here (:func:`sim.csp.wait_list`)."""
@@ -212,16 +212,34 @@ class StageMemory:
         return None if victims is None else CopyPlan(x, missing, tuple(victims))
 
     def apply(self, plan: CopyPlan) -> None:
-        """Account for ``plan`` having run: victims gone, missing keys resident and just used."""
+        """Account for ``plan`` having run at once (the executor copies synchronously on its timeline)."""
+        self.begin(plan)
+        self.evicted(plan)
+        self.copying(plan)
+        self.copied(plan)
+
+    # The simulator times the two copies, so it applies a plan in the four steps below, in this order.
+
+    def begin(self, plan: CopyPlan) -> None:
+        """``plan`` is decided: its victims stop being resident (nobody may use or evict them any more)."""
         for k in plan.victims:
             del self.resident[k]
+
+    def evicted(self, plan: CopyPlan) -> None:
+        """The write-back of ``plan``'s victims is done: their bytes are free."""
         if plan.victims:
             self.used -= self.nbytes(plan.victims)
             self.d2h_bytes += self.nbytes(plan.victims)
             self.evictions += len(plan.victims)
+
+    def copying(self, plan: CopyPlan) -> None:
+        """The copy-in of ``plan``'s missing keys starts: their bytes are taken."""
         self.used += self.nbytes(plan.missing)
         assert self.used <= self.budget, (self.stage, self.used, self.budget)
         self.peak = max(self.peak, self.used)
+
+    def copied(self, plan: CopyPlan) -> None:
+        """The copy-in is done: the missing keys are resident and just used."""
         self.h2d_bytes += self.nbytes(plan.missing)
         self.prefetches += 1
         self.touch(plan.missing)
