@@ -132,7 +132,7 @@ def build_csp_problem(inputs: CspInputs) -> tuple[Supernet, Topology, tuple[tupl
                           for k in range(p)), key=lambda t: (t[0], -t[1], -t[2]))
         if need > budget:
             raise SpecError(f"--device-param-budget {budget} B is smaller than subnet {b}'s layers on stage {k} "
-                            f"({need} B = {need / 1e9:.3f} GB); every subnet's layers of a stage must fit at once")
+                            f"({need:,} B); every subnet's layers of a stage must fit at once")
     problem = CspProblem(p, tuple(tuple(r) for r in uses), fwd, bwd, upd, transfer, inputs.lookahead,
                          key_bytes=key_bytes, param_budget_bytes=budget,
                          h2d_s=lambda s, n: message_time(h2d[s], n), d2h_s=lambda s, n: message_time(d2h[s], n))
