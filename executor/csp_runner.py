@@ -243,8 +243,8 @@ class _RankLoop:
                 except queue.Empty:
                     break
             self._run_prefetches()
-            if st.grads:
-                self._backward(min(st.grads))
+            if st.grads:  # first come, first served, as in the simulator
+                self._backward(st.grads[0])
                 continue
             unfinished = st.unfinished()
             # Earlier subnets that have not even arrived yet count as unfinished: stage k - 1 may have reordered them.
