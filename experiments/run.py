@@ -1,8 +1,9 @@
 """``python -m experiments.run NAME``: reproduce one experiment, print its table and write its files.
 
 Experiments are registered by name in :data:`EXPERIMENTS`; ``python -m experiments.run list`` prints them. Each one
-runs the product's own command-line tools (``sim.run``, ``executor.run``), the way a user would, so a result here is
-a result of the product and not of a private code path.
+runs the product's own tools, its command-line tools (``sim.run``, ``executor.run``) or the public functions behind
+them (``sim.csp_plan``, ``sim.csp_baselines``), so a result here is a result of the product and not of a private
+code path.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def _sim_vs_real(argv: list[str]) -> int:
     return sim_vs_real.main(argv)
 
 
+def _csp_prefetch(argv: list[str]) -> int:
+    from experiments import csp_prefetch
+
+    return csp_prefetch.main(argv)
+
+
 def _naspipe(argv: list[str]) -> int:
     from experiments import naspipe
 
@@ -45,6 +52,8 @@ def _naspipe(argv: list[str]) -> int:
 
 
 EXPERIMENTS: dict[str, Experiment] = {
+    "csp_prefetch": Experiment("csp_prefetch", "NASPipe's predictor vs copy-on-demand over random CSP problems: how "
+                               "often it is faster, equal, slower", _csp_prefetch),
     "naspipe": Experiment("naspipe", "NASPipe CSP vs GPipe, 1F1B, PipeDream and its ablations on search spaces "
                           "c1-c3, 8xV100, simulated, beside the paper's speedups", _naspipe),
     "sim_vs_real": Experiment("sim_vs_real", "simulator fidelity: predicted vs measured iteration time on 2 CPU "
