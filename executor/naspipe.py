@@ -36,7 +36,7 @@ import torch
 from sim.csp_problem import PREFETCH_POLICIES
 from sim.errors import SpecError, fail, run_cli
 from sim.fileio import write_json_atomic
-from sim.run import _byte_size  # sim.run's parser for --device-param-budget: one syntax for both tools
+from sim.run import parse_byte_size  # one --device-param-budget syntax for both tools
 
 __all__ = ["main", "SHARED_LAYERS", "params_sha256"]
 
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lookahead", type=int, default=30)
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     parser.add_argument("--sequential", action="store_true", help="train the subnets one by one in this process")
-    parser.add_argument("--device-param-budget", type=_byte_size, metavar="BYTES",
+    parser.add_argument("--device-param-budget", type=parse_byte_size, metavar="BYTES",
                         help="most choice-block parameter bytes per device, e.g. 60KB, 2GB or 3e8 (default: all "
                         "layers resident)")
     parser.add_argument("--prefetch", default="predict", choices=PREFETCH_POLICIES,

@@ -27,7 +27,7 @@ from sim.schedule_csv import dumps_schedule_csv
 from sim.schedules import SCHEDULES
 from sim.topology import format_topology_list
 
-__all__ = ["main", "make_parser"]
+__all__ = ["main", "make_parser", "parse_byte_size"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,7 +41,7 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "K
           "GIB": 2**30, "TIB": 2**40}
 
 
-def _byte_size(text: str) -> int:
+def parse_byte_size(text: str) -> int:
     """``2GB``, ``1.5GiB``, ``300MB``, ``3e8`` → bytes (SI for KB/MB/GB, binary for KiB/MiB/GiB)."""
     value = text.strip().upper()
     unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if u and value.endswith(u)), "")
@@ -69,7 +69,7 @@ def make_parser() -> argparse.ArgumentParser:
     csp.add_argument("--seed", type=int, default=0, help="subnet sampler seed (default 0)")
     csp.add_argument("--lookahead", type=int, default=30, help="most subnets in flight (default 30, NASPipe's)")
     csp.add_argument("--one-at-a-time", action="store_true", help="ablation: no CSP overlap, one subnet at a time")
-    csp.add_argument("--device-param-budget", type=_byte_size, metavar="BYTES",
+    csp.add_argument("--device-param-budget", type=parse_byte_size, metavar="BYTES",
                      help="most choice-block parameter bytes per device, e.g. 2GB, 512MiB or 3e8 (default: all "
                      "layers resident)")
     csp.add_argument("--prefetch", default="predict", choices=["predict", "on_demand", "resident"],
