@@ -3,10 +3,6 @@ budget small enough to force write-backs, training is still bitwise the sequenti
 recorded, and the rank's decisions are the simulator's."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,30 +14,21 @@ from executor.optim import make_optimizer
 from sim.csp_memory import CopyPlan
 from sim.csp_plan import CspInputs, run_csp
 
-ROOT = Path(__file__).resolve().parents[2]
 SPEC = "supernet:blocks=6,choices=4,hidden=32,heads=4,seq=8,vocab=50"
 # Candidates are 6336, 8576, 25280 and 0 plan bytes (fp16 in the graph); the largest subnet on one of the two
 # stages needs 59136 B, so 60 KB holds one subnet's layers and little else: every stage must write back.
 BUDGET = 60_000
 
 
-def _naspipe(out, *flags):
-    result = subprocess.run([sys.executable, "-m", "executor.naspipe", "--model", SPEC, "--subnets", "12",
-                             "--seed", "3", "--out", str(out), *flags], cwd=ROOT, capture_output=True, text=True,
-                            timeout=180, env={**os.environ})
-    assert result.returncode == 0, result.stderr
-    return json.loads((out / "metrics.json").read_text())
-
-
 @pytest.fixture(scope="module")
-def sequential(tmp_path_factory):
-    return _naspipe(tmp_path_factory.mktemp("sequential"), "--sequential")
+def sequential(tmp_path_factory, naspipe_run):
+    return naspipe_run(tmp_path_factory.mktemp("sequential"), "--sequential")
 
 
 @pytest.mark.parametrize("prefetch", ["on_demand", "predict"])
-def test_budget_forces_copies_and_training_stays_bitwise(tmp_path, sequential, prefetch):
+def test_budget_forces_copies_and_training_stays_bitwise(tmp_path, sequential, prefetch, naspipe_run):
     flags = ["--stages", "2", "--device-param-budget", "60KB", "--prefetch", prefetch]
-    run = _naspipe(tmp_path, *flags, *(["--no-gantt"] if prefetch == "on_demand" else []))
+    run = naspipe_run(tmp_path, *flags, *(["--no-gantt"] if prefetch == "on_demand" else []))
     assert run["final_params_sha256"] == sequential["final_params_sha256"]
     assert run["losses"] == sequential["losses"]
     assert run["csp"]["device_param_budget_bytes"] == BUDGET and run["csp"]["prefetch"] == prefetch
@@ -67,10 +54,10 @@ def test_budget_forces_copies_and_training_stays_bitwise(tmp_path, sequential, p
 
 
 @pytest.mark.parametrize("prefetch", ["on_demand", "predict"])
-def test_one_stage_copies_are_the_simulators(tmp_path, sequential, prefetch):
+def test_one_stage_copies_are_the_simulators(tmp_path, sequential, prefetch, naspipe_run):
     """On one stage the order of ops does not depend on timing, so the rank must copy and write back exactly what
     ``sim.csp_sim`` does under the same rules (Belady eviction, admission, the predictor's assumed state)."""
-    run = _naspipe(tmp_path, "--stages", "1", "--device-param-budget", "100KB", "--prefetch", prefetch, "--no-gantt")
+    run = naspipe_run(tmp_path, "--stages", "1", "--device-param-budget", "100KB", "--prefetch", prefetch, "--no-gantt")
     assert run["final_params_sha256"] == sequential["final_params_sha256"]
     simulated = run_csp(CspInputs(model=SPEC, space=None, topology="1xcpu", subnets=12, seed=3, lookahead=30,
                                   partition="uniform", device_param_budget_bytes=100_000, prefetch=prefetch))

@@ -2,39 +2,25 @@
 parameters (SHA-256 of every parameter) and the per-subnet losses of training the same subnet sequence one by one
 in a single process."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from executor.naspipe import main as naspipe_main
 
-ROOT = Path(__file__).resolve().parents[2]
 # choices=4 includes the identity candidate, so some stages of some subnets have nothing trainable upstream.
 SPEC = "supernet:blocks=6,choices=4,hidden=32,heads=4,seq=8,vocab=50"
 
 
-def _naspipe(out, *flags):
-    result = subprocess.run([sys.executable, "-m", "executor.naspipe", "--model", SPEC, "--subnets", "12",
-                             "--seed", "3", "--out", str(out), *flags], cwd=ROOT, capture_output=True, text=True,
-                            timeout=180, env={**os.environ})
-    assert result.returncode == 0, result.stderr
-    return json.loads((out / "metrics.json").read_text())
-
-
-def test_csp_is_bitwise_reproducible_across_stage_counts(tmp_path):
-    sequential = _naspipe(tmp_path / "sequential", "--sequential")
+def test_csp_is_bitwise_reproducible_across_stage_counts(tmp_path, naspipe_run):
+    sequential = naspipe_run(tmp_path / "sequential", "--sequential")
     assert len(sequential["losses"]) == 12
     for stages in (1, 2, 4):
-        run = _naspipe(tmp_path / f"csp{stages}", "--stages", str(stages))
+        run = naspipe_run(tmp_path / f"csp{stages}", "--stages", str(stages))
         assert run["final_params_sha256"] == sequential["final_params_sha256"], stages
         assert run["losses"] == sequential["losses"], stages  # floats from JSON: equal means bitwise equal
         assert all(sorted(order) == list(range(12)) for order in run["forward_order_per_stage"])
     # A different subnet sequence trains to different parameters: the hash can tell runs apart.
-    other = _naspipe(tmp_path / "other", "--sequential", "--seed", "4")
+    other = naspipe_run(tmp_path / "other", "--sequential", "--seed", "4")
     assert other["final_params_sha256"] != sequential["final_params_sha256"]
 
 
