@@ -145,18 +145,19 @@ class StageMemory:
         return len(self.uses)
 
     def _victims(self, need: int, candidates: set[Hashable], done: Collection[int] = (),
-                 before: int | None = None) -> list[Hashable] | None:
+                 before: int | None = None, in_use: frozenset[Hashable] = frozenset()) -> list[Hashable] | None:
         """Keys to evict so that ``need`` more bytes fit, or None if impossible: from ``candidates``, the one used
         again furthest in the future first, least recently used among equals; with ``before``, only keys whose next
-        use comes after subnet ``before``."""
+        use comes after subnet ``before``; a key of ``in_use`` (resident, pinned) that Belady's order reaches before
+        enough is free stops the search (None): the copy should wait until that key can go instead."""
         free = self.budget - self.used
         victims: list[Hashable] = []
         # Stamps are unique per resident key, so the key itself is never compared.
-        for next_use, _, k in sorted((-self.next_use(k, done), self.resident[k], k) for k in candidates):
+        for next_use, _, k in sorted((-self.next_use(k, done), self.resident[k], k) for k in candidates | in_use):
             if free >= need:
                 break
-            if before is not None and -next_use <= before:
-                break  # every remaining key is needed no later than the subnet being prefetched for
+            if k in in_use or (before is not None and -next_use <= before):
+                break  # a key still in use should go first, or every remaining key is needed no later than before
             victims.append(k)
             free += self.key_bytes[k]
         return victims if free >= need else None
@@ -201,14 +202,19 @@ class StageMemory:
 
     def prefetch(self, x: int, done: Collection[int]) -> CopyPlan | None:
         """The prefetch for predicted subnet ``x``, re-checked now; None when it has started or finished (its demand
-        copy did the work), nothing is missing, or there is no room without evicting a key needed up to ``x``."""
+        copy did the work), nothing is missing, or there is no room without evicting a key needed up to ``x`` or
+        before a key that is still in use."""
         if x in self.started or x in self.state.finished:
             return None
         missing = self._missing(x)
         if not missing:
             return None
-        victims = self._victims(self.nbytes(missing), set(self.resident) - self.pinned() - self.keys(x), done,
-                                before=x)
+        # Evicting now, while the running subnet pins its keys, must not pick a worse victim than the demand copy
+        # would later: if Belady's order reaches a pinned key first, the prefetch is dropped (it retries after the
+        # next update).
+        pinned = self.pinned()
+        victims = self._victims(self.nbytes(missing), set(self.resident) - pinned - self.keys(x), done, before=x,
+                                in_use=frozenset((pinned - self.keys(x)) & self.resident.keys()))
         return None if victims is None else CopyPlan(x, missing, tuple(victims))
 
     def apply(self, plan: CopyPlan) -> None:

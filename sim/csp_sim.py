@@ -72,7 +72,7 @@ On several stages no predictor can promise it: CSP's greedy dispatch is not mono
 list-scheduling anomaly); hiding a copy shortens the wait before a forward, which can let a gradient overtake a
 forward on the critical path. Even every layer resident can be slower than copy-on-demand (the exact case is in the
 tests). In 3000 random problems of 1-4 stages the predictor was faster in 2032, equal in 926 and slower in 42 (at
-most 18%; ``python -m experiments.run csp_prefetch``); on NASPipe's spaces it is 3-29% faster (``naspipe``).
+most 18%; ``python -m experiments.run csp_prefetch``); on NASPipe's spaces it is 12-27% faster (``naspipe``).
 
 Memory admission (needed for deadlock freedom; not in NASPipe): a stage considers an arrived subnet ``b`` for
 :func:`csp_pick` only if ``keys(b) ∪ pinned ∪ keys(w)`` fits the budget for every unfinished ``w < b`` of the stage
