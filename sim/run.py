@@ -23,9 +23,10 @@ from sim.metrics import compute_metrics
 from sim.models import format_model_list
 from sim.outputs import format_summary, write_run_outputs
 from sim.planning import PlanInputs, build_plan
+from sim.profile import MeasuredProfile
 from sim.schedule_csv import dumps_schedule_csv
 from sim.schedules import SCHEDULES
-from sim.topology import format_topology_list
+from sim.topology import Topology, format_topology_list
 
 __all__ = ["main", "make_parser", "parse_byte_size"]
 
@@ -61,8 +62,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "a YAML file, or 'list'")
     parser.add_argument("--model", help="e.g. gpt:layers=48,hidden=2048, uniform:layers=8, supernet:blocks=12, or "
                         "'list' (required unless --space names a supernet)")
-    parser.add_argument("--schedule", default="1f1b", choices=[*sorted(SCHEDULES), "csp"],
-                        help="schedule generator; csp = NASPipe's causal synchronous parallel over a subnet sequence")
+    parser.add_argument("--schedule", choices=[*sorted(SCHEDULES), "csp"],
+                        help="schedule generator (default 1f1b); csp = NASPipe's causal synchronous parallel over a "
+                        "subnet sequence")
     csp = parser.add_argument_group("csp (NASPipe) options")
     csp.add_argument("--space", help="supernet search space preset c0|c1|c2|c3 (instead of --model)")
     csp.add_argument("--subnets", type=int, default=64, help="subnets to train, in order (default 64)")
@@ -75,8 +77,9 @@ def make_parser() -> argparse.ArgumentParser:
     csp.add_argument("--prefetch", default="predict", choices=["predict", "on_demand", "resident"],
                      help="context switch under --device-param-budget: predict (NASPipe's predictor, default), "
                      "on_demand (copy when picked) or resident (ablation: all layers resident)")
-    parser.add_argument("--schedule-file", help="compute-only schedule CSV (PyTorch pipelining syntax) to run instead")
-    parser.add_argument("--chunks", type=int, default=1,
+    parser.add_argument("--schedule-file", help="schedule CSV (PyTorch pipelining syntax, compute_only or "
+                        "compute_comms) to run instead of --schedule")
+    parser.add_argument("--chunks", type=int,
                         help="model chunks (virtual stages) per rank, placed in a loop; interleaved only (default 1)")
     parser.add_argument("--vertical-sync", action="store_true",
                         help="pipedream: every stage uses the weight version stage 0 used for the minibatch")
@@ -101,6 +104,9 @@ def _run(argv: list[str] | None) -> int:
         return 0
     if not args.out:
         raise SpecError("--out is required (the directory to write plan.json, trace.json, gantt.png into)")
+    if args.schedule and args.schedule_file:
+        raise SpecError(f"--schedule {args.schedule} and --schedule-file {args.schedule_file} both name the "
+                        f"schedule; give one")
     if args.schedule == "csp":
         return _run_csp(args)
     if args.space:
@@ -108,9 +114,9 @@ def _run(argv: list[str] | None) -> int:
     if not args.model:
         raise SpecError("--model is required (e.g. gpt:layers=48,hidden=2048, or 'list')")
     built = build_plan(PlanInputs(
-        model=args.model, topology=args.topology, schedule=args.schedule, microbatches=args.microbatches,
+        model=args.model, topology=args.topology, schedule=args.schedule or "1f1b", microbatches=args.microbatches,
         microbatch_size=args.microbatch_size, partition=args.partition, profile=args.profile,
-        schedule_file=args.schedule_file, chunks=args.chunks, recompute=args.recompute,
+        schedule_file=args.schedule_file, chunks=1 if args.chunks is None else args.chunks, recompute=args.recompute,
         vertical_sync=args.vertical_sync,
     ))
     plan, topology = built.plan, built.topology
@@ -121,6 +127,8 @@ def _run(argv: list[str] | None) -> int:
           f"{f' ({chunks} chunks per rank, loop placement)' if chunks else ''}, layers per stage "
           f"{','.join(map(str, plan.placement.layer_counts()))}, {plan.num_microbatches} microbatches × "
           f"{plan.microbatch_size} sample(s){', activation recomputation' if recompute else ''}")
+    costs_line = _describe_costs(built.profile, topology)
+    print(f"costs {costs_line}")
     result = simulate(plan, built.costs, topology, check_memory=not args.ignore_memory)
     metrics = compute_metrics(
         result.trace,
@@ -132,7 +140,8 @@ def _run(argv: list[str] | None) -> int:
     )
     metrics["plan"] = {"schedule": plan.schedule, "model": plan.model, "topology": plan.topology,
                        "layers_per_stage": list(plan.placement.layer_counts()),
-                       "vstage_to_rank": list(plan.placement.vstage_to_rank), "recompute": recompute}
+                       "vstage_to_rank": list(plan.placement.vstage_to_rank), "recompute": recompute,
+                       "costs": costs_line}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(plan.dumps(), out / "plan.json")
@@ -145,9 +154,27 @@ def _run(argv: list[str] | None) -> int:
     return 0
 
 
+def _describe_costs(profile: MeasuredProfile | None, topology: Topology) -> str:
+    """Where the simulated durations come from, in one line: the roofline, or which profile and for which ranks."""
+    if profile is None:
+        return "roofline (hardware catalog)"
+    ranks = [r for r, device in enumerate(topology.devices) if device.name == profile.device]
+    where = f"ranks {ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank {ranks[0]}" if ranks else "no rank"
+    p2p = "measured p2p" if profile.p2p_latency_s is not None and profile.p2p_bandwidth else "link model for p2p"
+    return (f"measured profile {profile.source} ({profile.device}, {profile.microbatch_size} sample(s) per "
+            f"microbatch) on {where}, roofline elsewhere; {p2p}")
+
+
 def _run_csp(args: argparse.Namespace) -> int:
     """``--schedule csp``: simulate NASPipe's CSP over a sampled subnet sequence and write the run's outputs."""
     from sim.csp_plan import CspInputs, run_csp
+
+    # CSP picks subnets dynamically with one stage per rank and updates the weights per subnet: these options of the
+    # fixed schedules have no meaning for it, so naming one is an error rather than something silently dropped.
+    for flag, given in (("--recompute", args.recompute), ("--chunks", args.chunks is not None),
+                        ("--vertical-sync", args.vertical_sync)):
+        if given:
+            raise SpecError(f"{flag} does not apply to --schedule csp (fixed schedules only)")
 
     run = run_csp(CspInputs(model=args.model, space=args.space, topology=args.topology, subnets=args.subnets,
                             seed=args.seed, lookahead=args.lookahead, microbatch_size=args.microbatch_size,

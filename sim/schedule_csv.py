@@ -5,7 +5,8 @@ format of ``torch.distributed.pipelining``'s ``_dump_csv``/``_load_csv`` with ``
 round-trip between the two tools. Communication and optimizer ops are not written: lowering adds them again. A
 ``compute_comms`` file (what ``_dump_csv`` writes for PyTorch's runtime schedules such as
 ``ScheduleInterleavedZeroBubble``, with SEND/RECV, REDUCE_GRAD and FSDP's UNSHARD/RESHARD) is read by keeping its
-compute actions in order.
+compute actions in order. DualPipeV's composite ``(0F7;7B3)OVERLAP_F_B`` cells are read as the forward then the
+backward, one after the other (see :func:`load_schedule_csv`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ __all__ = ["dumps_schedule_csv", "load_schedule_csv"]
 # reduction (our lowering inserts its own), and FSDP's UNSHARD/RESHARD, which PyTorch's runtime schedules emit.
 _LOWERED_KINDS = frozenset({OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F, OpKind.RECV_B, OpKind.REDUCE_GRAD})
 _RUNTIME_ONLY = re.compile(r"^\d+(UNSHARD|RESHARD)$")
+# DualPipeV's composite cell ``(0F7;7B3)OVERLAP_F_B``: a forward of one stage overlapped with a backward of another.
+_OVERLAP = re.compile(r"^\((?P<subs>[^()]+)\)OVERLAP_F_B$")
 
 
 def dumps_schedule_csv(programs: tuple[tuple[Op, ...], ...]) -> str:
@@ -36,8 +39,28 @@ def dumps_schedule_csv(programs: tuple[tuple[Op, ...], ...]) -> str:
     return out.getvalue()
 
 
+def _compute_op(text: str, where: str, cell: str) -> Op | None:
+    """The compute op a cell names, ``None`` for communication (a compute_comms file); else a SpecError."""
+    try:
+        op = Op.parse(text)
+    except SpecError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    if op.kind in _LOWERED_KINDS:
+        return None  # a compute_comms file: lowering adds the communication again
+    if op.kind not in COMPUTE_KINDS:
+        raise SpecError(f"{where}: {cell!r} is not a compute op (schedule.csv holds F, B, I, W, R and DualPipeV's "
+                        f"(F;B)OVERLAP_F_B; SEND/RECV/REDUCE_GRAD/UNSHARD/RESHARD are skipped)")
+    if op.mb is None:
+        raise SpecError(f"{where}: {cell!r} has no microbatch")
+    return op
+
+
 def load_schedule_csv(path: str | os.PathLike) -> tuple[tuple[Op, ...], ...]:
     """Read a compute-only schedule CSV; row r is rank r's program.
+
+    A ``(sF m;s'B m')OVERLAP_F_B`` cell becomes ``sFm`` then ``s'Bm'`` in program order: PyTorch's runtime runs the
+    sub-actions in sequence too, and running them back to back on the compute stream is the conservative model of
+    DualPipeV's overlap (it takes F + B, never less; the overlap only hides communication behind compute).
 
     Raises:
         SpecError: an empty file, a cell that is not an op (naming row and column), or a non-compute op.
@@ -51,19 +74,20 @@ def load_schedule_csv(path: str | os.PathLike) -> tuple[tuple[Op, ...], ...]:
                 continue
             if _RUNTIME_ONLY.match(cell.strip()):
                 continue  # FSDP bookkeeping of PyTorch's runtime schedules; it has no counterpart here
-            try:
-                op = Op.parse(cell.strip())
-            except SpecError as exc:
-                raise SpecError(f"{path}: row {row_number}, column {column}: {exc}") from None
-            if op.kind in _LOWERED_KINDS:
-                continue  # a compute_comms file: lowering adds the communication again
-            if op.kind not in COMPUTE_KINDS:
-                raise SpecError(f"{path}: row {row_number}, column {column}: {cell!r} is not a compute op "
-                                f"(schedule.csv holds F, B, I, W, R; SEND/RECV/REDUCE_GRAD/UNSHARD/RESHARD are "
-                                f"skipped)")
-            if op.mb is None:
-                raise SpecError(f"{path}: row {row_number}, column {column}: {cell!r} has no microbatch")
-            ops.append(op)
+            where = f"{path}: row {row_number}, column {column}"
+            overlap = _OVERLAP.match(cell.strip())
+            if overlap:
+                # The conservative reading: the sub-actions one after the other on the compute stream, as PyTorch's
+                # own runtime executes OVERLAP_F_B. DualPipeV overlaps them to hide the communication of one under
+                # the compute of the other; with no overlap modelled the pair takes F + B, an upper bound.
+                subs = [_compute_op(sub.strip(), where, cell) for sub in overlap.group("subs").split(";")]
+                if [op.kind if op else None for op in subs] != [OpKind.F, OpKind.B]:
+                    raise SpecError(f"{where}: {cell!r} is not an overlapped forward and full backward (F;B)")
+                ops.extend(subs)  # type: ignore[arg-type]  # both are ops, checked above
+                continue
+            op = _compute_op(cell.strip(), where, cell)
+            if op is not None:
+                ops.append(op)
         programs.append(tuple(ops))
     while programs and not programs[-1]:
         programs.pop()

@@ -22,6 +22,7 @@ from sim.validate import validate_l0
 
 T_F, T_B = 1e-3, 2e-3
 C, A = 1e6, 2e6  # checkpoint and full activations of one microbatch on a one-layer uniform stage, bytes
+P = 10e6  # uniform:param_mb=10 -> one stage's weights, bytes (one layer per stage)
 CASES = [("gpipe", 1), ("1f1b", 1), ("zb1p", 1), ("interleaved", 2)]
 
 
@@ -125,3 +126,75 @@ def test_same_inputs_give_byte_identical_plans_and_traces(schedule, chunks, reco
     loaded = Plan.loads(a.plan.dumps())
     assert loaded == a.plan and loaded.option("recompute", False) is recompute
     assert ('"recompute": true' in a.plan.dumps()) is recompute
+
+
+def _stash_inputs(p, m, recompute):
+    return PlanInputs(f"uniform:layers={p},fwd_ms=1,bwd_ms=2,act_mb=1,param_mb=10", f"{p}xideal", "pipedream", m,
+                      partition="uniform", recompute=recompute)
+
+
+@pytest.mark.parametrize("p, m", [(2, 3), (3, 5), (4, 7), (4, 12), (5, 9)])
+def test_peak_memory_pipedream_with_recompute(p, m):
+    """Async PipeDream: stashed weight versions plus the 1F1B activations, each at its own peak at one instant.
+
+    Rank r runs w = p − r − 1 warm-up forwards, then F(k + w), R(k), B(k), OPT_STEP(k) (``test_pipedream``), and
+    microbatch k uses the version made by max(0, k − w) updates. Two bounds hold at every instant:
+
+    * versions: at most p − r copies of the stage's weights P (PipeDream's ``warmup + 1``; the step retires the version
+      of its microbatch before it copies the new one, DESIGN §4 "p + stashed weight versions");
+    * activations: at most p − r microbatches in flight (1F1B, hardware.md §5), of which only the one between its R
+      and its B is whole (A); the others keep their checkpoint C: (p − r − 1)·C + A, as for 1F1B in
+      ``test_peak_memory_gpipe_and_1f1b``.
+
+    Both are reached together during R(w): microbatches w … 2w are in flight (needs 2w ≤ m − 1) and versions 0 … w
+    are alive (version 0 until the step of microbatch w, version u ≥ 1 until the step of microbatch u + w ≤ m − 1).
+    So for m ≥ 2p − 1 the peak above the training state is (p − r)·P + (p − r − 1)·C + A on rank r, and without
+    recomputation (p − r)·(P + A).
+    """
+    assert m >= 2 * p - 1
+    for recompute, activations in ((False, lambda r: (p - r) * A), (True, lambda r: (p - r - 1) * C + A)):
+        built, result = _simulate(_stash_inputs(p, m, recompute))
+        assert built.plan.weight_policy == "stash"
+        assert _activation_peaks(built, result) == [(p - r) * P + activations(r) for r in range(p)], recompute
+
+
+def _zb1p_peak(p, m, r, recompute):
+    """Closed-form peak activations of rank r under ZB-H1 (see the test below), bytes."""
+    w = p - r - 1
+    # During I(k): microbatches max(0, k − r) … min(k + w, m − 1) are in flight; those up to k are whole (R rebuilt
+    # them and their W has not run), the later ones hold only a checkpoint.
+    whole = [min(k, r) + 1 for k in range(m)]
+    checkpoints = [min(w, m - 1 - k) for k in range(m)]
+    if not recompute:
+        return max((h + c) * A for h, c in zip(whole, checkpoints))
+    return max(h * A + c * C for h, c in zip(whole, checkpoints))
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (3, 6), (4, 3), (2, 5), (5, 5)])
+def test_peak_memory_zb1p_with_recompute(p, m):
+    """ZB-H1 + recompute: only microbatches waiting for their R are small; from R to W a microbatch is whole.
+
+    Rank r (``sim.schedules.zero_bubble``) runs w = p − r − 1 warm-up forwards, then for k = 0 … m − 1: F(k + w) while
+    any is left, R(k), I(k), and from k = r on the W of the oldest microbatch, so the W of microbatch k − r runs right
+    after I(k). A microbatch's activations live from F to W (the engine's convention, DESIGN §4): W needs each
+    layer's input and output gradient, so what R rebuilt for I stays until W. The peak is during some I(k):
+    microbatches max(0, k − r) … k are whole, min(k, r) + 1 of them, and k + 1 … min(k + w, m − 1) hold a
+    checkpoint, min(w, m − 1 − k) of them (right after an F there is one whole fewer and one checkpoint more, which
+    is less since C < A). Peak = max_k (min(k, r) + 1)·A + min(w, m − 1 − k)·C; for m ≥ p it is at k = r:
+    (r + 1)·A + (p − r − 1)·C. Without recomputation every one is whole: min(p, m)·A for m ≥ p (the same as 1F1B's
+    first stage, hardware.md §5).
+
+    So recomputation saves (p − r − 1)(A − C) on rank r: nothing on the last rank. That is right for ZB-H1, not an
+    artefact: the last rank runs F(k), R(k), I(k) back to back, so no microbatch ever waits there with only its
+    checkpoint, and the microbatches whose W is deferred must keep what W reads (recomputing again before W would
+    cost another forward and is not what ``--recompute`` does).
+    """
+    built, plain = _simulate(_inputs("zb1p", p, m, recompute=False))
+    _, recomputed = _simulate(_inputs("zb1p", p, m))
+    plain_peaks, recomputed_peaks = _activation_peaks(built, plain), _activation_peaks(built, recomputed)
+    assert plain_peaks == [_zb1p_peak(p, m, r, False) for r in range(p)]
+    assert recomputed_peaks == [_zb1p_peak(p, m, r, True) for r in range(p)]
+    if m >= p:
+        assert plain_peaks == [p * A] * p
+        assert recomputed_peaks == [(r + 1) * A + (p - r - 1) * C for r in range(p)]
+    assert recomputed_peaks[-1] == plain_peaks[-1]  # the last rank saves nothing

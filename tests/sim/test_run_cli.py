@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from sim.ir import Plan
+from sim.models import build_model
 from sim.run import main
 from sim.viz.chrome_trace import read_chrome_trace
 
@@ -36,6 +37,24 @@ def test_writes_every_output_and_a_summary(tmp_path, capsys):
     assert "iteration time" in out.out and "bubble fraction" in out.out and "DGX-1" in out.out
 
 
+def test_summary_and_metrics_say_where_the_costs_come_from(tmp_path, capsys):
+    args = ["--topology", "2xcpu", "--model", "gpt:layers=2,hidden=64,seq=16,vocab=50", "-m", "2"]
+    code, out = _run(capsys, *args, "--out", str(tmp_path / "roofline"))
+    assert code == 0 and "costs roofline" in out.out
+    graph = build_model(Plan.loads((tmp_path / "roofline" / "plan.json").read_text()).model)
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({
+        "format": "pipedejavu-profile", "format_version": 1, "model": graph.spec,
+        "device": "cpu", "microbatch_size": 1, "p2p": {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9},
+        "layers": [{"name": layer.name, "fwd_s": 0.001, "bwd_s": 0.002} for layer in graph.layers]}))
+    code, out = _run(capsys, *args, "--profile", str(profile), "--out", str(tmp_path / "measured"))
+    assert code == 0
+    line = (f"measured profile {profile} (cpu, 1 sample(s) per microbatch) on ranks 0-1, roofline elsewhere; "
+            "measured p2p")
+    assert f"costs {line}" in out.out
+    assert json.loads((tmp_path / "measured" / "metrics.json").read_text())["plan"]["costs"] == line
+
+
 def test_same_inputs_give_byte_identical_plan_and_trace(tmp_path, capsys):
     for name in ("a", "b"):
         assert _run(capsys, *SMALL, "--schedule", "gpipe", "--no-gantt", "--out", str(tmp_path / name))[0] == 0
@@ -54,6 +73,17 @@ def test_schedule_csv_reads_back_to_the_same_plan(tmp_path, capsys):
     a = json.loads((tmp_path / "gen" / "metrics.json").read_text())
     b = json.loads((tmp_path / "file" / "metrics.json").read_text())
     assert a["iteration_time_s"] == b["iteration_time_s"]
+
+
+def test_schedule_defaults_to_1f1b_and_a_file_alone_names_it(tmp_path, capsys):
+    assert _run(capsys, *SMALL, "--no-gantt", "--out", str(tmp_path / "default"))[0] == 0
+    assert _run(capsys, *SMALL, "--schedule", "1f1b", "--no-gantt", "--out", str(tmp_path / "named"))[0] == 0
+    default = Plan.loads((tmp_path / "default" / "plan.json").read_text())
+    assert default.schedule == "1f1b"
+    assert default.programs == Plan.loads((tmp_path / "named" / "plan.json").read_text()).programs
+    csv = tmp_path / "default" / "schedule.csv"
+    assert _run(capsys, *SMALL, "--schedule-file", str(csv), "--no-gantt", "--out", str(tmp_path / "file"))[0] == 0
+    assert Plan.loads((tmp_path / "file" / "plan.json").read_text()).schedule == "file"
 
 
 def test_lists(capsys):
@@ -92,6 +122,17 @@ BAD = [
      "--microbatches 6 with 4 ranks"),
     (["--topology", "4xideal", "--model", "uniform", "--schedule", "interleaved"], "--chunks >= 2"),
     (["--topology", "2xideal", "--model", "uniform", "--chunks", "x"], "'x'"),
+    # csp takes none of the fixed schedules' options: each is named, not silently dropped.
+    (["--topology", "2xideal", "--space", "c0", "--schedule", "csp", "--recompute"], "--recompute"),
+    (["--topology", "2xideal", "--space", "c0", "--schedule", "csp", "--chunks", "2"], "--chunks"),
+    (["--topology", "2xideal", "--space", "c0", "--schedule", "csp", "--chunks", "1"], "--chunks"),
+    (["--topology", "2xideal", "--space", "c0", "--schedule", "csp", "--vertical-sync"], "--vertical-sync"),
+    (["--topology", "2xideal", "--space", "c0", "--schedule", "csp", "--schedule-file", "s.csv"], "--schedule-file"),
+    # An explicit --schedule next to --schedule-file would be ignored: both are the schedule, so one must go.
+    (["--topology", "2xideal", "--model", "uniform", "--schedule", "pipedream", "--schedule-file", "f.csv"],
+     "--schedule pipedream and --schedule-file f.csv"),
+    (["--topology", "2xideal", "--model", "uniform", "--schedule", "1f1b", "--schedule-file", "f.csv"],
+     "--schedule 1f1b and --schedule-file f.csv"),
 ]
 
 

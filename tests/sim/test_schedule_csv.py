@@ -27,8 +27,19 @@ def test_compute_comms_file_keeps_compute_actions_in_order(tmp_path):
     assert _ids(load_schedule_csv(path)) == [["0F0", "0I0", "0W0"], ["1F0", "1I0", "1W0"]]
 
 
+def test_dualpipev_overlap_cell_is_its_forward_then_its_backward(tmp_path):
+    # DualPipeV overlaps a forward of one stage with a full backward of another in one cell; read sequentially (the
+    # order PyTorch's runtime runs the sub-actions in), the pair costs F + B: an upper bound on the overlapped time.
+    path = tmp_path / "dualpipev.csv"
+    path.write_text("0F0,0F1,(0F2;1B0)OVERLAP_F_B,1B1,0RECV_B2,1B2\n")
+    assert _ids(load_schedule_csv(path)) == [["0F0", "0F1", "0F2", "1B0", "1B1", "1B2"]]
+
+
 @pytest.mark.parametrize("cell,message", [("0FOO1", "row 1, column 2"), ("0OPT_STEP", "not a compute op"),
-                                          ("0F", "has no microbatch")])
+                                          ("0F", "has no microbatch"),
+                                          ("(0F1;0F2)OVERLAP_F_B", "not an overlapped forward and full backward"),
+                                          ("(0F1;1SEND_B0)OVERLAP_F_B", "row 1, column 2"),
+                                          ("(0F1;1X0)OVERLAP_F_B", "row 1, column 2")])
 def test_bad_cells_are_named(tmp_path, cell, message):
     path = tmp_path / "bad.csv"
     path.write_text(f"0F0,{cell}\n")
