@@ -101,8 +101,21 @@ def load_profile(path: str | Path) -> MeasuredProfile:
     p2p = data.get("p2p") or {}
     if not isinstance(p2p, dict):
         raise SpecError(f"profile {source}: p2p must be an object")
-    return MeasuredProfile(
-        source, data["model"], data["device"], mbs, tuple(layers),
-        _number(p2p, "latency_s", f"profile {source}, p2p", required=False),
-        _number(p2p, "bandwidth_bytes_per_s", f"profile {source}, p2p", required=False),
-    )
+    latency = _number(p2p, "latency_s", f"profile {source}, p2p", required=False)
+    bandwidth = _number(p2p, "bandwidth_bytes_per_s", f"profile {source}, p2p", required=False)
+    if not _p2p_measured_on_profile_device(p2p.get("device"), data["device"]):
+        # A one-GPU host measures p2p between two CPU processes (profiles.p2p.choose_p2p): host loopback figures
+        # would be wrong for GPU-to-GPU links, so those transfers keep the topology's link model.
+        latency = bandwidth = None
+    return MeasuredProfile(source, data["model"], data["device"], mbs, tuple(layers), latency, bandwidth)
+
+
+def _p2p_measured_on_profile_device(p2p_device: Any, device: str) -> bool:
+    """Whether the profile's p2p figures were taken where its layers ran.
+
+    ``p2p.device`` is ``"cpu"`` (host memory) or ``"cuda"``; a profile without it (older files, the executor's
+    calibration, which measures the ranks' own transfers) counts as measured on its own device.
+    """
+    if p2p_device is None:
+        return True
+    return (p2p_device == "cpu") == (device == "cpu")

@@ -116,3 +116,18 @@ def test_profile_p2p_fit_replaces_link_model_between_its_devices(tmp_path):
     other = _profile(tmp_path, graph, device="v100-sxm2-32gb", p2p={"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9})
     assert CostModel(graph, topology, placement, 2, load_profile(other)).transfer_time(10**6, 0, 1) == \
         topology.transfer_time(10**6, 0, 1)
+
+
+def test_profile_p2p_from_host_loopback_is_not_used_for_gpu_links(tmp_path):
+    """A one-GPU profile's p2p was measured between CPU processes (p2p.device "cpu"): GPU links keep the link model."""
+    graph = build_model("gpt:layers=2,hidden=64,seq=16,vocab=50")
+    topology = Topology.parse("2xV100")
+    placement = Placement(((0, 2), (2, 4)), (0, 1))
+    fit = {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9}
+    device = topology.devices[0].name
+    host = load_profile(_profile(tmp_path, graph, device=device, p2p={**fit, "device": "cpu"}))
+    assert host.p2p_latency_s is None and host.p2p_bandwidth is None
+    assert CostModel(graph, topology, placement, 2, host).transfer_time(10**6, 0, 1) == \
+        topology.transfer_time(10**6, 0, 1)
+    gpu = load_profile(_profile(tmp_path, graph, device=device, p2p={**fit, "device": "cuda"}))
+    assert CostModel(graph, topology, placement, 2, gpu).transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
