@@ -1,9 +1,9 @@
 """Predicted versus measured: ``compare.json``, and the calibrated profile a run can write (DESIGN §7).
 
 The prediction is the simulator run on the very plan that executed, with the cost source the user names (a profile,
-or the hardware catalog's roofline). The measurement is the median iteration after warm-up. Per op kind both mean
-durations are listed, which is where a wrong prediction shows *why* it is wrong (compute too slow or fast,
-transfers, the optimizer step).
+or the hardware catalog's roofline). The measurement is the median iteration after warm-up (:func:`median_iteration`).
+Per op kind both mean durations are listed, which is where a wrong prediction shows *why* it is wrong (compute too
+slow or fast, transfers, the optimizer step).
 
 Calibration (``executor.run --calibrate-out``) turns a run into a profile for the simulator: the per-stage medians of
 F, B and OPT_STEP measured in place, with every rank busy, which on a shared CPU is 30–60% slower than the same op
@@ -11,6 +11,12 @@ measured alone (``../shared/reference/simulators.md``). A stage's measured time 
 proportion to the prior per-layer estimate (the profile or roofline the plan was simulated with), so the stage sums
 are the measured ones exactly and the layer shares keep the prior's shape; the point-to-point fit comes from a
 ping-pong sweep run inside the same process group.
+
+The profile is labelled with the device the ranks were measured on (:func:`profile_device`), not the device the
+plan names: a plan for V100s run on this host's CPU (no CUDA here, or ``--backend gloo``) yields a ``cpu`` profile,
+which ``sim.run`` then applies to ``cpu`` ranks only, where the numbers are true. Ranks on different kinds of
+device, or on a CUDA device the hardware catalog has no id for, cannot make one profile and are refused
+(``executor.run`` checks this before launch where it can see the devices).
 """
 
 from __future__ import annotations
@@ -25,16 +31,38 @@ from typing import Any
 from sim.costs import CostModel, layer_costs
 from sim.errors import SpecError
 from sim.graph import LayerGraph
+from sim.hardware import get_device
 from sim.ir import OpKind, Plan
 from sim.profile import PROFILE_FORMAT_VERSION
-from sim.topology import Topology
 from sim.trace import Trace
 
-__all__ = ["compare_report", "stage_medians", "calibrated_profile"]
+__all__ = ["compare_report", "stage_medians", "calibrated_profile", "median_iteration", "MEDIAN_RULE",
+           "device_catalog_id", "profile_device"]
+
+#: How "the median iteration" is chosen, for the files that report it (compare.json, metrics.json).
+MEDIAN_RULE = ("median over the iterations after warm-up; with an even count the lower of the two middle ones, so "
+               "the reported time is always that of a real iteration, the one drawn in trace.json and gantt.png")
 
 
 def _relative(measured: float, predicted: float) -> float | None:
     return (measured - predicted) / measured if measured > 0 else None
+
+
+def median_iteration(times: Sequence[float], warmup: int) -> tuple[int, float]:
+    """The index and time (s) of the median iteration after the first ``warmup`` ones (:data:`MEDIAN_RULE`).
+
+    The one definition of the measured iteration time: ``compare.json``, ``metrics.json``, the drawn trace and the
+    printed summary all use it. Ties between equal times go to the earliest iteration.
+
+    Raises:
+        ValueError: no iteration after warm-up.
+    """
+    measured = list(enumerate(times))[warmup:]
+    if not measured:
+        raise ValueError(f"no iterations after {warmup} warm-up iteration(s)")
+    median = statistics.median_low(t for _, t in measured)
+    index = next(i for i, t in measured if t == median)
+    return index, median
 
 
 def compare_report(predicted: Trace, measured: Sequence[Trace], *, cost_source: str) -> dict[str, Any]:
@@ -46,7 +74,8 @@ def compare_report(predicted: Trace, measured: Sequence[Trace], *, cost_source: 
         cost_source: where the prediction's costs came from, e.g. ``"profile runs/cal.json"`` or ``"roofline"``.
 
     Returns:
-        ``predicted_iteration_time_s``, ``measured_iteration_time_s`` (median over ``measured``),
+        ``predicted_iteration_time_s``, ``measured_iteration_time_s`` (:func:`median_iteration` of ``measured``,
+        stated in ``measured_statistic``),
         ``relative_error`` = (measured − predicted) / measured, ``measured_iterations_s``, and ``ops``: per op kind the
         ``count`` per iteration, ``predicted_mean_s``, ``measured_mean_s`` (over all measured iterations) and
         ``relative_error``.
@@ -57,7 +86,7 @@ def compare_report(predicted: Trace, measured: Sequence[Trace], *, cost_source: 
     if not measured:
         raise ValueError("no measured iterations to compare with")
     times = [trace.makespan for trace in measured]
-    measured_time = statistics.median(times)
+    _, measured_time = median_iteration(times, 0)
     predicted_time = predicted.makespan
     pred_kinds: dict[str, list[float]] = defaultdict(list)
     for span in predicted.spans:
@@ -79,6 +108,7 @@ def compare_report(predicted: Trace, measured: Sequence[Trace], *, cost_source: 
     return {
         "predicted_iteration_time_s": predicted_time,
         "measured_iteration_time_s": measured_time,
+        "measured_statistic": MEDIAN_RULE,
         "relative_error": _relative(measured_time, predicted_time),
         "measured_iterations_s": times,
         "cost_source": cost_source,
@@ -105,30 +135,58 @@ def _split(total: float, prior: Sequence[float]) -> list[float]:
     return [total * p / weight for p in prior]
 
 
-def calibrated_profile(plan: Plan, graph: LayerGraph, topology: Topology, prior: CostModel,
-                       medians: dict[tuple[int, str], float], *, p2p: tuple[float, float] | None,
-                       machine: dict[str, Any], software: dict[str, Any], iterations: int) -> dict[str, Any]:
+def device_catalog_id(name: str) -> str | None:
+    """The hardware-catalog id of a device a rank reported: ``"cpu"``, or a CUDA device name looked up the way
+    ``profiles.measure`` does (``"NVIDIA H100 80GB HBM3"`` → ``"h100-sxm5-80gb"``); ``None`` if it has none."""
+    if name == "cpu":
+        return "cpu"
+    from profiles.measure import catalog_id_for_gpu  # imports torch; only GPU runs get here
+
+    return catalog_id_for_gpu(name)
+
+
+def profile_device(measured_names: Sequence[str]) -> str:
+    """The catalog id a calibrated profile is labelled with: the one device every rank was measured on.
+
+    Args:
+        measured_names: per rank, the device it runs on, as :class:`executor.measured.RankReport` names it
+            (``"cpu"`` or ``torch.cuda.get_device_name``).
+
+    Raises:
+        SpecError: the ranks ran on different kinds of device, or on a CUDA device with no catalog id.
+    """
+    ids = {name: device_catalog_id(name) for name in measured_names}
+    unknown = sorted(name for name, found in ids.items() if found is None)
+    if unknown:
+        raise SpecError(f"--calibrate-out: the ranks run on {', '.join(map(repr, unknown))}, which the hardware "
+                        f"catalog (profiles/hardware/devices.yaml) has no id for; a profile must name a catalog device")
+    kinds = sorted(set(ids.values()))
+    if len(kinds) != 1:
+        raise SpecError(f"--calibrate-out needs every rank on one device kind (a profile names one), but the ranks "
+                        f"run on {', '.join(kinds) or 'no device'}")
+    return kinds[0]
+
+
+def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians: dict[tuple[int, str], float], *,
+                       device: str, p2p: tuple[float, float] | None, machine: dict[str, Any],
+                       software: dict[str, Any], iterations: int) -> dict[str, Any]:
     """A measured-profile JSON object (``profiles/README.md``) from in-place stage medians.
 
     Args:
         plan: the plan that ran.
         graph: its model.
-        topology: its topology; every rank must be the same device (a profile names one device).
-        prior: the cost model the plan was simulated with; its per-layer times set each layer's share.
-        medians: :func:`stage_medians` of the measured iterations.
+        prior: the cost model the plan was simulated with; its profile (if any) with the roofline of ``device`` sets
+            each layer's share of its stage's time.
+        medians: :func:`stage_medians` of the measured iterations, s.
+        device: catalog id of the device every rank ran on (:func:`profile_device`); the profile's ``device``.
         p2p: ``(latency s, bandwidth bytes/s)`` fitted in place, or ``None``.
         machine, software: provenance.
         iterations: how many iterations the medians are over.
 
     Raises:
-        SpecError: the plan's ranks run on different devices, or a stage has no measured F or B.
+        SpecError: ``device`` is not in the catalog, or a stage has no measured F or B.
     """
-    names = {topology.devices[r].name for r in range(plan.num_ranks)}
-    if len(names) != 1:
-        raise SpecError(f"--calibrate-out needs every rank on one device kind (a profile names one), got "
-                        f"{', '.join(sorted(names))}")
-    device = topology.devices[0].name
-    base = layer_costs(graph, topology.devices[0], plan.microbatch_size, prior.profile)
+    base = layer_costs(graph, get_device(device), plan.microbatch_size, prior.profile)
     layers: list[dict[str, Any]] = []
     for v, (start, end) in enumerate(plan.placement.vstage_layers):
         for kind in ("F", "B"):
@@ -144,7 +202,7 @@ def calibrated_profile(plan: Plan, graph: LayerGraph, topology: Topology, prior:
         "format": "pipedejavu-profile",
         "format_version": PROFILE_FORMAT_VERSION,
         "model": graph.spec,
-        "device": device,
+        "device": get_device(device).name,
         "microbatch_size": plan.microbatch_size,
         "layers": layers,
         "method": {

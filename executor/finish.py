@@ -4,25 +4,34 @@ Writes into ``--out`` exactly what ``sim.run`` writes for a simulation, through 
 (:func:`sim.outputs.write_run_outputs`): ``metrics.json``, ``trace.json`` and ``gantt.png`` of the median measured
 iteration; plus ``compare.json`` (predicted vs measured), ``plan.json`` (the plan that ran) and, with
 ``--calibrate-out``, a calibrated profile. ``metrics.json`` also carries every iteration's time and the losses.
+
+"The median iteration" has one definition (:func:`executor.compare.median_iteration`: the lower median when the count
+is even), so the iteration time in ``metrics.json``, the ``measured_iteration_time_s`` of ``compare.json``, the drawn
+trace and the printed summary are the same number.
 """
 
 from __future__ import annotations
 
-import platform
 import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy
-import torch
-
 from executor.clock import ClockOffset
-from executor.compare import calibrated_profile, compare_report, stage_medians
-from executor.measured import RankReport, iteration_times, measured_trace, median_iteration
+from executor.compare import (
+    MEDIAN_RULE,
+    calibrated_profile,
+    compare_report,
+    device_catalog_id,
+    median_iteration,
+    profile_device,
+    stage_medians,
+)
+from executor.measured import RankReport, iteration_times, measured_trace
 from executor.worker import RunOptions, host_cores
 from profiles.p2p import fit_latency_bandwidth
+from profiles.provenance import cpu_model, software_versions
 from sim.costs import CostModel
 from sim.engine import simulate
 from sim.errors import SpecError
@@ -45,10 +54,12 @@ def prediction_profile(plan, explicit: str | None) -> str | None:
 def finish_run(plan, options: RunOptions, reports: Sequence[RankReport], offsets: Sequence[ClockOffset],
                sweep: tuple[tuple[int, ...], list[float]] | None) -> None:
     """Build the measured traces, simulate the plan, and write every output; prints a short summary."""
+    # Checked before anything is written (executor.run checks it before launch where it can see the devices).
+    calibration_device = profile_device([r.device for r in reports]) if options.calibrate_out else None
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     times = iteration_times(plan, reports, offsets)
-    index, _ = median_iteration(times, options.warmup)
+    index, median_time = median_iteration(times, options.warmup)
     meta = {"devices_threads": [r.threads for r in reports],
             "clock_uncertainty_s": max(o.uncertainty_s for o in offsets)}
     measured = [measured_trace(plan, reports, offsets, i, meta) for i in range(options.warmup, len(times))]
@@ -62,10 +73,14 @@ def finish_run(plan, options: RunOptions, reports: Sequence[RankReport], offsets
     predicted = simulate(plan, costs, topology, check_memory=False).trace
     cost_source = f"profile {profile_path}" if profile_path else "roofline (hardware catalog)"
     compare = compare_report(predicted, measured, cost_source=cost_source)
+    assert compare["measured_iteration_time_s"] == median_time == median_trace.makespan  # one definition
     measured_devices = sorted({r.device for r in reports})
     planned_devices = sorted({d.name for d in topology.devices[: plan.num_ranks]})
+    measured_ids = sorted({device_catalog_id(name) or name for name in measured_devices})
     compare["devices"] = {"planned": planned_devices, "measured": measured_devices}
-    if measured_devices != planned_devices:
+    # A GPU plan run on this host's CPU was announced before launch (executor.run.choose_backend); this catches the
+    # rest, e.g. a V100 plan run on A100s.
+    if measured_ids != planned_devices and measured_ids != ["cpu"]:
         print(f"warning: the plan was made for {', '.join(planned_devices)} but ran on "
               f"{', '.join(measured_devices)}; the prediction describes the planned hardware", file=sys.stderr)
 
@@ -77,7 +92,8 @@ def finish_run(plan, options: RunOptions, reports: Sequence[RankReport], offsets
         "iteration": index,
         "warmup_iterations": options.warmup,
         "iteration_times_s": times,
-        "median_iteration_time_s": compare["measured_iteration_time_s"],
+        "median_iteration_time_s": median_time,
+        "statistic": MEDIAN_RULE,
         "threads_per_rank": [r.threads for r in reports],
         "clock_uncertainty_s": meta["clock_uncertainty_s"],
         "optimizer": options.optimizer,
@@ -91,14 +107,17 @@ def finish_run(plan, options: RunOptions, reports: Sequence[RankReport], offsets
 
     if options.calibrate_out:
         p2p = _in_place_p2p(plan, costs, measured, sweep) if sweep else None
-        machine = {"cores": host_cores(), "threads_per_rank": [r.threads for r in reports],
-                   "device": measured_devices}
-        software = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
-        calibrated = calibrated_profile(plan, graph, topology, costs, stage_medians(measured), p2p=p2p,
-                                        machine=machine, software=software, iterations=len(measured))
+        gpus = [name for name in measured_devices if name != "cpu"]
+        machine = {"cpu": cpu_model(), "gpu": ", ".join(gpus) or None, "cores": host_cores(),
+                   "threads_per_rank": [r.threads for r in reports], "device": measured_devices}
+        calibrated = calibrated_profile(plan, graph, costs, stage_medians(measured),
+                                        device=calibration_device, p2p=p2p,
+                                        machine=machine, software=software_versions(), iterations=len(measured))
         if sweep:
-            calibrated["p2p"].update({"sweep_sizes_bytes": list(sweep[0]), "sweep_one_way_s": list(sweep[1]),
-                                      "method": P2P_METHOD})
+            # With no fit (too noisy) the profile still keeps the sweep, so the reason can be inspected, but has no
+            # latency or bandwidth: sim.costs then keeps the topology's link model for transfers.
+            calibrated.setdefault("p2p", {}).update({"sweep_sizes_bytes": list(sweep[0]),
+                                                     "sweep_one_way_s": list(sweep[1]), "method": P2P_METHOD})
         target = Path(options.calibrate_out)
         target.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(calibrated, target)

@@ -14,7 +14,6 @@ consumer's start, which is when the data became useful.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ from executor.clock import ClockOffset
 from sim.ir import RECV_KINDS, SEND_KINDS, Op, Plan, stream_of
 from sim.trace import Span, Trace
 
-__all__ = ["RankReport", "measured_trace", "iteration_times", "median_iteration"]
+__all__ = ["RankReport", "measured_trace", "iteration_times"]
 
 
 @dataclass(frozen=True)
@@ -92,17 +91,3 @@ def iteration_times(plan: Plan, reports: Sequence[RankReport], offsets: Sequence
     """The measured time of every iteration (warm-up included), s: first op start to last op end over all ranks."""
     count = min(len(report.timings) for report in reports)
     return [measured_trace(plan, reports, offsets, i).makespan for i in range(count)]
-
-
-def median_iteration(times: Sequence[float], warmup: int) -> tuple[int, float]:
-    """The index and time of the median iteration after the first ``warmup`` ones (the lower median when even).
-
-    Raises:
-        ValueError: no iteration after warm-up.
-    """
-    measured = list(enumerate(times))[warmup:]
-    if not measured:
-        raise ValueError(f"no iterations after {warmup} warm-up iteration(s)")
-    median = statistics.median_low(t for _, t in measured)
-    index = next(i for i, t in measured if t == median)
-    return index, median

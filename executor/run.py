@@ -5,16 +5,23 @@ Example::
     python -m sim.run --topology 2xcpu --model gpt:layers=4,hidden=256 --schedule 1f1b --microbatches 8 --out runs/c
     python -m executor.run --plan runs/c/plan.json --iterations 5 --out runs/c-real
 
-Started by hand, it checks the plan (an invalid one, a model with no torch implementation, or more ranks than CUDA
-devices is rejected with one ``error: ...`` line and status 2 before any process starts), then launches one process
-per rank on this host with PyTorch's own launcher (``torch.distributed.launcher.elastic_launch``, the machinery of
-``torchrun --standalone``), each of which re-enters this module as a worker. Started by ``torchrun`` itself (e.g.
-``torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m executor.run --plan ...`` on every host),
-it is already a worker. Backend: NCCL when CUDA is available, else gloo; ``--backend`` overrides.
+Started by hand, it checks the plan and the options before any process starts: an invalid plan, more ranks than its
+topology has devices, a model with no torch implementation, more ranks than CUDA devices, a backend that does not fit
+the plan's devices, or an unusable ``--out``/``--calibrate-out`` path is rejected with one ``error: ...`` line and
+status 2. It then launches one process per rank on this host with PyTorch's own launcher
+(``torch.distributed.launcher.elastic_launch``, the machinery of ``torchrun --standalone``), each of which re-enters
+this module as a worker. Started by ``torchrun`` itself (e.g. ``torchrun --nnodes 2 --nproc-per-node 4
+--rdzv-endpoint host:29500 -m executor.run --plan ...`` on every host), it is already a worker.
+
+Backend (:func:`choose_backend`) follows the plan's devices, not the host: gloo for a plan on ``cpu``, NCCL for a
+plan on GPUs when CUDA is there. A GPU plan on a host without CUDA runs every rank on the CPU with gloo, after a
+``warning:`` that the measurement describes this CPU; ``--backend`` overrides within those rules.
 
 Rank 0 writes ``plan.json``, ``metrics.json``, ``trace.json``, ``gantt.png`` (the median measured iteration, with the
 simulator's own code) and ``compare.json`` into ``--out``. If a rank fails, every rank stops, and this command
-prints the first failing rank's ``error: rank R failed at op X: ...`` and exits with status 1.
+prints exactly one line, the first failing rank's ``error: rank R failed at op X: <its exception>``, and exits with
+status 1; every rank's error and traceback (the first failure's echoes on other ranks included) is kept in
+``--out/errors.log``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,9 +40,10 @@ from executor.optim import OPTIMIZERS
 from executor.worker import FAILURE_DIR_ENV, RunOptions, worker_main
 from sim.errors import SpecError, fail, run_cli
 from sim.ir import Plan
-from sim.validate import validate
+from sim.topology import Topology
+from sim.validate import check_topology, validate
 
-__all__ = ["main", "make_parser", "load_checked_plan"]
+__all__ = ["main", "make_parser", "load_checked_plan", "choose_backend", "check_output_path"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +61,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iterations", type=int, default=5, help="measured iterations after warm-up (default 5)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up iterations, trained but not measured "
                         "(default 2)")
-    parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl with CUDA, else gloo")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: gloo for a cpu plan, nccl for a GPU "
+                        "plan on a host with CUDA, else gloo")
     parser.add_argument("--threads", type=int, help="intra-op threads per rank (default: cores / ranks on the host)")
     parser.add_argument("--seed", type=int, default=0, help="parameter seed (default 0)")
     parser.add_argument("--data-seed", type=int, default=0, help="synthetic data seed (default 0)")
@@ -70,7 +80,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def load_checked_plan(path: str) -> Plan:
-    """Read a plan and check that the executor can run it: valid, lowered, known kinds, a torch model.
+    """Read a plan and check that the executor can run it: valid, enough devices in its topology for its ranks,
+    lowered, known kinds, a torch model.
 
     Raises:
         SpecError: with the reason, naming the file or the value.
@@ -79,6 +90,7 @@ def load_checked_plan(path: str) -> Plan:
 
     plan = Plan.loads(Path(path).read_text(), source=path)
     validate(plan)
+    check_topology(plan)
     check_supported(plan)
     boundary_specs(plan.model, [0], 1)
     return plan
@@ -103,6 +115,9 @@ def _options(args: argparse.Namespace, plan: Plan) -> RunOptions:
         if op_id not in {op.id for op in plan.programs[int(rank_text)]}:
             raise SpecError(f"--inject-failure {args.inject_failure!r}: rank {rank_text} has no op {op_id!r}")
         inject = (int(rank_text), op_id)
+    check_output_path("--out", args.out, directory=True)
+    if args.calibrate_out:
+        check_output_path("--calibrate-out", args.calibrate_out, directory=False)
     if args.profile:
         from sim.profile import load_profile
 
@@ -120,17 +135,105 @@ def _options(args: argparse.Namespace, plan: Plan) -> RunOptions:
     )
 
 
-def _choose_backend(requested: str | None, num_ranks: int) -> str:
-    import torch
+def check_output_path(flag: str, path: str, *, directory: bool) -> None:
+    """Check before launch that ``path`` can be written when the run ends, without creating anything.
 
-    backend = requested or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        if not torch.cuda.is_available():
+    Missing parents are created at the end (as for ``--out``), so the nearest existing ancestor must be a writable
+    directory. With ``directory`` (``--out``) an existing ``path`` must be a directory; otherwise (a file, such as
+    ``--calibrate-out``) it must not be one.
+
+    Raises:
+        SpecError: naming the flag and the path.
+    """
+    target = Path(path).absolute()
+    if directory and target.exists() and not target.is_dir():
+        raise SpecError(f"{flag} {path!r} exists and is not a directory")
+    if not directory and target.is_dir():
+        raise SpecError(f"{flag} {path!r} is a directory; name the file to write, e.g. {Path(path) / 'profile.json'}")
+    ancestor = target if directory else target.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise SpecError(f"{flag} {path!r}: {str(ancestor)!r} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise SpecError(f"{flag} {path!r}: cannot write in {str(ancestor)!r}")
+
+
+def choose_backend(requested: str | None, planned_devices: Sequence[str], *, cuda_available: bool,
+                   cuda_devices: int | None = None) -> tuple[str, str | None]:
+    """The process-group backend for a plan, and a warning to show first (or ``None``).
+
+    Pure: the caller says what torch sees. The plan's devices decide, not the host (DESIGN §7: gloo on CPU, NCCL on
+    CUDA, one rank per GPU); a rank runs on CUDA exactly when the backend is nccl (``executor.worker``):
+
+    - every rank planned on ``cpu``: gloo; nccl is refused.
+    - a rank planned on a GPU, CUDA here: nccl, unless ``--backend gloo`` (which runs every rank on the CPU, with a
+      warning). A plan that also has ``cpu`` ranks gets gloo (NCCL cannot serve them), with the same warning.
+    - a rank planned on a GPU, no CUDA here: gloo on the CPU with a warning that the measurement describes this CPU,
+      not the planned devices; this still checks a GPU plan's correctness (and losses) on any machine. nccl is
+      refused.
+
+    Args:
+        requested: ``--backend``, or ``None`` for the default.
+        planned_devices: the plan's device of each rank (catalog ids, ``topology.devices[r].name``).
+        cuda_available: ``torch.cuda.is_available()``.
+        cuda_devices: CUDA devices on this host, checked against the ranks when nccl is chosen for a launch on this
+            host; ``None`` skips the check (ranks spread over hosts by the user's torchrun).
+
+    Raises:
+        SpecError: nccl asked for a plan with ``cpu`` ranks, or with no CUDA here, or too few CUDA devices.
+    """
+    cpu_ranks = [rank for rank, name in enumerate(planned_devices) if name == "cpu"]
+    gpus = sorted({name for name in planned_devices if name != "cpu"})
+    if requested == "nccl" and cpu_ranks:
+        which = "every rank" if not gpus else f"rank(s) {', '.join(map(str, cpu_ranks))}"
+        raise SpecError(f"--backend nccl: the plan puts {which} on cpu, and NCCL runs on CUDA devices only; "
+                        f"use gloo (the default for cpu plans)")
+    if not gpus:
+        return "gloo", None
+    on_cpu = (f"warning: the plan puts ranks on {', '.join(gpus)}, but every rank will run on this host's CPU with "
+              f"gloo ({{why}}); the measurement describes this CPU, not the planned devices")
+    if requested == "gloo":
+        return "gloo", on_cpu.format(why="--backend gloo")
+    if not cuda_available:
+        if requested == "nccl":
             raise SpecError("--backend nccl needs CUDA, and torch sees no CUDA device here")
-        if torch.cuda.device_count() < num_ranks:
-            raise SpecError(f"the plan has {num_ranks} ranks but this host has {torch.cuda.device_count()} CUDA "
-                            f"device(s) (one rank per GPU)")
-    return backend
+        return "gloo", on_cpu.format(why="torch sees no CUDA device here")
+    if cpu_ranks:
+        return "gloo", on_cpu.format(why=f"rank(s) {', '.join(map(str, cpu_ranks))} are planned on cpu, which NCCL "
+                                         f"cannot serve")
+    if cuda_devices is not None and cuda_devices < len(planned_devices):
+        raise SpecError(f"the plan has {len(planned_devices)} ranks but this host has {cuda_devices} CUDA device(s) "
+                        f"(one rank per GPU)")
+    return "nccl", None
+
+
+def _planned_devices(plan: Plan) -> list[str]:
+    return [device.name for device in Topology.parse(plan.topology).devices[: plan.num_ranks]]
+
+
+def _check_calibration_device(backend: str, num_ranks: int) -> None:
+    """``--calibrate-out`` before a launch on this host: the ranks' devices must make one profile (``compare``)."""
+    from executor.compare import profile_device
+
+    if backend == "gloo":
+        names = ["cpu"] * num_ranks
+    else:
+        import torch
+
+        names = [torch.cuda.get_device_name(i) for i in range(num_ranks)]  # rank r runs on cuda:r
+    profile_device(names)
+
+
+def _read_failures(directory: str) -> list[dict]:
+    """The ranks' failure records, oldest first; a record cut short by a terminated rank is skipped."""
+    records = []
+    for path in Path(directory).glob("rank*.json"):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(records, key=lambda r: r["time"])
 
 
 def _launch(options: RunOptions, argv: list[str], num_ranks: int) -> int:
@@ -146,30 +249,48 @@ def _launch(options: RunOptions, argv: list[str], num_ranks: int) -> int:
         try:
             launch_local("executor.run", worker_argv, num_ranks)
         except ChildFailedError as exc:
-            records = [json.loads(p.read_text()) for p in sorted(Path(failures).glob("rank*.json"))]
-            if records:
-                first = min(records, key=lambda r: r["time"])
-                print(f"error: {first['message']}", file=sys.stderr)
-                bad_input = any(code == 2 for code in (f.exitcode for f in exc.failures.values()))
-                return 2 if bad_input and first.get("op") is None else 1
-            codes = sorted({f"rank {rank}: exit {f.exitcode}" for rank, f in exc.failures.items()})
-            print(f"error: a worker failed without reporting why ({', '.join(codes)})", file=sys.stderr)
-            return 1
+            records = _read_failures(failures)
+            if not records:
+                codes = sorted({f"rank {rank}: exit {f.exitcode}" for rank, f in exc.failures.items()})
+                print(f"error: a worker failed without reporting why ({', '.join(codes)})", file=sys.stderr)
+                return 1
+            first = records[0]  # the others are its echoes (a peer's closed connection), kept for the log only
+            try:
+                log = Path(options.out, "errors.log")
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text("".join(f"rank {r['rank']} at {r['time']:.6f}: {r['message']}\n{r['traceback']}\n"
+                                       for r in records))
+            except OSError:
+                pass  # the log is a courtesy; the error line below is the report
+            print(f"error: {first['message']}", file=sys.stderr)
+            bad_input = any(code == 2 for code in (f.exitcode for f in exc.failures.values()))
+            return 2 if bad_input and first.get("op") is None else 1
     return 0
 
 
 def _run(argv: list[str] | None) -> int:
+    import torch
+
     argv = list(sys.argv[1:] if argv is None else argv)
     args = make_parser().parse_args(argv)
     plan = load_checked_plan(args.plan)
     options = _options(args, plan)
+    planned = _planned_devices(plan)
     if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        if args.backend is None:
-            import torch
-
-            options = replace(options, backend="nccl" if torch.cuda.is_available() else "gloo")
-        return worker_main(options)  # started by torchrun: this process is one rank
-    options = replace(options, backend=_choose_backend(args.backend, plan.num_ranks))
+        # Started by torchrun: this process is one rank. Its hosts' CUDA devices are not visible from here, so the
+        # count is not checked (the worker fails on a missing device), nor is the calibration device (finish_run).
+        backend, warning = choose_backend(args.backend, planned, cuda_available=torch.cuda.is_available())
+        if warning and os.environ.get("RANK") == "0" and FAILURE_DIR_ENV not in os.environ:
+            print(warning, file=sys.stderr)  # under our own launcher, the launcher has said it already
+        return worker_main(replace(options, backend=backend))
+    cuda = torch.cuda.is_available()
+    backend, warning = choose_backend(args.backend, planned, cuda_available=cuda,
+                                      cuda_devices=torch.cuda.device_count() if cuda else 0)
+    options = replace(options, backend=backend)
+    if options.calibrate_out:
+        _check_calibration_device(backend, plan.num_ranks)
+    if warning:
+        print(warning, file=sys.stderr)
     print(f"running {plan.schedule} plan {args.plan}: {plan.num_ranks} ranks, backend {options.backend}, "
           f"{options.warmup} warm-up + {options.iterations} measured iterations")
     sys.stdout.flush()

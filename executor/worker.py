@@ -5,19 +5,21 @@ several hosts; either way the rendezvous has set ``RANK``, ``WORLD_SIZE``, ``LOC
 ``MASTER_ADDR`` and ``MASTER_PORT``. The plan has been checked before launch, and is checked again here against the
 world size (a user's torchrun may start any number of processes).
 
-Failure (DESIGN §7): if anything raises, the rank prints one ``error: rank R failed at op X: ...`` line, records it
-in the failure directory the launcher gave it (so the launcher can report the first failure, not the echoes of it
-on the other ranks), and leaves with ``os._exit(1)`` at once. Exiting without tearing the process group down is
+Failure (DESIGN §7): if anything raises, the rank records ``rank R failed at op X: <the op's exception>`` (and its
+traceback) in the failure directory the launcher gave it, and leaves with ``os._exit(1)`` at once. The launcher then
+prints the first failure as the command's one ``error:`` line; the echoes of it on the other ranks (a peer's
+"Connection reset by peer") go only to its log, ``--out/errors.log``. A rank started by a user's ``torchrun`` has
+no launcher listening, so it prints its own ``error:`` line. Exiting without tearing the process group down is
 deliberate: a clean shutdown would wait on peers that may never answer. The peers then either fail on the closed
 connection or are stopped by torchrun's agent, which terminates the whole group when one worker exits non-zero.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -32,9 +34,10 @@ from executor.measured import RankReport
 from executor.modules import boundary_specs, build_stage, loss_fn, synthetic_batch
 from executor.optim import make_optimizer
 from sim.errors import SpecError
+from sim.fileio import write_json_atomic
 from sim.ir import Plan
 
-__all__ = ["RunOptions", "FAILURE_DIR_ENV", "worker_main", "p2p_sweep"]
+__all__ = ["RunOptions", "FAILURE_DIR_ENV", "worker_main", "p2p_sweep", "failure_message"]
 
 #: Environment variable naming the directory where a failing rank records its error for the launcher.
 FAILURE_DIR_ENV = "PIPEDEJAVU_FAILURE_DIR"
@@ -88,21 +91,35 @@ def _env_int(name: str) -> int:
     return int(value)
 
 
-def _record_failure(rank: int, exc: BaseException) -> None:
-    """Print the rank's one-line error and leave it where the launcher looks; never raises."""
+def failure_message(rank: int, exc: BaseException) -> str:
+    """How a rank's failure reads after ``error: ``: ``rank R failed at op X: <Type>: <text>`` for an op that raised
+    (the op's own exception, not its :class:`executor.interpreter.OpFailure` wrapper, whose text repeats the op id),
+    ``rank R: <text>`` for bad input (the message already says what is wrong), else ``rank R failed: <Type>: <text>``.
+    """
     op_id = getattr(exc, "op_id", None)
-    where = f" at op {op_id}" if op_id else ""
     if isinstance(exc, SpecError):
-        message = f"rank {rank}: {exc}"  # bad input: the message already says what is wrong
-    else:
-        message = f"rank {rank} failed{where}: {exc if op_id else f'{type(exc).__name__}: {exc}'}"
+        return f"rank {rank}: {exc}"
+    cause = exc.__cause__ if op_id and exc.__cause__ is not None else exc
+    text = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+    return f"rank {rank} failed at op {op_id}: {text}" if op_id else f"rank {rank} failed: {text}"
+
+
+def _record_failure(rank: int, exc: BaseException) -> None:
+    """Leave the rank's failure where the launcher looks, or print it if no launcher listens; never raises."""
+    message = failure_message(rank, exc)
     try:
-        print(f"error: {message}", file=sys.stderr, flush=True)
         directory = os.environ.get(FAILURE_DIR_ENV)
         if directory:
-            record = {"rank": rank, "op": op_id, "message": message, "time": time.time()}
-            Path(directory, f"rank{rank}.json").write_text(json.dumps(record))
-    except Exception:  # noqa: BLE001 - reporting must not mask the original failure
+            # Atomic: the launcher may read the directory while a peer that is failing in turn gets terminated.
+            record = {"rank": rank, "op": getattr(exc, "op_id", None), "message": message, "time": time.time(),
+                      "traceback": "".join(traceback.format_exception(exc))}
+            write_json_atomic(record, Path(directory, f"rank{rank}.json"))
+            return
+    except Exception:  # noqa: BLE001 - reporting must not mask the original failure; print it instead
+        pass
+    try:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001
         pass
 
 

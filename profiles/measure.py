@@ -7,16 +7,17 @@ Example::
         --out runs/gpt4
 
 writes the schema of ``profiles/README.md``: each layer's forward, backward and optimizer time
-(:mod:`profiles.layer_timing`), the point-to-point latency and bandwidth between two processes (:mod:`profiles.p2p`)
-and, on CUDA, host↔device copy bandwidth (:mod:`profiles.host_copy`), plus where, with what and when it was
-measured. Bad input prints one ``error: ...`` line, exits with status 2 and writes nothing.
+(:mod:`profiles.layer_timing`), the point-to-point latency and bandwidth between two processes (:mod:`profiles.p2p`;
+on a host with a single GPU, between two CPU processes, as :func:`profiles.p2p.choose_p2p` decides and ``p2p.device``
+records) and, on CUDA, host↔device copy bandwidth (:mod:`profiles.host_copy`), plus where, with what and when it was
+measured (:mod:`profiles.provenance`). Bad input prints one ``error: ...`` line, exits with
+status 2 and writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import socket
 import sys
@@ -25,13 +26,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from executor.modules import TORCH_MODELS
 from executor.optim import OPTIMIZERS
 from profiles.layer_timing import LayerMeasurement, time_layers
-from profiles.p2p import P2PError, fit_latency_bandwidth, ping_pong, power_of_two_sizes
+from profiles.p2p import P2PChoice, P2PError, choose_p2p, fit_latency_bandwidth, ping_pong, power_of_two_sizes
+from profiles.provenance import cpu_model, software_versions
 from sim.errors import SpecError, fail, run_cli
 from sim.fileio import write_json_atomic
 from sim.hardware import get_device
@@ -152,17 +153,6 @@ def _resolve_device(kind: str, device_name: str | None) -> tuple[torch.device, s
     return device, get_device(device_name).name, gpu_name
 
 
-def _cpu_model() -> str | None:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what ``platform`` knows, else None."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def _profile_json(args: argparse.Namespace, spec: str, device_id: str, gpu_name: str | None,
                   layers: tuple[LayerMeasurement, ...], p2p: dict[str, Any] | None, p2p_note: str,
                   host_copy: dict[str, float] | None) -> dict[str, Any]:
@@ -184,10 +174,9 @@ def _profile_json(args: argparse.Namespace, spec: str, device_id: str, gpu_name:
             "p2p": p2p_note,
         },
         "layers": [asdict(m) for m in layers],
-        "machine": {"hostname": socket.gethostname(), "cpu": _cpu_model(), "gpu": gpu_name,
+        "machine": {"hostname": socket.gethostname(), "cpu": cpu_model(), "gpu": gpu_name,
                     "cores": os.cpu_count(), "threads": torch.get_num_threads()},
-        "software": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-                     "cuda": torch.version.cuda},
+        "software": software_versions(),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     if p2p is not None:
@@ -209,20 +198,22 @@ def format_table(layers: tuple[LayerMeasurement, ...]) -> str:
     return "\n".join(rows)
 
 
-def _measure_p2p(args: argparse.Namespace, device: torch.device,
+def _measure_p2p(args: argparse.Namespace, choice: P2PChoice,
                  sizes: tuple[int, ...]) -> tuple[dict[str, Any], str]:
-    """The profile's ``p2p`` object and the method note; without a fit when the medians admit none.
+    """The profile's ``p2p`` object (with the ``backend`` and ``device`` it was measured with) and the method note;
+    without a fit when the medians admit none.
 
     Raises:
         P2PError: the ping-pong itself failed.
     """
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = choice.backend
+    assert backend is not None, "nothing to measure: the caller checks the choice"
     result = ping_pong(sizes, warmup=args.warmup, repeats=args.p2p_repeats, backend=backend,
                        timeout_s=args.p2p_timeout)
-    p2p: dict[str, Any] = {"backend": backend, "sizes_bytes": list(result.sizes_bytes),
+    p2p: dict[str, Any] = {"backend": backend, "device": choice.device, "sizes_bytes": list(result.sizes_bytes),
                            "one_way_s": list(result.one_way_s), "one_way_min_s": list(result.one_way_min_s)}
-    note = (f"{backend} ping-pong between two processes, sizes interleaved in every round, one-way = median round "
-            f"trip / 2; time = latency + bytes / bandwidth fitted by least squares on relative residuals")
+    note = (f"{choice.note}, sizes interleaved in every round, one-way = median round trip / 2; time = latency + "
+            f"bytes / bandwidth fitted by least squares on relative residuals")
     try:
         latency, bandwidth = fit_latency_bandwidth(result.sizes_bytes, result.one_way_s)
     except SpecError as exc:
@@ -230,7 +221,7 @@ def _measure_p2p(args: argparse.Namespace, device: torch.device,
         print(f"warning: no p2p fit: {exc}", file=sys.stderr)
         return p2p, f"{note}; the fit failed ({exc})"
     p2p.update(latency_s=latency, bandwidth_bytes_per_s=bandwidth)
-    print(f"p2p ({backend}): latency {latency * 1e6:.1f} µs, bandwidth {bandwidth / 1e9:.3f} GB/s "
+    print(f"p2p ({backend}, {choice.device}): latency {latency * 1e6:.1f} µs, bandwidth {bandwidth / 1e9:.3f} GB/s "
           f"({len(sizes)} sizes, {sizes[0]}..{sizes[-1]} bytes, median of {args.p2p_repeats})")
     return p2p, note
 
@@ -245,20 +236,23 @@ def _run(argv: list[str] | None) -> int:
     if threads is not None:
         torch.set_num_threads(threads)
 
-    print(f"measuring {spec} on {device_id} ({gpu_name or _cpu_model() or 'cpu'}), microbatch size "
+    print(f"measuring {spec} on {device_id} ({gpu_name or cpu_model() or 'cpu'}), microbatch size "
           f"{args.microbatch_size}, {args.optimizer}, median of {args.repeats} after {args.warmup} warm-up, "
           f"{torch.get_num_threads()} thread(s)")
     layers = time_layers(spec, microbatch_size=args.microbatch_size, optimizer=args.optimizer, warmup=args.warmup,
                          repeats=args.repeats, seed=args.seed, device=device)
     print(format_table(layers))
 
+    choice = choose_p2p(device.type, torch.cuda.device_count() if device.type == "cuda" else 0)
     if args.no_p2p:
         p2p, p2p_note = None, "skipped (--no-p2p)"
-    elif device.type == "cuda" and torch.cuda.device_count() < 2:
-        p2p, p2p_note = None, f"skipped: NCCL p2p needs 2 CUDA devices, found {torch.cuda.device_count()}"
+    elif choice.backend is None:
+        p2p, p2p_note = None, choice.note
     else:
+        if device.type == "cuda" and choice.device == "cpu":
+            print(f"p2p: {choice.note}")
         try:
-            p2p, p2p_note = _measure_p2p(args, device, sizes)
+            p2p, p2p_note = _measure_p2p(args, choice, sizes)
         except P2PError as exc:
             print(f"error: {exc} (rerun with --no-p2p to skip it)", file=sys.stderr)
             return 1

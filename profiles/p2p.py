@@ -24,7 +24,8 @@ import numpy as np
 
 from sim.errors import SpecError
 
-__all__ = ["PingPong", "P2PError", "fit_latency_bandwidth", "ping_pong", "power_of_two_sizes"]
+__all__ = ["PingPong", "P2PError", "P2PChoice", "choose_p2p", "fit_latency_bandwidth", "ping_pong",
+           "power_of_two_sizes"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,48 @@ class PingPong:
     sizes_bytes: tuple[int, ...]
     one_way_s: tuple[float, ...]
     one_way_min_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class P2PChoice:
+    """Which ping-pong the profiler runs for the device it profiles, or that it runs none.
+
+    Attributes:
+        backend: ``"gloo"`` or ``"nccl"``; ``None`` when nothing can be measured.
+        device: where the messages live: ``"cpu"`` (host memory, between two CPU processes) or ``"cuda"`` (GPU to
+            GPU); ``None`` when nothing can be measured.
+        note: one line for the profile's ``method.p2p``: what is measured and why.
+    """
+
+    backend: str | None
+    device: str | None
+    note: str
+
+
+def choose_p2p(device_type: str, gpu_count: int) -> P2PChoice:
+    """The point-to-point measurement for a profile of ``device_type`` on a host with ``gpu_count`` CUDA devices.
+
+    * ``cpu``: gloo between two CPU processes, whatever GPUs the host has (the executor's CPU ranks use gloo).
+    * ``cuda`` with two or more GPUs: NCCL between ``cuda:0`` and ``cuda:1``, as the executor's ranks talk.
+    * ``cuda`` with exactly one GPU: NCCL needs a GPU per rank, so gloo between two CPU processes instead (host
+      loopback). These are host figures, not GPU-to-GPU ones; the profile says so in ``p2p.device``.
+    * ``cuda`` with no GPU: nothing (the profiler rejects ``--device cuda`` there before it gets this far).
+
+    Raises:
+        ValueError: ``device_type`` is not ``"cpu"`` or ``"cuda"``, or ``gpu_count`` is negative.
+    """
+    if gpu_count < 0:
+        raise ValueError(f"gpu_count must be >= 0, got {gpu_count}")
+    if device_type == "cpu":
+        return P2PChoice("gloo", "cpu", "gloo ping-pong between two CPU processes")
+    if device_type != "cuda":
+        raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+    if gpu_count >= 2:
+        return P2PChoice("nccl", "cuda", "nccl ping-pong between two processes on cuda:0 and cuda:1")
+    if gpu_count == 1:
+        return P2PChoice("gloo", "cpu", "gloo ping-pong between two CPU processes (host loopback), because NCCL "
+                         "needs 2 CUDA devices and this host has 1: host figures, not GPU to GPU")
+    return P2PChoice(None, None, "skipped: no CUDA device")
 
 
 class P2PError(RuntimeError):

@@ -2,7 +2,8 @@
 
 The invariants follow PyTorch's ``_validate_schedule`` (one F per (stage, mb), backward after forward, W after I,
 each stage on one rank) and its lock-step dry run ``_simulate_comms_compute``; on a deadlock the message shows each
-rank's program with the op it is stuck on, like PyTorch's ``_format_pipeline_order``.
+rank's program with the op it is stuck on, like PyTorch's ``_format_pipeline_order``. :func:`check_topology`
+checks that the plan's topology has a device for every rank, which a hand-edited or foreign plan may not.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from collections import Counter, defaultdict
 
 from sim.errors import SpecError
 from sim.ir import COMPUTE_KINDS, COPY_KINDS, RECV_KINDS, SEND_KINDS, Op, OpKind, Plan
+from sim.topology import Topology
 
-__all__ = ["PlanError", "validate_l0", "validate_l1", "check_deadlock", "validate"]
+__all__ = ["PlanError", "validate_l0", "validate_l1", "check_deadlock", "validate", "check_topology"]
 
 
 class PlanError(SpecError):
@@ -25,6 +27,25 @@ def validate(plan: Plan) -> None:
     if plan.level == "L1":
         validate_l1(plan)
         check_deadlock(plan)
+
+
+def check_topology(plan: Plan) -> Topology:
+    """The plan's topology, parsed, after checking it has a device for every rank the plan uses.
+
+    Ranks are counted from the programs; :func:`validate_l0` ties the placement and :func:`validate_l1` the
+    point-to-point peers to that count. A topology with more devices than the plan has ranks is accepted: ``sim.run``
+    writes such plans from a schedule file with fewer ranks than ``--topology`` has devices (``sim.planning``), and
+    then ranks ``0..num_ranks-1`` are the topology's first devices, the others idle.
+
+    Raises:
+        SpecError: the topology spec does not parse.
+        PlanError: the plan has more ranks than the topology has devices.
+    """
+    topology = Topology.parse(plan.topology)
+    if plan.num_ranks > topology.num_ranks:
+        raise PlanError(f"plan has {plan.num_ranks} rank programs but its topology {plan.topology!r} has "
+                        f"{topology.num_ranks} device(s)")
+    return topology
 
 
 def validate_l0(plan: Plan) -> None:

@@ -4,9 +4,11 @@ import json
 
 import pytest
 
-from executor.compare import calibrated_profile, compare_report, stage_medians
+from executor.compare import calibrated_profile, compare_report, median_iteration, profile_device, stage_medians
 from sim.costs import CostModel, layer_costs
 from sim.engine import simulate
+from sim.errors import SpecError
+from sim.hardware import get_device
 from sim.planning import PlanInputs, build_plan
 from sim.profile import load_profile
 from sim.trace import Span, Trace
@@ -39,6 +41,17 @@ def test_relative_error_is_against_the_median_measured_iteration():
         compare_report(predicted, [], cost_source="roofline")
 
 
+def test_an_even_count_of_iterations_reports_the_lower_middle_one():
+    # The number compare.json reports is the time of the iteration metrics.json and trace.json show (finish.py).
+    predicted = _trace(0.010, 0.020)
+    measured = [_trace(0.010, 0.020), _trace(0.020, 0.040), _trace(0.012, 0.024), _trace(0.011, 0.022)]
+    report = compare_report(predicted, measured, cost_source="roofline")  # 61, 121, 73, 67 ms
+    index, median = median_iteration(report["measured_iterations_s"], 0)
+    assert index == 3 and report["measured_iteration_time_s"] == median == measured[3].makespan
+    assert median == pytest.approx(0.067)  # not statistics.median's 70 ms, which no iteration took
+    assert "lower of the two middle ones" in report["measured_statistic"]
+
+
 def test_stage_medians():
     medians = stage_medians([_trace(0.010, 0.020), _trace(0.030, 0.060), _trace(0.011, 0.022)])
     assert medians[(0, "F")] == pytest.approx(0.011)
@@ -52,8 +65,9 @@ def test_calibrated_profile_reproduces_the_measured_stage_times(tmp_path):
     plan, graph, topology = built.plan, built.graph, built.topology
     medians = {(0, "F"): 0.010, (0, "B"): 0.030, (0, "OPT_STEP"): 0.002,
                (1, "F"): 0.012, (1, "B"): 0.020, (1, "OPT_STEP"): 0.001}
-    profile = calibrated_profile(plan, graph, topology, built.costs, medians, p2p=(1e-4, 1e9),
+    profile = calibrated_profile(plan, graph, built.costs, medians, device="cpu", p2p=(1e-4, 1e9),
                                  machine={"cores": 2}, software={}, iterations=3)
+    assert profile["device"] == "cpu"
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(profile))
     loaded = load_profile(path)
@@ -77,6 +91,37 @@ def test_calibrated_profile_reproduces_the_measured_stage_times(tmp_path):
 def test_calibration_needs_every_stage_measured():
     built = build_plan(PlanInputs(model=SPEC, topology="2xcpu", schedule="1f1b", microbatches=2, partition="uniform"))
     with pytest.raises(ValueError, match="no measured B for stage 1"):
-        calibrated_profile(built.plan, built.graph, built.topology, built.costs,
-                           {(0, "F"): 1.0, (0, "B"): 1.0, (1, "F"): 1.0}, p2p=None, machine={}, software={},
-                           iterations=1)
+        calibrated_profile(built.plan, built.graph, built.costs, {(0, "F"): 1.0, (0, "B"): 1.0, (1, "F"): 1.0},
+                           device="cpu", p2p=None, machine={}, software={}, iterations=1)
+
+
+def test_a_plan_measured_on_another_device_is_labelled_with_the_measured_one():
+    # A V100 plan run on this host's CPU: the profile is a cpu profile, split by the cpu roofline.
+    built = build_plan(PlanInputs(model=SPEC, topology="2xV100", schedule="1f1b", microbatches=2,
+                                  partition="uniform"))
+    medians = {(v, kind): 0.01 for v in range(2) for kind in ("F", "B")}
+    profile = calibrated_profile(built.plan, built.graph, built.costs, medians, device="cpu", p2p=None,
+                                 machine={}, software={}, iterations=1)
+    assert profile["device"] == "cpu"
+    prior = layer_costs(built.graph, get_device("cpu"), 1)
+    start, end = built.plan.placement.vstage_layers[0]
+    fwd = [layer["fwd_s"] for layer in profile["layers"][start:end]]
+    assert fwd == pytest.approx([0.01 * p / sum(prior.fwd[start:end]) for p in prior.fwd[start:end]])
+
+
+@pytest.mark.parametrize("names,expected", [
+    (["cpu", "cpu"], "cpu"),
+    (["Tesla V100-SXM2-32GB", "Tesla V100-SXM2-32GB"], "v100-sxm2-32gb"),
+    (["NVIDIA H100 80GB HBM3"], "h100-sxm5-80gb"),
+])
+def test_profile_device_is_the_catalog_id_every_rank_ran_on(names, expected):
+    assert profile_device(names) == expected
+
+
+@pytest.mark.parametrize("names,message", [
+    (["cpu", "NVIDIA A100-SXM4-80GB"], "but the ranks run on a100-sxm4-80gb, cpu$"),
+    (["NVIDIA H100 NVL"], "'NVIDIA H100 NVL', which the hardware catalog"),
+])
+def test_profile_device_refuses_mixed_or_unknown_devices(names, message):
+    with pytest.raises(SpecError, match=message):
+        profile_device(names)

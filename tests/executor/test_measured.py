@@ -3,7 +3,8 @@
 import pytest
 
 from executor.clock import ClockOffset
-from executor.measured import RankReport, iteration_times, measured_trace, median_iteration
+from executor.compare import median_iteration
+from executor.measured import RankReport, iteration_times, measured_trace
 from sim.planning import PlanInputs, build_plan
 
 
@@ -68,5 +69,6 @@ def test_iteration_times_and_median():
     assert iteration_times(plan, _reports(plan), [ClockOffset(0, 0)] * 2) == pytest.approx([0.072])
     assert median_iteration([9.0, 3.0, 2.0, 4.0], warmup=1) == (1, 3.0)  # median of 3, 2, 4 is iteration 1
     assert median_iteration([9.0, 3.0, 2.0, 4.0, 1.0], warmup=1) == (2, 2.0)  # lower median of 3, 2, 4, 1
+    assert median_iteration([9.0, 5.0, 2.0, 5.0, 7.0], warmup=1) == (1, 5.0)  # of 5, 2, 5, 7; a tie: the earliest
     with pytest.raises(ValueError):
         median_iteration([1.0], warmup=1)

@@ -1,9 +1,10 @@
 """``executor.run`` end to end on CPU with gloo: pipeline training equals single-process training, the outputs,
-failure handling and input errors. Each case launches real worker processes through torch's elastic launcher."""
+failure handling and input errors. Most cases launch real worker processes through torch's elastic launcher; the
+input errors are caught before any launch."""
 
 import json
 import os
-import statistics
+import re
 import subprocess
 import sys
 import time
@@ -12,10 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from executor.compare import median_iteration
+from executor.interpreter import OpFailure
 from executor.reference import train_reference
+from executor.run import choose_backend, load_checked_plan
 from executor.run import main as executor_main
+from executor.worker import failure_message
+from sim.errors import SpecError
 from sim.ir import Plan
 from sim.run import main as sim_main
+from sim.schedule_csv import dumps_schedule_csv
+from sim.schedules import get_schedule
 from sim.viz.chrome_trace import read_chrome_trace
 
 SPEC = "gpt:heads=2,hidden=32,layers=2,seq=8,vocab=50"  # 4 layers: embed, 2 blocks, head
@@ -76,7 +84,17 @@ def test_pipeline_training_equals_single_process_training(tmp_path, schedule, ra
     compare = json.loads((out / "compare.json").read_text())
     times = metrics["measurement"]["iteration_times_s"]
     assert len(times) == warmup + iterations
-    assert compare["measured_iteration_time_s"] == pytest.approx(statistics.median(times[warmup:]))
+    # An even number of measured iterations: one median everywhere, the lower middle one, a real iteration.
+    index = metrics["measurement"]["iteration"]
+    assert iterations % 2 == 0 and index >= warmup and times[index] == min(times[warmup:])
+    median = compare["measured_iteration_time_s"]
+    assert (index, median) == median_iteration(times, warmup)
+    assert median == pytest.approx(times[index], rel=1e-12)
+    assert metrics["measurement"]["median_iteration_time_s"] == median
+    assert metrics["iteration_time_s"] == pytest.approx(median, rel=1e-12)
+    assert compare["measured_statistic"] == metrics["measurement"]["statistic"]
+    assert f"iteration time    {median * 1e3:.3f} ms" in result.stdout  # the printed summary says the same
+    assert f"measured {median * 1e3:.2f} ms (median)" in result.stdout
     assert compare["relative_error"] == pytest.approx(
         (compare["measured_iteration_time_s"] - compare["predicted_iteration_time_s"])
         / compare["measured_iteration_time_s"])
@@ -98,6 +116,10 @@ def _worker_processes(marker):
     return pids
 
 
+def _error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
 def test_a_failing_rank_stops_every_rank_with_its_error_and_op(tmp_path):
     plan = _plan(tmp_path, "1f1b", 2, m=4)
     out = tmp_path / "failing-run"
@@ -105,17 +127,33 @@ def test_a_failing_rank_stops_every_rank_with_its_error_and_op(tmp_path):
     result = _execute(plan, out, "--inject-failure", "1:1B1", "--iterations", "2", "--no-gantt", timeout=120)
     elapsed = time.monotonic() - start
     assert result.returncode == 1
-    assert "error: rank 1 failed at op 1B1" in result.stderr and "injected failure" in result.stderr
+    # One line: the failing rank, its op and the op's own exception; rank 0's echo (a closed connection) is not one.
+    assert _error_lines(result.stderr) == [
+        "error: rank 1 failed at op 1B1: RuntimeError: injected failure at 1B1 (--inject-failure)"], result.stderr
+    assert "Traceback" not in result.stderr and "Connection" not in result.stderr, result.stderr
     assert elapsed < 30, f"took {elapsed:.1f} s to stop"
     assert not (out / "metrics.json").exists() and not (out / "compare.json").exists()
+    log = (out / "errors.log").read_text()  # the full story, tracebacks included, for whoever debugs it
+    assert log.startswith("rank 1 at ") and "Traceback" in log
     time.sleep(0.5)
     assert _worker_processes(str(out)) == [], "worker processes outlived the run"
+
+
+def test_failure_message_names_the_op_once_with_its_own_exception():
+    cause = KeyError("w")
+    wrapped = OpFailure("1B1", cause)
+    wrapped.__cause__ = cause  # as the interpreter raises it: raise OpFailure(...) from exc
+    assert failure_message(1, wrapped) == "rank 1 failed at op 1B1: KeyError: 'w'"
+    assert failure_message(0, SpecError("plan x has 2 ranks")) == "rank 0: plan x has 2 ranks"
+    assert failure_message(2, RuntimeError()) == "rank 2 failed: RuntimeError"
 
 
 def test_rank_zero_failure_is_reported_too(tmp_path):
     plan = _plan(tmp_path, "gpipe", 2, m=2)
     result = _execute(plan, tmp_path / "r0", "--inject-failure", "0:0F1", "--iterations", "1", "--no-gantt")
-    assert result.returncode == 1 and "error: rank 0 failed at op 0F1" in result.stderr
+    assert result.returncode == 1
+    assert _error_lines(result.stderr) == [
+        "error: rank 0 failed at op 0F1: RuntimeError: injected failure at 0F1 (--inject-failure)"], result.stderr
 
 
 def _run_in_process(capsys, argv):
@@ -129,18 +167,108 @@ def _run_in_process(capsys, argv):
     (["--iterations", "0"], "--iterations must be >= 1"),
     (["--inject-failure", "5:1B0"], "the rank must be 0..1"),
     (["--inject-failure", "1:0B0"], "rank 1 has no op '0B0'"),
-    (["--backend", "nccl"], "nccl needs CUDA"),
+    (["--backend", "nccl"], "--backend nccl: the plan puts every rank on cpu"),  # whether or not CUDA is here
     (["--backend", "mpi"], "invalid choice"),
+    (["--calibrate-out", "{tmp}"], "--calibrate-out '{tmp}' is a directory"),
+    (["--calibrate-out", "{tmp}/plan-file/cal.json"], "'{tmp}/plan-file' is not a directory"),
 ])
 def test_bad_options_are_rejected_before_launch(tmp_path, capsys, extra, message):
-    if extra[:2] == ["--backend", "nccl"] and torch.cuda.is_available():
-        pytest.skip("this host has CUDA, so nccl is a valid choice")
     plan = _plan(tmp_path, "1f1b", 2, m=2)
+    (tmp_path / "plan-file").write_text("a file, not a directory")
+    extra = [arg.format(tmp=tmp_path) for arg in extra]
     capsys.readouterr()
     status, err = _run_in_process(capsys, ["--plan", str(plan), "--out", str(tmp_path / "out"), *extra])
     assert status == 2
-    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and message.format(tmp=tmp_path) in err, err
+    assert len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_out_path_that_is_a_file_is_rejected_before_launch(tmp_path, capsys):
+    plan = _plan(tmp_path, "1f1b", 2, m=2)
+    capsys.readouterr()
+    status, err = _run_in_process(capsys, ["--plan", str(plan), "--out", str(plan)])
+    assert status == 2 and err == f"error: --out {str(plan)!r} exists and is not a directory\n"
+
+
+@pytest.mark.parametrize("requested,devices,cuda,count,expected", [
+    (None, ["cpu", "cpu"], False, 0, ("gloo", None)),
+    (None, ["cpu", "cpu"], True, 8, ("gloo", None)),  # a cpu plan stays on the CPU on a CUDA host
+    ("gloo", ["cpu", "cpu"], True, 8, ("gloo", None)),
+    (None, ["v100-sxm2-32gb"] * 2, True, 2, ("nccl", None)),
+    ("nccl", ["v100-sxm2-32gb"] * 2, True, 4, ("nccl", None)),
+    (None, ["v100-sxm2-32gb"] * 2, True, None, ("nccl", None)),  # torchrun over hosts: no count here
+    (None, ["v100-sxm2-32gb"] * 2, False, 0, ("gloo", "torch sees no CUDA device here")),
+    ("gloo", ["v100-sxm2-32gb"] * 2, True, 2, ("gloo", "--backend gloo")),
+    (None, ["cpu", "v100-sxm2-32gb"], True, 2, ("gloo", "rank(s) 0 are planned on cpu")),
+])
+def test_backend_follows_the_plans_devices(requested, devices, cuda, count, expected):
+    backend, warning = choose_backend(requested, devices, cuda_available=cuda, cuda_devices=count)
+    assert backend == expected[0]
+    if expected[1] is None:
+        assert warning is None
+    else:
+        assert warning.startswith("warning: the plan puts ranks on v100-sxm2-32gb, but every rank will run on this "
+                                  "host's CPU with gloo") and expected[1] in warning
+
+
+@pytest.mark.parametrize("requested,devices,cuda,count,message", [
+    ("nccl", ["cpu", "cpu"], True, 8, "the plan puts every rank on cpu"),
+    ("nccl", ["cpu", "v100-sxm2-32gb"], True, 8, "the plan puts rank(s) 0 on cpu"),
+    ("nccl", ["v100-sxm2-32gb"] * 2, False, 0, "nccl needs CUDA"),
+    (None, ["v100-sxm2-32gb"] * 4, True, 2, "the plan has 4 ranks but this host has 2 CUDA device(s)"),
+])
+def test_backend_that_cannot_run_the_plan_is_refused(requested, devices, cuda, count, message):
+    with pytest.raises(SpecError, match=re.escape(message)):
+        choose_backend(requested, devices, cuda_available=cuda, cuda_devices=count)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a GPU plan on a host without CUDA")
+def test_a_gpu_plan_without_cuda_runs_on_the_cpu_and_calibrates_a_cpu_profile(tmp_path):
+    out, calibrated = tmp_path / "sim", tmp_path / "cal.json"
+    assert sim_main(["--topology", "2xV100", "--model", SPEC, "--schedule", "1f1b", "-m", "2", "--partition",
+                     "uniform", "--no-gantt", "--out", str(out)]) == 0
+    result = _execute(out / "plan.json", tmp_path / "real", "--warmup", "0", "--iterations", "1", "--no-gantt",
+                      "--calibrate-out", str(calibrated))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "torch sees no CUDA device here" in warnings[0], result.stderr
+    assert "backend gloo" in result.stdout
+    profile = json.loads(calibrated.read_text())
+    assert profile["device"] == "cpu"  # where it was measured, not the plan's v100-sxm2-32gb
+    assert profile["machine"]["gpu"] is None and "cpu" in profile["machine"]
+    assert profile["software"]["cuda"] == torch.version.cuda and profile["software"]["torch"] == torch.__version__
+    compare = json.loads((tmp_path / "real" / "compare.json").read_text())
+    assert compare["devices"] == {"planned": ["v100-sxm2-32gb"], "measured": ["cpu"]}
+
+
+def _edited_plan(tmp_path, topology):
+    plan = _plan(tmp_path, "1f1b", 2, m=2)
+    data = json.loads(plan.read_text())
+    data["topology"] = topology
+    edited = tmp_path / f"plan-{topology}.json"
+    edited.write_text(json.dumps(data))
+    return edited
+
+
+def test_plan_with_more_ranks_than_its_topology_has_devices_is_rejected(tmp_path, capsys):
+    plan = _edited_plan(tmp_path, "1xcpu")
+    capsys.readouterr()
+    status, err = _run_in_process(capsys, ["--plan", str(plan), "--out", str(tmp_path / "out")])
+    assert status == 2
+    assert err == "error: plan has 2 rank programs but its topology '1xcpu' has 1 device(s)\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_plan_with_fewer_ranks_than_its_topology_is_accepted(tmp_path):
+    # sim.run writes such plans: a 2-rank schedule file on a 4-device topology leaves devices 2 and 3 idle.
+    schedule = tmp_path / "two-ranks.csv"
+    schedule.write_text(dumps_schedule_csv(get_schedule("1f1b").build(2, 2, 1)))
+    out = tmp_path / "sim4"
+    assert sim_main(["--topology", "4xcpu", "--model", SPEC, "--schedule-file", str(schedule), "--partition",
+                     "uniform", "--no-gantt", "--out", str(out)]) == 0
+    plan = load_checked_plan(str(out / "plan.json"))
+    assert (plan.num_ranks, plan.topology) == (2, "4xcpu")
 
 
 def test_plan_with_a_model_without_torch_modules_is_rejected(tmp_path, capsys):

@@ -1,10 +1,13 @@
 """Each invariant of a plan, violated once."""
 
+from dataclasses import replace
+
 import pytest
 
+from sim.errors import SpecError
 from sim.ir import Op, OpKind, Placement, Plan
 from sim.lower import add_optimizer_steps, add_send_recv, lower, order_receives
-from sim.validate import PlanError, validate
+from sim.validate import PlanError, check_topology, validate
 
 
 def _plan(rows, m=2, vstage_to_rank=(0, 1)):
@@ -100,3 +103,13 @@ def test_wrong_peer_is_rejected():
     bad = _edit(plan, 0, 1, Op(send.kind, send.vstage, send.mb, peer=0, pair=send.pair, deps=send.deps))
     with pytest.raises(PlanError, match="names peer 0"):
         validate(bad)
+
+
+def test_topology_must_have_a_device_for_every_rank():
+    plan = _plan(GOOD)  # 2 ranks on "2xideal"
+    assert check_topology(plan).num_ranks == 2
+    with pytest.raises(PlanError, match=r"^plan has 2 rank programs but its topology '1xideal' has 1 device\(s\)$"):
+        check_topology(replace(plan, topology="1xideal"))
+    assert check_topology(replace(plan, topology="4xideal")).num_ranks == 4  # extra devices stay idle
+    with pytest.raises(SpecError, match="nonsense"):
+        check_topology(replace(plan, topology="nonsense"))
