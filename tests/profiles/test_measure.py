@@ -13,6 +13,7 @@ from executor.modules import build_layers
 from profiles.layer_timing import median_time_s, time_layers
 from profiles.measure import catalog_id_for_gpu, main
 from profiles.p2p import fit_latency_bandwidth
+from profiles.provenance import cpu_model, software_versions
 from sim.costs import layer_costs
 from sim.hardware import get_device
 from sim.models import build_model
@@ -74,6 +75,9 @@ def test_the_last_layer_times_include_the_loss_forward_and_backward(monkeypatch)
         return real_loss(_SlowBackward.apply(out), targets)
 
     monkeypatch.setattr(layer_timing, "loss_fn", lambda spec: slow_loss)
+    # One thread, as the profiler's default on cpu: with two, a kernel waits at its barrier for a sibling thread the
+    # OS has descheduled, and on a loaded 2-core machine that stretched sub-ms layers past SLOW_S.
+    torch.set_num_threads(1)
     # Five repeats: a median of five stays below SLOW_S unless three runs of a layer hit a VM scheduling hiccup.
     measured = time_layers(GPT, warmup=1, repeats=5)
     *body, head = measured
@@ -141,7 +145,8 @@ def test_the_written_profile_loads_and_drives_the_simulator(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert [entry["param_bytes"] for entry in data["layers"]] == [4 * graph.param_count(i) for i in range(len(graph))]
     p2p = data["p2p"]
-    assert p2p["backend"] == "gloo" and p2p["sizes_bytes"] == [2**k for k in range(10, 23)]
+    assert (p2p["backend"], p2p["device"]) == ("gloo", "cpu")
+    assert "two CPU processes" in data["method"]["p2p"] and p2p["sizes_bytes"] == [2**k for k in range(10, 23)]
     assert len(p2p["one_way_s"]) == len(p2p["one_way_min_s"]) == 13
     assert all(0 < fastest <= median for fastest, median in zip(p2p["one_way_min_s"], p2p["one_way_s"]))
     # The fit itself is tested in test_p2p; here only that a fit, when the host's noise allows one, is the fit of
@@ -155,7 +160,8 @@ def test_the_written_profile_loads_and_drives_the_simulator(tmp_path, capsys):
     assert data["optimizer"] == "adam"
     assert data["method"]["repeats"] == 2 and data["method"]["warmup"] == 1 and data["method"]["p2p_repeats"] == 15
     assert data["machine"]["threads"] == 1 and data["machine"]["gpu"] is None and data["machine"]["cores"] >= 1
-    assert data["software"]["torch"] == torch.__version__
+    assert data["machine"]["cpu"] == cpu_model() and data["software"] == software_versions()
+    assert data["software"]["torch"] == torch.__version__ and data["software"]["cuda"] == torch.version.cuda
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", data["date"])
     assert "host_copy" not in data  # CUDA only
     assert "block1" in printed and "p2p" in printed

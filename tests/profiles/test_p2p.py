@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from profiles.p2p import P2PError, fit_latency_bandwidth, ping_pong, power_of_two_sizes
+from profiles.p2p import P2PError, choose_p2p, fit_latency_bandwidth, ping_pong, power_of_two_sizes
 from sim.errors import SpecError
 
 SIZES = [2**k for k in range(10, 25)]  # the profiler's default range, 1 KiB .. 16 MiB
@@ -91,3 +91,27 @@ def test_ping_pong_times_every_size_and_the_median_is_never_below_the_fastest():
     assert result.backend == "gloo" and result.sizes_bytes == (1024, 4096, 16384)
     assert len(result.one_way_s) == len(result.one_way_min_s) == 3
     assert all(0 < fastest <= median < 1.0 for fastest, median in zip(result.one_way_min_s, result.one_way_s))
+
+
+@pytest.mark.parametrize("device_type, gpus, backend, device", [
+    ("cpu", 0, "gloo", "cpu"),
+    ("cpu", 1, "gloo", "cpu"),  # a CPU profile measures CPU ranks' transport, whatever GPUs the host has
+    ("cpu", 8, "gloo", "cpu"),
+    ("cuda", 2, "nccl", "cuda"),
+    ("cuda", 8, "nccl", "cuda"),
+    ("cuda", 1, "gloo", "cpu"),  # NCCL needs two GPUs: host loopback between CPU processes instead
+    ("cuda", 0, None, None),
+])
+def test_the_p2p_measurement_follows_the_device_and_the_gpu_count(device_type, gpus, backend, device):
+    choice = choose_p2p(device_type, gpus)
+    assert (choice.backend, choice.device) == (backend, device)
+    if device_type == "cuda" and gpus == 1:
+        assert "host loopback" in choice.note and "not GPU to GPU" in choice.note
+    if backend is None:
+        assert choice.note.startswith("skipped")
+
+
+@pytest.mark.parametrize("device_type, gpus, message", [("tpu", 0, "'cpu' or 'cuda'"), ("cuda", -1, ">= 0")])
+def test_choose_p2p_rejects_an_unknown_device_or_a_negative_count(device_type, gpus, message):
+    with pytest.raises(ValueError, match=message):
+        choose_p2p(device_type, gpus)

@@ -1,0 +1,200 @@
+"""``executor.run`` end to end, the parts ``test_run`` leaves out: a calibrated profile fed back to the simulator, a
+launch by the user's own ``torchrun``, the cnn model, the default thread count, op names in the PyTorch profiler,
+and plan errors at the command line."""
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from executor.reference import train_reference
+from executor.worker import host_cores
+from sim.costs import layer_costs
+from sim.hardware import get_device
+from sim.ir import SEND_KINDS, OpKind, Plan
+from sim.models import build_model
+from sim.profile import load_profile
+from sim.run import main as sim_main
+from sim.viz.chrome_trace import read_chrome_trace
+from tests.executor.test_interpreter import _plan as _one_rank_plan
+from tests.executor.test_interpreter import _run_single_rank
+from tests.executor.test_run import ROOT, SPEC, _execute, _plan
+
+CNN = "cnn:features=4,kernel=3,layers=4,size=8"  # 4 conv layers: 2 per rank
+RANKS, M = 2, 4
+
+
+def _merged_state(state_dir: Path, num_vstages: int) -> dict[str, torch.Tensor]:
+    merged: dict[str, torch.Tensor] = {}
+    for v in range(num_vstages):
+        merged.update(torch.load(state_dir / f"stage{v}.pt"))
+    return merged
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """One launch by ``executor.run`` itself of a 2-rank 1F1B plan of :data:`SPEC`: one warm-up and one measured
+    iteration (so ``trace.json`` is the only measured iteration and the calibration's medians can be recomputed from
+    it), SGD, default threads, ``--save-state`` and ``--calibrate-out``."""
+    tmp = tmp_path_factory.mktemp("local")
+    plan = _plan(tmp, "1f1b", RANKS, M)
+    out, state, calibrated = tmp / "real", tmp / "state", tmp / "calibrated.json"
+    result = _execute(plan, out, "--warmup", "1", "--iterations", "1", "--optimizer", "sgd", "--save-state",
+                      str(state), "--calibrate-out", str(calibrated), "--no-gantt")
+    assert result.returncode == 0, result.stderr
+    return SimpleNamespace(tmp=tmp, plan=plan, out=out, state=state, calibrated=calibrated, stderr=result.stderr,
+                           metrics=json.loads((out / "metrics.json").read_text()))
+
+
+def _durations(trace, kind: str) -> dict[int, list[float]]:
+    """vstage → durations in s of the spans of ``kind``."""
+    found: dict[int, list[float]] = {}
+    for span in trace.spans:
+        if span.kind == kind:
+            found.setdefault(span.vstage, []).append(span.duration)
+    return found
+
+
+def test_a_calibrated_profile_is_the_runs_stage_medians_and_drives_the_simulator(local_run):
+    graph = build_model(SPEC)
+    plan = Plan.loads(local_run.plan.read_text())
+    profile = load_profile(local_run.calibrated)  # the simulator's reader accepts it
+    data = json.loads(local_run.calibrated.read_text())
+    assert profile.model == graph.spec and profile.device == "cpu" and profile.microbatch_size == 1
+    assert [t.name for t in profile.layers] == [layer.name for layer in graph.layers]
+    assert all(t.fwd_s > 0 and t.bwd_s > 0 and t.opt_s > 0 for t in profile.layers)
+    assert data["software"]["torch"] == torch.__version__ and data["software"]["python"]
+    assert data["machine"]["cores"] == host_cores()
+    assert data["date"].endswith("Z") and data["date"][:2] == "20"
+    if "p2p" in data:
+        assert data["p2p"]["latency_s"] >= 0 and data["p2p"]["bandwidth_bytes_per_s"] > 0
+        assert (profile.p2p_latency_s, profile.p2p_bandwidth) == (data["p2p"]["latency_s"],
+                                                                  data["p2p"]["bandwidth_bytes_per_s"])
+    else:  # finish.py leaves the fit out when the in-run sweep is too noisy, and says so
+        assert "no point-to-point fit" in local_run.stderr
+
+    # The oracle is the run's own trace: with one measured iteration, trace.json holds every span the calibration
+    # saw, so each stage's layer times must add up to that stage's median F and B and its one OPT_STEP.
+    measured = read_chrome_trace(local_run.out / "trace.json")
+    prior = layer_costs(graph, get_device("cpu"), 1, None)  # the plan was simulated with roofline costs
+    for kind, field, prior_times in (("F", "fwd_s", prior.fwd), ("B", "bwd_s", prior.bwd),
+                                     ("OPT_STEP", "opt_s", prior.opt)):
+        spans = _durations(measured, kind)
+        for v, (start, end) in enumerate(plan.placement.vstage_layers):
+            layer_times = [getattr(t, field) for t in profile.layers[start:end]]
+            assert sum(layer_times) == pytest.approx(statistics.median(spans[v]), rel=1e-9), (kind, v)
+            # ... split over the stage's layers in proportion to the prior (compare.calibrated_profile).
+            shares = [t / sum(layer_times) for t in layer_times]
+            assert shares == pytest.approx([p / sum(prior_times[start:end]) for p in prior_times[start:end]])
+    compare = json.loads((local_run.out / "compare.json").read_text())
+    all_f = [d for durations in _durations(measured, "F").values() for d in durations]
+    assert compare["ops"]["F"]["measured_mean_s"] == pytest.approx(statistics.fmean(all_f), rel=1e-9)
+
+    # sim.run with the profile: the plan records it, and every simulated F and B lasts what the profile says.
+    sim_out = local_run.tmp / "sim-calibrated"
+    assert sim_main(["--topology", f"{RANKS}xcpu", "--model", SPEC, "--schedule", "1f1b", "-m", str(M),
+                     "--partition", "uniform", "--profile", str(local_run.calibrated), "--no-gantt",
+                     "--out", str(sim_out)]) == 0
+    assert Plan.loads((sim_out / "plan.json").read_text()).option("profile") == str(local_run.calibrated)
+    simulated = read_chrome_trace(sim_out / "trace.json")
+    for kind, field in (("F", "fwd_s"), ("B", "bwd_s")):
+        for v, durations in _durations(simulated, kind).items():
+            start, end = plan.placement.vstage_layers[v]
+            stage = sum(getattr(t, field) for t in profile.layers[start:end])
+            assert durations == pytest.approx([stage] * len(durations), rel=1e-9), (kind, v)
+    if "p2p" in data:  # the first activation sent meets an idle link: latency + bytes / bandwidth exactly
+        first_send = min((s for s in simulated.spans if s.kind == "SEND_F"), key=lambda s: s.start)
+        nbytes = graph.boundary_bytes(plan.placement.vstage_layers[0][1])
+        assert first_send.duration == pytest.approx(profile.p2p_latency_s + nbytes / profile.p2p_bandwidth)
+
+
+def test_default_threads_are_the_hosts_cores_shared_by_its_ranks(local_run):
+    # executor.worker: without --threads, each rank gets host_cores() // ranks on the host, at least one.
+    expected = max(1, host_cores() // RANKS)
+    assert local_run.metrics["measurement"]["threads_per_rank"] == [expected] * RANKS
+
+
+def test_a_launch_by_torchrun_itself_trains_like_the_local_launch(local_run):
+    out, state = local_run.tmp / "torchrun", local_run.tmp / "torchrun-state"
+    # No warm-up and two measured iterations train on the same two batches as the local run's 1 + 1.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS),
+               "-m", "executor.run", "--plan", str(local_run.plan), "--out", str(out), "--iterations", "2",
+               "--warmup", "0", "--optimizer", "sgd", "--save-state", str(state), "--no-gantt"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    for name in ("trace.json", "metrics.json", "compare.json"):
+        assert (out / name).is_file(), name
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["measurement"]["losses"] == local_run.metrics["measurement"]["losses"]
+    assert metrics["measurement"]["threads_per_rank"] == local_run.metrics["measurement"]["threads_per_rank"]
+    theirs, ours = _merged_state(state, RANKS), _merged_state(local_run.state, RANKS)
+    assert sorted(theirs) == sorted(ours)
+    for key, value in ours.items():
+        assert torch.equal(theirs[key], value), key  # same ops in the same order: bit for bit
+    assert read_chrome_trace(out / "trace.json").meta["source"] == "executor"
+
+
+def test_cnn_pipeline_training_equals_single_process_training(tmp_path):
+    plan = _plan(tmp_path, "1f1b", RANKS, M, model=CNN)
+    out, state = tmp_path / "real", tmp_path / "state"
+    result = _execute(plan, out, "--warmup", "1", "--iterations", "1", "--optimizer", "sgd", "--save-state",
+                      str(state), "--no-gantt", "--threads", "1")
+    assert result.returncode == 0, result.stderr
+    # SGD is linear in the gradient: only the order of the microbatch sums differs from one process (see test_run).
+    atol = 1e-7
+    reference = train_reference(CNN, steps=2, num_microbatches=M, microbatch_size=1, optimizer="sgd")
+    initial = train_reference(CNN, steps=0, num_microbatches=M, microbatch_size=1).state
+    merged = _merged_state(state, RANKS)
+    assert sorted(merged) == sorted(reference.state)
+    for key, value in reference.state.items():
+        torch.testing.assert_close(merged[key], value, rtol=1e-5, atol=atol, msg=key)
+    moved = max((reference.state[k] - initial[k]).abs().max().item() for k in initial)
+    assert moved > 100 * atol  # training moved the weights far beyond the tolerance
+    losses = json.loads((out / "metrics.json").read_text())["measurement"]["losses"]
+    for got, want in zip(losses, reference.losses, strict=True):
+        assert got == pytest.approx(list(want), rel=1e-6)
+
+
+def test_every_op_is_a_profiler_event_named_by_its_op_id(tmp_path, one_thread):
+    # One rank in a one-process gloo group, as a worker runs it; the program has only compute ops and OPT_STEP.
+    plan = _one_rank_plan(m=3)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+            _run_single_rank(plan, steps=1, optimizer="sgd")
+    finally:
+        dist.destroy_process_group()
+    names = [event.name for event in profiler.events()]
+    op_ids = [op.id for op in plan.programs[0]]
+    assert {OpKind(op.kind) for op in plan.programs[0]} >= {OpKind.F, OpKind.B, OpKind.OPT_STEP}
+    assert not any(op.kind in SEND_KINDS for op in plan.programs[0])
+    for op_id in op_ids:
+        assert names.count(op_id) == 1, op_id  # one record_function range per op per iteration
+
+
+def _edit_plan(plan: Path, target: Path, edit) -> Path:
+    data = json.loads(plan.read_text())
+    edit(data)
+    target.write_text(json.dumps(data))
+    return target
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["ranks"][0][0].update(op="0ZZZ0"), "0ZZZ0"),  # an op kind that does not exist
+    (lambda d: d.update(model="nosuch:layers=4"), "nosuch"),  # a model that does not exist
+], ids=["unknown-op-kind", "unknown-model"])
+def test_a_plan_with_an_unknown_op_kind_or_model_is_one_error_line_and_status_2(tmp_path, edit, message):
+    plan = _edit_plan(_plan(tmp_path, "1f1b", RANKS, 2), tmp_path / "edited.json", edit)
+    out = tmp_path / "out"
+    result = _execute(plan, out, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not out.exists()
