@@ -8,24 +8,17 @@ from executor.modules import boundary_specs, build_stage, loss_fn, synthetic_bat
 from executor.optim import make_optimizer
 from executor.reference import train_reference
 from sim.ir import Op, OpKind
-from sim.planning import PlanInputs, build_plan
 from sim.validate import PlanError
-
-SPEC = "gpt:heads=2,hidden=32,layers=2,seq=8,vocab=50"
-
-
-def _plan(schedule="1f1b", topology="1xcpu", m=3):
-    return build_plan(PlanInputs(model=SPEC, topology=topology, schedule=schedule, microbatches=m,
-                                 partition="uniform")).plan
+from tests.executor.runs import SPEC, built_plan, run_single_rank
 
 
 def test_lowered_flush_plans_are_supported():
     for schedule in ("gpipe", "1f1b"):
-        check_supported(_plan(schedule, "2xcpu"))
+        check_supported(built_plan(schedule, "2xcpu"))
 
 
 def test_unknown_kind_is_rejected_before_running_naming_the_op():
-    plan = _plan(topology="2xcpu")
+    plan = built_plan(topology="2xcpu")
     programs = list(plan.programs)
     programs[1] = (Op(OpKind.PREFETCH, 1, None),) + programs[1]
     with pytest.raises(PlanError, match=r"PREFETCH \(first: 1PREFETCH\)"):
@@ -34,29 +27,15 @@ def test_unknown_kind_is_rejected_before_running_naming_the_op():
 
 
 def test_unlowered_plan_is_rejected():
-    plan = _plan()
+    plan = built_plan()
     with pytest.raises(PlanError, match="L1"):
         check_supported(plan.with_programs(plan.programs, level="L0"))
 
 
-def _run_single_rank(plan, steps, optimizer):
-    stage = build_stage(SPEC, 0, 4, seed=0)
-    opt = make_optimizer(optimizer, stage.parameters())
-    boundary = {0: boundary_specs(SPEC, [0], plan.microbatch_size)[0]}
-    interpreter = RankInterpreter(plan, 0, {0: stage}, {0: opt}, loss_fn(SPEC), boundary)
-    losses, records = [], None
-    m = plan.num_microbatches
-    for step in range(steps):
-        batches = [synthetic_batch(SPEC, plan.microbatch_size, seed=0, index=step * m + j) for j in range(m)]
-        records, step_losses = interpreter.run_iteration([x for x, _ in batches], [y for _, y in batches])
-        losses.append(tuple(step_losses))
-    return stage, losses, records
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_one_rank_run_equals_single_process_training_bitwise(optimizer):
-    plan = _plan(m=3)
-    stage, losses, records = _run_single_rank(plan, steps=3, optimizer=optimizer)
+    plan = built_plan(m=3)
+    stage, losses, records = run_single_rank(plan, steps=3, optimizer=optimizer)
     reference = train_reference(SPEC, steps=3, num_microbatches=3, microbatch_size=1, optimizer=optimizer)
     assert tuple(losses) == reference.losses
     for key, value in stage.state_dict().items():
@@ -66,7 +45,7 @@ def test_one_rank_run_equals_single_process_training_bitwise(optimizer):
 
 
 def test_an_op_failure_names_the_op():
-    plan = _plan(m=2)
+    plan = built_plan(m=2)
     stage = build_stage(SPEC, 0, 4, seed=0)
     interpreter = RankInterpreter(plan, 0, {0: stage}, {0: make_optimizer("sgd", stage.parameters())},
                                   loss_fn(SPEC), {}, fail_at="0B1")
@@ -76,7 +55,7 @@ def test_an_op_failure_names_the_op():
     assert info.value.op_id == "0B1"
 
 
-def _hand_plan(programs, placement, m):
+def _handbuilt_plan(programs, placement, m):
     """Lower and validate a hand-written L0 plan for SPEC on one rank."""
     from sim.ir import Placement, Plan
     from sim.lower import lower
@@ -120,7 +99,7 @@ def test_split_backward_I_then_W_equals_single_process_training():
     m = 3
     program = tuple(Op(OpKind.F, 0, mb) for mb in range(m)) + tuple(
         op for mb in range(m) for op in (Op(OpKind.I, 0, mb), Op(OpKind.W, 0, mb)))
-    plan = _hand_plan((program,), (((0, 4),), (0,)), m)
+    plan = _handbuilt_plan((program,), (((0, 4),), (0,)), m)
     state, losses = _run_plan_in_process(plan, steps=3)
     _assert_matches_reference(state, losses, 3, m)
 
@@ -155,7 +134,7 @@ def test_recompute_and_two_vstages_on_one_rank_equal_single_process_training():
     for mb in range(m):
         program += [Op(OpKind.R, 1, mb), Op(OpKind.I, 1, mb), Op(OpKind.R, 0, mb), Op(OpKind.B, 0, mb),
                     Op(OpKind.W, 1, mb)]
-    plan = _hand_plan((tuple(program),), (((0, 2), (2, 4)), (0, 0)), m)
+    plan = _handbuilt_plan((tuple(program),), (((0, 2), (2, 4)), (0, 0)), m)
     assert not any(op.kind.value.startswith(("SEND", "RECV")) for op in plan.programs[0])
     state, losses = _run_plan_in_process(plan, steps=2, optimizer="adam")
     _assert_matches_reference(state, losses, 2, m, optimizer="adam", atol=1e-5)

@@ -3,10 +3,7 @@ failure handling and input errors. Most cases launch real worker processes throu
 input errors are caught before any launch."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,22 +22,11 @@ from sim.run import main as sim_main
 from sim.schedule_csv import dumps_schedule_csv
 from sim.schedules import get_schedule
 from sim.viz.chrome_trace import read_chrome_trace
-
-SPEC = "gpt:heads=2,hidden=32,layers=2,seq=8,vocab=50"  # 4 layers: embed, 2 blocks, head
-ROOT = Path(__file__).resolve().parents[2]
+from tests.executor.runs import SPEC, assert_state_equals, execute, merged_state, sim_plan
 
 
 def _plan(tmp_path, schedule, ranks, m=4, model=SPEC):
-    out = tmp_path / f"sim-{schedule}-{ranks}"
-    assert sim_main(["--topology", f"{ranks}xcpu", "--model", model, "--schedule", schedule, "-m", str(m),
-                     "--partition", "uniform", "--no-gantt", "--out", str(out)]) == 0
-    return out / "plan.json"
-
-
-def _execute(plan, out, *extra, env=None, timeout=180):
-    command = [sys.executable, "-m", "executor.run", "--plan", str(plan), "--out", str(out), *extra]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return sim_plan(tmp_path / f"sim-{schedule}-{ranks}", ranks, m, "--schedule", schedule, model=model)
 
 
 # SGD's update is linear in the gradient, so the only difference from single-process training is the order in which
@@ -56,20 +42,12 @@ def test_pipeline_training_equals_single_process_training(tmp_path, schedule, ra
     m, warmup, iterations = 4, 1, 2
     plan = _plan(tmp_path, schedule, ranks, m)
     out, state = tmp_path / "real", tmp_path / "state"
-    result = _execute(plan, out, "--warmup", str(warmup), "--iterations", str(iterations), "--optimizer", optimizer,
+    result = execute(plan, out, "--warmup", str(warmup), "--iterations", str(iterations), "--optimizer", optimizer,
                       "--save-state", str(state), "--no-gantt", "--threads", "1")
     assert result.returncode == 0, result.stderr
     reference = train_reference(SPEC, steps=warmup + iterations, num_microbatches=m, microbatch_size=1,
                                 optimizer=optimizer)
-    merged = {}
-    for v in range(ranks):
-        merged.update(torch.load(state / f"stage{v}.pt"))
-    assert sorted(merged) == sorted(reference.state)
-    initial = train_reference(SPEC, steps=0, num_microbatches=m, microbatch_size=1).state
-    for key, value in reference.state.items():
-        torch.testing.assert_close(merged[key], value, rtol=1e-5, atol=atol, msg=key)
-    moved = max((reference.state[k] - initial[k]).abs().max().item() for k in initial)
-    assert moved > 100 * atol  # the tolerance is far below how far training moved the weights
+    assert_state_equals(merged_state(state, ranks), reference.state, atol=atol)
     metrics = json.loads((out / "metrics.json").read_text())
     losses = metrics["measurement"]["losses"]
     assert len(losses) == warmup + iterations
@@ -124,7 +102,7 @@ def test_a_failing_rank_stops_every_rank_with_its_error_and_op(tmp_path):
     plan = _plan(tmp_path, "1f1b", 2, m=4)
     out = tmp_path / "failing-run"
     start = time.monotonic()
-    result = _execute(plan, out, "--inject-failure", "1:1B1", "--iterations", "2", "--no-gantt", timeout=120)
+    result = execute(plan, out, "--inject-failure", "1:1B1", "--iterations", "2", "--no-gantt", timeout=120)
     elapsed = time.monotonic() - start
     assert result.returncode == 1
     # One line: the failing rank, its op and the op's own exception; rank 0's echo (a closed connection) is not one.
@@ -150,7 +128,7 @@ def test_failure_message_names_the_op_once_with_its_own_exception():
 
 def test_rank_zero_failure_is_reported_too(tmp_path):
     plan = _plan(tmp_path, "gpipe", 2, m=2)
-    result = _execute(plan, tmp_path / "r0", "--inject-failure", "0:0F1", "--iterations", "1", "--no-gantt")
+    result = execute(plan, tmp_path / "r0", "--inject-failure", "0:0F1", "--iterations", "1", "--no-gantt")
     assert result.returncode == 1
     assert _error_lines(result.stderr) == [
         "error: rank 0 failed at op 0F1: RuntimeError: injected failure at 0F1 (--inject-failure)"], result.stderr
@@ -228,7 +206,7 @@ def test_a_gpu_plan_without_cuda_runs_on_the_cpu_and_calibrates_a_cpu_profile(tm
     out, calibrated = tmp_path / "sim", tmp_path / "cal.json"
     assert sim_main(["--topology", "2xV100", "--model", SPEC, "--schedule", "1f1b", "-m", "2", "--partition",
                      "uniform", "--no-gantt", "--out", str(out)]) == 0
-    result = _execute(out / "plan.json", tmp_path / "real", "--warmup", "0", "--iterations", "1", "--no-gantt",
+    result = execute(out / "plan.json", tmp_path / "real", "--warmup", "0", "--iterations", "1", "--no-gantt",
                       "--calibrate-out", str(calibrated))
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
@@ -291,6 +269,6 @@ def test_world_size_that_does_not_fit_the_plan_is_rejected(tmp_path):
     # As if a user's torchrun started 3 processes for a 2-rank plan: each worker refuses before joining the group.
     plan = _plan(tmp_path, "1f1b", 2, m=2)
     env = {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3"}
-    result = _execute(plan, tmp_path / "out", env=env, timeout=60)
+    result = execute(plan, tmp_path / "out", env=env, timeout=60)
     assert result.returncode == 2
     assert "has 2 ranks but the launcher started 3" in result.stderr and "Traceback" not in result.stderr

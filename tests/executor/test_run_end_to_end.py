@@ -22,19 +22,23 @@ from sim.models import build_model
 from sim.profile import load_profile
 from sim.run import main as sim_main
 from sim.viz.chrome_trace import read_chrome_trace
-from tests.executor.test_interpreter import _plan as _one_rank_plan
-from tests.executor.test_interpreter import _run_single_rank
-from tests.executor.test_run import ROOT, SPEC, _execute, _plan
+from tests.executor.runs import (
+    ROOT,
+    SPEC,
+    assert_state_equals,
+    built_plan,
+    execute,
+    merged_state,
+    run_single_rank,
+    sim_plan,
+)
 
 CNN = "cnn:features=4,kernel=3,layers=4,size=8"  # 4 conv layers: 2 per rank
 RANKS, M = 2, 4
 
 
-def _merged_state(state_dir: Path, num_vstages: int) -> dict[str, torch.Tensor]:
-    merged: dict[str, torch.Tensor] = {}
-    for v in range(num_vstages):
-        merged.update(torch.load(state_dir / f"stage{v}.pt"))
-    return merged
+def _plan(tmp_path, schedule, ranks, m, model=SPEC):
+    return sim_plan(tmp_path / f"sim-{schedule}-{ranks}", ranks, m, "--schedule", schedule, model=model)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +49,8 @@ def local_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("local")
     plan = _plan(tmp, "1f1b", RANKS, M)
     out, state, calibrated = tmp / "real", tmp / "state", tmp / "calibrated.json"
-    result = _execute(plan, out, "--warmup", "1", "--iterations", "1", "--optimizer", "sgd", "--save-state",
-                      str(state), "--calibrate-out", str(calibrated), "--no-gantt")
+    result = execute(plan, out, "--warmup", "1", "--iterations", "1", "--optimizer", "sgd", "--save-state",
+                     str(state), "--calibrate-out", str(calibrated), "--no-gantt")
     assert result.returncode == 0, result.stderr
     return SimpleNamespace(tmp=tmp, plan=plan, out=out, state=state, calibrated=calibrated, stderr=result.stderr,
                            metrics=json.loads((out / "metrics.json").read_text()))
@@ -133,7 +137,7 @@ def test_a_launch_by_torchrun_itself_trains_like_the_local_launch(local_run):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["measurement"]["losses"] == local_run.metrics["measurement"]["losses"]
     assert metrics["measurement"]["threads_per_rank"] == local_run.metrics["measurement"]["threads_per_rank"]
-    theirs, ours = _merged_state(state, RANKS), _merged_state(local_run.state, RANKS)
+    theirs, ours = merged_state(state, RANKS), merged_state(local_run.state, RANKS)
     assert sorted(theirs) == sorted(ours)
     for key, value in ours.items():
         assert torch.equal(theirs[key], value), key  # same ops in the same order: bit for bit
@@ -143,19 +147,13 @@ def test_a_launch_by_torchrun_itself_trains_like_the_local_launch(local_run):
 def test_cnn_pipeline_training_equals_single_process_training(tmp_path):
     plan = _plan(tmp_path, "1f1b", RANKS, M, model=CNN)
     out, state = tmp_path / "real", tmp_path / "state"
-    result = _execute(plan, out, "--warmup", "1", "--iterations", "1", "--optimizer", "sgd", "--save-state",
-                      str(state), "--no-gantt", "--threads", "1")
+    result = execute(plan, out, "--warmup", "1", "--iterations", "1", "--optimizer", "sgd", "--save-state",
+                     str(state), "--no-gantt", "--threads", "1")
     assert result.returncode == 0, result.stderr
     # SGD is linear in the gradient: only the order of the microbatch sums differs from one process (see test_run).
     atol = 1e-7
     reference = train_reference(CNN, steps=2, num_microbatches=M, microbatch_size=1, optimizer="sgd")
-    initial = train_reference(CNN, steps=0, num_microbatches=M, microbatch_size=1).state
-    merged = _merged_state(state, RANKS)
-    assert sorted(merged) == sorted(reference.state)
-    for key, value in reference.state.items():
-        torch.testing.assert_close(merged[key], value, rtol=1e-5, atol=atol, msg=key)
-    moved = max((reference.state[k] - initial[k]).abs().max().item() for k in initial)
-    assert moved > 100 * atol  # training moved the weights far beyond the tolerance
+    assert_state_equals(merged_state(state, RANKS), reference.state, spec=CNN, atol=atol)
     losses = json.loads((out / "metrics.json").read_text())["measurement"]["losses"]
     for got, want in zip(losses, reference.losses, strict=True):
         assert got == pytest.approx(list(want), rel=1e-6)
@@ -163,11 +161,11 @@ def test_cnn_pipeline_training_equals_single_process_training(tmp_path):
 
 def test_every_op_is_a_profiler_event_named_by_its_op_id(tmp_path, one_thread):
     # One rank in a one-process gloo group, as a worker runs it; the program has only compute ops and OPT_STEP.
-    plan = _one_rank_plan(m=3)
+    plan = built_plan(m=3)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
-            _run_single_rank(plan, steps=1, optimizer="sgd")
+            run_single_rank(plan, steps=1, optimizer="sgd")
     finally:
         dist.destroy_process_group()
     names = [event.name for event in profiler.events()]
@@ -192,7 +190,7 @@ def _edit_plan(plan: Path, target: Path, edit) -> Path:
 def test_a_plan_with_an_unknown_op_kind_or_model_is_one_error_line_and_status_2(tmp_path, edit, message):
     plan = _edit_plan(_plan(tmp_path, "1f1b", RANKS, 2), tmp_path / "edited.json", edit)
     out = tmp_path / "out"
-    result = _execute(plan, out, timeout=60)
+    result = execute(plan, out, timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr

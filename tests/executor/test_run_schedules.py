@@ -8,8 +8,7 @@ import torch
 
 from executor.reference import train_pipedream_reference, train_reference
 from sim.ir import Plan
-from sim.run import main as sim_main
-from tests.executor.test_run import SPEC, _execute
+from tests.executor.runs import SPEC, assert_state_equals, execute, merged_state, sim_plan
 
 # 8 layers (embed, 6 blocks, head): interleaved with 2 chunks on 4 ranks needs 8 vstages of at least one layer.
 SPEC8 = "gpt:heads=2,hidden=32,layers=6,seq=8,vocab=50"
@@ -17,33 +16,21 @@ ATOL = 1e-7  # SGD: pipelines only reorder the sum of microbatch gradients (test
 
 
 def _plan(tmp_path, ranks, m, *flags, model=SPEC):
-    out = tmp_path / "sim"
-    assert sim_main(["--topology", f"{ranks}xcpu", "--model", model, "-m", str(m), "--partition", "uniform",
-                     "--no-gantt", "--out", str(out), *flags]) == 0
-    return out / "plan.json"
+    return sim_plan(tmp_path / "sim", ranks, m, *flags, model=model)
 
 
 def _train(tmp_path, plan, warmup, iterations):
     out, state = tmp_path / "real", tmp_path / "state"
-    result = _execute(plan, out, "--warmup", str(warmup), "--iterations", str(iterations), "--optimizer", "sgd",
-                      "--save-state", str(state), "--no-gantt", "--threads", "1")
+    result = execute(plan, out, "--warmup", str(warmup), "--iterations", str(iterations), "--optimizer", "sgd",
+                     "--save-state", str(state), "--no-gantt", "--threads", "1")
     assert result.returncode == 0, result.stderr
     plan_obj = Plan.loads(plan.read_text())
-    merged = {}
-    for v in range(plan_obj.num_vstages):
-        merged.update(torch.load(state / f"stage{v}.pt"))
     losses = json.loads((out / "metrics.json").read_text())["measurement"]["losses"]
-    return plan_obj, merged, losses
+    return plan_obj, merged_state(state, plan_obj.num_vstages), losses
 
 
 def _assert_state(merged, reference_state, spec=SPEC):
-    assert sorted(merged) == sorted(reference_state)
-    for key, value in reference_state.items():
-        torch.testing.assert_close(merged[key], value, rtol=1e-5, atol=ATOL, msg=key)
-    # Negative control: training moved the weights far beyond the tolerance, so agreeing is not agreeing on nothing.
-    initial = train_reference(spec, steps=0, num_microbatches=1, microbatch_size=1).state
-    moved = max((reference_state[k] - initial[k]).abs().max().item() for k in initial)
-    assert moved > 100 * ATOL, moved
+    assert_state_equals(merged, reference_state, spec=spec, atol=ATOL)
 
 
 # A zero-bubble-style schedule with two stages per rank (loop placement: stages 0 and 2 on rank 0), written the way

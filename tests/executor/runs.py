@@ -1,0 +1,76 @@
+"""Helpers shared by the executor tests that start real runs: a plan from ``sim.run``, ``executor.run`` in a fresh
+process (as a user starts it), the saved stage states merged, and the equality with single-process training."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from executor.interpreter import RankInterpreter
+from executor.modules import boundary_specs, build_stage, loss_fn, synthetic_batch
+from executor.optim import make_optimizer
+from executor.reference import train_reference
+from sim.planning import PlanInputs, build_plan
+from sim.run import main as sim_main
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = "gpt:heads=2,hidden=32,layers=2,seq=8,vocab=50"  # 4 layers: embed, 2 blocks, head
+
+
+def sim_plan(out: Path, ranks: int, m: int, *flags: str, model: str = SPEC) -> Path:
+    """``sim.run`` on ``{ranks}xcpu`` with a uniform partition and no chart; ``flags`` add e.g. ``--schedule``."""
+    assert sim_main(["--topology", f"{ranks}xcpu", "--model", model, "-m", str(m), "--partition", "uniform",
+                     "--no-gantt", "--out", str(out), *flags]) == 0
+    return out / "plan.json"
+
+
+def execute(plan: Path, out: Path, *extra: str, env: dict[str, str] | None = None,
+            timeout: float = 180) -> subprocess.CompletedProcess:
+    """``python -m executor.run --plan plan --out out *extra`` in a fresh process; its result, whatever the status."""
+    command = [sys.executable, "-m", "executor.run", "--plan", str(plan), "--out", str(out), *extra]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def merged_state(state_dir: Path, num_vstages: int) -> dict[str, torch.Tensor]:
+    """The parameters every vstage saved with ``--save-state``, as one state dict of the whole model."""
+    merged: dict[str, torch.Tensor] = {}
+    for v in range(num_vstages):
+        merged.update(torch.load(state_dir / f"stage{v}.pt"))
+    return merged
+
+
+def assert_state_equals(merged: dict[str, torch.Tensor], reference_state: dict[str, torch.Tensor], *,
+                        spec: str = SPEC, atol: float, rtol: float = 1e-5) -> None:
+    """Every parameter equals the reference's within the tolerances, and training moved the weights more than 100
+    times ``atol``, so that agreeing is not agreeing on nothing (the negative control)."""
+    assert sorted(merged) == sorted(reference_state)
+    for key, value in reference_state.items():
+        torch.testing.assert_close(merged[key], value, rtol=rtol, atol=atol, msg=key)
+    initial = train_reference(spec, steps=0, num_microbatches=1, microbatch_size=1).state
+    moved = max((reference_state[k] - initial[k]).abs().max().item() for k in initial)
+    assert moved > 100 * atol, moved
+
+
+def built_plan(schedule="1f1b", topology="1xcpu", m=3):
+    """The lowered plan of :data:`SPEC`, built in this process (uniform partition)."""
+    return build_plan(PlanInputs(model=SPEC, topology=topology, schedule=schedule, microbatches=m,
+                                 partition="uniform")).plan
+
+
+def run_single_rank(plan, steps, optimizer):
+    """Run a one-rank plan in this process (no process group needed: it has no sends) for ``steps`` iterations on
+    the seeded batches; returns the stage, the per-step losses and the last iteration's op records."""
+    stage = build_stage(SPEC, 0, 4, seed=0)
+    opt = make_optimizer(optimizer, stage.parameters())
+    boundary = {0: boundary_specs(SPEC, [0], plan.microbatch_size)[0]}
+    interpreter = RankInterpreter(plan, 0, {0: stage}, {0: opt}, loss_fn(SPEC), boundary)
+    losses, records = [], None
+    m = plan.num_microbatches
+    for step in range(steps):
+        batches = [synthetic_batch(SPEC, plan.microbatch_size, seed=0, index=step * m + j) for j in range(m)]
+        records, step_losses = interpreter.run_iteration([x for x, _ in batches], [y for _, y in batches])
+        losses.append(tuple(step_losses))
+    return stage, losses, records
