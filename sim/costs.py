@@ -51,6 +51,11 @@ def _in_bytes(graph: LayerGraph, i: int) -> int:
     return sum(incoming) if incoming else graph.input_bytes
 
 
+def _profile_applies(profile: MeasuredProfile | None, device: DeviceSpec) -> bool:
+    """Whether ``profile`` was measured on ``device``: the one rule for where measured times and p2p replace models."""
+    return profile is not None and profile.device == device.name
+
+
 def layer_costs(
     graph: LayerGraph, device: DeviceSpec, microbatch_size: int, profile: MeasuredProfile | None = None
 ) -> LayerCosts:
@@ -60,7 +65,7 @@ def layer_costs(
         SpecError: the profile is for another model, or names layers the graph does not have.
     """
     measured = None
-    if profile is not None and profile.device == device.name:
+    if _profile_applies(profile, device):
         if profile.model != graph.spec:
             raise SpecError(f"profile {profile.source} was measured for {profile.model!r}, not {graph.spec!r}")
         names = tuple(t.name for t in profile.layers)
@@ -119,7 +124,7 @@ class CostModel:
         self.profile = profile
         self._p2p = None
         if profile is not None and profile.p2p_latency_s is not None and profile.p2p_bandwidth:
-            self._p2p = (profile.device, profile.p2p_latency_s, profile.p2p_bandwidth)
+            self._p2p = (profile.p2p_latency_s, profile.p2p_bandwidth)
         by_device: dict[str, LayerCosts] = {}
         for device in topology.devices:
             if device.name not in by_device:
@@ -162,11 +167,27 @@ class CostModel:
         The profile's measured ``latency + nbytes / bandwidth`` when both ranks run on the profile's device, else
         :meth:`sim.topology.Topology.transfer_time`; 0 between a rank and itself.
         """
-        if self._p2p is not None and src_rank != dst_rank:
-            device, latency, bandwidth = self._p2p
-            if self.topology.devices[src_rank].name == device and self.topology.devices[dst_rank].name == device:
-                return latency + nbytes / bandwidth
+        if self._p2p is not None and src_rank != dst_rank and self._profiled(src_rank) and self._profiled(dst_rank):
+            latency, bandwidth = self._p2p
+            return latency + nbytes / bandwidth
         return self.topology.transfer_time(nbytes, src_rank, dst_rank)
+
+    def _profiled(self, rank: int) -> bool:
+        return _profile_applies(self.profile, self.topology.devices[rank])
+
+    def profiled_ranks(self, num_ranks: int | None = None) -> tuple[int, ...]:
+        """Ranks on the profile's device, whose measured times replace the roofline (synthetic layers excepted).
+
+        Args:
+            num_ranks: consider ranks ``0..num_ranks-1`` only (a plan's ranks); default every device of the topology.
+        """
+        count = self.topology.num_ranks if num_ranks is None else min(num_ranks, self.topology.num_ranks)
+        return tuple(rank for rank in range(count) if self._profiled(rank))
+
+    def uses_measured_p2p(self, num_ranks: int | None = None) -> bool:
+        """Whether some transfer between two of the first ``num_ranks`` ranks takes the profile's measured p2p fit
+        (:meth:`transfer_time`): the profile has a fit and at least two of those ranks run on its device."""
+        return self._p2p is not None and len(self.profiled_ranks(num_ranks)) >= 2
 
     def param_bytes(self, vstage: int) -> int:
         """Weight bytes of ``vstage`` (what a PREFETCH or EVICT of the stage moves)."""

@@ -26,10 +26,15 @@ def fail(message: str) -> NoReturn:
 
 
 def run_cli(main: Callable[[], T]) -> T:
-    """Run a CLI body, turning :class:`SpecError` (and unreadable files) into one ``error:`` line and exit 2."""
+    """Run a CLI body, turning :class:`SpecError` (and unreadable or non-UTF-8 files) into one ``error:`` line and exit
+    2."""
     try:
         return main()
     except SpecError as exc:
         fail(str(exc))
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         fail(f"cannot read {exc.filename!r}: {exc.strerror}")
+    except UnicodeDecodeError as exc:
+        # Input files are read through sim.fileio.read_text, which names the file; this is the backstop for a read
+        # that is not, where the exception knows the bytes but not the file.
+        fail(f"an input file is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})")

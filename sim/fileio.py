@@ -1,7 +1,8 @@
 """Atomic file writes: a reader (or a crash) sees either the old file or the complete new one, never a partial one.
 
 Every output of a run (plan, schedule, metrics, trace, chart) is written through here, which is how "never a partial
-output file presented as complete" holds.
+output file presented as complete" holds. Input text files (plans, profiles, schedule CSVs, topology YAML) are read
+through :func:`read_text`, so a binary or mis-encoded file is a :class:`SpecError` naming it, not a traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +13,28 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_bytes_atomic", "write_text_atomic", "write_json_atomic"]
+from sim.errors import SpecError
+
+__all__ = ["read_text", "write_bytes_atomic", "write_text_atomic", "write_json_atomic"]
+
+
+def read_text(path: str | os.PathLike, what: str) -> str:
+    """The UTF-8 text of an input file.
+
+    Args:
+        path: the file.
+        what: what the file is, for the message (``"profile"``, ``"plan"``, ``"schedule file"``).
+
+    Raises:
+        SpecError: the file is not UTF-8 text; the message names ``what``, the file and the first bad byte.
+        OSError: the file cannot be read (the CLIs report it as ``cannot read ...``).
+    """
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{what} {os.fspath(path)} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                        f"{exc.start})") from None
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:

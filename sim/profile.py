@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import SpecError
+from sim.fileio import read_text
 
 __all__ = ["LayerTiming", "MeasuredProfile", "load_profile", "PROFILE_FORMAT_VERSION"]
 
@@ -74,7 +75,7 @@ def load_profile(path: str | Path) -> MeasuredProfile:
     """Read and check a measured profile; SpecError naming the file and the bad field on any problem."""
     source = str(path)
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_text(path, "profile"))
     except json.JSONDecodeError as exc:
         raise SpecError(f"profile {source} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict) or data.get("format") != "pipedejavu-profile":
@@ -104,8 +105,8 @@ def load_profile(path: str | Path) -> MeasuredProfile:
     latency = _number(p2p, "latency_s", f"profile {source}, p2p", required=False)
     bandwidth = _number(p2p, "bandwidth_bytes_per_s", f"profile {source}, p2p", required=False)
     if not _p2p_measured_on_profile_device(p2p.get("device"), data["device"]):
-        # A one-GPU host measures p2p between two CPU processes (profiles.p2p.choose_p2p): host loopback figures
-        # would be wrong for GPU-to-GPU links, so those transfers keep the topology's link model.
+        # Host-memory figures (two CPU processes over loopback, p2p.device "cpu") say nothing about GPU-to-GPU
+        # links, and the reverse; such transfers keep the topology's link model.
         latency = bandwidth = None
     return MeasuredProfile(source, data["model"], data["device"], mbs, tuple(layers), latency, bandwidth)
 

@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sim.costs import CostModel
 from sim.engine import simulate
 from sim.errors import SpecError, fail, run_cli
 from sim.fileio import write_json_atomic, write_text_atomic
@@ -23,10 +24,9 @@ from sim.metrics import compute_metrics
 from sim.models import format_model_list
 from sim.outputs import format_summary, write_run_outputs
 from sim.planning import PlanInputs, build_plan
-from sim.profile import MeasuredProfile
 from sim.schedule_csv import dumps_schedule_csv
 from sim.schedules import SCHEDULES
-from sim.topology import Topology, format_topology_list
+from sim.topology import format_topology_list
 
 __all__ = ["main", "make_parser", "parse_byte_size"]
 
@@ -127,7 +127,7 @@ def _run(argv: list[str] | None) -> int:
           f"{f' ({chunks} chunks per rank, loop placement)' if chunks else ''}, layers per stage "
           f"{','.join(map(str, plan.placement.layer_counts()))}, {plan.num_microbatches} microbatches × "
           f"{plan.microbatch_size} sample(s){', activation recomputation' if recompute else ''}")
-    costs_line = _describe_costs(built.profile, topology)
+    costs_line = _describe_costs(built.costs, plan.num_ranks)
     print(f"costs {costs_line}")
     result = simulate(plan, built.costs, topology, check_memory=not args.ignore_memory)
     metrics = compute_metrics(
@@ -154,15 +154,28 @@ def _run(argv: list[str] | None) -> int:
     return 0
 
 
-def _describe_costs(profile: MeasuredProfile | None, topology: Topology) -> str:
-    """Where the simulated durations come from, in one line: the roofline, or which profile and for which ranks."""
+def _describe_costs(costs: CostModel, num_ranks: int) -> str:
+    """Where the simulated durations of the plan's ``num_ranks`` ranks come from, in one line: the roofline, or which
+    profile, on which ranks (as the cost model applies it), and whether transfers take its measured p2p fit."""
+    profile = costs.profile
     if profile is None:
         return "roofline (hardware catalog)"
-    ranks = [r for r, device in enumerate(topology.devices) if device.name == profile.device]
-    where = f"ranks {ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank {ranks[0]}" if ranks else "no rank"
-    p2p = "measured p2p" if profile.p2p_latency_s is not None and profile.p2p_bandwidth else "link model for p2p"
+    ranks = costs.profiled_ranks(num_ranks)
+    where = f"ranks {_rank_ranges(ranks)}" if len(ranks) > 1 else f"rank {ranks[0]}" if ranks else "no rank"
+    p2p = "measured p2p" if costs.uses_measured_p2p(num_ranks) else "link model for p2p"
     return (f"measured profile {profile.source} ({profile.device}, {profile.microbatch_size} sample(s) per "
             f"microbatch) on {where}, roofline elsewhere; {p2p}")
+
+
+def _rank_ranges(ranks: tuple[int, ...]) -> str:
+    """Sorted ranks in run-length form: ``(0, 1, 4, 5, 7)`` → ``"0-1, 4-5, 7"``."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
 
 
 def _run_csp(args: argparse.Namespace) -> int:

@@ -15,9 +15,9 @@ import csv
 import io
 import os
 import re
-from pathlib import Path
 
 from sim.errors import SpecError
+from sim.fileio import read_text
 from sim.ir import COMPUTE_KINDS, Op, OpKind
 
 __all__ = ["dumps_schedule_csv", "load_schedule_csv"]
@@ -39,12 +39,16 @@ def dumps_schedule_csv(programs: tuple[tuple[Op, ...], ...]) -> str:
     return out.getvalue()
 
 
-def _compute_op(text: str, where: str, cell: str) -> Op | None:
-    """The compute op a cell names, ``None`` for communication (a compute_comms file); else a SpecError."""
+def _parse(text: str, where: str) -> Op:
     try:
-        op = Op.parse(text)
+        return Op.parse(text)
     except SpecError as exc:
         raise SpecError(f"{where}: {exc}") from None
+
+
+def _compute_op(text: str, where: str, cell: str) -> Op | None:
+    """The compute op a cell names, ``None`` for communication (a compute_comms file); else a SpecError."""
+    op = _parse(text, where)
     if op.kind in _LOWERED_KINDS:
         return None  # a compute_comms file: lowering adds the communication again
     if op.kind not in COMPUTE_KINDS:
@@ -55,17 +59,48 @@ def _compute_op(text: str, where: str, cell: str) -> Op | None:
     return op
 
 
-def load_schedule_csv(path: str | os.PathLike) -> tuple[tuple[Op, ...], ...]:
-    """Read a compute-only schedule CSV; row r is rank r's program.
+def _overlap_ops(subs: str, where: str, cell: str) -> tuple[Op, Op]:
+    """The forward and the full backward of a ``(sFm;s'Bm')OVERLAP_F_B`` cell.
 
+    The pair is exactly two compute actions: a communication or FSDP sub-action inside the cell, which a
+    compute_comms file would have skipped at top level, has no place in it and is named in the error.
+
+    Raises:
+        SpecError: a sub-action that is not an op, or the cell holds anything but one F then one B with microbatches.
+    """
+    found: list[str] = []
+    ops: list[Op] = []
+    for sub in (text.strip() for text in subs.split(";")):
+        runtime_only = _RUNTIME_ONLY.match(sub)
+        if runtime_only:
+            found.append(runtime_only.group(1))
+            continue
+        op = _parse(sub, where)
+        found.append(op.kind.value)
+        ops.append(op)
+    if found != [OpKind.F.value, OpKind.B.value]:
+        raise SpecError(f"{where}: {cell!r} holds {';'.join(found)}; an OVERLAP_F_B cell must hold one forward and "
+                        f"one full backward, (F;B)")
+    forward, backward = ops
+    for op in ops:
+        if op.mb is None:
+            raise SpecError(f"{where}: {cell!r} has no microbatch for {op.id}")
+    return forward, backward
+
+
+def load_schedule_csv(path: str | os.PathLike) -> tuple[tuple[Op, ...], ...]:
+    """Read a schedule CSV, ``compute_only`` or ``compute_comms``; row r is rank r's program of compute ops.
+
+    Communication actions (SEND/RECV, REDUCE_GRAD) and FSDP's UNSHARD/RESHARD are skipped: lowering adds its own.
     A ``(sF m;s'B m')OVERLAP_F_B`` cell becomes ``sFm`` then ``s'Bm'`` in program order: PyTorch's runtime runs the
     sub-actions in sequence too, and running them back to back on the compute stream is the conservative model of
     DualPipeV's overlap (it takes F + B, never less; the overlap only hides communication behind compute).
 
     Raises:
-        SpecError: an empty file, a cell that is not an op (naming row and column), or a non-compute op.
+        SpecError: a file that is not UTF-8 text, an empty file, a cell that is not an op (naming row and column), a
+            non-compute op other than those skipped, or an OVERLAP_F_B cell that is not one F and one B.
     """
-    text = Path(path).read_text()
+    text = read_text(path, "schedule file")
     programs = []
     for row_number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
         ops = []
@@ -80,10 +115,7 @@ def load_schedule_csv(path: str | os.PathLike) -> tuple[tuple[Op, ...], ...]:
                 # The conservative reading: the sub-actions one after the other on the compute stream, as PyTorch's
                 # own runtime executes OVERLAP_F_B. DualPipeV overlaps them to hide the communication of one under
                 # the compute of the other; with no overlap modelled the pair takes F + B, an upper bound.
-                subs = [_compute_op(sub.strip(), where, cell) for sub in overlap.group("subs").split(";")]
-                if [op.kind if op else None for op in subs] != [OpKind.F, OpKind.B]:
-                    raise SpecError(f"{where}: {cell!r} is not an overlapped forward and full backward (F;B)")
-                ops.extend(subs)  # type: ignore[arg-type]  # both are ops, checked above
+                ops.extend(_overlap_ops(overlap.group("subs"), where, cell))
                 continue
             op = _compute_op(cell.strip(), where, cell)
             if op is not None:

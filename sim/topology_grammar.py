@@ -27,12 +27,12 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from sim.errors import SpecError
+from sim.fileio import read_text
 from sim.hardware import DeviceSpec, device_aliases, get_device, get_link, list_devices
 from sim.topology_nodes import MAX_RANKS, NodeShape, default_shape, max_gpus_per_node, unify_network
 
@@ -166,7 +166,7 @@ def load_topology_yaml(path: str) -> list[NodeShape]:
     """
     where = f"topology file {path!r}"
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_text(path, "topology file"))
     except OSError as exc:
         raise SpecError(f"{where}: cannot read it ({exc.strerror})") from None
     except yaml.YAMLError as exc:

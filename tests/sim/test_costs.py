@@ -131,3 +131,28 @@ def test_profile_p2p_from_host_loopback_is_not_used_for_gpu_links(tmp_path):
         topology.transfer_time(10**6, 0, 1)
     gpu = load_profile(_profile(tmp_path, graph, device=device, p2p={**fit, "device": "cuda"}))
     assert CostModel(graph, topology, placement, 2, gpu).transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
+
+
+def test_cost_model_names_the_ranks_its_profile_applies_to(tmp_path):
+    """The profile's device matches ranks 0-1 and 4-5 of 2xV100+2xA100+2xV100; the A100s in between keep the
+    roofline, and measured p2p is used only where two of the ranks considered are on the profile's device."""
+    graph = build_model("gpt:layers=4,hidden=64,seq=16,vocab=50")
+    topology = Topology.parse("2xV100+2xA100+2xV100")
+    v100 = topology.devices[0].name
+    placement = Placement(tuple((i, i + 1) for i in range(6)), tuple(range(6)))
+    fit = {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9}
+    costs = CostModel(graph, topology, placement, 2, load_profile(_profile(tmp_path, graph, device=v100, p2p=fit)))
+    assert costs.profiled_ranks() == (0, 1, 4, 5)
+    assert costs.profiled_ranks(4) == (0, 1) and costs.profiled_ranks(1) == (0,)
+    assert costs.uses_measured_p2p() and costs.uses_measured_p2p(2) and not costs.uses_measured_p2p(1)
+    # The same rule as the costs themselves: measured on the V100s, roofline on the A100s, p2p only V100 to V100.
+    measured = layer_costs(graph, topology.devices[0], 2, load_profile(_profile(tmp_path, graph, device=v100)))
+    assert [costs.compute_time(OpKind.F, v) for v in (0, 4)] == pytest.approx([measured.fwd[0], measured.fwd[4]])
+    a100 = layer_costs(graph, topology.devices[2], 2)
+    assert costs.compute_time(OpKind.F, 2) == pytest.approx(a100.fwd[2])
+    assert costs.transfer_time(10**6, 1, 4) == pytest.approx(1e-4 + 1e-3)
+    assert costs.transfer_time(10**6, 1, 2) == topology.transfer_time(10**6, 1, 2)
+    no_fit = CostModel(graph, topology, placement, 2, load_profile(_profile(tmp_path, graph, device=v100)))
+    assert no_fit.profiled_ranks() == (0, 1, 4, 5) and not no_fit.uses_measured_p2p()
+    roofline = CostModel(graph, topology, placement, 2)
+    assert roofline.profiled_ranks() == () and not roofline.uses_measured_p2p()

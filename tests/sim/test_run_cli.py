@@ -9,6 +9,7 @@ import pytest
 from sim.ir import Plan
 from sim.models import build_model
 from sim.run import main
+from sim.topology import Topology
 from sim.viz.chrome_trace import read_chrome_trace
 
 SMALL = ["--topology", "4xV100", "--model", "gpt:layers=6,hidden=256,seq=128,vocab=1000", "--microbatches", "6"]
@@ -53,6 +54,49 @@ def test_summary_and_metrics_say_where_the_costs_come_from(tmp_path, capsys):
             "measured p2p")
     assert f"costs {line}" in out.out
     assert json.loads((tmp_path / "measured" / "metrics.json").read_text())["plan"]["costs"] == line
+
+
+def test_costs_line_names_exactly_the_plans_ranks_on_the_profiles_device(tmp_path, capsys):
+    """2xV100+2xA100+2xV100 with a V100 profile: ranks 2-3 are A100s on the roofline, so the line says 0-1 and 4-5;
+    a schedule file using only ranks 0-3 of the six devices names 0-1 (ranks 4-5 are not in the plan)."""
+    topology = "2xV100+2xA100+2xV100"
+    args = ["--topology", topology, "--model", "gpt:layers=4,hidden=64,seq=16,vocab=50", "--no-gantt"]
+    graph = build_model("gpt:layers=4,hidden=64,seq=16,vocab=50")
+    v100 = Topology.parse(topology).devices[0].name
+    profile = tmp_path / "v100.json"
+    profile.write_text(json.dumps({
+        "format": "pipedejavu-profile", "format_version": 1, "model": graph.spec, "device": v100,
+        "microbatch_size": 1, "p2p": {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9},
+        "layers": [{"name": layer.name, "fwd_s": 0.001, "bwd_s": 0.002} for layer in graph.layers]}))
+    code, out = _run(capsys, *args, "-m", "6", "--profile", str(profile), "--out", str(tmp_path / "six"))
+    line = (f"measured profile {profile} ({v100}, 1 sample(s) per microbatch) on ranks 0-1, 4-5, roofline "
+            "elsewhere; measured p2p")
+    assert code == 0 and f"costs {line}\n" in out.out
+    assert json.loads((tmp_path / "six" / "metrics.json").read_text())["plan"]["costs"] == line
+    csv = tmp_path / "four.csv"
+    csv.write_text("0F0,0B0\n1F0,1B0\n2F0,2B0\n3F0,3B0\n")
+    code, out = _run(capsys, *args, "--schedule-file", str(csv), "--partition", "1,1,2,2", "--profile", str(profile),
+                     "--out", str(tmp_path / "four"))
+    assert code == 0 and f"({v100}, 1 sample(s) per microbatch) on ranks 0-1, roofline elsewhere;" in out.out
+
+
+def test_binary_input_files_are_one_error_line_naming_the_file(tmp_path, capsys):
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
+    yaml_file = tmp_path / "binary.yaml"
+    yaml_file.write_bytes(binary.read_bytes())
+    base = ["--model", "uniform:layers=2", "--out", str(tmp_path / "out")]
+    for args, what in (
+        (["--topology", "2xideal", "--profile", str(binary)], "profile"),
+        (["--topology", "2xideal", "--schedule-file", str(binary)], "schedule file"),
+        (["--topology", str(yaml_file)], "topology file"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main([*args, *base])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"error: {what} ") and "binary" in err and "not UTF-8 text (byte 0x89 at offset 0)" in err
+        assert not (tmp_path / "out").exists()
 
 
 def test_same_inputs_give_byte_identical_plan_and_trace(tmp_path, capsys):
@@ -203,3 +247,12 @@ def test_new_schedules_and_recompute_from_the_command_line(tmp_path, capsys, arg
     assert metrics["plan"]["vstage_to_rank"] == ranks_of_vstages
     assert (("activation recomputation" in out.out) is recompute
             and ("2 chunks per rank" in out.out) is (schedule == "interleaved"))
+
+
+def test_a_decode_error_from_an_unnamed_read_is_still_one_error_line(capsys):
+    from sim.errors import run_cli
+
+    with pytest.raises(SystemExit) as info:
+        run_cli(lambda: b"ok\xc3(".decode("utf-8"))
+    assert info.value.code == 2
+    assert capsys.readouterr().err == "error: an input file is not UTF-8 text (byte 0xc3 at offset 2)\n"

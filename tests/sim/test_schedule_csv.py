@@ -35,13 +35,27 @@ def test_dualpipev_overlap_cell_is_its_forward_then_its_backward(tmp_path):
     assert _ids(load_schedule_csv(path)) == [["0F0", "0F1", "0F2", "1B0", "1B1", "1B2"]]
 
 
-@pytest.mark.parametrize("cell,message", [("0FOO1", "row 1, column 2"), ("0OPT_STEP", "not a compute op"),
-                                          ("0F", "has no microbatch"),
-                                          ("(0F1;0F2)OVERLAP_F_B", "not an overlapped forward and full backward"),
-                                          ("(0F1;1SEND_B0)OVERLAP_F_B", "row 1, column 2"),
-                                          ("(0F1;1X0)OVERLAP_F_B", "row 1, column 2")])
+@pytest.mark.parametrize("cell,message", [
+    ("0FOO1", "row 1, column 2"), ("0OPT_STEP", "not a compute op"), ("0F", "has no microbatch"),
+    ("(0F1;1X0)OVERLAP_F_B", r"row 1, column 2: not an op: '1X0'"),
+    # The overlapped pair is exactly one F then one B: whatever else the cell holds is named.
+    ("(0F1;0F2)OVERLAP_F_B", r"holds F;F; an OVERLAP_F_B cell must hold one forward and one full backward"),
+    ("(0F1;1SEND_B0)OVERLAP_F_B", r"row 1, column 2: '\(0F1;1SEND_B0\)OVERLAP_F_B' holds F;SEND_B; an OVERLAP_F_B"),
+    ("(0UNSHARD;0F1;1B0)OVERLAP_F_B", r"holds UNSHARD;F;B; an OVERLAP_F_B cell must hold one forward"),
+    ("(0F1;1B0;1RESHARD)OVERLAP_F_B", r"holds F;B;RESHARD; an OVERLAP_F_B"),
+    ("(1B0;0F1)OVERLAP_F_B", r"holds B;F; an OVERLAP_F_B"),
+    ("(0F1)OVERLAP_F_B", r"holds F; an OVERLAP_F_B"),
+    ("(0F;1B0)OVERLAP_F_B", r"has no microbatch for 0F"),
+])
 def test_bad_cells_are_named(tmp_path, cell, message):
     path = tmp_path / "bad.csv"
     path.write_text(f"0F0,{cell}\n")
     with pytest.raises(SpecError, match=message):
+        load_schedule_csv(path)
+
+
+def test_a_binary_file_is_named_not_decoded(tmp_path):
+    path = tmp_path / "schedule.csv"
+    path.write_bytes(b"0F0,\xff\xfe0B0\n")
+    with pytest.raises(SpecError, match=r"schedule file .*schedule.csv is not UTF-8 text \(byte 0xff at offset 4\)"):
         load_schedule_csv(path)
