@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from profiles.provenance import catalog_id_for_gpu
 from sim.costs import CostModel, layer_costs
 from sim.errors import SpecError
 from sim.graph import LayerGraph
@@ -65,28 +66,33 @@ def median_iteration(times: Sequence[float], warmup: int) -> tuple[int, float]:
     return index, median
 
 
-def compare_report(predicted: Trace, measured: Sequence[Trace], *, cost_source: str) -> dict[str, Any]:
+def compare_report(predicted: Trace, measured: Sequence[Trace], *, median_index: int,
+                   cost_source: str) -> dict[str, Any]:
     """The ``compare.json`` object.
 
     Args:
         predicted: the simulated trace of the plan.
         measured: the measured traces of the iterations after warm-up.
+        median_index: the position in ``measured`` of the median iteration, as the caller's
+            :func:`median_iteration` chose it (this function does not choose again).
         cost_source: where the prediction's costs came from, e.g. ``"profile runs/cal.json"`` or ``"roofline"``.
 
     Returns:
-        ``predicted_iteration_time_s``, ``measured_iteration_time_s`` (:func:`median_iteration` of ``measured``,
-        stated in ``measured_statistic``),
+        ``predicted_iteration_time_s``, ``measured_iteration_time_s`` (the time of ``measured[median_index]``,
+        the rule stated in ``measured_statistic``),
         ``relative_error`` = (measured − predicted) / measured, ``measured_iterations_s``, and ``ops``: per op kind the
         ``count`` per iteration, ``predicted_mean_s``, ``measured_mean_s`` (over all measured iterations) and
         ``relative_error``.
 
     Raises:
-        ValueError: no measured iteration.
+        ValueError: no measured iteration, or ``median_index`` is not one of them.
     """
     if not measured:
         raise ValueError("no measured iterations to compare with")
+    if not 0 <= median_index < len(measured):
+        raise ValueError(f"median_index {median_index} is not one of the {len(measured)} measured iterations")
     times = [trace.makespan for trace in measured]
-    _, measured_time = median_iteration(times, 0)
+    measured_time = times[median_index]
     predicted_time = predicted.makespan
     pred_kinds: dict[str, list[float]] = defaultdict(list)
     for span in predicted.spans:
@@ -136,13 +142,10 @@ def _split(total: float, prior: Sequence[float]) -> list[float]:
 
 
 def device_catalog_id(name: str) -> str | None:
-    """The hardware-catalog id of a device a rank reported: ``"cpu"``, or a CUDA device name looked up the way
-    ``profiles.measure`` does (``"NVIDIA H100 80GB HBM3"`` → ``"h100-sxm5-80gb"``); ``None`` if it has none."""
-    if name == "cpu":
-        return "cpu"
-    from profiles.measure import catalog_id_for_gpu  # imports torch; only GPU runs get here
-
-    return catalog_id_for_gpu(name)
+    """The hardware-catalog id of a device a rank reported: ``"cpu"``, or a CUDA device name looked up as
+    ``profiles.measure`` does (:func:`profiles.provenance.catalog_id_for_gpu`: ``"NVIDIA H100 80GB HBM3"`` →
+    ``"h100-sxm5-80gb"``); ``None`` if it has none."""
+    return "cpu" if name == "cpu" else catalog_id_for_gpu(name)
 
 
 def profile_device(measured_names: Sequence[str]) -> str:
@@ -186,7 +189,8 @@ def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians:
     Raises:
         SpecError: ``device`` is not in the catalog, or a stage has no measured F or B.
     """
-    base = layer_costs(graph, get_device(device), plan.microbatch_size, prior.profile)
+    device_spec = get_device(device)
+    base = layer_costs(graph, device_spec, plan.microbatch_size, prior.profile)
     layers: list[dict[str, Any]] = []
     for v, (start, end) in enumerate(plan.placement.vstage_layers):
         for kind in ("F", "B"):
@@ -202,7 +206,7 @@ def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians:
         "format": "pipedejavu-profile",
         "format_version": PROFILE_FORMAT_VERSION,
         "model": graph.spec,
-        "device": get_device(device).name,
+        "device": device_spec.name,
         "microbatch_size": plan.microbatch_size,
         "layers": layers,
         "method": {

@@ -51,9 +51,12 @@ def prediction_profile(plan, explicit: str | None) -> str | None:
     return explicit if explicit is not None else plan.option("profile")
 
 
-def finish_run(plan, options: RunOptions, reports: Sequence[RankReport], offsets: Sequence[ClockOffset],
-               sweep: tuple[tuple[int, ...], list[float]] | None) -> None:
-    """Build the measured traces, simulate the plan, and write every output; prints a short summary."""
+def finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence[RankReport],
+               offsets: Sequence[ClockOffset], sweep: tuple[tuple[int, ...], list[float]] | None) -> None:
+    """Build the measured traces, simulate the plan, and write every output; prints a short summary.
+
+    ``topology`` is the plan's, as ``executor.run`` parsed and checked it (``load_checked_plan``) in this process.
+    """
     # Checked before anything is written (executor.run checks it before launch where it can see the devices).
     calibration_device = profile_device([r.device for r in reports]) if options.calibrate_out else None
     out = Path(options.out)
@@ -66,18 +69,17 @@ def finish_run(plan, options: RunOptions, reports: Sequence[RankReport], offsets
     median_trace = measured[index - options.warmup]
 
     graph = build_model(plan.model)
-    topology = Topology.parse(plan.topology)
     profile_path = prediction_profile(plan, options.profile)
     profile = load_profile(profile_path) if profile_path else None
     costs = CostModel(graph, topology, plan.placement, plan.microbatch_size, profile)
     predicted = simulate(plan, costs, topology, check_memory=False).trace
     cost_source = f"profile {profile_path}" if profile_path else "roofline (hardware catalog)"
-    compare = compare_report(predicted, measured, cost_source=cost_source)
-    assert compare["measured_iteration_time_s"] == median_time == median_trace.makespan  # one definition
-    measured_devices = sorted({r.device for r in reports})
+    compare = compare_report(predicted, measured, median_index=index - options.warmup, cost_source=cost_source)
+    measured_devices = sorted({r.device for r in reports})  # as the ranks name them: "cpu" or the CUDA device name
     planned_devices = sorted({d.name for d in topology.devices[: plan.num_ranks]})
+    # Both as catalog ids, so they compare; a CUDA device the catalog has no id for keeps its own name.
     measured_ids = sorted({device_catalog_id(name) or name for name in measured_devices})
-    compare["devices"] = {"planned": planned_devices, "measured": measured_devices}
+    compare["planned_devices"], compare["measured_devices"] = planned_devices, measured_ids
     # A GPU plan run on this host's CPU was announced before launch (executor.run.choose_backend); this catches the
     # rest, e.g. a V100 plan run on A100s.
     if measured_ids != planned_devices and measured_ids != ["cpu"]:

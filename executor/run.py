@@ -7,11 +7,13 @@ Example::
 
 Started by hand, it checks the plan and the options before any process starts: an invalid plan, more ranks than its
 topology has devices, a model with no torch implementation, more ranks than CUDA devices, a backend that does not fit
-the plan's devices, or an unusable ``--out``/``--calibrate-out`` path is rejected with one ``error: ...`` line and
-status 2. It then launches one process per rank on this host with PyTorch's own launcher
-(``torch.distributed.launcher.elastic_launch``, the machinery of ``torchrun --standalone``), each of which re-enters
-this module as a worker. Started by ``torchrun`` itself (e.g. ``torchrun --nnodes 2 --nproc-per-node 4
---rdzv-endpoint host:29500 -m executor.run --plan ...`` on every host), it is already a worker.
+the plan's devices, an unusable ``--out``/``--calibrate-out``/``--save-state`` path (each is checked by creating and
+removing a probe file where it will be written, so nothing is left behind), or a ``--calibrate-out`` that names the
+plan or a file the run writes into ``--out`` is rejected with one ``error: ...`` line and status 2. It then launches
+one process per rank on this host with PyTorch's own launcher (``torch.distributed.launcher.elastic_launch``, the
+machinery of ``torchrun --standalone``), each of which re-enters this module as a worker. Started by ``torchrun``
+itself (e.g. ``torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m executor.run --plan ...`` on
+every host), it is already a worker.
 
 Backend (:func:`choose_backend`) follows the plan's devices, not the host: gloo for a plan on ``cpu``, NCCL for a
 plan on GPUs when CUDA is there. A GPU plan on a host without CUDA runs every rank on the CPU with gloo, after a
@@ -43,7 +45,10 @@ from sim.ir import Plan
 from sim.topology import Topology
 from sim.validate import check_topology, validate
 
-__all__ = ["main", "make_parser", "load_checked_plan", "choose_backend", "check_output_path"]
+__all__ = ["main", "make_parser", "load_checked_plan", "choose_backend", "check_output_path", "RUN_OUTPUT_FILES"]
+
+#: The files a run writes into ``--out`` (``executor.finish``; ``errors.log`` when a rank fails).
+RUN_OUTPUT_FILES = ("plan.json", "metrics.json", "trace.json", "gantt.png", "compare.json", "errors.log")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,21 +84,25 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_checked_plan(path: str) -> Plan:
+def load_checked_plan(path: str) -> tuple[Plan, Topology]:
     """Read a plan and check that the executor can run it: valid, enough devices in its topology for its ranks,
     lowered, known kinds, a torch model.
+
+    Returns:
+        The plan and its topology, parsed once here (the launcher and rank 0's ``finish_run`` reuse it).
 
     Raises:
         SpecError: with the reason, naming the file or the value.
     """
     from executor.modules import boundary_specs  # builds nothing; checks the model has a torch implementation
+    from sim.fileio import read_text
 
-    plan = Plan.loads(Path(path).read_text(), source=path)
+    plan = Plan.loads(read_text(path, "plan"), source=path)
     validate(plan)
-    check_topology(plan)
+    topology = check_topology(plan)
     check_supported(plan)
     boundary_specs(plan.model, [0], 1)
-    return plan
+    return plan, topology
 
 
 def _options(args: argparse.Namespace, plan: Plan) -> RunOptions:
@@ -118,6 +127,9 @@ def _options(args: argparse.Namespace, plan: Plan) -> RunOptions:
     check_output_path("--out", args.out, directory=True)
     if args.calibrate_out:
         check_output_path("--calibrate-out", args.calibrate_out, directory=False)
+        _check_calibrate_out_is_its_own_file(args.calibrate_out, args.plan, args.out)
+    if args.save_state:
+        check_output_path("--save-state", args.save_state, directory=True)
     if args.profile:
         from sim.profile import load_profile
 
@@ -136,10 +148,12 @@ def _options(args: argparse.Namespace, plan: Plan) -> RunOptions:
 
 
 def check_output_path(flag: str, path: str, *, directory: bool) -> None:
-    """Check before launch that ``path`` can be written when the run ends, without creating anything.
+    """Check before launch that ``path`` can be written when the run ends, leaving nothing behind.
 
-    Missing parents are created at the end (as for ``--out``), so the nearest existing ancestor must be a writable
-    directory. With ``directory`` (``--out``) an existing ``path`` must be a directory; otherwise (a file, such as
+    Missing parents are created at the end (as for ``--out``), so the nearest existing ancestor must be a directory
+    in which a file can be created: a probe file is created there and removed at once. (Permission bits alone say
+    nothing for root, who may still be refused, e.g. under ``/proc`` or on a read-only mount.) With ``directory``
+    (``--out``, ``--save-state``) an existing ``path`` must be a directory; otherwise (a file, such as
     ``--calibrate-out``) it must not be one.
 
     Raises:
@@ -155,8 +169,25 @@ def check_output_path(flag: str, path: str, *, directory: bool) -> None:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise SpecError(f"{flag} {path!r}: {str(ancestor)!r} is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise SpecError(f"{flag} {path!r}: cannot write in {str(ancestor)!r}")
+    try:
+        with tempfile.NamedTemporaryFile(dir=ancestor, prefix=".pipedejavu-probe-"):
+            pass  # removed on leaving the block
+    except OSError as exc:
+        raise SpecError(f"{flag} {path!r}: cannot write in {str(ancestor)!r} ({exc.strerror or exc})") from None
+
+
+def _check_calibrate_out_is_its_own_file(calibrate_out: str, plan: str, out: str) -> None:
+    """``--calibrate-out`` must not name the plan or a file the run writes into ``--out`` (it would overwrite it).
+
+    Raises:
+        SpecError: naming the path and the file it would replace.
+    """
+    target = Path(calibrate_out).resolve()
+    taken = {Path(plan).resolve(): f"the --plan file {plan!r}"}
+    taken.update({(Path(out) / name).resolve(): f"the {name} this run writes into --out" for name in RUN_OUTPUT_FILES})
+    for path, what in taken.items():
+        if target == path or (target.exists() and path.exists() and os.path.samefile(target, path)):
+            raise SpecError(f"--calibrate-out {calibrate_out!r} is {what}; name another file")
 
 
 def choose_backend(requested: str | None, planned_devices: Sequence[str], *, cuda_available: bool,
@@ -208,8 +239,8 @@ def choose_backend(requested: str | None, planned_devices: Sequence[str], *, cud
     return "nccl", None
 
 
-def _planned_devices(plan: Plan) -> list[str]:
-    return [device.name for device in Topology.parse(plan.topology).devices[: plan.num_ranks]]
+def _planned_devices(plan: Plan, topology: Topology) -> list[str]:
+    return [device.name for device in topology.devices[: plan.num_ranks]]
 
 
 def _check_calibration_device(backend: str, num_ranks: int) -> None:
@@ -273,16 +304,16 @@ def _run(argv: list[str] | None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = make_parser().parse_args(argv)
-    plan = load_checked_plan(args.plan)
+    plan, topology = load_checked_plan(args.plan)
     options = _options(args, plan)
-    planned = _planned_devices(plan)
+    planned = _planned_devices(plan, topology)
     if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         # Started by torchrun: this process is one rank. Its hosts' CUDA devices are not visible from here, so the
         # count is not checked (the worker fails on a missing device), nor is the calibration device (finish_run).
         backend, warning = choose_backend(args.backend, planned, cuda_available=torch.cuda.is_available())
         if warning and os.environ.get("RANK") == "0" and FAILURE_DIR_ENV not in os.environ:
             print(warning, file=sys.stderr)  # under our own launcher, the launcher has said it already
-        return worker_main(replace(options, backend=backend))
+        return worker_main(replace(options, backend=backend), plan, topology)
     cuda = torch.cuda.is_available()
     backend, warning = choose_backend(args.backend, planned, cuda_available=cuda,
                                       cuda_devices=torch.cuda.device_count() if cuda else 0)

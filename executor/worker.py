@@ -36,6 +36,7 @@ from executor.optim import make_optimizer
 from sim.errors import SpecError
 from sim.fileio import write_json_atomic
 from sim.ir import Plan
+from sim.topology import Topology
 
 __all__ = ["RunOptions", "FAILURE_DIR_ENV", "worker_main", "p2p_sweep", "failure_message"]
 
@@ -165,10 +166,9 @@ def _threads(options: RunOptions, local_world_size: int) -> int:
     return max(1, host_cores() // local_world_size)
 
 
-def _run(options: RunOptions, rank: int) -> None:
+def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None:
     world_size, local_rank = _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    plan = Plan.loads(Path(options.plan_path).read_text(), source=options.plan_path)
     if plan.num_ranks != world_size:
         raise SpecError(f"plan {options.plan_path} has {plan.num_ranks} ranks but the launcher started {world_size}")
     if options.backend == "nccl":
@@ -219,16 +219,20 @@ def _run(options: RunOptions, rank: int) -> None:
         from executor.finish import finish_run  # rank 0 only: simulation, plotting, file output
 
         assert gathered is not None
-        finish_run(plan, options, gathered, offsets, (sweep_sizes, sweep) if sweep else None)
+        finish_run(plan, topology, options, gathered, offsets, (sweep_sizes, sweep) if sweep else None)
     dist.barrier()  # nobody leaves while rank 0 may still need the group
     dist.destroy_process_group()
 
 
-def worker_main(options: RunOptions) -> int:
-    """Run this process's rank to the end; on any error report it and exit the process with status 1."""
+def worker_main(options: RunOptions, plan: Plan, topology: Topology) -> int:
+    """Run this process's rank to the end; on any error report it and exit the process with status 1.
+
+    ``plan`` and its ``topology`` are those ``executor.run`` read from ``options.plan_path`` and checked in this
+    process (``load_checked_plan``); the rank uses them as they are.
+    """
     rank = int(os.environ.get("RANK", "0") or 0)
     try:
-        _run(options, rank)
+        _run(options, plan, topology, rank)
     except BaseException as exc:  # noqa: BLE001 - a rank must never hang its peers, whatever went wrong
         _record_failure(rank, exc)
         leave_worker(2 if isinstance(exc, SpecError) else 1)  # bad input keeps the CLI's status 2

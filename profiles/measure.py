@@ -7,9 +7,10 @@ Example::
         --out runs/gpt4
 
 writes the schema of ``profiles/README.md``: each layer's forward, backward and optimizer time
-(:mod:`profiles.layer_timing`), the point-to-point latency and bandwidth between two processes (:mod:`profiles.p2p`;
-on a host with a single GPU, between two CPU processes, as :func:`profiles.p2p.choose_p2p` decides and ``p2p.device``
-records) and, on CUDA, host↔device copy bandwidth (:mod:`profiles.host_copy`), plus where, with what and when it was
+(:mod:`profiles.layer_timing`), the point-to-point latency and bandwidth between two processes (:mod:`profiles.p2p`:
+gloo between CPU processes for a cpu profile, NCCL between ``cuda:0`` and ``cuda:1`` for a cuda one; skipped, with
+the reason in ``method.p2p``, on a host with a single GPU, as :func:`profiles.p2p.choose_p2p` decides) and, on CUDA,
+host↔device copy bandwidth (:mod:`profiles.host_copy`), plus where, with what and when it was
 measured (:mod:`profiles.provenance`). Bad input prints one ``error: ...`` line, exits with
 status 2 and writes nothing.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 import sys
 from dataclasses import asdict
@@ -32,7 +32,7 @@ from executor.modules import TORCH_MODELS
 from executor.optim import OPTIMIZERS
 from profiles.layer_timing import LayerMeasurement, time_layers
 from profiles.p2p import P2PChoice, P2PError, choose_p2p, fit_latency_bandwidth, ping_pong, power_of_two_sizes
-from profiles.provenance import cpu_model, software_versions
+from profiles.provenance import catalog_id_for_gpu, cpu_model, software_versions
 from sim.errors import SpecError, fail, run_cli
 from sim.fileio import write_json_atomic
 from sim.hardware import get_device
@@ -40,41 +40,7 @@ from sim.models import build_model
 from sim.profile import PROFILE_FORMAT_VERSION
 from sim.spec import parse_spec
 
-__all__ = ["main", "make_parser", "catalog_id_for_gpu"]
-
-# torch.cuda.get_device_name() → catalog id of profiles/hardware/devices.yaml. First match wins, so the more
-# specific pattern of a family comes first. Names not listed (H100 NVL, H200, A10G, ...) need --device-name.
-_GPU_NAME_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"h100.*nvl", ""),  # a different part (94 GB, two cards bridged): not in the catalog
-    (r"h100.*pcie", "h100-pcie-80gb"),
-    (r"h100", "h100-sxm5-80gb"),  # "NVIDIA H100 80GB HBM3" is the SXM5 board
-    (r"a100.*(pcie.*80|80.*pcie)", "a100-pcie-80gb"),
-    (r"a100.*pcie", "a100-pcie-40gb"),
-    (r"a100.*80", "a100-sxm4-80gb"),
-    (r"a100", "a100-sxm4-40gb"),
-    (r"v100s", ""),  # V100S has a faster clock and memory than the catalog's V100s
-    (r"v100.*pcie.*32", "v100-pcie-32gb"),
-    (r"v100.*pcie", "v100-pcie-16gb"),
-    (r"v100.*32", "v100-sxm2-32gb"),
-    (r"v100", "v100-sxm2-16gb"),
-    (r"\bt4\b", "t4-16gb"),
-    (r"\ba10\b", "a10-24gb"),
-    (r"rtx 3090", "rtx3090-24gb"),
-    (r"rtx 4090", "rtx4090-24gb"),
-)
-
-
-def catalog_id_for_gpu(gpu_name: str) -> str | None:
-    """The catalog id (``profiles/hardware/devices.yaml``) of a CUDA device name, or None if it has none.
-
-    >>> catalog_id_for_gpu("NVIDIA A100-SXM4-80GB")
-    'a100-sxm4-80gb'
-    """
-    lowered = gpu_name.lower()
-    for pattern, catalog_id in _GPU_NAME_PATTERNS:
-        if re.search(pattern, lowered):
-            return catalog_id or None
-    return None
+__all__ = ["main", "make_parser"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -249,8 +215,6 @@ def _run(argv: list[str] | None) -> int:
     elif choice.backend is None:
         p2p, p2p_note = None, choice.note
     else:
-        if device.type == "cuda" and choice.device == "cpu":
-            print(f"p2p: {choice.note}")
         try:
             p2p, p2p_note = _measure_p2p(args, choice, sizes)
         except P2PError as exc:

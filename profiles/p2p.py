@@ -51,9 +51,9 @@ class P2PChoice:
     """Which ping-pong the profiler runs for the device it profiles, or that it runs none.
 
     Attributes:
-        backend: ``"gloo"`` or ``"nccl"``; ``None`` when nothing can be measured.
-        device: where the messages live: ``"cpu"`` (host memory, between two CPU processes) or ``"cuda"`` (GPU to
-            GPU); ``None`` when nothing can be measured.
+        backend: ``"gloo"`` or ``"nccl"``; ``None`` when nothing is measured.
+        device: where the messages live: ``"cpu"`` (host memory, between two CPU processes, for a cpu profile) or
+            ``"cuda"`` (GPU to GPU, for a cuda profile); ``None`` when nothing is measured.
         note: one line for the profile's ``method.p2p``: what is measured and why.
     """
 
@@ -67,8 +67,8 @@ def choose_p2p(device_type: str, gpu_count: int) -> P2PChoice:
 
     * ``cpu``: gloo between two CPU processes, whatever GPUs the host has (the executor's CPU ranks use gloo).
     * ``cuda`` with two or more GPUs: NCCL between ``cuda:0`` and ``cuda:1``, as the executor's ranks talk.
-    * ``cuda`` with exactly one GPU: NCCL needs a GPU per rank, so gloo between two CPU processes instead (host
-      loopback). These are host figures, not GPU-to-GPU ones; the profile says so in ``p2p.device``.
+    * ``cuda`` with one GPU: nothing. NCCL needs a GPU per rank, and a loopback between CPU processes would measure
+      the host, not a GPU link, so ``sim.profile`` would discard it for a cuda profile anyway.
     * ``cuda`` with no GPU: nothing (the profiler rejects ``--device cuda`` there before it gets this far).
 
     Raises:
@@ -83,8 +83,7 @@ def choose_p2p(device_type: str, gpu_count: int) -> P2PChoice:
     if gpu_count >= 2:
         return P2PChoice("nccl", "cuda", "nccl ping-pong between two processes on cuda:0 and cuda:1")
     if gpu_count == 1:
-        return P2PChoice("gloo", "cpu", "gloo ping-pong between two CPU processes (host loopback), because NCCL "
-                         "needs 2 CUDA devices and this host has 1: host figures, not GPU to GPU")
+        return P2PChoice(None, None, "skipped: NCCL p2p needs 2 CUDA devices, this host has 1")
     return P2PChoice(None, None, "skipped: no CUDA device")
 
 

@@ -1,4 +1,4 @@
-"""Fixtures shared by the executor tests."""
+"""Fixtures shared by the executor tests (``one_thread`` is in ``tests/conftest.py``)."""
 
 import json
 import os
@@ -7,21 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The small supernet of the CSP tests; choices=4 includes the identity candidate, so some stages of some subnets
 #: have nothing trainable upstream.
 CSP_SPEC = "supernet:blocks=6,choices=4,hidden=32,heads=4,seq=8,vocab=50"
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """One intra-op thread: the suite targets 2-core machines, and fixed threading keeps CPU kernels repeatable."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,11 @@
 """Helpers shared by the executor tests that start real runs: a plan from ``sim.run``, ``executor.run`` in a fresh
 process (as a user starts it), the saved stage states merged, and the equality with single-process training."""
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,6 +34,14 @@ def execute(plan: Path, out: Path, *extra: str, env: dict[str, str] | None = Non
     command = [sys.executable, "-m", "executor.run", "--plan", str(plan), "--out", str(out), *extra]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
+
+
+def edited_plan(plan: Path, target: Path, edit: Callable[[dict], object]) -> Path:
+    """A copy of the plan file at ``target`` after ``edit`` changed its JSON in place (to make a bad plan)."""
+    data = json.loads(plan.read_text())
+    edit(data)
+    target.write_text(json.dumps(data))
+    return target
 
 
 def merged_state(state_dir: Path, num_vstages: int) -> dict[str, torch.Tensor]:

@@ -11,9 +11,9 @@ import torch
 import profiles.layer_timing as layer_timing
 from executor.modules import build_layers
 from profiles.layer_timing import median_time_s, time_layers
-from profiles.measure import catalog_id_for_gpu, main
+from profiles.measure import main
 from profiles.p2p import fit_latency_bandwidth
-from profiles.provenance import cpu_model, software_versions
+from profiles.provenance import catalog_id_for_gpu, cpu_model, software_versions
 from sim.costs import layer_costs
 from sim.hardware import get_device
 from sim.models import build_model
@@ -67,7 +67,9 @@ class _SlowBackward(torch.autograd.Function):
         return grad
 
 
-def test_the_last_layer_times_include_the_loss_forward_and_backward(monkeypatch):
+def test_the_last_layer_times_include_the_loss_forward_and_backward(monkeypatch, one_thread):
+    # One thread (one_thread), as the profiler's default on cpu: with two, a kernel waits at its barrier for a sibling
+    # thread the OS has descheduled, and on a loaded 2-core machine that stretched sub-ms layers past SLOW_S.
     real_loss = layer_timing.loss_fn(GPT)
 
     def slow_loss(out, targets):
@@ -75,9 +77,6 @@ def test_the_last_layer_times_include_the_loss_forward_and_backward(monkeypatch)
         return real_loss(_SlowBackward.apply(out), targets)
 
     monkeypatch.setattr(layer_timing, "loss_fn", lambda spec: slow_loss)
-    # One thread, as the profiler's default on cpu: with two, a kernel waits at its barrier for a sibling thread the
-    # OS has descheduled, and on a loaded 2-core machine that stretched sub-ms layers past SLOW_S.
-    torch.set_num_threads(1)
     # Five repeats: a median of five stays below SLOW_S unless three runs of a layer hit a VM scheduling hiccup.
     measured = time_layers(GPT, warmup=1, repeats=5)
     *body, head = measured
