@@ -54,7 +54,7 @@ from sim.csp import csp_pick
 from sim.csp_memory import CopyPlan, StageMemory, StageState
 from sim.trace import Span
 
-__all__ = ["CspRankResult", "run_csp_rank", "train_subnets_sequentially"]
+__all__ = ["CspRankResult", "run_csp_rank"]
 
 _END = -1  # header of the end marker each rank sends its neighbours when it is done
 
@@ -372,31 +372,3 @@ def _wait(inbox: queue.Queue, timeout_s: float, rank: int) -> tuple[str, int, An
     if box == "error":
         raise tensor
     return box, subnet, tensor, arrival
-
-
-def train_subnets_sequentially(stage: nn.Module, num_subnets: int, choose: Callable[[int], None],
-                               optimizer: torch.optim.Optimizer, batch: Callable[[int], tuple[Tensor, Tensor]],
-                               loss: Callable[[Tensor, Tensor], Tensor]) -> dict[int, float]:
-    """The oracle: the same subnets one by one in one process, each updating the layers it used; their losses."""
-    losses = {}
-    for subnet in range(num_subnets):
-        inputs, targets = batch(subnet)
-        choose(subnet)
-        value = loss(stage(inputs), targets)
-        value.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses[subnet] = float(value.detach())
-    return losses
-
-
-def trainable(module: nn.Module) -> list[nn.Parameter]:
-    """The parameters CSP trains (the choice blocks; frozen shared layers excluded)."""
-    return [p for p in module.parameters() if p.requires_grad]
-
-
-def freeze_shared(module: nn.Module, shared_names: Sequence[str]) -> None:
-    """Freeze the layers every subnet uses (embedding, head), by submodule name prefix."""
-    for name, param in module.named_parameters():
-        if any(name.startswith(prefix) for prefix in shared_names):
-            param.requires_grad_(False)

@@ -39,7 +39,7 @@ from sim.models.supernet import KIND_SHAPES, candidate_heads, candidate_kinds
 
 __all__ = [
     "INIT_STD", "ChoiceBlock", "CausalConv", "SeparableConv", "Attention", "FeedForward", "GatedFeedForward",
-    "Identity", "make_candidate", "make_layer", "make_batch", "loss", "set_subnet",
+    "Identity", "make_candidate", "make_layer", "make_batch", "loss", "set_subnet", "freeze_shared", "trainable",
 ]
 
 INIT_STD = models_gpt.INIT_STD  # 0.02, GPT-2's weight init standard deviation
@@ -301,3 +301,15 @@ def set_subnet(module: nn.Module, choices_by_block: Mapping[int, int] | Sequence
             raise ValueError(f"block {m.block}: choice must be an int in [0, {len(m.candidates)}), got {value!r}")
     for m in blocks:
         m.choice = choices_by_block[m.block]
+
+
+def trainable(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters CSP trains (the choice blocks; frozen shared layers excluded)."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def freeze_shared(module: nn.Module, shared_names: Sequence[str]) -> None:
+    """Freeze the layers every subnet uses (embedding, head), by submodule name prefix."""
+    for name, param in module.named_parameters():
+        if any(name.startswith(prefix) for prefix in shared_names):
+            param.requires_grad_(False)

@@ -103,8 +103,7 @@ def _plan(args: argparse.Namespace, spec: str, stages: int):
 
 
 def _stage(spec: str, start: int, end: int, subnets, optimizer: str):
-    from executor.csp_runner import freeze_shared, trainable
-    from executor.models_supernet import set_subnet
+    from executor.models_supernet import freeze_shared, set_subnet, trainable
     from executor.modules import build_stage
     from executor.optim import make_optimizer
 
@@ -119,8 +118,8 @@ def _stage(spec: str, start: int, end: int, subnets, optimizer: str):
 
 
 def _sequential(args: argparse.Namespace, spec: str) -> dict:
-    from executor.csp_runner import train_subnets_sequentially
     from executor.modules import loss_fn, synthetic_batch
+    from executor.reference import train_subnets_sequentially
     from sim.models import build_model
 
     torch.set_num_threads(1)

@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from executor.modules import build_layers, loss_fn, synthetic_batch
 from executor.optim import make_optimizer
 
-__all__ = ["ReferenceResult", "train_reference", "train_pipedream_reference"]
+__all__ = ["ReferenceResult", "train_reference", "train_pipedream_reference", "train_subnets_sequentially"]
 
 
 @dataclass(frozen=True)
@@ -142,3 +142,19 @@ def train_pipedream_reference(spec: str, *, stage_layers: Sequence[tuple[int, in
             for key, tensor in layer.state_dict().items():
                 state[f"layers.{names[start + i]}.{key}"] = tensor.detach().clone()
     return ReferenceResult(state, tuple(losses))
+
+
+def train_subnets_sequentially(stage: nn.Module, num_subnets: int, choose: Callable[[int], None],
+                               optimizer: torch.optim.Optimizer, batch: Callable[[int], tuple[Tensor, Tensor]],
+                               loss: Callable[[Tensor, Tensor], Tensor]) -> dict[int, float]:
+    """The oracle: the same subnets one by one in one process, each updating the layers it used; their losses."""
+    losses = {}
+    for subnet in range(num_subnets):
+        inputs, targets = batch(subnet)
+        choose(subnet)
+        value = loss(stage(inputs), targets)
+        value.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses[subnet] = float(value.detach())
+    return losses
