@@ -224,7 +224,9 @@ def test_a_gpu_plan_without_cuda_runs_on_the_cpu_and_calibrates_a_cpu_profile(tm
     result = execute(out / "plan.json", tmp_path / "real", "--warmup", "0", "--iterations", "1", "--no-gantt",
                       "--calibrate-out", str(calibrated))
     assert result.returncode == 0, result.stderr
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    # One warning about the devices; a loaded machine may add the calibration's "no point-to-point fit" one.
+    warnings = [line for line in result.stderr.splitlines()
+                if line.startswith("warning:") and "no point-to-point fit" not in line]
     assert len(warnings) == 1 and "torch sees no CUDA device here" in warnings[0], result.stderr
     assert "backend gloo" in result.stdout
     profile = json.loads(calibrated.read_text())
