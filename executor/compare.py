@@ -28,14 +28,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from profiles.provenance import catalog_id_for_gpu
-from sim.costs import CostModel, layer_costs
-from sim.errors import SpecError
-from sim.graph import LayerGraph
-from sim.hardware import get_device
-from sim.ir import OpKind, Plan
-from sim.profile import PROFILE_FORMAT_VERSION
-from sim.trace import Trace
+from executor.provenance import catalog_id_for_gpu
+from sim.core.errors import SpecError
+from sim.cost.model import CostModel
+from sim.cost.oracle import CostOracle
+from sim.cost.profile import PROFILE_FORMAT_VERSION
+from sim.hw.catalog import get_device
+from sim.ir.plan import OpKind, Plan
+from sim.ir.trace import Trace
+from sim.models.graph import LayerGraph
 
 __all__ = ["compare_report", "stage_medians", "calibrated_profile", "median_iteration", "MEDIAN_RULE",
            "device_catalog_id", "profile_device"]
@@ -143,7 +144,7 @@ def _split(total: float, prior: Sequence[float]) -> list[float]:
 
 def device_catalog_id(name: str) -> str | None:
     """The hardware-catalog id of a device a rank reported: ``"cpu"``, or a CUDA device name looked up as
-    ``profiles.measure`` does (:func:`profiles.provenance.catalog_id_for_gpu`: ``"NVIDIA H100 80GB HBM3"`` →
+    ``profiles.measure`` does (:func:`executor.provenance.catalog_id_for_gpu`: ``"NVIDIA H100 80GB HBM3"`` →
     ``"h100-sxm5-80gb"``); ``None`` if it has none."""
     return "cpu" if name == "cpu" else catalog_id_for_gpu(name)
 
@@ -190,7 +191,7 @@ def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians:
         SpecError: ``device`` is not in the catalog, or a stage has no measured F or B.
     """
     device_spec = get_device(device)
-    base = layer_costs(graph, device_spec, plan.microbatch_size, prior.profile)
+    base = CostOracle(graph, plan.microbatch_size, prior.profile).layer_costs(device_spec)
     layers: list[dict[str, Any]] = []
     for v, (start, end) in enumerate(plan.placement.vstage_layers):
         for kind in ("F", "B"):

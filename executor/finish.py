@@ -1,7 +1,7 @@
 """Rank 0's end of a run: measured traces, the prediction, and every output file (DESIGN §1, §7).
 
 Writes into ``--out`` exactly what ``sim.run`` writes for a simulation, through the same function
-(:func:`sim.outputs.write_run_outputs`): ``metrics.json``, ``trace.json`` and ``gantt.png`` of the median measured
+(:func:`sim.report.outputs.write_run_outputs`): ``metrics.json``, ``trace.json`` and ``gantt.png`` of the median measured
 iteration; plus ``compare.json`` (predicted vs measured), ``plan.json`` (the plan that ran) and, with
 ``--calibrate-out``, a calibrated profile. ``metrics.json`` also carries every iteration's time and the losses.
 
@@ -29,19 +29,18 @@ from executor.compare import (
     stage_medians,
 )
 from executor.measured import RankReport, iteration_times, measured_trace
-from executor.worker import RunOptions, host_cores
-from profiles.p2p import fit_latency_bandwidth
-from profiles.provenance import cpu_model, software_versions
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import SpecError
-from sim.fileio import write_json_atomic, write_text_atomic
-from sim.ir import OpKind
-from sim.metrics import compute_metrics
-from sim.models import build_model
-from sim.outputs import format_summary, write_run_outputs
-from sim.profile import load_profile
-from sim.topology import Topology
+from executor.options import RunOptions, host_cores
+from executor.provenance import cpu_model, software_versions
+from sim.core.errors import SpecError
+from sim.core.fileio import write_json_atomic, write_text_atomic
+from sim.cost.model import CostModel
+from sim.cost.p2p_fit import fit_latency_bandwidth
+from sim.cost.profile import load_profile
+from sim.hw.topology import Topology
+from sim.ir.plan import OpKind
+from sim.predict import predict
+from sim.report.metrics import compute_metrics, plan_header
+from sim.report.outputs import format_summary, write_run_outputs
 
 __all__ = ["finish_run", "prediction_profile"]
 
@@ -68,12 +67,11 @@ def finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence[
     measured = [measured_trace(plan, reports, offsets, i, meta) for i in range(options.warmup, len(times))]
     median_trace = measured[index - options.warmup]
 
-    graph = build_model(plan.model)
     profile_path = prediction_profile(plan, options.profile)
     profile = load_profile(profile_path) if profile_path else None
-    costs = CostModel(graph, topology, plan.placement, plan.microbatch_size, profile)
-    predicted = simulate(plan, costs, topology, check_memory=False).trace
-    cost_source = f"profile {profile_path}" if profile_path else "roofline (hardware catalog)"
+    prediction = predict(plan, profile, topology=topology, check_memory=False)
+    costs, graph, predicted = prediction.costs, prediction.costs.graph, prediction.result.trace
+    cost_source = prediction.cost_source
     compare = compare_report(predicted, measured, median_index=index - options.warmup, cost_source=cost_source)
     measured_devices = sorted({r.device for r in reports})  # as the ranks name them: "cpu" or the CUDA device name
     planned_devices = sorted({d.name for d in topology.devices[: plan.num_ranks]})
@@ -88,8 +86,7 @@ def finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence[
 
     metrics = compute_metrics(median_trace, num_microbatches=plan.num_microbatches,
                               microbatch_size=plan.microbatch_size)
-    metrics["plan"] = {"schedule": plan.schedule, "model": plan.model, "topology": plan.topology,
-                       "layers_per_stage": list(plan.placement.layer_counts())}
+    metrics["plan"] = plan_header(plan)
     metrics["measurement"] = {
         "iteration": index,
         "warmup_iterations": options.warmup,
@@ -117,7 +114,7 @@ def finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence[
                                         machine=machine, software=software_versions(), iterations=len(measured))
         if sweep:
             # With no fit (too noisy) the profile still keeps the sweep, so the reason can be inspected, but has no
-            # latency or bandwidth: sim.costs then keeps the topology's link model for transfers.
+            # latency or bandwidth: sim.cost.model then keeps the topology's link model for transfers.
             calibrated.setdefault("p2p", {}).update({"sweep_sizes_bytes": list(sweep[0]),
                                                      "sweep_one_way_s": list(sweep[1]), "method": P2P_METHOD})
         target = Path(options.calibrate_out)
@@ -141,7 +138,7 @@ P2P_METHOD = (
 
 def _in_place_p2p(plan, costs: CostModel, measured, sweep) -> tuple[float, float] | None:
     """``(latency s, bandwidth in graph bytes/s)`` for the calibrated profile (see :data:`P2P_METHOD`)."""
-    from executor.modules import boundary_specs
+    from executor.nn.stages import boundary_specs
 
     try:
         _, bandwidth = fit_latency_bandwidth(sweep[0], sweep[1])

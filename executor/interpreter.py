@@ -1,14 +1,14 @@
 """The L1 interpreter: one rank walks its program and runs every op for real (DESIGN §7).
 
-The semantics are the simulator's (``sim.engine``), op for op, so a measured trace and a simulated one describe the
+The semantics are the simulator's (``sim.engine.simpy_engine``), op for op, so a measured trace and a simulated one describe the
 same thing:
 
 * The walker runs its program in order. Compute ops (F, B, OPT_STEP) block it; before one starts, every receive in
-  its ``deps`` is waited on. Dependencies on local ops are already met by program order (``sim.lower`` only ever
+  its ``deps`` is waited on. Dependencies on local ops are already met by program order (``sim.plan.lower`` only ever
   points a local dep backwards), so only receives need waiting.
 * SEND_* and RECV_* are ``torch.distributed.isend``/``irecv`` and do not block the walker. Their handles are kept in
   a table keyed by op id; the consumer's deps name the RECV, so the consumer waits on exactly the handle it needs.
-  Sends are waited on at the end of the iteration (their tensors are kept alive until then). ``sim.validate``
+  Sends are waited on at the end of the iteration (their tensors are kept alive until then). ``sim.plan.validate``
   guarantees the sends on each channel are posted in the order the receives are, which is how point-to-point
   transports (gloo, NCCL) match messages.
 * Adjacent vstages on the same rank hand their tensors over in memory; the lowering gives them a dep and no message.
@@ -16,7 +16,7 @@ same thing:
   the accumulated gradient is the mean over the iteration's samples, like single-process training on the whole
   batch (GPipe, Huang et al. 2019 §2.2: gradients are accumulated over micro-batches and applied once).
 * I and W split the backward (zero-bubble schedules): I computes the input gradient and every gradient except the
-  weights of linear and conv layers, which W computes later (``executor.split_backward``). R rebuilds the forward
+  weights of linear and conv layers, which W computes later (``executor.nn.split_backward``). R rebuilds the forward
   activations of a microbatch whose F kept only its input (``--recompute``).
 * OPT_STEP steps the vstage's own optimizer and clears its gradients: once per iteration under the flush policy
   (GPipe, 1F1B), after every microbatch under weight stashing (async PipeDream, ``executor.stash``), where F and its
@@ -38,11 +38,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from executor.modules import Stage, TensorSpec
-from executor.split_backward import WeightGradStore, enable_split_backward
+from executor.nn.split_backward import WeightGradStore, enable_split_backward
+from executor.nn.stages import Stage, TensorSpec
 from executor.stash import StashedWeights
-from sim.ir import Op, OpKind, Plan
-from sim.validate import PlanError
+from sim.ir.plan import Op, OpKind, Plan
+from sim.plan.validate import PlanError
 
 __all__ = ["HANDLED_KINDS", "check_supported", "OpRecord", "RankInterpreter", "OpFailure"]
 

@@ -1,13 +1,13 @@
 """From the ranks' raw op timings to measured traces in the simulator's format (L2 of the IR, DESIGN §3).
 
 Every rank sends rank 0 a :class:`RankReport`: per iteration, each op's (start, end) on the rank's own clock. Rank 0
-moves them onto its clock (``executor.clock``), turns each iteration into a :class:`sim.trace.Trace` whose time 0 is
+moves them onto its clock (``executor.clock``), turns each iteration into a :class:`sim.ir.trace.Trace` whose time 0 is
 the iteration's first op start, and from then on the simulator's code (metrics, Chrome trace, Gantt) takes over.
 
 Point-to-point spans are made to mean what they mean in the simulator: the time the message was on the wire. A rank
 only sees when it posted an ``isend``/``irecv`` and when the wait on it returned, so a transfer is taken to start
-when both sides had posted (a rendezvous, as in ``sim.engine``) and to end when the receiver's wait returned; the
-SEND and the RECV both get that interval. The receiver waits right before the consuming op (``sim.lower`` puts every
+when both sides had posted (a rendezvous, as in ``sim.engine.simpy_engine``) and to end when the receiver's wait returned; the
+SEND and the RECV both get that interval. The receiver waits right before the consuming op (``sim.plan.lower`` puts every
 RECV there), so the end is the data's arrival whenever the consumer was waiting for it, and otherwise at most the
 consumer's start, which is when the data became useful.
 """
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from executor.clock import ClockOffset
-from sim.ir import RECV_KINDS, SEND_KINDS, Op, Plan, stream_of
-from sim.trace import Span, Trace
+from sim.ir.plan import RECV_KINDS, SEND_KINDS, Op, Plan, stream_of
+from sim.ir.trace import Span, Trace
 
 __all__ = ["RankReport", "measured_trace", "iteration_times"]
 

@@ -7,17 +7,17 @@ Example::
 
 Both write ``metrics.json`` with ``final_params_sha256`` and every subnet's loss: NASPipe's claim is that they are
 equal, bitwise, for any number of stages. The pipelined run takes its plan — partition, subnet table — from
-:func:`sim.csp_plan.build_csp_problem`, exactly as ``sim.run --schedule csp`` does, and each rank decides online
-with :func:`sim.csp.csp_pick` (``executor.csp_runner``). Ranks are launched on this host with torch's elastic
+:func:`sim.csp.build.build_csp_problem`, exactly as ``sim.run --schedule csp`` does, and each rank decides online
+with :func:`sim.csp.rules.csp_pick` (``executor.csp.runner``). Ranks are launched on this host with torch's elastic
 launcher (as ``executor.run`` does), gloo on CPU, one intra-op thread each: bitwise equality needs the same kernels,
 and a CPU kernel's reduction order can depend on its thread count. The embedding and head are frozen (see
-``executor.csp_runner``). Bad input prints one ``error:`` line and exits with status 2.
+``executor.csp.runner``). Bad input prints one ``error:`` line and exits with status 2.
 
 Context switching: ``--device-param-budget BYTES`` (``sim.run``'s syntax and meaning: choice-block parameter bytes
 as the plan counts them, parameters × the graph's ``dtype_bytes``) keeps the candidates' parameters and optimizer
 state in host memory and at most that many bytes of them on each rank's device, with ``--prefetch on_demand`` or
 ``predict`` (``resident``: the budget is ignored); a budget below one subnet's layers on a stage is an error, as in
-``sim.run``. The pipelined run also writes ``trace.json`` and ``gantt.png`` (``sim.outputs.write_run_outputs``), and
+``sim.run``. The pipelined run also writes ``trace.json`` and ``gantt.png`` (``sim.report.outputs.write_run_outputs``), and
 ``metrics.json`` gains the simulator's trace metrics and, under a budget, ``csp.copies`` per stage.
 """
 
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import torch
 
-from sim.csp_problem import PREFETCH_POLICIES
-from sim.errors import SpecError, fail, run_cli
-from sim.fileio import write_json_atomic
-from sim.run import parse_byte_size  # one --device-param-budget syntax for both tools
+from sim.core.cli import parse_byte_size
+from sim.core.errors import SpecError, fail, run_cli
+from sim.core.fileio import write_json_atomic
+from sim.csp.problem import PREFETCH_POLICIES
 
 __all__ = ["main", "SHARED_LAYERS", "params_sha256"]
 
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _spec(args: argparse.Namespace) -> str:
-    from sim.supernet_space import space_spec
+    from sim.models.supernet_space import space_spec
 
     if (args.space is None) == (args.model is None):
         raise SpecError("give exactly one of --space and --model")
@@ -93,7 +93,7 @@ def _spec(args: argparse.Namespace) -> str:
 
 def _plan(args: argparse.Namespace, spec: str, stages: int):
     """``(layer ranges per stage, subnets, problem)``; the sequential run (one process) has no budget."""
-    from sim.csp_plan import CspInputs, build_csp_problem
+    from sim.csp.build import CspInputs, build_csp_problem
 
     budget = None if args.sequential else args.device_param_budget
     _, _, stage_layers, subnets, problem = build_csp_problem(CspInputs(
@@ -103,9 +103,9 @@ def _plan(args: argparse.Namespace, spec: str, stages: int):
 
 
 def _stage(spec: str, start: int, end: int, subnets, optimizer: str):
-    from executor.models_supernet import freeze_shared, set_subnet, trainable
-    from executor.modules import build_stage
-    from executor.optim import make_optimizer
+    from executor.nn.optim import make_optimizer
+    from executor.nn.stages import build_stage
+    from executor.nn.supernet import freeze_shared, set_subnet, trainable
 
     stage = build_stage(spec, start, end, seed=0)
     freeze_shared(stage, SHARED_LAYERS)
@@ -118,7 +118,7 @@ def _stage(spec: str, start: int, end: int, subnets, optimizer: str):
 
 
 def _sequential(args: argparse.Namespace, spec: str) -> dict:
-    from executor.modules import loss_fn, synthetic_batch
+    from executor.nn.stages import loss_fn, synthetic_batch
     from executor.reference import train_subnets_sequentially
     from sim.models import build_model
 
@@ -136,8 +136,8 @@ def _worker(args: argparse.Namespace, spec: str) -> None:
     import torch.distributed as dist
 
     from executor.clock import measure_offsets
-    from executor.csp_runner import run_csp_rank
-    from executor.modules import boundary_specs, loss_fn, synthetic_batch
+    from executor.csp.runner import run_csp_rank
+    from executor.nn.stages import boundary_specs, loss_fn, synthetic_batch
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
@@ -165,9 +165,9 @@ def _write_outputs(args: argparse.Namespace, spec: str, stage_layers, subnets, g
                    offsets_s: list[float]) -> None:
     """Rank 0: ``metrics.json`` (the run's keys, the trace metrics of ``sim.run``, copy statistics), ``trace.json``
     and ``gantt.png`` of the whole run, in the simulator's format."""
-    from executor.csp_trace import csp_trace
-    from sim.metrics import compute_metrics
-    from sim.outputs import write_run_outputs
+    from executor.csp.trace import csp_trace
+    from sim.report.metrics import compute_metrics
+    from sim.report.outputs import write_run_outputs
 
     world = len(gathered)
     state, losses = {}, {}

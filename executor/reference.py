@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from executor.modules import build_layers, loss_fn, synthetic_batch
-from executor.optim import make_optimizer
+from executor.nn.optim import make_optimizer
+from executor.nn.stages import build_layers, loss_fn, synthetic_batch
 
 __all__ = ["ReferenceResult", "train_reference", "train_pipedream_reference", "train_subnets_sequentially"]
 
@@ -38,7 +38,7 @@ def train_reference(spec: str, *, steps: int, num_microbatches: int, microbatch_
                     data_seed: int = 0, optimizer: str = "adam", lr: float | None = None) -> ReferenceResult:
     """Train ``spec`` for ``steps`` steps of ``num_microbatches`` microbatches each, in one process.
 
-    Step ``k`` uses microbatches ``k * num_microbatches + j`` of :func:`executor.modules.synthetic_batch`, as the
+    Step ``k`` uses microbatches ``k * num_microbatches + j`` of :func:`executor.nn.stages.synthetic_batch`, as the
     executor does. Each microbatch's loss is divided by ``num_microbatches`` before its backward, so the accumulated
     gradient is the mean over the step's samples.
 

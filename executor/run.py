@@ -38,12 +38,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from executor.interpreter import check_supported
-from executor.optim import OPTIMIZERS
-from executor.worker import FAILURE_DIR_ENV, RunOptions, worker_main
-from sim.errors import SpecError, fail, run_cli
-from sim.ir import Plan
-from sim.topology import Topology
-from sim.validate import check_topology, validate
+from executor.nn.optim import OPTIMIZERS
+from executor.options import FAILURE_DIR_ENV, RunOptions
+from executor.worker import worker_main
+from sim.core.cli import CliParser
+from sim.core.errors import SpecError, run_cli
+from sim.hw.topology import Topology
+from sim.ir.plan import Plan
+from sim.plan.validate import check_topology, validate
 
 __all__ = ["main", "make_parser", "load_checked_plan", "choose_backend", "check_output_path", "RUN_OUTPUT_FILES"]
 
@@ -51,16 +53,9 @@ __all__ = ["main", "make_parser", "load_checked_plan", "choose_backend", "check_
 RUN_OUTPUT_FILES = ("plan.json", "metrics.json", "trace.json", "gantt.png", "compare.json", "errors.log")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with the house error format: one ``error: ...`` line, exit status 2."""
-
-    def error(self, message: str):  # type: ignore[override]
-        fail(message)
-
-
 def make_parser() -> argparse.ArgumentParser:
     """The ``executor.run`` argument parser."""
-    parser = _Parser(prog="python -m executor.run", description=__doc__.split("\n\n")[0])
+    parser = CliParser(prog="python -m executor.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", required=True, help="plan.json written by sim.run")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--iterations", type=int, default=5, help="measured iterations after warm-up (default 5)")
@@ -94,8 +89,8 @@ def load_checked_plan(path: str) -> tuple[Plan, Topology]:
     Raises:
         SpecError: with the reason, naming the file or the value.
     """
-    from executor.modules import boundary_specs  # builds nothing; checks the model has a torch implementation
-    from sim.fileio import read_text
+    from executor.nn.stages import boundary_specs  # builds nothing; checks the model has a torch implementation
+    from sim.core.fileio import read_text
 
     plan = Plan.loads(read_text(path, "plan"), source=path)
     validate(plan)
@@ -131,7 +126,7 @@ def _options(args: argparse.Namespace, plan: Plan) -> RunOptions:
     if args.save_state:
         check_output_path("--save-state", args.save_state, directory=True)
     if args.profile:
-        from sim.profile import load_profile
+        from sim.cost.profile import load_profile
 
         load_profile(args.profile)
     elif plan.option("profile") and not Path(plan.option("profile")).is_file():

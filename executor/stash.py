@@ -1,7 +1,7 @@
 """Weight stashing for async PipeDream plans (``weight_policy = "stash"``; Narayanan et al., SOSP'19 §3.3).
 
 A stage updates its weights after every microbatch, while other microbatches that started under older weights are
-still in flight. Each F therefore runs with the weight version :func:`sim.weight_versions.weight_versions` assigns to
+still in flight. Each F therefore runs with the weight version :func:`sim.ir.weight_versions.weight_versions` assigns to
 it (the same function the simulator uses), its R and backward run with that same version, and the OPT_STEP that
 follows moves the microbatch's gradient onto the live parameters and steps the optimizer there.
 
@@ -19,8 +19,8 @@ from collections.abc import Mapping
 
 from torch import Tensor, nn
 
-from sim.ir import Plan
-from sim.weight_versions import weight_versions
+from sim.ir.plan import Plan
+from sim.ir.weight_versions import weight_versions
 
 __all__ = ["StashedWeights"]
 

@@ -20,7 +20,6 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,59 +30,15 @@ from executor.clock import measure_offsets
 from executor.interpreter import RankInterpreter
 from executor.launch import leave_worker
 from executor.measured import RankReport
-from executor.modules import boundary_specs, build_stage, loss_fn, synthetic_batch
-from executor.optim import make_optimizer
-from sim.errors import SpecError
-from sim.fileio import write_json_atomic
-from sim.ir import Plan
-from sim.topology import Topology
+from executor.nn.optim import make_optimizer
+from executor.nn.stages import boundary_specs, build_stage, loss_fn, synthetic_batch
+from executor.options import FAILURE_DIR_ENV, RunOptions, host_cores
+from sim.core.errors import SpecError
+from sim.core.fileio import write_json_atomic
+from sim.hw.topology import Topology
+from sim.ir.plan import Plan
 
-__all__ = ["RunOptions", "FAILURE_DIR_ENV", "worker_main", "p2p_sweep", "failure_message"]
-
-#: Environment variable naming the directory where a failing rank records its error for the launcher.
-FAILURE_DIR_ENV = "PIPEDEJAVU_FAILURE_DIR"
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """Everything a rank needs besides the plan; built from the command line by ``executor.run``.
-
-    Attributes:
-        plan_path: the plan JSON.
-        out: output directory (rank 0 writes into it).
-        iterations: measured iterations after warm-up, >= 1.
-        warmup: iterations run first and left out of the measurement (they still train).
-        backend: ``"gloo"`` or ``"nccl"``.
-        threads: intra-op threads per rank (``None``: this host's cores divided by the ranks on it).
-        seed: parameter seed.
-        data_seed: synthetic data seed.
-        optimizer: ``"adam"`` or ``"sgd"``.
-        lr: learning rate (``None``: the optimizer's default).
-        profile: profile JSON for the prediction (``None``: the plan's own, else roofline).
-        calibrate_out: where to write a calibrated profile, or ``None``.
-        save_state: directory for each stage's final ``state_dict`` (``stage<v>.pt``), or ``None``.
-        inject_failure: ``(rank, op id)`` at which to raise a test failure, or ``None``.
-        gantt: draw ``gantt.png``.
-        timeout_s: collective and point-to-point timeout, s.
-    """
-
-    plan_path: str
-    out: str
-    iterations: int = 5
-    warmup: int = 2
-    backend: str = "gloo"
-    threads: int | None = None
-    seed: int = 0
-    data_seed: int = 0
-    optimizer: str = "adam"
-    lr: float | None = None
-    profile: str | None = None
-    calibrate_out: str | None = None
-    save_state: str | None = None
-    inject_failure: tuple[int, str] | None = None
-    gantt: bool = True
-    timeout_s: float = 300.0
-
+__all__ = ["worker_main", "p2p_sweep", "failure_message"]
 
 def _env_int(name: str) -> int:
     value = os.environ.get(name)
@@ -153,11 +108,6 @@ def p2p_sweep(rank: int, sizes: tuple[int, ...], *, repeats: int = 10, warmup: i
         trips.sort()
         times.append(trips[len(trips) // 2] / 2)
     return times if rank == 0 else []
-
-
-def host_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _threads(options: RunOptions, local_world_size: int) -> int:

@@ -1,14 +1,14 @@
 """How often NASPipe's predictor helps, over random CSP problems: predict against copy-on-demand (issue #5).
 
 Issue #5 asked that prediction never make a run slower than copying on demand. That cannot be promised on more
-than one stage (:mod:`sim.csp_sim`, "Predict versus on_demand": CSP's greedy dispatch is not monotone in op
+than one stage (:mod:`sim.csp.simulate`, "Predict versus on_demand": CSP's greedy dispatch is not monotone in op
 durations), so this experiment measures instead how often it helps, ties or hurts, and by how much at worst.
 
 Each problem draws, from ``random.Random(seed)``: 1–4 stages, 1–10 subnets over a pool of 1–5 layer keys per stage
 (0–2 keys per subnet and stage), forward and backward times of 1–4 s, updates of 0–2 s, a transfer of 0–2 s, a
 lookahead of 1–8, key sizes of 1–3 bytes, a budget from the largest subnet's keys up to that plus every key, and a
 copy time of 0.25–2 s per byte (write-back half of that). Single-stage problems are counted apart: there the
-predictor is never slower (``tests/sim/test_csp_prefetch.py``).
+predictor is never slower (``tests/sim/csp/test_prefetch.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import random
 
-from sim.csp_problem import CspProblem
-from sim.csp_sim import simulate_csp
-from sim.errors import fail
+from sim.core.errors import fail
+from sim.csp.problem import CspProblem
+from sim.csp.simulate import simulate_csp
 
 __all__ = ["main", "random_problem"]
 

@@ -5,9 +5,9 @@ For each search space (``c1``–``c3``, NASPipe's naming: c1 the largest) on ``8
 
 * ``csp`` — CSP, every layer resident; ``csp+predict`` / ``csp+on_demand`` — CSP with the supernet in host memory
   and a device parameter budget of ``--budget-factor`` × the largest subnet's choice-block bytes on a stage, with
-  and without the predictor; ``one-at-a-time`` — CSP's ablation without overlap (:mod:`sim.csp_sim`);
+  and without the predictor; ``one-at-a-time`` — CSP's ablation without overlap (:mod:`sim.csp.simulate`);
 * ``gpipe`` / ``1f1b`` — each subnet one iteration of ``--microbatches`` microbatches, a flush in between;
-  ``pipedream`` — asynchronous, no flush, no causal dependencies, stashed weights (:mod:`sim.csp_baselines`).
+  ``pipedream`` — asynchronous, no flush, no causal dependencies, stashed weights (:mod:`sim.csp.baselines`).
 
 It prints and writes (``results.json``, ``table.md``, ``naspipe.png``) subnets/s per case, throughput relative to
 GPipe beside the paper's (``../shared/reference/hardware.md`` §4.1: NASPipe/GPipe 8.0×, 4.3×, 2.8× and PipeDream/GPipe
@@ -21,8 +21,8 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from sim.errors import SpecError, fail
-from sim.fileio import write_json_atomic, write_text_atomic
+from sim.core.errors import SpecError, fail
+from sim.core.fileio import write_json_atomic, write_text_atomic
 
 __all__ = ["main", "PAPER_OVER_GPIPE", "CASES"]
 
@@ -42,9 +42,9 @@ def _stage_block_bytes(supernet, stage_layers) -> list[int]:
 
 def _space(args: argparse.Namespace, space: str) -> dict:
     """Every case on one space: subnets/s and the most parameter bytes any device holds."""
-    from sim.csp_baselines import run_baseline, stage_supernet_bytes
-    from sim.csp_plan import CspInputs, build_csp_problem
-    from sim.csp_sim import simulate_csp
+    from sim.csp.baselines import run_baseline, stage_supernet_bytes
+    from sim.csp.build import CspInputs, build_csp_problem
+    from sim.csp.simulate import simulate_csp
 
     inputs = CspInputs(None, space, args.topology, args.subnets, args.seed, args.lookahead, args.minibatch)
     supernet, _, stage_layers, _, problem = build_csp_problem(inputs)

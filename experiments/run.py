@@ -2,7 +2,7 @@
 
 Experiments are registered by name in :data:`EXPERIMENTS`; ``python -m experiments.run list`` prints them. Each one
 runs the product's own tools, its command-line tools (``sim.run``, ``executor.run``) or the public functions behind
-them (``sim.csp_plan``, ``sim.csp_baselines``), so a result here is a result of the product and not of a private
+them (``sim.csp.build``, ``sim.csp.baselines``), so a result here is a result of the product and not of a private
 code path.
 """
 
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.errors import fail, run_cli
+from sim.core.errors import fail, run_cli
 
 __all__ = ["EXPERIMENTS", "Experiment", "main"]
 

@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sim.errors import SpecError, fail
-from sim.fileio import write_json_atomic, write_text_atomic
+from sim.core.errors import SpecError, fail
+from sim.core.fileio import write_json_atomic, write_text_atomic
 
 __all__ = ["main", "run_cases", "summarize", "format_table"]
 

@@ -29,8 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from executor.modules import build_layers, derive_seed, loss_fn, synthetic_batch
-from executor.optim import make_optimizer
+from executor.nn.optim import make_optimizer
+from executor.nn.seeds import derive_seed
+from executor.nn.stages import build_layers, loss_fn, synthetic_batch
 from sim.models import build_model
 
 __all__ = ["LayerMeasurement", "time_layers", "median_time_s"]
@@ -95,7 +96,7 @@ def time_layers(spec: str, *, microbatch_size: int = 1, optimizer: str = "adam",
     Args:
         spec: a model spec with a torch implementation (``gpt`` or ``cnn``).
         microbatch_size: samples per microbatch, >= 1.
-        optimizer: ``"adam"`` or ``"sgd"`` (:mod:`executor.optim`).
+        optimizer: ``"adam"`` or ``"sgd"`` (:mod:`executor.nn.optim`).
         warmup: untimed runs before the timed ones, >= 0.
         repeats: timed runs, >= 1; the median is kept.
         seed: seeds the weights, the synthetic microbatch and the output gradients.

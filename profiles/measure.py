@@ -11,7 +11,7 @@ writes the schema of ``profiles/README.md``: each layer's forward, backward and 
 gloo between CPU processes for a cpu profile, NCCL between ``cuda:0`` and ``cuda:1`` for a cuda one; skipped, with
 the reason in ``method.p2p``, on a host with a single GPU, as :func:`profiles.p2p.choose_p2p` decides) and, on CUDA,
 host↔device copy bandwidth (:mod:`profiles.host_copy`), plus where, with what and when it was
-measured (:mod:`profiles.provenance`). Bad input prints one ``error: ...`` line, exits with
+measured (:mod:`executor.provenance`). Bad input prints one ``error: ...`` line, exits with
 status 2 and writes nothing.
 """
 
@@ -28,31 +28,26 @@ from typing import Any
 
 import torch
 
-from executor.modules import TORCH_MODELS
-from executor.optim import OPTIMIZERS
+from executor.nn.optim import OPTIMIZERS
+from executor.nn.stages import TORCH_MODELS
+from executor.provenance import catalog_id_for_gpu, cpu_model, software_versions
 from profiles.layer_timing import LayerMeasurement, time_layers
-from profiles.p2p import P2PChoice, P2PError, choose_p2p, fit_latency_bandwidth, ping_pong, power_of_two_sizes
-from profiles.provenance import catalog_id_for_gpu, cpu_model, software_versions
-from sim.errors import SpecError, fail, run_cli
-from sim.fileio import write_json_atomic
-from sim.hardware import get_device
+from profiles.p2p import P2PChoice, P2PError, choose_p2p, ping_pong, power_of_two_sizes
+from sim.core.cli import CliParser
+from sim.core.errors import SpecError, run_cli
+from sim.core.fileio import write_json_atomic
+from sim.core.spec import parse_spec
+from sim.cost.p2p_fit import fit_latency_bandwidth
+from sim.cost.profile import PROFILE_FORMAT_VERSION
+from sim.hw.catalog import get_device
 from sim.models import build_model
-from sim.profile import PROFILE_FORMAT_VERSION
-from sim.spec import parse_spec
 
 __all__ = ["main", "make_parser"]
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with the house error format: one ``error: ...`` line, exit status 2."""
-
-    def error(self, message: str):  # type: ignore[override]
-        fail(message)
-
-
 def make_parser() -> argparse.ArgumentParser:
     """The ``profiles.measure`` argument parser."""
-    parser = _Parser(prog="python -m profiles.measure", description=__doc__.split("\n\n")[0])
+    parser = CliParser(prog="python -m profiles.measure", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help=f"model spec with a torch implementation "
                         f"({', '.join(TORCH_MODELS)}), e.g. gpt:layers=4,hidden=256")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",

@@ -4,7 +4,7 @@ Two spawned processes form a two-rank process group (gloo on CPU, NCCL on two CU
 a file in a fresh temporary directory, so no TCP port has to be found free. Rank 0 sends a buffer to rank 1, which
 sends it straight back; every round visits each message size once, and the one-way time of a size is half its
 median round trip. The simulator's link model is ``time = latency + bytes / bandwidth`` (α-β, Hockney 1994), which
-:func:`fit_latency_bandwidth` fits to the measured points.
+:func:`sim.cost.p2p_fit.fit_latency_bandwidth` fits to the measured points.
 
 The parent never waits on a child unboundedly: the process group has a timeout, the parent polls for the result
 with a deadline and notices a child that died, and any child still alive at the end is terminated, then killed.
@@ -22,10 +22,9 @@ from datetime import timedelta
 
 import numpy as np
 
-from sim.errors import SpecError
+from sim.core.errors import SpecError
 
-__all__ = ["PingPong", "P2PError", "P2PChoice", "choose_p2p", "fit_latency_bandwidth", "ping_pong",
-           "power_of_two_sizes"]
+__all__ = ["PingPong", "P2PError", "P2PChoice", "choose_p2p", "ping_pong", "power_of_two_sizes"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ def choose_p2p(device_type: str, gpu_count: int) -> P2PChoice:
     * ``cpu``: gloo between two CPU processes, whatever GPUs the host has (the executor's CPU ranks use gloo).
     * ``cuda`` with two or more GPUs: NCCL between ``cuda:0`` and ``cuda:1``, as the executor's ranks talk.
     * ``cuda`` with one GPU: nothing. NCCL needs a GPU per rank, and a loopback between CPU processes would measure
-      the host, not a GPU link, so ``sim.profile`` would discard it for a cuda profile anyway.
+      the host, not a GPU link, so ``sim.cost.profile`` would discard it for a cuda profile anyway.
     * ``cuda`` with no GPU: nothing (the profiler rejects ``--device cuda`` there before it gets this far).
 
     Raises:
@@ -108,53 +107,6 @@ def power_of_two_sizes(min_bytes: int, max_bytes: int) -> tuple[int, ...]:
         raise SpecError(f"p2p needs at least two message sizes to fit latency and bandwidth; [{min_bytes}, "
                         f"{max_bytes}] bytes holds {len(sizes)} (raise the maximum to >= {2 * min_bytes})")
     return tuple(sizes)
-
-
-def fit_latency_bandwidth(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
-    """Fit ``time = latency + bytes / bandwidth`` to measured points by least squares on relative residuals.
-
-    Each residual is divided by its measured time. Plain least squares would let the largest messages (ms each)
-    decide the intercept, whose true value (µs) is then lost in their noise; relative residuals weigh a 1 KiB and a
-    16 MiB message alike, which is also how their noise behaves (roughly proportional to the time). Exact data is
-    fitted exactly by either. The latency is constrained to be >= 0: if the unconstrained intercept comes out
-    negative (noise on a link whose latency is near zero), the constrained optimum lies on latency = 0, i.e. the
-    best line through the origin, which is what is returned.
-
-    Args:
-        sizes_bytes: message sizes in bytes, >= 0, at least two distinct.
-        times_s: the measured one-way time of each size in s, > 0.
-
-    Returns:
-        ``(latency_s, bandwidth_bytes_per_s)``: α in s (>= 0) and β in bytes/s (> 0).
-
-    Raises:
-        SpecError (a ValueError): lengths differ, a value is not finite, a size is negative or a time not
-            positive, fewer than two distinct sizes, or a fitted slope that is not positive (time does not grow
-            with size, so there is no bandwidth to report).
-    """
-    x = np.asarray(sizes_bytes, dtype=float)
-    t = np.asarray(times_s, dtype=float)
-    if x.ndim != 1 or x.shape != t.shape:
-        raise SpecError(f"need one time per size, got {x.size} sizes and {t.size} times")
-    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(t))):
-        raise SpecError("sizes and times must be finite numbers")
-    if np.any(x < 0) or np.any(t <= 0):
-        raise SpecError(f"sizes must be >= 0 bytes and times > 0 s, got sizes {x.tolist()} and times {t.tolist()}")
-    if np.unique(x).size < 2:
-        raise SpecError(f"need at least two distinct message sizes to fit latency and bandwidth, got {x.tolist()}")
-    w = 1.0 / t  # relative residuals: (alpha + x * slope - t) / t
-    design = np.column_stack([w, x * w])
-    (alpha, slope), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-    if alpha < 0:
-        # Weighted fit through the origin: minimise sum ((x * slope - t) / t)^2 over slope alone.
-        alpha = 0.0
-        slope = float(np.sum(x * w) / np.sum((x * w) ** 2))
-    # Exactly flat data can fit a slope of +1e-22 by rounding alone: a rise over the whole size range below 1e-9 of
-    # the largest time counts as no rise at all.
-    if not slope * (x.max() - x.min()) > 1e-9 * t.max():
-        raise SpecError(f"fitted time per byte is {slope:.3g} s, not positive: the times do not grow with the "
-                        f"message size, so no bandwidth can be fitted (sizes {x.tolist()}, times {t.tolist()})")
-    return float(alpha), float(1.0 / slope)
 
 
 def _rank_main(rank: int, init_file: str, backend: str, sizes: tuple[int, ...], warmup: int, repeats: int,

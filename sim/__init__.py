@@ -1,25 +1,49 @@
-"""pipedejavu simulator: layer graphs, hardware and topologies, the schedule IR, schedules, the SimPy engine, outputs.
+"""pipedejavu simulator: model → layer graph → cost oracle → partition → schedule (L0) → lowering (L1) → engine →
+trace (L2) → metrics, Chrome trace, Gantt chart. The architecture is drawn in ``docs/architecture.md``.
 
 Typical use::
 
-    from sim import PlanInputs, build_plan, simulate
+    from sim import PlanInputs, build_plan, predict
     built = build_plan(PlanInputs("gpt:layers=48,hidden=2048", "16xV100", "1f1b", microbatches=32))
-    result = simulate(built.plan, built.costs, built.topology)
-    print(result.trace.makespan)
+    prediction = predict(built.plan)
+    print(prediction.metrics["iteration_time_s"])
 
-The command line is ``python -m sim.run`` (see its ``--help``) and ``python -m sim.bench``.
+The command lines are ``python -m sim.run`` (see its ``--help``) and ``python -m sim.bench``.
+
+The names below are loaded on first use (PEP 562), so that importing one module of the IR, as the executor does,
+does not load the SimPy engine or the schedule generators.
 """
 
-from sim.engine import SimResult, simulate
-from sim.errors import SpecError
-from sim.graph import Layer, LayerGraph
-from sim.ir import Op, OpKind, Placement, Plan
-from sim.models import build_model
-from sim.planning import BuiltPlan, PlanInputs, build_plan
-from sim.topology import Topology
-from sim.trace import Span, Trace
+from __future__ import annotations
 
-__all__ = [
-    "BuiltPlan", "Layer", "LayerGraph", "Op", "OpKind", "Placement", "Plan", "PlanInputs", "SimResult", "Span",
-    "SpecError", "Topology", "Trace", "build_model", "build_plan", "simulate",
-]
+import importlib
+from typing import Any
+
+#: Public name → the module that defines it.
+_EXPORTS = {
+    "SpecError": "sim.core.errors",
+    "Op": "sim.ir.plan", "OpKind": "sim.ir.plan", "Placement": "sim.ir.plan", "Plan": "sim.ir.plan",
+    "Span": "sim.ir.trace", "Trace": "sim.ir.trace",
+    "Topology": "sim.hw.topology",
+    "Layer": "sim.models.graph", "LayerGraph": "sim.models.graph", "build_model": "sim.models",
+    "CostOracle": "sim.cost.oracle", "CostModel": "sim.cost.model", "MeasuredProfile": "sim.cost.profile",
+    "load_profile": "sim.cost.profile",
+    "PlanInputs": "sim.plan.build", "BuiltPlan": "sim.plan.build", "build_plan": "sim.plan.build",
+    "SimResult": "sim.engine.simpy_engine", "simulate": "sim.engine.simpy_engine",
+    "Prediction": "sim.predict", "predict": "sim.predict",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sim' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -3,7 +3,7 @@
 The workload is the README's headline plan at m = 64: ``16xV100``, ``gpt:layers=48,hidden=2048``, 1F1B. Both
 contenders are timed in the same process, alternately, and the median of several repeats is reported:
 
-* **engine** — ``sim.engine.simulate``: walkers, link resources, memory accounting, trace.
+* **engine** — ``sim.engine.simpy_engine.simulate``: walkers, link resources, memory accounting, trace.
 * **bare SimPy** — one SimPy process per op that waits for the previous op on its rank and stream and for its
   deps, then for a timeout of the op's duration (taken from the engine's own trace), then fires its done event.
   No resources, no memory, no trace: the least any SimPy replay of this op graph must do. Its makespan is a little
@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 import simpy
 
-from sim.engine import simulate
-from sim.errors import run_cli
-from sim.ir import Plan
-from sim.planning import PlanInputs, build_plan
-from sim.trace import Trace
+from sim.core.errors import run_cli
+from sim.engine.simpy_engine import simulate
+from sim.ir.plan import Plan
+from sim.ir.trace import Trace
+from sim.plan.build import PlanInputs, build_plan
 
 __all__ = ["bare_replay", "main"]
 

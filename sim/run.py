@@ -16,48 +16,24 @@ import argparse
 import sys
 from pathlib import Path
 
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import SpecError, fail, run_cli
-from sim.fileio import write_json_atomic, write_text_atomic
-from sim.metrics import compute_metrics
+from sim.core.cli import CliParser, parse_byte_size
+from sim.core.errors import SpecError, run_cli
+from sim.core.fileio import write_json_atomic, write_text_atomic
+from sim.hw.topology import format_topology_list
+from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.models import format_model_list
-from sim.outputs import format_summary, write_run_outputs
-from sim.planning import PlanInputs, build_plan
-from sim.schedule_csv import dumps_schedule_csv
+from sim.plan.build import PlanInputs, build_plan
+from sim.predict import predict
+from sim.report.metrics import compute_metrics
+from sim.report.outputs import format_summary, write_run_outputs
 from sim.schedules import SCHEDULES
-from sim.topology import format_topology_list
 
-__all__ = ["main", "make_parser", "parse_byte_size"]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with the house error format: one ``error: ...`` line, exit status 2."""
-
-    def error(self, message: str):  # type: ignore[override]
-        fail(message)
-
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
-          "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_byte_size(text: str) -> int:
-    """``2GB``, ``1.5GiB``, ``300MB``, ``3e8`` → bytes (SI for KB/MB/GB, binary for KiB/MiB/GiB)."""
-    value = text.strip().upper()
-    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if u and value.endswith(u)), "")
-    try:
-        number = float(value[: len(value) - len(unit)])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 2GB, 512MiB, 300000000)") from None
-    if not number >= 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"a byte size must be finite and >= 0, got {text!r}")
-    return int(number * _UNITS[unit])
+__all__ = ["main", "make_parser"]
 
 
 def make_parser() -> argparse.ArgumentParser:
     """The ``sim.run`` argument parser."""
-    parser = _Parser(prog="python -m sim.run", description=__doc__.split("\n\n")[0])
+    parser = CliParser(prog="python -m sim.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--topology", required=True, help="e.g. 16xV100, 2x8xA100, 4xV100+4xA100, dgx-h100, 4xideal, "
                         "a YAML file, or 'list'")
     parser.add_argument("--model", help="e.g. gpt:layers=48,hidden=2048, uniform:layers=8, supernet:blocks=12, or "
@@ -127,21 +103,9 @@ def _run(argv: list[str] | None) -> int:
           f"{f' ({chunks} chunks per rank, loop placement)' if chunks else ''}, layers per stage "
           f"{','.join(map(str, plan.placement.layer_counts()))}, {plan.num_microbatches} microbatches × "
           f"{plan.microbatch_size} sample(s){', activation recomputation' if recompute else ''}")
-    costs_line = _describe_costs(built.costs, plan.num_ranks)
-    print(f"costs {costs_line}")
-    result = simulate(plan, built.costs, topology, check_memory=not args.ignore_memory)
-    metrics = compute_metrics(
-        result.trace,
-        num_microbatches=plan.num_microbatches,
-        microbatch_size=plan.microbatch_size,
-        peak_memory_bytes=result.peak_memory_bytes,
-        memory_capacity_bytes=[d.memory_bytes for d in topology.devices[: plan.num_ranks]],
-        link_bytes=result.link_bytes,
-    )
-    metrics["plan"] = {"schedule": plan.schedule, "model": plan.model, "topology": plan.topology,
-                       "layers_per_stage": list(plan.placement.layer_counts()),
-                       "vstage_to_rank": list(plan.placement.vstage_to_rank), "recompute": recompute,
-                       "costs": costs_line}
+    prediction = predict(plan, built.profile, topology=topology, check_memory=not args.ignore_memory)
+    print(f"costs {prediction.cost_source}")
+    result, metrics = prediction.result, prediction.metrics
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(plan.dumps(), out / "plan.json")
@@ -154,33 +118,9 @@ def _run(argv: list[str] | None) -> int:
     return 0
 
 
-def _describe_costs(costs: CostModel, num_ranks: int) -> str:
-    """Where the simulated durations of the plan's ``num_ranks`` ranks come from, in one line: the roofline, or which
-    profile, on which ranks (as the cost model applies it), and whether transfers take its measured p2p fit."""
-    profile = costs.profile
-    if profile is None:
-        return "roofline (hardware catalog)"
-    ranks = costs.profiled_ranks(num_ranks)
-    where = f"ranks {_rank_ranges(ranks)}" if len(ranks) > 1 else f"rank {ranks[0]}" if ranks else "no rank"
-    p2p = "measured p2p" if costs.uses_measured_p2p(num_ranks) else "link model for p2p"
-    return (f"measured profile {profile.source} ({profile.device}, {profile.microbatch_size} sample(s) per "
-            f"microbatch) on {where}, roofline elsewhere; {p2p}")
-
-
-def _rank_ranges(ranks: tuple[int, ...]) -> str:
-    """Sorted ranks in run-length form: ``(0, 1, 4, 5, 7)`` → ``"0-1, 4-5, 7"``."""
-    runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
-    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
-
-
 def _run_csp(args: argparse.Namespace) -> int:
     """``--schedule csp``: simulate NASPipe's CSP over a sampled subnet sequence and write the run's outputs."""
-    from sim.csp_plan import CspInputs, run_csp
+    from sim.csp.build import CspInputs, run_csp
 
     # CSP picks subnets dynamically with one stage per rank and updates the weights per subnet: these options of the
     # fixed schedules have no meaning for it, so naming one is an error rather than something silently dropped.

@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from sim.errors import SpecError
-from sim.graph import LayerGraph, canonical_spec
+from sim.core.errors import SpecError
+from sim.core.spec import SpecParams, parse_spec
 from sim.models import cnn, gpt, supernet, uniform
-from sim.spec import SpecParams, parse_spec
+from sim.models.graph import LayerGraph, canonical_spec
 
 __all__ = ["ModelEntry", "MODELS", "build_model", "format_model_list"]
 

@@ -14,9 +14,9 @@ computed on the last stage. It has no parameters and its ~3 FLOPs per output ele
 
 from __future__ import annotations
 
-from sim.errors import SpecError
-from sim.graph import Layer, LayerGraph, canonical_spec
-from sim.spec import SpecParams
+from sim.core.errors import SpecError
+from sim.core.spec import SpecParams
+from sim.models.graph import Layer, LayerGraph, canonical_spec
 
 __all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "build", "conv_params", "conv_flops_fwd"]
 

@@ -17,9 +17,9 @@ Parameter counts are exact for this architecture, because the executor's torch m
 
 from __future__ import annotations
 
-from sim.errors import SpecError
-from sim.graph import Layer, LayerGraph, canonical_spec
-from sim.spec import SpecParams
+from sim.core.errors import SpecError
+from sim.core.spec import SpecParams
+from sim.models.graph import Layer, LayerGraph, canonical_spec
 
 __all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "build", "block_params", "block_flops_fwd", "block_saved_bytes"]
 
@@ -57,7 +57,7 @@ def block_saved_bytes(s: int, h: int, a: int) -> int:
 
     Korthikanti et al. 2022, arXiv 2205.05198, §4.1, Eq. (1) with b = 1, t = 1: 11sh + 5as^2 for attention,
     19sh for the MLP, 4sh for the two LayerNorms. The paper counts the block's input (2sh, kept by LN1); under
-    sim.graph's convention the block counts its output instead, which its consumer keeps: the same 2sh bytes.
+    sim.models.graph's convention the block counts its output instead, which its consumer keeps: the same 2sh bytes.
     """
     return 34 * s * h + 5 * a * s * s
 

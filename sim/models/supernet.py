@@ -36,7 +36,7 @@ identity     nothing (no LayerNorm either)                       0
 Per-candidate costs per sample (b = 1), forward FLOPs counting matmuls and convolutions only, 2 FLOPs per
 multiply-add, zero padding counted as data (as ``cnn``); elementwise ops are not counted (as ``gpt``). Backward is
 2x forward (input and weight gradients). ``saved_bytes`` (fp16, the output included, the input excluded: the
-convention of :mod:`sim.graph`) counts what autograd keeps: the LN output (or its padded copy) that the first
+convention of :mod:`sim.models.graph`) counts what autograd keeps: the LN output (or its padded copy) that the first
 matmul/conv reads, every intermediate a later op's backward reads, and the output; the k - 1 padding rows are not
 counted. Attention is Korthikanti et al. 2022 (arXiv 2205.05198) §4.1 without dropout: LN out, Q, K, V, the
 a*s^2 softmax, the context and the output.
@@ -65,9 +65,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from sim.errors import SpecError
-from sim.graph import Layer, LayerGraph, canonical_spec
-from sim.spec import SpecParams, parse_spec
+from sim.core.errors import SpecError
+from sim.core.spec import SpecParams, parse_spec
+from sim.models.graph import Layer, LayerGraph, canonical_spec
 
 __all__ = [
     "NAME", "DESCRIPTION", "DEFAULTS", "KIND_CYCLE", "KIND_SHAPES", "Candidate", "Supernet", "build",

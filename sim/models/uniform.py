@@ -6,8 +6,8 @@ costs; this model gives exactly that. Sizes are in decimal megabytes: 1 MB = 1e6
 
 from __future__ import annotations
 
-from sim.graph import Layer, LayerGraph, canonical_spec
-from sim.spec import SpecParams
+from sim.core.spec import SpecParams
+from sim.models.graph import Layer, LayerGraph, canonical_spec
 
 __all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "build"]
 

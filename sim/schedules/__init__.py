@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.errors import SpecError
-from sim.ir import Op
+from sim.core.errors import SpecError
+from sim.ir.plan import Op
 from sim.schedules.gpipe import gpipe
 from sim.schedules.interleaved import interleaved, loop_placement
 from sim.schedules.one_f_one_b import one_f_one_b

@@ -17,7 +17,7 @@ choice does not change the makespan or the peak memory under uniform costs, only
 
 from __future__ import annotations
 
-from sim.ir import Op, OpKind
+from sim.ir.plan import Op, OpKind
 
 __all__ = ["gpipe"]
 

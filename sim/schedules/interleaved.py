@@ -34,8 +34,8 @@ no SEND/RECV for them.
 
 from __future__ import annotations
 
-from sim.errors import SpecError
-from sim.ir import Op, OpKind
+from sim.core.errors import SpecError
+from sim.ir.plan import Op, OpKind
 from sim.schedules.gpipe import _check
 
 __all__ = ["interleaved", "interleaved_rank", "loop_placement", "check_interleaved"]

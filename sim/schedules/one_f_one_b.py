@@ -17,7 +17,7 @@ microbatches of activations instead of m.
 
 from __future__ import annotations
 
-from sim.ir import Op, OpKind
+from sim.ir.plan import Op, OpKind
 from sim.schedules.gpipe import _check
 
 __all__ = ["one_f_one_b", "one_f_one_b_rank"]

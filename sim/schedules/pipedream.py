@@ -3,7 +3,7 @@ SOSP'19 §3.2–3.3).
 
 The op order on each stage is 1F1B's (``p − r − 1`` warm-up forwards, then one forward one backward, then the
 drain), but every microbatch is a minibatch of its own: the stage applies its gradient right after its backward
-(``weight_policy = "stash"``, lowered by :func:`sim.weight_versions.add_stash_optimizer_steps`), so in the steady
+(``weight_policy = "stash"``, lowered by :func:`sim.ir.weight_versions.add_stash_optimizer_steps`), so in the steady
 state no stage waits for a flush and the bubble shrinks towards 0 as minibatches grow (§3.2: "PipeDream [...]
 keeps all workers busy in steady state"). The price is that in-flight minibatches started under older weights:
 each stage keeps one stashed version per minibatch in flight, ``p − r`` on stage r (PipeDream's

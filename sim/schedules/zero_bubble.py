@@ -34,7 +34,7 @@ work, p of its W, come after its last F, and p microbatches are in flight there.
 
 from __future__ import annotations
 
-from sim.ir import Op, OpKind
+from sim.ir.plan import Op, OpKind
 from sim.schedules.gpipe import _check
 
 __all__ = ["zb1p", "zb1p_rank"]

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 
 from executor.interpreter import RankInterpreter
-from executor.modules import boundary_specs, build_stage, loss_fn, synthetic_batch
-from executor.optim import make_optimizer
+from executor.nn.optim import make_optimizer
+from executor.nn.stages import boundary_specs, build_stage, loss_fn, synthetic_batch
 from executor.reference import train_reference
-from sim.planning import PlanInputs, build_plan
+from sim.plan.build import PlanInputs, build_plan
 from sim.run import main as sim_main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from executor.compare import calibrated_profile, compare_report, median_iteration, profile_device, stage_medians
-from sim.costs import CostModel, layer_costs
-from sim.engine import simulate
-from sim.errors import SpecError
-from sim.hardware import get_device
-from sim.planning import PlanInputs, build_plan
-from sim.profile import load_profile
-from sim.trace import Span, Trace
+from sim.core.errors import SpecError
+from sim.cost.model import CostModel
+from sim.cost.oracle import CostOracle
+from sim.cost.profile import load_profile
+from sim.engine.simpy_engine import simulate
+from sim.hw.catalog import get_device
+from sim.ir.trace import Span, Trace
+from sim.plan.build import PlanInputs, build_plan
 
 SPEC = "gpt:heads=2,hidden=32,layers=2,seq=8,vocab=50"
 
@@ -79,14 +80,14 @@ def test_calibrated_profile_reproduces_the_measured_stage_times(tmp_path):
     loaded = load_profile(path)
     assert [t.name for t in loaded.layers] == [layer.name for layer in graph.layers]
     costs = CostModel(graph, topology, plan.placement, plan.microbatch_size, loaded)
-    from sim.ir import OpKind
+    from sim.ir.plan import OpKind
 
     for v in range(2):
         assert costs.compute_time(OpKind.F, v) == pytest.approx(medians[(v, "F")])
         assert costs.compute_time(OpKind.B, v) == pytest.approx(medians[(v, "B")])
         assert costs.compute_time(OpKind.OPT_STEP, v) == pytest.approx(medians[(v, "OPT_STEP")])
     # Within a stage the layers keep the prior's proportions.
-    prior = layer_costs(graph, topology.devices[0], 1)
+    prior = CostOracle(graph, 1).layer_costs(topology.devices[0])
     start, end = plan.placement.vstage_layers[0]
     shares = [t.fwd_s for t in loaded.layers[start:end]]
     assert shares[0] / sum(shares) == pytest.approx(prior.fwd[start] / sum(prior.fwd[start:end]))
@@ -109,7 +110,7 @@ def test_a_plan_measured_on_another_device_is_labelled_with_the_measured_one():
     profile = calibrated_profile(built.plan, built.graph, built.costs, medians, device="cpu", p2p=None,
                                  machine={}, software={}, iterations=1)
     assert profile["device"] == "cpu"
-    prior = layer_costs(built.graph, get_device("cpu"), 1)
+    prior = CostOracle(built.graph, 1).layer_costs(get_device("cpu"))
     start, end = built.plan.placement.vstage_layers[0]
     fwd = [layer["fwd_s"] for layer in profile["layers"][start:end]]
     assert fwd == pytest.approx([0.01 * p / sum(prior.fwd[start:end]) for p in prior.fwd[start:end]])
@@ -134,7 +135,7 @@ def test_profile_device_refuses_mixed_or_unknown_devices(names, message):
 
 
 def test_looking_up_a_cuda_device_imports_neither_torch_nor_the_profiler():
-    # The lookup lives in profiles.provenance (string matching over the catalog's names), not in the profiler's CLI.
+    # The lookup lives in executor.provenance (string matching over the catalog's names), not in the profiler's CLI.
     code = ("import sys; from executor.compare import device_catalog_id; "
             "print(device_catalog_id('NVIDIA H100 80GB HBM3'), 'torch' in sys.modules, "
             "'profiles.measure' in sys.modules)")

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from executor.interpreter import HANDLED_KINDS, RankInterpreter, check_supported
-from executor.modules import boundary_specs, build_stage, loss_fn, synthetic_batch
-from executor.optim import make_optimizer
+from executor.nn.optim import make_optimizer
+from executor.nn.stages import boundary_specs, build_stage, loss_fn, synthetic_batch
 from executor.reference import train_reference
-from sim.ir import Op, OpKind
-from sim.validate import PlanError
+from sim.ir.plan import Op, OpKind
+from sim.plan.validate import PlanError
 from tests.executor.runs import SPEC, built_plan, run_single_rank
 
 
@@ -57,9 +57,9 @@ def test_an_op_failure_names_the_op():
 
 def _handbuilt_plan(programs, placement, m):
     """Lower and validate a hand-written L0 plan for SPEC on one rank."""
-    from sim.ir import Placement, Plan
-    from sim.lower import lower
-    from sim.validate import validate
+    from sim.ir.plan import Placement, Plan
+    from sim.plan.lower import lower
+    from sim.plan.validate import validate
 
     l0 = Plan(schedule="file", level="L0", model=SPEC, topology="1xcpu", num_microbatches=m, microbatch_size=1,
               weight_policy="flush", placement=Placement(*placement), programs=programs)
@@ -106,7 +106,7 @@ def test_split_backward_I_then_W_equals_single_process_training():
 
 def test_weights_really_wait_for_W():
     """After every I and before any W, no linear weight has a gradient: the work was deferred, not done twice."""
-    from executor.split_backward import WeightGradStore, enable_split_backward
+    from executor.nn.split_backward import WeightGradStore, enable_split_backward
 
     stage = build_stage(SPEC, 0, 4, seed=0)
     store = WeightGradStore()
@@ -141,7 +141,7 @@ def test_recompute_and_two_vstages_on_one_rank_equal_single_process_training():
 
 
 def test_cnn_split_backward_defers_conv_weights():
-    from executor.split_backward import WeightGradStore, enable_split_backward
+    from executor.nn.split_backward import WeightGradStore, enable_split_backward
 
     spec = "cnn:features=4,kernel=3,layers=2,size=8"
     stage, expected = build_stage(spec, 0, 2, seed=0), build_stage(spec, 0, 2, seed=0)
@@ -163,10 +163,10 @@ def test_weight_stashing_on_one_rank_equals_the_delayed_update_reference():
     """Two vstages on one rank, ordered so that stage 0's second minibatch runs backward after stage 0 has already
     applied the first minibatch's update: its backward must use the stashed version 0, not the live weights."""
     from executor.reference import train_pipedream_reference
-    from sim.ir import Placement, Plan
-    from sim.lower import add_send_recv
-    from sim.validate import validate
-    from sim.weight_versions import add_stash_optimizer_steps, weight_versions
+    from sim.ir.plan import Placement, Plan
+    from sim.ir.weight_versions import add_stash_optimizer_steps, weight_versions
+    from sim.plan.lower import add_send_recv
+    from sim.plan.validate import validate
 
     F, B = OpKind.F, OpKind.B
     order = [(F, 0, 0), (F, 0, 1), (F, 1, 0), (B, 1, 0), (F, 1, 1), (B, 1, 1), (B, 0, 0), (B, 0, 1)]

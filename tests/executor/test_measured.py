@@ -5,7 +5,7 @@ import pytest
 from executor.clock import ClockOffset
 from executor.compare import median_iteration
 from executor.measured import RankReport, iteration_times, measured_trace
-from sim.planning import PlanInputs, build_plan
+from sim.plan.build import PlanInputs, build_plan
 
 
 def _plan():

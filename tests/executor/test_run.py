@@ -16,12 +16,12 @@ from executor.reference import train_reference
 from executor.run import check_output_path, choose_backend, load_checked_plan
 from executor.run import main as executor_main
 from executor.worker import failure_message
-from sim.errors import SpecError
-from sim.ir import Plan
+from sim.core.errors import SpecError
+from sim.ir.plan import Plan
+from sim.ir.schedule_csv import dumps_schedule_csv
+from sim.report.chrome_trace import read_chrome_trace
 from sim.run import main as sim_main
-from sim.schedule_csv import dumps_schedule_csv
 from sim.schedules import get_schedule
-from sim.viz.chrome_trace import read_chrome_trace
 from tests.executor.runs import SPEC, assert_state_equals, edited_plan, execute, merged_state, sim_plan
 
 

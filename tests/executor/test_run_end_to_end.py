@@ -12,15 +12,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from executor.options import host_cores
 from executor.reference import train_reference
-from executor.worker import host_cores
-from sim.costs import layer_costs
-from sim.hardware import get_device
-from sim.ir import SEND_KINDS, OpKind, Plan
+from sim.cost.oracle import CostOracle
+from sim.cost.profile import load_profile
+from sim.hw.catalog import get_device
+from sim.ir.plan import SEND_KINDS, OpKind, Plan
 from sim.models import build_model
-from sim.profile import load_profile
+from sim.report.chrome_trace import read_chrome_trace
 from sim.run import main as sim_main
-from sim.viz.chrome_trace import read_chrome_trace
 from tests.executor.runs import (
     ROOT,
     SPEC,
@@ -88,7 +88,7 @@ def test_a_calibrated_profile_is_the_runs_stage_medians_and_drives_the_simulator
     # The oracle is the run's own trace: with one measured iteration, trace.json holds every span the calibration
     # saw, so each stage's layer times must add up to that stage's median F and B and its one OPT_STEP.
     measured = read_chrome_trace(local_run.out / "trace.json")
-    prior = layer_costs(graph, get_device("cpu"), 1, None)  # the plan was simulated with roofline costs
+    prior = CostOracle(graph, 1).layer_costs(get_device("cpu"))  # the plan was simulated with roofline costs
     for kind, field, prior_times in (("F", "fwd_s", prior.fwd), ("B", "bwd_s", prior.bwd),
                                      ("OPT_STEP", "opt_s", prior.opt)):
         spans = _durations(measured, kind)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from executor.reference import train_pipedream_reference, train_reference
-from sim.ir import Plan
+from sim.ir.plan import Plan
 from tests.executor.runs import SPEC, assert_state_equals, execute, merged_state, sim_plan
 
 # 8 layers (embed, 6 blocks, head): interleaved with 2 chunks on 4 ranks needs 8 vstages of at least one layer.

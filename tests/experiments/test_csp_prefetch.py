@@ -13,7 +13,7 @@ def test_counts_add_up_and_one_stage_is_never_slower(capsys):
     rows = {name: [int(x) for x in counts] for name, *counts in
             re.findall(r"\| (one stage|several stages) \| (\d+) \| (\d+) \| (\d+) \|", out)}
     assert sum(map(sum, rows.values())) == 150
-    assert rows["one stage"][2] == 0  # the property that holds on one stage (tests/sim/test_csp_prefetch.py)
+    assert rows["one stage"][2] == 0  # the property that holds on one stage (tests/sim/csp/test_prefetch.py)
     assert "worst slowdown" in out
 
 

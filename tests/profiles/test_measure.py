@@ -9,15 +9,15 @@ import pytest
 import torch
 
 import profiles.layer_timing as layer_timing
-from executor.modules import build_layers
+from executor.nn.stages import build_layers
+from executor.provenance import catalog_id_for_gpu, cpu_model, software_versions
 from profiles.layer_timing import median_time_s, time_layers
 from profiles.measure import main
-from profiles.p2p import fit_latency_bandwidth
-from profiles.provenance import catalog_id_for_gpu, cpu_model, software_versions
-from sim.costs import layer_costs
-from sim.hardware import get_device
+from sim.cost.oracle import CostOracle
+from sim.cost.p2p_fit import fit_latency_bandwidth
+from sim.cost.profile import load_profile
+from sim.hw.catalog import get_device
 from sim.models import build_model
-from sim.profile import load_profile
 from sim.run import main as sim_run_main
 
 GPT = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=50"
@@ -166,7 +166,7 @@ def test_the_written_profile_loads_and_drives_the_simulator(tmp_path, capsys):
     assert "block1" in printed and "p2p" in printed
 
     # The simulator takes these times, scaled to its microbatch size, on cpu ranks.
-    costs = layer_costs(graph, get_device("cpu"), 2, profile)
+    costs = CostOracle(graph, 2, profile).layer_costs(get_device("cpu"))
     assert costs.fwd == pytest.approx([2 * t.fwd_s for t in profile.layers])
     assert costs.opt == pytest.approx([t.opt_s for t in profile.layers])
     run_dir = tmp_path / "run"

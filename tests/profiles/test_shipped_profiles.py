@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from sim.cost.profile import load_profile
 from sim.models import build_model
-from sim.profile import load_profile
 from sim.run import main as sim_main
 
 SHIPPED = sorted((Path(__file__).resolve().parents[2] / "profiles" / "measured").glob("*.json"))

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from sim.ir import Plan
+from sim.hw.topology import Topology
+from sim.ir.plan import Plan
 from sim.models import build_model
+from sim.report.chrome_trace import read_chrome_trace
 from sim.run import main
-from sim.topology import Topology
-from sim.viz.chrome_trace import read_chrome_trace
 
 SMALL = ["--topology", "4xV100", "--model", "gpt:layers=6,hidden=256,seq=128,vocab=1000", "--microbatches", "6"]
 
@@ -250,7 +250,7 @@ def test_new_schedules_and_recompute_from_the_command_line(tmp_path, capsys, arg
 
 
 def test_a_decode_error_from_an_unnamed_read_is_still_one_error_line(capsys):
-    from sim.errors import run_cli
+    from sim.core.errors import run_cli
 
     with pytest.raises(SystemExit) as info:
         run_cli(lambda: b"ok\xc3(".decode("utf-8"))

@@ -1,0 +1,62 @@
+"""What a run is asked to do besides the plan: the options every rank receives, and the facts of this host they
+depend on (how many cores a rank may use).
+
+``executor.run`` builds :class:`RunOptions` from its command line and hands the same object to every worker, so a
+rank never parses flags of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = ["RunOptions", "FAILURE_DIR_ENV", "host_cores"]
+
+#: Environment variable naming the directory where a failing rank records its error for the launcher.
+FAILURE_DIR_ENV = "PIPEDEJAVU_FAILURE_DIR"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything a rank needs besides the plan; built from the command line by ``executor.run``.
+
+    Attributes:
+        plan_path: the plan JSON.
+        out: output directory (rank 0 writes into it).
+        iterations: measured iterations after warm-up, >= 1.
+        warmup: iterations run first and left out of the measurement (they still train).
+        backend: ``"gloo"`` or ``"nccl"``.
+        threads: intra-op threads per rank (``None``: this host's cores divided by the ranks on it).
+        seed: parameter seed.
+        data_seed: synthetic data seed.
+        optimizer: ``"adam"`` or ``"sgd"``.
+        lr: learning rate (``None``: the optimizer's default).
+        profile: profile JSON for the prediction (``None``: the plan's own, else roofline).
+        calibrate_out: where to write a calibrated profile, or ``None``.
+        save_state: directory for each stage's final ``state_dict`` (``stage<v>.pt``), or ``None``.
+        inject_failure: ``(rank, op id)`` at which to raise a test failure, or ``None``.
+        gantt: draw ``gantt.png``.
+        timeout_s: collective and point-to-point timeout, s.
+    """
+
+    plan_path: str
+    out: str
+    iterations: int = 5
+    warmup: int = 2
+    backend: str = "gloo"
+    threads: int | None = None
+    seed: int = 0
+    data_seed: int = 0
+    optimizer: str = "adam"
+    lr: float | None = None
+    profile: str | None = None
+    calibrate_out: str | None = None
+    save_state: str | None = None
+    inject_failure: tuple[int, str] | None = None
+    gantt: bool = True
+    timeout_s: float = 300.0
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,226 @@
+"""The one cost oracle: seconds and bytes of layers, stages and messages of one model on one topology (DESIGN §5).
+
+Every consumer asks this object and nothing else: the partitioner (a candidate stage's time), the plan's cost view
+that the SimPy engine reads (:class:`sim.cost.model.CostModel`), NASPipe's CSP (each subnet's layers on each stage,
+host↔device copies), the executor's prediction and its calibration prior. So a profile's measured times and its
+measured point-to-point fit apply everywhere they apply, or nowhere.
+
+A layer's time on a device is, in order of preference:
+
+1. a device-independent synthetic time (the ``uniform`` model's ``fwd_ms``/``bwd_ms``), scaled by microbatch size;
+2. a measured time from a profile whose device matches (``--profile``), scaled linearly from the profile's
+   microbatch size;
+3. a roofline estimate: ``max(flops / (peak × efficiency), bytes_moved / memory_bandwidth) + launch_overhead``.
+
+A point-to-point message between two ranks that both run on the profile's device takes the profile's fitted
+``latency + bytes / bandwidth`` when it has one (measured between two processes of that machine), else the
+topology's link model. Memory follows mixed-precision Adam: fp16 weights and gradients plus fp32 master weights,
+momentum and variance, 16 bytes per parameter (Rajbhandari et al., ZeRO, arXiv 1910.02054 §3.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+from sim.core.errors import SpecError
+from sim.cost.profile import MeasuredProfile
+from sim.hw.catalog import DeviceSpec
+from sim.hw.topology import Topology, message_time
+from sim.models.graph import LayerGraph
+
+__all__ = ["CostOracle", "LayerCosts", "state_bytes_per_param"]
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Per-layer times on one device for one microbatch, in s (index = layer)."""
+
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    opt: tuple[float, ...]
+
+
+def state_bytes_per_param(dtype_bytes: int) -> int:
+    """Training-state bytes per parameter: weights + gradients in the training dtype, Adam m and v in fp32, and an
+    fp32 master copy when training in lower precision (ZeRO §3.1: 2 + 2 + 12 = 16 for fp16)."""
+    master = 4 if dtype_bytes < 4 else 0
+    return 2 * dtype_bytes + 8 + master
+
+
+def _in_bytes(graph: LayerGraph, i: int) -> int:
+    """Bytes per sample flowing into layer i (the model input for a source layer)."""
+    incoming = [data["bytes"] for _, _, data in graph.graph.in_edges(i, data=True)]
+    return sum(incoming) if incoming else graph.input_bytes
+
+
+class CostOracle:
+    """Durations (s) and sizes (bytes) of one model's layers, stages and messages at one microbatch size.
+
+    Args:
+        graph: the model.
+        microbatch_size: samples per microbatch.
+        profile: optional measured profile; it applies on devices whose name equals its ``device``.
+        topology: the hardware, needed for rank-based questions (transfers, copies, a rank's device); layer costs on
+            a given :class:`~sim.hw.catalog.DeviceSpec` need none.
+
+    Raises:
+        SpecError: ``microbatch_size`` < 1.
+    """
+
+    def __init__(self, graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None = None,
+                 topology: Topology | None = None) -> None:
+        if microbatch_size < 1:
+            raise SpecError(f"microbatch size must be >= 1, got {microbatch_size}")
+        self.graph, self.microbatch_size, self.profile, self._topology = graph, microbatch_size, profile, topology
+        self._p2p = None
+        if profile is not None and profile.p2p_latency_s is not None and profile.p2p_bandwidth:
+            self._p2p = (profile.p2p_latency_s, profile.p2p_bandwidth)
+        self._by_device: dict[str, LayerCosts] = {}
+        self._prefix: dict[str, list[float]] = {}
+
+    @property
+    def topology(self) -> Topology:
+        """The topology the oracle was given; ``SpecError`` if none (a device-only oracle)."""
+        if self._topology is None:
+            raise SpecError("this cost oracle was built without a topology; it can cost layers on a device only")
+        return self._topology
+
+    # --- layers on a device ---------------------------------------------------------------------------------------
+
+    def profile_applies(self, device: DeviceSpec) -> bool:
+        """Whether the profile was measured on ``device``: the one rule for where measured figures replace models."""
+        return self.profile is not None and self.profile.device == device.name
+
+    def layer_costs(self, device: DeviceSpec) -> LayerCosts:
+        """Forward, backward and optimizer time of every layer for one microbatch on ``device`` (cached per device).
+
+        Raises:
+            SpecError: the profile applies to ``device`` but is for another model or names other layers.
+        """
+        cached = self._by_device.get(device.name)
+        if cached is None:
+            cached = self._by_device[device.name] = self._compute_layer_costs(device)
+        return cached
+
+    def _compute_layer_costs(self, device: DeviceSpec) -> LayerCosts:
+        graph, size, profile = self.graph, self.microbatch_size, self.profile
+        measured = None
+        if self.profile_applies(device):
+            if profile.model != graph.spec:  # type: ignore[union-attr]
+                raise SpecError(f"profile {profile.source} was measured for {profile.model!r}, "  # type: ignore[union-attr]
+                                f"not {graph.spec!r}")
+            names = tuple(t.name for t in profile.layers)  # type: ignore[union-attr]
+            if names != tuple(layer.name for layer in graph.layers):
+                raise SpecError(f"profile {profile.source} has layers {names[:4]}..., the model has "  # type: ignore[union-attr]
+                                f"{tuple(layer.name for layer in graph.layers)[:4]}...")
+            measured = profile.layers  # type: ignore[union-attr]
+        throughput = device.peak_flops * device.matmul_efficiency  # FLOP/s
+        per_param = state_bytes_per_param(graph.dtype_bytes)
+        fwd, bwd, opt = [], [], []
+        for i, layer in enumerate(graph.layers):
+            if layer.fwd_s is not None and layer.bwd_s is not None:
+                fwd.append(layer.fwd_s * size)
+                bwd.append(layer.bwd_s * size)
+                opt.append(0.0)  # synthetic layers model pipeline timing only; their update is free
+                continue
+            if measured is not None:
+                scale = size / profile.microbatch_size  # type: ignore[union-attr]
+                fwd.append(measured[i].fwd_s * scale)
+                bwd.append(measured[i].bwd_s * scale)
+                opt.append(measured[i].opt_s)
+                continue
+            act = size * (_in_bytes(graph, i) + layer.activation_bytes)
+            fwd_bytes = layer.param_bytes + act  # read weights, read input, write output
+            bwd_bytes = 2 * layer.param_bytes + 2 * act  # read weights, write weight grads, the same tensors again
+            fwd.append(max(layer.flops_fwd * size / throughput, fwd_bytes / device.memory_bandwidth)
+                       + device.launch_overhead_s)
+            bwd.append(max(layer.flops_bwd * size / throughput, bwd_bytes / device.memory_bandwidth)
+                       + device.launch_overhead_s)
+            # Adam is memory bound: it reads and writes the whole training state once per step.
+            state = graph.param_count(i) * per_param
+            opt.append(2 * state / device.memory_bandwidth + device.launch_overhead_s if state else 0.0)
+        return LayerCosts(tuple(fwd), tuple(bwd), tuple(opt))
+
+    # --- ranks of the topology ------------------------------------------------------------------------------------
+
+    def device_of(self, rank: int) -> DeviceSpec:
+        """The device rank ``rank`` runs on."""
+        return self.topology.devices[rank]
+
+    def stage_compute_s(self, rank: int, start: int, end: int) -> float:
+        """Forward plus backward time of layers ``[start, end)`` on ``rank``'s device for one microbatch, s (O(1)
+        after the first call per device: prefix sums)."""
+        device = self.device_of(rank)
+        prefix = self._prefix.get(device.name)
+        if prefix is None:
+            costs = self.layer_costs(device)
+            prefix = self._prefix[device.name] = [0.0, *accumulate(f + b for f, b in zip(costs.fwd, costs.bwd))]
+        return prefix[end] - prefix[start]
+
+    def boundary_bytes(self, cut: int) -> int:
+        """Bytes of one microbatch's activation crossing between layer ``cut - 1`` and layer ``cut`` (its gradient
+        going back has the same size)."""
+        return self.microbatch_size * self.graph.boundary_bytes(cut)
+
+    def transfer_time(self, nbytes: float, src_rank: int, dst_rank: int) -> float:
+        """Uncontended time in s of an ``nbytes``-byte message from ``src_rank`` to ``dst_rank``.
+
+        The profile's measured ``latency + nbytes / bandwidth`` when both ranks run on the profile's device, else
+        :meth:`sim.hw.topology.Topology.transfer_time`; 0 between a rank and itself.
+        """
+        if (self._p2p is not None and src_rank != dst_rank and self.profile_applies(self.device_of(src_rank))
+                and self.profile_applies(self.device_of(dst_rank))):
+            latency, bandwidth = self._p2p
+            return latency + nbytes / bandwidth
+        return self.topology.transfer_time(nbytes, src_rank, dst_rank)
+
+    def host_to_device_s(self, rank: int, nbytes: float) -> float:
+        """Time in s to copy ``nbytes`` from the host memory of ``rank``'s server to its device (a PREFETCH)."""
+        return message_time(self.topology.host_to_device_path(rank), nbytes)
+
+    def device_to_host_s(self, rank: int, nbytes: float) -> float:
+        """Time in s to copy ``nbytes`` from ``rank``'s device to its server's host memory (an EVICT)."""
+        return message_time(self.topology.device_to_host_path(rank), nbytes)
+
+    def profiled_ranks(self, num_ranks: int | None = None) -> tuple[int, ...]:
+        """Ranks on the profile's device, whose measured times replace the roofline (synthetic layers excepted).
+
+        Args:
+            num_ranks: consider ranks ``0..num_ranks-1`` only (a plan's ranks); default every device of the topology.
+        """
+        total = self.topology.num_ranks
+        count = total if num_ranks is None else min(num_ranks, total)
+        return tuple(rank for rank in range(count) if self.profile_applies(self.device_of(rank)))
+
+    def uses_measured_p2p(self, num_ranks: int | None = None) -> bool:
+        """Whether some transfer between two of the first ``num_ranks`` ranks takes the profile's measured p2p fit
+        (:meth:`transfer_time`): the profile has a fit and at least two of those ranks run on its device."""
+        return self._p2p is not None and len(self.profiled_ranks(num_ranks)) >= 2
+
+    # --- memory of a layer range ----------------------------------------------------------------------------------
+
+    def param_bytes(self, start: int, end: int) -> int:
+        """Weight bytes of layers ``[start, end)`` (what a PREFETCH or EVICT of them moves)."""
+        return sum(layer.param_bytes for layer in self.graph.layers[start:end])
+
+    def state_bytes(self, start: int, end: int) -> int:
+        """Resident training state of layers ``[start, end)`` in bytes: weights, gradients, optimizer state."""
+        per_param = state_bytes_per_param(self.graph.dtype_bytes)
+        return sum(self.graph.param_count(i) for i in range(start, end)) * per_param
+
+    def checkpoint_bytes(self, start: int) -> int:
+        """Bytes one in-flight microbatch keeps from forward to backward, with recomputation, on a stage that begins
+        at layer ``start``: its input (what it received, or the model input for the first stage)."""
+        received = self.graph.boundary_bytes(start) if start > 0 else self.graph.input_bytes
+        return self.microbatch_size * received
+
+    def activation_bytes(self, start: int, end: int) -> int:
+        """Bytes one in-flight microbatch keeps on the device from the forward of layers ``[start, end)`` to their
+        backward: the stage's input (a layer's saved bytes include its output, not its input) and every layer's."""
+        saved = sum(layer.saved_bytes for layer in self.graph.layers[start:end])
+        return self.checkpoint_bytes(start) + self.microbatch_size * saved
+
+    def workspace_bytes(self, start: int, end: int) -> int:
+        """Transient bytes while one op of layers ``[start, end)`` runs."""
+        return self.microbatch_size * max(layer.workspace_bytes for layer in self.graph.layers[start:end])

@@ -1,0 +1,287 @@
+"""The hardware catalog: devices (accelerators) and link types, loaded from ``profiles/hardware/*.yaml``.
+
+Every number comes from the data files, and every entry there carries a ``source`` that cites
+``shared/reference/hardware.md``. The data files use human units (TFLOP/s, GB, GB/s, µs, with 1 GB = 1e9 bytes);
+this module converts them once to SI units, so every :class:`DeviceSpec` and :class:`LinkSpec` field is in
+FLOP/s, bytes, bytes/s or seconds.
+
+Lookups are case-insensitive and accept short aliases (``V100``, ``A100``, ``H100-PCIE``, ``T4``, ...); an unknown
+name raises :class:`~sim.core.errors.SpecError` with the closest known names. A data file that is malformed (a missing
+field, a non-positive number, an unknown ``host_link``, a duplicate name or alias) fails on first use with a message
+naming the file, the entry and the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from sim.core.errors import SpecError
+
+__all__ = [
+    "DeviceSpec",
+    "LinkSpec",
+    "Catalog",
+    "load_catalog",
+    "get_device",
+    "get_link",
+    "list_devices",
+    "list_links",
+    "device_aliases",
+]
+
+_GIGA = 1e9  # GB and GB/s in the data files are decimal
+_TERA = 1e12
+_PER_MICRO = 1e6  # µs per s; dividing keeps e.g. 7.5 µs exactly 7.5e-06 s
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator model.
+
+    Attributes:
+        name: catalog id, e.g. ``"v100-sxm2-32gb"``.
+        peak_flops: dense fp16/bf16 tensor-core peak, FLOP/s (on GeForce cards the FP32-accumulate rate).
+        matmul_efficiency: large-GEMM ceiling divided by ``peak_flops``, in (0, 1].
+        memory_bytes: device memory, bytes (``math.inf`` only for the ideal device).
+        memory_bandwidth: device memory bandwidth, bytes/s.
+        launch_overhead_s: fixed cost per op (kernel launch and the like), s.
+        host_link: name of the :class:`LinkSpec` of the card's PCIe x16 link to its host.
+        source: citation of every number above.
+    """
+
+    name: str
+    peak_flops: float
+    matmul_efficiency: float
+    memory_bytes: float
+    memory_bandwidth: float
+    launch_overhead_s: float
+    host_link: str
+    source: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One kind of link, per direction.
+
+    Attributes:
+        name: catalog id, e.g. ``"nvlink2-x2"``, ``"pcie4-x16"``, ``"ib-hdr"``, ``"ideal"``.
+        bandwidth: effective payload bandwidth for large messages, bytes/s per direction (``math.inf`` for ideal).
+        latency: per-message latency of one hop over this link, s (0 for ideal).
+        spec_bandwidth: vendor per-direction bandwidth, bytes/s.
+        source: citation of every number above.
+    """
+
+    name: str
+    bandwidth: float
+    latency: float
+    spec_bandwidth: float
+    source: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The parsed data files.
+
+    Attributes:
+        devices: catalog id → device.
+        links: catalog id → link type.
+        device_names: every accepted lower-case name (catalog id or alias) → catalog id.
+        aliases: catalog id → its aliases as written in the data file.
+    """
+
+    devices: Mapping[str, DeviceSpec]
+    links: Mapping[str, LinkSpec]
+    device_names: Mapping[str, str]
+    aliases: Mapping[str, tuple[str, ...]]
+
+
+_DEVICE_FIELDS = (
+    "name",
+    "aliases",
+    "peak_tflops",
+    "matmul_efficiency",
+    "memory_gb",
+    "memory_bandwidth_gbs",
+    "launch_overhead_us",
+    "host_link",
+    "source",
+)
+_LINK_FIELDS = ("name", "bandwidth_gbs", "spec_bandwidth_gbs", "latency_us", "source")
+
+
+def _entries(data: Any, key: str, where: str) -> list[dict[str, Any]]:
+    """The list under ``key`` of a loaded YAML document, each item a mapping."""
+    if not isinstance(data, dict) or not isinstance(data.get(key), list) or not data[key]:
+        raise SpecError(f"{where}: expected a top-level '{key}:' list of entries")
+    for i, entry in enumerate(data[key]):
+        if not isinstance(entry, dict):
+            raise SpecError(f"{where}: {key}[{i}] must be a mapping, got {entry!r}")
+    return data[key]
+
+
+def _check_fields(entry: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
+    """Reject missing or unknown fields and an empty name or source."""
+    missing = [f for f in fields if f not in entry]
+    unknown = sorted(set(entry) - set(fields))
+    if missing or unknown:
+        raise SpecError(f"{where}: missing field(s) {missing} / unknown field(s) {unknown}")
+    for key in ("name", "source"):
+        if not isinstance(entry[key], str) or not entry[key].strip():
+            raise SpecError(f"{where}: field '{key}' must be a non-empty string, got {entry[key]!r}")
+
+
+def _number(entry: dict[str, Any], key: str, where: str, *, allow_inf: bool, allow_zero: bool = False) -> float:
+    """``entry[key]`` as a float > 0 (≥ 0 if ``allow_zero``); ``inf`` only if ``allow_inf``."""
+    value = entry[key]
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    ok = ok and (value > 0 or (allow_zero and value == 0)) and (allow_inf or math.isfinite(value))
+    if not ok:
+        kind = ">= 0" if allow_zero else "> 0"
+        raise SpecError(
+            f"{where}: field '{key}' must be a {'' if allow_inf else 'finite '}number {kind}, got {value!r}"
+        )
+    return float(value)
+
+
+def _parse_link(entry: dict[str, Any], where: str) -> LinkSpec:
+    _check_fields(entry, _LINK_FIELDS, where)
+    ideal = entry["name"] == "ideal"
+    return LinkSpec(
+        name=entry["name"],
+        bandwidth=_number(entry, "bandwidth_gbs", where, allow_inf=ideal) * _GIGA,
+        latency=_number(entry, "latency_us", where, allow_inf=False, allow_zero=True) / _PER_MICRO,
+        spec_bandwidth=_number(entry, "spec_bandwidth_gbs", where, allow_inf=ideal) * _GIGA,
+        source=entry["source"].strip(),
+    )
+
+
+def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpec]) -> DeviceSpec:
+    _check_fields(entry, _DEVICE_FIELDS, where)
+    ideal = entry["name"] == "ideal"
+    efficiency = _number(entry, "matmul_efficiency", where, allow_inf=False)
+    if efficiency > 1:
+        raise SpecError(f"{where}: field 'matmul_efficiency' must be in (0, 1], got {efficiency!r}")
+    if entry["host_link"] not in links:
+        raise SpecError(f"{where}: field 'host_link' names unknown link {entry['host_link']!r}")
+    return DeviceSpec(
+        name=entry["name"],
+        peak_flops=_number(entry, "peak_tflops", where, allow_inf=False) * _TERA,
+        matmul_efficiency=efficiency,
+        memory_bytes=_number(entry, "memory_gb", where, allow_inf=ideal) * _GIGA,
+        memory_bandwidth=_number(entry, "memory_bandwidth_gbs", where, allow_inf=ideal) * _GIGA,
+        launch_overhead_s=_number(entry, "launch_overhead_us", where, allow_inf=False, allow_zero=True) / _PER_MICRO,
+        host_link=entry["host_link"],
+        source=entry["source"].strip(),
+    )
+
+
+def _read_yaml(path: Traversable | Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: malformed YAML ({exc})") from None
+
+
+def load_catalog(directory: Traversable | Path) -> Catalog:
+    """Load and validate ``devices.yaml`` and ``links.yaml`` from ``directory``.
+
+    Args:
+        directory: a folder (``Path`` or ``importlib.resources`` traversable) holding both files.
+
+    Returns:
+        The catalog, in SI units.
+
+    Raises:
+        SpecError: a file is malformed; the message names the file, the entry and the field.
+        FileNotFoundError: a file is missing.
+    """
+    links_file, devices_file = directory / "links.yaml", directory / "devices.yaml"
+    links: dict[str, LinkSpec] = {}
+    for i, entry in enumerate(_entries(_read_yaml(links_file), "links", str(links_file))):
+        link = _parse_link(entry, f"{links_file}: links[{i}] ({entry.get('name')!r})")
+        if link.name in links:
+            raise SpecError(f"{links_file}: link name {link.name!r} appears twice")
+        links[link.name] = link
+    devices: dict[str, DeviceSpec] = {}
+    names: dict[str, str] = {}
+    aliases_of: dict[str, tuple[str, ...]] = {}
+    for i, entry in enumerate(_entries(_read_yaml(devices_file), "devices", str(devices_file))):
+        where = f"{devices_file}: devices[{i}] ({entry.get('name')!r})"
+        device = _parse_device(entry, where, links)
+        aliases = entry["aliases"]
+        if not isinstance(aliases, list) or not all(isinstance(a, str) and a.strip() for a in aliases):
+            raise SpecError(f"{where}: field 'aliases' must be a list of names, got {aliases!r}")
+        for alias in [device.name, *aliases]:
+            key = alias.strip().lower()
+            if key in names:
+                raise SpecError(f"{where}: name or alias {alias!r} is already used by {names[key]!r}")
+            names[key] = device.name
+        devices[device.name] = device
+        aliases_of[device.name] = tuple(a.strip() for a in aliases)
+    return Catalog(*(MappingProxyType(m) for m in (devices, links, names, aliases_of)))
+
+
+@functools.cache
+def _catalog() -> Catalog:
+    """The built-in catalog, loaded once."""
+    return load_catalog(files("profiles") / "hardware")
+
+
+def _unknown(kind: str, name: object, candidates: list[str], known: list[str]) -> SpecError:
+    """The error for an unknown name: the closest of ``candidates`` (lower case), then the ``known`` names."""
+    close = difflib.get_close_matches(str(name).strip().lower(), candidates, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return SpecError(f"unknown {kind} {name!r}{hint} (known: {', '.join(known)})")
+
+
+def get_device(name: str) -> DeviceSpec:
+    """The device with catalog id or alias ``name`` (case-insensitive), e.g. ``"V100"`` or ``"a100-pcie-80gb"``.
+
+    Raises:
+        SpecError: unknown name; the message suggests the closest known names.
+    """
+    catalog = _catalog()
+    key = name.strip().lower() if isinstance(name, str) else None
+    if key not in catalog.device_names:
+        known = [f"{d} ({', '.join(a)})" if a else d for d, a in catalog.aliases.items()]
+        raise _unknown("device", name, list(catalog.device_names), known)
+    return catalog.devices[catalog.device_names[key]]
+
+
+def get_link(name: str) -> LinkSpec:
+    """The link type with catalog id ``name`` (case-insensitive), e.g. ``"nvlink2-x1"`` or ``"ib-edr"``.
+
+    Raises:
+        SpecError: unknown name; the message suggests the closest known names.
+    """
+    links = _catalog().links
+    key = name.strip().lower() if isinstance(name, str) else None
+    if key not in links:
+        raise _unknown("link", name, list(links), list(links))
+    return links[key]
+
+
+def list_devices() -> tuple[DeviceSpec, ...]:
+    """Every built-in device, in data-file order."""
+    return tuple(_catalog().devices.values())
+
+
+def list_links() -> tuple[LinkSpec, ...]:
+    """Every built-in link type, in data-file order."""
+    return tuple(_catalog().links.values())
+
+
+def device_aliases(name: str) -> tuple[str, ...]:
+    """The short aliases of the device ``name`` (any accepted name), e.g. ``("V100",)`` for ``v100-sxm2-32gb``."""
+    return _catalog().aliases[get_device(name).name]

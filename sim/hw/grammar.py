@@ -1,0 +1,231 @@
+"""The topology spec language: compact strings, named presets and YAML files → a list of :class:`NodeShape`.
+
+Grammar (DESIGN §5; case-insensitive device and preset names, ``x`` or ``X`` as separator)::
+
+    spec   := term ("+" term)*  |  PATH.yaml  |  PATH.yml
+    term   := N "x" DEVICE       one server of N GPUs            8xV100, 4xA100-PCIE, 16xideal, 2xcpu
+            | M "x" N "x" DEVICE M servers of N GPUs each       2x8xA100
+            | PRESET | M "x" PRESET                             dgx-a100, 2xdgx-h100
+
+Each term is one server or several; ranks are numbered term by term, server by server. A server's wiring and NICs
+are those of the real system (:func:`sim.hw.nodes.default_shape`); a heterogeneous spec (``A+B``) joins all
+servers by one fabric running at the slowest server's NIC port speed, each server keeping its port count.
+
+YAML topology file schema (unknown keys are errors)::
+
+    nodes:                     # required, non-empty list of server groups, ranks numbered in this order
+      - device: V100           # required: catalog id or alias (sim.hw.catalog.get_device)
+        count: 8               # required: GPUs per server, >= 1
+        intra: cube-mesh       # optional: cube-mesh | nvswitch | pcie | full-mesh (default: as the grammar picks)
+        repeat: 2              # optional: this many identical servers (default 1)
+    network: ib-edr            # optional: link type of one NIC port (default: the slowest server default)
+    nics_per_node: 4           # optional: NIC ports per server (default: each server's own default)
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import yaml
+
+from sim.core.errors import SpecError
+from sim.core.fileio import read_text
+from sim.hw.catalog import DeviceSpec, device_aliases, get_device, get_link, list_devices
+from sim.hw.nodes import MAX_RANKS, NodeShape, default_shape, max_gpus_per_node, unify_network
+
+__all__ = ["Preset", "PRESETS", "parse_layout", "load_topology_yaml", "format_topology_list"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named real server: ``count`` × ``device`` wired by ``intra`` with ``nics`` × ``network`` ports."""
+
+    name: str
+    device: str
+    count: int
+    intra: str
+    network: str
+    nics: int
+    description: str
+    source: str
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("dgx1-v100", "v100-sxm2-32gb", 8, "cube-mesh", "ib-edr", 4,
+               "NVIDIA DGX-1: 8 x V100 SXM2 32 GB, hybrid cube-mesh NVLink, 4 x EDR InfiniBand",
+               "hardware.md §2.2 (DGX-1 nvidia-smi topo; four 100 Gb/s IB NICs, DGX-1 V100 whitepaper summary)"),
+        Preset("dgx2-v100", "v100-sxm2-32gb", 16, "nvswitch", "ib-edr", 8,
+               "NVIDIA DGX-2: 16 x V100 32 GB on NVSwitch, 8 x EDR InfiniBand",
+               "hardware.md §2.2 (NVIDIA/nccl-tests#78; Megatron-LM 2019: 8 InfiniBand adapters per server)"),
+        Preset("dgx-a100", "a100-sxm4-80gb", 8, "nvswitch", "ib-hdr", 8,
+               "NVIDIA DGX A100: 8 x A100 SXM4 80 GB on NVSwitch, 8 x HDR InfiniBand",
+               "hardware.md §2.2 (stas00 network README; Selene, Megatron SC'21 §5: 8 x 200 Gb HDR)"),
+        Preset("dgx-h100", "h100-sxm5-80gb", 8, "nvswitch", "ib-ndr", 8,
+               "NVIDIA DGX H100: 8 x H100 SXM5 80 GB on NVSwitch, 8 x NDR InfiniBand",
+               "hardware.md §2.2 (HGX H100 blog copy; stas00 inter-node table: 8 x 400 Gb NDR)"),
+        Preset("p3.16xlarge", "v100-sxm2-16gb", 8, "cube-mesh", "eth-25g", 1,
+               "AWS p3.16xlarge: 8 x V100 SXM2 16 GB, hybrid cube-mesh NVLink, 25 Gb Ethernet",
+               "hardware.md §2.5/§3 (mlsys-seo/ooo-backprop AWS-doc: 8 x V100 with NVLink, 25 Gbps)"),
+    )
+}  # fmt: skip
+
+_TERM = re.compile(r"(\d+)[xX](?:(\d+)[xX])?(.+)")
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _preset_shape(preset: Preset) -> NodeShape:
+    shape = default_shape(get_device(preset.device), preset.count, preset.intra)
+    return replace(shape, network=get_link(preset.network), nics=preset.nics, preset=preset.name)
+
+
+def _parse_term(term: str) -> list[NodeShape]:
+    """The servers of one ``+``-separated term."""
+    if not term:
+        raise SpecError("empty term (a '+' with nothing on one side)")
+    if term.lower() in PRESETS:
+        return [_preset_shape(PRESETS[term.lower()])]
+    match = _TERM.fullmatch(term)
+    if match is None:
+        try:
+            device = _device(term)
+        except SpecError as exc:
+            hint = str(exc) if "did you mean" in str(exc) else "expected NxDEVICE, MxNxDEVICE or a preset, e.g. 8xV100"
+            raise SpecError(f"cannot read {term!r}: {hint}") from None
+        raise SpecError(f"{term!r} has no GPU count: write NxDEVICE, e.g. 8x{term} ({device.name})")
+    first, second, name = match.groups()
+    preset = PRESETS.get(name.lower())
+    if preset is not None and second is not None:
+        raise SpecError(f"{term!r}: a preset is a whole server, so only Mx{name} is allowed")
+    servers, count = (int(first), 1) if preset else ((1, int(first)) if second is None else (int(first), int(second)))
+    if servers < 1 or count < 1:
+        raise SpecError(f"{term!r}: server and GPU counts must be >= 1")
+    if servers * count > MAX_RANKS:
+        raise SpecError(f"{term!r}: at most {MAX_RANKS} ranks are supported")
+    if preset:
+        return [_preset_shape(preset)] * servers
+    device = _device(name)
+    limit = max_gpus_per_node(device)
+    if count > limit:
+        hint = f"{count // limit}x{limit}x{name}" if count % limit == 0 else f"Mx{limit}x{name}"
+        raise SpecError(f"{term!r}: one server holds at most {limit} x {device.name}; write MxNxDEVICE, e.g. {hint}")
+    return [default_shape(device, count)] * servers
+
+
+def _device(name: str) -> DeviceSpec:
+    """``get_device(name)``, also suggesting presets when the name is unknown."""
+    try:
+        return get_device(name)
+    except SpecError:
+        close = difflib.get_close_matches(name.lower(), list(PRESETS), n=2, cutoff=0.6)
+        if close:
+            raise SpecError(f"unknown device or preset {name!r}; did you mean {', '.join(close)}?") from None
+        raise
+
+
+def parse_layout(spec: str) -> list[NodeShape]:
+    """The servers described by topology ``spec`` (grammar in the module docstring).
+
+    Raises:
+        SpecError: anything malformed; the message contains ``spec``.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError(f"empty topology spec ({spec!r}); try 8xV100 or see --topology list")
+    if spec.strip().lower().endswith(_YAML_SUFFIXES):
+        return load_topology_yaml(spec.strip())
+    try:
+        shapes = [shape for term in spec.split("+") for shape in _parse_term(term.strip())]
+        if sum(s.count for s in shapes) > MAX_RANKS:
+            raise SpecError(f"at most {MAX_RANKS} ranks are supported")
+    except SpecError as exc:
+        raise SpecError(f"bad topology {spec!r}: {exc}") from None
+    return unify_network(shapes)
+
+
+def _int_field(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecError(f"{where} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _keys(mapping: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(map(str, set(mapping) - allowed))
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(allowed))})")
+
+
+def load_topology_yaml(path: str) -> list[NodeShape]:
+    """The servers of a YAML topology file (schema in the module docstring).
+
+    Raises:
+        SpecError: missing or unreadable file, malformed YAML, or a bad field; the message names the file and field.
+    """
+    where = f"topology file {path!r}"
+    try:
+        data = yaml.safe_load(read_text(path, "topology file"))
+    except OSError as exc:
+        raise SpecError(f"{where}: cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{where}: malformed YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping with a 'nodes:' list, got {type(data).__name__}")
+    _keys(data, {"nodes", "network", "nics_per_node"}, where)
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        raise SpecError(f"{where}: 'nodes' must be a non-empty list, got {nodes!r}")
+    shapes: list[NodeShape] = []
+    for i, entry in enumerate(nodes):
+        at = f"{where}: nodes[{i}]"
+        if not isinstance(entry, dict):
+            raise SpecError(f"{at} must be a mapping with device and count, got {entry!r}")
+        _keys(entry, {"device", "count", "intra", "repeat"}, at)
+        if not isinstance(entry.get("device"), str):
+            raise SpecError(f"{at}.device must be a device name, got {entry.get('device')!r}")
+        intra = entry.get("intra")
+        if intra is not None and not isinstance(intra, str):
+            raise SpecError(f"{at}.intra must be a string, got {intra!r}")
+        count = _int_field(entry.get("count"), f"{at}.count")
+        repeat = _int_field(entry.get("repeat", 1), f"{at}.repeat")
+        try:
+            shape = default_shape(get_device(entry["device"]), count, intra)
+        except SpecError as exc:
+            raise SpecError(f"{at}: {exc}") from None
+        shapes += [shape] * repeat
+        if sum(s.count for s in shapes) > MAX_RANKS:
+            raise SpecError(f"{where}: at most {MAX_RANKS} ranks are supported")
+    network, nics = data.get("network"), data.get("nics_per_node")
+    if network is not None:
+        try:
+            if not isinstance(network, str):
+                raise SpecError(f"must be a link name, got {network!r}")
+            network = get_link(network)
+        except SpecError as exc:
+            raise SpecError(f"{where}: network: {exc}") from None
+    if nics is not None:
+        nics = _int_field(nics, f"{where}: nics_per_node")
+    return unify_network(shapes, network, nics)
+
+
+def format_topology_list() -> str:
+    """What ``--topology list`` prints: the grammar, the presets and the device names."""
+    lines = [
+        "Topology specs:",
+        "  NxDEVICE          one server of N GPUs, wired as the real system is (8xV100 = DGX-1 cube-mesh,",
+        "                    16xV100 = DGX-2 NVSwitch, 8xA100 / 8xH100 = NVSwitch, PCIe cards through the host)",
+        "  MxNxDEVICE        M such servers joined by their InfiniBand / Ethernet network (2x8xA100)",
+        "  A+B+...           heterogeneous: servers of each term, ranks in term order (4xV100+4xA100)",
+        "  PRESET, MxPRESET  a named server, or M of them (2xdgx-a100)",
+        "  Nxideal           N ideal devices, every transfer free (analytic checks)",
+        "  Nxcpu             N executor ranks on this host, gloo over loopback (real runs: executor.run)",
+        "  FILE.yaml         a YAML topology file (nodes: [{device, count, intra, repeat}], network, nics_per_node)",
+        "",
+        "Presets:",
+    ]
+    lines += [f"  {p.name:<17} {p.description}" for p in PRESETS.values()]
+    lines += ["", "Devices (catalog id, alias):"]
+    lines += [f"  {d.name:<17} {', '.join(device_aliases(d.name))}".rstrip() for d in list_devices()]
+    return "\n".join(lines)

@@ -1,0 +1,273 @@
+"""Server (node) shapes and how a list of them becomes the link graph of a :class:`sim.hw.topology.Topology`.
+
+A :class:`NodeShape` says what one server holds: ``count`` GPUs of one device, how they are wired to each other
+(``intra``), and its network ports. :func:`default_shape` picks the wiring a real server of that device has, and
+:func:`build_graph` turns shapes into a ``networkx.DiGraph`` whose edges carry one directed :class:`Link` each.
+
+Graph nodes: ``gpu{r}`` (rank r), ``host{n}`` (host memory and PCIe root of server n), ``nvswitch{n}``, ``nic{n}``
+(the aggregated NIC ports of server n) and ``fabric`` (the non-blocking network between servers). Every physical
+link is full duplex and appears as two :class:`Link` objects, one per direction.
+
+Intra-node wiring (``intra``):
+
+* ``cube-mesh``: the DGX-1 V100 hybrid cube-mesh, restricted to GPUs 0..count-1, with the exact NVLink pairs of
+  hardware.md §2.2 (two-link pairs ``nvlink2-x2``, one-link pairs ``nvlink2-x1``); other pairs meet at the host.
+* ``nvswitch``: every GPU has one link of its generation's NVSwitch type to ``nvswitch{n}`` (DGX-2, DGX A100/H100).
+* ``pcie``: no GPU-to-GPU link; GPUs meet at ``host{n}`` over their PCIe links.
+* ``full-mesh``: every GPU pair has its own ``ideal`` link (the ideal device only).
+
+Every GPU also has its device's ``host_link`` (PCIe x16) to ``host{n}``. Between servers, each GPU reaches
+``nic{n}`` over a second link of its ``host_link`` type (GPUDirect RDMA through the PCIe switch; the model does not
+make network traffic share bandwidth with host copies), and ``nic{n}`` reaches ``fabric`` over one link whose
+bandwidth is the NIC port bandwidth × the number of ports (:func:`aggregate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import combinations
+
+import networkx as nx
+
+from sim.core.errors import SpecError
+from sim.hw.catalog import DeviceSpec, LinkSpec, get_link
+
+__all__ = [
+    "Link",
+    "NodeShape",
+    "INTRA_KINDS",
+    "DGX1_NVLINK_PAIRS",
+    "MAX_RANKS",
+    "default_shape",
+    "max_gpus_per_node",
+    "check_shape",
+    "aggregate",
+    "unify_network",
+    "build_graph",
+]
+
+INTRA_KINDS = ("cube-mesh", "nvswitch", "pcie", "full-mesh")
+
+#: The largest topology accepted, in ranks (Megatron's largest run used 3072 GPUs, hardware.md §3).
+MAX_RANKS = 16384
+
+#: DGX-1 (V100) NVLink pairs → number of NVLink2 links, from ``nvidia-smi topo -m`` of a real DGX-1
+#: (hardware.md §2.2; microsoft/msccl-tools tests/test_topologies.py, NVIDIA/nccl#671). Pairs not listed have none.
+DGX1_NVLINK_PAIRS: dict[tuple[int, int], int] = {
+    (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 5): 2, (2, 3): 2, (4, 7): 2, (5, 6): 2, (6, 7): 2,
+    (0, 1): 1, (0, 2): 1, (1, 3): 1, (2, 6): 1, (3, 7): 1, (4, 5): 1, (4, 6): 1, (5, 7): 1,
+}  # fmt: skip
+
+_V100_SXM2 = ("v100-sxm2-16gb", "v100-sxm2-32gb")
+_CUBE_MESH_MAX = 8  # the DGX-1 has 8 GPUs
+_IDEAL_MAX = 256  # a full mesh has n(n-1) directed links; bounded to keep the graph small
+_PCIE_MAX = 8  # PCIe boxes hold 4-8 GPUs (hardware.md §2.2 'PCIe boxes without NVLink', NVIDIA/nccl#814)
+_CPU_MAX = 64  # executor ranks (processes) on one host; beyond the core count they only oversubscribe it
+
+# device → (NVSwitch link type, most GPUs on one NVSwitch node). DGX-2: 16 V100 on NVSwitch gen1; DGX A100 / H100:
+# 8 GPUs on NVSwitch gen2 / gen3 (hardware.md §2.1-§2.2).
+_SWITCH: dict[str, tuple[str, int]] = {
+    "v100-sxm2-16gb": ("nvswitch-v100", 16),
+    "v100-sxm2-32gb": ("nvswitch-v100", 16),
+    "a100-sxm4-40gb": ("nvswitch-a100", 8),
+    "a100-sxm4-80gb": ("nvswitch-a100", 8),
+    "h100-sxm5-80gb": ("nvswitch-h100", 8),
+}
+
+# device → (NIC port type, ports per server) between servers:
+# - V100 SXM2: DGX-1V has 4 × 100 Gb/s InfiniBand (hardware.md §2.2; 8 on a DGX-2, see default_shape);
+# - A100 SXM4: DGX A100 / Selene, 8 × HDR (hardware.md §2.2, Megatron SC'21 §5);
+# - H100 SXM5: DGX H100, 8 × NDR (hardware.md §2.2, stas00 inter-node table);
+# - V100 PCIe, T4: 10 GbE, the PipeDream Cluster-A servers of 4 × V100 PCIe (hardware.md §3, [recalled]);
+# - A10, RTX 3090/4090: 25 GbE [assumed: commodity servers; the p3.16xlarge rate of hardware.md §2.5];
+# - A100/H100 PCIe: 100 GbE [assumed: hardware.md §2.5 Ethernet rates; no cited server];
+# - cpu: 10 GbE [assumed: commodity hosts running the executor on several machines];
+# - ideal: the ideal link.
+_NETWORK: dict[str, tuple[str, int]] = {
+    "v100-sxm2-16gb": ("ib-edr", 4),
+    "v100-sxm2-32gb": ("ib-edr", 4),
+    "a100-sxm4-40gb": ("ib-hdr", 8),
+    "a100-sxm4-80gb": ("ib-hdr", 8),
+    "h100-sxm5-80gb": ("ib-ndr", 8),
+    "v100-pcie-16gb": ("eth-10g", 1),
+    "v100-pcie-32gb": ("eth-10g", 1),
+    "t4-16gb": ("eth-10g", 1),
+    "a10-24gb": ("eth-25g", 1),
+    "rtx3090-24gb": ("eth-25g", 1),
+    "rtx4090-24gb": ("eth-25g", 1),
+    "a100-pcie-40gb": ("eth-100g", 1),
+    "a100-pcie-80gb": ("eth-100g", 1),
+    "h100-pcie-80gb": ("eth-100g", 1),
+    "cpu": ("eth-10g", 1),
+    "ideal": ("ideal", 1),
+}
+_DGX2_NICS = 8  # DGX-2H: '8 InfiniBand adapters per server' (hardware.md §2.2, Megatron-LM 2019)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One directed link instance (a full-duplex link is two of these, one per direction).
+
+    Attributes:
+        src: graph node the data leaves, e.g. ``"gpu0"``, ``"host1"``, ``"nic0"``.
+        dst: graph node the data enters.
+        spec: the link type (bandwidth in bytes/s, latency in s).
+    """
+
+    src: str
+    dst: str
+    spec: LinkSpec
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One server: ``count`` GPUs of ``device``, wired by ``intra``, with ``nics`` ports of ``network``.
+
+    Attributes:
+        device: the device of every GPU in the server.
+        count: GPUs in the server.
+        intra: one of :data:`INTRA_KINDS`.
+        network: link type of one NIC port (used only when the topology has more than one server).
+        nics: NIC ports of the server.
+        preset: the preset the server came from (``"dgx-a100"``), or ``""``.
+    """
+
+    device: DeviceSpec
+    count: int
+    intra: str
+    network: LinkSpec
+    nics: int
+    preset: str = ""
+
+
+def _max_gpus(device: DeviceSpec, intra: str) -> int:
+    """The most GPUs of ``device`` a server with ``intra`` wiring holds; 0 if that wiring is impossible."""
+    if device.name == "ideal":
+        return _IDEAL_MAX if intra == "full-mesh" else 0
+    if intra == "cube-mesh":
+        return _CUBE_MESH_MAX if device.name in _V100_SXM2 else 0
+    if intra == "nvswitch":
+        return _SWITCH.get(device.name, ("", 0))[1]
+    if intra == "pcie":
+        return _CPU_MAX if device.name == "cpu" else _PCIE_MAX
+    return 0
+
+
+def max_gpus_per_node(device: DeviceSpec) -> int:
+    """The most GPUs of ``device`` in one server over all wirings (for the 'write MxNxDEV' hint)."""
+    return max(_max_gpus(device, intra) for intra in INTRA_KINDS)
+
+
+def check_shape(device: DeviceSpec, count: int, intra: str) -> None:
+    """Raise :class:`SpecError` unless a server can hold ``count`` GPUs of ``device`` wired by ``intra``."""
+    if intra not in INTRA_KINDS:
+        raise SpecError(f"unknown intra-node wiring {intra!r} (known: {', '.join(INTRA_KINDS)})")
+    limit = _max_gpus(device, intra)
+    if limit == 0:
+        raise SpecError(f"{device.name} cannot be wired as {intra!r}")
+    if not 1 <= count <= limit:
+        raise SpecError(f"a {intra} server holds 1 to {limit} x {device.name}, got {count}")
+
+
+def default_shape(device: DeviceSpec, count: int, intra: str | None = None) -> NodeShape:
+    """The server a real system of ``count`` × ``device`` has (wiring and network defaults above).
+
+    Args:
+        device: the GPU model.
+        count: GPUs in the server.
+        intra: force this wiring instead of the default one.
+
+    Raises:
+        SpecError: the server cannot be built; the message suggests ``MxNxDEV`` when ``count`` is too large.
+    """
+    if intra is None:
+        if device.name == "ideal":
+            intra = "full-mesh"
+        elif device.name in _V100_SXM2:
+            intra = "cube-mesh" if count <= _CUBE_MESH_MAX else "nvswitch"
+        elif device.name in _SWITCH:
+            intra = "nvswitch"
+        else:
+            intra = "pcie"
+        limit = max_gpus_per_node(device)
+        if count > limit:
+            hint = f"{count // limit}x{limit}x{device.name}" if count % limit == 0 else f"Mx{limit}x{device.name}"
+            raise SpecError(f"one server holds at most {limit} x {device.name}, got {count}; write e.g. {hint}")
+    check_shape(device, count, intra)
+    network, nics = _NETWORK[device.name]
+    if device.name in _V100_SXM2 and intra == "nvswitch":
+        nics = _DGX2_NICS
+    return NodeShape(device=device, count=count, intra=intra, network=get_link(network), nics=nics)
+
+
+def aggregate(link: LinkSpec, count: int) -> LinkSpec:
+    """``count`` parallel ports of ``link`` as one link: ``count`` × the bandwidths, the same latency (s)."""
+    if count == 1:
+        return link
+    return LinkSpec(
+        name=f"{link.name}-x{count}",
+        bandwidth=link.bandwidth * count,
+        latency=link.latency,
+        spec_bandwidth=link.spec_bandwidth * count,
+        source=f"{count} x {link.name} ports as one link [derived]; {link.source}",
+    )
+
+
+def unify_network(shapes: list[NodeShape], network: LinkSpec | None = None, nics: int | None = None) -> list[NodeShape]:
+    """Give every server the same NIC port type, by default the slowest of their own (fabric speed).
+
+    A heterogeneous cluster shares one fabric, so it runs every port at the speed of the slowest server's NICs
+    (lowest effective bandwidth; ties: higher latency, then name). Each server keeps its own port count unless
+    ``nics`` is given.
+    """
+    if network is None:
+        network = min((s.network for s in shapes), key=lambda link: (link.bandwidth, -link.latency, link.name))
+    return [replace(s, network=network, nics=s.nics if nics is None else nics) for s in shapes]
+
+
+def _add_duplex(graph: nx.DiGraph, a: str, b: str, spec: LinkSpec) -> None:
+    graph.add_edge(a, b, link=Link(a, b, spec))
+    graph.add_edge(b, a, link=Link(b, a, spec))
+
+
+def build_graph(shapes: list[NodeShape]) -> tuple[nx.DiGraph, tuple[DeviceSpec, ...], tuple[int, ...]]:
+    """The link graph of servers ``shapes`` (ranks numbered server by server).
+
+    Returns:
+        ``(graph, device of each rank, server of each rank)``; each edge has attribute ``link`` (a :class:`Link`).
+    """
+    devices = tuple(s.device for s in shapes for _ in range(s.count))
+    node_of_rank = tuple(n for n, s in enumerate(shapes) for _ in range(s.count))
+    all_ideal = all(s.device.name == "ideal" for s in shapes)
+    limit = _IDEAL_MAX if all_ideal else MAX_RANKS
+    if len(devices) > limit:
+        raise SpecError(f"at most {limit} ranks are supported here, got {len(devices)}")
+    graph = nx.DiGraph()
+    graph.add_nodes_from(f"gpu{r}" for r in range(len(devices)))
+    ideal = get_link("ideal")
+    first = 0
+    for n, shape in enumerate(shapes):
+        ranks = range(first, first + shape.count)
+        first += shape.count
+        host_link = get_link(shape.device.host_link)
+        for r in ranks:
+            _add_duplex(graph, f"gpu{r}", f"host{n}", host_link)
+        if shape.intra == "cube-mesh":
+            for (i, j), links in DGX1_NVLINK_PAIRS.items():
+                if i < shape.count and j < shape.count:
+                    _add_duplex(graph, f"gpu{ranks[i]}", f"gpu{ranks[j]}", get_link(f"nvlink2-x{links}"))
+        elif shape.intra == "nvswitch":
+            switch = get_link(_SWITCH[shape.device.name][0])
+            for r in ranks:
+                _add_duplex(graph, f"gpu{r}", f"nvswitch{n}", switch)
+        elif shape.intra == "full-mesh" and not all_ideal:
+            for a, b in combinations(ranks, 2):
+                _add_duplex(graph, f"gpu{a}", f"gpu{b}", ideal)
+        if len(shapes) > 1 and not all_ideal:
+            for r in ranks:
+                _add_duplex(graph, f"gpu{r}", f"nic{n}", host_link)
+            _add_duplex(graph, f"nic{n}", "fabric", aggregate(shape.network, shape.nics))
+    if all_ideal:  # every pair of ranks, across servers too, has its own ideal link
+        for a, b in combinations(range(len(devices)), 2):
+            _add_duplex(graph, f"gpu{a}", f"gpu{b}", ideal)
+    return graph, devices, node_of_rank

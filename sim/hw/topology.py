@@ -1,0 +1,239 @@
+"""Cluster topology: which device each rank is, and the links data crosses between ranks and host memory.
+
+``Topology.parse(spec)`` reads a compact spec (``8xV100``, ``2x8xA100``, ``4xV100+4xA100``, ``dgx-h100``,
+``4xideal``, or a YAML file; grammar and file schema in :mod:`sim.hw.grammar`) into a frozen object whose
+``str()`` is ``spec`` again. The servers it describes are wired as in :mod:`sim.hw.nodes`: a
+``networkx.DiGraph`` of GPUs, host memories, NVSwitches, NICs and the network fabric, with one directed
+:class:`Link` per edge (attribute ``"link"``).
+
+Routing. A message from rank a to rank b follows the cheapest path by the reference cost
+``Σ (latency + 1 MiB / bandwidth)`` over its hops (s), ties broken by fewer hops, then by the lexicographically
+smaller sequence of node names. A GPU is an endpoint only, never an intermediate hop. Paths are computed once per
+source (Dijkstra) and cached, so :meth:`Topology.path` is a dictionary lookup after the first call.
+
+Transfer model. A message is cut-through: it occupies every link of its path for its whole duration, and that
+duration, without contention, is::
+
+    transfer_time(nbytes) = Σ_hops latency + nbytes / min_hops bandwidth        (s; bytes; bytes/s)
+
+It is 0 between a rank and itself and on an ideal topology (zero latency, infinite bandwidth). The engine models
+contention by holding each link of the path as a resource; uncontended, it reproduces this closed form exactly
+(:func:`message_time`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import operator
+from collections import Counter
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from sim.core.errors import SpecError
+from sim.hw.catalog import DeviceSpec
+from sim.hw.grammar import format_topology_list, parse_layout
+from sim.hw.nodes import DGX1_NVLINK_PAIRS, Link, NodeShape, build_graph
+
+__all__ = ["Link", "Topology", "format_topology_list", "message_time", "REFERENCE_BYTES"]
+
+#: Message size used to rank candidate paths by time (bytes).
+REFERENCE_BYTES = 2**20
+
+
+def message_time(links: tuple[Link, ...], nbytes: float) -> float:
+    """Uncontended cut-through time of ``nbytes`` bytes over ``links``: Σ latency + nbytes / min bandwidth (s)."""
+    if not links:
+        return 0.0
+    latency = sum(link.spec.latency for link in links)
+    return latency + nbytes / min(link.spec.bandwidth for link in links)
+
+
+def _hop_cost(link: Link) -> float:
+    return link.spec.latency + REFERENCE_BYTES / link.spec.bandwidth
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A parsed cluster: the device of each rank, the server of each rank, and the link graph.
+
+    Attributes:
+        spec: the exact string it was parsed from; ``str(topology)`` returns it.
+        devices: the device of each rank; rank r is graph node ``"gpu{r}"``.
+        node_of_rank: the server index of each rank.
+        graph: directed link graph; every edge has attribute ``"link"``, a :class:`Link`.
+        nodes: the servers, in order (wiring, device, NIC ports).
+    """
+
+    spec: str
+    devices: tuple[DeviceSpec, ...]
+    node_of_rank: tuple[int, ...]
+    graph: nx.DiGraph = field(compare=False, repr=False)
+    nodes: tuple[NodeShape, ...] = field(default=(), compare=False, repr=False)
+    _adjacency: dict[str, list[tuple[str, Link, float]]] = field(init=False, compare=False, repr=False)
+    _trees: dict[str, dict[str, tuple[Link, ...]]] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _paths: dict[tuple[int, int], tuple[Link, ...]] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        adjacency: dict[str, list[tuple[str, Link, float]]] = {node: [] for node in self.graph.nodes}
+        for src, dst, link in self.graph.edges(data="link"):
+            adjacency[src].append((dst, link, _hop_cost(link)))
+        for edges in adjacency.values():
+            edges.sort(key=lambda edge: edge[0])
+        object.__setattr__(self, "_adjacency", adjacency)
+
+    @classmethod
+    def parse(cls, spec: str) -> Topology:
+        """Parse a topology spec (grammar in :mod:`sim.hw.grammar`).
+
+        Raises:
+            SpecError: a malformed spec, unknown device or preset, impossible server, or bad YAML file; the message
+                contains the offending text.
+        """
+        shapes = parse_layout(spec)
+        graph, devices, node_of_rank = build_graph(shapes)
+        return cls(spec=spec, devices=devices, node_of_rank=node_of_rank, graph=graph, nodes=tuple(shapes))
+
+    def __str__(self) -> str:
+        return self.spec
+
+    @property
+    def num_ranks(self) -> int:
+        """Number of ranks (GPUs)."""
+        return len(self.devices)
+
+    @property
+    def is_ideal(self) -> bool:
+        """True when every link has zero latency and infinite bandwidth (all transfers take 0 s)."""
+        return all(link.spec.latency == 0 and math.isinf(link.spec.bandwidth) for link in self.links())
+
+    def _rank(self, rank: int) -> int:
+        try:
+            index = operator.index(rank)
+        except TypeError:
+            raise SpecError(f"rank must be an integer, got {rank!r}") from None
+        if not 0 <= index < len(self.devices):
+            raise SpecError(f"rank {rank!r} out of range for {self.spec!r} ({len(self.devices)} ranks)")
+        return index
+
+    def _tree(self, source: str) -> dict[str, tuple[Link, ...]]:
+        """Cheapest path from ``source`` to every graph node (Dijkstra; ties: fewer hops, then node names)."""
+        tree = self._trees.get(source)
+        if tree is not None:
+            return tree
+        tree = {}
+        heap: list[tuple[float, int, tuple[str, ...], tuple[Link, ...]]] = [(0.0, 0, (source,), ())]
+        while heap:
+            cost, hops, nodes, links = heapq.heappop(heap)
+            node = nodes[-1]
+            if node in tree:
+                continue
+            tree[node] = links
+            if node.startswith("gpu") and node != source:
+                continue  # GPUs are endpoints, not routers
+            for neighbour, link, hop_cost in self._adjacency[node]:
+                if neighbour not in tree:
+                    heapq.heappush(heap, (cost + hop_cost, hops + 1, (*nodes, neighbour), (*links, link)))
+        self._trees[source] = tree
+        return tree
+
+    def _route(self, src: str, dst: str) -> tuple[Link, ...]:
+        tree = self._tree(src)
+        if dst not in tree:  # build_graph connects every node; this is an internal invariant
+            raise AssertionError(f"no path from {src} to {dst} in {self.spec!r}")
+        return tree[dst]
+
+    def path(self, src_rank: int, dst_rank: int) -> tuple[Link, ...]:
+        """The links a message from ``src_rank`` to ``dst_rank`` crosses, in order; ``()`` when they are equal.
+
+        Raises:
+            SpecError: a rank is not an integer in ``range(num_ranks)``.
+        """
+        cached = self._paths.get((src_rank, dst_rank))
+        if cached is not None:
+            return cached
+        src, dst = self._rank(src_rank), self._rank(dst_rank)
+        links = () if src == dst else self._route(f"gpu{src}", f"gpu{dst}")
+        self._paths[src, dst] = links
+        return links
+
+    def host_to_device_path(self, rank: int) -> tuple[Link, ...]:
+        """Links from the host memory of ``rank``'s server to ``rank`` (the H2D copy-engine direction)."""
+        index = self._rank(rank)
+        return self._route(f"host{self.node_of_rank[index]}", f"gpu{index}")
+
+    def device_to_host_path(self, rank: int) -> tuple[Link, ...]:
+        """Links from ``rank`` to the host memory of its server (the D2H copy-engine direction)."""
+        index = self._rank(rank)
+        return self._route(f"gpu{index}", f"host{self.node_of_rank[index]}")
+
+    def links(self) -> tuple[Link, ...]:
+        """Every directed link, in construction order (deterministic for a given spec)."""
+        return tuple(link for _, _, link in self.graph.edges(data="link"))
+
+    def transfer_time(self, nbytes: float, src_rank: int, dst_rank: int) -> float:
+        """Uncontended time to move ``nbytes`` bytes from ``src_rank`` to ``dst_rank`` (s).
+
+        ``Σ latency + nbytes / min bandwidth`` over :meth:`path` (the module's transfer model); 0 for the same rank.
+
+        Raises:
+            SpecError: ``nbytes`` is negative or not finite, or a rank is out of range.
+        """
+        if not (isinstance(nbytes, int | float) and math.isfinite(nbytes) and nbytes >= 0):
+            raise SpecError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+        return message_time(self.path(src_rank, dst_rank), nbytes)
+
+    def describe(self) -> str:
+        """A multi-line human description: servers (shape, device, ranks), link kinds with counts and GB/s."""
+        servers = len(self.nodes)
+        lines = [f"topology {self.spec}: {self.num_ranks} ranks on {servers} server{'s' * (servers != 1)}"]
+        start = 0
+        groups: list[tuple[NodeShape, int, int]] = []  # (shape, first server, first rank) of runs of equal servers
+        for n, shape in enumerate(self.nodes):
+            if not groups or groups[-1][0] != shape:
+                groups.append((shape, n, start))
+            start += shape.count
+        for i, (shape, first, rank) in enumerate(groups):
+            last = groups[i + 1][1] - 1 if i + 1 < len(groups) else servers - 1
+            last_rank = (groups[i + 1][2] if i + 1 < len(groups) else self.num_ranks) - 1
+            label = f"server {first}" if first == last else f"servers {first}-{last} ({last - first + 1} x)"
+            preset = f" [{shape.preset}]" if shape.preset else ""
+            lines.append(
+                f"  {label}: {shape.count} x {shape.device.name}{preset}, {_wiring(shape)}; ranks {rank}-{last_rank}"
+            )
+        if servers > 1 and not all(s.device.name == "ideal" for s in self.nodes):
+            port = self.nodes[0].network
+            nics = sorted({s.nics for s in self.nodes})
+            lines.append(
+                f"  network: {port.name} ({_gbs(port.bandwidth)} effective / {_gbs(port.spec_bandwidth)} spec "
+                f"per port), {'/'.join(map(str, nics))} port(s) per server, non-blocking fabric; "
+                "GPUs reach the NICs over their PCIe link"
+            )
+        lines.append("  links (full duplex; per direction: count, effective / spec bandwidth, latency per hop):")
+        counts = Counter(link.spec for link in self.links())
+        for spec, count in sorted(counts.items(), key=lambda item: item[0].name):
+            lines.append(
+                f"    {spec.name:<16} {count // 2:>5} x {_gbs(spec.bandwidth):>12} / {_gbs(spec.spec_bandwidth):<12}"
+                f" {spec.latency * 1e6:g} us"
+            )
+        return "\n".join(lines)
+
+
+def _gbs(bandwidth: float) -> str:
+    return "inf" if math.isinf(bandwidth) else f"{bandwidth / 1e9:g} GB/s"
+
+
+def _wiring(shape: NodeShape) -> str:
+    if shape.intra == "cube-mesh":
+        pairs = [k for (i, j), k in DGX1_NVLINK_PAIRS.items() if i < shape.count and j < shape.count]
+        unlinked = shape.count * (shape.count - 1) // 2 - len(pairs)
+        return (
+            f"DGX-1 hybrid cube-mesh NVLink ({pairs.count(2)} pairs x2, {pairs.count(1)} pairs x1, "
+            f"{unlinked} pairs through host PCIe)"
+        )
+    if shape.intra == "nvswitch":
+        return "NVSwitch all-to-all"
+    if shape.intra == "pcie":
+        return "PCIe only (GPU to GPU through the host)"
+    return "every pair on its own ideal link"

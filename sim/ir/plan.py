@@ -1,0 +1,339 @@
+"""The schedule IR: op records, per-rank programs and the serialisable plan (DESIGN §3).
+
+An op is identified by ``(kind, vstage, mb)`` and prints in the action syntax of PyTorch's
+``torch.distributed.pipelining``: ``2F0`` is the forward of virtual stage 2 on microbatch 0, ``3SEND_F1`` sends the
+output of stage 3's forward of microbatch 1, ``4RECV_F1`` receives it on stage 4, ``0OPT_STEP`` is the optimizer step
+of stage 0. Because a virtual stage lives on exactly one rank, the string is unique within a plan and is the op's id.
+
+Levels:
+    * L0 — compute only (F, B, I, W, R): what generators emit and what ``schedule.csv`` holds.
+    * L1 — lowered (``sim.plan.lower``): adds SEND/RECV with ``peer`` and ``pair``, OPT_STEP, and every cross-rank or
+      cross-stream dependency written out in ``deps``.
+    * L2 — a trace of L1 ops with times (``sim.ir.trace``).
+
+The plan carries ids only: no tensors, no times. Costs live in ``sim.cost.model``, timings in the trace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from sim.core.errors import SpecError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "OpKind",
+    "Op",
+    "Placement",
+    "Plan",
+    "COMPUTE_KINDS",
+    "stream_of",
+]
+
+#: Bumped whenever the JSON layout of :class:`Plan` changes incompatibly.
+FORMAT_VERSION = 1
+
+
+class OpKind(StrEnum):
+    """What an op does. The value is its spelling in the string notation."""
+
+    F = "F"  # forward of (vstage, mb); the last stage's F includes the loss
+    B = "B"  # full backward (input and weight gradients)
+    I = "I"  # noqa: E741 - backward w.r.t. inputs only (zero-bubble)
+    W = "W"  # backward w.r.t. weights only (zero-bubble)
+    R = "R"  # recompute of a forward before its backward (activation checkpointing)
+    SEND_F = "SEND_F"  # send vstage's forward output to the next vstage's rank
+    RECV_F = "RECV_F"  # receive vstage's forward input from the previous vstage's rank
+    SEND_B = "SEND_B"  # send vstage's input gradient to the previous vstage's rank
+    RECV_B = "RECV_B"  # receive vstage's output gradient from the next vstage's rank
+    PREFETCH = "PREFETCH"  # host → device copy of a parameter set
+    EVICT = "EVICT"  # device → host copy of a parameter set
+    STASH = "STASH"  # keep a weight version (async PipeDream)
+    USE_VERSION = "USE_VERSION"  # bind a stashed weight version for the next ops
+    REDUCE_GRAD = "REDUCE_GRAD"  # data-parallel gradient reduction of a vstage
+    OPT_STEP = "OPT_STEP"  # optimizer step of a vstage
+
+
+COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R})
+SEND_KINDS = frozenset({OpKind.SEND_F, OpKind.SEND_B})
+RECV_KINDS = frozenset({OpKind.RECV_F, OpKind.RECV_B})
+COPY_KINDS = frozenset({OpKind.PREFETCH, OpKind.EVICT})
+
+_STREAM = {
+    OpKind.SEND_F: "send",
+    OpKind.SEND_B: "send",
+    OpKind.RECV_F: "recv",
+    OpKind.RECV_B: "recv",
+    OpKind.PREFETCH: "h2d",
+    OpKind.EVICT: "d2h",
+    OpKind.REDUCE_GRAD: "send",
+}
+
+
+def stream_of(kind: OpKind) -> str:
+    """The stream an op kind runs on (``compute`` unless it is a transfer or a copy)."""
+    return _STREAM.get(kind, "compute")
+
+
+# Longest names first so that "SEND_F" is not read as "S" + "END_F" and "F" never shadows "SEND_F".
+_KIND_ALTERNATIVES = "|".join(sorted((k.value for k in OpKind), key=len, reverse=True))
+_OP_RE = re.compile(rf"^(\d+)({_KIND_ALTERNATIVES})(\d*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One op of a rank's program.
+
+    Attributes:
+        kind: what the op does.
+        vstage: the virtual stage (contiguous group of layers) it belongs to. For SEND it is the sending stage, for
+            RECV the receiving stage (PyTorch's convention).
+        mb: microbatch id (``None`` for per-stage ops such as OPT_STEP).
+        peer: L1 only: the other rank of a SEND/RECV.
+        pair: L1 only: the id shared by a SEND and its RECV.
+        deps: L1 only: ids of ops (on any rank) that must complete before this op may start, beyond program order on
+            its own stream.
+    """
+
+    kind: OpKind
+    vstage: int
+    mb: int | None = None
+    peer: int | None = None
+    pair: int | None = None
+    deps: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        """The op in string notation, e.g. ``"2F0"``; unique within a plan."""
+        return f"{self.vstage}{self.kind.value}{'' if self.mb is None else self.mb}"
+
+    def __str__(self) -> str:
+        return self.id
+
+    @classmethod
+    def parse(cls, text: str) -> Op:
+        """Parse the string notation (``"2F0"``, ``"3SEND_F1"``, ``"0OPT_STEP"``) into an L0-style op.
+
+        Raises:
+            SpecError: the text is not an op.
+        """
+        match = _OP_RE.match(text.strip())
+        if match is None:
+            raise SpecError(f"not an op: {text!r} (expected e.g. '2F0', '1B3', '0SEND_F1')")
+        vstage, kind, mb = match.groups()
+        return cls(OpKind(kind), int(vstage), int(mb) if mb else None)
+
+    def to_json(self) -> dict[str, Any]:
+        """Compact JSON form: ``{"op": "2F0"}`` plus only the L1 fields that are set."""
+        out: dict[str, Any] = {"op": self.id}
+        if self.peer is not None:
+            out["peer"] = self.peer
+        if self.pair is not None:
+            out["pair"] = self.pair
+        if self.deps:
+            out["deps"] = list(self.deps)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> Op:
+        """Inverse of :meth:`to_json`; SpecError on anything malformed."""
+        if not isinstance(data, dict) or not isinstance(data.get("op"), str):
+            raise SpecError(f"op record must be an object with an 'op' string, got {data!r}")
+        base = cls.parse(data["op"])
+        peer, pair, deps = data.get("peer"), data.get("pair"), data.get("deps", [])
+        for name, value in (("peer", peer), ("pair", pair)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise SpecError(f"op {base.id}: {name} must be a non-negative integer, got {value!r}")
+        if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+            raise SpecError(f"op {base.id}: deps must be a list of op ids, got {deps!r}")
+        return cls(base.kind, base.vstage, base.mb, peer, pair, tuple(deps))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which layers form each virtual stage, and which rank runs it.
+
+    Attributes:
+        vstage_layers: ``(start, end)`` half-open layer range of each vstage, contiguous and covering the model.
+        vstage_to_rank: rank of each vstage.
+    """
+
+    vstage_layers: tuple[tuple[int, int], ...]
+    vstage_to_rank: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.vstage_layers) != len(self.vstage_to_rank):
+            raise ValueError(
+                f"{len(self.vstage_layers)} layer ranges but {len(self.vstage_to_rank)} ranks in the placement"
+            )
+        expected_start = 0
+        for v, (start, end) in enumerate(self.vstage_layers):
+            if start != expected_start or end <= start:
+                raise ValueError(f"vstage {v} has layer range [{start}, {end}); ranges must be contiguous, non-empty")
+            expected_start = end
+
+    @property
+    def num_vstages(self) -> int:
+        """Number of virtual stages."""
+        return len(self.vstage_layers)
+
+    @property
+    def num_layers(self) -> int:
+        """Number of layers covered."""
+        return self.vstage_layers[-1][1] if self.vstage_layers else 0
+
+    def vstages_of(self, rank: int) -> tuple[int, ...]:
+        """The vstages placed on ``rank``, ascending."""
+        return tuple(v for v, r in enumerate(self.vstage_to_rank) if r == rank)
+
+    def layer_counts(self) -> tuple[int, ...]:
+        """Number of layers in each vstage."""
+        return tuple(end - start for start, end in self.vstage_layers)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything needed to simulate or execute one training iteration.
+
+    Attributes:
+        schedule: generator name (``"gpipe"``, ``"1f1b"``, ``"file"`` for a loaded CSV).
+        level: ``"L0"`` (compute only) or ``"L1"`` (lowered).
+        model: canonical model spec (``LayerGraph.spec``), enough to rebuild the model.
+        topology: topology spec (``str(Topology)``).
+        num_microbatches: microbatches per iteration (per flush).
+        microbatch_size: samples per microbatch.
+        weight_policy: ``"flush"`` (synchronous update after all microbatches), ``"stash"`` or ``"csp"``.
+        placement: layers of each vstage and rank of each vstage.
+        programs: per rank, the ops in program order.
+        options: generator parameters and other settings, as sorted ``(key, value)`` pairs of JSON scalars.
+        format_version: JSON layout version.
+    """
+
+    schedule: str
+    level: str
+    model: str
+    topology: str
+    num_microbatches: int
+    microbatch_size: int
+    weight_policy: str
+    placement: Placement
+    programs: tuple[tuple[Op, ...], ...]
+    options: tuple[tuple[str, Any], ...] = ()
+    format_version: int = FORMAT_VERSION
+    _index: dict[str, tuple[int, int]] = field(default=None, init=False, repr=False, compare=False)  # type: ignore
+
+    def __post_init__(self) -> None:
+        if self.level not in ("L0", "L1"):
+            raise ValueError(f"plan level must be 'L0' or 'L1', got {self.level!r}")
+        if self.num_microbatches < 1 or self.microbatch_size < 1:
+            raise ValueError(
+                f"microbatches and microbatch size must be >= 1, got {self.num_microbatches}, {self.microbatch_size}"
+            )
+
+    @property
+    def num_ranks(self) -> int:
+        """Number of ranks (one program each)."""
+        return len(self.programs)
+
+    @property
+    def num_vstages(self) -> int:
+        """Number of virtual stages."""
+        return self.placement.num_vstages
+
+    def op_index(self) -> dict[str, tuple[int, int]]:
+        """Map op id → ``(rank, position in that rank's program)``; built once and cached."""
+        if self._index is None:
+            index: dict[str, tuple[int, int]] = {}
+            for rank, program in enumerate(self.programs):
+                for pos, op in enumerate(program):
+                    if op.id in index:
+                        raise SpecError(f"op {op.id} appears twice (rank {index[op.id][0]} and rank {rank})")
+                    index[op.id] = (rank, pos)
+            object.__setattr__(self, "_index", index)
+        return self._index
+
+    def option(self, key: str, default: Any = None) -> Any:
+        """The value of one option, or ``default``."""
+        return dict(self.options).get(key, default)
+
+    def with_programs(self, programs: tuple[tuple[Op, ...], ...], level: str) -> Plan:
+        """A copy with other programs (the lowering passes use this; a Plan is never mutated)."""
+        return Plan(
+            self.schedule, level, self.model, self.topology, self.num_microbatches, self.microbatch_size,
+            self.weight_policy, self.placement, programs, self.options, self.format_version,
+        )
+
+    # --- canonical JSON -------------------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The canonical JSON object (see :meth:`dumps`)."""
+        return {
+            "format": "pipedejavu-plan",
+            "format_version": self.format_version,
+            "level": self.level,
+            "schedule": self.schedule,
+            "model": self.model,
+            "topology": self.topology,
+            "num_microbatches": self.num_microbatches,
+            "microbatch_size": self.microbatch_size,
+            "weight_policy": self.weight_policy,
+            "options": {key: value for key, value in self.options},
+            "placement": {
+                "vstage_layers": [list(r) for r in self.placement.vstage_layers],
+                "vstage_to_rank": list(self.placement.vstage_to_rank),
+            },
+            "ranks": [[op.to_json() for op in program] for program in self.programs],
+        }
+
+    def dumps(self) -> str:
+        """Canonical text: sorted keys, one op per line, so equal plans give byte-identical files."""
+        body = self.to_json()
+        ranks = body.pop("ranks")
+        head = json.dumps(body, sort_keys=True, indent=1)
+        rank_text = ",\n".join(
+            " [\n" + ",\n".join("  " + json.dumps(op, sort_keys=True) for op in program) + "\n ]" for program in ranks
+        )
+        return head[:-2] + ',\n "ranks": [\n' + rank_text + "\n ]\n}\n"
+
+    @classmethod
+    def loads(cls, text: str, source: str = "<plan>") -> Plan:
+        """Parse a plan written by :meth:`dumps`; SpecError (naming ``source``) on anything malformed."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"{source} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(data, dict) or data.get("format") != "pipedejavu-plan":
+            raise SpecError(f"{source} is not a pipedejavu plan (missing format: pipedejavu-plan)")
+        if data.get("format_version") != FORMAT_VERSION:
+            raise SpecError(
+                f"{source} has format_version {data.get('format_version')!r}; this version reads {FORMAT_VERSION}"
+            )
+        try:
+            placement = Placement(
+                tuple((int(a), int(b)) for a, b in data["placement"]["vstage_layers"]),
+                tuple(int(r) for r in data["placement"]["vstage_to_rank"]),
+            )
+            programs = tuple(tuple(Op.from_json(op) for op in program) for program in data["ranks"])
+            options = data.get("options", {})
+            if not isinstance(options, dict):
+                raise SpecError(f"{source}: options must be an object")
+            return cls(
+                schedule=str(data["schedule"]),
+                level=str(data["level"]),
+                model=str(data["model"]),
+                topology=str(data["topology"]),
+                num_microbatches=int(data["num_microbatches"]),
+                microbatch_size=int(data["microbatch_size"]),
+                weight_policy=str(data["weight_policy"]),
+                placement=placement,
+                programs=programs,
+                options=tuple(sorted(options.items())),
+            )
+        except SpecError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SpecError(f"{source} is not a valid plan ({type(exc).__name__}: {exc})") from None

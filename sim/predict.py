@@ -1,0 +1,101 @@
+"""The one prediction path: a plan and a cost source in, the simulated iteration and its metrics out.
+
+``sim.run`` (what a user simulates), ``executor.run`` (the ``predicted`` side of ``compare.json``) and the
+experiments all call :func:`predict`, so a prediction is made one way only: the model rebuilt from the plan's spec, the
+plan's topology, one :class:`~sim.cost.oracle.CostOracle` for the plan's microbatch size and profile, and the engine
+the plan's weight policy needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sim.cost.model import CostModel
+from sim.cost.oracle import CostOracle
+from sim.cost.profile import MeasuredProfile
+from sim.engine.simpy_engine import SimResult, simulate
+from sim.hw.topology import Topology
+from sim.ir.plan import Plan
+from sim.models import build_model
+from sim.report.metrics import compute_metrics, plan_header
+
+__all__ = ["Prediction", "predict", "describe_cost_source"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A simulated iteration of a plan.
+
+    Attributes:
+        plan: the plan that was simulated.
+        topology: its topology, parsed.
+        costs: the plan's cost view, backed by the oracle that costed everything.
+        result: the engine's trace, per-rank peak memory (bytes) and bytes per link.
+        cost_source: one line saying where the durations come from (roofline, or which profile on which ranks).
+        metrics: the ``metrics.json`` object: :func:`sim.report.metrics.compute_metrics` plus the plan header.
+    """
+
+    plan: Plan
+    topology: Topology
+    costs: CostModel
+    result: SimResult
+    cost_source: str
+    metrics: dict[str, Any]
+
+
+def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Topology | None = None,
+            check_memory: bool = True) -> Prediction:
+    """Simulate one iteration of ``plan`` with roofline costs, or ``profile``'s where it applies.
+
+    Args:
+        plan: a lowered, validated plan (``plan.json``).
+        profile: a measured profile, or ``None`` for the hardware catalog's roofline.
+        topology: the plan's topology when the caller has parsed it already (else parsed from ``plan.topology``).
+        check_memory: fail when a device runs out of memory (``sim.engine.simpy_engine.OutOfMemoryError``); else
+            only report the peaks.
+
+    Raises:
+        SpecError: the plan's model or topology spec is invalid, or the profile does not fit the model.
+        PlanError: the plan cannot be simulated (not lowered, deadlock).
+    """
+    topology = topology if topology is not None else Topology.parse(plan.topology)
+    graph = build_model(plan.model)
+    oracle = CostOracle(graph, plan.microbatch_size, profile, topology)
+    costs = CostModel(graph, topology, plan.placement, plan.microbatch_size, profile, oracle=oracle)
+    result = simulate(plan, costs, topology, check_memory=check_memory)
+    cost_source = describe_cost_source(oracle, plan.num_ranks)
+    metrics = compute_metrics(
+        result.trace,
+        num_microbatches=plan.num_microbatches,
+        microbatch_size=plan.microbatch_size,
+        peak_memory_bytes=result.peak_memory_bytes,
+        memory_capacity_bytes=[d.memory_bytes for d in topology.devices[: plan.num_ranks]],
+        link_bytes=result.link_bytes,
+    )
+    metrics["plan"] = plan_header(plan, costs=cost_source)
+    return Prediction(plan, topology, costs, result, cost_source, metrics)
+
+
+def describe_cost_source(oracle: CostOracle, num_ranks: int) -> str:
+    """Where the simulated durations of the first ``num_ranks`` ranks come from, in one line: the roofline, or which
+    profile, on which ranks (as the oracle applies it), and whether transfers take its measured p2p fit."""
+    profile = oracle.profile
+    if profile is None:
+        return "roofline (hardware catalog)"
+    ranks = oracle.profiled_ranks(num_ranks)
+    where = f"ranks {_rank_ranges(ranks)}" if len(ranks) > 1 else f"rank {ranks[0]}" if ranks else "no rank"
+    p2p = "measured p2p" if oracle.uses_measured_p2p(num_ranks) else "link model for p2p"
+    return (f"measured profile {profile.source} ({profile.device}, {profile.microbatch_size} sample(s) per "
+            f"microbatch) on {where}, roofline elsewhere; {p2p}")
+
+
+def _rank_ranges(ranks: tuple[int, ...]) -> str:
+    """Sorted ranks in run-length form: ``(0, 1, 4, 5, 7)`` → ``"0-1, 4-5, 7"``."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)

@@ -1,0 +1,90 @@
+"""Metrics of a trace: iteration time, throughput, bubble fraction, per-device busy time and memory, link traffic.
+
+The same function serves simulated and measured traces, so ``metrics.json`` means the same thing for both.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from sim.ir.plan import Plan
+from sim.ir.trace import Trace
+
+__all__ = ["compute_metrics", "plan_header"]
+
+
+def plan_header(plan: Plan, *, costs: str | None = None) -> dict[str, Any]:
+    """The ``plan`` object of every ``metrics.json``, simulated or measured: what ran, where, split how.
+
+    Args:
+        plan: the plan.
+        costs: where the durations come from (:func:`sim.predict.describe_cost_source`), for a prediction.
+    """
+    header: dict[str, Any] = {
+        "schedule": plan.schedule, "model": plan.model, "topology": plan.topology,
+        "layers_per_stage": list(plan.placement.layer_counts()),
+        "vstage_to_rank": list(plan.placement.vstage_to_rank), "recompute": bool(plan.option("recompute")),
+    }
+    if costs is not None:
+        header["costs"] = costs
+    return header
+
+
+def compute_metrics(
+    trace: Trace,
+    *,
+    num_microbatches: int,
+    microbatch_size: int,
+    peak_memory_bytes: Sequence[int] | None = None,
+    memory_capacity_bytes: Sequence[float] | None = None,
+    link_bytes: Sequence[tuple[tuple[str, str], int]] = (),
+) -> dict[str, Any]:
+    """The ``metrics.json`` object of one iteration.
+
+    Args:
+        trace: the iteration's spans.
+        num_microbatches: microbatches in the iteration.
+        microbatch_size: samples per microbatch.
+        peak_memory_bytes: per-rank peak memory, bytes (omitted from the output when unknown).
+        memory_capacity_bytes: per-rank device memory, bytes.
+        link_bytes: ``((src, dst), bytes)`` carried by each directed link.
+
+    Returns:
+        ``iteration_time_s`` (s), ``throughput_samples_per_s``, ``bubble_fraction`` (1 − Σ compute busy ÷ (devices ×
+        iteration time)), per-device ``rank``, ``device``, ``busy_s``, ``bubble_fraction``, ``peak_memory_bytes``,
+        per-kind op counts and mean durations, and bytes per link.
+    """
+    iteration = trace.makespan
+    busy = [0.0] * trace.num_ranks
+    per_kind: dict[str, list[float]] = defaultdict(list)
+    for span in trace.spans:
+        if span.stream == "compute":
+            busy[span.rank] += span.duration
+        per_kind[span.kind].append(span.duration)
+    devices = []
+    for rank, device in enumerate(trace.devices):
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "device": device,
+            "busy_s": busy[rank],
+            "bubble_fraction": 1.0 - busy[rank] / iteration if iteration > 0 else 0.0,
+        }
+        if peak_memory_bytes is not None:
+            entry["peak_memory_bytes"] = int(peak_memory_bytes[rank])
+        if memory_capacity_bytes is not None:
+            capacity = memory_capacity_bytes[rank]
+            entry["memory_capacity_bytes"] = int(capacity) if capacity != float("inf") else None
+        devices.append(entry)
+    samples = num_microbatches * microbatch_size
+    return {
+        "iteration_time_s": iteration,
+        "throughput_samples_per_s": samples / iteration if iteration > 0 else None,
+        "bubble_fraction": 1.0 - sum(busy) / (trace.num_ranks * iteration) if iteration > 0 else 0.0,
+        "num_microbatches": num_microbatches,
+        "microbatch_size": microbatch_size,
+        "devices": devices,
+        "ops": {kind: {"count": len(d), "mean_duration_s": sum(d) / len(d)} for kind, d in sorted(per_kind.items())},
+        "links": [{"src": src, "dst": dst, "bytes": nbytes} for (src, dst), nbytes in link_bytes],
+    }

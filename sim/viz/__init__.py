@@ -1,1 +1,0 @@
-"""Outputs of a trace: Chrome trace-event JSON and a Gantt chart (matplotlib imported lazily)."""

@@ -1,0 +1,109 @@
+"""CSP context switching on real ranks (``sim.csp.memory``, ``executor.csp.offload``): with a device parameter
+budget small enough to force write-backs, training is still bitwise the sequential run, the copies are real and
+recorded, and the rank's decisions are the simulator's."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from executor.csp.offload import ParamOffload
+from executor.naspipe import main as naspipe_main
+from executor.nn.optim import make_optimizer
+from sim.csp.build import CspInputs, run_csp
+from sim.csp.memory import CopyPlan
+
+SPEC = "supernet:blocks=6,choices=4,hidden=32,heads=4,seq=8,vocab=50"
+# Candidates are 6336, 8576, 25280 and 0 plan bytes (fp16 in the graph); the largest subnet on one of the two
+# stages needs 59136 B, so 60 KB holds one subnet's layers and little else: every stage must write back.
+BUDGET = 60_000
+
+
+@pytest.fixture(scope="module")
+def sequential(tmp_path_factory, naspipe_run):
+    return naspipe_run(tmp_path_factory.mktemp("sequential"), "--sequential")
+
+
+@pytest.mark.parametrize("prefetch", ["on_demand", "predict"])
+def test_budget_forces_copies_and_training_stays_bitwise(tmp_path, sequential, prefetch, naspipe_run):
+    flags = ["--stages", "2", "--device-param-budget", "60KB", "--prefetch", prefetch]
+    run = naspipe_run(tmp_path, *flags, *(["--no-gantt"] if prefetch == "on_demand" else []))
+    assert run["final_params_sha256"] == sequential["final_params_sha256"]
+    assert run["losses"] == sequential["losses"]
+    assert run["csp"]["device_param_budget_bytes"] == BUDGET and run["csp"]["prefetch"] == prefetch
+    copies = run["csp"]["copies"]
+    assert [c["stage"] for c in copies] == [0, 1]
+    for c in copies:
+        assert c["h2d_bytes"] > 0 and c["prefetches"] > 0 and c["h2d_tensor_bytes"] > 0
+        assert c["d2h_bytes"] > 0 and c["evictions"] > 0 and c["d2h_tensor_bytes"] > 0
+        assert 0 < c["peak_resident_bytes"] <= BUDGET
+        assert c["copy_wait_s"] >= 0
+        assert (c["prefetches_ahead"] > 0) == (prefetch == "predict")
+    events = json.loads((tmp_path / "trace.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    spans = [e for e in events if e.get("ph") == "X"]
+    for rank in (0, 1):
+        kinds = {e["cat"] for e in spans if e["pid"] == rank}
+        assert {"F", "B", "OPT_STEP", "PREFETCH", "EVICT"} <= kinds, (rank, kinds)
+        assert any(e["name"] == f"{rank}PREFETCH0" for e in spans)
+    assert {"SEND_F", "RECV_F", "SEND_B", "RECV_B"} <= {e["cat"] for e in spans}
+    assert min(e["ts"] for e in spans) == 0
+    assert run["ops"]["PREFETCH"]["count"] == sum(c["prefetches"] for c in copies)
+    assert (tmp_path / "gantt.png").exists() == (prefetch == "predict")
+
+
+@pytest.mark.parametrize("prefetch", ["on_demand", "predict"])
+def test_one_stage_copies_are_the_simulators(tmp_path, sequential, prefetch, naspipe_run):
+    """On one stage the order of ops does not depend on timing, so the rank must copy and write back exactly what
+    ``sim.csp.simulate`` does under the same rules (Belady eviction, admission, the predictor's assumed state)."""
+    run = naspipe_run(tmp_path, "--stages", "1", "--device-param-budget", "100KB", "--prefetch", prefetch, "--no-gantt")
+    assert run["final_params_sha256"] == sequential["final_params_sha256"]
+    simulated = run_csp(CspInputs(model=SPEC, space=None, topology="1xcpu", subnets=12, seed=3, lookahead=30,
+                                  partition="uniform", device_param_budget_bytes=100_000, prefetch=prefetch))
+    fields = ("h2d_bytes", "d2h_bytes", "prefetches", "evictions", "peak_resident_bytes")
+    assert [tuple(c[f] for f in fields) for c in run["csp"]["copies"]] == [
+        tuple(getattr(c, f) for f in fields) for c in simulated.result.copies]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--stages", "2", "--device-param-budget", "50KB"], "smaller than subnet"),
+    (["--stages", "2", "--device-param-budget", "lots"], "not a byte size"),
+    (["--stages", "2", "--device-param-budget", "60KB", "--prefetch", "eager"], "invalid choice"),
+    (["--sequential", "--device-param-budget", "60KB"], "not to --sequential"),
+])
+def test_bad_budget_exits_2(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        naspipe_main(["--model", SPEC, "--subnets", "12", "--seed", "3", *argv, "--out", str(tmp_path / "o")])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_offload_moves_parameters_and_adam_state_bitwise(one_thread):
+    """Training two layers with every key written back and copied in between steps equals training in place."""
+    def train(offload: bool):
+        torch.manual_seed(0)
+        layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        optimizer = make_optimizer("adam", layers.parameters())
+        params = {("b", k): list(layer.parameters()) for k, layer in enumerate(layers)}
+        mover = ParamOffload(params, optimizer, torch.device("cpu")) if offload else None
+        resident: set = set()
+        for step in range(6):
+            k = step % 2
+            if mover is not None:  # a budget of one layer: write the other back, copy this one in
+                mover.copy_in(CopyPlan(step, (("b", k),), tuple(resident)))
+                resident = {("b", k)}
+            layers[k](torch.full((2, 4), float(step))).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if mover is not None:
+            mover.close(resident)
+            assert mover.d2h_tensor_bytes > 0 and {s[0] for s in mover.spans} == {"PREFETCH", "EVICT"}
+        return [p.detach().clone() for p in layers.parameters()], [
+            {n: v.clone() for n, v in optimizer.state[p].items()} for p in layers.parameters()]
+
+    (plain, plain_state), (moved, moved_state) = train(False), train(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, moved, strict=True))
+    for a, b in zip(plain_state, moved_state, strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)

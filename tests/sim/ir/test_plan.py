@@ -1,0 +1,75 @@
+"""The op notation and the plan's canonical JSON."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.core.errors import SpecError
+from sim.ir.plan import Op, OpKind, Placement, Plan
+
+
+@pytest.mark.parametrize("text, kind, vstage, mb", [
+    ("2F0", OpKind.F, 2, 0),
+    ("13B127", OpKind.B, 13, 127),
+    ("0I4", OpKind.I, 0, 4),
+    ("1W4", OpKind.W, 1, 4),
+    ("3SEND_F1", OpKind.SEND_F, 3, 1),
+    ("0RECV_B2", OpKind.RECV_B, 0, 2),
+    ("5OPT_STEP", OpKind.OPT_STEP, 5, None),
+])
+def test_parse_pytorch_action_syntax(text, kind, vstage, mb):
+    op = Op.parse(text)
+    assert (op.kind, op.vstage, op.mb) == (kind, vstage, mb)
+    assert op.id == text == str(op)
+
+
+@given(st.sampled_from(list(OpKind)), st.integers(0, 999), st.one_of(st.none(), st.integers(0, 9999)))
+def test_op_string_round_trips(kind, vstage, mb):
+    op = Op(kind, vstage, mb)
+    assert Op.parse(op.id) == op
+
+
+@pytest.mark.parametrize("bad", ["", "F0", "2X0", "2F-1", "-1F0", "2 F0", "2F0x", "SEND_F1"])
+def test_parse_rejects_non_ops_with_the_text(bad):
+    with pytest.raises(SpecError, match="not an op"):
+        Op.parse(bad)
+
+
+def _plan(programs, level="L1"):
+    return Plan("1f1b", level, "uniform:layers=2", "2xideal", 2, 1, "flush",
+                Placement(((0, 1), (1, 2)), (0, 1)), programs, (("partition", "uniform"),))
+
+
+def test_plan_json_round_trip_keeps_l1_fields():
+    programs = (
+        (Op.parse("0F0"), Op(OpKind.SEND_F, 0, 0, peer=1, pair=0, deps=("0F0",))),
+        (Op(OpKind.RECV_F, 1, 0, peer=0, pair=0, deps=("0SEND_F0",)), Op(OpKind.F, 1, 0, deps=("1RECV_F0",))),
+    )
+    plan = _plan(programs)
+    text = plan.dumps()
+    again = Plan.loads(text)
+    assert again == plan
+    assert again.dumps() == text
+    assert again.option("partition") == "uniform"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("not json", "not valid JSON"),
+    ("{}", "not a pipedejavu plan"),
+    ('{"format": "pipedejavu-plan", "format_version": 99}', "format_version 99"),
+    ('{"format": "pipedejavu-plan", "format_version": 1}', "not a valid plan"),
+])
+def test_plan_loads_rejects_malformed_text(text, message):
+    with pytest.raises(SpecError, match=message):
+        Plan.loads(text, source="x.json")
+
+
+def test_duplicate_op_ids_are_rejected():
+    plan = _plan(((Op.parse("0F0"),), (Op.parse("0F0"),)), level="L0")
+    with pytest.raises(SpecError, match="appears twice"):
+        plan.op_index()
+
+
+def test_placement_must_be_contiguous():
+    with pytest.raises(ValueError, match="contiguous"):
+        Placement(((0, 2), (3, 4)), (0, 1))
