@@ -10,7 +10,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sim.viz import chrome_trace
+from sim.report import chrome_trace
 
 from sim.core.errors import SpecError
 from sim.ir.trace import STREAMS, Span, Trace

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sim.viz import gantt
+from sim.report import gantt
 
 from sim.ir.trace import Span, Trace
 from sim.report.gantt import FALLBACK_COLOR, KIND_COLORS, draw_gantt, kind_color
@@ -176,7 +176,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 def test_importing_the_viz_modules_does_not_import_matplotlib():
     result = _python(
-        "import sys, sim.viz, sim.report.gantt, sim.report.chrome_trace\n"
+        "import sys, sim.report, sim.report.gantt, sim.report.chrome_trace\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'torch'))\n"
         "assert not bad, bad\n"
     )
