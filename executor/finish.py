@@ -70,7 +70,9 @@ def finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence[
     profile_path = prediction_profile(plan, options.profile)
     profile = load_profile(profile_path) if profile_path else None
     prediction = predict(plan, profile, topology=topology, check_memory=False)
-    costs, graph, predicted = prediction.costs, prediction.costs.graph, prediction.result.trace
+    costs, predicted = prediction.costs, prediction.trace
+    assert costs is not None  # a fixed-program plan (csp plans finish in executor.csp)
+    graph = costs.graph
     cost_source = prediction.cost_source
     compare = compare_report(predicted, measured, median_index=index - options.warmup, cost_source=cost_source)
     measured_devices = sorted({r.device for r in reports})  # as the ranks name them: "cpu" or the CUDA device name

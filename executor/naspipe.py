@@ -96,10 +96,11 @@ def _plan(args: argparse.Namespace, spec: str, stages: int):
     from sim.csp.build import CspInputs, build_csp_problem
 
     budget = None if args.sequential else args.device_param_budget
-    _, _, stage_layers, subnets, problem = build_csp_problem(CspInputs(
+    plan, _, problem = build_csp_problem(CspInputs(
         model=spec, space=None, topology=f"{stages}xcpu", subnets=args.subnets, seed=args.seed,
-        lookahead=args.lookahead, partition="uniform", device_param_budget_bytes=budget, prefetch=args.prefetch))
-    return stage_layers, subnets, problem
+        lookahead=args.lookahead, partition="uniform", device_param_budget_bytes=budget,
+        prefetch=args.prefetch if budget is not None else None))
+    return plan.placement.vstage_layers, plan.subnets, problem
 
 
 def _stage(spec: str, start: int, end: int, subnets, optimizer: str):

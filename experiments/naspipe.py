@@ -43,11 +43,12 @@ def _stage_block_bytes(supernet, stage_layers) -> list[int]:
 def _space(args: argparse.Namespace, space: str) -> dict:
     """Every case on one space: subnets/s and the most parameter bytes any device holds."""
     from sim.csp.baselines import run_baseline, stage_supernet_bytes
-    from sim.csp.build import CspInputs, build_csp_problem
-    from sim.csp.simulate import simulate_csp
+    from sim.csp.build import CspInputs, build_csp_plan, build_csp_problem
+    from sim.predict import predict
 
     inputs = CspInputs(None, space, args.topology, args.subnets, args.seed, args.lookahead, args.minibatch)
-    supernet, _, stage_layers, _, problem = build_csp_problem(inputs)
+    plan, setup, problem = build_csp_problem(inputs)
+    supernet, stage_layers = setup.supernet, plan.placement.vstage_layers
     resident = stage_supernet_bytes(supernet, stage_layers)
     shared = [whole - blocks for whole, blocks in zip(resident, _stage_block_bytes(supernet, stage_layers))]
     largest = max(sum(problem.key_bytes[k] for k in row[s]) for row in problem.uses for s in range(len(row)))
@@ -56,8 +57,10 @@ def _space(args: argparse.Namespace, space: str) -> dict:
     for name, policy, one in (("csp", "resident", False), ("csp+predict", "predict", False),
                               ("csp+on_demand", "on_demand", False), ("one-at-a-time", "resident", True)):
         budgeted = policy != "resident"
-        run = simulate_csp(replace(problem, param_budget_bytes=budget if budgeted else None), one_at_a_time=one,
-                           prefetch=policy)
+        case = replace(inputs, one_at_a_time=one, device_param_budget_bytes=budget if budgeted else None,
+                       prefetch=policy if budgeted else None)
+        run = predict(build_csp_plan(case)).csp
+        assert run is not None
         rates[name] = args.subnets / run.makespan
         device_bytes[name] = (max(shared[c.stage] + c.peak_resident_bytes for c in run.copies) if budgeted
                               else max(resident))

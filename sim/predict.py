@@ -3,7 +3,8 @@
 ``sim.run`` (what a user simulates), ``executor.run`` (the ``predicted`` side of ``compare.json``) and the
 experiments all call :func:`predict`, so a prediction is made one way only: the model rebuilt from the plan's spec, the
 plan's topology, one :class:`~sim.cost.oracle.CostOracle` for the plan's microbatch size and profile, and the engine
-the plan's weight policy needs.
+the plan's weight policy needs: the SimPy engine for a fixed program, NASPipe's CSP run (``sim.csp.simulate``) for a
+``csp`` plan, whose programs are decided online.
 """
 
 from __future__ import annotations
@@ -11,12 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sim.core.errors import SpecError
 from sim.cost.model import CostModel
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile
-from sim.engine.simpy_engine import SimResult, simulate
+from sim.csp.build import check_csp_plan, csp_problem
+from sim.csp.problem import CspResult
+from sim.csp.report import csp_metrics
+from sim.csp.simulate import simulate_csp
+from sim.engine.simpy_engine import simulate
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
+from sim.ir.trace import Trace
 from sim.models import build_model
 from sim.report.metrics import compute_metrics, plan_header
 
@@ -25,23 +32,30 @@ __all__ = ["Prediction", "predict", "describe_cost_source"]
 
 @dataclass(frozen=True)
 class Prediction:
-    """A simulated iteration of a plan.
+    """A simulated iteration of a plan (for a ``csp`` plan: its whole subnet sequence).
 
     Attributes:
         plan: the plan that was simulated.
         topology: its topology, parsed.
-        costs: the plan's cost view, backed by the oracle that costed everything.
-        result: the engine's trace, per-rank peak memory (bytes) and bytes per link.
+        trace: every op's span.
+        peak_memory_bytes: per rank, the highest memory in use, bytes.
+        link_bytes: ``((src, dst), bytes)`` carried by each directed link that was used (empty for csp).
         cost_source: one line saying where the durations come from (roofline, or which profile on which ranks).
-        metrics: the ``metrics.json`` object: :func:`sim.report.metrics.compute_metrics` plus the plan header.
+        metrics: the ``metrics.json`` object: :func:`sim.report.metrics.compute_metrics`, the plan header and, for
+            csp, :func:`sim.csp.report.csp_metrics`.
+        costs: the plan's cost view (``None`` for csp, whose costs differ per subnet).
+        csp: the CSP run's decisions, stalls and copies (``None`` for fixed programs).
     """
 
     plan: Plan
     topology: Topology
-    costs: CostModel
-    result: SimResult
+    trace: Trace
+    peak_memory_bytes: tuple[int, ...]
+    link_bytes: tuple[tuple[tuple[str, str], int], ...]
     cost_source: str
     metrics: dict[str, Any]
+    costs: CostModel | None = None
+    csp: CspResult | None = None
 
 
 def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Topology | None = None,
@@ -56,10 +70,17 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
             only report the peaks.
 
     Raises:
-        SpecError: the plan's model or topology spec is invalid, or the profile does not fit the model.
+        SpecError: the plan's model or topology spec is invalid, the profile does not fit the model, or a profile
+            is given for a csp plan (its subnets' layers are not what a profile measures).
         PlanError: the plan cannot be simulated (not lowered, deadlock).
     """
     topology = topology if topology is not None else Topology.parse(plan.topology)
+    if plan.weight_policy == "csp":
+        if profile is not None:
+            raise SpecError(f"a measured profile ({profile.source}) cannot cost a csp plan: a profile times the "
+                            f"layers of one model, a csp plan trains subnets whose layers differ; csp uses the "
+                            f"roofline")
+        return _predict_csp(plan, topology)
     graph = build_model(plan.model)
     oracle = CostOracle(graph, plan.microbatch_size, profile, topology)
     costs = CostModel(graph, topology, plan.placement, plan.microbatch_size, profile, oracle=oracle)
@@ -74,7 +95,22 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         link_bytes=result.link_bytes,
     )
     metrics["plan"] = plan_header(plan, costs=cost_source)
-    return Prediction(plan, topology, costs, result, cost_source, metrics)
+    return Prediction(plan, topology, result.trace, result.peak_memory_bytes, result.link_bytes, cost_source,
+                      metrics, costs=costs)
+
+
+def _predict_csp(plan: Plan, topology: Topology) -> Prediction:
+    setup = check_csp_plan(plan, topology)
+    result = simulate_csp(csp_problem(plan, setup), one_at_a_time=plan.option("one_at_a_time", False),
+                          prefetch=plan.option("prefetch", "resident"))
+    cost_source = "roofline (hardware catalog), per subnet's own candidates"
+    peaks = result.peak_memory_bytes
+    metrics = compute_metrics(result.trace, num_microbatches=plan.num_microbatches,
+                              microbatch_size=plan.microbatch_size, peak_memory_bytes=peaks,
+                              memory_capacity_bytes=[d.memory_bytes for d in topology.devices[: plan.num_ranks]])
+    metrics["plan"] = plan_header(plan, costs=cost_source)
+    metrics["csp"] = csp_metrics(plan, result)
+    return Prediction(plan, topology, result.trace, peaks, (), cost_source, metrics, csp=result)
 
 
 def describe_cost_source(oracle: CostOracle, num_ranks: int) -> str:

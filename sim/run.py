@@ -21,10 +21,9 @@ from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import write_json_atomic, write_text_atomic
 from sim.hw.topology import format_topology_list
 from sim.ir.schedule_csv import dumps_schedule_csv
-from sim.models import format_model_list
+from sim.models import build_model, format_model_list
 from sim.plan.build import PlanInputs, build_plan
 from sim.predict import predict
-from sim.report.metrics import compute_metrics
 from sim.report.outputs import format_summary, write_run_outputs
 from sim.schedules import SCHEDULES
 
@@ -50,9 +49,9 @@ def make_parser() -> argparse.ArgumentParser:
     csp.add_argument("--device-param-budget", type=parse_byte_size, metavar="BYTES",
                      help="most choice-block parameter bytes per device, e.g. 2GB, 512MiB or 3e8 (default: all "
                      "layers resident)")
-    csp.add_argument("--prefetch", default="predict", choices=["predict", "on_demand", "resident"],
+    csp.add_argument("--prefetch", choices=["predict", "on_demand", "resident"],
                      help="context switch under --device-param-budget: predict (NASPipe's predictor, default), "
-                     "on_demand (copy when picked) or resident (ablation: all layers resident)")
+                     "on_demand (copy when picked) or resident (ablation: all layers resident); needs a budget")
     parser.add_argument("--schedule-file", help="schedule CSV (PyTorch pipelining syntax, compute_only or "
                         "compute_comms) to run instead of --schedule")
     parser.add_argument("--chunks", type=int,
@@ -105,76 +104,67 @@ def _run(argv: list[str] | None) -> int:
           f"{plan.microbatch_size} sample(s){', activation recomputation' if recompute else ''}")
     prediction = predict(plan, built.profile, topology=topology, check_memory=not args.ignore_memory)
     print(f"costs {prediction.cost_source}")
-    result, metrics = prediction.result, prediction.metrics
+    metrics = prediction.metrics
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(plan.dumps(), out / "plan.json")
     write_text_atomic(dumps_schedule_csv(plan.programs), out / "schedule.csv")
     title = (f"{plan.schedule}{f' v={chunks}' if chunks else ''}{' + recompute' if recompute else ''} · "
              f"{plan.model} · {plan.topology} · m={plan.num_microbatches}")
-    names = write_run_outputs(out, result.trace, metrics, title=title, gantt=not args.no_gantt)
+    names = write_run_outputs(out, prediction.trace, metrics, title=title, gantt=not args.no_gantt)
     print(format_summary(metrics))
     print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")
     return 0
 
 
 def _run_csp(args: argparse.Namespace) -> int:
-    """``--schedule csp``: simulate NASPipe's CSP over a sampled subnet sequence and write the run's outputs."""
-    from sim.csp.build import CspInputs, run_csp
+    """``--schedule csp``: write NASPipe's CSP plan over a sampled subnet sequence, simulate it, write the outputs."""
+    from sim.csp.build import CspInputs, build_csp_plan
+    from sim.csp.report import csp_decision_log
 
-    # CSP picks subnets dynamically with one stage per rank and updates the weights per subnet: these options of the
-    # fixed schedules have no meaning for it, so naming one is an error rather than something silently dropped.
+    # CSP picks subnets online with one stage per rank, one subnet per step, and updates the weights per subnet:
+    # these options of the fixed schedules have no meaning for it, so naming one is an error, not silently dropped.
     for flag, given in (("--recompute", args.recompute), ("--chunks", args.chunks is not None),
-                        ("--vertical-sync", args.vertical_sync)):
+                        ("--vertical-sync", args.vertical_sync), ("--microbatches", args.microbatches is not None),
+                        ("--profile", args.profile is not None)):
         if given:
-            raise SpecError(f"{flag} does not apply to --schedule csp (fixed schedules only)")
-
-    run = run_csp(CspInputs(model=args.model, space=args.space, topology=args.topology, subnets=args.subnets,
-                            seed=args.seed, lookahead=args.lookahead, microbatch_size=args.microbatch_size,
-                            partition=args.partition, one_at_a_time=args.one_at_a_time,
-                            device_param_budget_bytes=args.device_param_budget, prefetch=args.prefetch))
-    result, spec = run.result, run.supernet.graph.spec
-    print(run.topology.describe())
-    print(f"model {run.supernet.graph.summary()}")
-    mode = "one subnet at a time (ablation)" if args.one_at_a_time else f"CSP, lookahead {args.lookahead}"
-    if args.device_param_budget is not None:
-        mode += f", device parameter budget {args.device_param_budget} B, prefetch {args.prefetch}"
-    print(f"plan csp: {args.subnets} subnets (seed {args.seed}) on {run.topology.num_ranks} stages, layers per stage "
-          f"{','.join(str(end - start) for start, end in run.stage_layers)}, {mode}")
-    metrics = compute_metrics(result.trace, num_microbatches=args.subnets, microbatch_size=args.microbatch_size)
-    metrics["plan"] = {"schedule": "csp", "model": spec, "topology": str(run.topology),
-                       "layers_per_stage": [end - start for start, end in run.stage_layers]}
-    metrics["csp"] = {
-        "subnets": args.subnets, "seed": args.seed, "lookahead": args.lookahead, "space": args.space,
-        "one_at_a_time": args.one_at_a_time, "subnets_per_s": args.subnets / result.makespan,
-        "decisions": len(result.decisions),
-        "stalls": [{"stage": s.stage, "blocked_s": s.blocked_s, "blocked_decisions": s.blocked_decisions}
-                   for s in result.stalls],
-        "device_param_budget_bytes": args.device_param_budget, "prefetch": args.prefetch,
-        "copies": [{"stage": c.stage, "h2d_bytes": c.h2d_bytes, "d2h_bytes": c.d2h_bytes,
-                    "copy_wait_s": c.copy_wait_s, "admission_wait_s": c.admission_wait_s,
-                    "peak_resident_bytes": c.peak_resident_bytes, "prefetches": c.prefetches,
-                    "evictions": c.evictions} for c in result.copies],
-        "copy_wait_s": sum(c.copy_wait_s for c in result.copies),
-    }
+            reason = ("a profile times one model's layers; csp costs each subnet's own candidates by the roofline"
+                      if flag == "--profile" else "a csp plan trains --subnets, one minibatch each"
+                      if flag == "--microbatches" else "fixed schedules only")
+            raise SpecError(f"{flag} does not apply to --schedule csp ({reason})")
+    plan = build_csp_plan(CspInputs(
+        model=args.model, space=args.space, topology=args.topology, subnets=args.subnets, seed=args.seed,
+        lookahead=args.lookahead, microbatch_size=args.microbatch_size, partition=args.partition,
+        one_at_a_time=args.one_at_a_time, device_param_budget_bytes=args.device_param_budget,
+        prefetch=args.prefetch))
+    prediction = predict(plan, check_memory=not args.ignore_memory)
+    result, metrics, topology = prediction.csp, prediction.metrics, prediction.topology
+    assert result is not None
+    print(topology.describe())
+    print(f"model {build_model(plan.model).summary()}")
+    mode = ("one subnet at a time (ablation)" if plan.option("one_at_a_time")
+            else f"CSP, lookahead {plan.option('lookahead')}")
+    budget = plan.option("device_param_budget_bytes")
+    if budget is not None:
+        mode += f", device parameter budget {budget:,} B, prefetch {plan.option('prefetch')}"
+    print(f"plan csp: {plan.num_microbatches} subnets (seed {plan.option('seed')}) on {plan.num_ranks} stages, "
+          f"layers per stage {','.join(map(str, plan.placement.layer_counts()))}, {mode}")
+    print(f"costs {prediction.cost_source}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic({"subnets": [list(c) for c in run.subnets],
-                       "decisions": [{"time_s": d.time, "stage": d.stage, "picked": d.picked,
-                                      "arrived": list(d.arrived), "unfinished": list(d.unfinished),
-                                      "edges": [list(e) for e in d.edges]} for d in result.decisions]},
-                      out / "csp.json")
-    title = f"csp · {spec} · {run.topology} · {args.subnets} subnets"
+    write_text_atomic(plan.dumps(), out / "plan.json")
+    write_json_atomic(csp_decision_log(plan, result), out / "csp.json")
+    title = f"csp · {plan.model} · {plan.topology} · {plan.num_microbatches} subnets"
     names = write_run_outputs(out, result.trace, metrics, title=title, gantt=not args.no_gantt)
-    print(format_summary(metrics))
-    print(f"subnets/s {metrics['csp']['subnets_per_s']:.2f}; CSP stalls per stage (s): "
-          + ", ".join(f"{s.blocked_s:.4f}" for s in result.stalls))
+    print(format_summary(metrics, unit="subnets"))
+    print("CSP stalls per stage (s): " + ", ".join(f"{s.blocked_s:.4f}" for s in result.stalls))
     if result.copies:
-        print(f"context switch ({args.prefetch}): copied {sum(c.h2d_bytes for c in result.copies) / 1e9:.3f} GB in, "
+        print(f"context switch ({plan.option('prefetch')}): copied "
+              f"{sum(c.h2d_bytes for c in result.copies) / 1e9:.3f} GB in, "
               f"{sum(c.d2h_bytes for c in result.copies) / 1e9:.3f} GB out; compute waited for copies "
               f"{metrics['csp']['copy_wait_s']:.4f} s; peak resident per stage (GB) "
               + ", ".join(f"{c.peak_resident_bytes / 1e9:.3f}" for c in result.copies))
-    print(f"wrote {out}/{{{', '.join(['csp.json', *names])}}}")
+    print(f"wrote {out}/{{{', '.join(['plan.json', 'csp.json', *names])}}}")
     return 0
 
 

@@ -97,7 +97,9 @@ def flush_baseline(inputs: CspInputs, schedule: str, microbatches: int) -> Basel
     if microbatches < 1 or inputs.microbatch_size % microbatches:
         raise SpecError(f"--baseline-microbatches {microbatches} must divide the subnet minibatch of "
                         f"{inputs.microbatch_size} samples")
-    supernet, topology, stage_layers, subnets, _ = build_csp_problem(inputs)
+    plan, setup, _ = build_csp_problem(inputs)
+    supernet, topology = setup.supernet, setup.topology
+    stage_layers, subnets = plan.placement.vstage_layers, plan.subnets
     graph = supernet.graph
     counts = ",".join(str(end - start) for start, end in stage_layers)
     size = inputs.microbatch_size // microbatches
@@ -118,7 +120,8 @@ def flush_baseline(inputs: CspInputs, schedule: str, microbatches: int) -> Basel
 
 def pipedream_baseline(inputs: CspInputs) -> BaselineRun:
     """Asynchronous PipeDream on the subnet sequence: CSP's simulation with no sharing and ``p`` subnets in flight."""
-    supernet, _, stage_layers, subnets, problem = build_csp_problem(inputs)
+    plan, setup, problem = build_csp_problem(inputs)
+    supernet, stage_layers, subnets = setup.supernet, plan.placement.vstage_layers, plan.subnets
     p = problem.num_stages
     free = CspProblem(p, problem.uses, problem.fwd_s, problem.bwd_s, problem.update_s, problem.transfer_s, p)
     makespan = simulate_csp(free, sharing="none", prefetch="resident").makespan

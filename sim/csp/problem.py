@@ -13,7 +13,7 @@ from typing import Any
 from sim.csp.rules import subnet_table
 from sim.ir.trace import Trace
 
-__all__ = ["CspProblem", "CspResult", "Decision", "PREFETCH_POLICIES", "StageCopies", "StageStalls", "SHARING",
+__all__ = ["CspProblem", "CspResult", "StageMemoryModel", "Decision", "PREFETCH_POLICIES", "StageCopies", "StageStalls", "SHARING",
            "TransferTime", "CopyTime"]
 
 #: Context-switch policies of :func:`simulate_csp` (module docstring).
@@ -37,6 +37,23 @@ def _table(name: str, values: Any, rows: int, cols: int) -> tuple[tuple[float, .
 
 
 @dataclass(frozen=True)
+class StageMemoryModel:
+    """What occupies each stage's device during a CSP run, bytes (the engine tracks the sum and its peak).
+
+    Attributes:
+        static_bytes: per stage, what stays resident all run: the training state of the layers every subnet
+            shares there, and of every candidate when no budget moves them (weights, gradients, optimizer state).
+        activation_bytes: ``[subnet][stage]``: what the subnet's forward keeps until its backward ends.
+        state_per_param_byte: training-state bytes per byte of parameters of a key made resident under a budget
+            (its gradients and optimizer state travel with it); 0 without context switching.
+    """
+
+    static_bytes: tuple[int, ...]
+    activation_bytes: tuple[tuple[int, ...], ...]
+    state_per_param_byte: float = 0.0
+
+
+@dataclass(frozen=True)
 class CspProblem:
     """A CSP training run: a subnet sequence, per-op costs and the lookahead window.
 
@@ -53,6 +70,8 @@ class CspProblem:
         param_budget_bytes: most layer-parameter bytes a stage may hold; ``None``: unlimited, every layer resident.
         h2d_s: ``f(stage, nbytes)``, seconds to copy ``nbytes`` host → device (``None``: free).
         d2h_s: ``f(stage, nbytes)``, seconds to copy device → host (``None``: free).
+        devices: the device name of each stage, for the trace (``None``: ``"ideal"``, a problem with no hardware).
+        memory: what occupies each device, for the peak memory per stage (``None``: not modelled, peaks 0).
     """
 
     num_stages: int
@@ -66,6 +85,8 @@ class CspProblem:
     param_budget_bytes: int | None = None
     h2d_s: CopyTime | None = None
     d2h_s: CopyTime | None = None
+    devices: tuple[str, ...] | None = None
+    memory: StageMemoryModel | None = None
 
     def __post_init__(self) -> None:
         if self.num_stages < 1:
@@ -79,6 +100,12 @@ class CspProblem:
             raise ValueError(f"transfer_s must be a finite time >= 0 s or a function, got {self.transfer_s}")
         if self.lookahead < 1:
             raise ValueError(f"lookahead must be >= 1, got {self.lookahead}")
+        if self.devices is not None and len(self.devices) != p:
+            raise ValueError(f"devices must name one device per stage ({p}), got {self.devices}")
+        if self.memory is not None:
+            if len(self.memory.static_bytes) != p:
+                raise ValueError(f"memory must describe {p} stages, got {len(self.memory.static_bytes)}")
+            _table("memory.activation_bytes", self.memory.activation_bytes, n, p)  # shape and range
         if self.key_bytes is not None:
             object.__setattr__(self, "key_bytes", MappingProxyType(dict(self.key_bytes)))
             missing = {k for row in uses for keys in row for k in keys} - set(self.key_bytes)
@@ -202,7 +229,8 @@ class StageCopies:
 
 @dataclass(frozen=True)
 class CspResult:
-    """What :func:`simulate_csp` produced: the trace, every decision, the stalls and copy statistics per stage.
+    """What :func:`simulate_csp` produced: the trace, every decision, the stalls and copy statistics per stage, and
+    the peak memory per stage in bytes (zeros when the problem has no memory model).
 
     ``copies`` is empty when no context switching was simulated (no budget, or the ``"resident"`` policy).
     """
@@ -211,6 +239,7 @@ class CspResult:
     decisions: tuple[Decision, ...]
     stalls: tuple[StageStalls, ...]
     copies: tuple[StageCopies, ...] = ()
+    peak_memory_bytes: tuple[int, ...] = ()
 
     @property
     def makespan(self) -> float:

@@ -151,6 +151,10 @@ class _Run:
         self.admit_since: list[float | None] = [None] * p
         self.admit_wait = [0.0] * p
         self.h2d = [simpy.PriorityResource(self.env, capacity=1) for _ in range(p)]
+        # device memory (only with problem.memory): static state + in-flight activations (+ resident keys' state)
+        model = problem.memory
+        self.in_use = list(model.static_bytes) if model else [0] * p
+        self.peak_memory = list(self.in_use)
         self.d2h = [simpy.Resource(self.env, capacity=1) for _ in range(p)]
 
     # --- bookkeeping -----------------------------------------------------------------------------------------------
@@ -276,6 +280,7 @@ class _Run:
             self.copy_wait[s] += self.env.now - start
             self.memory[s].touch(self.memory[s].keys(b))
             start = self.env.now
+        self._hold(s, b, +1)
         if self.pb.fwd_s[b][s] > 0:
             yield self.env.timeout(self.pb.fwd_s[b][s])
         self._span("F", s, b, start)
@@ -289,6 +294,7 @@ class _Run:
         if self.pb.bwd_s[b][s] > 0:
             yield self.env.timeout(self.pb.bwd_s[b][s])
         self._span("B", s, b, start)
+        self._hold(s, b, -1)
         if s > 0:
             self.env.process(self._transfer(s, s - 1, b, "B"))
         start = self.env.now
@@ -303,6 +309,16 @@ class _Run:
         if self.updates_left[b] == 0:  # finished everywhere: leaves the lookahead window
             self.in_flight -= 1
             self._inject()
+
+    def _hold(self, s: int, b: int, sign: int) -> None:
+        """Subnet ``b``'s activations on stage ``s`` are allocated (+1, its forward starts) or freed (-1, its
+        backward ended); the peak counts the resident keys' training state too under a budget."""
+        model = self.pb.memory
+        if model is None:
+            return
+        self.in_use[s] += sign * model.activation_bytes[b][s]
+        keys = int(self.memory[s].used * model.state_per_param_byte) if self.mem else 0
+        self.peak_memory[s] = max(self.peak_memory[s], self.in_use[s] + keys)
 
     def _transfer(self, src: int, dst: int, b: int, kind: str) -> _Proc:
         pair, self.pairs = self.pairs, self.pairs + 1
@@ -330,11 +346,11 @@ class _Run:
                               f"{sorted(self.st[s].finished)}" for s in range(self.pb.num_stages))
             raise RuntimeError(f"CSP run deadlocked at t={self.env.now} s with subnets {left} unfinished: {state}")
         p = self.pb.num_stages
-        trace = Trace.from_spans(self.spans, ("ideal",) * p, meta)
+        trace = Trace.from_spans(self.spans, self.pb.devices or ("ideal",) * p, meta)
         stalls = tuple(StageStalls(s, self.blocked_s[s], self.blocked_count[s]) for s in range(p))
         copies = tuple(StageCopies(s, m.h2d_bytes, m.d2h_bytes, self.copy_wait[s], self.admit_wait[s], m.peak,
                                    m.prefetches, m.evictions) for s, m in enumerate(self.memory))
-        return CspResult(trace, tuple(self.decisions), stalls, copies)
+        return CspResult(trace, tuple(self.decisions), stalls, copies, tuple(self.peak_memory))
 
 
 def simulate_csp(problem: CspProblem, *, one_at_a_time: bool = False, sharing: str = "table",

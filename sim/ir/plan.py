@@ -52,9 +52,6 @@ class OpKind(StrEnum):
     RECV_B = "RECV_B"  # receive vstage's output gradient from the next vstage's rank
     PREFETCH = "PREFETCH"  # host → device copy of a parameter set
     EVICT = "EVICT"  # device → host copy of a parameter set
-    STASH = "STASH"  # keep a weight version (async PipeDream)
-    USE_VERSION = "USE_VERSION"  # bind a stashed weight version for the next ops
-    REDUCE_GRAD = "REDUCE_GRAD"  # data-parallel gradient reduction of a vstage
     OPT_STEP = "OPT_STEP"  # optimizer step of a vstage
 
 
@@ -70,7 +67,6 @@ _STREAM = {
     OpKind.RECV_B: "recv",
     OpKind.PREFETCH: "h2d",
     OpKind.EVICT: "d2h",
-    OpKind.REDUCE_GRAD: "send",
 }
 
 
@@ -144,6 +140,10 @@ class Op:
         if not isinstance(data, dict) or not isinstance(data.get("op"), str):
             raise SpecError(f"op record must be an object with an 'op' string, got {data!r}")
         base = cls.parse(data["op"])
+        unknown = sorted(set(data) - {"op", "peer", "pair", "deps"})
+        if unknown:
+            raise SpecError(f"op {base.id} has unknown field(s) {', '.join(map(repr, unknown))}; an op has op, peer, "
+                            f"pair and deps")
         peer, pair, deps = data.get("peer"), data.get("pair"), data.get("deps", [])
         for name, value in (("peer", peer), ("pair", pair)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
@@ -210,6 +210,8 @@ class Plan:
         placement: layers of each vstage and rank of each vstage.
         programs: per rank, the ops in program order.
         options: generator parameters and other settings, as sorted ``(key, value)`` pairs of JSON scalars.
+        subnets: NASPipe CSP only (``weight_policy == "csp"``): the subnet table, one row per subnet in training
+            order (subnet id = ``mb``), each row the chosen candidate of every choice block. Empty otherwise.
         format_version: JSON layout version.
     """
 
@@ -223,6 +225,7 @@ class Plan:
     placement: Placement
     programs: tuple[tuple[Op, ...], ...]
     options: tuple[tuple[str, Any], ...] = ()
+    subnets: tuple[tuple[int, ...], ...] = ()
     format_version: int = FORMAT_VERSION
     _index: dict[str, tuple[int, int]] = field(default=None, init=False, repr=False, compare=False)  # type: ignore
 
@@ -264,14 +267,14 @@ class Plan:
         """A copy with other programs (the lowering passes use this; a Plan is never mutated)."""
         return Plan(
             self.schedule, level, self.model, self.topology, self.num_microbatches, self.microbatch_size,
-            self.weight_policy, self.placement, programs, self.options, self.format_version,
+            self.weight_policy, self.placement, programs, self.options, self.subnets, self.format_version,
         )
 
     # --- canonical JSON -------------------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        """The canonical JSON object (see :meth:`dumps`)."""
-        return {
+        """The canonical JSON object (see :meth:`dumps`); ``subnets`` only when the plan has a subnet table."""
+        body = {
             "format": "pipedejavu-plan",
             "format_version": self.format_version,
             "level": self.level,
@@ -288,6 +291,9 @@ class Plan:
             },
             "ranks": [[op.to_json() for op in program] for program in self.programs],
         }
+        if self.subnets:
+            body["subnets"] = [list(row) for row in self.subnets]
+        return body
 
     def dumps(self) -> str:
         """Canonical text: sorted keys, one op per line, so equal plans give byte-identical files."""
@@ -312,7 +318,9 @@ class Plan:
             raise SpecError(
                 f"{source} has format_version {data.get('format_version')!r}; this version reads {FORMAT_VERSION}"
             )
+        _only_known_fields(data, _PLAN_FIELDS, source)
         try:
+            _only_known_fields(data["placement"], {"vstage_layers", "vstage_to_rank"}, f"{source}: placement")
             placement = Placement(
                 tuple((int(a), int(b)) for a, b in data["placement"]["vstage_layers"]),
                 tuple(int(r) for r in data["placement"]["vstage_to_rank"]),
@@ -332,8 +340,32 @@ class Plan:
                 placement=placement,
                 programs=programs,
                 options=tuple(sorted(options.items())),
+                subnets=_subnet_table(data.get("subnets", []), source),
             )
         except SpecError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
             raise SpecError(f"{source} is not a valid plan ({type(exc).__name__}: {exc})") from None
+
+
+#: Every top-level field of a plan file; anything else is refused by name (a typo must not be silently ignored).
+_PLAN_FIELDS = frozenset({"format", "format_version", "level", "schedule", "model", "topology", "num_microbatches",
+                          "microbatch_size", "weight_policy", "options", "placement", "ranks", "subnets"})
+
+
+def _only_known_fields(data: Any, known: frozenset[str] | set[str], where: str) -> None:
+    if not isinstance(data, dict):
+        raise SpecError(f"{where} must be an object, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise SpecError(f"{where} has unknown field(s) {', '.join(map(repr, unknown))}; a plan has "
+                        f"{', '.join(sorted(known))}")
+
+
+def _subnet_table(rows: Any, source: str) -> tuple[tuple[int, ...], ...]:
+    """The ``subnets`` field: a list of rows of candidate indices (non-negative ints)."""
+    if not isinstance(rows, list) or not all(
+            isinstance(row, list) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in row)
+            for row in rows):
+        raise SpecError(f"{source}: subnets must be a list of lists of candidate indices >= 0")
+    return tuple(tuple(row) for row in rows)

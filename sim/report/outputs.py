@@ -1,8 +1,9 @@
 """Writing a run's outputs: ``metrics.json``, ``trace.json`` and ``gantt.png`` (DESIGN §1).
 
 Simulated runs (``sim.run``) and real runs (``executor.run``) both call :func:`write_run_outputs`, so the files mean
-the same thing whichever produced them. Every file is written atomically; a failed run leaves no file that looks
-complete.
+the same thing whichever produced them. Every file is written atomically, and the three are all or none
+(:func:`sim.core.output_set.all_or_none`): if one cannot be written (a full disk, Ctrl-C), the others written so far
+are removed and the files they replaced put back, so a failed run leaves no set of files that looks complete.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sim.core.fileio import write_json_atomic
+from sim.core.fileio import prepare_output_dir, write_json_atomic
+from sim.core.output_set import all_or_none
 from sim.ir.trace import Trace
 from sim.report.chrome_trace import write_chrome_trace
 
@@ -19,16 +21,22 @@ __all__ = ["write_run_outputs", "format_summary"]
 
 def write_run_outputs(out_dir: Path, trace: Trace, metrics: dict[str, Any], *, title: str,
                       gantt: bool = True) -> list[str]:
-    """Write metrics, Chrome trace and (unless ``gantt`` is false) the Gantt chart; returns the file names."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(metrics, out_dir / "metrics.json")
-    write_chrome_trace(trace, out_dir / "trace.json")
-    names = ["metrics.json", "trace.json"]
-    if gantt:
-        from sim.report.gantt import draw_gantt  # matplotlib only when a picture is wanted
+    """Write metrics, Chrome trace and (unless ``gantt`` is false) the Gantt chart, all or none; returns the file
+    names.
 
-        draw_gantt(trace, out_dir / "gantt.png", title=title)
-        names.append("gantt.png")
+    Raises:
+        SpecError: ``out_dir`` cannot be made or written in, or a file cannot be written; nothing is left of this call.
+    """
+    with all_or_none():
+        prepare_output_dir(out_dir, "output directory")
+        write_json_atomic(metrics, out_dir / "metrics.json")
+        write_chrome_trace(trace, out_dir / "trace.json")
+        names = ["metrics.json", "trace.json"]
+        if gantt:
+            from sim.report.gantt import draw_gantt  # matplotlib only when a picture is wanted
+
+            draw_gantt(trace, out_dir / "gantt.png", title=title)
+            names.append("gantt.png")
     return names
 
 
@@ -36,11 +44,17 @@ def _gb(nbytes: float | None) -> str:
     return "unlimited" if nbytes is None else f"{nbytes / 1e9:.2f} GB"
 
 
-def format_summary(metrics: dict[str, Any]) -> str:
-    """Human summary of ``metrics.json``: iteration time, throughput, bubble, and per-device busy/memory."""
+def format_summary(metrics: dict[str, Any], *, unit: str = "samples") -> str:
+    """Human summary of ``metrics.json``: iteration time, throughput, bubble, and per-device busy/memory.
+
+    ``unit="subnets"`` (a CSP run) reports ``csp.subnets_per_s`` beside the samples/s.
+    """
+    throughput = f"{metrics['throughput_samples_per_s'] or 0:.2f} samples/s"
+    if unit == "subnets":
+        throughput = f"{metrics['csp']['subnets_per_s'] or 0:.2f} subnets/s ({throughput})"
     lines = [
-        f"iteration time    {metrics['iteration_time_s'] * 1e3:.3f} ms",
-        f"throughput        {metrics['throughput_samples_per_s'] or 0:.2f} samples/s",
+        f"{'run time' if unit == 'subnets' else 'iteration time':<18}{metrics['iteration_time_s'] * 1e3:.3f} ms",
+        f"throughput        {throughput}",
         f"bubble fraction   {metrics['bubble_fraction']:.4f}",
         "per device        busy        bubble   peak memory / capacity",
     ]

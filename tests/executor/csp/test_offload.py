@@ -11,8 +11,9 @@ from torch import nn
 from executor.csp.offload import ParamOffload
 from executor.naspipe import main as naspipe_main
 from executor.nn.optim import make_optimizer
-from sim.csp.build import CspInputs, run_csp
+from sim.csp.build import CspInputs, build_csp_plan
 from sim.csp.memory import CopyPlan
+from sim.predict import predict
 
 SPEC = "supernet:blocks=6,choices=4,hidden=32,heads=4,seq=8,vocab=50"
 # Candidates are 6336, 8576, 25280 and 0 plan bytes (fp16 in the graph); the largest subnet on one of the two
@@ -59,11 +60,11 @@ def test_one_stage_copies_are_the_simulators(tmp_path, sequential, prefetch, nas
     ``sim.csp.simulate`` does under the same rules (Belady eviction, admission, the predictor's assumed state)."""
     run = naspipe_run(tmp_path, "--stages", "1", "--device-param-budget", "100KB", "--prefetch", prefetch, "--no-gantt")
     assert run["final_params_sha256"] == sequential["final_params_sha256"]
-    simulated = run_csp(CspInputs(model=SPEC, space=None, topology="1xcpu", subnets=12, seed=3, lookahead=30,
-                                  partition="uniform", device_param_budget_bytes=100_000, prefetch=prefetch))
+    simulated = predict(build_csp_plan(CspInputs(model=SPEC, space=None, topology="1xcpu", subnets=12, seed=3, lookahead=30,
+                                  partition="uniform", device_param_budget_bytes=100_000, prefetch=prefetch))).csp
     fields = ("h2d_bytes", "d2h_bytes", "prefetches", "evictions", "peak_resident_bytes")
     assert [tuple(c[f] for f in fields) for c in run["csp"]["copies"]] == [
-        tuple(getattr(c, f) for f in fields) for c in simulated.result.copies]
+        tuple(getattr(c, f) for f in fields) for c in simulated.copies]
 
 
 @pytest.mark.parametrize("argv,message", [

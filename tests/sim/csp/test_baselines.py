@@ -12,7 +12,8 @@ from sim.csp.baselines import (
     stage_subnet_bytes,
     stage_supernet_bytes,
 )
-from sim.csp.build import CspInputs, build_csp_problem, run_csp
+from sim.csp.build import CspInputs, build_csp_plan, build_csp_problem
+from sim.predict import predict
 
 SMALL = "supernet:blocks=6,choices=4,hidden=64,heads=4,seq=16,vocab=100"
 
@@ -28,7 +29,7 @@ def test_one_microbatch_with_a_flush_is_csp_one_at_a_time(schedule):
     # between subnets is the same schedule, so they must agree to rounding.
     inputs = _inputs(microbatch_size=2)
     flush = flush_baseline(inputs, schedule, 1)
-    alone = run_csp(replace(inputs, one_at_a_time=True)).result.makespan
+    alone = predict(build_csp_plan(replace(inputs, one_at_a_time=True))).trace.makespan
     assert flush.makespan_s == pytest.approx(alone, rel=1e-9)
     assert flush.reproducible and flush.subnets_per_s == pytest.approx(10 / flush.makespan_s)
 
@@ -36,17 +37,19 @@ def test_one_microbatch_with_a_flush_is_csp_one_at_a_time(schedule):
 def test_pipedream_ignores_dependencies_and_stashes_versions():
     inputs = _inputs(microbatch_size=2)
     dream = pipedream_baseline(inputs)
-    supernet, _, stage_layers, subnets, _ = build_csp_problem(inputs)
+    plan, setup, _ = build_csp_problem(inputs)
+    supernet, stage_layers, subnets = setup.supernet, plan.placement.vstage_layers, plan.subnets
     resident, largest = stage_supernet_bytes(supernet, stage_layers), stage_subnet_bytes(supernet, stage_layers,
                                                                                          subnets)
     assert dream.device_param_bytes == tuple(resident[r] + (3 - r) * largest[r] for r in range(4))
     assert not dream.reproducible and dream.microbatches == 1
     # No causal dependencies and the same costs: never slower than CSP holding every subnet to one at a time.
-    assert dream.makespan_s <= run_csp(replace(inputs, one_at_a_time=True)).result.makespan
+    assert dream.makespan_s <= predict(build_csp_plan(replace(inputs, one_at_a_time=True))).trace.makespan
 
 
 def test_stage_bytes_cover_the_supernet_and_each_subnet():
-    supernet, _, stage_layers, subnets, _ = build_csp_problem(_inputs())
+    plan, setup, _ = build_csp_problem(_inputs())
+    supernet, stage_layers, subnets = setup.supernet, plan.placement.vstage_layers, plan.subnets
     assert sum(stage_supernet_bytes(supernet, stage_layers)) == supernet.graph.total_param_bytes()
     largest = stage_subnet_bytes(supernet, stage_layers, subnets)
     assert all(0 < s <= w for s, w in zip(largest, stage_supernet_bytes(supernet, stage_layers)))

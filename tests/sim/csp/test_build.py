@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from sim.csp.build import CspInputs, build_csp_problem, run_csp
+from sim.csp.build import CspInputs, build_csp_plan, build_csp_problem
 from sim.csp.rules import csp_pick, subnet_table
+from sim.predict import predict
 from sim.run import main as sim_main
 
 SMALL = "supernet:blocks=6,choices=4,hidden=64,heads=4,seq=16,vocab=100"
@@ -18,8 +19,8 @@ def test_cli_writes_outputs_and_every_decision_obeys_csp_pick(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["csp"]["subnets"] == 12 and len(metrics["csp"]["stalls"]) == 4
     record = json.loads((out / "csp.json").read_text())
-    _, _, _, subnets, problem = build_csp_problem(CspInputs(SMALL, None, "4xideal", subnets=12, partition="uniform"))
-    assert record["subnets"] == [list(s) for s in subnets]
+    plan, _, problem = build_csp_problem(CspInputs(SMALL, None, "4xideal", subnets=12, partition="uniform"))
+    assert record["subnets"] == [list(s) for s in plan.subnets]
     uses = subnet_table(problem.uses, 4)
     for d in record["decisions"]:
         assert csp_pick(d["stage"], d["arrived"], d["unfinished"], uses) == d["picked"]
@@ -32,20 +33,26 @@ def test_same_inputs_give_byte_identical_traces(tmp_path):
     assert (tmp_path / "a" / "trace.json").read_bytes() == (tmp_path / "b" / "trace.json").read_bytes()
 
 
+def _simulate(inputs: CspInputs):
+    result = predict(build_csp_plan(inputs)).csp
+    assert result is not None
+    return result
+
+
 def test_a_supernet_with_one_choice_degrades_to_one_subnet_at_a_time():
     # Every subnet picks the only candidate of every block, so all share every layer (NASPipe's worst case).
     spec = SMALL.replace("choices=4", "choices=1")
-    csp = run_csp(CspInputs(spec, None, "3xideal", subnets=6, partition="uniform"))
-    alone = run_csp(CspInputs(spec, None, "3xideal", subnets=6, partition="uniform", one_at_a_time=True))
-    assert csp.result.makespan == pytest.approx(alone.result.makespan)
+    csp = _simulate(CspInputs(spec, None, "3xideal", subnets=6, partition="uniform"))
+    alone = _simulate(CspInputs(spec, None, "3xideal", subnets=6, partition="uniform", one_at_a_time=True))
+    assert csp.makespan == pytest.approx(alone.makespan)
 
 
 def test_identical_subnets_stall_under_csp_but_never_one_at_a_time():
-    few = run_csp(CspInputs(SMALL.replace("choices=4", "choices=1"), None, "4xideal", subnets=16,
+    few = _simulate(CspInputs(SMALL.replace("choices=4", "choices=1"), None, "4xideal", subnets=16,
                             partition="uniform"))
-    alone = run_csp(CspInputs(SMALL.replace("choices=4", "choices=1"), None, "4xideal", subnets=16,
+    alone = _simulate(CspInputs(SMALL.replace("choices=4", "choices=1"), None, "4xideal", subnets=16,
                               partition="uniform", one_at_a_time=True))
-    assert sum(s.blocked_s for s in few.result.stalls) > 0 and sum(s.blocked_s for s in alone.result.stalls) == 0
+    assert sum(s.blocked_s for s in few.stalls) > 0 and sum(s.blocked_s for s in alone.stalls) == 0
 
 
 @pytest.mark.parametrize("argv,message", [
