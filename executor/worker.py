@@ -118,6 +118,14 @@ def _threads(options: RunOptions, local_world_size: int) -> int:
 
 def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None:
     world_size, local_rank = _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
+    if plan.weight_policy == "csp":  # no fixed program: each rank decides online (executor.csp)
+        from executor.csp.worker import run_csp_plan_rank
+
+        if plan.num_ranks != world_size:
+            raise SpecError(f"plan {options.plan_path} has {plan.num_ranks} ranks but the launcher started "
+                            f"{world_size}")
+        run_csp_plan_rank(options, plan, rank, world_size)
+        return
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if plan.num_ranks != world_size:
         raise SpecError(f"plan {options.plan_path} has {plan.num_ranks} ranks but the launcher started {world_size}")
