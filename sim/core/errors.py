@@ -1,7 +1,10 @@
 """The one exception type for bad user input, and how the CLIs report it.
 
 Library code raises :class:`SpecError` (a ``ValueError``) with the offending value in the message. The command-line
-entry points catch it and print ``error: <message>`` with exit status 2, never a traceback (DESIGN §8).
+entry points run their body through :func:`run_cli`, which prints ``error: <message>`` with exit status 2, never a
+traceback (DESIGN §8); Ctrl-C is ``error: interrupted`` with status 130 (128 + SIGINT, the shell's convention).
+:func:`run_cli` also makes the command's output files all or none (:mod:`sim.core.output_set`): if the body fails or
+is interrupted, what it wrote is removed before the error line is printed.
 """
 
 from __future__ import annotations
@@ -10,29 +13,47 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-__all__ = ["SpecError", "fail", "run_cli"]
+from sim.core.output_set import all_or_none
+
+__all__ = ["SpecError", "OutputError", "fail", "run_cli", "INTERRUPTED_STATUS"]
 
 T = TypeVar("T")
+
+#: Exit status after Ctrl-C: 128 + SIGINT (2), what a shell reports for a process the signal ended.
+INTERRUPTED_STATUS = 130
 
 
 class SpecError(ValueError):
     """A user-supplied value (spec string, file, flag) is invalid; the message names the value."""
 
 
-def fail(message: str) -> NoReturn:
-    """Print ``error: message`` to stderr and exit with status 2."""
+class OutputError(OSError):
+    """An output file could not be written (a full or read-only file system, a vanished directory): ``filename`` is
+    the file, never the temporary it was written through, and ``strerror`` says why. An ``OSError``, so a caller that
+    handles those still does; the CLIs print ``error: cannot write '<file>': <why>``."""
+
+
+def fail(message: str, status: int = 2) -> NoReturn:
+    """Print ``error: message`` to stderr and exit with ``status`` (2: bad input)."""
     print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(status)
 
 
 def run_cli(main: Callable[[], T]) -> T:
-    """Run a CLI body, turning :class:`SpecError` (and unreadable or non-UTF-8 files) into one ``error:`` line and exit
-    2."""
+    """Run a CLI body, turning :class:`SpecError`, :class:`OutputError` (and unreadable or non-UTF-8 files) into one
+    ``error:`` line and exit 2, and ``KeyboardInterrupt`` into ``error: interrupted`` and exit 130; the files the body
+    wrote are kept only if it returns (:func:`sim.core.output_set.all_or_none`)."""
     try:
-        return main()
+        with all_or_none():
+            return main()
+    except KeyboardInterrupt:
+        fail("interrupted", INTERRUPTED_STATUS)
     except SpecError as exc:
         fail(str(exc))
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+    except OutputError as exc:
+        fail(f"cannot write {exc.filename!r}: {exc.strerror}")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        # Outputs are written through sim.core.fileio, whose errors are OutputErrors; an OSError here is an input.
         fail(f"cannot read {exc.filename!r}: {exc.strerror}")
     except UnicodeDecodeError as exc:
         # Input files are read through sim.core.fileio.read_text, which names the file; this is the backstop for a read
