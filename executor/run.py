@@ -43,6 +43,7 @@ from executor.options import FAILURE_DIR_ENV, RunOptions
 from executor.worker import worker_main
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError, run_cli
+from sim.core.fileio import check_output_file, prepare_output_dir
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
 from sim.plan.validate import check_topology, validate
@@ -143,32 +144,17 @@ def _options(args: argparse.Namespace, plan: Plan) -> RunOptions:
 
 
 def check_output_path(flag: str, path: str, *, directory: bool) -> None:
-    """Check before launch that ``path`` can be written when the run ends, leaving nothing behind.
-
-    Missing parents are created at the end (as for ``--out``), so the nearest existing ancestor must be a directory
-    in which a file can be created: a probe file is created there and removed at once. (Permission bits alone say
-    nothing for root, who may still be refused, e.g. under ``/proc`` or on a read-only mount.) With ``directory``
-    (``--out``, ``--save-state``) an existing ``path`` must be a directory; otherwise (a file, such as
-    ``--calibrate-out``) it must not be one.
+    """Check before launch that ``path`` can be written when the run ends, leaving nothing behind (the checks:
+    :func:`sim.core.fileio.prepare_output_dir` without creating, for ``--out`` and ``--save-state``;
+    :func:`sim.core.fileio.check_output_file` for a file such as ``--calibrate-out``).
 
     Raises:
         SpecError: naming the flag and the path.
     """
-    target = Path(path).absolute()
-    if directory and target.exists() and not target.is_dir():
-        raise SpecError(f"{flag} {path!r} exists and is not a directory")
-    if not directory and target.is_dir():
-        raise SpecError(f"{flag} {path!r} is a directory; name the file to write, e.g. {Path(path) / 'profile.json'}")
-    ancestor = target if directory else target.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise SpecError(f"{flag} {path!r}: {str(ancestor)!r} is not a directory")
-    try:
-        with tempfile.NamedTemporaryFile(dir=ancestor, prefix=".pipedejavu-probe-"):
-            pass  # removed on leaving the block
-    except OSError as exc:
-        raise SpecError(f"{flag} {path!r}: cannot write in {str(ancestor)!r} ({exc.strerror or exc})") from None
+    if directory:
+        prepare_output_dir(path, flag, create=False)
+    else:
+        check_output_file(path, flag)
 
 
 def _check_calibrate_out_is_its_own_file(calibrate_out: str, plan: str, out: str) -> None:
