@@ -8,7 +8,8 @@ FLOP/s, bytes, bytes/s or seconds.
 Lookups are case-insensitive and accept short aliases (``V100``, ``A100``, ``H100-PCIE``, ``T4``, ...); an unknown
 name raises :class:`~sim.core.errors.SpecError` with the closest known names. A data file that is malformed (a missing
 field, a non-positive number, an unknown ``host_link``, a duplicate name or alias) fails on first use with a message
-naming the file, the entry and the field.
+naming the file, the entry and the field. YAML here and in topology files (:mod:`sim.hw.grammar`) is read with
+:func:`load_yaml`, which refuses a key that appears twice in one mapping (PyYAML would keep the last silently).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ __all__ = [
     "list_devices",
     "list_links",
     "device_aliases",
+    "load_yaml",
+    "DuplicateKeyError",
 ]
 
 _GIGA = 1e9  # GB and GB/s in the data files are decimal
@@ -186,9 +189,43 @@ def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpe
     )
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A key appears twice in one YAML mapping; the message names the key and both lines."""
+
+
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The safe loader (libyaml's parser when installed: several times faster), refusing duplicate keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<: *base' keys may be overridden; that is what merging is for
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = lines.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base constructor reports it
+            if first is not None:
+                raise DuplicateKeyError(f"duplicate key {key!r} at line {line}, first at line {first}: a key may "
+                                        f"appear once in a mapping")
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """The YAML document ``text``, as ``yaml.safe_load`` reads it but refusing a mapping with a key twice.
+
+    Raises:
+        yaml.YAMLError: malformed YAML; :class:`DuplicateKeyError` for a repeated key (naming it and its lines).
+    """
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
+
+
 def _read_yaml(path: Traversable | Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: malformed YAML ({exc})") from None
 

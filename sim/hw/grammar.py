@@ -11,20 +11,28 @@ Each term is one server or several; ranks are numbered term by term, server by s
 are those of the real system (:func:`sim.hw.nodes.default_shape`); a heterogeneous spec (``A+B``) joins all
 servers by one fabric running at the slowest server's NIC port speed, each server keeping its port count.
 
-YAML topology file schema (unknown keys are errors)::
+A spec or file may describe at most :data:`sim.hw.nodes.MAX_RANKS` ranks, checked term by term (and
+``repeat`` x ``count`` entry by entry) before any server is listed, so a huge count costs nothing. A topology file
+may have at most ``sim.core.fileio.INPUT_LIMITS["topology file"]`` bytes (256 KiB: YAML parsing takes seconds per
+MiB, and ``repeat:`` covers identical servers), and a key may appear once per mapping (YAML 1.2; PyYAML would keep
+the last one silently).
+
+YAML topology file schema (unknown or repeated keys are errors)::
 
     nodes:                     # required, non-empty list of server groups, ranks numbered in this order
       - device: V100           # required: catalog id or alias (sim.hw.catalog.get_device)
         count: 8               # required: GPUs per server, >= 1
         intra: cube-mesh       # optional: cube-mesh | nvswitch | pcie | full-mesh (default: as the grammar picks)
         repeat: 2              # optional: this many identical servers (default 1)
-    network: ib-edr            # optional: link type of one NIC port (default: the slowest server default)
+    network: ib-edr            # optional: link type of one NIC port, a name of --topology list's links
+                               # (default: the slowest server default)
     nics_per_node: 4           # optional: NIC ports per server (default: each server's own default)
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -33,8 +41,16 @@ import yaml
 
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text
-from sim.hw.catalog import DeviceSpec, device_aliases, get_device, get_link, list_devices
-from sim.hw.nodes import MAX_RANKS, NodeShape, default_shape, max_gpus_per_node, unify_network
+from sim.hw.catalog import DeviceSpec, device_aliases, get_device, get_link, list_devices, list_links, load_yaml
+from sim.hw.nodes import (
+    MAX_RANKS,
+    MAX_RANKS_REASON,
+    NodeShape,
+    check_rank_count,
+    default_shape,
+    max_gpus_per_node,
+    unify_network,
+)
 
 __all__ = ["Preset", "PRESETS", "parse_layout", "load_topology_yaml", "format_topology_list"]
 
@@ -75,6 +91,7 @@ PRESETS: dict[str, Preset] = {
 }  # fmt: skip
 
 _TERM = re.compile(r"(\d+)[xX](?:(\d+)[xX])?(.+)")
+_COUNT_DIGITS = len(str(MAX_RANKS))  # a longer count is over the limit whatever its digits (and int() stays cheap)
 _YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -98,14 +115,16 @@ def _parse_term(term: str) -> list[NodeShape]:
             raise SpecError(f"cannot read {term!r}: {hint}") from None
         raise SpecError(f"{term!r} has no GPU count: write NxDEVICE, e.g. 8x{term} ({device.name})")
     first, second, name = match.groups()
+    if max(len(first.lstrip("0")), len((second or "").lstrip("0"))) > _COUNT_DIGITS:
+        raise SpecError(f"{term!r}: a count over {_COUNT_DIGITS} digits; at most {MAX_RANKS} ranks are supported "
+                        f"({MAX_RANKS_REASON})")
     preset = PRESETS.get(name.lower())
     if preset is not None and second is not None:
         raise SpecError(f"{term!r}: a preset is a whole server, so only Mx{name} is allowed")
     servers, count = (int(first), 1) if preset else ((1, int(first)) if second is None else (int(first), int(second)))
     if servers < 1 or count < 1:
         raise SpecError(f"{term!r}: server and GPU counts must be >= 1")
-    if servers * count > MAX_RANKS:
-        raise SpecError(f"{term!r}: at most {MAX_RANKS} ranks are supported")
+    check_rank_count(servers * count, f"{term!r} would make")
     if preset:
         return [_preset_shape(preset)] * servers
     device = _device(name)
@@ -138,9 +157,10 @@ def parse_layout(spec: str) -> list[NodeShape]:
     if spec.strip().lower().endswith(_YAML_SUFFIXES):
         return load_topology_yaml(spec.strip())
     try:
-        shapes = [shape for term in spec.split("+") for shape in _parse_term(term.strip())]
-        if sum(s.count for s in shapes) > MAX_RANKS:
-            raise SpecError(f"at most {MAX_RANKS} ranks are supported")
+        shapes: list[NodeShape] = []
+        for term in spec.split("+"):
+            shapes += _parse_term(term.strip())
+            check_rank_count(sum(s.count for s in shapes), "the terms would make")
     except SpecError as exc:
         raise SpecError(f"bad topology {spec!r}: {exc}") from None
     return unify_network(shapes)
@@ -166,7 +186,7 @@ def load_topology_yaml(path: str) -> list[NodeShape]:
     """
     where = f"topology file {path!r}"
     try:
-        data = yaml.safe_load(read_text(path, "topology file"))
+        data = load_yaml(read_text(path, "topology file"))
     except OSError as exc:
         raise SpecError(f"{where}: cannot read it ({exc.strerror})") from None
     except yaml.YAMLError as exc:
@@ -178,6 +198,7 @@ def load_topology_yaml(path: str) -> list[NodeShape]:
     if not isinstance(nodes, list) or not nodes:
         raise SpecError(f"{where}: 'nodes' must be a non-empty list, got {nodes!r}")
     shapes: list[NodeShape] = []
+    ranks = 0
     for i, entry in enumerate(nodes):
         at = f"{where}: nodes[{i}]"
         if not isinstance(entry, dict):
@@ -190,13 +211,13 @@ def load_topology_yaml(path: str) -> list[NodeShape]:
             raise SpecError(f"{at}.intra must be a string, got {intra!r}")
         count = _int_field(entry.get("count"), f"{at}.count")
         repeat = _int_field(entry.get("repeat", 1), f"{at}.repeat")
+        ranks += count * repeat  # checked before the servers are listed: repeat may be 10**10
+        check_rank_count(ranks, f"{at}: repeat {repeat} x count {count} would bring the topology to")
         try:
             shape = default_shape(get_device(entry["device"]), count, intra)
         except SpecError as exc:
             raise SpecError(f"{at}: {exc}") from None
         shapes += [shape] * repeat
-        if sum(s.count for s in shapes) > MAX_RANKS:
-            raise SpecError(f"{where}: at most {MAX_RANKS} ranks are supported")
     network, nics = data.get("network"), data.get("nics_per_node")
     if network is not None:
         try:
@@ -228,4 +249,12 @@ def format_topology_list() -> str:
     lines += [f"  {p.name:<17} {p.description}" for p in PRESETS.values()]
     lines += ["", "Devices (catalog id, alias):"]
     lines += [f"  {d.name:<17} {', '.join(device_aliases(d.name))}".rstrip() for d in list_devices()]
+    lines += ["", "Links (what a YAML file's 'network:' names; per direction: effective / spec bandwidth, latency "
+              "per hop):"]
+    lines += [f"  {link.name:<17} {_gbs(link.bandwidth):>11} / {_gbs(link.spec_bandwidth):<11} "
+              f"{link.latency * 1e6:g} us" for link in list_links()]
     return "\n".join(lines)
+
+
+def _gbs(bandwidth: float) -> str:
+    return "inf" if math.isinf(bandwidth) else f"{bandwidth / 1e9:g} GB/s"
