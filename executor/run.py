@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -59,9 +60,13 @@ def make_parser() -> argparse.ArgumentParser:
     parser = CliParser(prog="python -m executor.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", required=True, help="plan.json written by sim.run")
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--iterations", type=int, default=5, help="measured iterations after warm-up (default 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="warm-up iterations, trained but not measured "
-                        "(default 2)")
+    parser.add_argument("--iterations", type=int, help="measured iterations after warm-up (default 5; a csp plan "
+                        "trains its subnet sequence once)")
+    parser.add_argument("--warmup", type=int, help="warm-up iterations, trained but not measured (default 2; none "
+                        "for a csp plan)")
+    parser.add_argument("--reference", action="store_true", help="csp plans: train the plan's subnets one by one "
+                        "in this process instead (the oracle a CSP run must equal bitwise) and write its "
+                        "metrics.json")
     parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: gloo for a cpu plan, nccl for a GPU "
                         "plan on a host with CUDA, else gloo")
     parser.add_argument("--threads", type=int, help="intra-op threads per rank (default: cores / ranks on the host)")
@@ -94,24 +99,36 @@ def load_checked_plan(path: str) -> tuple[Plan, Topology]:
     from sim.core.fileio import read_text
 
     plan = Plan.loads(read_text(path, "plan"), source=path)
-    validate(plan)
-    topology = check_topology(plan)
-    check_supported(plan)
+    if plan.weight_policy == "csp":
+        from sim.csp.build import check_csp_plan
+
+        topology = check_csp_plan(plan).topology
+    else:
+        validate(plan)
+        topology = check_topology(plan)
+        check_supported(plan)
     boundary_specs(plan.model, [0], 1)
     return plan, topology
 
 
-def _options(args: argparse.Namespace, plan: Plan) -> RunOptions:
-    for name in ("iterations", "threads"):
-        value = getattr(args, name)
+def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOptions:
+    csp = plan.weight_policy == "csp"
+    if csp:
+        _check_csp_flags(args)
+    elif args.reference:
+        raise SpecError(f"--reference trains a csp plan's subnets one by one; {args.plan} is a {plan.schedule} plan "
+                        f"(its single-process reference is in the tests: executor.reference)")
+    iterations = args.iterations if args.iterations is not None else 1 if csp else 5
+    warmup = args.warmup if args.warmup is not None else 0 if csp else 2
+    for name, value in (("iterations", iterations), ("threads", args.threads)):
         if value is not None and value < 1:
             raise SpecError(f"--{name} must be >= 1, got {value}")
-    if args.warmup < 0:
-        raise SpecError(f"--warmup must be >= 0, got {args.warmup}")
-    if args.lr is not None and not args.lr > 0:
-        raise SpecError(f"--lr must be > 0, got {args.lr}")
-    if not args.timeout > 0:
-        raise SpecError(f"--timeout must be > 0, got {args.timeout}")
+    if warmup < 0:
+        raise SpecError(f"--warmup must be >= 0, got {warmup}")
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        raise SpecError(f"--lr must be a finite number > 0, got {args.lr}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise SpecError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
     inject = None
     if args.inject_failure:
         rank_text, _, op_id = args.inject_failure.partition(":")
@@ -126,21 +143,43 @@ def _options(args: argparse.Namespace, plan: Plan) -> RunOptions:
         _check_calibrate_out_is_its_own_file(args.calibrate_out, args.plan, args.out)
     if args.save_state:
         check_output_path("--save-state", args.save_state, directory=True)
-    if args.profile:
-        from sim.cost.profile import load_profile
-
-        load_profile(args.profile)
-    elif plan.option("profile") and not Path(plan.option("profile")).is_file():
+    if not args.profile and plan.option("profile") and not Path(plan.option("profile")).is_file():
         raise SpecError(f"the plan was simulated with profile {plan.option('profile')!r}, which is not there; "
                         f"pass --profile")
+    if args.profile or plan.option("profile"):
+        _check_profile_fits(args.profile or plan.option("profile"), plan, topology)
     return RunOptions(
-        plan_path=str(Path(args.plan).resolve()), out=str(Path(args.out).resolve()), iterations=args.iterations,
-        warmup=args.warmup, backend=args.backend or "gloo", threads=args.threads, seed=args.seed,
+        plan_path=str(Path(args.plan).resolve()), out=str(Path(args.out).resolve()), iterations=iterations,
+        warmup=warmup, backend=args.backend or "gloo", threads=args.threads or (1 if csp else None), seed=args.seed,
         data_seed=args.data_seed, optimizer=args.optimizer, lr=args.lr, profile=args.profile,
         calibrate_out=str(Path(args.calibrate_out).resolve()) if args.calibrate_out else None,
         save_state=str(Path(args.save_state).resolve()) if args.save_state else None, inject_failure=inject,
         gantt=not args.no_gantt, timeout_s=args.timeout,
     )
+
+
+def _check_csp_flags(args: argparse.Namespace) -> None:
+    """A csp plan trains its subnet sequence once, online; flags about repeated iterations, calibration, a profile
+    or a scripted failure at a fixed op have no meaning for it and are refused rather than ignored."""
+    for flag, given, why in (
+            ("--iterations", args.iterations not in (None, 1), "a csp plan trains its subnet sequence once"),
+            ("--warmup", args.warmup not in (None, 0), "a csp plan trains its subnet sequence once"),
+            ("--calibrate-out", args.calibrate_out, "a profile times one model's layers; subnets differ"),
+            ("--profile", args.profile, "csp is predicted with the roofline of each subnet's candidates"),
+            ("--inject-failure", args.inject_failure, "a csp plan has no fixed ops to fail at")):
+        if given:
+            raise SpecError(f"{flag} does not apply to a csp plan ({why})")
+
+
+def _check_profile_fits(path: str, plan: Plan, topology: Topology) -> None:
+    """The prediction's profile must be for the plan's model where it applies: checked now, not after the run."""
+    from sim.cost.oracle import CostOracle
+    from sim.cost.profile import load_profile
+    from sim.models import build_model
+
+    oracle = CostOracle(build_model(plan.model), plan.microbatch_size, load_profile(path), topology)
+    for rank in range(plan.num_ranks):
+        oracle.layer_costs(topology.devices[rank])  # raises SpecError for another model's profile
 
 
 def check_output_path(flag: str, path: str, *, directory: bool) -> None:
@@ -286,7 +325,9 @@ def _run(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = make_parser().parse_args(argv)
     plan, topology = load_checked_plan(args.plan)
-    options = _options(args, plan)
+    options = _options(args, plan, topology)
+    if args.reference:
+        return _run_reference(options, plan)
     planned = _planned_devices(plan, topology)
     if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         # Started by torchrun: this process is one rank. Its hosts' CUDA devices are not visible from here, so the
@@ -303,10 +344,31 @@ def _run(argv: list[str] | None) -> int:
         _check_calibration_device(backend, plan.num_ranks)
     if warning:
         print(warning, file=sys.stderr)
-    print(f"running {plan.schedule} plan {args.plan}: {plan.num_ranks} ranks, backend {options.backend}, "
-          f"{options.warmup} warm-up + {options.iterations} measured iterations")
+    if plan.weight_policy == "csp":
+        # Bitwise equality with the reference needs the same kernels on every rank: one intra-op thread each.
+        os.environ.setdefault("OMP_NUM_THREADS", str(options.threads))
+        print(f"running csp plan {args.plan}: {plan.num_ranks} ranks, backend {options.backend}, "
+              f"{plan.num_microbatches} subnets once")
+    else:
+        print(f"running {plan.schedule} plan {args.plan}: {plan.num_ranks} ranks, backend {options.backend}, "
+              f"{options.warmup} warm-up + {options.iterations} measured iterations")
     sys.stdout.flush()
     return _launch(options, argv, plan.num_ranks)
+
+
+def _run_reference(options: RunOptions, plan: Plan) -> int:
+    """``--reference``: the csp plan's subnets trained one by one in this process; writes ``metrics.json``."""
+    from executor.csp.worker import run_reference
+    from sim.core.fileio import write_json_atomic
+
+    record = run_reference(options, plan)
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(record, out / "metrics.json")
+    print(f"reference: {plan.num_microbatches} subnets one by one in {record['wall_s']:.2f} s, final parameters "
+          f"sha256 {record['final_params_sha256']}")
+    print(f"wrote {out}/{{metrics.json}}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

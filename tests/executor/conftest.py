@@ -15,12 +15,20 @@ CSP_SPEC = "supernet:blocks=6,choices=4,hidden=32,heads=4,seq=8,vocab=50"
 
 
 @pytest.fixture(scope="session")
-def naspipe_run():
-    """``run(out, *flags) -> metrics``: ``python -m executor.naspipe`` on :data:`CSP_SPEC`, 12 subnets, seed 3, in a
-    fresh process (as a user runs it); fails the test with the tool's stderr if it exits non-zero."""
-    def run(out: Path, *flags: str) -> dict:
-        result = subprocess.run([sys.executable, "-m", "executor.naspipe", "--model", CSP_SPEC, "--subnets", "12",
-                                 "--seed", "3", "--out", str(out), *flags], cwd=ROOT, capture_output=True,
+def csp_run():
+    """``run(out, stages, *sim_flags, reference=False) -> metrics``: ``python -m sim.run --schedule csp`` on
+    :data:`CSP_SPEC`, 12 subnets, seed 3, a uniform partition over ``stages`` CPU ranks, then ``python -m
+    executor.run --plan`` on the plan it wrote (``--reference`` for the one-process oracle), as a user runs them;
+    fails the test with the tool's stderr if either exits non-zero."""
+    from sim.run import main as sim_main
+
+    def run(out: Path, stages: int, *sim_flags: str, reference: bool = False) -> dict:
+        plan_dir = out.with_name(out.name + "-plan")
+        assert sim_main(["--topology", f"{stages}xcpu", "--schedule", "csp", "--model", CSP_SPEC, "--subnets", "12",
+                         "--seed", "3", "--partition", "uniform", "--no-gantt", *sim_flags,
+                         "--out", str(plan_dir)]) == 0
+        command = [sys.executable, "-m", "executor.run", "--plan", str(plan_dir / "plan.json"), "--out", str(out)]
+        result = subprocess.run([*command, *(["--reference"] if reference else [])], cwd=ROOT, capture_output=True,
                                 text=True, timeout=180, env={**os.environ})
         assert result.returncode == 0, result.stderr
         return json.loads((out / "metrics.json").read_text())

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from executor.csp.offload import ParamOffload
-from executor.naspipe import main as naspipe_main
 from executor.nn.optim import make_optimizer
-from sim.csp.build import CspInputs, build_csp_plan
 from sim.csp.memory import CopyPlan
+from sim.ir.plan import Plan
 from sim.predict import predict
+from sim.run import main as sim_main
 
 SPEC = "supernet:blocks=6,choices=4,hidden=32,heads=4,seq=8,vocab=50"
 # Candidates are 6336, 8576, 25280 and 0 plan bytes (fp16 in the graph); the largest subnet on one of the two
@@ -22,14 +22,14 @@ BUDGET = 60_000
 
 
 @pytest.fixture(scope="module")
-def sequential(tmp_path_factory, naspipe_run):
-    return naspipe_run(tmp_path_factory.mktemp("sequential"), "--sequential")
+def sequential(tmp_path_factory, csp_run):
+    return csp_run(tmp_path_factory.mktemp("sequential") / "run", 1, reference=True)
 
 
 @pytest.mark.parametrize("prefetch", ["on_demand", "predict"])
-def test_budget_forces_copies_and_training_stays_bitwise(tmp_path, sequential, prefetch, naspipe_run):
-    flags = ["--stages", "2", "--device-param-budget", "60KB", "--prefetch", prefetch]
-    run = naspipe_run(tmp_path, *flags, *(["--no-gantt"] if prefetch == "on_demand" else []))
+def test_budget_forces_copies_and_training_stays_bitwise(tmp_path, sequential, prefetch, csp_run):
+    out = tmp_path / "run"
+    run = csp_run(out, 2, "--device-param-budget", "60KB", "--prefetch", prefetch)
     assert run["final_params_sha256"] == sequential["final_params_sha256"]
     assert run["losses"] == sequential["losses"]
     assert run["csp"]["device_param_budget_bytes"] == BUDGET and run["csp"]["prefetch"] == prefetch
@@ -41,7 +41,7 @@ def test_budget_forces_copies_and_training_stays_bitwise(tmp_path, sequential, p
         assert 0 < c["peak_resident_bytes"] <= BUDGET
         assert c["copy_wait_s"] >= 0
         assert (c["prefetches_ahead"] > 0) == (prefetch == "predict")
-    events = json.loads((tmp_path / "trace.json").read_text())
+    events = json.loads((out / "trace.json").read_text())
     events = events["traceEvents"] if isinstance(events, dict) else events
     spans = [e for e in events if e.get("ph") == "X"]
     for rank in (0, 1):
@@ -51,31 +51,33 @@ def test_budget_forces_copies_and_training_stays_bitwise(tmp_path, sequential, p
     assert {"SEND_F", "RECV_F", "SEND_B", "RECV_B"} <= {e["cat"] for e in spans}
     assert min(e["ts"] for e in spans) == 0
     assert run["ops"]["PREFETCH"]["count"] == sum(c["prefetches"] for c in copies)
-    assert (tmp_path / "gantt.png").exists() == (prefetch == "predict")
+    assert (out / "gantt.png").exists()
 
 
 @pytest.mark.parametrize("prefetch", ["on_demand", "predict"])
-def test_one_stage_copies_are_the_simulators(tmp_path, sequential, prefetch, naspipe_run):
+def test_one_stage_copies_are_the_simulators(tmp_path, sequential, prefetch, csp_run):
     """On one stage the order of ops does not depend on timing, so the rank must copy and write back exactly what
     ``sim.csp.simulate`` does under the same rules (Belady eviction, admission, the predictor's assumed state)."""
-    run = naspipe_run(tmp_path, "--stages", "1", "--device-param-budget", "100KB", "--prefetch", prefetch, "--no-gantt")
+    run = csp_run(tmp_path / "run", 1, "--device-param-budget", "100KB", "--prefetch", prefetch)
     assert run["final_params_sha256"] == sequential["final_params_sha256"]
-    simulated = predict(build_csp_plan(CspInputs(model=SPEC, space=None, topology="1xcpu", subnets=12, seed=3, lookahead=30,
-                                  partition="uniform", device_param_budget_bytes=100_000, prefetch=prefetch))).csp
+    plan = Plan.loads((tmp_path / "run-plan" / "plan.json").read_text())
+    simulated = predict(plan).csp  # the simulator on the very plan the ranks ran
+    assert simulated is not None
     fields = ("h2d_bytes", "d2h_bytes", "prefetches", "evictions", "peak_resident_bytes")
     assert [tuple(c[f] for f in fields) for c in run["csp"]["copies"]] == [
         tuple(getattr(c, f) for f in fields) for c in simulated.copies]
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--stages", "2", "--device-param-budget", "50KB"], "smaller than subnet"),
-    (["--stages", "2", "--device-param-budget", "lots"], "not a byte size"),
-    (["--stages", "2", "--device-param-budget", "60KB", "--prefetch", "eager"], "invalid choice"),
-    (["--sequential", "--device-param-budget", "60KB"], "not to --sequential"),
+    (["--device-param-budget", "50KB"], "smaller than subnet"),
+    (["--device-param-budget", "lots"], "not a byte size"),
+    (["--device-param-budget", "60KB", "--prefetch", "eager"], "invalid choice"),
+    (["--prefetch", "predict"], "without a budget every layer is resident"),
 ])
 def test_bad_budget_exits_2(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as info:
-        naspipe_main(["--model", SPEC, "--subnets", "12", "--seed", "3", *argv, "--out", str(tmp_path / "o")])
+        sim_main(["--topology", "2xcpu", "--schedule", "csp", "--model", SPEC, "--subnets", "12", "--seed", "3",
+                  "--partition", "uniform", *argv, "--out", str(tmp_path / "o")])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -1,38 +1,83 @@
-"""NASPipe's claim, executed through ``python -m executor.naspipe``: CSP on 1, 2 and 4 CPU stages gives bitwise the
-parameters (SHA-256 of every parameter) and the per-subnet losses of training the same subnet sequence one by one
-in a single process."""
+"""NASPipe's claim, executed as a user runs it: ``sim.run --schedule csp`` writes a plan, ``executor.run --plan``
+runs it on 1, 2 and 4 CPU stages, and every run gives bitwise the parameters (SHA-256 of every parameter) and the
+per-subnet losses of ``executor.run --reference``, which trains the same subnet sequence one by one in one process."""
 
+import json
 
 import pytest
 
-from executor.naspipe import main as naspipe_main
 
-# choices=4 includes the identity candidate, so some stages of some subnets have nothing trainable upstream.
-SPEC = "supernet:blocks=6,choices=4,hidden=32,heads=4,seq=8,vocab=50"
-
-
-def test_csp_is_bitwise_reproducible_across_stage_counts(tmp_path, naspipe_run):
-    sequential = naspipe_run(tmp_path / "sequential", "--sequential")
-    assert len(sequential["losses"]) == 12
+def test_csp_plans_are_bitwise_the_sequential_reference_on_1_2_and_4_stages(tmp_path, csp_run):
+    reference = csp_run(tmp_path / "reference", 1, reference=True)
+    assert reference["mode"] == "reference" and len(reference["losses"]) == 12
     for stages in (1, 2, 4):
-        run = naspipe_run(tmp_path / f"csp{stages}", "--stages", str(stages))
-        assert run["final_params_sha256"] == sequential["final_params_sha256"], stages
-        assert run["losses"] == sequential["losses"], stages  # floats from JSON: equal means bitwise equal
+        run = csp_run(tmp_path / f"csp{stages}", stages)
+        assert run["final_params_sha256"] == reference["final_params_sha256"], stages
+        assert run["losses"] == reference["losses"], stages  # floats from JSON: equal means bitwise equal
         assert all(sorted(order) == list(range(12)) for order in run["forward_order_per_stage"])
+        assert run["plan"]["schedule"] == "csp" and len(run["devices"]) == stages
+        compare = json.loads((tmp_path / f"csp{stages}" / "compare.json").read_text())
+        assert compare["measured_iteration_time_s"] == run["iteration_time_s"] > 0
+        assert compare["predicted_iteration_time_s"] > 0  # sim.predict on the very plan that ran
     # A different subnet sequence trains to different parameters: the hash can tell runs apart.
-    other = naspipe_run(tmp_path / "other", "--sequential", "--seed", "4")
-    assert other["final_params_sha256"] != sequential["final_params_sha256"]
+    other = csp_run(tmp_path / "other", 1, "--seed", "4", reference=True)
+    assert other["final_params_sha256"] != reference["final_params_sha256"]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--subnets", "0", "--space", "c3"], "--subnets must be >= 1"),
-    (["--space", "c3", "--model", SPEC], "exactly one of --space and --model"),
-    (["--model", "gpt:layers=2"], "trains subnets of a supernet"),
-    (["--space", "c3", "--model-overrides", "hidden=abc"], "key=integer"),
-])
-def test_bad_input_exits_2(tmp_path, capsys, argv, message):
+def _executor(capsys, *argv: str) -> tuple[int, str]:
+    """``executor.run`` in this process: what is tested here is refused before anything is launched."""
+    from executor.run import main as executor_main
+
     with pytest.raises(SystemExit) as info:
-        naspipe_main([*argv, "--out", str(tmp_path / "o")])
-    assert info.value.code == 2
-    assert message in capsys.readouterr().err
+        executor_main(list(argv))
+    return info.value.code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def csp_plan(tmp_path_factory):
+    from sim.run import main as sim_main
+
+    out = tmp_path_factory.mktemp("csp-plan")
+    assert sim_main(["--topology", "2xcpu", "--schedule", "csp", "--model", "supernet:blocks=4,choices=2,hidden=32,"
+                     "heads=4,seq=8,vocab=50", "--subnets", "4", "--no-gantt", "--out", str(out)]) == 0
+    return out / "plan.json"
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--iterations", "3"], "--iterations does not apply to a csp plan"),
+    (["--warmup", "1"], "--warmup does not apply to a csp plan"),
+    (["--calibrate-out", "cal.json"], "--calibrate-out does not apply"),
+    (["--inject-failure", "1:1F0"], "--inject-failure does not apply"),
+])
+def test_flags_a_csp_plan_cannot_honour_are_refused_before_launch(tmp_path, capsys, csp_plan, flags, message):
+    code, err = _executor(capsys, "--plan", str(csp_plan), "--out", str(tmp_path / "o"), *flags)
+    assert code == 2 and message in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["subnets"][1].__setitem__(0, 7), "subnet 1 is"),
+    (lambda d: d["subnets"].pop(), "subnet table has 3 rows"),
+    (lambda d: d["options"].__setitem__("lookahead", "many"), "option lookahead must be int"),
+    (lambda d: d["options"].__setitem__("speed", 2), "unknown option(s) speed"),
+    (lambda d: d.__setitem__("extra", 1), "unknown field(s) 'extra'"),
+    (lambda d: d["placement"].__setitem__("vstage_to_rank", [1, 0]), "one stage per rank in order"),
+])
+def test_an_edited_csp_plan_is_refused_before_launch(tmp_path, capsys, csp_plan, edit, message):
+    data = json.loads(csp_plan.read_text())
+    edit(data)
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps(data))
+    code, err = _executor(capsys, "--plan", str(bad), "--out", str(tmp_path / "o"))
+    assert code == 2 and message in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_reference_is_for_csp_plans(tmp_path, capsys):
+    from sim.run import main as sim_main
+
+    assert sim_main(["--topology", "2xcpu", "--model", "gpt:layers=2,hidden=64,heads=2,seq=16,vocab=100",
+                     "--no-gantt", "--out", str(tmp_path / "p")]) == 0
+    code, err = _executor(capsys, "--plan", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "o"),
+                          "--reference")
+    assert code == 2 and "--reference trains a csp plan" in err

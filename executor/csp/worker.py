@@ -1,0 +1,110 @@
+"""One rank of a CSP plan run by ``executor.run --plan``, rank 0's outputs, and the plan's sequential reference.
+
+A csp plan (``sim.run --schedule csp``, checked by :func:`sim.csp.build.check_csp_plan`) carries the supernet, one
+stage per rank, the subnet table, the lookahead and the context-switching budget; every rank builds its stage from
+the plan and runs :func:`executor.csp.runner.run_csp_rank`, which decides online with the simulator's own
+:func:`sim.csp.rules.csp_pick`. The whole subnet sequence is one run (a plan trains each subnet once), so there are no
+warm-up or repeated iterations. The embedding and head are frozen (``SHARED_LAYERS``, ``executor.csp.runner``).
+
+NASPipe's claim is that the result is bitwise equal to training the same subnets one by one in one process, for any
+number of stages: :func:`run_reference` is that process, and both write ``final_params_sha256`` (SHA-256 over every
+parameter's name and bytes) and every subnet's loss into ``metrics.json``. Bitwise equality needs the same kernels,
+so CSP ranks and the reference default to one intra-op thread (a CPU kernel's reduction order can depend on its
+thread count).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.csp.finish import finish_csp_run, params_sha256
+from executor.options import RunOptions
+from sim.ir.plan import Plan
+
+__all__ = ["SHARED_LAYERS", "run_csp_plan_rank", "run_reference"]
+
+#: Parameter-name prefixes of the layers every subnet uses; frozen under CSP.
+SHARED_LAYERS = ("layers.embed.", "layers.head.")
+
+
+def _stage(plan: Plan, start: int, end: int, options: RunOptions):
+    """This stage's module with the shared layers frozen, its optimizer, and ``choose(subnet)``."""
+    from executor.nn.optim import make_optimizer
+    from executor.nn.stages import build_stage
+    from executor.nn.supernet import freeze_shared, set_subnet, trainable
+
+    stage = build_stage(plan.model, start, end, seed=options.seed)
+    freeze_shared(stage, SHARED_LAYERS)
+    blocks = [i - 1 for i in range(start, end) if 1 <= i <= len(plan.subnets[0])]
+
+    def choose(subnet: int) -> None:
+        set_subnet(stage, {b: plan.subnets[subnet][b] for b in blocks})
+
+    return stage, make_optimizer(options.optimizer, trainable(stage), options.lr), choose
+
+
+def _batch(plan: Plan, options: RunOptions):
+    from executor.nn.stages import synthetic_batch
+
+    return lambda subnet: synthetic_batch(plan.model, plan.microbatch_size, seed=options.data_seed, index=subnet)
+
+
+def run_csp_plan_rank(options: RunOptions, plan: Plan, rank: int, world_size: int) -> None:
+    """Run this rank's stage of a checked csp plan in an initialised environment; rank 0 writes the outputs."""
+    from executor.clock import measure_offsets
+    from executor.csp.runner import run_csp_rank
+    from executor.nn.stages import boundary_specs, loss_fn
+    from sim.csp.build import check_csp_plan
+
+    setup = check_csp_plan(plan)
+    torch.set_num_threads(options.threads or 1)
+    dist.init_process_group(options.backend, timeout=timedelta(seconds=options.timeout_s))
+    stage, optimizer, choose = _stage(plan, *plan.placement.vstage_layers[rank], options)
+    offsets = measure_offsets(rank, world_size)  # all 0 on one host (one CLOCK_MONOTONIC), estimated otherwise
+    dist.barrier()
+    start = time.perf_counter()
+    result = run_csp_rank(rank=rank, num_stages=world_size, stage=stage, uses=setup.uses, choose=choose,
+                          optimizer=optimizer, batch=_batch(plan, options), loss=loss_fn(plan.model),
+                          boundary_shape=boundary_specs(plan.model, [1], plan.microbatch_size)[1].shape,
+                          lookahead=plan.option("lookahead", 30), timeout_s=options.timeout_s,
+                          key_bytes=setup.key_bytes, param_budget_bytes=plan.option("device_param_budget_bytes"),
+                          prefetch=plan.option("prefetch", "resident"))
+    wall = time.perf_counter() - start
+    state = {k: v.detach().cpu() for k, v in stage.state_dict().items()}
+    if options.save_state:
+        Path(options.save_state).mkdir(parents=True, exist_ok=True)
+        torch.save(state, Path(options.save_state, f"stage{rank}.pt"))
+    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+    dist.gather_object((state, result, wall), gathered, dst=0)
+    if rank == 0:
+        assert gathered is not None
+        finish_csp_run(plan, options, gathered, [o.offset_s for o in offsets])
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_reference(options: RunOptions, plan: Plan) -> dict[str, Any]:
+    """Train the plan's subnets one by one in this process (the oracle CSP must equal); its ``metrics.json`` record.
+
+    Returns:
+        ``mode`` (``"reference"``), ``wall_s``, ``losses`` (subnet → loss) and ``final_params_sha256``.
+    """
+    from executor.nn.stages import loss_fn
+    from executor.reference import train_subnets_sequentially
+    from sim.csp.build import check_csp_plan
+
+    check_csp_plan(plan)
+    torch.set_num_threads(options.threads or 1)
+    stage, optimizer, choose = _stage(plan, 0, plan.placement.num_layers, options)
+    start = time.perf_counter()
+    losses = train_subnets_sequentially(stage, plan.num_microbatches, choose, optimizer, _batch(plan, options),
+                                        loss_fn(plan.model))
+    return {"mode": "reference", "wall_s": time.perf_counter() - start,
+            "losses": {str(k): v for k, v in sorted(losses.items())},
+            "final_params_sha256": params_sha256(stage.state_dict())}
