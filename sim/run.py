@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
-from sim.core.fileio import write_json_atomic, write_text_atomic
+from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic
 from sim.hw.topology import format_topology_list
 from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.models import build_model, format_model_list
@@ -33,8 +33,8 @@ __all__ = ["main", "make_parser"]
 def make_parser() -> argparse.ArgumentParser:
     """The ``sim.run`` argument parser."""
     parser = CliParser(prog="python -m sim.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--topology", required=True, help="e.g. 16xV100, 2x8xA100, 4xV100+4xA100, dgx-h100, 4xideal, "
-                        "a YAML file, or 'list'")
+    parser.add_argument("--topology", help="e.g. 16xV100, 2x8xA100, 4xV100+4xA100, dgx-h100, 4xideal, a YAML file, or "
+                        "'list' (required unless --model list)")
     parser.add_argument("--model", help="e.g. gpt:layers=48,hidden=2048, uniform:layers=8, supernet:blocks=12, or "
                         "'list' (required unless --space names a supernet)")
     parser.add_argument("--schedule", choices=[*sorted(SCHEDULES), "csp"],
@@ -74,9 +74,12 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _run(argv: list[str] | None) -> int:
     args = make_parser().parse_args(argv)
-    if args.model == "list" or args.topology == "list":
-        print(format_model_list() if args.model == "list" else format_topology_list())
+    if args.model == "list" or args.topology == "list":  # either alone, or both
+        lists = [(args.model, format_model_list), (args.topology, format_topology_list)]
+        print("\n\n".join(text() for given, text in lists if given == "list"))
         return 0
+    if not args.topology:
+        raise SpecError("--topology is required (e.g. 16xV100, a YAML file, or 'list')")
     if not args.out:
         raise SpecError("--out is required (the directory to write plan.json, trace.json, gantt.png into)")
     if args.schedule and args.schedule_file:
@@ -106,7 +109,7 @@ def _run(argv: list[str] | None) -> int:
     print(f"costs {prediction.cost_source}")
     metrics = prediction.metrics
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_output_dir(out, "--out")
     write_text_atomic(plan.dumps(), out / "plan.json")
     write_text_atomic(dumps_schedule_csv(plan.programs), out / "schedule.csv")
     title = (f"{plan.schedule}{f' v={chunks}' if chunks else ''}{' + recompute' if recompute else ''} · "
@@ -151,7 +154,7 @@ def _run_csp(args: argparse.Namespace) -> int:
           f"layers per stage {','.join(map(str, plan.placement.layer_counts()))}, {mode}")
     print(f"costs {prediction.cost_source}")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_output_dir(out, "--out")
     write_text_atomic(plan.dumps(), out / "plan.json")
     write_json_atomic(csp_decision_log(plan, result), out / "csp.json")
     title = f"csp · {plan.model} · {plan.topology} · {plan.num_microbatches} subnets"

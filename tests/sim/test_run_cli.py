@@ -1,8 +1,12 @@
 """``python -m sim.run``: outputs, determinism, schedule files and the one-line errors."""
 
+import errno
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -256,3 +260,114 @@ def test_a_decode_error_from_an_unnamed_read_is_still_one_error_line(capsys):
         run_cli(lambda: b"ok\xc3(".decode("utf-8"))
     assert info.value.code == 2
     assert capsys.readouterr().err == "error: an input file is not UTF-8 text (byte 0xc3 at offset 2)\n"
+
+
+# --- lists alone, output paths, a write that fails, Ctrl-C -----------------------------------------------------------
+
+
+def test_each_list_works_alone_and_a_missing_topology_is_still_an_error(tmp_path, capsys):
+    from sim.hw.catalog import list_links
+    from sim.hw.topology import format_topology_list
+    from sim.models import format_model_list
+
+    code, out = _run(capsys, "--model", "list")
+    assert code == 0 and out.out == format_model_list() + "\n"
+    code, out = _run(capsys, "--topology", "list")
+    assert code == 0 and out.out == format_topology_list() + "\n"
+    assert all(f"\n  {link.name} " in out.out for link in list_links())  # what a YAML 'network:' may name
+    code, out = _run(capsys, "--model", "list", "--topology", "list")
+    assert code == 0 and out.out == format_model_list() + "\n\n" + format_topology_list() + "\n"
+    with pytest.raises(SystemExit) as info:
+        main(["--model", "uniform", "--out", str(tmp_path / "out")])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == "error: --topology is required (e.g. 16xV100, a YAML file, or 'list')\n"
+
+
+@pytest.mark.parametrize("out, message", [
+    ("f", "--out 'f' exists and is not a directory"),
+    ("f/sub", "--out 'f/sub': '{here}/f' is not a directory"),
+    ("/dev/null", "--out '/dev/null' exists and is not a directory"),
+    ("a" * 300, "is 300 bytes; a file name may have at most 255"),
+    ("/proc/pipedejavu-out", "--out '/proc/pipedejavu-out': cannot"),
+])
+@pytest.mark.parametrize("schedule", [[], ["--schedule", "csp", "--space", "c0", "--subnets", "2"]])
+def test_an_unusable_out_is_one_error_line_and_nothing_is_written(tmp_path, monkeypatch, capsys, out, message,
+                                                                  schedule):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f").write_text("a file")
+    model = [] if schedule else ["--model", "uniform:layers=4"]
+    with pytest.raises(SystemExit) as info:
+        main(["--topology", "2xideal", *model, *schedule, "--no-gantt", "--out", out])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message.format(here=tmp_path) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _sim_run_limited(args, max_file_bytes):
+    """``python -m sim.run args`` in a child that may write no file over ``max_file_bytes`` (RLIMIT_FSIZE: a write
+    past it fails with EFBIG, as one on a full disk fails with ENOSPC; Python ignores SIGXFSZ)."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
+
+    return subprocess.run([sys.executable, "-m", "sim.run", *args], capture_output=True, text=True, timeout=120,
+                          preexec_fn=limit)
+
+
+@pytest.mark.parametrize("earlier_run", [False, True])
+def test_a_write_that_fails_midway_leaves_the_out_directory_as_it_was(tmp_path, earlier_run):
+    out = tmp_path / "runs" / "a"
+    args = [*SMALL, "--no-gantt", "--out", str(out)]
+    if earlier_run:  # a complete earlier run in --out must come back whole, not mixed with the new one
+        assert subprocess.run([sys.executable, "-m", "sim.run", *args, "--schedule", "gpipe"],
+                              capture_output=True).returncode == 0
+    before = _tree(tmp_path)
+    # plan.json (~7 kB), schedule.csv and metrics.json fit in 20 kB; trace.json (~40 kB), written after them, does not.
+    proc = _sim_run_limited(args, 20_000)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"error: cannot write '{out}/trace.json': {os.strerror(errno.EFBIG)}\n"
+    assert _tree(tmp_path) == before  # no plan.json, schedule.csv or metrics.json of the failed run, no temporaries
+    assert out.is_dir() is earlier_run  # the directories the failed run made are gone too
+
+
+def test_ctrl_c_while_writing_is_one_line_status_130_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    import sim.report.outputs
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim.report.outputs, "write_chrome_trace", interrupted)  # after plan, schedule and metrics
+    with pytest.raises(SystemExit) as info:
+        main([*SMALL, "--no-gantt", "--out", str(tmp_path / "out")])
+    assert info.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigint_is_one_line_and_status_130_from_the_real_entry_point(tmp_path):
+    # The topology is a FIFO: sim.run blocks reading it, so the signal surely arrives while the command runs (a
+    # signal before Python's handler is installed would kill the process instead; that is not what this tests).
+    fifo = tmp_path / "cluster.yaml"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "sim.run", "--topology", str(fifo), "--model", "uniform",
+                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while True:  # opening the writing end succeeds once sim.run has opened the reading end
+            try:
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as exc:
+                assert exc.errno == errno.ENXIO and proc.poll() is None, proc.communicate()
+                time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)  # sim.run is in read(): the FIFO is open for writing but gets no bytes
+        out, err = proc.communicate(timeout=60)
+        os.close(writer)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (130, "", "error: interrupted\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]
