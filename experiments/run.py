@@ -4,16 +4,22 @@ Experiments are registered by name in :data:`EXPERIMENTS`; ``python -m experimen
 runs the product's own tools, its command-line tools (``sim.run``, ``executor.run``) or the public functions behind
 them (``sim.csp.build``, ``sim.csp.baselines``), so a result here is a result of the product and not of a private
 code path.
+
+An experiment that writes files has an ``--out`` directory, checked here before it runs
+(:func:`sim.core.fileio.prepare_output_dir`: an unusable path is one ``error:`` line, not a traceback after minutes of
+work), and its files are all or none (:func:`sim.core.errors.run_cli`). No name, or an unknown one, is one ``error:``
+line with status 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sim.core.cli import CliParser
 from sim.core.errors import fail, run_cli
+from sim.core.fileio import prepare_output_dir
 
 __all__ = ["EXPERIMENTS", "Experiment", "main"]
 
@@ -26,11 +32,14 @@ class Experiment:
         name: what to type after ``experiments.run``.
         description: one line for ``list``.
         main: ``argv -> exit status``; parses its own options.
+        out: the default of its ``--out`` directory, or ``None`` if it writes no files. This is the one default:
+            ``--out`` is always passed to ``main``.
     """
 
     name: str
     description: str
     main: Callable[[list[str]], int]
+    out: str | None = None
 
 
 def _sim_vs_real(argv: list[str]) -> int:
@@ -55,10 +64,30 @@ EXPERIMENTS: dict[str, Experiment] = {
     "csp_prefetch": Experiment("csp_prefetch", "NASPipe's predictor vs copy-on-demand over random CSP problems: how "
                                "often it is faster, equal, slower", _csp_prefetch),
     "naspipe": Experiment("naspipe", "NASPipe CSP vs GPipe, 1F1B, PipeDream and its ablations on search spaces "
-                          "c1-c3, 8xV100, simulated, beside the paper's speedups", _naspipe),
+                          "c1-c3, 8xV100, simulated, beside the paper's speedups", _naspipe, out="runs/naspipe"),
     "sim_vs_real": Experiment("sim_vs_real", "simulator fidelity: predicted vs measured iteration time on 2 CPU "
-                              "ranks, gpipe and 1f1b x 4/8/16 microbatches, calibrated profile", _sim_vs_real),
+                              "ranks, gpipe and 1f1b x 4/8/16 microbatches, calibrated profile", _sim_vs_real,
+                              out="runs/sim_vs_real"),
 }
+
+
+def _parser() -> CliParser:
+    parser = CliParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0],
+                       epilog=f"experiments: {', '.join(sorted(EXPERIMENTS))}; NAME --help shows its options")
+    parser.add_argument("name", help="experiment name, or 'list'")
+    return parser
+
+
+def _with_checked_out(experiment: Experiment, rest: list[str]) -> list[str]:
+    """``rest`` with ``--out`` given (the registry's default if it was not), after checking and making that
+    directory; ``rest`` unchanged for an experiment without files or a call for its help."""
+    if experiment.out is None or {"-h", "--help"} & set(rest):
+        return rest
+    finder = CliParser(prog=f"python -m experiments.run {experiment.name}", add_help=False)
+    finder.add_argument("--out")
+    given, _ = finder.parse_known_args(rest)
+    prepare_output_dir(given.out if given.out is not None else experiment.out, "--out")
+    return rest if given.out is not None else [*rest, "--out", experiment.out]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> int:
-        if not argv or argv[0] in ("-h", "--help"):
-            parser = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0])
-            parser.add_argument("name", help="experiment name, or 'list'")
-            parser.print_help()
-            return 0 if argv else 2
+        if argv[:1] in (["-h"], ["--help"]):
+            _parser().print_help()
+            return 0
+        if not argv:
+            fail(f"name an experiment ({', '.join(sorted(EXPERIMENTS))}) or 'list': python -m experiments.run NAME")
         name, rest = argv[0], argv[1:]
         if name == "list":
             for experiment in EXPERIMENTS.values():
@@ -78,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if name not in EXPERIMENTS:
             fail(f"unknown experiment {name!r} (known: {', '.join(sorted(EXPERIMENTS))})")
-        return EXPERIMENTS[name].main(rest)
+        experiment = EXPERIMENTS[name]
+        return experiment.main(_with_checked_out(experiment, rest))
 
     return run_cli(body)
 
