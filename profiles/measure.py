@@ -12,7 +12,8 @@ gloo between CPU processes for a cpu profile, NCCL between ``cuda:0`` and ``cuda
 the reason in ``method.p2p``, on a host with a single GPU, as :func:`profiles.p2p.choose_p2p` decides) and, on CUDA,
 host↔device copy bandwidth (:mod:`profiles.host_copy`), plus where, with what and when it was
 measured (:mod:`executor.provenance`). Bad input prints one ``error: ...`` line, exits with
-status 2 and writes nothing.
+status 2 and writes nothing; ``--out`` is checked before anything is measured
+(:func:`sim.core.fileio.check_output_file`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from profiles.layer_timing import LayerMeasurement, time_layers
 from profiles.p2p import P2PChoice, P2PError, choose_p2p, ping_pong, power_of_two_sizes
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError, run_cli
-from sim.core.fileio import write_json_atomic
+from sim.core.fileio import check_output_file, prepare_output_dir, write_json_atomic
 from sim.core.spec import parse_spec
 from sim.cost.p2p_fit import fit_latency_bandwidth
 from sim.cost.profile import PROFILE_FORMAT_VERSION
@@ -75,7 +76,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    """Reject out-of-range numbers before anything is measured."""
+    """Reject out-of-range numbers and an unusable ``--out`` before anything is measured."""
     for flag, value, minimum in (("--microbatch-size", args.microbatch_size, 1), ("--warmup", args.warmup, 0),
                                  ("--repeats", args.repeats, 1), ("--threads", args.threads, 1),
                                  ("--p2p-repeats", args.p2p_repeats, 1)):
@@ -83,8 +84,7 @@ def _check_args(args: argparse.Namespace) -> None:
             raise SpecError(f"{flag} must be >= {minimum}, got {value}")
     if not args.p2p_timeout > 0:
         raise SpecError(f"--p2p-timeout must be > 0 s, got {args.p2p_timeout}")
-    if Path(args.out).is_dir():
-        raise SpecError(f"--out {args.out!r} is a directory; give the profile's file name")
+    check_output_file(args.out, "--out")
 
 
 def _check_model(spec: str) -> str:
@@ -227,7 +227,7 @@ def _run(argv: list[str] | None) -> int:
                                              for k, v in host_copy.items()))
 
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    prepare_output_dir(out.parent, "the directory of --out")  # checked before measuring; made now
     write_json_atomic(_profile_json(args, spec, device_id, gpu_name, layers, p2p, p2p_note, host_copy), out)
     print(f"wrote {out}")
     return 0

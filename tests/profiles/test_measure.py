@@ -228,6 +228,27 @@ def test_missing_out_or_a_directory_as_out_is_an_error(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("out, message", [
+    ("/proc/pipedejavu.json", "--out '/proc/pipedejavu.json': cannot write in '/proc'"),  # was: 11 s, then a traceback
+    ("/dev/null", "--out '/dev/null' exists and is not a regular file"),  # the rename would replace the device node
+    ("f/p.json", "--out 'f/p.json': '{tmp}/f' is not a directory"),
+    ("p" * 300 + ".json", "a file name may have at most 255"),
+    ("", "--out is empty"),
+])
+def test_an_unusable_out_is_refused_before_anything_is_measured(tmp_path, monkeypatch, capsys, out, message):
+    import profiles.measure
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f").write_text("a file")
+    monkeypatch.setattr(profiles.measure, "time_layers", lambda *args, **kwargs: pytest.fail("it measured"))
+    with pytest.raises(SystemExit) as info:
+        main(["--model", GPT, "--no-p2p", "--out", out])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message.format(tmp=tmp_path) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
 # --- CUDA device names ----------------------------------------------------------------------------------------------
 
 
