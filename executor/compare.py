@@ -1,45 +1,23 @@
-"""Predicted versus measured: ``compare.json``, and the calibrated profile a run can write (DESIGN §7).
+"""Predicted versus measured: ``compare.json`` (DESIGN §7).
 
 The prediction is the simulator run on the very plan that executed, with the cost source the user names (a profile,
 or the hardware catalog's roofline). The measurement is the median iteration after warm-up (:func:`median_iteration`).
 Per op kind both mean durations are listed, which is where a wrong prediction shows *why* it is wrong (compute too
 slow or fast, transfers, the optimizer step).
 
-Calibration (``executor.run --calibrate-out``) turns a run into a profile for the simulator: the per-stage medians of
-F, B and OPT_STEP measured in place, with every rank busy, which on a shared CPU is 30–60% slower than the same op
-measured alone (``../shared/reference/simulators.md``). A stage's measured time is split over its layers in
-proportion to the prior per-layer estimate (the profile or roofline the plan was simulated with), so the stage sums
-are the measured ones exactly and the layer shares keep the prior's shape; the point-to-point fit comes from a
-ping-pong sweep run inside the same process group.
-
-The profile is labelled with the device the ranks were measured on (:func:`profile_device`), not the device the
-plan names: a plan for V100s run on this host's CPU (no CUDA here, or ``--backend gloo``) yields a ``cpu`` profile,
-which ``sim.run`` then applies to ``cpu`` ranks only, where the numbers are true. Ranks on different kinds of
-device, or on a CUDA device the hardware catalog has no id for, cannot make one profile and are refused
-(``executor.run`` checks this before launch where it can see the devices).
+The calibrated profile a run can write is :mod:`executor.calibration`.
 """
 
 from __future__ import annotations
 
-import platform
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
-from executor.provenance import catalog_id_for_gpu
-from sim.core.errors import SpecError
-from sim.cost.model import CostModel
-from sim.cost.oracle import CostOracle
-from sim.cost.profile import PROFILE_FORMAT_VERSION
-from sim.hw.catalog import get_device
-from sim.ir.plan import OpKind, Plan
 from sim.ir.trace import Trace
-from sim.models.graph import LayerGraph
 
-__all__ = ["compare_report", "stage_medians", "calibrated_profile", "median_iteration", "MEDIAN_RULE",
-           "device_catalog_id", "profile_device"]
+__all__ = ["compare_report", "median_iteration", "MEDIAN_RULE"]
 
 #: How "the median iteration" is chosen, for the files that report it (compare.json, metrics.json).
 MEDIAN_RULE = ("median over the iterations after warm-up; with an even count the lower of the two middle ones, so "
@@ -121,108 +99,3 @@ def compare_report(predicted: Trace, measured: Sequence[Trace], *, median_index:
         "cost_source": cost_source,
         "ops": ops,
     }
-
-
-def stage_medians(measured: Sequence[Trace]) -> dict[tuple[int, str], float]:
-    """Median duration of each (vstage, kind) over all microbatches and iterations, for F, B and OPT_STEP, s."""
-    samples: dict[tuple[int, str], list[float]] = defaultdict(list)
-    wanted = {OpKind.F.value, OpKind.B.value, OpKind.OPT_STEP.value}
-    for trace in measured:
-        for span in trace.spans:
-            if span.kind in wanted:
-                samples[(span.vstage, span.kind)].append(span.duration)
-    return {key: statistics.median(values) for key, values in sorted(samples.items())}
-
-
-def _split(total: float, prior: Sequence[float]) -> list[float]:
-    """``total`` split in proportion to ``prior`` (evenly when the prior is all zero)."""
-    weight = sum(prior)
-    if weight <= 0:
-        return [total / len(prior)] * len(prior)
-    return [total * p / weight for p in prior]
-
-
-def device_catalog_id(name: str) -> str | None:
-    """The hardware-catalog id of a device a rank reported: ``"cpu"``, or a CUDA device name looked up as
-    ``profiles.measure`` does (:func:`executor.provenance.catalog_id_for_gpu`: ``"NVIDIA H100 80GB HBM3"`` →
-    ``"h100-sxm5-80gb"``); ``None`` if it has none."""
-    return "cpu" if name == "cpu" else catalog_id_for_gpu(name)
-
-
-def profile_device(measured_names: Sequence[str]) -> str:
-    """The catalog id a calibrated profile is labelled with: the one device every rank was measured on.
-
-    Args:
-        measured_names: per rank, the device it runs on, as :class:`executor.measured.RankReport` names it
-            (``"cpu"`` or ``torch.cuda.get_device_name``).
-
-    Raises:
-        SpecError: the ranks ran on different kinds of device, or on a CUDA device with no catalog id.
-    """
-    ids = {name: device_catalog_id(name) for name in measured_names}
-    unknown = sorted(name for name, found in ids.items() if found is None)
-    if unknown:
-        raise SpecError(f"--calibrate-out: the ranks run on {', '.join(map(repr, unknown))}, which the hardware "
-                        f"catalog (profiles/hardware/devices.yaml) has no id for; a profile must name a catalog device")
-    kinds = sorted(set(ids.values()))
-    if len(kinds) != 1:
-        raise SpecError(f"--calibrate-out needs every rank on one device kind (a profile names one), but the ranks "
-                        f"run on {', '.join(kinds) or 'no device'}")
-    return kinds[0]
-
-
-def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians: dict[tuple[int, str], float], *,
-                       device: str, p2p: tuple[float, float] | None, machine: dict[str, Any],
-                       software: dict[str, Any], iterations: int) -> dict[str, Any]:
-    """A measured-profile JSON object (``profiles/README.md``) from in-place stage medians.
-
-    Args:
-        plan: the plan that ran.
-        graph: its model.
-        prior: the cost model the plan was simulated with; its profile (if any) with the roofline of ``device`` sets
-            each layer's share of its stage's time.
-        medians: :func:`stage_medians` of the measured iterations, s.
-        device: catalog id of the device every rank ran on (:func:`profile_device`); the profile's ``device``.
-        p2p: ``(latency s, bandwidth bytes/s)`` fitted in place, or ``None``.
-        machine, software: provenance.
-        iterations: how many iterations the medians are over.
-
-    Raises:
-        SpecError: ``device`` is not in the catalog, or a stage has no measured F or B.
-    """
-    device_spec = get_device(device)
-    base = CostOracle(graph, plan.microbatch_size, prior.profile).layer_costs(device_spec)
-    layers: list[dict[str, Any]] = []
-    for v, (start, end) in enumerate(plan.placement.vstage_layers):
-        for kind in ("F", "B"):
-            if (v, kind) not in medians:
-                raise SpecError(f"cannot calibrate: no measured {kind} for stage {v}")
-        fwd = _split(medians[(v, "F")], base.fwd[start:end])
-        bwd = _split(medians[(v, "B")], base.bwd[start:end])
-        opt = _split(medians.get((v, "OPT_STEP"), 0.0), base.opt[start:end])
-        for i in range(start, end):
-            layers.append({"name": graph.layers[i].name, "fwd_s": fwd[i - start], "bwd_s": bwd[i - start],
-                           "opt_s": opt[i - start]})
-    profile: dict[str, Any] = {
-        "format": "pipedejavu-profile",
-        "format_version": PROFILE_FORMAT_VERSION,
-        "model": graph.spec,
-        "device": device_spec.name,
-        "microbatch_size": plan.microbatch_size,
-        "layers": layers,
-        "method": {
-            "kind": "calibrated in place (executor.run --calibrate-out)",
-            "plan": {"schedule": plan.schedule, "num_microbatches": plan.num_microbatches,
-                     "layers_per_stage": list(plan.placement.layer_counts()), "num_ranks": plan.num_ranks},
-            "iterations": iterations,
-            "statistic": "median over all microbatches and iterations after warm-up, per stage; split over the "
-                         "stage's layers in proportion to the prior estimate",
-            "prior": f"profile {prior.profile.source}" if prior.profile is not None else "roofline",
-        },
-        "machine": {"hostname": platform.node(), **machine},
-        "software": software,
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    if p2p is not None:
-        profile["p2p"] = {"latency_s": p2p[0], "bandwidth_bytes_per_s": p2p[1]}
-    return profile

@@ -12,32 +12,27 @@ trace and the printed summary are the same number.
 
 from __future__ import annotations
 
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from executor.clock import ClockOffset
-from executor.compare import (
-    MEDIAN_RULE,
+from executor.calibration import (
+    P2P_METHOD,
     calibrated_profile,
-    compare_report,
     device_catalog_id,
-    median_iteration,
+    in_place_p2p,
     profile_device,
     stage_medians,
 )
+from executor.clock import ClockOffset
+from executor.compare import MEDIAN_RULE, compare_report, median_iteration
 from executor.measured import RankReport, iteration_times, measured_trace
 from executor.options import RunOptions, host_cores
 from executor.provenance import cpu_model, software_versions
-from sim.core.errors import SpecError
 from sim.core.fileio import write_json_atomic, write_text_atomic
-from sim.cost.model import CostModel
-from sim.cost.p2p_fit import fit_latency_bandwidth
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
-from sim.ir.plan import OpKind
 from sim.predict import predict
 from sim.report.metrics import compute_metrics, plan_header
 from sim.report.outputs import format_summary, write_run_outputs
@@ -107,7 +102,7 @@ def finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence[
     names = ["plan.json", *names, "compare.json"]
 
     if options.calibrate_out:
-        p2p = _in_place_p2p(plan, costs, measured, sweep) if sweep else None
+        p2p = in_place_p2p(plan, costs, measured, sweep) if sweep else None
         gpus = [name for name in measured_devices if name != "cpu"]
         machine = {"cpu": cpu_model(), "gpu": ", ".join(gpus) or None, "cores": host_cores(),
                    "threads_per_rank": [r.threads for r in reports], "device": measured_devices}
@@ -127,41 +122,6 @@ def finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence[
     print(format_summary(metrics))
     _print_compare(compare)
     print(f"wrote {out}/{{{', '.join(names)}}}")
-
-
-P2P_METHOD = (
-    "bandwidth: least-squares fit of a ping-pong sweep between ranks 0 and 1 inside the run's process group, "
-    "converted to the model graph's bytes (the executor sends fp32 tensors, the graph counts its own dtype); "
-    "latency: mean over the run's transfers of (measured wire time - real bytes / bandwidth), i.e. what a message "
-    "costs while the ranks compute, which on a busy CPU is mostly the wake-up of the threads that move it; the mean, "
-    "not the median, because transfer times add up along the critical path"
-)
-
-
-def _in_place_p2p(plan, costs: CostModel, measured, sweep) -> tuple[float, float] | None:
-    """``(latency s, bandwidth in graph bytes/s)`` for the calibrated profile (see :data:`P2P_METHOD`)."""
-    from executor.nn.stages import boundary_specs
-
-    try:
-        _, bandwidth = fit_latency_bandwidth(sweep[0], sweep[1])
-    except SpecError as exc:  # a sweep too noisy to fit (timer-tick wake-ups on a busy VM): keep the link model
-        print(f"warning: no point-to-point fit in the calibrated profile ({exc})", file=sys.stderr)
-        return None
-    starts = [start for start, _ in plan.placement.vstage_layers]
-    real = boundary_specs(plan.model, starts, plan.microbatch_size)
-    samples, ratios = [], []
-    for trace in measured:
-        for span in trace.spans:
-            if span.kind not in ("RECV_F", "RECV_B"):
-                continue
-            # RECV_F of v carries v's input; RECV_B of v carries the gradient of v's output (v + 1's input).
-            vstage = span.vstage if span.kind == "RECV_F" else span.vstage + 1
-            real_bytes = real[starts[vstage]].nbytes
-            samples.append(span.duration - real_bytes / bandwidth)
-            ratios.append(costs.message_bytes(OpKind(span.kind), span.vstage) / real_bytes)
-    if not samples:
-        return None
-    return max(0.0, statistics.fmean(samples)), bandwidth * statistics.median(ratios)
 
 
 def _losses(reports: Sequence[RankReport]) -> tuple[tuple[float, ...], ...]:

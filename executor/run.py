@@ -277,7 +277,7 @@ def _planned_devices(plan: Plan, topology: Topology) -> list[str]:
 
 def _check_calibration_device(backend: str, num_ranks: int) -> None:
     """``--calibrate-out`` before a launch on this host: the ranks' devices must make one profile (``compare``)."""
-    from executor.compare import profile_device
+    from executor.calibration import profile_device
 
     if backend == "gloo":
         names = ["cpu"] * num_ranks

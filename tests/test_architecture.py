@@ -51,6 +51,10 @@ SIM_FLOORS = {
 #: What reports may import (DESIGN: "Reports import only the IR and file I/O").
 REPORT_MAY_IMPORT = ("sim.core", "sim.ir", "sim.report")
 
+#: Modules with a ``__main__`` block that are not user commands: the launcher re-enters itself in every worker
+#: process (``python -m executor.launch MODULE ...``) to tie the worker's life to its launcher before anything else.
+INTERNAL_ENTRY_POINTS = frozenset({"executor.launch"})
+
 #: Simulator engines: the executor runs plans itself and asks sim.predict for the prediction, never an engine.
 ENGINES = ("sim.engine", "sim.csp.simulate", "sim.csp.baselines")
 
@@ -107,7 +111,7 @@ def violations(root: Path) -> list[str]:
     graph = nx.DiGraph()
     graph.add_nodes_from(modules)
     problems: list[str] = []
-    commands = {name for name, path in modules.items() if is_command(path)}
+    commands = {name for name, path in modules.items() if is_command(path)} - INTERNAL_ENTRY_POINTS
     for name, path in modules.items():
         top = name.split(".")[0]
         for target in sorted(imports_of(name, path, modules)):

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text
 
-__all__ = ["LayerTiming", "MeasuredProfile", "load_profile", "PROFILE_FORMAT_VERSION"]
+__all__ = ["LayerTiming", "MeasuredProfile", "load_profile", "profile_document", "PROFILE_FORMAT_VERSION"]
 
 PROFILE_FORMAT_VERSION = 1
 
@@ -120,3 +121,30 @@ def _p2p_measured_on_profile_device(p2p_device: Any, device: str) -> bool:
     if p2p_device is None:
         return True
     return (p2p_device == "cpu") == (device == "cpu")
+
+
+def profile_document(*, model: str, device: str, microbatch_size: int, layers: list[dict[str, Any]],
+                     method: dict[str, Any], machine: dict[str, Any], software: dict[str, Any],
+                     p2p: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one writer of the profile schema (``profiles/README.md``), for ``profiles.measure`` and for
+    ``executor.run --calibrate-out``: every profile has the same header, provenance and date stamp.
+
+    Args:
+        model: canonical model spec.
+        device: catalog id of the device measured.
+        microbatch_size: samples per microbatch during the measurement.
+        layers: per layer ``name``, ``fwd_s``, ``bwd_s``, ``opt_s`` (s) and any measured extras.
+        method: how the figures were obtained (statistic, repeats, what each time includes).
+        machine: hostname, CPU, GPU, cores, threads.
+        software: versions (Python, torch, CUDA).
+        p2p: ``latency_s``, ``bandwidth_bytes_per_s`` and how/where they were measured, if measured.
+        extra: further top-level fields (e.g. ``optimizer``, ``host_copy``).
+    """
+    document: dict[str, Any] = {
+        "format": "pipedejavu-profile", "format_version": PROFILE_FORMAT_VERSION, "model": model, "device": device,
+        "microbatch_size": microbatch_size, **(extra or {}), "method": method, "layers": layers,
+        "machine": machine, "software": software, "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if p2p is not None:
+        document["p2p"] = p2p
+    return document

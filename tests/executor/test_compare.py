@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from executor.compare import calibrated_profile, compare_report, median_iteration, profile_device, stage_medians
+from executor.calibration import calibrated_profile, profile_device, stage_medians
+from executor.compare import compare_report, median_iteration
 from sim.core.errors import SpecError
 from sim.cost.model import CostModel
 from sim.cost.oracle import CostOracle
@@ -136,7 +137,7 @@ def test_profile_device_refuses_mixed_or_unknown_devices(names, message):
 
 def test_looking_up_a_cuda_device_imports_neither_torch_nor_the_profiler():
     # The lookup lives in executor.provenance (string matching over the catalog's names), not in the profiler's CLI.
-    code = ("import sys; from executor.compare import device_catalog_id; "
+    code = ("import sys; from executor.calibration import device_catalog_id; "
             "print(device_catalog_id('NVIDIA H100 80GB HBM3'), 'torch' in sys.modules, "
             "'profiles.measure' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

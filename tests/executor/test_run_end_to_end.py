@@ -95,7 +95,7 @@ def test_a_calibrated_profile_is_the_runs_stage_medians_and_drives_the_simulator
         for v, (start, end) in enumerate(plan.placement.vstage_layers):
             layer_times = [getattr(t, field) for t in profile.layers[start:end]]
             assert sum(layer_times) == pytest.approx(statistics.median(spans[v]), rel=1e-9), (kind, v)
-            # ... split over the stage's layers in proportion to the prior (compare.calibrated_profile).
+            # ... split over the stage's layers in proportion to the prior (calibration.calibrated_profile).
             shares = [t / sum(layer_times) for t in layer_times]
             assert shares == pytest.approx([p / sum(prior_times[start:end]) for p in prior_times[start:end]])
     compare = json.loads((local_run.out / "compare.json").read_text())
