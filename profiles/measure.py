@@ -23,7 +23,6 @@ import os
 import socket
 import sys
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import check_output_file, prepare_output_dir, write_json_atomic
 from sim.core.spec import parse_spec
 from sim.cost.p2p_fit import fit_latency_bandwidth
-from sim.cost.profile import PROFILE_FORMAT_VERSION
+from sim.cost.profile import profile_document
 from sim.hw.catalog import get_device
 from sim.models import build_model
 
@@ -119,32 +118,22 @@ def _profile_json(args: argparse.Namespace, spec: str, device_id: str, gpu_name:
                   host_copy: dict[str, float] | None) -> dict[str, Any]:
     """The profile as a JSON-ready dict (schema: profiles/README.md)."""
     cuda = gpu_name is not None
-    data: dict[str, Any] = {
-        "format": "pipedejavu-profile",
-        "format_version": PROFILE_FORMAT_VERSION,
-        "model": spec,
-        "device": device_id,
-        "microbatch_size": args.microbatch_size,
-        "optimizer": args.optimizer,
-        "method": {
-            "statistic": "median", "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
-            "p2p_repeats": args.p2p_repeats,
-            "timer": "time.perf_counter" + (" between torch.cuda.synchronize() calls" if cuda else ""),
-            "layers": "each layer alone on its real input; bwd_s = autograd.backward(output, seeded grad_output) "
-                      "incl. the input gradient (except layer 0); the last layer's fwd_s/bwd_s include the loss",
-            "p2p": p2p_note,
-        },
-        "layers": [asdict(m) for m in layers],
-        "machine": {"hostname": socket.gethostname(), "cpu": cpu_model(), "gpu": gpu_name,
-                    "cores": os.cpu_count(), "threads": torch.get_num_threads()},
-        "software": software_versions(),
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    method = {
+        "statistic": "median", "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
+        "p2p_repeats": args.p2p_repeats,
+        "timer": "time.perf_counter" + (" between torch.cuda.synchronize() calls" if cuda else ""),
+        "layers": "each layer alone on its real input; bwd_s = autograd.backward(output, seeded grad_output) "
+                  "incl. the input gradient (except layer 0); the last layer's fwd_s/bwd_s include the loss",
+        "p2p": p2p_note,
     }
-    if p2p is not None:
-        data["p2p"] = p2p
+    machine = {"hostname": socket.gethostname(), "cpu": cpu_model(), "gpu": gpu_name, "cores": os.cpu_count(),
+               "threads": torch.get_num_threads()}
+    extra: dict[str, Any] = {"optimizer": args.optimizer}
     if host_copy is not None:
-        data["host_copy"] = host_copy
-    return data
+        extra["host_copy"] = host_copy
+    return profile_document(model=spec, device=device_id, microbatch_size=args.microbatch_size,
+                            layers=[asdict(m) for m in layers], method=method, machine=machine,
+                            software=software_versions(), p2p=p2p, extra=extra)
 
 
 def format_table(layers: tuple[LayerMeasurement, ...]) -> str:
