@@ -73,3 +73,30 @@ def test_duplicate_op_ids_are_rejected():
 def test_placement_must_be_contiguous():
     with pytest.raises(ValueError, match="contiguous"):
         Placement(((0, 2), (3, 4)), (0, 1))
+
+
+@pytest.mark.parametrize("path,key", [((), "typo_field"), (("placement",), "ranks"), (("ranks", 0, 0), "stream")])
+def test_a_plan_file_with_an_unknown_field_is_refused_by_name(path, key):
+    """A misspelt or invented field must not be ignored silently: the plan would run without what it asks for."""
+    import json
+
+    plan = Plan("gpipe", "L0", "uniform:layers=2", "2xideal", 1, 1, "flush", Placement(((0, 1), (1, 2)), (0, 1)),
+                ((Op.parse("0F0"),), (Op.parse("1F0"),)))
+    data = json.loads(plan.dumps())
+    target = data
+    for step in path:
+        target = target[step]
+    target[key] = 1
+    with pytest.raises(SpecError, match=f"unknown field\\(s\\) '{key}'"):
+        Plan.loads(json.dumps(data))
+    assert Plan.loads(plan.dumps()) == plan  # the unedited file reads back
+
+
+def test_the_subnet_table_is_written_only_when_present():
+    plan = Plan("gpipe", "L0", "uniform:layers=1", "1xideal", 1, 1, "flush", Placement(((0, 1),), (0,)),
+                ((Op.parse("0F0"),),))
+    assert '"subnets"' not in plan.dumps()
+    with_table = Plan.loads(plan.dumps().replace('"schedule"', '"subnets": [[0, 1], [1, 0]],\n "schedule"'))
+    assert with_table.subnets == ((0, 1), (1, 0)) and '"subnets"' in with_table.dumps()
+    with pytest.raises(SpecError, match="subnets must be a list"):
+        Plan.loads(plan.dumps().replace('"schedule"', '"subnets": [[-1]],\n "schedule"'))
