@@ -158,6 +158,10 @@ def _run_in_process(capsys, argv):
     # Permission bits do not stop root; creating a file does (procfs takes none), so this fails for everyone.
     (["--save-state", "/proc/pipedejavu-state"], "--save-state '/proc/pipedejavu-state': cannot write in '/proc'"),
     (["--out", "/proc/pipedejavu-out"], "--out '/proc/pipedejavu-out': cannot write in '/proc'"),
+    (["--out", ""], "--out is empty ('')"),  # was: the run's files written into the current directory
+    (["--out", "/dev/null"], "--out '/dev/null' exists and is not a directory"),
+    (["--calibrate-out", "/dev/null"], "--calibrate-out '/dev/null' exists and is not a regular file"),
+    (["--out", "o" * 300], "a file name may have at most 255"),
 ])
 def test_bad_options_are_rejected_before_launch(tmp_path, capsys, extra, message):
     plan = _plan(tmp_path, "1f1b", 2, m=2)
