@@ -160,7 +160,6 @@ def _run_in_process(capsys, argv):
     (["--out", "/proc/pipedejavu-out"], "--out '/proc/pipedejavu-out': cannot write in '/proc'"),
     (["--out", ""], "--out is empty ('')"),  # was: the run's files written into the current directory
     (["--out", "/dev/null"], "--out '/dev/null' exists and is not a directory"),
-    (["--calibrate-out", "/dev/null"], "--calibrate-out '/dev/null' exists and is not a regular file"),
     (["--out", "o" * 300], "a file name may have at most 255"),
 ])
 def test_bad_options_are_rejected_before_launch(tmp_path, capsys, extra, message):
