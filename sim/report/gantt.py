@@ -1,26 +1,32 @@
 """Gantt chart of a :class:`~sim.ir.trace.Trace` as a PNG: one row per device, one colour per op kind.
 
-Each device row has the compute stream as the main bar and, beneath it, one thin sub-bar per other stream
-(``send``, ``recv``, ``h2d``, ``d2h``) that has any span in the trace. The microbatch id is written inside a compute
-box when it fits (the box width in pixels is measured against the rendered text width); idle time is white.
+Each device row has the compute stream as the main bar and, beneath it, one thin sub-row per other stream
+(``send``, ``recv``, ``h2d``, ``d2h``) that has any span in the trace; idle time is white; a box is drawn at least
+2 px wide, so a 30 µs transfer on a one-second timeline still shows. Every compute box shows its microbatch number
+inside it: the figure's width, the number font (6.5 pt down to 5 pt) and, for the narrowest boxes, turning the
+number 90° are chosen from the boxes' durations so that each number's outline fits its box
+(:mod:`sim.report.gantt_layout` holds the rules).
 
-Built for 16 devices × 64 microbatches (thousands of boxes): the figure grows with the number of ranks and of
-boxes per rank, and boxes are drawn as one :class:`~matplotlib.collections.PolyCollection` per colour, not one
-patch each. matplotlib is imported inside :func:`draw_gantt` only (importing this module stays cheap and works
-without it), and the figure is rendered with the Agg canvas directly: no pyplot, no change to global state.
+Bounded for any trace: at most 6000 × 6000 px at 150 dpi, so Agg's RGBA canvas is at most 144 MB and a 1024-rank
+chart does not allocate gigabytes; sub-rows at least 8 px tall. Where something has to give, a note under the legend
+says what: numbers left off boxes too narrow for them even at the width limit, or sub-rows left out of charts with
+too many ranks (more than about 150) to keep them 8 px tall. Built for 16 devices × 64 microbatches and more
+(thousands of boxes): boxes are drawn as one :class:`~matplotlib.collections.PolyCollection` per colour and the
+numbers as one :class:`~matplotlib.collections.PathCollection` of glyph outlines, not one artist each. matplotlib is
+imported inside :func:`draw_gantt` only (importing this module stays cheap and works without it), and the figure is
+rendered with the Agg canvas directly: no pyplot, no change to global state.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections import defaultdict
-from collections.abc import Callable
 from io import BytesIO
 from typing import Any
 
 from sim.core.fileio import write_bytes_atomic
 from sim.ir.trace import STREAMS, Span, Trace
+from sim.report.gantt_layout import DPI, MIN_BOX_PX, RANK_PT, GanttGeometry, layout_gantt
 
 __all__ = ["KIND_COLORS", "FALLBACK_COLOR", "draw_gantt", "kind_color"]
 
@@ -43,18 +49,7 @@ KIND_COLORS: dict[str, str] = {
 #: Colour of every kind not in :data:`KIND_COLORS`.
 FALLBACK_COLOR = "#BBBBBB"
 
-DPI = 150
-# Row geometry in inches; the y data unit is one inch, so a height in data units times DPI is pixels.
-_BAR_H = 0.30  # compute bar
-_SUB_GAP = 0.03  # between the compute bar and the first sub-bar
-_SUB_H = 0.075  # one sub-bar (send/recv/h2d/d2h)
-_SUB_PITCH = 0.10  # sub-bar plus the gap below it
-_ROW_GAP = 0.16  # between two devices
-_LABEL_PT = 6.5  # microbatch ids inside boxes
-_LABEL_PAD_PX = 3.0  # a label needs its own width plus this much room in its box, pixels
-_TARGET_BOX_PX = 16.0  # the figure widens until a median compute box is about this wide (capped by _MAX_W)
-_MIN_W, _MAX_W = 10.0, 24.0  # figure width bounds, inches
-_TOP, _RIGHT = 0.6, 0.3  # margins, inches (title and top tick labels; right edge)
+_SUB_LABEL_PT = 5.0  # stream names at the sub-rows, points
 
 
 def kind_color(kind: str) -> str:
@@ -86,156 +81,117 @@ def _legend_entries(kinds: set[str]) -> list[tuple[str, str]]:
     return entries
 
 
-class _Layout:
-    """Where each rank's bars go (y in inches from the top) and how big the figure is."""
-
-    def __init__(self, trace: Trace) -> None:
-        present = {s.stream for s in trace.spans}
-        self.sub_streams = [s for s in STREAMS[1:] if s in present]
-        self.row_pitch = _BAR_H + (_SUB_GAP + len(self.sub_streams) * _SUB_PITCH if self.sub_streams else 0) + _ROW_GAP
-        self.n_rows = max(trace.num_ranks, 1)
-        self.plot_h = self.n_rows * self.row_pitch
-
-    def bar(self, rank: int, stream: str) -> tuple[float, float]:
-        """``(top, height)`` of a stream's bar in rank ``rank``'s row, inches."""
-        top = rank * self.row_pitch + _ROW_GAP / 2
-        if stream == STREAMS[0]:
-            return top, _BAR_H
-        return top + _BAR_H + _SUB_GAP + self.sub_streams.index(stream) * _SUB_PITCH, _SUB_H
-
-
-def _figure_width(trace: Trace, span_ms: float, left: float) -> float:
-    """Figure width (inches) that makes a median compute box about :data:`_TARGET_BOX_PX` wide, within bounds."""
-    durations = sorted(s.duration for s in trace.spans if s.stream == STREAMS[0] and s.end > s.start)
-    if not durations:
-        return _MIN_W
-    median_ms = durations[len(durations) // 2] * 1e3
-    axes_w = span_ms / median_ms * _TARGET_BOX_PX / DPI
-    return min(max(axes_w + left + _RIGHT, _MIN_W), _MAX_W)
-
-
-def _boxes(spans: list[Span], layout: _Layout) -> Any:
-    """Rectangle vertices, shape ``(n, 4, 2)``, x in ms and y in inches."""
+def _boxes(spans: list[Span], geom: GanttGeometry) -> Any:
+    """Rectangle vertices, shape ``(n, 4, 2)``, x in ms and y in pixels; at least :data:`MIN_BOX_PX` wide."""
     import numpy as np
 
+    min_ms = MIN_BOX_PX / geom.px_per_ms
     rect = np.empty((len(spans), 4, 2))
     for i, span in enumerate(spans):
-        top, height = layout.bar(span.rank, span.stream)
-        x0, x1 = span.start * 1e3, span.end * 1e3
+        top, height = geom.rows.bar(span.rank, span.stream)
+        x0 = span.start * 1e3
+        x1 = max(span.end * 1e3, x0 + min_ms)
         rect[i] = ((x0, top), (x1, top), (x1, top + height), (x0, top + height))
     return rect
 
 
-def _fitting_labels(
-    trace: Trace, layout: _Layout, px_per_ms: float, measure: Callable[[str], tuple[float, float]]
-) -> list[tuple[float, float, str, str]]:
-    """The microbatch ids that fit inside their compute boxes.
+def _figure(trace: Trace, title: str = "") -> tuple[Any, GanttGeometry]:
+    """The chart as a matplotlib :class:`~matplotlib.figure.Figure` on an Agg canvas, and the geometry it follows.
 
-    Args:
-        trace: the trace; times in seconds.
-        layout: the row layout (y in inches).
-        px_per_ms: horizontal scale of the axes, pixels per millisecond.
-        measure: ``text -> (width, height)`` of the rendered label, pixels.
-
-    Returns:
-        ``(x_ms, y_inches, text, text_colour)`` per label, centred in its box, in span order.
+    Nothing is rasterised here: the tests read the artists' extents from this figure without paying for pixels.
     """
-    sizes: dict[str, tuple[float, float]] = {}
-    labels = []
-    for span in trace.spans:
-        if span.stream != STREAMS[0] or span.mb is None:
-            continue
-        text = str(span.mb)
-        if text not in sizes:
-            sizes[text] = measure(text)
-        text_w, text_h = sizes[text]
-        top, bar_h = layout.bar(span.rank, span.stream)
-        if text_w + _LABEL_PAD_PX > (span.end - span.start) * 1e3 * px_per_ms or text_h + 2 > bar_h * DPI:
-            continue
-        labels.append(((span.start + span.end) * 5e2, top + bar_h / 2, text, _text_color(kind_color(span.kind))))
-    return labels
-
-
-def draw_gantt(trace: Trace, path: str | os.PathLike, *, title: str = "") -> None:
-    """Draw ``trace`` as a Gantt chart and write it as a PNG, atomically.
-
-    Args:
-        trace: the trace; span times in seconds (drawn in milliseconds).
-        path: the ``.png`` file to write; its directory must exist.
-        title: the chart title; by default a summary (``meta["source"]``, ranks, ops, makespan in ms).
-    """
+    import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.collections import PolyCollection
+    from matplotlib.collections import PathCollection, PolyCollection
     from matplotlib.figure import Figure
     from matplotlib.font_manager import FontProperties
     from matplotlib.patches import Patch
+    from matplotlib.path import Path
+    from matplotlib.textpath import TextPath
     from matplotlib.ticker import MaxNLocator
-
-    layout = _Layout(trace)
-    labels = [f"r{r} {d}" for r, d in enumerate(trace.devices)]
-    t0 = min([0.0] + [s.start for s in trace.spans]) * 1e3
-    t1 = max([0.0] + [s.end for s in trace.spans]) * 1e3
-    if t1 <= t0:
-        t1 = t0 + 1.0
-    span_ms = t1 - t0
+    from matplotlib.transforms import Affine2D
 
     fig = Figure(dpi=DPI)
-    canvas = FigureCanvasAgg(fig)
-    renderer = canvas.get_renderer()
-    rank_font = FontProperties(size=8)
-    label_font = FontProperties(size=_LABEL_PT)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    outlines: dict[str, tuple[Path, float, float]] = {}
 
-    def text_px(text: str, font: FontProperties) -> tuple[float, float]:
-        w, h, _ = renderer.get_text_width_height_descent(text, font, ismath=False)
-        return w, h
+    def outline(text: str) -> tuple[Path, float, float]:
+        """``text``'s outline at 1 pt centred on its extent, in points, and the extent's width and height in pixels.
 
-    left = max([text_px(label, rank_font)[0] / DPI for label in labels] + [0.3]) + 0.25
+        The extent is that of the outline's points, curve control points included: it contains the ink (so "fits"
+        errs on the safe side) and costs microseconds, where the exact curve extent costs ~10 ms a string. Outlines
+        scale exactly with the font size, so each string is laid out once.
+        """
+        if text not in outlines:
+            path = TextPath((0, 0), text, size=1.0, prop=FontProperties())
+            corners = path.vertices[path.codes != Path.CLOSEPOLY] if len(path.vertices) else [[0.0, 0.0]]
+            (x0, y0), (x1, y1) = np.min(corners, axis=0), np.max(corners, axis=0)
+            centred = path.transformed(Affine2D().translate(-(x0 + x1) / 2, -(y0 + y1) / 2))
+            outlines[text] = centred, (x1 - x0) * DPI / 72, (y1 - y0) * DPI / 72
+        return outlines[text]
+
+    def measure(text: str, points: float) -> tuple[float, float]:
+        _, width, height = outline(text)
+        return width * points, height * points
+
+    def text_width(text: str, points: float) -> float:
+        return renderer.get_text_width_height_descent(text, FontProperties(size=points), ismath=False)[0]
+
+    rank_names = [f"r{r} {d}" for r, d in enumerate(trace.devices)]
     entries = _legend_entries({s.kind for s in trace.spans})
-    width = _figure_width(trace, span_ms, left)
-    # Legend: one row if it fits across the figure, else columns as wide as the widest entry
-    # (entry = handle + gap + text + column spacing at 8 pt, inches).
-    entry_w = [text_px(label, rank_font)[0] / DPI + 0.5 for label, _ in entries]
-    if sum(entry_w) <= width - 0.4:
-        ncol = max(1, len(entries))
-    else:
-        ncol = max(1, min(len(entries), int((width - 0.4) // max(entry_w))))
-    bottom = 0.55 + 0.2 * math.ceil(len(entries) / ncol) + 0.1
-    top_labels = trace.num_ranks > 4  # tall charts repeat the time axis on top
-    top = _TOP if top_labels else _TOP - 0.2
-    height = layout.plot_h + top + bottom
-    fig.set_size_inches(width, height)
-    ax = fig.add_axes((left / width, bottom / height, 1 - (left + _RIGHT) / width, layout.plot_h / height))
-    ax.set_xlim(t0, t1 + span_ms * 0.005)
-    ax.set_ylim(layout.plot_h, 0)  # rank 0 on top
+    geom = layout_gantt(trace, measure, text_width, rank_names, [label for label, _ in entries])
+    width, height = geom.width_px, geom.height_px
+    fig.set_size_inches(width / DPI, height / DPI)
+    plot_w = width - geom.left_px - geom.right_px
+    ax = fig.add_axes((geom.left_px / width, geom.bottom_px / height, plot_w / width, geom.plot_h_px / height))
+    ax.set_xlim(geom.t0_ms, geom.x_max_ms)
+    ax.set_ylim(geom.plot_h_px, 0)  # rank 0 on top
     ax.set_facecolor("white")
 
     by_color: dict[str, list[Span]] = defaultdict(list)
+    drawn = {STREAMS[0], *geom.rows.sub_streams}  # sub-rows left out of very tall charts take their spans along
     for span in trace.spans:
-        by_color[kind_color(span.kind)].append(span)
+        if span.stream in drawn:
+            by_color[kind_color(span.kind)].append(span)
+    # White edges part neighbouring compute boxes; sub-row boxes (often a pixel or two wide) get none, so they show.
+    edge = 0.4 if geom.rows.bar_px >= 12 else 0.0
     for color in sorted(by_color):
-        spans = by_color[color]
-        edge = 0.4 if any(s.stream == STREAMS[0] for s in spans) else 0.2
-        ax.add_collection(
-            PolyCollection(_boxes(spans, layout), facecolors=color, edgecolors="white", linewidths=edge, zorder=2)
-        )
+        for stream_is_compute in (True, False):
+            spans = [s for s in by_color[color] if (s.stream == STREAMS[0]) == stream_is_compute]
+            if spans:
+                ax.add_collection(PolyCollection(_boxes(spans, geom), facecolors=color, edgecolors="white",
+                                                 linewidths=edge if stream_is_compute else 0.0, zorder=2))
 
-    # Microbatch ids, where the text fits inside its box (pixels measured at the output DPI).
-    px_per_ms = (width - left - _RIGHT) * DPI / (span_ms * 1.005)
-    for x, y, text, color in _fitting_labels(trace, layout, px_per_ms, lambda t: text_px(t, label_font)):
-        ax.text(x, y, text, fontproperties=label_font, ha="center", va="center_baseline", color=color, zorder=3,
-                clip_on=True)
+    # Microbatch numbers as glyph outlines in one collection: thousands of Text artists would cost seconds to draw.
+    if geom.labels:
+        turn = Affine2D().rotate_deg(90)
+        size = Affine2D().scale(geom.label_pt)
+        shapes = {(label.text, label.rotated) for label in geom.labels}
+        drawn = {(text, turned): outline(text)[0].transformed(size + turn if turned else size)
+                 for text, turned in shapes}
+        numbers = [drawn[label.text, label.rotated] for label in geom.labels]
+        ax.add_collection(PathCollection(
+            numbers, offsets=[(label.x_ms, label.y_px) for label in geom.labels], offset_transform=ax.transData,
+            transform=Affine2D().scale(1 / 72) + fig.dpi_scale_trans, edgecolors="none", linewidths=0, zorder=3,
+            facecolors=[_text_color(kind_color(trace.spans[label.span].kind)) for label in geom.labels],
+            gid="numbers"))
 
-    # y axis: device names at the compute bars, stream names (small, grey) at the sub-bars.
-    ax.set_yticks([layout.bar(r, STREAMS[0])[0] + _BAR_H / 2 for r in range(trace.num_ranks)], labels,
-                  fontproperties=rank_font)
+    # y axis: device names at the compute bars (every rank_step-th), stream names (small, grey) at the sub-rows.
+    rows, named = geom.rows, range(0, trace.num_ranks, geom.rank_step)
+    ax.set_yticks([rows.bar(r, STREAMS[0])[0] + rows.bar_px / 2 for r in named], [rank_names[r] for r in named],
+                  fontsize=RANK_PT)
     ax.tick_params(axis="y", which="major", length=0)
-    sub_ticks = [layout.bar(r, s)[0] + _SUB_H / 2 for r in range(trace.num_ranks) for s in layout.sub_streams]
-    ax.set_yticks(sub_ticks, layout.sub_streams * trace.num_ranks, minor=True, fontsize=5, color="#666666")
+    if rows.sub_streams and rows.sub_pitch_px >= 10:
+        sub_ticks = [rows.bar(r, s)[0] + rows.sub_px / 2 for r in range(trace.num_ranks) for s in rows.sub_streams]
+        ax.set_yticks(sub_ticks, list(rows.sub_streams) * trace.num_ranks, minor=True, fontsize=_SUB_LABEL_PT,
+                      color="#666666")
     ax.tick_params(axis="y", which="minor", length=0, pad=2)
-    ax.hlines([r * layout.row_pitch for r in range(1, trace.num_ranks)], t0, t1 + span_ms, colors="#e4e4e4",
-              linewidths=0.6, zorder=1)
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=max(6, int(width - left - _RIGHT)), steps=[1, 2, 2.5, 5, 10]))
-    ax.tick_params(axis="x", labelsize=8, top=True, labeltop=top_labels)
+    ax.tick_params(axis="y", which="both", labelright=geom.right_ticks)
+    if rows.row_gap_px >= 4:
+        ax.hlines([r * rows.pitch_px for r in range(1, trace.num_ranks)], geom.t0_ms, geom.x_max_ms,
+                  colors="#e4e4e4", linewidths=0.6, zorder=1)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=max(6, int(plot_w / DPI)), steps=[1, 2, 2.5, 5, 10]))
+    ax.tick_params(axis="x", labelsize=8, top=True, labeltop=geom.top_ticks)
     ax.set_xlabel("time (ms)", fontsize=9)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
@@ -248,11 +204,28 @@ def draw_gantt(trace: Trace, path: str | os.PathLike, *, title: str = "") -> Non
         if isinstance(trace.meta.get("source"), str):
             title = f"{trace.meta['source']} · {title}"
     ax.set_title(title, fontsize=11, pad=6)
+    notes_h = 27.0 * len(geom.notes)  # the notes sit under the legend, one line each
+    for i, note in enumerate(geom.notes):
+        fig.text(0.5, (notes_h - 27.0 * i - 20.0) / height, note, ha="center", va="bottom", fontsize=RANK_PT,
+                 color="#444444")
     if entries:
         handles = [Patch(facecolor=color, edgecolor="none", label=label) for label, color in entries]
-        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.08 / height), ncol=ncol,
-                   frameon=False, fontsize=8, handlelength=1.6, columnspacing=1.6)
+        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, (12.0 + notes_h) / height),
+                   ncol=geom.legend_ncol, frameon=False, fontsize=RANK_PT, handlelength=1.6, columnspacing=1.6)
+    return fig, geom
 
+
+def draw_gantt(trace: Trace, path: str | os.PathLike, *, title: str = "", dpi: float = DPI) -> None:
+    """Draw ``trace`` as a Gantt chart and write it as a PNG, atomically.
+
+    Args:
+        trace: the trace; span times in seconds (drawn in milliseconds).
+        path: the ``.png`` file to write; its directory must exist.
+        title: the chart title; by default a summary (``meta["source"]``, ranks, ops, makespan in ms).
+        dpi: output resolution, pixels per inch. The layout is made for the default, 150; another value scales
+            the whole picture (a thumbnail), so the pixel bounds of the module docstring scale with it.
+    """
+    fig, _ = _figure(trace, title)
     buffer = BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, facecolor="white")
+    fig.savefig(buffer, format="png", dpi=dpi, facecolor="white")
     write_bytes_atomic(path, buffer.getvalue())
