@@ -10,10 +10,10 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sim.report import chrome_trace
 
 from sim.core.errors import SpecError
 from sim.ir.trace import STREAMS, Span, Trace
+from sim.report import chrome_trace
 from sim.report.chrome_trace import read_chrome_trace, to_chrome_trace, write_chrome_trace
 
 KINDS_BY_STREAM = {
