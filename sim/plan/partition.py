@@ -12,17 +12,22 @@ on one rank). That balances the ranks only when every rank has the same device �
 ranks — so ``balanced`` refuses such placements on mixed devices rather than return a partition that looks optimal
 and is not.
 
-Complexity O(p · n²) for n layers and p stages, with prefix sums so each stage cost is O(1).
+The DP is defined as O(p · n²) steps (``best[s][j]``, ``cut[s][j]``; the reference implementation lives in
+``tests/sim/plan/test_partition.py``); :mod:`sim.plan.bottleneck` returns exactly its partition with numpy
+threshold tests and the same DP on the narrow band of stage ends that can matter. ``python -m sim.bench
+--partition`` times it: 10,000 layers on 64 stages in about 0.2 s (``uniform:layers=10000`` on ``64xideal``,
+``gpt:layers=10000`` on ``8x8xA100``), where the reference DP would need about 9 hours; hundreds of times faster
+already at 400 layers on 8 stages (the figures are in :mod:`sim.bench`).
 """
 
 from __future__ import annotations
 
-import math
 from itertools import accumulate
 
 from sim.core.errors import SpecError
 from sim.cost.oracle import CostOracle
 from sim.hw.topology import Topology
+from sim.plan.bottleneck import StageCosts, min_max_counts
 
 __all__ = ["parse_partition", "uniform_counts", "balanced_counts", "stage_time", "counts_to_ranges"]
 
@@ -89,7 +94,8 @@ def balanced_counts(oracle: CostOracle, num_stages: int,
     deterministic.
 
     Raises:
-        SpecError: more stages than layers or devices, or several stages per rank on devices that differ.
+        SpecError: more stages than layers or devices, several stages per rank on devices that differ, or a
+            problem too large to tabulate (:data:`sim.plan.bottleneck.MAX_CELLS`).
     """
     n, topology = len(oracle.graph), oracle.topology
     _check_sizes(n, num_stages)
@@ -99,25 +105,12 @@ def balanced_counts(oracle: CostOracle, num_stages: int,
                             f"{topology.num_ranks}")
     else:
         _check_placement(topology, num_stages, vstage_to_rank)
-    coster = _StageCoster(oracle, vstage_to_rank)
-    # best[s][j]: the smallest possible slowest-stage time when stages 0..s cover layers [0, j).
-    best = [[math.inf] * (n + 1) for _ in range(num_stages)]
-    cut = [[0] * (n + 1) for _ in range(num_stages)]
-    for j in range(1, n - num_stages + 2):
-        best[0][j] = coster(0, num_stages, 0, j)
-    for s in range(1, num_stages):
-        for j in range(s + 1, n - (num_stages - s - 1) + 1):
-            for i in range(s, j):
-                candidate = max(best[s - 1][i], coster(s, num_stages, i, j))
-                if candidate < best[s][j]:
-                    best[s][j], cut[s][j] = candidate, i
-    counts, end = [], n
-    for s in range(num_stages - 1, 0, -1):
-        start = cut[s][end]
-        counts.append(end - start)
-        end = start
-    counts.append(end)
-    return tuple(reversed(counts))
+    ranks = tuple(range(num_stages)) if vstage_to_rank is None else vstage_to_rank
+    counts, bottleneck = min_max_counts(StageCosts(oracle, ranks), uniform_counts(n, num_stages))
+    # The fast path computes every stage cost with numpy from the oracle's numbers; the stage costs asked of the
+    # oracle one by one must give the same bottleneck, bit for bit.
+    assert max(stage_time(oracle, counts, vstage_to_rank)) == bottleneck, (counts, bottleneck)
+    return counts
 
 
 def _check_placement(topology: Topology, num_stages: int, vstage_to_rank: tuple[int, ...]) -> None:
