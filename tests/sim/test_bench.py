@@ -1,0 +1,47 @@
+"""``python -m sim.bench --partition``: its baseline is the balanced partition's reference DP, and it reports."""
+
+import re
+
+import pytest
+
+from sim.bench import main, reference_balanced_counts
+from sim.cost.oracle import CostOracle
+from sim.hw.topology import Topology
+from sim.models import build_model
+from sim.plan.partition import balanced_counts
+
+_SMALL = ["--partition", "--baseline-layers", "12", "--baseline-stages", "3", "--partition-layers", "40",
+          "--partition-stages", "4", "--partition-topology", "4xV100", "--repeats", "1"]
+
+
+@pytest.mark.parametrize("model, topology, stages", [
+    ("uniform:layers=30", "6xideal", 6), ("gpt:layers=20,hidden=1024", "2x2xA100", 4), ("cnn:layers=12", "3xT4", 3),
+])
+def test_the_baseline_returns_the_balanced_partition(model, topology, stages):
+    oracle = CostOracle(build_model(model), 2, None, Topology.parse(topology))
+    assert reference_balanced_counts(oracle, stages) == balanced_counts(oracle, stages)
+
+
+def test_partition_bench_prints_the_baseline_ratio_and_both_large_cases(capsys):
+    assert main(_SMALL) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("uniform:layers=40 on 4xideal, 4 stages: model ")
+    assert lines[1].startswith("gpt:layers=40 on 4xV100, 4 stages: model ")
+    assert lines[2].startswith("baseline uniform:layers=12 on 3xideal, 3 stages: reference DP ")
+    assert lines[2].endswith("same partition: yes")
+    assert re.fullmatch(r"ratio: \d+", lines[3])
+    assert len(lines) == 4
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--partition-stages", "0", "--partition-stages must be >= 1, got 0"),
+    ("--repeats", "0", "--repeats must be >= 1, got 0"),
+    ("--partition-topology", "2xV100", "4 stages need 4 devices, topology 2xV100 has 2"),
+])
+def test_bad_partition_bench_arguments_are_one_error_line(capsys, flag, value, message):
+    argv = list(_SMALL)
+    argv[argv.index(flag) + 1] = value
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
