@@ -44,7 +44,7 @@ def run_cli(main: Callable[[], T]) -> T:
     ``error:`` line and exit 2, and ``KeyboardInterrupt`` into ``error: interrupted`` and exit 130; the files the body
     wrote are kept only if it returns (:func:`sim.core.output_set.all_or_none`)."""
     try:
-        with all_or_none():
+        with all_or_none(lazy=True):  # recording from the command's prepare_output_dir on
             return main()
     except KeyboardInterrupt:
         fail("interrupted", INTERRUPTED_STATUS)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import OutputError, SpecError
-from sim.core.output_set import active_set, backup_name
+from sim.core.output_set import active_set, backup_name, claim_innermost_set
 
 __all__ = ["INPUT_LIMITS", "read_text", "prepare_output_dir", "check_output_file", "write_bytes_atomic",
            "write_text_atomic", "write_json_atomic"]
@@ -156,9 +156,10 @@ def prepare_output_dir(path: str | os.PathLike, flag: str, *, create: bool = Tru
     The checks: ``path`` is not empty (``''`` would mean the current directory); an existing ``path`` is a directory;
     its nearest existing ancestor is a directory; every missing name fits the file system's limit (255 bytes on
     Linux); and a file can really be created there (probed with one, which is removed). With ``create`` the missing
-    directories are made, recorded in the open output set (:mod:`sim.core.output_set`, so a failed command removes
-    them again if they stay empty) and the probe is made inside ``path``; without it nothing is left behind (the
-    executor checks before launch and writes at the end).
+    directories are made and the probe is made inside ``path``, and the innermost open output set
+    (:mod:`sim.core.output_set`; ``run_cli`` opens one around every command) records from now on: the files written
+    and the directories made, so a failed command removes them again. Without ``create`` nothing is left behind and
+    nothing is recorded (the executor checks before launch and writes at the end).
 
     Args:
         path: the directory.
@@ -178,7 +179,7 @@ def prepare_output_dir(path: str | os.PathLike, flag: str, *, create: bool = Tru
     if not create:
         _probe(flag, path, ancestor)
         return Path(path)
-    outputs = active_set()
+    outputs = claim_innermost_set()
     for directory in missing:
         try:
             directory.mkdir()

@@ -10,11 +10,18 @@ name (a hard link, so the replacement stays a single rename). If the block raise
 and the directories :func:`sim.core.fileio.prepare_output_dir` created for the set removed if they are empty; the
 directory then looks as it did before the command. If the block completes, the backups are deleted.
 
-:func:`sim.core.errors.run_cli` opens one such block around every command, so each command's outputs are all or
-none; a nested block (``sim.report.outputs.write_run_outputs``) rolls back its own files when it fails and, when it
-completes, hands them to the enclosing block, which decides. Without any open block the writes are plain atomic
-writes. A process killed outright (``SIGKILL``, power loss) cannot roll back: it can leave complete new files beside
-old ones and hidden ``.*.bak-*`` backups; no partial file, still.
+:func:`sim.core.errors.run_cli` opens one such block around every command, a *lazy* one: it records nothing until
+the command prepares its output directory in it (:func:`sim.core.fileio.prepare_output_dir`), so each command that
+does is all or none. Writes are recorded by the innermost recording block; a nested block
+(``sim.report.outputs.write_run_outputs``) rolls back its own files when it fails and, when it completes, hands them
+to the enclosing recording block, which decides, or keeps them if there is none. Without a recording block the
+writes are plain atomic writes.
+
+Only a block that ends can clean up: a process that leaves with ``os._exit`` (the executor's ranks) never ends the
+``run_cli`` block, so it must write inside its own ``all_or_none()`` block and not prepare a directory outside one,
+or the backups of the files it replaced would stay. A process killed outright (``SIGKILL``, power loss) cannot roll
+back either: it can leave complete new files beside old ones and hidden ``.*.bak-*`` backups; no partial file,
+still.
 
 This module imports nothing from the project (``sim.core.errors`` and ``sim.core.fileio`` both use it).
 """
@@ -30,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["OutputSet", "all_or_none", "active_set", "backup_name"]
+__all__ = ["OutputSet", "all_or_none", "active_set", "claim_innermost_set", "backup_name"]
 
 
 def backup_name(target: Path) -> Path:
@@ -45,10 +52,13 @@ class OutputSet:
     Attributes:
         written: ``(file, backup of the file it replaced or None)`` per completed write.
         created: directories made for the set's outputs, outermost first.
+        recording: whether writes are recorded here (a lazy set starts without, until an output directory is
+            prepared in it).
     """
 
     written: list[tuple[Path, Path | None]] = field(default_factory=list)
     created: list[Path] = field(default_factory=list)
+    recording: bool = True
 
     def adopt(self, inner: OutputSet) -> None:
         """Take over a completed inner set's records: this set now decides whether they stay."""
@@ -82,8 +92,17 @@ _ACTIVE: list[OutputSet] = []
 
 
 def active_set() -> OutputSet | None:
-    """The innermost open set of this process, or ``None`` (then writes are not recorded)."""
-    return _ACTIVE[-1] if _ACTIVE else None
+    """The innermost open set that records writes, or ``None`` (then writes are plain atomic writes)."""
+    return next((outputs for outputs in reversed(_ACTIVE) if outputs.recording), None)
+
+
+def claim_innermost_set() -> OutputSet | None:
+    """The innermost open set, made to record from now on (an output directory is being prepared in it), or
+    ``None`` outside any set."""
+    if not _ACTIVE:
+        return None
+    _ACTIVE[-1].recording = True
+    return _ACTIVE[-1]
 
 
 @contextlib.contextmanager
@@ -101,13 +120,16 @@ def _no_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def all_or_none() -> Iterator[OutputSet]:
+def all_or_none(*, lazy: bool = False) -> Iterator[OutputSet]:
     """Keep the files written inside the block only if the block completes (see the module docstring).
 
     A ``SystemExit`` with status 0 or ``None`` counts as completing; any other exception rolls the set back and
     propagates unchanged.
+
+    Args:
+        lazy: record nothing until an output directory is prepared in the block (``run_cli``'s block).
     """
-    current = OutputSet()
+    current = OutputSet(recording=not lazy)
     _ACTIVE.append(current)
     try:
         yield current

@@ -141,3 +141,42 @@ def test_run_cli_reports_one_line_and_removes_what_the_command_wrote(old_run, ca
 def test_run_cli_keeps_the_files_of_a_command_that_returns(old_run, capsys):
     assert _cli(capsys, lambda: _write_new_run(old_run) or 0) == (0, "")
     assert _tree(old_run)["c"] == "new c"
+
+
+def _leave_with_os_exit(directory: str) -> None:  # pragma: no cover - runs in a child process
+    """What an executor rank does: its body runs under run_cli, writes over earlier files, and leaves with
+    os._exit, so run_cli's set never ends."""
+    from pathlib import Path
+
+    def body():
+        with all_or_none():  # the rank's own set (write_run_outputs opens one)
+            prepare_output_dir(directory, "--out")
+            write_text_atomic("new a", Path(directory) / "a")
+        write_text_atomic("new b", Path(directory) / "b")  # outside any recording set: a plain atomic write
+        os._exit(0)
+
+    run_cli(body)
+
+
+def test_a_process_that_leaves_with_os_exit_leaves_no_backups(old_run):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from tests.sim.core.test_output_set import _leave_with_os_exit; "
+            f"_leave_with_os_exit({str(old_run)!r})")
+    root = Path(__file__).resolve().parents[3]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root)
+    assert result.returncode == 0, result.stderr
+    assert _tree(old_run) == {"a": "new a", "b": "new b"}  # no hidden .bak-* link to the old files
+
+
+def test_run_clis_set_records_only_once_the_command_prepares_its_output_directory(tmp_path, capsys):
+    def body():
+        write_text_atomic("before", tmp_path / "log")  # not an output of the set: kept
+        prepare_output_dir(tmp_path / "out", "--out")
+        write_text_atomic("output", tmp_path / "out" / "a")
+        raise SpecError("failed")
+
+    assert _cli(capsys, body) == (2, "error: failed\n")
+    assert _tree(tmp_path) == {"log": "before"}
