@@ -7,7 +7,8 @@ time axis to show the pipeline (and to measure an iteration as "first op starts 
 The estimate is Cristian's algorithm (Cristian 1989, "Probabilistic clock synchronization"), the one-step form of
 NTP's offset estimate: rank 0 sends at t0, rank r answers with its clock reading t_r, rank 0 receives at t1; if the
 two legs take equally long, rank r read its clock at rank 0's (t0 + t1) / 2, so ``offset = (t0 + t1) / 2 − t_r``
-and the error is at most half the round trip. Of several exchanges the one with the shortest round trip is kept,
+and the error is at most half the round trip (one exchange is one :func:`executor.pingpong.round_trip`, whose
+hook writes rank r's reading into the answer). Of several exchanges the one with the shortest round trip is kept,
 because queueing delay only ever adds to a leg. The offset is measured once per run, after the process group is up;
 drift over a run of seconds is far below the microseconds that the round trip already admits.
 
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from executor.pingpong import round_trip
 
 __all__ = ["ClockOffset", "offset_from_exchanges", "measure_offsets", "shares_host_clock"]
 
@@ -94,15 +97,13 @@ def measure_offsets(rank: int, world_size: int, *, rounds: int = 32, device: tor
         exchanges = []
         for _ in range(rounds):
             if rank == 0:
-                t0 = time.perf_counter()
-                dist.send(message, dst=other, group=group)
-                dist.recv(message, src=other, group=group)
-                t1 = time.perf_counter()
+                t0, t1 = round_trip(message, other, initiate=True, group=group)
                 exchanges.append((t0, float(message.item()), t1))
             elif rank == other:
-                dist.recv(message, src=0, group=group)
-                message.fill_(time.perf_counter())
-                dist.send(message, dst=0, group=group)
+                # round_trip synchronises CUDA before the hook, so the clock is read when the message has arrived,
+                # not when its receive was enqueued.
+                round_trip(message, 0, initiate=False, group=group,
+                           on_arrival=lambda m: m.fill_(time.perf_counter()))
         if rank == 0:
             offsets.append(offset_from_exchanges(exchanges))
     return offsets if rank == 0 else []

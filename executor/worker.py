@@ -33,6 +33,7 @@ from executor.measured import RankReport
 from executor.nn.optim import make_optimizer
 from executor.nn.stages import boundary_specs, build_stage, loss_fn, synthetic_batch
 from executor.options import FAILURE_DIR_ENV, RunOptions, host_cores
+from executor.pingpong import round_trip_times
 from sim.core.errors import SpecError
 from sim.core.fileio import write_json_atomic
 from sim.hw.topology import Topology
@@ -83,7 +84,8 @@ def p2p_sweep(rank: int, sizes: tuple[int, ...], *, repeats: int = 10, warmup: i
               device: torch.device | None = None) -> list[float]:
     """One-way message times between ranks 0 and 1 for each size in bytes, measured inside the run's group.
 
-    Ping-pong, median round trip over ``repeats`` after ``warmup``, halved. Ranks other than 0 and 1 take no part.
+    Ping-pong (:func:`executor.pingpong.round_trip_times`: sizes interleaved, CUDA synchronised around each trip),
+    median round trip over ``repeats`` after ``warmup``, halved. Ranks other than 0 and 1 take no part.
 
     Returns:
         On rank 0, the one-way time per size in s; elsewhere an empty list.
@@ -91,23 +93,9 @@ def p2p_sweep(rank: int, sizes: tuple[int, ...], *, repeats: int = 10, warmup: i
     if rank > 1:
         return []
     device = device or torch.device("cpu")
-    times = []
-    for size in sizes:
-        message = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
-        trips = []
-        for i in range(warmup + repeats):
-            start = time.perf_counter()
-            if rank == 0:
-                dist.send(message, dst=1)
-                dist.recv(message, src=1)
-            else:
-                dist.recv(message, src=0)
-                dist.send(message, dst=0)
-            if i >= warmup:
-                trips.append(time.perf_counter() - start)
-        trips.sort()
-        times.append(trips[len(trips) // 2] / 2)
-    return times if rank == 0 else []
+    messages = [torch.zeros(max(1, size), dtype=torch.uint8, device=device) for size in sizes]
+    times = round_trip_times(messages, 1 - rank, initiate=rank == 0, warmup=warmup, repeats=repeats)
+    return [sorted(trips)[len(trips) // 2] / 2 for trips in times] if rank == 0 else []
 
 
 def _threads(options: RunOptions, local_world_size: int) -> int:

@@ -2,7 +2,8 @@
 
 Two spawned processes form a two-rank process group (gloo on CPU, NCCL on two CUDA devices) that rendezvous through
 a file in a fresh temporary directory, so no TCP port has to be found free. Rank 0 sends a buffer to rank 1, which
-sends it straight back; every round visits each message size once, and the one-way time of a size is half its
+sends it straight back (:func:`executor.pingpong.round_trip_times`, the executor's own timer, which synchronises
+CUDA around each trip); every round visits each message size once, and the one-way time of a size is half its
 median round trip. The simulator's link model is ``time = latency + bytes / bandwidth`` (α-β, Hockney 1994), which
 :func:`sim.cost.p2p_fit.fit_latency_bandwidth` fits to the measured points.
 
@@ -116,6 +117,8 @@ def _rank_main(rank: int, init_file: str, backend: str, sizes: tuple[int, ...], 
         import torch
         import torch.distributed as dist
 
+        from executor.pingpong import round_trip_times  # imports torch, which only the spawned children need
+
         torch.set_num_threads(1)  # the two ranks share the host's cores; neither needs intra-op threads to copy
         device = torch.device("cpu")
         if backend == "nccl":
@@ -123,27 +126,8 @@ def _rank_main(rank: int, init_file: str, backend: str, sizes: tuple[int, ...], 
             torch.cuda.set_device(device)
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=2,
                                 timeout=timedelta(seconds=timeout_s))
-        peer = 1 - rank
         buffers = [torch.empty(size, dtype=torch.uint8, device=device) for size in sizes]
-        rounds: list[list[float]] = [[] for _ in sizes]
-        # Sizes are interleaved (every round visits each size once) rather than timed one after another, so a
-        # stretch of slow scheduling on the host slows all sizes alike and shifts the fitted latency at worst,
-        # instead of bending the line by slowing only the sizes that happened to be running then.
-        for k in range(warmup + repeats):
-            for buf, times in zip(buffers, rounds):
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                start = time.perf_counter()
-                if rank == 0:
-                    dist.send(buf, peer)
-                    dist.recv(buf, peer)
-                else:
-                    dist.recv(buf, peer)
-                    dist.send(buf, peer)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)  # NCCL ops only enqueue; the round trip ends when they finish
-                if k >= warmup:
-                    times.append(time.perf_counter() - start)
+        rounds = round_trip_times(buffers, 1 - rank, initiate=rank == 0, warmup=warmup, repeats=repeats)
         one_way = ([float(np.median(times)) / 2 for times in rounds], [min(times) / 2 for times in rounds])
         dist.destroy_process_group()
         if rank == 0:
