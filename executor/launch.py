@@ -1,34 +1,153 @@
-"""Starting worker processes on this host with PyTorch's own launcher (the machinery of ``torchrun --standalone``).
+"""Starting the ranks on this host, tying them to the launcher, and reporting how they ended: :func:`run_ranks`.
 
-``executor.run`` and ``executor.naspipe`` both re-enter their own module once per rank; this is the one place that
-knows how: a single-node c10d rendezvous on a free port, no restarts (a failed training step is not retried behind
-the user's back), and a 0.1 s monitor interval so that one failing worker stops the others promptly.
+``executor.run`` re-enters its own module once per rank through :func:`run_ranks`, the one place that knows how:
+PyTorch's elastic launcher (the machinery of ``torchrun --standalone``) with a single-node c10d rendezvous on a free
+port, no restarts (a failed training step is not retried behind the user's back), and a 0.1 s monitor interval so
+that one failing worker stops the others promptly.
+
+Lifecycle. torch starts each worker in a POSIX session of its own, so neither a terminal's Ctrl-C nor the death of
+the launcher reaches it by itself. A worker therefore starts through this module (``python -m executor.launch
+MODULE ARGS``), which before anything else (before torch is even imported):
+
+- asks Linux to SIGKILL the worker when its parent dies (``prctl(PR_SET_PDEATHSIG)``, :func:`die_with_launcher`),
+  then checks that its parent is still the launcher that started it (:data:`LAUNCHER_PID_ENV`): a launcher that died
+  before the request was made would otherwise go unnoticed. So ``kill -9`` of the launcher takes its workers with it.
+  Where there is no ``prctl`` (not Linux) the worker goes without, and outlives a killed launcher;
+- restores SIGINT's default action, so that the launcher's stop signal ends the worker at once, even inside a
+  blocking gloo call, rather than raising ``KeyboardInterrupt`` whenever the interpreter next gets control (and
+  printing a traceback if that is during start-up).
+
+Ctrl-C or SIGTERM/SIGHUP/SIGQUIT on the launcher: the elastic agent passes the signal on to every worker and
+SIGKILLs any still there after :data:`SHUTDOWN_TIMEOUT_S`; :func:`run_ranks` then prints one line, ``error:
+interrupted`` for SIGINT (``error: stopped by SIGTERM`` and so on otherwise), and returns 128 + the signal's number
+(130 for SIGINT), as a shell reports a command a signal ended.
+
+Failure report. A failing rank records its error (:func:`record_failure`) as JSON in the directory that
+:func:`run_ranks` names in ``FAILURE_DIR_ENV``, and exits; the agent then stops the other workers with SIGTERM.
+:func:`run_ranks` prints the failure that came first as the command's one ``error:`` line and writes every rank's
+story, tracebacks included, to ``errors.log``. Which came first (:func:`order_failures`): a rank that ended without
+a record, by a signal or by an exit that skipped the worker's handler (``rank 1 was killed by signal 9 (SIGKILL)``),
+failed on its own, since a peer's failure reaches the survivors as an exception, which they record; otherwise the
+record with the earliest time (the others are its echoes: a peer's closed connection). Workers that died of the
+agent's SIGTERM are the last resort: they were stopped, not failing.
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
 import logging
 import os
+import runpy
+import signal
 import sys
+import tempfile
+import time
 import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["launch_local", "leave_worker"]
+from executor.options import FAILURE_DIR_ENV
+
+__all__ = ["run_ranks", "launch_local", "die_with_launcher", "leave_worker", "record_failure", "read_failures",
+           "Failure", "order_failures", "report_failures", "describe_exit", "LAUNCHER_PID_ENV", "SHUTDOWN_TIMEOUT_S"]
+
+#: Environment variable holding the launcher's process id, so that a worker can tell that its launcher has died.
+LAUNCHER_PID_ENV = "PIPEDEJAVU_LAUNCHER_PID"
+#: Seconds the agent waits, after passing a stop signal on, before it SIGKILLs a worker that is still there.
+SHUTDOWN_TIMEOUT_S = 5
+#: The signals torch's agent handles in the launcher (its default ``signals_to_handle``).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def launch_local(module: str, argv: list[str], num_ranks: int) -> None:
-    """Run ``python -u -m module argv`` as ``num_ranks`` ranks on this host and wait for them.
+def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: str | os.PathLike | None) -> int:
+    """Run ``python -u -m module argv`` as ``num_ranks`` ranks on this host, wait for them, and report how it went.
+
+    Prints nothing when every rank succeeds. Otherwise prints exactly one ``error:`` line on stderr (the failure
+    that came first, :func:`order_failures`) and writes every failure to ``errors_log`` (if given; its directory is
+    created). Every worker has stopped when it returns.
+
+    Returns:
+        The command's exit status: 0; 2 when the first failure is a rank's rejection of its input (its record says
+        status 2); 1 for any other failure; 128 + n when the launcher got signal n (130 for Ctrl-C).
+    """
+    saved_env = {name: os.environ.get(name) for name in (FAILURE_DIR_ENV, LAUNCHER_PID_ENV)}
+    saved_handlers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    try:
+        from torch.distributed.elastic.multiprocessing import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+        with tempfile.TemporaryDirectory(prefix="pipedejavu-failures-") as failures:
+            os.environ[FAILURE_DIR_ENV] = failures
+            os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+            try:
+                launch_local(module, argv, num_ranks)
+            except ChildFailedError as exc:
+                exit_codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
+                return report_failures(order_failures(exit_codes, read_failures(failures)), exit_codes, errors_log)
+            except SignalException as exc:
+                return _stopped(exc.sigval)
+            finally:
+                # The agent leaves its handlers installed; a later signal would raise its exception anywhere.
+                for sig, handler in saved_handlers.items():
+                    signal.signal(sig, handler)
+                for name, value in saved_env.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+        return 0
+    except KeyboardInterrupt:  # Ctrl-C before the agent's handlers were installed (no worker has started yet)
+        return _stopped(signal.SIGINT)
+
+
+def launch_local(module: str, argv: Sequence[str], num_ranks: int) -> None:
+    """Start ``num_ranks`` workers ``python -u -m module argv`` (through this module's worker entry) and wait.
+
+    The primitive under :func:`run_ranks`, which adds the failure directory and the report.
 
     Raises:
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a worker failed; every other worker has
             been stopped by then.
+        torch.distributed.elastic.multiprocessing.SignalException: the launcher got a stop signal; the workers got
+            it too and have stopped.
     """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # torchelastic logs every worker failure with a long traceback; the workers' own error lines say it better.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # torchelastic logs every worker failure with a long traceback, and every stop signal; the one report of
+    # run_ranks says it better. Its modules set their loggers' own levels, so the parent's level alone is not enough.
+    for name in [*logging.root.manager.loggerDict, "torch.distributed.elastic"]:
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=num_ranks, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
-    elastic_launch(config, sys.executable)("-u", "-m", module, *argv)
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+                          shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    elastic_launch(config, sys.executable)("-u", "-m", "executor.launch", module, *argv)  # via _worker_entry
+
+
+def die_with_launcher() -> bool:
+    """Have the kernel SIGKILL this process when its parent dies; returns whether that is armed.
+
+    Linux only (``prctl(PR_SET_PDEATHSIG, SIGKILL)`` through ctypes); elsewhere it returns ``False`` and the process
+    goes on without. The request covers only a parent alive when it is made, so if :data:`LAUNCHER_PID_ENV` names
+    the launcher and the parent is no longer it (it died first and this process was handed to init or a subreaper),
+    this process kills itself at once, as the kernel would have. "Parent" is the thread that started the process;
+    torch's agent starts workers from the launcher's main thread, which lives as long as the launcher.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                           ctypes.c_ulong(0)) == 0
+    except (OSError, AttributeError):  # no C library to load, or one without prctl
+        return False
+    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+    if launcher.isdigit() and os.getppid() != int(launcher):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return armed
 
 
 def leave_worker(status: int) -> None:
@@ -44,3 +163,145 @@ def leave_worker(status: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def record_failure(rank: int, message: str, *, op: str | None, status: int, traceback_text: str) -> bool:
+    """Leave a failing rank's report where :func:`run_ranks` looks; returns ``False`` when no launcher listens
+    (a rank started by a user's ``torchrun``: it should print its own ``error:`` line then).
+
+    Args:
+        rank: the failing rank.
+        message: what follows ``error: `` on the command's line, e.g. ``rank 1 failed at op 1B1: KeyError: 'w'``.
+        op: the op that raised, or ``None``.
+        status: the exit status the rank is about to leave with (2: it rejected its input).
+        traceback_text: the formatted traceback, for ``errors.log``.
+    """
+    from sim.core.fileio import write_json_atomic
+
+    directory = os.environ.get(FAILURE_DIR_ENV)
+    if not directory:
+        return False
+    # Atomic: the launcher may read the directory while a peer that is failing in turn gets stopped.
+    record = {"rank": rank, "op": op, "message": message, "status": status, "time": time.time(),
+              "traceback": traceback_text}
+    write_json_atomic(record, Path(directory, f"rank{rank}.json"))
+    return True
+
+
+def read_failures(directory: str | os.PathLike) -> list[dict]:
+    """The failure records in ``directory``, oldest first; a record cut short by a stopped rank is skipped."""
+    records = []
+    for path in Path(directory).glob("rank*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and {"rank", "message", "time"} <= record.keys():
+            records.append(record)
+    return sorted(records, key=lambda r: (r["time"], r["rank"]))
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How one rank ended, as the launcher reports it.
+
+    Attributes:
+        rank: the rank.
+        message: the text after ``error: ``.
+        status: its exit status (negative: killed by that signal), or the one its record announced.
+        time_s: when it recorded the failure (``time.time()``, s); ``None`` when it left no record.
+        traceback: the recorded traceback, or ``""``.
+    """
+
+    rank: int
+    message: str
+    status: int
+    time_s: float | None = None
+    traceback: str = ""
+
+
+def describe_exit(rank: int, exitcode: int) -> str:
+    """``rank R was killed by signal N (NAME)`` for a negative exit code, else ``rank R exited with status N
+    without reporting why``."""
+    if exitcode < 0:
+        try:
+            name = f" ({signal.Signals(-exitcode).name})"
+        except ValueError:
+            name = ""
+        return f"rank {rank} was killed by signal {-exitcode}{name}"
+    return f"rank {rank} exited with status {exitcode} without reporting why"
+
+
+def order_failures(exit_codes: Mapping[int, int], records: Sequence[Mapping]) -> list[Failure]:
+    """Every failure, the one that came first first.
+
+    Args:
+        exit_codes: the exit code of each rank that ended badly, by rank (torch's ``ChildFailedError.failures``;
+            negative: killed by that signal).
+        records: the ranks' failure records (:func:`read_failures`).
+
+    Order: ranks without a record that did not die of SIGTERM, by rank (a process killed by a signal cannot write a
+    record, and a peer's failure reaches a survivor as an exception that it does record, so these failed on their
+    own); then the records, earliest first (the first is the cause, the later ones mostly its echoes); then ranks
+    without a record that died of SIGTERM (the agent stops the survivors with it: they did not fail).
+    """
+    recorded = {int(r["rank"]): r for r in records}
+    silent = [Failure(rank, describe_exit(rank, code), code) for rank, code in sorted(exit_codes.items())
+              if code != 0 and rank not in recorded]
+    reported = sorted((Failure(rank, r["message"], int(r.get("status", exit_codes.get(rank, 1))), float(r["time"]),
+                               r.get("traceback", "")) for rank, r in recorded.items()),
+                      key=lambda f: (f.time_s, f.rank))
+    stopped = -int(signal.SIGTERM)
+    return ([f for f in silent if f.status != stopped] + reported + [f for f in silent if f.status == stopped])
+
+
+def report_failures(failures: Sequence[Failure], exit_codes: Mapping[int, int],
+                    errors_log: str | os.PathLike | None) -> int:
+    """Print the first of ``failures`` (:func:`order_failures`) as the command's one ``error:`` line on stderr and
+    write them all, with each rank's exit code, to ``errors_log`` (if given; a log that cannot be written is
+    skipped: the line is the report).
+
+    Returns:
+        2 when the first failure is a rank's rejection of its input (status 2), else 1.
+    """
+    if not failures:  # not seen: torch raises ChildFailedError for a failed rank; say so rather than nothing
+        failures = [Failure(-1, "a worker failed without reporting why", 1)]
+    if errors_log is not None:
+        lines = []
+        for f in failures:
+            if f.time_s is None:
+                lines.append(f"{f.message} (it left no report)\n")
+            else:
+                lines.append(f"rank {f.rank} at {f.time_s:.6f}: {f.message}\n{f.traceback}\n")
+        ends = ", ".join(f"rank {rank}: " + (f"signal {-code}" if code < 0 else f"status {code}")
+                         for rank, code in sorted(exit_codes.items()))
+        lines.append(f"exit codes: {ends or 'none reported'}\n")
+        try:
+            path = Path(errors_log)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(lines))
+        except OSError:
+            pass  # the log is a courtesy; the error line below is the report
+    print(f"error: {failures[0].message}", file=sys.stderr, flush=True)
+    return 2 if failures[0].status == 2 else 1
+
+
+def _stopped(sig: signal.Signals) -> int:
+    """Report that the launcher was stopped by ``sig``; the shell's status for it (128 + its number)."""
+    print("error: interrupted" if sig == signal.SIGINT else f"error: stopped by {sig.name}", file=sys.stderr,
+          flush=True)
+    return 128 + int(sig)
+
+
+def _worker_entry(args: list[str]) -> None:
+    """A worker's first steps (see the module docstring), then ``python -m args[0] args[1:]`` in this process."""
+    die_with_launcher()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if not args:
+        raise SystemExit("usage: python -m executor.launch MODULE [ARG ...] (a worker started by run_ranks)")
+    sys.argv[1:] = args[1:]
+    runpy.run_module(args[0], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    _worker_entry(sys.argv[1:])

@@ -29,11 +29,9 @@ status 1; every rank's error and traceback (the first failure's echoes on other 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -288,47 +286,14 @@ def _check_calibration_device(backend: str, num_ranks: int) -> None:
     profile_device(names)
 
 
-def _read_failures(directory: str) -> list[dict]:
-    """The ranks' failure records, oldest first; a record cut short by a terminated rank is skipped."""
-    records = []
-    for path in Path(directory).glob("rank*.json"):
-        try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return sorted(records, key=lambda r: r["time"])
-
-
 def _launch(options: RunOptions, argv: list[str], num_ranks: int) -> int:
-    """Start ``num_ranks`` workers on this host with torchrun's launcher; returns the exit status."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    """Start ``num_ranks`` workers on this host and report how they ended (``executor.launch.run_ranks``: one
+    ``error:`` line for a failure, every rank's story in ``--out/errors.log``); returns the exit status."""
+    from executor.launch import run_ranks
 
-    from executor.launch import launch_local
-
-    with tempfile.TemporaryDirectory(prefix="pipedejavu-failures-") as failures:
-        os.environ[FAILURE_DIR_ENV] = failures
-        os.environ.setdefault("OMP_NUM_THREADS", str(options.threads or 1))
-        worker_argv = [*argv, "--backend", options.backend]
-        try:
-            launch_local("executor.run", worker_argv, num_ranks)
-        except ChildFailedError as exc:
-            records = _read_failures(failures)
-            if not records:
-                codes = sorted({f"rank {rank}: exit {f.exitcode}" for rank, f in exc.failures.items()})
-                print(f"error: a worker failed without reporting why ({', '.join(codes)})", file=sys.stderr)
-                return 1
-            first = records[0]  # the others are its echoes (a peer's closed connection), kept for the log only
-            try:
-                log = Path(options.out, "errors.log")
-                log.parent.mkdir(parents=True, exist_ok=True)
-                log.write_text("".join(f"rank {r['rank']} at {r['time']:.6f}: {r['message']}\n{r['traceback']}\n"
-                                       for r in records))
-            except OSError:
-                pass  # the log is a courtesy; the error line below is the report
-            print(f"error: {first['message']}", file=sys.stderr)
-            bad_input = any(code == 2 for code in (f.exitcode for f in exc.failures.values()))
-            return 2 if bad_input and first.get("op") is None else 1
-    return 0
+    os.environ.setdefault("OMP_NUM_THREADS", str(options.threads or 1))
+    return run_ranks("executor.run", [*argv, "--backend", options.backend], num_ranks,
+                     errors_log=Path(options.out, "errors.log"))
 
 
 def _run(argv: list[str] | None) -> int:

@@ -6,17 +6,20 @@ several hosts; either way the rendezvous has set ``RANK``, ``WORLD_SIZE``, ``LOC
 world size (a user's torchrun may start any number of processes).
 
 Failure (DESIGN §7): if anything raises, the rank records ``rank R failed at op X: <the op's exception>`` (and its
-traceback) in the failure directory the launcher gave it, and leaves with ``os._exit(1)`` at once. The launcher then
-prints the first failure as the command's one ``error:`` line; the echoes of it on the other ranks (a peer's
-"Connection reset by peer") go only to its log, ``--out/errors.log``. A rank started by a user's ``torchrun`` has
-no launcher listening, so it prints its own ``error:`` line. Exiting without tearing the process group down is
-deliberate: a clean shutdown would wait on peers that may never answer. The peers then either fail on the closed
-connection or are stopped by torchrun's agent, which terminates the whole group when one worker exits non-zero.
+traceback) in the failure directory the launcher gave it (``executor.launch.record_failure``), and leaves with
+``os._exit(1)`` at once. The launcher then prints the first failure as the command's one ``error:`` line; the echoes
+of it on the other ranks (a peer's "Connection reset by peer") go only to its log, ``--out/errors.log``. A rank
+started by a user's ``torchrun`` has no launcher listening, so it prints its own ``error:`` line. Either way the rank
+dies with the process that started it (``executor.launch.die_with_launcher``). Exiting without tearing the process
+group down is deliberate: a clean shutdown would wait on peers that may never answer. The peers then either fail on
+the closed connection or are stopped by torchrun's agent, which terminates the whole group when one worker exits
+non-zero.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -28,18 +31,22 @@ import torch.distributed as dist
 
 from executor.clock import measure_offsets
 from executor.interpreter import RankInterpreter
-from executor.launch import leave_worker
+from executor.launch import die_with_launcher, leave_worker, record_failure
 from executor.measured import RankReport
 from executor.nn.optim import make_optimizer
 from executor.nn.stages import boundary_specs, build_stage, loss_fn, synthetic_batch
-from executor.options import FAILURE_DIR_ENV, RunOptions, host_cores
+from executor.options import RunOptions, host_cores
 from executor.pingpong import round_trip_times
 from sim.core.errors import SpecError
-from sim.core.fileio import write_json_atomic
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
 
-__all__ = ["worker_main", "p2p_sweep", "failure_message"]
+__all__ = ["worker_main", "p2p_sweep", "failure_message", "INJECT_SIGNAL_ENV"]
+
+#: Test hook: with ``--inject-failure RANK:OP``, a signal name or number here (``SIGKILL``, ``9``) makes that rank
+#: die of the signal at that op instead of raising, to check how the launcher reports a rank that left no record.
+INJECT_SIGNAL_ENV = "PIPEDEJAVU_INJECT_SIGNAL"
+
 
 def _env_int(name: str) -> int:
     value = os.environ.get(name)
@@ -61,16 +68,12 @@ def failure_message(rank: int, exc: BaseException) -> str:
     return f"rank {rank} failed at op {op_id}: {text}" if op_id else f"rank {rank} failed: {text}"
 
 
-def _record_failure(rank: int, exc: BaseException) -> None:
+def _record_failure(rank: int, exc: BaseException, status: int) -> None:
     """Leave the rank's failure where the launcher looks, or print it if no launcher listens; never raises."""
     message = failure_message(rank, exc)
     try:
-        directory = os.environ.get(FAILURE_DIR_ENV)
-        if directory:
-            # Atomic: the launcher may read the directory while a peer that is failing in turn gets terminated.
-            record = {"rank": rank, "op": getattr(exc, "op_id", None), "message": message, "time": time.time(),
-                      "traceback": "".join(traceback.format_exception(exc))}
-            write_json_atomic(record, Path(directory, f"rank{rank}.json"))
+        if record_failure(rank, message, op=getattr(exc, "op_id", None), status=status,
+                          traceback_text="".join(traceback.format_exception(exc))):
             return
     except Exception:  # noqa: BLE001 - reporting must not mask the original failure; print it instead
         pass
@@ -78,6 +81,19 @@ def _record_failure(rank: int, exc: BaseException) -> None:
         print(f"error: {message}", file=sys.stderr, flush=True)
     except Exception:  # noqa: BLE001
         pass
+
+
+def _die_as_injected(options: RunOptions, rank: int, exc: BaseException) -> None:
+    """Test hook: when :data:`INJECT_SIGNAL_ENV` names a signal and ``exc`` is the ``--inject-failure`` of this
+    rank, the rank dies of that signal instead of reporting, as a process killed from outside (or crashed) would."""
+    name = os.environ.get(INJECT_SIGNAL_ENV)
+    injected = options.inject_failure is not None and options.inject_failure == (rank, getattr(exc, "op_id", None))
+    if name and injected:
+        sig = signal.Signals[name] if not name.isdigit() else signal.Signals(int(name))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), sig)
+        time.sleep(1.0)  # a signal that does not end the process (SIGCHLD, ...) falls through to the report
 
 
 def p2p_sweep(rank: int, sizes: tuple[int, ...], *, repeats: int = 10, warmup: int = 3,
@@ -176,11 +192,16 @@ def worker_main(options: RunOptions, plan: Plan, topology: Topology) -> int:
     ``plan`` and its ``topology`` are those ``executor.run`` read from ``options.plan_path`` and checked in this
     process (``load_checked_plan``); the rank uses them as they are.
     """
+    # Already done by the worker entry of executor.launch; again here for a rank started by a user's torchrun, which
+    # should not outlive torchrun's agent either.
+    die_with_launcher()
     rank = int(os.environ.get("RANK", "0") or 0)
     try:
         _run(options, plan, topology, rank)
     except BaseException as exc:  # noqa: BLE001 - a rank must never hang its peers, whatever went wrong
-        _record_failure(rank, exc)
-        leave_worker(2 if isinstance(exc, SpecError) else 1)  # bad input keeps the CLI's status 2
+        _die_as_injected(options, rank, exc)
+        status = 2 if isinstance(exc, SpecError) else 1  # bad input keeps the CLI's status 2
+        _record_failure(rank, exc, status)
+        leave_worker(status)
     leave_worker(0)
     return 0  # not reached

@@ -1,21 +1,17 @@
-"""``executor.run`` end to end on CPU with gloo: pipeline training equals single-process training, the outputs,
-failure handling and input errors. Most cases launch real worker processes through torch's elastic launcher; the
-input errors are caught before any launch."""
+"""``executor.run`` end to end on CPU with gloo: pipeline training equals single-process training, the outputs and
+input errors (failures and the processes' lifecycle: ``test_lifecycle.py``). Most cases launch real worker processes
+through torch's elastic launcher; the input errors are caught before any launch."""
 
 import json
 import re
-import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from executor.compare import median_iteration
-from executor.interpreter import OpFailure
 from executor.reference import train_reference
 from executor.run import check_output_path, choose_backend, load_checked_plan
 from executor.run import main as executor_main
-from executor.worker import failure_message
 from sim.core.errors import SpecError
 from sim.ir.plan import Plan
 from sim.ir.schedule_csv import dumps_schedule_csv
@@ -79,60 +75,6 @@ def test_pipeline_training_equals_single_process_training(tmp_path, schedule, ra
         / compare["measured_iteration_time_s"])
     assert compare["ops"]["F"]["count"] == m * ranks
     assert metrics["iteration_time_s"] == pytest.approx(trace.makespan)
-
-
-def _worker_processes(marker):
-    """PIDs of live processes whose command line mentions ``marker``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if marker in cmdline and "executor.run" in cmdline:
-                pids.append(int(entry.name))
-    return pids
-
-
-def _error_lines(stderr):
-    return [line for line in stderr.splitlines() if line.startswith("error:")]
-
-
-def test_a_failing_rank_stops_every_rank_with_its_error_and_op(tmp_path):
-    plan = _plan(tmp_path, "1f1b", 2, m=4)
-    out = tmp_path / "failing-run"
-    start = time.monotonic()
-    result = execute(plan, out, "--inject-failure", "1:1B1", "--iterations", "2", "--no-gantt", timeout=120)
-    elapsed = time.monotonic() - start
-    assert result.returncode == 1
-    # One line: the failing rank, its op and the op's own exception; rank 0's echo (a closed connection) is not one.
-    assert _error_lines(result.stderr) == [
-        "error: rank 1 failed at op 1B1: RuntimeError: injected failure at 1B1 (--inject-failure)"], result.stderr
-    assert "Traceback" not in result.stderr and "Connection" not in result.stderr, result.stderr
-    assert elapsed < 30, f"took {elapsed:.1f} s to stop"
-    assert not (out / "metrics.json").exists() and not (out / "compare.json").exists()
-    log = (out / "errors.log").read_text()  # the full story, tracebacks included, for whoever debugs it
-    assert log.startswith("rank 1 at ") and "Traceback" in log
-    time.sleep(0.5)
-    assert _worker_processes(str(out)) == [], "worker processes outlived the run"
-
-
-def test_failure_message_names_the_op_once_with_its_own_exception():
-    cause = KeyError("w")
-    wrapped = OpFailure("1B1", cause)
-    wrapped.__cause__ = cause  # as the interpreter raises it: raise OpFailure(...) from exc
-    assert failure_message(1, wrapped) == "rank 1 failed at op 1B1: KeyError: 'w'"
-    assert failure_message(0, SpecError("plan x has 2 ranks")) == "rank 0: plan x has 2 ranks"
-    assert failure_message(2, RuntimeError()) == "rank 2 failed: RuntimeError"
-
-
-def test_rank_zero_failure_is_reported_too(tmp_path):
-    plan = _plan(tmp_path, "gpipe", 2, m=2)
-    result = execute(plan, tmp_path / "r0", "--inject-failure", "0:0F1", "--iterations", "1", "--no-gantt")
-    assert result.returncode == 1
-    assert _error_lines(result.stderr) == [
-        "error: rank 0 failed at op 0F1: RuntimeError: injected failure at 0F1 (--inject-failure)"], result.stderr
 
 
 def _run_in_process(capsys, argv):

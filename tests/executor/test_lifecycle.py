@@ -1,0 +1,298 @@
+"""The executor's process lifecycle: workers die with their launcher, a failure is blamed on the rank that failed
+first (and says how it ended), Ctrl-C is one line and stops everything, and the failure report's ordering rules.
+
+The end-to-end cases start a real ``python -m executor.run`` on two CPU ranks; each polls with deadlines (the machine
+may be loaded) and kills whatever it started in ``finally``. Workers run in POSIX sessions of their own, so they are
+found by their command line (which names the test's own output directory) rather than by process group.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from executor.interpreter import OpFailure
+from executor.launch import (
+    LAUNCHER_PID_ENV,
+    Failure,
+    describe_exit,
+    order_failures,
+    report_failures,
+)
+from executor.worker import INJECT_SIGNAL_ENV, failure_message
+from sim.core.errors import SpecError
+from tests.executor.runs import ROOT, execute, sim_plan
+
+#: A run long enough never to finish within a test (it is stopped long before).
+ENDLESS = ("--iterations", "100000", "--warmup", "0", "--no-gantt", "--threads", "1")
+
+
+def _worker_processes(marker: str, exclude: int | None = None) -> list[int]:
+    """PIDs of live ``executor.run`` processes whose command line mentions ``marker`` (zombies have none)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != exclude:
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmdline and "executor.run" in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def _wait_for(predicate, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout_s`` passes; whether it held."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return predicate()
+
+
+def _catches_sigint(pid: int) -> bool:
+    """Whether the process has a handler for SIGINT (``SigCgt`` in ``/proc/PID/status``); gone counts as not."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) >> (signal.SIGINT - 1) & 1)
+
+
+def _start(plan: Path, out: Path, logs: Path, *extra: str) -> subprocess.Popen:
+    """``python -m executor.run`` in a session of its own, output to files (workers inherit pipes, which a dead
+    launcher's reader would wait on)."""
+    logs.mkdir(exist_ok=True)
+    with open(logs / "stdout", "w") as stdout, open(logs / "stderr", "w") as stderr:
+        return subprocess.Popen([sys.executable, "-m", "executor.run", "--plan", str(plan), "--out", str(out),
+                                 *extra], cwd=ROOT, stdout=stdout, stderr=stderr, start_new_session=True)
+
+
+def _kill_everything(launcher: subprocess.Popen, marker: str) -> None:
+    """SIGKILL the launcher's process group and every worker's (each leads a session of its own)."""
+    for pid in [launcher.pid, *_worker_processes(marker, exclude=launcher.pid)]:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    launcher.wait(timeout=30)
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory) -> Path:
+    return sim_plan(tmp_path_factory.mktemp("lifecycle") / "sim", 2, 4, "--schedule", "1f1b")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="dying with the launcher needs Linux's prctl")
+def test_workers_die_with_a_launcher_killed_by_sigkill(tmp_path, plan):
+    out = tmp_path / "real"
+    launcher = _start(plan, out, tmp_path / "logs", *ENDLESS)
+    try:
+        assert _wait_for(lambda: len(_worker_processes(str(out), exclude=launcher.pid)) == 2, 60), \
+            (tmp_path / "logs" / "stderr").read_text()
+        launcher.kill()
+        launcher.wait(timeout=10)
+        gone = _wait_for(lambda: not _worker_processes(str(out), exclude=launcher.pid), 5)
+        assert gone, f"workers outlived their launcher: {_worker_processes(str(out), exclude=launcher.pid)}"
+        assert not (out / "metrics.json").exists()
+    finally:
+        _kill_everything(launcher, str(out))
+
+
+def test_a_rank_killed_by_a_signal_is_blamed_and_says_so(tmp_path, plan):
+    # Rank 1 dies of SIGKILL at op 1B1 (no record can be written); rank 0 then fails on the closed connection, or is
+    # stopped by the launcher: either way the line names rank 1 and the signal, and rank 0's story is in the log.
+    out = tmp_path / "real"
+    try:
+        result = execute(plan, out, "--inject-failure", "1:1B1", "--iterations", "1", "--warmup", "0",
+                         "--no-gantt", "--threads", "1", env={INJECT_SIGNAL_ENV: "SIGKILL"}, timeout=120)
+        assert result.returncode == 1, result.stderr
+        assert _error_lines(result.stderr) == ["error: rank 1 was killed by signal 9 (SIGKILL)"], result.stderr
+        assert "Traceback" not in result.stderr and "Connection" not in result.stderr, result.stderr
+        log = (out / "errors.log").read_text().splitlines()
+        assert log[0].startswith("rank 1 was killed by signal 9 (SIGKILL)"), log
+        assert any(line.startswith("rank 0") for line in log[1:]), log  # the echo or the stop, kept for the log
+        assert log[-1].startswith("exit codes: ") and "rank 1: signal 9" in log[-1], log
+        assert not (out / "metrics.json").exists()
+        assert _wait_for(lambda: not _worker_processes(str(out)), 5), "worker processes outlived the run"
+    finally:
+        for pid in _worker_processes(str(out)):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_prints_one_line_stops_every_worker_and_exits_130(tmp_path, plan):
+    out, logs = tmp_path / "real", tmp_path / "logs"
+    launcher = _start(plan, out, logs, *ENDLESS)
+    try:
+        assert _wait_for(lambda: len(_worker_processes(str(out), exclude=launcher.pid)) == 2, 60), \
+            (logs / "stderr").read_text()
+        # Best effort, not asserted: let the workers get past their first instructions (which give SIGINT back its
+        # default action), so that the signal finds them as it would a few seconds into a run.
+        _wait_for(lambda: not any(_catches_sigint(p) for p in _worker_processes(str(out), exclude=launcher.pid)), 10)
+        os.kill(launcher.pid, signal.SIGINT)
+        status = launcher.wait(timeout=30)
+        stderr = (logs / "stderr").read_text()
+        assert status == 130, stderr
+        assert stderr.strip().splitlines() == ["error: interrupted"], stderr
+        assert _wait_for(lambda: not _worker_processes(str(out), exclude=launcher.pid), 5), "workers outlived Ctrl-C"
+        assert not (out / "metrics.json").exists()
+    finally:
+        _kill_everything(launcher, str(out))
+
+
+def test_a_failing_rank_stops_every_rank_with_its_error_and_op(tmp_path, plan):
+    out = tmp_path / "failing-run"
+    result = execute(plan, out, "--inject-failure", "1:1B1", "--iterations", "1", "--warmup", "0", "--no-gantt",
+                     "--threads", "1", timeout=120)
+    ended = time.time()
+    assert result.returncode == 1
+    # One line: the failing rank, its op and the op's own exception; rank 0's echo (a closed connection) is not one.
+    assert _error_lines(result.stderr) == [
+        "error: rank 1 failed at op 1B1: RuntimeError: injected failure at 1B1 (--inject-failure)"], result.stderr
+    assert "Traceback" not in result.stderr and "Connection" not in result.stderr, result.stderr
+    assert not (out / "metrics.json").exists() and not (out / "compare.json").exists()
+    log = (out / "errors.log").read_text()  # the full story, tracebacks included, for whoever debugs it
+    assert log.startswith("rank 1 at ") and "Traceback" in log
+    # Stopped promptly after the failure (a rank left waiting on its peer would take the 300 s timeout); timed from
+    # the failure's own record, so that a slow start on a loaded machine does not count.
+    failed_at = float(log.split(":", 1)[0].removeprefix("rank 1 at "))
+    assert ended - failed_at < 20, f"took {ended - failed_at:.1f} s to stop after the failure"
+    assert _wait_for(lambda: not _worker_processes(str(out)), 5), "worker processes outlived the run"
+
+
+def test_rank_zero_failure_is_reported_too(tmp_path):
+    plan = sim_plan(tmp_path / "sim", 2, 2, "--schedule", "gpipe")
+    result = execute(plan, tmp_path / "r0", "--inject-failure", "0:0F1", "--iterations", "1", "--warmup", "0",
+                     "--no-gantt", "--threads", "1")
+    assert result.returncode == 1
+    assert _error_lines(result.stderr) == [
+        "error: rank 0 failed at op 0F1: RuntimeError: injected failure at 0F1 (--inject-failure)"], result.stderr
+
+
+def test_failure_message_names_the_op_once_with_its_own_exception():
+    cause = KeyError("w")
+    wrapped = OpFailure("1B1", cause)
+    wrapped.__cause__ = cause  # as the interpreter raises it: raise OpFailure(...) from exc
+    assert failure_message(1, wrapped) == "rank 1 failed at op 1B1: KeyError: 'w'"
+    assert failure_message(0, SpecError("plan x has 2 ranks")) == "rank 0: plan x has 2 ranks"
+    assert failure_message(2, RuntimeError()) == "rank 2 failed: RuntimeError"
+
+
+def _record(rank, time_s, message, status=1):
+    return {"rank": rank, "op": None, "message": message, "status": status, "time": time_s, "traceback": "tb\n"}
+
+
+ECHO = "rank 0 failed at op 0F2: RuntimeError: Connection closed by peer"
+
+
+@pytest.mark.parametrize("exit_codes, records, first", [
+    # A rank killed by a signal left no record; the survivor's record is its echo, however early it is stamped.
+    ({0: 1, 1: -9}, [_record(0, 5.0, ECHO)], "rank 1 was killed by signal 9 (SIGKILL)"),
+    ({1: -9}, [], "rank 1 was killed by signal 9 (SIGKILL)"),
+    ({0: -15, 1: -11}, [], "rank 1 was killed by signal 11 (SIGSEGV)"),
+    ({2: 3}, [], "rank 2 exited with status 3 without reporting why"),
+    # Records: the earliest is the cause, whichever rank it is and in whatever order they were read.
+    ({0: 1, 1: 1}, [_record(0, 7.5, ECHO), _record(1, 7.25, "rank 1 failed at op 1B1: KeyError: 'w'")],
+     "rank 1 failed at op 1B1: KeyError: 'w'"),
+    # A rank the launcher stopped with SIGTERM did not fail; a recorded failure comes before it.
+    ({0: -15, 1: 1}, [_record(1, 3.0, "rank 1 failed: OSError")], "rank 1 failed: OSError"),
+    # ... unless nothing else is known: then somebody else terminated it, and that is what happened.
+    ({0: -15}, [], "rank 0 was killed by signal 15 (SIGTERM)"),
+])
+def test_the_first_failure_is_the_one_that_caused_the_others(exit_codes, records, first):
+    ordered = order_failures(exit_codes, records)
+    assert ordered[0].message == first
+    assert sorted(f.rank for f in ordered) == sorted(set(exit_codes) | {r["rank"] for r in records})
+
+
+def test_failures_are_ordered_in_full_and_keep_their_status():
+    records = [_record(1, 2.0, "rank 1: bad", status=2), _record(2, 1.0, "rank 2 failed: X")]
+    ordered = order_failures({0: -15, 1: 2, 2: 1, 3: -6}, records)
+    assert ordered == [Failure(3, "rank 3 was killed by signal 6 (SIGABRT)", -6),
+                       Failure(2, "rank 2 failed: X", 1, 1.0, "tb\n"),
+                       Failure(1, "rank 1: bad", 2, 2.0, "tb\n"),
+                       Failure(0, "rank 0 was killed by signal 15 (SIGTERM)", -15)]
+
+
+@pytest.mark.parametrize("code, text", [(-9, "rank 4 was killed by signal 9 (SIGKILL)"),
+                                        (-200, "rank 4 was killed by signal 200"),
+                                        (1, "rank 4 exited with status 1 without reporting why")])
+def test_describe_exit(code, text):
+    assert describe_exit(4, code) == text
+
+
+def test_the_report_is_one_line_and_the_log_holds_everyone(tmp_path, capsys):
+    log = tmp_path / "new" / "errors.log"
+    failures = order_failures({0: 1, 1: -9}, [_record(0, 5.0, ECHO)])
+    assert report_failures(failures, {0: 1, 1: -9}, log) == 1
+    assert capsys.readouterr().err == "error: rank 1 was killed by signal 9 (SIGKILL)\n"
+    assert log.read_text() == ("rank 1 was killed by signal 9 (SIGKILL) (it left no report)\n"
+                               f"rank 0 at 5.000000: {ECHO}\ntb\n\n"
+                               "exit codes: rank 0: status 1, rank 1: signal 9\n")
+    # A rank that rejected its input keeps the CLI's status 2; an unwritable log leaves the line as the report.
+    bad_input = [Failure(0, "rank 0: plan x has 2 ranks but the launcher started 3", 2, 1.0)]
+    assert report_failures(bad_input, {0: 2}, tmp_path / "new" / "errors.log" / "not-a-dir" / "x") == 2
+    assert capsys.readouterr().err == "error: rank 0: plan x has 2 ranks but the launcher started 3\n"
+
+
+_CHILD = """
+import os, sys, time
+from executor.launch import die_with_launcher
+print(int(die_with_launcher()), os.getpid(), flush=True)
+time.sleep(60)
+"""
+_PARENT = """
+import os, subprocess, sys, time
+env = dict(os.environ, {env_name}=str(os.getpid()) if {honest} else "1")
+child = subprocess.Popen([sys.executable, "-c", {child!r}], env=env, stdout=sys.stdout)
+child.wait()
+print("child status", child.returncode, flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_process_that_asked_to_die_with_its_parent_does(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT.format(env_name=LAUNCHER_PID_ENV, honest=True,
+                                                                     child=_CHILD)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        armed, child = parent.stdout.readline().split()
+        assert armed == "1"
+        parent.kill()
+        parent.wait(timeout=10)
+        assert _wait_for(lambda: not _alive(int(child)), 5), "the child outlived its parent"
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_process_whose_launcher_is_already_gone_kills_itself():
+    # The launcher named in the environment is not the parent (as if it died before the worker asked): at once.
+    result = subprocess.run([sys.executable, "-c", _PARENT.format(env_name=LAUNCHER_PID_ENV, honest=False,
+                                                                   child=_CHILD)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert result.stdout.strip() == f"child status {-signal.SIGKILL}", result
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
