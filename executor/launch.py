@@ -57,8 +57,9 @@ __all__ = ["run_ranks", "launch_local", "die_with_launcher", "leave_worker", "re
 LAUNCHER_PID_ENV = "PIPEDEJAVU_LAUNCHER_PID"
 #: Seconds the agent waits, after passing a stop signal on, before it SIGKILLs a worker that is still there.
 SHUTDOWN_TIMEOUT_S = 5
-#: The signals torch's agent handles in the launcher (its default ``signals_to_handle``).
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+#: The signals torch's agent handles in the launcher (its default ``signals_to_handle``; Windows lacks the last two).
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+                      if hasattr(signal, name))
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
