@@ -79,7 +79,9 @@ def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: s
     try:
         from torch.distributed.elastic.multiprocessing import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
+    except KeyboardInterrupt:
+        return _stopped(signal.SIGINT)
+    try:
         with tempfile.TemporaryDirectory(prefix="pipedejavu-failures-") as failures:
             os.environ[FAILURE_DIR_ENV] = failures
             os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
@@ -88,8 +90,6 @@ def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: s
             except ChildFailedError as exc:
                 exit_codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
                 return report_failures(order_failures(exit_codes, read_failures(failures)), exit_codes, errors_log)
-            except SignalException as exc:
-                return _stopped(exc.sigval)
             finally:
                 # The agent leaves its handlers installed; a later signal would raise its exception anywhere.
                 for sig, handler in saved_handlers.items():
@@ -100,7 +100,9 @@ def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: s
                     else:
                         os.environ[name] = value
         return 0
-    except KeyboardInterrupt:  # Ctrl-C before the agent's handlers were installed (no worker has started yet)
+    except SignalException as exc:  # the agent has passed it on to the workers and stopped them
+        return _stopped(exc.sigval)
+    except KeyboardInterrupt:  # Ctrl-C before the agent's handlers were installed, or after they were restored
         return _stopped(signal.SIGINT)
 
 
