@@ -1,9 +1,10 @@
 """Rank 0's end of a run: measured traces, the prediction, and every output file (DESIGN §1, §7).
 
 Writes into ``--out`` exactly what ``sim.run`` writes for a simulation, through the same function
-(:func:`sim.report.outputs.write_run_outputs`): ``metrics.json``, ``trace.json`` and ``gantt.png`` of the median measured
-iteration; plus ``compare.json`` (predicted vs measured), ``plan.json`` (the plan that ran) and, with
-``--calibrate-out``, a calibrated profile. ``metrics.json`` also carries every iteration's time and the losses.
+(:func:`sim.report.outputs.write_run_outputs`): ``metrics.json``, ``trace.json`` and ``gantt.png`` of the median
+measured iteration; plus ``compare.json`` (predicted vs measured), ``plan.json`` (the plan that ran) and, with
+``--calibrate-out``, a calibrated profile: all of them or none (rank 0 closes its own output set).
+``metrics.json`` also carries every iteration's time and the losses.
 
 "The median iteration" has one definition (:func:`executor.compare.median_iteration`: the lower median when the count
 is even), so the iteration time in ``metrics.json``, the ``measured_iteration_time_s`` of ``compare.json``, the drawn
@@ -30,7 +31,8 @@ from executor.compare import MEDIAN_RULE, compare_report, median_iteration
 from executor.measured import RankReport, iteration_times, measured_trace
 from executor.options import RunOptions, host_cores
 from executor.provenance import cpu_model, software_versions
-from sim.core.fileio import write_json_atomic, write_text_atomic
+from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic
+from sim.core.output_set import all_or_none
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
 from sim.predict import predict
@@ -51,10 +53,16 @@ def finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence[
 
     ``topology`` is the plan's, as ``executor.run`` parsed and checked it (``load_checked_plan``) in this process.
     """
+    # Rank 0 leaves with os._exit, so it must close its own output set: every file of the run, or none.
+    with all_or_none():
+        _finish_run(plan, topology, options, reports, offsets, sweep)
+
+
+def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence[RankReport],
+                offsets: Sequence[ClockOffset], sweep: tuple[tuple[int, ...], list[float]] | None) -> None:
     # Checked before anything is written (executor.run checks it before launch where it can see the devices).
     calibration_device = profile_device([r.device for r in reports]) if options.calibrate_out else None
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output_dir(options.out, "--out")
     times = iteration_times(plan, reports, offsets)
     index, median_time = median_iteration(times, options.warmup)
     meta = {"devices_threads": [r.threads for r in reports],

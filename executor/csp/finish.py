@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +19,8 @@ import torch
 from executor.compare import compare_report
 from executor.csp.trace import csp_trace
 from executor.options import RunOptions
-from sim.core.fileio import write_json_atomic, write_text_atomic
+from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic
+from sim.core.output_set import all_or_none
 from sim.csp.report import csp_metrics
 from sim.ir.plan import Plan
 from sim.predict import predict
@@ -49,6 +49,13 @@ def finish_csp_run(plan: Plan, options: RunOptions, gathered: Sequence[tuple[dic
         gathered: per rank, ``(state_dict, CspRankResult, wall s)``.
         offsets_s: per rank, what to add to its clock to get rank 0's, s.
     """
+    # Rank 0 leaves with os._exit, so it must close its own output set: every file of the run, or none.
+    with all_or_none():
+        _finish_csp_run(plan, options, gathered, offsets_s)
+
+
+def _finish_csp_run(plan: Plan, options: RunOptions, gathered: Sequence[tuple[dict, Any, float]],
+                    offsets_s: Sequence[float]) -> None:
     world = len(gathered)
     state: dict = {}
     losses: dict[int, float] = {}
@@ -72,8 +79,7 @@ def finish_csp_run(plan: Plan, options: RunOptions, gathered: Sequence[tuple[dic
     })
     prediction = predict(plan, check_memory=False)
     compare = compare_report(prediction.trace, [trace], median_index=0, cost_source=prediction.cost_source)
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output_dir(options.out, "--out")
     write_text_atomic(plan.dumps(), out / "plan.json")
     budget = plan.option("device_param_budget_bytes")
     title = (f"measured csp · {plan.model} · {world} ranks · {plan.num_microbatches} subnets"
