@@ -9,6 +9,7 @@ is interrupted, what it wrote is removed before the error line is printed.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
@@ -21,6 +22,10 @@ T = TypeVar("T")
 
 #: Exit status after Ctrl-C: 128 + SIGINT (2), what a shell reports for a process the signal ended.
 INTERRUPTED_STATUS = 130
+
+#: Exit status when standard output is closed under the command (``sim.run ... | head``): 128 + SIGPIPE, as a
+#: shell reports a process killed by SIGPIPE.
+PIPE_CLOSED_STATUS = 141
 
 
 class SpecError(ValueError):
@@ -41,13 +46,25 @@ def fail(message: str, status: int = 2) -> NoReturn:
 
 def run_cli(main: Callable[[], T]) -> T:
     """Run a CLI body, turning :class:`SpecError`, :class:`OutputError` (and unreadable or non-UTF-8 files) into one
-    ``error:`` line and exit 2, and ``KeyboardInterrupt`` into ``error: interrupted`` and exit 130; the files the body
+    ``error:`` line and exit 2, ``KeyboardInterrupt`` into ``error: interrupted`` and exit 130, a closed stdout into one
+    line and exit 141; the files the body
     wrote are kept only if it returns (:func:`sim.core.output_set.all_or_none`)."""
     try:
         with all_or_none(lazy=True):  # recording from the command's prepare_output_dir on
-            return main()
+            result = main()
+            sys.stdout.flush()  # a closed stdout fails here, inside the command, not at interpreter exit
+            return result
     except KeyboardInterrupt:
         fail("interrupted", INTERRUPTED_STATUS)
+    except BrokenPipeError:
+        # The reader of stdout left (e.g. `| head`): the command stopped there, so its files were rolled back like
+        # any unfinished command's. Point stdout at /dev/null so that the interpreter's final flush stays quiet.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+        except OSError:
+            pass
+        fail("standard output was closed before the command finished (a pipe's reader exited); nothing was kept",
+             PIPE_CLOSED_STATUS)
     except SpecError as exc:
         fail(str(exc))
     except OutputError as exc:

@@ -376,3 +376,23 @@ def test_sigint_is_one_line_and_status_130_from_the_real_entry_point(tmp_path):
         proc.kill()
     assert (proc.returncode, out, err) == (130, "", "error: interrupted\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]
+
+
+def test_a_closed_stdout_is_one_error_line_and_keeps_nothing(tmp_path):
+    """``sim.run ... | head`` whose reader has gone: the command cannot report what it did, so it stops with one
+    line and status 141 (128 + SIGPIPE) and its files are rolled back like any unfinished command's."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the command prints anything
+    try:
+        result = subprocess.run([sys.executable, "-m", "sim.run", "--topology", "2xideal", "--model",
+                                 "uniform:layers=4", "--no-gantt", "--out", str(tmp_path / "out")],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141, result.stderr
+    assert result.stderr.startswith("error: standard output was closed") and result.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
