@@ -23,7 +23,7 @@ from dataclasses import replace
 from sim.ir.plan import Op, OpKind, Plan
 from sim.ir.weight_versions import add_stash_optimizer_steps
 
-__all__ = ["lower", "add_recompute", "add_send_recv", "order_receives", "add_optimizer_steps"]
+__all__ = ["lower", "add_recompute", "add_send_recv", "order_receives", "add_optimizer_steps", "op_id"]
 
 
 def lower(plan: Plan) -> Plan:
@@ -103,9 +103,8 @@ def add_send_recv(plan: Plan) -> Plan:
     pair_ids: dict[tuple[OpKind, int, int], int] = {}
     # (vstage, mb) whose backward is split into I + W: their input gradient comes from the I, otherwise from the B.
     split = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.I}
-
-    def grad_kind(vstage: int, mb: int) -> OpKind:
-        return OpKind.I if (vstage, mb) in split else OpKind.B
+    F, B, I, SEND_F, SEND_B, RECV_F, RECV_B = (  # noqa: N806, E741 - locals: this loop runs for every op
+        OpKind.F, OpKind.B, OpKind.I, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F, OpKind.RECV_B)
 
     def pair(kind: OpKind, sender_vstage: int, mb: int) -> int:
         # Ids are handed out in the order the lowering first meets each transfer, which is fixed by the programs.
@@ -114,35 +113,43 @@ def add_send_recv(plan: Plan) -> Plan:
     programs = []
     for rank, program in enumerate(plan.programs):
         out: list[Op] = []
+        append = out.append
         for op in program:
-            v, mb = op.vstage, op.mb
+            kind, v, mb = op.kind, op.vstage, op.mb
             assert mb is not None, f"L0 op {op.id} without a microbatch"
-            if op.kind is OpKind.F and v > 0:
-                src = Op(OpKind.F, v - 1, mb).id
+            if kind is F and v > 0:
                 if to_rank[v - 1] == rank:
-                    out.append(Op(op.kind, v, mb, deps=(src,)))
+                    append(Op(kind, v, mb, deps=(op_id(F, v - 1, mb),)))
                 else:
-                    recv = Op(OpKind.RECV_F, v, mb, peer=to_rank[v - 1], pair=pair(OpKind.SEND_F, v - 1, mb),
-                              deps=(Op(OpKind.SEND_F, v - 1, mb).id,))
-                    out.extend((recv, Op(op.kind, v, mb, deps=(recv.id,))))
-            elif op.kind in (OpKind.B, OpKind.I) and v < last:
-                src = Op(grad_kind(v + 1, mb), v + 1, mb).id
+                    recv_id = op_id(RECV_F, v, mb)
+                    append(Op(RECV_F, v, mb, peer=to_rank[v - 1], pair=pair(SEND_F, v - 1, mb),
+                              deps=(op_id(SEND_F, v - 1, mb),)))
+                    append(Op(kind, v, mb, deps=(recv_id,)))
+            elif (kind is B or kind is I) and v < last:
                 if to_rank[v + 1] == rank:
-                    out.append(Op(op.kind, v, mb, deps=(src,)))
+                    append(Op(kind, v, mb, deps=(op_id(I if (v + 1, mb) in split else B, v + 1, mb),)))
                 else:
-                    recv = Op(OpKind.RECV_B, v, mb, peer=to_rank[v + 1], pair=pair(OpKind.SEND_B, v + 1, mb),
-                              deps=(Op(OpKind.SEND_B, v + 1, mb).id,))
-                    out.extend((recv, Op(op.kind, v, mb, deps=(recv.id,))))
+                    recv_id = op_id(RECV_B, v, mb)
+                    append(Op(RECV_B, v, mb, peer=to_rank[v + 1], pair=pair(SEND_B, v + 1, mb),
+                              deps=(op_id(SEND_B, v + 1, mb),)))
+                    append(Op(kind, v, mb, deps=(recv_id,)))
             else:
-                out.append(Op(op.kind, v, mb))
-            if op.kind is OpKind.F and v < last and to_rank[v + 1] != rank:
-                out.append(Op(OpKind.SEND_F, v, mb, peer=to_rank[v + 1], pair=pair(OpKind.SEND_F, v, mb),
-                              deps=(op.id,)))
-            if op.kind in (OpKind.B, OpKind.I) and v > 0 and to_rank[v - 1] != rank:
-                out.append(Op(OpKind.SEND_B, v, mb, peer=to_rank[v - 1], pair=pair(OpKind.SEND_B, v, mb),
-                              deps=(op.id,)))
+                append(Op(kind, v, mb))
+            if kind is F and v < last and to_rank[v + 1] != rank:
+                append(Op(SEND_F, v, mb, peer=to_rank[v + 1], pair=pair(SEND_F, v, mb), deps=(op_id(kind, v, mb),)))
+            if (kind is B or kind is I) and v > 0 and to_rank[v - 1] != rank:
+                append(Op(SEND_B, v, mb, peer=to_rank[v - 1], pair=pair(SEND_B, v, mb), deps=(op_id(kind, v, mb),)))
         programs.append(tuple(out))
     return plan.with_programs(tuple(programs), level="L1")
+
+
+_KIND_TEXT = {kind: kind.value for kind in OpKind}
+
+
+def op_id(kind: OpKind, vstage: int, mb: int | None) -> str:
+    """``Op(kind, vstage, mb).id`` without building the op: the lowering writes one per dep and the checks and the
+    engine one per op, and the property costs three times as much (``Op.id`` is the definition; a test compares)."""
+    return f"{vstage}{_KIND_TEXT[kind]}{'' if mb is None else mb}"
 
 
 def add_optimizer_steps(plan: Plan) -> Plan:

@@ -8,11 +8,16 @@ checks that the plan's topology has a device for every rank, which a hand-edited
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from array import array
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
 
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
 from sim.ir.plan import COMPUTE_KINDS, COPY_KINDS, RECV_KINDS, SEND_KINDS, Op, OpKind, Plan
+from sim.plan.lower import op_id as make_id
 
 __all__ = ["PlanError", "validate_l0", "validate_l1", "check_deadlock", "validate", "check_topology"]
 
@@ -54,47 +59,84 @@ def validate_l0(plan: Plan) -> None:
     For every (vstage, mb): exactly one F, and either one B or one I with one W; at most one R, after the F and
     before the backward. Each op sits on the rank its vstage is placed on, and on that rank F comes before R, R
     before B/I, I before W. Communication and optimizer ops are ignored here (they belong to L1).
+
+    Work and memory are linear in the plan: each compute op's position goes into a flat table per kind indexed by
+    ``vstage · m + mb`` (8 bytes per (vstage, mb), where a dict of tuples took ~300), and the per-(vstage, mb)
+    rules are checked over the tables at once with numpy. Only when they fail is each (vstage, mb) looked at in turn,
+    in the order that names the first problem.
     """
     to_rank = plan.placement.vstage_to_rank
     if plan.num_ranks != max(to_rank, default=-1) + 1:
         raise PlanError(f"plan has {plan.num_ranks} rank programs but places vstages on ranks {sorted(set(to_rank))}")
-    counts: Counter[tuple[OpKind, int, int]] = Counter()
-    position: dict[tuple[OpKind, int, int], int] = {}
+    num_vstages, num_mbs = plan.num_vstages, plan.num_microbatches
+    size = num_vstages * num_mbs
+    # A plan has at least two compute ops per (vstage, mb); with fewer ops than cells some cell is empty, and the
+    # cell-by-cell walk below finds it within (ops + 1) cells, so a sparse table suffices.
+    dense = size <= sum(len(program) for program in plan.programs) + 64
+    tables: dict[OpKind, Any] = {}
     for rank, program in enumerate(plan.programs):
         for pos, op in enumerate(program):
-            if op.kind not in COMPUTE_KINDS:
+            kind = op.kind
+            if kind not in COMPUTE_KINDS:
                 continue
-            if not 0 <= op.vstage < plan.num_vstages:
-                raise PlanError(f"op {op.id} on rank {rank}: vstage {op.vstage} outside 0..{plan.num_vstages - 1}")
-            if op.mb is None or not 0 <= op.mb < plan.num_microbatches:
-                raise PlanError(
-                    f"op {op.id} on rank {rank}: microbatch {op.mb} outside 0..{plan.num_microbatches - 1}"
-                )
-            if to_rank[op.vstage] != rank:
-                raise PlanError(f"op {op.id} is on rank {rank} but vstage {op.vstage} is placed on rank "
-                                f"{to_rank[op.vstage]}")
-            key = (op.kind, op.vstage, op.mb)
-            counts[key] += 1
-            if counts[key] > 1:
+            vstage, mb = op.vstage, op.mb
+            if not 0 <= vstage < num_vstages:
+                raise PlanError(f"op {op.id} on rank {rank}: vstage {vstage} outside 0..{num_vstages - 1}")
+            if mb is None or not 0 <= mb < num_mbs:
+                raise PlanError(f"op {op.id} on rank {rank}: microbatch {mb} outside 0..{num_mbs - 1}")
+            if to_rank[vstage] != rank:
+                raise PlanError(f"op {op.id} is on rank {rank} but vstage {vstage} is placed on rank "
+                                f"{to_rank[vstage]}")
+            table = tables.get(kind)
+            if table is None:
+                table = tables[kind] = array("q", [-1]) * size if dense else _Absent()
+            key = vstage * num_mbs + mb
+            if table[key] >= 0:
                 raise PlanError(f"op {op.id} appears twice on rank {rank}")
-            position[key] = pos
-    for v in range(plan.num_vstages):
-        for mb in range(plan.num_microbatches):
+            table[key] = pos
+    if dense and _l0_cells_hold(tables, size):
+        return
+    empty = _Absent()
+    f_at, b_at, i_at, w_at, r_at = (tables.get(k, empty) for k in (OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R))
+    for v in range(num_vstages):
+        for mb in range(num_mbs):
+            key = v * num_mbs + mb
             name = f"(vstage {v}, microbatch {mb})"
-            f, b, i, w, r = (counts[(k, v, mb)] for k in (OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R))
-            if f != 1:
+            position = {OpKind.F: f_at[key], OpKind.B: b_at[key], OpKind.I: i_at[key], OpKind.W: w_at[key],
+                        OpKind.R: r_at[key]}
+            f, b, i, w, r = (position[k] >= 0 for k in (OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R))
+            if not f:
                 raise PlanError(f"{name} has no forward {Op(OpKind.F, v, mb)}")
-            if b + i == 0:
+            if not (b or i):
                 raise PlanError(f"{name} has no backward ({Op(OpKind.B, v, mb)} or {Op(OpKind.I, v, mb)})")
             if b and (i or w):
                 raise PlanError(f"{name} has both a full backward B and a split backward I/W")
             if i != w:
-                raise PlanError(f"{name} has {i} input-gradient op(s) I but {w} weight-gradient op(s) W")
+                raise PlanError(f"{name} has {int(i)} input-gradient op(s) I but {int(w)} weight-gradient op(s) W")
             backward = OpKind.B if b else OpKind.I
             order = [OpKind.F] + ([OpKind.R] if r else []) + [backward] + ([OpKind.W] if w else [])
             for before, after in zip(order, order[1:]):
-                if position[(before, v, mb)] > position[(after, v, mb)]:
+                if position[before] > position[after]:
                     raise PlanError(f"{Op(after, v, mb)} comes before {Op(before, v, mb)} on rank {to_rank[v]}")
+
+
+class _Absent(dict):
+    """A sparse position table: cells never set hold -1, as in the flat ones."""
+
+    def __missing__(self, key: int) -> int:
+        return -1
+
+
+def _l0_cells_hold(tables: dict[OpKind, Any], size: int) -> bool:
+    """Whether every (vstage, mb) cell of the flat position tables obeys :func:`validate_l0`'s rules (vectorised)."""
+    missing = np.full(size, -1, dtype=np.int64)
+    f, b, i, w, r = (np.frombuffer(tables[k], dtype=np.int64) if k in tables else missing
+                     for k in (OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R))
+    has_b, has_i, has_w, has_r = b >= 0, i >= 0, w >= 0, r >= 0
+    backward = np.where(has_b, b, i)
+    return bool((f >= 0).all() and (has_b | has_i).all() and not (has_b & (has_i | has_w)).any()
+                and (has_i == has_w).all() and (f < np.where(has_r, r, backward)).all()
+                and (~has_r | (r < backward)).all() and (~has_w | (i < w)).all())
 
 
 def validate_l1(plan: Plan) -> None:
@@ -102,7 +144,61 @@ def validate_l1(plan: Plan) -> None:
 
     Point-to-point transports (gloo, NCCL) match messages between two ranks in the order they were posted, so the
     sends from rank a to rank b must appear in a's program in the same order as the matching receives in b's.
+
+    One pass with small tables decides whether the plan passes (ids unique, every dep an op, SEND/RECV fields
+    sane, each channel's sends and receives the same pairs in the same order, which implies that every send has its
+    receive with agreeing peers and vice versa); only a failing plan is walked again to name its first problem. No
+    id → position index is built or cached on the plan (that took ~170 bytes per op for as long as the plan lived).
     """
+    if not _l1_holds(plan):
+        _raise_l1_problem(plan)
+
+
+def _l1_holds(plan: Plan) -> bool:
+    wanted = {dep for program in plan.programs for op in program for dep in op.deps}
+    num_vstages, num_mbs, num_ranks = plan.num_vstages, plan.num_microbatches, plan.num_ranks
+    kinds = {kind: k for k, kind in enumerate(OpKind)}
+    cells = num_vstages * (num_mbs + 1)  # mb None is column 0
+    seen_cells = bytearray(len(kinds) * cells) if cells <= sum(map(len, plan.programs)) + 64 else bytearray()
+    seen_ids: set[str] = set()  # ids outside the table
+    sent: set[int] = set()
+    received: set[int] = set()
+    channel_sends: dict[tuple[int, int], list[int]] = defaultdict(list)
+    channel_recvs: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for rank, program in enumerate(plan.programs):
+        for op in program:
+            vstage, mb = op.vstage, op.mb
+            op_id = make_id(op.kind, vstage, mb)
+            wanted.discard(op_id)
+            if seen_cells and 0 <= vstage < num_vstages and (mb is None or 0 <= mb < num_mbs):
+                cell = kinds[op.kind] * cells + vstage * (num_mbs + 1) + (0 if mb is None else mb + 1)
+                if seen_cells[cell]:
+                    return False
+                seen_cells[cell] = 1
+            elif op_id in seen_ids:
+                return False
+            else:
+                seen_ids.add(op_id)
+            is_send = op.kind in SEND_KINDS
+            if is_send or op.kind in RECV_KINDS:
+                pair, peer = op.pair, op.peer
+                if pair is None or peer is None or not 0 <= peer < num_ranks or peer == rank:
+                    return False
+                table = sent if is_send else received
+                if pair in table:
+                    return False
+                table.add(pair)
+                if is_send:
+                    channel_sends[(rank, peer)].append(pair)
+                else:
+                    channel_recvs[(peer, rank)].append(pair)
+    if wanted:
+        return False
+    return all(channel_sends.get(key) == channel_recvs.get(key) for key in channel_sends.keys() | channel_recvs.keys())
+
+
+def _raise_l1_problem(plan: Plan) -> None:
+    """Raise the :class:`PlanError` (or SpecError, for a duplicate id) naming a failing L1 plan's first problem."""
     index = plan.op_index()
     sends: dict[int, tuple[int, Op]] = {}
     recvs: dict[int, tuple[int, Op]] = {}
@@ -153,10 +249,13 @@ def check_deadlock(plan: Plan) -> None:
     The semantics are the engine's (DESIGN §6): each rank walks its program in order; SEND/RECV and PREFETCH/EVICT
     are issued without blocking the rank; a transfer happens once its SEND and RECV are both issued and the SEND's
     deps are done, a copy once its deps are done; any other op blocks the rank until its deps are done.
+
+    Only the ids some op depends on are tracked (``waited``, the plan's own dep strings, dropped when done), and what
+    was issued is read off the program pointers when a deadlock is reported, so the dry run needs no copy of every
+    op id.
     """
-    index = plan.op_index()
-    done: set[str] = set()
-    issued: set[str] = set()
+    waited = {dep for program in plan.programs for op in program for dep in op.deps}
+    completed = 0
     pointer = [0] * plan.num_ranks
     pending_sends: dict[int, Op] = {}
     issued_recvs: dict[int, Op] = {}
@@ -165,33 +264,41 @@ def check_deadlock(plan: Plan) -> None:
     while progress:
         progress = False
         for rank, program in enumerate(plan.programs):
-            while pointer[rank] < len(program):
-                op = program[pointer[rank]]
-                if op.kind in SEND_KINDS:
-                    pending_sends[op.pair] = op
-                elif op.kind in RECV_KINDS:
-                    issued_recvs[op.pair] = op
-                elif op.kind in COPY_KINDS:
+            position, length = pointer[rank], len(program)
+            while position < length:
+                op = program[position]
+                kind = op.kind
+                if kind in SEND_KINDS:
+                    pending_sends[op.pair] = op  # type: ignore[index]
+                elif kind in RECV_KINDS:
+                    issued_recvs[op.pair] = op  # type: ignore[index]
+                elif kind in COPY_KINDS:
                     issued_copies.append(op)
-                elif not all(dep in done for dep in op.deps):
+                elif op.deps and not waited.isdisjoint(op.deps):
                     break
                 else:
-                    done.add(op.id)
-                issued.add(op.id)
-                pointer[rank] += 1
+                    waited.discard(make_id(kind, op.vstage, op.mb))
+                    completed += 1
+                position += 1
                 progress = True
+            pointer[rank] = position
         for pair_id in sorted(pending_sends):
             send = pending_sends[pair_id]
-            if pair_id in issued_recvs and all(dep in done for dep in send.deps):
-                done.update((send.id, issued_recvs.pop(pair_id).id))
+            if pair_id in issued_recvs and waited.isdisjoint(send.deps):
+                waited.discard(send.id)
+                waited.discard(issued_recvs.pop(pair_id).id)
+                completed += 2
                 del pending_sends[pair_id]
                 progress = True
-        for copy in [c for c in issued_copies if all(dep in done for dep in c.deps)]:
-            done.add(copy.id)
+        ready = [c for c in issued_copies if waited.isdisjoint(c.deps)]
+        for copy in ready:
+            waited.discard(copy.id)
             issued_copies.remove(copy)
+            completed += 1
             progress = True
-    if len(done) == len(index):
+    if completed == sum(len(program) for program in plan.programs):
         return
+    issued = {op.id for rank, program in enumerate(plan.programs) for op in program[:pointer[rank]]}
     lines = ["plan deadlocks: no rank can make progress"]
     for rank, program in enumerate(plan.programs):
         pos = pointer[rank]
@@ -201,7 +308,7 @@ def check_deadlock(plan: Plan) -> None:
         op = program[pos]
         shown = [o.id for o in program[max(0, pos - 3):pos]] + [f">>{op.id}<<"]
         shown += [o.id for o in program[pos + 1:pos + 3]]
-        why = ", ".join(_describe_wait(plan, dep, issued) for dep in op.deps if dep not in done)
+        why = ", ".join(_describe_wait(plan, dep, issued) for dep in op.deps if dep in waited)
         lines.append(f"  rank {rank}: {' '.join(shown)}  waits for {why}")
     unmatched = [f"{op.id}→rank {op.peer}" for op in pending_sends.values()]
     if unmatched:

@@ -1,7 +1,7 @@
 """Lowering, written out in the string notation."""
 
 from sim.ir.plan import Op, OpKind, Placement, Plan
-from sim.plan.lower import lower
+from sim.plan.lower import lower, op_id
 from sim.schedules import SCHEDULES
 
 
@@ -57,3 +57,10 @@ def test_one_opt_step_per_stage_after_its_last_backward():
         last_backward = max(pos for pos, op in enumerate(program) if op.kind is OpKind.B)
         assert steps[0] > last_backward
         assert all(op.kind is OpKind.SEND_B for op in program[last_backward + 1:steps[0]])
+
+
+def test_op_id_spells_ops_as_op_id_does():
+    # op_id builds the string notation without an Op; Op.id is its definition.
+    for kind in OpKind:
+        for vstage, mb in ((0, None), (0, 0), (3, 7), (12, 34567)):
+            assert op_id(kind, vstage, mb) == Op(kind, vstage, mb).id

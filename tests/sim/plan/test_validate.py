@@ -3,11 +3,15 @@
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.core.errors import SpecError
 from sim.ir.plan import Op, OpKind, Placement, Plan
-from sim.plan.lower import add_optimizer_steps, add_send_recv, lower, order_receives
+from sim.plan.lower import add_optimizer_steps, add_recompute, add_send_recv, lower, order_receives
 from sim.plan.validate import PlanError, check_topology, validate
+from sim.schedules import SCHEDULES
+from tests.sim.plan.reference_validate import reference_validate
 
 
 def _plan(rows, m=2, vstage_to_rank=(0, 1)):
@@ -113,3 +117,65 @@ def test_topology_must_have_a_device_for_every_rank():
     assert check_topology(replace(plan, topology="4xideal")).num_ranks == 4  # extra devices stay idle
     with pytest.raises(SpecError, match="nonsense"):
         check_topology(replace(plan, topology="nonsense"))
+
+
+# --- the linear-memory checks give the verdict and message of the plain ones they replaced -------------------------
+
+
+@st.composite
+def broken_plans(draw) -> Plan:
+    """A generated plan, L0 or lowered, with up to three random edits: ops dropped, repeated, swapped, moved to
+    another rank, or given another peer, pair or deps."""
+    schedule = draw(st.sampled_from(sorted(SCHEDULES)))
+    entry = SCHEDULES[schedule]
+    p = draw(st.integers(2 if entry.chunked else 1, 3))
+    m = p * draw(st.integers(1, 2)) if entry.chunked else draw(st.integers(1, 4))
+    chunks = 2 if entry.chunked else 1
+    l0 = Plan(schedule, "L0", f"uniform:layers={p * chunks}", f"{p}xideal", m, 1, entry.weight_policy,
+              Placement(tuple((i, i + 1) for i in range(p * chunks)), entry.vstage_to_rank(p, chunks)),
+              entry.build(p, m, chunks))
+    plan = lower(add_recompute(l0) if draw(st.booleans()) else l0) if draw(st.booleans()) else l0
+    programs = [list(program) for program in plan.programs]
+    for _ in range(draw(st.integers(0, 3))):
+        rank = draw(st.integers(0, len(programs) - 1))
+        if not programs[rank]:
+            continue
+        pos = draw(st.integers(0, len(programs[rank]) - 1))
+        op = programs[rank][pos]
+        edit = draw(st.sampled_from(["drop", "repeat", "swap", "move", "peer", "pair", "deps"]))
+        if edit == "drop":
+            del programs[rank][pos]
+        elif edit == "repeat":
+            programs[draw(st.integers(0, len(programs) - 1))].insert(draw(st.integers(0, pos)), op)
+        elif edit == "swap":
+            other = draw(st.integers(0, len(programs[rank]) - 1))
+            programs[rank][pos], programs[rank][other] = programs[rank][other], op
+        elif edit == "move":
+            del programs[rank][pos]
+            programs[draw(st.integers(0, len(programs) - 1))].insert(pos, op)
+        else:
+            ids = [o.id for program in programs for o in program] + ["9F9"]
+            value = {"peer": draw(st.none() | st.integers(-1, 3)), "pair": draw(st.none() | st.integers(0, 12)),
+                     "deps": tuple(draw(st.lists(st.sampled_from(ids), max_size=2)))}[edit]
+            programs[rank][pos] = replace(op, **{edit: value})
+    return plan.with_programs(tuple(map(tuple, programs)), plan.level)
+
+
+def _verdict(check, plan: Plan) -> str | None:
+    try:
+        check(plan)
+    except SpecError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(plan=broken_plans())
+def test_checks_agree_with_the_reference_on_broken_plans(plan):
+    assert _verdict(validate, plan) == _verdict(reference_validate, plan)
+
+
+def test_a_valid_plan_is_checked_without_caching_an_op_index_on_it():
+    plan = lower(_plan(GOOD))
+    validate(plan)
+    assert plan._index is None  # an id -> position dict per op, kept as long as the plan, is what this avoids
