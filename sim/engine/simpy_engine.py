@@ -36,10 +36,11 @@ import simpy
 
 from sim.core.errors import SpecError
 from sim.cost.model import CostModel
-from sim.hw.topology import Link, Topology, message_time
-from sim.ir.plan import RECV_KINDS, Op, OpKind, Plan, stream_of
+from sim.hw.topology import Topology, message_time
+from sim.ir.plan import Op, OpKind, Plan, stream_of
 from sim.ir.trace import Span, Trace
 from sim.ir.weight_versions import weight_versions
+from sim.plan.lower import op_id as make_id
 from sim.plan.validate import PlanError
 
 __all__ = ["simulate", "SimResult", "OutOfMemoryError", "HANDLED_KINDS"]
@@ -66,28 +67,37 @@ class SimResult:
 
 _Proc = Generator[simpy.Event, Any, None]
 
+#: Op kinds whose walker step runs on the compute stream and blocks the rank until the op is done.
+_COMPUTE = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R, OpKind.OPT_STEP})
+
 
 class _Run:
-    """The state of one simulation. Built, run once, turned into a :class:`SimResult`."""
+    """The state of one simulation. Built, run once, turned into a :class:`SimResult`.
+
+    Memory stays proportional to what is in flight, not to the plan (``python -m sim.bench_memory``): an op's done
+    event exists only from the moment something waits for it, or it finishes, until SimPy has processed it; after
+    that the op's id is in ``finished``, the string its span holds anyway. Likewise a RECV's "issued" event lives
+    only until its transfer has seen it, and spans are :class:`Span` objects from the start, with no intermediate
+    records. SimPy schedules exactly the events an up-front event per op would (an event gets its place in the queue
+    when it is triggered, not when it is created), so the order of ties, and with it every trace, is unchanged.
+    """
 
     def __init__(self, plan: Plan, costs: CostModel, topology: Topology, check_memory: bool) -> None:
         self.plan, self.costs, self.topology, self.check_memory = plan, costs, topology, check_memory
         self.env = simpy.Environment()
-        self.done: dict[str, simpy.Event] = {op.id: self.env.event() for program in plan.programs for op in program}
-        self.recv_of_pair: dict[int, Op] = {
-            op.pair: op for program in plan.programs for op in program if op.kind in RECV_KINDS  # type: ignore[misc]
-        }
-        self.recv_issued: dict[int, simpy.Event] = {pair: self.env.event() for pair in self.recv_of_pair}
+        self.events: dict[str, simpy.Event] = {}  # op id -> done event, while waited for or not yet processed
+        self.finished: set[str] = set()  # ids of ops whose done event has been processed
+        self.issued: dict[int, simpy.Event] = {}  # pair -> "RECV issued" event (its value: the RECV), until used
         self.links: dict[tuple[str, str], simpy.Resource] = {}
         self.link_bytes: dict[tuple[str, str], int] = {}
-        self.spans: list[tuple] = []
+        self.spans: list[Span] = []
+        self.transfers: dict[tuple[OpKind, int, int, int], tuple] = {}  # (kind, vstage, src, dst) -> cost, path
         self.position = [0] * plan.num_ranks
         placement = plan.placement
         self.capacity = [device.memory_bytes for device in topology.devices[: plan.num_ranks]]
         offloaded = {op.vstage for program in plan.programs for op in program if op.kind is OpKind.PREFETCH}
         self.memory = [sum(costs.state_bytes(v) for v in placement.vstages_of(r) if v not in offloaded)
                        for r in range(plan.num_ranks)]
-        self.peak = list(self.memory)
         # The op after which a microbatch's activations are freed: W when the backward is split, else B.
         self.frees = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.W}
         # Weight stashing (async PipeDream §3.3): version u of vstage v is a copy of its weights, kept from the update
@@ -104,13 +114,7 @@ class _Run:
         self.peak = list(self.memory)
         # Microbatches whose activations are recomputed: their F keeps only the checkpoint (the stage input).
         self.recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.R}
-        self.handlers: dict[OpKind, Callable[[int, Op], _Proc | None]] = {
-            OpKind.F: self._compute,
-            OpKind.B: self._compute,
-            OpKind.I: self._compute,
-            OpKind.W: self._compute,
-            OpKind.R: self._compute,
-            OpKind.OPT_STEP: self._compute,
+        self.handlers: dict[OpKind, Callable[[int, Op], None]] = {
             OpKind.SEND_F: self._send,
             OpKind.SEND_B: self._send,
             OpKind.RECV_F: self._recv,
@@ -133,74 +137,117 @@ class _Run:
                     f"(fewer microbatches in flight, a smaller --microbatch-size or more stages would fit)"
                 )
 
+    # --- done events -----------------------------------------------------------------------------------------------
+
+    def _done_event(self, op_id: str) -> simpy.Event | None:
+        """The event to wait on until ``op_id`` is done, or None when it is done and processed already.
+
+        An event that is triggered but not yet processed must still be waited on (the waiter resumes only when
+        SimPy processes it, after the events queued before it); a processed one resumes a waiter at once.
+        """
+        event = self.events.get(op_id)
+        if event is None and op_id not in self.finished:
+            event = self.events[op_id] = self.env.event()
+        return event
+
+    def _finish(self, op: Op, rank: int, start: float) -> None:
+        """Record ``op``'s span and trigger its done event (created here when nothing waits for it yet)."""
+        kind = op.kind
+        op_id = make_id(kind, op.vstage, op.mb)
+        self.spans.append(Span(op_id, kind.value, rank, stream_of(kind), start, self.env.now, op.vstage, op.mb,
+                               op.pair, op.peer))
+        event = self.events.get(op_id)
+        if event is None:
+            event = self.events[op_id] = self.env.event()
+        event.callbacks.append(self._forget)  # type: ignore[union-attr]
+        event.succeed(op_id)
+
+    def _forget(self, event: simpy.Event) -> None:
+        """Processed: later waiters go on at once, so the op's id replaces its event."""
+        op_id = event.value
+        self.finished.add(op_id)
+        del self.events[op_id]
+
+    def _wait_deps(self, op: Op) -> _Proc:
+        for dep in op.deps:
+            event = self._done_event(dep)
+            if event is not None:
+                yield event
+
     # --- handlers --------------------------------------------------------------------------------------------------
 
     def _walk(self, rank: int) -> _Proc:
+        handlers, position = self.handlers, self.position
         for pos, op in enumerate(self.plan.programs[rank]):
-            self.position[rank] = pos
-            step = self.handlers[op.kind](rank, op)
-            if step is not None:
-                yield from step
-        self.position[rank] = len(self.plan.programs[rank])
+            position[rank] = pos
+            if op.kind in _COMPUTE:
+                # The compute step is inlined: a nested generator per op would cost ~10% of the run.
+                for dep in op.deps:
+                    event = self._done_event(dep)
+                    if event is not None:
+                        yield event
+                start, duration = self._start_compute(rank, op)
+                if duration > 0:
+                    yield self.env.timeout(duration)
+                self._end_compute(rank, op)
+                self._finish(op, rank, start)
+            else:
+                handlers[op.kind](rank, op)
+        position[rank] = len(self.plan.programs[rank])
 
-    def _compute(self, rank: int, op: Op) -> _Proc:
-        for dep in op.deps:  # _wait_deps inlined: this is the hot path, a nested generator per op costs ~10%
-            event = self.done[dep]
-            if not event.processed:
-                yield event
-        start = self.env.now
+    def _start_compute(self, rank: int, op: Op) -> tuple[float, float]:
+        """Allocate what a compute op needs while it runs and keeps after; returns its start and duration (s)."""
         kind, vstage = op.kind, op.vstage
-        activation = self.costs.activation_bytes(vstage)
-        workspace = self.costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
+        costs = self.costs
+        workspace = costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
         kept = 0  # bytes this op leaves allocated for the backward
         if kind is OpKind.F:
-            kept = self.costs.checkpoint_bytes(vstage) if (vstage, op.mb) in self.recomputed else activation
+            kept = costs.checkpoint_bytes(vstage) if (vstage, op.mb) in self.recomputed else costs.activation_bytes(
+                vstage)
         elif kind is OpKind.R:
-            kept = activation - self.costs.checkpoint_bytes(vstage)  # the checkpoint is the recomputation's input
+            kept = costs.activation_bytes(vstage) - costs.checkpoint_bytes(vstage)  # the checkpoint is R's input
         if kind is OpKind.OPT_STEP and self.versions and op.mb is not None:
             # The update first retires the version its microbatch ran on (if it was the last user; the executor
             # drops that copy before stepping), then copies the new weights if a later forward will run on them.
             key = (vstage, self.versions[(vstage, op.mb)])
             self.stash_users[key] -= 1
             if self.stash_users[key] == 0:
-                self.memory[rank] -= self.costs.param_bytes(vstage)
+                self.memory[rank] -= costs.param_bytes(vstage)
             self.updates[vstage] += 1
             if (vstage, self.updates[vstage]) in self.stash_users:
-                kept += self.costs.param_bytes(vstage)  # the version this update makes is used by a later F
+                kept += costs.param_bytes(vstage)  # the version this update makes is used by a later F
         self._allocate(rank, workspace + kept, op)
-        duration = self.costs.compute_time(kind, vstage)
-        if duration > 0:
-            yield self.env.timeout(duration)
-        freed = workspace
+        return self.env.now, costs.compute_time(kind, vstage)
+
+    def _end_compute(self, rank: int, op: Op) -> None:
+        """Free the workspace, and after the last backward op of a microbatch its activations."""
+        kind, vstage = op.kind, op.vstage
+        freed = self.costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
         if kind is OpKind.W or (kind is OpKind.B and (vstage, op.mb) not in self.frees):
-            freed += activation
+            freed += self.costs.activation_bytes(vstage)
         self.memory[rank] -= freed
-        self.spans.append((op, rank, start, self.env.now))
-        self.done[op.id].succeed()
 
     def _send(self, rank: int, op: Op) -> None:
         self.env.process(self._transfer(rank, op))
 
     def _recv(self, rank: int, op: Op) -> None:
-        self.recv_issued[op.pair].succeed()  # type: ignore[index]
+        event = self.issued.get(op.pair)  # type: ignore[arg-type]
+        if event is None:
+            event = self.issued[op.pair] = self.env.event()  # type: ignore[index]
+        event.succeed(op)
 
     def _copy(self, rank: int, op: Op) -> None:
         self.env.process(self._host_copy(rank, op))
 
-    def _wait_deps(self, op: Op) -> _Proc:
-        for dep in op.deps:
-            event = self.done[dep]
-            if not event.processed:
-                yield event
-
-    def _hold_path(self, path: tuple[Link, ...], duration: float, nbytes: int) -> Generator[simpy.Event, Any, float]:
-        """Occupy every link of ``path`` for ``duration`` s and return when the occupation began (s).
+    def _hold_path(self, keys: tuple[tuple[str, str], ...], duration: float,
+                   nbytes: int) -> Generator[simpy.Event, Any, float]:
+        """Occupy the links ``keys`` (sorted ``(src, dst)`` of a path) for ``duration`` s; returns when it began (s).
 
         Links are taken in one global order, so two messages can never each hold a link the other waits for.
         """
         held = []
         if duration > 0:
-            for key in sorted((link.src, link.dst) for link in path):
+            for key in keys:
                 resource = self.links.get(key)
                 if resource is None:
                     resource = self.links[key] = simpy.Resource(self.env, capacity=1)
@@ -212,25 +259,34 @@ class _Run:
             yield self.env.timeout(duration)
         for resource, request in held:
             resource.release(request)
-        for link in path:
-            key = (link.src, link.dst)
+        for key in keys:
             self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
         return start
 
+    def _transfer_cost(self, send: Op, src: int, dst: int) -> tuple[int, float, tuple[tuple[str, str], ...]]:
+        """Bytes, uncontended time (s) and sorted link keys of a SEND; the same for every microbatch, so kept."""
+        key = (send.kind, send.vstage, src, dst)
+        cost = self.transfers.get(key)
+        if cost is None:
+            nbytes = self.costs.message_bytes(send.kind, send.vstage)
+            path = self.topology.path(src, dst)
+            links = tuple(sorted((link.src, link.dst) for link in path))
+            cost = self.transfers[key] = (nbytes, self.costs.transfer_time(nbytes, src, dst), links)
+        return cost
+
     def _transfer(self, src: int, send: Op) -> _Proc:
         yield from self._wait_deps(send)
-        recv = self.recv_of_pair[send.pair]  # type: ignore[index]
-        yield self.recv_issued[send.pair]  # type: ignore[index]
+        event = self.issued.get(send.pair)  # type: ignore[arg-type]
+        if event is None:
+            event = self.issued[send.pair] = self.env.event()  # type: ignore[index]
+        recv = yield event  # a processed event resumes at once, as in a plain ``yield``
+        del self.issued[send.pair]  # type: ignore[arg-type]
         dst = send.peer
         assert dst is not None
-        nbytes = self.costs.message_bytes(send.kind, send.vstage)
-        path = self.topology.path(src, dst)
-        duration = self.costs.transfer_time(nbytes, src, dst)
-        start = yield from self._hold_path(path, duration, nbytes)
-        self.spans.append((send, src, start, self.env.now))
-        self.spans.append((recv, dst, start, self.env.now))
-        self.done[send.id].succeed()
-        self.done[recv.id].succeed()
+        nbytes, duration, links = self._transfer_cost(send, src, dst)
+        start = yield from self._hold_path(links, duration, nbytes)
+        self._finish(send, src, start)
+        self._finish(recv, dst, start)
 
     def _host_copy(self, rank: int, op: Op) -> _Proc:
         yield from self._wait_deps(op)
@@ -240,27 +296,31 @@ class _Run:
         duration = message_time(path, nbytes)
         if prefetch:
             self._allocate(rank, nbytes, op)  # the destination buffer exists from the moment the copy is issued
-        start = yield from self._hold_path(path, duration, nbytes)
+        links = tuple(sorted((link.src, link.dst) for link in path))
+        start = yield from self._hold_path(links, duration, nbytes)
         if not prefetch:
             self.memory[rank] -= nbytes
-        self.spans.append((op, rank, start, self.env.now))
-        self.done[op.id].succeed()
+        self._finish(op, rank, start)
 
     # --- driver ----------------------------------------------------------------------------------------------------
 
     def run(self) -> SimResult:
         for rank in range(self.plan.num_ranks):
             self.env.process(self._walk(rank))
-        self.env.run()
+        try:
+            self.env.run()
+        finally:
+            # Waiting processes and their events form reference cycles through this object; dropping them here
+            # frees them now instead of at the next cyclic collection (they can be a large part of a long run).
+            self.env = self.events = self.issued = self.links = None  # type: ignore[assignment]
         stuck = [r for r, program in enumerate(self.plan.programs) if self.position[r] < len(program)]
-        if stuck or not all(event.triggered for event in self.done.values()):
+        num_ops = sum(len(program) for program in self.plan.programs)
+        if stuck or len(self.finished) != num_ops:
             lines = [f"  rank {r}: stuck at {self.plan.programs[r][self.position[r]].id}" for r in stuck]
             raise PlanError("simulation stopped before the plan finished (deadlock)\n" + "\n".join(lines))
-        spans = [
-            Span(op.id, op.kind.value, rank, stream_of(op.kind), start, end, op.vstage, op.mb, op.pair, op.peer)
-            for op, rank, start, end in self.spans
-        ]
+        self.finished = set()
         devices = [device.name for device in self.topology.devices[: self.plan.num_ranks]]
+        spans, self.spans = self.spans, []
         trace = Trace.from_spans(spans, devices, {"source": "sim", "schedule": self.plan.schedule})
         return SimResult(trace, tuple(self.peak), tuple(sorted(self.link_bytes.items())))
 
