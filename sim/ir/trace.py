@@ -7,9 +7,11 @@ real run are handled by the same code.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
-__all__ = ["Span", "Trace", "STREAMS"]
+__all__ = ["Span", "Trace", "STREAMS", "canonical_order"]
 
 #: The streams an op can run on. ``compute`` is the device's compute engine; ``send``/``recv`` are the two
 #: directions of point-to-point traffic (kept apart so a rank that forwards while it receives shows both);
@@ -51,6 +53,33 @@ class Span:
         return self.end - self.start
 
 
+def canonical_order(spans: Iterable[Span]) -> list[Span]:
+    """The spans sorted by ``(start, rank, stream index, end, op)``, the order of :attr:`Trace.spans`.
+
+    Sorted by start first, then each run of equal starts (a handful of spans: a SEND and its RECV, ops that start
+    when one finishes) by the whole key. The result is that of one sort by the whole key, but without a key tuple
+    per span alive at once (about 100 bytes a span, 200 MB for a two-million-op iteration).
+    """
+    ordered = list(spans)
+    ordered.sort(key=_START)
+    n, i = len(ordered), 0
+    while i < n:
+        start, j = ordered[i].start, i + 1
+        while j < n and ordered[j].start == start:
+            j += 1
+        if j - i > 1:
+            ordered[i:j] = sorted(ordered[i:j], key=_span_key)
+        i = j
+    return ordered
+
+
+_START = attrgetter("start")
+
+
+def _span_key(span: Span) -> tuple:
+    return (span.start, span.rank, STREAMS.index(span.stream), span.end, span.op)
+
+
 @dataclass(frozen=True)
 class Trace:
     """All spans of one run, plus the device names of the ranks.
@@ -76,9 +105,8 @@ class Trace:
 
     @classmethod
     def from_spans(cls, spans, devices, meta=None) -> Trace:
-        """Build a trace from spans in any order; sorts them canonically."""
-        ordered = tuple(sorted(spans, key=lambda s: (s.start, s.rank, STREAMS.index(s.stream), s.end, s.op)))
-        return cls(ordered, tuple(devices), dict(meta or {}))
+        """Build a trace from spans in any order; sorts them canonically (see :func:`canonical_order`)."""
+        return cls(tuple(canonical_order(spans)), tuple(devices), dict(meta or {}))
 
     @property
     def num_ranks(self) -> int:
