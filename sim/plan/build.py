@@ -6,6 +6,7 @@ validates, lowers and validates again, so that an invalid plan is rejected befor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.core.errors import SpecError
@@ -21,9 +22,25 @@ from sim.models.graph import LayerGraph
 from sim.plan.lower import add_recompute, lower
 from sim.plan.partition import counts_to_ranges, parse_partition
 from sim.plan.validate import validate, validate_l0
-from sim.schedules import get_schedule
+from sim.schedules import ScheduleEntry, get_schedule
 
-__all__ = ["PlanInputs", "BuiltPlan", "build_plan"]
+__all__ = ["PlanInputs", "BuiltPlan", "build_plan", "MAX_PLAN_OPS", "plan_op_count", "check_plan_size"]
+
+#: Peak memory of ``sim.run`` per op of the plan it simulates, bytes, measured by ``python -m sim.bench_memory``:
+#: 1F1B on 4 ranks peaks at 75 MB, 251 MB and 2,045 MB of resident memory for 1,000, 10,000 and 100,000 microbatches
+#: (20,004, 200,004 and 2,000,004 ops), 55 MB of it fixed (interpreter, imports): 980 to 1,015 bytes per op at every
+#: size. The peak is while plan.json is written: the plan's ops (~210 bytes each), the trace's spans (~210) and the
+#: JSON of every op on its way to disk (~490) are alive at once.
+PEAK_BYTES_PER_OP = 1000
+#: What a plan may make ``sim.run`` hold at once: 8 GiB, half of a 16 GB workstation.
+MEMORY_BUDGET_BYTES = 8 * 2**30
+#: The most ops (lowered: compute, SEND/RECV, optimizer steps) a plan may have: the memory budget at the measured
+#: peak per op, about 8.6 million (430,000 microbatches of a 4-rank 1F1B plan). Time grows in proportion too: about
+#: 70 µs an op end to end on one core, so the largest plan takes ten minutes.
+MAX_PLAN_OPS = MEMORY_BUDGET_BYTES // PEAK_BYTES_PER_OP
+#: Largest byte count the memory accounting may reach: the engine's counters are Python ints, but metrics.json
+#: carries them to readers with 64-bit integers (the executor's torch memory stats among them).
+MAX_BYTES = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -81,6 +98,67 @@ def _placement_from_programs(programs: tuple[tuple[Op, ...], ...], source: str) 
     return tuple(rank_of[v] for v in range(len(rank_of)))
 
 
+def compute_ops_per_microbatch(entry: ScheduleEntry) -> int:
+    """Compute ops (F, B, I, W, R) a schedule gives each (vstage, microbatch): 2, or 3 with a split backward.
+
+    Counted on the schedule itself at 2 ranks and 2 microbatches (2 chunks where it takes them), the smallest
+    instance every generator accepts, so a new generator needs no entry here.
+    """
+    probe = entry.build(2, 2, 2 if entry.chunked else 1)
+    vstages = len(entry.vstage_to_rank(2, 2 if entry.chunked else 1))
+    return -(-sum(len(program) for program in probe) // (vstages * 2))
+
+
+def plan_op_count(num_microbatches: int, vstage_to_rank: tuple[int, ...], compute_per_microbatch: float,
+                  update_per_microbatch: bool) -> int:
+    """Ops of the lowered plan, before generating it.
+
+    Per microbatch: ``compute_per_microbatch`` ops on each vstage, four (SEND_F, RECV_F, SEND_B, RECV_B) at each
+    boundary between consecutive vstages on different ranks, and an OPT_STEP per vstage when weights are updated per
+    microbatch (``stash``); otherwise one OPT_STEP per vstage in all.
+    """
+    per_microbatch, fixed = _op_rate(vstage_to_rank, compute_per_microbatch, update_per_microbatch)
+    return math.ceil(num_microbatches * per_microbatch) + fixed
+
+
+def _op_rate(vstage_to_rank: tuple[int, ...], compute_per_microbatch: float,
+             update_per_microbatch: bool) -> tuple[float, int]:
+    """(ops per microbatch, ops once per plan) of :func:`plan_op_count`."""
+    vstages = len(vstage_to_rank)
+    crossings = sum(a != b for a, b in zip(vstage_to_rank, vstage_to_rank[1:]))
+    per_microbatch = vstages * compute_per_microbatch + 4 * crossings + (vstages if update_per_microbatch else 0)
+    return per_microbatch, 0 if update_per_microbatch else vstages
+
+
+def check_plan_size(graph: LayerGraph, num_microbatches: int, microbatch_size: int, vstage_to_rank: tuple[int, ...],
+                    compute_per_microbatch: float, update_per_microbatch: bool) -> None:
+    """Reject, before anything is generated, a plan over :data:`MAX_PLAN_OPS` ops or whose byte counts overflow.
+
+    Raises:
+        SpecError: the plan would have more than :data:`MAX_PLAN_OPS` ops (naming ``--microbatches``), or its
+            microbatches' activations could exceed :data:`MAX_BYTES` (naming ``--microbatch-size``).
+    """
+    ops = plan_op_count(num_microbatches, vstage_to_rank, compute_per_microbatch, update_per_microbatch)
+    if ops > MAX_PLAN_OPS:
+        per_microbatch, fixed = _op_rate(vstage_to_rank, compute_per_microbatch, update_per_microbatch)
+        fit = int((MAX_PLAN_OPS - fixed) // per_microbatch)
+        raise SpecError(
+            f"a plan of {ops:,} ops ({len(vstage_to_rank)} stages on {len(set(vstage_to_rank))} ranks, "
+            f"{per_microbatch:g} ops per microbatch) is over the limit of {MAX_PLAN_OPS:,} ops, set by the "
+            f"~{PEAK_BYTES_PER_OP:,} bytes of memory sim.run needs per op (measured) and an "
+            f"{MEMORY_BUDGET_BYTES // 2**30} GiB budget: at most {fit:,} microbatches fit; "
+            f"--microbatches {num_microbatches}")
+    # Every byte the engine accounts is at most all microbatches' activations (and workspace) at once, per sample
+    # at most the model input plus everything each layer keeps or uses.
+    per_sample = graph.input_bytes + sum(layer.activation_bytes + layer.saved_bytes + layer.workspace_bytes
+                                         for layer in graph.layers)
+    if num_microbatches * microbatch_size * max(per_sample, 1) > MAX_BYTES:
+        raise SpecError(
+            f"{num_microbatches} microbatches × {microbatch_size} samples × {per_sample:,} bytes per sample of "
+            f"{graph.spec} overflow the memory accounting (at most 2^63 - 1 bytes, the 64-bit counts metrics.json "
+            f"readers use); --microbatch-size {microbatch_size}")
+
+
 def build_plan(inputs: PlanInputs) -> BuiltPlan:
     """Parse, generate, partition, validate and lower.
 
@@ -110,6 +188,12 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
             raise SpecError(f"{inputs.schedule_file} has {inferred} microbatches, --microbatches says "
                             f"{inputs.microbatches}")
         num_microbatches, schedule_name, weight_policy = inferred, "file", "flush"
+        # The file itself is bounded (sim.core.fileio.INPUT_LIMITS); its lowered plan and sizes are checked here.
+        compute = sum(len(program) for program in programs)
+        if inputs.recompute:
+            compute += sum(op.kind in (OpKind.B, OpKind.I) for program in programs for op in program)
+        check_plan_size(graph, num_microbatches, inputs.microbatch_size, vstage_to_rank,
+                        compute / (len(vstage_to_rank) * num_microbatches), False)
         generator_options: tuple[tuple[str, int | bool], ...] = ()
         if len(programs) > topology.num_ranks:
             raise SpecError(f"{inputs.schedule_file} has {len(programs)} ranks, topology {topology} has "
@@ -118,12 +202,17 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         entry = get_schedule(inputs.schedule)
         num_microbatches = inputs.microbatches if inputs.microbatches is not None else 8
         num_ranks = topology.num_ranks
-        # Sizes first, so that a too-small model is named before the generator's own constraints.
-        vstage_to_rank = entry.vstage_to_rank(num_ranks, inputs.chunks) if entry.chunked else tuple(range(num_ranks))
-        if len(vstage_to_rank) > len(graph):
+        # Sizes first, so that a too-small model is named before the generator's own constraints, and counted before
+        # the placement is built (--chunks 1000000000 would otherwise make a tuple of billions first).
+        num_vstages = num_ranks * inputs.chunks if entry.chunked else num_ranks
+        if num_vstages > len(graph):
             per_rank = f"{inputs.chunks} per device" if entry.chunked else "one per device"
-            raise SpecError(f"more stages ({len(vstage_to_rank)}, {per_rank} of {topology}) than layers "
+            raise SpecError(f"more stages ({num_vstages}, {per_rank} of {topology}) than layers "
                             f"({len(graph)}) in {graph.spec}")
+        vstage_to_rank = entry.vstage_to_rank(num_ranks, inputs.chunks) if entry.chunked else tuple(range(num_ranks))
+        # Bounded work: what the plan will hold is known from its sizes, so it is checked before generating it.
+        check_plan_size(graph, num_microbatches, inputs.microbatch_size, vstage_to_rank,
+                        compute_ops_per_microbatch(entry) + int(inputs.recompute), entry.weight_policy == "stash")
         programs = entry.build(num_ranks, num_microbatches, inputs.chunks)
         schedule_name, weight_policy = entry.name, entry.weight_policy
         generator_options = (("chunks", inputs.chunks),) if entry.chunked else ()
