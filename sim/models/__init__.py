@@ -55,10 +55,34 @@ def build_model(spec: str) -> LayerGraph:
     entry = MODELS.get(name)
     if entry is None:
         raise SpecError(f"unknown model {name!r} in spec {spec!r} (known: {', '.join(sorted(MODELS))})")
+    _check_size(spec, raw)
     params = SpecParams(spec, raw)
     graph = entry.build(params)
     params.finish()  # each build already does; this guards a model that forgets
     return graph
+
+
+#: Most layers (``layers``, supernet ``blocks``) one model may have. A graph of 100,000 layers builds and partitions
+#: in seconds (``python -m sim.bench --partition`` times 10,000); far more would hang before any other check ran.
+MAX_LAYERS = 100_000
+#: Most candidates a supernet may hold (``blocks`` × ``choices``): its candidate table is built eagerly.
+MAX_CANDIDATES = 1_000_000
+
+
+def _check_size(spec: str, raw: Mapping[str, str]) -> None:
+    """Refuse a model too large to build before anything is allocated (the values are checked again, fully, by
+    the model's own build)."""
+    def number(key: str) -> float:
+        try:
+            return float(raw.get(key, 0))
+        except (TypeError, ValueError):
+            return 0.0  # not a number: the model's own build names it
+    for key in ("layers", "blocks"):
+        if number(key) > MAX_LAYERS:
+            raise SpecError(f"{key}={raw[key]} in {spec!r} is more than a model may have (at most {MAX_LAYERS:,})")
+    if number("blocks") * max(number("choices"), 1) > MAX_CANDIDATES:
+        raise SpecError(f"blocks × choices in {spec!r} is more than a supernet may hold (at most "
+                        f"{MAX_CANDIDATES:,} candidates)")
 
 
 def format_model_list() -> str:

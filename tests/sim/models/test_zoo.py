@@ -227,3 +227,18 @@ def test_registry_entries_are_consistent():
 def test_sim_models_never_import_torch():
     code = "import sys, sim.models; sim.models.build_model('gpt:layers=1'); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("uniform:layers=100000000", "at most 100,000"),
+    ("gpt:layers=100001", "at most 100,000"),
+    ("supernet:blocks=1000,choices=10000", "at most 1,000,000 candidates"),
+])
+def test_a_model_too_large_to_build_is_refused_before_building(spec, message):
+    # Refused from the spec's numbers alone: building 1e8 layers first took minutes and gigabytes.
+    with pytest.raises(SpecError, match=message):
+        build_model(spec)
+
+
+def test_the_largest_allowed_model_builds():
+    assert len(build_model("uniform:layers=100000")) == 100_000
