@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
-from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic
+from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic, write_text_chunks_atomic
 from sim.hw.topology import format_topology_list
 from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.models import build_model, format_model_list
@@ -110,7 +110,7 @@ def _run(argv: list[str] | None) -> int:
     metrics = prediction.metrics
     out = Path(args.out)
     prepare_output_dir(out, "--out")
-    write_text_atomic(plan.dumps(), out / "plan.json")
+    write_text_chunks_atomic(plan.iter_dumps(), out / "plan.json")
     write_text_atomic(dumps_schedule_csv(plan.programs), out / "schedule.csv")
     title = (f"{plan.schedule}{f' v={chunks}' if chunks else ''}{' + recompute' if recompute else ''} · "
              f"{plan.model} · {plan.topology} · m={plan.num_microbatches}")
@@ -155,7 +155,7 @@ def _run_csp(args: argparse.Namespace) -> int:
     print(f"costs {prediction.cost_source}")
     out = Path(args.out)
     prepare_output_dir(out, "--out")
-    write_text_atomic(plan.dumps(), out / "plan.json")
+    write_text_chunks_atomic(plan.iter_dumps(), out / "plan.json")
     write_json_atomic(csp_decision_log(plan, result), out / "csp.json")
     title = f"csp · {plan.model} · {plan.topology} · {plan.num_microbatches} subnets"
     names = write_run_outputs(out, result.trace, metrics, title=title, gantt=not args.no_gantt)

@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from sim.core.errors import OutputError, SpecError
 from sim.core.output_set import active_set, backup_name, claim_innermost_set
 
 __all__ = ["INPUT_LIMITS", "read_text", "prepare_output_dir", "check_output_file", "write_bytes_atomic",
-           "write_text_atomic", "write_json_atomic"]
+           "write_text_chunks_atomic", "write_text_atomic", "write_json_atomic"]
 
 _MIB = 2**20
 
@@ -221,7 +222,7 @@ def check_output_file(path: str | os.PathLike, flag: str) -> Path:
     return Path(path)
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+def write_bytes_atomic(path: str | os.PathLike, data: bytes | memoryview | Iterable[bytes]) -> None:
     """Write ``data`` to ``path`` so that readers see either the old file or the complete new one.
 
     The bytes go to a temporary file in the same directory (same filesystem, so the rename is atomic), are flushed
@@ -231,7 +232,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
 
     Args:
         path: the destination file; its directory must exist.
-        data: the complete file content.
+        data: the complete file content, or an iterable of chunks written in order (so that a large file, such as
+            a plan of millions of ops, never has to be in memory whole).
 
     Raises:
         OutputError: the file cannot be written (full or read-only file system, missing directory, ...); its
@@ -246,7 +248,11 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+                if isinstance(data, bytes | bytearray | memoryview):
+                    handle.write(data)
+                else:
+                    for chunk in data:
+                        handle.write(chunk)
                 handle.flush()
                 os.fsync(handle.fileno())
             if outputs is not None and (target.is_symlink() or target.is_file()):
@@ -275,6 +281,11 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
 def write_text_atomic(text: str, path: str | os.PathLike) -> None:
     """Write UTF-8 ``text`` to ``path`` atomically."""
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_text_chunks_atomic(chunks: Iterable[str], path: str | os.PathLike) -> None:
+    """Write UTF-8 text given as consecutive chunks to ``path`` atomically, one chunk in memory at a time."""
+    write_bytes_atomic(path, (chunk.encode("utf-8") for chunk in chunks))
 
 
 def write_json_atomic(data: Any, path: str | os.PathLike) -> None:

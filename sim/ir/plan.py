@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -274,6 +275,12 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         """The canonical JSON object (see :meth:`dumps`); ``subnets`` only when the plan has a subnet table."""
+        body = self.to_json_header()
+        body["ranks"] = [[op.to_json() for op in program] for program in self.programs]
+        return body
+
+    def to_json_header(self) -> dict[str, Any]:
+        """:meth:`to_json` without the rank programs."""
         body = {
             "format": "pipedejavu-plan",
             "format_version": self.format_version,
@@ -289,7 +296,6 @@ class Plan:
                 "vstage_layers": [list(r) for r in self.placement.vstage_layers],
                 "vstage_to_rank": list(self.placement.vstage_to_rank),
             },
-            "ranks": [[op.to_json() for op in program] for program in self.programs],
         }
         if self.subnets:
             body["subnets"] = [list(row) for row in self.subnets]
@@ -297,13 +303,20 @@ class Plan:
 
     def dumps(self) -> str:
         """Canonical text: sorted keys, one op per line, so equal plans give byte-identical files."""
-        body = self.to_json()
-        ranks = body.pop("ranks")
+        return "".join(self.iter_dumps())
+
+    def iter_dumps(self) -> Iterator[str]:
+        """:meth:`dumps` in consecutive pieces, one op per piece, so a plan of millions of ops can be written
+        without its whole text (or a dict per op) in memory at once."""
+        body = self.to_json_header()
         head = json.dumps(body, sort_keys=True, indent=1)
-        rank_text = ",\n".join(
-            " [\n" + ",\n".join("  " + json.dumps(op, sort_keys=True) for op in program) + "\n ]" for program in ranks
-        )
-        return head[:-2] + ',\n "ranks": [\n' + rank_text + "\n ]\n}\n"
+        yield head[:-2] + ',\n "ranks": [\n'
+        for r, program in enumerate(self.programs):
+            yield (",\n" if r else "") + " [\n"
+            for i, op in enumerate(program):
+                yield (",\n  " if i else "  ") + json.dumps(op.to_json(), sort_keys=True)
+            yield "\n ]"
+        yield "\n ]\n}\n"
 
     @classmethod
     def loads(cls, text: str, source: str = "<plan>") -> Plan:

@@ -100,3 +100,17 @@ def test_the_subnet_table_is_written_only_when_present():
     assert with_table.subnets == ((0, 1), (1, 0)) and '"subnets"' in with_table.dumps()
     with pytest.raises(SpecError, match="subnets must be a list"):
         Plan.loads(plan.dumps().replace('"schedule"', '"subnets": [[-1]],\n "schedule"'))
+
+
+def test_the_streamed_text_is_the_text():
+    """``iter_dumps`` pieces join to exactly ``dumps`` (what ``sim.run`` streams to plan.json is the canonical file),
+    for lowered plans of every shape: several ranks, empty programs, a subnet table."""
+    from sim.plan.build import PlanInputs, build_plan
+
+    for inputs in (PlanInputs("uniform:layers=6", "3xideal", "interleaved", microbatches=6, chunks=2),
+                   PlanInputs("uniform:layers=2", "1xideal", "gpipe", microbatches=1)):
+        plan = build_plan(inputs).plan
+        assert "".join(plan.iter_dumps()) == plan.dumps() and Plan.loads(plan.dumps()) == plan
+    empty = Plan("csp", "L1", "uniform:layers=2", "2xideal", 2, 1, "csp", Placement(((0, 1), (1, 2)), (0, 1)),
+                 ((), ()), subnets=((0,), (1,)))
+    assert "".join(empty.iter_dumps()) == empty.dumps() and Plan.loads(empty.dumps()) == empty
