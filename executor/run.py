@@ -93,7 +93,7 @@ def load_checked_plan(path: str) -> tuple[Plan, Topology]:
     Raises:
         SpecError: with the reason, naming the file or the value.
     """
-    from executor.nn.stages import boundary_specs  # builds nothing; checks the model has a torch implementation
+    from executor.nn.stages import check_torch_model
     from sim.core.fileio import read_text
 
     plan = Plan.loads(read_text(path, "plan"), source=path)
@@ -106,7 +106,7 @@ def load_checked_plan(path: str) -> tuple[Plan, Topology]:
         topology = check_topology(plan)
         check_supported(plan)
         _check_model_fits(plan)
-    boundary_specs(plan.model, [0], 1)
+    check_torch_model(plan.model)
     return plan, topology
 
 

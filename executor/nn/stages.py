@@ -39,8 +39,8 @@ from sim.models import build_model
 from sim.models.graph import LayerGraph
 
 __all__ = [
-    "TORCH_MODELS", "Stage", "TensorSpec", "build_layers", "build_stage", "boundary_specs", "synthetic_batch",
-    "loss_fn",
+    "TORCH_MODELS", "Stage", "TensorSpec", "build_layers", "build_stage", "boundary_specs", "check_torch_model",
+    "synthetic_batch", "loss_fn",
 ]
 
 
@@ -83,6 +83,12 @@ def _resolve(spec: str) -> tuple[LayerGraph, _TorchModel, dict[str, int]]:
         )
     # gpt, cnn and supernet read every key with SpecParams.int, so the canonical values are integers.
     return graph, model, {key: int(value) for key, value in raw.items()}
+
+
+def check_torch_model(spec: str) -> None:
+    """Raise :class:`SpecError` unless ``spec`` is a valid model with a torch implementation; builds no module (so a
+    launcher can check a plan without paying for torch's module machinery)."""
+    _resolve(spec)
 
 
 def _check_int(what: str, value: object, minimum: int | None) -> int:
