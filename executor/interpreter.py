@@ -1,7 +1,7 @@
 """The L1 interpreter: one rank walks its program and runs every op for real (DESIGN §7).
 
-The semantics are the simulator's (``sim.engine.simpy_engine``), op for op, so a measured trace and a simulated one describe the
-same thing:
+The semantics are the simulator's (``sim.engine.simpy_engine``), op for op, so a measured trace and a simulated one
+describe the same thing:
 
 * The walker runs its program in order. Compute ops (F, B, OPT_STEP) block it; before one starts, every receive in
   its ``deps`` is waited on. Dependencies on local ops are already met by program order (``sim.plan.lower`` only ever

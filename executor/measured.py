@@ -4,11 +4,11 @@ Every rank sends rank 0 a :class:`RankReport`: per iteration, each op's (start, 
 moves them onto its clock (``executor.clock``), turns each iteration into a :class:`sim.ir.trace.Trace` whose time 0 is
 the iteration's first op start, and from then on the simulator's code (metrics, Chrome trace, Gantt) takes over.
 
-Point-to-point spans are made to mean what they mean in the simulator: the time the message was on the wire. A rank
-only sees when it posted an ``isend``/``irecv`` and when the wait on it returned, so a transfer is taken to start
-when both sides had posted (a rendezvous, as in ``sim.engine.simpy_engine``) and to end when the receiver's wait returned; the
-SEND and the RECV both get that interval. The receiver waits right before the consuming op (``sim.plan.lower`` puts every
-RECV there), so the end is the data's arrival whenever the consumer was waiting for it, and otherwise at most the
+Point-to-point spans are made to mean what they mean in the simulator: the time the message was on the wire. A rank only
+sees when it posted an ``isend``/``irecv`` and when the wait on it returned, so a transfer is taken to start when both
+sides had posted (a rendezvous, as in ``sim.engine.simpy_engine``) and to end when the receiver's wait returned; the
+SEND and the RECV both get that interval. The receiver waits right before the consuming op (``sim.plan.lower`` puts
+every RECV there), so the end is the data's arrival whenever the consumer was waiting for it, and otherwise at most the
 consumer's start, which is when the data became useful.
 """
 

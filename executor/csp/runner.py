@@ -17,13 +17,13 @@ runs a small event loop instead of the L1 interpreter:
 
 Context switching (``param_budget_bytes`` with ``prefetch`` ``"on_demand"`` or ``"predict"``; NASPipe §4.3). The
 candidates' parameters and optimizer state live in host memory (:mod:`executor.csp.offload`) and the device holds at
-most the budget of them, by the simulator's rules (:mod:`sim.csp.memory`): only arrivals that memory admission
-lets start are offered to :func:`~sim.csp.rules.csp_pick`; a picked forward first makes its keys resident (a demand copy,
-which the stage waits for); with ``"predict"``, picking a forward and finishing an update each predict the next
-forward and prefetch its keys. On CUDA a prefetch is issued at once on the copy stream, after the demand copy. On
-CPU the rank has no copy engine apart from its one thread, so a prefetch is queued and runs when the current op is
-done (after the forward's activation is posted, or after the update), before the next decision, re-checked then as
-the simulator re-checks a queued prefetch; it costs the thread the copy, but not the forward it was made for.
+most the budget of them, by the simulator's rules (:mod:`sim.csp.memory`): only arrivals that memory admission lets
+start are offered to :func:`~sim.csp.rules.csp_pick`; a picked forward first makes its keys resident (a demand copy,
+which the stage waits for); with ``"predict"``, picking a forward and finishing an update each predict the next forward
+and prefetch its keys. On CUDA a prefetch is issued at once on the copy stream, after the demand copy. On CPU the rank
+has no copy engine apart from its one thread, so a prefetch is queued and runs when the current op is done (after the
+forward's activation is posted, or after the update), before the next decision, re-checked then as the simulator
+re-checks a queued prefetch; it costs the thread the copy, but not the forward it was made for.
 
 Every op is recorded as a :class:`sim.ir.trace.Span` on this rank's ``time.perf_counter`` clock: F, B, OPT_STEP on
 ``compute``, PREFETCH on ``h2d``, EVICT on ``d2h``, and SEND/RECV of activations and gradients with a ``pair`` id

@@ -7,17 +7,17 @@ about layer sharing. Here each baseline gets exactly the subnets, partition, top
 * ``gpipe`` / ``1f1b`` with a flush between subnets (reproducible, slow): subnet b is one iteration of the static
   schedule, its minibatch split into ``m`` microbatches, followed by the optimizer step; the next subnet starts when
   that iteration has ended on every stage, so every update lands before any later forward and the result equals
-  sequential training. Each iteration is simulated by :mod:`sim.engine.simpy_engine` on the subnet's own layer graph (its chosen
-  candidates' FLOPs and bytes), and the run takes the sum. Their devices hold the whole supernet share of their stage
-  (GPipe keeps the supernet on the GPUs, which is why it cannot run NASPipe's largest space).
+  sequential training. Each iteration is simulated by :mod:`sim.engine.simpy_engine` on the subnet's own layer graph
+  (its chosen candidates' FLOPs and bytes), and the run takes the sum. Their devices hold the whole supernet share of
+  their stage (GPipe keeps the supernet on the GPUs, which is why it cannot run NASPipe's largest space).
 * ``pipedream`` (fast, not reproducible): PipeDream's asynchronous 1F1B with weight stashing, one minibatch per
   subnet, an update after each backward, no flush and no causal dependencies: a subnet's forward may read a layer
   that an earlier subnet has not updated yet. It is the CSP simulation with no sharing (``sharing="none"``) and at
   most ``p`` subnets in flight, PipeDream's steady-state bound (``p - r`` minibatches on stage r, §3.2), and keeps
   ``p - r - 1`` stashed versions of the in-flight subnets' layers on stage r.
 
-The CSP ablations (one at a time, copy on demand, every layer resident) are options of :func:`sim.csp.simulate.simulate_csp`
-itself.
+The CSP ablations (one at a time, copy on demand, every layer resident) are options of
+:func:`sim.csp.simulate.simulate_csp` itself.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ are in :mod:`sim.csp.simulate`, "Context switching"):
   dropped when that is not enough or its subnet has started;
 * memory admission: an arrival ``b`` may be picked only if ``keys(b) ∪ pinned ∪ keys(w)`` fits for every earlier
   unfinished ``w`` that has not started (deadlock freedom);
-* the predictor runs :func:`sim.csp.rules.predict_next` on the assumed state of the next forward decision: the last stage
-  finishes the running subnet first (its loss is part of F), waiting gradients finish first, the next subnet to
+* the predictor runs :func:`sim.csp.rules.predict_next` on the assumed state of the next forward decision: the last
+  stage finishes the running subnet first (its loss is part of F), waiting gradients finish first, the next subnet to
   arrive counts as arrived, admission applies.
 
 Bytes are the plan's (``problem.key_bytes``: parameters × the graph's ``dtype_bytes``, as ``sim.run`` counts them),

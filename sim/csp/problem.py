@@ -1,6 +1,6 @@
 """The inputs and outputs of a CSP simulation: the problem (subnets, costs, lookahead, device parameter budget) and
-what :func:`sim.csp.simulate.simulate_csp` reports (decisions, stalls, copies). Split from ``sim.csp.simulate`` so that the
-SimPy run there is one concept and these plain data types another; ``sim.csp.simulate`` re-exports them.
+what :func:`sim.csp.simulate.simulate_csp` reports (decisions, stalls, copies). Split from ``sim.csp.simulate`` so that
+the SimPy run there is one concept and these plain data types another; ``sim.csp.simulate`` re-exports them.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 from sim.csp.rules import subnet_table
 from sim.ir.trace import Trace
 
-__all__ = ["CspProblem", "CspResult", "StageMemoryModel", "Decision", "PREFETCH_POLICIES", "StageCopies", "StageStalls", "SHARING",
-           "TransferTime", "CopyTime"]
+__all__ = ["CspProblem", "CspResult", "StageMemoryModel", "Decision", "PREFETCH_POLICIES", "StageCopies", "StageStalls",
+           "SHARING", "TransferTime", "CopyTime"]
 
 #: Context-switch policies of :func:`simulate_csp` (module docstring).
 PREFETCH_POLICIES = ("predict", "on_demand", "resident")
@@ -179,8 +179,8 @@ class Decision:
         arrived: the stage's arrived subnets, in arrival order, as :func:`csp_pick` saw them.
         unfinished: the stage's ``wait_list``, ascending.
         edges: ``(w, b)`` pairs for ``OPT_STEP(stage, w) → F(stage, b)``. When picked: the causal dependencies of
-            ``b`` (:func:`sim.csp.rules.causal_deps`, enough to replay the run). When blocked: every conflict that blocks an
-            arrived ``b`` (:func:`sim.csp.rules.conflicts`).
+            ``b`` (:func:`sim.csp.rules.causal_deps`, enough to replay the run). When blocked: every conflict that
+            blocks an arrived ``b`` (:func:`sim.csp.rules.conflicts`).
     """
 
     time: float

@@ -22,8 +22,9 @@ The state a stage decides on (both exactly NASPipe's lists):
   forwards of a stage may reorder subnets, so ``b`` can reach stage ``s + 1`` before an earlier ``w`` that shares a
   layer of stage ``s + 1`` with it, and would then read that layer before ``w`` updated it.
 
-Properties (proved here, checked by ``tests/sim/csp/test_rules.py``), for any timing and interleaving in which every stage
-starts a forward only on :func:`csp_pick`'s choice, and a subnet leaves ``unfinished`` only after its update there:
+Properties (proved here, checked by ``tests/sim/csp/test_rules.py``), for any timing and interleaving in which every
+stage starts a forward only on :func:`csp_pick`'s choice, and a subnet leaves ``unfinished`` only after its update
+there:
 
 1. *Updates of a layer happen in subnet order, and F(s, b) and B(s, b) see exactly the updates of the earlier
    subnets that use the layer.* Let ``w < b`` share key ``k`` on stage ``s``. When F(s, b) starts, ``w`` is not in

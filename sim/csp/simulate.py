@@ -1,8 +1,8 @@
 """A SimPy simulation of NASPipe's CSP pipeline training (NASPipe §4; DESIGN §3 "NASPipe CSP in the IR").
 
-CSP has no fixed program, so this is a separate, dynamic engine rather than a plan for ``sim.engine.simpy_engine``: each stage
-decides at run time, with :func:`sim.csp.rules.csp_pick`, which subnet's forward to run next. Semantics (the training loop
-of NASPipe's ``main_with_runtime.py``, ``shared/reference/schedules.md`` §7):
+CSP has no fixed program, so this is a separate, dynamic engine rather than a plan for ``sim.engine.simpy_engine``: each
+stage decides at run time, with :func:`sim.csp.rules.csp_pick`, which subnet's forward to run next. Semantics (the
+training loop of NASPipe's ``main_with_runtime.py``, ``shared/reference/schedules.md`` §7):
 
 * Subnets ``0..N-1`` enter stage 0 in order, while fewer than ``lookahead`` subnets are in flight (entered and not
   finished everywhere). NASPipe bounds each stage's receive buffer to 30 instead; a bound on subnets in flight bounds

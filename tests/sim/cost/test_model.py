@@ -32,7 +32,8 @@ def test_embedding_lookup_is_memory_bound():
     v100 = get_device("V100")
     embed = graph[0]
     moved = embed.param_bytes + 1 * (graph.input_bytes + embed.activation_bytes)
-    assert CostOracle(graph, 1).layer_costs(v100).fwd[0] == pytest.approx(moved / v100.memory_bandwidth + v100.launch_overhead_s)
+    expected = moved / v100.memory_bandwidth + v100.launch_overhead_s
+    assert CostOracle(graph, 1).layer_costs(v100).fwd[0] == pytest.approx(expected)
 
 
 def test_synthetic_times_scale_with_microbatch_size_on_any_device():
@@ -147,7 +148,8 @@ def test_cost_model_names_the_ranks_its_profile_applies_to(tmp_path):
     assert costs.profiled_ranks(4) == (0, 1) and costs.profiled_ranks(1) == (0,)
     assert costs.uses_measured_p2p() and costs.uses_measured_p2p(2) and not costs.uses_measured_p2p(1)
     # The same rule as the costs themselves: measured on the V100s, roofline on the A100s, p2p only V100 to V100.
-    measured = CostOracle(graph, 2, load_profile(_profile(tmp_path, graph, device=v100))).layer_costs(topology.devices[0])
+    profile = load_profile(_profile(tmp_path, graph, device=v100))
+    measured = CostOracle(graph, 2, profile).layer_costs(topology.devices[0])
     assert [costs.compute_time(OpKind.F, v) for v in (0, 4)] == pytest.approx([measured.fwd[0], measured.fwd[4]])
     a100 = CostOracle(graph, 2).layer_costs(topology.devices[2])
     assert costs.compute_time(OpKind.F, 2) == pytest.approx(a100.fwd[2])

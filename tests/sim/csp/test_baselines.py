@@ -24,9 +24,9 @@ def _inputs(**kw):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_one_microbatch_with_a_flush_is_csp_one_at_a_time(schedule):
-    # Two independent simulators: sim.engine.simpy_engine running a static plan per subnet and summing, and the CSP simulation
-    # admitting a subnet only when the previous one has finished everywhere. One microbatch per subnet and a flush
-    # between subnets is the same schedule, so they must agree to rounding.
+    # Two independent simulators: sim.engine.simpy_engine running a static plan per subnet and summing, and the CSP
+    # simulation admitting a subnet only when the previous one has finished everywhere. One microbatch per subnet and a
+    # flush between subnets is the same schedule, so they must agree to rounding.
     inputs = _inputs(microbatch_size=2)
     flush = flush_baseline(inputs, schedule, 1)
     alone = predict(build_csp_plan(replace(inputs, one_at_a_time=True))).trace.makespan
