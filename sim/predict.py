@@ -59,13 +59,16 @@ class Prediction:
 
 
 def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Topology | None = None,
-            check_memory: bool = True) -> Prediction:
+            oracle: CostOracle | None = None, check_memory: bool = True) -> Prediction:
     """Simulate one iteration of ``plan`` with roofline costs, or ``profile``'s where it applies.
 
     Args:
         plan: a lowered, validated plan (``plan.json``).
         profile: a measured profile, or ``None`` for the hardware catalog's roofline.
         topology: the plan's topology when the caller has parsed it already (else parsed from ``plan.topology``).
+        oracle: the cost oracle the plan was built with (``sim.plan.build.BuiltPlan.costs.oracle``), so that its
+            model and per-device layer costs are not computed again; it must be for the plan's model, microbatch
+            size, topology and ``profile``.
         check_memory: fail when a device runs out of memory (``sim.engine.simpy_engine.OutOfMemoryError``); else
             only report the peaks.
 
@@ -81,9 +84,14 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
                             f"layers of one model, a csp plan trains subnets whose layers differ; csp uses the "
                             f"roofline")
         return _predict_csp(plan, topology)
-    graph = build_model(plan.model)
-    oracle = CostOracle(graph, plan.microbatch_size, profile, topology)
-    costs = CostModel(graph, topology, plan.placement, plan.microbatch_size, profile, oracle=oracle)
+    if oracle is None:
+        oracle = CostOracle(build_model(plan.model), plan.microbatch_size, profile, topology)
+    elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology) != (
+            plan.model, plan.microbatch_size, profile, topology):
+        raise ValueError(f"the cost oracle is for {oracle.graph.spec} at {oracle.microbatch_size} sample(s) per "
+                         f"microbatch, not this plan's {plan.model} at {plan.microbatch_size}, or for another "
+                         f"profile or topology")
+    costs = CostModel(oracle.graph, topology, plan.placement, plan.microbatch_size, profile, oracle=oracle)
     result = simulate(plan, costs, topology, check_memory=check_memory)
     cost_source = describe_cost_source(oracle, plan.num_ranks)
     metrics = compute_metrics(

@@ -105,7 +105,8 @@ def _run(argv: list[str] | None) -> int:
           f"{f' ({chunks} chunks per rank, loop placement)' if chunks else ''}, layers per stage "
           f"{','.join(map(str, plan.placement.layer_counts()))}, {plan.num_microbatches} microbatches × "
           f"{plan.microbatch_size} sample(s){', activation recomputation' if recompute else ''}")
-    prediction = predict(plan, built.profile, topology=topology, check_memory=not args.ignore_memory)
+    prediction = predict(plan, built.profile, topology=topology, oracle=built.costs.oracle,
+                         check_memory=not args.ignore_memory)
     print(f"costs {prediction.cost_source}")
     metrics = prediction.metrics
     out = Path(args.out)
