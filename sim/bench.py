@@ -53,7 +53,7 @@ from sim.models import build_model
 from sim.plan.build import PlanInputs, build_plan
 from sim.plan.partition import balanced_counts
 
-__all__ = ["bare_replay", "reference_balanced_counts", "main"]
+__all__ = ["bare_replay", "reference_balanced_counts", "reference_dp", "reference_stage_cost", "main"]
 
 
 def bare_replay(plan: Plan, durations: dict[str, float], streams: dict[str, str]) -> float:
@@ -85,18 +85,31 @@ def _seconds(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-def reference_balanced_counts(oracle: CostOracle, num_stages: int) -> tuple[int, ...]:
-    """The O(p·n²) dynamic program ``balanced_counts`` was (stage s on rank s), kept as the benchmark's baseline:
-    ``best[s][j]`` is the smallest slowest-stage time (s) of stages 0..s over layers [0, j)."""
+def reference_stage_cost(oracle: CostOracle, ranks: tuple[int, ...], stage: int, start: int, end: int) -> float:
+    """The stage cost the old dynamic program used, s: compute of layers [start, end) on the stage's rank, plus its
+    output to the next stage's rank and its input gradient to the previous one, added in that order."""
+    n, p = len(oracle.graph), len(ranks)
+    time = oracle.stage_compute_s(ranks[stage], start, end)
+    if end < n and stage + 1 < p:
+        time += oracle.transfer_time(oracle.boundary_bytes(end), ranks[stage], ranks[stage + 1])
+    if start > 0 and stage > 0:
+        time += oracle.transfer_time(oracle.boundary_bytes(start), ranks[stage], ranks[stage - 1])
+    return time
+
+
+def reference_dp(oracle: CostOracle, num_stages: int, vstage_to_rank: tuple[int, ...] | None = None
+                 ) -> tuple[tuple[int, ...], list[list[float]], Callable[[int, int, int], float]]:
+    """The O(p·n²) dynamic program ``balanced_counts`` was, kept as the benchmark's baseline and the tests' oracle.
+
+    Returns:
+        ``(counts, best, cost)``: the partition, ``best[s][j]`` the smallest slowest-stage time (s) of stages 0..s
+        over layers [0, j), and the stage cost ``cost(s, i, j)`` (:func:`reference_stage_cost`) it used.
+    """
     n = len(oracle.graph)
+    ranks = tuple(range(num_stages)) if vstage_to_rank is None else vstage_to_rank
 
     def cost(s: int, i: int, j: int) -> float:
-        time = oracle.stage_compute_s(s, i, j)
-        if j < n and s + 1 < num_stages:
-            time += oracle.transfer_time(oracle.boundary_bytes(j), s, s + 1)
-        if i > 0 and s > 0:
-            time += oracle.transfer_time(oracle.boundary_bytes(i), s, s - 1)
-        return time
+        return reference_stage_cost(oracle, ranks, s, i, j)
 
     best = [[math.inf] * (n + 1) for _ in range(num_stages)]
     cut = [[0] * (n + 1) for _ in range(num_stages)]
@@ -113,7 +126,12 @@ def reference_balanced_counts(oracle: CostOracle, num_stages: int) -> tuple[int,
         counts.append(end - cut[s][end])
         end = cut[s][end]
     counts.append(end)
-    return tuple(reversed(counts))
+    return tuple(reversed(counts)), best, cost
+
+
+def reference_balanced_counts(oracle: CostOracle, num_stages: int) -> tuple[int, ...]:
+    """The old dynamic program's partition, stage s on rank s (:func:`reference_dp`)."""
+    return reference_dp(oracle, num_stages)[0]
 
 
 def _time_partition(model: str, topology: str, stages: int, repeats: int) -> tuple[float, float, float, tuple]:

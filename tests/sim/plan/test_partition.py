@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.bench import reference_dp, reference_stage_cost
 from sim.core.errors import SpecError
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import LayerTiming, MeasuredProfile
@@ -94,46 +95,6 @@ def test_more_stages_than_layers_is_an_error():
 # --- the reference: the original dynamic program, verbatim but for returning its tables ---------------------------
 
 
-def _reference_cost(oracle, ranks, stage, start, end):
-    """The original ``_StageCoster``: compute on the stage's rank, plus its output to the next stage's rank and its
-    input gradient to the previous one, added in that order."""
-    n, p = len(oracle.graph), len(ranks)
-    time = oracle.stage_compute_s(ranks[stage], start, end)
-    if end < n and stage + 1 < p:
-        time += oracle.transfer_time(oracle.boundary_bytes(end), ranks[stage], ranks[stage + 1])
-    if start > 0 and stage > 0:
-        time += oracle.transfer_time(oracle.boundary_bytes(start), ranks[stage], ranks[stage - 1])
-    return time
-
-
-def _reference_dp(oracle, num_stages, vstage_to_rank=None):
-    """The O(p·n²) DP that ``balanced_counts`` was: returns (counts, best, cost) with ``best[s][j]`` the optimum of
-    stages 0..s over layers [0, j) and ``cost(s, i, j)`` the stage cost it used."""
-    n = len(oracle.graph)
-    ranks = tuple(range(num_stages)) if vstage_to_rank is None else vstage_to_rank
-
-    def cost(s, i, j):
-        return _reference_cost(oracle, ranks, s, i, j)
-
-    best = [[math.inf] * (n + 1) for _ in range(num_stages)]
-    cut = [[0] * (n + 1) for _ in range(num_stages)]
-    for j in range(1, n - num_stages + 2):
-        best[0][j] = cost(0, 0, j)
-    for s in range(1, num_stages):
-        for j in range(s + 1, n - (num_stages - s - 1) + 1):
-            for i in range(s, j):
-                candidate = max(best[s - 1][i], cost(s, i, j))
-                if candidate < best[s][j]:
-                    best[s][j], cut[s][j] = candidate, i
-    counts, end = [], n
-    for s in range(num_stages - 1, 0, -1):
-        start = cut[s][end]
-        counts.append(end - start)
-        end = start
-    counts.append(end)
-    return tuple(reversed(counts)), best, cost
-
-
 def _reference_suffixes(n, p, cost, limit):
     """``ok[s][i]``: stages s..p-1 can cover layers [i, n) with every stage at most ``limit`` (brute force)."""
     ok = [[False] * (n + 1) for _ in range(p)]
@@ -187,7 +148,7 @@ def _instances(draw, max_layers=24):
 @given(_instances(max_layers=20))
 def test_balanced_returns_exactly_what_the_reference_dp_returns(instance):
     oracle, p, vstage_to_rank = instance
-    assert balanced_counts(oracle, p, vstage_to_rank) == _reference_dp(oracle, p, vstage_to_rank)[0]
+    assert balanced_counts(oracle, p, vstage_to_rank) == reference_dp(oracle, p, vstage_to_rank)[0]
 
 
 def _shake(costs, margin, rng):
@@ -209,7 +170,7 @@ def test_keys_off_by_anything_within_the_margin_give_the_reference_partition(ins
     costs = StageCosts(oracle, ranks)
     if margin is not None:
         _shake(costs, margin, rng)
-    expected = _reference_dp(oracle, p, vstage_to_rank)[0]
+    expected = reference_dp(oracle, p, vstage_to_rank)[0]
     assert min_max_counts(costs, uniform_counts(len(oracle.graph), p))[0] == expected
 
 
@@ -221,7 +182,7 @@ def test_threshold_feasibility_equals_the_reference_tables(instance, margin, rng
     oracle, p, vstage_to_rank = instance
     n = len(oracle.graph)
     ranks = tuple(range(p)) if vstage_to_rank is None else vstage_to_rank
-    _, best, cost = _reference_dp(oracle, p, vstage_to_rank)
+    _, best, cost = reference_dp(oracle, p, vstage_to_rank)
     costs = StageCosts(oracle, ranks)
     if margin is not None:
         _shake(costs, margin, rng)
@@ -256,7 +217,7 @@ def test_stage_costs_are_bitwise_the_oracles(instance):
     for s in range(p):
         for i in range(n):
             for j in range(i + 1, n + 1):
-                assert float(costs.exact(s, i, j)) == _reference_cost(oracle, ranks, s, i, j), (s, i, j)
+                assert float(costs.exact(s, i, j)) == reference_stage_cost(oracle, ranks, s, i, j), (s, i, j)
 
 
 def _profiled_oracle(n, topology, seed):
@@ -277,7 +238,7 @@ def _profiled_oracle(n, topology, seed):
 def test_a_profile_and_its_p2p_fit_give_the_reference_partition(topology, p, vstage_to_rank, seed):
     oracle = _profiled_oracle(30, topology, seed)
     assert oracle.uses_measured_p2p()
-    assert balanced_counts(oracle, p, vstage_to_rank) == _reference_dp(oracle, p, vstage_to_rank)[0]
+    assert balanced_counts(oracle, p, vstage_to_rank) == reference_dp(oracle, p, vstage_to_rank)[0]
 
 
 @pytest.mark.parametrize("model, topology, p, vstage_to_rank", [
@@ -289,7 +250,7 @@ def test_a_profile_and_its_p2p_fit_give_the_reference_partition(topology, p, vst
 ])
 def test_zoo_models_give_the_reference_partition(model, topology, p, vstage_to_rank):
     oracle = CostOracle(build_model(model), 2, None, Topology.parse(topology))
-    assert balanced_counts(oracle, p, vstage_to_rank) == _reference_dp(oracle, p, vstage_to_rank)[0]
+    assert balanced_counts(oracle, p, vstage_to_rank) == reference_dp(oracle, p, vstage_to_rank)[0]
 
 
 def test_a_table_too_large_is_refused_before_it_is_built(monkeypatch):
