@@ -105,20 +105,13 @@ def load_checked_plan(path: str) -> tuple[Plan, Topology]:
         validate(plan)
         topology = check_topology(plan)
         check_supported(plan)
-        _check_model_fits(plan)
-    check_torch_model(plan.model)
-    return plan, topology
-
-
-def _check_model_fits(plan: Plan) -> None:
-    """The placement must cover exactly the model's layers (an edited model or placement is refused here, not by an
-    IndexError on some rank after launch)."""
-    from sim.models import build_model
-
-    layers = len(build_model(plan.model))
-    if plan.placement.num_layers != layers:
+    graph = check_torch_model(plan.model)
+    if plan.placement.num_layers != len(graph):
+        # An edited model or placement is refused here, not by an IndexError on some rank after launch.
         raise SpecError(f"the plan's placement covers {plan.placement.num_layers} layers "
-                        f"({[list(r) for r in plan.placement.vstage_layers]}) but its model {plan.model} has {layers}")
+                        f"({[list(r) for r in plan.placement.vstage_layers]}) but its model {plan.model} has "
+                        f"{len(graph)}")
+    return plan, topology
 
 
 def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOptions:

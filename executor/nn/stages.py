@@ -85,10 +85,10 @@ def _resolve(spec: str) -> tuple[LayerGraph, _TorchModel, dict[str, int]]:
     return graph, model, {key: int(value) for key, value in raw.items()}
 
 
-def check_torch_model(spec: str) -> None:
-    """Raise :class:`SpecError` unless ``spec`` is a valid model with a torch implementation; builds no module (so a
-    launcher can check a plan without paying for torch's module machinery)."""
-    _resolve(spec)
+def check_torch_model(spec: str) -> LayerGraph:
+    """The graph of ``spec``, or :class:`SpecError` unless it is a valid model with a torch implementation; builds no
+    module (so a launcher can check a plan without paying for torch's module machinery)."""
+    return _resolve(spec)[0]
 
 
 def _check_int(what: str, value: object, minimum: int | None) -> int:
