@@ -3,6 +3,9 @@
 Every model reads its keys with defaults and rejects unknown keys, so the graph's ``spec`` is canonical: all keys,
 sorted, defaults filled in. ``build_model(graph.spec)`` rebuilds an equal graph, and the executor rebuilds the
 torch modules from the same string.
+
+``build_model(spec, sharding)`` builds instead the shard of the model one device of a tensor-parallel group holds
+(:mod:`sim.models.sharding`); only ``gpt`` is modelled sharded.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from sim.core.errors import SpecError
 from sim.core.spec import SpecParams, parse_spec
 from sim.models import cnn, gpt, supernet, uniform
 from sim.models.graph import LayerGraph, canonical_spec
+from sim.models.sharding import NO_SHARDING, Sharding
 
-__all__ = ["ModelEntry", "MODELS", "build_model", "format_model_list"]
+__all__ = ["ModelEntry", "MODELS", "build_model", "format_model_list", "Sharding", "NO_SHARDING"]
 
 
 @dataclass(frozen=True)
@@ -44,20 +48,31 @@ MODELS: Mapping[str, ModelEntry] = MappingProxyType(
 )
 
 
-def build_model(spec: str) -> LayerGraph:
+def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     """Build the :class:`LayerGraph` for a model spec such as ``"gpt:layers=2,hidden=64"``.
+
+    Args:
+        spec: the model spec.
+        sharding: the tensor-parallel shard one device holds (:mod:`sim.models.sharding`); the default, the whole
+            model, gives the same graph as before sharding existed. The graph's ``spec`` is the model's canonical
+            spec whatever the sharding.
 
     Raises:
         SpecError: an unknown model name (the message lists the known ones), an unknown key, a non-numeric,
-            zero or negative size, or a model-specific constraint (``heads`` divides ``hidden``, odd ``kernel``).
+            zero or negative size, or a model-specific constraint (``heads`` divides ``hidden``, odd ``kernel``);
+            a sharding that changes the model (``tp > 1`` or selective recomputation) for a model other than gpt;
+            ``tp`` not dividing gpt's ``heads``, or its ``seq`` under sequence parallelism.
     """
     name, raw = parse_spec(spec)
     entry = MODELS.get(name)
     if entry is None:
         raise SpecError(f"unknown model {name!r} in spec {spec!r} (known: {', '.join(sorted(MODELS))})")
+    if sharding.changes_model and name != gpt.NAME:
+        what = "tensor parallelism" if sharding.tp > 1 else "selective recomputation"
+        raise SpecError(f"{what} is modelled for gpt only, got {spec!r} with {sharding.describe()}")
     _check_size(spec, raw)
     params = SpecParams(spec, raw)
-    graph = entry.build(params)
+    graph = gpt.build(params, sharding) if sharding.changes_model else entry.build(params)
     params.finish()  # each build already does; this guards a model that forgets
     return graph
 

@@ -42,6 +42,21 @@ class Layer:
         workspace_bytes: transient bytes per sample alive only while the op runs.
         fwd_s: device-independent forward time per sample in seconds, or None to derive it from FLOPs.
         bwd_s: device-independent backward time per sample in seconds; set exactly when ``fwd_s`` is.
+        tp_comm_fwd_bytes: bytes per sample of the tensor-parallel collectives in this layer's forward, counted as
+            all-reduce equivalents and summed over its collectives: an all-reduce counts its buffer (a Megatron
+            block's two all-reduces of an fp16 s x h tensor count 2 * 2sh); under sequence parallelism each of them
+            becomes a reduce-scatter + all-gather of the same tensor, which a ring moves in the same time, so the
+            figure is the same and ``Sharding.sequence_parallel`` says how to cost it; a lone reduce-scatter or
+            all-gather (sequence parallelism at the embedding and the LM head) is half a ring all-reduce and counts
+            half the gathered tensor's bytes. A ring over t devices so takes ``2(t-1)/t * bytes / bandwidth``.
+            0 without tensor parallelism (tp = 1) and for every model but gpt.
+        tp_comm_bwd_bytes: the same for the layer's backward.
+        tp_comm_fwd_count: how many collectives the forward launches, for the latency term: an all-reduce, or the
+            reduce-scatter + all-gather pair that replaces it under sequence parallelism, counts 1, and so does a
+            lone reduce-scatter or all-gather.
+        tp_comm_bwd_count: the same for the backward.
+        recompute_flops: FLOPs per sample that the backward re-runs under selective activation recomputation
+            (Korthikanti et al. 2022, arXiv 2205.05198 §5), on top of ``flops_bwd``; 0 without it.
     """
 
     name: str
@@ -54,18 +69,24 @@ class Layer:
     workspace_bytes: int = 0
     fwd_s: float | None = None
     bwd_s: float | None = None
+    tp_comm_fwd_bytes: int = 0
+    tp_comm_bwd_bytes: int = 0
+    tp_comm_fwd_count: int = 0
+    tp_comm_bwd_count: int = 0
+    recompute_flops: float = 0.0
 
     def __post_init__(self) -> None:
         for attr in ("name", "kind"):
             value = getattr(self, attr)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"layer {attr} must be a non-empty string, got {value!r}")
-        for attr in ("flops_fwd", "flops_bwd"):
+        for attr in ("flops_fwd", "flops_bwd", "recompute_flops"):
             _check_number(self.name, attr, getattr(self, attr))
-        for attr in ("param_bytes", "activation_bytes", "saved_bytes", "workspace_bytes"):
+        for attr in ("param_bytes", "activation_bytes", "saved_bytes", "workspace_bytes", "tp_comm_fwd_bytes",
+                     "tp_comm_bwd_bytes", "tp_comm_fwd_count", "tp_comm_bwd_count"):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"layer {self.name!r}: {attr} must be an int >= 0 (bytes), got {value!r}")
+                raise ValueError(f"layer {self.name!r}: {attr} must be an int >= 0, got {value!r}")
         if (self.fwd_s is None) != (self.bwd_s is None):
             raise ValueError(
                 f"layer {self.name!r}: set both fwd_s and bwd_s or neither, got {self.fwd_s!r}, {self.bwd_s!r}"

@@ -1,0 +1,121 @@
+"""One device's share of a model under tensor parallelism: the :class:`Sharding` that ``build_model`` takes.
+
+``build_model(spec, sharding)`` returns the :class:`~sim.models.graph.LayerGraph` of the shard one device of a
+tensor-parallel group holds: every layer's FLOPs, weights and saved activations are that device's, and each layer
+records the tensor-parallel collectives it runs (``Layer.tp_comm_*``, per sample) and, under selective
+recomputation, the FLOPs its backward re-runs (``Layer.recompute_flops``). ``build_model(spec)`` is
+``build_model(spec, NO_SHARDING)``: the whole model on one device, figures unchanged.
+
+Sources: Megatron-LM (Shoeybi et al. 2019, arXiv 1909.08053 §3) splits attention by heads and the MLP by its inner
+dimension, with two all-reduces per block in the forward and two in the backward; sequence parallelism and selective
+recomputation are Korthikanti et al. 2022 (arXiv 2205.05198) §4.2.2 and §5, with the per-layer activation memory of
+each combination in its Table 2. Only ``gpt`` is modelled sharded (:func:`sim.models.build_model` refuses others).
+
+Collective accounting: every collective is written as *all-reduce equivalents* (``Layer.tp_comm_*`` docstrings).
+:func:`all_reduce` is one all-reduce of a buffer, :func:`lone_gather_or_scatter` a lone reduce-scatter or all-gather
+of a tensor whose gathered size is given; under sequence parallelism a block's all-reduce becomes a reduce-scatter
+and an all-gather of the same tensor, which a ring moves in the same time, so it keeps its all-reduce figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Sharding", "NO_SHARDING", "Collectives", "all_reduce", "lone_gather_or_scatter", "padded_vocab"]
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How one device holds the model: its tensor-parallel shard.
+
+    Attributes:
+        tp: tensor-parallel degree t, the devices that split every layer (Megatron-LM §3).
+        sequence_parallel: Korthikanti et al. §4.2.2: the LayerNorms, dropouts and residual adds, which tensor
+            parallelism replicates, are split along the sequence instead, so the activations between the
+            tensor-parallel regions are s/t long, and each all-reduce becomes a reduce-scatter + all-gather. With
+            ``tp = 1`` there is nothing to split and it changes nothing (allowed, so a sweep may set it throughout).
+        selective_recompute: Korthikanti et al. §5: the attention core (QK^T, softmax, softmax dropout, attention
+            over V) keeps nothing for the backward, which re-runs it; everything else is kept.
+    """
+
+    tp: int = 1
+    sequence_parallel: bool = False
+    selective_recompute: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"tensor-parallel degree tp must be an int >= 1, got {self.tp!r}")
+        for name in ("sequence_parallel", "selective_recompute"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"Sharding.{name} must be True or False, got {value!r}")
+
+    @property
+    def sequence_shards(self) -> int:
+        """Parts the sequence of the non-tensor-parallel regions is split into: ``tp`` under sequence
+        parallelism, else 1 (those regions are replicated on every device of the group)."""
+        return self.tp if self.sequence_parallel else 1
+
+    @property
+    def changes_model(self) -> bool:
+        """Whether a graph built with this sharding can differ from the whole model's: ``tp > 1`` or selective
+        recomputation (sequence parallelism alone, at ``tp = 1``, is a no-op)."""
+        return self.tp > 1 or self.selective_recompute
+
+    def describe(self) -> str:
+        """Short text for messages, e.g. ``tp=4, sequence parallel, selective recompute``."""
+        parts = [f"tp={self.tp}"]
+        if self.sequence_parallel:
+            parts.append("sequence parallel")
+        if self.selective_recompute:
+            parts.append("selective recompute")
+        return ", ".join(parts)
+
+
+#: The whole model on one device: what ``build_model(spec)`` builds.
+NO_SHARDING = Sharding()
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """Tensor-parallel collectives of one pass of one layer, per sample, as all-reduce equivalents.
+
+    Attributes:
+        nbytes: bytes, summed over the collectives (an all-reduce counts its buffer; a lone reduce-scatter or
+            all-gather half its gathered tensor).
+        count: collectives launched (an all-reduce, or the reduce-scatter + all-gather pair replacing it, is 1).
+    """
+
+    nbytes: int = 0
+    count: int = 0
+
+    def __add__(self, other: Collectives) -> Collectives:
+        return Collectives(self.nbytes + other.nbytes, self.count + other.count)
+
+
+def all_reduce(nbytes: int, times: int = 1) -> Collectives:
+    """``times`` all-reduces of an ``nbytes`` buffer each (or, under sequence parallelism, the reduce-scatter +
+    all-gather pairs of the same tensor that replace them: a ring moves both in the same time)."""
+    return Collectives(nbytes * times, times)
+
+
+def lone_gather_or_scatter(gathered_bytes: int) -> Collectives:
+    """One reduce-scatter or all-gather whose gathered tensor has ``gathered_bytes``: half a ring all-reduce of that
+    tensor (a ring all-reduce is a reduce-scatter followed by an all-gather), launched once."""
+    if gathered_bytes % 2:
+        raise ValueError(f"a gathered tensor of {gathered_bytes} bytes cannot be halved exactly")
+    return Collectives(gathered_bytes // 2, 1)
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """Vocabulary rows the ``tp`` shards of a vocabulary-parallel table hold together: ``vocab`` rounded up to a
+    multiple of ``tp``, so every shard has ``padded_vocab // tp`` rows (the padding rows are never a target).
+
+    Megatron-LM pads further, to a multiple of 128·t (``--make-vocab-size-divisible-by 128``), for matmul
+    efficiency. We pad only as far as the split needs, so ``tp = 1`` keeps the model's exact vocabulary (the
+    executor's torch modules are checked against it) and a shard holds fewer than 128 rows less than Megatron's.
+
+    >>> padded_vocab(50257, 1), padded_vocab(50257, 2), padded_vocab(50257, 8)
+    (50257, 50258, 50264)
+    """
+    return -(-vocab // tp) * tp
