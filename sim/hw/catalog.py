@@ -1,14 +1,14 @@
 """The hardware catalog: devices (accelerators) and link types, loaded from ``profiles/hardware/*.yaml``.
 
 Every number comes from the data files, and every entry there carries a ``source`` that cites
-``shared/reference/hardware.md``. The data files use human units (TFLOP/s, GB, GB/s, µs, with 1 GB = 1e9 bytes);
-this module converts them once to SI units, so every :class:`DeviceSpec` and :class:`LinkSpec` field is in
-FLOP/s, bytes, bytes/s or seconds.
+``shared/reference/hardware.md`` or, for what that lacks, a public URL. The data files use human units (TFLOP/s, GB,
+GB/s, µs, with 1 GB = 1e9 bytes); this module converts them once to SI units, so every :class:`DeviceSpec` and
+:class:`LinkSpec` field is in FLOP/s, bytes, bytes/s or seconds.
 
-Lookups are case-insensitive and accept short aliases (``V100``, ``A100``, ``H100-PCIE``, ``T4``, ...); an unknown
-name raises :class:`~sim.core.errors.SpecError` with the closest known names. A data file that is malformed (a missing
-field, a non-positive number, an unknown ``host_link``, a duplicate name or alias) fails on first use with a message
-naming the file, the entry and the field. YAML here and in topology files (:mod:`sim.hw.grammar`) is read with
+Lookups are case-insensitive and accept short aliases (``V100``, ``A100``, ``H200``, ``GH200``, ``MI300X``, ...); an
+unknown name raises :class:`~sim.core.errors.SpecError` with the closest known names. A data file that is malformed (a
+missing field, a non-positive number, an unknown ``host_link``, a duplicate name or alias) fails on first use with a
+message naming the file, the entry and the field. YAML here and in topology files (:mod:`sim.hw.grammar`) is read with
 :func:`load_yaml`, which refuses a key that appears twice in one mapping (PyYAML would keep the last silently).
 """
 
@@ -59,7 +59,8 @@ class DeviceSpec:
         memory_bytes: device memory, bytes (``math.inf`` only for the ideal device).
         memory_bandwidth: device memory bandwidth, bytes/s.
         launch_overhead_s: fixed cost per op (kernel launch and the like), s.
-        host_link: name of the :class:`LinkSpec` of the card's PCIe x16 link to its host.
+        host_link: name of the :class:`LinkSpec` of the card's link to its host memory: PCIe x16, or NVLink-C2C to
+            the Grace CPU on a GH200.
         source: citation of every number above.
     """
 

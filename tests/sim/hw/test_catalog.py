@@ -23,13 +23,14 @@ from sim.hw.catalog import (
 )
 
 CONTRACT_LINKS = [
-    "nvlink2-x1", "nvlink2-x2", "nvswitch-v100", "nvswitch-a100", "nvswitch-h100", "pcie3-x16", "pcie4-x16",
-    "pcie5-x16", "ib-edr", "ib-hdr", "ib-ndr", "eth-10g", "eth-25g", "eth-100g", "loopback", "ideal",
+    "nvlink2-x1", "nvlink2-x2", "nvswitch-v100", "nvswitch-a100", "nvswitch-h100", "nvswitch-h200", "nvswitch-b200",
+    "nvlink4-x6", "xgmi-mi300x", "nvlink-c2c", "pcie3-x16", "pcie4-x16", "pcie5-x16", "ib-edr", "ib-hdr", "ib-ndr",
+    "ib-xdr", "slingshot-11", "roce-200g", "roce-400g", "eth-10g", "eth-25g", "eth-100g", "loopback", "ideal",
 ]  # fmt: skip
 CONTRACT_DEVICES = [
     "v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "v100-pcie-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb",
     "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm5-80gb", "h100-pcie-80gb", "t4-16gb", "a10-24gb", "rtx3090-24gb",
-    "rtx4090-24gb", "cpu", "ideal",
+    "rtx4090-24gb", "h200-sxm-141gb", "gh200-96gb", "b200-sxm-180gb", "l40s-48gb", "mi300x-192gb", "cpu", "ideal",
 ]  # fmt: skip
 
 
@@ -46,6 +47,12 @@ CONTRACT_DEVICES = [
         ("A10", "a10-24gb"),
         ("RTX3090", "rtx3090-24gb"),
         ("RTX4090", "rtx4090-24gb"),
+        ("H200", "h200-sxm-141gb"),
+        ("GH200", "gh200-96gb"),
+        ("B200", "b200-sxm-180gb"),
+        ("L40S", "l40s-48gb"),
+        ("MI300X", "mi300x-192gb"),
+        ("mi300x", "mi300x-192gb"),
         ("ideal", "ideal"),
         ("v100", "v100-sxm2-32gb"),
         ("a100-pcie", "a100-pcie-80gb"),
@@ -89,11 +96,12 @@ def test_ideal_device_and_link() -> None:
 def test_every_device_is_consistent_and_cited(device: DeviceSpec) -> None:
     assert 0 < device.matmul_efficiency <= 1
     assert device.peak_flops > 0 and device.memory_bytes > 0 and device.memory_bandwidth > 0
-    expected_host_link = {"ideal": "ideal", "cpu": "loopback"}.get(device.name)
+    expected_host_link = {"ideal": "ideal", "cpu": "loopback", "gh200-96gb": "nvlink-c2c"}.get(device.name)
     assert get_link(device.host_link).name.startswith("pcie") or device.host_link == expected_host_link
-    if device.name != "ideal":
-        # GPUs cite the reference notes; the cpu device was measured by this project on its own machine.
-        assert ("hardware.md §" if device.name != "cpu" else "[meas: this project") in device.source
+    if device.name == "cpu":  # measured by this project on its own machine
+        assert "[meas: this project" in device.source
+    elif device.name != "ideal":  # GPUs cite the reference notes or, for what those lack, a public URL
+        assert "hardware.md §" in device.source or "https://" in device.source
         assert math.isfinite(device.memory_bytes) and 1e-6 <= device.launch_overhead_s <= 50e-6
 
 
@@ -102,8 +110,8 @@ def test_every_link_is_consistent_and_cited(link) -> None:
     assert 0 < link.bandwidth <= link.spec_bandwidth
     assert link.latency >= 0
     if link.name != "ideal":
-        cited = "simulators.md §" if link.name == "loopback" else "hardware.md §"
-        assert cited in link.source and math.isfinite(link.bandwidth) and link.latency > 0
+        cited = ("simulators.md §",) if link.name == "loopback" else ("hardware.md §", "https://")
+        assert any(c in link.source for c in cited) and math.isfinite(link.bandwidth) and link.latency > 0
 
 
 def test_specs_are_frozen() -> None:
