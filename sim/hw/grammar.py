@@ -3,9 +3,9 @@
 Grammar (DESIGN §5; case-insensitive device and preset names, ``x`` or ``X`` as separator)::
 
     spec   := term ("+" term)*  |  PATH.yaml  |  PATH.yml
-    term   := N "x" DEVICE       one server of N GPUs            8xV100, 4xA100-PCIE, 16xideal, 2xcpu
-            | M "x" N "x" DEVICE M servers of N GPUs each       2x8xA100
-            | PRESET | M "x" PRESET                             dgx-a100, 2xdgx-h100
+    term   := N "x" DEVICE       one server of N GPUs            8xV100, 4xA100-PCIE, 4xGH200, 16xideal, 2xcpu
+            | M "x" N "x" DEVICE M servers of N GPUs each       2x8xA100, 16x4xGH200, 2x8xMI300X
+            | PRESET | M "x" PRESET                             dgx-a100, 2xdgx-h100, 8xcray-ex-gh200
 
 Each term is one server or several; ranks are numbered term by term, server by server. A server's wiring and NICs
 are those of the real system (:func:`sim.hw.nodes.default_shape`); a heterogeneous spec (``A+B``) joins all
@@ -26,7 +26,8 @@ YAML topology file schema (unknown or repeated keys are errors)::
         repeat: 2              # optional: this many identical servers (default 1)
     network: ib-edr            # optional: link type of one NIC port, a name of --topology list's links
                                # (default: the slowest server default)
-    nics_per_node: 4           # optional: NIC ports per server (default: each server's own default)
+    nics_per_node: 4           # optional: NIC ports per server (default: each server's own default; a GH200
+                               # server has one NIC per GPU, so only its GPU count fits it)
 """
 
 from __future__ import annotations
@@ -87,6 +88,33 @@ PRESETS: dict[str, Preset] = {
         Preset("p3.16xlarge", "v100-sxm2-16gb", 8, "cube-mesh", "eth-25g", 1,
                "AWS p3.16xlarge: 8 x V100 SXM2 16 GB, hybrid cube-mesh NVLink, 25 Gb Ethernet",
                "hardware.md §2.5/§3 (mlsys-seo/ooo-backprop AWS-doc: 8 x V100 with NVLink, 25 Gbps)"),
+        Preset("dgx-h200", "h200-sxm-141gb", 8, "nvswitch", "ib-ndr", 8,
+               "NVIDIA DGX H200: 8 x H200 SXM 141 GB on NVSwitch, 8 x NDR InfiniBand",
+               "NVIDIA DGX BasePOD reference architecture, core components (https://docs.nvidia.com/dgx-basepod/"
+               "reference-architecture-infrastructure-foundation-enterprise-ai/latest/core-components.html): eight "
+               "Hopper GPUs, 1,128 GB for H200, four NVSwitch chips, 'eight single-port NVIDIA ConnectX-7 VPI ... up "
+               "to 400 Gb/s InfiniBand/Ethernet'"),
+        Preset("dgx-b200", "b200-sxm-180gb", 8, "nvswitch", "ib-ndr", 8,
+               "NVIDIA DGX B200: 8 x B200 180 GB on NVSwitch (NVLink 5), 8 x NDR InfiniBand",
+               "NVIDIA DGX B200 user guide (https://docs.nvidia.com/dgx/dgxb200-user-guide/introduction-to-dgxb200"
+               ".html): 8 x B200, 1,440 GB, 2 x 5th generation NVLink switches, '8 x NVIDIA ConnectX-7 Single Port "
+               "Cards ... InfiniBand (default): Up to 400Gbps'"),
+        Preset("cray-ex-gh200", "gh200-96gb", 4, "full-mesh", "slingshot-11", 4,
+               "HPE Cray EX node (CSCS Alps): 4 x GH200 96 GB, NVLink all-to-all, a Slingshot-11 NIC per GPU",
+               "CSCS Alps hardware page and GH200 node schematic (https://github.com/eth-cscs/cscs-docs/blob/"
+               "80abed138e7cc52ebf6703b82ed02520ab9bf92f/docs/alps/hardware.md): 'four Grace-Hopper modules and four "
+               "corresponding network interface cards', 'GPU All2all: 3x6 NVLink P2P 150GB/s per direction', "
+               "'Slingshot hsn0..hsn3 200Gb/s (25GB/s)'"),
+        Preset("mi300x-platform", "mi300x-192gb", 8, "full-mesh", "roce-400g", 8,
+               "AMD Instinct MI300X platform: 8 x MI300X 192 GB, Infinity Fabric full mesh, 8 x 400 GbE RoCE",
+               "stas00/ml-engineering network/README.md 'Infinity Fabric / xGMI' (7 links per GPU, one per peer; "
+               "https://www.amd.com/en/products/accelerators/instinct/mi300/platform.html); 8 x 400 Gb/s ConnectX-7, "
+               "one per GPU (https://rocm.docs.amd.com/en/latest/how-to/rocm-for-ai/inference/benchmark-docker/"
+               "vllm-mori-distributed.html)"),
+        Preset("l40s-pcie8", "l40s-48gb", 8, "pcie", "roce-200g", 2,
+               "PCIe server: 8 x L40S 48 GB (no NVLink), 2 x 200 GbE RoCE [network assumed]",
+               "8 GPUs is the PCIe box limit of sim.hw.nodes (hardware.md §2.2); L40S has no NVLink and runs on PCIe "
+               "4.0 x16 (devices.yaml l40s-48gb); network 2 x 200 GbE RoCE [assumed], see nodes._NETWORK"),
     )
 }  # fmt: skip
 
@@ -236,8 +264,11 @@ def format_topology_list() -> str:
     lines = [
         "Topology specs:",
         "  NxDEVICE          one server of N GPUs, wired as the real system is (8xV100 = DGX-1 cube-mesh,",
-        "                    16xV100 = DGX-2 NVSwitch, 8xA100 / 8xH100 = NVSwitch, PCIe cards through the host)",
-        "  MxNxDEVICE        M such servers joined by their InfiniBand / Ethernet network (2x8xA100)",
+        "                    16xV100 = DGX-2 NVSwitch, 8xA100 / 8xH100 / 8xH200 / 8xB200 = NVSwitch, 4xGH200 =",
+        "                    HPE Cray EX node with NVLink all-to-all, 8xMI300X = Infinity Fabric mesh, PCIe cards",
+        "                    such as L40S through the host)",
+        "  MxNxDEVICE        M such servers joined by their InfiniBand / Slingshot / Ethernet network (2x8xA100,",
+        "                    16x4xGH200, 2x8xMI300X)",
         "  A+B+...           heterogeneous: servers of each term, ranks in term order (4xV100+4xA100)",
         "  PRESET, MxPRESET  a named server, or M of them (2xdgx-a100)",
         "  Nxideal           N ideal devices, every transfer free (analytic checks)",

@@ -5,21 +5,30 @@ A :class:`NodeShape` says what one server holds: ``count`` GPUs of one device, h
 :func:`build_graph` turns shapes into a ``networkx.DiGraph`` whose edges carry one directed :class:`Link` each.
 
 Graph nodes: ``gpu{r}`` (rank r), ``host{n}`` (host memory and PCIe root of server n), ``nvswitch{n}``, ``nic{n}``
-(the aggregated NIC ports of server n) and ``fabric`` (the non-blocking network between servers). Every physical
-link is full duplex and appears as two :class:`Link` objects, one per direction.
+(the aggregated NIC ports of server n), ``nic{n}.{i}`` (the own NIC of the i-th GPU of server n, where each GPU has
+one) and ``fabric`` (the non-blocking network between servers). Every physical link is full duplex and appears as two
+:class:`Link` objects, one per direction. A graph node with attribute ``transit=False`` is an endpoint that routes
+never cross (:mod:`sim.hw.topology`): the host of a GH200 server, whose GPUs reach their Grace CPU memory over
+NVLink-C2C; peer traffic there takes the NVLink mesh (NCCL does), not a detour through host memory.
 
 Intra-node wiring (``intra``):
 
 * ``cube-mesh``: the DGX-1 V100 hybrid cube-mesh, restricted to GPUs 0..count-1, with the exact NVLink pairs of
   hardware.md §2.2 (two-link pairs ``nvlink2-x2``, one-link pairs ``nvlink2-x1``); other pairs meet at the host.
-* ``nvswitch``: every GPU has one link of its generation's NVSwitch type to ``nvswitch{n}`` (DGX-2, DGX A100/H100).
-* ``pcie``: no GPU-to-GPU link; GPUs meet at ``host{n}`` over their PCIe links.
-* ``full-mesh``: every GPU pair has its own ``ideal`` link (the ideal device only).
+* ``nvswitch``: every GPU has one link of its generation's NVSwitch type to ``nvswitch{n}`` (DGX-2, DGX A100/H100/H200,
+  DGX B200).
+* ``pcie``: no GPU-to-GPU link; GPUs meet at ``host{n}`` over their PCIe links (PCIe cards such as the L40S).
+* ``full-mesh``: every GPU pair has its own direct link of the device's mesh type: 6 x NVLink 4 between the four GH200
+  of an HPE Cray EX node, one Infinity Fabric link between the eight MI300X of an AMD platform, ``ideal`` for the ideal
+  device.
 
-Every GPU also has its device's ``host_link`` (PCIe x16) to ``host{n}``. Between servers, each GPU reaches
-``nic{n}`` over a second link of its ``host_link`` type (GPUDirect RDMA through the PCIe switch; the model does not
-make network traffic share bandwidth with host copies), and ``nic{n}`` reaches ``fabric`` over one link whose
-bandwidth is the NIC port bandwidth × the number of ports (:func:`aggregate`).
+Every GPU also has its device's ``host_link`` (PCIe x16, or NVLink-C2C on a GH200) to ``host{n}``. Between servers,
+each GPU reaches ``nic{n}`` over a second link of its ``host_link`` type (GPUDirect RDMA through the PCIe switch; the
+model does not make network traffic share bandwidth with host copies), and ``nic{n}`` reaches ``fabric`` over one link
+whose bandwidth is the NIC port bandwidth × the number of ports (:func:`aggregate`). Where the source says each GPU
+has its own NIC and the host link is faster than the port (GH200: one Slingshot-11 NIC per superchip), GPU i has its
+own ``nic{n}.{i}`` with one port instead, so one GPU's message cannot use its neighbours' NICs: on an Alps GH200 node a
+single GPU pair across nodes moved 22.9 GB/s and four pairs 92.6 GB/s (the sources in ``links.yaml``).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ __all__ = [
     "NodeShape",
     "INTRA_KINDS",
     "DGX1_NVLINK_PAIRS",
+    "mesh_link",
     "MAX_RANKS",
     "MAX_RANKS_REASON",
     "check_rank_count",
@@ -69,23 +79,50 @@ DGX1_NVLINK_PAIRS: dict[tuple[int, int], int] = {
 _V100_SXM2 = ("v100-sxm2-16gb", "v100-sxm2-32gb")
 _CUBE_MESH_MAX = 8  # the DGX-1 has 8 GPUs
 _IDEAL_MAX = 256  # a full mesh has n(n-1) directed links; bounded to keep the graph small
+
+# device → (link type of every GPU pair, most GPUs) of a full mesh:
+# - GH200: an HPE Cray EX node holds 4 superchips, each pair joined by 6 NVLink 4 links ('GPU All2all: 3x6 NVLink',
+#   CSCS Alps GH200 node schematic, cited in links.yaml nvlink4-x6);
+# - MI300X: the AMD platform holds 8 OAM modules, each with 7 Infinity Fabric links, one to each peer (stas00
+#   network README, cited in links.yaml xgmi-mi300x);
+# - ideal: every pair on an ideal link.
+_MESH: dict[str, tuple[str, int]] = {
+    "ideal": ("ideal", _IDEAL_MAX),
+    "gh200-96gb": ("nvlink4-x6", 4),
+    "mi300x-192gb": ("xgmi-mi300x", 8),
+}
+# GPUs whose host link is NVLink-C2C to their own Grace CPU: no PCIe path joins two of them, and their host is not a
+# transit node (module docstring).
+_C2C_HOSTED = frozenset({"gh200-96gb"})
+# GPUs with their own NIC each, where the source says so and it matters (host link faster than the port, see the
+# module docstring): GH200, 'four Grace-Hopper modules and four corresponding network interface cards' (CSCS Alps
+# hardware page, docs/alps/hardware.md in eth-cscs/cscs-docs).
+_NIC_PER_GPU = frozenset({"gh200-96gb"})
 _PCIE_MAX = 8  # PCIe boxes hold 4-8 GPUs (hardware.md §2.2 'PCIe boxes without NVLink', NVIDIA/nccl#814)
 _CPU_MAX = 64  # executor ranks (processes) on one host; beyond the core count they only oversubscribe it
 
 # device → (NVSwitch link type, most GPUs on one NVSwitch node). DGX-2: 16 V100 on NVSwitch gen1; DGX A100 / H100:
-# 8 GPUs on NVSwitch gen2 / gen3 (hardware.md §2.1-§2.2).
+# 8 GPUs on NVSwitch gen2 / gen3 (hardware.md §2.1-§2.2); DGX H200: 8 GPUs, NVSwitch gen3; DGX B200: 8 GPUs, NVSwitch
+# gen4 (NVIDIA DGX BasePOD reference architecture and DGX B200 user guide, cited in grammar.PRESETS).
 _SWITCH: dict[str, tuple[str, int]] = {
     "v100-sxm2-16gb": ("nvswitch-v100", 16),
     "v100-sxm2-32gb": ("nvswitch-v100", 16),
     "a100-sxm4-40gb": ("nvswitch-a100", 8),
     "a100-sxm4-80gb": ("nvswitch-a100", 8),
     "h100-sxm5-80gb": ("nvswitch-h100", 8),
+    "h200-sxm-141gb": ("nvswitch-h200", 8),
+    "b200-sxm-180gb": ("nvswitch-b200", 8),
 }
 
 # device → (NIC port type, ports per server) between servers:
 # - V100 SXM2: DGX-1V has 4 × 100 Gb/s InfiniBand (hardware.md §2.2; 8 on a DGX-2, see default_shape);
 # - A100 SXM4: DGX A100 / Selene, 8 × HDR (hardware.md §2.2, Megatron SC'21 §5);
 # - H100 SXM5: DGX H100, 8 × NDR (hardware.md §2.2, stas00 inter-node table);
+# - H200, B200: DGX H200 / DGX B200, 8 single-port ConnectX-7 at 400 Gb/s, InfiniBand by default (NDR);
+# - GH200: HPE Cray EX node, one Slingshot-11 NIC per superchip (CSCS Alps; the count follows the GPUs, see below);
+# - MI300X: one 400 Gb/s NIC per GPU, 8 per node, taken as RoCE 400 GbE (AMD ROCm docs, cited in links.yaml roce-400g);
+# - L40S: PCIe servers on Ethernet: 2 × 200 GbE RoCE per server [assumed: naddod's L40S guide asks for '200Gbps RoCE
+#   or IB' without a port count; one port per CPU socket of a two-socket server];
 # - V100 PCIe, T4: 10 GbE, the PipeDream Cluster-A servers of 4 × V100 PCIe (hardware.md §3, [recalled]);
 # - A10, RTX 3090/4090: 25 GbE [assumed: commodity servers; the p3.16xlarge rate of hardware.md §2.5];
 # - A100/H100 PCIe: 100 GbE [assumed: hardware.md §2.5 Ethernet rates; no cited server];
@@ -97,6 +134,11 @@ _NETWORK: dict[str, tuple[str, int]] = {
     "a100-sxm4-40gb": ("ib-hdr", 8),
     "a100-sxm4-80gb": ("ib-hdr", 8),
     "h100-sxm5-80gb": ("ib-ndr", 8),
+    "h200-sxm-141gb": ("ib-ndr", 8),
+    "b200-sxm-180gb": ("ib-ndr", 8),
+    "gh200-96gb": ("slingshot-11", 4),
+    "mi300x-192gb": ("roce-400g", 8),
+    "l40s-48gb": ("roce-200g", 2),
     "v100-pcie-16gb": ("eth-10g", 1),
     "v100-pcie-32gb": ("eth-10g", 1),
     "t4-16gb": ("eth-10g", 1),
@@ -138,6 +180,7 @@ class NodeShape:
         network: link type of one NIC port (used only when the topology has more than one server).
         nics: NIC ports of the server.
         preset: the preset the server came from (``"dgx-a100"``), or ``""``.
+        nic_per_gpu: each GPU has its own NIC (``nics == count``) instead of sharing the server's ports.
     """
 
     device: DeviceSpec
@@ -146,6 +189,7 @@ class NodeShape:
     network: LinkSpec
     nics: int
     preset: str = ""
+    nic_per_gpu: bool = False
 
 
 def check_rank_count(ranks: int, what: str) -> None:
@@ -157,15 +201,30 @@ def check_rank_count(ranks: int, what: str) -> None:
 
 def _max_gpus(device: DeviceSpec, intra: str) -> int:
     """The most GPUs of ``device`` a server with ``intra`` wiring holds; 0 if that wiring is impossible."""
+    if intra == "full-mesh":
+        return _MESH.get(device.name, ("", 0))[1]
     if device.name == "ideal":
-        return _IDEAL_MAX if intra == "full-mesh" else 0
+        return 0
     if intra == "cube-mesh":
         return _CUBE_MESH_MAX if device.name in _V100_SXM2 else 0
     if intra == "nvswitch":
         return _SWITCH.get(device.name, ("", 0))[1]
     if intra == "pcie":
+        if device.name in _C2C_HOSTED:
+            return 0
         return _CPU_MAX if device.name == "cpu" else _PCIE_MAX
     return 0
+
+
+def mesh_link(device: DeviceSpec) -> LinkSpec:
+    """The link type joining every GPU pair of a ``full-mesh`` server of ``device``.
+
+    Raises:
+        SpecError: ``device`` has no full-mesh server.
+    """
+    if device.name not in _MESH:
+        raise SpecError(f"{device.name} cannot be wired as 'full-mesh'")
+    return get_link(_MESH[device.name][0])
 
 
 def max_gpus_per_node(device: DeviceSpec) -> int:
@@ -196,7 +255,7 @@ def default_shape(device: DeviceSpec, count: int, intra: str | None = None) -> N
         SpecError: the server cannot be built; the message suggests ``MxNxDEV`` when ``count`` is too large.
     """
     if intra is None:
-        if device.name == "ideal":
+        if device.name in _MESH:
             intra = "full-mesh"
         elif device.name in _V100_SXM2:
             intra = "cube-mesh" if count <= _CUBE_MESH_MAX else "nvswitch"
@@ -212,7 +271,11 @@ def default_shape(device: DeviceSpec, count: int, intra: str | None = None) -> N
     network, nics = _NETWORK[device.name]
     if device.name in _V100_SXM2 and intra == "nvswitch":
         nics = _DGX2_NICS
-    return NodeShape(device=device, count=count, intra=intra, network=get_link(network), nics=nics)
+    per_gpu = device.name in _NIC_PER_GPU
+    if per_gpu:
+        nics = count  # one NIC per GPU: a server of 2 of the 4 superchips has 2
+    return NodeShape(device=device, count=count, intra=intra, network=get_link(network), nics=nics,
+                     nic_per_gpu=per_gpu)
 
 
 def aggregate(link: LinkSpec, count: int) -> LinkSpec:
@@ -234,9 +297,16 @@ def unify_network(shapes: list[NodeShape], network: LinkSpec | None = None, nics
     A heterogeneous cluster shares one fabric, so it runs every port at the speed of the slowest server's NICs
     (lowest effective bandwidth; ties: higher latency, then name). Each server keeps its own port count unless
     ``nics`` is given.
+
+    Raises:
+        SpecError: ``nics`` differs from the GPU count of a server whose GPUs have one NIC each (a GH200 node).
     """
     if network is None:
         network = min((s.network for s in shapes), key=lambda link: (link.bandwidth, -link.latency, link.name))
+    for s in shapes:
+        if nics is not None and s.nic_per_gpu and nics != s.count:
+            raise SpecError(f"nics_per_node {nics} does not fit a server of {s.count} x {s.device.name}: each of its "
+                            f"GPUs has its own NIC, so it has {s.count}")
     return [replace(s, network=network, nics=s.nics if nics is None else nics) for s in shapes]
 
 
@@ -267,6 +337,8 @@ def build_graph(shapes: list[NodeShape]) -> tuple[nx.DiGraph, tuple[DeviceSpec, 
         host_link = get_link(shape.device.host_link)
         for r in ranks:
             _add_duplex(graph, f"gpu{r}", f"host{n}", host_link)
+        if shape.device.name in _C2C_HOSTED:
+            graph.nodes[f"host{n}"]["transit"] = False
         if shape.intra == "cube-mesh":
             for (i, j), links in DGX1_NVLINK_PAIRS.items():
                 if i < shape.count and j < shape.count:
@@ -276,12 +348,18 @@ def build_graph(shapes: list[NodeShape]) -> tuple[nx.DiGraph, tuple[DeviceSpec, 
             for r in ranks:
                 _add_duplex(graph, f"gpu{r}", f"nvswitch{n}", switch)
         elif shape.intra == "full-mesh" and not all_ideal:
+            pair = mesh_link(shape.device)
             for a, b in combinations(ranks, 2):
-                _add_duplex(graph, f"gpu{a}", f"gpu{b}", ideal)
+                _add_duplex(graph, f"gpu{a}", f"gpu{b}", pair)
         if len(shapes) > 1 and not all_ideal:
-            for r in ranks:
-                _add_duplex(graph, f"gpu{r}", f"nic{n}", host_link)
-            _add_duplex(graph, f"nic{n}", "fabric", aggregate(shape.network, shape.nics))
+            if shape.nic_per_gpu:  # nics == count (unify_network refuses anything else)
+                for i, r in enumerate(ranks):
+                    _add_duplex(graph, f"gpu{r}", f"nic{n}.{i}", host_link)
+                    _add_duplex(graph, f"nic{n}.{i}", "fabric", shape.network)
+            else:
+                for r in ranks:
+                    _add_duplex(graph, f"gpu{r}", f"nic{n}", host_link)
+                _add_duplex(graph, f"nic{n}", "fabric", aggregate(shape.network, shape.nics))
     if all_ideal:  # every pair of ranks, across servers too, has its own ideal link
         for a, b in combinations(range(len(devices)), 2):
             _add_duplex(graph, f"gpu{a}", f"gpu{b}", ideal)

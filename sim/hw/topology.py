@@ -8,8 +8,9 @@
 
 Routing. A message from rank a to rank b follows the cheapest path by the reference cost
 ``Σ (latency + 1 MiB / bandwidth)`` over its hops (s), ties broken by fewer hops, then by the lexicographically
-smaller sequence of node names. A GPU is an endpoint only, never an intermediate hop. Paths are computed once per
-source (Dijkstra) and cached, so :meth:`Topology.path` is a dictionary lookup after the first call.
+smaller sequence of node names. A GPU is an endpoint only, never an intermediate hop, and so is any graph node with
+attribute ``transit=False`` (the Grace host memory of a GH200 server, :mod:`sim.hw.nodes`). Paths are computed once
+per source (Dijkstra) and cached, so :meth:`Topology.path` is a dictionary lookup after the first call.
 
 Transfer model. A message is cut-through: it occupies every link of its path for its whole duration, and that
 duration, without contention, is::
@@ -34,7 +35,7 @@ import networkx as nx
 from sim.core.errors import SpecError
 from sim.hw.catalog import DeviceSpec
 from sim.hw.grammar import format_topology_list, parse_layout
-from sim.hw.nodes import DGX1_NVLINK_PAIRS, Link, NodeShape, build_graph
+from sim.hw.nodes import DGX1_NVLINK_PAIRS, Link, NodeShape, build_graph, mesh_link
 
 __all__ = ["Link", "Topology", "format_topology_list", "message_time", "REFERENCE_BYTES"]
 
@@ -72,6 +73,7 @@ class Topology:
     graph: nx.DiGraph = field(compare=False, repr=False)
     nodes: tuple[NodeShape, ...] = field(default=(), compare=False, repr=False)
     _adjacency: dict[str, list[tuple[str, Link, float]]] = field(init=False, compare=False, repr=False)
+    _endpoints: frozenset[str] = field(init=False, compare=False, repr=False)
     _trees: dict[str, dict[str, tuple[Link, ...]]] = field(default_factory=dict, init=False, compare=False, repr=False)
     _paths: dict[tuple[int, int], tuple[Link, ...]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -82,6 +84,9 @@ class Topology:
         for edges in adjacency.values():
             edges.sort(key=lambda edge: edge[0])
         object.__setattr__(self, "_adjacency", adjacency)
+        endpoints = {node for node in self.graph.nodes if node.startswith("gpu")}
+        endpoints |= {node for node, transit in self.graph.nodes(data="transit", default=True) if not transit}
+        object.__setattr__(self, "_endpoints", frozenset(endpoints))
 
     @classmethod
     def parse(cls, spec: str) -> Topology:
@@ -130,8 +135,8 @@ class Topology:
             if node in tree:
                 continue
             tree[node] = links
-            if node.startswith("gpu") and node != source:
-                continue  # GPUs are endpoints, not routers
+            if node in self._endpoints and node != source:
+                continue  # GPUs (and non-transit hosts) are endpoints, not routers
             for neighbour, link, hop_cost in self._adjacency[node]:
                 if neighbour not in tree:
                     heapq.heappush(heap, (cost + hop_cost, hops + 1, (*nodes, neighbour), (*links, link)))
@@ -205,10 +210,11 @@ class Topology:
         if servers > 1 and not all(s.device.name == "ideal" for s in self.nodes):
             port = self.nodes[0].network
             nics = sorted({s.nics for s in self.nodes})
+            own = sorted({s.device.name for s in self.nodes if s.nic_per_gpu})
             lines.append(
                 f"  network: {port.name} ({_gbs(port.bandwidth)} effective / {_gbs(port.spec_bandwidth)} spec "
                 f"per port), {'/'.join(map(str, nics))} port(s) per server, non-blocking fabric; "
-                "GPUs reach the NICs over their PCIe link"
+                "GPUs reach the NICs over their host link" + (f"; one NIC per GPU on {', '.join(own)}" if own else "")
             )
         lines.append("  links (full duplex; per direction: count, effective / spec bandwidth, latency per hop):")
         counts = Counter(link.spec for link in self.links())
@@ -236,4 +242,4 @@ def _wiring(shape: NodeShape) -> str:
         return "NVSwitch all-to-all"
     if shape.intra == "pcie":
         return "PCIe only (GPU to GPU through the host)"
-    return "every pair on its own ideal link"
+    return f"every pair on its own {mesh_link(shape.device).name} link"

@@ -33,6 +33,7 @@ ROUND_TRIP = [
     "4xV100+4xA100", "2xA100+2xH100+2xT4", "dgx1-v100", "dgx2-v100", "dgx-a100", "dgx-h100", "p3.16xlarge",
     "2xdgx-a100", "3xp3.16xlarge", "DGX-A100", "1xideal", "4xideal", "2x2xideal", "2xideal+2xV100",
     "8xRTX4090", "4xA10", "2x4xT4", "8xa100-sxm4-40gb", "dgx1-v100+dgx-a100", "4xV100 + 4xA100",
+    "8xH200", "2x8xB200", "4xGH200", "3x4xGH200", "2xcray-ex-gh200", "2x8xMI300X", "2x8xL40S", "dgx-b200+4xGH200",
 ]  # fmt: skip
 
 
@@ -113,6 +114,10 @@ def test_smaller_v100_node_is_the_cube_mesh_restricted() -> None:
         ("16xV100", "nvswitch-v100", "v100-sxm2-32gb"),
         ("9xV100", "nvswitch-v100", "v100-sxm2-32gb"),
         ("dgx2-v100", "nvswitch-v100", "v100-sxm2-32gb"),
+        ("8xH200", "nvswitch-h200", "h200-sxm-141gb"),
+        ("dgx-h200", "nvswitch-h200", "h200-sxm-141gb"),
+        ("8xB200", "nvswitch-b200", "b200-sxm-180gb"),
+        ("dgx-b200", "nvswitch-b200", "b200-sxm-180gb"),
     ],
 )
 def test_nvswitch_paths_have_two_hops(spec: str, switch: str, device: str) -> None:
@@ -123,7 +128,8 @@ def test_nvswitch_paths_have_two_hops(spec: str, switch: str, device: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("spec", "link"), [("4xT4", "pcie3-x16"), ("8xA100-PCIE", "pcie4-x16"), ("2xH100-PCIE", "pcie5-x16")]
+    ("spec", "link"),
+    [("4xT4", "pcie3-x16"), ("8xA100-PCIE", "pcie4-x16"), ("2xH100-PCIE", "pcie5-x16"), ("8xL40S", "pcie4-x16")],
 )
 def test_pcie_cards_talk_through_the_host(spec: str, link: str) -> None:
     topology = Topology.parse(spec)
@@ -210,8 +216,9 @@ def test_presets_parse_and_describe_themselves(preset: str) -> None:
     assert device.name in text and f"{expected.count} x {device.name}" in text and preset in text
     doubled = Topology.parse(f"2x{preset}")
     assert doubled.num_ranks == 2 * expected.count and doubled.node_of_rank[-1] == 1
-    network = f"{expected.network}-x{expected.nics}" if expected.nics > 1 else expected.network
-    assert network in doubled.describe()
+    own_nics = doubled.nodes[0].nic_per_gpu  # one port per GPU (GH200) instead of the server's ports as one link
+    network = f"{expected.network}-x{expected.nics}" if expected.nics > 1 and not own_nics else expected.network
+    assert network in doubled.describe() and f"{expected.nics} port(s) per server" in doubled.describe()
     assert "fabric" in [link.dst for link in doubled.path(0, expected.count)]
 
 
@@ -238,8 +245,9 @@ def test_parse_is_deterministic() -> None:
 
 
 BAD_SPECS = [
-    "0xV100", "-2xV100", "16xV1OO", "xV100", "4x", "V100", "4xV100+", "3x0xA100", "dgx-a1000", "2xdgx-b200",
+    "0xV100", "-2xV100", "16xV1OO", "xV100", "4x", "V100", "4xV100+", "3x0xA100", "dgx-a1000", "2xdgx-b300",
     "9xA100", "17xV100", "9xT4", "2x8xdgx-a100", "+4xV100", "4xV100++4xA100", "4xcube", "2x2x2xV100",
+    "5xGH200", "9xMI300X", "9xH200", "9xB200", "9xL40S", "2x4xcray-ex-gh200",
 ]  # fmt: skip
 
 
@@ -332,7 +340,7 @@ def test_yaml_pcie_wiring_and_defaults(tmp_path: Path) -> None:
         ("nodes:\n  - {device: V100, count: 4, intra: torus}\n", "torus"),
         ("nodes:\n  - {device: V100, count: 4, gpus: 2}\n", "gpus"),
         ("nodes:\n  - {device: V100, count: 4, repeat: -1}\n", "nodes[0].repeat"),
-        ("nodes:\n  - {device: V100, count: 4}\nnetwork: ib-xdr\n", "network"),
+        ("nodes:\n  - {device: V100, count: 4}\nnetwork: ib-gdr\n", "network"),
         ("nodes:\n  - {device: V100, count: 4}\nnics_per_node: 0\n", "nics_per_node"),
         ("nodes:\n  - {device: V100, count: 4}\nswitch: yes\n", "switch"),
     ],
