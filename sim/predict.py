@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import SpecError
-from sim.cost.model import CostModel
+from sim.cost.model import CostModel, plan_oracle, replica_views
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile
 from sim.csp.build import check_csp_plan, csp_problem
@@ -24,7 +24,6 @@ from sim.engine.simpy_engine import simulate
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
 from sim.ir.trace import Trace
-from sim.models import build_model
 from sim.report.metrics import compute_metrics, plan_header
 
 __all__ = ["Prediction", "predict", "describe_cost_source"]
@@ -59,7 +58,7 @@ class Prediction:
 
 
 def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Topology | None = None,
-            oracle: CostOracle | None = None, check_memory: bool = True) -> Prediction:
+            oracle: CostOracle | None = None, check_memory: bool = True, simulate_all: bool = False) -> Prediction:
     """Simulate one iteration of ``plan`` with roofline costs, or ``profile``'s where it applies.
 
     Args:
@@ -71,6 +70,8 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
             size, topology and ``profile``.
         check_memory: fail when a device runs out of memory (``sim.engine.simpy_engine.OutOfMemoryError``); else
             only report the peaks.
+        simulate_all: simulate every data-parallel replica even when they are identical (by symmetry one stands
+            for all; this checks it).
 
     Raises:
         SpecError: the plan's model or topology spec is invalid, the profile does not fit the model, or a profile
@@ -84,27 +85,32 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
                             f"layers of one model, a csp plan trains subnets whose layers differ; csp uses the "
                             f"roofline")
         return _predict_csp(plan, topology)
+    layout = plan.layout
     if oracle is None:
-        oracle = CostOracle(build_model(plan.model), plan.microbatch_size, profile, topology)
-    elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology) != (
-            plan.model, plan.microbatch_size, profile, topology):
+        oracle = plan_oracle(plan, profile, topology)
+    elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.optimizer_shards) != (
+            plan.model, plan.microbatch_size, profile, topology, layout.dp if layout.zero else 1):
         raise ValueError(f"the cost oracle is for {oracle.graph.spec} at {oracle.microbatch_size} sample(s) per "
                          f"microbatch, not this plan's {plan.model} at {plan.microbatch_size}, or for another "
-                         f"profile or topology")
-    costs = CostModel(oracle.graph, topology, plan.placement, plan.microbatch_size, profile, oracle=oracle)
-    result = simulate(plan, costs, topology, check_memory=check_memory)
+                         f"profile, topology or ZeRO sharding")
+    views = replica_views(oracle.graph, topology, plan.placement, plan.microbatch_size, profile, oracle=oracle,
+                          layout=layout, simulate_all=simulate_all)
+    result = simulate(plan, views, topology, check_memory=check_memory)
     cost_source = describe_cost_source(oracle, plan.num_ranks)
+    devices = [view.device_of(p) for view in views for p in range(plan.num_ranks)]
     metrics = compute_metrics(
         result.trace,
         num_microbatches=plan.num_microbatches,
         microbatch_size=plan.microbatch_size,
         peak_memory_bytes=result.peak_memory_bytes,
-        memory_capacity_bytes=[d.memory_bytes for d in topology.devices[: plan.num_ranks]],
+        memory_capacity_bytes=[topology.devices[d].memory_bytes for d in devices],
         link_bytes=result.link_bytes,
+        replicas=layout.dp,
+        device_of_rank=devices if plan.parallel is not None else None,
     )
     metrics["plan"] = plan_header(plan, costs=cost_source)
     return Prediction(plan, topology, result.trace, result.peak_memory_bytes, result.link_bytes, cost_source,
-                      metrics, costs=costs)
+                      metrics, costs=views[0])
 
 
 def _predict_csp(plan: Plan, topology: Topology) -> Prediction:

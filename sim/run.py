@@ -58,10 +58,24 @@ def make_parser() -> argparse.ArgumentParser:
                         help="model chunks (virtual stages) per rank, placed in a loop; interleaved only (default 1)")
     parser.add_argument("--vertical-sync", action="store_true",
                         help="pipedream: every stage uses the weight version stage 0 used for the minibatch")
-    parser.add_argument("--recompute", action="store_true",
-                        help="activation recomputation: keep only each stage's input, recompute before the backward")
+    parser.add_argument("--recompute", nargs="?", const="full", choices=["full", "selective"],
+                        help="activation recomputation: full (the default when given alone) keeps only each stage's "
+                        "input and recomputes it before the backward; selective recomputes only the attention core "
+                        "(Megatron-LM, Korthikanti et al. 2022 §5)")
     parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration (default 8)")
     parser.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch (default 1)")
+    par = parser.add_argument_group("tensor, data and pipeline parallelism")
+    par.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (Megatron-LM; gpt models; default 1)")
+    par.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
+    par.add_argument("--pp", type=int, help="pipeline ranks (default: the devices left, devices / (tp · dp))")
+    par.add_argument("--global-batch", type=int, metavar="G",
+                     help="samples per iteration over all replicas: microbatches = G / (microbatch size · dp)")
+    par.add_argument("--rank-order", default="tp-dp-pp",
+                     help="nesting of the ranks over the devices, innermost first (default tp-dp-pp, Megatron's)")
+    par.add_argument("--sequence-parallel", action="store_true",
+                     help="Megatron's sequence parallelism: reduce-scatter + all-gather, norms and dropout sharded")
+    par.add_argument("--zero", type=int, default=0, choices=[0, 1],
+                     help="1: distributed optimizer (ZeRO-1): reduce-scatter gradients, all-gather parameters")
     parser.add_argument("--partition", default="balanced",
                         help="uniform, balanced (exact DP, default) or layer counts per stage such as 12,12,13,13")
     parser.add_argument("--profile", help="measured profile JSON (profiles/README.md) replacing roofline costs")
@@ -94,17 +108,22 @@ def _run(argv: list[str] | None) -> int:
     built = build_plan(PlanInputs(
         model=args.model, topology=args.topology, schedule=args.schedule or "1f1b", microbatches=args.microbatches,
         microbatch_size=args.microbatch_size, partition=args.partition, profile=args.profile,
-        schedule_file=args.schedule_file, chunks=1 if args.chunks is None else args.chunks, recompute=args.recompute,
-        vertical_sync=args.vertical_sync,
+        schedule_file=args.schedule_file, chunks=1 if args.chunks is None else args.chunks,
+        recompute=args.recompute or "none", vertical_sync=args.vertical_sync, tp=args.tp, dp=args.dp, pp=args.pp,
+        global_batch=args.global_batch, rank_order=args.rank_order, sequence_parallel=args.sequence_parallel,
+        zero=args.zero,
     ))
     plan, topology = built.plan, built.topology
     print(topology.describe())
     print(f"model {built.graph.summary()}")
-    chunks, recompute = plan.option("chunks"), bool(plan.option("recompute"))
+    chunks, recompute = plan.option("chunks"), plan.option("recompute")
+    recompute_text = {True: ", activation recomputation", "selective": ", selective recomputation"}.get(recompute, "")
     print(f"plan {plan.schedule}: {plan.num_vstages} stages on {plan.num_ranks} ranks"
           f"{f' ({chunks} chunks per rank, loop placement)' if chunks else ''}, layers per stage "
           f"{','.join(map(str, plan.placement.layer_counts()))}, {plan.num_microbatches} microbatches × "
-          f"{plan.microbatch_size} sample(s){', activation recomputation' if recompute else ''}")
+          f"{plan.microbatch_size} sample(s){recompute_text}")
+    if plan.parallel is not None:
+        print(f"parallel {plan.layout.describe()}; {_group_lines(plan)}")
     prediction = predict(plan, built.profile, topology=topology, oracle=built.costs.oracle,
                          check_memory=not args.ignore_memory)
     print(f"costs {prediction.cost_source}")
@@ -113,12 +132,21 @@ def _run(argv: list[str] | None) -> int:
     prepare_output_dir(out, "--out")
     write_text_chunks_atomic(plan.iter_dumps(), out / "plan.json")
     write_text_atomic(dumps_schedule_csv(plan.programs), out / "schedule.csv")
-    title = (f"{plan.schedule}{f' v={chunks}' if chunks else ''}{' + recompute' if recompute else ''} · "
-             f"{plan.model} · {plan.topology} · m={plan.num_microbatches}")
+    layout = plan.layout
+    shape = f" · TP{layout.tp}×DP{layout.dp}×PP{layout.pp}" if plan.parallel is not None else ""
+    title = (f"{plan.schedule}{f' v={chunks}' if chunks else ''}"
+             f"{' + selective recompute' if recompute == 'selective' else ' + recompute' if recompute else ''} · "
+             f"{plan.model} · {plan.topology}{shape} · m={plan.num_microbatches}")
     names = write_run_outputs(out, prediction.trace, metrics, title=title, gantt=not args.no_gantt)
     print(format_summary(metrics))
     print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")
     return 0
+
+
+def _group_lines(plan) -> str:
+    """The first group of each kind, and how many there are, for the summary (plan.json lists them all)."""
+    groups = plan.layout.groups()
+    return "; ".join(f"{kind} groups: {len(found)}, first {found[0]}" for kind, found in groups.items())
 
 
 def _run_csp(args: argparse.Namespace) -> int:
@@ -129,6 +157,9 @@ def _run_csp(args: argparse.Namespace) -> int:
     # CSP picks subnets online with one stage per rank, one subnet per step, and updates the weights per subnet:
     # these options of the fixed schedules have no meaning for it, so naming one is an error, not silently dropped.
     for flag, given in (("--recompute", args.recompute), ("--chunks", args.chunks is not None),
+                        ("--tp", args.tp != 1), ("--dp", args.dp != 1), ("--pp", args.pp is not None),
+                        ("--global-batch", args.global_batch is not None), ("--zero", args.zero != 0),
+                        ("--sequence-parallel", args.sequence_parallel),
                         ("--vertical-sync", args.vertical_sync), ("--microbatches", args.microbatches is not None),
                         ("--profile", args.profile is not None)):
         if given:

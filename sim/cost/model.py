@@ -5,6 +5,11 @@ asks :class:`sim.cost.oracle.CostOracle` for every number, so a simulated plan, 
 never cost the same thing two ways. The zero-bubble split charges half a backward to I and half to W (for matmul
 layers the input-gradient and weight-gradient products each cost one forward; Qi et al., arXiv 2401.10241 §2), and
 a recompute R costs one forward.
+
+Under tensor and data parallelism a cost view belongs to one replica of the pipeline (its devices are
+``layout.device(p, replica, 0)``), and its messages and collectives are costed with every symmetric instance that
+runs at the same moment: the ``tp`` shards of each stage, and the replicas in ``concurrent`` (those the engine does
+not simulate separately because they are identical to this one).
 """
 
 from __future__ import annotations
@@ -13,10 +18,35 @@ from sim.core.errors import SpecError
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile
 from sim.hw.topology import Topology
-from sim.ir.plan import OpKind, Placement
+from sim.ir.parallel import Parallelism
+from sim.ir.plan import OpKind, Placement, Plan
+from sim.models import build_model
 from sim.models.graph import LayerGraph
+from sim.models.sharding import Sharding
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "replica_views", "plan_sharding", "plan_oracle"]
+
+
+def plan_sharding(layout: Parallelism, recompute: str) -> Sharding:
+    """What one device holds of the model under ``layout`` with recomputation ``recompute`` (``"none"``, ``"full"``
+    or ``"selective"``): its tensor-parallel shard, sequence parallel or not, selectively recomputed or not."""
+    return Sharding(tp=layout.tp, sequence_parallel=layout.sequence_parallel,
+                    selective_recompute=recompute == "selective")
+
+
+def plan_recompute(plan: Plan) -> str:
+    """The plan's recomputation: ``"full"`` (option ``recompute: true``), ``"selective"`` or ``"none"``."""
+    value = plan.option("recompute", False)
+    return "selective" if value == "selective" else "full" if value else "none"
+
+
+def plan_oracle(plan: Plan, profile: MeasuredProfile | None, topology: Topology) -> CostOracle:
+    """The cost oracle of ``plan``: its model as one device holds it, at its microbatch size, with ``profile``, on
+    ``topology``, with ZeRO-1's optimizer sharding."""
+    layout = plan.layout
+    graph = build_model(plan.model, plan_sharding(layout, plan_recompute(plan)))
+    return CostOracle(graph, plan.microbatch_size, profile, topology,
+                      optimizer_shards=layout.dp if layout.zero else 1)
 
 
 class CostModel:
@@ -29,21 +59,34 @@ class CostModel:
         microbatch_size: samples per microbatch.
         profile: optional measured profile (used on ranks whose device it was measured on).
         oracle: the oracle to ask, when the caller already has one for this graph, size, profile and topology.
+        layout: the plan's tensor × data × pipeline layout (default: a pure pipeline, pipeline rank p on device p).
+        replica: the data-parallel replica this view costs.
+        concurrent: the replicas whose identical messages and collectives run at the same moment as this one's
+            (default: this replica alone).
 
     Raises:
-        SpecError: the placement does not cover the model or uses ranks the topology lacks.
+        SpecError: the placement does not cover the model or uses devices the topology lacks.
     """
 
     def __init__(self, graph: LayerGraph, topology: Topology, placement: Placement, microbatch_size: int,
-                 profile: MeasuredProfile | None = None, *, oracle: CostOracle | None = None) -> None:
+                 profile: MeasuredProfile | None = None, *, oracle: CostOracle | None = None,
+                 layout: Parallelism | None = None, replica: int = 0,
+                 concurrent: tuple[int, ...] | None = None) -> None:
         if placement.num_layers != len(graph):
             raise SpecError(f"placement covers {placement.num_layers} layers but the model has {len(graph)}")
-        if max(placement.vstage_to_rank) >= topology.num_ranks:
-            raise SpecError(f"placement uses rank {max(placement.vstage_to_rank)} but the topology has "
-                            f"{topology.num_ranks} devices")
+        layout = layout if layout is not None else Parallelism(pp=max(placement.vstage_to_rank) + 1)
+        if layout.world_size > topology.num_ranks or max(placement.vstage_to_rank) >= layout.pp:
+            raise SpecError(f"placement uses pipeline rank {max(placement.vstage_to_rank)} of {layout.describe()} "
+                            f"but the topology has {topology.num_ranks} devices")
         self.oracle = oracle or CostOracle(graph, microbatch_size, profile, topology)
         self.graph, self.topology, self.placement = graph, topology, placement
         self.microbatch_size, self.profile = microbatch_size, profile
+        self.layout, self.replica = layout, replica
+        self.concurrent = concurrent if concurrent is not None else (replica,)
+        #: The device of each pipeline rank in this replica (tensor shard 0 stands for its group).
+        self.devices = tuple(layout.device(p, replica, 0) for p in range(layout.pp))
+        self._messages: dict[tuple[OpKind, int, int, int], tuple] = {}
+        self._collective_costs: dict[tuple[OpKind, int], tuple] = {}
         self._times: list[dict[OpKind, float]] = []
         # Memory per vstage, asked once: the engine reads these for every op.
         oracle = self.oracle
@@ -54,7 +97,7 @@ class CostModel:
         self._checkpoint = [oracle.checkpoint_bytes(a) for a, _ in ranges]
         self._workspace = [oracle.workspace_bytes(a, b) for a, b in ranges]
         for v, (start, end) in enumerate(placement.vstage_layers):
-            costs = self.oracle.layer_costs(topology.devices[placement.vstage_to_rank[v]])
+            costs = self.oracle.layer_costs(topology.devices[self.devices[placement.vstage_to_rank[v]]])
             f, b = sum(costs.fwd[start:end]), sum(costs.bwd[start:end])
             self._times.append({OpKind.F: f, OpKind.B: b, OpKind.I: b / 2, OpKind.W: b / 2, OpKind.R: f,
                                 OpKind.OPT_STEP: sum(costs.opt[start:end])})
@@ -73,8 +116,66 @@ class CostModel:
         return self.oracle.boundary_bytes(cut)
 
     def transfer_time(self, nbytes: int, src_rank: int, dst_rank: int) -> float:
-        """Uncontended time in s of a message (:meth:`sim.cost.oracle.CostOracle.transfer_time`)."""
+        """Uncontended time in s of a message between two devices (:meth:`sim.cost.oracle.CostOracle.transfer_time`)."""
         return self.oracle.transfer_time(nbytes, src_rank, dst_rank)
+
+    def device_of(self, pipeline_rank: int) -> int:
+        """The device (topology rank) pipeline rank ``pipeline_rank`` of this replica runs on."""
+        return self.devices[pipeline_rank]
+
+    def message(self, kind: OpKind, vstage: int, src: int, dst: int) -> tuple:
+        """``(bytes, s, link bytes)`` of a SEND of ``vstage`` from pipeline rank ``src`` to ``dst``: every tensor
+        shard of this replica (and of each concurrent replica) sends its own copy at once, so they share links;
+        ``link bytes`` is ``((src, dst), bytes)`` per link, all instances together."""
+        key = (kind, vstage, src, dst)
+        cost = self._messages.get(key)
+        if cost is None:
+            nbytes = self.message_bytes(kind, vstage)
+            layout = self.layout
+            pairs = tuple((layout.device(src, d, t), layout.device(dst, d, t))
+                          for d in self.concurrent for t in range(layout.tp))
+            seconds, link_bytes = self.oracle.concurrent_transfer(pairs, nbytes)
+            cost = self._messages[key] = (nbytes, seconds, link_bytes)
+        return cost
+
+    def collective(self, kind: OpKind, vstage: int) -> tuple:
+        """``(bytes, s, link bytes)`` of a collective op of ``vstage`` (TP_F, TP_B, TP_R, REDUCE_GRAD,
+        GATHER_PARAMS), with every concurrent group of it running at once.
+
+        A TP op runs each of the stage's layers' tensor-parallel collectives in turn (all-reduces, or reduce-scatter
+        plus all-gather under sequence parallelism); ``bytes`` is their buffers summed. REDUCE_GRAD all-reduces the
+        stage's gradients (reduce-scatters them under ZeRO-1), GATHER_PARAMS all-gathers its parameters.
+        """
+        key = (kind, vstage)
+        cost = self._collective_costs.get(key)
+        if cost is None:
+            cost = self._collective_costs[key] = self._collective_cost(kind, vstage)
+        return cost
+
+    def _collective_cost(self, kind: OpKind, vstage: int) -> tuple:
+        layout, oracle = self.layout, self.oracle
+        pipeline_rank = self.placement.vstage_to_rank[vstage]
+        start, end = self.placement.vstage_layers[vstage]
+        if kind in (OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS):
+            groups = tuple(layout.dp_group(pipeline_rank, t) for t in range(layout.tp))
+            nbytes = oracle.param_bytes(start, end)
+            name = ("all_gather" if kind is OpKind.GATHER_PARAMS else
+                    "reduce_scatter" if layout.zero else "all_reduce")
+            return _sum_costs([(oracle.collective(name, groups, nbytes), 1, nbytes)])
+        groups = tuple(layout.tp_group(pipeline_rank, d) for d in self.concurrent)
+        names = ("reduce_scatter", "all_gather") if layout.sequence_parallel else ("all_reduce",)
+        backward = kind is OpKind.TP_B
+        # Layers with the same collectives are costed once: a stage is mostly identical blocks.
+        buffers: dict[int, int] = {}
+        for layer in self.graph.layers[start:end]:
+            count = layer.tp_comm_bwd_count if backward else layer.tp_comm_fwd_count
+            total = layer.tp_comm_bwd_bytes if backward else layer.tp_comm_fwd_bytes
+            if count:
+                each = self.microbatch_size * total // count
+                buffers[each] = buffers.get(each, 0) + count
+        # Under sequence parallelism a reduce-scatter and an all-gather replace each all-reduce of the same buffer.
+        return _sum_costs([(oracle.collective(name, groups, each), count, each)
+                           for each, count in sorted(buffers.items()) for name in names])
 
     def profiled_ranks(self, num_ranks: int | None = None) -> tuple[int, ...]:
         """Ranks whose measured times replace the roofline (:meth:`sim.cost.oracle.CostOracle.profiled_ranks`)."""
@@ -107,3 +208,65 @@ class CostModel:
     def workspace_bytes(self, vstage: int) -> int:
         """Transient bytes while one op of ``vstage`` runs."""
         return self._workspace[vstage]
+
+
+def _sum_costs(parts: list) -> tuple:
+    """``(bytes, s, link bytes)`` of collectives run one after another: ``parts`` is ``(CollectiveCost, times,
+    buffer bytes)``."""
+    nbytes, seconds, links = 0, 0.0, {}
+    for cost, times, buffer in parts:
+        seconds += cost.seconds * times
+        for key, carried in cost.bytes_per_link:
+            links[key] = links.get(key, 0) + carried * times
+        nbytes += buffer * times
+    return nbytes, seconds, tuple(sorted(links.items()))
+
+
+def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, microbatch_size: int,
+                  profile: MeasuredProfile | None = None, *, oracle: CostOracle | None = None,
+                  layout: Parallelism | None = None, simulate_all: bool = False) -> tuple[CostModel, ...]:
+    """The cost views the engine needs for a plan: one when its data-parallel replicas are identical, else one per
+    replica.
+
+    Replicas are identical when every (pipeline rank, tensor shard) runs on the same device model in each, and the
+    links between consecutive pipeline ranks and inside each tensor-parallel group are the same link types; then
+    one replica, costed with all of them sending and reducing at the same moment, stands for all by symmetry.
+
+    Args:
+        simulate_all: one view per replica even when they are identical (to check the symmetry argument).
+
+    Raises:
+        SpecError: a tensor-parallel group mixes device models (its shards would wait for the slowest; not modelled).
+    """
+    layout = layout if layout is not None else Parallelism(pp=max(placement.vstage_to_rank) + 1)
+    oracle = oracle or CostOracle(graph, microbatch_size, profile, topology)
+    devices = topology.devices
+    for p in range(layout.pp):
+        for d in range(layout.dp):
+            names = {devices[r].name for r in layout.tp_group(p, d)}
+            if len(names) > 1:
+                raise SpecError(f"the tensor-parallel group of pipeline rank {p}, replica {d} (devices "
+                                f"{list(layout.tp_group(p, d))}) mixes {', '.join(sorted(names))}; tensor "
+                                f"parallelism needs one device model per group (try another --rank-order)")
+    identical = not simulate_all and all(_replica_signature(topology, layout, d) == _replica_signature(topology,
+                                                                                                       layout, 0)
+                                         for d in range(1, layout.dp))
+    if identical:
+        return (CostModel(graph, topology, placement, microbatch_size, profile, oracle=oracle, layout=layout,
+                          replica=0, concurrent=tuple(range(layout.dp))),)
+    return tuple(CostModel(graph, topology, placement, microbatch_size, profile, oracle=oracle, layout=layout,
+                           replica=d) for d in range(layout.dp))
+
+
+def _replica_signature(topology: Topology, layout: Parallelism, replica: int) -> tuple:
+    """What must agree between two replicas for one to stand for the other: device models, and the link types on
+    every pipeline hop and tensor-parallel ring hop."""
+    def hop(a: int, b: int) -> tuple[str, ...]:
+        return tuple(link.spec.name for link in topology.path(a, b)) if a != b else ()
+    models = tuple(topology.devices[layout.device(p, replica, t)].name
+                   for p in range(layout.pp) for t in range(layout.tp))
+    pipeline_hops = tuple(hop(layout.device(p, replica, t), layout.device(p + 1, replica, t))
+                          for p in range(layout.pp - 1) for t in range(layout.tp))
+    ring_hops = tuple(hop(group[t], group[(t + 1) % len(group)])
+                      for p in range(layout.pp) for group in (layout.tp_group(p, replica),) for t in range(len(group)))
+    return models, pipeline_hops, ring_hops

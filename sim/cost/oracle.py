@@ -15,15 +15,22 @@ A layer's time on a device is, in order of preference:
 A point-to-point message between two ranks that both run on the profile's device takes the profile's fitted
 ``latency + bytes / bandwidth`` when it has one (measured between two processes of that machine), else the
 topology's link model. Memory follows mixed-precision Adam: fp16 weights and gradients plus fp32 master weights,
-momentum and variance, 16 bytes per parameter (Rajbhandari et al., ZeRO, arXiv 1910.02054 §3.1).
+momentum and variance, 16 bytes per parameter (Rajbhandari et al., ZeRO, arXiv 1910.02054 §3.1); under ZeRO-1 the
+12 bytes of optimizer state are split across the data-parallel replicas (ZeRO §5.1, P_os: (2 + 2 + 12/N_d) bytes).
+
+Collectives (tensor- and data-parallel) and point-to-point messages that several symmetric instances send at once
+(the tensor-parallel shards of a stage each send their part to the next stage) are costed with the flow model of
+:mod:`sim.cost.collectives`: a link that ``c`` concurrent flows cross gives each ``1/c`` of its bandwidth.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import accumulate
 
 from sim.core.errors import SpecError
+from sim.cost.collectives import CollectiveCost, collective_cost, concurrent_transfer
 from sim.cost.profile import MeasuredProfile
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology, message_time
@@ -41,11 +48,15 @@ class LayerCosts:
     opt: tuple[float, ...]
 
 
-def state_bytes_per_param(dtype_bytes: int) -> int:
+def state_bytes_per_param(dtype_bytes: int, optimizer_shards: int = 1) -> float:
     """Training-state bytes per parameter: weights + gradients in the training dtype, Adam m and v in fp32, and an
-    fp32 master copy when training in lower precision (ZeRO §3.1: 2 + 2 + 12 = 16 for fp16)."""
+    fp32 master copy when training in lower precision (ZeRO §3.1: 2 + 2 + 12 = 16 for fp16). Under ZeRO-1 each of
+    ``optimizer_shards`` replicas keeps ``1/optimizer_shards`` of the optimizer state (ZeRO §5.1: 2 + 2 + 12/N_d)."""
     master = 4 if dtype_bytes < 4 else 0
-    return 2 * dtype_bytes + 8 + master
+    optimizer = 8 + master
+    if optimizer_shards == 1:
+        return 2 * dtype_bytes + optimizer
+    return 2 * dtype_bytes + optimizer / optimizer_shards
 
 
 def _in_bytes(graph: LayerGraph, i: int) -> int:
@@ -63,16 +74,23 @@ class CostOracle:
         profile: optional measured profile; it applies on devices whose name equals its ``device``.
         topology: the hardware, needed for rank-based questions (transfers, copies, a rank's device); layer costs on
             a given :class:`~sim.hw.catalog.DeviceSpec` need none.
+        optimizer_shards: replicas the optimizer state is split across (ZeRO-1's data-parallel degree; 1 without).
+            The graph itself is what one device holds: a tensor-parallel shard (``sim.models.build_model``'s
+            ``sharding``).
 
     Raises:
-        SpecError: ``microbatch_size`` < 1.
+        SpecError: ``microbatch_size`` or ``optimizer_shards`` < 1.
     """
 
     def __init__(self, graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None = None,
-                 topology: Topology | None = None) -> None:
+                 topology: Topology | None = None, *, optimizer_shards: int = 1) -> None:
         if microbatch_size < 1:
             raise SpecError(f"microbatch size must be >= 1, got {microbatch_size}")
+        if optimizer_shards < 1:
+            raise SpecError(f"optimizer shards must be >= 1, got {optimizer_shards}")
         self.graph, self.microbatch_size, self.profile, self._topology = graph, microbatch_size, profile, topology
+        self.optimizer_shards = optimizer_shards
+        self._collectives: dict[tuple, CollectiveCost] = {}
         self._p2p = None
         if profile is not None and profile.p2p_latency_s is not None and profile.p2p_bandwidth:
             self._p2p = (profile.p2p_latency_s, profile.p2p_bandwidth)
@@ -116,7 +134,7 @@ class CostOracle:
                                 f"{tuple(layer.name for layer in graph.layers)[:4]}...")
             measured = profile.layers  # type: ignore[union-attr]
         throughput = device.peak_flops * device.matmul_efficiency  # FLOP/s
-        per_param = state_bytes_per_param(graph.dtype_bytes)
+        per_param = state_bytes_per_param(graph.dtype_bytes, self.optimizer_shards)
         fwd, bwd, opt = [], [], []
         for i, layer in enumerate(graph.layers):
             if layer.fwd_s is not None and layer.bwd_s is not None:
@@ -135,9 +153,11 @@ class CostOracle:
             bwd_bytes = 2 * layer.param_bytes + 2 * act  # read weights, write weight grads, the same tensors again
             fwd.append(max(layer.flops_fwd * size / throughput, fwd_bytes / device.memory_bandwidth)
                        + device.launch_overhead_s)
-            bwd.append(max(layer.flops_bwd * size / throughput, bwd_bytes / device.memory_bandwidth)
-                       + device.launch_overhead_s)
-            # Adam is memory bound: it reads and writes the whole training state once per step.
+            # Selective recomputation (Korthikanti et al. §5) re-runs the attention core inside the backward.
+            bwd.append(max((layer.flops_bwd + layer.recompute_flops) * size / throughput,
+                           bwd_bytes / device.memory_bandwidth) + device.launch_overhead_s)
+            # Adam is memory bound: it reads and writes the whole training state once per step (under ZeRO-1 the
+            # replica's share of it).
             state = graph.param_count(i) * per_param
             opt.append(2 * state / device.memory_bandwidth + device.launch_overhead_s if state else 0.0)
         return LayerCosts(tuple(fwd), tuple(bwd), tuple(opt))
@@ -175,6 +195,25 @@ class CostOracle:
             return latency + nbytes / bandwidth
         return self.topology.transfer_time(nbytes, src_rank, dst_rank)
 
+    def collective(self, kind: str, groups: tuple[tuple[int, ...], ...], nbytes: int) -> CollectiveCost:
+        """Cost of one collective (``sim.cost.collectives``) run at once by every group of ``groups`` (device
+        ranks), each member contributing ``nbytes``; cached, since a plan asks the same few many times."""
+        key = (kind, groups, nbytes)
+        cost = self._collectives.get(key)
+        if cost is None:
+            cost = self._collectives[key] = collective_cost(self.topology, kind, groups, nbytes)
+        return cost
+
+    def concurrent_transfer(self, pairs: tuple[tuple[int, int], ...],
+                            nbytes: int) -> tuple[float, tuple[tuple[tuple[str, str], int], ...]]:
+        """Time in s until the slowest of ``pairs`` (device ranks) has sent ``nbytes``, all at once, and the bytes
+        each link carries; one pair is :meth:`transfer_time` (a measured p2p fit applies)."""
+        if len(pairs) == 1:
+            (src, dst), = pairs
+            path = self.topology.path(src, dst) if src != dst else ()
+            return self.transfer_time(nbytes, src, dst), tuple(sorted(((link.src, link.dst), nbytes) for link in path))
+        return concurrent_transfer(self.topology, pairs, nbytes)
+
     def host_to_device_s(self, rank: int, nbytes: float) -> float:
         """Time in s to copy ``nbytes`` from the host memory of ``rank``'s server to its device (a PREFETCH)."""
         return message_time(self.topology.host_to_device_path(rank), nbytes)
@@ -205,9 +244,10 @@ class CostOracle:
         return sum(layer.param_bytes for layer in self.graph.layers[start:end])
 
     def state_bytes(self, start: int, end: int) -> int:
-        """Resident training state of layers ``[start, end)`` in bytes: weights, gradients, optimizer state."""
-        per_param = state_bytes_per_param(self.graph.dtype_bytes)
-        return sum(self.graph.param_count(i) for i in range(start, end)) * per_param
+        """Resident training state of layers ``[start, end)`` in bytes: weights, gradients, optimizer state (under
+        ZeRO-1 this replica's share of it, rounded up)."""
+        per_param = state_bytes_per_param(self.graph.dtype_bytes, self.optimizer_shards)
+        return math.ceil(sum(self.graph.param_count(i) for i in range(start, end)) * per_param)
 
     def checkpoint_bytes(self, start: int) -> int:
         """Bytes one in-flight microbatch keeps from forward to backward, with recomputation, on a stage that begins

@@ -23,6 +23,14 @@ Semantics, shared with the dry run in ``sim.plan.validate`` and with the executo
   weight version some microbatch runs on is one more copy of the stage's weights, from the update that makes it to
   the update of the last microbatch that used it.
 
+* Tensor and data parallelism (``sim.ir.parallel``). A TP op (TP_F, TP_B, TP_R) blocks the walker like compute
+  and holds the links of its tensor-parallel rings while it runs. A data-parallel collective (REDUCE_GRAD,
+  GATHER_PARAMS) is issued without blocking, and starts once every simulated replica has issued it and its deps are
+  done; it holds the links of all its groups. Identical replicas are simulated once: the engine runs one walker per
+  pipeline rank of each replica it is given a cost view for (``costs``), and a view's messages and collectives are
+  costed with the replicas it stands for running at the same moment (``CostModel.concurrent``). By symmetry that is
+  exact; simulating every replica gives the same times when replicas share no link (a test checks it).
+
 The plan is never mutated; ties are broken by SimPy's event ids, so the same inputs give the same trace.
 """
 
@@ -36,8 +44,9 @@ import simpy
 
 from sim.core.errors import SpecError
 from sim.cost.model import CostModel
-from sim.hw.topology import Topology, message_time
-from sim.ir.plan import Op, OpKind, Plan, stream_of
+from sim.engine.comm import CommProcesses
+from sim.hw.topology import Topology
+from sim.ir.plan import TP_KINDS, Op, OpKind, Plan, stream_of
 from sim.ir.trace import Span, Trace
 from sim.ir.weight_versions import weight_versions
 from sim.plan.lower import op_id as make_id
@@ -56,7 +65,7 @@ class SimResult:
 
     Attributes:
         trace: every op's span.
-        peak_memory_bytes: per rank, the highest memory in use at any time, bytes.
+        peak_memory_bytes: per simulated rank (trace rank), the highest memory in use at any time, bytes.
         link_bytes: ``((src, dst), bytes)`` carried by each directed link that was used, sorted.
     """
 
@@ -69,9 +78,11 @@ _Proc = Generator[simpy.Event, Any, None]
 
 #: Op kinds whose walker step runs on the compute stream and blocks the rank until the op is done.
 _COMPUTE = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R, OpKind.OPT_STEP})
+#: Suffix of a simulated replica's op ids in the engine's tables (replica 0's ids are the plan's own).
+_NO_SUFFIX = ""
 
 
-class _Run:
+class _Run(CommProcesses):
     """The state of one simulation. Built, run once, turned into a :class:`SimResult`.
 
     Memory stays proportional to what is in flight, not to the plan (``python -m sim.bench_memory``): an op's done
@@ -82,22 +93,29 @@ class _Run:
     when it is triggered, not when it is created), so the order of ties, and with it every trace, is unchanged.
     """
 
-    def __init__(self, plan: Plan, costs: CostModel, topology: Topology, check_memory: bool) -> None:
-        self.plan, self.costs, self.topology, self.check_memory = plan, costs, topology, check_memory
+    def __init__(self, plan: Plan, costs: tuple[CostModel, ...], topology: Topology, check_memory: bool) -> None:
+        self.plan, self.topology, self.check_memory = plan, topology, check_memory
+        self.views = costs  # one cost view per simulated replica
+        self.costs = costs[0]
+        pipeline = plan.num_ranks
+        #: Simulated ranks (trace ranks): replica i's pipeline rank p is ``i * pipeline + p``.
+        self.instances = len(costs) * pipeline
+        self.suffix = [_NO_SUFFIX] + [f"@{i}" for i in range(1, len(costs))]
         self.env = simpy.Environment()
         self.events: dict[str, simpy.Event] = {}  # op id -> done event, while waited for or not yet processed
         self.finished: set[str] = set()  # ids of ops whose done event has been processed
         self.issued: dict[int, simpy.Event] = {}  # pair -> "RECV issued" event (its value: the RECV), until used
+        self.arrived: dict[str, list] = {}  # collective op id -> the replicas' (rank, op) that have issued it
         self.links: dict[tuple[str, str], simpy.Resource] = {}
         self.link_bytes: dict[tuple[str, str], int] = {}
         self.spans: list[Span] = []
-        self.transfers: dict[tuple[OpKind, int, int, int], tuple] = {}  # (kind, vstage, src, dst) -> cost, path
-        self.position = [0] * plan.num_ranks
+        self.position = [0] * self.instances
         placement = plan.placement
-        self.capacity = [device.memory_bytes for device in topology.devices[: plan.num_ranks]]
+        self.device_index = [view.device_of(p) for view in costs for p in range(pipeline)]
+        self.capacity = [topology.devices[d].memory_bytes for d in self.device_index]
         offloaded = {op.vstage for program in plan.programs for op in program if op.kind is OpKind.PREFETCH}
-        self.memory = [sum(costs.state_bytes(v) for v in placement.vstages_of(r) if v not in offloaded)
-                       for r in range(plan.num_ranks)]
+        self.memory = [sum(view.state_bytes(v) for v in placement.vstages_of(r) if v not in offloaded)
+                       for view in costs for r in range(pipeline)]
         # The op after which a microbatch's activations are freed: W when the backward is split, else B.
         self.frees = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.W}
         # Weight stashing (async PipeDream §3.3): version u of vstage v is a copy of its weights, kept from the update
@@ -110,7 +128,7 @@ class _Run:
         self.updates = [0] * plan.num_vstages
         for v, u in self.stash_users:
             if u == 0:  # the starting weights, copied before the first forward
-                self.memory[placement.vstage_to_rank[v]] += costs.param_bytes(v)
+                self.memory[placement.vstage_to_rank[v]] += self.costs.param_bytes(v)
         self.peak = list(self.memory)
         # Microbatches whose activations are recomputed: their F keeps only the checkpoint (the stage input).
         self.recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.R}
@@ -121,6 +139,8 @@ class _Run:
             OpKind.RECV_B: self._recv,
             OpKind.PREFETCH: self._copy,
             OpKind.EVICT: self._copy,
+            OpKind.REDUCE_GRAD: self._collective,
+            OpKind.GATHER_PARAMS: self._collective,
         }
 
     # --- memory ----------------------------------------------------------------------------------------------------
@@ -130,9 +150,10 @@ class _Run:
         if self.memory[rank] > self.peak[rank]:
             self.peak[rank] = self.memory[rank]
             if self.check_memory and self.memory[rank] > self.capacity[rank]:
-                device = self.topology.devices[rank].name
+                device = self.topology.devices[self.device_index[rank]].name
                 raise OutOfMemoryError(
-                    f"out of memory on rank {rank} ({device}) at t={self.env.now * 1e3:.3f} ms during {op.id}: "
+                    f"out of memory on rank {self.device_index[rank]} ({device}) at t={self.env.now * 1e3:.3f} ms "
+                    f"during {op.id}: "
                     f"needs {self.memory[rank] / 1e9:.2f} GB > {self.capacity[rank] / 1e9:.2f} GB "
                     f"(fewer microbatches in flight, a smaller --microbatch-size or more stages would fit)"
                 )
@@ -150,17 +171,19 @@ class _Run:
             event = self.events[op_id] = self.env.event()
         return event
 
-    def _finish(self, op: Op, rank: int, start: float) -> None:
+    def _finish(self, op: Op, rank: int, start: float, stream: str | None = None) -> None:
         """Record ``op``'s span and trigger its done event (created here when nothing waits for it yet)."""
         kind = op.kind
         op_id = make_id(kind, op.vstage, op.mb)
-        self.spans.append(Span(op_id, kind.value, rank, stream_of(kind), start, self.env.now, op.vstage, op.mb,
-                               op.pair, op.peer))
-        event = self.events.get(op_id)
+        pipeline = self.plan.num_ranks
+        key = op_id if rank < pipeline else op_id + self.suffix[rank // pipeline]
+        self.spans.append(Span(op_id, kind.value, rank, stream or stream_of(kind), start, self.env.now, op.vstage,
+                               op.mb, op.pair, None if op.peer is None else op.peer + rank - rank % pipeline))
+        event = self.events.get(key)
         if event is None:
-            event = self.events[op_id] = self.env.event()
+            event = self.events[key] = self.env.event()
         event.callbacks.append(self._forget)  # type: ignore[union-attr]
-        event.succeed(op_id)
+        event.succeed(key)
 
     def _forget(self, event: simpy.Event) -> None:
         """Processed: later waiters go on at once, so the op's id replaces its event."""
@@ -168,9 +191,9 @@ class _Run:
         self.finished.add(op_id)
         del self.events[op_id]
 
-    def _wait_deps(self, op: Op) -> _Proc:
+    def _wait_deps(self, op: Op, suffix: str = _NO_SUFFIX) -> _Proc:
         for dep in op.deps:
-            event = self._done_event(dep)
+            event = self._done_event(dep + suffix if suffix else dep)
             if event is not None:
                 yield event
 
@@ -178,12 +201,15 @@ class _Run:
 
     def _walk(self, rank: int) -> _Proc:
         handlers, position = self.handlers, self.position
-        for pos, op in enumerate(self.plan.programs[rank]):
+        pipeline = self.plan.num_ranks
+        suffix = self.suffix[rank // pipeline]
+        for pos, op in enumerate(self.plan.programs[rank % pipeline]):
             position[rank] = pos
-            if op.kind in _COMPUTE:
+            kind = op.kind
+            if kind in _COMPUTE:
                 # The compute step is inlined: a nested generator per op would cost ~10% of the run.
                 for dep in op.deps:
-                    event = self._done_event(dep)
+                    event = self._done_event(dep + suffix if suffix else dep)
                     if event is not None:
                         yield event
                 start, duration = self._start_compute(rank, op)
@@ -191,14 +217,20 @@ class _Run:
                     yield self.env.timeout(duration)
                 self._end_compute(rank, op)
                 self._finish(op, rank, start)
+            elif kind in TP_KINDS:
+                # Tensor-parallel collectives: the compute stream waits for them (Megatron's f/g operators).
+                yield from self._wait_deps(op, suffix)
+                nbytes, duration, link_bytes = self.views[rank // pipeline].collective(kind, op.vstage)
+                start = yield from self._hold_links(link_bytes, duration)
+                self._finish(op, rank, start)
             else:
-                handlers[op.kind](rank, op)
-        position[rank] = len(self.plan.programs[rank])
+                handlers[kind](rank, op)
+        position[rank] = len(self.plan.programs[rank % pipeline])
 
     def _start_compute(self, rank: int, op: Op) -> tuple[float, float]:
         """Allocate what a compute op needs while it runs and keeps after; returns its start and duration (s)."""
         kind, vstage = op.kind, op.vstage
-        costs = self.costs
+        costs = self.views[rank // self.plan.num_ranks]
         workspace = costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
         kept = 0  # bytes this op leaves allocated for the backward
         if kind is OpKind.F:
@@ -222,90 +254,32 @@ class _Run:
     def _end_compute(self, rank: int, op: Op) -> None:
         """Free the workspace, and after the last backward op of a microbatch its activations."""
         kind, vstage = op.kind, op.vstage
-        freed = self.costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
+        costs = self.views[rank // self.plan.num_ranks]
+        freed = costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
         if kind is OpKind.W or (kind is OpKind.B and (vstage, op.mb) not in self.frees):
-            freed += self.costs.activation_bytes(vstage)
+            freed += costs.activation_bytes(vstage)
         self.memory[rank] -= freed
 
     def _send(self, rank: int, op: Op) -> None:
         self.env.process(self._transfer(rank, op))
 
     def _recv(self, rank: int, op: Op) -> None:
-        event = self.issued.get(op.pair)  # type: ignore[arg-type]
+        key = self._pair_key(rank, op.pair)  # type: ignore[arg-type]
+        event = self.issued.get(key)
         if event is None:
-            event = self.issued[op.pair] = self.env.event()  # type: ignore[index]
-        event.succeed(op)
+            event = self.issued[key] = self.env.event()
+        event.succeed((rank, op))
 
     def _copy(self, rank: int, op: Op) -> None:
         self.env.process(self._host_copy(rank, op))
 
-    def _hold_path(self, keys: tuple[tuple[str, str], ...], duration: float,
-                   nbytes: int) -> Generator[simpy.Event, Any, float]:
-        """Occupy the links ``keys`` (sorted ``(src, dst)`` of a path) for ``duration`` s; returns when it began (s).
-
-        Links are taken in one global order, so two messages can never each hold a link the other waits for.
-        """
-        held = []
-        if duration > 0:
-            for key in keys:
-                resource = self.links.get(key)
-                if resource is None:
-                    resource = self.links[key] = simpy.Resource(self.env, capacity=1)
-                request = resource.request()
-                yield request
-                held.append((resource, request))
-        start = self.env.now
-        if duration > 0:
-            yield self.env.timeout(duration)
-        for resource, request in held:
-            resource.release(request)
-        for key in keys:
-            self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
-        return start
-
-    def _transfer_cost(self, send: Op, src: int, dst: int) -> tuple[int, float, tuple[tuple[str, str], ...]]:
-        """Bytes, uncontended time (s) and sorted link keys of a SEND; the same for every microbatch, so kept."""
-        key = (send.kind, send.vstage, src, dst)
-        cost = self.transfers.get(key)
-        if cost is None:
-            nbytes = self.costs.message_bytes(send.kind, send.vstage)
-            path = self.topology.path(src, dst)
-            links = tuple(sorted((link.src, link.dst) for link in path))
-            cost = self.transfers[key] = (nbytes, self.costs.transfer_time(nbytes, src, dst), links)
-        return cost
-
-    def _transfer(self, src: int, send: Op) -> _Proc:
-        yield from self._wait_deps(send)
-        event = self.issued.get(send.pair)  # type: ignore[arg-type]
-        if event is None:
-            event = self.issued[send.pair] = self.env.event()  # type: ignore[index]
-        recv = yield event  # a processed event resumes at once, as in a plain ``yield``
-        del self.issued[send.pair]  # type: ignore[arg-type]
-        dst = send.peer
-        assert dst is not None
-        nbytes, duration, links = self._transfer_cost(send, src, dst)
-        start = yield from self._hold_path(links, duration, nbytes)
-        self._finish(send, src, start)
-        self._finish(recv, dst, start)
-
-    def _host_copy(self, rank: int, op: Op) -> _Proc:
-        yield from self._wait_deps(op)
-        prefetch = op.kind is OpKind.PREFETCH
-        path = self.topology.host_to_device_path(rank) if prefetch else self.topology.device_to_host_path(rank)
-        nbytes = self.costs.param_bytes(op.vstage)
-        duration = message_time(path, nbytes)
-        if prefetch:
-            self._allocate(rank, nbytes, op)  # the destination buffer exists from the moment the copy is issued
-        links = tuple(sorted((link.src, link.dst) for link in path))
-        start = yield from self._hold_path(links, duration, nbytes)
-        if not prefetch:
-            self.memory[rank] -= nbytes
-        self._finish(op, rank, start)
+    def _collective(self, rank: int, op: Op) -> None:
+        self.env.process(self._run_collective(rank, op))
 
     # --- driver ----------------------------------------------------------------------------------------------------
 
     def run(self) -> SimResult:
-        for rank in range(self.plan.num_ranks):
+        for rank in range(self.instances):
             self.env.process(self._walk(rank))
         try:
             self.env.run()
@@ -313,31 +287,41 @@ class _Run:
             # Waiting processes and their events form reference cycles through this object; dropping them here
             # frees them now instead of at the next cyclic collection (they can be a large part of a long run).
             self.env = self.events = self.issued = self.links = None  # type: ignore[assignment]
-        stuck = [r for r, program in enumerate(self.plan.programs) if self.position[r] < len(program)]
-        num_ops = sum(len(program) for program in self.plan.programs)
+        pipeline = self.plan.num_ranks
+        stuck = [r for r in range(self.instances) if self.position[r] < len(self.plan.programs[r % pipeline])]
+        num_ops = sum(len(program) for program in self.plan.programs) * len(self.views)
         if stuck or len(self.finished) != num_ops:
-            lines = [f"  rank {r}: stuck at {self.plan.programs[r][self.position[r]].id}" for r in stuck]
+            lines = [f"  rank {r}: stuck at {self.plan.programs[r % pipeline][self.position[r]].id}" for r in stuck]
             raise PlanError("simulation stopped before the plan finished (deadlock)\n" + "\n".join(lines))
         self.finished = set()
-        devices = [device.name for device in self.topology.devices[: self.plan.num_ranks]]
+        devices = [self.topology.devices[d].name for d in self.device_index]
         spans, self.spans = self.spans, []
-        trace = Trace.from_spans(spans, devices, {"source": "sim", "schedule": self.plan.schedule})
+        meta: dict[str, object] = {"source": "sim", "schedule": self.plan.schedule}
+        if self.plan.parallel is not None:
+            meta["parallel"] = self.plan.layout.describe()
+            meta["device_of_rank"] = list(self.device_index)
+            meta["replicas_simulated"] = [view.replica for view in self.views]
+        trace = Trace.from_spans(spans, devices, meta)
         return SimResult(trace, tuple(self.peak), tuple(sorted(self.link_bytes.items())))
 
 
 HANDLED_KINDS = frozenset(
     {OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R, OpKind.OPT_STEP, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F,
-     OpKind.RECV_B, OpKind.PREFETCH, OpKind.EVICT}
+     OpKind.RECV_B, OpKind.PREFETCH, OpKind.EVICT, OpKind.TP_F, OpKind.TP_B, OpKind.TP_R, OpKind.REDUCE_GRAD,
+     OpKind.GATHER_PARAMS}
 )
 
 
-def simulate(plan: Plan, costs: CostModel, topology: Topology, *, check_memory: bool = True) -> SimResult:
+def simulate(plan: Plan, costs: CostModel | tuple[CostModel, ...], topology: Topology, *,
+             check_memory: bool = True) -> SimResult:
     """Simulate one iteration of an L1 plan.
 
     Args:
         plan: a lowered, validated plan.
-        costs: durations and sizes of its ops.
-        topology: the devices and links; rank r runs on ``topology.devices[r]``.
+        costs: durations and sizes of its ops: one cost view, or one per data-parallel replica to simulate (each
+            names its replica and the replicas it stands for; :func:`sim.cost.model.replica_views`). The trace's rank
+            ``i · P + p`` is pipeline rank p of the i-th view.
+        topology: the devices and links; each view says which device runs each pipeline rank.
         check_memory: raise :class:`OutOfMemoryError` when a device's memory is exceeded (else only report peaks).
 
     Raises:
@@ -346,10 +330,14 @@ def simulate(plan: Plan, costs: CostModel, topology: Topology, *, check_memory: 
     """
     if plan.level != "L1":
         raise PlanError(f"the engine runs lowered (L1) plans, got {plan.level}")
-    if plan.num_ranks > topology.num_ranks:
-        raise PlanError(f"plan has {plan.num_ranks} ranks but topology {topology} has {topology.num_ranks} devices")
+    if plan.world_size > topology.num_ranks:
+        raise PlanError(f"plan has {plan.world_size} devices' ranks but topology {topology} has {topology.num_ranks} "
+                        f"devices")
+    views = costs if isinstance(costs, tuple) else (costs,)
+    if not views:
+        raise ValueError("simulate() needs at least one cost view")
     kinds = {op.kind for program in plan.programs for op in program}
     unhandled = sorted(kind.value for kind in kinds - HANDLED_KINDS)
     if unhandled:
         raise PlanError(f"the engine has no handler for op kind(s) {', '.join(unhandled)}")
-    return _Run(plan, costs, topology, check_memory).run()
+    return _Run(plan, views, topology, check_memory).run()

@@ -17,14 +17,15 @@ The plan carries ids only: no tensors, no times. Costs live in ``sim.cost.model`
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from sim.core.errors import SpecError
+from sim.ir.ops import COMPUTE_KINDS, COPY_KINDS, DP_KINDS, RECV_KINDS, SEND_KINDS, TP_KINDS, Op, OpKind, stream_of
+from sim.ir.parallel import Parallelism
 
+# The op vocabulary lives in sim.ir.ops; it is re-exported here, where most readers of a plan look for it.
 __all__ = [
     "FORMAT_VERSION",
     "OpKind",
@@ -32,126 +33,17 @@ __all__ = [
     "Placement",
     "Plan",
     "COMPUTE_KINDS",
+    "SEND_KINDS",
+    "RECV_KINDS",
+    "COPY_KINDS",
+    "TP_KINDS",
+    "DP_KINDS",
+    "Parallelism",
     "stream_of",
 ]
 
 #: Bumped whenever the JSON layout of :class:`Plan` changes incompatibly.
 FORMAT_VERSION = 1
-
-
-class OpKind(StrEnum):
-    """What an op does. The value is its spelling in the string notation."""
-
-    F = "F"  # forward of (vstage, mb); the last stage's F includes the loss
-    B = "B"  # full backward (input and weight gradients)
-    I = "I"  # noqa: E741 - backward w.r.t. inputs only (zero-bubble)
-    W = "W"  # backward w.r.t. weights only (zero-bubble)
-    R = "R"  # recompute of a forward before its backward (activation checkpointing)
-    SEND_F = "SEND_F"  # send vstage's forward output to the next vstage's rank
-    RECV_F = "RECV_F"  # receive vstage's forward input from the previous vstage's rank
-    SEND_B = "SEND_B"  # send vstage's input gradient to the previous vstage's rank
-    RECV_B = "RECV_B"  # receive vstage's output gradient from the next vstage's rank
-    PREFETCH = "PREFETCH"  # host → device copy of a parameter set
-    EVICT = "EVICT"  # device → host copy of a parameter set
-    OPT_STEP = "OPT_STEP"  # optimizer step of a vstage
-
-
-COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R})
-SEND_KINDS = frozenset({OpKind.SEND_F, OpKind.SEND_B})
-RECV_KINDS = frozenset({OpKind.RECV_F, OpKind.RECV_B})
-COPY_KINDS = frozenset({OpKind.PREFETCH, OpKind.EVICT})
-
-_STREAM = {
-    OpKind.SEND_F: "send",
-    OpKind.SEND_B: "send",
-    OpKind.RECV_F: "recv",
-    OpKind.RECV_B: "recv",
-    OpKind.PREFETCH: "h2d",
-    OpKind.EVICT: "d2h",
-}
-
-
-def stream_of(kind: OpKind) -> str:
-    """The stream an op kind runs on (``compute`` unless it is a transfer or a copy)."""
-    return _STREAM.get(kind, "compute")
-
-
-# Longest names first so that "SEND_F" is not read as "S" + "END_F" and "F" never shadows "SEND_F".
-_KIND_ALTERNATIVES = "|".join(sorted((k.value for k in OpKind), key=len, reverse=True))
-_OP_RE = re.compile(rf"^(\d+)({_KIND_ALTERNATIVES})(\d*)$")
-
-
-@dataclass(frozen=True, slots=True)
-class Op:
-    """One op of a rank's program.
-
-    Attributes:
-        kind: what the op does.
-        vstage: the virtual stage (contiguous group of layers) it belongs to. For SEND it is the sending stage, for
-            RECV the receiving stage (PyTorch's convention).
-        mb: microbatch id (``None`` for per-stage ops such as OPT_STEP).
-        peer: L1 only: the other rank of a SEND/RECV.
-        pair: L1 only: the id shared by a SEND and its RECV.
-        deps: L1 only: ids of ops (on any rank) that must complete before this op may start, beyond program order on
-            its own stream.
-    """
-
-    kind: OpKind
-    vstage: int
-    mb: int | None = None
-    peer: int | None = None
-    pair: int | None = None
-    deps: tuple[str, ...] = ()
-
-    @property
-    def id(self) -> str:
-        """The op in string notation, e.g. ``"2F0"``; unique within a plan."""
-        return f"{self.vstage}{self.kind.value}{'' if self.mb is None else self.mb}"
-
-    def __str__(self) -> str:
-        return self.id
-
-    @classmethod
-    def parse(cls, text: str) -> Op:
-        """Parse the string notation (``"2F0"``, ``"3SEND_F1"``, ``"0OPT_STEP"``) into an L0-style op.
-
-        Raises:
-            SpecError: the text is not an op.
-        """
-        match = _OP_RE.match(text.strip())
-        if match is None:
-            raise SpecError(f"not an op: {text!r} (expected e.g. '2F0', '1B3', '0SEND_F1')")
-        vstage, kind, mb = match.groups()
-        return cls(OpKind(kind), int(vstage), int(mb) if mb else None)
-
-    def to_json(self) -> dict[str, Any]:
-        """Compact JSON form: ``{"op": "2F0"}`` plus only the L1 fields that are set."""
-        out: dict[str, Any] = {"op": self.id}
-        if self.peer is not None:
-            out["peer"] = self.peer
-        if self.pair is not None:
-            out["pair"] = self.pair
-        if self.deps:
-            out["deps"] = list(self.deps)
-        return out
-
-    @classmethod
-    def from_json(cls, data: Any) -> Op:
-        """Inverse of :meth:`to_json`; SpecError on anything malformed."""
-        if not isinstance(data, dict) or not isinstance(data.get("op"), str):
-            raise SpecError(f"op record must be an object with an 'op' string, got {data!r}")
-        base = cls.parse(data["op"])
-        unknown = sorted(set(data) - {"op", "peer", "pair", "deps"})
-        if unknown:
-            raise SpecError(f"op {base.id} has unknown field(s) {', '.join(map(repr, unknown))}; an op has op, peer, "
-                            f"pair and deps")
-        peer, pair, deps = data.get("peer"), data.get("pair"), data.get("deps", [])
-        for name, value in (("peer", peer), ("pair", pair)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise SpecError(f"op {base.id}: {name} must be a non-negative integer, got {value!r}")
-        if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
-            raise SpecError(f"op {base.id}: deps must be a list of op ids, got {deps!r}")
-        return cls(base.kind, base.vstage, base.mb, peer, pair, tuple(deps))
 
 
 @dataclass(frozen=True)
@@ -211,6 +103,8 @@ class Plan:
         placement: layers of each vstage and rank of each vstage.
         programs: per rank, the ops in program order.
         options: generator parameters and other settings, as sorted ``(key, value)`` pairs of JSON scalars.
+        parallel: the tensor × data × pipeline layout (:mod:`sim.ir.parallel`); ``None`` for a pure pipeline, whose
+            pipeline rank p is device p. Read it through :attr:`layout`.
         subnets: NASPipe CSP only (``weight_policy == "csp"``): the subnet table, one row per subnet in training
             order (subnet id = ``mb``), each row the chosen candidate of every choice block. Empty otherwise.
         format_version: JSON layout version.
@@ -227,6 +121,7 @@ class Plan:
     programs: tuple[tuple[Op, ...], ...]
     options: tuple[tuple[str, Any], ...] = ()
     subnets: tuple[tuple[int, ...], ...] = ()
+    parallel: Parallelism | None = None
     format_version: int = FORMAT_VERSION
     _index: dict[str, tuple[int, int]] = field(default=None, init=False, repr=False, compare=False)  # type: ignore
 
@@ -237,6 +132,22 @@ class Plan:
             raise ValueError(
                 f"microbatches and microbatch size must be >= 1, got {self.num_microbatches}, {self.microbatch_size}"
             )
+        if self.parallel is not None:
+            if self.parallel.pp != len(self.programs):
+                raise ValueError(f"parallel layout has pp = {self.parallel.pp} but the plan has {len(self.programs)} "
+                                 f"rank programs")
+            if self.parallel.is_pure_pipeline:
+                object.__setattr__(self, "parallel", None)  # one spelling of a pure pipeline, so equal plans compare
+
+    @property
+    def layout(self) -> Parallelism:
+        """The parallel layout, a pure pipeline of :attr:`num_ranks` ranks when the plan has none."""
+        return self.parallel if self.parallel is not None else Parallelism(pp=max(len(self.programs), 1))
+
+    @property
+    def world_size(self) -> int:
+        """Devices the plan runs on: tensor × data × pipeline ranks."""
+        return self.layout.world_size
 
     @property
     def num_ranks(self) -> int:
@@ -268,7 +179,8 @@ class Plan:
         """A copy with other programs (the lowering passes use this; a Plan is never mutated)."""
         return Plan(
             self.schedule, level, self.model, self.topology, self.num_microbatches, self.microbatch_size,
-            self.weight_policy, self.placement, programs, self.options, self.subnets, self.format_version,
+            self.weight_policy, self.placement, programs, self.options, self.subnets, self.parallel,
+            self.format_version,
         )
 
     # --- canonical JSON -------------------------------------------------------------------------------------------
@@ -299,6 +211,8 @@ class Plan:
         }
         if self.subnets:
             body["subnets"] = [list(row) for row in self.subnets]
+        if self.parallel is not None:
+            body["parallel"] = self.parallel.to_json()
         return body
 
     def dumps(self) -> str:
@@ -354,6 +268,8 @@ class Plan:
                 programs=programs,
                 options=tuple(sorted(options.items())),
                 subnets=_subnet_table(data.get("subnets", []), source),
+                parallel=(Parallelism.from_json(data["parallel"], len(programs), source)
+                          if "parallel" in data else None),
             )
         except SpecError:
             raise
@@ -363,7 +279,8 @@ class Plan:
 
 #: Every top-level field of a plan file; anything else is refused by name (a typo must not be silently ignored).
 _PLAN_FIELDS = frozenset({"format", "format_version", "level", "schedule", "model", "topology", "num_microbatches",
-                          "microbatch_size", "weight_policy", "options", "placement", "ranks", "subnets"})
+                          "microbatch_size", "weight_policy", "options", "placement", "ranks", "subnets",
+                          "parallel"})
 
 
 def _only_known_fields(data: Any, known: frozenset[str] | set[str], where: str) -> None:

@@ -7,18 +7,20 @@ validates, lowers and validates again, so that an invalid plan is rejected befor
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
-from sim.cost.model import CostModel
+from sim.cost.model import CostModel, plan_sharding
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
+from sim.ir.parallel import DEFAULT_RANK_ORDER, Parallelism
 from sim.ir.plan import Op, OpKind, Placement, Plan
 from sim.ir.schedule_csv import load_schedule_csv
 from sim.ir.weight_versions import VERTICAL_SYNC_OPTION
 from sim.models import build_model
 from sim.models.graph import LayerGraph
+from sim.plan.collectives import add_collectives
 from sim.plan.lower import add_recompute, lower
 from sim.plan.partition import counts_to_ranges, parse_partition
 from sim.plan.validate import validate, validate_l0
@@ -57,8 +59,18 @@ class PlanInputs:
         profile: path of a measured profile JSON, or ``None`` for roofline costs.
         schedule_file: path of a compute-only schedule CSV to use instead of a generator.
         chunks: model chunks (virtual stages) per rank, for schedules that interleave them (``--chunks``).
-        recompute: recompute activations before each backward instead of keeping them (``--recompute``).
+        recompute: ``"full"`` (or ``True``): recompute every stage's forward before its backward (``--recompute``);
+            ``"selective"``: only the attention core (``--recompute selective``, Korthikanti et al. §5); ``"none"``
+            (or ``False``).
         vertical_sync: every stage uses stage 0's weight version per microbatch (``--vertical-sync``, stash only).
+        tp: tensor-parallel degree (``--tp``).
+        dp: data-parallel degree (``--dp``).
+        pp: pipeline ranks (``--pp``); ``None``: the devices left, ``devices // (tp · dp)``.
+        global_batch: samples per iteration over all replicas (``--global-batch``): the microbatch count is
+            ``global_batch / (microbatch_size · dp)``.
+        rank_order: nesting of the ranks, innermost first (``--rank-order``, default Megatron's ``tp-dp-pp``).
+        sequence_parallel: Megatron's sequence parallelism (``--sequence-parallel``).
+        zero: ZeRO stage, 0 or 1 (``--zero``).
     """
 
     model: str
@@ -70,8 +82,20 @@ class PlanInputs:
     profile: str | None = None
     schedule_file: str | None = None
     chunks: int = 1
-    recompute: bool = False
+    recompute: bool | str = False
     vertical_sync: bool = False
+    tp: int = 1
+    dp: int = 1
+    pp: int | None = None
+    global_batch: int | None = None
+    rank_order: str = DEFAULT_RANK_ORDER
+    sequence_parallel: bool = False
+    zero: int = 0
+
+    @property
+    def recompute_mode(self) -> str:
+        """``"none"``, ``"full"`` or ``"selective"``."""
+        return {False: "none", True: "full"}.get(self.recompute, self.recompute)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -172,47 +196,60 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         raise SpecError(f"--microbatches must be >= 1, got {inputs.microbatches}")
     if inputs.chunks < 1:
         raise SpecError(f"--chunks must be >= 1, got {inputs.chunks}")
+    if inputs.recompute_mode not in ("none", "full", "selective"):
+        raise SpecError(f"--recompute takes full or selective, got {inputs.recompute!r}")
     if inputs.schedule_file and inputs.vertical_sync:
         raise SpecError("--vertical-sync applies to the pipedream schedule, not to a schedule file")
     if inputs.schedule_file and inputs.chunks != 1:
         raise SpecError(f"--chunks {inputs.chunks} applies to generated schedules; a schedule file places its "
                         f"stages where its ops are ({inputs.schedule_file})")
-    graph = build_model(inputs.model)
     topology = Topology.parse(inputs.topology)
+    layout = _layout(inputs, topology)
+    microbatches = _microbatches(inputs, layout)
+    if layout.tp > 1 and inputs.profile:
+        raise SpecError(f"a measured profile times whole layers on one device; --tp {layout.tp} splits them "
+                        f"({inputs.profile})")
+    graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
     profile = load_profile(inputs.profile) if inputs.profile else None
     if inputs.schedule_file:
         programs = load_schedule_csv(inputs.schedule_file)
         vstage_to_rank = _placement_from_programs(programs, inputs.schedule_file)
         inferred = 1 + max(op.mb for program in programs for op in program if op.mb is not None)
-        if inputs.microbatches is not None and inputs.microbatches != inferred:
-            raise SpecError(f"{inputs.schedule_file} has {inferred} microbatches, --microbatches says "
-                            f"{inputs.microbatches}")
+        if microbatches is not None and microbatches != inferred:
+            raise SpecError(f"{inputs.schedule_file} has {inferred} microbatches, --microbatches (or --global-batch) "
+                            f"says {microbatches}")
         num_microbatches, schedule_name, weight_policy = inferred, "file", "flush"
         # The file itself is bounded (sim.core.fileio.INPUT_LIMITS); its lowered plan and sizes are checked here.
         compute = sum(len(program) for program in programs)
-        if inputs.recompute:
+        if inputs.recompute_mode == "full":
             compute += sum(op.kind in (OpKind.B, OpKind.I) for program in programs for op in program)
         check_plan_size(graph, num_microbatches, inputs.microbatch_size, vstage_to_rank,
                         compute / (len(vstage_to_rank) * num_microbatches), False)
         generator_options: tuple[tuple[str, int | bool], ...] = ()
-        if len(programs) > topology.num_ranks:
-            raise SpecError(f"{inputs.schedule_file} has {len(programs)} ranks, topology {topology} has "
-                            f"{topology.num_ranks} devices")
+        if len(programs) * layout.tp * layout.dp > topology.num_ranks:
+            raise SpecError(f"{inputs.schedule_file} has {len(programs)} ranks, × TP {layout.tp} × DP {layout.dp} "
+                            f"devices, topology {topology} has {topology.num_ranks} devices")
+        if inputs.pp is not None and inputs.pp != len(programs):
+            raise SpecError(f"{inputs.schedule_file} has {len(programs)} ranks, --pp says {inputs.pp}")
+        layout = replace(layout, pp=len(programs))
     else:
         entry = get_schedule(inputs.schedule)
-        num_microbatches = inputs.microbatches if inputs.microbatches is not None else 8
-        num_ranks = topology.num_ranks
+        num_microbatches = microbatches if microbatches is not None else 8
+        num_ranks = layout.pp
         # Sizes first, so that a too-small model is named before the generator's own constraints, and counted before
         # the placement is built (--chunks 1000000000 would otherwise make a tuple of billions first).
         num_vstages = num_ranks * inputs.chunks if entry.chunked else num_ranks
         if num_vstages > len(graph):
             per_rank = f"{inputs.chunks} per device" if entry.chunked else "one per device"
-            raise SpecError(f"more stages ({num_vstages}, {per_rank} of {topology}) than layers "
+            where = (str(topology) if plan_is_pipeline_only(layout, topology) else
+                     f"{num_ranks} pipeline ranks ({layout.describe()})")
+            raise SpecError(f"more stages ({num_vstages}, {per_rank} of {where}) than layers "
                             f"({len(graph)}) in {graph.spec}")
         vstage_to_rank = entry.vstage_to_rank(num_ranks, inputs.chunks) if entry.chunked else tuple(range(num_ranks))
         # Bounded work: what the plan will hold is known from its sizes, so it is checked before generating it.
         check_plan_size(graph, num_microbatches, inputs.microbatch_size, vstage_to_rank,
-                        compute_ops_per_microbatch(entry) + int(inputs.recompute), entry.weight_policy == "stash")
+                        compute_ops_per_microbatch(entry) + int(inputs.recompute_mode == "full"),
+                        entry.weight_policy == "stash")
         programs = entry.build(num_ranks, num_microbatches, inputs.chunks)
         schedule_name, weight_policy = entry.name, entry.weight_policy
         generator_options = (("chunks", inputs.chunks),) if entry.chunked else ()
@@ -221,8 +258,11 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
                 raise SpecError(f"--vertical-sync applies to weight stashing (pipedream), not {entry.name}")
             generator_options += ((VERTICAL_SYNC_OPTION, True),)
     num_vstages = len(vstage_to_rank)
-    oracle = CostOracle(graph, inputs.microbatch_size, profile, topology)
-    counts = parse_partition(inputs.partition, oracle, num_vstages, vstage_to_rank)
+    oracle = CostOracle(graph, inputs.microbatch_size, profile, topology,
+                        optimizer_shards=layout.dp if layout.zero else 1)
+    # The partition is balanced on the first replica's devices (tensor shard 0 of each group stands for it).
+    counts = parse_partition(inputs.partition, oracle, num_vstages,
+                             tuple(layout.device(rank, 0, 0) for rank in vstage_to_rank))
     placement = Placement(counts_to_ranges(counts), vstage_to_rank)
     l0 = Plan(
         schedule=schedule_name,
@@ -234,14 +274,61 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         weight_policy=weight_policy,
         placement=placement,
         programs=programs,
+        parallel=layout,
         # The profile is recorded so that executor.run predicts with the costs this plan was made with.
         options=tuple(sorted((("partition", inputs.partition),) + generator_options
                              + ((("profile", inputs.profile),) if inputs.profile else ()))),
     )
-    if inputs.recompute or any(op.kind is OpKind.R for program in programs for op in program):
+    if inputs.recompute_mode == "selective":
+        if any(op.kind is OpKind.R for program in programs for op in program):
+            raise SpecError(f"--recompute selective recomputes inside the backward; {inputs.schedule_file} has R ops "
+                            f"(full recomputation)")
+        l0 = replace(l0, options=tuple(sorted({**dict(l0.options), "recompute": "selective"}.items())))
+    elif inputs.recompute_mode == "full" or any(op.kind is OpKind.R for program in programs for op in program):
         l0 = add_recompute(l0)  # also records ("recompute", True) in the options
     validate_l0(l0)
-    plan = lower(l0)
+    plan = add_collectives(lower(l0))
     validate(plan)
-    costs = CostModel(graph, topology, placement, inputs.microbatch_size, profile, oracle=oracle)
+    costs = CostModel(graph, topology, placement, inputs.microbatch_size, profile, oracle=oracle, layout=layout,
+                      concurrent=tuple(range(layout.dp)))
     return BuiltPlan(plan, graph, topology, costs, profile)
+
+
+def plan_is_pipeline_only(layout: Parallelism, topology: Topology) -> bool:
+    """A pure pipeline over every device of the topology: what plans were before 3D layouts."""
+    return layout.is_pure_pipeline and layout.pp == topology.num_ranks
+
+
+def _layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
+    """The tensor × data × pipeline layout the user asked for, checked against the topology's device count."""
+    devices = topology.num_ranks
+    for flag, value in (("--tp", inputs.tp), ("--dp", inputs.dp), ("--pp", inputs.pp)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise SpecError(f"{flag} must be an integer >= 1, got {value!r}")
+    if inputs.tp * inputs.dp > devices:
+        raise SpecError(f"--tp {inputs.tp} × --dp {inputs.dp} = {inputs.tp * inputs.dp} devices, topology {topology} "
+                        f"has {devices}")
+    pp = inputs.pp if inputs.pp is not None else devices // (inputs.tp * inputs.dp)
+    if inputs.tp * inputs.dp * pp > devices:
+        raise SpecError(f"--tp {inputs.tp} × --dp {inputs.dp} × --pp {pp} = {inputs.tp * inputs.dp * pp} devices, "
+                        f"topology {topology} has {devices}")
+    return Parallelism(tp=inputs.tp, dp=inputs.dp, pp=pp, order=inputs.rank_order,
+                       sequence_parallel=inputs.sequence_parallel, zero=inputs.zero)
+
+
+def _microbatches(inputs: PlanInputs, layout: Parallelism) -> int | None:
+    """Microbatches per iteration: ``--microbatches``, or ``--global-batch / (--microbatch-size · --dp)``, which
+    must be whole; ``None`` when neither is given."""
+    if inputs.global_batch is None:
+        return inputs.microbatches
+    g, b, d = inputs.global_batch, inputs.microbatch_size, layout.dp
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+        raise SpecError(f"--global-batch must be an integer >= 1, got {g!r}")
+    if g % (b * d):
+        raise SpecError(f"--global-batch {g} is not a whole number of microbatches of --microbatch-size {b} on "
+                        f"--dp {d} replicas ({g} / ({b} × {d}) = {g / (b * d):g})")
+    m = g // (b * d)
+    if inputs.microbatches is not None and inputs.microbatches != m:
+        raise SpecError(f"--microbatches {inputs.microbatches} disagrees with --global-batch {g} = {m} microbatches × "
+                        f"{b} samples × {d} replicas; give one of them")
+    return m

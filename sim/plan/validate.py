@@ -16,7 +16,7 @@ import numpy as np
 
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
-from sim.ir.plan import COMPUTE_KINDS, COPY_KINDS, RECV_KINDS, SEND_KINDS, Op, OpKind, Plan
+from sim.ir.plan import COMPUTE_KINDS, COPY_KINDS, DP_KINDS, RECV_KINDS, SEND_KINDS, Op, OpKind, Plan
 from sim.plan.lower import op_id as make_id
 
 __all__ = ["PlanError", "validate_l0", "validate_l1", "check_deadlock", "validate", "check_topology"]
@@ -47,9 +47,11 @@ def check_topology(plan: Plan) -> Topology:
         PlanError: the plan has more ranks than the topology has devices.
     """
     topology = Topology.parse(plan.topology)
-    if plan.num_ranks > topology.num_ranks:
-        raise PlanError(f"plan has {plan.num_ranks} rank programs but its topology {plan.topology!r} has "
-                        f"{topology.num_ranks} device(s)")
+    if plan.world_size > topology.num_ranks:
+        layout = plan.layout
+        what = (f"{plan.num_ranks} rank programs" if plan.parallel is None else
+                f"TP {layout.tp} × DP {layout.dp} × PP {layout.pp} = {layout.world_size} devices")
+        raise PlanError(f"plan has {what} but its topology {plan.topology!r} has {topology.num_ranks} device(s)")
     return topology
 
 
@@ -248,7 +250,9 @@ def check_deadlock(plan: Plan) -> None:
 
     The semantics are the engine's (DESIGN §6): each rank walks its program in order; SEND/RECV and PREFETCH/EVICT
     are issued without blocking the rank; a transfer happens once its SEND and RECV are both issued and the SEND's
-    deps are done, a copy once its deps are done; any other op blocks the rank until its deps are done.
+    deps are done, a copy once its deps are done; any other op blocks the rank until its deps are done. Data-parallel
+    collectives (REDUCE_GRAD, GATHER_PARAMS) are issued like copies: every replica runs the same programs, so the
+    members of a collective reach it alike and one replica's dry run stands for all.
 
     Only the ids some op depends on are tracked (``waited``, the plan's own dep strings, dropped when done), and what
     was issued is read off the program pointers when a deadlock is reported, so the dry run needs no copy of every
@@ -272,7 +276,7 @@ def check_deadlock(plan: Plan) -> None:
                     pending_sends[op.pair] = op  # type: ignore[index]
                 elif kind in RECV_KINDS:
                     issued_recvs[op.pair] = op  # type: ignore[index]
-                elif kind in COPY_KINDS:
+                elif kind in COPY_KINDS or kind in DP_KINDS:
                     issued_copies.append(op)
                 elif op.deps and not waited.isdisjoint(op.deps):
                     break

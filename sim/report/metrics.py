@@ -28,6 +28,13 @@ def plan_header(plan: Plan, *, costs: str | None = None) -> dict[str, Any]:
         "layers_per_stage": list(plan.placement.layer_counts()),
         "vstage_to_rank": list(plan.placement.vstage_to_rank), "recompute": bool(plan.option("recompute")),
     }
+    if plan.option("recompute") == "selective":
+        header["recompute"] = "selective"
+    if plan.parallel is not None:
+        layout = plan.parallel
+        header["parallel"] = {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp, "order": layout.order,
+                              "sequence_parallel": layout.sequence_parallel, "zero": layout.zero,
+                              "devices": layout.world_size}
     if costs is not None:
         header["costs"] = costs
     return header
@@ -41,6 +48,8 @@ def compute_metrics(
     peak_memory_bytes: Sequence[int] | None = None,
     memory_capacity_bytes: Sequence[float] | None = None,
     link_bytes: Sequence[tuple[tuple[str, str], int]] = (),
+    replicas: int = 1,
+    device_of_rank: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The ``metrics.json`` object of one iteration.
 
@@ -51,6 +60,9 @@ def compute_metrics(
         peak_memory_bytes: per-rank peak memory, bytes (omitted from the output when unknown).
         memory_capacity_bytes: per-rank device memory, bytes.
         link_bytes: ``((src, dst), bytes)`` carried by each directed link.
+        replicas: data-parallel replicas, each running ``num_microbatches`` microbatches (throughput counts all).
+        device_of_rank: the topology device each trace rank ran on, when it is not the trace rank itself (a 3D
+            plan's trace shows one device per pipeline rank); written as each device's ``device_rank``.
 
     Returns:
         ``iteration_time_s`` (s), ``throughput_samples_per_s``, ``bubble_fraction`` (1 − Σ compute busy ÷ (devices ×
@@ -71,6 +83,7 @@ def compute_metrics(
     for rank, device in enumerate(trace.devices):
         entry: dict[str, Any] = {
             "rank": rank,
+            **({"device_rank": int(device_of_rank[rank])} if device_of_rank is not None else {}),
             "device": device,
             "busy_s": busy[rank],
             "bubble_fraction": 1.0 - busy[rank] / iteration if iteration > 0 else 0.0,
@@ -81,13 +94,14 @@ def compute_metrics(
             capacity = memory_capacity_bytes[rank]
             entry["memory_capacity_bytes"] = int(capacity) if capacity != float("inf") else None
         devices.append(entry)
-    samples = num_microbatches * microbatch_size
+    samples = num_microbatches * microbatch_size * replicas
     return {
         "iteration_time_s": iteration,
         "throughput_samples_per_s": samples / iteration if iteration > 0 else None,
         "bubble_fraction": 1.0 - sum(busy) / (trace.num_ranks * iteration) if iteration > 0 else 0.0,
         "num_microbatches": num_microbatches,
         "microbatch_size": microbatch_size,
+        **({"replicas": replicas} if replicas != 1 else {}),
         "devices": devices,
         "ops": {kind: {"count": len(d), "mean_duration_s": sum(d) / len(d)} for kind, d in sorted(per_kind.items())},
         "links": [{"src": src, "dst": dst, "bytes": nbytes} for (src, dst), nbytes in link_bytes],

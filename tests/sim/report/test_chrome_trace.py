@@ -22,6 +22,8 @@ KINDS_BY_STREAM = {
     "recv": ["REDUCE_GRAD"],
     "h2d": ["PREFETCH"],
     "d2h": ["EVICT"],
+    "tp": ["TP_F", "TP_B", "TP_R"],
+    "collective": ["REDUCE_GRAD", "GATHER_PARAMS"],
 }
 
 times = st.floats(min_value=0.0, max_value=1e3, allow_nan=False, allow_infinity=False)

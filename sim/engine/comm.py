@@ -1,0 +1,99 @@
+"""The SimPy engine's communication processes: messages, host copies and collectives over the links they hold.
+
+A mixin of :class:`sim.engine.simpy_engine._Run` (its state and semantics are documented there): each process waits
+for its op's deps, takes every link its traffic crosses (SimPy resources of capacity one, taken in one global order,
+so two holders can never wait on each other), holds them for the op's uncontended duration from the cost view, and
+finishes the op. Bytes carried are counted per link.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import simpy
+
+from sim.hw.topology import message_time
+from sim.ir.plan import Op, OpKind
+from sim.plan.lower import op_id as make_id
+
+__all__ = ["CommProcesses"]
+
+_Proc = Generator[simpy.Event, Any, None]
+
+
+class CommProcesses:
+    """Transfers, host copies and data-parallel collectives of one simulation (mixed into the engine's run)."""
+
+    def _pair_key(self, rank: int, pair: int) -> int:
+        """The engine's key of a SEND/RECV pair of simulated rank ``rank``: pair ids repeat in every replica."""
+        return pair * len(self.views) + rank // self.plan.num_ranks
+
+    def _hold_links(self, link_bytes: tuple[tuple[tuple[str, str], int], ...],
+                    duration: float) -> Generator[simpy.Event, Any, float]:
+        """Occupy the links of ``link_bytes`` (sorted ``((src, dst), bytes)``) for ``duration`` s and count the bytes
+        they carry; returns when the hold began (s).
+
+        Links are taken in one global order, so two messages can never each hold a link the other waits for.
+        """
+        held = []
+        if duration > 0:
+            for key, _ in link_bytes:
+                resource = self.links.get(key)
+                if resource is None:
+                    resource = self.links[key] = simpy.Resource(self.env, capacity=1)
+                request = resource.request()
+                yield request
+                held.append((resource, request))
+        start = self.env.now
+        if duration > 0:
+            yield self.env.timeout(duration)
+        for resource, request in held:
+            resource.release(request)
+        for key, nbytes in link_bytes:
+            self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
+        return start
+
+    def _transfer(self, src: int, send: Op) -> _Proc:
+        pipeline = self.plan.num_ranks
+        yield from self._wait_deps(send, self.suffix[src // pipeline])
+        key = self._pair_key(src, send.pair)  # type: ignore[arg-type]
+        event = self.issued.get(key)
+        if event is None:
+            event = self.issued[key] = self.env.event()
+        dst, recv = yield event  # a processed event resumes at once, as in a plain ``yield``
+        del self.issued[key]
+        _, duration, link_bytes = self.views[src // pipeline].message(send.kind, send.vstage, src % pipeline,
+                                                                      dst % pipeline)
+        start = yield from self._hold_links(link_bytes, duration)
+        self._finish(send, src, start)
+        self._finish(recv, dst, start)
+
+    def _run_collective(self, rank: int, op: Op) -> _Proc:
+        """A data-parallel collective: it starts when every simulated replica has issued it and its deps are done."""
+        pipeline = self.plan.num_ranks
+        yield from self._wait_deps(op, self.suffix[rank // pipeline])
+        op_id = make_id(op.kind, op.vstage, op.mb)
+        members = self.arrived.setdefault(op_id, [])
+        members.append(rank)
+        if len(members) < len(self.views):
+            return  # the last replica to arrive runs it for all
+        del self.arrived[op_id]
+        _, duration, link_bytes = self.costs.collective(op.kind, op.vstage)
+        start = yield from self._hold_links(link_bytes, duration)
+        for member in sorted(members):
+            self._finish(op, member, start)
+
+    def _host_copy(self, rank: int, op: Op) -> _Proc:
+        yield from self._wait_deps(op, self.suffix[rank // self.plan.num_ranks])
+        prefetch = op.kind is OpKind.PREFETCH
+        device = self.device_index[rank]
+        path = self.topology.host_to_device_path(device) if prefetch else self.topology.device_to_host_path(device)
+        nbytes = self.views[rank // self.plan.num_ranks].param_bytes(op.vstage)
+        duration = message_time(path, nbytes)
+        if prefetch:
+            self._allocate(rank, nbytes, op)  # the destination buffer exists from the moment the copy is issued
+        start = yield from self._hold_links(tuple(sorted(((link.src, link.dst), nbytes) for link in path)), duration)
+        if not prefetch:
+            self.memory[rank] -= nbytes
+        self._finish(op, rank, start)

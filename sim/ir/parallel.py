@@ -1,0 +1,180 @@
+"""The plan's parallel layout: tensor × data × pipeline parallel ranks and their groups (DESIGN §10.2).
+
+A plan's programs are its pipeline ranks (``Plan.programs[p]``); every one of them runs on ``tp × dp`` devices at
+once. The ``tp`` devices of a tensor-parallel group split each layer of the stage (Megatron-LM, Shoeybi et al.,
+arXiv 1909.08053 §3) and run the same program in lock step; the ``dp`` data-parallel replicas each run the whole
+pipeline on their own share of the global batch and all-reduce their gradients before the optimizer step. So a
+program is written once and its ops carry the collectives (``TP_F``, ``REDUCE_GRAD``, ...); which devices take part
+in each collective is this layout's business.
+
+Device numbering follows Megatron-LM's ``initialize_model_parallel``: with the default order ``tp-dp-pp`` the
+tensor-parallel rank varies fastest (a group is consecutive devices, so it stays inside one server when ``tp``
+divides the server's GPU count), then the data-parallel rank, then the pipeline rank::
+
+    device(pp, dp, tp) = tp + T · (dp + D · pp)
+
+Any other nesting of the three can be named (``--rank-order dp-tp-pp`` puts replicas innermost). A plan with
+``tp = dp = 1`` is a pure pipeline: pipeline rank p is device p, as before this layout existed, and ``plan.json``
+leaves the ``parallel`` object out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import permutations
+from typing import Any
+
+from sim.core.errors import SpecError
+
+__all__ = ["Parallelism", "PURE_PIPELINE", "RANK_ORDERS", "DEFAULT_RANK_ORDER", "ZERO_STAGES"]
+
+#: Megatron-LM's nesting: tensor-parallel ranks innermost, then data-parallel, then pipeline.
+DEFAULT_RANK_ORDER = "tp-dp-pp"
+#: Every nesting of the three dimensions, innermost first.
+RANK_ORDERS = tuple("-".join(order) for order in permutations(("tp", "dp", "pp")))
+#: ZeRO stages modelled: 0 (plain data parallelism) and 1 (optimizer state sharded across replicas; Rajbhandari
+#: et al., arXiv 1910.02054 §5.1, P_os).
+ZERO_STAGES = (0, 1)
+
+_FIELDS = frozenset({"tp", "dp", "pp", "order", "sequence_parallel", "zero"})
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How a plan's pipeline ranks map onto devices, and how its replicas and shards communicate.
+
+    Attributes:
+        tp: tensor-parallel degree T: devices that split every layer of a stage.
+        dp: data-parallel degree D: replicas of the whole pipeline, each on ``1/D`` of the global batch.
+        pp: pipeline ranks P (``len(plan.programs)``).
+        order: nesting of the ranks, innermost first (:data:`RANK_ORDERS`).
+        sequence_parallel: Megatron's sequence parallelism (Korthikanti et al., arXiv 2205.05198 §4.2.2): the
+            tensor-parallel all-reduces become reduce-scatter + all-gather and norms and dropout are sharded.
+        zero: 0, or 1 for ZeRO stage 1 / Megatron's distributed optimizer: gradients are reduce-scattered, each
+            replica updates ``1/D`` of the parameters and the parameters are all-gathered after the step.
+    """
+
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    order: str = DEFAULT_RANK_ORDER
+    sequence_parallel: bool = False
+    zero: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "dp", "pp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"--{name} must be an integer >= 1, got {value!r}")
+        if self.order not in RANK_ORDERS:
+            raise SpecError(f"--rank-order must be one of {', '.join(RANK_ORDERS)}, got {self.order!r}")
+        if self.zero not in ZERO_STAGES:
+            raise SpecError(f"--zero must be one of {', '.join(map(str, ZERO_STAGES))}, got {self.zero!r}")
+        if self.sequence_parallel and self.tp == 1:
+            raise SpecError("--sequence-parallel shards activations across tensor-parallel ranks; it needs --tp > 1")
+        if self.zero and self.dp == 1:
+            raise SpecError(f"--zero {self.zero} shards optimizer state across data-parallel replicas; it needs "
+                            f"--dp > 1")
+
+    # --- devices ---------------------------------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        """Devices the plan uses: T · D · P."""
+        return self.tp * self.dp * self.pp
+
+    @property
+    def is_pure_pipeline(self) -> bool:
+        """No tensor or data parallelism and the default order: pipeline rank p is device p."""
+        return self == Parallelism(pp=self.pp)
+
+    def _sizes(self) -> tuple[tuple[str, int], ...]:
+        return tuple((name, getattr(self, name)) for name in self.order.split("-"))
+
+    def device(self, pp: int, dp: int = 0, tp: int = 0) -> int:
+        """The device (global rank) of pipeline rank ``pp``, replica ``dp``, tensor shard ``tp``."""
+        coords = {"pp": pp, "dp": dp, "tp": tp}
+        index, stride = 0, 1
+        for name, size in self._sizes():
+            if not 0 <= coords[name] < size:
+                raise ValueError(f"{name} rank {coords[name]} outside 0..{size - 1}")
+            index += coords[name] * stride
+            stride *= size
+        return index
+
+    def coords(self, device: int) -> tuple[int, int, int]:
+        """``(pp, dp, tp)`` of ``device``: the inverse of :meth:`device`."""
+        if not 0 <= device < self.world_size:
+            raise ValueError(f"device {device} outside 0..{self.world_size - 1}")
+        coords: dict[str, int] = {}
+        for name, size in self._sizes():
+            coords[name], device = device % size, device // size
+        return coords["pp"], coords["dp"], coords["tp"]
+
+    def tp_group(self, pp: int, dp: int) -> tuple[int, ...]:
+        """Devices of the tensor-parallel group of pipeline rank ``pp`` in replica ``dp``, in shard order."""
+        return tuple(self.device(pp, dp, t) for t in range(self.tp))
+
+    def dp_group(self, pp: int, tp: int) -> tuple[int, ...]:
+        """Devices that hold the same shard of pipeline rank ``pp`` in every replica (they reduce gradients)."""
+        return tuple(self.device(pp, d, tp) for d in range(self.dp))
+
+    def pp_group(self, dp: int, tp: int) -> tuple[int, ...]:
+        """Devices of one pipeline: pipeline ranks 0..P−1 of replica ``dp``, shard ``tp``."""
+        return tuple(self.device(p, dp, tp) for p in range(self.pp))
+
+    def groups(self) -> dict[str, list[list[int]]]:
+        """Every group by kind, as ``plan.json`` and the summary show them (sorted, deterministic)."""
+        return {
+            "tp": [list(self.tp_group(p, d)) for p in range(self.pp) for d in range(self.dp)],
+            "dp": [list(self.dp_group(p, t)) for p in range(self.pp) for t in range(self.tp)],
+            "pp": [list(self.pp_group(d, t)) for d in range(self.dp) for t in range(self.tp)],
+        }
+
+    def describe(self) -> str:
+        """One line for the summary, e.g. ``TP 2 × DP 4 × PP 8 = 64 devices (order tp-dp-pp, ZeRO-1)``."""
+        extras = [f"order {self.order}"]
+        if self.sequence_parallel:
+            extras.append("sequence parallel")
+        if self.zero:
+            extras.append(f"ZeRO-{self.zero}")
+        return (f"TP {self.tp} × DP {self.dp} × PP {self.pp} = {self.world_size} devices "
+                f"({', '.join(extras)})")
+
+    # --- JSON ------------------------------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``parallel`` object of ``plan.json``: the degrees, the options and, for readers, every group."""
+        return {"tp": self.tp, "dp": self.dp, "pp": self.pp, "order": self.order,
+                "sequence_parallel": self.sequence_parallel, "zero": self.zero, "groups": self.groups()}
+
+    @classmethod
+    def from_json(cls, data: Any, pp: int, source: str) -> Parallelism:
+        """Inverse of :meth:`to_json`; ``pp`` is the plan's program count, which the object must agree with, and the
+        groups, if present, must be the ones the degrees and order give (a hand edit of one is refused)."""
+        if not isinstance(data, dict):
+            raise SpecError(f"{source}: parallel must be an object, got {type(data).__name__}")
+        unknown = sorted(set(data) - _FIELDS - {"groups"})
+        if unknown:
+            raise SpecError(f"{source}: parallel has unknown field(s) {', '.join(map(repr, unknown))}; it has "
+                            f"{', '.join(sorted(_FIELDS | {'groups'}))}")
+        for key in ("tp", "dp", "pp", "zero"):
+            value = data.get(key, 0 if key == "zero" else 1)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SpecError(f"{source}: parallel.{key} must be an integer, got {value!r}")
+        for key in ("sequence_parallel",):
+            if not isinstance(data.get(key, False), bool):
+                raise SpecError(f"{source}: parallel.{key} must be true or false, got {data[key]!r}")
+        layout = cls(tp=data.get("tp", 1), dp=data.get("dp", 1), pp=data.get("pp", pp),
+                     order=str(data.get("order", DEFAULT_RANK_ORDER)),
+                     sequence_parallel=data.get("sequence_parallel", False), zero=data.get("zero", 0))
+        if layout.pp != pp:
+            raise SpecError(f"{source}: parallel.pp is {layout.pp} but the plan has {pp} rank programs")
+        if "groups" in data and data["groups"] != layout.groups():
+            raise SpecError(f"{source}: parallel.groups are not the groups of TP {layout.tp} × DP {layout.dp} × "
+                            f"PP {layout.pp} in order {layout.order} (edit the degrees, not the groups)")
+        return layout
+
+
+#: The layout of a plan without tensor or data parallelism (``pp`` is filled in by the plan).
+PURE_PIPELINE = Parallelism()

@@ -1,0 +1,99 @@
+"""Lowering pass: the collectives of tensor and data parallelism, written into the L1 programs.
+
+Both the simulator and the executor run these ops, so where a collective sits and what waits for it is decided
+once, here:
+
+* **Tensor parallelism** (Megatron-LM, Shoeybi et al., arXiv 1909.08053 §3). Each forward, recompute and
+  input-gradient backward of a stage is followed by its tensor-parallel collectives, ``TP_F``, ``TP_R`` and
+  ``TP_B``: every all-reduce of its layers (two per transformer block in each direction; reduce-scatter plus
+  all-gather under sequence parallelism). They run on the compute stream, which waits for them, as Megatron's f and
+  g operators do; whatever consumed the op's output (the SEND of the activation or gradient, the next vstage on the
+  same rank) now waits for the collective instead, since the output is complete only after it.
+* **Data parallelism.** After the rank's last backward, each of its vstages reduces its gradients across replicas
+  (``REDUCE_GRAD``: an all-reduce, or a reduce-scatter under ZeRO-1), then steps its optimizer (``OPT_STEP``,
+  which waits for the reduction) and, under ZeRO-1, all-gathers the updated parameters (``GATHER_PARAMS``). This is
+  Megatron's default, the one the vTrain measurements use (``use_gradient_bucket: false``): the reduction starts
+  when the whole backward pass of the rank is done. The reductions are issued without blocking the rank, on the
+  ``collective`` stream, so a rank with several vstages reduces them back to back while nothing waits.
+"""
+
+from __future__ import annotations
+
+from sim.core.errors import SpecError
+from sim.ir.plan import Op, OpKind, Plan
+from sim.plan.lower import op_id
+
+__all__ = ["add_collectives"]
+
+_TP_AFTER = {OpKind.F: OpKind.TP_F, OpKind.R: OpKind.TP_R, OpKind.B: OpKind.TP_B, OpKind.I: OpKind.TP_B}
+
+
+def add_collectives(plan: Plan) -> Plan:
+    """Insert the plan's tensor- and data-parallel collectives into its L1 programs (a pure-pipeline plan comes back
+    unchanged).
+
+    Raises:
+        SpecError: data parallelism with per-microbatch updates (``stash``), which this pass does not model.
+    """
+    if plan.level != "L1":
+        raise ValueError(f"add_collectives() takes an L1 plan, got level {plan.level}")
+    layout = plan.layout
+    if layout.tp > 1:
+        plan = _add_tensor_parallel(plan)
+    if layout.dp > 1:
+        if plan.weight_policy != "flush":
+            raise SpecError(f"data parallelism (--dp {layout.dp}) is modelled for schedules that update once per "
+                            f"iteration, not {plan.schedule} ({plan.weight_policy} weights)")
+        plan = _add_data_parallel(plan, layout.zero)
+    return plan
+
+
+def _add_tensor_parallel(plan: Plan) -> Plan:
+    """A TP op after every F, R, B and I; the ops that consumed their outputs wait for the TP op instead."""
+    renamed: dict[str, str] = {}
+    for program in plan.programs:
+        for op in program:
+            tp_kind = _TP_AFTER.get(op.kind)
+            if tp_kind is not None and op.kind is not OpKind.R:
+                renamed[op_id(op.kind, op.vstage, op.mb)] = op_id(tp_kind, op.vstage, op.mb)
+    programs = []
+    for program in plan.programs:
+        out: list[Op] = []
+        for op in program:
+            deps = op.deps
+            # A W needs its own I's saved tensors, not the all-reduced input gradient; program order covers it anyway.
+            if deps and op.kind is not OpKind.W:
+                deps = tuple(renamed.get(dep, dep) for dep in deps)
+            out.append(op if deps is op.deps else Op(op.kind, op.vstage, op.mb, op.peer, op.pair, deps))
+            tp_kind = _TP_AFTER.get(op.kind)
+            if tp_kind is not None:
+                out.append(Op(tp_kind, op.vstage, op.mb))
+        programs.append(tuple(out))
+    return plan.with_programs(tuple(programs), level="L1")
+
+
+def _add_data_parallel(plan: Plan, zero: int) -> Plan:
+    """Move each rank's optimizer steps to its end, after a REDUCE_GRAD per vstage (and a GATHER_PARAMS under
+    ZeRO-1 after each step)."""
+    programs = []
+    for program in plan.programs:
+        body = [op for op in program if op.kind is not OpKind.OPT_STEP]
+        vstages = sorted({op.vstage for op in program if op.kind is OpKind.OPT_STEP})
+        # Reduce in reverse layer order, as the gradients of the later layers are ready first (and as Megatron's
+        # buffers are laid out), then step in the same order.
+        order = vstages[::-1]
+        tail = [Op(OpKind.REDUCE_GRAD, v) for v in order]
+        for v in order:
+            tail.append(Op(OpKind.OPT_STEP, v, deps=(op_id(OpKind.REDUCE_GRAD, v, None),)))
+            if zero:
+                tail.append(Op(OpKind.GATHER_PARAMS, v, deps=(op_id(OpKind.OPT_STEP, v, None),)))
+        # The last backward of each vstage is what its reduction waits for: with everything the rank did before the
+        # tail in program order, the compute stream has finished it when the REDUCE_GRAD is issued; the dep makes
+        # the same true for the executor, which issues collectives asynchronously.
+        # (A weight gradient is complete when its B or W ends: the tensor-parallel collective after a B reduces the
+        # input gradient only.)
+        last_grad = {op.vstage: op_id(op.kind, op.vstage, op.mb) for op in body if op.kind in (OpKind.B, OpKind.W)}
+        tail = [Op(op.kind, op.vstage, deps=(last_grad[op.vstage],)) if op.kind is OpKind.REDUCE_GRAD else op
+                for op in tail]
+        programs.append(tuple(body + tail))
+    return plan.with_programs(tuple(programs), level="L1")
