@@ -124,9 +124,12 @@ class CostModel:
         return self.devices[pipeline_rank]
 
     def message(self, kind: OpKind, vstage: int, src: int, dst: int) -> tuple:
-        """``(bytes, s, link bytes)`` of a SEND of ``vstage`` from pipeline rank ``src`` to ``dst``: every tensor
-        shard of this replica (and of each concurrent replica) sends its own copy at once, so they share links;
-        ``link bytes`` is ``((src, dst), bytes)`` per link, all instances together."""
+        """``(bytes, s, held links, link bytes)`` of a SEND of ``vstage`` from pipeline rank ``src`` to ``dst``.
+
+        Every tensor shard of this replica (and of each concurrent replica) sends its own copy at once, so they share
+        links, which the duration ``s`` accounts for; ``held links`` are the sorted ``(src, dst)`` keys of the
+        simulated instance's own path (what the engine occupies), ``link bytes`` is ``((src, dst), bytes)`` per link
+        of all instances together (what the links carry)."""
         key = (kind, vstage, src, dst)
         cost = self._messages.get(key)
         if cost is None:
@@ -135,12 +138,15 @@ class CostModel:
             pairs = tuple((layout.device(src, d, t), layout.device(dst, d, t))
                           for d in self.concurrent for t in range(layout.tp))
             seconds, link_bytes = self.oracle.concurrent_transfer(pairs, nbytes)
-            cost = self._messages[key] = (nbytes, seconds, link_bytes)
+            own = self.topology.path(*pairs[0])
+            cost = self._messages[key] = (nbytes, seconds, tuple(sorted((link.src, link.dst) for link in own)),
+                                          link_bytes)
         return cost
 
     def collective(self, kind: OpKind, vstage: int) -> tuple:
-        """``(bytes, s, link bytes)`` of a collective op of ``vstage`` (TP_F, TP_B, TP_R, REDUCE_GRAD,
-        GATHER_PARAMS), with every concurrent group of it running at once.
+        """``(bytes, s, held links, link bytes)`` of a collective op of ``vstage`` (TP_F, TP_B, TP_R, REDUCE_GRAD,
+        GATHER_PARAMS), with every concurrent group of it running at once (as :meth:`message`; a TP op holds its
+        own group's links, a data-parallel collective, which is one op of every replica, all of its groups').
 
         A TP op runs each of the stage's layers' tensor-parallel collectives in turn (all-reduces, or reduce-scatter
         plus all-gather under sequence parallelism); ``bytes`` is their buffers summed. REDUCE_GRAD all-reduces the
@@ -161,7 +167,8 @@ class CostModel:
             nbytes = oracle.param_bytes(start, end)
             name = ("all_gather" if kind is OpKind.GATHER_PARAMS else
                     "reduce_scatter" if layout.zero else "all_reduce")
-            return _sum_costs([(oracle.collective(name, groups, nbytes), 1, nbytes)])
+            cost = oracle.collective(name, groups, nbytes)
+            return _sum_costs([(cost, 1, nbytes)], cost.link_keys)
         groups = tuple(layout.tp_group(pipeline_rank, d) for d in self.concurrent)
         names = ("reduce_scatter", "all_gather") if layout.sequence_parallel else ("all_reduce",)
         backward = kind is OpKind.TP_B
@@ -174,8 +181,15 @@ class CostModel:
                 each = self.microbatch_size * total // count
                 buffers[each] = buffers.get(each, 0) + count
         # Under sequence parallelism a reduce-scatter and an all-gather replace each all-reduce of the same buffer.
-        return _sum_costs([(oracle.collective(name, groups, each), count, each)
-                           for each, count in sorted(buffers.items()) for name in names])
+        parts, held = [], set()
+        own = groups[self.concurrent.index(self.replica)]
+        for each, count in sorted(buffers.items()):
+            for name in names:
+                cost = oracle.collective(name, groups, each)
+                parts.append((cost, count, each))
+                # The engine holds the simulated group's own links, for the algorithm costed for all groups.
+                held.update(oracle.collective(name, (own,), each, cost.algorithm).link_keys)
+        return _sum_costs(parts, tuple(sorted(held)))
 
     def profiled_ranks(self, num_ranks: int | None = None) -> tuple[int, ...]:
         """Ranks whose measured times replace the roofline (:meth:`sim.cost.oracle.CostOracle.profiled_ranks`)."""
@@ -210,8 +224,8 @@ class CostModel:
         return self._workspace[vstage]
 
 
-def _sum_costs(parts: list) -> tuple:
-    """``(bytes, s, link bytes)`` of collectives run one after another: ``parts`` is ``(CollectiveCost, times,
+def _sum_costs(parts: list, held: tuple) -> tuple:
+    """``(bytes, s, held, link bytes)`` of collectives run one after another: ``parts`` is ``(CollectiveCost, times,
     buffer bytes)``."""
     nbytes, seconds, links = 0, 0.0, {}
     for cost, times, buffer in parts:
@@ -219,7 +233,7 @@ def _sum_costs(parts: list) -> tuple:
         for key, carried in cost.bytes_per_link:
             links[key] = links.get(key, 0) + carried * times
         nbytes += buffer * times
-    return nbytes, seconds, tuple(sorted(links.items()))
+    return nbytes, seconds, held, tuple(sorted(links.items()))
 
 
 def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, microbatch_size: int,

@@ -195,13 +195,15 @@ class CostOracle:
             return latency + nbytes / bandwidth
         return self.topology.transfer_time(nbytes, src_rank, dst_rank)
 
-    def collective(self, kind: str, groups: tuple[tuple[int, ...], ...], nbytes: int) -> CollectiveCost:
+    def collective(self, kind: str, groups: tuple[tuple[int, ...], ...], nbytes: int,
+                   algorithm: str = "auto") -> CollectiveCost:
         """Cost of one collective (``sim.cost.collectives``) run at once by every group of ``groups`` (device
-        ranks), each member contributing ``nbytes``; cached, since a plan asks the same few many times."""
-        key = (kind, groups, nbytes)
+        ranks), each member contributing ``nbytes``, by ``algorithm`` (``auto``: the fastest); cached, since a plan
+        asks the same few many times."""
+        key = (kind, groups, nbytes, algorithm)
         cost = self._collectives.get(key)
         if cost is None:
-            cost = self._collectives[key] = collective_cost(self.topology, kind, groups, nbytes)
+            cost = self._collectives[key] = collective_cost(self.topology, kind, groups, nbytes, algorithm)
         return cost
 
     def concurrent_transfer(self, pairs: tuple[tuple[int, int], ...],

@@ -1,13 +1,14 @@
 """The SimPy engine's communication processes: messages, host copies and collectives over the links they hold.
 
 A mixin of :class:`sim.engine.simpy_engine._Run` (its state and semantics are documented there): each process waits
-for its op's deps, takes every link its traffic crosses (SimPy resources of capacity one, taken in one global order,
+for its op's deps, takes every link its traffic crosses (FIFO mutexes, :class:`Link`, taken in one global order,
 so two holders can never wait on each other), holds them for the op's uncontended duration from the cost view, and
 finishes the op. Bytes carried are counted per link.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Generator
 from typing import Any
 
@@ -22,6 +23,40 @@ __all__ = ["CommProcesses"]
 _Proc = Generator[simpy.Event, Any, None]
 
 
+class Link:
+    """A link as a mutex with a FIFO of waiters: SimPy's ``Resource(capacity=1)`` event for event, at a fraction of
+    its cost (it is taken several times per message).
+
+    A request is granted at once when the link is free and nobody queues before it; a release frees the link now
+    and grants the next waiter when its own release event is processed, as SimPy's Release does, so the order and
+    the time of every grant, and the trace, are what the SimPy resource gave.
+    """
+
+    __slots__ = ("env", "busy", "waiting")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env, self.busy, self.waiting = env, False, deque()
+
+    def request(self) -> simpy.Event:
+        """An event that succeeds when the link is this caller's."""
+        event = self.env.event()
+        self.waiting.append(event)
+        self._grant()
+        return event
+
+    def release(self) -> None:
+        """Free the link; the next waiter gets it when the release is processed."""
+        self.busy = False
+        event = self.env.event()
+        event.callbacks.append(self._grant)
+        event.succeed()
+
+    def _grant(self, _event: simpy.Event | None = None) -> None:
+        if not self.busy and self.waiting:
+            self.busy = True
+            self.waiting.popleft().succeed()
+
+
 class CommProcesses:
     """Transfers, host copies and data-parallel collectives of one simulation (mixed into the engine's run)."""
 
@@ -29,27 +64,28 @@ class CommProcesses:
         """The engine's key of a SEND/RECV pair of simulated rank ``rank``: pair ids repeat in every replica."""
         return pair * len(self.views) + rank // self.plan.num_ranks
 
-    def _hold_links(self, link_bytes: tuple[tuple[tuple[str, str], int], ...],
-                    duration: float) -> Generator[simpy.Event, Any, float]:
-        """Occupy the links of ``link_bytes`` (sorted ``((src, dst), bytes)``) for ``duration`` s and count the bytes
-        they carry; returns when the hold began (s).
+    def _hold_links(self, keys: tuple[tuple[str, str], ...], duration: float,
+                    link_bytes: tuple[tuple[tuple[str, str], int], ...]) -> Generator[simpy.Event, Any, float]:
+        """Occupy the links ``keys`` (sorted ``(src, dst)``) for ``duration`` s, then count the bytes ``link_bytes``
+        (``((src, dst), bytes)``) says the op's traffic put on each link; returns when the hold began (s).
 
-        Links are taken in one global order, so two messages can never each hold a link the other waits for.
+        Links are taken in one global order, so two messages can never each hold a link the other waits for. The
+        engine holds the simulated instance's own links only; the symmetric instances it stands for share links
+        through the op's duration (``sim.cost.model``).
         """
         held = []
         if duration > 0:
-            for key, _ in link_bytes:
-                resource = self.links.get(key)
-                if resource is None:
-                    resource = self.links[key] = simpy.Resource(self.env, capacity=1)
-                request = resource.request()
-                yield request
-                held.append((resource, request))
+            for key in keys:
+                link = self.links.get(key)
+                if link is None:
+                    link = self.links[key] = Link(self.env)
+                yield link.request()
+                held.append(link)
         start = self.env.now
         if duration > 0:
             yield self.env.timeout(duration)
-        for resource, request in held:
-            resource.release(request)
+        for link in held:
+            link.release()
         for key, nbytes in link_bytes:
             self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
         return start
@@ -63,9 +99,9 @@ class CommProcesses:
             event = self.issued[key] = self.env.event()
         dst, recv = yield event  # a processed event resumes at once, as in a plain ``yield``
         del self.issued[key]
-        _, duration, link_bytes = self.views[src // pipeline].message(send.kind, send.vstage, src % pipeline,
-                                                                      dst % pipeline)
-        start = yield from self._hold_links(link_bytes, duration)
+        _, duration, keys, link_bytes = self.views[src // pipeline].message(send.kind, send.vstage, src % pipeline,
+                                                                            dst % pipeline)
+        start = yield from self._hold_links(keys, duration, link_bytes)
         self._finish(send, src, start)
         self._finish(recv, dst, start)
 
@@ -79,8 +115,8 @@ class CommProcesses:
         if len(members) < len(self.views):
             return  # the last replica to arrive runs it for all
         del self.arrived[op_id]
-        _, duration, link_bytes = self.costs.collective(op.kind, op.vstage)
-        start = yield from self._hold_links(link_bytes, duration)
+        _, duration, keys, link_bytes = self.costs.collective(op.kind, op.vstage)
+        start = yield from self._hold_links(keys, duration, link_bytes)
         for member in sorted(members):
             self._finish(op, member, start)
 
@@ -93,7 +129,8 @@ class CommProcesses:
         duration = message_time(path, nbytes)
         if prefetch:
             self._allocate(rank, nbytes, op)  # the destination buffer exists from the moment the copy is issued
-        start = yield from self._hold_links(tuple(sorted(((link.src, link.dst), nbytes) for link in path)), duration)
+        keys = tuple(sorted((link.src, link.dst) for link in path))
+        start = yield from self._hold_links(keys, duration, tuple((key, nbytes) for key in keys))
         if not prefetch:
             self.memory[rank] -= nbytes
         self._finish(op, rank, start)

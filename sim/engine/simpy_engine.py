@@ -7,9 +7,9 @@ Semantics, shared with the dry run in ``sim.plan.validate`` and with the executo
 * SEND and RECV are issued without blocking the walker (the ``isend``/``irecv`` of the executor). A transfer starts
   once both sides are issued and the SEND's deps are done (a rendezvous, as point-to-point transports do), occupies
   every link on its path for ``Σ latency + bytes / min bandwidth`` — the closed form of ``Topology.transfer_time``,
-  or a measured profile's fit (``CostModel.transfer_time``) — and completes both ops. Links are SimPy resources
-  of capacity one, so transfers that share a link wait for each other; a transfer takes its links in one global
-  order, so two transfers can never hold one link each and wait on the other.
+  or a measured profile's fit (``CostModel.transfer_time``) — and completes both ops. Links are mutexes that grant
+  in FIFO order (``sim.engine.comm.Link``), so transfers that share a link wait for each other; a transfer takes its
+  links in one global order, so two transfers can never hold one link each and wait on the other.
 * PREFETCH and EVICT are issued without blocking the walker too. They copy a stage's weights host → device or
   device → host over the rank's PCIe path, whose directed links are the H2D and D2H copy engines, so copies
   overlap compute and contend only with other copies (and transfers) on the same links.
@@ -44,9 +44,9 @@ import simpy
 
 from sim.core.errors import SpecError
 from sim.cost.model import CostModel
-from sim.engine.comm import CommProcesses
+from sim.engine.comm import CommProcesses, Link
 from sim.hw.topology import Topology
-from sim.ir.plan import TP_KINDS, Op, OpKind, Plan, stream_of
+from sim.ir.plan import DP_KINDS, TP_KINDS, Op, OpKind, Plan, stream_of
 from sim.ir.trace import Span, Trace
 from sim.ir.weight_versions import weight_versions
 from sim.plan.lower import op_id as make_id
@@ -106,7 +106,7 @@ class _Run(CommProcesses):
         self.finished: set[str] = set()  # ids of ops whose done event has been processed
         self.issued: dict[int, simpy.Event] = {}  # pair -> "RECV issued" event (its value: the RECV), until used
         self.arrived: dict[str, list] = {}  # collective op id -> the replicas' (rank, op) that have issued it
-        self.links: dict[tuple[str, str], simpy.Resource] = {}
+        self.links: dict[tuple[str, str], Link] = {}
         self.link_bytes: dict[tuple[str, str], int] = {}
         self.spans: list[Span] = []
         self.position = [0] * self.instances
@@ -132,6 +132,8 @@ class _Run(CommProcesses):
         self.peak = list(self.memory)
         # Microbatches whose activations are recomputed: their F keeps only the checkpoint (the stage input).
         self.recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.R}
+        self.tp_links = self._tp_links_to_hold()
+        self.tp_runs: dict[tuple[int, OpKind, int], int] = {}  # (view, kind, vstage) -> TP ops run
         self.handlers: dict[OpKind, Callable[[int, Op], None]] = {
             OpKind.SEND_F: self._send,
             OpKind.SEND_B: self._send,
@@ -142,6 +144,34 @@ class _Run(CommProcesses):
             OpKind.REDUCE_GRAD: self._collective,
             OpKind.GATHER_PARAMS: self._collective,
         }
+
+    def _tp_links_to_hold(self) -> dict[tuple[int, OpKind, int], tuple[tuple[str, str], ...]]:
+        """The links each TP op must hold: those some other rank's op or any transfer, copy or data-parallel
+        collective also holds. A link only one rank's TP ops hold is never contended (they run one at a time on that
+        rank's compute stream), so its resource would change nothing and cost a SimPy request per op."""
+        plan, views, pipeline = self.plan, self.views, self.plan.num_ranks
+        tp_keys: dict[tuple[int, OpKind, int], tuple[tuple[str, str], ...]] = {}
+        holders: dict[tuple[str, str], set[int]] = {}
+        other: set[tuple[str, str]] = set()
+        for rank in range(self.instances):
+            view, program = views[rank // pipeline], plan.programs[rank % pipeline]
+            for op in program:
+                kind = op.kind
+                if kind in TP_KINDS:
+                    keys = tp_keys[(rank, kind, op.vstage)] = view.collective(kind, op.vstage)[2]
+                    for key in keys:
+                        holders.setdefault(key, set()).add(rank)
+                elif kind is OpKind.SEND_F or kind is OpKind.SEND_B:
+                    other.update(view.message(kind, op.vstage, rank % pipeline, op.peer)[2])  # type: ignore[arg-type]
+                elif kind in DP_KINDS:
+                    other.update(view.collective(kind, op.vstage)[2])
+                elif kind is OpKind.PREFETCH or kind is OpKind.EVICT:
+                    device = self.device_index[rank]
+                    path = (self.topology.host_to_device_path(device) if kind is OpKind.PREFETCH
+                            else self.topology.device_to_host_path(device))
+                    other.update((link.src, link.dst) for link in path)
+        shared = {key for key, ranks in holders.items() if len(ranks) > 1} | other
+        return {op: tuple(key for key in keys if key in shared) for op, keys in tp_keys.items()}
 
     # --- memory ----------------------------------------------------------------------------------------------------
 
@@ -218,10 +248,20 @@ class _Run(CommProcesses):
                 self._end_compute(rank, op)
                 self._finish(op, rank, start)
             elif kind in TP_KINDS:
-                # Tensor-parallel collectives: the compute stream waits for them (Megatron's f/g operators).
-                yield from self._wait_deps(op, suffix)
-                nbytes, duration, link_bytes = self.views[rank // pipeline].collective(kind, op.vstage)
-                start = yield from self._hold_links(link_bytes, duration)
+                # Tensor-parallel collectives: the compute stream waits for them (Megatron's f/g operators). The
+                # bytes they put on links are counted once per op kind at the end (tp_runs), not per op.
+                if op.deps:
+                    yield from self._wait_deps(op, suffix)
+                duration = self.views[rank // pipeline].collective(kind, op.vstage)[1]
+                keys = self.tp_links[(rank, kind, op.vstage)]
+                if keys:
+                    start = yield from self._hold_links(keys, duration, ())
+                else:
+                    start = self.env.now
+                    if duration > 0:
+                        yield self.env.timeout(duration)
+                run = (rank // pipeline, kind, op.vstage)
+                self.tp_runs[run] = self.tp_runs.get(run, 0) + 1
                 self._finish(op, rank, start)
             else:
                 handlers[kind](rank, op)
@@ -294,6 +334,9 @@ class _Run(CommProcesses):
             lines = [f"  rank {r}: stuck at {self.plan.programs[r % pipeline][self.position[r]].id}" for r in stuck]
             raise PlanError("simulation stopped before the plan finished (deadlock)\n" + "\n".join(lines))
         self.finished = set()
+        for (view, kind, vstage), runs in sorted(self.tp_runs.items()):
+            for key, nbytes in self.views[view].collective(kind, vstage)[3]:
+                self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes * runs
         devices = [self.topology.devices[d].name for d in self.device_index]
         spans, self.spans = self.spans, []
         meta: dict[str, object] = {"source": "sim", "schedule": self.plan.schedule}

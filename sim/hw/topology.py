@@ -123,23 +123,49 @@ class Topology:
         return index
 
     def _tree(self, source: str) -> dict[str, tuple[Link, ...]]:
-        """Cheapest path from ``source`` to every graph node (Dijkstra; ties: fewer hops, then node names)."""
+        """Cheapest path from ``source`` to every graph node (Dijkstra; ties: fewer hops, then node names).
+
+        A label is ``(cost, hops, names)`` with ``names`` the path's node names joined by NUL: NUL sorts before every
+        character of a name, so comparing joined strings orders paths as comparing their name tuples would, for a
+        fraction of the cost. Each node keeps the link it was reached by; its path is its predecessor's plus that link.
+        """
         tree = self._trees.get(source)
         if tree is not None:
             return tree
         tree = {}
-        heap: list[tuple[float, int, tuple[str, ...], tuple[Link, ...]]] = [(0.0, 0, (source,), ())]
+        endpoints, adjacency = self._endpoints, self._adjacency
+        heap: list[tuple[float, int, str, str, str, Link | None]] = [(0.0, 0, source, source, "", None)]
+        best: dict[str, tuple[float, int, str]] = {source: (0.0, 0, source)}  # best label pushed per node
+        # Endpoints never forward, so they need no place in the heap: each keeps its best offer (label, predecessor,
+        # link) while routers are settled, and is settled after them. Most nodes are GPUs, so this skips most pushes.
+        leaves: dict[str, tuple[tuple[float, int, str], str, Link]] = {}
+        pop, push = heapq.heappop, heapq.heappush
         while heap:
-            cost, hops, nodes, links = heapq.heappop(heap)
-            node = nodes[-1]
+            cost, hops, names, node, previous, link = pop(heap)
             if node in tree:
                 continue
-            tree[node] = links
-            if node in self._endpoints and node != source:
-                continue  # GPUs (and non-transit hosts) are endpoints, not routers
-            for neighbour, link, hop_cost in self._adjacency[node]:
-                if neighbour not in tree:
-                    heapq.heappush(heap, (cost + hop_cost, hops + 1, (*nodes, neighbour), (*links, link)))
+            tree[node] = tree[previous] + (link,) if link is not None else ()
+            hops += 1
+            for neighbour, next_link, hop_cost in adjacency[node]:
+                if neighbour in tree:
+                    continue
+                reach = cost + hop_cost
+                leaf = neighbour in endpoints
+                known = leaves[neighbour][0] if leaf and neighbour in leaves else best.get(neighbour)
+                # The names string is built only when the label can win: it is new, cheaper, or tied.
+                if known is not None and (reach > known[0] or (reach == known[0] and hops >= known[1])):
+                    if reach != known[0] or hops != known[1]:
+                        continue
+                label = (reach, hops, f"{names}\0{neighbour}")
+                if known is not None and label >= known:
+                    continue
+                if leaf:
+                    leaves[neighbour] = (label, node, next_link)
+                else:
+                    best[neighbour] = label
+                    push(heap, (*label, neighbour, node, next_link))
+        for leaf, (_, previous, link) in leaves.items():
+            tree[leaf] = tree[previous] + (link,)
         self._trees[source] = tree
         return tree
 
