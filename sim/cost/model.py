@@ -138,7 +138,7 @@ class CostModel:
             pairs = tuple((layout.device(src, d, t), layout.device(dst, d, t))
                           for d in self.concurrent for t in range(layout.tp))
             seconds, link_bytes = self.oracle.concurrent_transfer(pairs, nbytes)
-            own = self.topology.path(*pairs[0])
+            own = self.topology.path(self.devices[src], self.devices[dst])
             cost = self._messages[key] = (nbytes, seconds, tuple(sorted((link.src, link.dst) for link in own)),
                                           link_bytes)
         return cost
@@ -247,7 +247,8 @@ def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, m
     one replica, costed with all of them sending and reducing at the same moment, stands for all by symmetry.
 
     Args:
-        simulate_all: one view per replica even when they are identical (to check the symmetry argument).
+        simulate_all: one view per replica even when they are identical (to check the symmetry argument); each is
+            still costed with all of them running at once, as they do.
 
     Raises:
         SpecError: a tensor-parallel group mixes device models (its shards would wait for the slowest; not modelled).
@@ -262,14 +263,16 @@ def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, m
                 raise SpecError(f"the tensor-parallel group of pipeline rank {p}, replica {d} (devices "
                                 f"{list(layout.tp_group(p, d))}) mixes {', '.join(sorted(names))}; tensor "
                                 f"parallelism needs one device model per group (try another --rank-order)")
-    identical = not simulate_all and all(_replica_signature(topology, layout, d) == _replica_signature(topology,
-                                                                                                       layout, 0)
-                                         for d in range(1, layout.dp))
-    if identical:
+    first = _replica_signature(topology, layout, 0)
+    identical = all(_replica_signature(topology, layout, d) == first for d in range(1, layout.dp))
+    everyone = tuple(range(layout.dp))
+    if identical and not simulate_all:
         return (CostModel(graph, topology, placement, microbatch_size, profile, oracle=oracle, layout=layout,
-                          replica=0, concurrent=tuple(range(layout.dp))),)
+                          replica=0, concurrent=everyone),)
+    # Identical replicas simulated one by one still send and reduce at the same moments, so each is costed with all
+    # of them (and the engine lets their copies of one op share links); different replicas are costed alone.
     return tuple(CostModel(graph, topology, placement, microbatch_size, profile, oracle=oracle, layout=layout,
-                           replica=d) for d in range(layout.dp))
+                           replica=d, concurrent=everyone if identical else (d,)) for d in everyone)
 
 
 def _replica_signature(topology: Topology, layout: Parallelism, replica: int) -> tuple:

@@ -22,6 +22,9 @@ __all__ = ["CommProcesses"]
 
 _Proc = Generator[simpy.Event, Any, None]
 
+#: The lane of a link that data-parallel collectives queue in (``_run_collective``).
+_DP_LANE = "collective"
+
 
 class Link:
     """A link as a mutex with a FIFO of waiters: SimPy's ``Resource(capacity=1)`` event for event, at a fraction of
@@ -30,31 +33,48 @@ class Link:
     A request is granted at once when the link is free and nobody queues before it; a release frees the link now
     and grants the next waiter when its own release event is processed, as SimPy's Release does, so the order and
     the time of every grant, and the trace, are what the SimPy resource gave.
+
+    One exception makes simulating identical replicas one by one equal to simulating one for all: requests with the
+    same ``share`` key (not ``None``) are copies of one op in replicas whose durations already count each other's
+    traffic on the link, so a copy joins the holders at once instead of waiting for them.
     """
 
-    __slots__ = ("env", "busy", "waiting")
+    __slots__ = ("env", "holders", "share", "waiting")
 
     def __init__(self, env: simpy.Environment) -> None:
-        self.env, self.busy, self.waiting = env, False, deque()
+        self.env, self.holders, self.share, self.waiting = env, 0, None, deque()
 
-    def request(self) -> simpy.Event:
-        """An event that succeeds when the link is this caller's."""
+    def request(self, share: object = None) -> simpy.Event:
+        """An event that succeeds when the link is this caller's (or shared with copies of the same op)."""
         event = self.env.event()
-        self.waiting.append(event)
+        if share is not None and self.holders and share == self.share:
+            self.holders += 1
+            event.succeed()
+            return event
+        self.waiting.append((event, share))
         self._grant()
         return event
 
     def release(self) -> None:
-        """Free the link; the next waiter gets it when the release is processed."""
-        self.busy = False
+        """Free the link (once its last holder is done); the next waiter gets it when the release is processed."""
+        self.holders -= 1
+        if self.holders:
+            return
         event = self.env.event()
         event.callbacks.append(self._grant)
         event.succeed()
 
     def _grant(self, _event: simpy.Event | None = None) -> None:
-        if not self.busy and self.waiting:
-            self.busy = True
-            self.waiting.popleft().succeed()
+        if not self.holders and self.waiting:
+            event, self.share = self.waiting.popleft()
+            self.holders = 1
+            event.succeed()
+            if self.share is not None:  # its copies that queued behind other ops come along
+                copies = [entry for entry in self.waiting if entry[1] == self.share]
+                for entry in copies:
+                    self.waiting.remove(entry)
+                    self.holders += 1
+                    entry[0].succeed()
 
 
 class CommProcesses:
@@ -65,7 +85,8 @@ class CommProcesses:
         return pair * len(self.views) + rank // self.plan.num_ranks
 
     def _hold_links(self, keys: tuple[tuple[str, str], ...], duration: float,
-                    link_bytes: tuple[tuple[tuple[str, str], int], ...]) -> Generator[simpy.Event, Any, float]:
+                    link_bytes: tuple[tuple[tuple[str, str], int], ...],
+                    share: object = None) -> Generator[simpy.Event, Any, float]:
         """Occupy the links ``keys`` (sorted ``(src, dst)``) for ``duration`` s, then count the bytes ``link_bytes``
         (``((src, dst), bytes)``) says the op's traffic put on each link; returns when the hold began (s).
 
@@ -79,7 +100,7 @@ class CommProcesses:
                 link = self.links.get(key)
                 if link is None:
                     link = self.links[key] = Link(self.env)
-                yield link.request()
+                yield link.request(share)
                 held.append(link)
         start = self.env.now
         if duration > 0:
@@ -99,9 +120,12 @@ class CommProcesses:
             event = self.issued[key] = self.env.event()
         dst, recv = yield event  # a processed event resumes at once, as in a plain ``yield``
         del self.issued[key]
-        _, duration, keys, link_bytes = self.views[src // pipeline].message(send.kind, send.vstage, src % pipeline,
-                                                                            dst % pipeline)
-        start = yield from self._hold_links(keys, duration, link_bytes)
+        view = src // pipeline
+        _, duration, keys, link_bytes = self.views[view].message(send.kind, send.vstage, src % pipeline,
+                                                                 dst % pipeline)
+        share = self.share[view]
+        start = yield from self._hold_links(keys, duration, link_bytes if self.counts_bytes[view] else (),
+                                            share and (share, send.kind, send.vstage, send.mb))
         self._finish(send, src, start)
         self._finish(recv, dst, start)
 
@@ -116,7 +140,10 @@ class CommProcesses:
             return  # the last replica to arrive runs it for all
         del self.arrived[op_id]
         _, duration, keys, link_bytes = self.costs.collective(op.kind, op.vstage)
-        start = yield from self._hold_links(keys, duration, link_bytes)
+        # Data-parallel reductions queue for their links against each other only (their own lane of each link):
+        # they are one op for every replica, while messages are per replica, and a reduction that held a message's
+        # link would make simulating the replicas one by one differ from one standing for all, by the order of ties.
+        start = yield from self._hold_links(tuple((_DP_LANE, key) for key in keys), duration, link_bytes)
         for member in sorted(members):
             self._finish(op, member, start)
 

@@ -46,7 +46,7 @@ from sim.core.errors import SpecError
 from sim.cost.model import CostModel
 from sim.engine.comm import CommProcesses, Link
 from sim.hw.topology import Topology
-from sim.ir.plan import DP_KINDS, TP_KINDS, Op, OpKind, Plan, stream_of
+from sim.ir.plan import TP_KINDS, Op, OpKind, Plan, stream_of
 from sim.ir.trace import Span, Trace
 from sim.ir.weight_versions import weight_versions
 from sim.plan.lower import op_id as make_id
@@ -132,6 +132,10 @@ class _Run(CommProcesses):
         self.peak = list(self.memory)
         # Microbatches whose activations are recomputed: their F keeps only the checkpoint (the stage input).
         self.recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.R}
+        # Identical replicas simulated one by one (``simulate_all``) are costed with each other's traffic: copies of
+        # one op in them share links (``Link``), and only the first of them counts the bytes all of them move.
+        self.share = [view.concurrent if len(view.concurrent) > 1 and len(costs) > 1 else None for view in costs]
+        self.counts_bytes = [view.replica == view.concurrent[0] for view in costs]
         self.tp_links = self._tp_links_to_hold()
         self.tp_runs: dict[tuple[int, OpKind, int], int] = {}  # (view, kind, vstage) -> TP ops run
         self.handlers: dict[OpKind, Callable[[int, Op], None]] = {
@@ -146,9 +150,10 @@ class _Run(CommProcesses):
         }
 
     def _tp_links_to_hold(self) -> dict[tuple[int, OpKind, int], tuple[tuple[str, str], ...]]:
-        """The links each TP op must hold: those some other rank's op or any transfer, copy or data-parallel
-        collective also holds. A link only one rank's TP ops hold is never contended (they run one at a time on that
-        rank's compute stream), so its resource would change nothing and cost a SimPy request per op."""
+        """The links each TP op must hold: those some other rank's op or any transfer or copy also holds
+        (data-parallel collectives queue in a lane of their own, ``sim.engine.comm``). A link only one rank's TP ops
+        hold is never contended (they run one at a time on that rank's compute stream), so its resource would change
+        nothing and cost a SimPy request per op."""
         plan, views, pipeline = self.plan, self.views, self.plan.num_ranks
         tp_keys: dict[tuple[int, OpKind, int], tuple[tuple[str, str], ...]] = {}
         holders: dict[tuple[str, str], set[int]] = {}
@@ -163,8 +168,6 @@ class _Run(CommProcesses):
                         holders.setdefault(key, set()).add(rank)
                 elif kind is OpKind.SEND_F or kind is OpKind.SEND_B:
                     other.update(view.message(kind, op.vstage, rank % pipeline, op.peer)[2])  # type: ignore[arg-type]
-                elif kind in DP_KINDS:
-                    other.update(view.collective(kind, op.vstage)[2])
                 elif kind is OpKind.PREFETCH or kind is OpKind.EVICT:
                     device = self.device_index[rank]
                     path = (self.topology.host_to_device_path(device) if kind is OpKind.PREFETCH
@@ -255,7 +258,8 @@ class _Run(CommProcesses):
                 duration = self.views[rank // pipeline].collective(kind, op.vstage)[1]
                 keys = self.tp_links[(rank, kind, op.vstage)]
                 if keys:
-                    start = yield from self._hold_links(keys, duration, ())
+                    share = self.share[rank // pipeline]
+                    start = yield from self._hold_links(keys, duration, (), share and (share, kind, op.vstage, op.mb))
                 else:
                     start = self.env.now
                     if duration > 0:
@@ -335,6 +339,8 @@ class _Run(CommProcesses):
             raise PlanError("simulation stopped before the plan finished (deadlock)\n" + "\n".join(lines))
         self.finished = set()
         for (view, kind, vstage), runs in sorted(self.tp_runs.items()):
+            if not self.counts_bytes[view]:
+                continue
             for key, nbytes in self.views[view].collective(kind, vstage)[3]:
                 self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes * runs
         devices = [self.topology.devices[d].name for d in self.device_index]
