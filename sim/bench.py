@@ -24,6 +24,13 @@ costs at most as much again as SimPy itself.
   takes 85 s at 1,000 layers on 16 stages here, about 10 µs a step; 10,000 layers on 64 stages are 3.2·10⁹
   steps, about 9 hours.)
 
+``python -m sim.bench --3d`` times the issue's 512-GPU plan, ``64x8xA100``,
+``gpt:layers=96,hidden=12288,heads=96,seq=2048``, TP 2 × DP 8 × PP 32, global batch 1536 of microbatch size 2, 1F1B
+with recomputation: the seconds to build it (``sim.plan.build``) and to predict it (``sim.predict``: routes,
+collective costs, the engine), target under 5 s on one core; then, once, the same prediction with every replica
+simulated (``simulate_all``), and whether the two iteration times agree (the symmetry argument of
+``sim.cost.model.replica_views``). Last line ``ratio: X`` = the full simulation's time ÷ the symmetric one's.
+
 Measured on the project's 2-core development machine while other jobs ran (load average 5; medians of 3)::
 
     uniform:layers=10000 on 64xideal, 64 stages: model 0.5 s, layer costs 0.0021 s, balanced 0.23 s
@@ -170,10 +177,46 @@ def _run_partition(args: argparse.Namespace) -> int:
     return 0 if old == new else 1
 
 
+#: The issue's 512-GPU plan (``--3d``).
+PLAN_512 = PlanInputs(model="gpt:layers=96,hidden=12288,heads=96,seq=2048", topology="64x8xA100", schedule="1f1b",
+                      microbatch_size=2, recompute=True, tp=2, dp=8, pp=32, global_batch=1536)
+
+
+def _run_3d(args: argparse.Namespace, inputs: PlanInputs = PLAN_512) -> int:
+    """Time building and predicting ``inputs`` (the 512-GPU plan); then once with every replica simulated."""
+    from sim.predict import predict
+
+    build_s, predict_s, times = [], [], []
+    for _ in range(args.repeats):
+        seconds, built = _seconds(lambda: build_plan(inputs))
+        build_s.append(seconds)
+        seconds, prediction = _seconds(lambda b=built: predict(b.plan, None, topology=b.topology,
+                                                              oracle=b.costs.oracle))
+        predict_s.append(seconds)
+        times.append(prediction.metrics["iteration_time_s"])
+    plan = built.plan
+    ops = sum(len(program) for program in plan.programs)
+    build, pred = statistics.median(build_s), statistics.median(predict_s)
+    print(f"{plan.layout.describe()}, {plan.model} on {plan.topology}, {plan.num_microbatches} microbatches: "
+          f"{ops:,} ops per replica")
+    print(f"build {build:.2f} s, predict {pred:.2f} s, total {build + pred:.2f} s (median of {args.repeats}; "
+          f"spread {min(build_s) + min(predict_s):.2f}-{max(build_s) + max(predict_s):.2f} s); "
+          f"iteration {times[0]:.3f} s")
+    full_s, full = _seconds(lambda: predict(plan, None, topology=built.topology, oracle=built.costs.oracle,
+                                            simulate_all=True))
+    same = full.metrics["iteration_time_s"] == times[0]
+    print(f"every replica simulated: predict {full_s:.2f} s, iteration {full.metrics['iteration_time_s']:.3f} s, "
+          f"same as by symmetry: {'yes' if same else 'NO'}")
+    print(f"ratio: {full_s / pred:.1f}")
+    return 0 if same and len(set(times)) == 1 else 1
+
+
 def _run(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--partition", action="store_true",
                         help="time --partition balanced instead of the engine (module docstring)")
+    parser.add_argument("--3d", dest="three_d", action="store_true",
+                        help="time the 512-GPU tensor x data x pipeline plan (module docstring)")
     parser.add_argument("--baseline-layers", type=int, default=400, help="--partition: the baseline's layers")
     parser.add_argument("--baseline-stages", type=int, default=8, help="--partition: the baseline's stages")
     parser.add_argument("--partition-layers", type=int, default=10_000, help="--partition: the large case's layers")
@@ -192,6 +235,9 @@ def _run(argv: list[str] | None) -> int:
     if args.partition:
         args.repeats = 3 if args.repeats is None else args.repeats
         return _run_partition(args)
+    if args.three_d:
+        args.repeats = 3 if args.repeats is None else args.repeats
+        return _run_3d(args)
     args.repeats = 7 if args.repeats is None else args.repeats
     built = build_plan(PlanInputs(args.model, args.topology, args.schedule, args.microbatches))
     plan = built.plan

@@ -45,3 +45,20 @@ def test_bad_partition_bench_arguments_are_one_error_line(capsys, flag, value, m
         main(argv)
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_3d_bench_times_the_plan_and_checks_the_symmetry(capsys):
+    from argparse import Namespace
+
+    from sim.bench import _run_3d
+    from sim.plan.build import PlanInputs
+
+    small = PlanInputs(model="gpt:layers=8,hidden=512,heads=8,seq=128,vocab=1024", topology="2x8xA100",
+                       schedule="1f1b", microbatch_size=2, recompute=True, tp=2, dp=2, pp=4, global_batch=32)
+    assert _run_3d(Namespace(repeats=2), small) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("TP 2 × DP 2 × PP 4 = 16 devices (order tp-dp-pp), gpt:")
+    assert re.fullmatch(r"build \d+\.\d\d s, predict \d+\.\d\d s, total \d+\.\d\d s \(median of 2; spread .*\); "
+                        r"iteration \d+\.\d+ s", lines[1])
+    assert lines[2].endswith("same as by symmetry: yes")
+    assert re.fullmatch(r"ratio: \d+\.\d", lines[3])

@@ -1,0 +1,146 @@
+"""The engine on tensor × data × pipeline plans: closed forms, the symmetry argument, replicas that differ, memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.core.errors import SpecError
+from sim.hw.topology import Topology
+from sim.models import build_model
+from sim.models.sharding import Sharding
+from sim.plan.build import PlanInputs, build_plan
+from sim.predict import predict
+
+GPT = "gpt:layers=8,hidden=1024,heads=16,seq=512,vocab=4096"
+
+
+def _predict(**kwargs):
+    built = build_plan(PlanInputs(**kwargs))
+    return built, predict(built.plan, topology=built.topology, oracle=built.costs.oracle)
+
+
+def _hop(topology: Topology, a: int, b: int) -> tuple[float, float]:
+    """(α, B): summed latency (s) and narrowest bandwidth (bytes/s) of the route a → b."""
+    path = topology.path(a, b)
+    return sum(link.spec.latency for link in path), min(link.spec.bandwidth for link in path)
+
+
+def test_gradient_all_reduce_is_the_ring_closed_form():
+    # 8 GPUs on one NVSwitch: every ring hop is gpu → switch → gpu. Ring all-reduce of S bytes on n devices:
+    # 2(n-1)/n · S/B + 2(n-1)·α (Patarasuk & Yuan; the NCCL ring). 100 MB makes the ring beat the tree.
+    built, prediction = _predict(model="uniform:layers=4,param_mb=25", topology="8xA100", schedule="1f1b",
+                                 microbatches=2, dp=8, pp=1)
+    alpha, bandwidth = _hop(built.topology, 0, 1)
+    n, size = 8, 4 * 25 * 10**6
+    spans = [s for s in prediction.trace.spans if s.kind == "REDUCE_GRAD"]
+    assert len(spans) == 1
+    assert spans[0].duration == pytest.approx(2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * alpha, rel=1e-12)
+
+
+def test_tensor_parallel_ops_are_the_layers_all_reduces_in_turn():
+    # Two shards: a ring all-reduce of S bytes is S/B + 2α. TP_F of a microbatch runs every forward all-reduce of
+    # the stage's layers (Megatron: two per block, b·s·h fp16 values each), TP_B every backward one.
+    built, prediction = _predict(model=GPT, topology="2xA100", schedule="1f1b", microbatches=2, microbatch_size=2,
+                                 tp=2, pp=1)
+    alpha, bandwidth = _hop(built.topology, 0, 1)
+    graph = build_model(GPT, Sharding(tp=2))
+
+    def expected(forward: bool) -> float:
+        total = 0.0
+        for layer in graph.layers:
+            count = layer.tp_comm_fwd_count if forward else layer.tp_comm_bwd_count
+            nbytes = layer.tp_comm_fwd_bytes if forward else layer.tp_comm_bwd_bytes
+            if count:
+                total += count * (2 * nbytes // count / bandwidth + 2 * alpha)
+        return total
+
+    blocks = [layer for layer in graph.layers if layer.kind == "decoder"]
+    assert all(layer.tp_comm_fwd_count == 2 and layer.tp_comm_fwd_bytes == 2 * (2 * 512 * 1024) for layer in blocks)
+    for kind, forward in (("TP_F", True), ("TP_B", False)):
+        spans = [s for s in prediction.trace.spans if s.kind == kind]
+        assert len(spans) == 2
+        assert all(s.duration == pytest.approx(expected(forward), rel=1e-12) for s in spans)
+
+
+CASES = [
+    ("8xA100", {"tp": 2, "dp": 2, "pp": 2}, "1f1b", 1),
+    ("2x8xA100", {"tp": 2, "dp": 2, "pp": 4}, "interleaved", 2),
+    ("2x8xA100", {"tp": 1, "dp": 4, "pp": 4, "rank_order": "dp-tp-pp"}, "zb1p", 1),
+    ("16xV100", {"tp": 2, "dp": 4, "pp": 2, "zero": 1}, "gpipe", 1),
+]
+
+
+@pytest.mark.parametrize(("topology", "layout", "schedule", "chunks"), CASES)
+def test_one_replica_stands_for_identical_ones_exactly(topology, layout, schedule, chunks):
+    built = build_plan(PlanInputs(GPT, topology, schedule, microbatch_size=2, global_batch=32, chunks=chunks,
+                                  **layout))
+    symmetric = predict(built.plan, topology=built.topology)
+    full = predict(built.plan, topology=built.topology, simulate_all=True)
+    pipeline = built.plan.num_ranks
+    assert symmetric.trace.num_ranks == pipeline
+    assert full.trace.num_ranks == pipeline * built.plan.layout.dp
+    first = [(s.op, s.rank, s.start, s.end) for s in full.trace.spans if s.rank < pipeline]
+    assert first == [(s.op, s.rank, s.start, s.end) for s in symmetric.trace.spans]
+    for replica in range(1, built.plan.layout.dp):
+        mine = sorted((s.op, s.rank - replica * pipeline, s.start, s.end) for s in full.trace.spans
+                      if replica * pipeline <= s.rank < (replica + 1) * pipeline)
+        assert mine == sorted(first)
+    assert full.metrics["iteration_time_s"] == symmetric.metrics["iteration_time_s"]
+    assert full.link_bytes == symmetric.link_bytes
+
+
+def test_replicas_on_different_devices_are_simulated_in_full_and_wait_for_each_other():
+    # Replica 0 on the V100 server, replica 1 on the A100 server: the faster replica's reduction of each stage
+    # starts only when the slower one has finished that stage's backward pass.
+    built, prediction = _predict(model=GPT, topology="4xV100+4xA100", schedule="1f1b", microbatches=4, dp=2, pp=4,
+                                 rank_order="tp-pp-dp")
+    trace = prediction.trace
+    assert trace.num_ranks == 8
+    assert trace.devices[:4] == ("v100-sxm2-32gb",) * 4 and trace.devices[4:] == ("a100-sxm4-80gb",) * 4
+    for stage in range(4):
+        ranks = (stage, stage + 4)
+        last_backward = max(s.end for s in trace.spans if s.rank in ranks and s.kind == "B")
+        reduce = [s for s in trace.spans if s.rank in ranks and s.kind == "REDUCE_GRAD"]
+        assert len(reduce) == 2 and reduce[0].start == reduce[1].start >= last_backward
+    # The first reduction to run waited for nothing else.
+    first = min((s for s in trace.spans if s.kind == "REDUCE_GRAD"), key=lambda s: s.start)
+    stage = first.rank % 4
+    assert first.start == max(s.end for s in trace.spans if s.rank in (stage, stage + 4) and s.kind == "B")
+    alone, _ = _predict(model=GPT, topology="4xV100", schedule="1f1b", microbatches=4)
+    assert prediction.metrics["iteration_time_s"] > predict(alone.plan).metrics["iteration_time_s"]
+
+
+def test_tensor_parallel_groups_over_mixed_devices_are_refused():
+    with pytest.raises(SpecError, match=r"mixes a100-sxm4-80gb, v100-sxm2-32gb"):
+        _predict(model=GPT, topology="4xV100+4xA100", schedule="1f1b", microbatches=4, tp=2, pp=4,
+                 rank_order="pp-tp-dp")
+
+
+def test_zero_1_keeps_one_dth_of_the_optimizer_state():
+    # ZeRO §5.1 (P_os): (2 + 2 + K/N_d)·Ψ bytes with K = 12, against 16·Ψ without; activations are the same.
+    kwargs = dict(model=GPT, topology="8xA100", schedule="1f1b", microbatches=4, dp=4, pp=2)
+    plain, with_zero = _predict(**kwargs)[1], _predict(**kwargs, zero=1)[1]
+    graph = build_model(GPT)
+    for rank, (start, end) in enumerate(_predict(**kwargs)[0].plan.placement.vstage_layers):
+        params = sum(graph.param_count(i) for i in range(start, end))
+        saved = plain.peak_memory_bytes[rank] - with_zero.peak_memory_bytes[rank]
+        assert saved == 12 * params - 3 * params  # 12Ψ of optimizer state, of which 12Ψ/4 stay
+    assert any(s.kind == "GATHER_PARAMS" for s in with_zero.trace.spans)
+    assert not any(s.kind == "GATHER_PARAMS" for s in plain.trace.spans)
+
+
+def test_selective_recompute_trades_the_attention_memory_for_its_flops():
+    # Korthikanti et al. §5: the backward re-runs QK^T and attention over V, 4·s²·h FLOPs per sample and block, and
+    # nothing of the attention core (5·a·s² bytes per sample and block) is kept.
+    kwargs = dict(model=GPT, topology="2xA100", schedule="1f1b", microbatches=4, pp=2)
+    built, none = _predict(**kwargs)
+    selective = _predict(**kwargs, recompute="selective")[1]
+    device = built.topology.devices[0]
+    s, h = 512, 1024
+    blocks = built.plan.placement.vstage_layers[0][1] - 1  # stage 0 is the embedding and blocks
+    extra = blocks * 4 * s * s * h / (device.peak_flops * device.matmul_efficiency)
+    b_none = next(x.duration for x in none.trace.spans if x.op == "0B0")
+    b_selective = next(x.duration for x in selective.trace.spans if x.op == "0B0")
+    assert b_selective - b_none == pytest.approx(extra, rel=1e-9)
+    assert none.peak_memory_bytes[0] > selective.peak_memory_bytes[0]
+    assert selective.metrics["plan"]["recompute"] == "selective"
