@@ -76,6 +76,9 @@ def make_parser() -> argparse.ArgumentParser:
                      help="Megatron's sequence parallelism: reduce-scatter + all-gather, norms and dropout sharded")
     par.add_argument("--zero", type=int, default=0, choices=[0, 1],
                      help="1: distributed optimizer (ZeRO-1): reduce-scatter gradients, all-gather parameters")
+    par.add_argument("--grad-overlap", action="store_true",
+                     help="reduce gradients in 25 MiB buckets while the last backward runs (PyTorch DDP) instead of "
+                     "after the backward pass (Megatron's default)")
     parser.add_argument("--partition", default="balanced",
                         help="uniform, balanced (exact DP, default) or layer counts per stage such as 12,12,13,13")
     parser.add_argument("--profile", help="measured profile JSON (profiles/README.md) replacing roofline costs")
@@ -111,7 +114,7 @@ def _run(argv: list[str] | None) -> int:
         schedule_file=args.schedule_file, chunks=1 if args.chunks is None else args.chunks,
         recompute=args.recompute or "none", vertical_sync=args.vertical_sync, tp=args.tp, dp=args.dp, pp=args.pp,
         global_batch=args.global_batch, rank_order=args.rank_order, sequence_parallel=args.sequence_parallel,
-        zero=args.zero,
+        zero=args.zero, grad_overlap=args.grad_overlap,
     ))
     plan, topology = built.plan, built.topology
     print(topology.describe())
@@ -159,7 +162,7 @@ def _run_csp(args: argparse.Namespace) -> int:
     for flag, given in (("--recompute", args.recompute), ("--chunks", args.chunks is not None),
                         ("--tp", args.tp != 1), ("--dp", args.dp != 1), ("--pp", args.pp is not None),
                         ("--global-batch", args.global_batch is not None), ("--zero", args.zero != 0),
-                        ("--sequence-parallel", args.sequence_parallel),
+                        ("--sequence-parallel", args.sequence_parallel), ("--grad-overlap", args.grad_overlap),
                         ("--vertical-sync", args.vertical_sync), ("--microbatches", args.microbatches is not None),
                         ("--profile", args.profile is not None)):
         if given:

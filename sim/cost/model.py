@@ -24,7 +24,11 @@ from sim.models import build_model
 from sim.models.graph import LayerGraph
 from sim.models.sharding import Sharding
 
-__all__ = ["CostModel", "replica_views", "plan_sharding", "plan_oracle"]
+__all__ = ["CostModel", "replica_views", "plan_sharding", "plan_oracle", "GRADIENT_BUCKET_BYTES"]
+
+#: Gradient bytes per bucket when the data-parallel reduction overlaps the backward: PyTorch DDP's default
+#: ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel documentation), 25 MiB.
+GRADIENT_BUCKET_BYTES = 25 * 2**20
 
 
 def plan_sharding(layout: Parallelism, recompute: str) -> Sharding:
@@ -157,6 +161,18 @@ class CostModel:
         if cost is None:
             cost = self._collective_costs[key] = self._collective_cost(kind, vstage)
         return cost
+
+    def gradient_buckets(self, vstage: int) -> tuple[int, float]:
+        """``(K, s)``: the buckets ``vstage``'s gradients are reduced in when the reduction overlaps the backward
+        (:data:`GRADIENT_BUCKET_BYTES` each, the last one smaller but costed alike), and the time of one bucket's
+        reduction with every concurrent group."""
+        layout, oracle = self.layout, self.oracle
+        start, end = self.placement.vstage_layers[vstage]
+        total = oracle.param_bytes(start, end)
+        bucket = min(GRADIENT_BUCKET_BYTES, total)
+        groups = tuple(layout.dp_group(self.placement.vstage_to_rank[vstage], t) for t in range(layout.tp))
+        name = "reduce_scatter" if layout.zero else "all_reduce"
+        return max(1, -(-total // max(bucket, 1))), oracle.collective(name, groups, bucket).seconds
 
     def _collective_cost(self, kind: OpKind, vstage: int) -> tuple:
         layout, oracle = self.layout, self.oracle

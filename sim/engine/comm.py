@@ -143,9 +143,44 @@ class CommProcesses:
         # Data-parallel reductions queue for their links against each other only (their own lane of each link):
         # they are one op for every replica, while messages are per replica, and a reduction that held a message's
         # link would make simulating the replicas one by one differ from one standing for all, by the order of ties.
-        start = yield from self._hold_links(tuple((_DP_LANE, key) for key in keys), duration, link_bytes)
+        lane = tuple((_DP_LANE, key) for key in keys)
+        if op.kind is OpKind.REDUCE_GRAD and self.plan.layout.grad_overlap:
+            start = yield from self._overlapped_reduction(op, members, lane, link_bytes)
+        else:
+            start = yield from self._hold_links(lane, duration, link_bytes)
         for member in sorted(members):
             self._finish(op, member, start)
+
+    def _overlapped_reduction(self, op: Op, members: list[int], lane: tuple,
+                              link_bytes: tuple) -> Generator[simpy.Event, Any, float]:
+        """A bucketed gradient reduction streaming behind the backward op it depends on; returns its first bucket's
+        start (s) and ends when its last bucket is reduced.
+
+        The backward makes its gradients at an even rate, so bucket k of K is ready at ``start + k/K`` of it (the
+        latest over the replicas); buckets are reduced one after another, T_b each, so the last ends at
+        ``max_k (ready_k + (K - k + 1)·T_b)``: the closed form of a two-stage pipeline. The links are held from the
+        moment the backward ends, and the last bucket needs T_b after they are granted.
+        """
+        buckets, bucket_s = self.costs.gradient_buckets(op.vstage)
+        pipeline = self.plan.num_ranks
+        windows = [self.grad_windows[op.deps[0] + self.suffix[member // pipeline]] for member in members]
+        ready = [max(begin + k * (end - begin) / buckets for begin, end in windows) for k in range(1, buckets + 1)]
+        finish = max(at + (buckets - k) * bucket_s for k, at in enumerate(ready))
+        held = []
+        for key in lane:
+            link = self.links.get(key)
+            if link is None:
+                link = self.links[key] = Link(self.env)
+            yield link.request()
+            held.append(link)
+        end = max(finish, self.env.now + bucket_s)
+        if end > self.env.now:
+            yield self.env.timeout(end - self.env.now)
+        for link in held:
+            link.release()
+        for key, nbytes in link_bytes:
+            self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
+        return ready[0]
 
     def _host_copy(self, rank: int, op: Op) -> _Proc:
         yield from self._wait_deps(op, self.suffix[rank // self.plan.num_ranks])

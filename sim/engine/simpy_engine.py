@@ -137,6 +137,11 @@ class _Run(CommProcesses):
         self.share = [view.concurrent if len(view.concurrent) > 1 and len(costs) > 1 else None for view in costs]
         self.counts_bytes = [view.replica == view.concurrent[0] for view in costs]
         self.tp_links = self._tp_links_to_hold()
+        # Under overlapped gradient reduction, the (start, end) of each backward op a REDUCE_GRAD depends on.
+        self.grad_windows: dict[str, tuple[float, float]] = {}
+        self.grad_producers = ({dep + suffix for program in plan.programs for op in program
+                                if op.kind is OpKind.REDUCE_GRAD for dep in op.deps for suffix in self.suffix}
+                               if plan.layout.grad_overlap else set())
         self.tp_runs: dict[tuple[int, OpKind, int], int] = {}  # (view, kind, vstage) -> TP ops run
         self.handlers: dict[OpKind, Callable[[int, Op], None]] = {
             OpKind.SEND_F: self._send,
@@ -212,6 +217,8 @@ class _Run(CommProcesses):
         key = op_id if rank < pipeline else op_id + self.suffix[rank // pipeline]
         self.spans.append(Span(op_id, kind.value, rank, stream or stream_of(kind), start, self.env.now, op.vstage,
                                op.mb, op.pair, None if op.peer is None else op.peer + rank - rank % pipeline))
+        if key in self.grad_producers:
+            self.grad_windows[key] = (start, self.env.now)
         event = self.events.get(key)
         if event is None:
             event = self.events[key] = self.env.event()

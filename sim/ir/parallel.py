@@ -36,7 +36,7 @@ RANK_ORDERS = tuple("-".join(order) for order in permutations(("tp", "dp", "pp")
 #: et al., arXiv 1910.02054 §5.1, P_os).
 ZERO_STAGES = (0, 1)
 
-_FIELDS = frozenset({"tp", "dp", "pp", "order", "sequence_parallel", "zero"})
+_FIELDS = frozenset({"tp", "dp", "pp", "order", "sequence_parallel", "zero", "grad_overlap"})
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,9 @@ class Parallelism:
             tensor-parallel all-reduces become reduce-scatter + all-gather and norms and dropout are sharded.
         zero: 0, or 1 for ZeRO stage 1 / Megatron's distributed optimizer: gradients are reduce-scattered, each
             replica updates ``1/D`` of the parameters and the parameters are all-gathered after the step.
+        grad_overlap: the data-parallel reduction of a stage's gradients runs in buckets while its last backward
+            produces them (PyTorch DDP's bucketed all-reduce, Megatron's ``--overlap-grad-reduce``), instead of after
+            the rank's whole backward pass (Megatron's default).
     """
 
     tp: int = 1
@@ -60,6 +63,7 @@ class Parallelism:
     order: str = DEFAULT_RANK_ORDER
     sequence_parallel: bool = False
     zero: int = 0
+    grad_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp", "pp"):
@@ -72,6 +76,9 @@ class Parallelism:
             raise SpecError(f"--zero must be one of {', '.join(map(str, ZERO_STAGES))}, got {self.zero!r}")
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("--sequence-parallel shards activations across tensor-parallel ranks; it needs --tp > 1")
+        if self.grad_overlap and self.dp == 1:
+            raise SpecError("--grad-overlap overlaps the data-parallel gradient reduction with the backward; it needs "
+                            "--dp > 1")
         if self.zero and self.dp == 1:
             raise SpecError(f"--zero {self.zero} shards optimizer state across data-parallel replicas; it needs "
                             f"--dp > 1")
@@ -138,6 +145,8 @@ class Parallelism:
             extras.append("sequence parallel")
         if self.zero:
             extras.append(f"ZeRO-{self.zero}")
+        if self.grad_overlap:
+            extras.append("gradient reduction overlapped")
         return (f"TP {self.tp} × DP {self.dp} × PP {self.pp} = {self.world_size} devices "
                 f"({', '.join(extras)})")
 
@@ -146,7 +155,8 @@ class Parallelism:
     def to_json(self) -> dict[str, Any]:
         """The ``parallel`` object of ``plan.json``: the degrees, the options and, for readers, every group."""
         return {"tp": self.tp, "dp": self.dp, "pp": self.pp, "order": self.order,
-                "sequence_parallel": self.sequence_parallel, "zero": self.zero, "groups": self.groups()}
+                "sequence_parallel": self.sequence_parallel, "zero": self.zero, "grad_overlap": self.grad_overlap,
+                "groups": self.groups()}
 
     @classmethod
     def from_json(cls, data: Any, pp: int, source: str) -> Parallelism:
@@ -162,12 +172,13 @@ class Parallelism:
             value = data.get(key, 0 if key == "zero" else 1)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(f"{source}: parallel.{key} must be an integer, got {value!r}")
-        for key in ("sequence_parallel",):
+        for key in ("sequence_parallel", "grad_overlap"):
             if not isinstance(data.get(key, False), bool):
                 raise SpecError(f"{source}: parallel.{key} must be true or false, got {data[key]!r}")
         layout = cls(tp=data.get("tp", 1), dp=data.get("dp", 1), pp=data.get("pp", pp),
                      order=str(data.get("order", DEFAULT_RANK_ORDER)),
-                     sequence_parallel=data.get("sequence_parallel", False), zero=data.get("zero", 0))
+                     sequence_parallel=data.get("sequence_parallel", False), zero=data.get("zero", 0),
+                     grad_overlap=data.get("grad_overlap", False))
         if layout.pp != pp:
             raise SpecError(f"{source}: parallel.pp is {layout.pp} but the plan has {pp} rank programs")
         if "groups" in data and data["groups"] != layout.groups():

@@ -71,6 +71,7 @@ class PlanInputs:
         rank_order: nesting of the ranks, innermost first (``--rank-order``, default Megatron's ``tp-dp-pp``).
         sequence_parallel: Megatron's sequence parallelism (``--sequence-parallel``).
         zero: ZeRO stage, 0 or 1 (``--zero``).
+        grad_overlap: reduce gradients in buckets during the last backward (``--grad-overlap``).
     """
 
     model: str
@@ -91,6 +92,7 @@ class PlanInputs:
     rank_order: str = DEFAULT_RANK_ORDER
     sequence_parallel: bool = False
     zero: int = 0
+    grad_overlap: bool = False
 
     @property
     def recompute_mode(self) -> str:
@@ -313,7 +315,8 @@ def _layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
         raise SpecError(f"--tp {inputs.tp} × --dp {inputs.dp} × --pp {pp} = {inputs.tp * inputs.dp * pp} devices, "
                         f"topology {topology} has {devices}")
     return Parallelism(tp=inputs.tp, dp=inputs.dp, pp=pp, order=inputs.rank_order,
-                       sequence_parallel=inputs.sequence_parallel, zero=inputs.zero)
+                       sequence_parallel=inputs.sequence_parallel, zero=inputs.zero,
+                       grad_overlap=inputs.grad_overlap)
 
 
 def _microbatches(inputs: PlanInputs, layout: Parallelism) -> int | None:

@@ -15,6 +15,9 @@ once, here:
   Megatron's default, the one the vTrain measurements use (``use_gradient_bucket: false``): the reduction starts
   when the whole backward pass of the rank is done. The reductions are issued without blocking the rank, on the
   ``collective`` stream, so a rank with several vstages reduces them back to back while nothing waits.
+  With ``grad_overlap`` (PyTorch DDP's bucketed all-reduce; Megatron's ``--overlap-grad-reduce``) each vstage's
+  REDUCE_GRAD is issued right after its last backward op instead, and the engine lets its buckets stream behind
+  that op (``sim.engine.comm``); the optimizer steps still come last.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def add_collectives(plan: Plan) -> Plan:
         if plan.weight_policy != "flush":
             raise SpecError(f"data parallelism (--dp {layout.dp}) is modelled for schedules that update once per "
                             f"iteration, not {plan.schedule} ({plan.weight_policy} weights)")
-        plan = _add_data_parallel(plan, layout.zero)
+        plan = _add_data_parallel(plan, layout.zero, layout.grad_overlap)
     return plan
 
 
@@ -72,9 +75,9 @@ def _add_tensor_parallel(plan: Plan) -> Plan:
     return plan.with_programs(tuple(programs), level="L1")
 
 
-def _add_data_parallel(plan: Plan, zero: int) -> Plan:
+def _add_data_parallel(plan: Plan, zero: int, overlap: bool) -> Plan:
     """Move each rank's optimizer steps to its end, after a REDUCE_GRAD per vstage (and a GATHER_PARAMS under
-    ZeRO-1 after each step)."""
+    ZeRO-1 after each step); with ``overlap`` each REDUCE_GRAD goes right after its vstage's last backward op."""
     programs = []
     for program in plan.programs:
         body = [op for op in program if op.kind is not OpKind.OPT_STEP]
@@ -82,7 +85,9 @@ def _add_data_parallel(plan: Plan, zero: int) -> Plan:
         # Reduce in reverse layer order, as the gradients of the later layers are ready first (and as Megatron's
         # buffers are laid out), then step in the same order.
         order = vstages[::-1]
-        tail = [Op(OpKind.REDUCE_GRAD, v) for v in order]
+        if overlap:
+            body = _reduce_after_last_backward(body)
+        tail = [] if overlap else [Op(OpKind.REDUCE_GRAD, v) for v in order]
         for v in order:
             tail.append(Op(OpKind.OPT_STEP, v, deps=(op_id(OpKind.REDUCE_GRAD, v, None),)))
             if zero:
@@ -97,3 +102,15 @@ def _add_data_parallel(plan: Plan, zero: int) -> Plan:
                 for op in tail]
         programs.append(tuple(body + tail))
     return plan.with_programs(tuple(programs), level="L1")
+
+
+def _reduce_after_last_backward(body: list[Op]) -> list[Op]:
+    """A REDUCE_GRAD right after the last op that produces each vstage's weight gradients (B, or W when split)."""
+    last = {op.vstage: i for i, op in enumerate(body) if op.kind in (OpKind.B, OpKind.W)}
+    after = {i: v for v, i in last.items()}
+    out: list[Op] = []
+    for i, op in enumerate(body):
+        out.append(op)
+        if i in after:
+            out.append(Op(OpKind.REDUCE_GRAD, op.vstage, deps=(op_id(op.kind, op.vstage, op.mb),)))
+    return out

@@ -144,3 +144,26 @@ def test_selective_recompute_trades_the_attention_memory_for_its_flops():
     assert b_selective - b_none == pytest.approx(extra, rel=1e-9)
     assert none.peak_memory_bytes[0] > selective.peak_memory_bytes[0]
     assert selective.metrics["plan"]["recompute"] == "selective"
+
+
+def test_overlapped_gradient_reduction_streams_behind_the_last_backward():
+    # PyTorch DDP: gradients are all-reduced in 25 MiB buckets as the backward makes them. With the backward's
+    # gradients ready at an even rate over [b0, b1], bucket k of K is ready at b0 + k(b1 - b0)/K and buckets are
+    # reduced one at a time (T_b each): the last ends at max_k (ready_k + (K - k + 1)·T_b).
+    kwargs = dict(model="uniform:layers=4,param_mb=25,fwd_ms=20,bwd_ms=40", topology="2xA100", schedule="1f1b",
+                  microbatches=2, dp=2, pp=1)
+    built, overlapped = _predict(**kwargs, grad_overlap=True)
+    alpha, bandwidth = _hop(built.topology, 0, 1)
+    total, bucket = 4 * 25 * 10**6, 25 * 2**20
+    buckets = -(-total // bucket)
+    assert buckets == 4
+    bucket_s = bucket / bandwidth + 2 * alpha  # ring all-reduce on two devices: S/B + 2α
+    spans = {s.op: s for s in overlapped.trace.spans}
+    b0, b1 = spans["0B1"].start, spans["0B1"].end
+    ready = [b0 + k * (b1 - b0) / buckets for k in range(1, buckets + 1)]
+    reduce = spans["0REDUCE_GRAD"]
+    assert reduce.start == pytest.approx(ready[0], rel=1e-12)
+    assert reduce.end == pytest.approx(max(r + (buckets - k) * bucket_s for k, r in enumerate(ready)), rel=1e-12)
+    plain = _predict(**kwargs)[1]
+    assert overlapped.metrics["iteration_time_s"] < plain.metrics["iteration_time_s"]
+    assert spans["0OPT_STEP"].start == reduce.end

@@ -94,8 +94,8 @@ def test_a_layout_whose_pp_disagrees_with_the_programs_is_refused():
 
 
 def test_an_unknown_layout_field_is_refused():
-    with pytest.raises(SpecError, match=r"parallel has unknown field\(s\) 'grad_overlap'"):
-        Plan.loads(_edited(lambda parallel: parallel.__setitem__("grad_overlap", True)))
+    with pytest.raises(SpecError, match=r"parallel has unknown field\(s\) 'overlap'"):
+        Plan.loads(_edited(lambda parallel: parallel.__setitem__("overlap", True)))
 
 
 def test_pure_pipeline_plans_have_no_parallel_object():

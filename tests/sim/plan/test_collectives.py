@@ -29,6 +29,15 @@ def test_data_parallel_1f1b_reduces_after_the_backward_pass():
     ]
 
 
+def test_overlapped_reduction_is_issued_right_after_the_last_backward():
+    # DDP's bucketed reduction starts with the last backward of the stage: the REDUCE_GRAD is issued right after it
+    # (before the gradient is even sent on), the optimizer step still waits at the end.
+    plan = build_plan(PlanInputs("uniform:layers=2", "8xideal", "1f1b", microbatches=2, dp=2, pp=2,
+                                 grad_overlap=True)).plan
+    assert _text(plan)[1] == ("1RECV_F0<0SEND_F0> 1F0<1RECV_F0> 1B0 1SEND_B0<1B0> 1RECV_F1<0SEND_F1> 1F1<1RECV_F1> "
+                              "1B1 1REDUCE_GRAD<1B1> 1SEND_B1<1B1> 1OPT_STEP<1REDUCE_GRAD>")
+
+
 def test_tensor_parallel_ops_follow_their_compute_and_sends_wait_for_them():
     # Megatron §3: the all-reduces complete a block's output (forward) and input gradient (backward), so what is
     # sent is ready only after them; a recompute repeats the forward's all-reduces. ZeRO-1 gathers after the step.
