@@ -31,7 +31,8 @@ from sim.report.gantt_layout import DPI, MIN_BOX_PX, RANK_PT, GanttGeometry, lay
 __all__ = ["KIND_COLORS", "FALLBACK_COLOR", "draw_gantt", "kind_color"]
 
 #: One colour per op kind; a SEND and its RECV share one. Paul Tol's colour-blind-safe "muted" scheme
-#: (https://personal.sron.nl/~pault/) plus Okabe-Ito orange for the tenth category.
+#: (https://personal.sron.nl/~pault/) plus Okabe-Ito orange, blue and vermillion for the tenth to twelfth categories:
+#: the tensor-parallel collectives share one colour, the data-parallel ones another.
 KIND_COLORS: dict[str, str] = {
     "F": "#88CCEE",
     "B": "#CC6677",
@@ -45,6 +46,11 @@ KIND_COLORS: dict[str, str] = {
     "RECV_B": "#882255",
     "PREFETCH": "#AA4499",
     "EVICT": "#E69F00",
+    "TP_F": "#0072B2",
+    "TP_B": "#0072B2",
+    "TP_R": "#0072B2",
+    "REDUCE_GRAD": "#D55E00",
+    "GATHER_PARAMS": "#D55E00",
 }
 #: Colour of every kind not in :data:`KIND_COLORS`.
 FALLBACK_COLOR = "#BBBBBB"
@@ -137,7 +143,10 @@ def _figure(trace: Trace, title: str = "") -> tuple[Any, GanttGeometry]:
     def text_width(text: str, points: float) -> float:
         return renderer.get_text_width_height_descent(text, FontProperties(size=points), ismath=False)[0]
 
-    rank_names = [f"r{r} {d}" for r, d in enumerate(trace.devices)]
+    # A 3D plan's trace shows one device per pipeline rank (of each simulated replica): name the device it is.
+    device_of_rank = trace.meta.get("device_of_rank")
+    rank_names = [f"r{r} {d}" if not isinstance(device_of_rank, list) or len(device_of_rank) != trace.num_ranks
+                  else f"r{r} gpu{device_of_rank[r]} {d}" for r, d in enumerate(trace.devices)]
     entries = _legend_entries({s.kind for s in trace.spans})
     geom = layout_gantt(trace, measure, text_width, rank_names, [label for label, _ in entries])
     width, height = geom.width_px, geom.height_px
@@ -203,7 +212,14 @@ def _figure(trace: Trace, title: str = "") -> tuple[Any, GanttGeometry]:
         title = f"{trace.num_ranks} ranks · {len(trace.spans)} ops · makespan {trace.makespan * 1e3:.3f} ms"
         if isinstance(trace.meta.get("source"), str):
             title = f"{trace.meta['source']} · {title}"
-    ax.set_title(title, fontsize=11, pad=6)
+    text = ax.set_title(title, fontsize=11, pad=6)
+    # A long title (a 3D plan's model, topology and layout) shrinks to the figure's width rather than run off it.
+    # It is centred on the axes, so it has twice the room between their centre and the nearer edge of the figure.
+    centre = (ax.bbox.x0 + ax.bbox.x1) / 2
+    room = 2 * min(centre, fig.bbox.width - centre) - 8
+    width = text.get_window_extent(renderer=renderer).width
+    if width > room:
+        text.set_fontsize(max(6.0, 11 * room / width))
     notes_h = 27.0 * len(geom.notes)  # the notes sit under the legend, one line each
     for i, note in enumerate(geom.notes):
         fig.text(0.5, (notes_h - 27.0 * i - 20.0) / height, note, ha="center", va="bottom", fontsize=RANK_PT,

@@ -122,15 +122,17 @@ def test_each_kind_is_drawn_in_its_colour_and_idle_time_is_white(tmp_path):
 
 def test_kind_colours_are_distinct_per_category_with_a_fallback():
     assert kind_color("SEND_F") == kind_color("RECV_F") and kind_color("SEND_B") == kind_color("RECV_B")
-    categories = ["F", "B", "I", "W", "R", "OPT_STEP", "SEND_F", "SEND_B", "PREFETCH", "EVICT"]
+    assert kind_color("TP_F") == kind_color("TP_B") == kind_color("TP_R")
+    assert kind_color("REDUCE_GRAD") == kind_color("GATHER_PARAMS")
+    categories = ["F", "B", "I", "W", "R", "OPT_STEP", "SEND_F", "SEND_B", "PREFETCH", "EVICT", "TP_F", "REDUCE_GRAD"]
     assert len({kind_color(k) for k in categories} | {FALLBACK_COLOR}) == len(categories) + 1
-    assert kind_color("REDUCE_GRAD") == kind_color("STASH") == FALLBACK_COLOR
+    assert kind_color("STASH") == kind_color("USE_VERSION") == FALLBACK_COLOR
 
 
 def test_legend_lists_the_kinds_present_once_per_colour():
-    entries = gantt._legend_entries({"RECV_F", "F", "SEND_F", "STASH", "REDUCE_GRAD"})
+    entries = gantt._legend_entries({"RECV_F", "F", "SEND_F", "STASH", "USE_VERSION", "TP_B", "TP_F"})
     assert entries == [("F", KIND_COLORS["F"]), ("SEND_F / RECV_F", KIND_COLORS["SEND_F"]),
-                       ("other: REDUCE_GRAD, STASH", FALLBACK_COLOR)]
+                       ("TP_F / TP_B", KIND_COLORS["TP_F"]), ("other: STASH, USE_VERSION", FALLBACK_COLOR)]
     assert gantt._legend_entries(set()) == []
 
 
