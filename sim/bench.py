@@ -27,7 +27,8 @@ costs at most as much again as SimPy itself.
 ``python -m sim.bench --3d`` times the issue's 512-GPU plan, ``64x8xA100``,
 ``gpt:layers=96,hidden=12288,heads=96,seq=2048``, TP 2 × DP 8 × PP 32, global batch 1536 of microbatch size 2, 1F1B
 with recomputation: the seconds to build it (``sim.plan.build``) and to predict it (``sim.predict``: routes,
-collective costs, the engine), target under 5 s on one core; then, once, the same prediction with every replica
+collective costs, the engine), target under 5 s on one core (the process's CPU time is printed too, the figure to
+read on a shared machine, where wall time includes waiting for a core); then, once, the same prediction with every replica
 simulated (``simulate_all``), and whether the two iteration times agree (the symmetry argument of
 ``sim.cost.model.replica_views``). Last line ``ratio: X`` = the full simulation's time ÷ the symmetric one's.
 
@@ -186,13 +187,15 @@ def _run_3d(args: argparse.Namespace, inputs: PlanInputs = PLAN_512) -> int:
     """Time building and predicting ``inputs`` (the 512-GPU plan); then once with every replica simulated."""
     from sim.predict import predict
 
-    build_s, predict_s, times = [], [], []
+    build_s, predict_s, cpu_s, times = [], [], [], []
     for _ in range(args.repeats):
+        cpu = time.process_time()
         seconds, built = _seconds(lambda: build_plan(inputs))
         build_s.append(seconds)
         seconds, prediction = _seconds(lambda b=built: predict(b.plan, None, topology=b.topology,
                                                               oracle=b.costs.oracle))
         predict_s.append(seconds)
+        cpu_s.append(time.process_time() - cpu)
         times.append(prediction.metrics["iteration_time_s"])
     plan = built.plan
     ops = sum(len(program) for program in plan.programs)
@@ -200,8 +203,8 @@ def _run_3d(args: argparse.Namespace, inputs: PlanInputs = PLAN_512) -> int:
     print(f"{plan.layout.describe()}, {plan.model} on {plan.topology}, {plan.num_microbatches} microbatches: "
           f"{ops:,} ops per replica")
     print(f"build {build:.2f} s, predict {pred:.2f} s, total {build + pred:.2f} s (median of {args.repeats}; "
-          f"spread {min(build_s) + min(predict_s):.2f}-{max(build_s) + max(predict_s):.2f} s); "
-          f"iteration {times[0]:.3f} s")
+          f"spread {min(build_s) + min(predict_s):.2f}-{max(build_s) + max(predict_s):.2f} s; CPU time "
+          f"{statistics.median(cpu_s):.2f} s); iteration {times[0]:.3f} s")
     full_s, full = _seconds(lambda: predict(plan, None, topology=built.topology, oracle=built.costs.oracle,
                                             simulate_all=True))
     same = full.metrics["iteration_time_s"] == times[0]
