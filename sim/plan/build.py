@@ -225,8 +225,9 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         compute = sum(len(program) for program in programs)
         if inputs.recompute_mode == "full":
             compute += sum(op.kind in (OpKind.B, OpKind.I) for program in programs for op in program)
+        # Under tensor parallelism each compute op is followed by its collective: at most twice the ops.
         check_plan_size(graph, num_microbatches, inputs.microbatch_size, vstage_to_rank,
-                        compute / (len(vstage_to_rank) * num_microbatches), False)
+                        compute * (2 if layout.tp > 1 else 1) / (len(vstage_to_rank) * num_microbatches), False)
         generator_options: tuple[tuple[str, int | bool], ...] = ()
         if len(programs) * layout.tp * layout.dp > topology.num_ranks:
             raise SpecError(f"{inputs.schedule_file} has {len(programs)} ranks, × TP {layout.tp} × DP {layout.dp} "
@@ -250,8 +251,8 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         vstage_to_rank = entry.vstage_to_rank(num_ranks, inputs.chunks) if entry.chunked else tuple(range(num_ranks))
         # Bounded work: what the plan will hold is known from its sizes, so it is checked before generating it.
         check_plan_size(graph, num_microbatches, inputs.microbatch_size, vstage_to_rank,
-                        compute_ops_per_microbatch(entry) + int(inputs.recompute_mode == "full"),
-                        entry.weight_policy == "stash")
+                        (compute_ops_per_microbatch(entry) + int(inputs.recompute_mode == "full"))
+                        * (2 if layout.tp > 1 else 1), entry.weight_policy == "stash")
         programs = entry.build(num_ranks, num_microbatches, inputs.chunks)
         schedule_name, weight_policy = entry.name, entry.weight_policy
         generator_options = (("chunks", inputs.chunks),) if entry.chunked else ()

@@ -81,3 +81,12 @@ def test_csp_refuses_the_parallel_flags(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["--topology", "4xV100", "--schedule", "csp", "--space", "c1", "--dp", "2", "--out", str(tmp_path)])
     assert info.value.code == 2 and "--dp does not apply to --schedule csp" in capsys.readouterr().err
+
+
+def test_the_bound_on_work_counts_the_tensor_parallel_ops():
+    # 1F1B on 4 stages with TP: per microbatch F, B, TP_F, TP_B on each stage and SEND/RECV both ways at 3 cuts.
+    from sim.core.errors import SpecError
+    with pytest.raises(SpecError, match=r"a plan of 56,000,004 ops \(4 stages on 4 ranks, 28 ops per microbatch\)"):
+        build_plan(PlanInputs(GPT, "8xA100", "1f1b", microbatches=2_000_000, tp=2, pp=4))
+    plan = build_plan(PlanInputs(GPT, "8xA100", "1f1b", microbatches=3, tp=2, pp=4)).plan
+    assert sum(len(program) for program in plan.programs) == 28 * 3 + 4  # and one OPT_STEP per stage
