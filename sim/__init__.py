@@ -8,6 +8,10 @@ Typical use::
     prediction = predict(built.plan)
     print(prediction.metrics["iteration_time_s"])
 
+    # tensor × data × pipeline parallel: 2 × 4 × 2 on the same 16 GPUs, 64 samples per iteration
+    built = build_plan(PlanInputs("gpt:layers=48,hidden=2048", "16xV100", "1f1b", microbatch_size=2,
+                                  global_batch=64, tp=2, dp=4, pp=2))
+
 The command lines are ``python -m sim.run`` (see its ``--help``) and ``python -m sim.bench``.
 
 The names below are loaded on first use (PEP 562), so that importing one module of the IR, as the executor does,
@@ -23,9 +27,11 @@ from typing import Any
 _EXPORTS = {
     "SpecError": "sim.core.errors",
     "Op": "sim.ir.plan", "OpKind": "sim.ir.plan", "Placement": "sim.ir.plan", "Plan": "sim.ir.plan",
+    "Parallelism": "sim.ir.parallel",
     "Span": "sim.ir.trace", "Trace": "sim.ir.trace",
     "Topology": "sim.hw.topology",
     "Layer": "sim.models.graph", "LayerGraph": "sim.models.graph", "build_model": "sim.models",
+    "Sharding": "sim.models.sharding", "collective_cost": "sim.cost.collectives",
     "CostOracle": "sim.cost.oracle", "CostModel": "sim.cost.model", "MeasuredProfile": "sim.cost.profile",
     "load_profile": "sim.cost.profile",
     "PlanInputs": "sim.plan.build", "BuiltPlan": "sim.plan.build", "build_plan": "sim.plan.build",
