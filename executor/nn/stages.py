@@ -16,9 +16,15 @@ the loss (the split ``torch.distributed.pipelining`` also makes between a stage 
 
 Determinism. Layer i's parameters come from its own ``torch.Generator`` seeded from ``(seed, i)``, so the weights
 of layer i are bitwise identical whichever stage split builds it, and building never touches the global RNG
-(modules are created on the ``meta`` device, allocated empty, then filled from the generator). Synthetic batches
-likewise come from a generator seeded from ``(seed, index)``. Seeds are mixed through BLAKE2b with a purpose tag,
-rather than ``seed * K + i``, so no two (purpose, seed, index) triples share a stream by arithmetic accident.
+(modules are created on the CPU with torch's default initialisers skipped and the global RNG forked, then filled
+from the generator). Synthetic batches likewise come from a generator seeded from ``(seed, index)``. Seeds are mixed
+through BLAKE2b with a purpose tag, rather than ``seed * K + i``, so no two (purpose, seed, index) triples share a
+stream by arithmetic accident.
+
+Start-up cost. Nothing here runs a tensor op on the ``meta`` device: torch implements most meta kernels (``normal_``,
+``add``, ``relu``, ...) as Python references wrapped in ``torch._disable_dynamo``, whose first call imports
+``torch._dynamo`` (1.5-2 s of every worker's start on a 2-core host). Boundary shapes therefore come from the
+model's spec values, checked against the graph's byte counts, not from a meta forward pass.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from executor.nn import cnn as models_cnn
 from executor.nn import gpt as models_gpt
@@ -52,17 +59,35 @@ class _TorchModel:
         make_layer: ``(spec values, layer index) -> nn.Module`` with an ``init_parameters(generator)`` method.
         make_batch: ``(spec values, num_samples, generator) -> (inputs, targets)``.
         loss: ``(last layer's output, targets) -> scalar loss``.
+        hidden_shape: ``spec values -> per-sample shape`` of every layer's fp32 output but the last's.
+        output_shape: ``spec values -> per-sample shape`` of the last layer's fp32 output (what ``loss`` reads).
     """
 
     make_layer: Callable[[dict[str, int], int], nn.Module]
     make_batch: Callable[[dict[str, int], int, torch.Generator], tuple[Tensor, Tensor]]
     loss: Callable[[Tensor, Tensor], Tensor]
+    hidden_shape: Callable[[dict[str, int]], tuple[int, ...]]
+    output_shape: Callable[[dict[str, int]], tuple[int, ...]]
+
+
+def _tokens_by_hidden(values: dict[str, int]) -> tuple[int, ...]:
+    return values["seq"], values["hidden"]  # GPT and supernet blocks: (s, h) hidden states
+
+
+def _tokens_by_vocab(values: dict[str, int]) -> tuple[int, ...]:
+    return values["seq"], values["vocab"]  # GPT and supernet heads: (s, V) logits
+
+
+def _feature_map(values: dict[str, int]) -> tuple[int, ...]:
+    return values["features"], values["size"], values["size"]  # every CNN layer: (C, S, S), same padding
 
 
 _MODELS: Mapping[str, _TorchModel] = {
-    "gpt": _TorchModel(models_gpt.make_layer, models_gpt.make_batch, models_gpt.loss),
-    "cnn": _TorchModel(models_cnn.make_layer, models_cnn.make_batch, models_cnn.loss),
-    "supernet": _TorchModel(models_supernet.make_layer, models_supernet.make_batch, models_supernet.loss),
+    "gpt": _TorchModel(models_gpt.make_layer, models_gpt.make_batch, models_gpt.loss,
+                       _tokens_by_hidden, _tokens_by_vocab),
+    "cnn": _TorchModel(models_cnn.make_layer, models_cnn.make_batch, models_cnn.loss, _feature_map, _feature_map),
+    "supernet": _TorchModel(models_supernet.make_layer, models_supernet.make_batch, models_supernet.loss,
+                            _tokens_by_hidden, _tokens_by_vocab),
 }
 TORCH_MODELS: tuple[str, ...] = tuple(sorted(_MODELS))  # the zoo models the executor can run
 
@@ -100,15 +125,39 @@ def _check_int(what: str, value: object, minimum: int | None) -> int:
     return value
 
 
+#: torch.nn.init's public in-place initialisers (``normal_``, ``kaiming_uniform_``, ``ones_``, ...).
+_INITIALISERS = frozenset(
+    function for name, function in vars(torch.nn.init).items()
+    if callable(function) and name.endswith("_") and not name.startswith("_")
+)
+
+
+class _SkipInitialisers(TorchFunctionMode):
+    """While active, torch.nn.init's initialisers that dispatch to a torch-function mode return their tensor untouched.
+
+    The constructors' default initialisation would be thrown away (``init_parameters`` writes every parameter
+    from the layer's own generator), and the random part costs about as much as that write. In torch 2.13
+    ``normal_``, ``uniform_`` and ``kaiming_uniform_`` dispatch (the defaults of ``nn.Embedding``, ``nn.Linear`` and
+    ``nn.Conv2d``): their parameters are left as ``torch.empty`` made them, as ``to_empty`` would. Initialisers
+    that do not dispatch (``ones_``, ``zeros_``, ``xavier_*``) simply run, on the forked global RNG.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func in _INITIALISERS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
 def _build_layer(model: _TorchModel, values: dict[str, int], i: int, seed: int) -> nn.Module:
     """Layer ``i`` with its parameters drawn from the generator of ``(seed, i)``, fp32 on CPU."""
     generator = torch.Generator(device="cpu").manual_seed(derive_seed("layer", seed, i))
-    # On the meta device the constructors' default initialisation allocates nothing and draws nothing from the
-    # global RNG; init_parameters then writes every parameter from this layer's own generator. fp32 is forced
-    # so that a changed torch default dtype cannot change the weights.
-    with torch.device("meta"):
+    # Built on the CPU, not the meta device (see "Start-up cost" above). fork_rng guarantees that whatever a
+    # constructor draws from the global RNG is undone; init_parameters then writes every parameter from this
+    # layer's own generator. fp32 is forced so that a changed torch default dtype cannot change the weights.
+    with torch.random.fork_rng(devices=[]), _SkipInitialisers():
         layer = model.make_layer(values, i)
-    layer = layer.to(torch.float32).to_empty(device="cpu")
+    layer = layer.to(torch.float32)
     layer.init_parameters(generator)  # type: ignore[operator]
     return layer
 
@@ -220,17 +269,17 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         """Size in bytes."""
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count * torch.empty((), dtype=self.dtype).element_size()
+        return _product(self.shape) * torch.empty((), dtype=self.dtype).element_size()
 
 
 def boundary_specs(spec: str, cuts: list[int] | tuple[int, ...], num_samples: int) -> dict[int, TensorSpec]:
     """The shape and dtype of the tensor entering layer ``cut``, for each cut, for a microbatch of ``num_samples``.
 
-    Found by running the whole model once on the ``meta`` device (shapes only: no memory, no arithmetic, no RNG), so
-    the answer is the modules' own, never a second description of them that could drift.
+    Cut 0 is the model input as ``synthetic_batch`` makes it; every other cut is the fp32 output of layer
+    ``cut - 1``, whose per-sample shape comes from the spec's values and is checked against the graph: its element
+    count must be the layer's ``activation_bytes / dtype_bytes`` (the head's ``workspace_bytes / dtype_bytes``,
+    its logits; the graph's ``activation_bytes`` there is the loss), the contract the layer modules are tested to
+    keep. No module is built and no forward pass run (see "Start-up cost" above).
 
     Args:
         spec: a model spec.
@@ -249,18 +298,29 @@ def boundary_specs(spec: str, cuts: list[int] | tuple[int, ...], num_samples: in
     for cut in cuts:
         if not 0 <= cut <= len(graph):
             raise ValueError(f"cut {cut} outside [0, {len(graph)}] for {graph.spec!r}")
-    x, _ = model.make_batch(values, num_samples, torch.Generator(device="cpu").manual_seed(0))
-    with torch.device("meta"):
-        layers = [model.make_layer(values, i) for i in range(len(graph))]
-    x = x.to("meta")
+    one, _ = model.make_batch(values, 1, torch.Generator(device="cpu").manual_seed(0))  # one sample: shape only
     specs: dict[int, TensorSpec] = {}
-    with torch.no_grad():
-        for i in range(len(graph) + 1):
-            if i in cuts:
-                specs[i] = TensorSpec(tuple(x.shape), x.dtype)
-            if i < len(graph):
-                x = layers[i](x)
+    for cut in cuts:
+        if cut == 0:
+            shape, dtype, graph_bytes = tuple(one.shape[1:]), one.dtype, graph.input_bytes
+            nbytes = one.numel() * one.element_size()
+        else:
+            layer = graph.layers[cut - 1]
+            shape = model.output_shape(values) if cut == len(graph) else model.hidden_shape(values)
+            dtype, nbytes = torch.float32, graph.dtype_bytes * _product(shape)
+            graph_bytes = layer.workspace_bytes if layer.kind == "head" else layer.activation_bytes
+        if nbytes != graph_bytes:  # a model module and its graph disagree: a bug, never bad input
+            raise RuntimeError(f"boundary {cut} of {graph.spec!r}: shape {shape} is {nbytes} bytes per sample in "
+                               f"the graph's dtype, but the graph says {graph_bytes}")
+        specs[cut] = TensorSpec((num_samples, *shape), dtype)
     return specs
+
+
+def _product(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
 
 
 def synthetic_batch(spec: str, num_samples: int, *, seed: int, index: int) -> tuple[Tensor, Tensor]:
