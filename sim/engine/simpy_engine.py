@@ -154,33 +154,6 @@ class _Run(CommProcesses):
             OpKind.GATHER_PARAMS: self._collective,
         }
 
-    def _tp_links_to_hold(self) -> dict[tuple[int, OpKind, int], tuple[tuple[str, str], ...]]:
-        """The links each TP op must hold: those some other rank's op or any transfer or copy also holds
-        (data-parallel collectives queue in a lane of their own, ``sim.engine.comm``). A link only one rank's TP ops
-        hold is never contended (they run one at a time on that rank's compute stream), so its resource would change
-        nothing and cost a SimPy request per op."""
-        plan, views, pipeline = self.plan, self.views, self.plan.num_ranks
-        tp_keys: dict[tuple[int, OpKind, int], tuple[tuple[str, str], ...]] = {}
-        holders: dict[tuple[str, str], set[int]] = {}
-        other: set[tuple[str, str]] = set()
-        for rank in range(self.instances):
-            view, program = views[rank // pipeline], plan.programs[rank % pipeline]
-            for op in program:
-                kind = op.kind
-                if kind in TP_KINDS:
-                    keys = tp_keys[(rank, kind, op.vstage)] = view.collective(kind, op.vstage)[2]
-                    for key in keys:
-                        holders.setdefault(key, set()).add(rank)
-                elif kind is OpKind.SEND_F or kind is OpKind.SEND_B:
-                    other.update(view.message(kind, op.vstage, rank % pipeline, op.peer)[2])  # type: ignore[arg-type]
-                elif kind is OpKind.PREFETCH or kind is OpKind.EVICT:
-                    device = self.device_index[rank]
-                    path = (self.topology.host_to_device_path(device) if kind is OpKind.PREFETCH
-                            else self.topology.device_to_host_path(device))
-                    other.update((link.src, link.dst) for link in path)
-        shared = {key for key, ranks in holders.items() if len(ranks) > 1} | other
-        return {op: tuple(key for key in keys if key in shared) for op, keys in tp_keys.items()}
-
     # --- memory ----------------------------------------------------------------------------------------------------
 
     def _allocate(self, rank: int, nbytes: int, op: Op) -> None:
