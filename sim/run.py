@@ -118,7 +118,8 @@ def _run(argv: list[str] | None) -> int:
     ))
     plan, topology = built.plan, built.topology
     print(topology.describe())
-    print(f"model {built.graph.summary()}")
+    tp = built.plan.layout.tp
+    print(f"model {built.graph.summary()}{f' (one tensor-parallel shard of {tp})' if tp > 1 else ''}")
     chunks, recompute = plan.option("chunks"), plan.option("recompute")
     recompute_text = {True: ", activation recomputation", "selective": ", selective recomputation"}.get(recompute, "")
     print(f"plan {plan.schedule}: {plan.num_vstages} stages on {plan.num_ranks} ranks"
