@@ -217,7 +217,7 @@ def test_format_model_list_mentions_every_model_and_default():
 
 
 def test_registry_entries_are_consistent():
-    assert set(MODELS) == {"uniform", "gpt", "cnn", "supernet"}
+    assert set(MODELS) == {"uniform", "gpt", "cnn", "supernet", "vgg16"}
     for name, entry in MODELS.items():
         assert entry.name == name and entry.description and "\n" not in entry.description
         with pytest.raises(TypeError):
