@@ -42,6 +42,12 @@ class Experiment:
     out: str | None = None
 
 
+def _pipedream_vs_dp(argv: list[str]) -> int:
+    from experiments import pipedream_vs_dp
+
+    return pipedream_vs_dp.main(argv)
+
+
 def _sim_vs_real(argv: list[str]) -> int:
     from experiments import sim_vs_real  # imported on demand: it needs torch, others may not
 
@@ -65,6 +71,9 @@ EXPERIMENTS: dict[str, Experiment] = {
                                "often it is faster, equal, slower", _csp_prefetch),
     "naspipe": Experiment("naspipe", "NASPipe CSP vs GPipe, 1F1B, PipeDream and its ablations on search spaces "
                           "c1-c3, 8xV100, simulated, beside the paper's speedups", _naspipe, out="runs/naspipe"),
+    "pipedream_vs_dp": Experiment("pipedream_vs_dp", "the best pipeline plan vs pure data parallelism for VGG-16, "
+                                  "a GPT and a small CNN on 16 V100s over 10 GbE, 25 GbE and NVSwitch, simulated, "
+                                  "beside PipeDream's speedups", _pipedream_vs_dp, out="runs/pipedream_vs_dp"),
     "sim_vs_real": Experiment("sim_vs_real", "simulator fidelity: predicted vs measured iteration time on 2 CPU "
                               "ranks, gpipe and 1f1b x 4/8/16 microbatches, calibrated profile", _sim_vs_real,
                               out="runs/sim_vs_real"),
