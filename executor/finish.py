@@ -4,7 +4,9 @@ Writes into ``--out`` exactly what ``sim.run`` writes for a simulation, through 
 (:func:`sim.report.outputs.write_run_outputs`): ``metrics.json``, ``trace.json`` and ``gantt.png`` of the median
 measured iteration; plus ``compare.json`` (predicted vs measured), ``plan.json`` (the plan that ran) and, with
 ``--calibrate-out``, a calibrated profile: all of them or none (rank 0 closes its own output set).
-``metrics.json`` also carries every iteration's time and the losses.
+``metrics.json`` also carries every iteration's time and the losses (a 3D plan's: every replica's, in the order of the
+global batch). A 3D plan's measured trace has one row per process (``executor.measured``) and the prediction one per
+pipeline rank of the simulated replica; ``compare.json``'s ``parallel`` entry says so and how they are compared.
 
 "The median iteration" has one definition (:func:`executor.compare.median_iteration`: the lower median when the count
 is even), so the iteration time in ``metrics.json``, the ``measured_iteration_time_s`` of ``compare.json``, the drawn
@@ -79,10 +81,12 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
     cost_source = prediction.cost_source
     compare = compare_report(predicted, measured, median_index=index - options.warmup, cost_source=cost_source)
     measured_devices = sorted({r.device for r in reports})  # as the ranks name them: "cpu" or the CUDA device name
-    planned_devices = sorted({d.name for d in topology.devices[: plan.num_ranks]})
+    planned_devices = sorted({d.name for d in topology.devices[: plan.world_size]})
     # Both as catalog ids, so they compare; a CUDA device the catalog has no id for keeps its own name.
     measured_ids = sorted({device_catalog_id(name) or name for name in measured_devices})
     compare["planned_devices"], compare["measured_devices"] = planned_devices, measured_ids
+    if plan.parallel is not None:
+        compare["parallel"] = _rows_rule(plan, predicted)
     # A GPU plan run on this host's CPU was announced before launch (executor.run.choose_backend); this catches the
     # rest, e.g. a V100 plan run on A100s.
     if measured_ids != planned_devices and measured_ids != ["cpu"]:
@@ -90,7 +94,7 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
               f"{', '.join(measured_devices)}; the prediction describes the planned hardware", file=sys.stderr)
 
     metrics = compute_metrics(median_trace, num_microbatches=plan.num_microbatches,
-                              microbatch_size=plan.microbatch_size)
+                              microbatch_size=plan.microbatch_size, replicas=plan.layout.dp)
     metrics["plan"] = plan_header(plan)
     metrics["measurement"] = {
         "iteration": index,
@@ -101,7 +105,7 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
         "threads_per_rank": [r.threads for r in reports],
         "clock_uncertainty_s": meta["clock_uncertainty_s"],
         "optimizer": options.optimizer,
-        "losses": [list(step) for step in _losses(reports)],
+        "losses": [list(step) for step in _losses(plan, reports)],
     }
     write_text_atomic(plan.dumps(), out / "plan.json")
     title = f"measured · {plan.schedule} · {plan.model} · {', '.join(measured_devices)} · m={plan.num_microbatches}"
@@ -132,12 +136,29 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
     print(f"wrote {out}/{{{', '.join(names)}}}")
 
 
-def _losses(reports: Sequence[RankReport]) -> tuple[tuple[float, ...], ...]:
-    """Per iteration, the per-microbatch losses, from whichever rank computed them (the last vstage's)."""
-    for report in reports:
-        if any(report.losses):
-            return report.losses
-    return ()
+def _losses(plan, reports: Sequence[RankReport]) -> tuple[tuple[float, ...], ...]:
+    """Per iteration, the per-microbatch losses, from the processes that computed them: the last vstage's, shard 0
+    (every shard has the same loss), replica after replica, so that the list is in the order of the global batch
+    (``executor.parallel.microbatch_index``)."""
+    layout, last = plan.layout, plan.placement.vstage_to_rank[-1]
+    ranks = [layout.device(last, d, 0) for d in range(layout.dp)]
+    by_rank = {report.rank: report.losses for report in reports}
+    if not all(by_rank.get(rank) for rank in ranks):
+        return ()
+    return tuple(tuple(loss for rank in ranks for loss in by_rank[rank][i]) for i in range(len(by_rank[ranks[0]])))
+
+
+def _rows_rule(plan, predicted) -> dict[str, Any]:
+    """How a 3D plan's measured rows compare with the predicted ones (``compare.json``'s ``parallel``)."""
+    return {
+        "layout": plan.layout.describe(),
+        "predicted_rows": predicted.num_ranks,
+        "measured_rows": plan.world_size,
+        "rule": ("the prediction simulates one replica's pipeline ranks (one row each; identical replicas and shards "
+                 "are stood for by symmetry), the measurement has one row per process; an iteration is the first "
+                 "op's start to the last op's end over all rows of each, and an op kind's mean is over all its spans "
+                 "of each"),
+    }
 
 
 def _print_compare(compare: dict[str, Any]) -> None:

@@ -21,6 +21,15 @@ describe the same thing:
 * OPT_STEP steps the vstage's own optimizer and clears its gradients: once per iteration under the flush policy
   (GPipe, 1F1B), after every microbatch under weight stashing (async PipeDream, ``executor.stash``), where F and its
   backward run on the weight version stashed for the microbatch and the update lands on the latest weights.
+* 3D plans (``executor.parallel``): every process of pipeline rank p runs ``plan.programs[p]``, and a SEND/RECV's
+  ``peer`` (a pipeline rank) is the process of that pipeline rank in the same replica and tensor shard.
+* TP_F, TP_B, TP_R: the tensor-parallel collectives really run inside the forward, backward and recompute, where the
+  sharded layers' autograd functions put them (``executor.nn.tensor_parallel``), timed call by call. The handler
+  itself does nothing; its span is the time the preceding F, B/I or R spent inside collectives, placed right after
+  that op's span, which is shortened by as much, so the two spans tile the time the op took.
+* REDUCE_GRAD and GATHER_PARAMS (data parallelism, ``executor.data_parallel``) are issued asynchronously like a
+  receive: the OPT_STEP that depends on a REDUCE_GRAD waits for it (its span ends when that wait returns and the
+  mean gradient is in place), and a GATHER_PARAMS, which nothing depends on, is waited for at the iteration's end.
 
 Every op runs inside ``torch.profiler.record_function(op.id)``, so a PyTorch profiler trace of a run names the IR ops.
 An op kind with no handler is rejected by :func:`check_supported` before anything runs.
@@ -41,7 +50,7 @@ from torch import Tensor
 from executor.nn.split_backward import WeightGradStore, enable_split_backward
 from executor.nn.stages import Stage, TensorSpec
 from executor.stash import StashedWeights
-from sim.ir.plan import Op, OpKind, Plan
+from sim.ir.plan import TP_KINDS, Op, OpKind, Plan
 from sim.plan.validate import PlanError
 
 __all__ = ["HANDLED_KINDS", "check_supported", "OpRecord", "RankInterpreter", "OpFailure"]
@@ -49,8 +58,10 @@ __all__ = ["HANDLED_KINDS", "check_supported", "OpRecord", "RankInterpreter", "O
 #: The op kinds this interpreter can run. Issue #5 adds PREFETCH and EVICT.
 HANDLED_KINDS = frozenset(
     {OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R, OpKind.OPT_STEP, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F,
-     OpKind.RECV_B}
+     OpKind.RECV_B, OpKind.TP_F, OpKind.TP_B, OpKind.TP_R, OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS}
 )
+#: The compute kinds whose tensor-parallel collectives each TP kind reports.
+_TP_SOURCE = {OpKind.TP_F: (OpKind.F,), OpKind.TP_R: (OpKind.R,), OpKind.TP_B: (OpKind.B, OpKind.I)}
 
 
 def check_supported(plan: Plan) -> None:
@@ -116,6 +127,10 @@ class RankInterpreter:
             are the op's real duration rather than its launch time.
         fail_at: op id at which to raise an injected error (failure-handling tests); ``None`` in real runs.
         group: the process group for point-to-point ops (``None``: the default group).
+        peer_of: pipeline rank → the rank in ``group`` to exchange with (default: the same number).
+        tp_comm: the tensor-parallel group's clock (``take_seconds()``), needed when the program has TP ops.
+        data_parallel: the process's :class:`executor.data_parallel.DataParallel`, needed for REDUCE_GRAD and
+            GATHER_PARAMS.
     """
 
     def __init__(
@@ -130,9 +145,14 @@ class RankInterpreter:
         device: torch.device | None = None,
         fail_at: str | None = None,
         group: Any = None,
+        peer_of: Callable[[int], int] | None = None,
+        tp_comm: Any = None,
+        data_parallel: Any = None,
     ) -> None:
         self.plan, self.rank, self.stages, self.optimizers = plan, rank, stages, optimizers
         self.loss, self.boundary, self.fail_at, self.group = loss, boundary, fail_at, group
+        self.peer_of = peer_of or (lambda peer: peer)
+        self.tp_comm, self.data_parallel = tp_comm, data_parallel
         self.device = device or torch.device("cpu")
         self._sync: Callable[[], None] = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         self.program = plan.programs[rank]
@@ -148,10 +168,16 @@ class RankInterpreter:
             OpKind.SEND_B: self._send,
             OpKind.RECV_F: self._recv,
             OpKind.RECV_B: self._recv,
+            OpKind.TP_F: self._nothing,
+            OpKind.TP_B: self._nothing,
+            OpKind.TP_R: self._nothing,
+            OpKind.REDUCE_GRAD: self._reduce_grad,
+            OpKind.GATHER_PARAMS: self._gather_params,
         }
         missing = sorted({op.kind.value for op in self.program} - {k.value for k in self.handlers})
         if missing:
             raise PlanError(f"rank {rank}: no handler for op kind(s) {', '.join(missing)}")
+        self._check_collectives()
         # (vstage, mb) whose forward activations are dropped and rebuilt by an R op before the backward.
         self.recomputed = {(op.vstage, op.mb) for op in self.program if op.kind is OpKind.R}
         self.weight_grads = WeightGradStore()
@@ -161,6 +187,19 @@ class RankInterpreter:
         # Flush: the iteration's microbatches form one minibatch, so each contributes 1/m of the gradient. Stash:
         # each microbatch is PipeDream's minibatch and is applied on its own.
         self.loss_scale = plan.num_microbatches if self.stashing is None else 1
+
+    def _check_collectives(self) -> None:
+        """Each TP op right after the compute op whose collectives it reports (``sim.plan.collectives`` puts it
+        there), and the group or replicas the collective ops need."""
+        kinds = {op.kind for op in self.program}
+        if kinds & TP_KINDS and self.tp_comm is None:
+            raise PlanError(f"rank {self.rank}: the program has tensor-parallel ops but no tensor-parallel group")
+        if kinds & {OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS} and self.data_parallel is None:
+            raise PlanError(f"rank {self.rank}: the program has data-parallel ops but no data-parallel group")
+        for before, op in zip((None, *self.program), self.program):
+            if op.kind in TP_KINDS and (before is None or before.kind not in _TP_SOURCE[op.kind]
+                                        or (before.vstage, before.mb) != (op.vstage, op.mb)):
+                raise PlanError(f"rank {self.rank}: {op.id} must follow the compute op it reports")
 
     # --- one iteration ---------------------------------------------------------------------------------------------
 
@@ -186,10 +225,14 @@ class RankInterpreter:
         self.losses: dict[int, Tensor] = {}
         self.outbox: dict[tuple[OpKind, int, int], Tensor] = {}  # produced tensors: (F|B, v, mb) -> tensor
         self.inbox: dict[str, Tensor] = {}  # RECV op id -> its buffer (valid once waited on)
-        self.pending: dict[str, Any] = {}  # op id -> isend/irecv work handle
+        self.pending: dict[str, Any] = {}  # op id -> irecv or collective work handle
         self.sent: list[tuple[Op, Any, Tensor]] = []
         self.records: dict[str, list[float]] = {}
+        self.after_wait: dict[str, Callable[[], None]] = {}  # op id -> what completes it once its handle is waited on
         records: list[OpRecord] = []
+        if self.tp_comm is not None:
+            self.tp_comm.take_seconds()  # whatever ran before this iteration is not its ops'
+        previous: tuple[str, float] | None = None  # the last op's id and its seconds inside TP collectives
         for op in self.program:
             try:
                 if op.id == self.fail_at:
@@ -205,9 +248,22 @@ class RankInterpreter:
                 raise
             except Exception as exc:  # noqa: BLE001 - any error in an op is reported with the op's id
                 raise OpFailure(op.id, exc) from exc
+            # Seconds this op spent inside tensor-parallel collectives (only F, B, I and R run any).
+            spent = self.tp_comm.take_seconds() if self.tp_comm is not None else 0.0
+            if op.kind in TP_KINDS:  # the collectives ran inside the compute op before it: split its span
+                assert previous is not None  # _check_collectives
+                compute = self.records[previous[0]]
+                cut = max(compute[0], compute[1] - previous[1])
+                start, end = cut, compute[1]
+                compute[1] = cut
             self.records[op.id] = [start, end]
-        for op_id in list(self.pending):  # a receive nobody consumed still has to complete before the next iteration
-            self._wait(op_id)
+            previous = (op.id, spent)
+        # A receive nobody consumed, and a GATHER_PARAMS, must complete before the next iteration.
+        for op_id in list(self.pending):
+            try:
+                self._wait(op_id)
+            except Exception as exc:  # noqa: BLE001
+                raise OpFailure(op_id, exc) from exc
         for op, work, _tensor in self.sent:
             try:
                 work.wait()
@@ -227,10 +283,13 @@ class RankInterpreter:
             if dep in self.pending:
                 self._wait(dep)
 
-    def _wait(self, recv_id: str) -> None:
-        self.pending.pop(recv_id).wait()
+    def _wait(self, op_id: str) -> None:
+        self.pending.pop(op_id).wait()
         self._sync()  # NCCL's wait only orders streams; the data is there once the device has caught up
-        self.records[recv_id][1] = time.perf_counter()
+        complete = self.after_wait.pop(op_id, None)
+        if complete is not None:
+            complete()
+        self.records[op_id][1] = time.perf_counter()
 
     def _forward(self, op: Op) -> None:
         v, mb = op.vstage, op.mb
@@ -313,11 +372,20 @@ class RankInterpreter:
         if self.stashing is not None:
             self.stashing.updated(op.vstage)
 
+    def _nothing(self, op: Op) -> None:
+        """TP_F/TP_B/TP_R: their collectives already ran inside the op before (module docstring)."""
+
+    def _reduce_grad(self, op: Op) -> None:
+        self.pending[op.id], self.after_wait[op.id] = self.data_parallel.reduce(op.vstage)
+
+    def _gather_params(self, op: Op) -> None:
+        self.pending[op.id], self.after_wait[op.id] = self.data_parallel.gather(op.vstage)
+
     def _send(self, op: Op) -> None:
         assert op.mb is not None and op.peer is not None
         kind = OpKind.F if op.kind is OpKind.SEND_F else OpKind.B
         tensor = self.outbox.pop((kind, op.vstage, op.mb)).contiguous()
-        work = dist.isend(tensor, dst=op.peer, group=self.group)
+        work = dist.isend(tensor, dst=self.peer_of(op.peer), group=self.group)
         self.sent.append((op, work, tensor))
 
     def _recv(self, op: Op) -> None:
@@ -326,4 +394,4 @@ class RankInterpreter:
         spec = self.boundary[op.vstage if op.kind is OpKind.RECV_F else op.vstage + 1]
         buffer = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
         self.inbox[op.id] = buffer
-        self.pending[op.id] = dist.irecv(buffer, src=op.peer, group=self.group)
+        self.pending[op.id] = dist.irecv(buffer, src=self.peer_of(op.peer), group=self.group)

@@ -10,6 +10,10 @@ sides had posted (a rendezvous, as in ``sim.engine.simpy_engine``) and to end wh
 SEND and the RECV both get that interval. The receiver waits right before the consuming op (``sim.plan.lower`` puts
 every RECV there), so the end is the data's arrival whenever the consumer was waiting for it, and otherwise at most the
 consumer's start, which is when the data became useful.
+
+A 3D plan's trace has a row per process (``plan.world_size`` of them): the spans of every replica and tensor shard,
+the collectives (``TP_*``, ``REDUCE_GRAD``, ``GATHER_PARAMS``) as spans of their own kinds, and the iteration time
+from the first op's start to the last op's end over all processes.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from executor.clock import ClockOffset
-from sim.ir.plan import RECV_KINDS, SEND_KINDS, Op, Plan, stream_of
+from sim.ir.plan import RECV_KINDS, SEND_KINDS, Plan, stream_of
 from sim.ir.trace import Span, Trace
 
 __all__ = ["RankReport", "measured_trace", "iteration_times"]
@@ -47,43 +51,58 @@ def measured_trace(plan: Plan, reports: Sequence[RankReport], offsets: Sequence[
                    meta: dict[str, object] | None = None) -> Trace:
     """The trace of one iteration, on rank 0's clock, shifted so its first op starts at 0.
 
+    One trace row per process: for a 3D plan, row r is global rank r, which ran the program of its pipeline rank
+    ``layout.coords(r)[0]``; its SEND/RECV peers are global ranks, and the pair ids of replica d's shard t are
+    offset by ``(d·T + t) · pairs`` so that every transfer keeps a pair id of its own (pure pipelines keep the
+    plan's).
+
     Args:
         plan: the plan that ran.
-        reports: one report per rank, in rank order.
-        offsets: each rank's clock offset to rank 0.
+        reports: one report per process, in rank order.
+        offsets: each process's clock offset to rank 0.
         iteration: which iteration (0-based, warm-up included).
         meta: extra ``Trace.meta`` entries; ``source`` is always ``"executor"``.
 
     Raises:
-        ValueError: a report lacks the iteration or names an op the plan does not have on that rank.
+        ValueError: a report lacks the iteration or names an op its pipeline rank's program does not have.
     """
-    ops: dict[str, tuple[int, Op]] = {op.id: (rank, op) for rank, program in enumerate(plan.programs) for op in program}
-    raw: dict[str, tuple[float, float]] = {}
+    layout = plan.layout
+    programs = [{op.id: op for op in program} for program in plan.programs]
+    recv_of_pair = {op.pair: op.id for program in plan.programs for op in program if op.kind in RECV_KINDS}
+    pairs = max(recv_of_pair, default=-1) + 1
+    raw: dict[tuple[int, str], tuple[float, float]] = {}
     for report, offset in zip(reports, offsets, strict=True):
         if iteration >= len(report.timings):
             raise ValueError(f"rank {report.rank} reported {len(report.timings)} iterations, not {iteration + 1}")
+        program = programs[layout.coords(report.rank)[0]]
         for op_id, start, end in report.timings[iteration]:
-            rank, _ = ops.get(op_id, (None, None))
-            if rank != report.rank:
+            if op_id not in program:
                 raise ValueError(f"rank {report.rank} reported op {op_id!r}, which is not in its program")
-            raw[op_id] = (start + offset.offset_s, end + offset.offset_s)
-    send_of_pair = {op.pair: op.id for _, op in ops.values() if op.kind in SEND_KINDS}
-    recv_of_pair = {op.pair: op.id for _, op in ops.values() if op.kind in RECV_KINDS}
+            raw[(report.rank, op_id)] = (start + offset.offset_s, end + offset.offset_s)
     times = dict(raw)
-    for pair, send_id in send_of_pair.items():
-        recv_id = recv_of_pair[pair]
-        (send_post, _), (recv_post, arrived) = raw[send_id], raw[recv_id]
-        # min() guards against the clock estimate's error making the arrival precede the later post.
-        start = min(max(send_post, recv_post), arrived)
-        times[send_id] = times[recv_id] = (start, arrived)
+    for (rank, op_id), (send_post, _) in raw.items():
+        op = programs[layout.coords(rank)[0]][op_id]
+        if op.kind in SEND_KINDS:
+            _, dp, tp = layout.coords(rank)
+            recv = (layout.device(op.peer, dp, tp), recv_of_pair[op.pair])
+            recv_post, arrived = raw[recv]
+            # min() guards against the clock estimate's error making the arrival precede the later post.
+            start = min(max(send_post, recv_post), arrived)
+            times[(rank, op_id)] = times[recv] = (start, arrived)
     origin = min(start for start, _ in times.values())
     spans = []
-    for op_id, (start, end) in times.items():
-        rank, op = ops[op_id]
+    for (rank, op_id), (start, end) in times.items():
+        _, dp, tp = layout.coords(rank)
+        op = programs[layout.coords(rank)[0]][op_id]
+        pair = None if op.pair is None else op.pair + (dp * layout.tp + tp) * pairs
+        peer = None if op.peer is None else layout.device(op.peer, dp, tp)
         spans.append(Span(op_id, op.kind.value, rank, stream_of(op.kind), start - origin, end - origin, op.vstage,
-                          op.mb, op.pair, op.peer))
+                          op.mb, pair, peer))
     devices = [report.device for report in reports]
-    return Trace.from_spans(spans, devices, {**(meta or {}), "source": "executor", "schedule": plan.schedule,
+    extra: dict[str, object] = {}
+    if plan.parallel is not None:
+        extra = {"parallel": layout.describe(), "coords_of_rank": [list(layout.coords(r)) for r in range(len(reports))]}
+    return Trace.from_spans(spans, devices, {**(meta or {}), **extra, "source": "executor", "schedule": plan.schedule,
                                              "iteration": iteration})
 
 

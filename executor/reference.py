@@ -35,12 +35,20 @@ class ReferenceResult:
 
 
 def train_reference(spec: str, *, steps: int, num_microbatches: int, microbatch_size: int, seed: int = 0,
-                    data_seed: int = 0, optimizer: str = "adam", lr: float | None = None) -> ReferenceResult:
+                    data_seed: int = 0, optimizer: str = "adam", lr: float | None = None,
+                    replicas: int = 1) -> ReferenceResult:
     """Train ``spec`` for ``steps`` steps of ``num_microbatches`` microbatches each, in one process.
 
     Step ``k`` uses microbatches ``k * num_microbatches + j`` of :func:`executor.nn.stages.synthetic_batch`, as the
     executor does. Each microbatch's loss is divided by ``num_microbatches`` before its backward, so the accumulated
     gradient is the mean over the step's samples.
+
+    With ``replicas`` = D > 1 it is the same training on a global batch of D·m microbatches (m =
+    ``num_microbatches``), step k using microbatches ``k·D·m + i`` for i < D·m, written the way data parallelism
+    adds it up: the gradients of each consecutive run of m microbatches (a replica's share, each loss divided by m)
+    are accumulated on their own, the D sums are added in order and divided by D. That is the mean gradient over the
+    global batch; with D = 2 a two-process all-reduce adds the same two sums (addition commutes), so a data-parallel
+    run can equal it bit for bit.
 
     Args:
         spec: model spec.
@@ -59,13 +67,28 @@ def train_reference(spec: str, *, steps: int, num_microbatches: int, microbatch_
     opt = make_optimizer(optimizer, params, lr)
     loss = loss_fn(spec)
     losses = []
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
     for step in range(steps):
         step_losses = []
-        for j in range(num_microbatches):
-            inputs, targets = synthetic_batch(spec, microbatch_size, seed=data_seed, index=step * num_microbatches + j)
-            value = loss(model(inputs), targets)
-            (value / num_microbatches).backward()
-            step_losses.append(float(value.detach()))
+        sums: list[list[Tensor]] = []
+        for replica in range(replicas):
+            for j in range(num_microbatches):
+                index = (step * replicas + replica) * num_microbatches + j
+                inputs, targets = synthetic_batch(spec, microbatch_size, seed=data_seed, index=index)
+                value = loss(model(inputs), targets)
+                (value / num_microbatches).backward()
+                step_losses.append(float(value.detach()))
+            if replicas > 1:  # this replica's sum, set aside; the next replica accumulates from nothing
+                sums.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+                for p in params:
+                    p.grad = None
+        if replicas > 1:
+            for k, p in enumerate(params):
+                total = sums[0][k]
+                for replica_sums in sums[1:]:
+                    total = total + replica_sums[k]
+                p.grad = total / replicas
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(tuple(step_losses))

@@ -15,6 +15,12 @@ machinery of ``torchrun --standalone``), each of which re-enters this module as 
 itself (e.g. ``torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m executor.run --plan ...`` on
 every host), it is already a worker.
 
+A 3D plan (``sim.run --tp/--dp``) runs ``plan.world_size`` = T·D·P processes, process ``layout.device(p, d, t)``
+running pipeline rank p's program as shard t of replica d (``executor.parallel``); ranks in messages and in
+``--inject-failure`` are these global ranks. Refused before launch as well: a 3D plan whose devices do not fit its
+topology, sequence parallelism, tensor parallelism of a model other than gpt, data parallelism with weight stashing,
+and ``--calibrate-out`` for a 3D plan.
+
 Backend (:func:`choose_backend`) follows the plan's devices, not the host: gloo for a plan on ``cpu``, NCCL for a
 plan on GPUs when CUDA is there. A GPU plan on a host without CUDA runs every rank on the CPU with gloo, after a
 ``warning:`` that the measurement describes this CPU; ``--backend`` overrides within those rules.
@@ -39,6 +45,7 @@ from pathlib import Path
 from executor.interpreter import check_supported
 from executor.nn.optim import OPTIMIZERS
 from executor.options import FAILURE_DIR_ENV, RunOptions
+from executor.parallel import check_parallel
 from executor.worker import worker_main
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError, run_cli
@@ -105,6 +112,7 @@ def load_checked_plan(path: str) -> tuple[Plan, Topology]:
         validate(plan)
         topology = check_topology(plan)
         check_supported(plan)
+        check_parallel(plan)
     graph = check_torch_model(plan.model)
     if plan.placement.num_layers != len(graph):
         # An edited model or placement is refused here, not by an IndexError on some rank after launch.
@@ -135,12 +143,15 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
     inject = None
     if args.inject_failure:
         rank_text, _, op_id = args.inject_failure.partition(":")
-        if not rank_text.isdigit() or int(rank_text) >= plan.num_ranks:
-            raise SpecError(f"--inject-failure {args.inject_failure!r}: the rank must be 0..{plan.num_ranks - 1}")
-        if op_id not in {op.id for op in plan.programs[int(rank_text)]}:
+        if not rank_text.isdigit() or int(rank_text) >= plan.world_size:
+            raise SpecError(f"--inject-failure {args.inject_failure!r}: the rank must be 0..{plan.world_size - 1}")
+        if op_id not in {op.id for op in plan.programs[plan.layout.coords(int(rank_text))[0]]}:
             raise SpecError(f"--inject-failure {args.inject_failure!r}: rank {rank_text} has no op {op_id!r}")
         inject = (int(rank_text), op_id)
     check_output_path("--out", args.out, directory=True)
+    if args.calibrate_out and plan.parallel is not None:
+        raise SpecError(f"--calibrate-out profiles whole layers on one device per pipeline rank; this plan is "
+                        f"{plan.layout.describe()} (calibrate with a pure pipeline plan)")
     if args.calibrate_out:
         check_output_path("--calibrate-out", args.calibrate_out, directory=False)
         _check_calibrate_out_is_its_own_file(args.calibrate_out, args.plan, args.out)
@@ -181,7 +192,7 @@ def _check_profile_fits(path: str, plan: Plan, topology: Topology) -> None:
     from sim.models import build_model
 
     oracle = CostOracle(build_model(plan.model), plan.microbatch_size, load_profile(path), topology)
-    for rank in range(plan.num_ranks):
+    for rank in range(plan.world_size):
         oracle.layer_costs(topology.devices[rank])  # raises SpecError for another model's profile
 
 
@@ -263,7 +274,7 @@ def choose_backend(requested: str | None, planned_devices: Sequence[str], *, cud
 
 
 def _planned_devices(plan: Plan, topology: Topology) -> list[str]:
-    return [device.name for device in topology.devices[: plan.num_ranks]]
+    return [device.name for device in topology.devices[: plan.world_size]]
 
 
 def _check_calibration_device(backend: str, num_ranks: int) -> None:
@@ -311,7 +322,7 @@ def _run(argv: list[str] | None) -> int:
                                       cuda_devices=torch.cuda.device_count() if cuda else 0)
     options = replace(options, backend=backend)
     if options.calibrate_out:
-        _check_calibration_device(backend, plan.num_ranks)
+        _check_calibration_device(backend, plan.world_size)
     if warning:
         print(warning, file=sys.stderr)
     if plan.weight_policy == "csp":
@@ -320,10 +331,11 @@ def _run(argv: list[str] | None) -> int:
         print(f"running csp plan {args.plan}: {plan.num_ranks} ranks, backend {options.backend}, "
               f"{plan.num_microbatches} subnets once")
     else:
-        print(f"running {plan.schedule} plan {args.plan}: {plan.num_ranks} ranks, backend {options.backend}, "
+        ranks = f"{plan.num_ranks} ranks" if plan.parallel is None else plan.layout.describe()
+        print(f"running {plan.schedule} plan {args.plan}: {ranks}, backend {options.backend}, "
               f"{options.warmup} warm-up + {options.iterations} measured iterations")
     sys.stdout.flush()
-    return _launch(options, argv, plan.num_ranks)
+    return _launch(options, argv, plan.world_size)
 
 
 def _run_reference(options: RunOptions, plan: Plan) -> int:

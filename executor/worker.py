@@ -3,7 +3,8 @@
 Started by the launcher (``executor.run``) through torchrun's machinery, or directly by a user's ``torchrun`` on
 several hosts; either way the rendezvous has set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT``. The plan has been checked before launch, and is checked again here against the
-world size (a user's torchrun may start any number of processes).
+world size (a user's torchrun may start any number of processes). A 3D plan runs ``plan.world_size`` processes, each
+placed, grouped and built by ``executor.parallel``.
 
 Failure (DESIGN §7): if anything raises, the rank records ``rank R failed at op X: <the op's exception>`` (and its
 traceback) in the failure directory the launcher gave it (``executor.launch.record_failure``), and leaves with
@@ -24,7 +25,6 @@ import sys
 import time
 import traceback
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -33,9 +33,9 @@ from executor.clock import measure_offsets
 from executor.interpreter import RankInterpreter
 from executor.launch import die_with_launcher, leave_worker, record_failure
 from executor.measured import RankReport
-from executor.nn.optim import make_optimizer
-from executor.nn.stages import boundary_specs, build_stage, loss_fn, synthetic_batch
+from executor.nn.stages import boundary_specs, synthetic_batch
 from executor.options import RunOptions, host_cores
+from executor.parallel import Place, build_process, make_groups, microbatch_index, save_state
 from executor.pingpong import round_trip_times
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
@@ -131,8 +131,8 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
         run_csp_plan_rank(options, plan, rank, world_size)
         return
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if plan.num_ranks != world_size:
-        raise SpecError(f"plan {options.plan_path} has {plan.num_ranks} ranks but the launcher started {world_size}")
+    if plan.world_size != world_size:
+        raise SpecError(f"plan {options.plan_path} has {plan.world_size} ranks but the launcher started {world_size}")
     if options.backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -142,23 +142,26 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     torch.set_num_threads(_threads(options, local_world_size))
     dist.init_process_group(options.backend, timeout=timedelta(seconds=options.timeout_s))
 
-    vstages = plan.placement.vstages_of(rank)
-    stages = {v: build_stage(plan.model, *plan.placement.vstage_layers[v], seed=options.seed).to(device)
-              for v in vstages}
-    optimizers = {v: make_optimizer(options.optimizer, stages[v].parameters(), options.lr) for v in vstages}
+    place = Place.of(plan.layout, rank)  # a pure pipeline: pipeline rank = rank, one replica, one shard
+    groups = make_groups(plan.layout, rank)
+    model = build_process(plan, place, groups, seed=options.seed, optimizer=options.optimizer, lr=options.lr,
+                          device=device)
+    vstages = plan.placement.vstages_of(place.pp)
     cuts = [start for start, _ in plan.placement.vstage_layers]
     specs = boundary_specs(plan.model, cuts, plan.microbatch_size)
     boundary = {v: specs[start] for v, (start, _) in enumerate(plan.placement.vstage_layers)}
     fail_at = options.inject_failure[1] if options.inject_failure and options.inject_failure[0] == rank else None
-    interpreter = RankInterpreter(plan, rank, stages, optimizers, loss_fn(plan.model), boundary, device=device,
-                                  fail_at=fail_at)
+    interpreter = RankInterpreter(plan, place.pp, model.stages, model.optimizers, model.loss, boundary, device=device,
+                                  fail_at=fail_at, peer_of=place.peer, tp_comm=model.tp_comm,
+                                  data_parallel=model.data_parallel)
     first, last = 0 in vstages, plan.num_vstages - 1 in vstages
-    m = plan.num_microbatches
+    m, replicas = plan.num_microbatches, plan.layout.dp
 
     offsets = measure_offsets(rank, world_size, device=device)
     timings, losses = [], []
     for iteration in range(options.warmup + options.iterations):
-        batches = [synthetic_batch(plan.model, plan.microbatch_size, seed=options.data_seed, index=iteration * m + j)
+        batches = [synthetic_batch(plan.model, plan.microbatch_size, seed=options.data_seed,
+                                   index=microbatch_index(iteration, j, m, place.dp, replicas))
                    for j in range(m)] if first or last else []
         inputs = [x.to(device) for x, _ in batches] if first else None
         targets = [y.to(device) for _, y in batches] if last else None
@@ -170,10 +173,7 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     sweep = p2p_sweep(rank, sweep_sizes, device=device) if options.calibrate_out and world_size > 1 else []
 
     if options.save_state:
-        Path(options.save_state).mkdir(parents=True, exist_ok=True)
-        for v in vstages:
-            torch.save({k: t.detach().cpu() for k, t in stages[v].state_dict().items()},
-                       Path(options.save_state, f"stage{v}.pt"))
+        save_state(options.save_state, plan, place, model, groups[0])
     report = RankReport(rank, device_name, torch.get_num_threads(), tuple(timings), tuple(losses))
     gathered: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
     dist.gather_object(report, gathered, dst=0)

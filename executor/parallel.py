@@ -1,0 +1,193 @@
+"""A process of a 3D plan: where it sits (pipeline rank, replica, tensor shard), its groups, its share of the data,
+what it builds, and the checks a 3D plan passes before launch.
+
+A plan's programs are its pipeline ranks; with tensor parallelism T and data parallelism D, ``plan.world_size =
+T·D·P`` processes run them, process ``layout.device(p, d, t)`` running ``plan.programs[p]`` (``sim.ir.parallel``:
+Megatron's tp-dp-pp numbering by default). Each process:
+
+* finds ``(p, d, t) = layout.coords(rank)`` (:class:`Place`);
+* creates every tensor-parallel group, then every data-parallel group, in ``layout.groups()`` order, on every
+  process (``torch.distributed.new_group`` must be called by all processes for every group, in one order), and keeps
+  its own two (:func:`make_groups`); groups of one process are not created;
+* builds its pipeline rank's vstages: whole layers from the seed as a single process would, then, under tensor
+  parallelism, its shard of each (``executor.nn.gpt_parallel``), so the T shards are the single-process model split;
+* trains on its replica's slice of each iteration's global batch: replica d runs microbatches
+  ``iteration·D·m + d·m + j`` (j < m) of :func:`executor.nn.stages.synthetic_batch`, i.e. samples
+  ``d·m·b … (d+1)·m·b − 1`` of the iteration's D·m·b, the very batches single-process training on the global batch
+  uses (:func:`microbatch_index`);
+* exchanges activations with the process of the neighbouring pipeline rank in the same replica and shard
+  (:meth:`Place.peer`).
+
+Not supported, and refused before launch (:func:`check_parallel`): sequence parallelism, tensor parallelism of a
+model other than ``gpt`` (the sharded layers exist for it only), data parallelism with a schedule that updates per
+microbatch (weight stashing), and ``--calibrate-out`` (a profile times one device's whole layers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from sim.core.errors import SpecError
+from sim.core.spec import parse_spec
+from sim.ir.parallel import Parallelism
+from sim.ir.plan import Plan
+
+__all__ = ["Place", "make_groups", "microbatch_index", "check_parallel", "build_process", "save_state",
+           "ProcessModel"]
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one process sits in a plan's layout.
+
+    Attributes:
+        rank: its global rank.
+        pp: pipeline rank (the program it runs).
+        dp: data-parallel replica.
+        tp: tensor-parallel shard.
+        layout: the plan's layout.
+    """
+
+    rank: int
+    pp: int
+    dp: int
+    tp: int
+    layout: Parallelism
+
+    @classmethod
+    def of(cls, layout: Parallelism, rank: int) -> Place:
+        return cls(rank, *layout.coords(rank), layout)
+
+    def peer(self, pipeline_rank: int) -> int:
+        """The global rank of ``pipeline_rank`` in this process's replica and shard (a SEND/RECV's peer)."""
+        return self.layout.device(pipeline_rank, self.dp, self.tp)
+
+
+def microbatch_index(iteration: int, j: int, m: int, replica: int, replicas: int) -> int:
+    """Which synthetic microbatch replica ``replica`` of ``replicas`` runs as its ``j``-th of ``m`` in
+    ``iteration``: ``iteration·D·m + replica·m + j`` (module docstring)."""
+    return (iteration * replicas + replica) * m + j
+
+
+def make_groups(layout: Parallelism, rank: int) -> tuple[Any, Any]:
+    """Create every tensor- and data-parallel group (collectively: every process must call this) and return this
+    process's ``(tp group, dp group)``; ``None`` for a dimension of size 1."""
+    mine: list[Any] = [None, None]
+    for index, kind in enumerate(("tp", "dp")):
+        for members in layout.groups()[kind]:
+            if len(members) > 1:
+                group = dist.new_group(members)
+                if rank in members:
+                    mine[index] = group
+    return mine[0], mine[1]
+
+
+def check_parallel(plan: Plan) -> None:
+    """What the executor cannot run of a 3D plan, refused before launch (module docstring).
+
+    Raises:
+        SpecError: naming the feature and the plan's value.
+    """
+    layout = plan.layout
+    if layout.sequence_parallel:
+        raise SpecError(f"the executor does not implement sequence parallelism (plan: {layout.describe()}); "
+                        f"simulate it with sim.run, run the plan without --sequence-parallel")
+    model = parse_spec(plan.model)[0]
+    if layout.tp > 1 and model != "gpt":
+        raise SpecError(f"tensor parallelism (tp = {layout.tp}) is implemented for gpt only, not {model!r}")
+    if layout.dp > 1 and plan.weight_policy != "flush":
+        raise SpecError(f"data parallelism (dp = {layout.dp}) runs schedules that update once per iteration; "
+                        f"{plan.schedule} has {plan.weight_policy!r} weights")
+
+
+@dataclass
+class ProcessModel:
+    """What one process trains: its vstages, their optimizers, the loss, and its parallel helpers.
+
+    Attributes:
+        stages: vstage → module (a tensor shard of it under tensor parallelism).
+        optimizers: vstage → what the interpreter's OPT_STEP steps.
+        loss: ``(last stage's output, targets) -> scalar``.
+        tp_comm: the tensor-parallel group's clock, or ``None``.
+        data_parallel: the :class:`executor.data_parallel.DataParallel`, or ``None``.
+    """
+
+    stages: dict[int, nn.Module]
+    optimizers: dict[int, Any]
+    loss: Callable[..., torch.Tensor]
+    tp_comm: Any = None
+    data_parallel: Any = None
+
+
+def build_process(plan: Plan, place: Place, groups: tuple[Any, Any], *, seed: int, optimizer: str,
+                  lr: float | None, device: torch.device) -> ProcessModel:
+    """Build the process's vstages (sharded under tensor parallelism), optimizers (sharded under ZeRO-1) and loss."""
+    from executor.nn.optim import make_optimizer
+    from executor.nn.stages import Stage, build_stage, loss_fn
+
+    layout = plan.layout
+    vstages = plan.placement.vstages_of(place.pp)
+    stages: dict[int, nn.Module] = {}
+    comm, loss = None, loss_fn(plan.model)
+    if layout.tp > 1:
+        from executor.nn.gpt_parallel import parallel_loss, shard_layer
+        from executor.nn.tensor_parallel import TensorParallelComm
+
+        sync = torch.cuda.synchronize if device.type == "cuda" else None
+        comm = TensorParallelComm(groups[0], layout.tp, place.tp, sync=sync)
+        values = {key: int(value) for key, value in parse_spec(plan.model)[1].items()}
+        for v in vstages:
+            whole = build_stage(plan.model, *plan.placement.vstage_layers[v], seed=seed)
+            layers = {name: shard_layer(layer, values, comm) for name, layer in whole.layers.items()}
+            stages[v] = Stage(whole.spec, whole.start, layers)
+        loss = parallel_loss(values, comm)
+    else:
+        stages = {v: build_stage(plan.model, *plan.placement.vstage_layers[v], seed=seed) for v in vstages}
+    stages = {v: stage.to(device) for v, stage in stages.items()}
+    if layout.dp > 1:
+        from executor.data_parallel import DataParallel
+
+        dp = DataParallel(stages, groups[1], layout.dp, place.dp, zero=layout.zero, optimizer=optimizer, lr=lr)
+        return ProcessModel(stages, dp.optimizers, loss, comm, dp)
+    return ProcessModel(stages, {v: make_optimizer(optimizer, stages[v].parameters(), lr) for v in vstages}, loss,
+                        comm)
+
+
+def save_state(directory: str, plan: Plan, place: Place, model: ProcessModel, tp_group: Any) -> None:
+    """``--save-state``: every vstage's whole parameters as ``stage<v>.pt``, named as a single process names them.
+
+    Replica 0 saves (the replicas hold the same parameters); under tensor parallelism its shards are gathered to
+    shard 0 (collectively: every process of the replica's tensor-parallel group must call this), which saves.
+    """
+    if place.dp != 0:
+        return
+    for v, stage in sorted(model.stages.items()):
+        state = {key: tensor.detach().cpu() for key, tensor in stage.state_dict().items()}
+        if plan.layout.tp > 1:
+            from executor.nn.gpt_parallel import unshard_state
+
+            shards: list[Any] = [None] * plan.layout.tp
+            dist.all_gather_object(shards, state, group=tp_group)
+            if place.tp != 0:
+                continue
+            state = _unshard_stage(shards, int(parse_spec(plan.model)[1]["vocab"]), unshard_state)
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        torch.save(state, Path(directory, f"stage{v}.pt"))
+
+
+def _unshard_stage(shards: list[Mapping[str, torch.Tensor]], vocab: int, unshard) -> dict[str, torch.Tensor]:
+    """A stage's state dict (``layers.<layer>.<param>``) from its shards', layer by layer."""
+    layers = sorted({key.split(".")[1] for key in shards[0]})
+    state: dict[str, torch.Tensor] = {}
+    for layer in layers:
+        prefix = f"layers.{layer}."
+        parts = [{k[len(prefix):]: t for k, t in shard.items() if k.startswith(prefix)} for shard in shards]
+        state.update({prefix + key: tensor for key, tensor in unshard(parts, vocab).items()})
+    return state

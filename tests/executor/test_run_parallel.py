@@ -1,0 +1,95 @@
+"""``executor.run`` on 3D plans, real gloo processes: tensor parallelism (TP 2), data parallelism (DP 2, with ZeRO-1),
+and each combined with a pipeline of 2, train like one process on the global batch, and their traces and
+``compare.json`` show the collectives as ops of their own.
+
+Tolerances. Data parallelism over 2 replicas is bitwise single-process training as
+``executor.reference.train_reference(replicas=2)`` writes it: the same microbatches in the same order per replica,
+and a two-process all-reduce (or reduce-scatter) adds the same two sums, in either order the same float. Adam's
+elementwise update on a ZeRO slice is the same arithmetic element by element. Tensor parallelism is not bitwise:
+the row-parallel Linears sum partial products across shards and the vocabulary-parallel cross entropy shifts and
+sums its exponentials per shard, a different rounding from one matmul and one softmax. With SGD (linear in the
+gradient) three steps differ by ~4e-9 here; the tolerance 1e-7 is the pipeline tests' (``test_run.py``), and the
+weights move more than 100 times that.
+"""
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from executor.reference import train_reference
+from sim.ir.plan import Plan
+from sim.report.chrome_trace import read_chrome_trace
+from sim.run import main as sim_main
+from tests.executor.runs import assert_state_equals, execute, merged_state
+
+# The reference runs with one intra-op thread, as the workers do (--threads 1): a CPU kernel's sums may depend on it.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# Vocabulary 51: the two vocabulary shards are padded to 26 rows each.
+SPEC = "gpt:heads=2,hidden=32,layers=2,seq=8,vocab=51"
+WARMUP, ITERATIONS = 1, 2
+
+# name, devices, sim.run flags, optimizer, data-parallel replicas, microbatches per replica, atol (None: bitwise)
+CASES = [
+    ("tp2", 2, ["--tp", "2", "-m", "2"], "sgd", 1, 2, 1e-7),
+    ("tp2-pp2", 4, ["--tp", "2", "--pp", "2", "-m", "2"], "sgd", 1, 2, 1e-7),
+    ("dp2", 2, ["--dp", "2", "--global-batch", "4"], "adam", 2, 2, None),
+    ("dp2-zero1", 2, ["--dp", "2", "--global-batch", "4", "--zero", "1"], "adam", 2, 2, None),
+    ("dp2-pp2", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4"], "adam", 2, 2, None),
+]
+
+
+@pytest.mark.parametrize("name,devices,flags,optimizer,replicas,m,atol", CASES, ids=[c[0] for c in CASES])
+def test_a_3d_plan_trains_like_one_process_on_the_global_batch(tmp_path, name, devices, flags, optimizer,
+                                                               replicas, m, atol):
+    assert sim_main(["--topology", f"{devices}xcpu", "--model", SPEC, "--partition", "uniform", "--no-gantt",
+                     "--out", str(tmp_path / "sim"), *flags]) == 0
+    plan_path = tmp_path / "sim" / "plan.json"
+    plan = Plan.loads(plan_path.read_text())
+    assert plan.world_size == devices and plan.num_microbatches == m
+    out, state = tmp_path / "real", tmp_path / "state"
+    result = execute(plan_path, out, "--warmup", str(WARMUP), "--iterations", str(ITERATIONS), "--optimizer",
+                     optimizer, "--save-state", str(state), "--no-gantt", "--threads", "1")
+    assert result.returncode == 0, result.stderr
+
+    reference = train_reference(SPEC, steps=WARMUP + ITERATIONS, num_microbatches=m, microbatch_size=1,
+                                optimizer=optimizer, replicas=replicas)
+    merged = merged_state(state, plan.num_vstages)
+    losses = json.loads((out / "metrics.json").read_text())["measurement"]["losses"]
+    if atol is None:
+        assert sorted(merged) == sorted(reference.state)
+        for key, value in reference.state.items():
+            assert torch.equal(merged[key], value), key
+        assert [tuple(step) for step in losses] == list(reference.losses)
+    else:
+        assert_state_equals(merged, reference.state, spec=SPEC, atol=atol)
+        for got, want in zip(losses, reference.losses, strict=True):
+            assert got == pytest.approx(list(want), rel=1e-6)
+
+    # One trace row per process; each ran its pipeline rank's whole program once.
+    trace = read_chrome_trace(out / "trace.json")
+    layout = plan.layout
+    assert trace.num_ranks == devices and trace.meta["coords_of_rank"] == [list(layout.coords(r))
+                                                                           for r in range(devices)]
+    expected = Counter((r, op.id) for r in range(devices) for op in plan.programs[layout.coords(r)[0]])
+    assert Counter((s.rank, s.op) for s in trace.spans) == expected
+    # A TP span starts where its compute op's span ends: the op's time, split at the collectives' share.
+    spans = {(s.rank, s.op): s for s in trace.spans}
+    for span in trace.spans:
+        if span.kind.startswith("TP_"):
+            sources = {"TP_F": ("F",), "TP_R": ("R",), "TP_B": ("B", "I")}[span.kind]
+            source = next(spans[(span.rank, span.op.replace(span.kind, k))] for k in sources
+                          if (span.rank, span.op.replace(span.kind, k)) in spans)
+            assert source.end == pytest.approx(span.start, abs=1e-9) and span.end > span.start
+    # compare.json: predicted and measured means of every kind that ran, the collectives among them.
+    compare = json.loads((out / "compare.json").read_text())
+    kinds = {op.kind.value for program in plan.programs for op in program}
+    collectives = kinds & {"TP_F", "TP_B", "REDUCE_GRAD", "GATHER_PARAMS"}
+    assert collectives == ({"TP_F", "TP_B"} if layout.tp > 1 else set()) | (
+        {"REDUCE_GRAD"} | ({"GATHER_PARAMS"} if layout.zero else set()) if layout.dp > 1 else set())
+    for kind in kinds:
+        assert compare["ops"][kind]["predicted_mean_s"] > 0 and compare["ops"][kind]["measured_mean_s"] > 0, kind
+    assert compare["parallel"]["measured_rows"] == devices
+    assert compare["parallel"]["predicted_rows"] == layout.pp  # identical replicas: one simulated
