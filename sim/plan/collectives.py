@@ -36,7 +36,8 @@ def add_collectives(plan: Plan) -> Plan:
     unchanged).
 
     Raises:
-        SpecError: data parallelism with per-microbatch updates (``stash``), which this pass does not model.
+        SpecError: ZeRO-1 or overlapped reduction with per-microbatch updates (``stash``), or data parallelism with
+            a weight policy this pass does not know.
     """
     if plan.level != "L1":
         raise ValueError(f"add_collectives() takes an L1 plan, got level {plan.level}")
@@ -44,9 +45,14 @@ def add_collectives(plan: Plan) -> Plan:
     if layout.tp > 1:
         plan = _add_tensor_parallel(plan)
     if layout.dp > 1:
+        if plan.weight_policy == "stash":
+            if layout.zero or layout.grad_overlap:
+                raise SpecError(f"{'--zero 1' if layout.zero else '--grad-overlap'} is modelled for schedules that "
+                                f"update once per iteration, not {plan.schedule}, which updates after every "
+                                f"microbatch")
+            return _add_stash_reductions(plan)
         if plan.weight_policy != "flush":
-            raise SpecError(f"data parallelism (--dp {layout.dp}) is modelled for schedules that update once per "
-                            f"iteration, not {plan.schedule} ({plan.weight_policy} weights)")
+            raise SpecError(f"data parallelism (--dp {layout.dp}) is not modelled for {plan.weight_policy} plans")
         plan = _add_data_parallel(plan, layout.zero, layout.grad_overlap)
     return plan
 
@@ -101,6 +107,26 @@ def _add_data_parallel(plan: Plan, zero: int, overlap: bool) -> Plan:
         tail = [Op(op.kind, op.vstage, deps=(last_grad[op.vstage],)) if op.kind is OpKind.REDUCE_GRAD else op
                 for op in tail]
         programs.append(tuple(body + tail))
+    return plan.with_programs(tuple(programs), level="L1")
+
+
+def _add_stash_reductions(plan: Plan) -> Plan:
+    """PipeDream with replicated stages (Narayanan et al., SOSP'19 §3.2): every update of a stage is preceded by the
+    all-reduce of that microbatch's gradient across the stage's replicas, so the replicas keep one weight version
+    sequence; a REDUCE_GRAD of (vstage, mb) before each OPT_STEP of (vstage, mb), which waits for it."""
+    programs = []
+    for program in plan.programs:
+        out: list[Op] = []
+        producer: dict[tuple[int, int | None], str] = {}
+        for op in program:
+            if op.kind in (OpKind.B, OpKind.W):
+                producer[(op.vstage, op.mb)] = op_id(op.kind, op.vstage, op.mb)
+            if op.kind is OpKind.OPT_STEP:
+                reduce = Op(OpKind.REDUCE_GRAD, op.vstage, op.mb, deps=(producer[(op.vstage, op.mb)],))
+                out.append(reduce)
+                op = Op(op.kind, op.vstage, op.mb, op.peer, op.pair, (*op.deps, reduce.id))
+            out.append(op)
+        programs.append(tuple(out))
     return plan.with_programs(tuple(programs), level="L1")
 
 

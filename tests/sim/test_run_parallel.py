@@ -62,7 +62,8 @@ def test_a_3d_run_writes_its_layout_everywhere(tmp_path, capsys):
     (["--tp", "2", "--model", "uniform:layers=8", "--microbatches", "4"], "tensor parallelism is modelled for gpt"),
     (["--rank-order", "pp-tp", "--microbatches", "4"], "--rank-order must be one of"),
     (["--sequence-parallel", "--microbatches", "4"], "--sequence-parallel shards activations"),
-    (["--dp", "2", "--schedule", "pipedream", "--microbatches", "4"], "data parallelism (--dp 2) is modelled for"),
+    (["--dp", "2", "--zero", "1", "--schedule", "pipedream", "--microbatches", "4"],
+     "--zero 1 is modelled for schedules that update once per iteration, not pipedream"),
     (["--tp", "3", "--pp", "2", "--microbatches", "4"], "heads"),
 ])
 def test_bad_layouts_are_one_error_line_and_status_2(tmp_path, capsys, args, needle):

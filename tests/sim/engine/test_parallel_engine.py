@@ -67,6 +67,7 @@ CASES = [
     ("2x8xA100", {"tp": 2, "dp": 2, "pp": 4}, "interleaved", 2),
     ("2x8xA100", {"tp": 1, "dp": 4, "pp": 4, "rank_order": "dp-tp-pp"}, "zb1p", 1),
     ("16xV100", {"tp": 2, "dp": 4, "pp": 2, "zero": 1}, "gpipe", 1),
+    ("4x4xV100-PCIE", {"dp": 4, "pp": 4}, "pipedream", 1),
 ]
 
 

@@ -69,9 +69,19 @@ def test_zero_bubble_splits_keep_their_weight_half_on_the_input_half():
                 assert op.deps[0].endswith("W3")  # the vstage's last weight gradient
 
 
-def test_data_parallel_with_weight_stashing_is_refused():
-    with pytest.raises(SpecError, match=r"data parallelism \(--dp 2\) is modelled for schedules that update once"):
-        build_plan(PlanInputs("uniform:layers=4", "8xideal", "pipedream", microbatches=4, dp=2, pp=4))
+def test_pipedream_replicas_reduce_every_microbatch_before_its_update():
+    # PipeDream's replicated stages (SOSP'19 §3.2): each update is preceded by the all-reduce of its gradient.
+    plan = build_plan(PlanInputs("uniform:layers=2", "8xideal", "pipedream", microbatches=2, dp=2, pp=2)).plan
+    assert _text(plan)[1] == ("1RECV_F0<0SEND_F0> 1F0<1RECV_F0> 1B0 1SEND_B0<1B0> 1REDUCE_GRAD0<1B0> "
+                              "1OPT_STEP0<1REDUCE_GRAD0> 1RECV_F1<0SEND_F1> 1F1<1RECV_F1> 1B1 1SEND_B1<1B1> "
+                              "1REDUCE_GRAD1<1B1> 1OPT_STEP1<1REDUCE_GRAD1>")
+
+
+@pytest.mark.parametrize(("flag", "value"), [("zero", 1), ("grad_overlap", True)])
+def test_zero_and_overlap_with_weight_stashing_are_refused(flag, value):
+    with pytest.raises(SpecError, match=r"is modelled for schedules that update once per iteration, not pipedream"):
+        build_plan(PlanInputs("uniform:layers=4", "8xideal", "pipedream", microbatches=4, dp=2, pp=4,
+                              **{flag: value}))
 
 
 @pytest.mark.parametrize(("schedule", "chunks"), [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb1p", 1)])
