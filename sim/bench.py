@@ -32,7 +32,11 @@ read on a shared machine, where wall time includes waiting for a core); then, on
 simulated (``simulate_all``), and whether the two iteration times agree (the symmetry argument of
 ``sim.cost.model.replica_views``). Last line ``ratio: X`` = the full simulation's time ÷ the symmetric one's.
 
-Measured on the project's 2-core development machine while other jobs ran (load average 5; medians of 3)::
+``--3d`` on the same machine, idle (two runs, medians of 3): build 0.36 / 0.39 s, predict 1.30 / 1.55 s, total 1.65 /
+1.94 s; every replica simulated 5.6 / 5.8 s, the same iteration time (ratio 4.3 / 3.7).
+
+``--partition`` measured on the project's 2-core development machine while other jobs ran (load average 5; medians
+of 3)::
 
     uniform:layers=10000 on 64xideal, 64 stages: model 0.5 s, layer costs 0.0021 s, balanced 0.23 s
     gpt:layers=10000 on 8x8xA100, 64 stages: model 0.34 s, layer costs 0.2 s, balanced 0.34 s
