@@ -28,8 +28,8 @@ costs at most as much again as SimPy itself.
 ``gpt:layers=96,hidden=12288,heads=96,seq=2048``, TP 2 × DP 8 × PP 32, global batch 1536 of microbatch size 2, 1F1B
 with recomputation: the seconds to build it (``sim.plan.build``) and to predict it (``sim.predict``: routes,
 collective costs, the engine), target under 5 s on one core (the process's CPU time is printed too, the figure to
-read on a shared machine, where wall time includes waiting for a core); then, once, the same prediction with every replica
-simulated (``simulate_all``), and whether the two iteration times agree (the symmetry argument of
+read on a shared machine, where wall time includes waiting for a core); then, once, the same prediction with every
+replica simulated (``simulate_all``), and whether the two iteration times agree (the symmetry argument of
 ``sim.cost.model.replica_views``). Last line ``ratio: X`` = the full simulation's time ÷ the symmetric one's.
 
 ``--3d`` on the same machine, idle (two runs, medians of 3): build 0.36 / 0.39 s, predict 1.30 / 1.55 s, total 1.65 /

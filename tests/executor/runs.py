@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from executor.interpreter import RankInterpreter
@@ -84,3 +85,18 @@ def run_single_rank(plan, steps, optimizer):
         records, step_losses = interpreter.run_iteration([x for x, _ in batches], [y for _, y in batches])
         losses.append(tuple(step_losses))
     return stage, losses, records
+
+
+def refused(capsys, plan: Path, out: Path, *extra: str) -> str:
+    """Run ``executor.run`` on ``plan`` in-process and check it is refused before launch: exit status 2, one
+    ``error:`` line, nothing written to ``out``; returns the line."""
+    from executor.run import main as executor_main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        executor_main(["--plan", str(plan), "--out", str(out), *extra])
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+    return err

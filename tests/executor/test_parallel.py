@@ -10,13 +10,12 @@ from executor.nn.optim import make_optimizer
 from executor.nn.stages import boundary_specs, build_stage, loss_fn, synthetic_batch
 from executor.parallel import Place, microbatch_index
 from executor.reference import train_reference
-from executor.run import main as executor_main
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import TP_KINDS, OpKind
 from sim.plan.build import PlanInputs, build_plan
 from sim.plan.validate import PlanError
 from sim.run import main as sim_main
-from tests.executor.runs import SPEC, edited_plan
+from tests.executor.runs import SPEC, edited_plan, refused
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -67,7 +66,7 @@ def test_a_tp_span_is_the_collective_time_cut_from_the_end_of_its_compute_op(sec
                 assert before.end == before.start
 
 
-def test_a_tp_op_away_from_its_compute_op_or_without_a_group_is_refused():
+def test_a_tp_op_away_from_its_compute_op_or_without_a_group_isrefused():
     plan = _tp_plan()
     program = list(plan.programs[0])
     index = next(i for i, op in enumerate(program) if op.kind is OpKind.TP_F)
@@ -115,17 +114,6 @@ def plans(tmp_path_factory):
     return made
 
 
-def _refused(capsys, plan, out, *extra) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as info:
-        executor_main(["--plan", str(plan), "--out", str(out), *extra])
-    err = capsys.readouterr().err
-    assert info.value.code == 2, err
-    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
-    assert not out.exists()
-    return err
-
-
 @pytest.mark.parametrize("name,edit,extra,message", [
     # 4 processes needed, 2 devices in the topology: refused, nothing launched.
     ("tp2pp2", lambda d: d.update(topology="2xcpu"), (),
@@ -142,4 +130,4 @@ def test_3d_plans_the_executor_cannot_run_are_refused_before_launch(tmp_path, ca
                                                                     message):
     plan = plans[name] if edit is None else edited_plan(plans[name], tmp_path / "edited.json", edit)
     extra = [arg.format(tmp=tmp_path) for arg in extra]
-    assert message in _refused(capsys, plan, tmp_path / "out", *extra)
+    assert message in refused(capsys, plan, tmp_path / "out", *extra)

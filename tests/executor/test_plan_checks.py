@@ -6,22 +6,10 @@ import json
 
 import pytest
 
-from executor.run import main as executor_main
 from tests.executor.conftest import ROOT
-from tests.executor.runs import edited_plan, sim_plan
+from tests.executor.runs import edited_plan, refused, sim_plan
 
 OTHER_PROFILE = ROOT / "profiles" / "measured" / "cpu-gpt8.json"
-
-
-def _refused(capsys, plan, out, *extra) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as info:
-        executor_main(["--plan", str(plan), "--out", str(out), *extra])
-    err = capsys.readouterr().err
-    assert info.value.code == 2, err
-    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
-    assert not out.exists()
-    return err
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +28,17 @@ def plan(tmp_path_factory):
 ])
 def test_an_edited_plan_is_refused_before_launch(tmp_path, capsys, plan, edit, message):
     bad = edited_plan(plan, tmp_path / "bad.json", edit)
-    assert message in _refused(capsys, bad, tmp_path / "out")
+    assert message in refused(capsys, bad, tmp_path / "out")
 
 
 def test_a_profile_for_another_model_is_refused_before_launch(tmp_path, capsys, plan):
     other = json.loads(OTHER_PROFILE.read_text())
     assert other["model"] != json.loads(plan.read_text())["model"] and other["device"] == "cpu"
-    err = _refused(capsys, plan, tmp_path / "out", "--profile", str(OTHER_PROFILE))
+    err = refused(capsys, plan, tmp_path / "out", "--profile", str(OTHER_PROFILE))
     assert "was measured for" in err
 
 
 @pytest.mark.parametrize("flag,value", [("--lr", "inf"), ("--lr", "nan"), ("--lr", "-1"), ("--timeout", "inf"),
                                         ("--timeout", "0")])
-def test_options_that_are_not_usable_numbers_are_refused(tmp_path, capsys, plan, flag, value):
-    assert f"{flag} must be a finite number" in _refused(capsys, plan, tmp_path / "out", flag, value)
+def test_options_that_are_not_usable_numbers_arerefused(tmp_path, capsys, plan, flag, value):
+    assert f"{flag} must be a finite number" in refused(capsys, plan, tmp_path / "out", flag, value)
