@@ -48,6 +48,12 @@ def _pipedream_vs_dp(argv: list[str]) -> int:
     return pipedream_vs_dp.main(argv)
 
 
+def _vtrain(argv: list[str]) -> int:
+    from experiments import vtrain
+
+    return vtrain.main(argv)
+
+
 def _sim_vs_real(argv: list[str]) -> int:
     from experiments import sim_vs_real  # imported on demand: it needs torch, others may not
 
@@ -74,6 +80,9 @@ EXPERIMENTS: dict[str, Experiment] = {
     "pipedream_vs_dp": Experiment("pipedream_vs_dp", "the best pipeline plan vs pure data parallelism for VGG-16, "
                                   "a GPT and a small CNN on 16 V100s over 10 GbE, 25 GbE and NVSwitch, simulated, "
                                   "beside PipeDream's speedups", _pipedream_vs_dp, out="runs/pipedream_vs_dp"),
+    "vtrain": Experiment("vtrain", "the simulator against vTrain's 1,440 third-party Megatron-DeepSpeed runs on 2-8 "
+                         "A100s, per (TP, DP, PP) group, on a seeded held-out half, and how it ranks configurations",
+                         _vtrain, out="runs/vtrain"),
     "sim_vs_real": Experiment("sim_vs_real", "simulator fidelity: predicted vs measured iteration time on 2 CPU "
                               "ranks, gpipe and 1f1b x 4/8/16 microbatches, calibrated profile", _sim_vs_real,
                               out="runs/sim_vs_real"),

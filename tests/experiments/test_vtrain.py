@@ -1,0 +1,73 @@
+"""``experiments.run vtrain``: the data, the seeded split, the rank correlation, and that a row is predicted by the
+product's own path."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from experiments.run import main as run_main
+from experiments.vtrain import DATA, Run, load_runs, predict_run, spearman, split_runs
+from sim.core.errors import SpecError
+from sim.run import main as sim_main
+
+
+def test_the_shipped_data_is_vtrains_1440_runs():
+    runs = load_runs(DATA)
+    assert len(runs) == 1440
+    assert {run.gpus for run in runs} == {2, 4, 8}
+    assert all(run.tp * run.dp * run.pp == run.gpus for run in runs)
+    assert all(run.global_batch % (run.microbatch * run.dp) == 0 for run in runs)
+
+
+def test_the_split_is_seeded_and_half_each():
+    runs = load_runs(DATA)
+    first, again, other = split_runs(runs, 0), split_runs(runs, 0), split_runs(runs, 1)
+    assert first == again and first != other
+    assert first.count("fit") == first.count("held-out") == 720
+
+
+@pytest.mark.parametrize(("xs", "ys", "rho"), [
+    ([1, 2, 3, 4], [10, 20, 30, 40], 1.0),
+    ([1, 2, 3, 4], [4, 3, 2, 1], -1.0),
+    # 1 - 6·Σd²/(n(n²-1)) with d = (0, 0, 1, -1): 1 - 12/60
+    ([1, 2, 3, 4], [1, 2, 4, 3], 0.8),
+    # ties take average ranks: x ranks (0.5, 0.5, 2), y ranks (0, 1, 2); Pearson of those is √3/2
+    ([5, 5, 7], [1, 2, 3], 3 ** 0.5 / 2),
+])
+def test_spearman_against_closed_forms(xs, ys, rho):
+    assert spearman(xs, ys) == pytest.approx(rho, abs=1e-12)
+
+
+def test_a_malformed_file_is_refused_by_name(tmp_path):
+    bad = tmp_path / "runs.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(SpecError, match="does not have vTrain's columns"):
+        load_runs(bad)
+    bad.write_text(DATA.read_text().splitlines()[0] + "\n2,16,8,1024,16,24,1024,1,1,two,372.1\n")
+    with pytest.raises(SpecError, match="line 2 is not a run"):
+        load_runs(bad)
+
+
+def test_a_run_is_predicted_as_sim_run_predicts_its_plan(tmp_path, capsys):
+    run = Run(gpus=8, global_batch=32, microbatch=4, hidden=1024, heads=16, layers=24, seq=1024, tp=2, dp=2, pp=2,
+              measured_s=0.2197)
+    assert sim_main(["--topology", "8xA100", "--model", run.model, "--tp", "2", "--dp", "2", "--pp", "2",
+                     "--global-batch", "32", "--microbatch-size", "4", "--recompute", "--ignore-memory", "--no-gantt",
+                     "--out", str(tmp_path / "sim")]) == 0
+    metrics = json.loads((tmp_path / "sim" / "metrics.json").read_text())
+    assert predict_run(run) == metrics["iteration_time_s"]
+
+
+def test_quick_writes_every_run_with_its_split_and_error(tmp_path, capsys):
+    assert run_main(["vtrain", "--quick", "--out", str(tmp_path / "v")]) == 0
+    out = capsys.readouterr().out
+    assert "held-out over" in out and "ranking" in out
+    rows = list(csv.DictReader((tmp_path / "v" / "vtrain.csv").open()))
+    assert len(rows) == 48 and {row["split"] for row in rows} == {"fit", "held-out"}
+    for row in rows[:3]:
+        assert float(row["error"]) == pytest.approx(float(row["predicted_s"]) / float(row["measured_s"]) - 1,
+                                                    abs=1e-6)
+    assert (tmp_path / "v" / "vtrain.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
