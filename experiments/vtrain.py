@@ -29,7 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.core.errors import SpecError, fail
+from sim.core.errors import SpecError
 from sim.core.fileio import read_text, write_bytes_atomic, write_text_atomic
 from sim.plan.build import PlanInputs, build_plan
 from sim.predict import predict
@@ -242,6 +242,3 @@ def main(argv: list[str]) -> int:
     print(f"wrote {out}/{{vtrain.csv, vtrain.png}}")
     return 0
 
-
-if __name__ == "__main__":  # pragma: no cover - run through experiments.run
-    fail("run it as: python -m experiments.run vtrain")
