@@ -1,0 +1,263 @@
+"""The kernel inventory against closed forms from the papers and tensor sizes written from the architecture.
+
+Oracles: Narayanan et al. 2021 §5.1 (forward GEMM FLOPs 24·b·s·h² + 4·b·s²·h per block, 2·b·s·h·V for the logits,
+backward twice the forward, full recompute one more forward); Korthikanti et al. 2022 §4 (which tensors each
+memory-bound kernel reads and writes, 1-byte dropout masks, what tensor and sequence parallelism split) and §5
+(selective recompute re-runs the attention core); FlashAttention (no b·a·s² tensor, backward 2.5× the forward's
+FLOPs); GPT-2 small's published per-block parameter count.
+"""
+
+import pytest
+
+from sim.core.errors import SpecError
+from sim.cost.kernels import (
+    KINDS,
+    block_kernels,
+    block_parameters,
+    embedding_kernels,
+    head_kernels,
+    layer_step_kernels,
+    optimizer_kernels,
+)
+
+# (b, s, h, a, t): small, GPT-2-like, vTrain-like and GPT-3 175B-like shards
+SHAPES = [(1, 128, 64, 4, 1), (2, 1024, 768, 12, 1), (4, 2048, 1024, 16, 2), (1, 2048, 2048, 16, 4),
+          (1, 2048, 12288, 96, 8)]
+
+
+def block(b, s, h, a, t, sp=False, backward=False, db=2, flash=False):
+    return block_kernels(b, s, h, a, t, sequence_parallel=sp, backward=backward, dtype_bytes=db, flash=flash)
+
+
+def gemm_flops(kernels):
+    return sum(k.flops for k in kernels if k.kind == "gemm")
+
+
+def by_name(kernels):
+    named = {k.name: k for k in kernels}
+    assert len(named) == len(kernels), "kernel names are unique within a pass"
+    return named
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("b, s, h, a, t", SHAPES)
+def test_block_gemm_flops_are_narayanans_closed_form_and_backward_is_twice(b, s, h, a, t, sp):
+    forward = (24 * b * s * h * h + 4 * b * s * s * h) / t
+    assert gemm_flops(block(b, s, h, a, t, sp)) == forward
+    assert gemm_flops(block(b, s, h, a, t, sp, backward=True)) == 2 * forward
+    # flash: the attention core's FLOPs move into one kernel, the backward recomputes the scores (5 matmuls vs 2)
+    flash_fwd, flash_bwd = block(b, s, h, a, t, sp, flash=True), block(b, s, h, a, t, sp, backward=True, flash=True)
+    attention = 4 * b * s * s * h / t
+    assert sum(k.flops for k in flash_fwd if k.kind == "attention") == attention
+    assert gemm_flops(flash_fwd) == forward - attention
+    assert sum(k.flops for k in flash_bwd if k.kind == "attention") == 2.5 * attention
+    assert gemm_flops(flash_bwd) == 2 * (forward - attention)
+
+
+@pytest.mark.parametrize("b, s, h, a, t", SHAPES)
+def test_every_gemm_shape_multiplies_back_to_its_flops_and_moves_at_least_its_operands(b, s, h, a, t):
+    for backward in (False, True):
+        gemms = [k for k in block(b, s, h, a, t, backward=backward) if k.gemm is not None]
+        assert gemms and all(k.kind == "gemm" for k in gemms)
+        for k in gemms:
+            m, n, kk = k.gemm
+            assert k.flops == 2 * k.batch * m * n * kk, k.name
+            assert k.bytes >= 2 * k.batch * (m * kk + kk * n + m * n), k.name
+
+
+def test_forward_gemm_shapes_are_megatrons_column_and_row_parallel_linears():
+    b, s, h, a, t = 2, 512, 1024, 16, 4
+    tokens, d = b * s, h // a
+    shapes = {k.name: (k.gemm, k.batch) for k in block(b, s, h, a, t) if k.kind == "gemm"}
+    assert shapes == {
+        "qkv": ((tokens, 3 * h // t, h), 1),  # column-parallel: output split
+        "attention_scores": ((s, s, d), b * a // t),  # Q·Kᵀ per local head
+        "attention_over_values": ((s, d, s), b * a // t),
+        "attention_output": ((tokens, h, h // t), 1),  # row-parallel: input split
+        "mlp_up": ((tokens, 4 * h // t, h), 1),
+        "mlp_down": ((tokens, h, 4 * h // t), 1),
+    }
+    backward = {k.name: k.gemm for k in block(b, s, h, a, t, backward=True) if k.kind == "gemm"}
+    for name in ("qkv", "attention_output", "mlp_up", "mlp_down"):
+        m, n, kk = shapes[name][0]  # Y[M×N] = X[M×K]·W[K×N]
+        assert backward[name + "_dgrad"] == (m, kk, n)  # dX = dY·Wᵀ
+        assert backward[name + "_wgrad"] == (kk, n, m)  # dW = Xᵀ·dY
+
+
+def test_forward_runs_megatrons_pre_ln_block_in_order_and_backward_reverses_it():
+    kinds = [k.kind for k in block(1, 256, 256, 4, 2)]
+    assert kinds == ["norm", "gemm", "gemm", "softmax", "dropout", "gemm", "gemm", "dropout", "norm", "gemm",
+                     "elementwise", "gemm", "dropout"]
+    forward = [k.name for k in block(1, 256, 256, 4, 2)]
+    stems = []
+    for k in block(1, 256, 256, 4, 2, backward=True):
+        stem = k.name.removesuffix("_bwd")
+        for suffix in ("_dgrad", "_wgrad", "_bias_grad", "_vgrad", "_qgrad", "_kgrad"):
+            stem = stem.removesuffix(suffix)
+        if stem in forward and stem not in stems:
+            stems.append(stem)
+    assert stems == forward[::-1]
+    assert all(k.kind in KINDS for k in block(1, 256, 256, 4, 2, backward=True))
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_memory_bound_kernels_move_the_tensors_they_touch(sp):
+    b, s, h, a, t, db = 2, 256, 512, 8, 4, 2
+    bsh = b * s * h // (t if sp else 1)  # LayerNorm and dropout tensors: split only under sequence parallelism
+    rows = b * s // (t if sp else 1)
+    scores = b * (a // t) * s * s  # this rank's heads' score matrix
+    ffn = b * s * 4 * h // t
+    fwd, bwd = by_name(block(b, s, h, a, t, sp)), by_name(block(b, s, h, a, t, sp, backward=True))
+    # LayerNorm: reads x, γ, β; writes y and fp32 mean and 1/σ per row. Backward reads dy, x, γ and the statistics;
+    # writes dx, dγ, dβ
+    assert fwd["input_layernorm"].bytes == (2 * bsh + 2 * h) * db + 2 * rows * 4
+    assert bwd["input_layernorm_bwd"].bytes == (3 * bsh + 3 * h) * db + 2 * rows * 4
+    # softmax reads the scores and writes the probabilities; backward reads dY and Y, writes dX
+    assert fwd["scale_mask_softmax"].bytes == 2 * scores * db
+    assert bwd["scale_mask_softmax_bwd"].bytes == 3 * scores * db
+    # attention dropout reads and writes b·a·s² values and writes a 1-byte mask; backward reads dY and the mask
+    assert fwd["attention_dropout"].bytes == 2 * scores * db + scores
+    assert bwd["attention_dropout_bwd"].bytes == 2 * scores * db + scores
+    # bias + dropout + residual add: reads x, residual and the bias, writes the sum and the mask
+    assert fwd["mlp_dropout_add"].bytes == (3 * bsh + h) * db + bsh
+    assert bwd["mlp_dropout_add_bwd"].bytes == 2 * bsh * db + bsh
+    # bias + GELU on the 4h/t split: reads the GEMM output and the bias, writes the activation; backward reads dY and
+    # the saved input, writes dX
+    assert fwd["bias_gelu"].bytes == (2 * ffn + 4 * h // t) * db
+    assert bwd["bias_gelu_bwd"].bytes == 3 * ffn * db
+    assert bwd["mlp_down_bias_grad"].bytes == (b * s * h + h) * db  # row-parallel bias: whole output, every rank
+    assert bwd["mlp_up_bias_grad"].bytes == (ffn + 4 * h // t) * db
+
+
+def test_tensor_parallelism_splits_what_megatron_splits():
+    b, s, h, a = 2, 512, 1024, 16
+    one, four = by_name(block(b, s, h, a, 1)), by_name(block(b, s, h, a, 4))
+    four_sp = by_name(block(b, s, h, a, 4, sp=True))
+    for name in ("qkv", "attention_scores", "attention_over_values", "attention_output", "mlp_up", "mlp_down",
+                 "scale_mask_softmax", "attention_dropout", "bias_gelu"):
+        assert four[name].flops * 4 == one[name].flops, name
+    for name in ("scale_mask_softmax", "attention_dropout"):
+        assert four[name].bytes * 4 == one[name].bytes, name
+    for name in ("input_layernorm", "post_attention_layernorm", "attention_dropout_add", "mlp_dropout_add"):
+        assert four[name] == one[name], name  # replicated on every rank without sequence parallelism
+        assert four_sp[name].flops * 4 == one[name].flops, name
+        assert four_sp[name].bytes < one[name].bytes / 3.9, name  # /t up to the unsplit γ, β and bias
+    assert four_sp["qkv"] == four["qkv"]  # the GEMMs see the whole sequence after the all-gather
+
+
+def test_flash_attention_never_holds_the_score_matrix():
+    b, s, h, a, t, db = 1, 8192, 1024, 16, 1, 2
+    scores_bytes = b * a * s * s * db
+    qkv = b * s * h // t
+    tiles = s // 128  # FlashAttention-2 Algorithm 1: K and V are loaded from HBM once per 128-row query tile
+    for backward in (False, True):
+        kernels = block(b, s, h, a, t, backward=backward, flash=True)
+        assert not [k for k in kernels if k.kind in ("softmax", "gemm") and k.batch > 1]
+        assert not [k for k in kernels if "attention_dropout" in k.name and "add" not in k.name]  # in the kernel
+        assert max(k.bytes for k in kernels if k.kind != "attention") < scores_bytes / 10
+        (core,) = [k for k in kernels if k.kind == "attention"]
+        # reads Q (and O, dO backward), streams K and V per tile, writes O (dQ, dK, dV backward) and the fp32
+        # log-sum-exp per row: no term of b·a·s² written
+        reads_writes = (3 + 3) if backward else (1 + 1)
+        assert core.bytes == (reads_writes + 2 * tiles) * qkv * db + b * a * s * 4
+    # one query tile (s ≤ 128): reads Q, K, V once and writes O, plus the fp32 log-sum-exp of every row
+    s = 128
+    qkv = b * s * h // t
+    (fwd,) = [k for k in block(b, s, h, a, t, flash=True) if k.kind == "attention"]
+    assert fwd.bytes == 4 * qkv * db + b * a * s * 4
+    (bwd,) = [k for k in block(b, s, h, a, t, backward=True, flash=True) if k.kind == "attention"]
+    assert bwd.bytes == 8 * qkv * db + b * a * s * 4  # reads Q, K, V, O, dO; writes dQ, dK, dV
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_recompute_modes_add_what_they_rerun(flash):
+    b, s, h, a, t = 2, 1024, 1024, 16, 2
+    forward = (24 * b * s * h * h + 4 * b * s * s * h) / t
+    attention = 4 * b * s * s * h / t
+
+    def flops(kernels):
+        return sum(k.flops for k in kernels if k.kind in ("gemm", "attention"))
+
+    base_bwd = flops(block(b, s, h, a, t, backward=True, flash=flash))
+    for mode, extra in (("none", 0), ("full", forward), ("selective", 0 if flash else attention)):
+        fwd, bwd = layer_step_kernels(b, s, h, a, t, sequence_parallel=False, recompute=mode, flash=flash)
+        assert flops(fwd) == forward
+        assert flops(bwd) == base_bwd + extra, mode
+    _, full = layer_step_kernels(b, s, h, a, t, sequence_parallel=False, recompute="full")
+    assert gemm_flops(full) == 3 * forward  # Narayanan §5.1: with recompute, 4× the forward per iteration in all
+    with pytest.raises(SpecError, match="'some'"):
+        layer_step_kernels(b, s, h, a, t, sequence_parallel=False, recompute="some")
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_head_logits_are_2bshv_over_t_and_the_loss_reads_fp32_logits(t, sp):
+    b, s, h, vocab, db = 2, 1024, 1024, 51200, 2
+    fwd = by_name(head_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=False))
+    bwd = by_name(head_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=True))
+    assert fwd["logits"].gemm == (b * s, vocab // t, h)
+    assert fwd["logits"].flops == 2 * b * s * h * vocab / t
+    assert gemm_flops(bwd.values()) == 2 * fwd["logits"].flops
+    assert bwd["logits_wgrad"].gemm == (vocab // t, h, b * s)  # the tied embedding table's gradient
+    logits = b * s * vocab // t
+    assert fwd["logits_to_fp32"].bytes == logits * (db + 4)
+    assert fwd["vocab_parallel_cross_entropy"].kind == "loss"
+    assert fwd["vocab_parallel_cross_entropy"].bytes >= 2 * logits * 4  # at least a max pass and an exp pass
+    rows = b * s // (t if sp else 1)
+    assert fwd["final_layernorm"].bytes == (2 * rows * h + 2 * h) * db + 2 * rows * 4
+
+
+def test_embedding_is_vocab_parallel_and_its_dropout_follows_sequence_parallelism():
+    b, s, h, vocab, t, db = 2, 512, 1024, 51200, 4, 2
+    bsh = b * s * h
+    plain = by_name(embedding_kernels(b, s, h, vocab, t, sequence_parallel=False, backward=False))
+    sp = by_name(embedding_kernels(b, s, h, vocab, t, sequence_parallel=True, backward=False))
+    assert list(plain) == ["word_embedding_lookup", "word_embedding_mask", "position_embedding_lookup",
+                           "embedding_add", "embedding_transpose", "embedding_dropout"]
+    # every rank looks up every token (reads the ids and the rows, writes b·s·h), then zeroes the 3/4 it does not own
+    assert plain["word_embedding_lookup"].bytes == b * s * 8 + 2 * bsh * db
+    assert plain["word_embedding_mask"].bytes == b * s + bsh * 3 // 4 * db
+    assert plain["embedding_add"].bytes == 3 * bsh * db
+    assert plain["word_embedding_lookup"] == sp["word_embedding_lookup"]
+    assert plain["embedding_dropout"].bytes == 2 * bsh * db + bsh
+    assert sp["embedding_dropout"].bytes * t == plain["embedding_dropout"].bytes
+    one = embedding_kernels(b, s, h, vocab, 1, sequence_parallel=False, backward=False)
+    assert "word_embedding_mask" not in by_name(one)  # one rank owns the whole vocabulary
+    bwd = by_name(embedding_kernels(b, s, h, vocab, t, sequence_parallel=False, backward=True))
+    # dense vocab/t × h gradient zeroed and scatter-added: reads ids and dY, writes and updates the local table
+    assert bwd["word_embedding_grad"].bytes == b * s * 8 + (bsh + 2 * vocab // t * h) * db
+    assert bwd["embedding_dropout_bwd"].bytes == plain["embedding_dropout"].bytes
+    assert not [k for k in bwd.values() if k.kind == "gemm"]
+
+
+def test_block_parameters_match_gpt2_and_split_across_ranks():
+    assert block_parameters(768, 1) == 7_087_872  # GPT-2 small: 85,054,464 parameters in its 12 blocks
+    for h, t in ((1024, 2), (12288, 8)):
+        # weights and column-parallel biases split; row-parallel biases and LayerNorms repeat on every rank
+        assert t * block_parameters(h, t) == 12 * h * h + 7 * h + t * 6 * h
+
+
+def test_optimizer_step_moves_the_mixed_precision_adam_states():
+    n = 1000
+    fp16 = optimizer_kernels(n, dtype_bytes=2)
+    assert [k.kind for k in fp16] == ["optimizer"] * 3
+    # unscale (fp32 grad read + written) + Adam (grad, master, m, v read; master, m, v written) + master → fp16 copy
+    assert sum(k.bytes for k in fp16) == n * (8 + 28 + 6)
+    assert sum(k.bytes for k in optimizer_kernels(n, dtype_bytes=2, loss_scaling=False)) == n * (28 + 6)
+    assert sum(k.bytes for k in optimizer_kernels(n, dtype_bytes=4)) == n * 28
+
+
+@pytest.mark.parametrize("call, value", [
+    (lambda: block(1, 128, 100, 3, 1), "100"),  # h not divisible by heads
+    (lambda: block(1, 128, 96, 6, 4), "6"),  # heads not divisible by t
+    (lambda: block(1, 130, 96, 4, 4, sp=True), "130"),  # sequence not divisible by t under SP
+    (lambda: block(0, 128, 96, 4, 1), "0"),
+    (lambda: block(1, 128, 96, 4, 1, db=1.5), "1.5"),
+    (lambda: head_kernels(1, 128, 96, 50257, 2, sequence_parallel=False, backward=False), "50257"),
+    (lambda: embedding_kernels(1, 128, -96, 512, 2, sequence_parallel=False, backward=False), "-96"),
+    (lambda: block_parameters(100, 3), "100"),
+    (lambda: optimizer_kernels(0), "0"),
+])
+def test_bad_shapes_are_refused_with_the_offending_value(call, value):
+    with pytest.raises(SpecError, match=value.replace(".", r"\.")):
+        call()
