@@ -146,17 +146,16 @@ def _attention_core(b: int, s: int, hp: int, ap: int, db: int, flash: bool, back
     ]
 
 
-def _linear(name: str, tokens: int, n_in: int, n_out: int, db: int, backward: bool, bias: bool) -> list[Kernel]:
-    """Y[T×out] = X[T×in]·W[in×out] (+ bias fused in the epilogue); backward: dgrad dX = dY·Wᵀ, wgrad dW = Xᵀ·dY
-    and the bias gradient, a column sum of dY (``grad_output.sum(dim=0)`` in Megatron's linear backward). The wgrad
-    writes dW in the training dtype; Megatron's gradient-accumulation fusion would instead read and write an fp32
-    main gradient (not modelled here)."""
+def _linear(name: str, tokens: int, n_in: int, n_out: int, db: int, backward: bool, fused_bias: bool) -> list[Kernel]:
+    """Y[T×out] = X[T×in]·W[in×out]; backward: dgrad dX = dY·Wᵀ, wgrad dW = Xᵀ·dY, and the bias gradient, a column
+    sum of dY. Only the QKV linear adds its bias in the GEMM (``fused_bias``); the others are built with
+    ``skip_bias_add`` and leave it to the fused bias+GELU and bias+dropout+add kernels, whose backward yields the same
+    column sum. The wgrad writes dW in the training dtype; Megatron's gradient-accumulation fusion would instead read
+    and write an fp32 main gradient (not modelled here)."""
     if not backward:
-        return [_gemm(name, tokens, n_out, n_in, db, bias=bias)]
+        return [_gemm(name, tokens, n_out, n_in, db, bias=fused_bias)]
     kernels = [_gemm(name + "_dgrad", tokens, n_in, n_out, db), _gemm(name + "_wgrad", n_in, n_out, tokens, db)]
-    if bias:
-        kernels.append(_mem(name + "_bias_grad", "elementwise", tokens * n_out, _ADD_FLOPS,
-                            (tokens * n_out + n_out) * db))
+    kernels.append(_mem(name + "_bias_grad", "elementwise", tokens * n_out, _ADD_FLOPS, (tokens * n_out + n_out) * db))
     return kernels
 
 
@@ -195,24 +194,24 @@ def block_kernels(b: int, s: int, h: int, a: int, t: int, *, sequence_parallel: 
             _layer_norm("input_layernorm", norm_tokens, h, db, False),
             *_linear("qkv", tokens, h, 3 * hp, db, False, True),
             *attention,
-            *_linear("attention_output", tokens, hp, h, db, False, True),
+            *_linear("attention_output", tokens, hp, h, db, False, False),
             _dropout_add("attention_dropout_add", norm_tokens, h, db, False),
             _layer_norm("post_attention_layernorm", norm_tokens, h, db, False),
-            *_linear("mlp_up", tokens, h, ffn, db, False, True),
+            *_linear("mlp_up", tokens, h, ffn, db, False, False),
             _mem("bias_gelu", "elementwise", tokens * ffn, _GELU_FLOPS, (2 * tokens * ffn + ffn) * db),
-            *_linear("mlp_down", tokens, ffn, h, db, False, True),
+            *_linear("mlp_down", tokens, ffn, h, db, False, False),
             _dropout_add("mlp_dropout_add", norm_tokens, h, db, False),
         ])
     return tuple([
         _dropout_add("mlp_dropout_add", norm_tokens, h, db, True),
-        *_linear("mlp_down", tokens, ffn, h, db, True, True),
+        *_linear("mlp_down", tokens, ffn, h, db, True, False),
         # reads dY and the saved GELU input, writes dX
         _mem("bias_gelu_bwd", "elementwise", tokens * ffn, 2 * _GELU_FLOPS, 3 * tokens * ffn * db),
-        *_linear("mlp_up", tokens, h, ffn, db, True, True),
+        *_linear("mlp_up", tokens, h, ffn, db, True, False),
         _layer_norm("post_attention_layernorm", norm_tokens, h, db, True),
         _residual_grad_add("attention_residual_grad_add", norm_tokens, h, db),
         _dropout_add("attention_dropout_add", norm_tokens, h, db, True),
-        *_linear("attention_output", tokens, hp, h, db, True, True),
+        *_linear("attention_output", tokens, hp, h, db, True, False),
         *attention,
         *_linear("qkv", tokens, h, 3 * hp, db, True, True),
         _layer_norm("input_layernorm", norm_tokens, h, db, True),
@@ -291,9 +290,9 @@ def head_kernels(b: int, s: int, h: int, vocab: int, t: int, *, sequence_paralle
                  dtype_bytes: int = 2) -> tuple[Kernel, ...]:
     """The head on one tensor-parallel rank: final LayerNorm, the logit GEMM against the tied vocab-parallel
     embedding (M = b·s, N = vocab/t, K = h), the cast of the logits to fp32 and Megatron's vocab-parallel cross
-    entropy (a max pass, an exp-and-sum pass writing the exponentials in place, a per-token loss; the all-reduces of
-    the max and the sum follow their passes). Backward: softmax − one-hot in place (fp32), the cast back, the logit
-    GEMM's dgrad and wgrad (into the embedding's gradient), the final LayerNorm's backward."""
+    entropy (``megatron/core/tensor_parallel/cross_entropy.py``: five passes over the logits, the all-reduces of the
+    max, the target logit and the sum between them). Backward: softmax − one-hot in place (fp32), the cast back, the
+    logit GEMM's dgrad and wgrad (into the embedding's gradient), the final LayerNorm's backward."""
     tokens, norm_tokens, vp = _vocab_shard(b, s, h, vocab, t, sequence_parallel, dtype_bytes)
     db, logits = dtype_bytes, tokens * vp
     if not backward:
@@ -301,13 +300,19 @@ def head_kernels(b: int, s: int, h: int, vocab: int, t: int, *, sequence_paralle
             _layer_norm("final_layernorm", norm_tokens, h, db, False),
             _gemm("logits", tokens, vp, h, db),
             _mem("logits_to_fp32", "elementwise", logits, 0, logits * (db + STAT_BYTES)),
-            # max pass reads the logits; exp pass reads them and writes exp in place; per-token terms are O(tokens)
-            _mem("vocab_parallel_cross_entropy", "loss", logits, 4,
-                 3 * logits * STAT_BYTES + tokens * (TOKEN_ID_BYTES + 3 * STAT_BYTES)),
+            # Megatron's _VocabParallelCrossEntropy on the fp32 logits L: max, subtract it, exp in place, sum,
+            # divide in place (the softmax kept for the backward); the target masking and gather are O(b·s)
+            _mem("cross_entropy_max", "loss", logits, 1, logits * STAT_BYTES),
+            _mem("cross_entropy_subtract_max", "loss", logits, 1, 2 * logits * STAT_BYTES),
+            _mem("cross_entropy_target_logit", "loss", tokens, 1, tokens * (2 * TOKEN_ID_BYTES + 2 * STAT_BYTES)),
+            _mem("cross_entropy_exp", "loss", logits, 1, 2 * logits * STAT_BYTES),
+            _mem("cross_entropy_sum", "loss", logits, 1, logits * STAT_BYTES),
+            _mem("cross_entropy_normalise", "loss", logits, 1, 2 * logits * STAT_BYTES),
         )
     return (
-        _mem("vocab_parallel_cross_entropy_bwd", "loss", logits, 2,
-             2 * logits * STAT_BYTES + tokens * (TOKEN_ID_BYTES + 2 * STAT_BYTES)),
+        # the saved softmax minus one at each owned target (O(b·s)), then scaled by the loss gradient in place
+        _mem("cross_entropy_target_grad", "loss", tokens, 1, tokens * (TOKEN_ID_BYTES + 2 * STAT_BYTES)),
+        _mem("cross_entropy_bwd", "loss", logits, 1, 2 * logits * STAT_BYTES),
         _mem("logits_to_fp32_bwd", "elementwise", logits, 0, logits * (db + STAT_BYTES)),
         _gemm("logits_dgrad", tokens, h, vp, db),
         _gemm("logits_wgrad", vp, h, tokens, db),
