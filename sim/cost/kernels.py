@@ -22,10 +22,12 @@ Sources:
   tensors exist (softmax output and dropout mask of b·a·s², 1-byte dropout masks, LayerNorm and dropout on the
   full b·s·h on every tensor-parallel rank unless sequence parallel splits them by t, §4.2.2) and §5 (selective
   recomputation re-runs QKᵀ, softmax, softmax dropout and attention over V).
-* Dao et al., FlashAttention (arXiv 2205.14135) §3 and FlashAttention-2 (arXiv 2307.08691) §3: one fused kernel
-  that never writes the b·a·s² score matrix, keeps a per-row log-sum-exp (fp32) for the backward, regenerates the
-  dropout mask from the RNG state, reads K and V once per query tile (tiles of 128 rows, FlashAttention-2 §3.3), and
-  whose backward recomputes the scores: 5 matmuls against the forward's 2, 2.5× its FLOPs.
+* Dao et al., FlashAttention (arXiv 2205.14135) §3 and FlashAttention-2 (arXiv 2307.08691) §3, Algorithms 1-2:
+  one fused kernel that never writes the b·a·s² score matrix, keeps a per-row log-sum-exp (fp32) for the backward,
+  regenerates the dropout mask from the RNG state and streams K, V once per 128-row query tile (§3.3's block
+  sizes); its backward streams Q, dO and an fp32 dQ accumulator once per key tile and recomputes the scores:
+  5 matmuls against the forward's 2, 2.5× its FLOPs. HBM traffic is counted as the algorithms state it; the GPU's
+  L2 cache may serve some of the re-reads.
 
 Conventions: ``bytes`` counts every tensor a kernel reads plus every tensor it writes, once, in the training dtype
 (``dtype_bytes``) unless stated (1-byte dropout masks, fp32 LayerNorm statistics, 8-byte token ids, fp32 loss).
@@ -114,28 +116,45 @@ def _residual_grad_add(name: str, tokens: int, h: int, db: int) -> Kernel:
 
 
 def _attention_core(b: int, s: int, hp: int, ap: int, db: int, flash: bool, backward: bool) -> list[Kernel]:
-    """Attention over this rank's ``ap`` heads of size d = hp/ap, in execution order (forward or backward)."""
+    """Attention over this rank's ``ap`` heads of size d = hp/ap, in execution order (forward or backward), with
+    the layout copies Megatron makes around it: the context's [b, heads, s, d] → [s, b, heads·d] permute (one
+    ``contiguous()`` copy) after the unfused core; [s, b, …] → [b, s, …] copies of Q, K, V before a flash kernel
+    and of its output after it. Each copy's backward is the inverse copy."""
     d = hp // ap
     heads = b * ap
     scores = heads * s * s  # elements of one b·a·s² tensor on this rank
     qkv = heads * s * d  # elements of one of Q, K, V, O
+    context_copy = _mem("attention_context_transpose" + "_bwd" * backward, "elementwise", qkv, 0, 2 * qkv * db)
     if flash:
-        kv_passes = math.ceil(s / FLASH_QUERY_TILE)  # K and V are streamed once per query tile
-        lse = heads * s * STAT_BYTES
+        tiles = math.ceil(s / FLASH_QUERY_TILE)
+        rows = heads * s * STAT_BYTES  # one fp32 value per query row: log-sum-exp L, or D = rowsum(dO ⊙ O)
+        in_copy = _mem("flash_qkv_transpose" + "_bwd" * backward, "elementwise", 3 * qkv, 0, 6 * qkv * db)
         if not backward:
-            return [Kernel("flash_attention", "attention", 4.0 * scores * d,
-                           float((2 * qkv + 2 * qkv * kv_passes) * db + lse))]
-        # reads Q, K, V (K, V once per query tile), O, dO and the log-sum-exp; writes dQ, dK, dV
-        return [Kernel("flash_attention_bwd", "attention", 10.0 * scores * d,
-                       float((3 * qkv + 2 * qkv * kv_passes + 3 * qkv) * db + lse))]
+            # FlashAttention-2 Algorithm 1: the outer loop over query tiles reads Q once and K, V once per tile,
+            # writes O and L once
+            return [in_copy, Kernel("flash_attention", "attention", 4.0 * scores * d,
+                                    float((2 * qkv + 2 * qkv * tiles) * db + rows)), context_copy]
+        # Algorithm 2: D = rowsum(dO ⊙ O) first; the outer loop over key tiles reads K, V and writes dK, dV once,
+        # and per tile reads Q, dO, L, D and reads and writes the fp32 dQ accumulator; dQ is then cast down.
+        # The scores are recomputed: 5 matmuls against the forward's 2.
+        return [
+            context_copy,
+            _mem("flash_attention_bwd_preprocess", "elementwise", qkv, 2, 2 * qkv * db + rows),
+            Kernel("flash_attention_bwd", "attention", 10.0 * scores * d,
+                   float(4 * qkv * db + tiles * (2 * qkv * db + 2 * qkv * STAT_BYTES + 2 * rows))),
+            _mem("flash_attention_dq_convert", "elementwise", qkv, 0, qkv * (STAT_BYTES + db)),
+            in_copy,
+        ]
     if not backward:
         return [
             _gemm("attention_scores", s, s, d, db, batch=heads),  # Q·Kᵀ per head
             _mem("scale_mask_softmax", "softmax", scores, _SOFTMAX_FLOPS, 2 * scores * db),
             _mem("attention_dropout", "dropout", scores, _DROPOUT_FLOPS, 2 * scores * db + scores * MASK_BYTES),
             _gemm("attention_over_values", s, d, s, db, batch=heads),  # P·V per head
+            context_copy,
         ]
     return [
+        context_copy,
         _gemm("attention_over_values_dgrad", s, s, d, db, batch=heads),  # dP = dO·Vᵀ
         _gemm("attention_over_values_vgrad", s, d, s, db, batch=heads),  # dV = Pᵀ·dO
         _mem("attention_dropout_bwd", "dropout", scores, _DROPOUT_FLOPS, 2 * scores * db + scores * MASK_BYTES),
