@@ -32,6 +32,8 @@ Sources:
 Conventions: ``bytes`` counts every tensor a kernel reads plus every tensor it writes, once, in the training dtype
 (``dtype_bytes``) unless stated (1-byte dropout masks, fp32 LayerNorm statistics, 8-byte token ids, fp32 loss).
 Memory-bound kernels carry an approximate FLOP count (a few operations per element); they are bound by their bytes.
+The softmax is Megatron's fused kernel, which it uses when its conditions hold (16-bit activations, the sequence
+within the kernel's limit); otherwise PyTorch runs scale, mask and softmax as separate kernels (not listed here).
 FLOPs of attention count the full s×s score matrix, as Megatron's unfused kernels compute it (a causal
 FlashAttention skips the tiles above the diagonal; a cost model may halve those).
 """
