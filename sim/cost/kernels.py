@@ -10,7 +10,8 @@ Sources:
 
 * Megatron-LM (``megatron/model/transformer.py``, ``ParallelAttention``/``ParallelMLP``/``ParallelTransformerLayer``;
   ``megatron/mpu/layers.py`` for column- and row-parallel linears and the vocab-parallel embedding;
-  ``megatron/mpu/cross_entropy.py``): a pre-LN block: LN → QKV GEMM (column-parallel) → QKᵀ batched GEMM → fused
+  ``megatron/mpu/cross_entropy.py``; ``megatron/core/tensor_parallel/`` in later versions): a pre-LN block:
+  LN → QKV GEMM (column-parallel) → QKᵀ batched GEMM → fused
   scale+causal-mask+softmax (``ScaledUpperTriangMaskedSoftmax``, one kernel, the mask generated not read) → dropout
   → attention over V batched GEMM → output projection GEMM (row-parallel) → fused bias+dropout+residual add → LN →
   MLP up GEMM (column-parallel, 4h) → fused bias+GELU → MLP down GEMM (row-parallel) → bias+dropout+residual add.
