@@ -111,6 +111,24 @@ class CommProcesses:
         """The engine's key of a SEND/RECV pair of simulated rank ``rank``: pair ids repeat in every replica."""
         return pair * len(self.views) + rank // self.plan.num_ranks
 
+    def _take_links(self, keys: tuple, share: object = None) -> Generator[simpy.Event, Any, list[Link]]:
+        """Request the links ``keys`` one after another, in their (global) order; returns them once all are granted."""
+        held = []
+        for key in keys:
+            link = self.links.get(key)
+            if link is None:
+                link = self.links[key] = Link(self.env)
+            yield link.request(share)
+            held.append(link)
+        return held
+
+    def _give_back(self, held: list[Link], link_bytes: tuple[tuple[tuple[str, str], int], ...]) -> None:
+        """Release ``held`` and count the bytes ``link_bytes`` says the op put on each link."""
+        for link in held:
+            link.release()
+        for key, nbytes in link_bytes:
+            self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
+
     def _hold_links(self, keys: tuple[tuple[str, str], ...], duration: float,
                     link_bytes: tuple[tuple[tuple[str, str], int], ...],
                     share: object = None) -> Generator[simpy.Event, Any, float]:
@@ -121,21 +139,11 @@ class CommProcesses:
         engine holds the simulated instance's own links only; the symmetric instances it stands for share links
         through the op's duration (``sim.cost.model``).
         """
-        held = []
-        if duration > 0:
-            for key in keys:
-                link = self.links.get(key)
-                if link is None:
-                    link = self.links[key] = Link(self.env)
-                yield link.request(share)
-                held.append(link)
+        held = (yield from self._take_links(keys, share)) if duration > 0 else []
         start = self.env.now
         if duration > 0:
             yield self.env.timeout(duration)
-        for link in held:
-            link.release()
-        for key, nbytes in link_bytes:
-            self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
+        self._give_back(held, link_bytes)
         return start
 
     def _transfer(self, src: int, send: Op) -> _Proc:
@@ -193,20 +201,11 @@ class CommProcesses:
         windows = [self.grad_windows[op.deps[0] + self.suffix[member // pipeline]] for member in members]
         ready = [max(begin + k * (end - begin) / buckets for begin, end in windows) for k in range(1, buckets + 1)]
         finish = max(at + (buckets - k) * bucket_s for k, at in enumerate(ready))
-        held = []
-        for key in lane:
-            link = self.links.get(key)
-            if link is None:
-                link = self.links[key] = Link(self.env)
-            yield link.request()
-            held.append(link)
+        held = yield from self._take_links(lane)
         end = max(finish, self.env.now + bucket_s)
         if end > self.env.now:
             yield self.env.timeout(end - self.env.now)
-        for link in held:
-            link.release()
-        for key, nbytes in link_bytes:
-            self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
+        self._give_back(held, link_bytes)
         return ready[0]
 
     def _host_copy(self, rank: int, op: Op) -> _Proc:
