@@ -119,10 +119,6 @@ class CostModel:
             cut = start if kind is OpKind.SEND_B else end
         return self.oracle.boundary_bytes(cut)
 
-    def transfer_time(self, nbytes: int, src_rank: int, dst_rank: int) -> float:
-        """Uncontended time in s of a message between two devices (:meth:`sim.cost.oracle.CostOracle.transfer_time`)."""
-        return self.oracle.transfer_time(nbytes, src_rank, dst_rank)
-
     def device_of(self, pipeline_rank: int) -> int:
         """The device (topology rank) pipeline rank ``pipeline_rank`` of this replica runs on."""
         return self.devices[pipeline_rank]
@@ -166,23 +162,26 @@ class CostModel:
         """``(K, s)``: the buckets ``vstage``'s gradients are reduced in when the reduction overlaps the backward
         (:data:`GRADIENT_BUCKET_BYTES` each, the last one smaller but costed alike), and the time of one bucket's
         reduction with every concurrent group."""
-        layout, oracle = self.layout, self.oracle
-        start, end = self.placement.vstage_layers[vstage]
-        total = oracle.param_bytes(start, end)
+        name, groups, total = self._data_parallel(OpKind.REDUCE_GRAD, vstage)
         bucket = min(GRADIENT_BUCKET_BYTES, total)
+        return max(1, -(-total // max(bucket, 1))), self.oracle.collective(name, groups, bucket).seconds
+
+    def _data_parallel(self, kind: OpKind, vstage: int) -> tuple[str, tuple[tuple[int, ...], ...], int]:
+        """``(collective, groups, bytes)`` of a REDUCE_GRAD or GATHER_PARAMS of ``vstage``: every tensor shard's
+        data-parallel group at once, over the stage's parameter (gradient) bytes."""
+        layout = self.layout
+        start, end = self.placement.vstage_layers[vstage]
         groups = tuple(layout.dp_group(self.placement.vstage_to_rank[vstage], t) for t in range(layout.tp))
-        name = "reduce_scatter" if layout.zero else "all_reduce"
-        return max(1, -(-total // max(bucket, 1))), oracle.collective(name, groups, bucket).seconds
+        name = ("all_gather" if kind is OpKind.GATHER_PARAMS else
+                "reduce_scatter" if layout.zero else "all_reduce")
+        return name, groups, self.oracle.param_bytes(start, end)
 
     def _collective_cost(self, kind: OpKind, vstage: int) -> tuple:
         layout, oracle = self.layout, self.oracle
         pipeline_rank = self.placement.vstage_to_rank[vstage]
         start, end = self.placement.vstage_layers[vstage]
         if kind in (OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS):
-            groups = tuple(layout.dp_group(pipeline_rank, t) for t in range(layout.tp))
-            nbytes = oracle.param_bytes(start, end)
-            name = ("all_gather" if kind is OpKind.GATHER_PARAMS else
-                    "reduce_scatter" if layout.zero else "all_reduce")
+            name, groups, nbytes = self._data_parallel(kind, vstage)
             cost = oracle.collective(name, groups, nbytes)
             return _sum_costs([(cost, 1, nbytes)], cost.link_keys)
         groups = tuple(layout.tp_group(pipeline_rank, d) for d in self.concurrent)

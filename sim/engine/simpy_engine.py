@@ -7,7 +7,7 @@ Semantics, shared with the dry run in ``sim.plan.validate`` and with the executo
 * SEND and RECV are issued without blocking the walker (the ``isend``/``irecv`` of the executor). A transfer starts
   once both sides are issued and the SEND's deps are done (a rendezvous, as point-to-point transports do), occupies
   every link on its path for ``Σ latency + bytes / min bandwidth`` — the closed form of ``Topology.transfer_time``,
-  or a measured profile's fit (``CostModel.transfer_time``) — and completes both ops. Links are mutexes that grant
+  or a measured profile's fit (``CostModel.message``) — and completes both ops. Links are mutexes that grant
   in FIFO order (``sim.engine.comm.Link``), so transfers that share a link wait for each other; a transfer takes its
   links in one global order, so two transfers can never hold one link each and wait on the other.
 * PREFETCH and EVICT are issued without blocking the walker too. They copy a stage's weights host → device or

@@ -92,7 +92,7 @@ def test_calibrated_profile_reproduces_the_measured_stage_times(tmp_path):
     start, end = plan.placement.vstage_layers[0]
     shares = [t.fwd_s for t in loaded.layers[start:end]]
     assert shares[0] / sum(shares) == pytest.approx(prior.fwd[start] / sum(prior.fwd[start:end]))
-    assert costs.transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
+    assert costs.oracle.transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
     simulate(plan, costs, topology)  # the simulator accepts it
 
 

@@ -110,13 +110,13 @@ def test_profile_p2p_fit_replaces_link_model_between_its_devices(tmp_path):
     topology = Topology.parse("2xcpu")
     placement = Placement(((0, 2), (2, 4)), (0, 1))
     costs = CostModel(graph, topology, placement, microbatch_size=2, profile=load_profile(path))
-    assert costs.transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
-    assert costs.transfer_time(10**6, 1, 1) == 0.0
+    assert costs.oracle.transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
+    assert costs.oracle.transfer_time(10**6, 1, 1) == 0.0
     plain = CostModel(graph, topology, placement, microbatch_size=2)
-    assert plain.transfer_time(10**6, 0, 1) == topology.transfer_time(10**6, 0, 1)
+    assert plain.oracle.transfer_time(10**6, 0, 1) == topology.transfer_time(10**6, 0, 1)
     # A profile measured on another device leaves the link model alone.
     other = _profile(tmp_path, graph, device="v100-sxm2-32gb", p2p={"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9})
-    assert CostModel(graph, topology, placement, 2, load_profile(other)).transfer_time(10**6, 0, 1) == \
+    assert CostModel(graph, topology, placement, 2, load_profile(other)).oracle.transfer_time(10**6, 0, 1) == \
         topology.transfer_time(10**6, 0, 1)
 
 
@@ -129,10 +129,10 @@ def test_profile_p2p_from_host_loopback_is_not_used_for_gpu_links(tmp_path):
     device = topology.devices[0].name
     host = load_profile(_profile(tmp_path, graph, device=device, p2p={**fit, "device": "cpu"}))
     assert host.p2p_latency_s is None and host.p2p_bandwidth is None
-    assert CostModel(graph, topology, placement, 2, host).transfer_time(10**6, 0, 1) == \
+    assert CostModel(graph, topology, placement, 2, host).oracle.transfer_time(10**6, 0, 1) == \
         topology.transfer_time(10**6, 0, 1)
     gpu = load_profile(_profile(tmp_path, graph, device=device, p2p={**fit, "device": "cuda"}))
-    assert CostModel(graph, topology, placement, 2, gpu).transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
+    assert CostModel(graph, topology, placement, 2, gpu).oracle.transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
 
 
 def test_cost_model_names_the_ranks_its_profile_applies_to(tmp_path):
@@ -153,8 +153,8 @@ def test_cost_model_names_the_ranks_its_profile_applies_to(tmp_path):
     assert [costs.compute_time(OpKind.F, v) for v in (0, 4)] == pytest.approx([measured.fwd[0], measured.fwd[4]])
     a100 = CostOracle(graph, 2).layer_costs(topology.devices[2])
     assert costs.compute_time(OpKind.F, 2) == pytest.approx(a100.fwd[2])
-    assert costs.transfer_time(10**6, 1, 4) == pytest.approx(1e-4 + 1e-3)
-    assert costs.transfer_time(10**6, 1, 2) == topology.transfer_time(10**6, 1, 2)
+    assert costs.oracle.transfer_time(10**6, 1, 4) == pytest.approx(1e-4 + 1e-3)
+    assert costs.oracle.transfer_time(10**6, 1, 2) == topology.transfer_time(10**6, 1, 2)
     no_fit = CostModel(graph, topology, placement, 2, load_profile(_profile(tmp_path, graph, device=v100)))
     assert no_fit.profiled_ranks() == (0, 1, 4, 5) and not no_fit.uses_measured_p2p()
     roofline = CostModel(graph, topology, placement, 2)
