@@ -305,19 +305,18 @@ def plan_is_pipeline_only(layout: Parallelism, topology: Topology) -> bool:
 def _layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
     """The tensor × data × pipeline layout the user asked for, checked against the topology's device count."""
     devices = topology.num_ranks
-    for flag, value in (("--tp", inputs.tp), ("--dp", inputs.dp), ("--pp", inputs.pp)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise SpecError(f"{flag} must be an integer >= 1, got {value!r}")
-    if inputs.tp * inputs.dp > devices:
-        raise SpecError(f"--tp {inputs.tp} × --dp {inputs.dp} = {inputs.tp * inputs.dp} devices, topology {topology} "
+    # The layout checks its own fields (one line naming the flag and value) before they are multiplied here.
+    asked = Parallelism(tp=inputs.tp, dp=inputs.dp, pp=1 if inputs.pp is None else inputs.pp,
+                        order=inputs.rank_order, sequence_parallel=inputs.sequence_parallel, zero=inputs.zero,
+                        grad_overlap=inputs.grad_overlap)
+    if asked.tp * asked.dp > devices:
+        raise SpecError(f"--tp {asked.tp} × --dp {asked.dp} = {asked.tp * asked.dp} devices, topology {topology} "
                         f"has {devices}")
-    pp = inputs.pp if inputs.pp is not None else devices // (inputs.tp * inputs.dp)
-    if inputs.tp * inputs.dp * pp > devices:
-        raise SpecError(f"--tp {inputs.tp} × --dp {inputs.dp} × --pp {pp} = {inputs.tp * inputs.dp * pp} devices, "
+    pp = inputs.pp if inputs.pp is not None else devices // (asked.tp * asked.dp)
+    if asked.tp * asked.dp * pp > devices:
+        raise SpecError(f"--tp {asked.tp} × --dp {asked.dp} × --pp {pp} = {asked.tp * asked.dp * pp} devices, "
                         f"topology {topology} has {devices}")
-    return Parallelism(tp=inputs.tp, dp=inputs.dp, pp=pp, order=inputs.rank_order,
-                       sequence_parallel=inputs.sequence_parallel, zero=inputs.zero,
-                       grad_overlap=inputs.grad_overlap)
+    return replace(asked, pp=pp)
 
 
 def _microbatches(inputs: PlanInputs, layout: Parallelism) -> int | None:
