@@ -148,8 +148,8 @@ def _error_table(runs: list[Run], halves: list[str], errors: list[float]) -> lis
         name = "all" if key == "all" else "x".join(map(str, key))
         lines.append(f"{name:>12}  {len(members):>5}  {'':9}{cells[0]}   {'':4}{cells[1]}")
     held = [errors[i] for i in range(len(runs)) if halves[i] == "held-out"]
-    met = [_stats([errors[i] for i in groups[key] if halves[i] == "held-out"] or [0.0]) for key in groups]
-    worst = tuple(max(values) for values in zip(*met))
+    held_by_group = [[errors[i] for i in members if halves[i] == "held-out"] for members in groups.values()]
+    worst = tuple(max(values) for values in zip(*(_stats(group) for group in held_by_group if group)))
     verdict = all(w <= TARGETS[name] for w, name in zip(worst, ("median", "mean", "max")))
     lines.append(f"held-out over {len(held)} runs; worst group median {worst[0]:.1%}, mean {worst[1]:.1%}, max "
                  f"{worst[2]:.1%}; targets in every group {TARGETS['median']:.0%} / {TARGETS['mean']:.0%} / "
