@@ -33,8 +33,9 @@ Sources:
 Conventions: ``bytes`` counts every tensor a kernel reads plus every tensor it writes, once, in the training dtype
 (``dtype_bytes``) unless stated (1-byte dropout masks, fp32 LayerNorm statistics, 8-byte token ids, fp32 loss).
 Memory-bound kernels carry an approximate FLOP count (a few operations per element); they are bound by their bytes.
-The softmax is Megatron's fused kernel, which it uses when its conditions hold (16-bit activations, the sequence
-within the kernel's limit); otherwise PyTorch runs scale, mask and softmax as separate kernels (not listed here).
+The softmax is Megatron's fused kernel where its conditions hold (:func:`fused_softmax_available`: 16-bit
+activations, the sequence within the kernel's limit, the attention batches a multiple of 4); otherwise the five
+kernels PyTorch runs in its place (an fp32 softmax between casts, a scale and a mask).
 FLOPs of attention count the full s×s score matrix, as Megatron's unfused kernels compute it (a causal
 FlashAttention skips the tiles above the diagonal; a cost model may halve those).
 """
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 
 from sim.core.errors import SpecError
 
-__all__ = ["Kernel", "KINDS", "block_kernels", "block_parameters", "embedding_kernels", "head_kernels",
+__all__ = ["Kernel", "KINDS", "fused_softmax_available", "block_kernels", "block_parameters", "embedding_kernels", "head_kernels",
            "layer_step_kernels", "optimizer_kernels", "RECOMPUTE_MODES",
            "FLASH_QUERY_TILE", "MASK_BYTES", "STAT_BYTES", "TOKEN_ID_BYTES"]
 
@@ -118,6 +119,42 @@ def _residual_grad_add(name: str, tokens: int, h: int, db: int) -> Kernel:
     return _mem(name, "elementwise", tokens * h, _ADD_FLOPS, 3 * tokens * h * db)
 
 
+def fused_softmax_available(b: int, heads: int, s: int, dtype_bytes: int = 2) -> bool:
+    """Whether Megatron's fused causal softmax kernel runs for ``b`` sequences of ``s`` tokens over ``heads`` heads
+    (this rank's), as ``FusedScaleMaskSoftmax.is_kernel_available`` decides: 16-bit input, 16 < s ≤ 4096 (2048 in
+    older versions), s divisible by 4, and the b·heads attention batches divisible by 4 and by the kernel's batches
+    per thread block (``get_batch_per_block``: 128 threads of warps of min(2^⌈log₂ s⌉, 32) lanes, each warp taking
+    2 rows when 2^⌈log₂ s⌉ ≤ 128, else 1). Otherwise PyTorch runs the softmax as separate kernels (``_unfused``)."""
+    if dtype_bytes != 2 or not 16 < s <= 4096 or s % 4:
+        return False
+    pow2 = 1 << (s - 1).bit_length()
+    warp = min(pow2, 32)
+    per_block = (128 // warp) * (2 if pow2 <= 128 else 1)
+    return (b * heads) % 4 == 0 and (b * heads) % per_block == 0
+
+
+def _unfused_softmax(scores: int, s: int, db: int, backward: bool) -> list[Kernel]:
+    """Megatron's fallback (``forward_torch_softmax``) over ``scores`` elements: with query-key layer scaling on (the
+    default) the softmax runs in fp32, so the scores are cast up, scaled, masked (``masked_fill`` with the s × s
+    causal mask, read once per kernel), softmaxed and cast down: five kernels, and their five gradients backward."""
+    f32 = STAT_BYTES
+    if not backward:
+        return [
+            _mem("softmax_cast_fp32", "elementwise", scores, 0, scores * (db + f32)),
+            _mem("softmax_scale", "elementwise", scores, 1, 2 * scores * f32),
+            _mem("softmax_mask_fill", "elementwise", scores, 1, 2 * scores * f32 + s * s),
+            _mem("softmax_fp32", "softmax", scores, _SOFTMAX_FLOPS, 2 * scores * f32),
+            _mem("softmax_cast_half", "elementwise", scores, 0, scores * (f32 + db)),
+        ]
+    return [
+        _mem("softmax_cast_half_bwd", "elementwise", scores, 0, scores * (db + f32)),
+        _mem("softmax_fp32_bwd", "softmax", scores, _SOFTMAX_FLOPS, 3 * scores * f32),
+        _mem("softmax_mask_fill_bwd", "elementwise", scores, 1, 2 * scores * f32 + s * s),
+        _mem("softmax_scale_bwd", "elementwise", scores, 1, 2 * scores * f32),
+        _mem("softmax_cast_fp32_bwd", "elementwise", scores, 0, scores * (f32 + db)),
+    ]
+
+
 def _attention_core(b: int, s: int, hp: int, ap: int, db: int, flash: bool, backward: bool) -> list[Kernel]:
     """Attention over this rank's ``ap`` heads of size d = hp/ap, in execution order (forward or backward), with
     the layout copies Megatron makes around it: the context's [b, heads, s, d] → [s, b, heads·d] permute (one
@@ -148,10 +185,13 @@ def _attention_core(b: int, s: int, hp: int, ap: int, db: int, flash: bool, back
             _mem("flash_attention_dq_convert", "elementwise", qkv, 0, qkv * (STAT_BYTES + db)),
             in_copy,
         ]
+    fused = fused_softmax_available(b, ap, s, db)
     if not backward:
+        softmax = [_mem("scale_mask_softmax", "softmax", scores, _SOFTMAX_FLOPS, 2 * scores * db)] if fused else \
+            _unfused_softmax(scores, s, db, False)
         return [
             _gemm("attention_scores", s, s, d, db, batch=heads),  # Q·Kᵀ per head
-            _mem("scale_mask_softmax", "softmax", scores, _SOFTMAX_FLOPS, 2 * scores * db),
+            *softmax,
             _mem("attention_dropout", "dropout", scores, _DROPOUT_FLOPS, 2 * scores * db + scores * MASK_BYTES),
             _gemm("attention_over_values", s, d, s, db, batch=heads),  # P·V per head
             context_copy,
@@ -162,7 +202,8 @@ def _attention_core(b: int, s: int, hp: int, ap: int, db: int, flash: bool, back
         _gemm("attention_over_values_vgrad", s, d, s, db, batch=heads),  # dV = Pᵀ·dO
         _mem("attention_dropout_bwd", "dropout", scores, _DROPOUT_FLOPS, 2 * scores * db + scores * MASK_BYTES),
         # reads dY and the saved softmax output Y, writes dX = Y ⊙ (dY − Σ dY ⊙ Y)
-        _mem("scale_mask_softmax_bwd", "softmax", scores, _SOFTMAX_FLOPS, 3 * scores * db),
+        *([_mem("scale_mask_softmax_bwd", "softmax", scores, _SOFTMAX_FLOPS, 3 * scores * db)] if fused else
+          _unfused_softmax(scores, s, db, True)),
         _gemm("attention_scores_qgrad", s, d, s, db, batch=heads),  # dQ = dS·K
         _gemm("attention_scores_kgrad", s, d, s, db, batch=heads),  # dK = dSᵀ·Q
     ]

@@ -100,11 +100,17 @@ class CostModel:
         self._activation = [oracle.activation_bytes(a, b) for a, b in ranges]
         self._checkpoint = [oracle.checkpoint_bytes(a) for a, _ in ranges]
         self._workspace = [oracle.workspace_bytes(a, b) for a, b in ranges]
+        stepped: set[int] = set()
         for v, (start, end) in enumerate(placement.vstage_layers):
-            costs = self.oracle.layer_costs(topology.devices[self.devices[placement.vstage_to_rank[v]]])
+            rank = placement.vstage_to_rank[v]
+            device = topology.devices[self.devices[rank]]
+            costs = self.oracle.layer_costs(device)
             f, b = sum(costs.fwd[start:end]), sum(costs.bwd[start:end])
+            # A rank's optimizer step pays the framework's per-step overhead once, with its first chunk's update.
+            step = sum(costs.opt[start:end]) + (0.0 if rank in stepped else self.oracle.step_overhead_s(device))
+            stepped.add(rank)
             self._times.append({OpKind.F: f, OpKind.B: b, OpKind.I: b / 2, OpKind.W: b / 2, OpKind.R: f,
-                                OpKind.OPT_STEP: sum(costs.opt[start:end])})
+                                OpKind.OPT_STEP: step})
 
     def compute_time(self, kind: OpKind, vstage: int) -> float:
         """Duration in s of a compute-stream op (F, B, I, W, R, OPT_STEP) of ``vstage``; 0 for bookkeeping ops."""

@@ -10,7 +10,13 @@ A layer's time on a device is, in order of preference:
 1. a device-independent synthetic time (the ``uniform`` model's ``fwd_ms``/``bwd_ms``), scaled by microbatch size;
 2. a measured time from a profile whose device matches (``--profile``), scaled linearly from the profile's
    microbatch size;
-3. a roofline estimate: ``max(flops / (peak × efficiency), bytes_moved / memory_bandwidth) + launch_overhead``.
+3. on a GPU, for a GPT layer (one that carries its ``transformer`` dimensions), the kernel-level model of
+   :mod:`sim.cost.gpu_time`: the layer's kernels issued by the host and run in order by the GPU;
+4. otherwise a roofline estimate: ``max(flops / (peak × efficiency), bytes_moved / memory_bandwidth) +
+   launch_overhead``.
+
+On a GPU every NCCL call (a collective, a point-to-point message) adds the kernel model's per-call latency, and
+every optimizer step its framework overhead (:meth:`CostOracle.step_overhead_s`).
 
 A point-to-point message between two ranks that both run on the profile's device takes the profile's fitted
 ``latency + bytes / bandwidth`` when it has one (measured between two processes of that machine), else the
@@ -26,11 +32,12 @@ Collectives (tensor- and data-parallel) and point-to-point messages that several
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 
 from sim.core.errors import SpecError
 from sim.cost.collectives import CollectiveCost, collective_cost, concurrent_transfer
+from sim.cost.gpu_time import KernelModel, default_kernel_model, optimizer_seconds, transformer_layer_seconds
 from sim.cost.profile import MeasuredProfile
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology, message_time
@@ -77,25 +84,49 @@ class CostOracle:
         optimizer_shards: replicas the optimizer state is split across (ZeRO-1's data-parallel degree; 1 without).
             The graph itself is what one device holds: a tensor-parallel shard (``sim.models.build_model``'s
             ``sharding``).
+        kernel_model: the software constants of the GPU kernel model (default: the built-in, fitted ones).
 
     Raises:
         SpecError: ``microbatch_size`` or ``optimizer_shards`` < 1.
     """
 
     def __init__(self, graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None = None,
-                 topology: Topology | None = None, *, optimizer_shards: int = 1) -> None:
+                 topology: Topology | None = None, *, optimizer_shards: int = 1,
+                 kernel_model: KernelModel | None = None) -> None:
         if microbatch_size < 1:
             raise SpecError(f"microbatch size must be >= 1, got {microbatch_size}")
         if optimizer_shards < 1:
             raise SpecError(f"optimizer shards must be >= 1, got {optimizer_shards}")
         self.graph, self.microbatch_size, self.profile, self._topology = graph, microbatch_size, profile, topology
         self.optimizer_shards = optimizer_shards
+        self._kernel_model = kernel_model
         self._collectives: dict[tuple, CollectiveCost] = {}
         self._p2p = None
         if profile is not None and profile.p2p_latency_s is not None and profile.p2p_bandwidth:
             self._p2p = (profile.p2p_latency_s, profile.p2p_bandwidth)
         self._by_device: dict[str, LayerCosts] = {}
         self._prefix: dict[str, list[float]] = {}
+
+    @property
+    def kernel_model(self) -> KernelModel:
+        """The GPU kernel model's constants (the built-in ones unless given), read on first use."""
+        if self._kernel_model is None:
+            self._kernel_model = default_kernel_model()
+        return self._kernel_model
+
+    def step_overhead_s(self, device: DeviceSpec) -> float:
+        """Framework time of one optimizer step on ``device`` outside its kernels, s: the kernel model's on a GPU
+        whose layers are not measured, else 0 (a measured step time includes it)."""
+        if not device.is_gpu or self.profile_applies(device):
+            return 0.0
+        return self.kernel_model.step_overhead_s
+
+    def _nccl_call_s(self, ranks: tuple[int, ...]) -> float:
+        """Device latency every NCCL call adds (the kernel model's) when ``ranks`` are all GPUs, else 0."""
+        devices = self.topology.devices
+        if all(devices[rank].is_gpu for rank in ranks):
+            return self.kernel_model.collective_latency_s
+        return 0.0
 
     @property
     def topology(self) -> Topology:
@@ -148,6 +179,15 @@ class CostOracle:
                 bwd.append(measured[i].bwd_s * scale)
                 opt.append(measured[i].opt_s)
                 continue
+            if device.is_gpu and layer.transformer is not None:
+                model = self.kernel_model
+                seconds = transformer_layer_seconds(layer.transformer, size, device, model,
+                                                    selective_recompute=layer.recompute_flops > 0)
+                fwd.append(seconds.fwd)
+                bwd.append(seconds.bwd)
+                opt.append(optimizer_seconds(graph.param_count(i) / self.optimizer_shards, device, model,
+                                             graph.dtype_bytes))
+                continue
             act = size * (_in_bytes(graph, i) + layer.activation_bytes)
             fwd_bytes = layer.param_bytes + act  # read weights, read input, write output
             bwd_bytes = 2 * layer.param_bytes + 2 * act  # read weights, write weight grads, the same tensors again
@@ -193,7 +233,9 @@ class CostOracle:
                 and self.profile_applies(self.device_of(dst_rank))):
             latency, bandwidth = self._p2p
             return latency + nbytes / bandwidth
-        return self.topology.transfer_time(nbytes, src_rank, dst_rank)
+        if src_rank == dst_rank:
+            return 0.0
+        return self.topology.transfer_time(nbytes, src_rank, dst_rank) + self._nccl_call_s((src_rank, dst_rank))
 
     def collective(self, kind: str, groups: tuple[tuple[int, ...], ...], nbytes: int,
                    algorithm: str = "auto") -> CollectiveCost:
@@ -203,7 +245,11 @@ class CostOracle:
         key = (kind, groups, nbytes, algorithm)
         cost = self._collectives.get(key)
         if cost is None:
-            cost = self._collectives[key] = collective_cost(self.topology, kind, groups, nbytes, algorithm)
+            cost = collective_cost(self.topology, kind, groups, nbytes, algorithm)
+            latency = self._nccl_call_s(tuple(rank for group in groups for rank in group))
+            if latency and cost.seconds:
+                cost = replace(cost, seconds=cost.seconds + latency)
+            self._collectives[key] = cost
         return cost
 
     def concurrent_transfer(self, pairs: tuple[tuple[int, int], ...],
@@ -214,7 +260,9 @@ class CostOracle:
             (src, dst), = pairs
             path = self.topology.path(src, dst) if src != dst else ()
             return self.transfer_time(nbytes, src, dst), tuple(sorted(((link.src, link.dst), nbytes) for link in path))
-        return concurrent_transfer(self.topology, pairs, nbytes)
+        seconds, link_bytes = concurrent_transfer(self.topology, pairs, nbytes)
+        moving = tuple(rank for src, dst in pairs if src != dst for rank in (src, dst))
+        return (seconds + self._nccl_call_s(moving) if moving and seconds else seconds), link_bytes
 
     def host_to_device_s(self, rank: int, nbytes: float) -> float:
         """Time in s to copy ``nbytes`` from the host memory of ``rank``'s server to its device (a PREFETCH)."""

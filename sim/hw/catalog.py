@@ -62,6 +62,9 @@ class DeviceSpec:
         host_link: name of the :class:`LinkSpec` of the card's link to its host memory: PCIe x16, or NVLink-C2C to
             the Grace CPU on a GH200.
         source: citation of every number above.
+        compute_units: streaming multiprocessors (compute units on AMD), the slots a kernel's thread blocks fill in
+            waves; 0 for a CPU or the ideal device, which the kernel-level GPU model (:mod:`sim.cost.gpu_time`)
+            then leaves to the roofline.
     """
 
     name: str
@@ -72,6 +75,12 @@ class DeviceSpec:
     launch_overhead_s: float
     host_link: str
     source: str = field(repr=False)
+    compute_units: int = 0
+
+    @property
+    def is_gpu(self) -> bool:
+        """Whether the device runs kernels on compute units (a GPU), so that its kernels can be costed one by one."""
+        return self.compute_units > 0
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,8 @@ _DEVICE_FIELDS = (
     "host_link",
     "source",
 )
+#: Fields a device entry may leave out (older catalogs): ``compute_units`` (0, the roofline).
+_OPTIONAL_DEVICE_FIELDS = ("compute_units",)
 _LINK_FIELDS = ("name", "bandwidth_gbs", "spec_bandwidth_gbs", "latency_us", "source")
 
 
@@ -134,10 +145,11 @@ def _entries(data: Any, key: str, where: str) -> list[dict[str, Any]]:
     return data[key]
 
 
-def _check_fields(entry: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
+def _check_fields(entry: dict[str, Any], fields: tuple[str, ...], where: str,
+                  optional: tuple[str, ...] = ()) -> None:
     """Reject missing or unknown fields and an empty name or source."""
     missing = [f for f in fields if f not in entry]
-    unknown = sorted(set(entry) - set(fields))
+    unknown = sorted(set(entry) - set(fields) - set(optional))
     if missing or unknown:
         raise SpecError(f"{where}: missing field(s) {missing} / unknown field(s) {unknown}")
     for key in ("name", "source"):
@@ -171,7 +183,10 @@ def _parse_link(entry: dict[str, Any], where: str) -> LinkSpec:
 
 
 def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpec]) -> DeviceSpec:
-    _check_fields(entry, _DEVICE_FIELDS, where)
+    _check_fields(entry, _DEVICE_FIELDS, where, _OPTIONAL_DEVICE_FIELDS)
+    units = entry.get("compute_units", 0)
+    if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+        raise SpecError(f"{where}: field 'compute_units' must be a whole number >= 0, got {units!r}")
     ideal = entry["name"] == "ideal"
     efficiency = _number(entry, "matmul_efficiency", where, allow_inf=False)
     if efficiency > 1:
@@ -187,6 +202,7 @@ def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpe
         launch_overhead_s=_number(entry, "launch_overhead_us", where, allow_inf=False, allow_zero=True) / _PER_MICRO,
         host_link=entry["host_link"],
         source=entry["source"].strip(),
+        compute_units=units,
     )
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
-from sim.models.graph import Layer, LayerGraph, canonical_spec
+from sim.models.graph import Layer, LayerGraph, TransformerPart, canonical_spec
 from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, lone_gather_or_scatter, padded_vocab
 
 __all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "build", "block_params", "block_flops_fwd", "block_saved_bytes",
@@ -137,6 +137,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     if s % ts:
         raise SpecError(f"sequence parallelism splits the sequence: tp={t} must divide seq={s} in {spec!r}")
     vt = padded_vocab(v, t) // t  # vocabulary rows per shard
+    dims = dict(seq=s, hidden=h, heads=a, vocab=vt * t, tp=t, sequence_parallel=sharding.sequence_parallel)
 
     full = DTYPE_BYTES * s * h  # one fp16 s x h tensor (Megatron §2.2: b*s*h)
     act = full // ts  # what crosses every stage boundary: the whole tensor, or this shard's s/t of it
@@ -156,6 +157,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
         saved_bytes=act + s * h // ts,
         fwd=embed_fwd,
         bwd=embed_bwd,
+        transformer=TransformerPart("embedding", **dims),
     )
     flops = block_flops_fwd(s, h) // t
     block_comm = all_reduce(full, times=2) if t > 1 else none
@@ -174,6 +176,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
         "recompute_flops": float(4 * s * s * h // t) if sharding.selective_recompute else 0.0,
         "fwd": block_comm,
         "bwd": block_comm,
+        "transformer": TransformerPart("block", **dims),
     }
     blocks = [_layer(name=f"block{i}", **block_kwargs) for i in range(n_layers)]  # type: ignore[arg-type]
     head_fwd = all_reduce(4 * s, times=3) if t > 1 else none  # vocab-parallel cross entropy, fp32 per token
@@ -199,6 +202,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
         workspace_bytes=DTYPE_BYTES * s * vt,  # fp16 logits before the cast to fp32 for the loss
         fwd=head_fwd,
         bwd=head_bwd,
+        transformer=TransformerPart("head", **dims),
     )
     return LayerGraph(spec, [embed, *blocks, head], dtype_bytes=DTYPE_BYTES, input_bytes=TOKEN_ID_BYTES * s)
 

@@ -24,7 +24,36 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-__all__ = ["Layer", "LayerGraph", "canonical_spec"]
+__all__ = ["Layer", "LayerGraph", "TransformerPart", "canonical_spec"]
+
+
+@dataclass(frozen=True, slots=True)
+class TransformerPart:
+    """What a GPT layer shard is, for a cost model that lists its kernels (:mod:`sim.cost.gpu_time`).
+
+    Attributes:
+        part: ``"embedding"``, ``"block"`` or ``"head"``.
+        seq, hidden, heads: sequence length, hidden size and attention heads of the whole model.
+        vocab: vocabulary rows of the whole model, padded to a multiple of ``tp``.
+        tp: tensor-parallel degree of the shard.
+        sequence_parallel: Megatron's sequence parallelism.
+    """
+
+    part: str
+    seq: int
+    hidden: int
+    heads: int
+    vocab: int
+    tp: int = 1
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        if self.part not in ("embedding", "block", "head"):
+            raise ValueError(f"transformer part must be embedding, block or head, got {self.part!r}")
+        for attr in ("seq", "hidden", "heads", "vocab", "tp"):
+            value = getattr(self, attr)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"transformer part: {attr} must be a positive int, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +86,8 @@ class Layer:
         tp_comm_bwd_count: the same for the backward.
         recompute_flops: FLOPs per sample that the backward re-runs under selective activation recomputation
             (Korthikanti et al. 2022, arXiv 2205.05198 §5), on top of ``flops_bwd``; 0 without it.
+        transformer: for a GPT layer, which part of the transformer it is and its dimensions, so that a GPU's
+            time can be costed from its kernels; None for other models.
     """
 
     name: str
@@ -74,6 +105,7 @@ class Layer:
     tp_comm_fwd_count: int = 0
     tp_comm_bwd_count: int = 0
     recompute_flops: float = 0.0
+    transformer: TransformerPart | None = None
 
     def __post_init__(self) -> None:
         for attr in ("name", "kind"):

@@ -11,6 +11,7 @@ import pytest
 
 from sim.core.errors import SpecError
 from sim.cost.kernels import (
+    fused_softmax_available,
     KINDS,
     block_kernels,
     block_parameters,
@@ -91,19 +92,19 @@ def test_forward_gemm_shapes_are_megatrons_column_and_row_parallel_linears():
 
 
 def test_forward_runs_megatrons_pre_ln_block_in_order_and_backward_reverses_it():
-    kinds = [k.kind for k in block(1, 256, 256, 4, 2)]
+    kinds = [k.kind for k in block(2, 256, 256, 4, 2)]
     assert kinds == ["norm", "gemm", "gemm", "softmax", "dropout", "gemm", "elementwise", "gemm", "dropout", "norm",
                      "gemm", "elementwise", "gemm", "dropout"]  # the elementwise after P·V: the context permute copy
-    forward = [k.name for k in block(1, 256, 256, 4, 2)]
+    forward = [k.name for k in block(2, 256, 256, 4, 2)]
     stems = []
-    for k in block(1, 256, 256, 4, 2, backward=True):
+    for k in block(2, 256, 256, 4, 2, backward=True):
         stem = k.name.removesuffix("_bwd")
         for suffix in ("_dgrad", "_wgrad", "_bias_grad", "_vgrad", "_qgrad", "_kgrad"):
             stem = stem.removesuffix(suffix)
         if stem in forward and stem not in stems:
             stems.append(stem)
     assert stems == forward[::-1]
-    assert all(k.kind in KINDS for k in block(1, 256, 256, 4, 2, backward=True))
+    assert all(k.kind in KINDS for k in block(2, 256, 256, 4, 2, backward=True))
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -277,3 +278,30 @@ def test_optimizer_step_moves_the_mixed_precision_adam_states():
 def test_bad_shapes_are_refused_with_the_offending_value(call, value):
     with pytest.raises(SpecError, match=value.replace(".", r"\.")):
         call()
+
+
+def test_fused_softmax_follows_megatrons_availability_rule():
+    # 16 heads at s = 1024: a block of 128 threads takes 4 rows (warps of 32 lanes, one row each), so b·heads must be
+    # a multiple of 4: every tensor-parallel degree up to 4 qualifies at b = 1, t = 8 (2 heads per rank) only from b = 2
+    assert [fused_softmax_available(1, 16 // t, 1024) for t in (1, 2, 4, 8)] == [True, True, True, False]
+    assert fused_softmax_available(2, 2, 1024)
+    # short rows: s = 64 rounds to 64 lanes → warps of 32 lanes taking 2 rows each, 8 rows per block
+    assert not fused_softmax_available(1, 4, 64) and fused_softmax_available(2, 4, 64)
+    assert not fused_softmax_available(4, 4, 1024, dtype_bytes=4)  # fp32 input
+    assert not fused_softmax_available(4, 4, 16) and not fused_softmax_available(4, 4, 8192)  # outside 16 < s ≤ 4096
+    assert not fused_softmax_available(4, 4, 1022)  # s not a multiple of 4
+
+
+def test_unfused_softmax_runs_five_fp32_kernels_each_way_over_the_same_scores():
+    b, s, h, a, t = 1, 1024, 1024, 16, 8  # 2 attention batches: unfused
+    scores = b * (a // t) * s * s
+    forward = [k for k in block(b, s, h, a, t) if k.name.startswith("softmax_")]
+    backward = [k for k in block(b, s, h, a, t, backward=True) if k.name.startswith("softmax_")]
+    assert [k.name for k in forward] == ["softmax_cast_fp32", "softmax_scale", "softmax_mask_fill", "softmax_fp32",
+                                         "softmax_cast_half"]
+    assert [k.name.removesuffix("_bwd") for k in backward] == [k.name for k in forward][::-1]
+    # bytes: casts move 2 + 4 per score, the fp32 passes 8 (12 for the softmax backward), the mask s² once per pass
+    assert sum(k.bytes for k in forward) == scores * (6 + 8 + 8 + 8 + 6) + s * s
+    assert sum(k.bytes for k in backward) == scores * (6 + 12 + 8 + 8 + 6) + s * s
+    fused = [k for k in block(2, s, h, a, t) if "softmax" in k.name]
+    assert [k.name for k in fused] == ["scale_mask_softmax"]

@@ -1,0 +1,207 @@
+"""Seconds of a transformer layer on a GPU, from the kernels it runs (issue #13): the kernel-level cost model.
+
+A layer's forward or backward on a GPU is not one roofline. It is a sequence of kernels (:mod:`sim.cost.kernels`)
+that a host thread issues one after another and the GPU runs in order; at the sizes people train small and
+medium models at, the host is often the slower of the two. So the time of a sequence is the finish time of this
+recurrence over its kernels k = 1..n (a CPU thread feeding an in-order GPU queue):
+
+    issued_k = issued_(k-1) + host_k                  (the framework's CPU time to issue kernel k)
+    done_k   = max(done_(k-1), issued_k) + gpu_k      (the GPU starts k once it is issued and k-1 is done)
+
+which is ``max(Σ host, Σ gpu)`` at the extremes and smooth in between. A kernel's GPU time:
+
+* a GEMM (M × N × K, ``batch`` times): its output is cut into ``tile × tile`` tiles, which fill the device's compute
+  units in waves, so the work done is ``waves · units · 2 · tile² · (K + k_overhead)`` FLOPs (tile and wave
+  quantisation; ``k_overhead`` is the tile's prologue and epilogue in K-steps, the small-K falloff), at
+  ``peak_flops · matmul_efficiency`` (the catalog's measured large-GEMM ceiling); or its bytes at the achieved
+  memory bandwidth, whichever is longer;
+* attention (FlashAttention) the same roofline over its FLOPs and bytes; every other kernel (norms, softmax,
+  dropout, GELU, adds, copies, the loss, the optimizer) its bytes at ``memory_bandwidth · memory_efficiency``;
+* plus ``kernel_gap_s``, the GPU's own launch latency and tail between two kernels.
+
+Tensor-parallel collectives are costed by :mod:`sim.cost.collectives` on the topology (the engine's TP ops); their
+host side, ``host_collective_s`` per NCCL call, is issued inside the layer's sequence here. Every NCCL call (a
+collective or a point-to-point message between GPUs) also pays ``collective_latency_s`` on the device (launch
+and protocol hand-shake; NCCL's own tuning model adds a base latency of 6.6–8.4 µs per call before any
+per-step latency, ``../shared/reference/hardware.md`` §2.5). Each optimizer step pays ``step_overhead_s`` of
+framework time (the loss-scale overflow check, gradient clipping's norm, zeroing, bookkeeping).
+
+The device numbers come from the catalog only (peak FLOP/s, matmul efficiency, memory bandwidth, compute units),
+so the model carries to another GPU; the constants of :class:`KernelModel` describe the software (framework,
+cuBLAS, NCCL), not a device, and are fitted on the fit half of the vTrain runs (``profiles/hardware/
+kernel_model.yaml`` says how; ``python -m experiments.run vtrain --fit`` refits them). Each layer is a sequence of
+its own: the queue a layer leaves behind is not carried into the next one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+from sim.core.errors import SpecError
+from sim.cost import kernels as K
+from sim.hw.catalog import DeviceSpec, load_yaml
+from sim.models.graph import TransformerPart
+
+__all__ = ["KernelModel", "default_kernel_model", "load_kernel_model", "kernel_seconds", "sequence_seconds",
+           "transformer_layer_seconds", "optimizer_seconds", "LayerSeconds"]
+
+
+@dataclass(frozen=True)
+class KernelModel:
+    """Software constants of the kernel-level GPU cost (units in the names; module docstring for each role).
+
+    Attributes:
+        host_issue_s: CPU time the framework spends issuing one kernel, s.
+        host_collective_s: CPU time of issuing one NCCL collective, s.
+        kernel_gap_s: GPU time between two kernels of a stream, s.
+        memory_efficiency: achieved / peak memory bandwidth of memory-bound kernels, in (0, 1].
+        gemm_k_overhead: a GEMM tile's prologue and epilogue, in K-steps (elements of K), ≥ 0.
+        gemm_tile: edge of a GEMM's output tile, elements.
+        collective_latency_s: device time every NCCL call adds, s.
+        step_overhead_s: framework time per optimizer step outside its kernels, s.
+        source: how the figures were obtained.
+    """
+
+    host_issue_s: float
+    host_collective_s: float
+    kernel_gap_s: float
+    memory_efficiency: float
+    gemm_k_overhead: float
+    gemm_tile: int
+    collective_latency_s: float
+    step_overhead_s: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name == "source":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise SpecError(f"kernel model: {item.name} must be a finite number >= 0, got {value!r}")
+        if not 0 < self.memory_efficiency <= 1:
+            raise SpecError(f"kernel model: memory_efficiency must be in (0, 1], got {self.memory_efficiency!r}")
+        if not isinstance(self.gemm_tile, int) or self.gemm_tile < 1:
+            raise SpecError(f"kernel model: gemm_tile must be a positive integer, got {self.gemm_tile!r}")
+
+    def replace(self, **changes: Any) -> KernelModel:
+        """A copy with ``changes`` (for fitting)."""
+        values = {item.name: getattr(self, item.name) for item in fields(self)}
+        values.update(changes)
+        return KernelModel(**values)
+
+
+#: Fields of ``kernel_model.yaml``: the dataclass's, with units in the names.
+_FIELDS = tuple(item.name for item in fields(KernelModel))
+
+
+def load_kernel_model(text: str, where: str) -> KernelModel:
+    """Parse a kernel-model YAML document (``profiles/hardware/kernel_model.yaml``'s format); SpecError naming
+    ``where`` and the field on anything missing, unknown or out of range."""
+    data = load_yaml(text)
+    if not isinstance(data, dict) or not isinstance(data.get("kernel_model"), dict):
+        raise SpecError(f"{where}: expected a top-level 'kernel_model:' mapping")
+    entry = data["kernel_model"]
+    missing = [name for name in _FIELDS if name not in entry]
+    unknown = sorted(set(entry) - set(_FIELDS))
+    if missing or unknown:
+        raise SpecError(f"{where}: missing field(s) {missing} / unknown field(s) {unknown}")
+    try:
+        return KernelModel(**{name: (entry[name].strip() if name == "source" else entry[name]) for name in _FIELDS})
+    except SpecError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+
+
+@cache
+def default_kernel_model() -> KernelModel:
+    """The built-in constants, ``profiles/hardware/kernel_model.yaml`` (loaded once)."""
+    path = files("profiles") / "hardware" / "kernel_model.yaml"
+    return load_kernel_model(path.read_text(encoding="utf-8"), str(path))
+
+
+def kernel_seconds(kernel: K.Kernel, device: DeviceSpec, model: KernelModel) -> float:
+    """GPU time of one kernel on ``device``, s (module docstring), including the gap after it."""
+    memory = kernel.bytes / (device.memory_bandwidth * model.memory_efficiency)
+    compute = 0.0
+    throughput = device.peak_flops * device.matmul_efficiency  # FLOP/s
+    if kernel.kind == "gemm" and kernel.gemm is not None:
+        m, n, k = kernel.gemm
+        tile = model.gemm_tile
+        tiles = math.ceil(m / tile) * math.ceil(n / tile) * kernel.batch
+        waves = math.ceil(tiles / max(device.compute_units, 1))
+        compute = waves * max(device.compute_units, 1) * 2.0 * tile * tile * (k + model.gemm_k_overhead) / throughput
+    elif kernel.kind == "attention":
+        compute = kernel.flops / throughput
+    return max(compute, memory) + model.kernel_gap_s
+
+
+def sequence_seconds(steps: list[tuple[float, float]]) -> float:
+    """Finish time in s of ``(host s, gpu s)`` steps issued by one thread into one in-order GPU queue."""
+    issued = done = 0.0
+    for host, gpu in steps:
+        issued += host
+        done = max(done, issued) + gpu
+    return done
+
+
+@dataclass(frozen=True)
+class LayerSeconds:
+    """One transformer layer's times for one microbatch on one device, s."""
+
+    fwd: float
+    bwd: float
+
+
+#: Kernels after which a Megatron block calls its tensor-parallel collective (the row-parallel linears' outputs
+#: in the forward, the column-parallel linears' input gradients in the backward).
+_BLOCK_COLLECTIVE_AFTER = {"attention_output", "mlp_down", "qkv_wgrad", "mlp_up_wgrad"}
+
+
+def _steps(kernels: tuple[K.Kernel, ...], device: DeviceSpec, model: KernelModel, tp: int,
+           collective_after: set[str], extra_collectives: int = 0) -> list[tuple[float, float]]:
+    steps = []
+    for kernel in kernels:
+        steps.append((model.host_issue_s, kernel_seconds(kernel, device, model)))
+        if tp > 1 and kernel.name in collective_after:
+            steps.append((model.host_collective_s, 0.0))  # the device time is the engine's TP op
+    steps.extend([(model.host_collective_s, 0.0)] * (extra_collectives if tp > 1 else 0))
+    return steps
+
+
+def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, device: DeviceSpec,
+                              model: KernelModel, *, selective_recompute: bool = False) -> LayerSeconds:
+    """Forward and backward time of one GPT layer shard for one microbatch of ``microbatch_size`` on ``device``
+    (full recomputation re-runs the forward as its own op; selective recomputation's attention core is in the
+    backward here)."""
+    b, s, h, a, t = microbatch_size, part.seq, part.hidden, part.heads, part.tp
+    sp, vocab = part.sequence_parallel, part.vocab
+    if part.part == "block":
+        fwd_k, bwd_k = K.layer_step_kernels(b, s, h, a, t, sequence_parallel=sp,
+                                            recompute="selective" if selective_recompute else "none")
+        fwd = _steps(fwd_k, device, model, t, _BLOCK_COLLECTIVE_AFTER)
+        bwd = _steps(bwd_k, device, model, t, _BLOCK_COLLECTIVE_AFTER)
+    elif part.part == "embedding":
+        fwd = _steps(K.embedding_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=False), device, model, t,
+                     set(), extra_collectives=1)
+        bwd = _steps(K.embedding_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=True), device, model, t,
+                     set())
+    else:  # the head: the vocabulary-parallel cross entropy's three all-reduces, the input gradient's one
+        fwd = _steps(K.head_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=False), device, model, t,
+                     set(), extra_collectives=3)
+        bwd = _steps(K.head_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=True), device, model, t,
+                     set(), extra_collectives=1)
+    return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
+
+
+def optimizer_seconds(params: float, device: DeviceSpec, model: KernelModel, dtype_bytes: int) -> float:
+    """Time of the mixed-precision Adam step's kernels over ``params`` parameters (a layer's, or its ZeRO-1 share),
+    s; 0 for none. The step's framework overhead is :attr:`KernelModel.step_overhead_s`, once per stage."""
+    count = math.ceil(params)
+    if count <= 0:
+        return 0.0
+    kernels = K.optimizer_kernels(count, dtype_bytes=dtype_bytes)
+    return sequence_seconds([(model.host_issue_s, kernel_seconds(k, device, model)) for k in kernels])
