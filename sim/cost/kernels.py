@@ -1,10 +1,8 @@
 """The kernels one GPT layer shard really runs: each with its FLOPs, bytes moved and (for GEMMs) its M, N, K.
 
-An inventory, not a cost: :mod:`sim.cost.oracle` costs a whole layer as one roofline; a kernel-level cost model
-(issue #13 item 1) needs to know what a layer launches. This module lists, for one tensor-parallel rank of a
-Megatron-LM GPT model, the forward and backward kernels of the embedding, of one decoder block and of the head,
-in execution order. Communication (the tensor-parallel all-reduces, or all-gathers and reduce-scatters under
-sequence parallelism) is not listed: it is costed by :mod:`sim.cost.collectives`.
+An inventory, not a cost (:mod:`sim.cost.gpu_time` costs it): for one tensor-parallel rank of a Megatron-LM GPT
+model, the forward and backward kernels of the embedding, a decoder block and the head, in execution order.
+Communication is not listed: :mod:`sim.cost.collectives` costs it.
 
 Sources:
 
@@ -33,11 +31,8 @@ Sources:
 Conventions: ``bytes`` counts every tensor a kernel reads plus every tensor it writes, once, in the training dtype
 (``dtype_bytes``) unless stated (1-byte dropout masks, fp32 LayerNorm statistics, 8-byte token ids, fp32 loss).
 Memory-bound kernels carry an approximate FLOP count (a few operations per element); they are bound by their bytes.
-The softmax is Megatron's fused kernel where its conditions hold (:func:`fused_softmax_available`: 16-bit
-activations, the sequence within the kernel's limit, the attention batches a multiple of 4); otherwise the five
-kernels PyTorch runs in its place (an fp32 softmax between casts, a scale and a mask).
-FLOPs of attention count the full s×s score matrix, as Megatron's unfused kernels compute it (a causal
-FlashAttention skips the tiles above the diagonal; a cost model may halve those).
+The softmax is Megatron's fused kernel where :func:`fused_softmax_available` says so, else PyTorch's five kernels.
+Attention FLOPs count the full s×s score matrix, as Megatron's unfused kernels compute it.
 """
 
 from __future__ import annotations
@@ -47,9 +42,9 @@ from dataclasses import dataclass
 
 from sim.core.errors import SpecError
 
-__all__ = ["Kernel", "KINDS", "fused_softmax_available", "block_kernels", "block_parameters", "embedding_kernels", "head_kernels",
-           "layer_step_kernels", "optimizer_kernels", "RECOMPUTE_MODES",
-           "FLASH_QUERY_TILE", "MASK_BYTES", "STAT_BYTES", "TOKEN_ID_BYTES"]
+__all__ = ["Kernel", "KINDS", "fused_softmax_available", "block_kernels", "block_parameters", "embedding_kernels",
+           "head_kernels", "layer_step_kernels", "optimizer_kernels", "RECOMPUTE_MODES", "FLASH_QUERY_TILE",
+           "MASK_BYTES", "STAT_BYTES", "TOKEN_ID_BYTES"]
 
 #: Kernel kinds: how a cost model should treat one.
 KINDS = ("gemm", "attention", "elementwise", "norm", "softmax", "dropout", "loss", "optimizer")
@@ -63,7 +58,7 @@ TOKEN_ID_BYTES = 8
 #: Query rows per FlashAttention tile (FlashAttention-2 §3.3: block sizes of 64 or 128; 128 for head dims ≤ 128).
 FLASH_QUERY_TILE = 128
 
-# Approximate FLOPs per element of the memory-bound kernels (they are costed by bytes; these are for completeness).
+# Approximate FLOPs per element of the memory-bound kernels (costed by their bytes).
 _LN_FLOPS, _SOFTMAX_FLOPS, _DROPOUT_FLOPS, _GELU_FLOPS, _ADD_FLOPS = 8, 5, 2, 8, 1
 
 
@@ -120,11 +115,9 @@ def _residual_grad_add(name: str, tokens: int, h: int, db: int) -> Kernel:
 
 
 def fused_softmax_available(b: int, heads: int, s: int, dtype_bytes: int = 2) -> bool:
-    """Whether Megatron's fused causal softmax kernel runs for ``b`` sequences of ``s`` tokens over ``heads`` heads
-    (this rank's), as ``FusedScaleMaskSoftmax.is_kernel_available`` decides: 16-bit input, 16 < s ≤ 4096 (2048 in
-    older versions), s divisible by 4, and the b·heads attention batches divisible by 4 and by the kernel's batches
-    per thread block (``get_batch_per_block``: 128 threads of warps of min(2^⌈log₂ s⌉, 32) lanes, each warp taking
-    2 rows when 2^⌈log₂ s⌉ ≤ 128, else 1). Otherwise PyTorch runs the softmax as separate kernels (``_unfused``)."""
+    """Whether Megatron's fused causal softmax runs (``FusedScaleMaskSoftmax.is_kernel_available``): 16-bit input,
+    16 < s ≤ 4096, 4 | s, and b·heads (this rank's) divisible by 4 and by ``get_batch_per_block`` (128 threads in warps
+    of min(2^⌈log₂ s⌉, 32) lanes, 2 rows a warp when 2^⌈log₂ s⌉ ≤ 128). Else PyTorch's five kernels run instead."""
     if dtype_bytes != 2 or not 16 < s <= 4096 or s % 4:
         return False
     pow2 = 1 << (s - 1).bit_length()
@@ -134,9 +127,8 @@ def fused_softmax_available(b: int, heads: int, s: int, dtype_bytes: int = 2) ->
 
 
 def _unfused_softmax(scores: int, s: int, db: int, backward: bool) -> list[Kernel]:
-    """Megatron's fallback (``forward_torch_softmax``) over ``scores`` elements: with query-key layer scaling on (the
-    default) the softmax runs in fp32, so the scores are cast up, scaled, masked (``masked_fill`` with the s × s
-    causal mask, read once per kernel), softmaxed and cast down: five kernels, and their five gradients backward."""
+    """Megatron's fallback (``forward_torch_softmax``) over ``scores`` elements, in fp32 (query-key layer scaling on,
+    the default): cast up, scale, ``masked_fill`` with the s × s causal mask, softmax, cast down; and their gradients."""
     f32 = STAT_BYTES
     if not backward:
         return [
