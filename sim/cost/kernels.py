@@ -25,12 +25,10 @@ Sources:
   one fused kernel that never writes the b·a·s² score matrix, keeps a per-row log-sum-exp (fp32) for the backward,
   regenerates the dropout mask from the RNG state and streams K, V once per 128-row query tile (§3.3's block
   sizes); its backward streams Q, dO and an fp32 dQ accumulator once per key tile and recomputes the scores:
-  5 matmuls against the forward's 2, 2.5× its FLOPs. HBM traffic is counted as the algorithms state it; the GPU's
-  L2 cache may serve some of the re-reads.
+  5 matmuls against the forward's 2, 2.5× its FLOPs. HBM traffic as the algorithms state it (L2 may serve re-reads).
 
 Conventions: ``bytes`` counts every tensor a kernel reads plus every tensor it writes, once, in the training dtype
 (``dtype_bytes``) unless stated (1-byte dropout masks, fp32 LayerNorm statistics, 8-byte token ids, fp32 loss).
-Memory-bound kernels carry an approximate FLOP count (a few operations per element); they are bound by their bytes.
 The softmax is Megatron's fused kernel where :func:`fused_softmax_available` says so, else PyTorch's five kernels.
 Attention FLOPs count the full s×s score matrix, as Megatron's unfused kernels compute it.
 """
