@@ -25,12 +25,15 @@ import csv
 import io
 import random
 import statistics
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.vtrain_fit import FITTED, fit_kernel_model, kernel_model_yaml
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text, write_bytes_atomic, write_text_atomic
+from sim.cost.gpu_time import KernelModel, default_kernel_model, load_kernel_model
 from sim.plan.build import PlanInputs, build_plan
 from sim.predict import predict
 
@@ -71,14 +74,17 @@ class Run:
 
 
 def load_runs(path: Path) -> list[Run]:
-    """The runs of a vTrain-format CSV; SpecError naming the file and line on anything malformed."""
+    """The runs of a vTrain-format CSV (the multi-node file's leading ``Parameters (billion)`` column is allowed and
+    ignored); SpecError naming the file and line on anything malformed."""
     rows = list(csv.reader(io.StringIO(read_text(path, "measured runs file"))))
-    if not rows or tuple(name.strip() for name in rows[0]) != COLUMNS:
+    header = tuple(name.strip() for name in rows[0]) if rows else ()
+    skip = 1 if header[:1] == ("Parameters (billion)",) else 0
+    if header[skip:] != COLUMNS:
         raise SpecError(f"{path} does not have vTrain's columns ({', '.join(COLUMNS)})")
     runs = []
     for number, row in enumerate(rows[1:], start=2):
         try:
-            *ints, time_ms = row
+            *ints, time_ms = row[skip:]
             values = [int(v) for v in ints]
             runs.append(Run(*values, measured_s=float(time_ms) / 1e3))
         except ValueError:
@@ -98,11 +104,29 @@ def split_runs(runs: list[Run], seed: int) -> list[str]:
     return ["fit" if i in fit else "held-out" for i in range(len(runs))]
 
 
-def predict_run(run: Run) -> float:
-    """The simulator's iteration time (s) for ``run``'s configuration."""
-    built = build_plan(PlanInputs(model=run.model, topology=f"{run.gpus}xA100", schedule="1f1b",
+def topology_of(run: Run) -> str:
+    """One server of up to 8 A100s on NVSwitch, or servers of 8 joined by InfiniBand (vTrain's ``node_size`` 8)."""
+    return f"{run.gpus}xA100" if run.gpus <= 8 else f"{run.gpus // 8}x8xA100"
+
+
+def partition_of(run: Run) -> str:
+    """Megatron-DeepSpeed's pipeline partition (``partition_method="type:transformer"``): the blocks split evenly,
+    the embedding on the first stage and the head on the last."""
+    counts = [run.layers // run.pp] * run.pp
+    counts[0] += 1
+    counts[-1] += 1
+    return ",".join(map(str, counts))
+
+
+def predict_run(run: Run, kernel_model: KernelModel | None = None) -> float:
+    """The simulator's iteration time (s) for ``run``'s configuration (with ``kernel_model``'s constants, or the
+    built-in ones)."""
+    if run.layers % run.pp:
+        raise SpecError(f"{run.layers} layers do not split evenly over {run.pp} pipeline stages")
+    built = build_plan(PlanInputs(model=run.model, topology=topology_of(run), schedule="1f1b",
                                   microbatch_size=run.microbatch, global_batch=run.global_batch, tp=run.tp, dp=run.dp,
-                                  pp=run.pp, recompute=True))
+                                  pp=run.pp, recompute=True, partition=partition_of(run) if run.pp > 1 else "balanced",
+                                  kernel_model=kernel_model))
     prediction = predict(built.plan, topology=built.topology, oracle=built.costs.oracle, check_memory=False)
     return prediction.metrics["iteration_time_s"]
 
@@ -208,6 +232,22 @@ def _plot(runs: list[Run], predicted: list[float], halves: list[str]) -> bytes:
     return buffer.getvalue()
 
 
+def _fit(runs: list[Run], halves: list[str], start: KernelModel, seed: int, out: Path) -> KernelModel:
+    """Fit the kernel model on the fit half (:mod:`experiments.vtrain_fit`), write ``out/kernel_model.yaml``."""
+    def progress(calls: int, best: float) -> None:
+        if calls % 20 == 0:
+            print(f"  fit: {calls} evaluations, objective {best:.4f}", file=sys.stderr, flush=True)
+
+    model, value, used = fit_kernel_model(runs, halves, predict_run, start, seed=seed, progress=progress)
+    note = (f"fitted by `python -m experiments.run vtrain --fit` on {used} runs sampled (seed {seed}) from the fit half "
+            f"(seeded split, seed {seed}) of vTrain's 1,440 single-node A100 runs; objective mean |error| + 0.2 max "
+            f"|error| = {value:.4f}; gemm_tile not fitted (128, cuBLAS's tensor-core tile for these shapes)")
+    write_text_atomic(kernel_model_yaml(model, note), out / "kernel_model.yaml")
+    print(f"fitted {', '.join(f'{name} = {getattr(model, name):.4g}' for name in FITTED)}; wrote "
+          f"{out}/kernel_model.yaml")
+    return model
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.run vtrain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/vtrain")
@@ -215,20 +255,33 @@ def main(argv: list[str]) -> int:
                         "single-node runs shipped in experiments/data/vtrain)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fit / held-out split (default 0)")
     parser.add_argument("--quick", action="store_true", help="a seeded sample of 48 runs")
+    parser.add_argument("--kernel-model", type=Path, help="a kernel_model.yaml to predict with (default: the "
+                        "built-in profiles/hardware/kernel_model.yaml)")
+    parser.add_argument("--fit", action="store_true", help="fit the kernel model's constants on a seeded sample of "
+                        "the fit half first (several minutes), write OUT/kernel_model.yaml and predict with it")
     args = parser.parse_args(argv)
     runs = load_runs(args.data)
-    halves = split_runs(runs, args.seed)
+    shipped = args.data.resolve() == DATA.resolve()
+    # The constants were fitted on the shipped file's fit half only: every run of another file is held out.
+    halves = split_runs(runs, args.seed) if shipped else ["held-out"] * len(runs)
+    model = default_kernel_model()
+    if args.kernel_model is not None:
+        model = load_kernel_model(read_text(args.kernel_model, "kernel model"), str(args.kernel_model))
+    out = Path(args.out)
+    if args.fit:
+        if not shipped:
+            raise SpecError("--fit fits on the shipped vTrain file's fit half; leave out --data")
+        model = _fit(runs, halves, model, args.seed, out)
     if args.quick:
         keep = sorted(random.Random(args.seed + 1).sample(range(len(runs)), min(48, len(runs))))
         runs, halves = [runs[i] for i in keep], [halves[i] for i in keep]
-    predicted = [predict_run(run) for run in runs]
+    predicted = [predict_run(run, model) for run in runs]
     errors = [p / run.measured_s - 1 for p, run in zip(predicted, runs)]
     print(f"{len(runs)} runs from {args.data.name}, split by seed {args.seed}: {halves.count('fit')} fit, "
           f"{halves.count('held-out')} held out; error = predicted / measured - 1")
     for line in _error_table(runs, halves, errors):
         print(line)
     print(_ranking(runs, predicted))
-    out = Path(args.out)
     fields = ["gpus", "global_batch", "microbatch", "hidden", "heads", "layers", "seq", "tp", "dp", "pp", "split",
               "measured_s", "predicted_s", "error"]
     text = io.StringIO()

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
+from sim.cost.gpu_time import KernelModel
 from sim.cost.model import CostModel, plan_sharding
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile, load_profile
@@ -72,6 +73,7 @@ class PlanInputs:
         sequence_parallel: Megatron's sequence parallelism (``--sequence-parallel``).
         zero: ZeRO stage, 0 or 1 (``--zero``).
         grad_overlap: reduce gradients in buckets during the last backward (``--grad-overlap``).
+        kernel_model: the GPU kernel model's software constants (default: the built-in, fitted ones).
     """
 
     model: str
@@ -93,6 +95,7 @@ class PlanInputs:
     sequence_parallel: bool = False
     zero: int = 0
     grad_overlap: bool = False
+    kernel_model: KernelModel | None = None
 
     @property
     def recompute_mode(self) -> str:
@@ -262,7 +265,7 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
             generator_options += ((VERTICAL_SYNC_OPTION, True),)
     num_vstages = len(vstage_to_rank)
     oracle = CostOracle(graph, inputs.microbatch_size, profile, topology,
-                        optimizer_shards=layout.dp if layout.zero else 1)
+                        optimizer_shards=layout.dp if layout.zero else 1, kernel_model=inputs.kernel_model)
     # The partition is balanced on the first replica's devices (tensor shard 0 of each group stands for it).
     counts = parse_partition(inputs.partition, oracle, num_vstages,
                              tuple(layout.device(rank, 0, 0) for rank in vstage_to_rank))
