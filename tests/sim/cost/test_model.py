@@ -1,10 +1,13 @@
-"""Layer costs: roofline closed form, synthetic times, measured-profile override, memory terms."""
+"""Layer costs: roofline closed form, the kernel model for GPT layers on GPUs, synthetic times, measured-profile
+override, memory terms."""
 
 import json
 
 import pytest
 
 from sim.core.errors import SpecError
+from sim.cost.gpu_time import default_kernel_model, optimizer_seconds, transformer_layer_seconds
+from sim.cost.kernels import embedding_kernels
 from sim.cost.model import CostModel
 from sim.cost.oracle import CostOracle, state_bytes_per_param
 from sim.cost.profile import load_profile
@@ -14,26 +17,77 @@ from sim.ir.plan import OpKind, Placement
 from sim.models import build_model
 
 
-def test_roofline_of_a_gpt_block_is_compute_bound_on_v100():
+def test_roofline_of_a_gpt_block_is_compute_bound_on_a_cpu():
+    # Off a GPU a GPT layer keeps the roofline: max(FLOPs / achieved FLOP/s, bytes / bandwidth) + launch overhead.
     graph = build_model("gpt:layers=2,hidden=2048,seq=1024,heads=16")
-    v100 = get_device("V100")
-    costs = CostOracle(graph, 2).layer_costs(v100)
+    cpu = get_device("cpu")
+    assert not cpu.is_gpu
+    costs = CostOracle(graph, 2).layer_costs(cpu)
     block = graph[1]
-    flops_per_s = v100.peak_flops * v100.matmul_efficiency
-    assert costs.fwd[1] == pytest.approx(2 * block.flops_fwd / flops_per_s + v100.launch_overhead_s, rel=1e-12)
-    assert costs.bwd[1] == pytest.approx(2 * block.flops_bwd / flops_per_s + v100.launch_overhead_s, rel=1e-12)
+    flops_per_s = cpu.peak_flops * cpu.matmul_efficiency
+    # Compute bound: the forward reads the weights and the input and writes the output, for 2 samples.
+    moved = block.param_bytes + 2 * (graph.boundary_bytes(1) + block.activation_bytes)
+    assert 2 * block.flops_fwd / flops_per_s > moved / cpu.memory_bandwidth
+    assert costs.fwd[1] == pytest.approx(2 * block.flops_fwd / flops_per_s + cpu.launch_overhead_s, rel=1e-12)
+    assert costs.bwd[1] == pytest.approx(2 * block.flops_bwd / flops_per_s + cpu.launch_overhead_s, rel=1e-12)
     # Adam reads and writes 16 bytes of state per parameter, memory bound.
+    state = graph.param_count(1) * 16
+    assert costs.opt[1] == pytest.approx(2 * state / cpu.memory_bandwidth + cpu.launch_overhead_s, rel=1e-12)
+
+
+def test_roofline_of_a_convolution_on_v100():
+    # A layer that is not a GPT layer keeps the roofline on a GPU too (cnn's conv1: 64 → 64 channels, 5 × 5, 256²).
+    graph = build_model("cnn:features=64,layers=3")
+    v100 = get_device("V100")
+    conv = graph[1]
+    flops_per_s = v100.peak_flops * v100.matmul_efficiency
+    moved = conv.param_bytes + 2 * (graph.boundary_bytes(1) + conv.activation_bytes)
+    assert 2 * conv.flops_fwd / flops_per_s > moved / v100.memory_bandwidth  # compute bound
+    costs = CostOracle(graph, 2).layer_costs(v100)
+    assert costs.fwd[1] == pytest.approx(2 * conv.flops_fwd / flops_per_s + v100.launch_overhead_s, rel=1e-12)
     state = graph.param_count(1) * 16
     assert costs.opt[1] == pytest.approx(2 * state / v100.memory_bandwidth + v100.launch_overhead_s, rel=1e-12)
 
 
-def test_embedding_lookup_is_memory_bound():
-    graph = build_model("gpt:layers=1,hidden=512,seq=64,vocab=1000")
+def test_gpt_layers_on_a_gpu_are_their_kernels():
+    # Issue #13: on a GPU a GPT layer is its kernel sequence (sim.cost.gpu_time), with the oracle's kernel model;
+    # every kernel runs at most at the achieved GEMM rate, so a block takes longer than its compute roofline.
+    graph = build_model("gpt:layers=2,hidden=2048,seq=1024,heads=16")
     v100 = get_device("V100")
+    oracle = CostOracle(graph, 2)
+    costs, model = oracle.layer_costs(v100), oracle.kernel_model
+    assert model == default_kernel_model()
+    for i, layer in enumerate(graph.layers):
+        seconds = transformer_layer_seconds(layer.transformer, 2, v100, model)
+        assert (costs.fwd[i], costs.bwd[i]) == (seconds.fwd, seconds.bwd), layer.name
+        assert costs.opt[i] == optimizer_seconds(graph.param_count(i), v100, model, graph.dtype_bytes), layer.name
+    block = graph[1]
+    flops_per_s = v100.peak_flops * v100.matmul_efficiency
+    assert costs.fwd[1] > 2 * block.flops_fwd / flops_per_s
+    assert costs.bwd[1] > 2 * block.flops_bwd / flops_per_s
+    # The kernel model is the oracle's: one given explicitly replaces the built-in constants.
+    slow_host = model.replace(host_issue_s=1.0)
+    assert CostOracle(graph, 2, kernel_model=slow_host).layer_costs(v100).fwd[1] == \
+        transformer_layer_seconds(block.transformer, 2, v100, slow_host).fwd > 1.0
+
+
+def test_embedding_lookup_is_memory_bound():
+    # On a CPU, the roofline: the lookup moves its table's bytes and the activations and does no arithmetic.
+    graph = build_model("gpt:layers=1,hidden=512,seq=64,vocab=1000")
+    cpu = get_device("cpu")
     embed = graph[0]
     moved = embed.param_bytes + 1 * (graph.input_bytes + embed.activation_bytes)
-    expected = moved / v100.memory_bandwidth + v100.launch_overhead_s
-    assert CostOracle(graph, 1).layer_costs(v100).fwd[0] == pytest.approx(expected)
+    expected = moved / cpu.memory_bandwidth + cpu.launch_overhead_s
+    assert CostOracle(graph, 1).layer_costs(cpu).fwd[0] == pytest.approx(expected)
+    # On a GPU, its kernels; none of them is a GEMM, so it takes at least its bytes at the achieved bandwidth.
+    v100 = get_device("V100")
+    oracle = CostOracle(graph, 1)
+    model = oracle.kernel_model
+    lookup = embedding_kernels(1, 64, 512, 1000, 1, sequence_parallel=False, backward=False)
+    assert all(kernel.kind != "gemm" for kernel in lookup)
+    fwd = oracle.layer_costs(v100).fwd[0]
+    assert fwd == transformer_layer_seconds(embed.transformer, 1, v100, model).fwd
+    assert fwd >= sum(kernel.bytes for kernel in lookup) / (v100.memory_bandwidth * model.memory_efficiency)
 
 
 def test_synthetic_times_scale_with_microbatch_size_on_any_device():
@@ -129,8 +183,10 @@ def test_profile_p2p_from_host_loopback_is_not_used_for_gpu_links(tmp_path):
     device = topology.devices[0].name
     host = load_profile(_profile(tmp_path, graph, device=device, p2p={**fit, "device": "cpu"}))
     assert host.p2p_latency_s is None and host.p2p_bandwidth is None
-    assert CostModel(graph, topology, placement, 2, host).oracle.transfer_time(10**6, 0, 1) == \
-        topology.transfer_time(10**6, 0, 1)
+    # The link model, plus the latency every NCCL call between GPUs pays (issue #13).
+    oracle = CostModel(graph, topology, placement, 2, host).oracle
+    assert oracle.transfer_time(10**6, 0, 1) == \
+        topology.transfer_time(10**6, 0, 1) + oracle.kernel_model.collective_latency_s
     gpu = load_profile(_profile(tmp_path, graph, device=device, p2p={**fit, "device": "cuda"}))
     assert CostModel(graph, topology, placement, 2, gpu).oracle.transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
 
@@ -154,7 +210,9 @@ def test_cost_model_names_the_ranks_its_profile_applies_to(tmp_path):
     a100 = CostOracle(graph, 2).layer_costs(topology.devices[2])
     assert costs.compute_time(OpKind.F, 2) == pytest.approx(a100.fwd[2])
     assert costs.oracle.transfer_time(10**6, 1, 4) == pytest.approx(1e-4 + 1e-3)
-    assert costs.oracle.transfer_time(10**6, 1, 2) == topology.transfer_time(10**6, 1, 2)
+    # V100 to A100: the link model and the latency of an NCCL call between GPUs (issue #13).
+    latency = costs.oracle.kernel_model.collective_latency_s
+    assert costs.oracle.transfer_time(10**6, 1, 2) == topology.transfer_time(10**6, 1, 2) + latency
     no_fit = CostModel(graph, topology, placement, 2, load_profile(_profile(tmp_path, graph, device=v100)))
     assert no_fit.profiled_ranks() == (0, 1, 4, 5) and not no_fit.uses_measured_p2p()
     roofline = CostModel(graph, topology, placement, 2)
