@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sim.core.errors import SpecError
+from sim.cost.gpu_time import default_kernel_model, kernel_seconds
+from sim.cost.kernels import layer_step_kernels
 from sim.hw.topology import Topology
 from sim.models import build_model
 from sim.models.sharding import Sharding
@@ -27,22 +29,27 @@ def _hop(topology: Topology, a: int, b: int) -> tuple[float, float]:
 
 def test_gradient_all_reduce_is_the_ring_closed_form():
     # 8 GPUs on one NVSwitch: every ring hop is gpu → switch → gpu. Ring all-reduce of S bytes on n devices:
-    # 2(n-1)/n · S/B + 2(n-1)·α (Patarasuk & Yuan; the NCCL ring). 100 MB makes the ring beat the tree.
+    # 2(n-1)/n · S/B + 2(n-1)·α (Patarasuk & Yuan; the NCCL ring). 100 MB makes the ring beat the tree. The
+    # all-reduce is one NCCL call: it adds the kernel model's per-call latency once (issue #13).
     built, prediction = _predict(model="uniform:layers=4,param_mb=25", topology="8xA100", schedule="1f1b",
                                  microbatches=2, dp=8, pp=1)
     alpha, bandwidth = _hop(built.topology, 0, 1)
+    call = built.costs.oracle.kernel_model.collective_latency_s
     n, size = 8, 4 * 25 * 10**6
     spans = [s for s in prediction.trace.spans if s.kind == "REDUCE_GRAD"]
     assert len(spans) == 1
-    assert spans[0].duration == pytest.approx(2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * alpha, rel=1e-12)
+    assert spans[0].duration == pytest.approx(2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * alpha + call,
+                                              rel=1e-12)
 
 
 def test_tensor_parallel_ops_are_the_layers_all_reduces_in_turn():
     # Two shards: a ring all-reduce of S bytes is S/B + 2α. TP_F of a microbatch runs every forward all-reduce of
-    # the stage's layers (Megatron: two per block, b·s·h fp16 values each), TP_B every backward one.
+    # the stage's layers (Megatron: two per block, b·s·h fp16 values each), TP_B every backward one. Each
+    # all-reduce is its own NCCL call and adds the kernel model's per-call latency (issue #13).
     built, prediction = _predict(model=GPT, topology="2xA100", schedule="1f1b", microbatches=2, microbatch_size=2,
                                  tp=2, pp=1)
     alpha, bandwidth = _hop(built.topology, 0, 1)
+    call = built.costs.oracle.kernel_model.collective_latency_s
     graph = build_model(GPT, Sharding(tp=2))
 
     def expected(forward: bool) -> float:
@@ -51,7 +58,7 @@ def test_tensor_parallel_ops_are_the_layers_all_reduces_in_turn():
             count = layer.tp_comm_fwd_count if forward else layer.tp_comm_bwd_count
             nbytes = layer.tp_comm_fwd_bytes if forward else layer.tp_comm_bwd_bytes
             if count:
-                total += count * (2 * nbytes // count / bandwidth + 2 * alpha)
+                total += count * (2 * nbytes // count / bandwidth + 2 * alpha + call)
         return total
 
     blocks = [layer for layer in graph.layers if layer.kind == "decoder"]
@@ -132,8 +139,9 @@ def test_zero_1_keeps_one_dth_of_the_optimizer_state():
 
 def test_selective_recompute_trades_the_attention_memory_for_its_flops():
     # Korthikanti et al. §5: the backward re-runs QK^T and attention over V, 4·s²·h FLOPs per sample and block, and
-    # nothing of the attention core (5·a·s² bytes per sample and block) is kept.
-    kwargs = dict(model=GPT, topology="2xA100", schedule="1f1b", microbatches=4, pp=2)
+    # nothing of the attention core (5·a·s² bytes per sample and block) is kept. On the cpu device a GPT layer is a
+    # roofline, compute bound here, so the backward grows by exactly those FLOPs.
+    kwargs = dict(model=GPT, topology="2xcpu", schedule="1f1b", microbatches=4, pp=2)
     built, none = _predict(**kwargs)
     selective = _predict(**kwargs, recompute="selective")[1]
     device = built.topology.devices[0]
@@ -147,6 +155,29 @@ def test_selective_recompute_trades_the_attention_memory_for_its_flops():
     assert selective.metrics["plan"]["recompute"] == "selective"
 
 
+def test_selective_recompute_on_a_gpu_reruns_the_attention_core_kernels():
+    # Issue #13: on a GPU the backward starts with the recomputed attention core's kernels. With no host time (a
+    # kernel model whose host and gap terms are 0, so the GPU never waits) they add exactly their GPU time, which
+    # is at least their FLOPs at the achieved GEMM rate: Korthikanti's 4·s²·h per sample and block.
+    model = default_kernel_model().replace(host_issue_s=0.0, host_collective_s=0.0, kernel_gap_s=0.0)
+    kwargs = dict(model=GPT, topology="2xA100", schedule="1f1b", microbatches=4, pp=2, kernel_model=model)
+    built, none = _predict(**kwargs)
+    selective = _predict(**kwargs, recompute="selective")[1]
+    device = built.topology.devices[0]
+    s, h, a = 512, 1024, 16
+    plain, again = (layer_step_kernels(1, s, h, a, 1, sequence_parallel=False, recompute=mode)[1]
+                    for mode in ("none", "selective"))
+    rerun = again[: len(again) - len(plain)]
+    assert again[len(rerun):] == plain and len(rerun) > 0
+    blocks = built.plan.placement.vstage_layers[0][1] - 1
+    b_none = next(x.duration for x in none.trace.spans if x.op == "0B0")
+    b_selective = next(x.duration for x in selective.trace.spans if x.op == "0B0")
+    added = blocks * sum(kernel_seconds(kernel, device, model) for kernel in rerun)
+    assert b_selective - b_none == pytest.approx(added, rel=1e-9)
+    assert added >= blocks * 4 * s * s * h / (device.peak_flops * device.matmul_efficiency)
+    assert none.peak_memory_bytes[0] > selective.peak_memory_bytes[0]
+
+
 def test_overlapped_gradient_reduction_streams_behind_the_last_backward():
     # PyTorch DDP: gradients are all-reduced in 25 MiB buckets as the backward makes them. With the backward's
     # gradients ready at an even rate over [b0, b1], bucket k of K is ready at b0 + k(b1 - b0)/K and buckets are
@@ -158,7 +189,8 @@ def test_overlapped_gradient_reduction_streams_behind_the_last_backward():
     total, bucket = 4 * 25 * 10**6, 25 * 2**20
     buckets = -(-total // bucket)
     assert buckets == 4
-    bucket_s = bucket / bandwidth + 2 * alpha  # ring all-reduce on two devices: S/B + 2α
+    # Ring all-reduce on two devices, S/B + 2α, plus the per-call NCCL latency of each bucket's call (issue #13).
+    bucket_s = bucket / bandwidth + 2 * alpha + built.costs.oracle.kernel_model.collective_latency_s
     spans = {s.op: s for s in overlapped.trace.spans}
     b0, b1 = spans["0B1"].start, spans["0B1"].end
     ready = [b0 + k * (b1 - b0) / buckets for k in range(1, buckets + 1)]

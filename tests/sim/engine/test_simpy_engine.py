@@ -82,7 +82,9 @@ def test_single_transfer_over_multi_hop_path_matches_closed_form():
     path = topo.path(0, 5)
     assert len(path) == 2
     nbytes = 1e6  # act_mb=1 → 1e6 bytes per sample
-    expected = sum(link.spec.latency for link in path) + nbytes / min(link.spec.bandwidth for link in path)
+    # α + S/B over the path, plus the latency every NCCL call between GPUs adds (issue #13).
+    expected = (sum(link.spec.latency for link in path) + nbytes / min(link.spec.bandwidth for link in path)
+                + costs.oracle.kernel_model.collective_latency_s)
     trace = simulate(plan, costs, topo).trace
     send = next(s for s in trace.spans if s.kind == "SEND_F")
     recv = next(s for s in trace.spans if s.kind == "RECV_F")
@@ -103,8 +105,9 @@ def test_two_transfers_sharing_links_take_longer_than_one():
     plan, costs, topo = _hand_plan((s0, s1, r0, r1), 4, (0, 2, 1, 3), topology)
     trace = simulate(plan, costs, topo).trace
     ends = sorted(s.end for s in trace.spans if s.kind == "SEND_F")
-    alone = topo.transfer_time(1e6, 0, 2)
-    assert alone == pytest.approx(topo.transfer_time(1e6, 1, 3))
+    # One message on its own: the link model plus the per-call NCCL latency between GPUs (issue #13).
+    alone = topo.transfer_time(1e6, 0, 2) + costs.oracle.kernel_model.collective_latency_s
+    assert alone == pytest.approx(topo.transfer_time(1e6, 1, 3) + costs.oracle.kernel_model.collective_latency_s)
     assert ends[0] == pytest.approx(1e-3 + alone, rel=1e-12)
     assert ends[1] == pytest.approx(1e-3 + 2 * alone, rel=1e-12)  # waits for the shared links, then runs alone
     single_plan, single_costs, _ = _hand_plan((s0, (), r0), 2, (0, 2), topology)
@@ -139,7 +142,9 @@ def test_out_of_memory_names_device_time_and_op():
 
 
 def _uncontended_times(plan, costs, topo):
-    """Independent oracle: every op's end time when no two transfers ever share a link (pure Python)."""
+    """Independent oracle: every op's end time when no two transfers ever share a link (pure Python). A message
+    between two GPUs is one NCCL call and adds the kernel model's per-call latency (issue #13)."""
+    call = costs.oracle.kernel_model.collective_latency_s
     end, issue = {}, {}
     pointer, last_compute = [0] * plan.num_ranks, [0.0] * plan.num_ranks
     sends, recvs = {}, {}
@@ -164,8 +169,9 @@ def _uncontended_times(plan, costs, topo):
             if pair in recvs and send.id not in end and all(d in end for d in send.deps):
                 dst, recv = recvs[pair]
                 start = max([issue[send.id], issue[recv.id]] + [end[d] for d in send.deps])
+                nccl = call if src != dst and topo.devices[src].is_gpu and topo.devices[dst].is_gpu else 0.0
                 end[send.id] = end[recv.id] = start + topo.transfer_time(
-                    costs.message_bytes(send.kind, send.vstage), src, dst)
+                    costs.message_bytes(send.kind, send.vstage), src, dst) + nccl
                 remaining -= 2
                 progressed = True
         assert progressed, "oracle found a deadlock"
