@@ -57,16 +57,23 @@ def test_balanced_equals_brute_force(p, topology, data):
 def test_stage_time_adds_transfers_in_both_directions():
     graph = _graph([(1e-3, 2e-3)] * 4, [1_000_000] * 4)
     topo = Topology.parse("2xV100")
-    forward = topo.transfer_time(1_000_000, 0, 1)
-    backward = topo.transfer_time(1_000_000, 1, 0)
-    assert stage_time(CostOracle(graph, 1, None, topo), (2, 2)) == pytest.approx((6e-3 + forward, 6e-3 + backward))
+    oracle = CostOracle(graph, 1, None, topo)
+    # Each direction is one NCCL message between GPUs: the link model plus the per-call latency (issue #13).
+    call = oracle.kernel_model.collective_latency_s
+    forward = topo.transfer_time(1_000_000, 0, 1) + call
+    backward = topo.transfer_time(1_000_000, 1, 0) + call
+    assert stage_time(oracle, (2, 2)) == pytest.approx((6e-3 + forward, 6e-3 + backward))
 
 
 def test_heterogeneous_devices_get_more_layers_on_the_faster_one():
-    graph = build_model("gpt:layers=16,hidden=1024")
+    # A roofline model (cnn's convolutions) and GPT's kernel model at a microbatch large enough for the GPU, not
+    # the host issuing kernels, to set a block's time: both make the H100 faster per layer than the V100.
     topo = Topology.parse("1xV100+1xH100")
-    counts = balanced_counts(CostOracle(graph, 1, None, topo), 2)
-    assert counts[1] > counts[0]
+    for spec, microbatch_size in (("cnn:layers=16", 1), ("gpt:layers=16,hidden=1024", 8)):
+        oracle = CostOracle(build_model(spec), microbatch_size, None, topo)
+        assert oracle.stage_compute_s(1, 1, 2) < oracle.stage_compute_s(0, 1, 2), spec  # the premise
+        counts = balanced_counts(oracle, 2)
+        assert counts[1] > counts[0], spec
 
 
 def test_uniform_counts_spread_the_remainder_to_the_last_stages():
