@@ -26,6 +26,7 @@ import io
 import random
 import statistics
 import sys
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +78,7 @@ def load_runs(path: Path) -> list[Run]:
     """The runs of a vTrain-format CSV (the multi-node file's leading ``Parameters (billion)`` column is allowed and
     ignored); SpecError naming the file and line on anything malformed."""
     rows = list(csv.reader(io.StringIO(read_text(path, "measured runs file"))))
-    header = tuple(name.strip() for name in rows[0]) if rows else ()
+    header = tuple(name.strip().lstrip("\ufeff") for name in rows[0]) if rows else ()  # vTrain's files may start with a BOM
     skip = 1 if header[:1] == ("Parameters (billion)",) else 0
     if header[skip:] != COLUMNS:
         raise SpecError(f"{path} does not have vTrain's columns ({', '.join(COLUMNS)})")
@@ -104,9 +105,24 @@ def split_runs(runs: list[Run], seed: int) -> list[str]:
     return ["fit" if i in fit else "held-out" for i in range(len(runs))]
 
 
-def topology_of(run: Run) -> str:
-    """One server of up to 8 A100s on NVSwitch, or servers of 8 joined by InfiniBand (vTrain's ``node_size`` 8)."""
-    return f"{run.gpus}xA100" if run.gpus <= 8 else f"{run.gpus // 8}x8xA100"
+#: NIC ports of 200 Gb/s HDR InfiniBand per server: vTrain's configurations for these runs state
+#: ``inter_node_bandwidth: 800`` (Gb/s per server of ``node_size`` 8), i.e. four HDR ports, not a DGX A100's eight.
+NICS_PER_SERVER = 4
+
+
+def topology_of(run: Run, folder: Path | None = None) -> str:
+    """One server of up to 8 A100s on NVSwitch (``{n}xA100``), or servers of 8 joined by four HDR ports each: a
+    topology file written into ``folder`` (needed for those)."""
+    if run.gpus <= 8:
+        return f"{run.gpus}xA100"
+    if folder is None or run.gpus % 8:
+        raise SpecError(f"{run.gpus} GPUs: more than one server needs whole servers of 8 and a folder for the "
+                        f"topology file")
+    path = folder / f"vtrain-{run.gpus // 8}x8xA100.yaml"
+    if not path.exists():
+        write_text_atomic(f"nodes:\n  - device: A100\n    count: 8\n    repeat: {run.gpus // 8}\n"
+                          f"network: ib-hdr\nnics_per_node: {NICS_PER_SERVER}\n", path)
+    return str(path)
 
 
 def partition_of(run: Run) -> str:
@@ -118,12 +134,12 @@ def partition_of(run: Run) -> str:
     return ",".join(map(str, counts))
 
 
-def predict_run(run: Run, kernel_model: KernelModel | None = None) -> float:
+def predict_run(run: Run, kernel_model: KernelModel | None = None, folder: Path | None = None) -> float:
     """The simulator's iteration time (s) for ``run``'s configuration (with ``kernel_model``'s constants, or the
-    built-in ones)."""
+    built-in ones; multi-server topology files go into ``folder``)."""
     if run.layers % run.pp:
         raise SpecError(f"{run.layers} layers do not split evenly over {run.pp} pipeline stages")
-    built = build_plan(PlanInputs(model=run.model, topology=topology_of(run), schedule="1f1b",
+    built = build_plan(PlanInputs(model=run.model, topology=topology_of(run, folder), schedule="1f1b",
                                   microbatch_size=run.microbatch, global_batch=run.global_batch, tp=run.tp, dp=run.dp,
                                   pp=run.pp, recompute=True, partition=partition_of(run) if run.pp > 1 else "balanced",
                                   kernel_model=kernel_model))
@@ -275,7 +291,8 @@ def main(argv: list[str]) -> int:
     if args.quick:
         keep = sorted(random.Random(args.seed + 1).sample(range(len(runs)), min(48, len(runs))))
         runs, halves = [runs[i] for i in keep], [halves[i] for i in keep]
-    predicted = [predict_run(run, model) for run in runs]
+    with tempfile.TemporaryDirectory(prefix="vtrain-topologies-") as folder:
+        predicted = [predict_run(run, model, Path(folder)) for run in runs]
     errors = [p / run.measured_s - 1 for p, run in zip(predicted, runs)]
     print(f"{len(runs)} runs from {args.data.name}, split by seed {args.seed}: {halves.count('fit')} fit, "
           f"{halves.count('held-out')} held out; error = predicted / measured - 1")

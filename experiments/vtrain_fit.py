@@ -2,8 +2,7 @@
 
 The free parameters are the seven software constants of :class:`sim.cost.gpu_time.KernelModel` that describe a
 framework, cuBLAS and NCCL rather than a device (the host's time to issue a kernel and an NCCL call, the GPU's gap
-between kernels, the achieved fraction of memory bandwidth, a GEMM tile's fixed K-steps, NCCL's per-call latency,
-the optimizer step's framework overhead); the GEMM tile edge is not fitted. Every device number stays the
+between kernels, the achieved fraction of memory bandwidth, a GEMM tile's fixed K-steps, the optimizer step's and the microbatch's framework overheads); the GEMM tile edge is not fitted. Every device number stays the
 catalog's, so what is fitted here carries to other GPUs.
 
 Only runs of the ``fit`` half are ever predicted here: a seeded sample of them (``sample`` runs, for speed: each
@@ -27,7 +26,7 @@ __all__ = ["FITTED", "fit_kernel_model", "nelder_mead", "kernel_model_yaml"]
 
 #: The constants that are fitted, in the order of the search vector.
 FITTED = ("host_issue_s", "host_collective_s", "kernel_gap_s", "memory_efficiency", "gemm_k_overhead",
-          "collective_latency_s", "step_overhead_s")
+          "step_overhead_s", "microbatch_overhead_s")
 
 
 def nelder_mead(objective: Callable[[list[float]], float], start: Sequence[float], step: float,
@@ -112,7 +111,7 @@ def kernel_model_yaml(model: KernelModel, note: str) -> str:
     lines = ["# Software constants of the kernel-level GPU cost model (sim/cost/gpu_time.py), written by",
              "# `python -m experiments.run vtrain --fit` (experiments/vtrain_fit.py).", "", "kernel_model:"]
     for name in ("host_issue_s", "host_collective_s", "kernel_gap_s", "memory_efficiency", "gemm_k_overhead",
-                 "gemm_tile", "collective_latency_s", "step_overhead_s"):
+                 "gemm_tile", "step_overhead_s", "microbatch_overhead_s"):
         value = getattr(model, name)
         lines.append(f"  {name}: {value if name == 'gemm_tile' else float(f'{value:.4g}')!r}")
     lines.append("  source: >-")

@@ -20,11 +20,11 @@ which is ``max(Σ host, Σ gpu)`` at the extremes and smooth in between. A kerne
 * plus ``kernel_gap_s``, the GPU's own launch latency and tail between two kernels.
 
 Tensor-parallel collectives are costed by :mod:`sim.cost.collectives` on the topology (the engine's TP ops); their
-host side, ``host_collective_s`` per NCCL call, is issued inside the layer's sequence here. Every NCCL call (a
-collective or a point-to-point message between GPUs) also pays ``collective_latency_s`` on the device (launch
-and protocol hand-shake; NCCL's own tuning model adds a base latency of 6.6–8.4 µs per call before any
-per-step latency, ``../shared/reference/hardware.md`` §2.5). Each optimizer step pays ``step_overhead_s`` of
-framework time (the loss-scale overflow check, gradient clipping's norm, zeroing, bookkeeping).
+host side, ``host_collective_s`` per NCCL call, is issued inside the layer's sequence here (their device side,
+NCCL's protocol latencies, is :mod:`sim.cost.nccl`'s). Each optimizer step pays ``step_overhead_s`` of
+framework time (the loss-scale overflow check, gradient clipping's norm, zeroing, bookkeeping), and each microbatch
+on each pipeline rank ``microbatch_overhead_s`` (the framework's per-microbatch work: fetching and copying the
+batch, the pipeline engine's instructions, gradient-accumulation bookkeeping), added to the rank's forward.
 
 The device numbers come from the catalog only (peak FLOP/s, matmul efficiency, memory bandwidth, compute units),
 so the model carries to another GPU; the constants of :class:`KernelModel` describe the software (framework,
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from functools import cache
+from functools import cache, lru_cache
 from importlib.resources import files
 from typing import Any
 
@@ -61,8 +61,8 @@ class KernelModel:
         memory_efficiency: achieved / peak memory bandwidth of memory-bound kernels, in (0, 1].
         gemm_k_overhead: a GEMM tile's prologue and epilogue, in K-steps (elements of K), ≥ 0.
         gemm_tile: edge of a GEMM's output tile, elements.
-        collective_latency_s: device time every NCCL call adds, s.
         step_overhead_s: framework time per optimizer step outside its kernels, s.
+        microbatch_overhead_s: framework time per microbatch per pipeline rank outside its kernels, s.
         source: how the figures were obtained.
     """
 
@@ -72,8 +72,8 @@ class KernelModel:
     memory_efficiency: float
     gemm_k_overhead: float
     gemm_tile: int
-    collective_latency_s: float
     step_overhead_s: float
+    microbatch_overhead_s: float
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -172,6 +172,7 @@ def _steps(kernels: tuple[K.Kernel, ...], device: DeviceSpec, model: KernelModel
     return steps
 
 
+@lru_cache(maxsize=4096)  # a model's blocks are identical: cost one, reuse it (every argument is frozen)
 def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, device: DeviceSpec,
                               model: KernelModel, *, selective_recompute: bool = False) -> LayerSeconds:
     """Forward and backward time of one GPT layer shard for one microbatch of ``microbatch_size`` on ``device``

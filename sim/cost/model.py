@@ -106,10 +106,13 @@ class CostModel:
             device = topology.devices[self.devices[rank]]
             costs = self.oracle.layer_costs(device)
             f, b = sum(costs.fwd[start:end]), sum(costs.bwd[start:end])
-            # A rank's optimizer step pays the framework's per-step overhead once, with its first chunk's update.
-            step = sum(costs.opt[start:end]) + (0.0 if rank in stepped else self.oracle.step_overhead_s(device))
+            # A rank pays the framework's per-step overhead once, with its first chunk's update, and its
+            # per-microbatch overhead with its first chunk's forward (not with a recomputation of it).
+            first = rank not in stepped
+            step = sum(costs.opt[start:end]) + (self.oracle.step_overhead_s(device) if first else 0.0)
+            forward = f + (self.oracle.microbatch_overhead_s(device) if first else 0.0)
             stepped.add(rank)
-            self._times.append({OpKind.F: f, OpKind.B: b, OpKind.I: b / 2, OpKind.W: b / 2, OpKind.R: f,
+            self._times.append({OpKind.F: forward, OpKind.B: b, OpKind.I: b / 2, OpKind.W: b / 2, OpKind.R: f,
                                 OpKind.OPT_STEP: step})
 
     def compute_time(self, kind: OpKind, vstage: int) -> float:

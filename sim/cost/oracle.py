@@ -15,8 +15,10 @@ A layer's time on a device is, in order of preference:
 4. otherwise a roofline estimate: ``max(flops / (peak × efficiency), bytes_moved / memory_bandwidth) +
    launch_overhead``.
 
-On a GPU every NCCL call (a collective, a point-to-point message) adds the kernel model's per-call latency, and
-every optimizer step its framework overhead (:meth:`CostOracle.step_overhead_s`).
+Between GPUs every collective and point-to-point message is an NCCL call: its link time becomes the cheapest NCCL
+protocol's time (:mod:`sim.cost.nccl`: base and per-step latencies, LL's halved bandwidth). On a GPU each optimizer
+step and each microbatch also pay the kernel model's framework overheads (:meth:`CostOracle.step_overhead_s`,
+:meth:`CostOracle.microbatch_overhead_s`).
 
 A point-to-point message between two ranks that both run on the profile's device takes the profile's fitted
 ``latency + bytes / bandwidth`` when it has one (measured between two processes of that machine), else the
@@ -38,6 +40,7 @@ from itertools import accumulate
 from sim.core.errors import SpecError
 from sim.cost.collectives import CollectiveCost, collective_cost, concurrent_transfer
 from sim.cost.gpu_time import KernelModel, default_kernel_model, optimizer_seconds, transformer_layer_seconds
+from sim.cost.nccl import link_class, nccl_seconds
 from sim.cost.profile import MeasuredProfile
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology, message_time
@@ -121,12 +124,20 @@ class CostOracle:
             return 0.0
         return self.kernel_model.step_overhead_s
 
-    def _nccl_call_s(self, ranks: tuple[int, ...]) -> float:
-        """Device latency every NCCL call adds (the kernel model's) when ``ranks`` are all GPUs, else 0."""
+    def microbatch_overhead_s(self, device: DeviceSpec) -> float:
+        """Framework time per microbatch on a pipeline rank on ``device`` outside its kernels, s: the kernel
+        model's on a GPU whose layers are not measured, else 0 (measured times include it)."""
+        if not device.is_gpu or self.profile_applies(device):
+            return 0.0
+        return self.kernel_model.microbatch_overhead_s
+
+    def _nccl(self, seconds: float, kind: str, algorithm: str, ranks: tuple[int, ...], members: int) -> float:
+        """``seconds`` of link time as an NCCL call among ``ranks`` (:mod:`sim.cost.nccl`) when they are all GPUs,
+        else unchanged."""
         devices = self.topology.devices
-        if all(devices[rank].is_gpu for rank in ranks):
-            return self.kernel_model.collective_latency_s
-        return 0.0
+        if not ranks or not all(devices[rank].is_gpu for rank in ranks):
+            return seconds
+        return nccl_seconds(seconds, kind, algorithm, members, link_class(self.topology, ranks))
 
     @property
     def topology(self) -> Topology:
@@ -235,7 +246,8 @@ class CostOracle:
             return latency + nbytes / bandwidth
         if src_rank == dst_rank:
             return 0.0
-        return self.topology.transfer_time(nbytes, src_rank, dst_rank) + self._nccl_call_s((src_rank, dst_rank))
+        return self._nccl(self.topology.transfer_time(nbytes, src_rank, dst_rank), "p2p", "ring", (src_rank, dst_rank),
+                          2)
 
     def collective(self, kind: str, groups: tuple[tuple[int, ...], ...], nbytes: int,
                    algorithm: str = "auto") -> CollectiveCost:
@@ -246,9 +258,11 @@ class CostOracle:
         cost = self._collectives.get(key)
         if cost is None:
             cost = collective_cost(self.topology, kind, groups, nbytes, algorithm)
-            latency = self._nccl_call_s(tuple(rank for group in groups for rank in group))
-            if latency and cost.seconds:
-                cost = replace(cost, seconds=cost.seconds + latency)
+            members = max((len(group) for group in groups), default=0)
+            seconds = self._nccl(cost.seconds, kind, cost.algorithm, tuple(r for group in groups for r in group),
+                                 members)
+            if seconds != cost.seconds:
+                cost = replace(cost, seconds=seconds)
             self._collectives[key] = cost
         return cost
 
@@ -262,7 +276,7 @@ class CostOracle:
             return self.transfer_time(nbytes, src, dst), tuple(sorted(((link.src, link.dst), nbytes) for link in path))
         seconds, link_bytes = concurrent_transfer(self.topology, pairs, nbytes)
         moving = tuple(rank for src, dst in pairs if src != dst for rank in (src, dst))
-        return (seconds + self._nccl_call_s(moving) if moving and seconds else seconds), link_bytes
+        return self._nccl(seconds, "p2p", "ring", moving, 2), link_bytes
 
     def host_to_device_s(self, rank: int, nbytes: float) -> float:
         """Time in s to copy ``nbytes`` from the host memory of ``rank``'s server to its device (a PREFETCH)."""
