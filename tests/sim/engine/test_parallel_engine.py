@@ -12,6 +12,7 @@ from sim.models import build_model
 from sim.models.sharding import Sharding
 from sim.plan.build import PlanInputs, build_plan
 from sim.predict import predict
+from tests.sim.cost.nccl_closed_form import nccl_call_s
 
 GPT = "gpt:layers=8,hidden=1024,heads=16,seq=512,vocab=4096"
 
@@ -30,26 +31,24 @@ def _hop(topology: Topology, a: int, b: int) -> tuple[float, float]:
 def test_gradient_all_reduce_is_the_ring_closed_form():
     # 8 GPUs on one NVSwitch: every ring hop is gpu → switch → gpu. Ring all-reduce of S bytes on n devices:
     # 2(n-1)/n · S/B + 2(n-1)·α (Patarasuk & Yuan; the NCCL ring). 100 MB makes the ring beat the tree. The
-    # all-reduce is one NCCL call: it adds the kernel model's per-call latency once (issue #13).
+    # all-reduce is one NCCL call of 2(n-1) steps over NVLink, at its cheapest protocol.
     built, prediction = _predict(model="uniform:layers=4,param_mb=25", topology="8xA100", schedule="1f1b",
                                  microbatches=2, dp=8, pp=1)
     alpha, bandwidth = _hop(built.topology, 0, 1)
-    call = built.costs.oracle.kernel_model.collective_latency_s
     n, size = 8, 4 * 25 * 10**6
     spans = [s for s in prediction.trace.spans if s.kind == "REDUCE_GRAD"]
     assert len(spans) == 1
-    assert spans[0].duration == pytest.approx(2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * alpha + call,
-                                              rel=1e-12)
+    link = 2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * alpha
+    assert spans[0].duration == pytest.approx(nccl_call_s(link, 2 * (n - 1), "nvlink"), rel=1e-12)
 
 
 def test_tensor_parallel_ops_are_the_layers_all_reduces_in_turn():
     # Two shards: a ring all-reduce of S bytes is S/B + 2α. TP_F of a microbatch runs every forward all-reduce of
     # the stage's layers (Megatron: two per block, b·s·h fp16 values each), TP_B every backward one. Each
-    # all-reduce is its own NCCL call and adds the kernel model's per-call latency (issue #13).
+    # all-reduce is its own NCCL call of 2 steps over NVLink.
     built, prediction = _predict(model=GPT, topology="2xA100", schedule="1f1b", microbatches=2, microbatch_size=2,
                                  tp=2, pp=1)
     alpha, bandwidth = _hop(built.topology, 0, 1)
-    call = built.costs.oracle.kernel_model.collective_latency_s
     graph = build_model(GPT, Sharding(tp=2))
 
     def expected(forward: bool) -> float:
@@ -58,7 +57,7 @@ def test_tensor_parallel_ops_are_the_layers_all_reduces_in_turn():
             count = layer.tp_comm_fwd_count if forward else layer.tp_comm_bwd_count
             nbytes = layer.tp_comm_fwd_bytes if forward else layer.tp_comm_bwd_bytes
             if count:
-                total += count * (2 * nbytes // count / bandwidth + 2 * alpha + call)
+                total += count * nccl_call_s(2 * nbytes // count / bandwidth + 2 * alpha, 2, "nvlink")
         return total
 
     blocks = [layer for layer in graph.layers if layer.kind == "decoder"]
@@ -189,8 +188,8 @@ def test_overlapped_gradient_reduction_streams_behind_the_last_backward():
     total, bucket = 4 * 25 * 10**6, 25 * 2**20
     buckets = -(-total // bucket)
     assert buckets == 4
-    # Ring all-reduce on two devices, S/B + 2α, plus the per-call NCCL latency of each bucket's call (issue #13).
-    bucket_s = bucket / bandwidth + 2 * alpha + built.costs.oracle.kernel_model.collective_latency_s
+    # Ring all-reduce on two devices, S/B + 2α, as one NCCL call of 2 steps over NVLink per bucket.
+    bucket_s = nccl_call_s(bucket / bandwidth + 2 * alpha, 2, "nvlink")
     spans = {s.op: s for s in overlapped.trace.spans}
     b0, b1 = spans["0B1"].start, spans["0B1"].end
     ready = [b0 + k * (b1 - b0) / buckets for k in range(1, buckets + 1)]

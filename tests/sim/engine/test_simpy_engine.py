@@ -17,6 +17,7 @@ from sim.plan.lower import add_recompute, lower
 from sim.plan.partition import counts_to_ranges
 from sim.plan.validate import PlanError, validate
 from sim.schedules import SCHEDULES
+from tests.sim.cost.nccl_closed_form import nccl_call_s, server_class
 
 
 def _simulate(inputs):
@@ -82,13 +83,18 @@ def test_single_transfer_over_multi_hop_path_matches_closed_form():
     path = topo.path(0, 5)
     assert len(path) == 2
     nbytes = 1e6  # act_mb=1 → 1e6 bytes per sample
-    # α + S/B over the path, plus the latency every NCCL call between GPUs adds (issue #13).
-    expected = (sum(link.spec.latency for link in path) + nbytes / min(link.spec.bandwidth for link in path)
-                + costs.oracle.kernel_model.collective_latency_s)
+    # α + S/B over the path, as one NCCL message (one step) at its cheapest protocol. NCCL's per-step latency is
+    # the server's link class (sim.cost.nccl's rule), NVLink for this server although this pair's route is PCIe.
+    link = sum(link.spec.latency for link in path) + nbytes / min(link.spec.bandwidth for link in path)
+    expected = nccl_call_s(link, 1, "nvlink")
     trace = simulate(plan, costs, topo).trace
     send = next(s for s in trace.spans if s.kind == "SEND_F")
     recv = next(s for s in trace.spans if s.kind == "RECV_F")
-    assert send.start == pytest.approx(1e-3) and send.duration == pytest.approx(expected, rel=1e-12)
+    # The message leaves when its forward ends: 1 ms of layer time and the kernel model's per-microbatch framework
+    # time on a GPU (issue #13).
+    producer = next(s for s in trace.spans if s.op == "0F0")
+    assert producer.duration == pytest.approx(1e-3 + costs.oracle.kernel_model.microbatch_overhead_s, rel=1e-12)
+    assert send.start == producer.end and send.duration == pytest.approx(expected, rel=1e-12)
     assert (recv.start, recv.end, recv.rank) == (send.start, send.end, 5)
     consumer = next(s for s in trace.spans if s.op == "1F0")
     assert consumer.start == send.end
@@ -105,14 +111,19 @@ def test_two_transfers_sharing_links_take_longer_than_one():
     plan, costs, topo = _hand_plan((s0, s1, r0, r1), 4, (0, 2, 1, 3), topology)
     trace = simulate(plan, costs, topo).trace
     ends = sorted(s.end for s in trace.spans if s.kind == "SEND_F")
-    # One message on its own: the link model plus the per-call NCCL latency between GPUs (issue #13).
-    alone = topo.transfer_time(1e6, 0, 2) + costs.oracle.kernel_model.collective_latency_s
-    assert alone == pytest.approx(topo.transfer_time(1e6, 1, 3) + costs.oracle.kernel_model.collective_latency_s)
-    assert ends[0] == pytest.approx(1e-3 + alone, rel=1e-12)
-    assert ends[1] == pytest.approx(1e-3 + 2 * alone, rel=1e-12)  # waits for the shared links, then runs alone
+    # Both forwards (1 ms of layer time and the per-microbatch framework time of a GPU rank) end together, when the
+    # sends start.
+    ready = 1e-3 + costs.oracle.kernel_model.microbatch_overhead_s
+    assert [s.end for s in trace.spans if s.kind == "F" and s.vstage in (0, 2)] == pytest.approx([ready] * 2,
+                                                                                                rel=1e-12)
+    # One message on its own: the link model as one NCCL message (one step) over the network.
+    alone = nccl_call_s(topo.transfer_time(1e6, 0, 2), 1, "net")
+    assert alone == pytest.approx(nccl_call_s(topo.transfer_time(1e6, 1, 3), 1, "net"))
+    assert ends[0] == pytest.approx(ready + alone, rel=1e-12)
+    assert ends[1] == pytest.approx(ready + 2 * alone, rel=1e-12)  # waits for the shared links, then runs alone
     single_plan, single_costs, _ = _hand_plan((s0, (), r0), 2, (0, 2), topology)
     single = simulate(single_plan, single_costs, topo).trace
-    assert max(s.end for s in single.spans if s.kind == "SEND_F") == pytest.approx(1e-3 + alone, rel=1e-12)
+    assert max(s.end for s in single.spans if s.kind == "SEND_F") == pytest.approx(ready + alone, rel=1e-12)
 
 
 @pytest.mark.parametrize("schedule, held", [("gpipe", lambda p, m, r: m), ("1f1b", lambda p, m, r: min(p - r, m))])
@@ -143,8 +154,7 @@ def test_out_of_memory_names_device_time_and_op():
 
 def _uncontended_times(plan, costs, topo):
     """Independent oracle: every op's end time when no two transfers ever share a link (pure Python). A message
-    between two GPUs is one NCCL call and adds the kernel model's per-call latency (issue #13)."""
-    call = costs.oracle.kernel_model.collective_latency_s
+    between two GPUs is one NCCL call of one step (tests/sim/cost/nccl_closed_form.py)."""
     end, issue = {}, {}
     pointer, last_compute = [0] * plan.num_ranks, [0.0] * plan.num_ranks
     sends, recvs = {}, {}
@@ -169,9 +179,10 @@ def _uncontended_times(plan, costs, topo):
             if pair in recvs and send.id not in end and all(d in end for d in send.deps):
                 dst, recv = recvs[pair]
                 start = max([issue[send.id], issue[recv.id]] + [end[d] for d in send.deps])
-                nccl = call if src != dst and topo.devices[src].is_gpu and topo.devices[dst].is_gpu else 0.0
-                end[send.id] = end[recv.id] = start + topo.transfer_time(
-                    costs.message_bytes(send.kind, send.vstage), src, dst) + nccl
+                link = topo.transfer_time(costs.message_bytes(send.kind, send.vstage), src, dst)
+                if src != dst and topo.devices[src].is_gpu and topo.devices[dst].is_gpu:
+                    link = nccl_call_s(link, 1, server_class(topo, src, dst))
+                end[send.id] = end[recv.id] = start + link
                 remaining -= 2
                 progressed = True
         assert progressed, "oracle found a deadlock"

@@ -19,6 +19,7 @@ from sim.models.graph import Layer, LayerGraph
 from sim.plan import bottleneck
 from sim.plan.bottleneck import StageCosts, min_max_counts
 from sim.plan.partition import balanced_counts, counts_to_ranges, parse_partition, stage_time, uniform_counts
+from tests.sim.cost.nccl_closed_form import nccl_call_s
 
 
 def _graph(times, acts):
@@ -58,10 +59,10 @@ def test_stage_time_adds_transfers_in_both_directions():
     graph = _graph([(1e-3, 2e-3)] * 4, [1_000_000] * 4)
     topo = Topology.parse("2xV100")
     oracle = CostOracle(graph, 1, None, topo)
-    # Each direction is one NCCL message between GPUs: the link model plus the per-call latency (issue #13).
-    call = oracle.kernel_model.collective_latency_s
-    forward = topo.transfer_time(1_000_000, 0, 1) + call
-    backward = topo.transfer_time(1_000_000, 1, 0) + call
+    # Each direction is one NCCL message between GPUs of an NVLink server: the link model at NCCL's cheapest
+    # protocol for one step.
+    forward = nccl_call_s(topo.transfer_time(1_000_000, 0, 1), 1, "nvlink")
+    backward = nccl_call_s(topo.transfer_time(1_000_000, 1, 0), 1, "nvlink")
     assert stage_time(oracle, (2, 2)) == pytest.approx((6e-3 + forward, 6e-3 + backward))
 
 
