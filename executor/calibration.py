@@ -7,6 +7,12 @@ with), so the stage sums are the measured ones exactly and the layer shares keep
 point-to-point fit comes from a ping-pong sweep run inside the same process group (:data:`P2P_METHOD`). It is
 written by the one profile writer, :func:`sim.cost.profile.profile_document`.
 
+A calibration says how far it can be trusted: the profile's ``method.stability`` (:func:`stage_stability`: samples
+per stage, spread, and how far the stage medians moved between the first and the second half of the run) and a
+warning on stderr when the run was short or the machine's speed changed while it measured; its ``p2p`` adds the
+latencies of the run's transfers split by which side posted last (:func:`posting_order_latencies`), the one thing the
+simulator's single latency averages over.
+
 The profile is labelled with the device the ranks were measured on (:func:`profile_device`), not the device the
 plan names: a plan for V100s run on this host's CPU (no CUDA here, or ``--backend gloo``) yields a ``cpu`` profile,
 which ``sim.run`` then applies to ``cpu`` ranks only, where the numbers are true. Ranks on different kinds of
@@ -34,8 +40,18 @@ from sim.ir.plan import OpKind, Plan
 from sim.ir.trace import Trace
 from sim.models.graph import LayerGraph
 
-__all__ = ["stage_medians", "calibrated_profile", "device_catalog_id", "profile_device", "in_place_p2p",
-           "P2P_METHOD"]
+__all__ = ["stage_medians", "stage_stability", "calibrated_profile", "device_catalog_id", "profile_device",
+           "in_place_p2p", "posting_order_latencies", "P2P_METHOD", "MIN_STABLE_ITERATIONS", "MAX_HALF_DRIFT"]
+
+#: A calibration over fewer measured iterations warns. The optimizer step runs once per iteration, so its median is
+#: over this many samples only; and a short run is more likely to fall entirely into a burst of load from another
+#: process. On the 2-core development box, three 4-iteration calibrations of the README's demo predicted the same
+#: GPipe run with errors from -28 % to +12 %.
+MIN_STABLE_ITERATIONS = 8
+#: A stage whose median F or B moved by more than this fraction between the first and the second half of the
+#: calibration's iterations means the machine's speed changed while it measured (another process started or
+#: stopped); the calibration warns, since a profile that moved that much cannot predict within the issue's 3 %.
+MAX_HALF_DRIFT = 0.03
 
 
 P2P_METHOD = (
@@ -71,6 +87,89 @@ def in_place_p2p(plan, costs: CostModel, measured, sweep) -> tuple[float, float]
     if not samples:
         return None
     return max(0.0, statistics.fmean(samples)), bandwidth * statistics.median(ratios)
+
+
+def posting_order_latencies(costs: CostModel, measured: Sequence[Trace], bandwidth: float) -> dict[str, Any]:
+    """The run's message latencies split by which side posted last: a diagnostic of the single fitted latency.
+
+    A transfer's measured span starts when both sides had posted (``executor.measured``). If the receiver posted
+    first it is already waiting, and gloo writes the data from the sender's ``isend`` call (receiver first); if the
+    sender posted first, the data leaves only when the sender's transport thread is woken by the receiver's
+    request while its main thread computes (sender first), which on a busy 2-core host takes milliseconds. Which
+    happens depends on the schedule and the stages' balance, which the simulator's one latency cannot see; the split
+    is written to the profile so that a calibration shows how far apart the two are.
+
+    Args:
+        costs: the plan's cost view (message sizes in graph bytes).
+        measured: the measured iterations.
+        bandwidth: the fitted bandwidth in graph bytes/s.
+
+    Returns:
+        ``{"receiver_first": {"count", "latency_s"}, "sender_first": {...}}``: per class the number of transfers and
+        their mean (duration - bytes / bandwidth) in s (``None`` with none). The sender counts as first when the data's
+        producing op ended before the receiver's previous compute op did.
+    """
+    samples: dict[str, list[float]] = {"receiver_first": [], "sender_first": []}
+    for trace in measured:
+        ends = {(span.kind, span.vstage, span.mb): span.end for span in trace.spans}
+        compute = defaultdict(list)
+        for span in trace.spans:
+            if span.stream == "compute":
+                compute[span.rank].append(span.end)
+        for span in trace.spans:
+            if span.kind not in (OpKind.RECV_F.value, OpKind.RECV_B.value):
+                continue
+            if span.kind == OpKind.RECV_F.value:
+                produced = ends.get((OpKind.F.value, span.vstage - 1, span.mb))
+            else:  # the gradient of v + 1's input: its B, or its I under zero-bubble schedules
+                produced = ends.get((OpKind.B.value, span.vstage + 1, span.mb),
+                                    ends.get((OpKind.I.value, span.vstage + 1, span.mb)))
+            if produced is None:
+                continue
+            receiver_free = max((end for end in compute[span.rank] if end <= span.start), default=0.0)
+            order = "sender_first" if produced < receiver_free else "receiver_first"
+            samples[order].append(span.duration - costs.message_bytes(OpKind(span.kind), span.vstage) / bandwidth)
+    return {order: {"count": len(values), "latency_s": statistics.fmean(values) if values else None}
+            for order, values in samples.items()}
+
+
+def stage_stability(measured: Sequence[Trace]) -> dict[str, Any]:
+    """How far the stage medians of :func:`stage_medians` can be trusted: samples and drift over the run.
+
+    Returns:
+        ``iterations``; ``samples``: per op kind (F, B, OPT_STEP) the fewest samples any stage's median is over;
+        ``max_relative_iqr``: the largest interquartile range of a stage's F or B durations over its median;
+        ``max_half_drift``: the largest |median of the second half of the iterations - median of the first half|
+        over the median of all, for a stage's F or B (0 with fewer than 2 iterations, where there are no halves).
+    """
+    def by_stage(traces: Sequence[Trace]) -> dict[tuple[int, str], list[float]]:
+        samples: dict[tuple[int, str], list[float]] = defaultdict(list)
+        for trace in traces:
+            for span in trace.spans:
+                if span.kind in (OpKind.F.value, OpKind.B.value, OpKind.OPT_STEP.value):
+                    samples[(span.vstage, span.kind)].append(span.duration)
+        return samples
+
+    every = by_stage(measured)
+    counts: dict[str, int] = {}
+    for (_, kind), values in every.items():
+        counts[kind] = min(counts.get(kind, len(values)), len(values))
+    half = len(measured) // 2
+    first, second = by_stage(measured[:half]), by_stage(measured[half:])
+    iqr, drift = 0.0, 0.0
+    for key, values in every.items():
+        if key[1] == OpKind.OPT_STEP.value:
+            continue
+        median = statistics.median(values)
+        if median <= 0:
+            continue
+        if len(values) >= 2:
+            q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+            iqr = max(iqr, (q3 - q1) / median)
+        if first.get(key) and second.get(key):
+            drift = max(drift, abs(statistics.median(second[key]) - statistics.median(first[key])) / median)
+    return {"iterations": len(measured), "samples": dict(sorted(counts.items())), "max_relative_iqr": iqr,
+            "max_half_drift": drift}
 
 
 def stage_medians(measured: Sequence[Trace]) -> dict[tuple[int, str], float]:
@@ -123,7 +222,8 @@ def profile_device(measured_names: Sequence[str]) -> str:
 
 def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians: dict[tuple[int, str], float], *,
                        device: str, p2p: tuple[float, float] | None, machine: dict[str, Any],
-                       software: dict[str, Any], iterations: int) -> dict[str, Any]:
+                       software: dict[str, Any], iterations: int,
+                       measured: Sequence[Trace] | None = None) -> dict[str, Any]:
     """A measured-profile JSON object (``profiles/README.md``) from in-place stage medians.
 
     Args:
@@ -136,6 +236,10 @@ def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians:
         p2p: ``(latency s, bandwidth bytes/s)`` fitted in place, or ``None``.
         machine, software: provenance.
         iterations: how many iterations the medians are over.
+        measured: the measured iterations themselves; when given, the profile's method records their
+            :func:`stage_stability` (and warns on stderr when the run was too short or the machine's speed moved
+            during it, :data:`MIN_STABLE_ITERATIONS`, :data:`MAX_HALF_DRIFT`), and its ``p2p`` the
+            :func:`posting_order_latencies`.
 
     Raises:
         SpecError: ``device`` is not in the catalog, or a stage has no measured F or B.
@@ -162,7 +266,23 @@ def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians:
                      "stage's layers in proportion to the prior estimate",
         "prior": f"profile {prior.profile.source}" if prior.profile is not None else "roofline",
     }
+    p2p_fields = None if p2p is None else {"latency_s": p2p[0], "bandwidth_bytes_per_s": p2p[1]}
+    if measured is not None:
+        method["stability"] = stability = stage_stability(measured)
+        _warn_if_unstable(stability)
+        if p2p_fields is not None:
+            p2p_fields["latency_by_posting_order"] = posting_order_latencies(prior, measured, p2p[1])  # type: ignore[index]
     return profile_document(model=graph.spec, device=device_spec.name, microbatch_size=plan.microbatch_size,
                             layers=layers, method=method, machine={"hostname": platform.node(), **machine},
-                            software=software,
-                            p2p=None if p2p is None else {"latency_s": p2p[0], "bandwidth_bytes_per_s": p2p[1]})
+                            software=software, p2p=p2p_fields)
+
+
+def _warn_if_unstable(stability: dict[str, Any]) -> None:
+    """One stderr line per reason not to trust a calibration (the profile is written all the same)."""
+    if stability["iterations"] < MIN_STABLE_ITERATIONS:
+        print(f"warning: calibrated over {stability['iterations']} iteration(s); use --iterations "
+              f">= {MIN_STABLE_ITERATIONS} for a profile that repeats from run to run", file=sys.stderr)
+    if stability["max_half_drift"] > MAX_HALF_DRIFT:
+        print(f"warning: a stage's median moved by {stability['max_half_drift'] * 100:.1f}% between the first and "
+              f"the second half of the calibration (more than {MAX_HALF_DRIFT * 100:.0f}%): the machine's speed "
+              f"changed while it measured; calibrate again when it is idle", file=sys.stderr)

@@ -120,7 +120,8 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
                    "threads_per_rank": [r.threads for r in reports], "device": measured_devices}
         calibrated = calibrated_profile(plan, graph, costs, stage_medians(measured),
                                         device=calibration_device, p2p=p2p,
-                                        machine=machine, software=software_versions(), iterations=len(measured))
+                                        machine=machine, software=software_versions(), iterations=len(measured),
+                                        measured=measured)
         if sweep:
             # With no fit (too noisy) the profile still keeps the sweep, so the reason can be inspected, but has no
             # latency or bandwidth: sim.cost.model then keeps the topology's link model for transfers.

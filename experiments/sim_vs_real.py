@@ -1,18 +1,24 @@
-"""Simulator fidelity: predict each plan with a calibrated profile, run it for real, compare (issue #3).
+"""Simulator fidelity: predict each plan with a calibrated profile, run it for real, compare (issues #3, #13 item 5).
 
 Procedure, on this host with 2 CPU ranks (topology ``2xcpu``, gloo):
 
-1. **Calibrate once.** Simulate a 1F1B plan with ``--calibrate-m`` microbatches and run it with
-   ``executor.run --calibrate-out``: the per-stage F, B and optimizer-step medians measured in place (every rank
-   busy) and the point-to-point fit become ``calibration.json``. This run is not one of the cases below, and by
-   default (m = 6) not their plan either, so no case is predicted from a run of itself.
+1. **Calibrate.** Simulate a 1F1B plan with ``--calibrate-m`` microbatches and run it with ``executor.run
+   --calibrate-out``: the per-stage F, B and optimizer-step medians measured in place (every rank busy) and the
+   point-to-point fit become ``calibration.json``. This run is not one of the cases below, and by default (m = 6) not
+   their plan either, so no case is predicted from a run of itself.
 2. **Predict and measure each case.** For every schedule in {gpipe, 1f1b} and microbatch count in {4, 8, 16}:
    ``sim.run --profile calibration.json`` writes the plan and its prediction, ``executor.run`` runs that plan and
-   writes ``compare.json`` (predicted vs median measured iteration time).
-3. **Report** the table, the median and the maximum absolute relative error, against the issue's target
-   (median ≤ 10%, max ≤ 20%). ``--schedules`` adds the rest of the family (interleaved, zb1p, pipedream,
-   1f1b-recompute), each predicted from the same 1F1B calibration. Published simulators reach 3–9% on GPUs
-   (``../shared/reference/simulators.md``).
+   writes ``compare.json`` (predicted vs the median measured iteration).
+3. **Calibrate again** after the cases, the same way (``calibration-2.json``), and predict every case from it too.
+   The two predictions differ only by the calibration's own noise (the machine's speed at two times a minute apart),
+   so their difference is the run-to-run spread of the profile, reported beside the error; the error itself is the
+   first calibration's, made before any case ran.
+4. **Report** per case the prediction, the measured median and the measured iterations' min–max (the measurement's
+   own spread), the error, and the CPU that other processes used during the run (:mod:`experiments.host_load`);
+   then the median and the maximum |error| against the issue's target (median ≤ 3 %, max ≤ 8 %). A run during
+   which other processes kept more than :data:`BUSY_CORES` of a core busy is marked: its error measures them.
+   ``--schedules`` adds the rest of the family (interleaved, zb1p, pipedream, 1f1b-recompute), each predicted from
+   the same 1F1B calibration. Published simulators reach 3–9 % on GPUs (``../shared/reference/simulators.md``).
 
 Everything goes through the command-line tools, so the numbers are what a user of the product would get.
 """
@@ -27,10 +33,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from experiments.host_load import foreign_cores, snapshot
 from sim.core.errors import SpecError, fail
 from sim.core.fileio import write_json_atomic, write_text_atomic
 
-__all__ = ["main", "run_cases", "summarize", "format_table"]
+__all__ = ["main", "run_cases", "summarize", "format_table", "spread", "TARGET_MEDIAN", "TARGET_MAX", "BUSY_CORES"]
 
 DEFAULT_MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000"
 #: Case name → ``sim.run`` flags. Interleaving uses 2 chunks per rank; ``-recompute`` adds activation recomputation.
@@ -42,7 +49,14 @@ CASES: dict[str, list[str]] = {
     "pipedream": ["--schedule", "pipedream"],
     "1f1b-recompute": ["--schedule", "1f1b", "--recompute"],
 }
-TARGET_MEDIAN, TARGET_MAX = 0.10, 0.20
+#: The issue's target for the default cases: median |error| <= 3 %, max <= 8 % (issue #13, item 5).
+TARGET_MEDIAN, TARGET_MAX = 0.03, 0.08
+#: Cores other processes may keep busy, on average over a run, before the run is marked as measured on a busy host
+#: (a quarter of a core: on 2 cores, one other busy process slows each rank by 30-40 %, a quarter of that is already
+#: above the 3 % target).
+BUSY_CORES = 0.25
+#: Measured iterations of a calibration run (see executor.calibration.MIN_STABLE_ITERATIONS for why not fewer).
+CALIBRATE_ITERATIONS = 9
 
 
 def _tool(module: str, *args: str) -> str:
@@ -55,60 +69,132 @@ def _tool(module: str, *args: str) -> str:
     return result.stdout
 
 
-def _simulate(out: Path, model: str, case: str, m: int, mbs: int, profile: Path | None) -> Path:
+def _measure(*args: str) -> float | None:
+    """``executor.run args``; the cores other processes used meanwhile (:func:`foreign_cores`)."""
+    before = snapshot()
+    _tool("executor.run", *args)
+    return foreign_cores(before, snapshot())
+
+
+def _simulate(out: Path, model: str, case: str, m: int, mbs: int, profile: Path | None) -> tuple[Path, float]:
+    """Simulate one case; its plan's path and its predicted iteration time in s."""
     args = ["--topology", "2xcpu", "--model", model, *CASES[case], "-m", str(m), "--microbatch-size",
             str(mbs), "--partition", "balanced", "--out", str(out)]
     if profile is not None:
         args += ["--profile", str(profile)]
     _tool("sim.run", *args)
-    return out / "plan.json"
+    return out / "plan.json", json.loads((out / "metrics.json").read_text())["iteration_time_s"]
+
+
+def _calibrate(out: Path, name: str, model: str, m: int, mbs: int, iterations: int, warmup: int) -> float | None:
+    """Run the calibration plan (1F1B, ``m`` microbatches) with ``--calibrate-out out/name.json``; foreign cores."""
+    plan, _ = _simulate(out / f"{name}-sim", model, "1f1b", m, mbs, None)
+    print(f"{name}: 1f1b, m={m}, {iterations} iterations ...", flush=True)
+    return _measure("--plan", str(plan), "--out", str(out / f"{name}-real"), "--iterations", str(iterations),
+                    "--warmup", str(warmup), "--calibrate-out", str(out / f"{name}.json"), "--no-gantt")
+
+
+def spread(times: list[float]) -> dict[str, float]:
+    """``min_s``, ``max_s`` and ``range``, (max - min) / median, of a run's measured iteration times (s)."""
+    median = statistics.median(times)
+    return {"min_s": min(times), "max_s": max(times), "range": (max(times) - min(times)) / median}
 
 
 def run_cases(out: Path, *, model: str, schedules: list[str], microbatches: list[int], microbatch_size: int,
-              iterations: int, warmup: int, calibrate_m: int) -> list[dict[str, Any]]:
-    """Calibrate, then predict and measure every case; returns one row per case."""
-    calibration = out / "calibration.json"
-    plan = _simulate(out / "calibration-sim", model, "1f1b", calibrate_m, microbatch_size, None)
-    print(f"calibrating: 1f1b, m={calibrate_m}, {iterations} iterations ...", flush=True)
-    _tool("executor.run", "--plan", str(plan), "--out", str(out / "calibration-real"), "--iterations",
-          str(iterations), "--warmup", str(warmup), "--calibrate-out", str(calibration), "--no-gantt")
+              iterations: int, warmup: int, calibrate_m: int,
+              calibrate_iterations: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Calibrate, predict and measure every case, calibrate again; one row per case and the calibrations' record."""
+    calibration, recalibration = out / "calibration.json", out / "calibration-2.json"
+    cal_args = (model, calibrate_m, microbatch_size, calibrate_iterations, warmup)
+    calibrations: dict[str, Any] = {"foreign_cores": [_calibrate(out, "calibration", *cal_args)]}
     rows = []
     for schedule in schedules:
         for m in microbatches:
             case = out / f"{schedule}-m{m}"
-            plan = _simulate(case / "sim", model, schedule, m, microbatch_size, calibration)
-            _tool("executor.run", "--plan", str(plan), "--out", str(case / "real"), "--iterations", str(iterations),
-                  "--warmup", str(warmup))
+            plan, _ = _simulate(case / "sim", model, schedule, m, microbatch_size, calibration)
+            busy = _measure("--plan", str(plan), "--out", str(case / "real"), "--iterations", str(iterations),
+                            "--warmup", str(warmup))
             compare = json.loads((case / "real" / "compare.json").read_text())
             row = {"schedule": schedule, "microbatches": m,
                    "predicted_s": compare["predicted_iteration_time_s"],
                    "measured_s": compare["measured_iteration_time_s"],
                    "relative_error": compare["relative_error"],
                    "measured_iterations_s": compare["measured_iterations_s"],
+                   "measured_spread": spread(compare["measured_iterations_s"]),
+                   "foreign_cores": busy,
                    "ops": compare["ops"]}
             rows.append(row)
             print(f"  {schedule:<6} m={m:<3} predicted {row['predicted_s'] * 1e3:8.1f} ms   measured "
-                  f"{row['measured_s'] * 1e3:8.1f} ms   error {row['relative_error'] * 100:+6.1f}%", flush=True)
-    return rows
-
-
-def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Median and maximum of |relative error| over the cases."""
-    errors = [abs(row["relative_error"]) for row in rows]
-    return {"median_abs_error": statistics.median(errors), "max_abs_error": max(errors)}
-
-
-def format_table(rows: list[dict[str, Any]], summary: dict[str, float]) -> str:
-    """A Markdown table of the cases plus the summary line."""
-    lines = ["| schedule | m | predicted (ms) | measured (ms) | error |", "|---|---:|---:|---:|---:|"]
+                  f"{row['measured_s'] * 1e3:8.1f} ms ({row['measured_spread']['min_s'] * 1e3:.0f}-"
+                  f"{row['measured_spread']['max_s'] * 1e3:.0f})   error {row['relative_error'] * 100:+6.1f}%"
+                  f"{_busy_note(busy)}", flush=True)
+    calibrations["foreign_cores"].append(_calibrate(out, "calibration-2", *cal_args))
     for row in rows:
+        _, again = _simulate(out / f"{row['schedule']}-m{row['microbatches']}" / "sim-2", model, row["schedule"],
+                             row["microbatches"], microbatch_size, recalibration)
+        row["predicted_2_s"] = again
+        row["relative_error_2"] = (row["measured_s"] - again) / row["measured_s"]
+    return rows, calibrations
+
+
+def _busy_note(cores: float | None) -> str:
+    return f"   [others used {cores:.2f} cores]" if cores is not None and cores > BUSY_CORES else ""
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and maximum |relative error| over the cases, with the spreads they are to be read against.
+
+    ``calibration_spread``: the largest |relative difference| between a case's predictions from the two calibrations
+    (absent when the rows have no second prediction); ``measured_range``: the median over the cases of their measured
+    iterations' (max - min) / median; ``busy_runs``: how many runs had other processes using more than
+    :data:`BUSY_CORES` cores.
+    """
+    errors = [abs(row["relative_error"]) for row in rows]
+    summary: dict[str, Any] = {"median_abs_error": statistics.median(errors), "max_abs_error": max(errors)}
+    if all("predicted_2_s" in row for row in rows):
+        summary["calibration_spread"] = max(abs(row["predicted_2_s"] - row["predicted_s"]) / row["predicted_s"]
+                                            for row in rows)
+        summary["median_abs_error_2"] = statistics.median(abs(row["relative_error_2"]) for row in rows)
+        summary["max_abs_error_2"] = max(abs(row["relative_error_2"]) for row in rows)
+    if all("measured_spread" in row for row in rows):
+        summary["measured_range"] = statistics.median(row["measured_spread"]["range"] for row in rows)
+    summary["busy_runs"] = sum(1 for row in rows if (row.get("foreign_cores") or 0.0) > BUSY_CORES)
+    summary["target_met"] = summary["median_abs_error"] <= TARGET_MEDIAN and summary["max_abs_error"] <= TARGET_MAX
+    return summary
+
+
+def format_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    """A Markdown table of the cases plus the summary lines."""
+    lines = ["| schedule | m | predicted (ms) | measured median (ms) | measured min–max (ms) | error | "
+             "error, 2nd calibration | others' cores |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        low_high = (f"{row['measured_spread']['min_s'] * 1e3:.1f}–{row['measured_spread']['max_s'] * 1e3:.1f}"
+                    if "measured_spread" in row else "–")
+        second = f"{row['relative_error_2'] * 100:+.1f}%" if "relative_error_2" in row else "–"
+        busy = row.get("foreign_cores")
         lines.append(f"| {row['schedule']} | {row['microbatches']} | {row['predicted_s'] * 1e3:.1f} | "
-                     f"{row['measured_s'] * 1e3:.1f} | {row['relative_error'] * 100:+.1f}% |")
-    ok = summary["median_abs_error"] <= TARGET_MEDIAN and summary["max_abs_error"] <= TARGET_MAX
+                     f"{row['measured_s'] * 1e3:.1f} | {low_high} | {row['relative_error'] * 100:+.1f}% | {second} | "
+                     f"{'–' if busy is None else f'{busy:.2f}'} |")
     lines.append("")
     lines.append(f"median |error| {summary['median_abs_error'] * 100:.1f}% (target ≤ {TARGET_MEDIAN * 100:.0f}%), "
                  f"max |error| {summary['max_abs_error'] * 100:.1f}% (target ≤ {TARGET_MAX * 100:.0f}%): "
-                 f"{'target met' if ok else 'target NOT met'}")
+                 f"{'target met' if summary['target_met'] else 'target NOT met'}")
+    spreads = []
+    if "measured_range" in summary:
+        spreads.append(f"measured iterations' (max - min) / median, median over the cases "
+                       f"{summary['measured_range'] * 100:.1f}%")
+    if "calibration_spread" in summary:
+        spreads.append(f"a second calibration after the cases moves the predictions by up to "
+                       f"{summary['calibration_spread'] * 100:.1f}% (its errors: median "
+                       f"{summary['median_abs_error_2'] * 100:.1f}%, max {summary['max_abs_error_2'] * 100:.1f}%)")
+    if spreads:
+        lines.append("spread of the measurement: " + "; ".join(spreads))
+    if summary["busy_runs"]:
+        lines.append(f"warning: during {summary['busy_runs']} run(s) other processes used more than {BUSY_CORES} of "
+                     f"a core on average: those errors include their load; measure again on an idle machine")
+    if summary.get("busy_calibrations"):
+        lines.append(f"warning: during {summary['busy_calibrations']} calibration run(s) other processes used more "
+                     f"than {BUSY_CORES} of a core on average: the profile includes their load")
     return "\n".join(lines)
 
 
@@ -136,6 +222,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="warm-up iterations per run (default 2)")
     parser.add_argument("--calibrate-m", type=int, default=6, help="microbatches of the calibration run (default 6, "
                         "a plan none of the default cases runs)")
+    parser.add_argument("--calibrate-iterations", type=int, default=CALIBRATE_ITERATIONS,
+                        help=f"measured iterations of each calibration run (default {CALIBRATE_ITERATIONS})")
     parser.error = lambda message: fail(message)  # type: ignore[method-assign]
     args = parser.parse_args(argv)
     microbatches = _positive_list(args.microbatches)
@@ -144,21 +232,26 @@ def main(argv: list[str]) -> int:
     if unknown or not schedules:
         fail(f"unknown case(s) {unknown or args.schedules!r} (known: {', '.join(CASES)})")
     for name, value in (("--microbatch-size", args.microbatch_size), ("--iterations", args.iterations),
-                        ("--calibrate-m", args.calibrate_m)):
+                        ("--calibrate-m", args.calibrate_m), ("--calibrate-iterations", args.calibrate_iterations)):
         if value < 1:
             fail(f"{name} must be >= 1, got {value}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run_cases(out, model=args.model, schedules=schedules, microbatches=microbatches,
-                     microbatch_size=args.microbatch_size, iterations=args.iterations, warmup=args.warmup,
-                     calibrate_m=args.calibrate_m)
+    rows, calibrations = run_cases(out, model=args.model, schedules=schedules, microbatches=microbatches,
+                                   microbatch_size=args.microbatch_size, iterations=args.iterations,
+                                   warmup=args.warmup, calibrate_m=args.calibrate_m,
+                                   calibrate_iterations=args.calibrate_iterations)
     summary = summarize(rows)
+    summary["busy_calibrations"] = sum(1 for cores in calibrations["foreign_cores"] if (cores or 0.0) > BUSY_CORES)
     table = format_table(rows, summary)
     print()
     print(table)
     write_json_atomic({"model": args.model, "microbatch_size": args.microbatch_size, "iterations": args.iterations,
-                       "warmup": args.warmup, "calibration_microbatches": args.calibrate_m, "cases": rows,
+                       "warmup": args.warmup, "calibration_microbatches": args.calibrate_m,
+                       "calibration_iterations": args.calibrate_iterations,
+                       "calibration_foreign_cores": calibrations["foreign_cores"], "busy_cores_limit": BUSY_CORES,
+                       "target": {"median_abs_error": TARGET_MEDIAN, "max_abs_error": TARGET_MAX}, "cases": rows,
                        **summary}, out / "results.json")
     write_text_atomic(table + "\n", out / "table.md")
-    print(f"wrote {out}/{{results.json, table.md, calibration.json}} and one directory per case")
+    print(f"wrote {out}/{{results.json, table.md, calibration.json, calibration-2.json}} and one directory per case")
     return 0

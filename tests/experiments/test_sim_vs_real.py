@@ -2,8 +2,9 @@
 
 import pytest
 
+from experiments.host_load import CpuSnapshot, foreign_cores, snapshot
 from experiments.run import EXPERIMENTS, main
-from experiments.sim_vs_real import format_table, summarize
+from experiments.sim_vs_real import BUSY_CORES, TARGET_MAX, TARGET_MEDIAN, format_table, spread, summarize
 
 
 def _row(schedule, m, predicted, measured):
@@ -17,10 +18,62 @@ def test_summary_is_median_and_max_of_absolute_errors():
     assert summary["median_abs_error"] == pytest.approx(0.1)  # |errors| 0.1, 0.1, 0.0
     assert summary["max_abs_error"] == pytest.approx(0.1)
     table = format_table(rows, summary)
-    assert "| gpipe | 8 | 2200.0 | 2000.0 | -10.0% |" in table
-    assert "target met" in table and "NOT" not in table
-    worse = [_row("gpipe", 4, 0.5, 1.0)]
-    assert "target NOT met" in format_table(worse, summarize(worse))
+    assert "| gpipe | 8 | 2200.0 | 2000.0 | – | -10.0% | – | – |" in table
+    assert "target NOT met" in table
+
+
+def test_the_target_is_the_issues_three_and_eight_percent():
+    assert (TARGET_MEDIAN, TARGET_MAX) == (0.03, 0.08)
+    # |errors| 2 %, 2.5 %, 7.5 %: median 2.5 %, max 7.5 %: met.
+    met = [_row("gpipe", 4, 0.98, 1.0), _row("gpipe", 8, 0.975, 1.0), _row("1f1b", 4, 1.075, 1.0)]
+    assert summarize(met)["target_met"] and "target met" in format_table(met, summarize(met))
+    # One case at 8.5 %: the median still meets it, the max does not.
+    over = met[:2] + [_row("1f1b", 4, 1.085, 1.0)]
+    assert not summarize(over)["target_met"]
+    # Median 3.5 %: not met although the max is within 8 %.
+    median_over = [_row("gpipe", 4, 0.965, 1.0), _row("gpipe", 8, 0.965, 1.0), _row("1f1b", 4, 1.0, 1.0)]
+    assert not summarize(median_over)["target_met"]
+
+
+def test_spread_is_the_range_over_the_median():
+    assert spread([0.30, 0.25, 0.20]) == pytest.approx({"min_s": 0.20, "max_s": 0.30, "range": 0.10 / 0.25})
+
+
+def test_summary_reports_both_calibrations_and_busy_runs():
+    rows = [_row("gpipe", 4, 0.98, 1.0), _row("gpipe", 8, 1.96, 2.0)]
+    rows[0].update(predicted_2_s=1.00, relative_error_2=0.0, measured_spread=spread([0.9, 1.0, 1.2]),
+                   foreign_cores=0.0)
+    rows[1].update(predicted_2_s=2.058, relative_error_2=-0.029, measured_spread=spread([2.0, 2.0, 2.1]),
+                   foreign_cores=BUSY_CORES + 0.5)
+    summary = summarize(rows)
+    # Predictions moved by 0.02 / 0.98 and 0.098 / 1.96 = 5 %.
+    assert summary["calibration_spread"] == pytest.approx(0.05)
+    assert summary["max_abs_error_2"] == pytest.approx(0.029)
+    assert summary["measured_range"] == pytest.approx((0.3 / 1.0 + 0.1 / 2.0) / 2)
+    assert summary["busy_runs"] == 1
+    table = format_table(rows, summary)
+    assert "| gpipe | 4 | 980.0 | 1000.0 | 900.0–1200.0 | +2.0% | +0.0% | 0.00 |" in table
+    assert "moves the predictions by up to 5.0%" in table
+    assert "warning: during 1 run(s) other processes" in table
+
+
+def test_foreign_cores_is_host_time_minus_own_time_per_wall_second():
+    before = CpuSnapshot(wall_s=100.0, host_busy_s=50.0, own_s=10.0)
+    # 10 s later the host spent 15 s busy, 12 of them ours: others kept 0.3 of a core busy.
+    assert foreign_cores(before, CpuSnapshot(110.0, 65.0, 22.0)) == pytest.approx(0.3)
+    assert foreign_cores(before, CpuSnapshot(110.0, 60.0, 22.0)) == 0.0  # counter rounding cannot go negative
+    assert foreign_cores(before, CpuSnapshot(110.0, None, 22.0)) is None
+    assert foreign_cores(before, before) is None
+
+
+def test_snapshot_reads_the_busy_fields_of_proc_stat(tmp_path):
+    import os
+
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal: busy = user + nice + system + irq + softirq ticks.
+    stat.write_text("cpu  100 20 30 5000 40 5 5 7 0 0\ncpu0 50 10 15 2500 20 2 3 3 0 0\n")
+    assert snapshot(stat).host_busy_s == pytest.approx(160 / os.sysconf("SC_CLK_TCK"))
+    assert snapshot(tmp_path / "missing").host_busy_s is None
 
 
 def test_list_and_unknown_experiment(capsys):
@@ -35,6 +88,7 @@ def test_list_and_unknown_experiment(capsys):
     (["--microbatches", "4,x"], "comma-separated positive integers"),
     (["--microbatches", "0"], "comma-separated positive integers"),
     (["--iterations", "0"], "--iterations must be >= 1"),
+    (["--calibrate-iterations", "0"], "--calibrate-iterations must be >= 1"),
     (["--bogus"], "unrecognized arguments"),
 ])
 def test_sim_vs_real_rejects_bad_options(tmp_path, capsys, argv, message):
