@@ -7,7 +7,7 @@ catalog's, so what is fitted here carries to other GPUs.
 
 Only runs of the ``fit`` half are ever predicted here: a seeded sample of them (``sample`` runs, for speed: each
 evaluation predicts every sampled run through the product's one prediction path). The objective is the mean
-|error| plus a fifth of the largest, so that no configuration is sacrificed for the average. It is minimised by
+|error| plus a tenth of the largest, so that no configuration is sacrificed for the average. It is minimised by
 Nelder-Mead (Nelder & Mead 1965; the standard reflection 1, expansion 2, contraction and shrink ½) over the
 logarithms of the constants, which keeps them positive and treats µs and ms alike; ``memory_efficiency`` is
 capped at 1.
@@ -73,7 +73,7 @@ def _model_at(base: KernelModel, vector: Sequence[float]) -> KernelModel:
 
 
 def fit_kernel_model(runs: Sequence, halves: Sequence[str], predict: Callable[[object, KernelModel], float],
-                     base: KernelModel, *, seed: int, sample: int = 120, iterations: int = 160,
+                     base: KernelModel, *, seed: int, sample: int = 240, iterations: int = 160,
                      progress: Callable[[int, float], None] | None = None) -> tuple[KernelModel, float, int]:
     """Fit :data:`FITTED` on a seeded sample of the fit half; ``(model, objective, runs used)``.
 
@@ -94,7 +94,7 @@ def fit_kernel_model(runs: Sequence, halves: Sequence[str], predict: Callable[[o
     def objective(vector: list[float]) -> float:
         model = _model_at(base, vector)
         errors = [abs(predict(run, model) / run.measured_s - 1) for run in chosen]
-        value = statistics.fmean(errors) + 0.2 * max(errors)
+        value = statistics.fmean(errors) + 0.1 * max(errors)
         calls[0] += 1
         best[0] = min(best[0], value)
         if progress is not None:

@@ -130,13 +130,22 @@ def kernel_seconds(kernel: K.Kernel, device: DeviceSpec, model: KernelModel) -> 
     throughput = device.peak_flops * device.matmul_efficiency  # FLOP/s
     if kernel.kind == "gemm" and kernel.gemm is not None:
         m, n, k = kernel.gemm
-        tile = model.gemm_tile
-        tiles = math.ceil(m / tile) * math.ceil(n / tile) * kernel.batch
-        waves = math.ceil(tiles / max(device.compute_units, 1))
-        compute = waves * max(device.compute_units, 1) * 2.0 * tile * tile * (k + model.gemm_k_overhead) / throughput
+        units = max(device.compute_units, 1)
+        work = []
+        for tile_m, tile_n in _tile_shapes(model.gemm_tile):
+            tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * kernel.batch
+            work.append(math.ceil(tiles / units) * units * tile_m * tile_n)
+        compute = min(work) * 2.0 * (k + model.gemm_k_overhead) / throughput
     elif kernel.kind == "attention":
         compute = kernel.flops / throughput
     return max(compute, memory) + model.kernel_gap_s
+
+
+def _tile_shapes(tile: int) -> tuple[tuple[int, int], ...]:
+    """The output tiles a GEMM library picks among for a shape (cuBLAS's heuristics choose the kernel whose waves
+    fill the device best): ``tile × tile``, and the halved and doubled rectangles around it."""
+    half = max(tile // 2, 1)
+    return ((tile, tile), (2 * tile, tile), (tile, 2 * tile), (tile, half), (half, tile))
 
 
 def sequence_seconds(steps: list[tuple[float, float]]) -> float:

@@ -103,6 +103,7 @@ class CostOracle:
         self.graph, self.microbatch_size, self.profile, self._topology = graph, microbatch_size, profile, topology
         self.optimizer_shards = optimizer_shards
         self._kernel_model = kernel_model
+        self._transformer: bool | None = None
         self._collectives: dict[tuple, CollectiveCost] = {}
         self._p2p = None
         if profile is not None and profile.p2p_latency_s is not None and profile.p2p_bandwidth:
@@ -118,18 +119,28 @@ class CostOracle:
         return self._kernel_model
 
     def step_overhead_s(self, device: DeviceSpec) -> float:
-        """Framework time of one optimizer step on ``device`` outside its kernels, s: the kernel model's on a GPU
-        whose layers are not measured, else 0 (a measured step time includes it)."""
-        if not device.is_gpu or self.profile_applies(device):
+        """Framework time of one optimizer step on ``device`` outside its kernels, s: the kernel model's where it
+        applies (:meth:`_framework_overheads`), else 0 (a measured step time includes it)."""
+        if not self._framework_overheads(device):
             return 0.0
         return self.kernel_model.step_overhead_s
 
     def microbatch_overhead_s(self, device: DeviceSpec) -> float:
-        """Framework time per microbatch on a pipeline rank on ``device`` outside its kernels, s: the kernel
-        model's on a GPU whose layers are not measured, else 0 (measured times include it)."""
-        if not device.is_gpu or self.profile_applies(device):
+        """Framework time per microbatch on a pipeline rank on ``device`` outside its kernels, s: the kernel model's
+        where it applies (:meth:`_framework_overheads`), else 0 (measured times include it)."""
+        if not self._framework_overheads(device):
             return 0.0
         return self.kernel_model.microbatch_overhead_s
+
+    def _framework_overheads(self, device: DeviceSpec) -> bool:
+        """Whether the kernel model's framework overheads apply: a GPU whose layers are not measured, running a model
+        the kernel model costs (a GPT's layers). They were fitted on Megatron-DeepSpeed; a synthetic or CNN model is
+        costed by the roofline alone, which has no framework around it."""
+        if not device.is_gpu or self.profile_applies(device):
+            return False
+        if self._transformer is None:
+            self._transformer = any(layer.transformer is not None for layer in self.graph.layers)
+        return self._transformer
 
     def _nccl(self, seconds: float, kind: str, algorithm: str, ranks: tuple[int, ...], members: int) -> float:
         """``seconds`` of link time as an NCCL call among ``ranks`` (:mod:`sim.cost.nccl`) when they are all GPUs,

@@ -9,7 +9,20 @@ import json
 import pytest
 
 from experiments.run import main as run_main
-from experiments.vtrain import DATA, Run, load_runs, predict_run, spearman, split_runs
+from experiments.vtrain import (
+    DATA,
+    NICS_PER_SERVER,
+    Run,
+    load_runs,
+    partition_of,
+    predict_run,
+    spearman,
+    split_runs,
+    topology_of,
+)
+from experiments.vtrain_fit import FITTED, kernel_model_yaml, nelder_mead
+from sim.cost.gpu_time import default_kernel_model, load_kernel_model
+from sim.hw.topology import Topology
 from sim.core.errors import SpecError
 from sim.run import main as sim_main
 
@@ -56,6 +69,7 @@ def test_a_run_is_predicted_as_sim_run_predicts_its_plan(tmp_path, capsys):
               measured_s=0.2197)
     assert sim_main(["--topology", "8xA100", "--model", run.model, "--tp", "2", "--dp", "2", "--pp", "2",
                      "--global-batch", "32", "--microbatch-size", "4", "--recompute", "--ignore-memory", "--no-gantt",
+                     "--partition", "13,13",
                      "--out", str(tmp_path / "sim")]) == 0
     metrics = json.loads((tmp_path / "sim" / "metrics.json").read_text())
     assert predict_run(run) == metrics["iteration_time_s"]
@@ -71,3 +85,50 @@ def test_quick_writes_every_run_with_its_split_and_error(tmp_path, capsys):
         assert float(row["error"]) == pytest.approx(float(row["predicted_s"]) / float(row["measured_s"]) - 1,
                                                     abs=1e-6)
     assert (tmp_path / "v" / "vtrain.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+MULTI = DATA.parent / "ground_truth_multi.csv"
+
+
+def test_the_multi_node_file_loads_despite_its_bom_and_extra_column():
+    runs = load_runs(MULTI)
+    assert len(runs) == 109 and max(run.gpus for run in runs) == 512 and min(run.gpus for run in runs) == 64
+    assert all(run.tp * run.dp * run.pp == run.gpus for run in runs)
+
+
+def test_megatron_deepspeed_partition_puts_the_embedding_first_and_the_head_last():
+    run = Run(gpus=4, global_batch=8, microbatch=1, hidden=1024, heads=16, layers=24, seq=1024, tp=1, dp=1, pp=4,
+              measured_s=1.0)
+    assert partition_of(run) == "7,6,6,7"  # 24 blocks / 4, +1 embedding on the first, +1 head on the last
+
+
+def test_servers_of_eight_get_four_hdr_ports_each(tmp_path):
+    run = Run(gpus=64, global_batch=512, microbatch=8, hidden=3072, heads=32, layers=30, seq=2048, tp=1, dp=64, pp=1,
+              measured_s=3.5)
+    assert topology_of(Run(**{**run.__dict__, "gpus": 8, "dp": 8})) == "8xA100"
+    spec = topology_of(run, tmp_path)
+    topology = Topology.parse(spec)
+    assert topology.num_ranks == 64 and len(topology.nodes) == 8
+    assert {node.nics for node in topology.nodes} == {NICS_PER_SERVER}
+    assert {node.network.name for node in topology.nodes} == {"ib-hdr"}
+    with pytest.raises(SpecError, match="64 GPUs"):
+        topology_of(run)
+
+
+def test_nelder_mead_finds_the_minimum_of_a_quadratic_bowl():
+    point, value = nelder_mead(lambda x: (x[0] - 1.5) ** 2 + 3 * (x[1] + 0.5) ** 2 + 2.0, [0.0, 0.0], 0.5, 200)
+    assert point == pytest.approx([1.5, -0.5], abs=1e-4) and value == pytest.approx(2.0, abs=1e-8)
+
+
+def test_a_fitted_kernel_model_round_trips_through_its_yaml():
+    model = default_kernel_model().replace(host_issue_s=3.25e-05, step_overhead_s=0.0125)
+    again = load_kernel_model(kernel_model_yaml(model, "a test"), "test")
+    assert again.replace(source="") == model.replace(source="") and again.source == "a test"
+    assert set(FITTED) < {name for name in model.__dataclass_fields__ if name != "source"}
+
+
+def test_fit_refuses_another_data_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        run_main(["vtrain", "--fit", "--data", str(MULTI), "--out", str(tmp_path / "v")])
+    assert info.value.code == 2 and "error: --fit fits on the shipped" in capsys.readouterr().err
+    assert not (tmp_path / "v").exists()

@@ -90,15 +90,33 @@ def _gemm(m, n, k, batch=1):
     return Kernel("g", "gemm", 2.0 * batch * m * n * k, float(batch * (m * k + k * n + m * n) * 2), (m, n, k), batch)
 
 
+def _brute_force_slots(m: int, n: int, batch: int, units: int, tile: int) -> int:
+    """Tile slots (elements of output computed, padding included) of the best of the library's tile shapes."""
+    shapes = [(tile, tile), (2 * tile, tile), (tile, 2 * tile), (tile, tile // 2), (tile // 2, tile)]
+    best = None
+    for tm, tn in shapes:
+        tiles = -(-m // tm) * -(-n // tn) * batch
+        waves = -(-tiles // units)
+        slots = waves * units * tm * tn
+        best = slots if best is None else min(best, slots)
+    return best
+
+
 def test_gemm_that_fills_one_wave_exactly_and_one_tile_more_takes_two():
     model = _model(kernel_gap_s=1e-6)
     # 64 × 16 with 16 × 16 tiles: 4 tiles, the toy's 4 units, one wave of 4 · 2 · 16² · (64 + 8) = 147,456 FLOPs.
     one_wave = 147_456 / 5e11
     assert kernel_seconds(_gemm(64, 16, 64), TOY, model) == pytest.approx(one_wave + 1e-6, rel=1e-12)
-    # One row more is a fifth tile: a second wave, which costs a full wave although it holds one tile.
-    assert kernel_seconds(_gemm(65, 16, 64), TOY, model) == pytest.approx(2 * one_wave + 1e-6, rel=1e-12)
-    assert kernel_seconds(_gemm(80, 16, 64), TOY, model) == pytest.approx(2 * one_wave + 1e-6, rel=1e-12)
-    # Batched products count their tiles together: 2 × (32 × 32) is 8 tiles, two full waves.
+    # With square tiles only, one row more would be a fifth tile and a second full wave (8 slots of 16²); the library
+    # instead picks 16 × 8 tiles: 10 of them, 3 waves of 4 slots of 128 elements, 3/4 of the second wave's cost.
+    assert _brute_force_slots(65, 16, 1, 4, 16) == 12 * 128
+    assert kernel_seconds(_gemm(65, 16, 64), TOY, model) == pytest.approx(1.5 * one_wave + 1e-6, rel=1e-12)
+    # 80 rows: 16 × 8 (or 8 × 16) tiles again, 10 of them in 3 waves; 32 × 16 tiles would take a wave of 4 × 512.
+    assert _brute_force_slots(80, 16, 1, 4, 16) == 12 * 128
+    assert kernel_seconds(_gemm(80, 16, 64), TOY, model) == pytest.approx(1.5 * one_wave + 1e-6, rel=1e-12)
+    # Batched products count their tiles together: 2 × (32 × 32) is 8 square tiles, two full waves, and no other
+    # shape fills the units better.
+    assert _brute_force_slots(32, 32, 2, 4, 16) == 8 * 256
     assert kernel_seconds(_gemm(32, 32, 64, batch=2), TOY, model) == pytest.approx(2 * one_wave + 1e-6, rel=1e-12)
     # Each check above is compute bound: the operands move in well under a wave.
     assert _gemm(80, 16, 64).bytes / (TOY.memory_bandwidth * model.memory_efficiency) < one_wave

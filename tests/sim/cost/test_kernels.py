@@ -11,11 +11,11 @@ import pytest
 
 from sim.core.errors import SpecError
 from sim.cost.kernels import (
-    fused_softmax_available,
     KINDS,
     block_kernels,
     block_parameters,
     embedding_kernels,
+    fused_softmax_available,
     head_kernels,
     layer_step_kernels,
     optimizer_kernels,
