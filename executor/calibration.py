@@ -1,17 +1,19 @@
 """Calibration (``executor.run --calibrate-out``): a run turned into a profile for the simulator (DESIGN §7).
 
 The profile holds the per-stage medians of F, B and OPT_STEP measured in place, with every rank busy, which on a
-shared CPU is 30–60% slower than the same op measured alone. A stage's measured time is split over its layers in
-proportion to the prior per-layer estimate (the cost oracle with the profile or roofline the plan was simulated
-with), so the stage sums are the measured ones exactly and the layer shares keep the prior's shape; the
-point-to-point fit comes from a ping-pong sweep run inside the same process group (:data:`P2P_METHOD`). It is
+shared CPU is 30–60% slower than the same op measured alone, each plus the executor's own time between two ops
+(:func:`dispatch_time`), which no op's span contains and the simulator has no op for. A stage's measured time is
+split over its layers in proportion to the prior per-layer estimate (the cost oracle with the profile or roofline the
+plan was simulated with), so the stage sums are the measured ones exactly and the layer shares keep the prior's
+shape; the point-to-point fit comes from a ping-pong sweep run inside the same process group (:data:`P2P_METHOD`). It is
 written by the one profile writer, :func:`sim.cost.profile.profile_document`.
 
 A calibration says how far it can be trusted: the profile's ``method.stability`` (:func:`stage_stability`: samples
 per stage, spread, and how far the stage medians moved between the first and the second half of the run) and a
 warning on stderr when the run was short or the machine's speed changed while it measured; its ``p2p`` adds the
-latencies of the run's transfers split by which side posted last (:func:`posting_order_latencies`), the one thing the
-simulator's single latency averages over.
+latencies of the run's transfers split by which side posted last (:func:`posting_order_latencies`): a message
+the receiver was already waiting for crosses in a few hundred µs, one the sender had posted first in milliseconds,
+and the simulator's single latency is the latter's, the kind its critical path is made of.
 
 The profile is labelled with the device the ranks were measured on (:func:`profile_device`), not the device the
 plan names: a plan for V100s run on this host's CPU (no CUDA here, or ``--backend gloo``) yields a ``cpu`` profile,
@@ -37,11 +39,12 @@ from sim.cost.p2p_fit import fit_latency_bandwidth
 from sim.cost.profile import profile_document
 from sim.hw.catalog import get_device
 from sim.ir.plan import OpKind, Plan
-from sim.ir.trace import Trace
+from sim.ir.trace import Span, Trace
 from sim.models.graph import LayerGraph
 
-__all__ = ["stage_medians", "stage_stability", "calibrated_profile", "device_catalog_id", "profile_device",
-           "in_place_p2p", "posting_order_latencies", "P2P_METHOD", "MIN_STABLE_ITERATIONS", "MAX_HALF_DRIFT"]
+__all__ = ["stage_medians", "stage_stability", "dispatch_time", "calibrated_profile", "device_catalog_id",
+           "profile_device", "in_place_p2p", "posting_order_latencies", "P2P_METHOD", "MIN_STABLE_ITERATIONS",
+           "MAX_HALF_DRIFT"]
 
 #: A calibration over fewer measured iterations warns. The optimizer step runs once per iteration, so its median is
 #: over this many samples only; and a short run is more likely to fall entirely into a burst of load from another
@@ -57,9 +60,11 @@ MAX_HALF_DRIFT = 0.03
 P2P_METHOD = (
     "bandwidth: least-squares fit of a ping-pong sweep between ranks 0 and 1 inside the run's process group, "
     "converted to the model graph's bytes (the executor sends fp32 tensors, the graph counts its own dtype); "
-    "latency: mean over the run's transfers of (measured wire time - real bytes / bandwidth), i.e. what a message "
-    "costs while the ranks compute, which on a busy CPU is mostly the wake-up of the threads that move it; the mean, "
-    "not the median, because transfer times add up along the critical path"
+    "latency: mean over the run's sender-first transfers (the receiver posted after the sender: see "
+    "latency_by_posting_order) of (measured wire time - bytes / bandwidth), or over all transfers when there is no "
+    "sender-first one. A pipeline's critical path runs through its busiest rank, which posts each receive late, when "
+    "its sender has long posted the send, so those are the messages whose time adds up along it; on a busy CPU it "
+    "is mostly the wake-up of the sender's transport thread. The mean, not the median, because transfer times add up"
 )
 
 
@@ -74,30 +79,31 @@ def in_place_p2p(plan, costs: CostModel, measured, sweep) -> tuple[float, float]
         return None
     starts = [start for start, _ in plan.placement.vstage_layers]
     real = boundary_specs(plan.model, starts, plan.microbatch_size)
-    samples, ratios = [], []
+    ratios = []
     for trace in measured:
         for span in trace.spans:
-            if span.kind not in ("RECV_F", "RECV_B"):
-                continue
-            # RECV_F of v carries v's input; RECV_B of v carries the gradient of v's output (v + 1's input).
-            vstage = span.vstage if span.kind == "RECV_F" else span.vstage + 1
-            real_bytes = real[starts[vstage]].nbytes
-            samples.append(span.duration - real_bytes / bandwidth)
-            ratios.append(costs.message_bytes(OpKind(span.kind), span.vstage) / real_bytes)
-    if not samples:
+            if span.kind in ("RECV_F", "RECV_B"):
+                # RECV_F of v carries v's input; RECV_B of v carries the gradient of v's output (v + 1's input).
+                vstage = span.vstage if span.kind == "RECV_F" else span.vstage + 1
+                ratios.append(costs.message_bytes(OpKind(span.kind), span.vstage) / real[starts[vstage]].nbytes)
+    if not ratios:
         return None
-    return max(0.0, statistics.fmean(samples)), bandwidth * statistics.median(ratios)
+    graph_bandwidth = bandwidth * statistics.median(ratios)
+    split = posting_order_latencies(costs, measured, graph_bandwidth)
+    chosen = split["sender_first"] if split["sender_first"]["count"] else split["all"]
+    return max(0.0, chosen["latency_s"]), graph_bandwidth
 
 
 def posting_order_latencies(costs: CostModel, measured: Sequence[Trace], bandwidth: float) -> dict[str, Any]:
-    """The run's message latencies split by which side posted last: a diagnostic of the single fitted latency.
+    """The run's message latencies split by which side posted last.
 
     A transfer's measured span starts when both sides had posted (``executor.measured``). If the receiver posted
     first it is already waiting, and gloo writes the data from the sender's ``isend`` call (receiver first); if the
     sender posted first, the data leaves only when the sender's transport thread is woken by the receiver's
     request while its main thread computes (sender first), which on a busy 2-core host takes milliseconds. Which
-    happens depends on the schedule and the stages' balance, which the simulator's one latency cannot see; the split
-    is written to the profile so that a calibration shows how far apart the two are.
+    happens depends on the schedule and the stages' balance, which the simulator's one latency cannot see: it takes
+    the sender-first latency (:data:`P2P_METHOD`), and the split is written to the profile to show how far apart
+    the two are.
 
     Args:
         costs: the plan's cost view (message sizes in graph bytes).
@@ -105,11 +111,12 @@ def posting_order_latencies(costs: CostModel, measured: Sequence[Trace], bandwid
         bandwidth: the fitted bandwidth in graph bytes/s.
 
     Returns:
-        ``{"receiver_first": {"count", "latency_s"}, "sender_first": {...}}``: per class the number of transfers and
-        their mean (duration - bytes / bandwidth) in s (``None`` with none). The sender counts as first when the data's
-        producing op ended before the receiver's previous compute op did.
+        ``{"receiver_first": {"count", "latency_s"}, "sender_first": {...}, "all": {...}}``: per class the number of
+        transfers and their mean (duration - bytes / bandwidth) in s (``None`` with none); ``all`` also counts
+        transfers whose producing op is not in the trace. The sender counts as first when the data's producing op
+        ended before the receiver's previous compute op did.
     """
-    samples: dict[str, list[float]] = {"receiver_first": [], "sender_first": []}
+    samples: dict[str, list[float]] = {"receiver_first": [], "sender_first": [], "all": []}
     for trace in measured:
         ends = {(span.kind, span.vstage, span.mb): span.end for span in trace.spans}
         compute = defaultdict(list)
@@ -124,13 +131,37 @@ def posting_order_latencies(costs: CostModel, measured: Sequence[Trace], bandwid
             else:  # the gradient of v + 1's input: its B, or its I under zero-bubble schedules
                 produced = ends.get((OpKind.B.value, span.vstage + 1, span.mb),
                                     ends.get((OpKind.I.value, span.vstage + 1, span.mb)))
+            latency = span.duration - costs.message_bytes(OpKind(span.kind), span.vstage) / bandwidth
+            samples["all"].append(latency)
             if produced is None:
                 continue
             receiver_free = max((end for end in compute[span.rank] if end <= span.start), default=0.0)
-            order = "sender_first" if produced < receiver_free else "receiver_first"
-            samples[order].append(span.duration - costs.message_bytes(OpKind(span.kind), span.vstage) / bandwidth)
+            samples["sender_first" if produced < receiver_free else "receiver_first"].append(latency)
     return {order: {"count": len(values), "latency_s": statistics.fmean(values) if values else None}
             for order, values in samples.items()}
+
+
+def dispatch_time(measured: Sequence[Trace]) -> float:
+    """The executor's own time per op, s: the median gap from one compute op's end to the next one's start on the
+    same rank, over the pairs where no receive of that rank completed in between (the rank had its inputs and
+    went straight on). It is what the interpreter does between the spans it times (posting sends and receives,
+    bookkeeping in Python), which no span contains: 0.15-0.5 ms per op on the 2-core development box, about 1 % of
+    an iteration there. 0 with no such pair."""
+    gaps = []
+    for trace in measured:
+        compute: dict[int, list[Span]] = defaultdict(list)
+        received: dict[int, list[float]] = defaultdict(list)
+        for span in trace.spans:
+            if span.stream == "compute":
+                compute[span.rank].append(span)
+            elif span.kind in (OpKind.RECV_F.value, OpKind.RECV_B.value):
+                received[span.rank].append(span.end)
+        for rank, spans in compute.items():
+            spans.sort(key=lambda span: span.start)
+            for before, after in zip(spans, spans[1:]):
+                if not any(before.end < end <= after.start for end in received[rank]):
+                    gaps.append(max(0.0, after.start - before.end))
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def stage_stability(measured: Sequence[Trace]) -> dict[str, Any]:
@@ -236,7 +267,8 @@ def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians:
         p2p: ``(latency s, bandwidth bytes/s)`` fitted in place, or ``None``.
         machine, software: provenance.
         iterations: how many iterations the medians are over.
-        measured: the measured iterations themselves; when given, the profile's method records their
+        measured: the measured iterations themselves; when given, every op's median gets their
+            :func:`dispatch_time` added (``method.dispatch_s``), the profile's method records their
             :func:`stage_stability` (and warns on stderr when the run was too short or the machine's speed moved
             during it, :data:`MIN_STABLE_ITERATIONS`, :data:`MAX_HALF_DRIFT`), and its ``p2p`` the
             :func:`posting_order_latencies`.
@@ -246,6 +278,9 @@ def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians:
     """
     device_spec = get_device(device)
     base = CostOracle(graph, plan.microbatch_size, prior.profile).layer_costs(device_spec)
+    # Each op is charged the executor's time before it, which the simulator has no op for (dispatch_time).
+    dispatch = dispatch_time(measured) if measured is not None else 0.0
+    medians = {key: value + dispatch if value > 0 else value for key, value in medians.items()}
     layers: list[dict[str, Any]] = []
     for v, (start, end) in enumerate(plan.placement.vstage_layers):
         for kind in ("F", "B"):
@@ -262,8 +297,9 @@ def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians:
         "plan": {"schedule": plan.schedule, "num_microbatches": plan.num_microbatches,
                  "layers_per_stage": list(plan.placement.layer_counts()), "num_ranks": plan.num_ranks},
         "iterations": iterations,
-        "statistic": "median over all microbatches and iterations after warm-up, per stage; split over the "
-                     "stage's layers in proportion to the prior estimate",
+        "statistic": "median over all microbatches and iterations after warm-up, per stage, plus dispatch_s; "
+                     "split over the stage's layers in proportion to the prior estimate",
+        "dispatch_s": dispatch,
         "prior": f"profile {prior.profile.source}" if prior.profile is not None else "roofline",
     }
     p2p_fields = None if p2p is None else {"latency_s": p2p[0], "bandwidth_bytes_per_s": p2p[1]}
