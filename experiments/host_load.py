@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CpuSnapshot", "snapshot", "foreign_cores", "PROC_STAT"]
+__all__ = ["CpuSnapshot", "snapshot", "foreign_cores", "wait_until_idle", "PROC_STAT"]
 
 PROC_STAT = Path("/proc/stat")
 
@@ -66,3 +66,25 @@ def foreign_cores(before: CpuSnapshot, after: CpuSnapshot) -> float | None:
         return None
     others = (after.host_busy_s - before.host_busy_s) - (after.own_s - before.own_s)
     return max(0.0, others / (after.wall_s - before.wall_s))
+
+
+def wait_until_idle(limit_s: float, threshold_cores: float, *, probe_s: float = 2.0,
+                    stat: Path = PROC_STAT) -> float | None:
+    """Wait until other processes use at most ``threshold_cores`` over a ``probe_s``-second probe, for at most
+    ``limit_s`` s in all; the last probe's :func:`foreign_cores` (``None`` where the host's CPU time is unknown, at
+    once). Nothing of ours runs during a probe, so all the busy time it sees is someone else's.
+
+    Raises:
+        ValueError: ``limit_s`` < 0 or ``probe_s`` <= 0.
+    """
+    if limit_s < 0 or probe_s <= 0:
+        raise ValueError(f"need limit_s >= 0 and probe_s > 0, got {limit_s} and {probe_s}")
+    deadline = time.monotonic() + limit_s
+    while True:
+        before = snapshot(stat)
+        if before.host_busy_s is None:
+            return None
+        time.sleep(probe_s)
+        cores = foreign_cores(before, snapshot(stat))
+        if cores is None or cores <= threshold_cores or time.monotonic() >= deadline:
+            return cores

@@ -16,7 +16,8 @@ Procedure, on this host with 2 CPU ranks (topology ``2xcpu``, gloo):
 4. **Report** per case the prediction, the measured median and the measured iterations' min–max (the measurement's
    own spread), the error, and the CPU that other processes used during the run (:mod:`experiments.host_load`);
    then the median and the maximum |error| against the issue's target (median ≤ 3 %, max ≤ 8 %). A run during
-   which other processes kept more than :data:`BUSY_CORES` of a core busy is marked: its error measures them.
+   which other processes kept more than :data:`BUSY_CORES` of a core busy is marked: its error measures them;
+   ``--wait-idle S`` lets each run first wait up to S seconds for them to go quiet.
    ``--schedules`` adds the rest of the family (interleaved, zb1p, pipedream, 1f1b-recompute), each predicted from
    the same 1F1B calibration. Published simulators reach 3–9 % on GPUs (``../shared/reference/simulators.md``).
 
@@ -33,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.host_load import foreign_cores, snapshot
+from experiments.host_load import foreign_cores, snapshot, wait_until_idle
 from sim.core.errors import SpecError, fail
 from sim.core.fileio import write_json_atomic, write_text_atomic
 
@@ -69,8 +70,11 @@ def _tool(module: str, *args: str) -> str:
     return result.stdout
 
 
-def _measure(*args: str) -> float | None:
-    """``executor.run args``; the cores other processes used meanwhile (:func:`foreign_cores`)."""
+def _measure(wait_idle_s: float, *args: str) -> float | None:
+    """``executor.run args``, after waiting up to ``wait_idle_s`` s for an idle host; the cores other processes used
+    during the run (:func:`foreign_cores`)."""
+    if wait_idle_s > 0:
+        wait_until_idle(wait_idle_s, BUSY_CORES / 2)
     before = snapshot()
     _tool("executor.run", *args)
     return foreign_cores(before, snapshot())
@@ -86,12 +90,14 @@ def _simulate(out: Path, model: str, case: str, m: int, mbs: int, profile: Path 
     return out / "plan.json", json.loads((out / "metrics.json").read_text())["iteration_time_s"]
 
 
-def _calibrate(out: Path, name: str, model: str, m: int, mbs: int, iterations: int, warmup: int) -> float | None:
+def _calibrate(out: Path, name: str, model: str, m: int, mbs: int, iterations: int, warmup: int,
+               wait_idle_s: float) -> float | None:
     """Run the calibration plan (1F1B, ``m`` microbatches) with ``--calibrate-out out/name.json``; foreign cores."""
     plan, _ = _simulate(out / f"{name}-sim", model, "1f1b", m, mbs, None)
     print(f"{name}: 1f1b, m={m}, {iterations} iterations ...", flush=True)
-    return _measure("--plan", str(plan), "--out", str(out / f"{name}-real"), "--iterations", str(iterations),
-                    "--warmup", str(warmup), "--calibrate-out", str(out / f"{name}.json"), "--no-gantt")
+    return _measure(wait_idle_s, "--plan", str(plan), "--out", str(out / f"{name}-real"), "--iterations",
+                    str(iterations), "--warmup", str(warmup), "--calibrate-out", str(out / f"{name}.json"),
+                    "--no-gantt")
 
 
 def spread(times: list[float]) -> dict[str, float]:
@@ -102,18 +108,19 @@ def spread(times: list[float]) -> dict[str, float]:
 
 def run_cases(out: Path, *, model: str, schedules: list[str], microbatches: list[int], microbatch_size: int,
               iterations: int, warmup: int, calibrate_m: int,
-              calibrate_iterations: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Calibrate, predict and measure every case, calibrate again; one row per case and the calibrations' record."""
+              calibrate_iterations: int, wait_idle_s: float = 0.0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Calibrate, predict and measure every case, calibrate again; one row per case and the calibrations' record.
+    Each run first waits up to ``wait_idle_s`` s for other processes to go quiet (:func:`wait_until_idle`)."""
     calibration, recalibration = out / "calibration.json", out / "calibration-2.json"
-    cal_args = (model, calibrate_m, microbatch_size, calibrate_iterations, warmup)
+    cal_args = (model, calibrate_m, microbatch_size, calibrate_iterations, warmup, wait_idle_s)
     calibrations: dict[str, Any] = {"foreign_cores": [_calibrate(out, "calibration", *cal_args)]}
     rows = []
     for schedule in schedules:
         for m in microbatches:
             case = out / f"{schedule}-m{m}"
             plan, _ = _simulate(case / "sim", model, schedule, m, microbatch_size, calibration)
-            busy = _measure("--plan", str(plan), "--out", str(case / "real"), "--iterations", str(iterations),
-                            "--warmup", str(warmup))
+            busy = _measure(wait_idle_s, "--plan", str(plan), "--out", str(case / "real"), "--iterations",
+                            str(iterations), "--warmup", str(warmup))
             compare = json.loads((case / "real" / "compare.json").read_text())
             row = {"schedule": schedule, "microbatches": m,
                    "predicted_s": compare["predicted_iteration_time_s"],
@@ -224,6 +231,10 @@ def main(argv: list[str]) -> int:
                         "a plan none of the default cases runs)")
     parser.add_argument("--calibrate-iterations", type=int, default=CALIBRATE_ITERATIONS,
                         help=f"measured iterations of each calibration run (default {CALIBRATE_ITERATIONS})")
+    parser.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
+                        help="before each run, wait up to S seconds until other processes use at most "
+                        f"{BUSY_CORES / 2} of a core (default 0: do not wait); runs that still share the host are "
+                        "marked in the table either way")
     parser.error = lambda message: fail(message)  # type: ignore[method-assign]
     args = parser.parse_args(argv)
     microbatches = _positive_list(args.microbatches)
@@ -235,12 +246,14 @@ def main(argv: list[str]) -> int:
                         ("--calibrate-m", args.calibrate_m), ("--calibrate-iterations", args.calibrate_iterations)):
         if value < 1:
             fail(f"{name} must be >= 1, got {value}")
+    if not args.wait_idle >= 0:  # also NaN
+        fail(f"--wait-idle must be >= 0 seconds, got {args.wait_idle}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, calibrations = run_cases(out, model=args.model, schedules=schedules, microbatches=microbatches,
                                    microbatch_size=args.microbatch_size, iterations=args.iterations,
                                    warmup=args.warmup, calibrate_m=args.calibrate_m,
-                                   calibrate_iterations=args.calibrate_iterations)
+                                   calibrate_iterations=args.calibrate_iterations, wait_idle_s=args.wait_idle)
     summary = summarize(rows)
     summary["busy_calibrations"] = sum(1 for cores in calibrations["foreign_cores"] if (cores or 0.0) > BUSY_CORES)
     table = format_table(rows, summary)

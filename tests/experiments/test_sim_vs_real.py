@@ -89,6 +89,7 @@ def test_list_and_unknown_experiment(capsys):
     (["--microbatches", "0"], "comma-separated positive integers"),
     (["--iterations", "0"], "--iterations must be >= 1"),
     (["--calibrate-iterations", "0"], "--calibrate-iterations must be >= 1"),
+    (["--wait-idle", "-1"], "--wait-idle must be >= 0 seconds, got -1.0"),
     (["--bogus"], "unrecognized arguments"),
 ])
 def test_sim_vs_real_rejects_bad_options(tmp_path, capsys, argv, message):
@@ -97,3 +98,41 @@ def test_sim_vs_real_rejects_bad_options(tmp_path, capsys, argv, message):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+class _FakeHost:
+    """A host whose other processes use ``cores(t)`` cores at fake time t; sleeping advances the fake clock."""
+
+    def __init__(self, cores):
+        self.t, self.busy, self.cores = 0.0, 0.0, cores
+
+    def sleep(self, seconds):
+        self.busy += self.cores(self.t) * seconds
+        self.t += seconds
+
+    def snapshot(self, stat=None):
+        return CpuSnapshot(self.t, self.busy, 0.0)
+
+
+@pytest.mark.parametrize("cores,limit,expected,elapsed", [
+    (lambda t: 0.0, 60.0, 0.0, 2.0),  # idle: one probe
+    (lambda t: 1.0 if t < 10 else 0.05, 60.0, 0.05, 12.0),  # busy for 10 s, then quiet: the first quiet probe
+    (lambda t: 1.0, 5.0, 1.0, 6.0),  # busy throughout: gives up after the first probe past the limit
+])
+def test_wait_until_idle_probes_until_quiet_or_the_limit(monkeypatch, cores, limit, expected, elapsed):
+    import experiments.host_load as host_load
+
+    host = _FakeHost(cores)
+    monkeypatch.setattr(host_load, "snapshot", host.snapshot)
+    monkeypatch.setattr(host_load.time, "sleep", host.sleep)
+    monkeypatch.setattr(host_load.time, "monotonic", lambda: host.t)
+    assert host_load.wait_until_idle(limit, 0.1, probe_s=2.0) == pytest.approx(expected)
+    assert host.t == pytest.approx(elapsed)
+
+
+def test_wait_until_idle_returns_at_once_where_the_host_time_is_unknown(tmp_path):
+    from experiments.host_load import wait_until_idle
+
+    assert wait_until_idle(60.0, 0.1, stat=tmp_path / "missing") is None
+    with pytest.raises(ValueError):
+        wait_until_idle(-1.0, 0.1)
