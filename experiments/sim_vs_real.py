@@ -95,9 +95,14 @@ def _calibrate(out: Path, name: str, model: str, m: int, mbs: int, iterations: i
     """Run the calibration plan (1F1B, ``m`` microbatches) with ``--calibrate-out out/name.json``; foreign cores."""
     plan, _ = _simulate(out / f"{name}-sim", model, "1f1b", m, mbs, None)
     print(f"{name}: 1f1b, m={m}, {iterations} iterations ...", flush=True)
-    return _measure(wait_idle_s, "--plan", str(plan), "--out", str(out / f"{name}-real"), "--iterations",
+    busy = _measure(wait_idle_s, "--plan", str(plan), "--out", str(out / f"{name}-real"), "--iterations",
                     str(iterations), "--warmup", str(warmup), "--calibrate-out", str(out / f"{name}.json"),
                     "--no-gantt")
+    stability = json.loads((out / f"{name}.json").read_text())["method"].get("stability")
+    if stability:  # executor.calibration.stage_stability
+        print(f"  stage medians moved {stability['max_half_drift'] * 100:.1f}% between the run's halves, IQR up to "
+              f"{stability['max_relative_iqr'] * 100:.1f}% of the median{_busy_note(busy)}", flush=True)
+    return busy
 
 
 def spread(times: list[float]) -> dict[str, float]:
