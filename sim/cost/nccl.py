@@ -14,8 +14,10 @@ time, with the tuner's figures:
 (``../shared/reference/hardware.md`` §2.5, NVIDIA/nccl ``src/graph/tuning.cc`` at commit 01afd20, NCCL 2.7 era;
 later versions shift these by a few tenths of a µs and add LL128, which the reference does not give). A
 collective's steps are its algorithm's: a ring all-reduce 2(n − 1), reduce-scatter, all-gather and broadcast
-n − 1, a tree all-reduce 2⌈log₂ n⌉; a point-to-point message one. The link class is the network when the ranks
-span servers, else PCIe for a server wired by PCIe, else NVLink.
+n − 1, a tree all-reduce 2⌈log₂ n⌉; a point-to-point message one. The link class is that of the slowest hop
+between ring neighbours: the network when two of them sit in different servers, else PCIe when the route between
+two of them crosses a PCIe link (a server wired by PCIe, or GPUs of a cube-mesh without an NVLink between them),
+else NVLink.
 """
 
 from __future__ import annotations
@@ -33,12 +35,18 @@ PROTOCOLS: dict[str, tuple[float, dict[str, float], float]] = {
 }
 
 
-def link_class(topology: Topology, ranks: tuple[int, ...]) -> str:
-    """``"net"`` if ``ranks`` span servers, ``"pcie"`` if their server is wired by PCIe, else ``"nvlink"``."""
-    servers = {topology.node_of_rank[rank] for rank in ranks}
-    if len(servers) > 1:
-        return "net"
-    return "pcie" if topology.nodes[servers.pop()].intra == "pcie" else "nvlink"
+def link_class(topology: Topology, groups: tuple[tuple[int, ...], ...]) -> str:
+    """The slowest link class between ring neighbours of any of ``groups`` (each in ring order; a pair for a
+    message): ``"net"``, ``"pcie"`` or ``"nvlink"``."""
+    worst = "nvlink"
+    for ranks in groups:
+        pairs = list(zip(ranks, ranks[1:])) + ([(ranks[-1], ranks[0])] if len(ranks) > 2 else [])
+        for src, dst in pairs:
+            if topology.node_of_rank[src] != topology.node_of_rank[dst]:
+                return "net"
+            if any(link.spec.name.startswith("pcie") for link in topology.path(src, dst)):
+                worst = "pcie"
+    return worst
 
 
 def steps(kind: str, algorithm: str, members: int) -> int:

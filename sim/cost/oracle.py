@@ -142,13 +142,14 @@ class CostOracle:
             self._transformer = any(layer.transformer is not None for layer in self.graph.layers)
         return self._transformer
 
-    def _nccl(self, seconds: float, kind: str, algorithm: str, ranks: tuple[int, ...], members: int) -> float:
-        """``seconds`` of link time as an NCCL call among ``ranks`` (:mod:`sim.cost.nccl`) when they are all GPUs,
-        else unchanged."""
+    def _nccl(self, seconds: float, kind: str, algorithm: str, groups: tuple[tuple[int, ...], ...],
+              members: int) -> float:
+        """``seconds`` of link time as an NCCL call by ``groups`` (:mod:`sim.cost.nccl`) when their ranks are all
+        GPUs, else unchanged."""
         devices = self.topology.devices
-        if not ranks or not all(devices[rank].is_gpu for rank in ranks):
+        if not groups or not all(devices[rank].is_gpu for group in groups for rank in group):
             return seconds
-        return nccl_seconds(seconds, kind, algorithm, members, link_class(self.topology, ranks))
+        return nccl_seconds(seconds, kind, algorithm, members, link_class(self.topology, groups))
 
     @property
     def topology(self) -> Topology:
@@ -257,8 +258,8 @@ class CostOracle:
             return latency + nbytes / bandwidth
         if src_rank == dst_rank:
             return 0.0
-        return self._nccl(self.topology.transfer_time(nbytes, src_rank, dst_rank), "p2p", "ring", (src_rank, dst_rank),
-                          2)
+        return self._nccl(self.topology.transfer_time(nbytes, src_rank, dst_rank), "p2p", "ring",
+                          ((src_rank, dst_rank),), 2)
 
     def collective(self, kind: str, groups: tuple[tuple[int, ...], ...], nbytes: int,
                    algorithm: str = "auto") -> CollectiveCost:
@@ -270,8 +271,7 @@ class CostOracle:
         if cost is None:
             cost = collective_cost(self.topology, kind, groups, nbytes, algorithm)
             members = max((len(group) for group in groups), default=0)
-            seconds = self._nccl(cost.seconds, kind, cost.algorithm, tuple(r for group in groups for r in group),
-                                 members)
+            seconds = self._nccl(cost.seconds, kind, cost.algorithm, tuple(g for g in groups if len(g) > 1), members)
             if seconds != cost.seconds:
                 cost = replace(cost, seconds=seconds)
             self._collectives[key] = cost
@@ -286,7 +286,7 @@ class CostOracle:
             path = self.topology.path(src, dst) if src != dst else ()
             return self.transfer_time(nbytes, src, dst), tuple(sorted(((link.src, link.dst), nbytes) for link in path))
         seconds, link_bytes = concurrent_transfer(self.topology, pairs, nbytes)
-        moving = tuple(rank for src, dst in pairs if src != dst for rank in (src, dst))
+        moving = tuple((src, dst) for src, dst in pairs if src != dst)
         return self._nccl(seconds, "p2p", "ring", moving, 2), link_bytes
 
     def host_to_device_s(self, rank: int, nbytes: float) -> float:

@@ -17,9 +17,9 @@ def nccl_call_s(link_s: float, steps: int, klass: str) -> float:
                for base, per_step, efficiency in PROTOCOLS.values())
 
 
-def server_class(topology, src: int, dst: int) -> str:
-    """The link class NCCL's tuner uses between two ranks: the network across servers, else the server's wiring."""
-    node = topology.node_of_rank[src]
-    if topology.node_of_rank[dst] != node:
+def route_class(topology, src: int, dst: int) -> str:
+    """The link class NCCL's tuner uses between two ranks: the network across servers, PCIe when their route crosses
+    a PCIe link, else NVLink."""
+    if topology.node_of_rank[dst] != topology.node_of_rank[src]:
         return "net"
-    return "pcie" if topology.nodes[node].intra == "pcie" else "nvlink"
+    return "pcie" if any(link.spec.name.startswith("pcie") for link in topology.path(src, dst)) else "nvlink"

@@ -42,9 +42,16 @@ def test_the_network_class_costs_more_per_step_and_nothing_costs_nothing():
     assert nccl_seconds(1e-3, "all_reduce", "ring", 1, "nvlink") == 0.0
 
 
-def test_link_class_follows_servers_and_wiring():
+def test_link_class_is_the_slowest_hop_between_ring_neighbours():
     two_servers = Topology.parse("2x8xA100")
-    assert link_class(two_servers, (0, 1, 2)) == "nvlink"
-    assert link_class(two_servers, (7, 8)) == "net"
+    assert link_class(two_servers, ((0, 1, 2),)) == "nvlink"
+    assert link_class(two_servers, ((7, 8),)) == "net"
+    assert link_class(two_servers, ((0, 1), (8, 15))) == "nvlink"  # two groups, each inside a server
+    assert link_class(two_servers, ((0, 1), (7, 8))) == "net"  # the slowest group decides
     pcie = Topology.parse("4xA100-PCIE")
-    assert pcie.nodes[0].intra == "pcie" and link_class(pcie, (0, 3)) == "pcie"
+    assert pcie.nodes[0].intra == "pcie" and link_class(pcie, ((0, 3),)) == "pcie"
+    # A DGX-1 cube-mesh: 0-3 share NVLink, 0-5 do not (their route crosses PCIe through the host); a ring 0-1-2-3
+    # closes with 3-0, all NVLink, while a ring 0-3-5 has a PCIe hop.
+    mesh = Topology.parse("8xV100")
+    assert link_class(mesh, ((0, 1, 2, 3),)) == "nvlink"
+    assert link_class(mesh, ((0, 5),)) == "pcie" and link_class(mesh, ((0, 3, 5),)) == "pcie"

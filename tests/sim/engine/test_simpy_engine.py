@@ -17,7 +17,7 @@ from sim.plan.lower import add_recompute, lower
 from sim.plan.partition import counts_to_ranges
 from sim.plan.validate import PlanError, validate
 from sim.schedules import SCHEDULES
-from tests.sim.cost.nccl_closed_form import nccl_call_s, server_class
+from tests.sim.cost.nccl_closed_form import nccl_call_s, route_class
 
 
 def _simulate(inputs):
@@ -83,10 +83,10 @@ def test_single_transfer_over_multi_hop_path_matches_closed_form():
     path = topo.path(0, 5)
     assert len(path) == 2
     nbytes = 1e6  # act_mb=1 → 1e6 bytes per sample
-    # α + S/B over the path, as one NCCL message (one step) at its cheapest protocol. NCCL's per-step latency is
-    # the server's link class (sim.cost.nccl's rule), NVLink for this server although this pair's route is PCIe.
+    # α + S/B over the path, as one NCCL message (one step) at its cheapest protocol, with PCIe's per-step latency:
+    # this pair's route crosses PCIe although the server has NVLink elsewhere.
     link = sum(link.spec.latency for link in path) + nbytes / min(link.spec.bandwidth for link in path)
-    expected = nccl_call_s(link, 1, "nvlink")
+    expected = nccl_call_s(link, 1, "pcie")
     trace = simulate(plan, costs, topo).trace
     send = next(s for s in trace.spans if s.kind == "SEND_F")
     recv = next(s for s in trace.spans if s.kind == "RECV_F")
@@ -181,7 +181,7 @@ def _uncontended_times(plan, costs, topo):
                 start = max([issue[send.id], issue[recv.id]] + [end[d] for d in send.deps])
                 link = topo.transfer_time(costs.message_bytes(send.kind, send.vstage), src, dst)
                 if src != dst and topo.devices[src].is_gpu and topo.devices[dst].is_gpu:
-                    link = nccl_call_s(link, 1, server_class(topo, src, dst))
+                    link = nccl_call_s(link, 1, route_class(topo, src, dst))
                 end[send.id] = end[recv.id] = start + link
                 remaining -= 2
                 progressed = True
