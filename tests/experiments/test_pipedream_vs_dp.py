@@ -9,6 +9,7 @@ import pytest
 from experiments.pipedream_vs_dp import CLUSTERS, MODELS, Candidate, ClusterCase, ModelCase, candidates, compare
 from experiments.run import main
 from sim.hw.topology import Topology
+from tests.sim.cost.nccl_closed_form import nccl_call_s
 
 
 def test_candidates_are_dp_then_every_depth_dividing_the_devices_with_both_nestings():
@@ -58,12 +59,16 @@ def test_pure_dp_is_compute_plus_the_ring_all_reduce_of_the_whole_gradient():
 
     compute, last_backward = 2 * 4 * 3e-3, 4 * 2e-3
     after, overlapped = result.plans[:2]
-    assert after.time_s == pytest.approx(compute + ring(100e6), rel=1e-12)
+    # Each all-reduce is an NCCL call over NVSwitch: its link time at the cheaper protocol's latencies, with the
+    # chosen algorithm's steps (ring 2(n - 1) = 30, tree 2·log2(16) = 8).
+    assert after.time_s == pytest.approx(compute + nccl_call_s(ring(100e6), 30, "nvlink"), rel=1e-12)
     # Overlapped (PyTorch DDP's buckets of 25 MiB, K = 4, each costed as a full bucket T): bucket k of K is ready at
     # k/K of the last backward and they are reduced one after another, so the last ends at
     # max_k (k/K·Δ + (K - k + 1)·T) after that backward starts. At 25 MiB NCCL's double binary tree,
     # 2·(log2(16)·α + S/B), beats the ring; the fastest is used.
-    k_buckets, bucket = 4, min(ring(25 * 2**20), 2 * (4 * alpha + 25 * 2**20 / bandwidth))
+    tree = 2 * (4 * alpha + 25 * 2**20 / bandwidth)
+    assert tree < ring(25 * 2**20)
+    k_buckets, bucket = 4, nccl_call_s(tree, 8, "nvlink")
     tail = max(k / k_buckets * last_backward + (k_buckets - k + 1) * bucket for k in range(1, k_buckets + 1))
     assert overlapped.time_s == pytest.approx(compute - last_backward + tail, rel=1e-12)
     assert result.dp is overlapped and overlapped.time_s < after.time_s
