@@ -5,7 +5,9 @@ Procedure, on this host with 2 CPU ranks (topology ``2xcpu``, gloo):
 1. **Calibrate.** Simulate a 1F1B plan with ``--calibrate-m`` microbatches and run it with ``executor.run
    --calibrate-out``: the per-stage F, B and optimizer-step medians measured in place (every rank busy) and the
    point-to-point fit become ``calibration.json``. This run is not one of the cases below, and by default (m = 6) not
-   their plan either, so no case is predicted from a run of itself.
+   their plan either, so no case is predicted from a run of itself. A calibration that shared the host with another
+   process, or whose stage medians moved by more than 3 % between its first and second half, is run again (up to
+   :data:`CALIBRATION_TRIES` runs).
 2. **Predict and measure each case.** For every schedule in {gpipe, 1f1b} and microbatch count in {4, 8, 16}:
    ``sim.run --profile calibration.json`` writes the plan and its prediction, ``executor.run`` runs that plan and
    writes ``compare.json`` (predicted vs the median measured iteration).
@@ -34,6 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from executor.calibration import MAX_HALF_DRIFT
 from experiments.host_load import foreign_cores, snapshot, wait_until_idle
 from sim.core.errors import SpecError, fail
 from sim.core.fileio import write_json_atomic, write_text_atomic
@@ -58,6 +61,9 @@ TARGET_MEDIAN, TARGET_MAX = 0.03, 0.08
 BUSY_CORES = 0.25
 #: Measured iterations of a calibration run (see executor.calibration.MIN_STABLE_ITERATIONS for why not fewer).
 CALIBRATE_ITERATIONS = 9
+#: Runs a calibration may take to be steady (see _calibrate): on the shared development box, 4 of the 6 calibrations
+#: of three full runs shared the host with another agent's job, and one such profile was 4-6 % slow.
+CALIBRATION_TRIES = 3
 
 
 def _tool(module: str, *args: str) -> str:
@@ -91,18 +97,24 @@ def _simulate(out: Path, model: str, case: str, m: int, mbs: int, profile: Path 
 
 
 def _calibrate(out: Path, name: str, model: str, m: int, mbs: int, iterations: int, warmup: int,
-               wait_idle_s: float) -> float | None:
-    """Run the calibration plan (1F1B, ``m`` microbatches) with ``--calibrate-out out/name.json``; foreign cores."""
+               wait_idle_s: float) -> tuple[float | None, int]:
+    """Run the calibration plan (1F1B, ``m`` microbatches) with ``--calibrate-out out/name.json``, again (up to
+    :data:`CALIBRATION_TRIES` runs in all) while a run shared the host or its stage medians drifted by more than
+    ``executor.calibration.MAX_HALF_DRIFT``: the last run's foreign cores and how many runs it took."""
     plan, _ = _simulate(out / f"{name}-sim", model, "1f1b", m, mbs, None)
-    print(f"{name}: 1f1b, m={m}, {iterations} iterations ...", flush=True)
-    busy = _measure(wait_idle_s, "--plan", str(plan), "--out", str(out / f"{name}-real"), "--iterations",
-                    str(iterations), "--warmup", str(warmup), "--calibrate-out", str(out / f"{name}.json"),
-                    "--no-gantt")
-    stability = json.loads((out / f"{name}.json").read_text())["method"].get("stability")
-    if stability:  # executor.calibration.stage_stability
+    for attempt in range(1, CALIBRATION_TRIES + 1):
+        print(f"{name}: 1f1b, m={m}, {iterations} iterations ...", flush=True)
+        busy = _measure(wait_idle_s, "--plan", str(plan), "--out", str(out / f"{name}-real"), "--iterations",
+                        str(iterations), "--warmup", str(warmup), "--calibrate-out", str(out / f"{name}.json"),
+                        "--no-gantt")
+        stability = json.loads((out / f"{name}.json").read_text())["method"]["stability"]
         print(f"  stage medians moved {stability['max_half_drift'] * 100:.1f}% between the run's halves, IQR up to "
               f"{stability['max_relative_iqr'] * 100:.1f}% of the median{_busy_note(busy)}", flush=True)
-    return busy
+        if stability["max_half_drift"] <= MAX_HALF_DRIFT and (busy or 0.0) <= BUSY_CORES:
+            return busy, attempt
+        if attempt < CALIBRATION_TRIES:
+            print("  unsteady (another process, or the machine's speed moved): calibrating again", flush=True)
+    return busy, CALIBRATION_TRIES
 
 
 def spread(times: list[float]) -> dict[str, float]:
@@ -118,7 +130,7 @@ def run_cases(out: Path, *, model: str, schedules: list[str], microbatches: list
     Each run first waits up to ``wait_idle_s`` s for other processes to go quiet (:func:`wait_until_idle`)."""
     calibration, recalibration = out / "calibration.json", out / "calibration-2.json"
     cal_args = (model, calibrate_m, microbatch_size, calibrate_iterations, warmup, wait_idle_s)
-    calibrations: dict[str, Any] = {"foreign_cores": [_calibrate(out, "calibration", *cal_args)]}
+    first = _calibrate(out, "calibration", *cal_args)
     rows = []
     for schedule in schedules:
         for m in microbatches:
@@ -140,7 +152,8 @@ def run_cases(out: Path, *, model: str, schedules: list[str], microbatches: list
                   f"{row['measured_s'] * 1e3:8.1f} ms ({row['measured_spread']['min_s'] * 1e3:.0f}-"
                   f"{row['measured_spread']['max_s'] * 1e3:.0f})   error {row['relative_error'] * 100:+6.1f}%"
                   f"{_busy_note(busy)}", flush=True)
-    calibrations["foreign_cores"].append(_calibrate(out, "calibration-2", *cal_args))
+    second = _calibrate(out, "calibration-2", *cal_args)
+    calibrations = {"foreign_cores": [first[0], second[0]], "runs": [first[1], second[1]]}
     for row in rows:
         _, again = _simulate(out / f"{row['schedule']}-m{row['microbatches']}" / "sim-2", model, row["schedule"],
                              row["microbatches"], microbatch_size, recalibration)
@@ -267,7 +280,8 @@ def main(argv: list[str]) -> int:
     write_json_atomic({"model": args.model, "microbatch_size": args.microbatch_size, "iterations": args.iterations,
                        "warmup": args.warmup, "calibration_microbatches": args.calibrate_m,
                        "calibration_iterations": args.calibrate_iterations,
-                       "calibration_foreign_cores": calibrations["foreign_cores"], "busy_cores_limit": BUSY_CORES,
+                       "calibration_foreign_cores": calibrations["foreign_cores"],
+                       "calibration_runs": calibrations["runs"], "busy_cores_limit": BUSY_CORES,
                        "target": {"median_abs_error": TARGET_MEDIAN, "max_abs_error": TARGET_MAX}, "cases": rows,
                        **summary}, out / "results.json")
     write_text_atomic(table + "\n", out / "table.md")

@@ -136,3 +136,31 @@ def test_wait_until_idle_returns_at_once_where_the_host_time_is_unknown(tmp_path
     assert wait_until_idle(60.0, 0.1, stat=tmp_path / "missing") is None
     with pytest.raises(ValueError):
         wait_until_idle(-1.0, 0.1)
+
+
+@pytest.mark.parametrize("runs,expected", [
+    ([(0.01, 0.01)], 1),  # idle and steady: once
+    ([(0.9, 0.01), (0.01, 0.01)], 2),  # shared the host: again
+    ([(0.01, 0.2), (0.01, 0.01)], 2),  # stage medians drifted by 20 %: again
+    ([(0.9, 0.01)] * 5, 3),  # never steady: gives up after CALIBRATION_TRIES runs
+])
+def test_an_unsteady_calibration_is_run_again(tmp_path, monkeypatch, capsys, runs, expected):
+    import json
+
+    import experiments.sim_vs_real as svr
+
+    assert svr.CALIBRATION_TRIES == 3
+    made = iter(runs)
+
+    def measure(wait, *args):
+        busy, drift = next(made)
+        target = args[args.index("--calibrate-out") + 1]
+        with open(target, "w") as f:
+            json.dump({"method": {"stability": {"max_half_drift": drift, "max_relative_iqr": 0.05}}}, f)
+        return busy
+
+    monkeypatch.setattr(svr, "_simulate", lambda *args: (tmp_path / "plan.json", 0.0))
+    monkeypatch.setattr(svr, "_measure", measure)
+    busy, tries = svr._calibrate(tmp_path, "calibration", "gpt:layers=2", 6, 2, 9, 2, 0.0)
+    assert tries == expected and busy == runs[expected - 1][0]
+    assert capsys.readouterr().out.count("calibrating again") == expected - 1
