@@ -59,6 +59,10 @@ TARGET_MEDIAN, TARGET_MAX = 0.03, 0.08
 #: (a quarter of a core: on 2 cores, one other busy process slows each rank by 30-40 %, a quarter of that is already
 #: above the 3 % target).
 BUSY_CORES = 0.25
+#: A run whose iterations range over more than this fraction of their median is marked unsteady: on an idle machine
+#: the default cases ranged over 3-13 %; a run in which the machine slowed down without any other process using CPU
+#: (the VM's host, invisible from inside) ranged over 54 %.
+UNSTEADY_RANGE = 0.25
 #: Measured iterations of a calibration run (see executor.calibration.MIN_STABLE_ITERATIONS for why not fewer).
 CALIBRATE_ITERATIONS = 9
 #: Runs a calibration may take to be steady (see _calibrate): on the shared development box, 4 of the 6 calibrations
@@ -172,7 +176,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ``calibration_spread``: the largest |relative difference| between a case's predictions from the two calibrations
     (absent when the rows have no second prediction); ``measured_range``: the median over the cases of their measured
     iterations' (max - min) / median; ``busy_runs``: how many runs had other processes using more than
-    :data:`BUSY_CORES` cores.
+    :data:`BUSY_CORES` cores; ``unsteady_runs``: how many had iterations ranging over more than
+    :data:`UNSTEADY_RANGE` of their median.
     """
     errors = [abs(row["relative_error"]) for row in rows]
     summary: dict[str, Any] = {"median_abs_error": statistics.median(errors), "max_abs_error": max(errors)}
@@ -184,6 +189,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if all("measured_spread" in row for row in rows):
         summary["measured_range"] = statistics.median(row["measured_spread"]["range"] for row in rows)
     summary["busy_runs"] = sum(1 for row in rows if (row.get("foreign_cores") or 0.0) > BUSY_CORES)
+    summary["unsteady_runs"] = sum(1 for row in rows if "measured_spread" in row
+                                   and row["measured_spread"]["range"] > UNSTEADY_RANGE)
     summary["target_met"] = summary["median_abs_error"] <= TARGET_MEDIAN and summary["max_abs_error"] <= TARGET_MAX
     return summary
 
@@ -217,6 +224,9 @@ def format_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     if summary["busy_runs"]:
         lines.append(f"warning: during {summary['busy_runs']} run(s) other processes used more than {BUSY_CORES} of "
                      f"a core on average: those errors include their load; measure again on an idle machine")
+    if summary["unsteady_runs"]:
+        lines.append(f"warning: in {summary['unsteady_runs']} run(s) the iterations ranged over more than "
+                     f"{UNSTEADY_RANGE * 100:.0f}% of their median: the machine's speed changed during them")
     if summary.get("busy_calibrations"):
         lines.append(f"warning: during {summary['busy_calibrations']} calibration run(s) other processes used more "
                      f"than {BUSY_CORES} of a core on average: the profile includes their load")

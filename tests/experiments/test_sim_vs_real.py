@@ -4,7 +4,15 @@ import pytest
 
 from experiments.host_load import CpuSnapshot, foreign_cores, snapshot
 from experiments.run import EXPERIMENTS, main
-from experiments.sim_vs_real import BUSY_CORES, TARGET_MAX, TARGET_MEDIAN, format_table, spread, summarize
+from experiments.sim_vs_real import (
+    BUSY_CORES,
+    TARGET_MAX,
+    TARGET_MEDIAN,
+    UNSTEADY_RANGE,
+    format_table,
+    spread,
+    summarize,
+)
 
 
 def _row(schedule, m, predicted, measured):
@@ -36,6 +44,7 @@ def test_the_target_is_the_issues_three_and_eight_percent():
 
 
 def test_spread_is_the_range_over_the_median():
+    assert UNSTEADY_RANGE == 0.25
     assert spread([0.30, 0.25, 0.20]) == pytest.approx({"min_s": 0.20, "max_s": 0.30, "range": 0.10 / 0.25})
 
 
@@ -55,6 +64,8 @@ def test_summary_reports_both_calibrations_and_busy_runs():
     assert "| gpipe | 4 | 980.0 | 1000.0 | 900.0–1200.0 | +2.0% | +0.0% | 0.00 |" in table
     assert "moves the predictions by up to 5.0%" in table
     assert "warning: during 1 run(s) other processes" in table
+    assert summary["unsteady_runs"] == 1  # the first ranged over 30 % of its median, the second over 5 %
+    assert "warning: in 1 run(s) the iterations ranged over more than 25%" in table
 
 
 def test_foreign_cores_is_host_time_minus_own_time_per_wall_second():
