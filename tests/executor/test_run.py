@@ -169,10 +169,13 @@ def test_a_gpu_plan_without_cuda_runs_on_the_cpu_and_calibrates_a_cpu_profile(tm
     result = execute(out / "plan.json", tmp_path / "real", "--warmup", "0", "--iterations", "1", "--no-gantt",
                       "--calibrate-out", str(calibrated))
     assert result.returncode == 0, result.stderr
-    # One warning about the devices; a loaded machine may add the calibration's "no point-to-point fit" one.
-    warnings = [line for line in result.stderr.splitlines()
-                if line.startswith("warning:") and "no point-to-point fit" not in line]
-    assert len(warnings) == 1 and "torch sees no CUDA device here" in warnings[0], result.stderr
+    # One warning about the devices, then the calibration's own: one iteration is too few to trust (issue #13); a
+    # loaded machine may add its "no point-to-point fit" and drift warnings.
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert "torch sees no CUDA device here" in warnings[0], result.stderr
+    assert any("calibrated over 1 iteration(s)" in line for line in warnings), result.stderr
+    assert all("no CUDA" in line or "calibrat" in line or "point-to-point" in line or "drift" in line
+               for line in warnings), result.stderr
     assert "backend gloo" in result.stdout
     profile = json.loads(calibrated.read_text())
     assert profile["device"] == "cpu"  # where it was measured, not the plan's v100-sxm2-32gb
