@@ -78,7 +78,8 @@ def load_runs(path: Path) -> list[Run]:
     """The runs of a vTrain-format CSV (the multi-node file's leading ``Parameters (billion)`` column is allowed and
     ignored); SpecError naming the file and line on anything malformed."""
     rows = list(csv.reader(io.StringIO(read_text(path, "measured runs file"))))
-    header = tuple(name.strip().lstrip("\ufeff") for name in rows[0]) if rows else ()  # vTrain's files may start with a BOM
+    # vTrain's files may start with a byte-order mark
+    header = tuple(name.strip().lstrip("\ufeff") for name in rows[0]) if rows else ()
     skip = 1 if header[:1] == ("Parameters (billion)",) else 0
     if header[skip:] != COLUMNS:
         raise SpecError(f"{path} does not have vTrain's columns ({', '.join(COLUMNS)})")
@@ -255,9 +256,9 @@ def _fit(runs: list[Run], halves: list[str], start: KernelModel, seed: int, out:
             print(f"  fit: {calls} evaluations, objective {best:.4f}", file=sys.stderr, flush=True)
 
     model, value, used = fit_kernel_model(runs, halves, predict_run, start, seed=seed, progress=progress)
-    note = (f"fitted by `python -m experiments.run vtrain --fit` on {used} runs sampled (seed {seed}) from the fit half "
-            f"(seeded split, seed {seed}) of vTrain's 1,440 single-node A100 runs; objective mean |error| + 0.1 max "
-            f"|error| = {value:.4f}; gemm_tile not fitted (128, cuBLAS's tensor-core tile for these shapes)")
+    note = (f"fitted by `python -m experiments.run vtrain --fit` on {used} runs sampled (seed {seed}) from the fit "
+            f"half (seeded split, seed {seed}) of vTrain's 1,440 single-node A100 runs; objective mean |error| + 0.1 "
+            f"max |error| = {value:.4f}; gemm_tile not fitted (128, cuBLAS's tensor-core tile for these shapes)")
     write_text_atomic(kernel_model_yaml(model, note), out / "kernel_model.yaml")
     print(f"fitted {', '.join(f'{name} = {getattr(model, name):.4g}' for name in FITTED)}; wrote "
           f"{out}/kernel_model.yaml")

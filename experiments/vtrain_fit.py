@@ -2,8 +2,9 @@
 
 The free parameters are the seven software constants of :class:`sim.cost.gpu_time.KernelModel` that describe a
 framework, cuBLAS and NCCL rather than a device (the host's time to issue a kernel and an NCCL call, the GPU's gap
-between kernels, the achieved fraction of memory bandwidth, a GEMM tile's fixed K-steps, the optimizer step's and the microbatch's framework overheads); the GEMM tile edge is not fitted. Every device number stays the
-catalog's, so what is fitted here carries to other GPUs.
+between kernels, the achieved fraction of memory bandwidth, a GEMM tile's fixed K-steps, the optimizer step's and
+the microbatch's framework overheads); the GEMM tile edge is not fitted. Every device number stays the catalog's, so
+what is fitted here carries to other GPUs.
 
 Only runs of the ``fit`` half are ever predicted here: a seeded sample of them (``sample`` runs, for speed: each
 evaluation predicts every sampled run through the product's one prediction path). The objective is the mean
@@ -19,6 +20,7 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from sim.cost.gpu_time import KernelModel
 
@@ -35,6 +37,11 @@ FITTED = ("host_issue_s", "host_collective_s", "kernel_gap_s", "memory_efficienc
           "step_overhead_s", "microbatch_overhead_s")
 
 
+def _along(centre: Sequence[float], worst: Sequence[float], scale: float) -> list[float]:
+    """The point ``centre + scale · (centre − worst)`` (reflection 1, expansion 2, inside contraction −½)."""
+    return [c + scale * (c - w) for c, w in zip(centre, worst)]
+
+
 def nelder_mead(objective: Callable[[list[float]], float], start: Sequence[float], step: float,
                 iterations: int) -> tuple[list[float], float]:
     """Minimise ``objective`` from ``start`` with an initial simplex of ``step`` along each axis; the best point
@@ -47,10 +54,7 @@ def nelder_mead(objective: Callable[[list[float]], float], start: Sequence[float
         points, values = [points[i] for i in order], [values[i] for i in order]
         centre = [sum(p[j] for p in points[:-1]) / n for j in range(n)]
         worst = points[-1]
-
-        def toward(scale: float) -> list[float]:
-            return [centre[j] + scale * (centre[j] - worst[j]) for j in range(n)]
-
+        toward = partial(_along, centre, worst)
         reflected = toward(1.0)
         value = objective(reflected)
         if value < values[0]:

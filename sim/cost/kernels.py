@@ -126,7 +126,7 @@ def fused_softmax_available(b: int, heads: int, s: int, dtype_bytes: int = 2) ->
 
 def _unfused_softmax(scores: int, s: int, db: int, backward: bool) -> list[Kernel]:
     """Megatron's fallback (``forward_torch_softmax``) over ``scores`` elements, in fp32 (query-key layer scaling on,
-    the default): cast up, scale, ``masked_fill`` with the s × s causal mask, softmax, cast down; and their gradients."""
+    the default): cast up, scale, ``masked_fill`` with the s × s causal mask, softmax, cast down; and gradients."""
     f32 = STAT_BYTES
     if not backward:
         return [

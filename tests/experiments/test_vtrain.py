@@ -21,9 +21,9 @@ from experiments.vtrain import (
     topology_of,
 )
 from experiments.vtrain_fit import FITTED, kernel_model_yaml, nelder_mead
+from sim.core.errors import SpecError
 from sim.cost.gpu_time import default_kernel_model, load_kernel_model
 from sim.hw.topology import Topology
-from sim.core.errors import SpecError
 from sim.run import main as sim_main
 
 
