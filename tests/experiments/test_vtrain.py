@@ -132,3 +132,23 @@ def test_fit_refuses_another_data_file(tmp_path, capsys):
         run_main(["vtrain", "--fit", "--data", str(MULTI), "--out", str(tmp_path / "v")])
     assert info.value.code == 2 and "error: --fit fits on the shipped" in capsys.readouterr().err
     assert not (tmp_path / "v").exists()
+
+
+def test_the_fit_predicts_fit_half_runs_only_and_is_reproducible():
+    from experiments.vtrain_fit import fit_kernel_model
+
+    runs = load_runs(DATA)
+    halves = split_runs(runs, 0)
+    seen: list[Run] = []
+
+    def fake_predict(run: Run, model) -> float:  # no simulator: the error is a smooth function of two constants
+        seen.append(run)
+        return run.measured_s * (1 + (model.host_issue_s - 3e-5) ** 2 * 1e8 + (model.memory_efficiency - 0.7) ** 2)
+
+    first = fit_kernel_model(runs, halves, fake_predict, default_kernel_model(), seed=0, sample=30, iterations=40)
+    fit_half = {id(run) for run, half in zip(runs, halves) if half == "fit"}
+    assert seen and all(id(run) in fit_half for run in seen)
+    assert len({id(run) for run in seen}) == 30
+    again = fit_kernel_model(runs, halves, fake_predict, default_kernel_model(), seed=0, sample=30, iterations=40)
+    assert again == first  # same start, same sample, same path
+    assert first[0].host_issue_s == pytest.approx(3e-5, rel=0.05)  # the fake's optimum is found
