@@ -1,7 +1,7 @@
 """Predicted versus measured: ``compare.json`` (DESIGN §7).
 
 The prediction is the simulator run on the very plan that executed, with the cost source the user names (a profile,
-or the hardware catalog's roofline). The measurement is the median iteration after warm-up (:func:`median_iteration`).
+or the hardware catalog's costs). The measurement is the median iteration after warm-up (:func:`median_iteration`).
 Per op kind both mean durations are listed, which is where a wrong prediction shows *why* it is wrong (compute too
 slow or fast, transfers, the optimizer step).
 

@@ -80,7 +80,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="default adam")
     parser.add_argument("--lr", type=float, help="learning rate (default: 1e-3 for adam, 1e-2 for sgd)")
     parser.add_argument("--profile", help="profile JSON for the prediction (default: the one the plan was "
-                        "simulated with, else the hardware catalog's roofline)")
+                        "simulated with, else the hardware catalog's costs: the GPU kernel model or the roofline)")
     parser.add_argument("--calibrate-out", help="write a profile of the op costs measured in this run here")
     parser.add_argument("--save-state", help="directory to save each stage's final parameters (stage<v>.pt)")
     parser.add_argument("--inject-failure", metavar="RANK:OP", help="raise an error on RANK at op OP (to check "

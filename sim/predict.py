@@ -63,7 +63,8 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
 
     Args:
         plan: a lowered, validated plan (``plan.json``).
-        profile: a measured profile, or ``None`` for the hardware catalog's roofline.
+        profile: a measured profile, or ``None`` for the hardware catalog's costs (the GPU kernel model for a GPT on
+            GPUs, else the roofline).
         topology: the plan's topology when the caller has parsed it already (else parsed from ``plan.topology``).
         oracle: the cost oracle the plan was built with (``sim.plan.build.BuiltPlan.costs.oracle``), so that its
             model and per-device layer costs are not computed again; it must be for the plan's model, microbatch
@@ -128,16 +129,31 @@ def _predict_csp(plan: Plan, topology: Topology) -> Prediction:
 
 
 def describe_cost_source(oracle: CostOracle, num_ranks: int) -> str:
-    """Where the simulated durations of the first ``num_ranks`` ranks come from, in one line: the roofline, or which
-    profile, on which ranks (as the oracle applies it), and whether transfers take its measured p2p fit."""
+    """Where the simulated durations of the first ``num_ranks`` ranks come from, in one line: the GPU kernel model or
+    the roofline, or which profile, on which ranks (as the oracle applies it), and whether transfers take its
+    measured p2p fit."""
     profile = oracle.profile
+    ranks = oracle.profiled_ranks(num_ranks) if profile is not None else ()
+    others = tuple(rank for rank in range(min(num_ranks, oracle.topology.num_ranks)) if rank not in ranks)
+    modelled = _modelled_costs(oracle, others)
     if profile is None:
-        return "roofline (hardware catalog)"
-    ranks = oracle.profiled_ranks(num_ranks)
+        return f"{modelled} (hardware catalog)" if modelled == "roofline" else modelled
     where = f"ranks {_rank_ranges(ranks)}" if len(ranks) > 1 else f"rank {ranks[0]}" if ranks else "no rank"
     p2p = "measured p2p" if oracle.uses_measured_p2p(num_ranks) else "link model for p2p"
     return (f"measured profile {profile.source} ({profile.device}, {profile.microbatch_size} sample(s) per "
-            f"microbatch) on {where}, roofline elsewhere; {p2p}")
+            f"microbatch) on {where}, {modelled} elsewhere; {p2p}")
+
+
+def _modelled_costs(oracle: CostOracle, ranks: tuple[int, ...]) -> str:
+    """How ``ranks`` (no profile applies to them) are costed: the GPU kernel model where the model is a GPT and the
+    rank a GPU (``sim.cost.gpu_time``), else the roofline."""
+    transformer = any(layer.transformer is not None for layer in oracle.graph.layers)
+    gpus = tuple(rank for rank in ranks if transformer and oracle.device_of(rank).is_gpu)
+    if not gpus:
+        return "roofline"
+    if len(gpus) == len(ranks):
+        return "GPU kernel model (profiles/hardware/kernel_model.yaml)"
+    return f"GPU kernel model on rank{'s' * (len(gpus) > 1)} {_rank_ranges(gpus)}, roofline on the others"
 
 
 def _rank_ranges(ranks: tuple[int, ...]) -> str:

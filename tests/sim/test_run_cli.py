@@ -73,15 +73,26 @@ def test_costs_line_names_exactly_the_plans_ranks_on_the_profiles_device(tmp_pat
         "microbatch_size": 1, "p2p": {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9},
         "layers": [{"name": layer.name, "fwd_s": 0.001, "bwd_s": 0.002} for layer in graph.layers]}))
     code, out = _run(capsys, *args, "-m", "6", "--profile", str(profile), "--out", str(tmp_path / "six"))
-    line = (f"measured profile {profile} ({v100}, 1 sample(s) per microbatch) on ranks 0-1, 4-5, roofline "
-            "elsewhere; measured p2p")
+    line = (f"measured profile {profile} ({v100}, 1 sample(s) per microbatch) on ranks 0-1, 4-5, GPU kernel model "
+            "(profiles/hardware/kernel_model.yaml) elsewhere; measured p2p")
     assert code == 0 and f"costs {line}\n" in out.out
     assert json.loads((tmp_path / "six" / "metrics.json").read_text())["plan"]["costs"] == line
     csv = tmp_path / "four.csv"
     csv.write_text("0F0,0B0\n1F0,1B0\n2F0,2B0\n3F0,3B0\n")
     code, out = _run(capsys, *args, "--schedule-file", str(csv), "--partition", "1,1,2,2", "--profile", str(profile),
                      "--out", str(tmp_path / "four"))
-    assert code == 0 and f"({v100}, 1 sample(s) per microbatch) on ranks 0-1, roofline elsewhere;" in out.out
+    assert code == 0 and f"({v100}, 1 sample(s) per microbatch) on ranks 0-1, GPU kernel model" in out.out
+
+
+def test_costs_line_names_the_gpu_kernel_model_for_a_gpt_on_gpus(tmp_path, capsys):
+    gpt = ["--model", "gpt:layers=2,hidden=64,seq=16,vocab=50", "-m", "2", "--no-gantt"]
+    code, out = _run(capsys, "--topology", "2xA100", *gpt, "--out", str(tmp_path / "gpu"))
+    assert code == 0 and "costs GPU kernel model (profiles/hardware/kernel_model.yaml)" in out.out
+    code, out = _run(capsys, "--topology", "1xA100+1xcpu", *gpt, "--out", str(tmp_path / "mixed"))
+    assert code == 0 and "costs GPU kernel model on rank 0, roofline on the others" in out.out
+    code, out = _run(capsys, "--topology", "2xA100", "--model", "cnn", "-m", "2", "--no-gantt",
+                     "--out", str(tmp_path / "cnn"))
+    assert code == 0 and "costs roofline (hardware catalog)" in out.out
 
 
 def test_binary_input_files_are_one_error_line_naming_the_file(tmp_path, capsys):
