@@ -20,6 +20,7 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 
 from sim.cost.gpu_time import KernelModel
@@ -79,7 +80,7 @@ def nelder_mead(objective: Callable[[list[float]], float], start: Sequence[float
 def _model_at(base: KernelModel, vector: Sequence[float]) -> KernelModel:
     values = {name: math.exp(x) for name, x in zip(FITTED, vector)}
     values["memory_efficiency"] = min(1.0, values["memory_efficiency"])
-    return base.replace(**values)
+    return replace(base, **values)
 
 
 def fit_kernel_model(runs: Sequence, halves: Sequence[str], predict: Callable[[object, KernelModel], float],

@@ -147,8 +147,7 @@ def describe_cost_source(oracle: CostOracle, num_ranks: int) -> str:
 def _modelled_costs(oracle: CostOracle, ranks: tuple[int, ...]) -> str:
     """How ``ranks`` (no profile applies to them) are costed: the GPU kernel model where the model is a GPT and the
     rank a GPU (``sim.cost.gpu_time``), else the roofline."""
-    transformer = any(layer.transformer is not None for layer in oracle.graph.layers)
-    gpus = tuple(rank for rank in ranks if transformer and oracle.device_of(rank).is_gpu)
+    gpus = tuple(rank for rank in ranks if oracle.kernel_model_applies(oracle.device_of(rank)))
     if not gpus:
         return "roofline"
     if len(gpus) == len(ranks):

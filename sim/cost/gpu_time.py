@@ -39,7 +39,6 @@ import math
 from dataclasses import dataclass, fields
 from functools import cache, lru_cache
 from importlib.resources import files
-from typing import Any
 
 from sim.core.errors import SpecError
 from sim.cost import kernels as K
@@ -87,12 +86,6 @@ class KernelModel:
             raise SpecError(f"kernel model: memory_efficiency must be in (0, 1], got {self.memory_efficiency!r}")
         if not isinstance(self.gemm_tile, int) or self.gemm_tile < 1:
             raise SpecError(f"kernel model: gemm_tile must be a positive integer, got {self.gemm_tile!r}")
-
-    def replace(self, **changes: Any) -> KernelModel:
-        """A copy with ``changes`` (for fitting)."""
-        values = {item.name: getattr(self, item.name) for item in fields(self)}
-        values.update(changes)
-        return KernelModel(**values)
 
 
 #: Fields of ``kernel_model.yaml``: the dataclass's, with units in the names.

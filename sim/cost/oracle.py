@@ -132,23 +132,25 @@ class CostOracle:
             return 0.0
         return self.kernel_model.microbatch_overhead_s
 
-    def _framework_overheads(self, device: DeviceSpec) -> bool:
-        """Whether the kernel model's framework overheads apply: a GPU whose layers are not measured, running a model
-        the kernel model costs (a GPT's layers). They were fitted on Megatron-DeepSpeed; a synthetic or CNN model is
-        costed by the roofline alone, which has no framework around it."""
-        if not device.is_gpu or self.profile_applies(device):
-            return False
+    def kernel_model_applies(self, device: DeviceSpec) -> bool:
+        """Whether the GPU kernel model costs this model on ``device``: a GPU, and a model with GPT layers (ones that
+        carry their ``transformer`` dimensions); a synthetic or CNN model keeps the roofline."""
         if self._transformer is None:
             self._transformer = any(layer.transformer is not None for layer in self.graph.layers)
-        return self._transformer
+        return device.is_gpu and self._transformer
 
-    def _nccl(self, seconds: float, kind: str, algorithm: str, groups: tuple[tuple[int, ...], ...],
-              members: int) -> float:
-        """``seconds`` of link time as an NCCL call by ``groups`` (:mod:`sim.cost.nccl`) when their ranks are all
-        GPUs, else unchanged."""
+    def _framework_overheads(self, device: DeviceSpec) -> bool:
+        """Whether the kernel model's framework overheads apply: where the kernel model does and no profile does.
+        They were fitted on Megatron-DeepSpeed; a roofline has no framework around it."""
+        return self.kernel_model_applies(device) and not self.profile_applies(device)
+
+    def _nccl(self, seconds: float, kind: str, algorithm: str, groups: tuple[tuple[int, ...], ...]) -> float:
+        """``seconds`` of link time as an NCCL call by ``groups`` (:mod:`sim.cost.nccl`; a message is a group of its
+        two ranks) when their ranks are all GPUs, else unchanged."""
         devices = self.topology.devices
         if not groups or not all(devices[rank].is_gpu for group in groups for rank in group):
             return seconds
+        members = max(len(group) for group in groups)
         return nccl_seconds(seconds, kind, algorithm, members, link_class(self.topology, groups))
 
     @property
@@ -259,7 +261,7 @@ class CostOracle:
         if src_rank == dst_rank:
             return 0.0
         return self._nccl(self.topology.transfer_time(nbytes, src_rank, dst_rank), "p2p", "ring",
-                          ((src_rank, dst_rank),), 2)
+                          ((src_rank, dst_rank),))
 
     def collective(self, kind: str, groups: tuple[tuple[int, ...], ...], nbytes: int,
                    algorithm: str = "auto") -> CollectiveCost:
@@ -270,8 +272,7 @@ class CostOracle:
         cost = self._collectives.get(key)
         if cost is None:
             cost = collective_cost(self.topology, kind, groups, nbytes, algorithm)
-            members = max((len(group) for group in groups), default=0)
-            seconds = self._nccl(cost.seconds, kind, cost.algorithm, tuple(g for g in groups if len(g) > 1), members)
+            seconds = self._nccl(cost.seconds, kind, cost.algorithm, tuple(g for g in groups if len(g) > 1))
             if seconds != cost.seconds:
                 cost = replace(cost, seconds=seconds)
             self._collectives[key] = cost
@@ -287,7 +288,7 @@ class CostOracle:
             return self.transfer_time(nbytes, src, dst), tuple(sorted(((link.src, link.dst), nbytes) for link in path))
         seconds, link_bytes = concurrent_transfer(self.topology, pairs, nbytes)
         moving = tuple((src, dst) for src, dst in pairs if src != dst)
-        return self._nccl(seconds, "p2p", "ring", moving, 2), link_bytes
+        return self._nccl(seconds, "p2p", "ring", moving), link_bytes
 
     def host_to_device_s(self, rank: int, nbytes: float) -> float:
         """Time in s to copy ``nbytes`` from the host memory of ``rank``'s server to its device (a PREFETCH)."""

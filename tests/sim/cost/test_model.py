@@ -2,6 +2,7 @@
 override, memory terms."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -67,7 +68,7 @@ def test_gpt_layers_on_a_gpu_are_their_kernels():
     assert costs.fwd[1] > 2 * block.flops_fwd / flops_per_s
     assert costs.bwd[1] > 2 * block.flops_bwd / flops_per_s
     # The kernel model is the oracle's: one given explicitly replaces the built-in constants.
-    slow_host = model.replace(host_issue_s=1.0)
+    slow_host = replace(model, host_issue_s=1.0)
     assert CostOracle(graph, 2, kernel_model=slow_host).layer_costs(v100).fwd[1] == \
         transformer_layer_seconds(block.transformer, 2, v100, slow_host).fwd > 1.0
 
