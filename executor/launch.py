@@ -34,7 +34,6 @@ agent's SIGTERM are the last resort: they were stopped, not failing.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -49,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executor.options import FAILURE_DIR_ENV
+from sim.core.lifetime import die_with_parent
 
 __all__ = ["run_ranks", "launch_local", "die_with_launcher", "leave_worker", "record_failure", "read_failures",
            "Failure", "order_failures", "report_failures", "describe_exit", "LAUNCHER_PID_ENV", "SHUTDOWN_TIMEOUT_S"]
@@ -60,7 +60,6 @@ SHUTDOWN_TIMEOUT_S = 5
 #: The signals torch's agent handles in the launcher (its default ``signals_to_handle``; Windows lacks the last two).
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
                       if hasattr(signal, name))
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: str | os.PathLike | None) -> int:
@@ -131,26 +130,14 @@ def launch_local(module: str, argv: Sequence[str], num_ranks: int) -> None:
 
 
 def die_with_launcher() -> bool:
-    """Have the kernel SIGKILL this process when its parent dies; returns whether that is armed.
+    """Have the kernel SIGKILL this worker when its launcher dies; returns whether that is armed
+    (:func:`sim.core.lifetime.die_with_parent`, checked against the launcher named by :data:`LAUNCHER_PID_ENV`).
 
-    Linux only (``prctl(PR_SET_PDEATHSIG, SIGKILL)`` through ctypes); elsewhere it returns ``False`` and the process
-    goes on without. The request covers only a parent alive when it is made, so if :data:`LAUNCHER_PID_ENV` names
-    the launcher and the parent is no longer it (it died first and this process was handed to init or a subreaper),
-    this process kills itself at once, as the kernel would have. "Parent" is the thread that started the process;
-    torch's agent starts workers from the launcher's main thread, which lives as long as the launcher.
+    Linux only; elsewhere it returns ``False`` and the worker goes on without. torch's agent starts workers from the
+    launcher's main thread, which lives as long as the launcher.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        armed = libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                           ctypes.c_ulong(0)) == 0
-    except (OSError, AttributeError):  # no C library to load, or one without prctl
-        return False
     launcher = os.environ.get(LAUNCHER_PID_ENV, "")
-    if launcher.isdigit() and os.getppid() != int(launcher):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return armed
+    return die_with_parent(int(launcher) if launcher.isdigit() else None)
 
 
 def leave_worker(status: int) -> None:
