@@ -1,0 +1,170 @@
+"""``python -m sim.search``: find the fastest plan that fits a model on a cluster, with the simulator in the loop.
+
+Example::
+
+    python -m sim.search --topology 8xA100 --model gpt:layers=24,hidden=2048,heads=16,seq=1024 \\
+        --global-batch 64 --out runs/search
+
+prints the best plans as a table and writes ``runs/search/plan.json`` (the best plan, which ``executor.run`` runs as
+is), ``candidates.csv``, ``search.json`` and ``pareto.png``. A progress bar on stderr (on a terminal) shows the
+plans costed, the best so far and the time left. Bad input prints one ``error: ...`` line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from sim.core.cli import CliParser, parse_byte_size
+from sim.core.errors import SpecError, run_cli
+from sim.core.fileio import prepare_output_dir, write_text_chunks_atomic
+from sim.ir.parallel import RANK_ORDERS
+from sim.schedules import SCHEDULES
+from sim.search.evaluate import Evaluation, build_candidate_plan
+from sim.search.report import format_table, write_search_outputs
+from sim.search.search import STRATEGIES, SearchResult, run_search
+from sim.search.space import DEFAULT_SCHEDULES, RECOMPUTE_MODES, SearchProblem, SearchSpace
+
+__all__ = ["main", "make_parser"]
+
+
+def _listed(kind, allowed=None, name=""):
+    """An argparse type for a comma-separated list of ``kind`` values (each in ``allowed`` when given)."""
+    def parse(text: str) -> tuple:
+        values = []
+        for item in text.split(","):
+            item = item.strip()
+            try:
+                value = kind(item)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"not a {name}: {item!r} in {text!r}") from None
+            if allowed is not None and value not in allowed:
+                raise argparse.ArgumentTypeError(f"{item!r} is not one of {', '.join(map(str, allowed))}")
+            values.append(value)
+        if not values or any(v in ("", None) for v in values):
+            raise argparse.ArgumentTypeError(f"an empty list: {text!r}")
+        return tuple(dict.fromkeys(values))
+    return parse
+
+
+def _switch(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(text)
+    return text == "on"
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The ``sim.search`` argument parser."""
+    parser = CliParser(prog="python -m sim.search", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--topology", required=True, help="e.g. 8xA100, 2x8xA100, 4xV100+4xA100, a YAML file")
+    parser.add_argument("--model", required=True, help="e.g. gpt:layers=24,hidden=2048,heads=16,seq=1024")
+    parser.add_argument("--global-batch", type=int, required=True, metavar="G", help="samples per iteration")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--memory-limit", type=parse_byte_size, metavar="BYTES",
+                        help="cap on each device's memory, e.g. 40GB (default: each device's own)")
+    parser.add_argument("--time-budget", type=float, metavar="SECONDS",
+                        help="stop costing plans after this long and rank what was costed (default: no limit)")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="exhaustive", help="search strategy")
+    parser.add_argument("--top", type=int, default=10, metavar="K", help="plans in the printed table (default 10)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N", help="evaluation processes (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the search's random choices (default 0)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    space = parser.add_argument_group("the space")
+    space.add_argument("--schedules", type=_listed(str, sorted(SCHEDULES), "schedule"),
+                       default=DEFAULT_SCHEDULES, help=f"default {','.join(DEFAULT_SCHEDULES)}")
+    space.add_argument("--chunks", type=_listed(int, name="chunk count"), default=(2, 4),
+                       help="model chunks per rank for interleaved (default 2,4)")
+    space.add_argument("--recompute", type=_listed(str, RECOMPUTE_MODES, "recompute mode"), default=RECOMPUTE_MODES,
+                       help="default none,selective,full")
+    space.add_argument("--microbatch-sizes", type=_listed(int, name="microbatch size"), default=(),
+                       help="default: powers of two up to the global batch per replica")
+    space.add_argument("--sequence-parallel", type=_listed(_switch, (False, True), "on/off"), default=(False, True),
+                       help="off, on or off,on (default; applies where TP > 1)")
+    space.add_argument("--zero", type=_listed(int, (0, 1), "ZeRO stage"), default=(0, 1),
+                       help="ZeRO stages (default 0,1; 1 applies where DP > 1)")
+    space.add_argument("--rank-orders", type=_listed(str, (*RANK_ORDERS, "all"), "rank order"), default=("tp-dp-pp",),
+                       help="how ranks nest over the devices, innermost first (default tp-dp-pp, Megatron's; 'all')")
+    space.add_argument("--partitions", type=_listed(str, ("balanced", "uniform"), "partition rule"),
+                       default=("balanced",), help="balanced (exact DP, default) and/or uniform")
+    parser.add_argument("--profile", help="measured profile JSON replacing the catalog's costs")
+    return parser
+
+
+class _Progress:
+    """tqdm on stderr: plans costed of the space, the best time so far, the time left of the budget."""
+
+    def __init__(self, enabled: bool, budget: float | None) -> None:
+        self.enabled, self.budget, self.bar, self.best = enabled, budget, None, None
+
+    def start(self, total: int) -> None:
+        if self.enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, file=sys.stderr, unit="plan", dynamic_ncols=True, leave=False)
+
+    def __call__(self, evaluation: Evaluation) -> None:
+        if self.bar is None:
+            return
+        if evaluation.feasible and (self.best is None or evaluation.iteration_time_s < self.best):
+            self.best = evaluation.iteration_time_s
+        postfix = {"best": "-" if self.best is None else f"{self.best:.4f}s"}
+        if self.budget is not None:
+            postfix["left"] = f"{max(0.0, self.budget - self.bar.format_dict['elapsed']):.0f}s"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _run(argv: list[str] | None) -> int:
+    args = make_parser().parse_args(argv)
+    if args.top < 1:
+        raise SpecError(f"--top must be >= 1, got {args.top}")
+    orders = RANK_ORDERS if "all" in args.rank_orders else args.rank_orders
+    problem = SearchProblem(
+        model=args.model, topology=args.topology, global_batch=args.global_batch,
+        memory_limit_bytes=args.memory_limit, profile=args.profile,
+        space=SearchSpace(schedules=args.schedules, chunks=args.chunks, recompute=args.recompute,
+                          microbatch_sizes=args.microbatch_sizes, sequence_parallel=args.sequence_parallel,
+                          zero=args.zero, rank_orders=orders, partitions=args.partitions))
+    out = Path(args.out)
+    progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
+    try:
+        result = run_search(problem, strategy=args.strategy, workers=args.workers, time_budget_s=args.time_budget,
+                            seed=args.seed, progress=progress, on_space=progress.start)
+    finally:
+        progress.close()
+    prepare_output_dir(out, "--out")
+    names = write_search_outputs(out, result)
+    print(_summary(result, args.top))
+    best = result.best
+    if best is not None:
+        write_text_chunks_atomic(build_candidate_plan(problem, best.candidate).iter_dumps(), out / "plan.json")
+        names.insert(0, "plan.json")
+        print("the best plan again: python -m sim.run " + shlex.join(best.candidate.run_flags(problem))
+              + " --out DIR")
+    print(f"wrote {out}/{{{', '.join(names)}}}")
+    return 0 if best is not None else 1
+
+
+def _summary(result: SearchResult, top: int) -> str:
+    problem = result.problem
+    covered = (f"{len(result.evaluations):,} of {result.space_size:,} plans costed ({result.coverage:.1%} of the "
+               f"space{', stopped by --time-budget' if result.stopped_by_budget else ''})")
+    head = (f"search ({result.strategy}, seed {result.seed}): {problem.model} on {problem.topology}, global batch "
+            f"{problem.global_batch}; {covered} in {result.elapsed_s:.1f} s; {len(result.ranked):,} feasible")
+    if result.best is None:
+        return head + "\nno feasible plan: see search.json for why each failed"
+    return head + "\n" + format_table(result, top)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (1 when no plan is feasible)."""
+    return run_cli(lambda: _run(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Evaluating many candidates: in this process or a local process pool, under a time budget, with a progress bar.
+
+:func:`evaluate_all` costs a list of candidates in a seeded order (so that a search stopped by its time budget has
+covered a uniform sample of the list, not its first corner) and returns the evaluations in the list's own order,
+so the result does not depend on the number of workers or on which finished first. Workers are started by
+``spawn`` (no state forked from the caller) and die with the process that started them
+(:func:`sim.core.lifetime.die_with_parent`); Ctrl-C reaches the caller only, which stops the pool.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+
+from sim.core.errors import SpecError
+from sim.core.lifetime import die_with_parent
+from sim.search.evaluate import Evaluation, evaluate
+from sim.search.space import Candidate, SearchProblem
+
+__all__ = ["Evaluated", "evaluate_all", "CHUNK"]
+
+#: Candidates a worker costs per task: enough to make the pickling between processes negligible, few enough that a
+#: time budget stops within a few evaluations.
+CHUNK = 4
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """The outcome of :func:`evaluate_all`.
+
+    Attributes:
+        evaluations: one per candidate costed, in the order of the list given (a subset when stopped early).
+        listed: how many candidates were given.
+        stopped_by_budget: the time budget ran out before every candidate was costed.
+        elapsed_s: wall-clock time spent, s.
+    """
+
+    evaluations: tuple[Evaluation, ...]
+    listed: int
+    stopped_by_budget: bool
+    elapsed_s: float
+
+
+def _evaluate_chunk(problem: SearchProblem, chunk: Sequence[tuple[int, Candidate]]) -> list[tuple[int, Evaluation]]:
+    return [(index, evaluate(problem, candidate)) for index, candidate in chunk]
+
+
+def _worker_start(parent: int) -> None:
+    die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller handles Ctrl-C and stops the pool
+
+
+def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, workers: int = 1,
+                 time_budget_s: float | None = None, seed: int = 0,
+                 progress: Callable[[Evaluation], None] | None = None) -> Evaluated:
+    """Cost ``candidates`` (see the module docstring).
+
+    Args:
+        problem: the search problem.
+        candidates: what to cost.
+        workers: processes (1: this one).
+        time_budget_s: stop handing out work after this many seconds (``None``: cost everything).
+        seed: seed of the evaluation order.
+        progress: called with each evaluation as it arrives (the progress bar).
+
+    Raises:
+        SpecError: ``workers`` < 1 or ``time_budget_s`` ≤ 0.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise SpecError(f"--workers must be an integer >= 1, got {workers!r}")
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise SpecError(f"--time-budget must be > 0 seconds, got {time_budget_s!r}")
+    order = list(range(len(candidates)))
+    random.Random(seed).shuffle(order)
+    chunks = [[(i, candidates[i]) for i in order[k:k + CHUNK]] for k in range(0, len(order), CHUNK)]
+    start = time.monotonic()
+
+    def out_of_time() -> bool:
+        return time_budget_s is not None and time.monotonic() - start >= time_budget_s
+
+    results: dict[int, Evaluation] = {}
+
+    def take(pairs: list[tuple[int, Evaluation]]) -> None:
+        for index, evaluation in pairs:
+            results[index] = evaluation
+            if progress is not None:
+                progress(evaluation)
+
+    stopped = False
+    if workers == 1 or len(chunks) <= 1:
+        for chunk in chunks:
+            if out_of_time():
+                stopped = True
+                break
+            take(_evaluate_chunk(problem, chunk))
+    else:
+        stopped = _run_pool(problem, chunks, workers, out_of_time, take)
+    ordered = tuple(results[i] for i in sorted(results))
+    return Evaluated(ordered, len(candidates), stopped, time.monotonic() - start)
+
+
+def _run_pool(problem: SearchProblem, chunks: list, workers: int, out_of_time: Callable[[], bool],
+              take: Callable[[list[tuple[int, Evaluation]]], None]) -> bool:
+    """Cost ``chunks`` in a pool of ``workers`` processes, keeping two tasks per worker in flight; whether the time
+    budget stopped it."""
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_start,
+                               initargs=(os.getpid(),))
+    pending: set[Future] = set()
+    stopped = False
+    try:
+        queue = iter(chunks)
+        for chunk in queue:
+            pending.add(pool.submit(_evaluate_chunk, problem, chunk))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                take(future.result())
+            if out_of_time():
+                stopped = stopped or next(queue, None) is not None or bool(pending)
+                for future in pending:
+                    future.cancel()
+                # Tasks already running finish (a few evaluations); their results are kept.
+                done_late = [future for future in pending if not future.cancelled()]
+                for future in done_late:
+                    take(future.result())
+                pending = set()
+                break
+            for chunk in queue:
+                pending.add(pool.submit(_evaluate_chunk, problem, chunk))
+                if len(pending) >= 2 * workers:
+                    break
+    except BaseException:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+        _stop_workers(pool)
+        raise
+    pool.shutdown(wait=True)
+    return stopped
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate the pool's processes now (Ctrl-C, an error): nothing is left running behind the command."""
+    processes = getattr(pool, "_processes", None) or {}
+    for process in list(processes.values()):
+        if process.is_alive():
+            process.terminate()
+    for process in list(processes.values()):
+        process.join(timeout=5)
+    if sys.platform.startswith("linux"):
+        for process in list(processes.values()):
+            if process.is_alive():
+                process.kill()

@@ -1,0 +1,86 @@
+"""Costing one candidate of a search by the one prediction path: its plan built as ``sim.run`` builds it
+(:func:`sim.plan.build.build_plan`), simulated by :func:`sim.predict.predict`.
+
+A candidate is infeasible when its plan cannot be built (the message of the rule it breaks: heads not divisible by
+TP, a global batch that is not a whole number of microbatches, more stages than layers, a plan too large to hold)
+or when a device needs more memory than it has (or than ``--memory-limit`` allows); such a candidate keeps its
+simulated time, so a reader sees what it would have cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.core.errors import SpecError
+from sim.ir.plan import Plan
+from sim.plan.build import build_plan
+from sim.predict import predict
+from sim.search.space import Candidate, SearchProblem
+
+__all__ = ["Evaluation", "evaluate", "build_candidate_plan"]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What a candidate costs.
+
+    Attributes:
+        candidate: the candidate.
+        feasible: whether its plan builds and fits in memory.
+        reason: why it is infeasible (empty when feasible).
+        iteration_time_s: simulated time of one iteration, s (``None`` when the plan could not be built).
+        throughput_samples_per_s: samples per second over all replicas (``None`` likewise).
+        microbatches: microbatches per iteration per replica (0 when the plan could not be built).
+        layer_counts: layers of each virtual stage, in order (the partition; empty when not built).
+        peak_memory_bytes: highest memory in use on each simulated rank (pipeline ranks of one replica), bytes.
+        memory_capacity_bytes: what each of those ranks may use: its device's memory, or the search's limit.
+    """
+
+    candidate: Candidate
+    feasible: bool
+    reason: str = ""
+    iteration_time_s: float | None = None
+    throughput_samples_per_s: float | None = None
+    microbatches: int = 0
+    layer_counts: tuple[int, ...] = ()
+    peak_memory_bytes: tuple[int, ...] = ()
+    memory_capacity_bytes: tuple[int, ...] = ()
+
+    @property
+    def max_peak_memory_bytes(self) -> int:
+        """The highest per-device peak, bytes (0 when not simulated)."""
+        return max(self.peak_memory_bytes, default=0)
+
+
+def build_candidate_plan(problem: SearchProblem, candidate: Candidate) -> Plan:
+    """The lowered, validated plan of ``candidate`` (what ``plan.json`` holds).
+
+    Raises:
+        SpecError: the candidate breaks a rule (see the module docstring).
+    """
+    return build_plan(candidate.plan_inputs(problem)).plan
+
+
+def evaluate(problem: SearchProblem, candidate: Candidate) -> Evaluation:
+    """Build and simulate ``candidate``; never raises for an infeasible one (it says why instead)."""
+    try:
+        built = build_plan(candidate.plan_inputs(problem))
+        prediction = predict(built.plan, built.profile, topology=built.topology, oracle=built.costs.oracle,
+                             check_memory=False)
+    except SpecError as exc:
+        return Evaluation(candidate, False, reason=str(exc))
+    metrics = prediction.metrics
+    devices = metrics["devices"][: built.plan.num_ranks]
+    peaks = tuple(int(d["peak_memory_bytes"]) for d in devices)
+    limit = problem.memory_limit_bytes
+    capacity = tuple(int(d["memory_capacity_bytes"]) if limit is None else min(limit, int(d["memory_capacity_bytes"]))
+                     for d in devices)
+    reason = ""
+    over = [(rank, peak, cap) for rank, (peak, cap) in enumerate(zip(peaks, capacity)) if peak > cap]
+    if over:
+        rank, peak, cap = max(over, key=lambda item: item[1] - item[2])
+        reason = (f"out of memory: pipeline rank {rank} ({devices[rank]['device']}) needs {peak / 1e9:.2f} GB, "
+                  f"has {cap / 1e9:.2f} GB{' (--memory-limit)' if limit is not None and cap == limit else ''}")
+    return Evaluation(candidate, not over, reason, float(metrics["iteration_time_s"]),
+                      float(metrics["throughput_samples_per_s"]), built.plan.num_microbatches,
+                      tuple(built.plan.placement.layer_counts()), peaks, capacity)

@@ -1,0 +1,166 @@
+"""What a search writes and prints: the ranked table, ``candidates.csv``, ``search.json`` and ``pareto.png``.
+
+``search.json`` holds the problem, the strategy, how much of the space was costed and every evaluated candidate
+(its ``iteration_time_s``, or ``feasible: false`` and why). It holds no wall-clock time, so that the same inputs
+give the same bytes (the printed summary says how long the search took).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sim.core.fileio import write_bytes_atomic, write_json_atomic, write_text_atomic
+from sim.search.evaluate import Evaluation
+from sim.search.search import SearchResult
+
+__all__ = ["format_table", "candidates_csv", "search_json", "pareto_png", "pareto_front", "write_search_outputs",
+           "SEARCH_FORMAT_VERSION"]
+
+SEARCH_FORMAT_VERSION = 1
+_COLUMNS = ("rank", "TP", "DP", "PP", "b", "m", "schedule", "recompute", "SP", "ZeRO", "partition", "placement",
+            "iteration (s)", "samples/s", "peak GB")
+
+
+def _partition_text(counts: tuple[int, ...]) -> str:
+    """Layer counts per stage, run-length where they repeat: ``6,6,6,6`` → ``6×4``; ``5,7,7,5`` as is."""
+    if not counts:
+        return "-"
+    runs: list[list[int]] = []
+    for count in counts:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return ",".join(f"{c}×{n}" if n > 1 else f"{c}" for c, n in runs)
+
+
+def _row(rank: int | str, e: Evaluation) -> tuple[str, ...]:
+    c = e.candidate
+    schedule = c.schedule + (f" v={c.chunks}" if c.chunks > 1 else "")
+    return (str(rank), str(c.tp), str(c.dp), str(c.pp), str(c.microbatch_size), str(e.microbatches), schedule,
+            c.recompute, "yes" if c.sequence_parallel else "-", str(c.zero), _partition_text(e.layer_counts),
+            c.rank_order, f"{e.iteration_time_s:.4f}", f"{e.throughput_samples_per_s:.1f}",
+            f"{e.max_peak_memory_bytes / 1e9:.2f}")
+
+
+def format_table(result: SearchResult, top: int) -> str:
+    """The ``top`` fastest feasible plans as an aligned text table (peak GB: the highest of the devices)."""
+    rows = [_COLUMNS] + [_row(i + 1, e) for i, e in enumerate(result.ranked[:top])]
+    widths = [max(len(row[k]) for row in rows) for k in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def _evaluation_record(e: Evaluation) -> dict[str, Any]:
+    record: dict[str, Any] = {"candidate": asdict(e.candidate), "label": e.candidate.label(), "feasible": e.feasible}
+    if not e.feasible:
+        record["reason"] = e.reason
+    if e.iteration_time_s is not None:
+        record.update(iteration_time_s=e.iteration_time_s, throughput_samples_per_s=e.throughput_samples_per_s,
+                      microbatches=e.microbatches, layer_counts=list(e.layer_counts),
+                      peak_memory_bytes=list(e.peak_memory_bytes),
+                      memory_capacity_bytes=list(e.memory_capacity_bytes))
+    return record
+
+
+def search_json(result: SearchResult) -> dict[str, Any]:
+    """The ``search.json`` object (see the module docstring)."""
+    problem = result.problem
+    best = result.best
+    return {
+        "format_version": SEARCH_FORMAT_VERSION,
+        "problem": {"model": problem.model, "topology": problem.topology, "global_batch": problem.global_batch,
+                    "memory_limit_bytes": problem.memory_limit_bytes, "profile": problem.profile,
+                    "space": {k: list(v) for k, v in asdict(problem.space).items()}},
+        "strategy": result.strategy,
+        "seed": result.seed,
+        "space_size": result.space_size,
+        "evaluated": len(result.evaluations),
+        "feasible": len(result.ranked),
+        "coverage": result.coverage,
+        "stopped_by_budget": result.stopped_by_budget,
+        "best": None if best is None else _evaluation_record(best),
+        "candidates": [_evaluation_record(e) for e in result.evaluations],
+    }
+
+
+def candidates_csv(result: SearchResult) -> str:
+    """Every evaluated candidate, one row each, in the space's order."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    fields = ["tp", "dp", "pp", "microbatch_size", "schedule", "chunks", "recompute", "sequence_parallel", "zero",
+              "rank_order", "partition"]
+    writer.writerow([*fields, "microbatches", "feasible", "iteration_time_s", "throughput_samples_per_s",
+                     "max_peak_memory_bytes", "layer_counts", "peak_memory_bytes", "reason"])
+    for e in result.evaluations:
+        c = asdict(e.candidate)
+        simulated = e.iteration_time_s is not None
+        writer.writerow([*(c[f] for f in fields), e.microbatches or "", e.feasible,
+                         repr(e.iteration_time_s) if simulated else "",
+                         repr(e.throughput_samples_per_s) if simulated else "",
+                         e.max_peak_memory_bytes if simulated else "",
+                         ";".join(map(str, e.layer_counts)), ";".join(map(str, e.peak_memory_bytes)), e.reason])
+    return buffer.getvalue()
+
+
+def pareto_front(evaluations: tuple[Evaluation, ...]) -> tuple[Evaluation, ...]:
+    """Feasible evaluations no other beats in both iteration time and peak memory, by increasing memory."""
+    feasible = sorted((e for e in evaluations if e.feasible),
+                      key=lambda e: (e.max_peak_memory_bytes, e.iteration_time_s, e.candidate))
+    front: list[Evaluation] = []
+    for e in feasible:
+        if not front or e.iteration_time_s < front[-1].iteration_time_s:
+            front.append(e)
+    return tuple(front)
+
+
+def pareto_png(result: SearchResult) -> bytes:
+    """Iteration time against peak memory of every simulated candidate: feasible ones, those over the memory limit
+    (crosses), the Pareto front and the best plan."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    simulated = [e for e in result.evaluations if e.iteration_time_s is not None]
+    fig, ax = plt.subplots(figsize=(7.0, 4.6), dpi=120)
+    for feasible, style in ((True, dict(marker="o", s=14, color="#7f9fbf", label="feasible")),
+                            (False, dict(marker="x", s=14, color="#d08080", label="over the memory limit"))):
+        points = [e for e in simulated if e.feasible is feasible]
+        if points:
+            ax.scatter([e.max_peak_memory_bytes / 1e9 for e in points], [e.iteration_time_s for e in points],
+                       **style)
+    front = pareto_front(result.evaluations)
+    if front:
+        ax.plot([e.max_peak_memory_bytes / 1e9 for e in front], [e.iteration_time_s for e in front], "-o",
+                color="#1f4e79", markersize=4, drawstyle="steps-post", label="Pareto front")
+    best = result.best
+    if best is not None:
+        ax.scatter([best.max_peak_memory_bytes / 1e9], [best.iteration_time_s], marker="*", s=160, color="#e0a000",
+                   edgecolor="black", zorder=5, label=f"best: {best.candidate.label()}")
+    if simulated:
+        ax.set_yscale("log")
+    ax.set_xlabel("peak memory of the fullest device (GB)")
+    ax.set_ylabel("simulated iteration time (s)")
+    problem = result.problem
+    ax.set_title(f"{problem.model}\non {problem.topology}, global batch {problem.global_batch}: "
+                 f"{len(result.evaluations):,} of {result.space_size:,} plans costed", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    if simulated:
+        ax.legend(loc="upper right", fontsize=7)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def write_search_outputs(out: Path, result: SearchResult) -> list[str]:
+    """Write ``candidates.csv``, ``search.json`` and ``pareto.png`` into ``out``; their names."""
+    write_text_atomic(candidates_csv(result), out / "candidates.csv")
+    write_json_atomic(search_json(result), out / "search.json")
+    write_bytes_atomic(out / "pareto.png", pareto_png(result))
+    return ["candidates.csv", "search.json", "pareto.png"]

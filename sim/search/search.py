@@ -1,0 +1,114 @@
+"""A plan search from end to end: list the space, cost what the strategy picks, rank the feasible plans.
+
+Strategies (``--strategy``):
+
+* ``exhaustive``: cost every candidate of the space (brute force; the oracle the other strategies are measured
+  against). Under ``--time-budget`` it costs a seeded uniform sample of the space and says how much it covered.
+
+Ranking: feasible candidates by simulated iteration time (every candidate trains the same global batch, so this is
+also throughput), ties broken by the candidate's own order (:class:`~sim.search.space.Candidate` fields), so the
+same inputs give the same ranking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sim.core.errors import SpecError
+from sim.hw.topology import Topology
+from sim.models import build_model
+from sim.search.driver import evaluate_all
+from sim.search.evaluate import Evaluation
+from sim.search.space import SearchProblem, enumerate_candidates
+
+__all__ = ["SearchResult", "run_search", "STRATEGIES", "check_problem"]
+
+STRATEGIES = ("exhaustive",)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What a search found.
+
+    Attributes:
+        problem: the problem searched.
+        strategy: the strategy's name.
+        space_size: candidates in the space.
+        evaluations: every candidate costed, in the space's order.
+        stopped_by_budget: the time budget ended the search before the strategy was done.
+        elapsed_s: wall-clock time of the search, s.
+        seed: the seed of its random choices.
+    """
+
+    problem: SearchProblem
+    strategy: str
+    space_size: int
+    evaluations: tuple[Evaluation, ...]
+    stopped_by_budget: bool
+    elapsed_s: float
+    seed: int
+
+    @property
+    def ranked(self) -> tuple[Evaluation, ...]:
+        """Feasible evaluations, fastest first."""
+        feasible = [e for e in self.evaluations if e.feasible]
+        return tuple(sorted(feasible, key=lambda e: (e.iteration_time_s, e.candidate)))
+
+    @property
+    def best(self) -> Evaluation | None:
+        """The fastest feasible candidate, or ``None`` when none is."""
+        ranked = self.ranked
+        return ranked[0] if ranked else None
+
+    @property
+    def coverage(self) -> float:
+        """Fraction of the space costed."""
+        return len(self.evaluations) / self.space_size if self.space_size else 1.0
+
+
+def check_problem(problem: SearchProblem) -> Topology:
+    """Parse the problem's model and topology once, so that a bad spec is one error, not one per candidate; the
+    topology.
+
+    Raises:
+        SpecError: bad model or topology spec, or a global batch < 1.
+    """
+    if isinstance(problem.global_batch, bool) or not isinstance(problem.global_batch, int) \
+            or problem.global_batch < 1:
+        raise SpecError(f"--global-batch must be an integer >= 1, got {problem.global_batch!r}")
+    if problem.memory_limit_bytes is not None and problem.memory_limit_bytes <= 0:
+        raise SpecError(f"--memory-limit must be > 0 bytes, got {problem.memory_limit_bytes}")
+    topology = Topology.parse(problem.topology)
+    build_model(problem.model)
+    return topology
+
+
+def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers: int = 1,
+               time_budget_s: float | None = None, seed: int = 0,
+               progress: Callable[[Evaluation], None] | None = None,
+               on_space: Callable[[int], None] | None = None) -> SearchResult:
+    """Search ``problem``'s space.
+
+    Args:
+        problem: model, cluster, global batch and space.
+        strategy: one of :data:`STRATEGIES`.
+        workers: evaluation processes.
+        time_budget_s: wall-clock budget, s (``None``: none).
+        seed: seed of every random choice (the evaluation order).
+        progress: called with each evaluation as it arrives.
+        on_space: called once with the space's size, before anything is costed (to size a progress bar).
+
+    Raises:
+        SpecError: an unknown strategy, a bad problem (see :func:`check_problem`), a space too large to list.
+    """
+    if strategy not in STRATEGIES:
+        raise SpecError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    topology = check_problem(problem)
+    candidates = enumerate_candidates(problem, topology.num_ranks)
+    if on_space is not None:
+        on_space(len(candidates))
+    done = evaluate_all(problem, candidates, workers=workers, time_budget_s=time_budget_s, seed=seed,
+                        progress=progress)
+    return SearchResult(problem, strategy, len(candidates), done.evaluations, done.stopped_by_budget,
+                        done.elapsed_s, seed)

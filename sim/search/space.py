@@ -1,0 +1,222 @@
+"""What a plan search ranges over: the problem (model, cluster, global batch), its space, and one candidate.
+
+A :class:`Candidate` is one point of the space: tensor × data × pipeline degrees over every device of the topology,
+microbatch size (the microbatch count follows from the global batch), schedule and its chunks, recomputation,
+sequence parallelism, ZeRO stage, how ranks nest over the devices (placement) and the partition rule. It turns into
+the same :class:`~sim.plan.build.PlanInputs` that ``sim.run`` builds from its flags, so a candidate is costed by the
+one prediction path and its plan runs in ``executor.run`` as is.
+
+:func:`enumerate_candidates` lists the space in a fixed order. Points that differ only in a choice with no effect
+are listed once (sequence parallelism without tensor parallelism, ZeRO without data parallelism, chunks of a
+schedule that takes none, rank orders that nest the same degrees > 1 alike), and interleaving is not listed on a
+single pipeline rank. Points that break a rule of the model,
+schedule or batch (heads not divisible by TP, a global batch not a whole number of microbatches, more stages than
+layers) are listed: evaluating them reports why they are infeasible instead of silently dropping them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import product
+
+from sim.core.errors import SpecError
+from sim.cost.gpu_time import KernelModel
+from sim.ir.parallel import DEFAULT_RANK_ORDER, RANK_ORDERS
+from sim.plan.build import PlanInputs
+from sim.schedules import SCHEDULES
+
+__all__ = ["SearchSpace", "SearchProblem", "Candidate", "enumerate_candidates", "RECOMPUTE_MODES",
+           "DEFAULT_SCHEDULES", "MAX_CANDIDATES", "check_space"]
+
+#: Schedules searched by default: the synchronous ones (same weights as data-parallel SGD), so their times compare.
+#: ``pipedream`` (asynchronous, stale weights) is searched only when named.
+DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb1p")
+RECOMPUTE_MODES = ("none", "selective", "full")
+#: The most points a search may list: the space is listed before anything is evaluated, and at about a kilobyte a
+#: candidate with its result this is 2 GB at most; narrow the flags beyond it.
+MAX_CANDIDATES = 2_000_000
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The choices a search may combine (each a tuple of allowed values).
+
+    Attributes:
+        schedules: schedule names (:data:`sim.schedules.SCHEDULES`).
+        chunks: model chunks per rank tried for schedules that interleave them.
+        recompute: ``none``, ``selective`` and/or ``full``.
+        microbatch_sizes: samples per microbatch; ``()``: every power of two up to the global batch per replica.
+        sequence_parallel: ``False`` and/or ``True`` (applies where TP > 1).
+        zero: ZeRO stages (1 applies where DP > 1).
+        rank_orders: nestings of the ranks over the devices, innermost first (``tp-dp-pp`` is Megatron's).
+        partitions: partition rules (``balanced``: the exact DP on the oracle's costs; ``uniform``).
+    """
+
+    schedules: tuple[str, ...] = DEFAULT_SCHEDULES
+    chunks: tuple[int, ...] = (2, 4)
+    recompute: tuple[str, ...] = RECOMPUTE_MODES
+    microbatch_sizes: tuple[int, ...] = ()
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    zero: tuple[int, ...] = (0, 1)
+    rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,)
+    partitions: tuple[str, ...] = ("balanced",)
+
+
+@dataclass(frozen=True)
+class SearchProblem:
+    """What the user asks: train ``model`` on ``topology`` at ``global_batch`` samples per iteration.
+
+    Attributes:
+        model: model spec (``gpt:layers=24,hidden=2048``).
+        topology: topology spec (``8xA100``, ``4xV100+4xA100``, a YAML file).
+        global_batch: samples per iteration over all replicas.
+        memory_limit_bytes: cap on each device's memory, bytes (``None``: the device's own capacity).
+        space: the choices searched.
+        profile: a measured profile's path, or ``None`` for the catalog's costs.
+        kernel_model: the GPU kernel model's constants (``None``: the built-in ones).
+    """
+
+    model: str
+    topology: str
+    global_batch: int
+    memory_limit_bytes: int | None = None
+    space: SearchSpace = field(default_factory=SearchSpace)
+    profile: str | None = None
+    kernel_model: KernelModel | None = None
+
+
+@dataclass(frozen=True, order=True)
+class Candidate:
+    """One plan of the space (field order is the listing and tie-break order)."""
+
+    tp: int
+    dp: int
+    pp: int
+    microbatch_size: int
+    schedule: str
+    chunks: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    zero: int = 0
+    rank_order: str = DEFAULT_RANK_ORDER
+    partition: str = "balanced"
+
+    def microbatches(self, global_batch: int) -> float:
+        """Microbatches per iteration per replica (fractional when the batch does not divide: infeasible)."""
+        return global_batch / (self.microbatch_size * self.dp)
+
+    def plan_inputs(self, problem: SearchProblem) -> PlanInputs:
+        """The ``sim.run`` inputs of this candidate."""
+        return PlanInputs(
+            model=problem.model, topology=problem.topology, schedule=self.schedule,
+            microbatch_size=self.microbatch_size, partition=self.partition, profile=problem.profile,
+            chunks=self.chunks, recompute=self.recompute, tp=self.tp, dp=self.dp, pp=self.pp,
+            global_batch=problem.global_batch, rank_order=self.rank_order,
+            sequence_parallel=self.sequence_parallel, zero=self.zero, kernel_model=problem.kernel_model)
+
+    def label(self) -> str:
+        """A short name: ``tp2 dp2 pp2 b4 interleaved(v=2) full sp zero1 [dp-tp-pp]``."""
+        parts = [f"tp{self.tp}", f"dp{self.dp}", f"pp{self.pp}", f"b{self.microbatch_size}",
+                 self.schedule + (f"(v={self.chunks})" if self.chunks > 1 else ""), self.recompute]
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.zero:
+            parts.append(f"zero{self.zero}")
+        if self.rank_order != DEFAULT_RANK_ORDER:
+            parts.append(f"[{self.rank_order}]")
+        if self.partition != "balanced":
+            parts.append(f"partition={self.partition}")
+        return " ".join(parts)
+
+    def run_flags(self, problem: SearchProblem) -> list[str]:
+        """The ``python -m sim.run`` flags that build this candidate's plan."""
+        flags = ["--topology", problem.topology, "--model", problem.model, "--schedule", self.schedule,
+                 "--tp", str(self.tp), "--dp", str(self.dp), "--pp", str(self.pp),
+                 "--global-batch", str(problem.global_batch), "--microbatch-size", str(self.microbatch_size)]
+        if self.chunks > 1:
+            flags += ["--chunks", str(self.chunks)]
+        if self.recompute != "none":
+            flags += ["--recompute", self.recompute]
+        if self.sequence_parallel:
+            flags.append("--sequence-parallel")
+        if self.zero:
+            flags += ["--zero", str(self.zero)]
+        if self.rank_order != DEFAULT_RANK_ORDER:
+            flags += ["--rank-order", self.rank_order]
+        if self.partition != "balanced":
+            flags += ["--partition", self.partition]
+        if problem.profile:
+            flags += ["--profile", problem.profile]
+        return flags
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _orders_for(degrees: dict[str, int], orders: tuple[str, ...]) -> list[str]:
+    """The rank orders that nest the degrees > 1 differently (the first of each class, in the given order)."""
+    seen: dict[tuple[str, ...], str] = {}
+    for order in orders:
+        effective = tuple(name for name in order.split("-") if degrees[name] > 1)
+        seen.setdefault(effective, order)
+    return list(seen.values())
+
+
+def check_space(space: SearchSpace) -> None:
+    """Reject a space with an unknown or empty choice (one line naming the value)."""
+    checks = (("schedules", space.schedules, lambda v: v in SCHEDULES and v != "csp"),
+              ("chunks", space.chunks, lambda v: isinstance(v, int) and v >= 2),
+              ("recompute", space.recompute, lambda v: v in RECOMPUTE_MODES),
+              ("microbatch sizes", space.microbatch_sizes, lambda v: isinstance(v, int) and v >= 1),
+              ("sequence parallel", space.sequence_parallel, lambda v: isinstance(v, bool)),
+              ("zero", space.zero, lambda v: v in (0, 1)),
+              ("rank orders", space.rank_orders, lambda v: v in RANK_ORDERS),
+              ("partitions", space.partitions, lambda v: isinstance(v, str) and v != ""))
+    for name, values, ok in checks:
+        if not values and name != "microbatch sizes":
+            raise SpecError(f"the search space has no {name} to choose from")
+        for value in values:
+            if not ok(value):
+                raise SpecError(f"the search space's {name} cannot include {value!r}")
+
+
+def enumerate_candidates(problem: SearchProblem, num_devices: int) -> list[Candidate]:
+    """Every candidate of ``problem``'s space on ``num_devices`` devices, in a fixed order (sorted).
+
+    Raises:
+        SpecError: an invalid space, a global batch < 1, or more than :data:`MAX_CANDIDATES` candidates (checked
+            from the sizes before the list is made).
+    """
+    space = problem.space
+    check_space(space)
+    if problem.global_batch < 1:
+        raise SpecError(f"--global-batch must be >= 1, got {problem.global_batch}")
+    shapes = [(tp, dp, num_devices // (tp * dp)) for tp in _divisors(num_devices)
+              for dp in _divisors(num_devices // tp)]
+
+    def schedule_choices(pp: int) -> list[tuple[str, int]]:
+        # Interleaving places several chunks on each of >= 2 pipeline ranks (Megatron requires a pipeline); on one
+        # rank it would only split the model in two for nothing, so it is not a distinct plan.
+        return [(name, chunks) for name in space.schedules if not (SCHEDULES[name].chunked and pp == 1)
+                for chunks in (space.chunks if SCHEDULES[name].chunked else (1,))]
+
+    def sizes(dp: int) -> tuple[int, ...]:
+        if space.microbatch_sizes:
+            return tuple(b for b in space.microbatch_sizes if b * dp <= problem.global_batch)
+        return tuple(1 << k for k in range(problem.global_batch.bit_length()) if (1 << k) * dp <= problem.global_batch)
+
+    bound = sum(len(sizes(dp)) * len(schedule_choices(pp)) for _, dp, pp in shapes) * len(space.recompute) * \
+        len(space.sequence_parallel) * len(space.zero) * len(space.rank_orders) * len(space.partitions)
+    if bound > MAX_CANDIDATES:
+        raise SpecError(f"the search space has up to {bound:,} candidates, more than {MAX_CANDIDATES:,}; narrow it "
+                        f"(--schedules, --microbatch-sizes, --recompute, --chunks, --rank-orders)")
+    found: list[Candidate] = []
+    for tp, dp, pp in shapes:
+        orders = _orders_for({"tp": tp, "dp": dp, "pp": pp}, space.rank_orders)
+        sp_choices = sorted(set(space.sequence_parallel)) if tp > 1 else [False]
+        zero_choices = sorted(set(space.zero)) if dp > 1 else [0]
+        for b, (name, chunks), recompute, sp, zero, order, partition in product(
+                sizes(dp), schedule_choices(pp), space.recompute, sp_choices, zero_choices, orders, space.partitions):
+            found.append(Candidate(tp, dp, pp, b, name, chunks, recompute, sp, zero, order, partition))
+    return sorted(set(found))
