@@ -1,5 +1,7 @@
 """``python -m sim.search``: find the fastest plan that fits a model on a cluster, with the simulator in the loop.
 
+(The entry point is ``sim/search/__main__.py``; this module is the command's body.)
+
 Example::
 
     python -m sim.search --topology 8xA100 --model gpt:layers=24,hidden=2048,heads=16,seq=1024 \\
@@ -164,7 +166,3 @@ def _summary(result: SearchResult, top: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (1 when no plan is feasible)."""
     return run_cli(lambda: _run(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
