@@ -44,6 +44,8 @@ INPUT_LIMITS: dict[str, tuple[int, str]] = {
              "load"),
     "schedule file": (8 * _MIB, "about a million ops at ~6 bytes per CSV cell"),
     "profile": (16 * _MIB, "tens of thousands of layers at ~250 bytes each"),
+    "candidates file": (4 * _MIB, "a search's TP/DP/PP/microbatch settings at ~20 bytes a row: 200,000 rows, "
+                        "more than any search costs"),
     "topology file": (256 * 2**10, "a topology lists groups of servers ('repeat:' covers identical ones) and YAML "
                       "parsing takes seconds per MiB"),
 }

@@ -27,6 +27,7 @@ from sim.schedules import SCHEDULES
 from sim.search.evaluate import Evaluation, build_candidate_plan
 from sim.search.report import format_table, write_search_outputs
 from sim.search.search import STRATEGIES, SearchResult, run_search
+from sim.search.settings import load_settings
 from sim.search.space import DEFAULT_SCHEDULES, RECOMPUTE_MODES, SearchProblem, SearchSpace
 
 __all__ = ["main", "make_parser"]
@@ -90,6 +91,9 @@ def make_parser() -> argparse.ArgumentParser:
                        help="how ranks nest over the devices, innermost first (default tp-dp-pp, Megatron's; 'all')")
     space.add_argument("--partitions", type=_listed(str, ("balanced", "uniform"), "partition rule"),
                        default=("balanced",), help="balanced (exact DP, default) and/or uniform")
+    space.add_argument("--candidates", metavar="FILE",
+                       help="CSV of tp,dp,pp,microbatch_size settings: search only these (each with the rest of the "
+                       "space); see sim/search/settings.py")
     parser.add_argument("--profile", help="measured profile JSON replacing the catalog's costs")
     return parser
 
@@ -126,12 +130,14 @@ def _run(argv: list[str] | None) -> int:
     if args.top < 1:
         raise SpecError(f"--top must be >= 1, got {args.top}")
     orders = RANK_ORDERS if "all" in args.rank_orders else args.rank_orders
+    settings = load_settings(args.candidates) if args.candidates else ()
     problem = SearchProblem(
         model=args.model, topology=args.topology, global_batch=args.global_batch,
         memory_limit_bytes=args.memory_limit, profile=args.profile,
         space=SearchSpace(schedules=args.schedules, chunks=args.chunks, recompute=args.recompute,
                           microbatch_sizes=args.microbatch_sizes, sequence_parallel=args.sequence_parallel,
-                          zero=args.zero, rank_orders=orders, partitions=args.partitions))
+                          zero=args.zero, rank_orders=orders, partitions=args.partitions,
+                          settings=settings))
     out = Path(args.out)
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
     try:

@@ -50,6 +50,8 @@ class SearchSpace:
         zero: ZeRO stages (1 applies where DP > 1).
         rank_orders: nestings of the ranks over the devices, innermost first (``tp-dp-pp`` is Megatron's).
         partitions: partition rules (``balanced``: the exact DP on the oracle's costs; ``uniform``).
+        settings: when not empty, the only (tp, dp, pp, microbatch size) settings searched (``--candidates``,
+            :mod:`sim.search.settings`); ``microbatch_sizes`` is then unused.
     """
 
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
@@ -60,6 +62,7 @@ class SearchSpace:
     zero: tuple[int, ...] = (0, 1)
     rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,)
     partitions: tuple[str, ...] = ("balanced",)
+    settings: tuple[tuple[int, int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,8 +195,15 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int) -> list[Candi
     check_space(space)
     if problem.global_batch < 1:
         raise SpecError(f"--global-batch must be >= 1, got {problem.global_batch}")
-    shapes = [(tp, dp, num_devices // (tp * dp)) for tp in _divisors(num_devices)
-              for dp in _divisors(num_devices // tp)]
+    for tp, dp, pp, _ in space.settings:
+        if tp * dp * pp != num_devices:
+            raise SpecError(f"the setting tp {tp} × dp {dp} × pp {pp} uses {tp * dp * pp} devices, the topology has "
+                            f"{num_devices}")
+    if space.settings:
+        shapes = sorted({(tp, dp, pp) for tp, dp, pp, _ in space.settings})
+    else:
+        shapes = [(tp, dp, num_devices // (tp * dp)) for tp in _divisors(num_devices)
+                  for dp in _divisors(num_devices // tp)]
 
     def schedule_choices(pp: int) -> list[tuple[str, int]]:
         # Interleaving places several chunks on each of >= 2 pipeline ranks (Megatron requires a pipeline); on one
@@ -201,12 +211,14 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int) -> list[Candi
         return [(name, chunks) for name in space.schedules if not (SCHEDULES[name].chunked and pp == 1)
                 for chunks in (space.chunks if SCHEDULES[name].chunked else (1,))]
 
-    def sizes(dp: int) -> tuple[int, ...]:
+    def sizes(tp: int, dp: int, pp: int) -> tuple[int, ...]:
+        if space.settings:
+            return tuple(sorted({b for t, d, p, b in space.settings if (t, d, p) == (tp, dp, pp)}))
         if space.microbatch_sizes:
             return tuple(b for b in space.microbatch_sizes if b * dp <= problem.global_batch)
         return tuple(1 << k for k in range(problem.global_batch.bit_length()) if (1 << k) * dp <= problem.global_batch)
 
-    bound = sum(len(sizes(dp)) * len(schedule_choices(pp)) for _, dp, pp in shapes) * len(space.recompute) * \
+    bound = sum(len(sizes(tp, dp, pp)) * len(schedule_choices(pp)) for tp, dp, pp in shapes) * len(space.recompute) * \
         len(space.sequence_parallel) * len(space.zero) * len(space.rank_orders) * len(space.partitions)
     if bound > MAX_CANDIDATES:
         raise SpecError(f"the search space has up to {bound:,} candidates, more than {MAX_CANDIDATES:,}; narrow it "
@@ -217,6 +229,7 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int) -> list[Candi
         sp_choices = sorted(set(space.sequence_parallel)) if tp > 1 else [False]
         zero_choices = sorted(set(space.zero)) if dp > 1 else [0]
         for b, (name, chunks), recompute, sp, zero, order, partition in product(
-                sizes(dp), schedule_choices(pp), space.recompute, sp_choices, zero_choices, orders, space.partitions):
+                sizes(tp, dp, pp), schedule_choices(pp), space.recompute, sp_choices, zero_choices, orders,
+                space.partitions):
             found.append(Candidate(tp, dp, pp, b, name, chunks, recompute, sp, zero, order, partition))
     return sorted(set(found))
