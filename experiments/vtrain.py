@@ -126,23 +126,14 @@ def topology_of(run: Run, folder: Path | None = None) -> str:
     return str(path)
 
 
-def partition_of(run: Run) -> str:
-    """Megatron-DeepSpeed's pipeline partition (``partition_method="type:transformer"``): the blocks split evenly,
-    the embedding on the first stage and the head on the last."""
-    counts = [run.layers // run.pp] * run.pp
-    counts[0] += 1
-    counts[-1] += 1
-    return ",".join(map(str, counts))
-
-
 def predict_run(run: Run, kernel_model: KernelModel | None = None, folder: Path | None = None) -> float:
     """The simulator's iteration time (s) for ``run``'s configuration (with ``kernel_model``'s constants, or the
     built-in ones; multi-server topology files go into ``folder``)."""
-    if run.layers % run.pp:
+    if run.layers % run.pp:  # Megatron-DeepSpeed's type:transformer partition (--partition blocks) needs it
         raise SpecError(f"{run.layers} layers do not split evenly over {run.pp} pipeline stages")
     built = build_plan(PlanInputs(model=run.model, topology=topology_of(run, folder), schedule="1f1b",
                                   microbatch_size=run.microbatch, global_batch=run.global_batch, tp=run.tp, dp=run.dp,
-                                  pp=run.pp, recompute=True, partition=partition_of(run) if run.pp > 1 else "balanced",
+                                  pp=run.pp, recompute=True, partition="blocks",
                                   kernel_model=kernel_model))
     prediction = predict(built.plan, topology=built.topology, oracle=built.costs.oracle, check_memory=False)
     return prediction.metrics["iteration_time_s"]

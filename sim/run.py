@@ -80,7 +80,8 @@ def make_parser() -> argparse.ArgumentParser:
                      help="reduce gradients in 25 MiB buckets while the last backward runs (PyTorch DDP) instead of "
                      "after the backward pass (Megatron's default)")
     parser.add_argument("--partition", default="balanced",
-                        help="uniform, balanced (exact DP, default) or layer counts per stage such as 12,12,13,13")
+                        help="uniform, balanced (exact DP, default), blocks (Megatron-DeepSpeed's type:transformer: "
+                        "blocks split evenly, embedding first, head last) or layer counts per stage, e.g. 12,12,13,13")
     parser.add_argument("--profile", help="measured profile JSON (profiles/README.md) replacing roofline costs")
     parser.add_argument("--ignore-memory", action="store_true",
                         help="report peak memory but do not fail when a device runs out")

@@ -1,4 +1,7 @@
-"""Partitioning a layer chain into contiguous pipeline stages (``--partition uniform|balanced|<counts>``).
+"""Partitioning a layer chain into contiguous pipeline stages (``--partition uniform|balanced|blocks|<counts>``).
+
+``blocks`` is Megatron-DeepSpeed's ``partition_method="type:transformer"``: the transformer blocks split as evenly as
+:func:`uniform_counts` splits layers, the embedding joins the first stage and the head the last (a GPT model).
 
 ``balanced`` is an exact dynamic program: it minimises the time of the slowest stage, where a stage's time per
 microbatch is its forward plus backward compute on the device that runs it plus the transfers it makes (its
@@ -29,7 +32,11 @@ from sim.cost.oracle import CostOracle
 from sim.hw.topology import Topology
 from sim.plan.bottleneck import StageCosts, min_max_counts
 
-__all__ = ["parse_partition", "uniform_counts", "balanced_counts", "stage_time", "counts_to_ranges"]
+__all__ = ["parse_partition", "uniform_counts", "balanced_counts", "block_counts", "stage_time", "counts_to_ranges",
+           "PARTITION_RULES"]
+
+#: The named partition rules (``--partition`` also takes layer counts).
+PARTITION_RULES = ("uniform", "balanced", "blocks")
 
 
 def counts_to_ranges(counts: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
@@ -113,6 +120,28 @@ def balanced_counts(oracle: CostOracle, num_stages: int,
     return counts
 
 
+def block_counts(oracle: CostOracle, num_stages: int) -> tuple[int, ...]:
+    """Megatron-DeepSpeed's ``type:transformer`` partition: blocks split evenly, embedding first, head last.
+
+    Raises:
+        SpecError: the model is not a chain of an embedding, transformer blocks and a head, or has fewer blocks than
+            stages.
+    """
+    layers = oracle.graph.layers
+    parts = [layer.transformer.part if layer.transformer is not None else None for layer in layers]
+    blocks = len(parts) - 2
+    if len(parts) < 3 or parts[0] != "embedding" or parts[-1] != "head" or set(parts[1:-1]) != {"block"}:
+        raise SpecError(f"--partition blocks splits a transformer's blocks (embedding, blocks, head: a gpt model); "
+                        f"{oracle.graph.spec} is not one")
+    if blocks < num_stages:
+        raise SpecError(f"--partition blocks gives every stage a block: {num_stages} stages, {blocks} blocks in "
+                        f"{oracle.graph.spec}")
+    counts = list(uniform_counts(blocks, num_stages))
+    counts[0] += 1
+    counts[-1] += 1
+    return tuple(counts)
+
+
 def _check_placement(topology: Topology, num_stages: int, vstage_to_rank: tuple[int, ...]) -> None:
     """The DP over vstages balances ranks only when one vstage per rank, or all used devices are the same."""
     if len(vstage_to_rank) != num_stages:
@@ -130,7 +159,8 @@ def _check_placement(topology: Topology, num_stages: int, vstage_to_rank: tuple[
 
 def parse_partition(text: str, oracle: CostOracle, num_stages: int,
                     vstage_to_rank: tuple[int, ...] | None = None) -> tuple[int, ...]:
-    """Resolve ``--partition``: ``uniform``, ``balanced`` or comma-separated layer counts such as ``4,6,6,8``.
+    """Resolve ``--partition``: ``uniform``, ``balanced``, ``blocks`` or comma-separated layer counts such as
+    ``4,6,6,8``.
 
     ``vstage_to_rank`` (default: stage s on rank s) tells ``balanced`` which device runs each stage.
 
@@ -144,10 +174,13 @@ def parse_partition(text: str, oracle: CostOracle, num_stages: int,
         return uniform_counts(n, num_stages)
     if text == "balanced":
         return balanced_counts(oracle, num_stages, vstage_to_rank)
+    if text == "blocks":
+        return block_counts(oracle, num_stages)
     try:
         counts = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise SpecError(f"--partition must be uniform, balanced or layer counts like 4,4,8; got {text!r}") from None
+        raise SpecError(f"--partition must be uniform, balanced, blocks or layer counts like 4,4,8; got {text!r}") \
+            from None
     if any(c < 1 for c in counts):
         raise SpecError(f"every stage needs at least one layer, got --partition {text!r}")
     if len(counts) != num_stages:

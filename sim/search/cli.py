@@ -23,6 +23,7 @@ from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import prepare_output_dir, write_text_chunks_atomic
 from sim.ir.parallel import RANK_ORDERS
+from sim.plan.partition import PARTITION_RULES
 from sim.schedules import SCHEDULES
 from sim.search.evaluate import Evaluation, build_candidate_plan
 from sim.search.report import format_table, write_search_outputs
@@ -89,8 +90,9 @@ def make_parser() -> argparse.ArgumentParser:
                        help="ZeRO stages (default 0,1; 1 applies where DP > 1)")
     space.add_argument("--rank-orders", type=_listed(str, (*RANK_ORDERS, "all"), "rank order"), default=("tp-dp-pp",),
                        help="how ranks nest over the devices, innermost first (default tp-dp-pp, Megatron's; 'all')")
-    space.add_argument("--partitions", type=_listed(str, ("balanced", "uniform"), "partition rule"),
-                       default=("balanced",), help="balanced (exact DP, default) and/or uniform")
+    space.add_argument("--partitions", type=_listed(str, PARTITION_RULES, "partition rule"),
+                       default=("balanced",), help="balanced (exact DP, default), uniform and/or blocks (Megatron-"
+                       "DeepSpeed's type:transformer)")
     space.add_argument("--candidates", metavar="FILE",
                        help="CSV of tp,dp,pp,microbatch_size settings: search only these (each with the rest of the "
                        "space); see sim/search/settings.py")

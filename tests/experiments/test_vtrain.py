@@ -15,7 +15,6 @@ from experiments.vtrain import (
     NICS_PER_SERVER,
     Run,
     load_runs,
-    partition_of,
     predict_run,
     spearman,
     split_runs,
@@ -95,12 +94,6 @@ def test_the_multi_node_file_loads_despite_its_bom_and_extra_column():
     runs = load_runs(MULTI)
     assert len(runs) == 109 and max(run.gpus for run in runs) == 512 and min(run.gpus for run in runs) == 64
     assert all(run.tp * run.dp * run.pp == run.gpus for run in runs)
-
-
-def test_megatron_deepspeed_partition_puts_the_embedding_first_and_the_head_last():
-    run = Run(gpus=4, global_batch=8, microbatch=1, hidden=1024, heads=16, layers=24, seq=1024, tp=1, dp=1, pp=4,
-              measured_s=1.0)
-    assert partition_of(run) == "7,6,6,7"  # 24 blocks / 4, +1 embedding on the first, +1 head on the last
 
 
 def test_servers_of_eight_get_four_hdr_ports_each(tmp_path):

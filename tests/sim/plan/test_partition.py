@@ -95,6 +95,26 @@ def test_bad_partitions_name_the_value(text, message):
         parse_partition(text, CostOracle(graph, 1, None, Topology.parse("3xideal")), 3)
 
 
+@pytest.mark.parametrize("blocks, stages, expected", [
+    (24, 4, (7, 6, 6, 7)),   # 24 blocks / 4, +1 embedding on the first stage, +1 head on the last
+    (10, 4, (3, 2, 3, 4)),   # blocks 2,2,3,3 as uniform_counts spreads them, then embedding and head
+    (6, 1, (8,)),            # one stage holds everything
+])
+def test_blocks_is_megatron_deepspeeds_type_transformer_partition(blocks, stages, expected):
+    graph = build_model(f"gpt:layers={blocks},hidden=64,heads=4,seq=16,vocab=100")
+    oracle = CostOracle(graph, 1, None, Topology.parse(f"{stages}xideal"))
+    assert parse_partition("blocks", oracle, stages) == expected
+    assert sum(expected) == len(graph) == blocks + 2
+
+
+def test_blocks_needs_a_transformer_with_enough_blocks():
+    with pytest.raises(SpecError, match="not one"):
+        parse_partition("blocks", CostOracle(build_model("uniform:layers=8"), 1, None, Topology.parse("2xideal")), 2)
+    gpt = build_model("gpt:layers=2,hidden=64,heads=4,seq=16,vocab=100")
+    with pytest.raises(SpecError, match="3 stages, 2 blocks"):
+        parse_partition("blocks", CostOracle(gpt, 1, None, Topology.parse("3xideal")), 3)
+
+
 def test_more_stages_than_layers_is_an_error():
     with pytest.raises(SpecError, match=r"more stages \(5\) than layers \(4\)"):
         parse_partition("uniform", CostOracle(build_model("uniform:layers=4"), 1, None, Topology.parse("5xideal")), 5)
