@@ -32,7 +32,9 @@ class Evaluation:
         throughput_samples_per_s: samples per second over all replicas (``None`` likewise).
         microbatches: microbatches per iteration per replica (0 when the plan could not be built).
         layer_counts: layers of each virtual stage, in order (the partition; empty when not built).
-        peak_memory_bytes: highest memory in use on each simulated rank (pipeline ranks of one replica), bytes.
+        peak_memory_bytes: highest memory in use on each simulated rank, bytes: the pipeline ranks of one replica
+            when the data-parallel replicas are alike, else of each replica in turn (replica-major), since replicas
+            on different device models have different capacities.
         memory_capacity_bytes: what each of those ranks may use: its device's memory, or the search's limit.
     """
 
@@ -70,16 +72,20 @@ def evaluate(problem: SearchProblem, candidate: Candidate) -> Evaluation:
     except SpecError as exc:
         return Evaluation(candidate, False, reason=str(exc))
     metrics = prediction.metrics
-    devices = metrics["devices"][: built.plan.num_ranks]
+    # Every simulated row, not only replica 0's: a mixed cluster's replicas are simulated one by one, and a replica on
+    # smaller devices may overflow where the first fits.
+    devices = metrics["devices"]
     peaks = tuple(int(d["peak_memory_bytes"]) for d in devices)
     limit = problem.memory_limit_bytes
     capacity = tuple(int(d["memory_capacity_bytes"]) if limit is None else min(limit, int(d["memory_capacity_bytes"]))
                      for d in devices)
     reason = ""
-    over = [(rank, peak, cap) for rank, (peak, cap) in enumerate(zip(peaks, capacity)) if peak > cap]
+    over = [(row, peak, cap) for row, (peak, cap) in enumerate(zip(peaks, capacity)) if peak > cap]
     if over:
-        rank, peak, cap = max(over, key=lambda item: item[1] - item[2])
-        reason = (f"out of memory: pipeline rank {rank} ({devices[rank]['device']}) needs {peak / 1e9:.2f} GB, "
+        row, peak, cap = max(over, key=lambda item: item[1] - item[2])
+        replica, rank = divmod(row, built.plan.num_ranks)
+        where = f"pipeline rank {rank}" + (f" of replica {replica}" if len(devices) > built.plan.num_ranks else "")
+        reason = (f"out of memory: {where} ({devices[row]['device']}) needs {peak / 1e9:.2f} GB, "
                   f"has {cap / 1e9:.2f} GB{' (--memory-limit)' if limit is not None and cap == limit else ''}")
     return Evaluation(candidate, not over, reason, float(metrics["iteration_time_s"]),
                       float(metrics["throughput_samples_per_s"]), built.plan.num_microbatches,
