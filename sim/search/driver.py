@@ -126,13 +126,15 @@ def _run_pool(problem: SearchProblem, chunks: list, workers: int, out_of_time: C
             for future in done:
                 take(future.result())
             if out_of_time():
-                stopped = stopped or next(queue, None) is not None or bool(pending)
                 for future in pending:
                     future.cancel()
                 # Tasks already running finish (a few evaluations); their results are kept.
                 done_late = [future for future in pending if not future.cancelled()]
                 for future in done_late:
                     take(future.result())
+                # Stopped only if a chunk went uncosted (cancelled, or never handed out): when the last chunks were
+                # all running already, everything was costed and the budget stopped nothing.
+                stopped = len(done_late) < len(pending) or next(queue, None) is not None
                 pending = set()
                 break
             for chunk in queue:

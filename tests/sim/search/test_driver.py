@@ -1,0 +1,135 @@
+"""sim.search.driver: the evaluations do not depend on the number of workers and come in the list's order; a time
+budget stops early on a seeded sample, whole in the list's order; bad workers or budget are refused. Pool tests are
+few: each starts spawned processes (about a second)."""
+
+import math
+
+import pytest
+
+import sim.search.driver as driver
+from sim.core.errors import SpecError
+from sim.search.driver import CHUNK, evaluate_all
+from sim.search.evaluate import evaluate
+from sim.search.space import SearchProblem, SearchSpace, enumerate_candidates
+
+PROBLEM = SearchProblem(model="gpt:layers=4,hidden=64,heads=2,seq=32,vocab=100", topology="4xA100", global_batch=8,
+                        space=SearchSpace(schedules=("1f1b", "interleaved"), recompute=("none",), zero=(0,),
+                                          sequence_parallel=(False,), chunks=(2,)))
+
+
+@pytest.fixture(scope="module")
+def listed():
+    """The space's candidates and each one's evaluation in this process, the oracle of every test here."""
+    candidates = enumerate_candidates(PROBLEM, 4)
+    assert 20 <= len(candidates) <= 60, len(candidates)  # several chunks, a fraction of a second to cost
+    return candidates, tuple(evaluate(PROBLEM, c) for c in candidates)
+
+
+def test_one_worker_costs_every_candidate_in_the_lists_order(listed):
+    candidates, oracle = listed
+    seen = []
+    done = evaluate_all(PROBLEM, candidates, workers=1, progress=seen.append)
+    assert done.evaluations == oracle
+    assert done.listed == len(candidates) and not done.stopped_by_budget and done.elapsed_s > 0
+    # The progress callback saw each evaluation once, in the seeded order rather than the list's.
+    assert sorted(seen, key=lambda e: e.candidate) == list(oracle)
+    assert [e.candidate for e in seen] != candidates
+    # Infeasible ones are kept, not dropped.
+    assert any(not e.feasible for e in done.evaluations)
+
+
+def test_two_workers_give_the_same_evaluations_as_one(listed):
+    candidates, oracle = listed
+    seen = []
+    done = evaluate_all(PROBLEM, candidates, workers=2, seed=3, progress=seen.append)
+    assert done.evaluations == oracle
+    assert not done.stopped_by_budget and len(seen) == len(candidates)
+
+
+class _Clock:
+    """A fake monotonic clock: each reading is one second after the last, so the budget decides by how many times
+    it was read, not by the machine's speed."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        self.now += 1.0
+        return self.now
+
+
+def _budgeted(monkeypatch, candidates, seed, budget):
+    monkeypatch.setattr(driver, "time", _Clock())
+    return evaluate_all(PROBLEM, candidates, time_budget_s=budget, seed=seed)
+
+
+def test_a_time_budget_stops_early_on_a_seeded_sample_in_the_lists_order(monkeypatch, listed):
+    candidates, oracle = listed
+    # Clock readings: the start at 1, then one before each chunk (2, 3, 4, ...). A budget of 2.5 s lets the chunks
+    # read at 2 and 3 run (1 and 2 s elapsed) and stops at the third (3 s): two chunks.
+    done = _budgeted(monkeypatch, candidates, 0, 2.5)
+    assert done.stopped_by_budget and done.listed == len(candidates)
+    assert len(done.evaluations) == 2 * CHUNK
+    index = {c: i for i, c in enumerate(candidates)}
+    positions = [index[e.candidate] for e in done.evaluations]
+    assert positions == sorted(positions)  # the list's order
+    assert all(e == oracle[i] for e, i in zip(done.evaluations, positions))
+    # The same seed costs the same sample; other seeds other samples, not the list's first corner.
+    assert _budgeted(monkeypatch, candidates, 0, 2.5).evaluations == done.evaluations
+    samples = {tuple(e.candidate for e in _budgeted(monkeypatch, candidates, seed, 2.5).evaluations)
+               for seed in range(4)}
+    assert len(samples) > 1
+    assert any(list(sample) != candidates[: 2 * CHUNK] for sample in samples)
+
+
+def test_a_budget_shorter_than_anything_costs_nothing(monkeypatch, listed):
+    candidates, _ = listed
+    done = _budgeted(monkeypatch, candidates, 0, 0.5)
+    assert done.evaluations == () and done.stopped_by_budget
+
+
+def test_a_budget_long_enough_is_not_reported_as_stopping(monkeypatch, listed):
+    candidates, oracle = listed
+    done = _budgeted(monkeypatch, candidates, 0, 10_000.0)
+    assert done.evaluations == oracle and not done.stopped_by_budget
+
+
+def test_a_budget_stops_a_pool_early(monkeypatch, listed):
+    candidates, oracle = listed
+    # Two workers keep at most four chunks in flight; on the fake clock the budget is over when the first comes
+    # back, so the rest of the list is never handed out. What did run is kept whole, in the list's order.
+    monkeypatch.setattr(driver, "time", _Clock())
+    done = evaluate_all(PROBLEM, candidates * 2, workers=2, time_budget_s=0.5)
+    assert done.stopped_by_budget and done.listed == 2 * len(candidates)
+    assert 0 < len(done.evaluations) <= 4 * CHUNK < 2 * len(candidates)
+    assert all(e == oracle[candidates.index(e.candidate)] for e in done.evaluations)
+
+
+def test_a_pool_that_costed_everything_was_not_stopped_by_its_budget(monkeypatch, listed):
+    candidates, oracle = listed
+    # Two chunks on two workers, both handed to the workers when the budget runs out at the first one's return
+    # (the pool passes a task on as soon as it is submitted; spawning the workers alone takes far longer): the
+    # second still finishes and is kept, so every candidate was costed and the budget stopped nothing (this once
+    # read 'stopped'). Whatever the timing, 'stopped' means that some candidate went uncosted.
+    monkeypatch.setattr(driver, "time", _Clock())
+    done = evaluate_all(PROBLEM, candidates[: 2 * CHUNK], workers=2, time_budget_s=0.5)
+    assert done.stopped_by_budget == (len(done.evaluations) < 2 * CHUNK)
+    assert set(done.evaluations) <= set(oracle[: 2 * CHUNK]) and len(done.evaluations) >= CHUNK
+
+
+@pytest.mark.parametrize("workers", [0, -1, True, 1.5, "2"])
+def test_bad_workers_are_refused(workers):
+    with pytest.raises(SpecError, match=f"--workers must be an integer >= 1, got {workers!r}"):
+        evaluate_all(PROBLEM, [], workers=workers)
+
+
+@pytest.mark.parametrize("budget", [0, -1.0, math.nan])
+def test_a_budget_not_above_zero_is_refused(budget):
+    with pytest.raises(SpecError) as info:
+        evaluate_all(PROBLEM, [], time_budget_s=budget)
+    assert str(info.value) == f"--time-budget must be > 0 seconds, got {budget!r}"
+
+
+def test_an_empty_list_costs_nothing():
+    done = evaluate_all(PROBLEM, [], workers=2)
+    assert done.evaluations == () and done.listed == 0 and not done.stopped_by_budget
