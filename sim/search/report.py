@@ -26,7 +26,7 @@ _COLUMNS = ("rank", "TP", "DP", "PP", "b", "m", "schedule", "recompute", "SP", "
 
 
 def _partition_text(counts: tuple[int, ...]) -> str:
-    """Layer counts per stage, run-length where they repeat: ``6,6,6,6`` → ``6×4``; ``5,7,7,5`` as is."""
+    """Layer counts per stage, run-length where they repeat: ``6,6,6,6`` → ``6×4``; ``5,7,7,5`` → ``5,7×2,5``."""
     if not counts:
         return "-"
     runs: list[list[int]] = []
