@@ -27,7 +27,8 @@ from sim.plan.partition import counts_to_ranges, parse_partition
 from sim.plan.validate import validate, validate_l0
 from sim.schedules import ScheduleEntry, get_schedule
 
-__all__ = ["PlanInputs", "BuiltPlan", "build_plan", "MAX_PLAN_OPS", "plan_op_count", "check_plan_size"]
+__all__ = ["PlanInputs", "BuiltPlan", "build_plan", "MAX_PLAN_OPS", "plan_op_count", "check_plan_size", "place_layers",
+           "plan_layout", "plan_microbatches"]
 
 #: Peak memory of ``sim.run`` per op of the plan it simulates, bytes, measured by ``python -m sim.bench_memory``:
 #: 1F1B on 4 ranks peaks at 75 MB, 251 MB and 2,045 MB of resident memory for 1,000, 10,000 and 100,000 microbatches
@@ -209,8 +210,8 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         raise SpecError(f"--chunks {inputs.chunks} applies to generated schedules; a schedule file places its "
                         f"stages where its ops are ({inputs.schedule_file})")
     topology = Topology.parse(inputs.topology)
-    layout = _layout(inputs, topology)
-    microbatches = _microbatches(inputs, layout)
+    layout = plan_layout(inputs, topology)
+    microbatches = plan_microbatches(inputs, layout)
     if layout.tp > 1 and inputs.profile:
         raise SpecError(f"a measured profile times whole layers on one device; --tp {layout.tp} splits them "
                         f"({inputs.profile})")
@@ -263,13 +264,7 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
             if weight_policy != "stash":
                 raise SpecError(f"--vertical-sync applies to weight stashing (pipedream), not {entry.name}")
             generator_options += ((VERTICAL_SYNC_OPTION, True),)
-    num_vstages = len(vstage_to_rank)
-    oracle = CostOracle(graph, inputs.microbatch_size, profile, topology,
-                        optimizer_shards=layout.dp if layout.zero else 1, kernel_model=inputs.kernel_model)
-    # The partition is balanced on the first replica's devices (tensor shard 0 of each group stands for it).
-    counts = parse_partition(inputs.partition, oracle, num_vstages,
-                             tuple(layout.device(rank, 0, 0) for rank in vstage_to_rank))
-    placement = Placement(counts_to_ranges(counts), vstage_to_rank)
+    oracle, placement = place_layers(inputs, graph, profile, topology, layout, vstage_to_rank)
     l0 = Plan(
         schedule=schedule_name,
         level="L0",
@@ -300,12 +295,28 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
     return BuiltPlan(plan, graph, topology, costs, profile)
 
 
+def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
+                 layout: Parallelism, vstage_to_rank: tuple[int, ...]) -> tuple[CostOracle, Placement]:
+    """The cost oracle of a plan (its microbatch size, ZeRO sharding, profile, kernel model) and where its layers
+    go: the partition rule resolved on the first replica's devices (tensor shard 0 of each group stands for it).
+    ``build_plan`` calls it, and so does the search's fast evaluator for plans of a structure it has built once.
+
+    Raises:
+        SpecError: the partition does not fit (see :func:`sim.plan.partition.parse_partition`).
+    """
+    oracle = CostOracle(graph, inputs.microbatch_size, profile, topology,
+                        optimizer_shards=layout.dp if layout.zero else 1, kernel_model=inputs.kernel_model)
+    counts = parse_partition(inputs.partition, oracle, len(vstage_to_rank),
+                             tuple(layout.device(rank, 0, 0) for rank in vstage_to_rank))
+    return oracle, Placement(counts_to_ranges(counts), vstage_to_rank)
+
+
 def plan_is_pipeline_only(layout: Parallelism, topology: Topology) -> bool:
     """A pure pipeline over every device of the topology: what plans were before 3D layouts."""
     return layout.is_pure_pipeline and layout.pp == topology.num_ranks
 
 
-def _layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
+def plan_layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
     """The tensor × data × pipeline layout the user asked for, checked against the topology's device count."""
     devices = topology.num_ranks
     # The layout checks its own fields (one line naming the flag and value) before they are multiplied here.
@@ -322,7 +333,7 @@ def _layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
     return replace(asked, pp=pp)
 
 
-def _microbatches(inputs: PlanInputs, layout: Parallelism) -> int | None:
+def plan_microbatches(inputs: PlanInputs, layout: Parallelism) -> int | None:
     """Microbatches per iteration: ``--microbatches``, or ``--global-batch / (--microbatch-size · --dp)``, which
     must be whole; ``None`` when neither is given."""
     if inputs.global_batch is None:

@@ -17,7 +17,7 @@ from sim.plan.build import build_plan
 from sim.predict import predict
 from sim.search.space import Candidate, SearchProblem
 
-__all__ = ["Evaluation", "evaluate", "build_candidate_plan"]
+__all__ = ["Evaluation", "evaluate", "build_candidate_plan", "memory_verdict"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class Evaluation:
             when the data-parallel replicas are alike, else of each replica in turn (replica-major), since replicas
             on different device models have different capacities.
         memory_capacity_bytes: what each of those ranks may use: its device's memory, or the search's limit.
+        method: how the time was obtained: ``"engine"`` (the one prediction path, :func:`sim.predict.predict`),
+            ``"critical path"`` (:mod:`sim.search.fast`, equal to the engine's) or ``"critical path, lower bound"``
+            (a link would be contended: the engine's time is at least this).
     """
 
     candidate: Candidate
@@ -47,6 +50,7 @@ class Evaluation:
     layer_counts: tuple[int, ...] = ()
     peak_memory_bytes: tuple[int, ...] = ()
     memory_capacity_bytes: tuple[int, ...] = ()
+    method: str = "engine"
 
     @property
     def max_peak_memory_bytes(self) -> int:
@@ -76,17 +80,24 @@ def evaluate(problem: SearchProblem, candidate: Candidate) -> Evaluation:
     # smaller devices may overflow where the first fits.
     devices = metrics["devices"]
     peaks = tuple(int(d["peak_memory_bytes"]) for d in devices)
-    limit = problem.memory_limit_bytes
-    capacity = tuple(int(d["memory_capacity_bytes"]) if limit is None else min(limit, int(d["memory_capacity_bytes"]))
-                     for d in devices)
-    reason = ""
-    over = [(row, peak, cap) for row, (peak, cap) in enumerate(zip(peaks, capacity)) if peak > cap]
-    if over:
-        row, peak, cap = max(over, key=lambda item: item[1] - item[2])
-        replica, rank = divmod(row, built.plan.num_ranks)
-        where = f"pipeline rank {rank}" + (f" of replica {replica}" if len(devices) > built.plan.num_ranks else "")
-        reason = (f"out of memory: {where} ({devices[row]['device']}) needs {peak / 1e9:.2f} GB, "
-                  f"has {cap / 1e9:.2f} GB{' (--memory-limit)' if limit is not None and cap == limit else ''}")
-    return Evaluation(candidate, not over, reason, float(metrics["iteration_time_s"]),
+    capacity, reason = memory_verdict(peaks, [int(d["memory_capacity_bytes"]) for d in devices],
+                                      [d["device"] for d in devices], built.plan.num_ranks, problem.memory_limit_bytes)
+    return Evaluation(candidate, not reason, reason, float(metrics["iteration_time_s"]),
                       float(metrics["throughput_samples_per_s"]), built.plan.num_microbatches,
                       tuple(built.plan.placement.layer_counts()), peaks, capacity)
+
+
+def memory_verdict(peaks: tuple[int, ...], capacities: list[int], names: list[str], pipeline: int,
+                   limit: int | None) -> tuple[tuple[int, ...], str]:
+    """What each simulated rank may use (its device's memory, or ``limit`` when smaller), bytes, and why the plan
+    does not fit ("" when it does): the rank most over its capacity, named by pipeline rank (and simulated replica
+    when several are)."""
+    capacity = tuple(cap if limit is None else min(limit, cap) for cap in capacities)
+    over = [(row, peak, cap) for row, (peak, cap) in enumerate(zip(peaks, capacity)) if peak > cap]
+    if not over:
+        return capacity, ""
+    row, peak, cap = max(over, key=lambda item: item[1] - item[2])
+    replica, rank = divmod(row, pipeline)
+    where = f"pipeline rank {rank}" + (f" of replica {replica}" if len(peaks) > pipeline else "")
+    return capacity, (f"out of memory: {where} ({names[row]}) needs {peak / 1e9:.2f} GB, has {cap / 1e9:.2f} GB"
+                      f"{' (--memory-limit)' if limit is not None and cap == limit else ''}")

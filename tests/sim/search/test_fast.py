@@ -1,0 +1,43 @@
+"""The fast evaluator against the one prediction path (``sim.search.evaluate.evaluate``: build_plan + predict) over
+whole search spaces: the same verdicts, the same peaks, the same time where it says it is exact, a lower bound where
+it says a link is contended."""
+
+import pytest
+
+from sim.search.evaluate import evaluate
+from sim.search.fast import ENGINE, EXACT, LOWER_BOUND, FastEvaluator
+from sim.search.space import SearchProblem, SearchSpace, enumerate_candidates
+
+MODEL = "gpt:layers=8,hidden=512,heads=8,seq=256,vocab=1000"
+
+
+@pytest.mark.parametrize("topology, devices, global_batch, schedules", [
+    ("8xA100", 8, 8, ("1f1b", "interleaved")),
+    ("4xV100+4xA100", 8, 8, ("gpipe", "zb1p")),
+    ("2x2xV100", 4, 8, ("1f1b", "interleaved", "zb1p")),
+])
+def test_every_candidate_agrees_with_the_engine(topology, devices, global_batch, schedules):
+    problem = SearchProblem(MODEL, topology, global_batch,
+                            space=SearchSpace(schedules=schedules, chunks=(2,), recompute=("none", "full"),
+                                              zero=(0,), rank_orders=("tp-dp-pp", "pp-dp-tp")),
+                            memory_limit_bytes=int(0.2e9))  # small enough that some plans do not fit
+    fast = FastEvaluator(problem)
+    methods = {EXACT: 0, LOWER_BOUND: 0, ENGINE: 0}
+    fits = 0
+    for candidate in enumerate_candidates(problem, devices):
+        quick, slow = fast.evaluate(candidate), evaluate(problem, candidate)
+        assert (quick.feasible, quick.reason[:12]) == (slow.feasible, slow.reason[:12]), candidate
+        if slow.iteration_time_s is None:
+            assert quick.iteration_time_s is None
+            continue
+        fits += quick.feasible
+        methods[quick.method] += 1
+        assert quick.peak_memory_bytes == slow.peak_memory_bytes, candidate
+        assert (quick.microbatches, quick.layer_counts) == (slow.microbatches, slow.layer_counts), candidate
+        if quick.method == EXACT:
+            assert quick.iteration_time_s == slow.iteration_time_s, candidate
+            assert quick.throughput_samples_per_s == slow.throughput_samples_per_s, candidate
+        elif quick.method == LOWER_BOUND:
+            assert quick.iteration_time_s <= slow.iteration_time_s * (1 + 1e-12), candidate
+    assert methods[EXACT] > 20 and fits > 0  # the comparison was not vacuous
+    assert len(fast.structures) < sum(methods.values())  # structures were shared, so the cached path ran too
