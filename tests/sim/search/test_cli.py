@@ -1,0 +1,127 @@
+"""``python -m sim.search``: a full run's files, byte-identical twice, its plan.json being the best candidate's plan as
+``sim.run`` writes it; bad input as one ``error:`` line and exit 2 with nothing written; no feasible plan as exit 1."""
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.ir.plan import Plan
+from sim.models import build_model
+from sim.run import main as sim_run
+from sim.search.cli import main
+from sim.search.space import Candidate, SearchProblem
+
+ROOT = Path(__file__).resolve().parents[3]
+MODEL = "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=500"
+ARGS = ["--topology", "4xA100", "--model", MODEL, "--global-batch", "8", "--no-progress",
+        "--schedules", "1f1b,interleaved", "--chunks", "2", "--recompute", "none,full", "--microbatch-sizes", "1,2",
+        "--sequence-parallel", "off"]
+FILES = ("plan.json", "candidates.csv", "search.json", "pareto.png")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two runs of the same search into two directories (the first with --top 2), and what the first printed."""
+    base = tmp_path_factory.mktemp("search")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main([*ARGS, "--top", "2", "--out", str(base / "a")]) == 0
+    assert main([*ARGS, "--out", str(base / "b")]) == 0
+    return base / "a", base / "b", printed.getvalue()
+
+
+def test_a_run_writes_every_file_and_twice_the_same_bytes(runs):
+    a, b, _ = runs
+    assert sorted(p.name for p in a.iterdir()) == sorted(FILES)
+    for name in FILES:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert (a / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plan_is_the_best_candidates_as_sim_run_writes_it(runs, tmp_path, capsys):
+    a, _, _ = runs
+    data = json.loads((a / "search.json").read_text())
+    feasible = [c for c in data["candidates"] if c["feasible"]]
+    fastest = min(c["iteration_time_s"] for c in feasible)
+    assert data["best"]["iteration_time_s"] == fastest
+    best = Candidate(**data["best"]["candidate"])
+    problem = SearchProblem(model=MODEL, topology="4xA100", global_batch=8)
+    assert sim_run([*best.run_flags(problem), "--no-gantt", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert (a / "plan.json").read_text() == (tmp_path / "plan.json").read_text()
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["iteration_time_s"] == fastest
+    plan = Plan.loads((a / "plan.json").read_text(), source=str(a / "plan.json"))
+    assert plan.level == "L1" and plan.model == build_model(MODEL).spec and plan.microbatch_size == best.microbatch_size
+
+
+def test_the_printed_table_has_the_top_rows(runs):
+    a, _, out = runs
+    data = json.loads((a / "search.json").read_text())
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["rank", "TP"])
+    rows = lines[header + 1: header + 3]
+    assert [row.split()[0] for row in rows] == ["1", "2"] and not lines[header + 3].split()[0].isdigit()
+    assert f"{data['best']['iteration_time_s']:.4f}" in rows[0]
+    assert f"{data['evaluated']} of {data['space_size']} plans costed" in out
+
+
+BAD = [
+    (["--topology", "3xNOPE"], "NOPE"),
+    (["--global-batch", "0"], "got 0"),
+    (["--workers", "0"], "got 0"),
+    (["--top", "0"], "got 0"),
+    (["--schedules", "1f1b,bogus"], "'bogus'"),
+    (["--time-budget", "0"], "got 0"),
+    (["--memory-limit", "junk"], "'junk'"),
+    (["--memory-limit", "0"], "got 0"),
+    (["--model", "gpt:layers=x"], "layers"),
+    (["--chunks", "1"], "chunks cannot include 1"),
+]
+
+
+def _with(*change: str) -> list[str]:
+    """:data:`ARGS` with each ``flag value`` pair of ``change`` replacing the flag's value or added."""
+    args = list(ARGS)
+    for flag, value in zip(change[::2], change[1::2]):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    return args
+
+
+@pytest.mark.parametrize("change,needle", BAD, ids=[" ".join(c) for c, _ in BAD])
+def test_bad_input_is_one_error_line_and_nothing_written(tmp_path, capsys, change, needle):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        main([*_with(*change), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and needle in err, err
+    assert not out.exists()
+
+
+def test_the_module_entry_point_exits_2_without_a_traceback(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "sim.search", *ARGS, "--workers", "0", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == "error: --workers must be an integer >= 1, got 0\n"
+    assert proc.stdout == "" and not out.exists()
+
+
+def test_no_feasible_plan_exits_1_with_the_reasons_and_no_plan(tmp_path, capsys):
+    args = _with("--memory-limit", "1", "--schedules", "1f1b", "--recompute", "none")
+    assert main([*args, "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "no feasible plan" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["candidates.csv", "pareto.png", "search.json"]
+    data = json.loads((tmp_path / "search.json").read_text())
+    assert data["best"] is None and data["feasible"] == 0 and data["candidates"]
+    assert all(not c["feasible"] and c["reason"] for c in data["candidates"])
+    assert any(c["reason"].startswith("out of memory: ") for c in data["candidates"])
