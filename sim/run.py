@@ -72,6 +72,9 @@ def make_parser() -> argparse.ArgumentParser:
                      help="samples per iteration over all replicas: microbatches = G / (microbatch size · dp)")
     par.add_argument("--rank-order", default="tp-dp-pp",
                      help="nesting of the ranks over the devices, innermost first (default tp-dp-pp, Megatron's)")
+    par.add_argument("--devices", type=_device_list, default=(), metavar="D0,D1,...",
+                     help="the device of each position of the rank order, a permutation of 0..tp·dp·pp−1 (default: in "
+                     "order); e.g. 4,5,6,7,0,1,2,3 puts the first pipeline ranks on the second server")
     par.add_argument("--sequence-parallel", action="store_true",
                      help="Megatron's sequence parallelism: reduce-scatter + all-gather, norms and dropout sharded")
     par.add_argument("--zero", type=int, default=0, choices=[0, 1],
@@ -115,7 +118,7 @@ def _run(argv: list[str] | None) -> int:
         schedule_file=args.schedule_file, chunks=1 if args.chunks is None else args.chunks,
         recompute=args.recompute or "none", vertical_sync=args.vertical_sync, tp=args.tp, dp=args.dp, pp=args.pp,
         global_batch=args.global_batch, rank_order=args.rank_order, sequence_parallel=args.sequence_parallel,
-        zero=args.zero, grad_overlap=args.grad_overlap,
+        zero=args.zero, grad_overlap=args.grad_overlap, devices=args.devices,
     ))
     plan, topology = built.plan, built.topology
     print(topology.describe())
@@ -146,6 +149,14 @@ def _run(argv: list[str] | None) -> int:
     print(format_summary(metrics))
     print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")
     return 0
+
+
+def _device_list(text: str) -> tuple[int, ...]:
+    """``--devices 4,5,6,7,0,1,2,3`` → a tuple of device numbers (the layout checks that it is a permutation)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of device numbers: {text!r} (e.g. 4,5,6,7,0,1,2,3)") from None
 
 
 def _group_lines(plan) -> str:

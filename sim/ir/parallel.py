@@ -13,9 +13,12 @@ divides the server's GPU count), then the data-parallel rank, then the pipeline 
 
     device(pp, dp, tp) = tp + T · (dp + D · pp)
 
-Any other nesting of the three can be named (``--rank-order dp-tp-pp`` puts replicas innermost). A plan with
-``tp = dp = 1`` is a pure pipeline: pipeline rank p is device p, as before this layout existed, and ``plan.json``
-leaves the ``parallel`` object out.
+Any other nesting of the three can be named (``--rank-order dp-tp-pp`` puts replicas innermost), and ``devices``
+(``--devices``) can then place the positions of that numbering on other devices: position i runs on
+``devices[i]``, a permutation, so that a heavy stage sits on the fast GPUs of a mixed cluster or a slow link falls
+between stages that exchange little (the search's placement choice). A plan with ``tp = dp = 1`` and no device
+order is a pure pipeline: pipeline rank p is device p, as before this layout existed, and ``plan.json`` leaves the
+``parallel`` object out.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ RANK_ORDERS = tuple("-".join(order) for order in permutations(("tp", "dp", "pp")
 #: et al., arXiv 1910.02054 §5.1, P_os).
 ZERO_STAGES = (0, 1)
 
-_FIELDS = frozenset({"tp", "dp", "pp", "order", "sequence_parallel", "zero", "grad_overlap"})
+_FIELDS = frozenset({"tp", "dp", "pp", "order", "sequence_parallel", "zero", "grad_overlap", "devices"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Parallelism:
         grad_overlap: the data-parallel reduction of a stage's gradients runs in buckets while its last backward
             produces them (PyTorch DDP's bucketed all-reduce, Megatron's ``--overlap-grad-reduce``), instead of after
             the rank's whole backward pass (Megatron's default).
+        devices: the device of each position of the nesting, a permutation of ``0..T·D·P−1``; ``()`` (the
+            default): position i is device i.
     """
 
     tp: int = 1
@@ -64,6 +69,7 @@ class Parallelism:
     sequence_parallel: bool = False
     zero: int = 0
     grad_overlap: bool = False
+    devices: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp", "pp"):
@@ -82,6 +88,21 @@ class Parallelism:
         if self.zero and self.dp == 1:
             raise SpecError(f"--zero {self.zero} shards optimizer state across data-parallel replicas; it needs "
                             f"--dp > 1")
+        if self.devices:
+            world = self.tp * self.dp * self.pp
+            if sorted(self.devices) != list(range(world)) or any(isinstance(d, bool) for d in self.devices):
+                raise SpecError(f"--devices must order the devices 0..{world - 1} (T·D·P = {world}), each once; got "
+                                f"{','.join(map(str, self.devices))}")
+            # The position of each device, so that coords() inverts device() in O(1).
+            object.__setattr__(self, "_position", {d: i for i, d in enumerate(self.devices)})
+            # torch.distributed numbers a group's members in ascending order of their global ranks, and the executor
+            # takes a shard's or a replica's index from that number: an order that reverses a group is refused.
+            for kind, groups in self.groups().items():
+                bad = next((group for group in groups if kind != "pp" and group != sorted(group)), None)
+                if bad is not None:
+                    raise SpecError(f"--devices {','.join(map(str, self.devices))} puts the {kind} group "
+                                    f"{bad} out of ascending order; keep each tensor- and data-parallel group's "
+                                    f"devices ascending (move whole groups, e.g. a pipeline stage's block)")
 
     # --- devices ---------------------------------------------------------------------------------------------------
 
@@ -92,7 +113,7 @@ class Parallelism:
 
     @property
     def is_pure_pipeline(self) -> bool:
-        """No tensor or data parallelism and the default order: pipeline rank p is device p."""
+        """No tensor or data parallelism, the default order and device order: pipeline rank p is device p."""
         return self == Parallelism(pp=self.pp)
 
     def _sizes(self) -> tuple[tuple[str, int], ...]:
@@ -107,12 +128,14 @@ class Parallelism:
                 raise ValueError(f"{name} rank {coords[name]} outside 0..{size - 1}")
             index += coords[name] * stride
             stride *= size
-        return index
+        return self.devices[index] if self.devices else index
 
     def coords(self, device: int) -> tuple[int, int, int]:
         """``(pp, dp, tp)`` of ``device``: the inverse of :meth:`device`."""
         if not 0 <= device < self.world_size:
             raise ValueError(f"device {device} outside 0..{self.world_size - 1}")
+        if self.devices:
+            device = self._position[device]  # type: ignore[attr-defined]
         coords: dict[str, int] = {}
         for name, size in self._sizes():
             coords[name], device = device % size, device // size
@@ -147,6 +170,8 @@ class Parallelism:
             extras.append(f"ZeRO-{self.zero}")
         if self.grad_overlap:
             extras.append("gradient reduction overlapped")
+        if self.devices:
+            extras.append(f"devices {','.join(map(str, self.devices))}")
         return (f"TP {self.tp} × DP {self.dp} × PP {self.pp} = {self.world_size} devices "
                 f"({', '.join(extras)})")
 
@@ -156,7 +181,7 @@ class Parallelism:
         """The ``parallel`` object of ``plan.json``: the degrees, the options and, for readers, every group."""
         return {"tp": self.tp, "dp": self.dp, "pp": self.pp, "order": self.order,
                 "sequence_parallel": self.sequence_parallel, "zero": self.zero, "grad_overlap": self.grad_overlap,
-                "groups": self.groups()}
+                **({"devices": list(self.devices)} if self.devices else {}), "groups": self.groups()}
 
     @classmethod
     def from_json(cls, data: Any, pp: int, source: str) -> Parallelism:
@@ -175,10 +200,13 @@ class Parallelism:
         for key in ("sequence_parallel", "grad_overlap"):
             if not isinstance(data.get(key, False), bool):
                 raise SpecError(f"{source}: parallel.{key} must be true or false, got {data[key]!r}")
+        devices = data.get("devices", [])
+        if not isinstance(devices, list) or any(isinstance(d, bool) or not isinstance(d, int) for d in devices):
+            raise SpecError(f"{source}: parallel.devices must be a list of device numbers, got {devices!r}")
         layout = cls(tp=data.get("tp", 1), dp=data.get("dp", 1), pp=data.get("pp", pp),
                      order=str(data.get("order", DEFAULT_RANK_ORDER)),
                      sequence_parallel=data.get("sequence_parallel", False), zero=data.get("zero", 0),
-                     grad_overlap=data.get("grad_overlap", False))
+                     grad_overlap=data.get("grad_overlap", False), devices=tuple(devices))
         if layout.pp != pp:
             raise SpecError(f"{source}: parallel.pp is {layout.pp} but the plan has {pp} rank programs")
         if "groups" in data and data["groups"] != layout.groups():

@@ -74,6 +74,7 @@ class PlanInputs:
         sequence_parallel: Megatron's sequence parallelism (``--sequence-parallel``).
         zero: ZeRO stage, 0 or 1 (``--zero``).
         grad_overlap: reduce gradients in buckets during the last backward (``--grad-overlap``).
+        devices: the device of each position of the rank order (``--devices``, a permutation; ``()``: in order).
         kernel_model: the GPU kernel model's software constants (default: the built-in, fitted ones).
     """
 
@@ -97,6 +98,7 @@ class PlanInputs:
     zero: int = 0
     grad_overlap: bool = False
     kernel_model: KernelModel | None = None
+    devices: tuple[int, ...] = ()
 
     @property
     def recompute_mode(self) -> str:
@@ -323,6 +325,9 @@ def plan_layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
     asked = Parallelism(tp=inputs.tp, dp=inputs.dp, pp=1 if inputs.pp is None else inputs.pp,
                         order=inputs.rank_order, sequence_parallel=inputs.sequence_parallel, zero=inputs.zero,
                         grad_overlap=inputs.grad_overlap)
+    if inputs.devices and len(inputs.devices) != asked.tp * asked.dp * (inputs.pp or 1) and inputs.pp is not None:
+        raise SpecError(f"--devices lists {len(inputs.devices)} devices, --tp {asked.tp} × --dp {asked.dp} × --pp "
+                        f"{inputs.pp} uses {asked.tp * asked.dp * inputs.pp}")
     if asked.tp * asked.dp > devices:
         raise SpecError(f"--tp {asked.tp} × --dp {asked.dp} = {asked.tp * asked.dp} devices, topology {topology} "
                         f"has {devices}")
@@ -330,7 +335,7 @@ def plan_layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
     if asked.tp * asked.dp * pp > devices:
         raise SpecError(f"--tp {asked.tp} × --dp {asked.dp} × --pp {pp} = {asked.tp * asked.dp * pp} devices, "
                         f"topology {topology} has {devices}")
-    return replace(asked, pp=pp)
+    return replace(asked, pp=pp, devices=tuple(inputs.devices))
 
 
 def plan_microbatches(inputs: PlanInputs, layout: Parallelism) -> int | None:

@@ -103,3 +103,53 @@ def test_pure_pipeline_plans_have_no_parallel_object():
     assert built.plan.parallel is None
     assert '"parallel"' not in built.plan.dumps()
     assert built.plan.layout == Parallelism(pp=4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=layouts, seed=st.integers(0, 2**16))
+def test_a_device_order_moves_every_position_and_coords_inverts_it(layout, seed):
+    import random
+
+    # A permutation of the pipeline ranks' blocks of devices (the search's placement moves): groups stay ascending.
+    stages = list(range(layout.pp))
+    random.Random(seed).shuffle(stages)
+    block = {p: sorted(layout.device(p, d, t) for d in range(layout.dp) for t in range(layout.tp))
+             for p in range(layout.pp)}
+    order = [0] * layout.world_size
+    for p in range(layout.pp):
+        for src, dst in zip(block[p], block[stages[p]]):
+            order[src] = dst
+    try:
+        placed = Parallelism(tp=layout.tp, dp=layout.dp, pp=layout.pp, order=layout.order, devices=tuple(order))
+    except SpecError as exc:  # a nesting with pp inside another kind interleaves the blocks; then groups may reverse
+        assert "ascending" in str(exc)
+        return
+    for pp, dp, tp in itertools.product(range(layout.pp), range(layout.dp), range(layout.tp)):
+        device = placed.device(pp, dp, tp)
+        assert device == order[layout.device(pp, dp, tp)]  # position i of the nesting runs on devices[i]
+        assert placed.coords(device) == (pp, dp, tp)
+    again = Parallelism.from_json(json.loads(json.dumps(placed.to_json())), layout.pp, "test")
+    assert again == placed
+
+
+@pytest.mark.parametrize("devices, message", [((0, 0, 1, 2), "each once"), ((0, 1, 2), "0..3"),
+                                              ((1, 2, 3, 4), "0..3"), ((1, 0, 2, 3), "tp group \\[1, 0\\]")])
+def test_a_device_order_that_is_not_a_permutation_is_refused(devices, message):
+    with pytest.raises(SpecError, match=message):
+        Parallelism(tp=2, pp=2, devices=devices)
+
+
+def test_the_identity_order_simulates_like_no_order_and_a_reversed_one_moves_the_stages():
+    from sim.predict import predict
+
+    def run(devices):
+        built = build_plan(PlanInputs(model="gpt:layers=8,hidden=512,heads=8,seq=256,vocab=1000",
+                                      topology="2xV100+2xA100", tp=2, pp=2, global_batch=4, partition="uniform",
+                                      devices=devices))
+        return built, predict(built.plan, topology=built.topology, oracle=built.costs.oracle)
+
+    (_, plain), (_, identity) = run(()), run((0, 1, 2, 3))
+    assert identity.metrics["iteration_time_s"] == plain.metrics["iteration_time_s"]
+    built, reversed_ = run((2, 3, 0, 1))
+    assert [built.topology.devices[d].name for d in built.costs.devices] == ["a100-sxm4-80gb", "v100-sxm2-32gb"]
+    assert reversed_.metrics["iteration_time_s"] != plain.metrics["iteration_time_s"]
