@@ -54,6 +54,12 @@ def _vtrain(argv: list[str]) -> int:
     return vtrain.main(argv)
 
 
+def _search_vtrain(argv: list[str]) -> int:
+    from experiments import search_vtrain
+
+    return search_vtrain.main(argv)
+
+
 def _sim_vs_real(argv: list[str]) -> int:
     from experiments import sim_vs_real  # imported on demand: it needs torch, others may not
 
@@ -83,6 +89,9 @@ EXPERIMENTS: dict[str, Experiment] = {
     "vtrain": Experiment("vtrain", "the simulator against vTrain's 1,440 third-party Megatron-DeepSpeed runs on 2-8 "
                          "A100s, per (TP, DP, PP) group, on a seeded held-out half, and how it ranks configurations",
                          _vtrain, out="runs/vtrain"),
+    "search_vtrain": Experiment("search_vtrain", "sim.search restricted to the configurations vTrain measured in "
+                                "each (model, GPUs, global batch) group: Spearman of its ranking and the top-1 "
+                                "regret of its pick", _search_vtrain, out="runs/search_vtrain"),
     "sim_vs_real": Experiment("sim_vs_real", "simulator fidelity: predicted vs measured iteration time on 2 CPU "
                               "ranks, gpipe and 1f1b x 4/8/16 microbatches, calibrated profile", _sim_vs_real,
                               out="runs/sim_vs_real"),
