@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 
 from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
@@ -140,7 +139,7 @@ def _run(argv: list[str] | None) -> int:
                           microbatch_sizes=args.microbatch_sizes, sequence_parallel=args.sequence_parallel,
                           zero=args.zero, rank_orders=orders, partitions=args.partitions,
                           settings=settings))
-    out = Path(args.out)
+    out = prepare_output_dir(args.out, "--out", create=False)  # a bad --out is refused before the search, not after
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
     try:
         result = run_search(problem, strategy=args.strategy, workers=args.workers, time_budget_s=args.time_budget,

@@ -99,5 +99,10 @@ def memory_verdict(peaks: tuple[int, ...], capacities: list[int], names: list[st
     row, peak, cap = max(over, key=lambda item: item[1] - item[2])
     replica, rank = divmod(row, pipeline)
     where = f"pipeline rank {rank}" + (f" of replica {replica}" if len(peaks) > pipeline else "")
-    return capacity, (f"out of memory: {where} ({names[row]}) needs {peak / 1e9:.2f} GB, has {cap / 1e9:.2f} GB"
+    return capacity, (f"out of memory: {where} ({names[row]}) needs {_size(peak)}, has {_size(cap)}"
                       f"{' (--memory-limit)' if limit is not None and cap == limit else ''}")
+
+
+def _size(nbytes: int) -> str:
+    """Bytes for a message: GB with two decimals from 1 GB, else MB with one (so small plans do not read 0.02 GB)."""
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"

@@ -8,8 +8,9 @@ one prediction path and its plan runs in ``executor.run`` as is.
 
 :func:`enumerate_candidates` lists the space in a fixed order. Points that differ only in a choice with no effect
 are listed once (sequence parallelism without tensor parallelism, ZeRO without data parallelism, chunks of a
-schedule that takes none, rank orders that nest the same degrees > 1 alike), and interleaving is not listed on a
-single pipeline rank. Points that break a rule of the model,
+schedule that takes none, rank orders that nest the same degrees > 1 alike), and on a single pipeline rank only one
+synchronous schedule is listed (1f1b if searched: with no bubble, gpipe, 1f1b and zb1p take the same time, gpipe
+holding more activations) and no interleaving. Points that break a rule of the model,
 schedule or batch (heads not divisible by TP, a global batch not a whole number of microbatches, more stages than
 layers) are listed: evaluating them reports why they are infeasible instead of silently dropping them.
 """
@@ -206,9 +207,14 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int) -> list[Candi
                   for dp in _divisors(num_devices // tp)]
 
     def schedule_choices(pp: int) -> list[tuple[str, int]]:
-        # Interleaving places several chunks on each of >= 2 pipeline ranks (Megatron requires a pipeline); on one
-        # rank it would only split the model in two for nothing, so it is not a distinct plan.
-        return [(name, chunks) for name in space.schedules if not (SCHEDULES[name].chunked and pp == 1)
+        if pp == 1:
+            # One pipeline rank has no bubble to fill: gpipe, 1f1b and zb1p run the same ops in the same time, and
+            # gpipe only holds more activations at once. Interleaving needs >= 2 pipeline ranks (Megatron). So one
+            # plan: 1f1b if searched, else the first synchronous schedule searched (pipedream keeps its own semantics).
+            flat = [name for name in space.schedules if not SCHEDULES[name].chunked and name != "pipedream"]
+            single = ["1f1b"] if "1f1b" in flat else flat[:1]
+            return [(name, 1) for name in single + (["pipedream"] if "pipedream" in space.schedules else [])]
+        return [(name, chunks) for name in space.schedules
                 for chunks in (space.chunks if SCHEDULES[name].chunked else (1,))]
 
     def sizes(tp: int, dp: int, pp: int) -> tuple[int, ...]:

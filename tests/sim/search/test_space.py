@@ -21,7 +21,8 @@ def problem(global_batch: int, **space) -> SearchProblem:
 def loop_count(n: int, g: int, s: SearchSpace) -> int:
     """The size of the space by a plain nested loop over every choice, written from the rules in the brief:
     tp·dp·pp = n; microbatch sizes b with b·dp <= g (powers of two when none are given); interleaved (the one
-    chunked schedule) only where pp > 1, once per chunk count, the others with one chunk; sequence parallelism only
+    chunked schedule) only where pp > 1, once per chunk count, the others with one chunk; where pp = 1 one
+    synchronous schedule (if any is searched) plus pipedream if searched; sequence parallelism only
     where tp > 1 and ZeRO 1 only where dp > 1 (otherwise the one 'off' choice); one rank order per distinct nesting
     of the degrees > 1, which among all six orders is k! for k degrees > 1."""
     count = 0
@@ -36,8 +37,10 @@ def loop_count(n: int, g: int, s: SearchSpace) -> int:
                 for name in s.schedules:
                     if name == "interleaved":
                         schedules += len(s.chunks) if pp > 1 else 0
-                    else:
+                    elif pp > 1 or name == "pipedream":
                         schedules += 1
+                if pp == 1 and any(name in ("gpipe", "1f1b", "zb1p") for name in s.schedules):
+                    schedules += 1
                 sps = len(s.sequence_parallel) if tp > 1 else 1
                 zeros = len(s.zero) if dp > 1 else 1
                 big = sum(d > 1 for d in (tp, dp, pp))
@@ -197,3 +200,13 @@ def test_run_flags_name_every_choice_that_differs_from_sim_runs_defaults():
                  "--profile"):
         assert flag not in plain
     assert c.microbatches(8) == 2.0 and Candidate(1, 1, 4, 3, "1f1b").microbatches(8) == pytest.approx(8 / 3)
+
+
+def test_one_pipeline_rank_lists_one_synchronous_schedule():
+    found = enumerate_candidates(problem(4, schedules=("gpipe", "zb1p", "interleaved"), recompute=("none",),
+                                         sequence_parallel=(False,), zero=(0,)), 2)
+    single = {c.schedule for c in found if c.pp == 1}
+    assert single == {"gpipe"}  # 1f1b is not searched: the first synchronous schedule stands for all
+    assert {c.schedule for c in found if c.pp == 2} == {"gpipe", "zb1p", "interleaved"}
+    with_1f1b = enumerate_candidates(problem(4, schedules=("zb1p", "1f1b", "pipedream")), 2)
+    assert {c.schedule for c in with_1f1b if c.pp == 1} == {"1f1b", "pipedream"}
