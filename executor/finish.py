@@ -7,6 +7,9 @@ measured iteration; plus ``compare.json`` (predicted vs measured), ``plan.json``
 ``metrics.json`` also carries every iteration's time and the losses (a 3D plan's: every replica's, in the order of the
 global batch). A 3D plan's measured trace has one row per process (``executor.measured``) and the prediction one per
 pipeline rank of the simulated replica; ``compare.json``'s ``parallel`` entry says so and how they are compared.
+Both ``compare.json`` and ``metrics.json`` (its ``measurement``) have a ``slowdown`` entry: ``null`` for a real run,
+else which ranks ``--slowdown`` slowed and by how much (``executor.slowdown``), which ``trace.json``'s metadata, the
+printed summary and the chart's title say too, so an emulated run is never read as a real one.
 
 "The median iteration" has one definition (:func:`executor.compare.median_iteration`: the lower median when the count
 is even), so the iteration time in ``metrics.json``, the ``measured_iteration_time_s`` of ``compare.json``, the drawn
@@ -33,6 +36,7 @@ from executor.compare import MEDIAN_RULE, compare_report, median_iteration
 from executor.measured import RankReport, iteration_times, measured_trace
 from executor.options import RunOptions, host_cores
 from executor.provenance import cpu_model, software_versions
+from executor.slowdown import describe_slowdown, slowdown_record
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic
 from sim.core.output_set import all_or_none
 from sim.cost.profile import load_profile
@@ -69,6 +73,8 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
     index, median_time = median_iteration(times, options.warmup)
     meta = {"devices_threads": [r.threads for r in reports],
             "clock_uncertainty_s": max(o.uncertainty_s for o in offsets)}
+    if options.slowdown:  # trace.json too says the run was emulated
+        meta["slowdown"] = slowdown_record(options.slowdown)
     measured = [measured_trace(plan, reports, offsets, i, meta) for i in range(options.warmup, len(times))]
     median_trace = measured[index - options.warmup]
 
@@ -85,6 +91,8 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
     # Both as catalog ids, so they compare; a CUDA device the catalog has no id for keeps its own name.
     measured_ids = sorted({device_catalog_id(name) or name for name in measured_devices})
     compare["planned_devices"], compare["measured_devices"] = planned_devices, measured_ids
+    # An emulated slower device (--slowdown) is written down in both files, so it is never read as a real run.
+    compare["slowdown"] = slowdown_record(options.slowdown)
     if plan.parallel is not None:
         compare["parallel"] = _rows_rule(plan, predicted)
     # A GPU plan run on this host's CPU was announced before launch (executor.run.choose_backend); this catches the
@@ -106,9 +114,12 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
         "clock_uncertainty_s": meta["clock_uncertainty_s"],
         "optimizer": options.optimizer,
         "losses": [list(step) for step in _losses(plan, reports)],
+        "slowdown": compare["slowdown"],
     }
     write_text_atomic(plan.dumps(), out / "plan.json")
     title = f"measured · {plan.schedule} · {plan.model} · {', '.join(measured_devices)} · m={plan.num_microbatches}"
+    if options.slowdown:
+        title += f" · emulated slowdown {describe_slowdown(options.slowdown)}"
     names = write_run_outputs(out, median_trace, metrics, title=title, gantt=options.gantt)
     write_json_atomic(compare, out / "compare.json")
     names = ["plan.json", *names, "compare.json"]
@@ -133,6 +144,9 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
         print(f"wrote calibrated profile {target}")
 
     print(format_summary(metrics))
+    if options.slowdown:
+        print(f"emulated slowdown: {describe_slowdown(options.slowdown)} (compute ops stretched by sleeping; the "
+              f"prediction is the plan's own)")
     _print_compare(compare)
     print(f"wrote {out}/{{{', '.join(names)}}}")
 

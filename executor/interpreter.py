@@ -30,6 +30,8 @@ describe the same thing:
 * REDUCE_GRAD and GATHER_PARAMS (data parallelism, ``executor.data_parallel``) are issued asynchronously like a
   receive: the OPT_STEP that depends on a REDUCE_GRAD waits for it (its span ends when that wait returns and the
   mean gradient is in place), and a GATHER_PARAMS, which nothing depends on, is waited for at the iteration's end.
+* ``--slowdown``: a slowed process sleeps after each compute op for (factor − 1) × its duration, inside the op's
+  span (``executor.slowdown``).
 
 Every op runs inside ``torch.profiler.record_function(op.id)``, so a PyTorch profiler trace of a run names the IR ops.
 An op kind with no handler is rejected by :func:`check_supported` before anything runs.
@@ -49,6 +51,7 @@ from torch import Tensor
 
 from executor.nn.split_backward import WeightGradStore, enable_split_backward
 from executor.nn.stages import Stage, TensorSpec
+from executor.slowdown import stretch
 from executor.stash import StashedWeights
 from sim.ir.plan import TP_KINDS, Op, OpKind, Plan
 from sim.plan.validate import PlanError
@@ -131,6 +134,7 @@ class RankInterpreter:
         tp_comm: the tensor-parallel group's clock (``take_seconds()``), needed when the program has TP ops.
         data_parallel: the process's :class:`executor.data_parallel.DataParallel`, needed for REDUCE_GRAD and
             GATHER_PARAMS.
+        slowdown: the factor by which this process stretches its compute ops (``executor.slowdown``; 1: none).
     """
 
     def __init__(
@@ -148,11 +152,12 @@ class RankInterpreter:
         peer_of: Callable[[int], int] | None = None,
         tp_comm: Any = None,
         data_parallel: Any = None,
+        slowdown: float = 1.0,
     ) -> None:
         self.plan, self.rank, self.stages, self.optimizers = plan, rank, stages, optimizers
         self.loss, self.boundary, self.fail_at, self.group = loss, boundary, fail_at, group
         self.peer_of = peer_of or (lambda peer: peer)
-        self.tp_comm, self.data_parallel = tp_comm, data_parallel
+        self.tp_comm, self.data_parallel, self.slowdown = tp_comm, data_parallel, slowdown
         self.device = device or torch.device("cpu")
         self._sync: Callable[[], None] = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         self.program = plan.programs[rank]
@@ -229,7 +234,6 @@ class RankInterpreter:
         self.sent: list[tuple[Op, Any, Tensor]] = []
         self.records: dict[str, list[float]] = {}
         self.after_wait: dict[str, Callable[[], None]] = {}  # op id -> what completes it once its handle is waited on
-        records: list[OpRecord] = []
         if self.tp_comm is not None:
             self.tp_comm.take_seconds()  # whatever ran before this iteration is not its ops'
         previous: tuple[str, float] | None = None  # the last op's id and its seconds inside TP collectives
@@ -244,12 +248,13 @@ class RankInterpreter:
                     self.handlers[op.kind](op)
                     self._sync()
                     end = time.perf_counter()
+                    # Seconds this op spent inside tensor-parallel collectives (only F, B, I and R run any).
+                    spent = self.tp_comm.take_seconds() if self.tp_comm is not None else 0.0
+                    end = stretch(op.kind, self.slowdown, start, end, spent)  # --slowdown; else returns end
             except OpFailure:
                 raise
             except Exception as exc:  # noqa: BLE001 - any error in an op is reported with the op's id
                 raise OpFailure(op.id, exc) from exc
-            # Seconds this op spent inside tensor-parallel collectives (only F, B, I and R run any).
-            spent = self.tp_comm.take_seconds() if self.tp_comm is not None else 0.0
             if op.kind in TP_KINDS:  # the collectives ran inside the compute op before it: split its span
                 assert previous is not None  # _check_collectives
                 compute = self.records[previous[0]]
@@ -270,9 +275,7 @@ class RankInterpreter:
             except Exception as exc:  # noqa: BLE001
                 raise OpFailure(op.id, exc) from exc
             self.records[op.id][1] = time.perf_counter()
-        for op in self.program:
-            start, end = self.records[op.id]
-            records.append(OpRecord(op, start, end))
+        records = [OpRecord(op, *self.records[op.id]) for op in self.program]
         losses = [float(self.losses[mb]) for mb in sorted(self.losses)]
         return records, losses
 

@@ -37,6 +37,8 @@ class RunOptions:
         inject_failure: ``(rank, op id)`` at which to raise a test failure, or ``None``.
         gantt: draw ``gantt.png``.
         timeout_s: collective and point-to-point timeout, s.
+        slowdown: ``(rank, factor)`` pairs, by rank: each of these ranks stretches its compute ops by its factor,
+            to emulate a slower device (``--slowdown``, ``executor.slowdown``); empty for a real run.
     """
 
     plan_path: str
@@ -55,6 +57,11 @@ class RunOptions:
     inject_failure: tuple[int, str] | None = None
     gantt: bool = True
     timeout_s: float = 300.0
+    slowdown: tuple[tuple[int, float], ...] = ()
+
+    def slowdown_of(self, rank: int) -> float:
+        """The factor by which ``rank`` stretches its compute ops (1 when it is not slowed)."""
+        return dict(self.slowdown).get(rank, 1.0)
 
 
 def host_cores() -> int:

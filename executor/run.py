@@ -21,6 +21,11 @@ running pipeline rank p's program as shard t of replica d (``executor.parallel``
 topology, sequence parallelism, tensor parallelism of a model other than gpt, data parallelism with weight stashing,
 and ``--calibrate-out`` for a 3D plan.
 
+``--slowdown RANK:FACTOR`` (repeatable, or comma-separated) emulates a slower device on those global ranks
+(``executor.slowdown``): their compute ops are stretched by FACTOR. Refused before launch: a rank outside the plan, a
+rank given twice, a factor that is not a finite number from 1 to 1000, and ``--slowdown`` with ``--calibrate-out``
+(the profile would record emulated times) or with a csp plan.
+
 Backend (:func:`choose_backend`) follows the plan's devices, not the host: gloo for a plan on ``cpu``, NCCL for a
 plan on GPUs when CUDA is there. A GPU plan on a host without CUDA runs every rank on the CPU with gloo, after a
 ``warning:`` that the measurement describes this CPU; ``--backend`` overrides within those rules.
@@ -46,6 +51,7 @@ from executor.interpreter import check_supported
 from executor.nn.optim import OPTIMIZERS
 from executor.options import FAILURE_DIR_ENV, RunOptions
 from executor.parallel import check_parallel
+from executor.slowdown import parse_slowdown
 from executor.worker import worker_main
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError, run_cli
@@ -85,6 +91,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save-state", help="directory to save each stage's final parameters (stage<v>.pt)")
     parser.add_argument("--inject-failure", metavar="RANK:OP", help="raise an error on RANK at op OP (to check "
                         "that a failure stops every rank), e.g. 1:1B0")
+    parser.add_argument("--slowdown", action="append", metavar="RANK:FACTOR", help="emulate a slower device: "
+                        "RANK stretches each compute op (F, B, I, W, R, optimizer step) to FACTOR (1 to 1000) times "
+                        "its measured duration by sleeping after it; repeat the flag or join entries with commas, "
+                        "e.g. 0:1.5,3:2; the outputs say so")
     parser.add_argument("--no-gantt", action="store_true", help="skip drawing gantt.png")
     parser.add_argument("--timeout", type=float, default=300.0, help="communication timeout in s (default 300)")
     return parser
@@ -148,10 +158,14 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
         if op_id not in {op.id for op in plan.programs[plan.layout.coords(int(rank_text))[0]]}:
             raise SpecError(f"--inject-failure {args.inject_failure!r}: rank {rank_text} has no op {op_id!r}")
         inject = (int(rank_text), op_id)
+    slowdown = parse_slowdown(args.slowdown or (), plan.world_size)
     check_output_path("--out", args.out, directory=True)
     if args.calibrate_out and plan.parallel is not None:
         raise SpecError(f"--calibrate-out profiles whole layers on one device per pipeline rank; this plan is "
                         f"{plan.layout.describe()} (calibrate with a pure pipeline plan)")
+    if args.calibrate_out and slowdown:
+        raise SpecError(f"--calibrate-out with --slowdown {','.join(args.slowdown)}: the profile would record the "
+                        f"emulated op times as this device's")
     if args.calibrate_out:
         check_output_path("--calibrate-out", args.calibrate_out, directory=False)
         _check_calibrate_out_is_its_own_file(args.calibrate_out, args.plan, args.out)
@@ -168,7 +182,7 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
         data_seed=args.data_seed, optimizer=args.optimizer, lr=args.lr, profile=args.profile,
         calibrate_out=str(Path(args.calibrate_out).resolve()) if args.calibrate_out else None,
         save_state=str(Path(args.save_state).resolve()) if args.save_state else None, inject_failure=inject,
-        gantt=not args.no_gantt, timeout_s=args.timeout,
+        gantt=not args.no_gantt, timeout_s=args.timeout, slowdown=slowdown,
     )
 
 
@@ -180,7 +194,8 @@ def _check_csp_flags(args: argparse.Namespace) -> None:
             ("--warmup", args.warmup not in (None, 0), "a csp plan trains its subnet sequence once"),
             ("--calibrate-out", args.calibrate_out, "a profile times one model's layers; subnets differ"),
             ("--profile", args.profile, "csp is predicted with the roofline of each subnet's candidates"),
-            ("--inject-failure", args.inject_failure, "a csp plan has no fixed ops to fail at")):
+            ("--inject-failure", args.inject_failure, "a csp plan has no fixed ops to fail at"),
+            ("--slowdown", args.slowdown, "the csp ranks (executor.csp) do not stretch their ops")):
         if given:
             raise SpecError(f"{flag} does not apply to a csp plan ({why})")
 

@@ -153,7 +153,7 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     fail_at = options.inject_failure[1] if options.inject_failure and options.inject_failure[0] == rank else None
     interpreter = RankInterpreter(plan, place.pp, model.stages, model.optimizers, model.loss, boundary, device=device,
                                   fail_at=fail_at, peer_of=place.peer, tp_comm=model.tp_comm,
-                                  data_parallel=model.data_parallel)
+                                  data_parallel=model.data_parallel, slowdown=options.slowdown_of(rank))
     first, last = 0 in vstages, plan.num_vstages - 1 in vstages
     m, replicas = plan.num_microbatches, plan.layout.dp
 
