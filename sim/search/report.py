@@ -43,7 +43,8 @@ def _row(rank: int | str, e: Evaluation) -> tuple[str, ...]:
     schedule = c.schedule + (f" v={c.chunks}" if c.chunks > 1 else "")
     return (str(rank), str(c.tp), str(c.dp), str(c.pp), str(c.microbatch_size), str(e.microbatches), schedule,
             c.recompute, "yes" if c.sequence_parallel else "-", str(c.zero), _partition_text(e.layer_counts),
-            c.rank_order, f"{e.iteration_time_s:.4f}", f"{e.throughput_samples_per_s:.1f}",
+            c.rank_order + (f" devices {','.join(map(str, c.devices))}" if c.devices else ""),
+            f"{e.iteration_time_s:.4f}", f"{e.throughput_samples_per_s:.1f}",
             f"{e.max_peak_memory_bytes / 1e9:.2f}")
 
 
@@ -56,7 +57,8 @@ def format_table(result: SearchResult, top: int) -> str:
 
 
 def _evaluation_record(e: Evaluation) -> dict[str, Any]:
-    record: dict[str, Any] = {"candidate": asdict(e.candidate), "label": e.candidate.label(), "feasible": e.feasible}
+    candidate = {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(e.candidate).items()}
+    record: dict[str, Any] = {"candidate": candidate, "label": e.candidate.label(), "feasible": e.feasible}
     if not e.feasible:
         record["reason"] = e.reason
     if e.iteration_time_s is not None:
@@ -75,7 +77,7 @@ def search_json(result: SearchResult) -> dict[str, Any]:
         "format_version": SEARCH_FORMAT_VERSION,
         "problem": {"model": problem.model, "topology": problem.topology, "global_batch": problem.global_batch,
                     "memory_limit_bytes": problem.memory_limit_bytes, "profile": problem.profile,
-                    "space": {k: list(v) for k, v in asdict(problem.space).items()}},
+                    "space": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(problem.space).items()}},
         "strategy": result.strategy,
         "seed": result.seed,
         "space_size": result.space_size,
@@ -93,12 +95,13 @@ def candidates_csv(result: SearchResult) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     fields = ["tp", "dp", "pp", "microbatch_size", "schedule", "chunks", "recompute", "sequence_parallel", "zero",
-              "rank_order", "partition"]
+              "rank_order", "partition", "devices"]
     writer.writerow([*fields, "microbatches", "feasible", "iteration_time_s", "throughput_samples_per_s",
                      "max_peak_memory_bytes", "layer_counts", "peak_memory_bytes", "reason"])
     for e in result.evaluations:
         c = asdict(e.candidate)
         simulated = e.iteration_time_s is not None
+        c["devices"] = ";".join(map(str, c["devices"]))
         writer.writerow([*(c[f] for f in fields), e.microbatches or "", e.feasible,
                          repr(e.iteration_time_s) if simulated else "",
                          repr(e.throughput_samples_per_s) if simulated else "",

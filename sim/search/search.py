@@ -105,7 +105,7 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
     if strategy not in STRATEGIES:
         raise SpecError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     topology = check_problem(problem)
-    candidates = enumerate_candidates(problem, topology.num_ranks)
+    candidates = enumerate_candidates(problem, topology.num_ranks, topology)
     if on_space is not None:
         on_space(len(candidates))
     done = evaluate_all(problem, candidates, workers=workers, time_budget_s=time_budget_s, seed=seed,

@@ -22,9 +22,11 @@ from itertools import product
 
 from sim.core.errors import SpecError
 from sim.cost.gpu_time import KernelModel
-from sim.ir.parallel import DEFAULT_RANK_ORDER, RANK_ORDERS
+from sim.hw.topology import Topology
+from sim.ir.parallel import DEFAULT_RANK_ORDER, RANK_ORDERS, Parallelism
 from sim.plan.build import PlanInputs
 from sim.schedules import SCHEDULES
+from sim.search.placement import MAX_PLACEMENTS, stage_placements
 
 __all__ = ["SearchSpace", "SearchProblem", "Candidate", "enumerate_candidates", "RECOMPUTE_MODES",
            "DEFAULT_SCHEDULES", "MAX_CANDIDATES", "check_space"]
@@ -53,6 +55,8 @@ class SearchSpace:
         partitions: partition rules (``balanced``: the exact DP on the oracle's costs; ``uniform``).
         settings: when not empty, the only (tp, dp, pp, microbatch size) settings searched (``--candidates``,
             :mod:`sim.search.settings`); ``microbatch_sizes`` is then unused.
+        placements: on a mixed cluster, also try the distinct assignments of device blocks to pipeline stages
+            (:mod:`sim.search.placement`); else only each rank order's own.
     """
 
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
@@ -64,6 +68,7 @@ class SearchSpace:
     rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,)
     partitions: tuple[str, ...] = ("balanced",)
     settings: tuple[tuple[int, int, int, int], ...] = ()
+    placements: bool = True
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class Candidate:
     zero: int = 0
     rank_order: str = DEFAULT_RANK_ORDER
     partition: str = "balanced"
+    devices: tuple[int, ...] = ()
 
     def microbatches(self, global_batch: int) -> float:
         """Microbatches per iteration per replica (fractional when the batch does not divide: infeasible)."""
@@ -116,7 +122,8 @@ class Candidate:
             microbatch_size=self.microbatch_size, partition=self.partition, profile=problem.profile,
             chunks=self.chunks, recompute=self.recompute, tp=self.tp, dp=self.dp, pp=self.pp,
             global_batch=problem.global_batch, rank_order=self.rank_order,
-            sequence_parallel=self.sequence_parallel, zero=self.zero, kernel_model=problem.kernel_model)
+            sequence_parallel=self.sequence_parallel, zero=self.zero, kernel_model=problem.kernel_model,
+            devices=self.devices)
 
     def label(self) -> str:
         """A short name: ``tp2 dp2 pp2 b4 interleaved(v=2) full sp zero1 [dp-tp-pp]``."""
@@ -130,6 +137,8 @@ class Candidate:
             parts.append(f"[{self.rank_order}]")
         if self.partition != "balanced":
             parts.append(f"partition={self.partition}")
+        if self.devices:
+            parts.append(f"devices={','.join(map(str, self.devices))}")
         return " ".join(parts)
 
     def run_flags(self, problem: SearchProblem) -> list[str]:
@@ -149,9 +158,18 @@ class Candidate:
             flags += ["--rank-order", self.rank_order]
         if self.partition != "balanced":
             flags += ["--partition", self.partition]
+        if self.devices:
+            flags += ["--devices", ",".join(map(str, self.devices))]
         if problem.profile:
             flags += ["--profile", problem.profile]
         return flags
+
+
+def _placements(problem: SearchProblem, topology: Topology | None, tp: int, dp: int, pp: int,
+                order: str) -> list[tuple[int, ...]]:
+    if topology is None or not problem.space.placements:
+        return [()]
+    return stage_placements(Parallelism(tp=tp, dp=dp, pp=pp, order=order), topology)
 
 
 def _divisors(n: int) -> list[int]:
@@ -185,8 +203,9 @@ def check_space(space: SearchSpace) -> None:
                 raise SpecError(f"the search space's {name} cannot include {value!r}")
 
 
-def enumerate_candidates(problem: SearchProblem, num_devices: int) -> list[Candidate]:
-    """Every candidate of ``problem``'s space on ``num_devices`` devices, in a fixed order (sorted).
+def enumerate_candidates(problem: SearchProblem, num_devices: int, topology: Topology | None = None) -> list[Candidate]:
+    """Every candidate of ``problem``'s space on ``num_devices`` devices, in a fixed order (sorted); with the
+    ``topology`` (and ``space.placements``), each layout also in the placements of :mod:`sim.search.placement`.
 
     Raises:
         SpecError: an invalid space, a global batch < 1, or more than :data:`MAX_CANDIDATES` candidates (checked
@@ -225,7 +244,8 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int) -> list[Candi
         return tuple(1 << k for k in range(problem.global_batch.bit_length()) if (1 << k) * dp <= problem.global_batch)
 
     bound = sum(len(sizes(tp, dp, pp)) * len(schedule_choices(pp)) for tp, dp, pp in shapes) * len(space.recompute) * \
-        len(space.sequence_parallel) * len(space.zero) * len(space.rank_orders) * len(space.partitions)
+        len(space.sequence_parallel) * len(space.zero) * len(space.rank_orders) * len(space.partitions) * \
+        (MAX_PLACEMENTS if space.placements and topology is not None else 1)
     if bound > MAX_CANDIDATES:
         raise SpecError(f"the search space has up to {bound:,} candidates, more than {MAX_CANDIDATES:,}; narrow it "
                         f"(--schedules, --microbatch-sizes, --recompute, --chunks, --rank-orders)")
@@ -234,8 +254,10 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int) -> list[Candi
         orders = _orders_for({"tp": tp, "dp": dp, "pp": pp}, space.rank_orders)
         sp_choices = sorted(set(space.sequence_parallel)) if tp > 1 else [False]
         zero_choices = sorted(set(space.zero)) if dp > 1 else [0]
+        placed = {order: _placements(problem, topology, tp, dp, pp, order) for order in orders}
         for b, (name, chunks), recompute, sp, zero, order, partition in product(
                 sizes(tp, dp, pp), schedule_choices(pp), space.recompute, sp_choices, zero_choices, orders,
                 space.partitions):
-            found.append(Candidate(tp, dp, pp, b, name, chunks, recompute, sp, zero, order, partition))
+            for devices in placed[order]:
+                found.append(Candidate(tp, dp, pp, b, name, chunks, recompute, sp, zero, order, partition, devices))
     return sorted(set(found))

@@ -66,7 +66,8 @@ def test_candidates_csv_has_one_row_per_evaluation_and_reads_back(result):
         c = e.candidate
         for f in fields(Candidate):
             value = getattr(c, f.name)
-            assert row[f.name] == str(value), f.name
+            text = ";".join(map(str, value)) if isinstance(value, tuple) else str(value)  # the device order
+            assert row[f.name] == text, f.name
         assert row["feasible"] == str(e.feasible) and row["reason"] == e.reason
         if e.iteration_time_s is None:
             assert row["iteration_time_s"] == row["throughput_samples_per_s"] == row["max_peak_memory_bytes"] == ""
@@ -90,13 +91,15 @@ def test_search_json_round_trips_and_lists_every_evaluation(result, tmp_path):
     assert data["space_size"] == result.space_size and data["coverage"] == 1.0
     assert data["feasible"] == sum(c["feasible"] for c in data["candidates"])
     for record, e in zip(data["candidates"], result.evaluations, strict=True):
-        assert Candidate(**record["candidate"]) == e.candidate and record["label"] == e.candidate.label()
+        fields_ = {**record["candidate"], "devices": tuple(record["candidate"]["devices"])}  # JSON has lists
+        assert Candidate(**fields_) == e.candidate and record["label"] == e.candidate.label()
         assert record["feasible"] == e.feasible
         assert ("reason" in record) == (not e.feasible) and record.get("reason", "") == e.reason
         assert record.get("iteration_time_s") == e.iteration_time_s
     fastest = min((c for c in data["candidates"] if c["feasible"]), key=lambda c: c["iteration_time_s"])
     assert data["best"]["iteration_time_s"] == fastest["iteration_time_s"]
-    assert data["best"]["candidate"] == asdict(result.best.candidate)
+    best = result.best.candidate
+    assert data["best"]["candidate"] == {**asdict(best), "devices": list(best.devices)}
     assert data["problem"]["memory_limit_bytes"] == int(12e6) and data["problem"]["space"]["microbatch_sizes"] == [
         1, 3, 4]
     assert (tmp_path / "pareto.png").read_bytes()[:8] == PNG
