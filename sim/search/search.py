@@ -4,6 +4,8 @@ Strategies (``--strategy``):
 
 * ``exhaustive``: cost every candidate of the space (brute force; the oracle the other strategies are measured
   against). Under ``--time-budget`` it costs a seeded uniform sample of the space and says how much it covered.
+* ``alpa``: the same over the candidates that honour Alpa's assumption (:mod:`sim.search.alpa`): each stage inside
+  one server, the pipeline across servers. A baseline: what a search that assumes the network costs.
 
 Ranking: feasible candidates by simulated iteration time (every candidate trains the same global batch, so this is
 also throughput), ties broken by the candidate's own order (:class:`~sim.search.space.Candidate` fields), so the
@@ -18,13 +20,14 @@ from dataclasses import dataclass
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
 from sim.models import build_model
+from sim.search.alpa import honours_alpa_assumption
 from sim.search.driver import evaluate_all
 from sim.search.evaluate import Evaluation
 from sim.search.space import SearchProblem, enumerate_candidates
 
 __all__ = ["SearchResult", "run_search", "STRATEGIES", "check_problem"]
 
-STRATEGIES = ("exhaustive",)
+STRATEGIES = ("exhaustive", "alpa")
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,8 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
         raise SpecError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     topology = check_problem(problem)
     candidates = enumerate_candidates(problem, topology.num_ranks, topology)
+    if strategy == "alpa":
+        candidates = [c for c in candidates if honours_alpa_assumption(c, topology)]
     if on_space is not None:
         on_space(len(candidates))
     done = evaluate_all(problem, candidates, workers=workers, time_budget_s=time_budget_s, seed=seed,
