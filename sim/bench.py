@@ -32,6 +32,10 @@ read on a shared machine, where wall time includes waiting for a core); then, on
 replica simulated (``simulate_all``), and whether the two iteration times agree (the symmetry argument of
 ``sim.cost.model.replica_views``). Last line ``ratio: X`` = the full simulation's time ÷ the symmetric one's.
 
+``python -m sim.bench --search`` prints the search's evaluators' candidates per second at 64 GPUs
+(:mod:`sim.search.rate`): the engine, the fast evaluator per candidate, and the longest path over a batch of cost
+vectors; last line ``ratio: X`` = fast per candidate ÷ engine.
+
 ``--3d`` on the same machine, idle (two runs, medians of 3): build 0.36 / 0.39 s, predict 1.30 / 1.55 s, total 1.65 /
 1.94 s; every replica simulated 5.6 / 5.8 s, the same iteration time (ratio 4.3 / 3.7).
 
@@ -218,12 +222,30 @@ def _run_3d(args: argparse.Namespace, inputs: PlanInputs = PLAN_512) -> int:
     return 0 if same and len(set(times)) == 1 else 1
 
 
+def _run_search() -> int:
+    """Candidates per second of the search's evaluators (``sim.search.rate``); ratio = fast per candidate ÷ engine."""
+    from sim.search.rate import RATE_LAYOUT, RATE_PROBLEM, measure_rates
+
+    report = measure_rates()
+    print(f"{RATE_LAYOUT.label()} of {RATE_PROBLEM.model} on {RATE_PROBLEM.topology}, partitions varied: "
+          f"{report.ops:,} ops per replica")
+    print(f"engine (build + SimPy)       {report.engine_per_s:10.1f} candidates/s ({report.engine_candidates} costed)")
+    print(f"fast, per candidate          {report.fast_per_s:10.1f} candidates/s ({report.fast_candidates} costed)")
+    print(f"fast, batched cost vectors   {report.batched_per_s:10.1f} candidates/s ({report.batched_candidates} at "
+          f"once; target >= 1,000)")
+    print(f"fast results agree with the engine: {'yes' if report.agreed else 'NO'}")
+    print(f"ratio: {report.fast_per_s / report.engine_per_s:.1f}")
+    return 0 if report.agreed else 1
+
+
 def _run(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--partition", action="store_true",
                         help="time --partition balanced instead of the engine (module docstring)")
     parser.add_argument("--3d", dest="three_d", action="store_true",
                         help="time the 512-GPU tensor x data x pipeline plan (module docstring)")
+    parser.add_argument("--search", action="store_true",
+                        help="candidates per second of the search's evaluators at 64 GPUs (sim.search.rate)")
     parser.add_argument("--baseline-layers", type=int, default=400, help="--partition: the baseline's layers")
     parser.add_argument("--baseline-stages", type=int, default=8, help="--partition: the baseline's stages")
     parser.add_argument("--partition-layers", type=int, default=10_000, help="--partition: the large case's layers")
@@ -245,6 +267,8 @@ def _run(argv: list[str] | None) -> int:
     if args.three_d:
         args.repeats = 3 if args.repeats is None else args.repeats
         return _run_3d(args)
+    if args.search:
+        return _run_search()
     args.repeats = 7 if args.repeats is None else args.repeats
     built = build_plan(PlanInputs(args.model, args.topology, args.schedule, args.microbatches))
     plan = built.plan

@@ -62,3 +62,12 @@ def test_3d_bench_times_the_plan_and_checks_the_symmetry(capsys):
                         r"iteration \d+\.\d+ s", lines[1])
     assert lines[2].endswith("same as by symmetry: yes")
     assert re.fullmatch(r"ratio: \d+\.\d", lines[3])
+
+
+def test_search_rates_are_measured_on_agreeing_evaluators():
+    from sim.search.rate import measure_rates
+
+    report = measure_rates(engine_candidates=2, fast_candidates=3, batch=20)
+    assert report.agreed and report.ops > 1000
+    assert report.engine_per_s > 0 and report.fast_per_s > 0 and report.batched_per_s > 0
+    assert (report.engine_candidates, report.fast_candidates, report.batched_candidates) == (2, 3, 20)
