@@ -70,6 +70,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time-budget", type=float, metavar="SECONDS",
                         help="stop costing plans after this long and rank what was costed (default: no limit)")
     parser.add_argument("--strategy", choices=STRATEGIES, default="exhaustive", help="search strategy")
+    parser.add_argument("--evaluations", type=int, metavar="N",
+                        help="--strategy anneal: candidates to cost in all (default: a quarter of the space, >= 50)")
+    parser.add_argument("--chains", type=int, default=4, metavar="C",
+                        help="--strategy anneal: independent chains, spread over the workers (default 4)")
     parser.add_argument("--top", type=int, default=10, metavar="K", help="plans in the printed table (default 10)")
     parser.add_argument("--workers", type=int, default=1, metavar="N", help="evaluation processes (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the search's random choices (default 0)")
@@ -143,7 +147,8 @@ def _run(argv: list[str] | None) -> int:
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
     try:
         result = run_search(problem, strategy=args.strategy, workers=args.workers, time_budget_s=args.time_budget,
-                            seed=args.seed, progress=progress, on_space=progress.start)
+                            seed=args.seed, progress=progress, on_space=progress.start,
+                            evaluations=args.evaluations, chains=args.chains)
     finally:
         progress.close()
     prepare_output_dir(out, "--out")

@@ -24,7 +24,7 @@ from sim.core.lifetime import die_with_parent
 from sim.search.evaluate import Evaluation, evaluate
 from sim.search.space import Candidate, SearchProblem
 
-__all__ = ["Evaluated", "evaluate_all", "CHUNK"]
+__all__ = ["Evaluated", "evaluate_all", "map_tasks", "CHUNK"]
 
 #: Candidates a worker costs per task: enough to make the pickling between processes negligible, few enough that a
 #: time budget stops within a few evaluations.
@@ -149,6 +149,31 @@ def _run_pool(problem: SearchProblem, chunks: list, workers: int, out_of_time: C
         raise
     pool.shutdown(wait=True)
     return stopped
+
+
+def map_tasks(function: Callable, tasks: Sequence[tuple], workers: int) -> list:
+    """``[function(*task) for task in tasks]``, in a pool of ``workers`` spawned processes when there are several (the
+    same workers, lifetime and Ctrl-C handling as :func:`evaluate_all`); results in the tasks' order.
+
+    Raises:
+        SpecError: ``workers`` < 1.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise SpecError(f"--workers must be an integer >= 1, got {workers!r}")
+    if workers == 1 or len(tasks) <= 1:
+        return [function(*task) for task in tasks]
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=context, initializer=_worker_start,
+                               initargs=(os.getpid(),))
+    futures = [pool.submit(function, *task) for task in tasks]
+    try:
+        results = [future.result() for future in futures]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        _stop_workers(pool)
+        raise
+    pool.shutdown(wait=True)
+    return results
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:

@@ -6,6 +6,9 @@ Strategies (``--strategy``):
   against). Under ``--time-budget`` it costs a seeded uniform sample of the space and says how much it covered.
 * ``alpa``: the same over the candidates that honour Alpa's assumption (:mod:`sim.search.alpa`): each stage inside
   one server, the pipeline across servers. A baseline: what a search that assumes the network costs.
+* ``anneal``: simulated annealing chains over the same list (:mod:`sim.search.anneal`), costing ``evaluations``
+  candidates in all (default: a quarter of the space, at least 50), then a steepest-descent polish of the best: for
+  spaces too large to cost whole.
 
 Ranking: feasible candidates by simulated iteration time (every candidate trains the same global batch, so this is
 also throughput), ties broken by the candidate's own order (:class:`~sim.search.space.Candidate` fields), so the
@@ -14,6 +17,7 @@ same inputs give the same ranking.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,13 +25,16 @@ from sim.core.errors import SpecError
 from sim.hw.topology import Topology
 from sim.models import build_model
 from sim.search.alpa import honours_alpa_assumption
-from sim.search.driver import evaluate_all
+from sim.search.anneal import anneal_chain, polish
+from sim.search.driver import evaluate_all, map_tasks
 from sim.search.evaluate import Evaluation
 from sim.search.space import SearchProblem, enumerate_candidates
 
 __all__ = ["SearchResult", "run_search", "STRATEGIES", "check_problem"]
 
-STRATEGIES = ("exhaustive", "alpa")
+STRATEGIES = ("exhaustive", "alpa", "anneal")
+#: Independent annealing chains (each seeded from the search's seed and its index; spread over the workers).
+DEFAULT_CHAINS = 4
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,8 @@ def check_problem(problem: SearchProblem) -> Topology:
 def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers: int = 1,
                time_budget_s: float | None = None, seed: int = 0,
                progress: Callable[[Evaluation], None] | None = None,
-               on_space: Callable[[int], None] | None = None) -> SearchResult:
+               on_space: Callable[[int], None] | None = None, evaluations: int | None = None,
+               chains: int = DEFAULT_CHAINS) -> SearchResult:
     """Search ``problem``'s space.
 
     Args:
@@ -101,6 +109,8 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
         seed: seed of every random choice (the evaluation order).
         progress: called with each evaluation as it arrives.
         on_space: called once with the space's size, before anything is costed (to size a progress bar).
+        evaluations: ``anneal`` only: candidates to cost over all chains (default: a quarter of the space, >= 50).
+        chains: ``anneal`` only: independent chains.
 
     Raises:
         SpecError: an unknown strategy, a bad problem (see :func:`check_problem`), a space too large to list.
@@ -113,7 +123,34 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
         candidates = [c for c in candidates if honours_alpa_assumption(c, topology)]
     if on_space is not None:
         on_space(len(candidates))
+    if strategy == "anneal":
+        return _anneal(problem, candidates, workers, seed, progress, evaluations, chains)
     done = evaluate_all(problem, candidates, workers=workers, time_budget_s=time_budget_s, seed=seed,
                         progress=progress)
     return SearchResult(problem, strategy, len(candidates), done.evaluations, done.stopped_by_budget,
                         done.elapsed_s, seed)
+
+
+def _anneal(problem: SearchProblem, candidates: list, workers: int, seed: int,
+            progress: Callable[[Evaluation], None] | None, evaluations: int | None, chains: int) -> SearchResult:
+    """The anneal strategy: ``chains`` chains sharing the evaluation budget, merged into one result."""
+    if isinstance(chains, bool) or not isinstance(chains, int) or chains < 1:
+        raise SpecError(f"--chains must be an integer >= 1, got {chains!r}")
+    total = max(50, len(candidates) // 4) if evaluations is None else evaluations
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise SpecError(f"--evaluations must be an integer >= 1, got {evaluations!r}")
+    start = time.monotonic()
+    share = [total // chains + (1 if k < total % chains else 0) for k in range(chains)]
+    tasks = [(problem, candidates, share[k], seed * 1_000_003 + k) for k in range(chains) if share[k]]
+    merged: dict[int, Evaluation] = {}
+    for result in map_tasks(anneal_chain, tasks, workers):
+        for index, evaluation in result.costed:
+            if index not in merged:
+                merged[index] = evaluation
+                if progress is not None:
+                    progress(evaluation)
+    for _, evaluation in polish(problem, candidates, merged):
+        if progress is not None:
+            progress(evaluation)
+    return SearchResult(problem, "anneal", len(candidates), tuple(merged[i] for i in sorted(merged)), False,
+                        time.monotonic() - start, seed)
