@@ -104,5 +104,5 @@ def test_a_bad_problem_is_one_error(change, needle):
 
 
 def test_an_unknown_strategy_is_refused():
-    with pytest.raises(SpecError, match="--strategy must be one of .*, got 'anneal'"):
-        run_search(problem(), strategy="anneal")
+    with pytest.raises(SpecError, match="--strategy must be one of .*, got 'genetic'"):
+        run_search(problem(), strategy="genetic")
