@@ -289,7 +289,8 @@ def choose_backend(requested: str | None, planned_devices: Sequence[str], *, cud
 
 
 def _planned_devices(plan: Plan, topology: Topology) -> list[str]:
-    return [device.name for device in topology.devices[: plan.world_size]]
+    # A slowed device (a topology file's slowdown:) runs on its catalog device; --slowdown emulates the rest.
+    return [device.hardware.name for device in topology.devices[: plan.world_size]]
 
 
 def _check_calibration_device(backend: str, num_ranks: int) -> None:

@@ -20,6 +20,9 @@ protocol's time (:mod:`sim.cost.nccl`: base and per-step latencies, LL's halved 
 step and each microbatch also pay the kernel model's framework overheads (:meth:`CostOracle.step_overhead_s`,
 :meth:`CostOracle.microbatch_overhead_s`).
 
+A slowed device (:func:`sim.hw.catalog.slowed_device`, a topology file's ``slowdown:``) takes its catalog device's
+time for every layer and overhead, by whichever rule above applies there (its profile included), times its factor.
+
 A point-to-point message between two ranks that both run on the profile's device takes the profile's fitted
 ``latency + bytes / bandwidth`` when it has one (measured between two processes of that machine), else the
 topology's link model. Memory follows mixed-precision Adam: fp16 weights and gradients plus fp32 master weights,
@@ -123,14 +126,14 @@ class CostOracle:
         applies (:meth:`_framework_overheads`), else 0 (a measured step time includes it)."""
         if not self._framework_overheads(device):
             return 0.0
-        return self.kernel_model.step_overhead_s
+        return self.kernel_model.step_overhead_s * device.slowdown
 
     def microbatch_overhead_s(self, device: DeviceSpec) -> float:
         """Framework time per microbatch on a pipeline rank on ``device`` outside its kernels, s: the kernel model's
         where it applies (:meth:`_framework_overheads`), else 0 (measured times include it)."""
         if not self._framework_overheads(device):
             return 0.0
-        return self.kernel_model.microbatch_overhead_s
+        return self.kernel_model.microbatch_overhead_s * device.slowdown
 
     def kernel_model_applies(self, device: DeviceSpec) -> bool:
         """Whether the GPU kernel model costs this model on ``device``: a GPU, and a model with GPT layers (ones that
@@ -163,8 +166,9 @@ class CostOracle:
     # --- layers on a device ---------------------------------------------------------------------------------------
 
     def profile_applies(self, device: DeviceSpec) -> bool:
-        """Whether the profile was measured on ``device``: the one rule for where measured figures replace models."""
-        return self.profile is not None and self.profile.device == device.name
+        """Whether the profile was measured on ``device`` (on the catalog device a slowed one is a copy of): the one
+        rule for where measured figures replace models."""
+        return self.profile is not None and self.profile.device == device.hardware.name
 
     def layer_costs(self, device: DeviceSpec) -> LayerCosts:
         """Forward, backward and optimizer time of every layer for one microbatch on ``device`` (cached per device).
@@ -174,7 +178,12 @@ class CostOracle:
         """
         cached = self._by_device.get(device.name)
         if cached is None:
-            cached = self._by_device[device.name] = self._compute_layer_costs(device)
+            if device.base is not None:  # a slowed copy: its catalog device's times, each times the factor
+                base, factor = self.layer_costs(device.base), device.slowdown
+                cached = LayerCosts(*(tuple(t * factor for t in times) for times in (base.fwd, base.bwd, base.opt)))
+            else:
+                cached = self._compute_layer_costs(device)
+            self._by_device[device.name] = cached
         return cached
 
     def _compute_layer_costs(self, device: DeviceSpec) -> LayerCosts:

@@ -41,6 +41,8 @@ __all__ = [
     "device_aliases",
     "load_yaml",
     "DuplicateKeyError",
+    "slowed_device",
+    "MAX_SLOWDOWN",
 ]
 
 _GIGA = 1e9  # GB and GB/s in the data files are decimal
@@ -65,6 +67,9 @@ class DeviceSpec:
         compute_units: streaming multiprocessors (compute units on AMD), the slots a kernel's thread blocks fill in
             waves; 0 for a CPU or the ideal device, which the kernel-level GPU model (:mod:`sim.cost.gpu_time`)
             then leaves to the roofline.
+        base: for a slowed copy of a catalog device (:func:`slowed_device`), that catalog device; ``None`` for a
+            catalog device itself.
+        slowdown: how many times as long each compute op takes as on ``base`` (1.0 for a catalog device).
     """
 
     name: str
@@ -76,6 +81,13 @@ class DeviceSpec:
     host_link: str
     source: str = field(repr=False)
     compute_units: int = 0
+    base: DeviceSpec | None = field(default=None, repr=False)
+    slowdown: float = 1.0
+
+    @property
+    def hardware(self) -> DeviceSpec:
+        """The catalog device this one runs on: itself, or the device a slowed copy was made from."""
+        return self if self.base is None else self.base
 
     @property
     def is_gpu(self) -> bool:
@@ -203,6 +215,48 @@ def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpe
         host_link=entry["host_link"],
         source=entry["source"].strip(),
         compute_units=units,
+    )
+
+
+#: The largest slowdown a topology may give a device: the same bound as ``executor.run --slowdown``, the emulation a
+#: slowed device stands for (beyond it a 5 ms op takes over 5 s and the peers would wait into their timeouts).
+MAX_SLOWDOWN = 1000.0
+
+
+def slowed_device(device: DeviceSpec, factor: float) -> DeviceSpec:
+    """``device`` with every compute op taking ``factor`` times as long: a slower device on the same host and links.
+
+    What ``executor.run --slowdown RANK:FACTOR`` emulates, for the simulator (a topology file's ``slowdown:``). The
+    cost oracle costs it as its catalog device (:attr:`DeviceSpec.hardware`, whose measured profile applies to it
+    too) times ``factor``; its compute rate and memory bandwidth are divided, its per-op overhead multiplied, by
+    ``factor`` [derived], so that its roofline agrees and a search ranks it as the slower device; memory, host link
+    and compute units stay. Slowing a slowed copy multiplies the factors; ``factor`` 1 returns ``device``.
+
+    Raises:
+        SpecError: ``factor`` is not a finite number in [1, :data:`MAX_SLOWDOWN`] (a device cannot be made faster
+            than its catalog figures this way), or the slowdown of the result would exceed it.
+    """
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 1.0 <= factor <= MAX_SLOWDOWN:
+        raise SpecError(f"a slowdown must be a finite number from 1 to {MAX_SLOWDOWN:g}, got {factor!r}")
+    total = device.slowdown * float(factor)
+    if total > MAX_SLOWDOWN:
+        raise SpecError(f"{device.name} slowed {factor:g}x more would be {total:g}x slower than "
+                        f"{device.hardware.name}; at most {MAX_SLOWDOWN:g}x")
+    if factor == 1:
+        return device
+    root = device.hardware
+    return DeviceSpec(
+        name=f"{root.name}-slowed-{total:g}x",
+        peak_flops=root.peak_flops / total,
+        matmul_efficiency=root.matmul_efficiency,
+        memory_bytes=root.memory_bytes,
+        memory_bandwidth=root.memory_bandwidth / total,
+        launch_overhead_s=root.launch_overhead_s * total,
+        host_link=root.host_link,
+        source=f"{root.name} with every compute op {total:g}x as long [derived: emulated slowdown]; {root.source}",
+        compute_units=root.compute_units,
+        base=root,
+        slowdown=total,
     )
 
 

@@ -28,6 +28,13 @@ YAML topology file schema (unknown or repeated keys are errors)::
                                # (default: the slowest server default)
     nics_per_node: 4           # optional: NIC ports per server (default: each server's own default; a GH200
                                # server has one NIC per GPU, so only its GPU count fits it)
+    slowdown: {1: 2}           # optional: RANK: FACTOR, that rank's device takes FACTOR times as long for every
+                               # compute op (1 <= FACTOR <= 1000; sim.hw.catalog.slowed_device), its links unchanged
+
+``slowdown`` describes the cluster that ``executor.run --slowdown RANK:FACTOR`` emulates (the same ranks and
+factors): ``nodes: [{device: cpu, count: 2}]`` with ``slowdown: {1: 2}`` is two executor ranks on this host whose
+rank 1 is a device half as fast, so that the simulator, and a search, cost it as that (a measured profile of
+``cpu`` applies to it, times 2).
 """
 
 from __future__ import annotations
@@ -42,7 +49,16 @@ import yaml
 
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text
-from sim.hw.catalog import DeviceSpec, device_aliases, get_device, get_link, list_devices, list_links, load_yaml
+from sim.hw.catalog import (
+    MAX_SLOWDOWN,
+    DeviceSpec,
+    device_aliases,
+    get_device,
+    get_link,
+    list_devices,
+    list_links,
+    load_yaml,
+)
 from sim.hw.nodes import (
     MAX_RANKS,
     MAX_RANKS_REASON,
@@ -221,7 +237,7 @@ def load_topology_yaml(path: str) -> list[NodeShape]:
         raise SpecError(f"{where}: malformed YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise SpecError(f"{where}: expected a mapping with a 'nodes:' list, got {type(data).__name__}")
-    _keys(data, {"nodes", "network", "nics_per_node"}, where)
+    _keys(data, {"nodes", "network", "nics_per_node", "slowdown"}, where)
     nodes = data.get("nodes")
     if not isinstance(nodes, list) or not nodes:
         raise SpecError(f"{where}: 'nodes' must be a non-empty list, got {nodes!r}")
@@ -256,7 +272,30 @@ def load_topology_yaml(path: str) -> list[NodeShape]:
             raise SpecError(f"{where}: network: {exc}") from None
     if nics is not None:
         nics = _int_field(nics, f"{where}: nics_per_node")
-    return unify_network(shapes, network, nics)
+    shapes = unify_network(shapes, network, nics)
+    if "slowdown" in data:
+        shapes = _slow_down(shapes, data["slowdown"], f"{where}: slowdown")
+    return shapes
+
+
+def _slow_down(shapes: list[NodeShape], factors: Any, where: str) -> list[NodeShape]:
+    """``shapes`` with the ``slowdown:`` mapping (global rank → factor) written into each server's
+    :attr:`NodeShape.slowdown`."""
+    if not isinstance(factors, dict) or not factors:
+        raise SpecError(f"{where} must be a mapping of rank to factor, e.g. {{1: 2}}, got {factors!r}")
+    ranks = sum(shape.count for shape in shapes)
+    for rank, factor in factors.items():
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:
+            raise SpecError(f"{where}: rank {rank!r} is not a rank of this topology (0..{ranks - 1})")
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 1 <= factor <= MAX_SLOWDOWN:
+            raise SpecError(f"{where}: rank {rank}'s factor must be a number from 1 (as fast as the catalog's "
+                            f"device) to {MAX_SLOWDOWN:g}, got {factor!r}")
+    slowed, first = [], 0
+    for shape in shapes:
+        own = tuple(float(factors.get(rank, 1.0)) for rank in range(first, first + shape.count))
+        first += shape.count
+        slowed.append(replace(shape, slowdown=own) if any(f != 1.0 for f in own) else shape)
+    return slowed
 
 
 def format_topology_list() -> str:
@@ -273,7 +312,8 @@ def format_topology_list() -> str:
         "  PRESET, MxPRESET  a named server, or M of them (2xdgx-a100)",
         "  Nxideal           N ideal devices, every transfer free (analytic checks)",
         "  Nxcpu             N executor ranks on this host, gloo over loopback (real runs: executor.run)",
-        "  FILE.yaml         a YAML topology file (nodes: [{device, count, intra, repeat}], network, nics_per_node)",
+        "  FILE.yaml         a YAML topology file (nodes: [{device, count, intra, repeat}], network, nics_per_node,",
+        "                    slowdown: {RANK: FACTOR} for a device FACTOR times slower, as executor.run --slowdown)",
         "",
         "Presets:",
     ]

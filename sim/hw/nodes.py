@@ -39,7 +39,7 @@ from itertools import combinations
 import networkx as nx
 
 from sim.core.errors import SpecError
-from sim.hw.catalog import DeviceSpec, LinkSpec, get_link
+from sim.hw.catalog import DeviceSpec, LinkSpec, get_link, slowed_device
 
 __all__ = [
     "Link",
@@ -181,6 +181,9 @@ class NodeShape:
         nics: NIC ports of the server.
         preset: the preset the server came from (``"dgx-a100"``), or ``""``.
         nic_per_gpu: each GPU has its own NIC (``nics == count``) instead of sharing the server's ports.
+        slowdown: per GPU of the server, how many times as long its compute ops take as ``device``'s
+            (:func:`sim.hw.catalog.slowed_device`; a topology file's ``slowdown:``); empty when none is slowed. The
+            wiring and the network stay ``device``'s.
     """
 
     device: DeviceSpec
@@ -190,6 +193,7 @@ class NodeShape:
     nics: int
     preset: str = ""
     nic_per_gpu: bool = False
+    slowdown: tuple[float, ...] = ()
 
 
 def check_rank_count(ranks: int, what: str) -> None:
@@ -321,7 +325,8 @@ def build_graph(shapes: list[NodeShape]) -> tuple[nx.DiGraph, tuple[DeviceSpec, 
     Returns:
         ``(graph, device of each rank, server of each rank)``; each edge has attribute ``link`` (a :class:`Link`).
     """
-    devices = tuple(s.device for s in shapes for _ in range(s.count))
+    devices = tuple(slowed_device(s.device, s.slowdown[i]) if s.slowdown else s.device
+                    for s in shapes for i in range(s.count))
     node_of_rank = tuple(n for n, s in enumerate(shapes) for _ in range(s.count))
     all_ideal = all(s.device.name == "ideal" for s in shapes)
     limit = _IDEAL_MAX if all_ideal else MAX_RANKS

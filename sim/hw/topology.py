@@ -233,6 +233,10 @@ class Topology:
             lines.append(
                 f"  {label}: {shape.count} x {shape.device.name}{preset}, {_wiring(shape)}; ranks {rank}-{last_rank}"
             )
+        slowed = [f"rank {r} x{d.slowdown:g} ({d.name})" for r, d in enumerate(self.devices) if d.base is not None]
+        if slowed:
+            lines.append(f"  slowed devices (each compute op takes FACTOR times its catalog device's time): "
+                         f"{', '.join(slowed)}")
         if servers > 1 and not all(s.device.name == "ideal" for s in self.nodes):
             port = self.nodes[0].network
             nics = sorted({s.nics for s in self.nodes})

@@ -150,6 +150,21 @@ def test_backend_follows_the_plans_devices(requested, devices, cuda, count, expe
                                   "host's CPU with gloo") and expected[1] in warning
 
 
+def test_a_plan_on_a_slowed_cpu_runs_on_the_cpu(tmp_path):
+    # A topology file's slowdown: makes rank 1 a slowed copy of cpu; the executor runs it on the cpu (and
+    # --slowdown emulates the rest), not as a GPU plan that would ask for CUDA or warn.
+    from executor.run import _planned_devices
+    from sim.plan.build import PlanInputs, build_plan
+
+    topology = tmp_path / "mixed.yaml"
+    topology.write_text("nodes:\n  - {device: cpu, count: 2}\nslowdown: {1: 2}\n")
+    built = build_plan(PlanInputs(SPEC, str(topology), "1f1b", microbatches=2))
+    assert built.topology.devices[1].name == "cpu-slowed-2x"
+    planned = _planned_devices(built.plan, built.topology)
+    assert planned == ["cpu", "cpu"]
+    assert choose_backend(None, planned, cuda_available=True, cuda_devices=8) == ("gloo", None)
+
+
 @pytest.mark.parametrize("requested,devices,cuda,count,message", [
     ("nccl", ["cpu", "cpu"], True, 8, "the plan puts every rank on cpu"),
     ("nccl", ["cpu", "v100-sxm2-32gb"], True, 8, "the plan puts rank(s) 0 on cpu"),
