@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass
@@ -73,8 +74,10 @@ class _Neighbours:
 
 
 def anneal_chain(problem: SearchProblem, candidates: Sequence[Candidate], evaluations: int, seed: int,
+                 deadline: float | None = None,
                  cost: Callable[[SearchProblem, Candidate], Evaluation] = evaluate) -> ChainResult:
-    """One annealing chain of at most ``evaluations`` costed candidates (see the module docstring)."""
+    """One annealing chain of at most ``evaluations`` costed candidates (see the module docstring), stopping at the
+    wall-clock ``deadline`` (``time.time()`` seconds; ``None``: none) if that comes first."""
     rng = random.Random(seed)
     neighbours = _Neighbours(candidates)
     seen: dict[int, Evaluation] = {}
@@ -89,14 +92,17 @@ def anneal_chain(problem: SearchProblem, candidates: Sequence[Candidate], evalua
     budget = min(evaluations, len(candidates))
     current = None
     # Start at a feasible candidate: draw until one is (each draw is one of the budget's evaluations).
+    def out_of_time() -> bool:
+        return deadline is not None and time.time() >= deadline
+
     for index in rng.sample(range(len(candidates)), len(candidates)):
-        if len(order) >= budget:
+        if len(order) >= budget or out_of_time():
             break
         if look(index).feasible:
             current = index
             break
     attempts = 0
-    while current is not None and len(order) < budget and attempts < 20 * budget:
+    while current is not None and len(order) < budget and attempts < 20 * budget and not out_of_time():
         attempts += 1
         temperature = START_TEMPERATURE * (END_TEMPERATURE / START_TEMPERATURE) ** (len(order) / budget)
         choices = [name for name in CHOICES if neighbours.of(current, name)]
@@ -114,10 +120,12 @@ def anneal_chain(problem: SearchProblem, candidates: Sequence[Candidate], evalua
 
 
 def polish(problem: SearchProblem, candidates: Sequence[Candidate], seen: dict[int, Evaluation],
+           deadline: float | None = None,
            cost: Callable[[SearchProblem, Candidate], Evaluation] = evaluate) -> list[tuple[int, Evaluation]]:
     """Steepest descent from the fastest feasible candidate in ``seen`` (index → evaluation, extended in place):
-    cost every neighbour along every choice not yet seen, move to the fastest if it beats the current one, repeat.
-    Returns what it costed, in order."""
+    cost every neighbour along every choice not yet seen, move to the fastest if it beats the current one, repeat;
+    stop at the wall-clock ``deadline`` (``time.time()`` seconds) if it comes first. Returns what it costed, in
+    order."""
     feasible = [i for i, e in seen.items() if e.feasible]
     if not feasible:
         return []
@@ -127,6 +135,8 @@ def polish(problem: SearchProblem, candidates: Sequence[Candidate], seen: dict[i
     while True:
         around = sorted({n for name in CHOICES for n in neighbours.of(current, name)})
         for index in around:
+            if deadline is not None and time.time() >= deadline:
+                return costed
             if index not in seen:
                 seen[index] = cost(problem, candidates[index])
                 costed.append((index, seen[index]))

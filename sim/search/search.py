@@ -124,7 +124,7 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
     if on_space is not None:
         on_space(len(candidates))
     if strategy == "anneal":
-        return _anneal(problem, candidates, workers, seed, progress, evaluations, chains)
+        return _anneal(problem, candidates, workers, seed, progress, evaluations, chains, time_budget_s)
     done = evaluate_all(problem, candidates, workers=workers, time_budget_s=time_budget_s, seed=seed,
                         progress=progress)
     return SearchResult(problem, strategy, len(candidates), done.evaluations, done.stopped_by_budget,
@@ -132,16 +132,21 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
 
 
 def _anneal(problem: SearchProblem, candidates: list, workers: int, seed: int,
-            progress: Callable[[Evaluation], None] | None, evaluations: int | None, chains: int) -> SearchResult:
-    """The anneal strategy: ``chains`` chains sharing the evaluation budget, merged into one result."""
+            progress: Callable[[Evaluation], None] | None, evaluations: int | None, chains: int,
+            time_budget_s: float | None) -> SearchResult:
+    """The anneal strategy: ``chains`` chains sharing the evaluation budget (and the time budget), merged."""
     if isinstance(chains, bool) or not isinstance(chains, int) or chains < 1:
         raise SpecError(f"--chains must be an integer >= 1, got {chains!r}")
     total = max(50, len(candidates) // 4) if evaluations is None else evaluations
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
         raise SpecError(f"--evaluations must be an integer >= 1, got {evaluations!r}")
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise SpecError(f"--time-budget must be > 0 seconds, got {time_budget_s!r}")
     start = time.monotonic()
+    # Wall-clock time, which every worker process reads alike; the polish gets the last tenth of the budget.
+    deadline = None if time_budget_s is None else time.time() + 0.9 * time_budget_s
     share = [total // chains + (1 if k < total % chains else 0) for k in range(chains)]
-    tasks = [(problem, candidates, share[k], seed * 1_000_003 + k) for k in range(chains) if share[k]]
+    tasks = [(problem, candidates, share[k], seed * 1_000_003 + k, deadline) for k in range(chains) if share[k]]
     merged: dict[int, Evaluation] = {}
     for result in map_tasks(anneal_chain, tasks, workers):
         for index, evaluation in result.costed:
@@ -149,8 +154,12 @@ def _anneal(problem: SearchProblem, candidates: list, workers: int, seed: int,
                 merged[index] = evaluation
                 if progress is not None:
                     progress(evaluation)
-    for _, evaluation in polish(problem, candidates, merged):
+    chained = len(merged)
+    final = None if time_budget_s is None else deadline + 0.1 * time_budget_s
+    for _, evaluation in polish(problem, candidates, merged, final):
         if progress is not None:
             progress(evaluation)
-    return SearchResult(problem, "anneal", len(candidates), tuple(merged[i] for i in sorted(merged)), False,
+    stopped = time_budget_s is not None and (chained < min(total, len(candidates))
+                                             or time.time() >= final)  # type: ignore[operator]
+    return SearchResult(problem, "anneal", len(candidates), tuple(merged[i] for i in sorted(merged)), stopped,
                         time.monotonic() - start, seed)
