@@ -59,7 +59,7 @@ def _worker_start(parent: int) -> None:
 
 def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, workers: int = 1,
                  time_budget_s: float | None = None, seed: int = 0,
-                 progress: Callable[[Evaluation], None] | None = None) -> Evaluated:
+                 progress: Callable[[Evaluation], None] | None = None, in_order: bool = False) -> Evaluated:
     """Cost ``candidates`` (see the module docstring).
 
     Args:
@@ -69,6 +69,7 @@ def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, wor
         time_budget_s: stop handing out work after this many seconds (``None``: cost everything).
         seed: seed of the evaluation order.
         progress: called with each evaluation as it arrives (the progress bar).
+        in_order: cost the candidates in the order given (best first, for the planner) instead of a seeded one.
 
     Raises:
         SpecError: ``workers`` < 1 or ``time_budget_s`` ≤ 0.
@@ -78,7 +79,8 @@ def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, wor
     if time_budget_s is not None and not time_budget_s > 0:
         raise SpecError(f"--time-budget must be > 0 seconds, got {time_budget_s!r}")
     order = list(range(len(candidates)))
-    random.Random(seed).shuffle(order)
+    if not in_order:
+        random.Random(seed).shuffle(order)
     chunks = [[(i, candidates[i]) for i in order[k:k + CHUNK]] for k in range(0, len(order), CHUNK)]
     start = time.monotonic()
 

@@ -35,7 +35,8 @@ class Evaluation:
         peak_memory_bytes: highest memory in use on each simulated rank, bytes: the pipeline ranks of one replica
             when the data-parallel replicas are alike, else of each replica in turn (replica-major), since replicas
             on different device models have different capacities.
-        memory_capacity_bytes: what each of those ranks may use: its device's memory, or the search's limit.
+        memory_capacity_bytes: what each of those ranks may use: its device's memory, or the search's limit (None:
+            unlimited, the ideal device).
         method: how the time was obtained: ``"engine"`` (the one prediction path, :func:`sim.predict.predict`),
             ``"critical path"`` (:mod:`sim.search.fast`, equal to the engine's) or ``"critical path, lower bound"``
             (a link would be contended: the engine's time is at least this).
@@ -49,7 +50,7 @@ class Evaluation:
     microbatches: int = 0
     layer_counts: tuple[int, ...] = ()
     peak_memory_bytes: tuple[int, ...] = ()
-    memory_capacity_bytes: tuple[int, ...] = ()
+    memory_capacity_bytes: tuple[int | None, ...] = ()
     method: str = "engine"
 
     @property
@@ -80,20 +81,24 @@ def evaluate(problem: SearchProblem, candidate: Candidate) -> Evaluation:
     # smaller devices may overflow where the first fits.
     devices = metrics["devices"]
     peaks = tuple(int(d["peak_memory_bytes"]) for d in devices)
-    capacity, reason = memory_verdict(peaks, [int(d["memory_capacity_bytes"]) for d in devices],
+    capacity, reason = memory_verdict(peaks, [d["memory_capacity_bytes"] for d in devices],
                                       [d["device"] for d in devices], built.plan.num_ranks, problem.memory_limit_bytes)
     return Evaluation(candidate, not reason, reason, float(metrics["iteration_time_s"]),
                       float(metrics["throughput_samples_per_s"]), built.plan.num_microbatches,
                       tuple(built.plan.placement.layer_counts()), peaks, capacity)
 
 
-def memory_verdict(peaks: tuple[int, ...], capacities: list[int], names: list[str], pipeline: int,
-                   limit: int | None) -> tuple[tuple[int, ...], str]:
-    """What each simulated rank may use (its device's memory, or ``limit`` when smaller), bytes, and why the plan
-    does not fit ("" when it does): the rank most over its capacity, named by pipeline rank (and simulated replica
-    when several are)."""
-    capacity = tuple(cap if limit is None else min(limit, cap) for cap in capacities)
-    over = [(row, peak, cap) for row, (peak, cap) in enumerate(zip(peaks, capacity)) if peak > cap]
+def memory_verdict(peaks: tuple[int, ...], capacities: list[int | float | None], names: list[str], pipeline: int,
+                   limit: int | None) -> tuple[tuple[int | None, ...], str]:
+    """What each simulated rank may use (its device's memory, or ``limit`` when smaller; ``None``: no limit, the
+    catalog's ideal device), bytes, and why the plan does not fit ("" when it does): the rank most over its
+    capacity, named by pipeline rank (and simulated replica when several are)."""
+    def bounded(cap: int | float | None) -> int | None:
+        own = None if cap is None or cap == float("inf") else int(cap)
+        return limit if own is None else own if limit is None else min(limit, own)
+
+    capacity = tuple(bounded(cap) for cap in capacities)
+    over = [(row, peak, cap) for row, (peak, cap) in enumerate(zip(peaks, capacity)) if cap is not None and peak > cap]
     if not over:
         return capacity, ""
     row, peak, cap = max(over, key=lambda item: item[1] - item[2])

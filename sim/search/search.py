@@ -9,6 +9,9 @@ Strategies (``--strategy``):
 * ``anneal``: simulated annealing chains over the same list (:mod:`sim.search.anneal`), costing ``evaluations``
   candidates in all (default: a quarter of the space, at least 50), then a steepest-descent polish of the best: for
   spaces too large to cost whole.
+* ``planner``: every candidate ranked by PipeDream's pipeline model without building a plan
+  (:mod:`sim.search.planner`), then costed by the simulator best first, ``evaluations`` of them (default: a tenth
+  of the space, at least 50) or as many as the time budget allows.
 
 Ranking: feasible candidates by simulated iteration time (every candidate trains the same global batch, so this is
 also throughput), ties broken by the candidate's own order (:class:`~sim.search.space.Candidate` fields), so the
@@ -28,11 +31,12 @@ from sim.search.alpa import honours_alpa_assumption
 from sim.search.anneal import anneal_chain, polish
 from sim.search.driver import evaluate_all, map_tasks
 from sim.search.evaluate import Evaluation
+from sim.search.planner import estimate_all
 from sim.search.space import SearchProblem, enumerate_candidates
 
 __all__ = ["SearchResult", "run_search", "STRATEGIES", "check_problem"]
 
-STRATEGIES = ("exhaustive", "alpa", "anneal")
+STRATEGIES = ("exhaustive", "alpa", "anneal", "planner")
 #: Independent annealing chains (each seeded from the search's seed and its index; spread over the workers).
 DEFAULT_CHAINS = 4
 
@@ -125,6 +129,8 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
         on_space(len(candidates))
     if strategy == "anneal":
         return _anneal(problem, candidates, workers, seed, progress, evaluations, chains, time_budget_s)
+    if strategy == "planner":
+        return _planner(problem, topology, candidates, workers, seed, progress, evaluations, time_budget_s)
     done = evaluate_all(problem, candidates, workers=workers, time_budget_s=time_budget_s, seed=seed,
                         progress=progress)
     return SearchResult(problem, strategy, len(candidates), done.evaluations, done.stopped_by_budget,
@@ -163,3 +169,25 @@ def _anneal(problem: SearchProblem, candidates: list, workers: int, seed: int,
                                              or time.time() >= final)  # type: ignore[operator]
     return SearchResult(problem, "anneal", len(candidates), tuple(merged[i] for i in sorted(merged)), stopped,
                         time.monotonic() - start, seed)
+
+
+def _planner(problem: SearchProblem, topology: Topology, candidates: list, workers: int, seed: int,
+             progress: Callable[[Evaluation], None] | None, evaluations: int | None,
+             time_budget_s: float | None) -> SearchResult:
+    """The planner strategy: estimate everything, cost the best estimates first."""
+    total = max(50, len(candidates) // 10) if evaluations is None else evaluations
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise SpecError(f"--evaluations must be an integer >= 1, got {evaluations!r}")
+    start = time.monotonic()
+    deadline = None if time_budget_s is None else time.time() + 0.5 * time_budget_s
+    estimates = estimate_all(problem, topology, candidates, deadline=deadline, seed=seed)
+    reached = [i for i, value in enumerate(estimates) if value is not None]
+    ranked = sorted(reached, key=lambda i: (estimates[i], i))[:total]
+    left = None if time_budget_s is None else max(time_budget_s - (time.monotonic() - start), 1e-3)
+    done = evaluate_all(problem, [candidates[i] for i in ranked], workers=workers, time_budget_s=left, seed=seed,
+                        progress=progress, in_order=True)
+    # Back to the space's order, which every strategy reports, from the order they were costed in.
+    index_of = {candidates[i]: i for i in ranked}
+    evaluations_ = tuple(sorted(done.evaluations, key=lambda e: index_of[e.candidate]))
+    return SearchResult(problem, "planner", len(candidates), evaluations_,
+                        done.stopped_by_budget or len(reached) < len(candidates), time.monotonic() - start, seed)

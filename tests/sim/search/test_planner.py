@@ -1,0 +1,55 @@
+"""The planner's screen: its pipeline model equals the closed form (and the simulator) on uniform stages with free
+links, and the planner strategy finds the brute-force best on a seeded suite while simulating a tenth of the space."""
+
+import random
+
+import pytest
+
+from sim.hw.topology import Topology
+from sim.search.planner import FILL, estimate_all
+from sim.search.search import run_search
+from sim.search.space import Candidate, SearchProblem, SearchSpace
+
+
+@pytest.mark.parametrize("schedule, pipeline, microbatches", [("gpipe", 4, 8), ("1f1b", 4, 8), ("1f1b", 2, 3),
+                                                              ("zb1p", 4, 8)])
+def test_uniform_stages_on_free_links_give_the_closed_form(schedule, pipeline, microbatches):
+    # 8 layers of 2 ms forward + 4 ms backward on ideal devices and links: a stage of 8/p layers takes t = 6·8/p ms
+    # per microbatch, so (m + fill·(p−1))·t, fill 1 for gpipe and 1f1b, 1/3 for zb1p (the optimizer step is free).
+    problem = SearchProblem("uniform:layers=8,fwd_ms=2,bwd_ms=4", f"{pipeline}xideal", microbatches)
+    candidate = Candidate(1, 1, pipeline, 1, schedule, partition="uniform")
+    (estimate,) = estimate_all(problem, Topology.parse(problem.topology), [candidate])
+    stage = 6e-3 * 8 / pipeline
+    assert estimate == pytest.approx((microbatches + FILL[schedule] * (pipeline - 1)) * stage, rel=1e-12)
+    if schedule != "zb1p":  # gpipe and 1f1b: the simulator's time is the same closed form (DESIGN §4)
+        simulated = run_search(SearchProblem(problem.model, problem.topology, microbatches, space=SearchSpace(
+            schedules=(schedule,), recompute=("none",), partitions=("uniform",),
+            microbatch_sizes=(1,)))).evaluations
+        (match,) = [e for e in simulated if e.candidate.pp == pipeline]
+        assert match.iteration_time_s == pytest.approx(estimate, rel=1e-9)
+
+
+def test_a_deadline_leaves_the_rest_unestimated():
+    problem = SearchProblem("gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000", "4xA100", 8)
+    candidates = [Candidate(1, 1, 4, 1, "1f1b"), Candidate(1, 2, 2, 1, "1f1b")]
+    assert estimate_all(problem, Topology.parse("4xA100"), candidates, deadline=0.0) == [None, None]
+
+
+def suite(count: int, seed: int) -> list[SearchProblem]:
+    rng = random.Random(seed)
+    topologies = ["4xA100", "8xA100", "2x4xA100", "2xV100+2xA100", "4xV100+4xA100"]
+    return [SearchProblem(f"gpt:layers={rng.choice([4, 8, 12])},hidden={rng.choice([256, 512])},heads=8,seq=256,"
+                          f"vocab=4000", rng.choice(topologies), rng.choice([8, 16]),
+                          space=SearchSpace(schedules=("gpipe", "1f1b", "interleaved", "zb1p"), chunks=(2,),
+                                            recompute=("none", "full"), zero=(0,)))
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("problem", suite(4, seed=21), ids=lambda p: f"{p.topology}-{p.model.split(',')[0]}")
+def test_the_planner_finds_the_brute_force_best_within_one_percent(problem):
+    brute = run_search(problem)
+    planned = run_search(problem, strategy="planner")
+    assert planned.best.iteration_time_s <= brute.best.iteration_time_s * 1.01
+    assert len(planned.evaluations) < brute.space_size
+    by_candidate = {e.candidate: e for e in brute.evaluations}
+    assert all(by_candidate[e.candidate] == e for e in planned.evaluations)
