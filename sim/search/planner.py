@@ -14,8 +14,10 @@ costed by the plan's own cost view (:class:`sim.cost.model.CostModel`, so by the
 and placement :func:`sim.plan.build.place_layers` gives (the balanced partition is itself PipeDream's dynamic
 program, on each stage's own device). ``fill`` is the schedule's warm-up and cool-down in stage times: ``p − 1`` for
 gpipe and 1f1b (bubble (p−1)/(m+p−1)), the same in chunk times for interleaved (bubble ÷ v), a third of it for zb1p
-(ZB-H1 fills two thirds of 1F1B's bubble with deferred weight gradients, Qi et al. 2024 §3). The estimate knows no
-contention and no memory: it only orders the candidates; every number the search reports is the simulator's. The
+(ZB-H1 fills two thirds of 1F1B's bubble with deferred weight gradients, Qi et al. 2024 §3). A memory screen
+(:func:`_peaks`: training state plus the activations of the microbatches each schedule holds at its peak) puts the
+plans it says will not fit behind the others. The estimate knows no contention and is rough on memory: it only
+orders the candidates; every number the search reports is the simulator's. The
 planner costs candidates with the simulator in the estimate's order, best first, until ``evaluations`` are costed
 or the time budget ends, so a budget is spent where the plans are good. Under a time budget the estimates get half
 of it, in a seeded random order (at 512 GPUs an estimate takes about 0.1 s, so a minute estimates a few hundred of
@@ -39,8 +41,10 @@ from sim.plan.build import place_layers, plan_layout, plan_microbatches
 from sim.schedules import SCHEDULES
 from sim.search.space import Candidate, SearchProblem
 
-__all__ = ["estimate_all", "FILL"]
+__all__ = ["estimate_all", "FILL", "OVER_MEMORY"]
 
+#: Added to the estimate of a plan the memory screen says will not fit, so that it sorts after every one that will, s.
+OVER_MEMORY = 1e9
 #: Warm-up plus cool-down of each schedule, in (virtual) stage times per pipeline rank beyond the first.
 FILL = {"gpipe": 1.0, "1f1b": 1.0, "interleaved": 1.0, "zb1p": 1.0 / 3.0, "pipedream": 1.0}
 
@@ -53,14 +57,36 @@ def _estimate(problem: SearchProblem, topology: Topology, candidate: Candidate, 
     work = cache.get(shared)
     if work is None:
         work = cache[shared] = _work(problem, topology, candidate, cache)
-    microbatches, pipeline, worst_rank, worst_vstage, tail = work
+    microbatches, pipeline, worst_rank, worst_vstage, tail, memory = work
     fill = FILL.get(candidate.schedule, 1.0) * (pipeline - 1)
-    return microbatches * worst_rank + fill * worst_vstage + tail
+    estimate = microbatches * worst_rank + fill * worst_vstage + tail
+    # A plan the memory screen says will not fit goes behind every one it says will (not out: the screen is rough).
+    fits = all(peak <= capacity for peak, capacity in _peaks(memory, candidate.schedule, microbatches, pipeline))
+    return estimate if fits else OVER_MEMORY + estimate
+
+
+def _peaks(memory: list[tuple[int, int, int, int, int, float]], schedule: str, microbatches: int,
+           pipeline: int) -> list[tuple[float, float]]:
+    """``(estimated peak, capacity)`` per rank, bytes: the training state, plus the microbatches in flight at the
+    schedule's peak (gpipe: all m; 1f1b, zb1p, pipedream: p − r on rank r; interleaved with v chunks: Megatron's
+    warm-up 2(p − r − 1) + (v − 1)p chunks plus one), each holding its activations (its checkpoint only under full
+    recomputation, with one microbatch's full activations while it is recomputed), plus the workspace."""
+    found = []
+    for rank, chunks, state, kept, transient, capacity in memory:
+        if schedule == "gpipe":
+            in_flight = microbatches * chunks
+        elif schedule == "interleaved":
+            in_flight = min(microbatches * chunks, 2 * (pipeline - rank - 1) + (chunks - 1) * pipeline + 1)
+        else:
+            in_flight = min(microbatches, pipeline - rank) * chunks
+        found.append((state + in_flight * kept + transient, capacity))
+    return found
 
 
 def _work(problem: SearchProblem, topology: Topology, candidate: Candidate,
-          cache: dict) -> tuple[int, int, float, float, float]:
-    """``(m, p, the bottleneck rank's work per microbatch, the slowest virtual stage's, the slowest update)``."""
+          cache: dict) -> tuple[int, int, float, float, float, list]:
+    """``(m, p, the bottleneck rank's work per microbatch, the slowest virtual stage's, the slowest update, per
+    rank (rank, chunks, state, bytes kept per microbatch in flight, transient bytes, capacity))``."""
     inputs = candidate.plan_inputs(problem)
     layout = plan_layout(inputs, topology)
     microbatches = plan_microbatches(inputs, layout)
@@ -80,7 +106,17 @@ def _work(problem: SearchProblem, topology: Topology, candidate: Candidate,
     views = replica_views(graph, topology, placement, inputs.microbatch_size, profile, oracle=oracle, layout=layout)
     recompute_full = inputs.recompute_mode == "full"
     worst_rank = worst_vstage = tail = 0.0
+    memory = []
+    limit = problem.memory_limit_bytes
     for view in views:
+        for rank in range(layout.pp):
+            mine = [v for v, r in enumerate(vstage_to_rank) if r == rank]
+            act = max(view.activation_bytes(v) for v in mine)
+            kept = max(view.checkpoint_bytes(v) for v in mine) if recompute_full else act
+            transient = max(view.workspace_bytes(v) for v in mine) + (act - kept)
+            own = topology.devices[view.device_of(rank)].memory_bytes
+            memory.append((rank, len(mine), sum(view.state_bytes(v) for v in mine), kept, transient,
+                           own if limit is None else min(own, limit)))
         per_rank = [0.0] * layout.pp
         for vstage, rank in enumerate(vstage_to_rank):
             work = view.compute_time(OpKind.F, vstage) + view.compute_time(OpKind.B, vstage)
@@ -102,7 +138,7 @@ def _work(problem: SearchProblem, topology: Topology, candidate: Candidate,
                     update += view.collective(OpKind.GATHER_PARAMS, vstage)[1]
             tail = max(tail, update)
         worst_rank = max(worst_rank, max(per_rank))
-    return microbatches, layout.pp, worst_rank, worst_vstage, tail
+    return microbatches, layout.pp, worst_rank, worst_vstage, tail, memory
 
 
 def estimate_all(problem: SearchProblem, topology: Topology, candidates: Sequence[Candidate], *,

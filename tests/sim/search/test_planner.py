@@ -53,3 +53,27 @@ def test_the_planner_finds_the_brute_force_best_within_one_percent(problem):
     assert len(planned.evaluations) < brute.space_size
     by_candidate = {e.candidate: e for e in brute.evaluations}
     assert all(by_candidate[e.candidate] == e for e in planned.evaluations)
+
+
+def test_the_memory_screen_counts_each_schedules_microbatches_in_flight():
+    from sim.search.planner import _peaks
+
+    # Rank r of p = 4: state 10, 1 byte kept per microbatch in flight, transient 2, capacity 100.
+    memory = [(r, 1, 10, 1, 2, 100) for r in range(4)]
+    assert [peak for peak, _ in _peaks(memory, "1f1b", 8, 4)] == [16, 15, 14, 13]  # min(m, p - r) in flight
+    assert [peak for peak, _ in _peaks(memory, "gpipe", 8, 4)] == [20] * 4  # all m
+    two_chunks = [(r, 2, 10, 1, 2, 100) for r in range(4)]  # Megatron's warm-up 2(p-r-1) + (v-1)p, plus one
+    assert [peak for peak, _ in _peaks(two_chunks, "interleaved", 8, 4)] == [23, 21, 19, 17]
+
+
+def test_plans_the_screen_says_do_not_fit_sort_behind_the_others():
+    from sim.search.planner import OVER_MEMORY
+
+    topology = Topology.parse("4xA100")
+    candidates = [Candidate(1, 1, 4, 1, "1f1b"), Candidate(1, 1, 4, 1, "gpipe")]
+    roomy = SearchProblem("gpt:layers=8,hidden=512,heads=8,seq=256,vocab=1000", "4xA100", 64)
+    tight = SearchProblem(roomy.model, roomy.topology, 64, memory_limit_bytes=int(0.5e9))
+    fine, squeezed = estimate_all(roomy, topology, candidates), estimate_all(tight, topology, candidates)
+    assert all(value < OVER_MEMORY for value in fine)
+    assert squeezed[0] < OVER_MEMORY <= squeezed[1]  # gpipe holds all 64 microbatches at once; 1f1b at most 4
+    assert squeezed[1] - OVER_MEMORY == pytest.approx(fine[1])
