@@ -66,6 +66,12 @@ def _sim_vs_real(argv: list[str]) -> int:
     return sim_vs_real.main(argv)
 
 
+def _mixed_real(argv: list[str]) -> int:
+    from experiments import mixed_real  # imported on demand: it needs torch, others may not
+
+    return mixed_real.main(argv)
+
+
 def _csp_prefetch(argv: list[str]) -> int:
     from experiments import csp_prefetch
 
@@ -81,6 +87,9 @@ def _naspipe(argv: list[str]) -> int:
 EXPERIMENTS: dict[str, Experiment] = {
     "csp_prefetch": Experiment("csp_prefetch", "NASPipe's predictor vs copy-on-demand over random CSP problems: how "
                                "often it is faster, equal, slower", _csp_prefetch),
+    "mixed_real": Experiment("mixed_real", "a real run on emulated mixed hardware: the plan sim.search picks for 2 CPU "
+                             "ranks with one slowed 2x vs the homogeneous-assumption plan, measured with executor.run "
+                             "--slowdown, and its prediction", _mixed_real, out="runs/mixed_real"),
     "naspipe": Experiment("naspipe", "NASPipe CSP vs GPipe, 1F1B, PipeDream and its ablations on search spaces "
                           "c1-c3, 8xV100, simulated, beside the paper's speedups", _naspipe, out="runs/naspipe"),
     "pipedream_vs_dp": Experiment("pipedream_vs_dp", "the best pipeline plan vs pure data parallelism for VGG-16, "
