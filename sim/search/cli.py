@@ -76,6 +76,9 @@ def make_parser() -> argparse.ArgumentParser:
                         help="--strategy anneal: independent chains, spread over the workers (default 4)")
     parser.add_argument("--top", type=int, default=10, metavar="K", help="plans in the printed table (default 10)")
     parser.add_argument("--workers", type=int, default=1, metavar="N", help="evaluation processes (default 1)")
+    parser.add_argument("--ray", metavar="ADDRESS",
+                        help="evaluate on a Ray cluster (auto, host:port, ray://host:10001; 'local' starts one here), "
+                        "the optional extra pip install -e '.[ray]'; --workers is then unused")
     parser.add_argument("--seed", type=int, default=0, help="seed of the search's random choices (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     space = parser.add_argument_group("the space")
@@ -148,7 +151,7 @@ def _run(argv: list[str] | None) -> int:
     try:
         result = run_search(problem, strategy=args.strategy, workers=args.workers, time_budget_s=args.time_budget,
                             seed=args.seed, progress=progress, on_space=progress.start,
-                            evaluations=args.evaluations, chains=args.chains)
+                            evaluations=args.evaluations, chains=args.chains, ray_address=args.ray)
     finally:
         progress.close()
     prepare_output_dir(out, "--out")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from sim.core.errors import SpecError
 from sim.core.lifetime import die_with_parent
 from sim.search.evaluate import Evaluation, evaluate
+from sim.search.ray_pool import ray_chunks, ray_map, ray_session
 from sim.search.space import Candidate, SearchProblem
 
 __all__ = ["Evaluated", "evaluate_all", "map_tasks", "CHUNK"]
@@ -59,7 +60,8 @@ def _worker_start(parent: int) -> None:
 
 def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, workers: int = 1,
                  time_budget_s: float | None = None, seed: int = 0,
-                 progress: Callable[[Evaluation], None] | None = None, in_order: bool = False) -> Evaluated:
+                 progress: Callable[[Evaluation], None] | None = None, in_order: bool = False,
+                 ray_address: str | None = None) -> Evaluated:
     """Cost ``candidates`` (see the module docstring).
 
     Args:
@@ -70,6 +72,7 @@ def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, wor
         seed: seed of the evaluation order.
         progress: called with each evaluation as it arrives (the progress bar).
         in_order: cost the candidates in the order given (best first, for the planner) instead of a seeded one.
+        ray_address: cost them on this Ray cluster instead (:mod:`sim.search.ray_pool`; ``workers`` is then unused).
 
     Raises:
         SpecError: ``workers`` < 1 or ``time_budget_s`` ≤ 0.
@@ -96,7 +99,10 @@ def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, wor
                 progress(evaluation)
 
     stopped = False
-    if workers == 1 or len(chunks) <= 1:
+    if ray_address is not None:
+        with ray_session(ray_address) as ray:
+            stopped = ray_chunks(ray, _evaluate_chunk, problem, chunks, take, out_of_time)
+    elif workers == 1 or len(chunks) <= 1:
         for chunk in chunks:
             if out_of_time():
                 stopped = True
@@ -153,15 +159,19 @@ def _run_pool(problem: SearchProblem, chunks: list, workers: int, out_of_time: C
     return stopped
 
 
-def map_tasks(function: Callable, tasks: Sequence[tuple], workers: int) -> list:
+def map_tasks(function: Callable, tasks: Sequence[tuple], workers: int, ray_address: str | None = None) -> list:
     """``[function(*task) for task in tasks]``, in a pool of ``workers`` spawned processes when there are several (the
-    same workers, lifetime and Ctrl-C handling as :func:`evaluate_all`); results in the tasks' order.
+    same workers, lifetime and Ctrl-C handling as :func:`evaluate_all`), or on the Ray cluster ``ray_address``;
+    results in the tasks' order.
 
     Raises:
         SpecError: ``workers`` < 1.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise SpecError(f"--workers must be an integer >= 1, got {workers!r}")
+    if ray_address is not None:
+        with ray_session(ray_address) as ray:
+            return ray_map(ray, function, tasks)
     if workers == 1 or len(tasks) <= 1:
         return [function(*task) for task in tasks]
     context = multiprocessing.get_context("spawn")

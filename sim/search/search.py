@@ -102,7 +102,7 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
                time_budget_s: float | None = None, seed: int = 0,
                progress: Callable[[Evaluation], None] | None = None,
                on_space: Callable[[int], None] | None = None, evaluations: int | None = None,
-               chains: int = DEFAULT_CHAINS) -> SearchResult:
+               chains: int = DEFAULT_CHAINS, ray_address: str | None = None) -> SearchResult:
     """Search ``problem``'s space.
 
     Args:
@@ -115,6 +115,7 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
         on_space: called once with the space's size, before anything is costed (to size a progress bar).
         evaluations: ``anneal`` only: candidates to cost over all chains (default: a quarter of the space, >= 50).
         chains: ``anneal`` only: independent chains.
+        ray_address: evaluate on this Ray cluster (``local``: a Ray instance of this machine) instead of ``workers``.
 
     Raises:
         SpecError: an unknown strategy, a bad problem (see :func:`check_problem`), a space too large to list.
@@ -128,18 +129,19 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
     if on_space is not None:
         on_space(len(candidates))
     if strategy == "anneal":
-        return _anneal(problem, candidates, workers, seed, progress, evaluations, chains, time_budget_s)
+        return _anneal(problem, candidates, workers, seed, progress, evaluations, chains, time_budget_s, ray_address)
     if strategy == "planner":
-        return _planner(problem, topology, candidates, workers, seed, progress, evaluations, time_budget_s)
+        return _planner(problem, topology, candidates, workers, seed, progress, evaluations, time_budget_s,
+                        ray_address)
     done = evaluate_all(problem, candidates, workers=workers, time_budget_s=time_budget_s, seed=seed,
-                        progress=progress)
+                        progress=progress, ray_address=ray_address)
     return SearchResult(problem, strategy, len(candidates), done.evaluations, done.stopped_by_budget,
                         done.elapsed_s, seed)
 
 
 def _anneal(problem: SearchProblem, candidates: list, workers: int, seed: int,
             progress: Callable[[Evaluation], None] | None, evaluations: int | None, chains: int,
-            time_budget_s: float | None) -> SearchResult:
+            time_budget_s: float | None, ray_address: str | None) -> SearchResult:
     """The anneal strategy: ``chains`` chains sharing the evaluation budget (and the time budget), merged."""
     if isinstance(chains, bool) or not isinstance(chains, int) or chains < 1:
         raise SpecError(f"--chains must be an integer >= 1, got {chains!r}")
@@ -154,7 +156,7 @@ def _anneal(problem: SearchProblem, candidates: list, workers: int, seed: int,
     share = [total // chains + (1 if k < total % chains else 0) for k in range(chains)]
     tasks = [(problem, candidates, share[k], seed * 1_000_003 + k, deadline) for k in range(chains) if share[k]]
     merged: dict[int, Evaluation] = {}
-    for result in map_tasks(anneal_chain, tasks, workers):
+    for result in map_tasks(anneal_chain, tasks, workers, ray_address):
         for index, evaluation in result.costed:
             if index not in merged:
                 merged[index] = evaluation
@@ -173,7 +175,7 @@ def _anneal(problem: SearchProblem, candidates: list, workers: int, seed: int,
 
 def _planner(problem: SearchProblem, topology: Topology, candidates: list, workers: int, seed: int,
              progress: Callable[[Evaluation], None] | None, evaluations: int | None,
-             time_budget_s: float | None) -> SearchResult:
+             time_budget_s: float | None, ray_address: str | None) -> SearchResult:
     """The planner strategy: estimate everything, cost the best estimates first."""
     total = max(50, len(candidates) // 10) if evaluations is None else evaluations
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
@@ -185,7 +187,7 @@ def _planner(problem: SearchProblem, topology: Topology, candidates: list, worke
     ranked = sorted(reached, key=lambda i: (estimates[i], i))[:total]
     left = None if time_budget_s is None else max(time_budget_s - (time.monotonic() - start), 1e-3)
     done = evaluate_all(problem, [candidates[i] for i in ranked], workers=workers, time_budget_s=left, seed=seed,
-                        progress=progress, in_order=True)
+                        progress=progress, in_order=True, ray_address=ray_address)
     # Back to the space's order, which every strategy reports, from the order they were costed in.
     index_of = {candidates[i]: i for i in ranked}
     evaluations_ = tuple(sorted(done.evaluations, key=lambda e: index_of[e.candidate]))
