@@ -24,6 +24,8 @@ __all__ = ["ray_session", "ray_map", "ray_chunks", "LOCAL"]
 
 #: ``--ray local``: start a Ray instance on this machine for the search.
 LOCAL = "local"
+#: Object store of a local instance, bytes (Ray's default is 30 % of the machine's memory).
+LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
 
 
 @contextmanager
@@ -41,7 +43,8 @@ def ray_session(address: str):
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
     try:
         if address == LOCAL:
-            ray.init(**kwargs)
+            # Candidates and evaluations are small: a modest object store leaves this machine's memory alone.
+            ray.init(object_store_memory=LOCAL_OBJECT_STORE_BYTES, **kwargs)
         else:
             ray.init(address=address, **kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
