@@ -60,6 +60,12 @@ def _search_vtrain(argv: list[str]) -> int:
     return search_vtrain.main(argv)
 
 
+def _hetero_search(argv: list[str]) -> int:
+    from experiments import hetero_search
+
+    return hetero_search.main(argv)
+
+
 def _sim_vs_real(argv: list[str]) -> int:
     from experiments import sim_vs_real  # imported on demand: it needs torch, others may not
 
@@ -90,6 +96,9 @@ EXPERIMENTS: dict[str, Experiment] = {
     "mixed_real": Experiment("mixed_real", "a real run on emulated mixed hardware: the plan sim.search picks for 2 CPU "
                              "ranks with one slowed 2x vs the homogeneous-assumption plan, measured with executor.run "
                              "--slowdown, and its prediction", _mixed_real, out="runs/mixed_real"),
+    "hetero_search": Experiment("hetero_search", "on mixed clusters, the searched plan against the Alpa "
+                                "assumption's and the homogeneous assumption's, in simulated iteration time",
+                                _hetero_search, out="runs/hetero_search"),
     "naspipe": Experiment("naspipe", "NASPipe CSP vs GPipe, 1F1B, PipeDream and its ablations on search spaces "
                           "c1-c3, 8xV100, simulated, beside the paper's speedups", _naspipe, out="runs/naspipe"),
     "pipedream_vs_dp": Experiment("pipedream_vs_dp", "the best pipeline plan vs pure data parallelism for VGG-16, "
