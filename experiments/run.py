@@ -66,6 +66,12 @@ def _hetero_search(argv: list[str]) -> int:
     return hetero_search.main(argv)
 
 
+def _relaxed_search(argv: list[str]) -> int:
+    from experiments import relaxed_search
+
+    return relaxed_search.main(argv)
+
+
 def _sim_vs_real(argv: list[str]) -> int:
     from experiments import sim_vs_real  # imported on demand: it needs torch, others may not
 
@@ -110,6 +116,9 @@ EXPERIMENTS: dict[str, Experiment] = {
     "search_vtrain": Experiment("search_vtrain", "sim.search restricted to the configurations vTrain measured in "
                                 "each (model, GPUs, global batch) group: Spearman of its ranking and the top-1 "
                                 "regret of its pick", _search_vtrain, out="runs/search_vtrain"),
+    "relaxed_search": Experiment("relaxed_search", "the differentiable relaxation of per-stage choices against the "
+                                 "balanced DP, annealing and brute force on a seeded suite, in simulated iteration "
+                                 "time", _relaxed_search, out="runs/relaxed_search"),
     "sim_vs_real": Experiment("sim_vs_real", "simulator fidelity: predicted vs measured iteration time on 2 CPU "
                               "ranks, gpipe and 1f1b x 4/8/16 microbatches, calibrated profile", _sim_vs_real,
                               out="runs/sim_vs_real"),
