@@ -48,6 +48,7 @@ from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.hw.nodes import check_shape, default_shape
 from sim.hw.topology import Topology
+from sim.report.png import figure_png
 from sim.search.evaluate import Evaluation, evaluate
 from sim.search.search import SearchResult, run_search
 from sim.search.space import Candidate, SearchProblem, SearchSpace
@@ -303,10 +304,7 @@ def _plot(done: list[Comparison]) -> bytes:
     ax.legend(fontsize=8, loc="upper left", ncol=2)
     ax.set_title("simulated iteration time on mixed clusters: the search vs the assumptions' plans", fontsize=10)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buffer.getvalue()
+    return figure_png(fig)
 
 
 def main(argv: list[str]) -> int:

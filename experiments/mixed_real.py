@@ -39,15 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from executor.calibration import MAX_HALF_DRIFT, MIN_STABLE_ITERATIONS
 from experiments.host_load import foreign_cores, snapshot, wait_until_idle
-from experiments.sim_vs_real import BUSY_CORES, spread
-from sim.core.errors import SpecError, fail
+from experiments.sim_vs_real import BUSY_CORES, run_module, spread
+from sim.core.errors import fail
 from sim.core.fileio import write_json_atomic, write_text_atomic
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
@@ -66,16 +64,6 @@ PLANS = {
     "homogeneous": "sim.search on the cluster believed homogeneous",
     "homogeneous-pipeline": "the same over pipeline plans only (TP = DP = 1)",
 }
-
-
-def _tool(module: str, *args: str) -> str:
-    """Run ``python -m module args``; its stdout, or SpecError with the tail of its stderr."""
-    result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-3:]
-        raise SpecError(f"python -m {module} {' '.join(args)} failed (status {result.returncode}): "
-                        + " | ".join(tail))
-    return result.stdout
 
 
 def write_topology(path: Path, ranks: int, slow_rank: int, factor: float) -> str:
@@ -112,7 +100,7 @@ def measure(plan_path: Path, out: Path, *, slowdown: str, iterations: int, warmu
     if wait_idle_s > 0:
         wait_until_idle(wait_idle_s, BUSY_CORES / 2)
     before = snapshot()
-    _tool("executor.run", "--plan", str(plan_path), "--out", str(out), "--iterations", str(iterations),
+    run_module("executor.run", "--plan", str(plan_path), "--out", str(out), "--iterations", str(iterations),
           "--warmup", str(warmup), "--slowdown", slowdown, "--no-gantt")
     busy = foreign_cores(before, snapshot())
     compare = json.loads((out / "compare.json").read_text())
@@ -124,7 +112,7 @@ def _calibrate(out: Path, ranks: int, model: str, m: int, mbs: int, iterations: 
                name: str = "calibration", wait_idle_s: float = 0.0) -> dict[str, Any]:
     """Calibrate into ``out/name.json`` (again once if the run shared the host or its stage medians drifted; the
     steadier is kept); its record."""
-    _tool("sim.run", "--topology", f"{ranks}xcpu", "--model", model, "--schedule", "1f1b", "-m", str(m),
+    run_module("sim.run", "--topology", f"{ranks}xcpu", "--model", model, "--schedule", "1f1b", "-m", str(m),
           "--microbatch-size", str(mbs), "--partition", "balanced", "--no-gantt", "--out", str(out / "calibration-sim"))
     tried = []
     for attempt in (1, 2):
@@ -132,7 +120,7 @@ def _calibrate(out: Path, ranks: int, model: str, m: int, mbs: int, iterations: 
         if wait_idle_s > 0:
             wait_until_idle(wait_idle_s, BUSY_CORES / 2)
         profile, before = out / f"{name}-run{attempt}.json", snapshot()
-        _tool("executor.run", "--plan", str(out / "calibration-sim" / "plan.json"), "--out",
+        run_module("executor.run", "--plan", str(out / "calibration-sim" / "plan.json"), "--out",
               str(out / "calibration-real"), "--iterations", str(iterations), "--warmup", str(warmup),
               "--calibrate-out", str(profile), "--no-gantt")
         busy = foreign_cores(before, snapshot())
@@ -150,7 +138,7 @@ def _calibrate(out: Path, ranks: int, model: str, m: int, mbs: int, iterations: 
 
 def _search(out: Path, topology: str, model: str, global_batch: int, profile: Path, *extra: str) -> dict[str, Any]:
     """``sim.search`` into ``out``: its best candidate (``search.json``) and the plan's path."""
-    _tool("sim.search", "--topology", topology, "--model", model, "--global-batch", str(global_batch), "--profile",
+    run_module("sim.search", "--topology", topology, "--model", model, "--global-batch", str(global_batch), "--profile",
           str(profile), "--no-progress", "--out", str(out), *extra)
     best = json.loads((out / "search.json").read_text())["best"]
     return {"label": best["label"], "layer_counts": best["layer_counts"], "predicted_believed_s":

@@ -42,6 +42,7 @@ from sim.hw.topology import Topology
 from sim.models import build_model
 from sim.plan.build import PlanInputs, build_plan
 from sim.predict import predict
+from sim.report.png import figure_png
 
 __all__ = ["ModelCase", "ClusterCase", "Candidate", "PlanResult", "Comparison", "MODELS", "CLUSTERS", "PAPER",
            "candidates", "compare", "main"]
@@ -329,10 +330,7 @@ def _plot(comparisons: list[Comparison]) -> bytes:
     ax.set_title("Best pipeline plan vs pure data parallelism on 16 GPUs, simulated (roofline costs)", fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, metadata={"Software": None})
-    plt.close(fig)
-    return buffer.getvalue()
+    return figure_png(fig, dpi=120)
 
 
 def _keys(text: str, known: dict, flag: str) -> list:

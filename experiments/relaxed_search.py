@@ -43,6 +43,7 @@ from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.hw.topology import Topology
 from sim.plan.build import plan_layout
+from sim.report.png import figure_png
 from sim.search.evaluate import Evaluation, evaluate
 from sim.search.fast import EXACT, FastEvaluator
 from sim.search.placement import stage_placements
@@ -309,10 +310,7 @@ def _plot(done: list[tuple[Problem, tuple[Outcome, ...]]]) -> bytes:
     ax.legend(fontsize=7, ncol=3)
     ax.set_title("simulated iteration time: the relaxation vs DP, annealing and brute force", fontsize=10)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buffer.getvalue()
+    return figure_png(fig)
 
 
 def main(argv: list[str]) -> int:

@@ -39,6 +39,7 @@ from experiments.vtrain import DATA, Run, load_runs, spearman, split_runs, topol
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
+from sim.report.png import figure_png
 from sim.search.search import SearchResult, run_search
 from sim.search.settings import Setting, load_settings
 from sim.search.space import SearchProblem, SearchSpace
@@ -242,10 +243,7 @@ def _plot(groups: list[GroupResult], source: str) -> bytes:
         ax.legend(loc=corner, fontsize=8)
     fig.suptitle(f"sim.search over the measured configurations of each group ({source})", fontsize=10)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buffer.getvalue()
+    return figure_png(fig)
 
 
 def main(argv: list[str]) -> int:

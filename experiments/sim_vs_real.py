@@ -41,7 +41,8 @@ from experiments.host_load import foreign_cores, snapshot, wait_until_idle
 from sim.core.errors import SpecError, fail
 from sim.core.fileio import write_json_atomic, write_text_atomic
 
-__all__ = ["main", "run_cases", "summarize", "format_table", "spread", "TARGET_MEDIAN", "TARGET_MAX", "BUSY_CORES"]
+__all__ = ["main", "run_cases", "summarize", "format_table", "spread", "run_module", "TARGET_MEDIAN", "TARGET_MAX",
+           "BUSY_CORES"]
 
 DEFAULT_MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000"
 #: Case name → ``sim.run`` flags. Interleaving uses 2 chunks per rank; ``-recompute`` adds activation recomputation.
@@ -70,7 +71,7 @@ CALIBRATE_ITERATIONS = 9
 CALIBRATION_TRIES = 3
 
 
-def _tool(module: str, *args: str) -> str:
+def run_module(module: str, *args: str) -> str:
     """Run ``python -m module args``; its stdout, or SpecError with the tail of its stderr."""
     result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
     if result.returncode != 0:
@@ -86,7 +87,7 @@ def _measure(wait_idle_s: float, *args: str) -> float | None:
     if wait_idle_s > 0:
         wait_until_idle(wait_idle_s, BUSY_CORES / 2)
     before = snapshot()
-    _tool("executor.run", *args)
+    run_module("executor.run", *args)
     return foreign_cores(before, snapshot())
 
 
@@ -96,7 +97,7 @@ def _simulate(out: Path, model: str, case: str, m: int, mbs: int, profile: Path 
             str(mbs), "--partition", "balanced", "--out", str(out)]
     if profile is not None:
         args += ["--profile", str(profile)]
-    _tool("sim.run", *args)
+    run_module("sim.run", *args)
     return out / "plan.json", json.loads((out / "metrics.json").read_text())["iteration_time_s"]
 
 

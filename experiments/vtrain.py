@@ -37,6 +37,7 @@ from sim.core.fileio import read_text, write_bytes_atomic, write_text_atomic
 from sim.cost.gpu_time import KernelModel, default_kernel_model, load_kernel_model
 from sim.plan.build import PlanInputs, build_plan
 from sim.predict import predict
+from sim.report.png import figure_png
 
 __all__ = ["Run", "load_runs", "split_runs", "predict_run", "spearman", "main"]
 
@@ -234,10 +235,7 @@ def _plot(runs: list[Run], predicted: list[float], halves: list[str]) -> bytes:
     ax.set_ylabel("predicted iteration time (s)")
     ax.set_title("vTrain: Megatron-DeepSpeed on 2-8 A100s", fontsize=10)
     ax.legend(loc="upper left", fontsize=8)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buffer.getvalue()
+    return figure_png(fig)
 
 
 def _fit(runs: list[Run], halves: list[str], start: KernelModel, seed: int, out: Path) -> KernelModel:

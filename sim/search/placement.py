@@ -17,12 +17,13 @@ fast devices takes more layers.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import replace
 
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
 
-__all__ = ["stage_placements", "MAX_PLACEMENTS"]
+__all__ = ["stage_placements", "realise", "MAX_PLACEMENTS"]
 
 #: Placements listed per layout at most (see the module docstring).
 MAX_PLACEMENTS = 24
@@ -67,13 +68,15 @@ def stage_placements(layout: Parallelism, topology: Topology, limit: int = MAX_P
         if sequence in seen or len(orders) >= limit:
             continue
         seen.add(sequence)
-        orders.append(_realise(sequence, kinds, blocks, base.world_size))
+        orders.append(realise(sequence, kinds, blocks, base.world_size))
     return [() if order == tuple(range(base.world_size)) else order for order in orders]
 
 
-def _realise(sequence: tuple, kinds: list[tuple], blocks: list[list[int]], world: int) -> tuple[int, ...]:
-    """The device order giving pipeline rank p a block of kind ``sequence[p]``: blocks of one kind handed out in
-    ascending order; position ``i`` of block p's devices maps to position ``i`` of the chosen block's."""
+def realise(sequence: Sequence[Hashable], kinds: Sequence[Hashable], blocks: Sequence[Sequence[int]],
+            world: int) -> tuple[int, ...]:
+    """The device order giving pipeline rank p a block of kind ``sequence[p]`` (``kinds[p]``: the kind of block p,
+    ``blocks[p]`` its devices, ascending): blocks of one kind handed out in ascending order; position ``i`` of block
+    p's devices maps to position ``i`` of the chosen block's, so every group's devices stay ascending."""
     free = {kind: [b for b, k in zip(blocks, kinds) if k == kind] for kind in set(kinds)}
     order = [0] * world
     for p, kind in enumerate(sequence):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.fileio import write_bytes_atomic, write_json_atomic, write_text_atomic
+from sim.report.png import figure_png
 from sim.search.evaluate import Evaluation
 from sim.search.search import SearchResult
 
@@ -155,10 +156,7 @@ def pareto_png(result: SearchResult) -> bytes:
     if simulated:
         ax.legend(loc="upper right", fontsize=7)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buffer.getvalue()
+    return figure_png(fig)
 
 
 def write_search_outputs(out: Path, result: SearchResult) -> list[str]:

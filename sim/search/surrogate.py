@@ -63,6 +63,7 @@ from sim.ir.parallel import Parallelism
 from sim.models import build_model
 from sim.plan.build import place_layers, plan_layout, plan_microbatches
 from sim.schedules import SCHEDULES
+from sim.search.placement import realise
 from sim.search.planner import FILL
 from sim.search.space import Candidate, SearchProblem
 
@@ -96,15 +97,10 @@ class LayoutBlocks:
 
     def realise(self, sequence: tuple[int, ...]) -> tuple[int, ...]:
         """The device order (``Candidate.devices``) giving pipeline rank p a block of kind ``sequence[p]``: the blocks
-        of one kind handed out in the layout's order, so every group's devices stay ascending; ``()`` when that is
-        the layout's own order."""
-        free = {k: [b for b, own in zip(self.blocks, self.own) if own == k] for k in set(self.own)}
-        order = [0] * sum(len(b) for b in self.blocks)
-        for p, kind in enumerate(sequence):
-            chosen = free[kind].pop(0)
-            for position, device in zip(self.blocks[p], chosen):
-                order[position] = device
-        return () if order == sorted(order) else tuple(order)
+        of one kind handed out in the layout's order (:func:`sim.search.placement.realise`), so every group's devices
+        stay ascending; ``()`` when that is the layout's own order."""
+        order = realise(sequence, self.own, self.blocks, sum(len(b) for b in self.blocks))
+        return () if list(order) == sorted(order) else order
 
 
 def layout_blocks(layout: Parallelism, topology: Topology) -> LayoutBlocks:
