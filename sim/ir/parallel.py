@@ -88,6 +88,10 @@ class Parallelism:
         if self.zero and self.dp == 1:
             raise SpecError(f"--zero {self.zero} shards optimizer state across data-parallel replicas; it needs "
                             f"--dp > 1")
+        strides, stride = {}, 1
+        for name, size in self._sizes():
+            strides[name], stride = stride, stride * size
+        object.__setattr__(self, "_strides", (strides["pp"], strides["dp"], strides["tp"]))
         if self.devices:
             world = self.tp * self.dp * self.pp
             if sorted(self.devices) != list(range(world)) or any(isinstance(d, bool) for d in self.devices):
@@ -121,13 +125,14 @@ class Parallelism:
 
     def device(self, pp: int, dp: int = 0, tp: int = 0) -> int:
         """The device (global rank) of pipeline rank ``pp``, replica ``dp``, tensor shard ``tp``."""
-        coords = {"pp": pp, "dp": dp, "tp": tp}
-        index, stride = 0, 1
-        for name, size in self._sizes():
-            if not 0 <= coords[name] < size:
-                raise ValueError(f"{name} rank {coords[name]} outside 0..{size - 1}")
-            index += coords[name] * stride
-            stride *= size
+        if not (0 <= pp < self.pp and 0 <= dp < self.dp and 0 <= tp < self.tp):
+            coords = {"pp": pp, "dp": dp, "tp": tp}
+            name, size = next((n, size) for n, size in self._sizes() if not 0 <= coords[n] < size)
+            raise ValueError(f"{name} rank {coords[name]} outside 0..{size - 1}")
+        # Called for every member of every group (hundreds of thousands of times in a large search): the strides of
+        # the nesting are worked out once, in __post_init__.
+        stride_pp, stride_dp, stride_tp = self._strides  # type: ignore[attr-defined]
+        index = pp * stride_pp + dp * stride_dp + tp * stride_tp
         return self.devices[index] if self.devices else index
 
     def coords(self, device: int) -> tuple[int, int, int]:
