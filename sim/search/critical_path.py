@@ -73,6 +73,7 @@ class CompiledPlan:
         self.slots = tuple(slots)
         self.slot_of = np.asarray(slot_of, dtype=np.int64)  # -1: no duration (origin, RECV)
         self.op_nodes = tuple(op_nodes)  # (node, trace rank, op id) of every op, for spans and tests
+        self.op_index = np.fromiter((node for node, _, _ in op_nodes), dtype=np.int64, count=len(op_nodes))
         depth = np.zeros(len(preds), dtype=np.int64)
         for node in _topological_order(preds):
             if node:
@@ -116,17 +117,20 @@ class CompiledPlan:
             ends[nodes] = ready + durations[nodes]
         return starts, ends
 
-    def makespan(self, slot_values: np.ndarray) -> np.ndarray | float:
-        """The iteration time, s (the engine's trace makespan): one per cost vector."""
-        starts, ends = self.times(slot_values)
-        ops = np.fromiter((node for node, _, _ in self.op_nodes), dtype=np.int64)
+    def span(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | float:
+        """The iteration time, s (the engine's trace makespan), from :meth:`times`: one per cost vector."""
+        ops = self.op_index
         span = ends[ops].max(axis=0) - starts[ops].min(axis=0)
         return float(span) if np.ndim(span) == 0 else span
 
-    def contended(self, views: tuple[CostModel, ...], slot_values: np.ndarray) -> bool:
-        """Whether two ops would hold one link at overlapping times under these costs (one cost vector): then the
-        engine queues one of them and the longest path is a lower bound, not the engine's time."""
-        starts, ends = self.times(slot_values)
+    def makespan(self, slot_values: np.ndarray) -> np.ndarray | float:
+        """The iteration time, s, for ``slot_values`` (see :meth:`times`): one per cost vector."""
+        return self.span(*self.times(slot_values))
+
+    def contended(self, views: tuple[CostModel, ...], starts: np.ndarray, ends: np.ndarray) -> bool:
+        """Whether two ops would hold one link at overlapping times, given the :meth:`times` of one cost vector
+        under ``views``: then the engine queues one of them and the longest path is a lower bound, not the
+        engine's time."""
         held: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
         for node, slot_index in enumerate(self.slot_of):
             if slot_index < 0 or not ends[node] > starts[node]:
@@ -200,8 +204,8 @@ def compile_plan(plan: Plan, num_views: int = 1) -> CompiledPlan:
     slot_index: dict[_Slot, int] = {}
     op_nodes: list[tuple[int, int, str]] = []
     node_of: dict[tuple[int, str], int] = {}  # (view, op id) -> node
-    sends: dict[tuple[int, int], tuple[int, list[int]]] = {}  # (view, pair) -> (node, its predecessors so far)
-    recv_issue: dict[tuple[int, int], int] = {}  # (view, pair) -> the receiver's cursor node
+    sends: dict[tuple[int, int], int] = {}  # (view, pair) -> the SEND's node
+    receives: dict[tuple[int, int], tuple[int, int]] = {}  # (view, pair) -> (the RECV's node, its walker's cursor)
     collectives: dict[str, int] = {}  # op id -> node (one node for every replica's copy)
     deferred: list[tuple[int, int, tuple[str, ...]]] = []  # (node, view, deps) resolved once every node exists
 
@@ -231,11 +235,10 @@ def compile_plan(plan: Plan, num_views: int = 1) -> CompiledPlan:
                     node = new_node(_Slot(view, "message", kind, op.vstage, rank, op.peer))
                     preds[node].append(cursor)
                     deferred.append((node, view, op.deps))
-                    sends[(view, op.pair)] = (node, preds[node])
+                    sends[(view, op.pair)] = node
                 elif kind in _RECVS:
                     node = new_node(None)
-                    recv_issue[(view, op.pair)] = cursor
-                    deferred.append((node, view, ()))
+                    receives[(view, op.pair)] = (node, cursor)
                 elif kind in _DP:
                     node = collectives.get(op_key)
                     if node is None:
@@ -246,14 +249,14 @@ def compile_plan(plan: Plan, num_views: int = 1) -> CompiledPlan:
                     raise NotCompilable(f"op kind {kind.value} is simulated by the engine")
                 node_of[(view, op_key)] = node
                 op_nodes.append((node, trace_rank, op_key))
-    for (view, pair), (_, send_preds) in sends.items():
-        if (view, pair) not in recv_issue:
+    for (view, pair), send in sends.items():
+        if (view, pair) not in receives:
             raise NotCompilable(f"SEND of pair {pair} has no RECV")
-        send_preds.append(recv_issue[(view, pair)])
-    receivers = {(view, op.pair): node_of[(view, make_id(op.kind, op.vstage, op.mb))]
-                 for view in range(num_views) for program in plan.programs for op in program if op.kind in _RECVS}
-    for (view, pair), node in receivers.items():
-        preds[node].append(sends[(view, pair)][0])  # the RECV ends when its transfer does
+        receive, issued = receives[(view, pair)]
+        preds[send].append(issued)  # the transfer starts once the RECV is issued too (a rendezvous)
+        preds[receive].append(send)  # and the RECV ends when the transfer does
+    if receives.keys() - sends.keys():
+        raise NotCompilable(f"RECV of pair {min(receives.keys() - sends.keys())[1]} has no SEND")
     for node, view, deps in deferred:
         preds[node].extend(node_of[(view, dep)] for dep in deps)
     for node in range(1, len(preds)):

@@ -15,8 +15,9 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sim.core.errors import SpecError
@@ -77,8 +78,7 @@ def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, wor
     Raises:
         SpecError: ``workers`` < 1 or ``time_budget_s`` ≤ 0.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise SpecError(f"--workers must be an integer >= 1, got {workers!r}")
+    _check_workers(workers)
     if time_budget_s is not None and not time_budget_s > 0:
         raise SpecError(f"--time-budget must be > 0 seconds, got {time_budget_s!r}")
     order = list(range(len(candidates)))
@@ -114,16 +114,33 @@ def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, wor
     return Evaluated(ordered, len(candidates), stopped, time.monotonic() - start)
 
 
+@contextmanager
+def _spawned_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of ``workers`` spawned processes that die with this one (:func:`_worker_start`); on any exception
+    (Ctrl-C included) its queued tasks are dropped and its processes stopped before the exception goes on."""
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_start, initargs=(os.getpid(),))
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        _stop_workers(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _check_workers(workers: object) -> None:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise SpecError(f"--workers must be an integer >= 1, got {workers!r}")
+
+
 def _run_pool(problem: SearchProblem, chunks: list, workers: int, out_of_time: Callable[[], bool],
               take: Callable[[list[tuple[int, Evaluation]]], None]) -> bool:
     """Cost ``chunks`` in a pool of ``workers`` processes, keeping two tasks per worker in flight; whether the time
     budget stopped it."""
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_start,
-                               initargs=(os.getpid(),))
-    pending: set[Future] = set()
     stopped = False
-    try:
+    with _spawned_pool(workers) as pool:
+        pending: set[Future] = set()
         queue = iter(chunks)
         for chunk in queue:
             pending.add(pool.submit(_evaluate_chunk, problem, chunk))
@@ -143,19 +160,11 @@ def _run_pool(problem: SearchProblem, chunks: list, workers: int, out_of_time: C
                 # Stopped only if a chunk went uncosted (cancelled, or never handed out): when the last chunks were
                 # all running already, everything was costed and the budget stopped nothing.
                 stopped = len(done_late) < len(pending) or next(queue, None) is not None
-                pending = set()
                 break
             for chunk in queue:
                 pending.add(pool.submit(_evaluate_chunk, problem, chunk))
                 if len(pending) >= 2 * workers:
                     break
-    except BaseException:
-        for future in pending:
-            future.cancel()
-        pool.shutdown(wait=False, cancel_futures=True)
-        _stop_workers(pool)
-        raise
-    pool.shutdown(wait=True)
     return stopped
 
 
@@ -167,25 +176,15 @@ def map_tasks(function: Callable, tasks: Sequence[tuple], workers: int, ray_addr
     Raises:
         SpecError: ``workers`` < 1.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise SpecError(f"--workers must be an integer >= 1, got {workers!r}")
+    _check_workers(workers)
     if ray_address is not None:
         with ray_session(ray_address) as ray:
             return ray_map(ray, function, tasks)
     if workers == 1 or len(tasks) <= 1:
         return [function(*task) for task in tasks]
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=context, initializer=_worker_start,
-                               initargs=(os.getpid(),))
-    futures = [pool.submit(function, *task) for task in tasks]
-    try:
-        results = [future.result() for future in futures]
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        _stop_workers(pool)
-        raise
-    pool.shutdown(wait=True)
-    return results
+    with _spawned_pool(min(workers, len(tasks))) as pool:
+        futures = [pool.submit(function, *task) for task in tasks]
+        return [future.result() for future in futures]
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:

@@ -88,9 +88,9 @@ class FastEvaluator:
             compiled = structure.compiled
             if len(views) != compiled.num_views:  # replicas alike or not depends on the candidate's layout
                 return evaluate(problem, candidate)
-            values = compiled.slot_values(views)
-            makespan = float(compiled.makespan(values))
-            contended = compiled.contended(views, values)
+            starts, ends = compiled.times(compiled.slot_values(views))
+            makespan = float(compiled.span(starts, ends))
+            contended = compiled.contended(views, starts, ends)
             peaks = compiled.peak_memory(views)
         except SpecError as exc:
             return Evaluation(candidate, False, reason=str(exc))

@@ -37,6 +37,7 @@ from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
 from sim.ir.plan import OpKind
 from sim.models import build_model
+from sim.models.graph import LayerGraph
 from sim.plan.build import place_layers, plan_layout, plan_microbatches
 from sim.schedules import SCHEDULES
 from sim.search.space import Candidate, SearchProblem
@@ -49,20 +50,90 @@ OVER_MEMORY = 1e9
 FILL = {"gpipe": 1.0, "1f1b": 1.0, "interleaved": 1.0, "zb1p": 1.0 / 3.0, "pipedream": 1.0}
 
 
-def _estimate(problem: SearchProblem, topology: Topology, candidate: Candidate, cache: dict) -> float:
-    """The estimate of ``candidate`` (module docstring), s."""
-    # Schedules with one stage per rank differ only in their fill: the per-rank work is shared between them.
-    entry = SCHEDULES[candidate.schedule]
-    shared = replace(candidate, schedule="1f1b") if not entry.chunked else candidate
-    work = cache.get(shared)
-    if work is None:
-        work = cache[shared] = _work(problem, topology, candidate, cache)
-    microbatches, pipeline, worst_rank, worst_vstage, tail, memory = work
-    fill = FILL.get(candidate.schedule, 1.0) * (pipeline - 1)
-    estimate = microbatches * worst_rank + fill * worst_vstage + tail
-    # A plan the memory screen says will not fit goes behind every one it says will (not out: the screen is rough).
-    fits = all(peak <= capacity for peak, capacity in _peaks(memory, candidate.schedule, microbatches, pipeline))
-    return estimate if fits else OVER_MEMORY + estimate
+class _Screen:
+    """The estimates of one problem, keeping what its candidates share: the profile (read once), the model shard per
+    (TP, sequence parallelism, recompute), and the per-rank work of each candidate up to its schedule when that
+    runs one stage per rank (those schedules differ only in their fill)."""
+
+    def __init__(self, problem: SearchProblem, topology: Topology) -> None:
+        self.problem, self.topology = problem, topology
+        self.profile = load_profile(problem.profile) if problem.profile else None
+        self.graphs: dict[tuple, LayerGraph] = {}
+        self.works: dict[Candidate, tuple] = {}
+
+    def estimate(self, candidate: Candidate) -> float:
+        """The estimate of ``candidate`` (module docstring), s.
+
+        Raises:
+            SpecError: its costs cannot be built (it breaks a rule of the model, schedule or batch).
+        """
+        shared = replace(candidate, schedule="1f1b") if not SCHEDULES[candidate.schedule].chunked else candidate
+        work = self.works.get(shared)
+        if work is None:
+            work = self.works[shared] = self._work(candidate)
+        microbatches, pipeline, worst_rank, worst_vstage, tail, memory = work
+        fill = FILL.get(candidate.schedule, 1.0) * (pipeline - 1)
+        estimate = microbatches * worst_rank + fill * worst_vstage + tail
+        # A plan the memory screen says will not fit goes behind every one it says will (not out: the screen is
+        # rough).
+        fits = all(peak <= capacity for peak, capacity in _peaks(memory, candidate.schedule, microbatches, pipeline))
+        return estimate if fits else OVER_MEMORY + estimate
+
+    def _work(self, candidate: Candidate) -> tuple[int, int, float, float, float, list]:
+        """``(m, p, the bottleneck rank's work per microbatch, the slowest virtual stage's, the slowest update, per
+        rank (rank, chunks, state, bytes kept per microbatch in flight, transient bytes, capacity))``."""
+        problem, topology, profile = self.problem, self.topology, self.profile
+        inputs = candidate.plan_inputs(problem)
+        layout = plan_layout(inputs, topology)
+        microbatches = plan_microbatches(inputs, layout)
+        if microbatches is None:
+            raise SpecError("no microbatch count")
+        entry = SCHEDULES[candidate.schedule]
+        vstage_to_rank = (entry.vstage_to_rank(layout.pp, candidate.chunks) if entry.chunked
+                          else tuple(range(layout.pp)))
+        key = (candidate.tp, candidate.sequence_parallel, inputs.recompute_mode)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
+        if len(vstage_to_rank) > len(graph):
+            raise SpecError("more stages than layers")
+        oracle, placement = place_layers(inputs, graph, profile, topology, layout, vstage_to_rank)
+        views = replica_views(graph, topology, placement, inputs.microbatch_size, profile, oracle=oracle, layout=layout)
+        recompute_full = inputs.recompute_mode == "full"
+        worst_rank = worst_vstage = tail = 0.0
+        memory = []
+        limit = problem.memory_limit_bytes
+        for view in views:
+            for rank in range(layout.pp):
+                mine = [v for v, r in enumerate(vstage_to_rank) if r == rank]
+                act = max(view.activation_bytes(v) for v in mine)
+                kept = max(view.checkpoint_bytes(v) for v in mine) if recompute_full else act
+                transient = max(view.workspace_bytes(v) for v in mine) + (act - kept)
+                own = topology.devices[view.device_of(rank)].memory_bytes
+                memory.append((rank, len(mine), sum(view.state_bytes(v) for v in mine), kept, transient,
+                               own if limit is None else min(own, limit)))
+            per_rank = [0.0] * layout.pp
+            for vstage, rank in enumerate(vstage_to_rank):
+                work = view.compute_time(OpKind.F, vstage) + view.compute_time(OpKind.B, vstage)
+                if recompute_full:
+                    work += view.compute_time(OpKind.R, vstage)
+                if layout.tp > 1:
+                    work += sum(view.collective(kind, vstage)[1] for kind in (OpKind.TP_F, OpKind.TP_B)) + (
+                        view.collective(OpKind.TP_R, vstage)[1] if recompute_full else 0.0)
+                if vstage + 1 < len(vstage_to_rank) and vstage_to_rank[vstage + 1] != rank:
+                    work += view.message(OpKind.SEND_F, vstage, rank, vstage_to_rank[vstage + 1])[1]
+                if vstage > 0 and vstage_to_rank[vstage - 1] != rank:
+                    work += view.message(OpKind.SEND_B, vstage, rank, vstage_to_rank[vstage - 1])[1]
+                per_rank[rank] += work
+                worst_vstage = max(worst_vstage, work)
+                update = view.compute_time(OpKind.OPT_STEP, vstage)
+                if layout.dp > 1:
+                    update += view.collective(OpKind.REDUCE_GRAD, vstage)[1]
+                    if layout.zero:
+                        update += view.collective(OpKind.GATHER_PARAMS, vstage)[1]
+                tail = max(tail, update)
+            worst_rank = max(worst_rank, max(per_rank))
+        return microbatches, layout.pp, worst_rank, worst_vstage, tail, memory
 
 
 def _peaks(memory: list[tuple[int, int, int, int, int, float]], schedule: str, microbatches: int,
@@ -83,70 +154,12 @@ def _peaks(memory: list[tuple[int, int, int, int, int, float]], schedule: str, m
     return found
 
 
-def _work(problem: SearchProblem, topology: Topology, candidate: Candidate,
-          cache: dict) -> tuple[int, int, float, float, float, list]:
-    """``(m, p, the bottleneck rank's work per microbatch, the slowest virtual stage's, the slowest update, per
-    rank (rank, chunks, state, bytes kept per microbatch in flight, transient bytes, capacity))``."""
-    inputs = candidate.plan_inputs(problem)
-    layout = plan_layout(inputs, topology)
-    microbatches = plan_microbatches(inputs, layout)
-    if microbatches is None:
-        raise SpecError("no microbatch count")
-    entry = SCHEDULES[candidate.schedule]
-    vstage_to_rank = (entry.vstage_to_rank(layout.pp, candidate.chunks) if entry.chunked
-                      else tuple(range(layout.pp)))
-    key = (candidate.tp, candidate.sequence_parallel, inputs.recompute_mode)
-    graph = cache.get(key)
-    if graph is None:
-        graph = cache[key] = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
-    if len(vstage_to_rank) > len(graph):
-        raise SpecError("more stages than layers")
-    profile = cache.setdefault("profile", load_profile(problem.profile) if problem.profile else None)
-    oracle, placement = place_layers(inputs, graph, profile, topology, layout, vstage_to_rank)
-    views = replica_views(graph, topology, placement, inputs.microbatch_size, profile, oracle=oracle, layout=layout)
-    recompute_full = inputs.recompute_mode == "full"
-    worst_rank = worst_vstage = tail = 0.0
-    memory = []
-    limit = problem.memory_limit_bytes
-    for view in views:
-        for rank in range(layout.pp):
-            mine = [v for v, r in enumerate(vstage_to_rank) if r == rank]
-            act = max(view.activation_bytes(v) for v in mine)
-            kept = max(view.checkpoint_bytes(v) for v in mine) if recompute_full else act
-            transient = max(view.workspace_bytes(v) for v in mine) + (act - kept)
-            own = topology.devices[view.device_of(rank)].memory_bytes
-            memory.append((rank, len(mine), sum(view.state_bytes(v) for v in mine), kept, transient,
-                           own if limit is None else min(own, limit)))
-        per_rank = [0.0] * layout.pp
-        for vstage, rank in enumerate(vstage_to_rank):
-            work = view.compute_time(OpKind.F, vstage) + view.compute_time(OpKind.B, vstage)
-            if recompute_full:
-                work += view.compute_time(OpKind.R, vstage)
-            if layout.tp > 1:
-                work += sum(view.collective(kind, vstage)[1] for kind in (OpKind.TP_F, OpKind.TP_B)) + (
-                    view.collective(OpKind.TP_R, vstage)[1] if recompute_full else 0.0)
-            if vstage + 1 < len(vstage_to_rank) and vstage_to_rank[vstage + 1] != rank:
-                work += view.message(OpKind.SEND_F, vstage, rank, vstage_to_rank[vstage + 1])[1]
-            if vstage > 0 and vstage_to_rank[vstage - 1] != rank:
-                work += view.message(OpKind.SEND_B, vstage, rank, vstage_to_rank[vstage - 1])[1]
-            per_rank[rank] += work
-            worst_vstage = max(worst_vstage, work)
-            update = view.compute_time(OpKind.OPT_STEP, vstage)
-            if layout.dp > 1:
-                update += view.collective(OpKind.REDUCE_GRAD, vstage)[1]
-                if layout.zero:
-                    update += view.collective(OpKind.GATHER_PARAMS, vstage)[1]
-            tail = max(tail, update)
-        worst_rank = max(worst_rank, max(per_rank))
-    return microbatches, layout.pp, worst_rank, worst_vstage, tail, memory
-
-
 def estimate_all(problem: SearchProblem, topology: Topology, candidates: Sequence[Candidate], *,
                  deadline: float | None = None, seed: int = 0) -> list[float | None]:
     """The estimate (s) of each candidate, ``inf`` where its costs cannot be built (it breaks a rule: the simulator
     will say which when it costs it). With a wall-clock ``deadline`` (``time.time()`` seconds) the candidates are
     estimated in a seeded random order until it passes, and the ones not reached are ``None``."""
-    cache: dict = {}
+    screen = _Screen(problem, topology)
     found: list[float | None] = [None] * len(candidates)
     order = list(range(len(candidates)))
     if deadline is not None:
@@ -155,7 +168,7 @@ def estimate_all(problem: SearchProblem, topology: Topology, candidates: Sequenc
         if deadline is not None and time.time() >= deadline:
             break
         try:
-            found[index] = _estimate(problem, topology, candidates[index], cache)
+            found[index] = screen.estimate(candidates[index])
         except SpecError:
             found[index] = float("inf")
     return found

@@ -52,7 +52,7 @@ def test_equal_to_the_engine_when_uncontended_and_a_lower_bound_otherwise():
         makespan = compiled.makespan(values)
         engine = prediction.metrics["iteration_time_s"]
         assert compiled.peak_memory(views) == prediction.peak_memory_bytes, inputs
-        if compiled.contended(views, values):
+        if compiled.contended(views, *compiled.times(values)):
             assert makespan <= engine * (1 + 1e-12), inputs  # waiting for a link only delays
             bounded += 1
         else:
