@@ -187,7 +187,7 @@ def _orders_for(degrees: dict[str, int], orders: tuple[str, ...]) -> list[str]:
 
 def check_space(space: SearchSpace) -> None:
     """Reject a space with an unknown or empty choice (one line naming the value)."""
-    checks = (("schedules", space.schedules, lambda v: v in SCHEDULES and v != "csp"),
+    checks = (("schedules", space.schedules, lambda v: v in SCHEDULES),
               ("chunks", space.chunks, lambda v: isinstance(v, int) and v >= 2),
               ("recompute", space.recompute, lambda v: v in RECOMPUTE_MODES),
               ("microbatch sizes", space.microbatch_sizes, lambda v: isinstance(v, int) and v >= 1),
