@@ -28,7 +28,7 @@ from sim.plan.validate import validate, validate_l0
 from sim.schedules import ScheduleEntry, get_schedule
 
 __all__ = ["PlanInputs", "BuiltPlan", "build_plan", "MAX_PLAN_OPS", "plan_op_count", "check_plan_size", "place_layers",
-           "plan_layout", "plan_microbatches"]
+           "plan_oracle", "plan_layout", "plan_microbatches"]
 
 #: Peak memory of ``sim.run`` per op of the plan it simulates, bytes, measured by ``python -m sim.bench_memory``:
 #: 1F1B on 4 ranks peaks at 75 MB, 251 MB and 2,045 MB of resident memory for 1,000, 10,000 and 100,000 microbatches
@@ -297,6 +297,13 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
     return BuiltPlan(plan, graph, topology, costs, profile)
 
 
+def plan_oracle(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
+                layout: Parallelism) -> CostOracle:
+    """The cost oracle of a plan: its microbatch size, ZeRO sharding of the optimizer, profile and kernel model."""
+    return CostOracle(graph, inputs.microbatch_size, profile, topology,
+                      optimizer_shards=layout.dp if layout.zero else 1, kernel_model=inputs.kernel_model)
+
+
 def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
                  layout: Parallelism, vstage_to_rank: tuple[int, ...]) -> tuple[CostOracle, Placement]:
     """The cost oracle of a plan (its microbatch size, ZeRO sharding, profile, kernel model) and where its layers
@@ -306,8 +313,7 @@ def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile
     Raises:
         SpecError: the partition does not fit (see :func:`sim.plan.partition.parse_partition`).
     """
-    oracle = CostOracle(graph, inputs.microbatch_size, profile, topology,
-                        optimizer_shards=layout.dp if layout.zero else 1, kernel_model=inputs.kernel_model)
+    oracle = plan_oracle(inputs, graph, profile, topology, layout)
     counts = parse_partition(inputs.partition, oracle, len(vstage_to_rank),
                              tuple(layout.device(rank, 0, 0) for rank in vstage_to_rank))
     return oracle, Placement(counts_to_ranges(counts), vstage_to_rank)

@@ -12,7 +12,11 @@ taken with probability exp(−Δ / T), the temperature T falling geometrically f
 and about never at the end); infeasible plans are never moved to. With probability :data:`JUMP` a move jumps to any
 listed candidate instead, so that a chain is not held in one region of the space by the ones around it.
 
-Several independent chains (``chains``, each seeded from the search seed and its index) run, one per worker process
+The chains start from the dynamic program's plans (:mod:`sim.search.dp`, the search's ``anneal`` strategy adds
+them to the list): chain k at the k-th best of them by the planner's estimate, so the simulator refines what the
+program chose, as the issue's "refinement starting from the DP" asks; a chain without one starts at a random
+feasible candidate. Several independent chains (``chains``, each seeded from the search seed and its index) run, one
+per worker process
 when there are several; a candidate is costed once per chain (a chain remembers what it has seen). Then the best
 candidate any chain found is polished by steepest descent (:func:`polish`): all its neighbours along every choice
 are costed and the best taken, until none is faster, so the answer is at least a local optimum of the move set.
@@ -74,10 +78,11 @@ class _Neighbours:
 
 
 def anneal_chain(problem: SearchProblem, candidates: Sequence[Candidate], evaluations: int, seed: int,
-                 deadline: float | None = None,
+                 deadline: float | None = None, start: int | None = None,
                  cost: Callable[[SearchProblem, Candidate], Evaluation] = evaluate) -> ChainResult:
     """One annealing chain of at most ``evaluations`` costed candidates (see the module docstring), stopping at the
-    wall-clock ``deadline`` (``time.time()`` seconds; ``None``: none) if that comes first."""
+    wall-clock ``deadline`` (``time.time()`` seconds; ``None``: none) if that comes first. It starts at candidate
+    ``start`` when that is given and feasible, else at a random feasible one."""
     rng = random.Random(seed)
     neighbours = _Neighbours(candidates)
     seen: dict[int, Evaluation] = {}
@@ -95,7 +100,9 @@ def anneal_chain(problem: SearchProblem, candidates: Sequence[Candidate], evalua
     def out_of_time() -> bool:
         return deadline is not None and time.time() >= deadline
 
-    for index in rng.sample(range(len(candidates)), len(candidates)):
+    if start is not None and look(start).feasible:
+        current = start
+    for index in ([] if current is not None else rng.sample(range(len(candidates)), len(candidates))):
         if len(order) >= budget or out_of_time():
             break
         if look(index).feasible:

@@ -12,6 +12,11 @@ Strategies (``--strategy``):
 * ``planner``: every candidate ranked by PipeDream's pipeline model without building a plan
   (:mod:`sim.search.planner`), then costed by the simulator best first, ``evaluations`` of them (default: a tenth
   of the space, at least 50) or as many as the time budget allows.
+* ``dp``: the planner over the space with each pipeline layout's placements replaced by the one an exact dynamic
+  program over partition and placement picks (:mod:`sim.search.dp`: PipeDream's planner generalised to devices of
+  different speeds), so a mixed cluster's layouts are screened by their best placement instead of at most 24 guesses.
+  Its plans carry explicit layer counts (``--partition 5,7,6,6``) and a device order; ``evaluations`` defaults as
+  for the planner, a tenth of the listed space.
 
 Ranking: feasible candidates by simulated iteration time (every candidate trains the same global batch, so this is
 also throughput), ties broken by the candidate's own order (:class:`~sim.search.space.Candidate` fields), so the
@@ -29,6 +34,7 @@ from sim.hw.topology import Topology
 from sim.models import build_model
 from sim.search.alpa import honours_alpa_assumption
 from sim.search.anneal import anneal_chain, polish
+from sim.search.dp import joint_candidates
 from sim.search.driver import evaluate_all, map_tasks
 from sim.search.evaluate import Evaluation
 from sim.search.planner import estimate_all
@@ -36,7 +42,7 @@ from sim.search.space import SearchProblem, enumerate_candidates
 
 __all__ = ["SearchResult", "run_search", "STRATEGIES", "check_problem"]
 
-STRATEGIES = ("exhaustive", "alpa", "anneal", "planner")
+STRATEGIES = ("exhaustive", "alpa", "anneal", "planner", "dp")
 #: Independent annealing chains (each seeded from the search's seed and its index; spread over the workers).
 DEFAULT_CHAINS = 4
 
@@ -129,20 +135,22 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
     if on_space is not None:
         on_space(len(candidates))
     if strategy == "anneal":
-        return _anneal(problem, candidates, workers, seed, progress, evaluations, chains, time_budget_s, ray_address)
-    if strategy == "planner":
+        return _anneal(problem, topology, candidates, workers, seed, progress, evaluations, chains, time_budget_s,
+                       ray_address)
+    if strategy in ("planner", "dp"):
         return _planner(problem, topology, candidates, workers, seed, progress, evaluations, time_budget_s,
-                        ray_address)
+                        ray_address, strategy=strategy)
     done = evaluate_all(problem, candidates, workers=workers, time_budget_s=time_budget_s, seed=seed,
                         progress=progress, ray_address=ray_address)
     return SearchResult(problem, strategy, len(candidates), done.evaluations, done.stopped_by_budget,
                         done.elapsed_s, seed)
 
 
-def _anneal(problem: SearchProblem, candidates: list, workers: int, seed: int,
+def _anneal(problem: SearchProblem, topology: Topology, candidates: list, workers: int, seed: int,
             progress: Callable[[Evaluation], None] | None, evaluations: int | None, chains: int,
             time_budget_s: float | None, ray_address: str | None) -> SearchResult:
-    """The anneal strategy: ``chains`` chains sharing the evaluation budget (and the time budget), merged."""
+    """The anneal strategy: ``chains`` chains sharing the evaluation budget (and the time budget), merged, started
+    from the dynamic program's best plans (their estimates get a tenth of the time budget)."""
     if isinstance(chains, bool) or not isinstance(chains, int) or chains < 1:
         raise SpecError(f"--chains must be an integer >= 1, got {chains!r}")
     total = max(50, len(candidates) // 4) if evaluations is None else evaluations
@@ -153,8 +161,11 @@ def _anneal(problem: SearchProblem, candidates: list, workers: int, seed: int,
     start = time.monotonic()
     # Wall-clock time, which every worker process reads alike; the polish gets the last tenth of the budget.
     deadline = None if time_budget_s is None else time.time() + 0.9 * time_budget_s
+    candidates, starts = _dp_starts(problem, topology, candidates, chains,
+                                    None if time_budget_s is None else time.time() + 0.1 * time_budget_s, seed)
     share = [total // chains + (1 if k < total % chains else 0) for k in range(chains)]
-    tasks = [(problem, candidates, share[k], seed * 1_000_003 + k, deadline) for k in range(chains) if share[k]]
+    tasks = [(problem, candidates, share[k], seed * 1_000_003 + k, deadline, starts[k] if k < len(starts) else None)
+             for k in range(chains) if share[k]]
     merged: dict[int, Evaluation] = {}
     for result in map_tasks(anneal_chain, tasks, workers, ray_address):
         for index, evaluation in result.costed:
@@ -173,14 +184,32 @@ def _anneal(problem: SearchProblem, candidates: list, workers: int, seed: int,
                         time.monotonic() - start, seed)
 
 
+def _dp_starts(problem: SearchProblem, topology: Topology, candidates: list, chains: int, deadline: float | None,
+               seed: int) -> tuple[list, list[int]]:
+    """The list with the dynamic program's plans appended (those not in it already), and the indices of the best
+    ``chains`` of them by the planner's estimate (fewer when the deadline leaves some unestimated)."""
+    joint = joint_candidates(problem, topology, candidates)
+    index = {candidate: i for i, candidate in enumerate(candidates)}
+    added = [candidate for candidate in joint if candidate not in index]
+    extended = candidates + added
+    index.update((candidate, len(candidates) + k) for k, candidate in enumerate(added))
+    estimates = estimate_all(problem, topology, joint, deadline=deadline, seed=seed)
+    ranked = sorted((value, k) for k, value in enumerate(estimates) if value is not None and value < float("inf"))
+    return extended, [index[joint[k]] for _, k in ranked[:chains]]
+
+
 def _planner(problem: SearchProblem, topology: Topology, candidates: list, workers: int, seed: int,
              progress: Callable[[Evaluation], None] | None, evaluations: int | None,
-             time_budget_s: float | None, ray_address: str | None) -> SearchResult:
-    """The planner strategy: estimate everything, cost the best estimates first."""
-    total = max(50, len(candidates) // 10) if evaluations is None else evaluations
+             time_budget_s: float | None, ray_address: str | None, *, strategy: str = "planner") -> SearchResult:
+    """The planner strategy, and dp's (the planner over the program's placements): estimate everything, cost the
+    best estimates first. The default budget is a tenth of the listed space either way."""
+    listed = len(candidates)
+    total = max(50, listed // 10) if evaluations is None else evaluations
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
         raise SpecError(f"--evaluations must be an integer >= 1, got {evaluations!r}")
     start = time.monotonic()
+    if strategy == "dp":
+        candidates = joint_candidates(problem, topology, candidates)
     deadline = None if time_budget_s is None else time.time() + 0.5 * time_budget_s
     estimates = estimate_all(problem, topology, candidates, deadline=deadline, seed=seed)
     reached = [i for i, value in enumerate(estimates) if value is not None]
@@ -191,5 +220,5 @@ def _planner(problem: SearchProblem, topology: Topology, candidates: list, worke
     # Back to the space's order, which every strategy reports, from the order they were costed in.
     index_of = {candidates[i]: i for i in ranked}
     evaluations_ = tuple(sorted(done.evaluations, key=lambda e: index_of[e.candidate]))
-    return SearchResult(problem, "planner", len(candidates), evaluations_,
+    return SearchResult(problem, strategy, listed, evaluations_,
                         done.stopped_by_budget or len(reached) < len(candidates), time.monotonic() - start, seed)

@@ -35,7 +35,8 @@ def test_within_one_percent_of_brute_force_on_a_fraction_of_the_space(problem):
     assert annealed.best.iteration_time_s <= brute.best.iteration_time_s * 1.01
     assert len(annealed.evaluations) < brute.space_size  # it did not cost everything
     by_candidate = {e.candidate: e for e in brute.evaluations}
-    assert all(by_candidate[e.candidate] == e for e in annealed.evaluations)  # the same costs, by the same path
+    # the same costs, by the same path (the dynamic program's plans the chains start from are not in the list)
+    assert all(by_candidate[e.candidate] == e for e in annealed.evaluations if e.candidate in by_candidate)
 
 
 def test_the_same_seed_gives_the_same_search_and_another_seed_may_not():
