@@ -66,6 +66,12 @@ def _hetero_search(argv: list[str]) -> int:
     return hetero_search.main(argv)
 
 
+def _search_strategies(argv: list[str]) -> int:
+    from experiments import search_strategies
+
+    return search_strategies.main(argv)
+
+
 def _relaxed_search(argv: list[str]) -> int:
     from experiments import relaxed_search
 
@@ -119,6 +125,9 @@ EXPERIMENTS: dict[str, Experiment] = {
     "relaxed_search": Experiment("relaxed_search", "the differentiable relaxation of per-stage choices against the "
                                  "balanced DP, annealing and brute force on a seeded suite, in simulated iteration "
                                  "time", _relaxed_search, out="runs/relaxed_search"),
+    "search_strategies": Experiment("search_strategies", "the search's strategies (brute force, planner, joint DP, "
+                                    "annealing from it, Alpa assumption) against each other on a seeded suite, in "
+                                    "simulated iteration time", _search_strategies, out="runs/search_strategies"),
     "sim_vs_real": Experiment("sim_vs_real", "simulator fidelity: predicted vs measured iteration time on 2 CPU "
                               "ranks, gpipe and 1f1b x 4/8/16 microbatches, calibrated profile", _sim_vs_real,
                               out="runs/sim_vs_real"),
