@@ -9,7 +9,7 @@ the plan's weight policy needs: the SimPy engine for a fixed program, NASPipe's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.core.errors import SpecError
@@ -25,6 +25,7 @@ from sim.hw.topology import Topology
 from sim.ir.plan import Plan
 from sim.ir.trace import Trace
 from sim.report.metrics import compute_metrics, plan_header
+from sim.report.stream import real_time, stream_metrics
 
 __all__ = ["Prediction", "predict", "describe_cost_source"]
 
@@ -110,8 +111,23 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         device_of_rank=devices if plan.parallel is not None else None,
     )
     metrics["plan"] = plan_header(plan, costs=cost_source)
+    if plan.weight_policy == "stream":
+        metrics["stream"] = _stream(plan, result.trace, views, topology, check_memory)
     return Prediction(plan, topology, result.trace, result.peak_memory_bytes, result.link_bytes, cost_source,
                       metrics, costs=views[0])
+
+
+def _stream(plan: Plan, trace: Trace, views: tuple, topology: Topology, check_memory: bool) -> dict[str, Any]:
+    """The stream metrics of a PARTIME plan (``sim.report.stream``); with a live source (option ``fps``) also the
+    same plan simulated unpaced, whose step time is the sustainable rate that real time is judged against."""
+    fps = plan.option("fps")
+    found = stream_metrics(trace, num_stages=plan.num_vstages, num_frames=plan.num_microbatches, fps=fps)
+    if fps:
+        unpaced_plan = replace(plan, options=tuple(item for item in plan.options if item[0] != "fps"))
+        unpaced = simulate(unpaced_plan, views, topology, check_memory=check_memory).trace
+        found["real_time"] = real_time(found, stream_metrics(unpaced, num_stages=plan.num_vstages,
+                                                             num_frames=plan.num_microbatches, fps=None))
+    return found
 
 
 def _predict_csp(plan: Plan, topology: Topology) -> Prediction:

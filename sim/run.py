@@ -25,6 +25,7 @@ from sim.models import build_model, format_model_list
 from sim.plan.build import PlanInputs, build_plan
 from sim.predict import predict
 from sim.report.outputs import format_summary, write_run_outputs
+from sim.report.stream import format_stream_summary
 from sim.schedules import SCHEDULES
 
 __all__ = ["main", "make_parser"]
@@ -63,6 +64,11 @@ def make_parser() -> argparse.ArgumentParser:
                         "input and recomputes it before the backward; selective recomputes only the attention core "
                         "(Megatron-LM, Korthikanti et al. 2022 §5)")
     parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration (default 8)")
+    stream = parser.add_argument_group("stream (PARTIME) options")
+    stream.add_argument("--frames", type=int, help="--schedule stream: frames of the stream, one per step (a frame is "
+                        "a microbatch of --microbatch-size samples; default 8)")
+    stream.add_argument("--fps", type=float, help="--schedule stream: a live source's frame rate; says whether real "
+                        "time holds (frames queue when the pipeline is slower)")
     parser.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch (default 1)")
     par = parser.add_argument_group("tensor, data and pipeline parallelism")
     par.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (Megatron-LM; gpt models; default 1)")
@@ -112,13 +118,22 @@ def _run(argv: list[str] | None) -> int:
         raise SpecError("--space names a supernet for --schedule csp; other schedules take --model")
     if not args.model:
         raise SpecError("--model is required (e.g. gpt:layers=48,hidden=2048, or 'list')")
+    microbatches = args.microbatches
+    if args.frames is not None:
+        if args.schedule != "stream":
+            raise SpecError(f"--frames {args.frames} counts the frames of --schedule stream; other schedules take "
+                            f"--microbatches")
+        if microbatches is not None:
+            raise SpecError(f"--frames {args.frames} and --microbatches {microbatches} both count the frames; give "
+                            f"--frames")
+        microbatches = args.frames
     built = build_plan(PlanInputs(
-        model=args.model, topology=args.topology, schedule=args.schedule or "1f1b", microbatches=args.microbatches,
+        model=args.model, topology=args.topology, schedule=args.schedule or "1f1b", microbatches=microbatches,
         microbatch_size=args.microbatch_size, partition=args.partition, profile=args.profile,
         schedule_file=args.schedule_file, chunks=1 if args.chunks is None else args.chunks,
         recompute=args.recompute or "none", vertical_sync=args.vertical_sync, tp=args.tp, dp=args.dp, pp=args.pp,
         global_batch=args.global_batch, rank_order=args.rank_order, sequence_parallel=args.sequence_parallel,
-        zero=args.zero, grad_overlap=args.grad_overlap, devices=args.devices,
+        zero=args.zero, grad_overlap=args.grad_overlap, devices=args.devices, fps=args.fps,
     ))
     plan, topology = built.plan, built.topology
     print(topology.describe())
@@ -147,6 +162,8 @@ def _run(argv: list[str] | None) -> int:
              f"{plan.model} · {plan.topology}{shape} · m={plan.num_microbatches}")
     names = write_run_outputs(out, prediction.trace, metrics, title=title, gantt=not args.no_gantt)
     print(format_summary(metrics))
+    if "stream" in metrics:
+        print(format_stream_summary(metrics["stream"]))
     print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")
     return 0
 

@@ -132,6 +132,14 @@ class _Run(CommProcesses):
         self.peak = list(self.memory)
         # Microbatches whose activations are recomputed: their F keeps only the checkpoint (the stage input).
         self.recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.R}
+        # PARTIME's stream (sim.schedules.stream): a stage holds one frame's activations, its newest forward's (or
+        # the drain's recompute): a forward replaces the one before it, a backward consumes it.
+        self.stream = plan.weight_policy == "stream"
+        self.held: dict[tuple[int, int], int] = {}  # (rank, vstage) -> activation bytes of the current forward
+        # Frames arrive from a live source at ``fps`` frames per second: frame f's first forward waits until f / fps.
+        fps = plan.option("fps") if self.stream else None
+        self.arrivals = ({op.id: op.mb / fps for op in plan.programs[plan.placement.vstage_to_rank[0]]  # type: ignore
+                          if op.kind is OpKind.F and op.vstage == 0} if fps else {})
         # Identical replicas simulated one by one (``simulate_all``) are costed with each other's traffic: copies of
         # one op in them share links (``Link``), and only the first of them counts the bytes all of them move.
         self.share = [view.concurrent if len(view.concurrent) > 1 and len(costs) > 1 else None for view in costs]
@@ -213,7 +221,7 @@ class _Run(CommProcesses):
     # --- handlers --------------------------------------------------------------------------------------------------
 
     def _walk(self, rank: int) -> _Proc:
-        handlers, position = self.handlers, self.position
+        handlers, position, arrivals = self.handlers, self.position, self.arrivals
         pipeline = self.plan.num_ranks
         suffix = self.suffix[rank // pipeline]
         for pos, op in enumerate(self.plan.programs[rank % pipeline]):
@@ -221,6 +229,10 @@ class _Run(CommProcesses):
             kind = op.kind
             if kind in _COMPUTE:
                 # The compute step is inlined: a nested generator per op would cost ~10% of the run.
+                if arrivals and kind is OpKind.F:
+                    due = arrivals.get(op.id)
+                    if due is not None and due > self.env.now:
+                        yield self.env.timeout(due - self.env.now)
                 for dep in op.deps:
                     event = self._done_event(dep + suffix if suffix else dep)
                     if event is not None:
@@ -257,7 +269,11 @@ class _Run(CommProcesses):
         costs = self.views[rank // self.plan.num_ranks]
         workspace = costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
         kept = 0  # bytes this op leaves allocated for the backward
-        if kind is OpKind.F:
+        if self.stream and (kind is OpKind.F or kind is OpKind.R):
+            kept = costs.activation_bytes(vstage)
+            self.memory[rank] -= self.held.get((rank, vstage), 0)  # a warm-up forward no gradient came for
+            self.held[(rank, vstage)] = kept
+        elif kind is OpKind.F:
             kept = costs.checkpoint_bytes(vstage) if (vstage, op.mb) in self.recomputed else costs.activation_bytes(
                 vstage)
         elif kind is OpKind.R:
@@ -280,7 +296,10 @@ class _Run(CommProcesses):
         kind, vstage = op.kind, op.vstage
         costs = self.views[rank // self.plan.num_ranks]
         freed = costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
-        if kind is OpKind.W or (kind is OpKind.B and (vstage, op.mb) not in self.frees):
+        if self.stream:
+            if kind is OpKind.B:
+                freed += self.held.pop((rank, vstage), 0)
+        elif kind is OpKind.W or (kind is OpKind.B and (vstage, op.mb) not in self.frees):
             freed += costs.activation_bytes(vstage)
         self.memory[rank] -= freed
 

@@ -28,7 +28,7 @@ from sim.plan.validate import validate, validate_l0
 from sim.schedules import ScheduleEntry, get_schedule
 
 __all__ = ["PlanInputs", "BuiltPlan", "build_plan", "MAX_PLAN_OPS", "plan_op_count", "check_plan_size", "place_layers",
-           "plan_oracle", "plan_layout", "plan_microbatches"]
+           "inputs_oracle", "plan_layout", "plan_microbatches"]
 
 #: Peak memory of ``sim.run`` per op of the plan it simulates, bytes, measured by ``python -m sim.bench_memory``:
 #: 1F1B on 4 ranks peaks at 75 MB, 251 MB and 2,045 MB of resident memory for 1,000, 10,000 and 100,000 microbatches
@@ -76,6 +76,8 @@ class PlanInputs:
         grad_overlap: reduce gradients in buckets during the last backward (``--grad-overlap``).
         devices: the device of each position of the rank order (``--devices``, a permutation; ``()``: in order).
         kernel_model: the GPU kernel model's software constants (default: the built-in, fitted ones).
+        fps: ``--schedule stream`` only: the live source's rate, frames/s (``--fps``; ``None``: frames whenever the
+            pipeline asks for one).
     """
 
     model: str
@@ -99,6 +101,7 @@ class PlanInputs:
     grad_overlap: bool = False
     kernel_model: KernelModel | None = None
     devices: tuple[int, ...] = ()
+    fps: float | None = None
 
     @property
     def recompute_mode(self) -> str:
@@ -258,14 +261,24 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         # Bounded work: what the plan will hold is known from its sizes, so it is checked before generating it.
         check_plan_size(graph, num_microbatches, inputs.microbatch_size, vstage_to_rank,
                         (compute_ops_per_microbatch(entry) + int(inputs.recompute_mode == "full"))
-                        * (2 if layout.tp > 1 else 1), entry.weight_policy == "stash")
+                        * (2 if layout.tp > 1 else 1), entry.weight_policy in ("stash", "stream"))
         programs = entry.build(num_ranks, num_microbatches, inputs.chunks)
         schedule_name, weight_policy = entry.name, entry.weight_policy
         generator_options = (("chunks", inputs.chunks),) if entry.chunked else ()
+        if inputs.fps is not None:
+            if weight_policy != "stream":
+                raise SpecError(f"--fps {inputs.fps:g} is the frame rate of a live source, for --schedule stream, "
+                                f"not {entry.name}")
+            if not (isinstance(inputs.fps, (int, float)) and math.isfinite(inputs.fps) and inputs.fps > 0):
+                raise SpecError(f"--fps must be a finite number of frames per second > 0, got {inputs.fps!r}")
+            generator_options += (("fps", float(inputs.fps)),)
         if inputs.vertical_sync:
             if weight_policy != "stash":
                 raise SpecError(f"--vertical-sync applies to weight stashing (pipedream), not {entry.name}")
             generator_options += ((VERTICAL_SYNC_OPTION, True),)
+    if weight_policy == "stream" and inputs.recompute_mode != "none":
+        raise SpecError(f"--recompute {inputs.recompute_mode} does not apply to --schedule stream: a stage keeps one "
+                        f"frame's activations, and recomputes only when the stream has ended (the drain)")
     oracle, placement = place_layers(inputs, graph, profile, topology, layout, vstage_to_rank)
     l0 = Plan(
         schedule=schedule_name,
@@ -287,7 +300,8 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
             raise SpecError(f"--recompute selective recomputes inside the backward; {inputs.schedule_file} has R ops "
                             f"(full recomputation)")
         l0 = replace(l0, options=tuple(sorted({**dict(l0.options), "recompute": "selective"}.items())))
-    elif inputs.recompute_mode == "full" or any(op.kind is OpKind.R for program in programs for op in program):
+    elif inputs.recompute_mode == "full" or (weight_policy != "stream" and any(
+            op.kind is OpKind.R for program in programs for op in program)):
         l0 = add_recompute(l0)  # also records ("recompute", True) in the options
     validate_l0(l0)
     plan = add_collectives(lower(l0))
@@ -297,9 +311,11 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
     return BuiltPlan(plan, graph, topology, costs, profile)
 
 
-def plan_oracle(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
-                layout: Parallelism) -> CostOracle:
-    """The cost oracle of a plan: its microbatch size, ZeRO sharding of the optimizer, profile and kernel model."""
+def inputs_oracle(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
+                  layout: Parallelism) -> CostOracle:
+    """The cost oracle of the plan ``inputs`` describe: its microbatch size, ZeRO sharding of the optimizer, profile
+    and kernel model (:func:`sim.cost.model.plan_oracle` makes the same from a written plan, which records no kernel
+    model)."""
     return CostOracle(graph, inputs.microbatch_size, profile, topology,
                       optimizer_shards=layout.dp if layout.zero else 1, kernel_model=inputs.kernel_model)
 
@@ -313,7 +329,7 @@ def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile
     Raises:
         SpecError: the partition does not fit (see :func:`sim.plan.partition.parse_partition`).
     """
-    oracle = plan_oracle(inputs, graph, profile, topology, layout)
+    oracle = inputs_oracle(inputs, graph, profile, topology, layout)
     counts = parse_partition(inputs.partition, oracle, len(vstage_to_rank),
                              tuple(layout.device(rank, 0, 0) for rank in vstage_to_rank))
     return oracle, Placement(counts_to_ranges(counts), vstage_to_rank)

@@ -31,7 +31,8 @@ def lower(plan: Plan) -> Plan:
     if plan.level != "L0":
         raise ValueError(f"lower() takes an L0 plan, got level {plan.level}")
     with_comms = order_receives(add_send_recv(plan))
-    if plan.weight_policy == "stash":  # async PipeDream: one update per microbatch, right after its backward
+    if plan.weight_policy in ("stash", "stream"):
+        # Async PipeDream and PARTIME's stream: an update per microbatch (frame), right after its backward.
         return add_stash_optimizer_steps(with_comms)
     return add_optimizer_steps(with_comms)
 

@@ -16,6 +16,7 @@ from sim.schedules.gpipe import gpipe
 from sim.schedules.interleaved import interleaved, loop_placement
 from sim.schedules.one_f_one_b import one_f_one_b
 from sim.schedules.pipedream import pipedream
+from sim.schedules.stream import stream
 from sim.schedules.zero_bubble import zb1p
 
 __all__ = ["ScheduleEntry", "SCHEDULES", "get_schedule", "PLACEMENTS"]
@@ -38,7 +39,7 @@ class ScheduleEntry:
     Attributes:
         name: the ``--schedule`` value.
         description: one line for ``--help`` and the docs.
-        weight_policy: ``flush``, ``stash`` or ``csp`` (DESIGN §3).
+        weight_policy: ``flush``, ``stash``, ``stream`` or ``csp`` (DESIGN §3).
         generator: ``(p, m)`` → programs, or ``(p, m, v)`` → programs when ``chunked``.
         placement: a key of :data:`PLACEMENTS`.
         chunked: whether the generator takes model chunks per rank (``--chunks``); the others run one per rank.
@@ -85,6 +86,10 @@ SCHEDULES: dict[str, ScheduleEntry] = {
         ScheduleEntry(
             "pipedream", "async PipeDream: 1F1B order without a flush, an update after every minibatch, weight "
             "stashing (--vertical-sync optional)", "stash", pipedream,
+        ),
+        ScheduleEntry(
+            "stream", "PARTIME online learning on a stream: --frames frames, one per step, each stage's forward of its "
+            "newest input and backward of the arriving gradient, an update every step", "stream", stream,
         ),
         ScheduleEntry(
             "zb1p", "Zero Bubble ZB-H1: backward split into I and W, W deferred into 1F1B's bubbles", "flush", zb1p,

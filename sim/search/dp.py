@@ -42,7 +42,6 @@ schedules put several stages on a rank, whose times add instead of maxing; they 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from math import prod
@@ -56,7 +55,7 @@ from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
 from sim.models import build_model
-from sim.plan.build import plan_layout, plan_microbatches, plan_oracle
+from sim.plan.build import inputs_oracle, plan_layout, plan_microbatches
 from sim.schedules import SCHEDULES
 from sim.search.placement import realise
 from sim.search.space import Candidate, SearchProblem
@@ -279,6 +278,6 @@ def _answer(problem: SearchProblem, topology: Topology, profile, candidate: Cand
         layout = plan_layout(inputs, topology)
         graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
         microbatches = plan_microbatches(inputs, layout)
-        return joint_partition(plan_oracle(inputs, graph, profile, topology, layout), layout, topology, microbatches)
+        return joint_partition(inputs_oracle(inputs, graph, profile, topology, layout), layout, topology, microbatches)
     except SpecError:
         return None

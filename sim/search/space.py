@@ -187,6 +187,9 @@ def _orders_for(degrees: dict[str, int], orders: tuple[str, ...]) -> list[str]:
 
 def check_space(space: SearchSpace) -> None:
     """Reject a space with an unknown or empty choice (one line naming the value)."""
+    if "stream" in space.schedules:
+        raise SpecError("the search space cannot include schedule 'stream': PARTIME learns from a stream one frame at "
+                        "a time, with no global batch to split; simulate it with sim.run --schedule stream")
     checks = (("schedules", space.schedules, lambda v: v in SCHEDULES),
               ("chunks", space.chunks, lambda v: isinstance(v, int) and v >= 2),
               ("recompute", space.recompute, lambda v: v in RECOMPUTE_MODES),

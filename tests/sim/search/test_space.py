@@ -162,6 +162,7 @@ def test_a_huge_space_is_rejected_by_the_default_bound():
 @pytest.mark.parametrize("field,value,needle", [
     ("schedules", ("bogus",), "'bogus'"),
     ("schedules", ("csp",), "'csp'"),
+    ("schedules", ("1f1b", "stream"), "schedule 'stream'"),
     ("schedules", (), "no schedules"),
     ("chunks", (1,), "chunks cannot include 1"),
     ("recompute", ("some",), "'some'"),
