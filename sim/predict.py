@@ -90,8 +90,9 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
     layout = plan.layout
     if oracle is None:
         oracle = plan_oracle(plan, profile, topology)
-    elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.optimizer_shards) != (
-            plan.model, plan.microbatch_size, profile, topology, layout.dp if layout.zero else 1):
+    elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.optimizer_shards,
+          oracle.cuda_graphs) != (plan.model, plan.microbatch_size, profile, topology, layout.dp if layout.zero else 1,
+                                  bool(plan.option("cuda_graphs", False))):
         raise ValueError(f"the cost oracle is for {oracle.graph.spec} at {oracle.microbatch_size} sample(s) per "
                          f"microbatch, not this plan's {plan.model} at {plan.microbatch_size}, or for another "
                          f"profile, topology or ZeRO sharding")

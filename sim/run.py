@@ -69,6 +69,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "a microbatch of --microbatch-size samples; default 8)")
     stream.add_argument("--fps", type=float, help="--schedule stream: a live source's frame rate; says whether real "
                         "time holds (frames queue when the pipeline is slower)")
+    stream.add_argument("--cuda-graphs", action="store_true", help="--schedule stream on GPUs: each step captured as "
+                        "a CUDA graph (no per-op launch or framework overhead; one launch per step)")
     parser.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch (default 1)")
     par = parser.add_argument_group("tensor, data and pipeline parallelism")
     par.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (Megatron-LM; gpt models; default 1)")
@@ -134,6 +136,7 @@ def _run(argv: list[str] | None) -> int:
         recompute=args.recompute or "none", vertical_sync=args.vertical_sync, tp=args.tp, dp=args.dp, pp=args.pp,
         global_batch=args.global_batch, rank_order=args.rank_order, sequence_parallel=args.sequence_parallel,
         zero=args.zero, grad_overlap=args.grad_overlap, devices=args.devices, fps=args.fps,
+        cuda_graphs=args.cuda_graphs,
     ))
     plan, topology = built.plan, built.topology
     print(topology.describe())

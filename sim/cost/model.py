@@ -50,7 +50,8 @@ def plan_oracle(plan: Plan, profile: MeasuredProfile | None, topology: Topology)
     layout = plan.layout
     graph = build_model(plan.model, plan_sharding(layout, plan_recompute(plan)))
     return CostOracle(graph, plan.microbatch_size, profile, topology,
-                      optimizer_shards=layout.dp if layout.zero else 1)
+                      optimizer_shards=layout.dp if layout.zero else 1,
+                      cuda_graphs=bool(plan.option("cuda_graphs", False)))
 
 
 class CostModel:

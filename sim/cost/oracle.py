@@ -91,6 +91,10 @@ class CostOracle:
             The graph itself is what one device holds: a tensor-parallel shard (``sim.models.build_model``'s
             ``sharding``).
         kernel_model: the software constants of the GPU kernel model (default: the built-in, fitted ones).
+        cuda_graphs: cost a step captured as a CUDA graph (``--cuda-graphs``, PARTIME's cure for per-step
+            overhead): the roofline's per-op overhead (``launch_overhead_us`` of the catalog) and the kernel model's
+            framework overheads per microbatch go, and each optimizer step pays one graph launch instead
+            (:meth:`step_overhead_s`). What remains is the kernels' own time.
 
     Raises:
         SpecError: ``microbatch_size`` or ``optimizer_shards`` < 1.
@@ -98,7 +102,7 @@ class CostOracle:
 
     def __init__(self, graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None = None,
                  topology: Topology | None = None, *, optimizer_shards: int = 1,
-                 kernel_model: KernelModel | None = None) -> None:
+                 kernel_model: KernelModel | None = None, cuda_graphs: bool = False) -> None:
         if microbatch_size < 1:
             raise SpecError(f"microbatch size must be >= 1, got {microbatch_size}")
         if optimizer_shards < 1:
@@ -106,6 +110,7 @@ class CostOracle:
         self.graph, self.microbatch_size, self.profile, self._topology = graph, microbatch_size, profile, topology
         self.optimizer_shards = optimizer_shards
         self._kernel_model = kernel_model
+        self.cuda_graphs = cuda_graphs
         self._transformer: bool | None = None
         self._collectives: dict[tuple, CollectiveCost] = {}
         self._p2p = None
@@ -123,15 +128,18 @@ class CostOracle:
 
     def step_overhead_s(self, device: DeviceSpec) -> float:
         """Framework time of one optimizer step on ``device`` outside its kernels, s: the kernel model's where it
-        applies (:meth:`_framework_overheads`), else 0 (a measured step time includes it)."""
+        applies (:meth:`_framework_overheads`), else 0 (a measured step time includes it). Under CUDA graphs, one
+        launch of the captured step instead (the catalog's per-op ``launch_overhead_us``; the step is one graph)."""
+        if self.cuda_graphs:
+            return device.launch_overhead_s
         if not self._framework_overheads(device):
             return 0.0
         return self.kernel_model.step_overhead_s * device.slowdown
 
     def microbatch_overhead_s(self, device: DeviceSpec) -> float:
         """Framework time per microbatch on a pipeline rank on ``device`` outside its kernels, s: the kernel model's
-        where it applies (:meth:`_framework_overheads`), else 0 (measured times include it)."""
-        if not self._framework_overheads(device):
+        where it applies (:meth:`_framework_overheads`), else 0 (measured times include it); 0 under CUDA graphs."""
+        if self.cuda_graphs or not self._framework_overheads(device):
             return 0.0
         return self.kernel_model.microbatch_overhead_s * device.slowdown
 
@@ -222,18 +230,20 @@ class CostOracle:
                 opt.append(optimizer_seconds(graph.param_count(i) / self.optimizer_shards, device, model,
                                              graph.dtype_bytes))
                 continue
+            # A captured graph replays its kernels without the per-op launch and dispatch (PARTIME, the seed talk:
+            # "it records PyTorch operations issued by the CPU"); the one launch of the graph is the step's.
+            launch = 0.0 if self.cuda_graphs else device.launch_overhead_s
             act = size * (_in_bytes(graph, i) + layer.activation_bytes)
             fwd_bytes = layer.param_bytes + act  # read weights, read input, write output
             bwd_bytes = 2 * layer.param_bytes + 2 * act  # read weights, write weight grads, the same tensors again
-            fwd.append(max(layer.flops_fwd * size / throughput, fwd_bytes / device.memory_bandwidth)
-                       + device.launch_overhead_s)
+            fwd.append(max(layer.flops_fwd * size / throughput, fwd_bytes / device.memory_bandwidth) + launch)
             # Selective recomputation (Korthikanti et al. §5) re-runs the attention core inside the backward.
             bwd.append(max((layer.flops_bwd + layer.recompute_flops) * size / throughput,
-                           bwd_bytes / device.memory_bandwidth) + device.launch_overhead_s)
+                           bwd_bytes / device.memory_bandwidth) + launch)
             # Adam is memory bound: it reads and writes the whole training state once per step (under ZeRO-1 the
             # replica's share of it).
             state = graph.param_count(i) * per_param
-            opt.append(2 * state / device.memory_bandwidth + device.launch_overhead_s if state else 0.0)
+            opt.append(2 * state / device.memory_bandwidth + launch if state else 0.0)
         return LayerCosts(tuple(fwd), tuple(bwd), tuple(opt))
 
     # --- ranks of the topology ------------------------------------------------------------------------------------

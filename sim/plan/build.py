@@ -78,6 +78,8 @@ class PlanInputs:
         kernel_model: the GPU kernel model's software constants (default: the built-in, fitted ones).
         fps: ``--schedule stream`` only: the live source's rate, frames/s (``--fps``; ``None``: frames whenever the
             pipeline asks for one).
+        cuda_graphs: ``--schedule stream`` only: each step captured as a CUDA graph (``--cuda-graphs``; costed by
+            :class:`~sim.cost.oracle.CostOracle`'s ``cuda_graphs``), on GPUs and without a measured profile.
     """
 
     model: str
@@ -102,6 +104,7 @@ class PlanInputs:
     kernel_model: KernelModel | None = None
     devices: tuple[int, ...] = ()
     fps: float | None = None
+    cuda_graphs: bool = False
 
     @property
     def recompute_mode(self) -> str:
@@ -272,6 +275,9 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
             if not (isinstance(inputs.fps, (int, float)) and math.isfinite(inputs.fps) and inputs.fps > 0):
                 raise SpecError(f"--fps must be a finite number of frames per second > 0, got {inputs.fps!r}")
             generator_options += (("fps", float(inputs.fps)),)
+        if inputs.cuda_graphs:
+            _check_cuda_graphs(inputs, entry.name, topology, layout)
+            generator_options += (("cuda_graphs", True),)
         if inputs.vertical_sync:
             if weight_policy != "stash":
                 raise SpecError(f"--vertical-sync applies to weight stashing (pipedream), not {entry.name}")
@@ -311,12 +317,26 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
     return BuiltPlan(plan, graph, topology, costs, profile)
 
 
+def _check_cuda_graphs(inputs: PlanInputs, schedule: str, topology: Topology, layout: Parallelism) -> None:
+    """``--cuda-graphs`` models a captured stream step: a stream, on GPUs, costed by the catalog (a measured profile's
+    times include the eager overheads a graph removes, in a share no profile records)."""
+    if schedule != "stream":
+        raise SpecError(f"--cuda-graphs models PARTIME's captured step, for --schedule stream, not {schedule}")
+    if inputs.profile:
+        raise SpecError(f"--cuda-graphs cannot apply to a measured profile ({inputs.profile}): its times include the "
+                        f"per-op overheads a graph removes, in a share it does not record")
+    cpus = sorted({topology.devices[layout.device(p, d, t)].name for p in range(layout.pp) for d in range(layout.dp)
+                   for t in range(layout.tp) if not topology.devices[layout.device(p, d, t)].is_gpu})
+    if cpus:
+        raise SpecError(f"--cuda-graphs needs GPUs; topology {topology} runs the plan on {', '.join(cpus)}")
+
+
 def inputs_oracle(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
                   layout: Parallelism) -> CostOracle:
     """The cost oracle of the plan ``inputs`` describe: its microbatch size, ZeRO sharding of the optimizer, profile
     and kernel model (:func:`sim.cost.model.plan_oracle` makes the same from a written plan, which records no kernel
     model)."""
-    return CostOracle(graph, inputs.microbatch_size, profile, topology,
+    return CostOracle(graph, inputs.microbatch_size, profile, topology, cuda_graphs=inputs.cuda_graphs,
                       optimizer_shards=layout.dp if layout.zero else 1, kernel_model=inputs.kernel_model)
 
 
