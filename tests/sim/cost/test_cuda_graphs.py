@@ -13,8 +13,8 @@ MODEL = "cnn:layers=10,features=16,kernel=5,size=64"
 
 
 def stream_metrics(cuda_graphs: bool, topology: str = "4xV100"):
-    built = build_plan(PlanInputs(model=MODEL, topology=topology, schedule="stream", microbatches=24, partition="3,2,2,3",
-                                  cuda_graphs=cuda_graphs))
+    built = build_plan(PlanInputs(model=MODEL, topology=topology, schedule="stream", microbatches=24,
+                                  partition="3,2,2,3", cuda_graphs=cuda_graphs))
     prediction = predict(built.plan, topology=built.topology, oracle=built.costs.oracle)
     return built, prediction.metrics["stream"]
 
