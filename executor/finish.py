@@ -44,6 +44,7 @@ from sim.hw.topology import Topology
 from sim.predict import predict
 from sim.report.metrics import compute_metrics, plan_header
 from sim.report.outputs import format_summary, write_run_outputs
+from sim.report.stream import format_stream_summary, stream_metrics
 
 __all__ = ["finish_run", "prediction_profile"]
 
@@ -104,6 +105,12 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
     metrics = compute_metrics(median_trace, num_microbatches=plan.num_microbatches,
                               microbatch_size=plan.microbatch_size, replicas=plan.layout.dp)
     metrics["plan"] = plan_header(plan)
+    if plan.weight_policy == "stream":  # PARTIME: step time and latency, measured beside predicted
+        metrics["stream"] = stream_metrics(median_trace, num_stages=plan.num_vstages,
+                                           num_frames=plan.num_microbatches, fps=plan.option("fps"))
+        compare["stream"] = {key: {"predicted": prediction.metrics["stream"].get(key),
+                                   "measured": metrics["stream"].get(key)}
+                             for key in ("step_time_s", "steady_latency_s", "stage_step_time_s")}
     metrics["measurement"] = {
         "iteration": index,
         "warmup_iterations": options.warmup,
@@ -144,6 +151,8 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
         print(f"wrote calibrated profile {target}")
 
     print(format_summary(metrics))
+    if "stream" in metrics:
+        print("measured " + format_stream_summary(metrics["stream"]))
     if options.slowdown:
         print(f"emulated slowdown: {describe_slowdown(options.slowdown)} (compute ops stretched by sleeping; the "
               f"prediction is the plan's own)")

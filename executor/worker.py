@@ -37,6 +37,7 @@ from executor.nn.stages import boundary_specs, synthetic_batch
 from executor.options import RunOptions, host_cores
 from executor.parallel import Place, build_process, make_groups, microbatch_index, save_state
 from executor.pingpong import round_trip_times
+from executor.stream_exec import StreamInterpreter, stream_frames
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
@@ -151,18 +152,24 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     specs = boundary_specs(plan.model, cuts, plan.microbatch_size)
     boundary = {v: specs[start] for v, (start, _) in enumerate(plan.placement.vstage_layers)}
     fail_at = options.inject_failure[1] if options.inject_failure and options.inject_failure[0] == rank else None
-    interpreter = RankInterpreter(plan, place.pp, model.stages, model.optimizers, model.loss, boundary, device=device,
-                                  fail_at=fail_at, peer_of=place.peer, tp_comm=model.tp_comm,
-                                  data_parallel=model.data_parallel, slowdown=options.slowdown_of(rank))
+    # A stream plan (PARTIME) runs its backward through each stage's current forward (executor.stream_exec).
+    interpreter_class = StreamInterpreter if plan.weight_policy == "stream" else RankInterpreter
+    interpreter = interpreter_class(plan, place.pp, model.stages, model.optimizers, model.loss, boundary,
+                                    device=device, fail_at=fail_at, peer_of=place.peer, tp_comm=model.tp_comm,
+                                    data_parallel=model.data_parallel, slowdown=options.slowdown_of(rank))
     first, last = 0 in vstages, plan.num_vstages - 1 in vstages
     m, replicas = plan.num_microbatches, plan.layout.dp
 
     offsets = measure_offsets(rank, world_size, device=device)
     timings, losses = [], []
     for iteration in range(options.warmup + options.iterations):
-        batches = [synthetic_batch(plan.model, plan.microbatch_size, seed=options.data_seed,
-                                   index=microbatch_index(iteration, j, m, place.dp, replicas))
-                   for j in range(m)] if first or last else []
+        if not (first or last):
+            batches = []
+        elif plan.weight_policy == "stream":  # frames of a seeded video, the iterations one continuing stream
+            batches = stream_frames(plan, options.data_seed, iteration)
+        else:
+            batches = [synthetic_batch(plan.model, plan.microbatch_size, seed=options.data_seed,
+                                       index=microbatch_index(iteration, j, m, place.dp, replicas)) for j in range(m)]
         inputs = [x.to(device) for x, _ in batches] if first else None
         targets = [y.to(device) for _, y in batches] if last else None
         dist.barrier()  # every rank starts the iteration together, as the simulation assumes
