@@ -293,6 +293,19 @@ def _planned_devices(plan: Plan, topology: Topology) -> list[str]:
     return [device.hardware.name for device in topology.devices[: plan.world_size]]
 
 
+def _check_cuda_graphs(plan: Plan, backend: str) -> None:
+    """A plan simulated with ``--cuda-graphs`` (a captured stream step): its capture is not built here, since no
+    machine of this project has had a GPU to build and test it on; on the CPU the step runs eagerly, as said."""
+    if not plan.option("cuda_graphs", False):
+        return
+    if backend == "nccl":
+        raise SpecError("the plan was simulated with --cuda-graphs, and executor.run cannot capture a stream step as a "
+                        "CUDA graph yet (never built or tested on a GPU); simulate it without --cuda-graphs to "
+                        "compare an eager run")
+    print("warning: the plan was simulated with --cuda-graphs; on the CPU (gloo) its steps run eagerly, so the "
+          "prediction's graph launches are not what is measured", file=sys.stderr)
+
+
 def _check_calibration_device(backend: str, num_ranks: int) -> None:
     """``--calibrate-out`` before a launch on this host: the ranks' devices must make one profile (``compare``)."""
     from executor.calibration import profile_device
@@ -337,6 +350,7 @@ def _run(argv: list[str] | None) -> int:
     backend, warning = choose_backend(args.backend, planned, cuda_available=cuda,
                                       cuda_devices=torch.cuda.device_count() if cuda else 0)
     options = replace(options, backend=backend)
+    _check_cuda_graphs(plan, backend)
     if options.calibrate_out:
         _check_calibration_device(backend, plan.world_size)
     if warning:

@@ -75,3 +75,18 @@ def test_a_live_source_paces_the_first_stage_and_the_compare_has_the_step_times(
     assert compare["stream"]["step_time_s"]["predicted"] == pytest.approx(1 / fps, rel=1e-9)  # paced, simulated
     assert compare["stream"]["step_time_s"]["measured"] == metrics["stream"]["step_time_s"]
     assert "measured stream: 10 frames on 2 stages" in run.stdout
+
+
+def test_a_cuda_graphs_plan_is_refused_on_nccl_and_runs_eagerly_with_a_warning_on_gloo(capsys):
+    from executor.run import _check_cuda_graphs
+    from sim.core.errors import SpecError
+    from sim.plan.build import PlanInputs, build_plan
+
+    plan = build_plan(PlanInputs(model=MODEL, topology="2xV100", schedule="stream", microbatches=4,
+                                 cuda_graphs=True)).plan
+    with pytest.raises(SpecError, match="cannot capture a stream step as a CUDA graph yet"):
+        _check_cuda_graphs(plan, "nccl")
+    _check_cuda_graphs(plan, "gloo")
+    assert "its steps run eagerly" in capsys.readouterr().err
+    eager = build_plan(PlanInputs(model=MODEL, topology="2xV100", schedule="stream", microbatches=4)).plan
+    _check_cuda_graphs(eager, "nccl")  # nothing to refuse
