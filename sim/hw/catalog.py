@@ -64,6 +64,8 @@ class DeviceSpec:
         host_link: name of the :class:`LinkSpec` of the card's link to its host memory: PCIe x16, or NVLink-C2C to
             the Grace CPU on a GH200.
         source: citation of every number above.
+        peak_fp32_flops: dense FP32 peak, FLOP/s: the CUDA-core (AMD: vector) rate that fp32 layers run at, with no
+            TF32 or tensor-core path (:mod:`sim.cost.oracle`); at most ``peak_flops`` on every catalog GPU.
         compute_units: streaming multiprocessors (compute units on AMD), the slots a kernel's thread blocks fill in
             waves; 0 for a CPU or the ideal device, which the kernel-level GPU model (:mod:`sim.cost.gpu_time`)
             then leaves to the roofline.
@@ -80,6 +82,7 @@ class DeviceSpec:
     launch_overhead_s: float
     host_link: str
     source: str = field(repr=False)
+    peak_fp32_flops: float
     compute_units: int = 0
     base: DeviceSpec | None = field(default=None, repr=False)
     slowdown: float = 1.0
@@ -131,17 +134,8 @@ class Catalog:
     aliases: Mapping[str, tuple[str, ...]]
 
 
-_DEVICE_FIELDS = (
-    "name",
-    "aliases",
-    "peak_tflops",
-    "matmul_efficiency",
-    "memory_gb",
-    "memory_bandwidth_gbs",
-    "launch_overhead_us",
-    "host_link",
-    "source",
-)
+_DEVICE_FIELDS = ("name", "aliases", "peak_tflops", "peak_fp32_tflops", "matmul_efficiency", "memory_gb",
+                  "memory_bandwidth_gbs", "launch_overhead_us", "host_link", "source")
 #: Fields a device entry may leave out (older catalogs): ``compute_units`` (0, the roofline).
 _OPTIONAL_DEVICE_FIELDS = ("compute_units",)
 _LINK_FIELDS = ("name", "bandwidth_gbs", "spec_bandwidth_gbs", "latency_us", "source")
@@ -214,6 +208,7 @@ def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpe
         launch_overhead_s=_number(entry, "launch_overhead_us", where, allow_inf=False, allow_zero=True) / _PER_MICRO,
         host_link=entry["host_link"],
         source=entry["source"].strip(),
+        peak_fp32_flops=_number(entry, "peak_fp32_tflops", where, allow_inf=False) * _TERA,
         compute_units=units,
     )
 
@@ -228,9 +223,10 @@ def slowed_device(device: DeviceSpec, factor: float) -> DeviceSpec:
 
     What ``executor.run --slowdown RANK:FACTOR`` emulates, for the simulator (a topology file's ``slowdown:``). The
     cost oracle costs it as its catalog device (:attr:`DeviceSpec.hardware`, whose measured profile applies to it
-    too) times ``factor``; its compute rate and memory bandwidth are divided, its per-op overhead multiplied, by
-    ``factor`` [derived], so that its roofline agrees and a search ranks it as the slower device; memory, host link
-    and compute units stay. Slowing a slowed copy multiplies the factors; ``factor`` 1 returns ``device``.
+    too) times ``factor``; its compute rates (both peaks) and memory bandwidth are divided, its per-op overhead
+    multiplied, by ``factor`` [derived], so that its roofline agrees and a search ranks it as the slower device;
+    memory, host link and compute units stay. Slowing a slowed copy multiplies the factors; ``factor`` 1 returns
+    ``device``.
 
     Raises:
         SpecError: ``factor`` is not a finite number in [1, :data:`MAX_SLOWDOWN`] (a device cannot be made faster
@@ -254,6 +250,7 @@ def slowed_device(device: DeviceSpec, factor: float) -> DeviceSpec:
         launch_overhead_s=root.launch_overhead_s * total,
         host_link=root.host_link,
         source=f"{root.name} with every compute op {total:g}x as long [derived: emulated slowdown]; {root.source}",
+        peak_fp32_flops=root.peak_fp32_flops / total,
         compute_units=root.compute_units,
         base=root,
         slowdown=total,

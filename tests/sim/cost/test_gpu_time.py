@@ -31,9 +31,9 @@ from sim.models.graph import TransformerPart
 
 # A toy GPU: 4 compute units, 1e12 FLOP/s at a 0.5 matmul ceiling (5e11 FLOP/s achieved), 1e12 bytes/s (5e11
 # achieved at the test models' memory efficiency of 0.5).
-TOY = DeviceSpec("toy", 1e12, 0.5, 1e9, 1e12, 1e-5, "pcie3-x16", "test", compute_units=4)
+TOY = DeviceSpec("toy", 1e12, 0.5, 1e9, 1e12, 1e-5, "pcie3-x16", "test", 1e12, compute_units=4)
 # The same with unbounded compute and bandwidth: every kernel then takes exactly the kernel gap.
-INSTANT = DeviceSpec("instant", math.inf, 1.0, 1e12, math.inf, 0.0, "pcie3-x16", "test", compute_units=4)
+INSTANT = DeviceSpec("instant", math.inf, 1.0, 1e12, math.inf, 0.0, "pcie3-x16", "test", math.inf, compute_units=4)
 
 
 def _model(**changes) -> KernelModel:
