@@ -13,7 +13,11 @@ A layer's time on a device is, in order of preference:
 3. on a GPU, for a GPT layer (one that carries its ``transformer`` dimensions), the kernel-level model of
    :mod:`sim.cost.gpu_time`: the layer's kernels issued by the host and run in order by the GPU;
 4. otherwise a roofline estimate: ``max(flops / (peak × efficiency), bytes_moved / memory_bandwidth) +
-   launch_overhead``.
+   launch_overhead``, where ``peak`` is the fp16/bf16 tensor-core peak, or for an fp32 model (``dtype_bytes`` 4:
+   the ``cnn`` and ``vgg16`` zoo models) the FP32 CUDA-core peak (:attr:`DeviceSpec.peak_fp32_flops`; a V100's
+   15.7 TFLOP/s, not its 125). It does not model TF32: on A100 and later PyTorch runs fp32 convolutions on the
+   tensor cores in TF32 by default (``torch.backends.cudnn.allow_tf32`` is True; matmuls stay full fp32), so there
+   the roofline overstates an fp32 convolution's time.
 
 Between GPUs every collective and point-to-point message is an NCCL call: its link time becomes the cheapest NCCL
 protocol's time (:mod:`sim.cost.nccl`: base and per-step latencies, LL's halved bandwidth). On a GPU each optimizer
@@ -206,7 +210,12 @@ class CostOracle:
                 raise SpecError(f"profile {profile.source} has layers {names[:4]}..., the model has "  # type: ignore[union-attr]
                                 f"{tuple(layer.name for layer in graph.layers)[:4]}...")
             measured = profile.layers  # type: ignore[union-attr]
-        throughput = device.peak_flops * device.matmul_efficiency  # FLOP/s
+        # An fp32 layer runs on the CUDA cores, not the fp16 tensor cores (V100: 15.7 against 125 TFLOP/s); costing it
+        # at the tensor peak made the cnn and vgg16 models 8x too fast. TF32 (A100 and later, on for cuDNN
+        # convolutions by default) is not modelled: there this overstates an fp32 convolution. The efficiency was
+        # measured on fp16 GEMMs; it is applied to the fp32 peak too (a V100's fp32 torch.mm reaches 0.92 of 15.7).
+        peak = device.peak_fp32_flops if graph.dtype_bytes == 4 else device.peak_flops
+        throughput = peak * device.matmul_efficiency  # FLOP/s
         per_param = state_bytes_per_param(graph.dtype_bytes, self.optimizer_shards)
         fwd, bwd, opt = [], [], []
         for i, layer in enumerate(graph.layers):

@@ -38,11 +38,12 @@ def test_roofline_of_a_gpt_block_is_compute_bound_on_a_cpu():
 
 
 def test_roofline_of_a_convolution_on_v100():
-    # A layer that is not a GPT layer keeps the roofline on a GPU too (cnn's conv1: 64 → 64 channels, 5 × 5, 256²).
+    # A layer that is not a GPT layer keeps the roofline on a GPU too (cnn's conv1: 64 → 64 channels, 5 × 5, 256²);
+    # cnn is fp32, so at the fp32 peak (tests/sim/cost/test_fp32_roofline.py has the literal closed form).
     graph = build_model("cnn:features=64,layers=3")
     v100 = get_device("V100")
     conv = graph[1]
-    flops_per_s = v100.peak_flops * v100.matmul_efficiency
+    flops_per_s = v100.peak_fp32_flops * v100.matmul_efficiency
     moved = conv.param_bytes + 2 * (graph.boundary_bytes(1) + conv.activation_bytes)
     assert 2 * conv.flops_fwd / flops_per_s > moved / v100.memory_bandwidth  # compute bound
     costs = CostOracle(graph, 2).layer_costs(v100)
