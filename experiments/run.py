@@ -90,6 +90,12 @@ def _mixed_real(argv: list[str]) -> int:
     return mixed_real.main(argv)
 
 
+def _partime_drift(argv: list[str]) -> int:
+    from experiments import partime_drift  # imported on demand: it needs torch, others may not
+
+    return partime_drift.main(argv)
+
+
 def _csp_prefetch(argv: list[str]) -> int:
     from experiments import csp_prefetch
 
@@ -113,6 +119,9 @@ EXPERIMENTS: dict[str, Experiment] = {
                                 _hetero_search, out="runs/hetero_search"),
     "naspipe": Experiment("naspipe", "NASPipe CSP vs GPipe, 1F1B, PipeDream and its ablations on search spaces "
                           "c1-c3, 8xV100, simulated, beside the paper's speedups", _naspipe, out="runs/naspipe"),
+    "partime_drift": Experiment("partime_drift", "what PARTIME's delayed-gradient update costs: its online loss "
+                                "against exact online SGD on a drifting synthetic stream and across a scene cut, "
+                                "1/2/4/8 stages", _partime_drift, out="runs/partime_drift"),
     "pipedream_vs_dp": Experiment("pipedream_vs_dp", "the best pipeline plan vs pure data parallelism for VGG-16, "
                                   "a GPT and a small CNN on 16 V100s over 10 GbE, 25 GbE and NVSwitch, simulated, "
                                   "beside PipeDream's speedups", _pipedream_vs_dp, out="runs/pipedream_vs_dp"),
