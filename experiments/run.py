@@ -108,10 +108,34 @@ def _csp_prefetch(argv: list[str]) -> int:
     return csp_prefetch.main(argv)
 
 
+def _memory(argv: list[str]) -> int:
+    from experiments import memory
+
+    return memory.main(argv)
+
+
 def _naspipe(argv: list[str]) -> int:
     from experiments import naspipe
 
     return naspipe.main(argv)
+
+
+def _naspipe_paper(argv: list[str]) -> int:
+    from experiments import naspipe_paper
+
+    return naspipe_paper.main(argv)
+
+
+def _megatron_interleaved(argv: list[str]) -> int:
+    from experiments import megatron_interleaved
+
+    return megatron_interleaved.main(argv)
+
+
+def _zero_bubble(argv: list[str]) -> int:
+    from experiments import zero_bubble
+
+    return zero_bubble.main(argv)
 
 
 EXPERIMENTS: dict[str, Experiment] = {
@@ -123,8 +147,15 @@ EXPERIMENTS: dict[str, Experiment] = {
     "hetero_search": Experiment("hetero_search", "on mixed clusters, the searched plan against the Alpa "
                                 "assumption's and the homogeneous assumption's, in simulated iteration time",
                                 _hetero_search, out="runs/hetero_search"),
+    "memory": Experiment("memory", "peak activation memory per stage of gpipe, 1f1b, interleaved, zb1p and "
+                         "pipedream, with and without recompute, simulated against the closed forms; a 6.7B GPT on "
+                         "8xA100", _memory, out="runs/memory"),
     "naspipe": Experiment("naspipe", "NASPipe CSP vs GPipe, 1F1B, PipeDream and its ablations on search spaces "
                           "c1-c3, 8xV100, simulated, beside the paper's speedups", _naspipe, out="runs/naspipe"),
+    "naspipe_paper": Experiment("naspipe_paper", "NASPipe vs GPipe under the artifact's own conditions (GPipe's "
+                                "whole supernet resident at 32/64/128 x 8 tokens, NASPipe at 192 x 64 from host "
+                                "memory), in tokens/s beside the paper's 8.0/4.3/2.8x", _naspipe_paper,
+                                out="runs/naspipe_paper"),
     "partime": Experiment("partime", "PARTIME's stream on 1-8 stages of an 8xV100 node, four conv configurations "
                           "at 256 and 1024 px, eager and with CUDA graphs, simulated beside the authors' findings; "
                           "step time predicted vs measured on 2 CPU ranks", _partime, out="runs/partime"),
@@ -149,6 +180,12 @@ EXPERIMENTS: dict[str, Experiment] = {
     "sim_vs_real": Experiment("sim_vs_real", "simulator fidelity: predicted vs measured iteration time on 2 CPU "
                               "ranks, gpipe and 1f1b x 4/8/16 microbatches, calibrated profile", _sim_vs_real,
                               out="runs/sim_vs_real"),
+    "megatron_interleaved": Experiment("megatron_interleaved", "interleaved 1F1B vs 1F1B over p, m and chunks v: "
+                                       "uniform stages against the closed form, a GPT on A100 and V100 nodes, and "
+                                       "the extra messages, beside SC'21's 10+%", _megatron_interleaved,
+                                       out="runs/megatron_interleaved"),
+    "zero_bubble": Experiment("zero_bubble", "ZB-H1 vs 1F1B over p and m: uniform stages against the closed forms, "
+                              "a GPT on A100s, beside the published 23%", _zero_bubble, out="runs/zero_bubble"),
 }
 
 
