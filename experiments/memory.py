@@ -1,0 +1,299 @@
+"""Peak activation memory per pipeline stage, simulated, against the closed forms (issue #16, item 6).
+
+For gpipe, 1f1b, interleaved (v = 2 chunks), zb1p and pipedream, each without and with ``--recompute``, every plan is
+built and simulated by the product (:func:`sim.plan.build.build_plan`, :func:`sim.predict.predict`), and a stage's
+activation memory is what the engine reports beyond the training state: ``peak_memory_bytes`` of the device minus
+``state_bytes`` of its stages (weights, gradients, optimizer state; the plan's cost view). It is set beside a closed
+form in the plan's own per-stage sizes, all in bytes:
+
+* ``A`` = ``activation_bytes(v)``: one microbatch's activations of the (virtual) stage, its input included;
+* ``C`` = ``checkpoint_bytes(v)``: the stage input, all that a microbatch keeps under recomputation;
+* ``P`` = ``param_bytes(v)``: one copy of the stage's weights (a stashed version);
+* ``W`` = ``workspace_bytes(v)``: the running op's transient buffer, held at the peak (a forward or recompute runs).
+
+With n microbatches in flight on stage r, the forms are n·A + W, and with recomputation n·C + k·(A − C) + W, where k
+microbatches hold their rebuilt activations at once:
+
+* gpipe (GPipe §2.3; Megatron SC'21 §2.2.1): n = m on every stage; k = 1;
+* 1f1b (Megatron §2.2.1, warm-up p − r − 1 forwards): n = p − r; k = 1;
+* interleaved (Megatron's warm-up 2(p − r − 1) + (v − 1)·p chunk forwards, +1 in the steady state): n = min(pv + p −
+  1 − 2r, m·v) chunk activations, A and C per chunk; on the first stage this is p·A·(1 + (p − 1)/(p·v)) in
+  stage-sized A (our reference table, §5); k = 1;
+* zb1p: n = p on every stage. The engine frees a microbatch's activations after its W (the weight gradient needs the
+  inputs of the stage's GEMMs) and ZB-H1 defers W: of the p, p − r wait for their backward (1F1B's count) and r for
+  their W. With recomputation those r hold their rebuilt activations too, so k = r + 1;
+* pipedream: n = p − r, plus weight copies: the first p − r forwards of an iteration run on the starting weights and
+  each later one on a newer version, so min(p − r, m − (p − r) + 1) versions are alive at once, each one more P on
+  top of the state (PipeDream §3.3's p − r stashed versions once m ≥ 2(p − r) − 1; fewer in a short iteration).
+
+On ``uniform:..`` models over ``Nxideal`` topologies every stage is the same and links are free, so the forms are
+exact and the simulated bytes equal them to the byte (the tests assert it); ``p`` ∈ {4, 8} and ``m`` ∈ {p, 2p, 4p}.
+For scale, the same table for a GPT-3 6.7B-shaped GPT on one 8 × A100 80 GB node at m = 32: GB per stage, and which
+plans overflow the device (simulated with the memory check off, so an overflowing plan still reports its peak).
+
+Writes ``memory.csv`` (one row per plan and stage) and ``memory.png``, all or none, and prints the tables.
+``--quick`` runs p = 4 only and the GPT at m = 8 (CI).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.core.cli import CliParser
+from sim.core.errors import SpecError
+from sim.core.fileio import write_bytes_atomic, write_text_atomic
+from sim.plan.build import PlanInputs, build_plan
+from sim.predict import predict
+from sim.report.png import figure_png
+
+__all__ = ["SCHEDULES", "UNIFORM", "GPT", "GPT_TOPOLOGY", "StageRow", "closed_form", "simulate", "main"]
+
+#: (schedule, chunks per rank) measured, in the table's order.
+SCHEDULES: tuple[tuple[str, int], ...] = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb1p", 1),
+                                          ("pipedream", 1))
+#: 16 layers of 1 MB activations and 10 MB weights per sample: 16 = p·v for p = 8, v = 2, so every chunk has a layer.
+UNIFORM = "uniform:layers=16,fwd_ms=1,bwd_ms=2,act_mb=1,param_mb=10"
+#: GPT-3 6.7B's shape (Brown et al. 2020, Table 2.1: 32 layers, d_model 4096, 32 heads, context 2048).
+GPT = "gpt:layers=32,hidden=4096,heads=32,seq=2048"
+GPT_TOPOLOGY = "8xA100"
+MAX_STAGES = 8  # the uniform model's 16 layers over p·2 interleaved chunks: at least one layer per chunk
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One stage of one simulated plan, bytes throughout.
+
+    Attributes:
+        part: ``uniform`` (exact closed forms) or ``gpt`` (scale).
+        model, topology, schedule, chunks, recompute, p, m, stage: the plan and the pipeline rank.
+        activation, checkpoint, param, workspace: A, C, P and W of the rank's first (virtual) stage (module doc).
+        state: the training state of the rank's stages.
+        peak: the device's simulated peak memory.
+        in_flight, rebuilt, copies: the closed form's n, k and weight copies.
+        formula: the closed form's bytes beyond the state.
+        capacity: the device's memory (bytes; infinite on ``ideal`` devices).
+    """
+
+    part: str
+    model: str
+    topology: str
+    schedule: str
+    chunks: int
+    recompute: bool
+    p: int
+    m: int
+    stage: int
+    activation: int
+    checkpoint: int
+    param: int
+    workspace: int
+    state: int
+    peak: int
+    in_flight: int
+    rebuilt: int
+    copies: int
+    formula: int
+    capacity: float
+
+    @property
+    def simulated(self) -> int:
+        """Bytes beyond the training state at the simulated peak."""
+        return self.peak - self.state
+
+
+def closed_form(schedule: str, recompute: bool, p: int, m: int, v: int, r: int) -> tuple[int, int, int]:
+    """``(n, k, copies)`` of the module docstring for stage ``r`` of ``p`` with ``m`` microbatches and ``v`` chunks:
+    microbatches (chunk activations for interleaved) in flight, how many of them hold rebuilt activations under
+    recomputation (0 without), and stashed weight copies."""
+    copies = 0
+    if schedule == "gpipe":
+        n = m
+    elif schedule == "1f1b":
+        n = p - r
+    elif schedule == "interleaved":
+        n = min(p * v + p - 1 - 2 * r, m * v)
+    elif schedule == "zb1p":
+        n = p
+    elif schedule == "pipedream":
+        n = p - r
+        copies = min(p - r, m - (p - r) + 1)
+    else:
+        raise SpecError(f"no closed form for schedule {schedule!r}")
+    rebuilt = (r + 1 if schedule == "zb1p" else 1) if recompute else 0
+    return n, rebuilt, copies
+
+
+def simulate(part: str, model: str, topology: str, schedule: str, chunks: int, recompute: bool,
+             m: int) -> list[StageRow]:
+    """Build and simulate one plan (the one prediction path, memory check off) and return its stages' rows."""
+    built = build_plan(PlanInputs(model, topology, schedule, microbatches=m, chunks=chunks, recompute=recompute))
+    prediction = predict(built.plan, topology=built.topology, oracle=built.costs.oracle, check_memory=False)
+    costs, placement, p = built.costs, built.plan.placement, built.plan.num_ranks
+    rows = []
+    for r in range(p):
+        vstages = placement.vstages_of(r)
+        v0 = vstages[0]
+        a, c, param = costs.activation_bytes(v0), costs.checkpoint_bytes(v0), costs.param_bytes(v0)
+        w = max(costs.workspace_bytes(v) for v in vstages)  # the largest op's buffer: the peak is while it runs
+        n, k, copies = closed_form(schedule, recompute, p, m, chunks, r)
+        held = n * c + k * (a - c) if recompute else n * a
+        peak = prediction.metrics["devices"][r]["peak_memory_bytes"]
+        rows.append(StageRow(part, model, topology, schedule, chunks, recompute, p, m, r, a, c, param, w,
+                             sum(costs.state_bytes(v) for v in vstages), peak, n, k, copies,
+                             held + copies * param + w, built.topology.devices[costs.device_of(r)].memory_bytes))
+    return rows
+
+
+def uniform_rows(stages: tuple[int, ...]) -> list[StageRow]:
+    """Every schedule, with and without recomputation, for p in ``stages`` and m in {p, 2p, 4p}, on ``pxideal``."""
+    return [row for p in stages for m in (p, 2 * p, 4 * p) for schedule, chunks in SCHEDULES
+            for recompute in (False, True)
+            for row in simulate("uniform", UNIFORM, f"{p}xideal", schedule, chunks, recompute, m)]
+
+
+def gpt_rows(m: int) -> list[StageRow]:
+    """Every schedule, with and without recomputation, for :data:`GPT` on :data:`GPT_TOPOLOGY` (8 stages)."""
+    return [row for schedule, chunks in SCHEDULES for recompute in (False, True)
+            for row in simulate("gpt", GPT, GPT_TOPOLOGY, schedule, chunks, recompute, m)]
+
+
+def _plans(rows: list[StageRow]) -> list[list[StageRow]]:
+    """``rows`` grouped by plan, in order."""
+    groups: dict[tuple, list[StageRow]] = {}
+    for row in rows:
+        groups.setdefault((row.part, row.schedule, row.recompute, row.p, row.m), []).append(row)
+    return list(groups.values())
+
+
+def _label(row: StageRow) -> str:
+    name = f"interleaved v={row.chunks}" if row.schedule == "interleaved" else row.schedule
+    return name + (" +recompute" if row.recompute else "")
+
+
+def uniform_table(rows: list[StageRow]) -> list[str]:
+    """Per plan: the first stage's simulated and closed-form bytes in units of its A, the last stage's, and whether
+    every stage equals its closed form."""
+    lines = ["| schedule | p | m | stage 0: simulated / A | formula / A | last stage: simulated / A | formula / A | "
+             "every stage equal |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for plan in _plans(rows):
+        first, last = plan[0], plan[-1]
+        equal = all(r.simulated == r.formula for r in plan)
+        lines.append(f"| {_label(first)} | {first.p} | {first.m} | {first.simulated / first.activation:.3g} | "
+                     f"{first.formula / first.activation:.3g} | {last.simulated / last.activation:.3g} | "
+                     f"{last.formula / last.activation:.3g} | {'yes' if equal else 'NO'} |")
+    return lines
+
+
+def gpt_table(rows: list[StageRow]) -> list[str]:
+    """Per plan: each stage's simulated peak in GB (state included), the largest beside the closed form's, and
+    whether it overflows the device."""
+    plans = _plans(rows)
+    p = plans[0][0].p
+    lines = ["| schedule | " + " | ".join(f"stage {r} GB" for r in range(p)) + " | worst: formula GB | overflows |",
+             "|---|" + "---:|" * p + "---:|---|"]
+    for plan in plans:
+        worst = max(plan, key=lambda r: r.peak)
+        over = [str(r.stage) for r in plan if r.peak > r.capacity]
+        lines.append(f"| {_label(plan[0])} | " + " | ".join(f"{r.peak / 1e9:.1f}" for r in plan) +
+                     f" | {(worst.state + worst.formula) / 1e9:.1f} | "
+                     f"{'stages ' + ','.join(over) if over else 'no'} |")
+    return lines
+
+
+FIELDS = ("part", "model", "topology", "schedule", "chunks", "recompute", "p", "m", "stage", "activation_bytes",
+          "checkpoint_bytes", "param_bytes", "workspace_bytes", "state_bytes", "peak_bytes", "simulated_bytes",
+          "formula_bytes", "in_flight", "rebuilt", "weight_copies", "equal", "capacity_bytes", "overflows")
+
+
+def to_csv(rows: list[StageRow]) -> str:
+    """``memory.csv``: one row per plan and stage, bytes as integers."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(FIELDS)
+    for r in rows:
+        writer.writerow([r.part, r.model, r.topology, r.schedule, r.chunks, str(r.recompute).lower(), r.p, r.m,
+                         r.stage, r.activation, r.checkpoint, r.param, r.workspace, r.state, r.peak, r.simulated,
+                         r.formula, r.in_flight, r.rebuilt, r.copies, str(r.simulated == r.formula).lower(),
+                         f"{r.capacity:.0f}", str(r.peak > r.capacity).lower()])
+    return buffer.getvalue()
+
+
+def _plot(uniform: list[StageRow], gpt: list[StageRow]) -> bytes:
+    """Three panels: the uniform model at the largest p and m without and with recomputation (simulated MB per
+    stage as lines, the closed forms as open markers), and the GPT's GB per stage with the device's capacity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    colors = dict(zip((s for s, _ in SCHEDULES), ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")))
+    p, m = max(r.p for r in uniform), max(r.m for r in uniform if r.p == max(x.p for x in uniform))
+    for ax, recompute in zip(axes[:2], (False, True)):
+        for plan in _plans([r for r in uniform if r.p == p and r.m == m and r.recompute == recompute]):
+            stages = [r.stage for r in plan]
+            color = colors[plan[0].schedule]
+            ax.plot(stages, [r.simulated / 1e6 for r in plan], "-", color=color, label=_label(plan[0]))
+            ax.plot(stages, [r.formula / 1e6 for r in plan], "o", color=color, fillstyle="none", markersize=8)
+        ax.set_xlabel("stage")
+        ax.set_ylabel("memory beyond the training state (MB)")
+        ax.set_title(f"uniform, p={p}, m={m}{', recompute' if recompute else ''}\nlines: simulated; circles: "
+                     f"closed form", fontsize=9)
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    for plan in _plans(gpt):
+        style = "--" if plan[0].recompute else "-"
+        ax.plot([r.stage for r in plan], [r.peak / 1e9 for r in plan], style, marker=".",
+                color=colors[plan[0].schedule], label=_label(plan[0]))
+    capacity = gpt[0].capacity / 1e9
+    ax.axhline(capacity, color="black", linewidth=1)
+    ax.annotate(f"{capacity:.0f} GB device", (0, capacity), xytext=(2, 3), textcoords="offset points", fontsize=8)
+    ax.set_xlabel("stage")
+    ax.set_ylabel("simulated peak memory, state included (GB)")
+    ax.set_title(f"GPT 6.7B shape on {GPT_TOPOLOGY}, m={gpt[0].m}, microbatch 1 x 2048 tokens", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return figure_png(fig, dpi=110)
+
+
+def _stages(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise SpecError(f"--stages must be comma-separated integers, got {text!r}") from None
+    bad = [v for v in values if not 2 <= v <= MAX_STAGES]
+    if bad or len(set(values)) != len(values):
+        raise SpecError(f"--stages: each p from 2 to {MAX_STAGES} (16 layers over p·2 interleaved chunks), once "
+                        f"each, got {text!r}")
+    return values
+
+
+def main(argv: list[str]) -> int:
+    """``python -m experiments.run memory [--quick] [--stages 4,8] [--out DIR]``; returns the exit status."""
+    parser = CliParser(prog="python -m experiments.run memory", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/memory")
+    parser.add_argument("--quick", action="store_true", help="p = 4 only and the GPT at m = 8 (CI)")
+    parser.add_argument("--stages", help="comma-separated pipeline depths of the uniform part (default 4,8)")
+    args = parser.parse_args(argv)
+    stages = _stages(args.stages or ("4" if args.quick else "4,8"))
+    uniform = uniform_rows(stages)
+    gpt = gpt_rows(8 if args.quick else 32)
+    print(f"{UNIFORM} on pxideal: memory beyond the training state, in units of A (one microbatch's activations of "
+          f"the stage; of one chunk for interleaved)")
+    for line in uniform_table(uniform):
+        print(line)
+    print()
+    print(f"{GPT} on {GPT_TOPOLOGY}, microbatch 1, m = {gpt[0].m}: simulated peak memory per stage (state included)")
+    for line in gpt_table(gpt):
+        print(line)
+    png = _plot(uniform, gpt)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(to_csv(uniform + gpt), out / "memory.csv")
+    write_bytes_atomic(out / "memory.png", png)
+    print(f"wrote {out}/{{memory.csv, memory.png}}")
+    return 0
