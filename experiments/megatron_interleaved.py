@@ -11,8 +11,8 @@ of p − 1: with uniform stages and free links
 (t_f, t_b: a full stage's forward and backward time of one microbatch), at the cost of v times the messages: a
 microbatch crosses p·v − 1 vstage boundaries each way instead of p − 1, so an iteration sends 2·m·(p·v − 1)
 activations and gradients of b·s·h elements each (§2.2.2; §3.1 for the b·s·h). m must be a multiple of p. The
-paper's throughput claim: the interleaved schedule "can improve throughput by 10+% with comparable memory footprint"
-(abstract; "as much as 10%" in §5), measured on GPT models of billions of parameters on DGX A100 clusters.
+paper's throughput claim: the interleaved schedule improves throughput by "10+%" at comparable memory (abstract;
+"as much as 10%" in the body), on large GPT models on DGX A100 clusters.
 
 For p ∈ {4, 8}, v ∈ {1 (= ``1f1b``), 2, 4} and m ∈ {p, 2p, 4p, 8p}, three cases, each simulated by the product
 (:func:`sim.plan.build.build_plan` then :func:`sim.predict.predict`):
@@ -56,7 +56,7 @@ UNIFORM_LAYER_S, UNIFORM_LAYERS = 3e-3, 32
 GPT = "gpt:layers=32,hidden=2048"
 #: The paper's claim (SC'21, abstract): "10+%" higher throughput than 1F1B at comparable memory.
 PAPER_GAIN = 0.10
-PAPER_NOTE = "SC'21 abstract: interleaving improves throughput by 10+% at comparable memory (§5: as much as 10%)"
+PAPER_NOTE = "SC'21 abstract: interleaving improves throughput by 10+% at comparable memory (body: as much as 10%)"
 
 PS, VS, M_FACTORS = (4, 8), (1, 2, 4), (1, 2, 4, 8)
 
