@@ -133,8 +133,9 @@ class Row:
 
 
 def simulate_space(space: str, gpus: int, subnets: int, seed: int, lookahead: int = 30,
-                   budget_factor: float = 1.25) -> Row:
-    """Both systems at the artifact's conditions on ``{gpus}xV100``, and ``experiments.naspipe``'s equal ones."""
+                   budget_factor: float = 1.25, device: str = "V100") -> Row:
+    """Both systems at the artifact's conditions on ``{gpus}x{device}``, and ``experiments.naspipe``'s equal ones
+    (``device="ideal"``: free links, for the closed-form checks)."""
     from sim.csp.baselines import run_baseline, stage_supernet_bytes
     from sim.csp.build import CspInputs, build_csp_plan, build_csp_problem
     from sim.models.supernet_space import space_spec
@@ -142,7 +143,7 @@ def simulate_space(space: str, gpus: int, subnets: int, seed: int, lookahead: in
 
     if space not in ARTIFACT:
         raise SpecError(f"the artifact measured GPipe on c1, c2, c3 only, got space {space!r}")
-    topology, batch = f"{gpus}xV100", ARTIFACT[space].gpipe_batch
+    topology, batch = f"{gpus}x{device}", ARTIFACT[space].gpipe_batch
     if NASPIPE_BATCH % gpus:
         raise SpecError(f"--gpus {gpus} must divide NASPipe's batch of {NASPIPE_BATCH}")
     long = space_spec(space, seq=NASPIPE_SEQ)
@@ -253,6 +254,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gpus", default="4,8", help="GPU counts (the sample: 4; the paper's Figure 5: 8)")
     parser.add_argument("--subnets", type=int, default=64, help="subnets (NASPipe steps) simulated per case")
     parser.add_argument("--seed", type=int, default=0, help="subnet sampler seed")
+    parser.add_argument("--device", default="V100", help="GPU model of the NxDEVICE topologies (default V100)")
     args = parser.parse_args(argv)
     spaces = [s.strip() for s in args.spaces.split(",") if s.strip()]
     for space in spaces:
@@ -273,10 +275,10 @@ def main(argv: list[str]) -> int:
     if not spaces or not gpus:
         raise SpecError("--spaces and --gpus must name at least one each")
     out = Path(args.out)
-    rows = [simulate_space(space, g, subnets, args.seed) for g in gpus for space in spaces]
+    rows = [simulate_space(space, g, subnets, args.seed, device=args.device) for g in gpus for space in spaces]
     print(f"NASPipe ({NASPIPE_BATCH} x {NASPIPE_SEQ} tokens per subnet, supernet in host memory) over GPipe "
           f"(b x {GPIPE_SEQ} tokens per microbatch, supernet resident), tokens/s, {subnets} subnets, seed "
-          f"{args.seed}, simulated on NxV100")
+          f"{args.seed}, simulated on Nx{args.device}")
     for line in _table(rows):
         print(line)
     write_text_atomic(_csv([_record(r) for r in rows]), out / "naspipe_paper.csv")

@@ -79,3 +79,32 @@ def test_closing_overhead_added_to_both_step_times_gives_the_target(k, target, n
     o = closing_overhead_s(k, target, n, g)
     assert o > 0 and k * (1 / g + o) / (1 / n + o) == pytest.approx(target, rel=1e-12)
     assert closing_overhead_s(k, k, n, g) == float("inf")
+
+
+def test_gpipe_rate_on_free_links_is_the_flow_shop_closed_form():
+    """On ``4xideal`` (free links) one GPipe iteration of p identical microbatches is a flow shop with identical
+    jobs, forward then backward: sum_s f_s + (p - 1) max_s f_s + sum_s b_s + (p - 1) max_s b_s (the optimizer is
+    free at infinite memory bandwidth). The experiment's GPipe rate is p microbatches per iteration over that sum."""
+    from experiments.naspipe_paper import GPIPE_SEQ, simulate_space
+    from sim.cost.model import CostModel
+    from sim.csp.build import CspInputs, build_csp_problem
+    from sim.ir.ops import OpKind
+    from sim.ir.plan import Placement
+    from sim.models.graph import LayerGraph
+    from sim.models.supernet import subnet_layer_costs
+    from sim.models.supernet_space import space_spec
+
+    p, subnets, batch = 4, 3, ARTIFACT["c3"].gpipe_batch
+    row = simulate_space("c3", p, subnets, seed=0, device="ideal")
+    plan, setup, _ = build_csp_problem(CspInputs(space_spec("c3", seq=GPIPE_SEQ), None, f"{p}xideal", subnets, 0, 30,
+                                                 batch * p))
+    supernet, placement = setup.supernet, Placement(plan.placement.vstage_layers, tuple(range(p)))
+    total = 0.0
+    for choice in plan.subnets:
+        graph = LayerGraph(supernet.graph.spec, subnet_layer_costs(supernet, choice),
+                           dtype_bytes=supernet.graph.dtype_bytes, input_bytes=supernet.graph.input_bytes)
+        costs = CostModel(graph, setup.topology, placement, batch)
+        for kind in (OpKind.F, OpKind.B):
+            times = [costs.compute_time(kind, v) for v in range(p)]
+            total += sum(times) + (p - 1) * max(times)
+    assert row.gpipe_steps_per_s == pytest.approx(subnets * p / total, rel=1e-9)
