@@ -36,8 +36,8 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.schedule_cases import GPT, Case, add_cases_flag, chosen_cases
 from sim.core.cli import CliParser
-from sim.core.errors import fail
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.ir.plan import OpKind
 from sim.plan.build import PlanInputs, build_plan
@@ -51,25 +51,12 @@ __all__ = ["Case", "Row", "CASES", "UNIFORM", "GPT", "PAPER_GAIN", "simulate", "
 #: takes t_f + t_b = 96/p ms per microbatch of one sample.
 UNIFORM = "uniform:layers=32,fwd_ms=1,bwd_ms=2"
 UNIFORM_LAYER_S, UNIFORM_LAYERS = 3e-3, 32
-#: A GPT of 1.8 billion parameters (32 blocks, hidden 2048, sequence 1024, fp16): 32 blocks split into p·v ≤ 32
-#: vstages for every p and v here, and it fits a V100 at p = 4.
-GPT = "gpt:layers=32,hidden=2048"
 #: The paper's claim (SC'21, abstract): "10+%" higher throughput than 1F1B at comparable memory.
 PAPER_GAIN = 0.10
 PAPER_NOTE = "SC'21 abstract: interleaving improves throughput by 10+% at comparable memory (body: as much as 10%)"
 
 PS, VS, M_FACTORS = (4, 8), (1, 2, 4), (1, 2, 4, 8)
 
-
-@dataclass(frozen=True)
-class Case:
-    """A model on a family of ``{p}x<device>`` topologies; ``exact``: uniform stages on free links, where the closed
-    forms hold."""
-
-    key: str
-    model: str
-    device: str
-    exact: bool
 
 
 CASES = (Case("ideal", UNIFORM, "ideal", True), Case("a100", GPT, "A100", False), Case("v100", GPT, "V100", False))
@@ -228,15 +215,9 @@ def main(argv: list[str]) -> int:
     parser = CliParser(prog="python -m experiments.run megatron_interleaved", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/megatron_interleaved")
     parser.add_argument("--quick", action="store_true", help="p = 4 only (CI)")
-    parser.add_argument("--cases", default=",".join(c.key for c in CASES),
-                        help=f"comma-separated, of {', '.join(c.key for c in CASES)} (default all)")
+    add_cases_flag(parser, CASES)
     args = parser.parse_args(argv)
-    known = {c.key: c for c in CASES}
-    keys = [k for k in args.cases.split(",") if k]
-    unknown = [k for k in keys if k not in known]
-    if unknown or not keys:
-        fail(f"--cases: unknown {', '.join(map(repr, unknown)) or 'empty list'} (known: {', '.join(known)})")
-    cases = tuple(c for c in CASES if c.key in keys)
+    cases = chosen_cases(args.cases, CASES)
     rows = run(cases, PS[:1] if args.quick else PS)
     for case in cases:
         print("\n".join(_table(rows, case)))

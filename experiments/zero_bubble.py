@@ -34,8 +34,8 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.schedule_cases import GPT, Case, add_cases_flag, chosen_cases
 from sim.core.cli import CliParser
-from sim.core.errors import fail
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.plan.build import PlanInputs, build_plan
 from sim.predict import predict
@@ -46,24 +46,12 @@ __all__ = ["Case", "Row", "CASES", "UNIFORM", "GPT", "PAPER_GAIN", "simulate", "
 #: 8 identical layers, forward 1 ms and backward 2 ms per sample: a stage of 8/p layers has T_F = T_B = T_W = 8/p ms.
 UNIFORM = "uniform:layers=8,fwd_ms=1,bwd_ms=2"
 UNIFORM_LAYERS, UNIFORM_LAYER_F_S = 8, 1e-3
-#: A GPT of 1.8 billion parameters (32 blocks, hidden 2048, sequence 1024, fp16), the same as megatron_interleaved's.
-GPT = "gpt:layers=32,hidden=2048"
 #: Published (arXiv 2401.10241 abstract): up to 23 % over 1F1B at similar memory; 31 % with the memory relaxed.
 PAPER_GAIN, PAPER_GAIN_RELAXED = 0.23, 0.31
 PAPER_NOTE = "arXiv 2401.10241 abstract: up to 23% over 1F1B at similar memory (31% with memory relaxed, ZB-H2)"
 
 PS, M_FACTORS, SCHEDULES = (2, 4, 8), (1, 2, 4, 8), ("1f1b", "zb1p")
 
-
-@dataclass(frozen=True)
-class Case:
-    """A model on a family of ``{p}x<device>`` topologies; ``exact``: uniform stages on free links, where the closed
-    forms hold."""
-
-    key: str
-    model: str
-    device: str
-    exact: bool
 
 
 CASES = (Case("ideal", UNIFORM, "ideal", True), Case("a100", GPT, "A100", False))
@@ -211,15 +199,9 @@ def main(argv: list[str]) -> int:
     parser = CliParser(prog="python -m experiments.run zero_bubble", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/zero_bubble")
     parser.add_argument("--quick", action="store_true", help="p in {2, 4} only (CI)")
-    parser.add_argument("--cases", default=",".join(c.key for c in CASES),
-                        help=f"comma-separated, of {', '.join(c.key for c in CASES)} (default all)")
+    add_cases_flag(parser, CASES)
     args = parser.parse_args(argv)
-    known = {c.key: c for c in CASES}
-    keys = [k for k in args.cases.split(",") if k]
-    unknown = [k for k in keys if k not in known]
-    if unknown or not keys:
-        fail(f"--cases: unknown {', '.join(map(repr, unknown)) or 'empty list'} (known: {', '.join(known)})")
-    cases = tuple(c for c in CASES if c.key in keys)
+    cases = chosen_cases(args.cases, CASES)
     rows = run(cases, PS[:2] if args.quick else PS)
     for case in cases:
         print("\n".join(_table(rows, case)))

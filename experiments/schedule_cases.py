@@ -1,0 +1,44 @@
+"""What the schedule-against-schedule experiments share (``megatron_interleaved``, ``zero_bubble``): a case (a model
+on a family of ``{p}x<device>`` topologies), the GPT they both run, and the ``--cases`` flag that picks cases."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sim.core.cli import CliParser
+from sim.core.errors import fail
+
+__all__ = ["Case", "GPT", "add_cases_flag", "chosen_cases"]
+
+#: A GPT of 1.8 billion parameters (32 blocks, hidden 2048, sequence 1024, fp16): 32 blocks split into p·v ≤ 32
+#: vstages for every p and v the experiments use, and it fits a V100 at p = 4.
+GPT = "gpt:layers=32,hidden=2048"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model on a family of ``{p}x<device>`` topologies; ``exact``: uniform stages on free links, where the closed
+    forms hold."""
+
+    key: str
+    model: str
+    device: str
+    exact: bool
+
+
+def add_cases_flag(parser: CliParser, cases: Sequence[Case]) -> None:
+    """``--cases KEY,KEY`` (default: every case)."""
+    keys = ", ".join(c.key for c in cases)
+    parser.add_argument("--cases", default=",".join(c.key for c in cases),
+                        help=f"comma-separated, of {keys} (default all)")
+
+
+def chosen_cases(text: str, cases: Sequence[Case]) -> tuple[Case, ...]:
+    """The cases ``--cases`` names, in the experiment's order; one ``error:`` line for an unknown or empty list."""
+    known = {c.key: c for c in cases}
+    keys = [k for k in text.split(",") if k]
+    unknown = [k for k in keys if k not in known]
+    if unknown or not keys:
+        fail(f"--cases: unknown {', '.join(map(repr, unknown)) or 'empty list'} (known: {', '.join(known)})")
+    return tuple(c for c in cases if c.key in keys)
