@@ -42,6 +42,12 @@ class Experiment:
     out: str | None = None
 
 
+def _pipedream(argv: list[str]) -> int:
+    from experiments import pipedream
+
+    return pipedream.main(argv)
+
+
 def _pipedream_vs_dp(argv: list[str]) -> int:
     from experiments import pipedream_vs_dp
 
@@ -162,6 +168,9 @@ EXPERIMENTS: dict[str, Experiment] = {
     "partime_drift": Experiment("partime_drift", "what PARTIME's delayed-gradient update costs: its online loss "
                                 "against exact online SGD on a drifting synthetic stream and across a scene cut, "
                                 "1/2/4/8 stages", _partime_drift, out="runs/partime_drift"),
+    "pipedream": Experiment("pipedream", "PipeDream's claims: no stall in the steady state (uniform stages against "
+                            "the closed forms), weight stashing's memory against GPipe and 1F1B, and pipedream_vs_dp's "
+                            "throughput beside the published 5.28x / 2.98x", _pipedream, out="runs/pipedream"),
     "pipedream_vs_dp": Experiment("pipedream_vs_dp", "the best pipeline plan vs pure data parallelism for VGG-16, "
                                   "a GPT and a small CNN on 16 V100s over 10 GbE, 25 GbE and NVSwitch, simulated, "
                                   "beside PipeDream's speedups", _pipedream_vs_dp, out="runs/pipedream_vs_dp"),
