@@ -96,6 +96,12 @@ def _mixed_real(argv: list[str]) -> int:
     return mixed_real.main(argv)
 
 
+def _results(argv: list[str]) -> int:
+    from experiments import results
+
+    return results.main(argv, {name: entry.description for name, entry in EXPERIMENTS.items()})
+
+
 def _partime(argv: list[str]) -> int:
     from experiments import partime  # imported on demand: its real runs start executor.run
 
@@ -195,6 +201,8 @@ EXPERIMENTS: dict[str, Experiment] = {
                                        out="runs/megatron_interleaved"),
     "zero_bubble": Experiment("zero_bubble", "ZB-H1 vs 1F1B over p and m: uniform stages against the closed forms, "
                               "a GPT on A100s, beside the published 23%", _zero_bubble, out="runs/zero_bubble"),
+    "results": Experiment("results", "every experiment above run again, its printed tables and figures gathered into "
+                          "docs/results.md", _results, out="runs/results"),
 }
 
 

@@ -1,0 +1,56 @@
+"""``experiments.run results``: the page holds each chosen experiment's printed output unchanged, its figures copied
+beside the page, a link to its own page; a failure is on the page and makes the command exit 1; bad input is one
+error line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.results import Outcome, render
+from experiments.run import main as run_main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_page_gathers_two_quick_experiments(tmp_path):
+    page = tmp_path / "site" / "results.md"
+    result = subprocess.run([sys.executable, "-m", "experiments.run", "results", "--only", "zero_bubble,memory",
+                             "--quick", "--out", str(tmp_path / "runs"), "--page", str(page)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    text = page.read_text()
+    # Registry order, each with its command and exactly what it prints on its own.
+    assert text.index("## memory") < text.index("## zero_bubble")
+    assert "python -m experiments.run zero_bubble --quick" in text
+    alone = subprocess.run([sys.executable, "-m", "experiments.run", "zero_bubble", "--quick", "--out",
+                            str(tmp_path / "alone")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    printed = alone.stdout.rstrip().replace(str(tmp_path / "alone"), str(tmp_path / "runs" / "zero_bubble"))
+    assert printed in text
+    figure = page.parent / "results" / "zero_bubble" / "zero_bubble.png"
+    assert figure.read_bytes() == (tmp_path / "runs" / "zero_bubble" / "zero_bubble.png").read_bytes()
+    assert "(results/zero_bubble/zero_bubble.png)" in text
+
+
+def test_a_failed_experiment_is_on_the_page_as_failed(tmp_path):
+    ok = Outcome("memory", "peak memory", "python -m experiments.run memory", "table\n", ("results/m.png",), 0, "")
+    bad = Outcome("naspipe", "csp", "python -m experiments.run naspipe", "", (), 2, "error: something")
+    text = render([ok, bad], tmp_path, tmp_path / "pages")
+    assert "**Failed in this run: naspipe**" in text and "- [naspipe](#naspipe) (failed)" in text
+    assert "**Failed** (exit status 2)" in text and "error: something" in text
+    assert "![memory](results/m.png)" in text and "table" in text
+
+
+@pytest.mark.parametrize("args, needle", [(["--only", "nope"], "--only: unknown 'nope'"),
+                                          (["--page", "x.txt"], "--page must name a .md file")])
+def test_bad_input_is_one_error_line(tmp_path, capsys, args, needle):
+    try:
+        status = run_main(["results", "--out", str(tmp_path / "o"), *args])
+    except SystemExit as exc:
+        status = exc.code
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == ""
+    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1 and needle in captured.err
