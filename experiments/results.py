@@ -55,18 +55,18 @@ def _has_quick(name: str) -> bool:
     return "--quick" in helped.stdout
 
 
-def run_experiment(name: str, description: str, runs: Path, figures_dir: Path, page_dir: Path,
+def run_experiment(name: str, description: str, writes_files: bool, runs: Path, figures_dir: Path, page_dir: Path,
                    quick: bool) -> Outcome:
-    """Run ``name`` into ``runs/name`` and copy its PNGs to ``figures_dir/name``."""
+    """Run ``name`` (into ``runs/name`` when it ``writes_files``) and copy its PNGs to ``figures_dir/name``."""
     out = runs / name
     shutil.rmtree(out, ignore_errors=True)
-    args = [name, "--out", str(out)] + (["--quick"] if quick and _has_quick(name) else [])
+    args = [name, *(["--out", str(out)] if writes_files else []), *(["--quick"] if quick and _has_quick(name) else [])]
     result = subprocess.run([sys.executable, "-m", "experiments.run", *args], capture_output=True, text=True)
     figures = []
     if result.returncode == 0:
         target = figures_dir / name
         shutil.rmtree(target, ignore_errors=True)
-        for png in sorted(out.rglob("*.png")):
+        for png in sorted(out.rglob("*.png")) if writes_files else ():
             copy = target / png.relative_to(out)
             copy.parent.mkdir(parents=True, exist_ok=True)
             write_bytes_atomic(copy, png.read_bytes())
@@ -103,9 +103,9 @@ def _relative(path: Path, start: Path) -> str:
     return os.path.relpath(path, start)
 
 
-def main(argv: list[str], registry: dict[str, str]) -> int:
-    """The command; ``registry``: every experiment's name and description, in the registry's order
-    (``experiments.run`` passes its own, so this module does not import the command)."""
+def main(argv: list[str], registry: dict[str, tuple[str, bool]]) -> int:
+    """The command; ``registry``: every experiment's name, description and whether it writes files (takes ``--out``),
+    in the registry's order (``experiments.run`` passes its own, so this module does not import the command)."""
     parser = CliParser(prog="python -m experiments.run results", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/results", help="where the experiments write (default runs/results)")
     parser.add_argument("--page", default="docs/results.md", help="the page to write (default docs/results.md)")
@@ -127,7 +127,7 @@ def main(argv: list[str], registry: dict[str, str]) -> int:
     outcomes = []
     for name in names:
         print(f"running {name} ...", flush=True)
-        outcome = run_experiment(name, registry[name], Path(args.out), page_dir / "results", page_dir,
+        outcome = run_experiment(name, *registry[name], Path(args.out), page_dir / "results", page_dir,
                                  args.quick)
         outcomes.append(outcome)
         print(f"  {'ok' if outcome.status == 0 else f'FAILED (status {outcome.status})'}", flush=True)

@@ -99,7 +99,7 @@ def _mixed_real(argv: list[str]) -> int:
 def _results(argv: list[str]) -> int:
     from experiments import results
 
-    return results.main(argv, {name: entry.description for name, entry in EXPERIMENTS.items()})
+    return results.main(argv, {name: (entry.description, entry.out is not None) for name, entry in EXPERIMENTS.items()})
 
 
 def _partime(argv: list[str]) -> int:

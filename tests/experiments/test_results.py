@@ -35,6 +35,17 @@ def test_the_page_gathers_two_quick_experiments(tmp_path):
     assert "(results/zero_bubble/zero_bubble.png)" in text
 
 
+def test_an_experiment_that_writes_no_files_runs_without_out(tmp_path):
+    # csp_prefetch prints its table and writes nothing: it takes no --out (about 10 s).
+    from experiments.results import run_experiment
+
+    outcome = run_experiment("csp_prefetch", "predictor vs copy-on-demand", False, tmp_path / "runs",
+                             tmp_path / "results", tmp_path, quick=True)
+    assert outcome.status == 0, outcome.stderr_tail
+    assert outcome.command == "python -m experiments.run csp_prefetch" and outcome.figures == ()
+    assert outcome.stdout.strip() and not (tmp_path / "runs").exists()
+
+
 def test_a_failed_experiment_is_on_the_page_as_failed(tmp_path):
     ok = Outcome("memory", "peak memory", "python -m experiments.run memory", "table\n", ("results/m.png",), 0, "")
     bad = Outcome("naspipe", "csp", "python -m experiments.run naspipe", "", (), 2, "error: something")
