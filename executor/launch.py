@@ -14,8 +14,14 @@ MODULE ARGS``), which before anything else (before torch is even imported):
   before the request was made would otherwise go unnoticed. So ``kill -9`` of the launcher takes its workers with it.
   Where there is no ``prctl`` (not Linux) the worker goes without, and outlives a killed launcher;
 - restores SIGINT's default action, so that the launcher's stop signal ends the worker at once, even inside a
-  blocking gloo call, rather than raising ``KeyboardInterrupt`` whenever the interpreter next gets control (and
-  printing a traceback if that is during start-up).
+  blocking gloo call, rather than raising ``KeyboardInterrupt`` whenever the interpreter next gets control.
+
+Until then a SIGINT would find Python's own handler, installed while the interpreter starts: a Ctrl-C in the first
+tenths of a second printed "Fatal Python error: init_sys_streams" and a traceback (CI saw it once). So on POSIX the
+worker starts through ``sh``, which sets SIGINT to *ignored* and replaces itself with Python (``exec``,
+:func:`worker_command`); an ignored SIGINT survives ``exec``, and CPython then leaves it alone instead of installing
+its handler. A SIGINT in that
+window is lost, and the agent SIGKILLs the worker :data:`SHUTDOWN_TIMEOUT_S` later: silent and certain, if slower.
 
 Ctrl-C or SIGTERM/SIGHUP/SIGQUIT on the launcher: the elastic agent passes the signal on to every worker and
 SIGKILLs any still there after :data:`SHUTDOWN_TIMEOUT_S`; :func:`run_ranks` then prints one line, ``error:
@@ -38,6 +44,7 @@ import json
 import logging
 import os
 import runpy
+import shutil
 import signal
 import sys
 import tempfile
@@ -50,8 +57,8 @@ from pathlib import Path
 from executor.options import FAILURE_DIR_ENV
 from sim.core.lifetime import die_with_parent
 
-__all__ = ["run_ranks", "launch_local", "die_with_launcher", "leave_worker", "record_failure", "read_failures",
-           "Failure", "order_failures", "report_failures", "describe_exit", "LAUNCHER_PID_ENV", "SHUTDOWN_TIMEOUT_S"]
+__all__ = ["run_ranks", "launch_local", "worker_command", "die_with_launcher", "leave_worker", "record_failure",
+           "read_failures", "Failure", "order_failures", "report_failures", "describe_exit", "LAUNCHER_PID_ENV", "SHUTDOWN_TIMEOUT_S"]
 
 #: Environment variable holding the launcher's process id, so that a worker can tell that its launcher has died.
 LAUNCHER_PID_ENV = "PIPEDEJAVU_LAUNCHER_PID"
@@ -126,7 +133,22 @@ def launch_local(module: str, argv: Sequence[str], num_ranks: int) -> None:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=num_ranks, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
                           shutdown_timeout=SHUTDOWN_TIMEOUT_S)
-    elastic_launch(config, sys.executable)("-u", "-m", "executor.launch", module, *argv)  # via _worker_entry
+    entrypoint, args = worker_command(module, argv)
+    elastic_launch(config, entrypoint)(*args)
+
+
+def worker_command(module: str, argv: Sequence[str]) -> tuple[str, list[str]]:
+    """The program and arguments that start one worker: ``python -u -m executor.launch module argv`` (through
+    :func:`_worker_entry`), from ``sh`` with SIGINT ignored where there is one (see the module docstring).
+
+    torch's agent runs ``string.Template.safe_substitute`` over every argument; the script's ``$0`` and ``$@`` are not
+    identifiers, so they pass unchanged.
+    """
+    python = [sys.executable, "-u", "-m", "executor.launch", module, *argv]
+    shell = shutil.which("sh") if os.name == "posix" else None
+    if shell is None:
+        return python[0], python[1:]
+    return shell, ["-c", 'trap "" INT; exec "$0" "$@"', *python]
 
 
 def die_with_launcher() -> bool:
