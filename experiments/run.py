@@ -144,6 +144,12 @@ def _megatron_interleaved(argv: list[str]) -> int:
     return megatron_interleaved.main(argv)
 
 
+def _gpipe_scaling(argv: list[str]) -> int:
+    from experiments import gpipe_scaling
+
+    return gpipe_scaling.main(argv)
+
+
 def _zero_bubble(argv: list[str]) -> int:
     from experiments import zero_bubble
 
@@ -156,6 +162,10 @@ EXPERIMENTS: dict[str, Experiment] = {
     "mixed_real": Experiment("mixed_real", "a real run on emulated mixed hardware: the plan sim.search picks for 2 CPU "
                              "ranks with one slowed 2x vs the homogeneous-assumption plan, measured with executor.run "
                              "--slowdown, and its prediction", _mixed_real, out="runs/mixed_real"),
+    "gpipe_scaling": Experiment("gpipe_scaling", "GPipe's Tables 2 and 3: normalised throughput over K partitions "
+                                "and M microbatches for AmoebaNet-D and a Transformer on TPU v3 cores and PCIe "
+                                "P100s, simulated beside the published figures", _gpipe_scaling,
+                                out="runs/gpipe_scaling"),
     "hetero_search": Experiment("hetero_search", "on mixed clusters, the searched plan against the Alpa "
                                 "assumption's and the homogeneous assumption's, in simulated iteration time",
                                 _hetero_search, out="runs/hetero_search"),

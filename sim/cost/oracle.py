@@ -17,7 +17,8 @@ A layer's time on a device is, in order of preference:
    the ``cnn`` and ``vgg16`` zoo models) the FP32 CUDA-core peak (:attr:`DeviceSpec.peak_fp32_flops`; a V100's
    15.7 TFLOP/s, not its 125). It does not model TF32: on A100 and later PyTorch runs fp32 convolutions on the
    tensor cores in TF32 by default (``torch.backends.cudnn.allow_tf32`` is True; matmuls stay full fp32), so there
-   the roofline overstates an fp32 convolution's time.
+   the roofline overstates an fp32 convolution's time. A composite layer's memory-bound elementwise ops
+   (``Layer.elementwise_bytes``) add ``bytes / memory_bandwidth`` to its forward and twice that to its backward.
 
 Between GPUs every collective and point-to-point message is an NCCL call: its link time becomes the cheapest NCCL
 protocol's time (:mod:`sim.cost.nccl`: base and per-step latencies, LL's halved bandwidth). On a GPU each optimizer
@@ -245,10 +246,14 @@ class CostOracle:
             act = size * (_in_bytes(graph, i) + layer.activation_bytes)
             fwd_bytes = layer.param_bytes + act  # read weights, read input, write output
             bwd_bytes = 2 * layer.param_bytes + 2 * act  # read weights, write weight grads, the same tensors again
-            fwd.append(max(layer.flops_fwd * size / throughput, fwd_bytes / device.memory_bandwidth) + launch)
+            # A composite layer's elementwise ops (Layer.elementwise_bytes) are memory bound and run between its
+            # matmuls, so their time adds to the roofline's rather than hiding under it.
+            elementwise_s = size * layer.elementwise_bytes / device.memory_bandwidth
+            fwd.append(max(layer.flops_fwd * size / throughput, fwd_bytes / device.memory_bandwidth) + elementwise_s
+                       + launch)
             # Selective recomputation (Korthikanti et al. §5) re-runs the attention core inside the backward.
             bwd.append(max((layer.flops_bwd + layer.recompute_flops) * size / throughput,
-                           bwd_bytes / device.memory_bandwidth) + launch)
+                           bwd_bytes / device.memory_bandwidth) + 2 * elementwise_s + launch)
             # Adam is memory bound: it reads and writes the whole training state once per step (under ZeRO-1 the
             # replica's share of it).
             state = graph.param_count(i) * per_param

@@ -85,9 +85,13 @@ _IDEAL_MAX = 256  # a full mesh has n(n-1) directed links; bounded to keep the g
 #   CSCS Alps GH200 node schematic, cited in links.yaml nvlink4-x6);
 # - MI300X: the AMD platform holds 8 OAM modules, each with 7 Infinity Fabric links, one to each peer (stas00
 #   network README, cited in links.yaml xgmi-mi300x);
+# - TPU v3: the 8 cores (4 chips x 2 TensorCores) of a v3-8 board, every pair on one ICI link [a simplification: the
+#   four chips form a 2 x 2 torus and the two cores of a chip share it; a pipeline talks only to its neighbour, and
+#   every neighbour pair of the simplification has the one link the board gives it];
 # - ideal: every pair on an ideal link.
 _MESH: dict[str, tuple[str, int]] = {
     "ideal": ("ideal", _IDEAL_MAX),
+    "tpu-v3-core": ("ici-tpu-v3", 8),
     "gh200-96gb": ("nvlink4-x6", 4),
     "mi300x-192gb": ("xgmi-mi300x", 8),
 }
@@ -127,6 +131,9 @@ _SWITCH: dict[str, tuple[str, int]] = {
 # - A10, RTX 3090/4090: 25 GbE [assumed: commodity servers; the p3.16xlarge rate of hardware.md §2.5];
 # - A100/H100 PCIe: 100 GbE [assumed: hardware.md §2.5 Ethernet rates; no cited server];
 # - cpu: 10 GbE [assumed: commodity hosts running the executor on several machines];
+# - P100 PCIe: 10 GbE [assumed: the 2017-era servers of GPipe Table 3; only one server is ever used there];
+# - TPU v3 core: 100 GbE [assumed: the data-centre network between TPU hosts; pods are joined by ICI instead, which
+#   this catalog does not model beyond one board];
 # - ideal: the ideal link.
 _NETWORK: dict[str, tuple[str, int]] = {
     "v100-sxm2-16gb": ("ib-edr", 4),
@@ -149,6 +156,8 @@ _NETWORK: dict[str, tuple[str, int]] = {
     "a100-pcie-80gb": ("eth-100g", 1),
     "h100-pcie-80gb": ("eth-100g", 1),
     "cpu": ("eth-10g", 1),
+    "p100-pcie-16gb": ("eth-10g", 1),
+    "tpu-v3-core": ("eth-100g", 1),
     "ideal": ("ideal", 1),
 }
 _DGX2_NICS = 8  # DGX-2H: '8 InfiniBand adapters per server' (hardware.md §2.2, Megatron-LM 2019)

@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams, parse_spec
-from sim.models import cnn, gpt, supernet, uniform, vgg
+from sim.models import amoebanet, cnn, gpt, supernet, uniform, vgg
 from sim.models.graph import LayerGraph, canonical_spec
 from sim.models.sharding import NO_SHARDING, Sharding
 
@@ -43,7 +43,7 @@ class ModelEntry:
 MODELS: Mapping[str, ModelEntry] = MappingProxyType(
     {
         module.NAME: ModelEntry(module.NAME, module.DESCRIPTION, MappingProxyType(dict(module.DEFAULTS)), module.build)
-        for module in (uniform, gpt, cnn, supernet, vgg)
+        for module in (uniform, gpt, cnn, supernet, vgg, amoebanet)
     }
 )
 

@@ -86,6 +86,11 @@ class Layer:
         tp_comm_bwd_count: the same for the backward.
         recompute_flops: FLOPs per sample that the backward re-runs under selective activation recomputation
             (Korthikanti et al. 2022, arXiv 2205.05198 §5), on top of ``flops_bwd``; 0 without it.
+        elementwise_bytes: bytes per sample that the memory-bound ops inside a composite layer (normalisation,
+            activations, pooling, additions, concatenation: an AmoebaNet cell) read and write in its forward, beyond
+            the layer's input, output and weights. The roofline adds their time to the matmuls' (they run between
+            them) and twice as much to the backward (each reads its saved input and the incoming gradient and writes
+            a gradient); 0 for a layer that is one matmul-like op.
         transformer: for a GPT layer, which part of the transformer it is and its dimensions, so that a GPU's
             time can be costed from its kernels; None for other models.
     """
@@ -106,6 +111,7 @@ class Layer:
     tp_comm_bwd_count: int = 0
     recompute_flops: float = 0.0
     transformer: TransformerPart | None = None
+    elementwise_bytes: int = 0
 
     def __post_init__(self) -> None:
         for attr in ("name", "kind"):
@@ -115,7 +121,7 @@ class Layer:
         for attr in ("flops_fwd", "flops_bwd", "recompute_flops"):
             _check_number(self.name, attr, getattr(self, attr))
         for attr in ("param_bytes", "activation_bytes", "saved_bytes", "workspace_bytes", "tp_comm_fwd_bytes",
-                     "tp_comm_bwd_bytes", "tp_comm_fwd_count", "tp_comm_bwd_count"):
+                     "tp_comm_bwd_bytes", "tp_comm_fwd_count", "tp_comm_bwd_count", "elementwise_bytes"):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"layer {self.name!r}: {attr} must be an int >= 0, got {value!r}")

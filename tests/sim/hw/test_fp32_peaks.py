@@ -19,13 +19,14 @@ from sim.hw.catalog import get_device, list_devices, load_catalog, slowed_device
 
 # Dense FP32 TFLOP/s per catalog device, as its source prints it: hardware.md §1.1 (fp32 column) for the first
 # fourteen; NVIDIA's HGX B200 table (600 over 8 GPUs), the L40S datasheet and AMD's MI300X table for three of the
-# rest; H200 and GH200 are the H100 SXM5's die (66.9, rounded to 67 as §1.1 rounds the H100's).
+# rest; H200 and GH200 are the H100 SXM5's die (66.9, rounded to 67 as §1.1 rounds the H100's); the P100 PCIe's
+# 9.3 is NVIDIA's launch table as devices.yaml cites it.
 FP32_TFLOPS = {
     "v100-sxm2-16gb": 15.7, "v100-sxm2-32gb": 15.7, "v100-pcie-16gb": 14.0, "v100-pcie-32gb": 14.0,
     "a100-sxm4-40gb": 19.5, "a100-sxm4-80gb": 19.5, "a100-pcie-40gb": 19.5, "a100-pcie-80gb": 19.5,
     "h100-sxm5-80gb": 67.0, "h100-pcie-80gb": 51.0, "t4-16gb": 8.1, "a10-24gb": 31.2, "rtx3090-24gb": 35.6,
     "rtx4090-24gb": 82.6, "h200-sxm-141gb": 67.0, "gh200-96gb": 67.0, "b200-sxm-180gb": 600 / 8,
-    "l40s-48gb": 91.6, "mi300x-192gb": 163.4,
+    "l40s-48gb": 91.6, "mi300x-192gb": 163.4, "p100-pcie-16gb": 9.3,
 }  # fmt: skip
 
 
@@ -59,6 +60,7 @@ def test_the_cpu_and_the_ideal_device_have_one_rate_for_both_precisions() -> Non
         ("L40S", 142, 128 * 2, 2.52e9),  # 18,176 CUDA cores = 142 SMs x 128
         ("MI300X", 304, 256, 2.1e9),  # AMD's 256 FP32 FLOPS per clock per CU, peak engine clock
         ("V100", 80, 64 * 2, 1.53e9),  # 5120 CUDA cores
+        ("P100", 56, 64 * 2, 1.30e9),  # 3584 CUDA cores, the PCIe card's 1300 MHz boost
     ],
 )
 def test_the_fp32_peak_is_units_times_lanes_times_clock(name: str, units: int, flop_per_clock: int,
