@@ -18,6 +18,11 @@ normal cell (ops 1x1, max 3x3, none, 1x7+7x1, 1x1, 1x7+7x1, max 3x3, none, avg 3
 its output has 4F channels; its reduction cell (max 2x2, max 3x3, none, 3x3, 1x7+7x1, max 3x3, none, max 2x2, avg
 3x3, 1x1) leaves three, 3F channels at half the resolution.
 
+The channel plan (normal cells at D, 2D and 4D filters, four F-channel states concatenated) is also that of
+kakaobrain/torchgpipe's AmoebaNet-D benchmark, the PyTorch reproduction of GPipe (its stem cells run at D/2 and D
+rather than D/4 and D/2). Neither gives GPipe Table 1's parameter counts (82M at (18, 208); this graph has 237M):
+GPipe ran Lingvo's implementation, which was not read.
+
 Costs per sample: FLOPs are the convolutions' (2 per multiply-add, 'same' padding counted as data); pooling, batch
 normalisation, ReLU, additions and the concatenation are memory-bound and counted as ``elementwise_bytes``, each op
 reading its input and writing its output once. Parameters are convolution weights plus two batch-norm parameters
