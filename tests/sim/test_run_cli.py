@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -365,13 +366,28 @@ def test_ctrl_c_while_writing_is_one_line_status_130_and_leaves_nothing(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+def _wait_until_reading_a_pipe(pid: int, timeout_s: float = 30.0) -> None:
+    """Poll until process ``pid`` sleeps in a pipe read (Linux's ``/proc/PID/wchan``); elsewhere wait half a second."""
+    wchan = Path(f"/proc/{pid}/wchan")
+    if not wchan.exists():
+        time.sleep(0.5)
+        return
+    deadline = time.monotonic() + timeout_s
+    while "pipe" not in wchan.read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_sigint_is_one_line_and_status_130_from_the_real_entry_point(tmp_path):
     # The topology is a FIFO: sim.run blocks reading it, so the signal surely arrives while the command runs (a
     # signal before Python's handler is installed would kill the process instead; that is not what this tests).
     fifo = tmp_path / "cluster.yaml"
     os.mkfifo(fifo)
+    # SIGINT gets its default action in the child whatever this process inherited: a test run started in the
+    # background of a script ignores SIGINT, the child would inherit that, and CPython would then not install its
+    # KeyboardInterrupt handler (the signal would be lost and the read would block on).
     proc = subprocess.Popen([sys.executable, "-m", "sim.run", "--topology", str(fifo), "--model", "uniform",
-                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         while True:  # opening the writing end succeeds once sim.run has opened the reading end
             try:
@@ -380,7 +396,11 @@ def test_sigint_is_one_line_and_status_130_from_the_real_entry_point(tmp_path):
             except OSError as exc:
                 assert exc.errno == errno.ENXIO and proc.poll() is None, proc.communicate()
                 time.sleep(0.01)
-        proc.send_signal(signal.SIGINT)  # sim.run is in read(): the FIFO is open for writing but gets no bytes
+        # Wait until sim.run sleeps in the read itself (the FIFO is open for writing but gets no bytes): a signal in
+        # the microseconds between its open() returning and its read() starting would be handled before the read
+        # blocks, and the read would then wait for bytes that never come (about 1 run in 6 when sent at once).
+        _wait_until_reading_a_pipe(proc.pid)
+        proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
         os.close(writer)
     finally:
