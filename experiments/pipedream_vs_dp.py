@@ -327,7 +327,8 @@ def _plot(comparisons: list[Comparison]) -> bytes:
     ax.set_xticks(xs, [f"{c.model.key} on {c.cluster.key}\n" + (c.best.candidate.label.split(" (")[0] if c.best else "")
                        for c in comparisons], fontsize=8)
     ax.set_ylabel("throughput / data parallelism (log)")
-    ax.set_title("Best pipeline plan vs pure data parallelism on 16 GPUs, simulated (roofline costs)", fontsize=10)
+    ax.set_title("Best pipeline plan vs pure data parallelism on 16 GPUs, simulated (roofline; the GPT by the GPU "
+                 "kernel model)", fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return figure_png(fig, dpi=120)
