@@ -9,6 +9,7 @@ import csv
 import pytest
 
 from experiments.run import main as run_main
+from tests.experiments.refusal import refused
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +91,5 @@ def test_gpt_rows_flag_exactly_the_stages_over_the_device(quick):
 @pytest.mark.parametrize("args, needle", [(["--stages", "1"], "--stages"), (["--stages", "4,x"], "--stages"),
                                           (["--stages", "16"], "--stages"), (["--bogus"], "--bogus")])
 def test_bad_input_is_one_error_line(tmp_path, capsys, args, needle):
-    try:
-        status = run_main(["memory", "--out", str(tmp_path / "o"), *args])
-    except SystemExit as exc:
-        status = exc.code
-    captured = capsys.readouterr()
-    assert status == 2 and captured.out == ""
-    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1 and needle in captured.err
+    assert needle in refused(capsys, ["memory", "--out", str(tmp_path / "o"), *args])
     assert not (tmp_path / "o" / "memory.csv").exists()

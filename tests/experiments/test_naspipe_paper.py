@@ -12,6 +12,7 @@ import pytest
 from experiments import naspipe
 from experiments.naspipe_paper import ARTIFACT, artifact_ratio, tokens_per_step_ratio
 from experiments.run import main as run_main
+from tests.experiments.refusal import refused
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +62,7 @@ def test_equal_conditions_column_is_experiments_naspipe_s(quick):
                                           (["--gpus", "four"], "four"), (["--subnets", "0"], "--subnets"),
                                           (["--seed", "-1"], "--seed"), (["--bogus"], "--bogus")])
 def test_bad_input_is_one_error_line(tmp_path, capsys, args, needle):
-    try:
-        status = run_main(["naspipe_paper", "--out", str(tmp_path / "o"), *args])
-    except SystemExit as exc:
-        status = exc.code
-    captured = capsys.readouterr()
-    assert status == 2 and captured.out == ""
-    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1 and needle in captured.err
+    assert needle in refused(capsys, ["naspipe_paper", "--out", str(tmp_path / "o"), *args])
     assert not (tmp_path / "o" / "naspipe_paper.csv").exists()
 
 

@@ -12,6 +12,7 @@ import pytest
 from experiments.partime import CLAIMS, Point, check_claims, model_of, sweep
 from experiments.run import main as run_main
 from sim.run import main as sim_main
+from tests.experiments.refusal import refused
 
 
 def test_a_point_is_the_step_time_sim_run_reports(tmp_path):
@@ -72,10 +73,4 @@ def test_the_quick_run_writes_the_table_and_a_real_round(quick):
 
 @pytest.mark.parametrize("args, needle", [(["--rounds", "0"], "--rounds")])
 def test_bad_input_is_one_error_line(tmp_path, capsys, args, needle):
-    try:
-        status = run_main(["partime", "--out", str(tmp_path / "o"), *args])
-    except SystemExit as exc:
-        status = exc.code
-    captured = capsys.readouterr()
-    assert status == 2 and captured.out == ""
-    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1 and needle in captured.err
+    assert needle in refused(capsys, ["partime", "--out", str(tmp_path / "o"), *args])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from experiments.results import Outcome, render
-from experiments.run import main as run_main
+from tests.experiments.refusal import refused
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,10 +58,4 @@ def test_a_failed_experiment_is_on_the_page_as_failed(tmp_path):
 @pytest.mark.parametrize("args, needle", [(["--only", "nope"], "--only: unknown 'nope'"),
                                           (["--page", "x.txt"], "--page must name a .md file")])
 def test_bad_input_is_one_error_line(tmp_path, capsys, args, needle):
-    try:
-        status = run_main(["results", "--out", str(tmp_path / "o"), *args])
-    except SystemExit as exc:
-        status = exc.code
-    captured = capsys.readouterr()
-    assert status == 2 and captured.out == ""
-    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1 and needle in captured.err
+    assert needle in refused(capsys, ["results", "--out", str(tmp_path / "o"), *args])

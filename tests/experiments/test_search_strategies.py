@@ -11,6 +11,7 @@ import pytest
 from experiments.run import main as run_main
 from experiments.search_strategies import STRATEGIES, suite
 from sim.search.search import run_search
+from tests.experiments.refusal import refused
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +47,5 @@ def test_the_reported_best_is_the_search_s_own(quick):
 @pytest.mark.parametrize("args, needle", [(["--problems", "0"], "--problems"), (["--seed", "-1"], "--seed"),
                                           (["--workers", "0"], "--workers")])
 def test_bad_input_is_one_error_line(tmp_path, capsys, args, needle):
-    try:
-        status = run_main(["search_strategies", "--out", str(tmp_path / "o"), *args])
-    except SystemExit as exc:
-        status = exc.code
-    captured = capsys.readouterr()
-    assert status == 2 and captured.out == ""
-    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1 and needle in captured.err
+    assert needle in refused(capsys, ["search_strategies", "--out", str(tmp_path / "o"), *args])
     assert not (tmp_path / "o" / "search_strategies.csv").exists()
