@@ -104,13 +104,17 @@ DIFFERENCES = (
 
 @dataclass(frozen=True)
 class Point:
-    """One simulated iteration: ``samples_per_s`` = M x microbatch size / iteration time (samples/s)."""
+    """One simulated iteration of ``iteration_s`` seconds."""
 
     case: Case
     k: int
     m: int
     iteration_s: float
-    samples_per_s: float
+
+    @property
+    def samples_per_s(self) -> float:
+        """Throughput, samples/s: M x microbatch size / iteration time."""
+        return self.m * self.case.microbatch_size / self.iteration_s
 
 
 def closed_form(k: int, m: int) -> float:
@@ -128,7 +132,7 @@ def simulate(case: Case, k: int, m: int) -> Point:
     built = build_plan(PlanInputs(case.model, f"{k}x{case.device}", "gpipe", microbatches=m,
                                   microbatch_size=case.microbatch_size, recompute=case.recompute))
     seconds = predict(built.plan, topology=built.topology, oracle=built.costs.oracle).metrics["iteration_time_s"]
-    return Point(case, k, m, seconds, m * case.microbatch_size / seconds)
+    return Point(case, k, m, seconds)
 
 
 def run(cases: tuple[Case, ...], ks: tuple[int, ...]) -> list[Point]:

@@ -34,6 +34,7 @@ activations).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
@@ -70,16 +71,17 @@ _CONV_OPS = {"1x1": (1, 1), "3x3": (9, 1), "1x7_7x1": (7, 2)}
 _POOL_OPS = frozenset({"max2", "max3", "avg3"})
 
 
+@dataclass(frozen=True, slots=True)
 class CellCosts:
-    """One cell's per-sample costs; see the module docstring for what each counts."""
+    """One cell's per-sample costs (see the module docstring for what each counts): FLOPs, parameters, the elements
+    it keeps for the backward and those its elementwise ops read and write, and its output's channels and side."""
 
-    __slots__ = ("flops", "params", "saved_elements", "elementwise_elements", "out_channels", "out_size")
-
-    def __init__(self, flops: int, params: int, saved_elements: int, elementwise_elements: int, out_channels: int,
-                 out_size: int) -> None:
-        self.flops, self.params = flops, params
-        self.saved_elements, self.elementwise_elements = saved_elements, elementwise_elements
-        self.out_channels, self.out_size = out_channels, out_size
+    flops: int
+    params: int
+    saved_elements: int
+    elementwise_elements: int
+    out_channels: int
+    out_size: int
 
 
 def _conv(c_in: int, c_out: int, pixels: int, k2: int = 1) -> tuple[int, int]:
@@ -101,19 +103,17 @@ def cell_costs(reduction: bool, filters: int, new: tuple[int, int], old: tuple[i
     s_out = math.ceil(s_new / 2) if reduction else s_new
     in_px, out_px = s_new * s_new, s_out * s_out
     flops, params = _conv(c_new, f, in_px)  # base: newer input to F channels
-    saved = c_new + 2 * f  # ReLU of the input, conv output, BN output (at the input resolution)
-    saved_px, ew = saved * in_px, (2 * c_new + 4 * f) * in_px  # ReLU in/out, BN in/out
-    if s_old != s_new:  # factorized reduction: two stride-2 1x1 convs to F/2 each on the older input
-        half_px = s_new * s_new
-        fl, pa = _conv(c_old, f, half_px)
-        flops, params = flops + fl, params + pa
-        saved_px += c_old * s_old * s_old + 2 * f * half_px
-        ew += 2 * c_old * s_old * s_old + 4 * f * half_px
-    elif c_old != f:
+    # ReLU of the input, conv output and BN output are kept; ReLU and BN each read and write their tensor.
+    saved_px, ew = (c_new + 2 * f) * in_px, (2 * c_new + 4 * f) * in_px
+    if s_old != s_new or c_old != f:
+        # The older input to F channels at the newer one's resolution: a 1x1 conv, or where the older input has twice
+        # the resolution the factorized reduction, two stride-2 1x1 convs to F/2 each, which cost the same. Its ReLU
+        # runs at the older input's own resolution.
+        old_px = s_old * s_old
         fl, pa = _conv(c_old, f, in_px)
         flops, params = flops + fl, params + pa
-        saved_px += (c_old + 2 * f) * in_px
-        ew += (2 * c_old + 4 * f) * in_px
+        saved_px += c_old * old_px + 2 * f * in_px
+        ew += 2 * c_old * old_px + 4 * f * in_px
     ops = REDUCTION_OPS if reduction else NORMAL_OPS
     for left, i_left, right, i_right in ops:
         for op, state in ((left, i_left), (right, i_right)):
