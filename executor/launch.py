@@ -20,8 +20,8 @@ Until then a SIGINT would find Python's own handler, installed while the interpr
 tenths of a second printed "Fatal Python error: init_sys_streams" and a traceback (CI saw it once). So on POSIX the
 worker starts through ``sh``, which sets SIGINT to *ignored* and replaces itself with Python (``exec``,
 :func:`worker_command`); an ignored SIGINT survives ``exec``, and CPython then leaves it alone instead of installing
-its handler. A SIGINT in that
-window is lost, and the agent SIGKILLs the worker :data:`SHUTDOWN_TIMEOUT_S` later: silent and certain, if slower.
+its handler. A SIGINT in that window is lost, and the agent SIGKILLs the worker :data:`SHUTDOWN_TIMEOUT_S` later:
+silent and certain, if slower.
 
 Ctrl-C or SIGTERM/SIGHUP/SIGQUIT on the launcher: the elastic agent passes the signal on to every worker and
 SIGKILLs any still there after :data:`SHUTDOWN_TIMEOUT_S`; :func:`run_ranks` then prints one line, ``error:
@@ -58,7 +58,8 @@ from executor.options import FAILURE_DIR_ENV
 from sim.core.lifetime import die_with_parent
 
 __all__ = ["run_ranks", "launch_local", "worker_command", "die_with_launcher", "leave_worker", "record_failure",
-           "read_failures", "Failure", "order_failures", "report_failures", "describe_exit", "LAUNCHER_PID_ENV", "SHUTDOWN_TIMEOUT_S"]
+           "read_failures", "Failure", "order_failures", "report_failures", "describe_exit", "LAUNCHER_PID_ENV",
+           "SHUTDOWN_TIMEOUT_S"]
 
 #: Environment variable holding the launcher's process id, so that a worker can tell that its launcher has died.
 LAUNCHER_PID_ENV = "PIPEDEJAVU_LAUNCHER_PID"
