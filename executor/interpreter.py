@@ -50,16 +50,27 @@ from executor.nn.split_backward import WeightGradStore, enable_split_backward
 from executor.nn.stages import Stage, TensorSpec
 from executor.slowdown import stretch
 from executor.stash import StashedWeights
-from sim.ir.plan import TP_KINDS, Op, OpKind, Plan
+from sim.ir.ops import DP_KINDS, OP_SEMANTICS, TP_KINDS, Action, Op, OpKind
+from sim.ir.plan import Plan
 from sim.plan.validate import PlanError
 
 __all__ = ["HANDLED_KINDS", "check_supported", "OpRecord", "RankInterpreter", "OpFailure"]
 
-#: The op kinds this interpreter can run. Issue #5 adds PREFETCH and EVICT.
-HANDLED_KINDS = frozenset(
-    {OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R, OpKind.OPT_STEP, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F,
-     OpKind.RECV_B, OpKind.TP_F, OpKind.TP_B, OpKind.TP_R, OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS}
-)
+#: The method of :class:`RankInterpreter` that runs each op kind. Compute kinds each have their own (a forward is not
+#: a backward); every other action (``sim.ir.ops.OP_SEMANTICS``) has one method for all its kinds but the
+#: data-parallel collectives, which differ in what they complete. Host copies (PREFETCH, EVICT) run only in CSP plans,
+#: whose executor is ``executor.csp``; a fixed program with them is refused.
+_COMPUTE_METHODS = {OpKind.F: "_forward", OpKind.B: "_backward", OpKind.I: "_backward_input",
+                    OpKind.W: "_backward_weight", OpKind.R: "_recompute", OpKind.OPT_STEP: "_optimizer_step",
+                    OpKind.REDUCE_GRAD: "_reduce_grad", OpKind.GATHER_PARAMS: "_gather_params"}
+_ACTION_METHODS = {Action.SEND: "_send", Action.RECV: "_recv", Action.TP_COLLECTIVE: "_nothing"}
+HANDLER_OF: dict[OpKind, str] = {
+    kind: _COMPUTE_METHODS.get(kind) or _ACTION_METHODS[semantics.action]
+    for kind, semantics in OP_SEMANTICS.items()
+    if kind in _COMPUTE_METHODS or semantics.action in _ACTION_METHODS
+}
+#: The op kinds this interpreter can run (those with a method in :data:`HANDLER_OF`).
+HANDLED_KINDS = frozenset(HANDLER_OF)
 #: The compute kinds whose tensor-parallel collectives each TP kind reports.
 _TP_SOURCE = {OpKind.TP_F: (OpKind.F,), OpKind.TP_R: (OpKind.R,), OpKind.TP_B: (OpKind.B, OpKind.I)}
 
@@ -78,12 +89,12 @@ def check_supported(plan: Plan) -> None:
     first: dict[str, str] = {}
     for program in plan.programs:
         for op in program:
-            if op.kind not in HANDLED_KINDS:
+            if op.kind not in HANDLER_OF:
                 first.setdefault(op.kind.value, op.id)
     if first:
         listed = ", ".join(f"{kind} (first: {op_id})" for kind, op_id in sorted(first.items()))
         raise PlanError(f"the executor has no handler for op kind(s) {listed}; it runs "
-                        f"{', '.join(sorted(k.value for k in HANDLED_KINDS))}")
+                        f"{', '.join(sorted(k.value for k in HANDLER_OF))}")
 
 
 class OpFailure(RuntimeError):
@@ -158,26 +169,11 @@ class RankInterpreter:
         self._sync: Callable[[], None] = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         self.program = plan.programs[rank]
         self.last_vstage = plan.num_vstages - 1
-        self.handlers: dict[OpKind, Callable[[Op], None]] = {
-            OpKind.F: self._forward,
-            OpKind.B: self._backward,
-            OpKind.I: self._backward_input,
-            OpKind.W: self._backward_weight,
-            OpKind.R: self._recompute,
-            OpKind.OPT_STEP: self._optimizer_step,
-            OpKind.SEND_F: self._send,
-            OpKind.SEND_B: self._send,
-            OpKind.RECV_F: self._recv,
-            OpKind.RECV_B: self._recv,
-            OpKind.TP_F: self._nothing,
-            OpKind.TP_B: self._nothing,
-            OpKind.TP_R: self._nothing,
-            OpKind.REDUCE_GRAD: self._reduce_grad,
-            OpKind.GATHER_PARAMS: self._gather_params,
-        }
-        missing = sorted({op.kind.value for op in self.program} - {k.value for k in self.handlers})
+        missing = sorted({op.kind.value for op in self.program if op.kind not in HANDLER_OF})
         if missing:
             raise PlanError(f"rank {rank}: no handler for op kind(s) {', '.join(missing)}")
+        self.handlers: dict[OpKind, Callable[[Op], None]] = {
+            kind: getattr(self, method) for kind, method in HANDLER_OF.items()}
         self._check_collectives()
         # (vstage, mb) whose forward activations are dropped and rebuilt by an R op before the backward.
         self.recomputed = {(op.vstage, op.mb) for op in self.program if op.kind is OpKind.R}
@@ -195,7 +191,7 @@ class RankInterpreter:
         kinds = {op.kind for op in self.program}
         if kinds & TP_KINDS and self.tp_comm is None:
             raise PlanError(f"rank {self.rank}: the program has tensor-parallel ops but no tensor-parallel group")
-        if kinds & {OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS} and self.data_parallel is None:
+        if kinds & DP_KINDS and self.data_parallel is None:
             raise PlanError(f"rank {self.rank}: the program has data-parallel ops but no data-parallel group")
         for before, op in zip((None, *self.program), self.program):
             if op.kind in TP_KINDS and (before is None or before.kind not in _TP_SOURCE[op.kind]

@@ -35,12 +35,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from sim.core.errors import SpecError
-from sim.ir.plan import OpKind
+from sim.ir.ops import COMPUTE_KINDS, OpKind
 
 __all__ = ["STRETCHED_KINDS", "MAX_FACTOR", "parse_slowdown", "stretch", "slowdown_record", "describe_slowdown"]
 
 #: The op kinds a slowed rank stretches (module docstring: why these).
-STRETCHED_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R, OpKind.OPT_STEP})
+STRETCHED_KINDS = COMPUTE_KINDS  # device compute: sim.ir.ops.OP_SEMANTICS, action COMPUTE
 #: The largest factor accepted: a 5 ms op stretched 1000 times already takes 5 s, and a larger factor would leave
 #: the peers waiting into the communication timeout (``--timeout``) rather than emulate a device.
 MAX_FACTOR = 1000.0

@@ -15,8 +15,7 @@ from typing import Any
 import simpy
 
 from sim.hw.topology import message_time
-from sim.ir.plan import TP_KINDS, Op, OpKind
-from sim.plan.lower import op_id as make_id
+from sim.ir.ops import TP_KINDS, Op, OpKind, op_id
 
 __all__ = ["CommProcesses"]
 
@@ -168,12 +167,12 @@ class CommProcesses:
         """A data-parallel collective: it starts when every simulated replica has issued it and its deps are done."""
         pipeline = self.plan.num_ranks
         yield from self._wait_deps(op, self.suffix[rank // pipeline])
-        op_id = make_id(op.kind, op.vstage, op.mb)
-        members = self.arrived.setdefault(op_id, [])
+        collective_id = op_id(op.kind, op.vstage, op.mb)
+        members = self.arrived.setdefault(collective_id, [])
         members.append(rank)
         if len(members) < len(self.views):
             return  # the last replica to arrive runs it for all
-        del self.arrived[op_id]
+        del self.arrived[collective_id]
         _, duration, keys, link_bytes = self.costs.collective(op.kind, op.vstage)
         # Data-parallel reductions queue for their links against each other only (their own lane of each link):
         # they are one op for every replica, while messages are per replica, and a reduction that held a message's

@@ -46,10 +46,10 @@ from sim.core.errors import SpecError
 from sim.cost.model import CostModel
 from sim.engine.comm import CommProcesses, Link
 from sim.hw.topology import Topology
-from sim.ir.plan import TP_KINDS, Op, OpKind, Plan, stream_of
+from sim.ir.ops import OP_SEMANTICS, Action, handled_kinds, op_id, stream_of
+from sim.ir.plan import Op, OpKind, Plan
 from sim.ir.trace import Span, Trace
 from sim.ir.weight_versions import weight_versions
-from sim.plan.lower import op_id as make_id
 from sim.plan.validate import PlanError
 
 __all__ = ["simulate", "SimResult", "OutOfMemoryError", "HANDLED_KINDS"]
@@ -76,8 +76,13 @@ class SimResult:
 
 _Proc = Generator[simpy.Event, Any, None]
 
-#: Op kinds whose walker step runs on the compute stream and blocks the rank until the op is done.
-_COMPUTE = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R, OpKind.OPT_STEP})
+#: The action of each kind (``sim.ir.ops.OP_SEMANTICS``), read once per op by the walkers.
+_ACTION = {kind: semantics.action for kind, semantics in OP_SEMANTICS.items()}
+#: Actions that block the walker, run inline by ``_Run._walk`` (a nested generator per op would cost ~10 % of a run).
+_INLINE = frozenset({Action.COMPUTE, Action.TP_COLLECTIVE})
+#: Actions the walker issues without blocking, each by the ``_Run`` method named here.
+_ISSUERS = {Action.SEND: "_send", Action.RECV: "_recv", Action.HOST_COPY: "_copy",
+            Action.DP_COLLECTIVE: "_collective"}
 #: Suffix of a simulated replica's op ids in the engine's tables (replica 0's ids are the plan's own).
 _NO_SUFFIX = ""
 
@@ -151,16 +156,8 @@ class _Run(CommProcesses):
                                 if op.kind is OpKind.REDUCE_GRAD for dep in op.deps for suffix in self.suffix}
                                if plan.layout.grad_overlap else set())
         self.tp_runs: dict[tuple[int, OpKind, int], int] = {}  # (view, kind, vstage) -> TP ops run
-        self.handlers: dict[OpKind, Callable[[int, Op], None]] = {
-            OpKind.SEND_F: self._send,
-            OpKind.SEND_B: self._send,
-            OpKind.RECV_F: self._recv,
-            OpKind.RECV_B: self._recv,
-            OpKind.PREFETCH: self._copy,
-            OpKind.EVICT: self._copy,
-            OpKind.REDUCE_GRAD: self._collective,
-            OpKind.GATHER_PARAMS: self._collective,
-        }
+        self.issuers: dict[OpKind, Callable[[int, Op], None]] = {
+            kind: getattr(self, _ISSUERS[action]) for kind, action in _ACTION.items() if action in _ISSUERS}
 
     # --- memory ----------------------------------------------------------------------------------------------------
 
@@ -179,24 +176,24 @@ class _Run(CommProcesses):
 
     # --- done events -----------------------------------------------------------------------------------------------
 
-    def _done_event(self, op_id: str) -> simpy.Event | None:
-        """The event to wait on until ``op_id`` is done, or None when it is done and processed already.
+    def _done_event(self, key: str) -> simpy.Event | None:
+        """The event to wait on until the op ``key`` names is done, or None when it is done and processed already.
 
         An event that is triggered but not yet processed must still be waited on (the waiter resumes only when
         SimPy processes it, after the events queued before it); a processed one resumes a waiter at once.
         """
-        event = self.events.get(op_id)
-        if event is None and op_id not in self.finished:
-            event = self.events[op_id] = self.env.event()
+        event = self.events.get(key)
+        if event is None and key not in self.finished:
+            event = self.events[key] = self.env.event()
         return event
 
     def _finish(self, op: Op, rank: int, start: float, stream: str | None = None) -> None:
         """Record ``op``'s span and trigger its done event (created here when nothing waits for it yet)."""
         kind = op.kind
-        op_id = make_id(kind, op.vstage, op.mb)
+        this_id = op_id(kind, op.vstage, op.mb)
         pipeline = self.plan.num_ranks
-        key = op_id if rank < pipeline else op_id + self.suffix[rank // pipeline]
-        self.spans.append(Span(op_id, kind.value, rank, stream or stream_of(kind), start, self.env.now, op.vstage,
+        key = this_id if rank < pipeline else this_id + self.suffix[rank // pipeline]
+        self.spans.append(Span(this_id, kind.value, rank, stream or stream_of(kind), start, self.env.now, op.vstage,
                                op.mb, op.pair, None if op.peer is None else op.peer + rank - rank % pipeline))
         if key in self.grad_producers:
             self.grad_windows[key] = (start, self.env.now)
@@ -208,9 +205,9 @@ class _Run(CommProcesses):
 
     def _forget(self, event: simpy.Event) -> None:
         """Processed: later waiters go on at once, so the op's id replaces its event."""
-        op_id = event.value
-        self.finished.add(op_id)
-        del self.events[op_id]
+        key = event.value
+        self.finished.add(key)
+        del self.events[key]
 
     def _wait_deps(self, op: Op, suffix: str = _NO_SUFFIX) -> _Proc:
         for dep in op.deps:
@@ -221,14 +218,14 @@ class _Run(CommProcesses):
     # --- handlers --------------------------------------------------------------------------------------------------
 
     def _walk(self, rank: int) -> _Proc:
-        handlers, position, arrivals = self.handlers, self.position, self.arrivals
+        issuers, position, arrivals, actions = self.issuers, self.position, self.arrivals, _ACTION
         pipeline = self.plan.num_ranks
         suffix = self.suffix[rank // pipeline]
         for pos, op in enumerate(self.plan.programs[rank % pipeline]):
             position[rank] = pos
             kind = op.kind
-            if kind in _COMPUTE:
-                # The compute step is inlined: a nested generator per op would cost ~10% of the run.
+            action = actions[kind]
+            if action is Action.COMPUTE:
                 if arrivals and kind is OpKind.F:
                     due = arrivals.get(op.id)
                     if due is not None and due > self.env.now:
@@ -242,7 +239,7 @@ class _Run(CommProcesses):
                     yield self.env.timeout(duration)
                 self._end_compute(rank, op)
                 self._finish(op, rank, start)
-            elif kind in TP_KINDS:
+            elif action is Action.TP_COLLECTIVE:
                 # Tensor-parallel collectives: the compute stream waits for them (Megatron's f/g operators). The
                 # bytes they put on links are counted once per op kind at the end (tp_runs), not per op.
                 if op.deps:
@@ -260,7 +257,7 @@ class _Run(CommProcesses):
                 self.tp_runs[run] = self.tp_runs.get(run, 0) + 1
                 self._finish(op, rank, start)
             else:
-                handlers[kind](rank, op)
+                issuers[kind](rank, op)
         position[rank] = len(self.plan.programs[rank % pipeline])
 
     def _start_compute(self, rank: int, op: Op) -> tuple[float, float]:
@@ -353,11 +350,13 @@ class _Run(CommProcesses):
         return SimResult(trace, tuple(self.peak), tuple(sorted(self.link_bytes.items())))
 
 
-HANDLED_KINDS = frozenset(
-    {OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R, OpKind.OPT_STEP, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F,
-     OpKind.RECV_B, OpKind.PREFETCH, OpKind.EVICT, OpKind.TP_F, OpKind.TP_B, OpKind.TP_R, OpKind.REDUCE_GRAD,
-     OpKind.GATHER_PARAMS}
-)
+def engine_kinds() -> frozenset[OpKind]:
+    """The op kinds the engine runs: those whose action (``sim.ir.ops.OP_SEMANTICS``) it has a handler for."""
+    return handled_kinds(_INLINE | _ISSUERS.keys())
+
+
+#: The op kinds the engine runs when this module is loaded (:func:`engine_kinds`).
+HANDLED_KINDS = engine_kinds()
 
 
 def simulate(plan: Plan, costs: CostModel | tuple[CostModel, ...], topology: Topology, *,
@@ -378,14 +377,14 @@ def simulate(plan: Plan, costs: CostModel | tuple[CostModel, ...], topology: Top
     """
     if plan.level != "L1":
         raise PlanError(f"the engine runs lowered (L1) plans, got {plan.level}")
+    kinds = {op.kind for program in plan.programs for op in program}
+    unhandled = sorted(kind.value for kind in kinds - engine_kinds())
+    if unhandled:
+        raise PlanError(f"the engine has no handler for op kind(s) {', '.join(unhandled)}")
     if plan.world_size > topology.num_ranks:
         raise PlanError(f"plan has {plan.world_size} devices' ranks but topology {topology} has {topology.num_ranks} "
                         f"devices")
     views = costs if isinstance(costs, tuple) else (costs,)
     if not views:
         raise ValueError("simulate() needs at least one cost view")
-    kinds = {op.kind for program in plan.programs for op in program}
-    unhandled = sorted(kind.value for kind in kinds - HANDLED_KINDS)
-    if unhandled:
-        raise PlanError(f"the engine has no handler for op kind(s) {', '.join(unhandled)}")
     return _Run(plan, views, topology, check_memory).run()

@@ -8,14 +8,16 @@ output of stage 3's forward of microbatch 1, ``0OPT_STEP`` is the optimizer step
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from sim.core.errors import SpecError
 
-__all__ = ["OpKind", "Op", "COMPUTE_KINDS", "SEND_KINDS", "RECV_KINDS", "COPY_KINDS", "TP_KINDS", "DP_KINDS",
-           "stream_of"]
+__all__ = ["OpKind", "Op", "Action", "MemoryEffect", "OpSemantics", "OP_SEMANTICS", "kinds_of", "handled_kinds",
+           "SCHEDULED_KINDS", "COMPUTE_KINDS", "SEND_KINDS", "RECV_KINDS", "COPY_KINDS", "TP_KINDS", "DP_KINDS",
+           "stream_of", "op_id"]
 
 
 class OpKind(StrEnum):
@@ -43,32 +45,143 @@ class OpKind(StrEnum):
     GATHER_PARAMS = "GATHER_PARAMS"  # ZeRO-1: all-gather of a vstage's updated parameters after its OPT_STEP
 
 
-COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R})
-SEND_KINDS = frozenset({OpKind.SEND_F, OpKind.SEND_B})
-RECV_KINDS = frozenset({OpKind.RECV_F, OpKind.RECV_B})
-COPY_KINDS = frozenset({OpKind.PREFETCH, OpKind.EVICT})
-TP_KINDS = frozenset({OpKind.TP_F, OpKind.TP_B, OpKind.TP_R})
-#: Collectives across data-parallel replicas: issued without blocking the rank, on the ``collective`` stream.
-DP_KINDS = frozenset({OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS})
+class Action(StrEnum):
+    """How an op is carried out, and so which handler of a consumer (engine, validator, fast evaluator, executor)
+    runs it. A consumer keeps one handler per action it supports; a kind whose action it has no handler for is
+    refused before anything runs."""
 
-_STREAM = {
-    OpKind.SEND_F: "send",
-    OpKind.SEND_B: "send",
-    OpKind.RECV_F: "recv",
-    OpKind.RECV_B: "recv",
-    OpKind.PREFETCH: "h2d",
-    OpKind.EVICT: "d2h",
-    OpKind.TP_F: "tp",
-    OpKind.TP_B: "tp",
-    OpKind.TP_R: "tp",
-    OpKind.REDUCE_GRAD: "collective",
-    OpKind.GATHER_PARAMS: "collective",
+    COMPUTE = "compute"  # device compute for the cost view's compute_time(kind, vstage)
+    TP_COLLECTIVE = "tp_collective"  # the tensor-parallel collectives of the compute op before it
+    SEND = "send"  # one side of a point-to-point transfer: the sender
+    RECV = "recv"  # the receiver; the transfer ends both
+    HOST_COPY = "host_copy"  # a copy between host and device memory over the rank's PCIe path
+    DP_COLLECTIVE = "dp_collective"  # a collective across data-parallel replicas
+
+
+class MemoryEffect(StrEnum):
+    """What an op does to its device's memory beyond its transient workspace (:attr:`OpSemantics.workspace`). The
+    byte counts behind each effect are the memory ledger's (``sim.cost.ledger``), which handles every effect."""
+
+    NONE = "none"
+    #: keeps the microbatch's activations (only the checkpoint when the microbatch is recomputed) until its backward
+    KEEP_ACTIVATIONS = "keep_activations"
+    #: rebuilds the activations a recomputed microbatch did not keep, right before its backward
+    REBUILD_ACTIVATIONS = "rebuild_activations"
+    #: frees the microbatch's activations when it is the microbatch's last backward op (B unless a W follows; W)
+    RELEASE_ACTIVATIONS = "release_activations"
+    #: the weight update: under weight stashing, retires the version its microbatch ran on and keeps the new one
+    UPDATE_WEIGHTS = "update_weights"
+    #: brings the stage's weights onto the device (a stage that lives in host memory)
+    LOAD_WEIGHTS = "load_weights"
+    #: takes the stage's weights off the device again
+    UNLOAD_WEIGHTS = "unload_weights"
+
+
+@dataclass(frozen=True)
+class OpSemantics:
+    """What one op kind means, the one definition every consumer reads (DESIGN §6).
+
+    Attributes:
+        action: how the op is carried out (which handler runs it).
+        stream: the stream its span is drawn on: ``compute``, ``tp``, ``send``, ``recv``, ``h2d``, ``d2h`` or
+            ``collective``.
+        blocks: True when the rank's walker waits for the op's deps, runs it and goes on only once it has finished
+            (compute and the tensor-parallel collectives the compute stream waits for); False when the walker issues
+            it and goes on, and it completes on its own stream (transfers, copies, data-parallel collectives), awaited
+            by whatever names it in ``deps``.
+        scheduled: emitted by the schedule generators (an L0 op, a cell of PyTorch's schedule CSV); the others are
+            added by the lowering.
+        memory: what it allocates or frees beyond its workspace.
+        workspace: it holds its vstage's transient workspace while it runs.
+    """
+
+    action: Action
+    stream: str
+    blocks: bool
+    scheduled: bool
+    memory: MemoryEffect
+    workspace: bool
+
+    @property
+    def compute(self) -> bool:
+        """Whether the op is device compute (costed by ``compute_time``; stretched on a slowed device)."""
+        return self.action is Action.COMPUTE
+
+
+def _compute(memory: MemoryEffect, *, scheduled: bool = True, workspace: bool = True) -> OpSemantics:
+    return OpSemantics(Action.COMPUTE, "compute", True, scheduled, memory, workspace)
+
+
+def _issued(action: Action, stream: str, memory: MemoryEffect = MemoryEffect.NONE) -> OpSemantics:
+    return OpSemantics(action, stream, False, False, memory, False)
+
+
+_TP = OpSemantics(Action.TP_COLLECTIVE, "tp", True, False, MemoryEffect.NONE, False)
+
+#: The semantics of every op kind. A new kind is added here (and to :class:`OpKind`); a consumer that has no
+#: handler for its action refuses it by name.
+OP_SEMANTICS: dict[OpKind, OpSemantics] = {
+    OpKind.F: _compute(MemoryEffect.KEEP_ACTIVATIONS),
+    OpKind.B: _compute(MemoryEffect.RELEASE_ACTIVATIONS),
+    OpKind.I: _compute(MemoryEffect.NONE),
+    OpKind.W: _compute(MemoryEffect.RELEASE_ACTIVATIONS),
+    OpKind.R: _compute(MemoryEffect.REBUILD_ACTIVATIONS),
+    OpKind.OPT_STEP: _compute(MemoryEffect.UPDATE_WEIGHTS, scheduled=False, workspace=False),
+    OpKind.SEND_F: _issued(Action.SEND, "send"),
+    OpKind.SEND_B: _issued(Action.SEND, "send"),
+    OpKind.RECV_F: _issued(Action.RECV, "recv"),
+    OpKind.RECV_B: _issued(Action.RECV, "recv"),
+    OpKind.PREFETCH: _issued(Action.HOST_COPY, "h2d", MemoryEffect.LOAD_WEIGHTS),
+    OpKind.EVICT: _issued(Action.HOST_COPY, "d2h", MemoryEffect.UNLOAD_WEIGHTS),
+    OpKind.TP_F: _TP,
+    OpKind.TP_B: _TP,
+    OpKind.TP_R: _TP,
+    OpKind.REDUCE_GRAD: _issued(Action.DP_COLLECTIVE, "collective"),
+    OpKind.GATHER_PARAMS: _issued(Action.DP_COLLECTIVE, "collective"),
 }
 
 
+_MISSING = [kind.value for kind in OpKind if kind not in OP_SEMANTICS]
+if _MISSING:  # a kind without semantics would be run by nobody: refuse to import rather than skip it somewhere
+    raise ImportError(f"op kind(s) {', '.join(_MISSING)} have no entry in OP_SEMANTICS")
+
+#: An op kind's spelling, looked up once: ``kind.value`` on an enum member costs a property call per id written.
+_KIND_TEXT = {kind: kind.value for kind in OpKind}
+
+
+def kinds_of(action: Action) -> frozenset[OpKind]:
+    """Every kind carried out by ``action``."""
+    return frozenset(kind for kind, semantics in OP_SEMANTICS.items() if semantics.action is action)
+
+
+def handled_kinds(actions: Iterable[Action]) -> frozenset[OpKind]:
+    """The kinds a consumer with handlers for ``actions`` can run: derive a ``HANDLED_KINDS`` from this, never
+    list kinds by hand."""
+    supported = frozenset(actions)
+    return frozenset(kind for kind, semantics in OP_SEMANTICS.items() if semantics.action in supported)
+
+
+#: The kinds a schedule generator emits (L0): F, B, I, W, R.
+SCHEDULED_KINDS = frozenset(kind for kind, semantics in OP_SEMANTICS.items() if semantics.scheduled)
+#: Device compute, the optimizer step included: F, B, I, W, R, OPT_STEP.
+COMPUTE_KINDS = kinds_of(Action.COMPUTE)
+SEND_KINDS = kinds_of(Action.SEND)
+RECV_KINDS = kinds_of(Action.RECV)
+COPY_KINDS = kinds_of(Action.HOST_COPY)
+TP_KINDS = kinds_of(Action.TP_COLLECTIVE)
+#: Collectives across data-parallel replicas: issued without blocking the rank, on the ``collective`` stream.
+DP_KINDS = kinds_of(Action.DP_COLLECTIVE)
+
+
 def stream_of(kind: OpKind) -> str:
-    """The stream an op kind runs on (``compute`` unless it is a transfer or a copy)."""
-    return _STREAM.get(kind, "compute")
+    """The stream an op kind runs on (:attr:`OpSemantics.stream`)."""
+    return OP_SEMANTICS[kind].stream
+
+
+def op_id(kind: OpKind, vstage: int, mb: int | None) -> str:
+    """``Op(kind, vstage, mb).id`` without building the op: the lowering writes one per dep and the checks and the
+    engine one per op, where building the op first costs three times as much (a test compares the two)."""
+    return f"{vstage}{_KIND_TEXT[kind]}{'' if mb is None else mb}"
 
 
 # Longest names first so that "SEND_F" is not read as "S" + "END_F" and "F" never shadows "SEND_F".
@@ -101,7 +214,7 @@ class Op:
     @property
     def id(self) -> str:
         """The op in string notation, e.g. ``"2F0"``; unique within a plan."""
-        return f"{self.vstage}{self.kind.value}{'' if self.mb is None else self.mb}"
+        return op_id(self.kind, self.vstage, self.mb)
 
     def __str__(self) -> str:
         return self.id

@@ -22,7 +22,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.core.errors import SpecError
-from sim.ir.ops import COMPUTE_KINDS, COPY_KINDS, DP_KINDS, RECV_KINDS, SEND_KINDS, TP_KINDS, Op, OpKind, stream_of
+from sim.ir.ops import (
+    COMPUTE_KINDS,
+    COPY_KINDS,
+    DP_KINDS,
+    RECV_KINDS,
+    SCHEDULED_KINDS,
+    SEND_KINDS,
+    TP_KINDS,
+    Op,
+    OpKind,
+    op_id,
+    stream_of,
+)
 from sim.ir.parallel import Parallelism
 
 # The op vocabulary lives in sim.ir.ops; it is re-exported here, where most readers of a plan look for it.
@@ -32,6 +44,7 @@ __all__ = [
     "Op",
     "Placement",
     "Plan",
+    "SCHEDULED_KINDS",
     "COMPUTE_KINDS",
     "SEND_KINDS",
     "RECV_KINDS",
@@ -40,6 +53,7 @@ __all__ = [
     "DP_KINDS",
     "Parallelism",
     "stream_of",
+    "op_id",
 ]
 
 #: Bumped whenever the JSON layout of :class:`Plan` changes incompatibly.

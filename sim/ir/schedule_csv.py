@@ -18,7 +18,7 @@ import re
 
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text
-from sim.ir.plan import COMPUTE_KINDS, Op, OpKind
+from sim.ir.plan import SCHEDULED_KINDS, Op, OpKind
 
 __all__ = ["dumps_schedule_csv", "load_schedule_csv"]
 
@@ -35,7 +35,7 @@ def dumps_schedule_csv(programs: tuple[tuple[Op, ...], ...]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     for program in programs:
-        writer.writerow([op.id for op in program if op.kind in COMPUTE_KINDS])
+        writer.writerow([op.id for op in program if op.kind in SCHEDULED_KINDS])
     return out.getvalue()
 
 
@@ -51,7 +51,7 @@ def _compute_op(text: str, where: str, cell: str) -> Op | None:
     op = _parse(text, where)
     if op.kind in _LOWERED_KINDS:
         return None  # a compute_comms file: lowering adds the communication again
-    if op.kind not in COMPUTE_KINDS:
+    if op.kind not in SCHEDULED_KINDS:
         raise SpecError(f"{where}: {cell!r} is not a compute op (schedule.csv holds F, B, I, W, R and DualPipeV's "
                         f"(F;B)OVERLAP_F_B; SEND/RECV/REDUCE_GRAD/UNSHARD/RESHARD are skipped)")
     if op.mb is None:

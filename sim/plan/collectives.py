@@ -23,8 +23,8 @@ once, here:
 from __future__ import annotations
 
 from sim.core.errors import SpecError
+from sim.ir.ops import op_id
 from sim.ir.plan import Op, OpKind, Plan
-from sim.plan.lower import op_id
 
 __all__ = ["add_collectives"]
 

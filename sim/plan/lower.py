@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from sim.ir.ops import op_id
 from sim.ir.plan import Op, OpKind, Plan
 from sim.ir.weight_versions import add_stash_optimizer_steps
 
-__all__ = ["lower", "add_recompute", "add_send_recv", "order_receives", "add_optimizer_steps", "op_id"]
+__all__ = ["lower", "add_recompute", "add_send_recv", "order_receives", "add_optimizer_steps"]
 
 
 def lower(plan: Plan) -> Plan:
@@ -142,15 +143,6 @@ def add_send_recv(plan: Plan) -> Plan:
                 append(Op(SEND_B, v, mb, peer=to_rank[v - 1], pair=pair(SEND_B, v, mb), deps=(op_id(kind, v, mb),)))
         programs.append(tuple(out))
     return plan.with_programs(tuple(programs), level="L1")
-
-
-_KIND_TEXT = {kind: kind.value for kind in OpKind}
-
-
-def op_id(kind: OpKind, vstage: int, mb: int | None) -> str:
-    """``Op(kind, vstage, mb).id`` without building the op: the lowering writes one per dep and the checks and the
-    engine one per op, and the property costs three times as much (``Op.id`` is the definition; a test compares)."""
-    return f"{vstage}{_KIND_TEXT[kind]}{'' if mb is None else mb}"
 
 
 def add_optimizer_steps(plan: Plan) -> Plan:

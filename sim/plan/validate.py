@@ -16,8 +16,8 @@ import numpy as np
 
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
-from sim.ir.plan import COMPUTE_KINDS, COPY_KINDS, DP_KINDS, RECV_KINDS, SEND_KINDS, Op, OpKind, Plan
-from sim.plan.lower import op_id as make_id
+from sim.ir.ops import OP_SEMANTICS, RECV_KINDS, SCHEDULED_KINDS, SEND_KINDS, Action, Op, OpKind, op_id
+from sim.ir.plan import Plan
 
 __all__ = ["PlanError", "validate_l0", "validate_l1", "check_deadlock", "validate", "check_topology"]
 
@@ -79,7 +79,7 @@ def validate_l0(plan: Plan) -> None:
     for rank, program in enumerate(plan.programs):
         for pos, op in enumerate(program):
             kind = op.kind
-            if kind not in COMPUTE_KINDS:
+            if kind not in SCHEDULED_KINDS:
                 continue
             vstage, mb = op.vstage, op.mb
             if not 0 <= vstage < num_vstages:
@@ -170,17 +170,17 @@ def _l1_holds(plan: Plan) -> bool:
     for rank, program in enumerate(plan.programs):
         for op in program:
             vstage, mb = op.vstage, op.mb
-            op_id = make_id(op.kind, vstage, mb)
-            wanted.discard(op_id)
+            this_id = op_id(op.kind, vstage, mb)
+            wanted.discard(this_id)
             if seen_cells and 0 <= vstage < num_vstages and (mb is None or 0 <= mb < num_mbs):
                 cell = kinds[op.kind] * cells + vstage * (num_mbs + 1) + (0 if mb is None else mb + 1)
                 if seen_cells[cell]:
                     return False
                 seen_cells[cell] = 1
-            elif op_id in seen_ids:
+            elif this_id in seen_ids:
                 return False
             else:
-                seen_ids.add(op_id)
+                seen_ids.add(this_id)
             is_send = op.kind in SEND_KINDS
             if is_send or op.kind in RECV_KINDS:
                 pair, peer = op.pair, op.peer
@@ -245,6 +245,14 @@ def _raise_l1_problem(plan: Plan) -> None:
             )
 
 
+# How the dry run treats each action: a transfer's two sides pair up, other issued ops complete once their deps are
+# done, blocking ops hold their rank until then. Derived from OP_SEMANTICS, so a kind with a new action fails below.
+_SEND, _RECV, _ISSUED, _BLOCKS = "send", "recv", "issued", "blocks"
+_RULES = {Action.SEND: _SEND, Action.RECV: _RECV, Action.HOST_COPY: _ISSUED, Action.DP_COLLECTIVE: _ISSUED,
+          Action.COMPUTE: _BLOCKS, Action.TP_COLLECTIVE: _BLOCKS}
+_DRY_RUN = {kind: _RULES[semantics.action] for kind, semantics in OP_SEMANTICS.items() if semantics.action in _RULES}
+
+
 def check_deadlock(plan: Plan) -> None:
     """Dry-run the L1 plan with zero-duration ops and raise :class:`PlanError` if it cannot finish.
 
@@ -258,6 +266,9 @@ def check_deadlock(plan: Plan) -> None:
     was issued is read off the program pointers when a deadlock is reported, so the dry run needs no copy of every
     op id.
     """
+    unknown = sorted({op.kind.value for program in plan.programs for op in program if op.kind not in _DRY_RUN})
+    if unknown:
+        raise PlanError(f"the deadlock check has no rule for op kind(s) {', '.join(unknown)}")
     waited = {dep for program in plan.programs for op in program for dep in op.deps}
     completed = 0
     pointer = [0] * plan.num_ranks
@@ -271,17 +282,17 @@ def check_deadlock(plan: Plan) -> None:
             position, length = pointer[rank], len(program)
             while position < length:
                 op = program[position]
-                kind = op.kind
-                if kind in SEND_KINDS:
+                rule = _DRY_RUN[op.kind]
+                if rule is _SEND:
                     pending_sends[op.pair] = op  # type: ignore[index]
-                elif kind in RECV_KINDS:
+                elif rule is _RECV:
                     issued_recvs[op.pair] = op  # type: ignore[index]
-                elif kind in COPY_KINDS or kind in DP_KINDS:
+                elif rule is _ISSUED:
                     issued_copies.append(op)
                 elif op.deps and not waited.isdisjoint(op.deps):
                     break
                 else:
-                    waited.discard(make_id(kind, op.vstage, op.mb))
+                    waited.discard(op_id(op.kind, op.vstage, op.mb))
                     completed += 1
                 position += 1
                 progress = True

@@ -32,15 +32,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.cost.model import CostModel
-from sim.ir.plan import TP_KINDS, OpKind, Plan
-from sim.plan.lower import op_id as make_id
+from sim.ir.ops import OP_SEMANTICS, Action, OpKind, op_id
+from sim.ir.plan import Plan
 
 __all__ = ["CompiledPlan", "NotCompilable", "compile_plan"]
 
-_COMPUTE = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R, OpKind.OPT_STEP})
-_SENDS = frozenset({OpKind.SEND_F, OpKind.SEND_B})
-_RECVS = frozenset({OpKind.RECV_F, OpKind.RECV_B})
-_DP = frozenset({OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS})
+#: The action of each kind (``sim.ir.ops.OP_SEMANTICS``); :func:`compile_plan` has a node rule for each action it
+#: models and refuses the others (HOST_COPY, and any action added later) as :class:`NotCompilable`.
+_ACTION = {kind: semantics.action for kind, semantics in OP_SEMANTICS.items()}
 
 
 class NotCompilable(ValueError):
@@ -139,7 +138,7 @@ class CompiledPlan:
             view = views[slot.view]
             if slot.what == "message":
                 keys = view.message(slot.kind, slot.vstage, slot.src, slot.dst)[2]
-            elif slot.what == "collective" and slot.kind in TP_KINDS:
+            elif slot.what == "collective" and _ACTION[slot.kind] is Action.TP_COLLECTIVE:
                 keys = view.collective(slot.kind, slot.vstage)[2]
             elif slot.what == "collective":  # data-parallel collectives queue in a lane of their own
                 keys = tuple(("collective", key) for key in views[0].collective(slot.kind, slot.vstage)[2])
@@ -167,7 +166,7 @@ class CompiledPlan:
                 peak = memory
                 for op in program:
                     kind, vstage = op.kind, op.vstage
-                    if kind not in _COMPUTE:
+                    if _ACTION[kind] is not Action.COMPUTE:
                         continue
                     workspace = view.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
                     kept = 0
@@ -223,30 +222,31 @@ def compile_plan(plan: Plan, num_views: int = 1) -> CompiledPlan:
         for rank, program in enumerate(plan.programs):
             cursor = 0
             for op in program:
-                kind, op_key = op.kind, make_id(op.kind, op.vstage, op.mb)
+                kind, op_key = op.kind, op_id(op.kind, op.vstage, op.mb)
                 trace_rank = view * pipeline + rank
-                if kind in _COMPUTE or kind in TP_KINDS:
-                    what = "compute" if kind in _COMPUTE else "collective"
+                action = _ACTION[kind]
+                if action is Action.COMPUTE or action is Action.TP_COLLECTIVE:
+                    what = "compute" if action is Action.COMPUTE else "collective"
                     node = new_node(_Slot(view, what, kind, op.vstage))
                     preds[node].append(cursor)
                     deferred.append((node, view, op.deps))
                     cursor = node
-                elif kind in _SENDS:
+                elif action is Action.SEND:
                     node = new_node(_Slot(view, "message", kind, op.vstage, rank, op.peer))
                     preds[node].append(cursor)
                     deferred.append((node, view, op.deps))
                     sends[(view, op.pair)] = node
-                elif kind in _RECVS:
+                elif action is Action.RECV:
                     node = new_node(None)
                     receives[(view, op.pair)] = (node, cursor)
-                elif kind in _DP:
+                elif action is Action.DP_COLLECTIVE:
                     node = collectives.get(op_key)
                     if node is None:
                         node = collectives[op_key] = new_node(_Slot(0, "collective", kind, op.vstage))
                     preds[node].append(cursor)
                     deferred.append((node, view, op.deps))
                 else:
-                    raise NotCompilable(f"op kind {kind.value} is simulated by the engine")
+                    raise NotCompilable(f"op kind {kind.value} ({action.value}) is simulated by the engine")
                 node_of[(view, op_key)] = node
                 op_nodes.append((node, trace_rank, op_key))
     for (view, pair), send in sends.items():

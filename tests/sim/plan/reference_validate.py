@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from sim.core.errors import SpecError
-from sim.ir.plan import COMPUTE_KINDS, COPY_KINDS, RECV_KINDS, SEND_KINDS, Op, OpKind, Plan
+from sim.ir.plan import SCHEDULED_KINDS, COPY_KINDS, RECV_KINDS, SEND_KINDS, Op, OpKind, Plan
 from sim.plan.validate import PlanError, _describe_wait
 
 __all__ = ["reference_validate"]
@@ -46,7 +46,7 @@ def reference_l0(plan: Plan) -> None:
     position: dict[tuple[OpKind, int, int], int] = {}
     for rank, program in enumerate(plan.programs):
         for pos, op in enumerate(program):
-            if op.kind not in COMPUTE_KINDS:
+            if op.kind not in SCHEDULED_KINDS:
                 continue
             if not 0 <= op.vstage < plan.num_vstages:
                 raise PlanError(f"op {op.id} on rank {rank}: vstage {op.vstage} outside 0..{plan.num_vstages - 1}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sim.core.errors import SpecError
-from sim.ir.plan import COMPUTE_KINDS
+from sim.ir.plan import SCHEDULED_KINDS
 from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.models import build_model
 from sim.plan import build
@@ -53,7 +53,7 @@ def test_predicted_op_count_of_a_schedule_file(tmp_path):
     built = build_plan(PlanInputs("uniform:layers=4", "4xideal", "zb1p", 6))
     csv = tmp_path / "zb.csv"
     csv.write_text(dumps_schedule_csv(built.plan.programs))
-    compute = sum(op.kind in COMPUTE_KINDS for program in built.plan.programs for op in program)
+    compute = sum(op.kind in SCHEDULED_KINDS for program in built.plan.programs for op in program)
     assert plan_op_count(6, (0, 1, 2, 3), compute / (4 * 6), False) == sum(map(len, built.plan.programs))
     assert build_plan(PlanInputs("uniform:layers=4", "4xideal", microbatches=None, schedule_file=str(csv))).plan \
         .programs == built.plan.programs
