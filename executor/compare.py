@@ -5,6 +5,9 @@ or the hardware catalog's costs). The measurement is the median iteration after 
 Per op kind both mean durations are listed, which is where a wrong prediction shows *why* it is wrong (compute too
 slow or fast, transfers, the optimizer step).
 
+Memory is compared per process (:func:`memory_report`): the simulated peak of the plan's rank against the peak that
+process measured (``executor.memory``), both in bytes.
+
 The calibrated profile a run can write is :mod:`executor.calibration`.
 """
 
@@ -15,9 +18,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from sim.ir.plan import Plan
 from sim.ir.trace import Trace
 
-__all__ = ["compare_report", "median_iteration", "MEDIAN_RULE"]
+__all__ = ["compare_report", "median_iteration", "memory_report", "format_memory_line", "MEDIAN_RULE"]
 
 #: How "the median iteration" is chosen, for the files that report it (compare.json, metrics.json).
 MEDIAN_RULE = ("median over the iterations after warm-up; with an even count the lower of the two middle ones, so "
@@ -99,3 +103,51 @@ def compare_report(predicted: Trace, measured: Sequence[Trace], *, median_index:
         "cost_source": cost_source,
         "ops": ops,
     }
+
+
+def memory_report(plan: Plan, predicted_peaks: Sequence[int], measured_peaks: Sequence[int | None],
+                  method: str | None) -> dict[str, Any]:
+    """``compare.json``'s ``memory`` entry: per process, the predicted and the measured peak memory, bytes.
+
+    Args:
+        plan: the plan that ran.
+        predicted_peaks: the prediction's ``peak_memory_bytes``, one per simulated rank: the pipeline ranks of one
+            replica, or of every replica when they were simulated one by one (``sim.cost.model.replica_views``).
+        measured_peaks: per process (global rank), its measured peak, or ``None`` where it was not measured.
+        method: how the peaks were measured (``executor.memory``), or ``None``.
+
+    Returns:
+        ``method`` and ``ranks``: per process ``rank``, ``predicted_peak_memory_bytes`` (that of its pipeline rank in
+        its replica; its tensor shard is what the prediction's graph describes), ``measured_peak_memory_bytes`` and
+        ``relative_error`` = (measured − predicted) / measured (``None`` when not measured); ``max_abs_relative_error``
+        over the processes that measured.
+
+    Raises:
+        ValueError: ``predicted_peaks`` is not a whole number of replicas' pipeline ranks.
+    """
+    pipeline = plan.num_ranks
+    if not predicted_peaks or len(predicted_peaks) % pipeline:
+        raise ValueError(f"{len(predicted_peaks)} predicted peaks for {pipeline} pipeline ranks")
+    per_replica = len(predicted_peaks) > pipeline  # every replica simulated: replica d's ranks follow replica d-1's
+    ranks = []
+    for rank, measured in enumerate(measured_peaks):
+        p, d, _ = plan.layout.coords(rank)
+        predicted = int(predicted_peaks[(d if per_replica else 0) * pipeline + p])
+        ranks.append({"rank": rank, "predicted_peak_memory_bytes": predicted, "measured_peak_memory_bytes": measured,
+                      "relative_error": _relative(measured, predicted) if measured is not None else None})
+    errors = [abs(row["relative_error"]) for row in ranks if row["relative_error"] is not None]
+    return {"method": method, "ranks": ranks, "max_abs_relative_error": max(errors) if errors else None}
+
+
+def format_memory_line(memory: dict[str, Any]) -> str:
+    """The run summary's one line about memory: each process's predicted and measured peak, MB (10^6 bytes)."""
+    rows = memory["ranks"]
+    if all(row["measured_peak_memory_bytes"] is None for row in rows):
+        predicted = ", ".join(f"{row['predicted_peak_memory_bytes'] / 1e6:.1f}" for row in rows)
+        return f"peak memory per rank: predicted {predicted} MB; not measured (--measure-memory counts it on the CPU)"
+    parts = []
+    for row in rows:
+        measured, error = row["measured_peak_memory_bytes"], row["relative_error"]
+        seen = f"{measured / 1e6:.1f} MB ({error * 100:+.1f}%)" if measured is not None else "-"
+        parts.append(f"rank {row['rank']} {row['predicted_peak_memory_bytes'] / 1e6:.1f} / {seen}")
+    return "peak memory per rank, predicted / measured: " + ", ".join(parts)

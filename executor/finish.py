@@ -32,7 +32,7 @@ from executor.calibration import (
     stage_medians,
 )
 from executor.clock import ClockOffset
-from executor.compare import MEDIAN_RULE, compare_report, median_iteration
+from executor.compare import MEDIAN_RULE, compare_report, format_memory_line, median_iteration, memory_report
 from executor.measured import RankReport, iteration_times, measured_trace
 from executor.options import RunOptions, host_cores
 from executor.provenance import cpu_model, software_versions
@@ -94,6 +94,10 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
     compare["planned_devices"], compare["measured_devices"] = planned_devices, measured_ids
     # An emulated slower device (--slowdown) is written down in both files, so it is never read as a real run.
     compare["slowdown"] = slowdown_record(options.slowdown)
+    # Peak memory per process, predicted by the same simulation and measured by each rank (executor.memory).
+    method = next((r.memory_method for r in reports if r.memory_method is not None), None)
+    compare["memory"] = memory_report(plan, prediction.peak_memory_bytes, [r.peak_memory_bytes for r in reports],
+                                      method)
     if plan.parallel is not None:
         compare["parallel"] = _rows_rule(plan, predicted)
     # A GPU plan run on this host's CPU was announced before launch (executor.run.choose_backend); this catches the
@@ -157,6 +161,7 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
         print(f"emulated slowdown: {describe_slowdown(options.slowdown)} (compute ops stretched by sleeping; the "
               f"prediction is the plan's own)")
     _print_compare(compare)
+    print(format_memory_line(compare["memory"]))
     print(f"wrote {out}/{{{', '.join(names)}}}")
 
 

@@ -38,6 +38,9 @@ class RankReport:
         threads: intra-op threads it used (``torch.get_num_threads``).
         timings: per iteration (warm-up included), ``(op id, start s, end s)`` in program order, on its own clock.
         losses: per iteration, the loss of each microbatch (empty lists unless the rank runs the last vstage).
+        peak_memory_bytes: the most bytes its tensors held at once during the measured iterations
+            (``executor.memory``), or ``None`` when it was not measured (a CPU run without ``--measure-memory``).
+        memory_method: how that peak was measured, or ``None``.
     """
 
     rank: int
@@ -45,6 +48,8 @@ class RankReport:
     threads: int
     timings: tuple[tuple[tuple[str, float, float], ...], ...]
     losses: tuple[tuple[float, ...], ...]
+    peak_memory_bytes: int | None = None
+    memory_method: str | None = None
 
 
 def measured_trace(plan: Plan, reports: Sequence[RankReport], offsets: Sequence[ClockOffset], iteration: int,

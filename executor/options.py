@@ -39,6 +39,8 @@ class RunOptions:
         timeout_s: collective and point-to-point timeout, s.
         slowdown: ``(rank, factor)`` pairs, by rank: each of these ranks stretches its compute ops by its factor,
             to emulate a slower device (``--slowdown``, ``executor.slowdown``); empty for a real run.
+        measure_memory: count each CPU rank's peak tensor memory (``--measure-memory``, ``executor.memory``); it
+            slows every operator a little, so it is off unless asked for. CUDA ranks always report theirs.
     """
 
     plan_path: str
@@ -58,6 +60,7 @@ class RunOptions:
     gantt: bool = True
     timeout_s: float = 300.0
     slowdown: tuple[tuple[int, float], ...] = ()
+    measure_memory: bool = False
 
     def slowdown_of(self, rank: int) -> float:
         """The factor by which ``rank`` stretches its compute ops (1 when it is not slowed)."""

@@ -95,6 +95,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "RANK stretches each compute op (F, B, I, W, R, optimizer step) to FACTOR (1 to 1000) times "
                         "its measured duration by sleeping after it; repeat the flag or join entries with commas, "
                         "e.g. 0:1.5,3:2; the outputs say so")
+    parser.add_argument("--measure-memory", action="store_true", help="count each CPU rank's peak tensor memory "
+                        "during the measured iterations (executor.memory; it slows every operator a few microseconds, "
+                        "so it is off by default); compare.json lists it beside the predicted peak. CUDA ranks always "
+                        "report theirs")
     parser.add_argument("--no-gantt", action="store_true", help="skip drawing gantt.png")
     parser.add_argument("--timeout", type=float, default=300.0, help="communication timeout in s (default 300)")
     return parser
@@ -182,7 +186,7 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
         data_seed=args.data_seed, optimizer=args.optimizer, lr=args.lr, profile=args.profile,
         calibrate_out=str(Path(args.calibrate_out).resolve()) if args.calibrate_out else None,
         save_state=str(Path(args.save_state).resolve()) if args.save_state else None, inject_failure=inject,
-        gantt=not args.no_gantt, timeout_s=args.timeout, slowdown=slowdown,
+        gantt=not args.no_gantt, timeout_s=args.timeout, slowdown=slowdown, measure_memory=args.measure_memory,
     )
 
 
@@ -195,7 +199,8 @@ def _check_csp_flags(args: argparse.Namespace) -> None:
             ("--calibrate-out", args.calibrate_out, "a profile times one model's layers; subnets differ"),
             ("--profile", args.profile, "csp is predicted with the roofline of each subnet's candidates"),
             ("--inject-failure", args.inject_failure, "a csp plan has no fixed ops to fail at"),
-            ("--slowdown", args.slowdown, "the csp ranks (executor.csp) do not stretch their ops")):
+            ("--slowdown", args.slowdown, "the csp ranks (executor.csp) do not stretch their ops"),
+            ("--measure-memory", args.measure_memory, "the csp ranks (executor.csp) do not count their memory")):
         if given:
             raise SpecError(f"{flag} does not apply to a csp plan ({why})")
 

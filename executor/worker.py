@@ -33,6 +33,7 @@ from executor.clock import measure_offsets
 from executor.interpreter import RankInterpreter
 from executor.launch import die_with_launcher, leave_worker, record_failure
 from executor.measured import RankReport
+from executor.memory import PeakMemory
 from executor.nn.stages import boundary_specs, synthetic_batch
 from executor.options import RunOptions, host_cores
 from executor.parallel import Place, build_process, make_groups, microbatch_index, save_state
@@ -162,26 +163,34 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
 
     offsets = measure_offsets(rank, world_size, device=device)
     timings, losses = [], []
-    for iteration in range(options.warmup + options.iterations):
-        if not (first or last):
-            batches = []
-        elif plan.weight_policy == "stream":  # frames of a seeded video, the iterations one continuing stream
-            batches = stream_frames(plan, options.data_seed, iteration)
-        else:
-            batches = [synthetic_batch(plan.model, plan.microbatch_size, seed=options.data_seed,
-                                       index=microbatch_index(iteration, j, m, place.dp, replicas)) for j in range(m)]
-        inputs = [x.to(device) for x, _ in batches] if first else None
-        targets = [y.to(device) for _, y in batches] if last else None
-        dist.barrier()  # every rank starts the iteration together, as the simulation assumes
-        records, iteration_losses = interpreter.run_iteration(inputs, targets)
-        timings.append(tuple((r.op.id, r.start, r.end) for r in records))
-        losses.append(tuple(iteration_losses))
+    # The peak tensor memory of the measured iterations (executor.memory): CUDA's statistics, or on the CPU with
+    # --measure-memory a count of every operator's storages, from those alive (weights, optimizer state) at the start.
+    memory = PeakMemory(device, count_cpu=options.measure_memory)
+    with memory:
+        for iteration in range(options.warmup + options.iterations):
+            if iteration == options.warmup:
+                memory.start_measured()
+            if not (first or last):
+                batches = []
+            elif plan.weight_policy == "stream":  # frames of a seeded video, the iterations one continuing stream
+                batches = stream_frames(plan, options.data_seed, iteration)
+            else:
+                batches = [synthetic_batch(plan.model, plan.microbatch_size, seed=options.data_seed,
+                                           index=microbatch_index(iteration, j, m, place.dp, replicas))
+                           for j in range(m)]
+            inputs = [x.to(device) for x, _ in batches] if first else None
+            targets = [y.to(device) for _, y in batches] if last else None
+            dist.barrier()  # every rank starts the iteration together, as the simulation assumes
+            records, iteration_losses = interpreter.run_iteration(inputs, targets)
+            timings.append(tuple((r.op.id, r.start, r.end) for r in records))
+            losses.append(tuple(iteration_losses))
     sweep_sizes = tuple(2**k for k in range(10, 23, 2))
     sweep = p2p_sweep(rank, sweep_sizes, device=device) if options.calibrate_out and world_size > 1 else []
 
     if options.save_state:
         save_state(options.save_state, plan, place, model, groups[0])
-    report = RankReport(rank, device_name, torch.get_num_threads(), tuple(timings), tuple(losses))
+    report = RankReport(rank, device_name, torch.get_num_threads(), tuple(timings), tuple(losses),
+                        peak_memory_bytes=memory.peak_bytes, memory_method=memory.method)
     gathered: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
     dist.gather_object(report, gathered, dst=0)
     if rank == 0:
