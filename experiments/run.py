@@ -126,6 +126,12 @@ def _memory(argv: list[str]) -> int:
     return memory.main(argv)
 
 
+def _memory_real(argv: list[str]) -> int:
+    from experiments import memory_real  # imported on demand: it needs torch, others may not
+
+    return memory_real.main(argv)
+
+
 def _naspipe(argv: list[str]) -> int:
     from experiments import naspipe
 
@@ -172,6 +178,10 @@ EXPERIMENTS: dict[str, Experiment] = {
     "memory": Experiment("memory", "peak activation memory per stage of gpipe, 1f1b, interleaved, zb1p and "
                          "pipedream, with and without recompute, simulated against the closed forms; a 6.7B GPT on "
                          "8xA100", _memory, out="runs/memory"),
+    "memory_real": Experiment("memory_real", "peak memory per rank, predicted vs measured by executor.run "
+                              "--measure-memory on 2-4 CPU ranks: every schedule with and without recompute, DP "
+                              "and TP; and per layer, the bytes autograd saves beside the simulator's", _memory_real,
+                              out="runs/memory_real"),
     "naspipe": Experiment("naspipe", "NASPipe CSP vs GPipe, 1F1B, PipeDream and its ablations on search spaces "
                           "c1-c3, 8xV100, simulated, beside the paper's speedups", _naspipe, out="runs/naspipe"),
     "naspipe_paper": Experiment("naspipe_paper", "NASPipe vs GPipe under the artifact's own conditions (GPipe's "

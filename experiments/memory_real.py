@@ -1,0 +1,334 @@
+"""Peak memory, predicted and measured: every schedule, with and without recomputation, and a DP and a TP plan, run on
+CPU ranks with ``executor.run --measure-memory`` beside the simulator's peak per rank.
+
+Procedure, on this host with N CPU ranks (``--ranks``, 2 to 4; gloo):
+
+1. **Plans.** For each case, the plan is built by ``sim.run``'s library path (``sim.plan.build.build_plan``): gpipe,
+   1f1b, interleaved (2 chunks per rank), zb1p and pipedream, each with and without ``--recompute`` (full), on N
+   pipeline ranks with a balanced partition; ``dp``, 1F1B with DP = N (each replica ``--microbatches`` microbatches);
+   ``tp``, 1F1B with TP = N (skipped when N does not divide the heads).
+2. **Runs.** ``executor.run --measure-memory`` on each plan: every rank counts its peak tensor memory over the
+   measured iterations (``executor.memory``: live tensor storages, operator by operator, on the CPU), and
+   ``compare.json``'s ``memory`` sets it beside the prediction's peak of that rank (``sim.predict.predict`` on the
+   same plan: the simulator's memory ledger over ``sim.cost.oracle.CostOracle``'s bytes).
+3. **Verdict** against the target: every rank's |measured − predicted| / measured within :data:`TARGET_ERROR`.
+   The experiment reports what it measured whether or not the target is met.
+4. **Per layer** (:func:`layer_breakdown`, one process): for the embedding, one block and the head at the
+   experiment's shapes, the bytes autograd saves for the backward (``torch.autograd.graph.saved_tensors_hooks``,
+   each storage once, the layer's input and parameters left out, its output added as the simulator's convention
+   has it), the transient bytes of its backward, and its training state (weights, gradients, Adam's two moments),
+   beside the cost oracle's ``saved_bytes`` × microbatch size, ``workspace_bytes`` and ``state_bytes``. The
+   simulator describes fp16 Megatron training (Korthikanti et al. 2022's per-layer bytes); the executor trains in
+   fp32 without dropout, so the two agree only where those differences cancel; this table says where they do not.
+5. **Overhead** (``--overhead-repeats`` pairs, 0 to skip): the 1f1b case run alternately without and with
+   ``--measure-memory``; the median iteration time of each, and how much slower counting made it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executor.memory import StorageCounter
+from executor.nn.optim import make_optimizer
+from executor.nn.stages import build_stage, loss_fn, synthetic_batch
+from experiments.sim_vs_real import run_module
+from sim.core.cli import CliParser
+from sim.core.errors import SpecError, fail
+from sim.core.fileio import write_json_atomic, write_text_atomic
+from sim.cost.oracle import CostOracle
+from sim.models import build_model
+from sim.plan.build import PlanInputs, build_plan
+
+__all__ = ["main", "run_experiment", "CASES", "QUICK_CASES", "TARGET_ERROR", "DEFAULT_MODEL", "plan_inputs",
+           "run_case", "measured_layer", "layer_breakdown", "overhead", "summarize", "format_table"]
+
+DEFAULT_MODEL = "gpt:layers=4,hidden=256,seq=128,vocab=1000"
+#: The target: every rank's measured peak within 5 % of the predicted one.
+TARGET_ERROR = 0.05
+#: Case name → the ``sim.run`` choices besides model, topology and microbatches (``dp``/``tp`` take N ranks).
+CASES: dict[str, dict[str, Any]] = {
+    **{f"{name}{suffix}": {"schedule": name, "recompute": bool(suffix), **({"chunks": 2} if name == "interleaved"
+                                                                          else {})}
+       for name in ("gpipe", "1f1b", "interleaved", "zb1p", "pipedream") for suffix in ("", "-recompute")},
+    "dp": {"schedule": "1f1b", "dp": None},
+    "tp": {"schedule": "1f1b", "tp": None},
+}
+#: What ``--quick`` (the test) runs.
+QUICK_CASES = ("1f1b", "gpipe-recompute")
+
+
+def plan_inputs(case: str, model: str, ranks: int, microbatches: int, microbatch_size: int) -> PlanInputs:
+    """The ``sim.run`` inputs of one case on ``{ranks}xcpu``."""
+    choices = dict(CASES[case])
+    topology = f"{ranks}xcpu"
+    if "dp" in choices:
+        return PlanInputs(model, topology, choices["schedule"], microbatch_size=microbatch_size, dp=ranks,
+                          global_batch=microbatches * microbatch_size * ranks)
+    if "tp" in choices:
+        return PlanInputs(model, topology, choices["schedule"], microbatches=microbatches,
+                          microbatch_size=microbatch_size, tp=ranks)
+    return PlanInputs(model, topology, microbatches=microbatches, microbatch_size=microbatch_size, **choices)
+
+
+def run_case(out: Path, case: str, inputs: PlanInputs, *, iterations: int, warmup: int,
+             measure: bool = True) -> dict[str, Any]:
+    """Build the case's plan, run it with ``executor.run``, and return its ``compare.json`` rows.
+
+    Returns:
+        ``case``, ``iteration_time_s`` (the measured median, s), ``predicted_time_s``, and ``ranks``: per process
+        ``rank``, ``predicted_bytes``, ``measured_bytes`` and ``relative_error`` (``None`` unless ``measure``).
+    """
+    built = build_plan(inputs)
+    case_dir = out / case
+    case_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(built.plan.dumps(), case_dir / "plan.json")
+    run_dir = case_dir / ("run" if measure else "run-unmeasured")
+    run_module("executor.run", "--plan", str(case_dir / "plan.json"), "--out", str(run_dir), "--iterations",
+               str(iterations), "--warmup", str(warmup), "--no-gantt", *(["--measure-memory"] if measure else []))
+    compare = json.loads((run_dir / "compare.json").read_text())
+    ranks = [{"rank": row["rank"], "predicted_bytes": row["predicted_peak_memory_bytes"],
+              "measured_bytes": row["measured_peak_memory_bytes"], "relative_error": row["relative_error"]}
+             for row in compare["memory"]["ranks"]]
+    return {"case": case, "layout": built.plan.layout.describe(), "iteration_time_s": compare[
+        "measured_iteration_time_s"], "predicted_time_s": compare["predicted_iteration_time_s"], "ranks": ranks}
+
+
+def _layer_input(model: str, i: int, microbatch_size: int) -> torch.Tensor:
+    ids, _ = synthetic_batch(model, microbatch_size, seed=0, index=0)
+    if i == 0:
+        return ids
+    graph = build_model(model)
+    hidden = graph.layers[0].transformer.hidden  # type: ignore[union-attr]
+    generator = torch.Generator().manual_seed(i)
+    return torch.randn(microbatch_size, ids.shape[1], hidden, generator=generator).requires_grad_(True)
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+def measured_layer(model: str, i: int, microbatch_size: int) -> dict[str, int]:
+    """Layer ``i`` of the executor, forward and backward once on one microbatch, in this process: its bytes.
+
+    Returns:
+        ``saved_bytes``: storages autograd saves for the backward, each once, not counting the layer's input or
+        parameters; ``output_bytes``: the output's storage when autograd did not save it (the simulator counts a
+        layer's output, which its consumer keeps, and not its input); ``backward_transient_bytes``: the peak of the
+        backward above what was alive when it began, less the parameter gradients it creates (those are state);
+        ``state_bytes``: weights, gradients and Adam's state after one step.
+    """
+    torch.manual_seed(0)
+    stage = build_stage(model, i, i + 1, seed=0)
+    params = list(stage.parameters())
+    x = _layer_input(model, i, microbatch_size)
+    last = i == len(build_model(model)) - 1
+    skip = {_storage_key(p) for p in params} | {_storage_key(x)}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(tensor)
+        if key not in skip:
+            saved.setdefault(key, tensor.untyped_storage().nbytes())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        y = stage(x)
+        if last:
+            targets = synthetic_batch(model, microbatch_size, seed=0, index=0)[1]
+            skip.add(_storage_key(targets))
+            saved.pop(_storage_key(targets), None)
+            out = loss_fn(model)(y, targets)
+    output = 0 if last or _storage_key(y) in saved else y.untyped_storage().nbytes()
+    counter = StorageCounter()
+    with counter:
+        before = counter.live_bytes
+        if last:
+            out.backward()
+        else:
+            y.backward(torch.ones_like(y))
+    grads = sum(p.grad.untyped_storage().nbytes() for p in params if p.grad is not None)
+    optimizer = make_optimizer("adam", params)
+    optimizer.step()
+    state = sum(t.untyped_storage().nbytes() for p in params for t in (p, p.grad, *optimizer.state[p].values())
+                if isinstance(t, torch.Tensor) and t.dim() > 0)
+    return {"saved_bytes": sum(saved.values()), "output_bytes": output,
+            "backward_transient_bytes": counter.peak_bytes - before - grads, "state_bytes": state}
+
+
+def layer_breakdown(model: str, microbatch_size: int) -> list[dict[str, Any]]:
+    """Per layer kind (the embedding, the first block, the head): measured bytes (:func:`measured_layer`) beside the
+    cost oracle's ``microbatch_size`` × ``saved_bytes``, ``workspace_bytes`` and ``state_bytes``."""
+    graph = build_model(model)
+    oracle = CostOracle(graph, microbatch_size)
+    rows = []
+    for i in (0, 1, len(graph) - 1):
+        layer = graph.layers[i]
+        measured = measured_layer(model, i, microbatch_size)
+        kept = measured["saved_bytes"] + measured["output_bytes"]
+        rows.append({"layer": layer.name, "predicted_saved_bytes": microbatch_size * layer.saved_bytes,
+                     "measured_saved_bytes": measured["saved_bytes"], "measured_output_bytes": measured[
+                         "output_bytes"], "measured_kept_bytes": kept,
+                     "predicted_workspace_bytes": oracle.workspace_bytes(i, i + 1),
+                     "measured_backward_transient_bytes": measured["backward_transient_bytes"],
+                     "predicted_state_bytes": oracle.state_bytes(i, i + 1),
+                     "measured_state_bytes": measured["state_bytes"]})
+    return rows
+
+
+def overhead(out: Path, inputs: PlanInputs, *, repeats: int, iterations: int, warmup: int) -> dict[str, Any]:
+    """The 1f1b case without and with ``--measure-memory``, alternately ``repeats`` times: median iteration times."""
+    without, with_ = [], []
+    for _ in range(repeats):
+        without.append(run_case(out, "overhead", inputs, iterations=iterations, warmup=warmup,
+                                measure=False)["iteration_time_s"])
+        with_.append(run_case(out, "overhead", inputs, iterations=iterations, warmup=warmup)["iteration_time_s"])
+    base, counted = statistics.median(without), statistics.median(with_)
+    return {"without_s": without, "with_s": with_, "slowdown": counted / base - 1}
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The largest |error| over every rank of every case, how many ranks are within :data:`TARGET_ERROR`, and the
+    verdict."""
+    errors = [abs(r["relative_error"]) for case in results for r in case["ranks"]]
+    within = sum(e <= TARGET_ERROR for e in errors)
+    return {"ranks": len(errors), "within_target": within, "max_abs_error": max(errors, default=0.0),
+            "median_abs_error": statistics.median(errors) if errors else 0.0, "target_met": within == len(errors)}
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.2f}"
+
+
+def format_table(results: list[dict[str, Any]], summary: dict[str, Any], layers: list[dict[str, Any]],
+                 slowdown: dict[str, Any] | None) -> str:
+    """Markdown: per case and rank the predicted and measured peak (MB, 10^6 bytes) and the error; the verdict; the
+    per-layer breakdown; the overhead of counting."""
+    lines = ["| case | rank | predicted MB | measured MB | error |", "|---|---:|---:|---:|---:|"]
+    for case in results:
+        for r in case["ranks"]:
+            lines.append(f"| {case['case']} | {r['rank']} | {_mb(r['predicted_bytes'])} | {_mb(r['measured_bytes'])} "
+                         f"| {r['relative_error'] * 100:+.1f}% |")
+    verdict = "met" if summary["target_met"] else "NOT met"
+    median, largest = summary["median_abs_error"] * 100, summary["max_abs_error"] * 100
+    lines += ["", f"{summary['within_target']} of {summary['ranks']} ranks within {TARGET_ERROR * 100:.0f}% "
+                  f"(median |error| {median:.1f}%, max {largest:.1f}%): target {verdict}", "",
+              "| layer | predicted saved | measured saved + output | predicted workspace | measured backward "
+              "transient | predicted state | measured state |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in layers:
+        lines.append(f"| {row['layer']} | {row['predicted_saved_bytes']:,} | {row['measured_saved_bytes']:,} + "
+                     f"{row['measured_output_bytes']:,} | {row['predicted_workspace_bytes']:,} | "
+                     f"{row['measured_backward_transient_bytes']:,} | {row['predicted_state_bytes']:,} | "
+                     f"{row['measured_state_bytes']:,} |")
+    if slowdown is not None:
+        ms = ", ".join(f"{a * 1e3:.1f}/{b * 1e3:.1f}" for a, b in zip(slowdown["without_s"], slowdown["with_s"]))
+        lines += ["", f"overhead of --measure-memory on 1f1b (median iteration ms, without/with): {ms}; "
+                      f"{slowdown['slowdown'] * 100:+.1f}% (median of each)"]
+    return "\n".join(lines)
+
+
+def _csv(results: list[dict[str, Any]]) -> str:
+    rows = ["case,layout,rank,predicted_peak_memory_bytes,measured_peak_memory_bytes,relative_error"]
+    for case in results:
+        for r in case["ranks"]:
+            rows.append(f"{case['case']},{case['layout']},{r['rank']},{r['predicted_bytes']},{r['measured_bytes']},"
+                        f"{r['relative_error']:.6f}")
+    return "\n".join(rows) + "\n"
+
+
+def _layers_csv(layers: list[dict[str, Any]]) -> str:
+    keys = list(layers[0])
+    return "\n".join([",".join(keys), *(",".join(str(row[k]) for k in keys) for row in layers)]) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = CliParser(prog="python -m experiments.run memory_real", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/memory_real")
+    parser.add_argument("--ranks", type=int, default=2, help="CPU ranks, 2 to 4 (default 2)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"gpt spec (default {DEFAULT_MODEL})")
+    parser.add_argument("--microbatches", type=int, default=4, help="per replica (default 4)")
+    parser.add_argument("--microbatch-size", type=int, default=1, help="default 1")
+    parser.add_argument("--iterations", type=int, default=2, help="measured iterations per run (default 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up iterations per run (default 1)")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)} "
+                        f"(default all)")
+    parser.add_argument("--overhead-repeats", type=int, default=2, help="pairs of 1f1b runs without and with "
+                        "--measure-memory (default 2; 0 skips)")
+    parser.add_argument("--quick", action="store_true", help=f"cases {', '.join(QUICK_CASES)}, 2 microbatches, "
+                        f"1 + 1 iterations, no overhead runs (the test)")
+    return parser
+
+
+def _check(args: argparse.Namespace) -> list[str]:
+    if not 2 <= args.ranks <= 4:
+        fail(f"--ranks must be 2, 3 or 4, got {args.ranks}")
+    for name in ("microbatches", "microbatch_size", "iterations"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("warmup", "overhead_repeats"):
+        if getattr(args, name) < 0:
+            fail(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if not args.model.startswith("gpt:") and args.model != "gpt":
+        fail(f"--model must be a gpt spec (the per-layer breakdown reads its blocks), got {args.model!r}")
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown or not cases:
+        fail(f"--cases: unknown {', '.join(map(repr, unknown)) or 'empty list'} (known: {', '.join(CASES)})")
+    return [c for c in CASES if c in cases]
+
+
+def run_experiment(out: Path, cases: list[str], *, model: str = DEFAULT_MODEL, ranks: int = 2, microbatches: int = 4,
+                   microbatch_size: int = 1, iterations: int = 2, warmup: int = 1,
+                   overhead_repeats: int = 0) -> dict[str, Any]:
+    """Run ``cases`` (module docstring) and the per-layer breakdown; write nothing but the runs' own directories.
+
+    Returns:
+        ``results`` (per case: :func:`run_case`'s dict without its times), ``skipped`` (case → why), ``summary``
+        (:func:`summarize`), ``layers`` (:func:`layer_breakdown`), ``overhead`` (:func:`overhead`, or ``None``) and
+        the settings.
+    """
+    results, skipped = [], {}
+    for case in cases:
+        try:
+            inputs = plan_inputs(case, model, ranks, microbatches, microbatch_size)
+            build_plan(inputs)
+        except SpecError as exc:  # e.g. tp with N not dividing the heads, interleaving more vstages than layers
+            skipped[case] = str(exc)
+            print(f"{case}: skipped ({exc})", flush=True)
+            continue
+        print(f"{case}: running ...", flush=True)
+        result = run_case(out, case, inputs, iterations=iterations, warmup=warmup)
+        results.append({key: value for key, value in result.items() if not key.endswith("time_s")})
+    slowdown = None
+    if overhead_repeats:
+        inputs = plan_inputs("1f1b", model, ranks, microbatches, microbatch_size)
+        slowdown = overhead(out, inputs, repeats=overhead_repeats, iterations=max(iterations, 5), warmup=warmup)
+    return {"results": results, "skipped": skipped, "summary": summarize(results),
+            "layers": layer_breakdown(model, microbatch_size), "overhead": slowdown, "model": model, "ranks": ranks,
+            "microbatches": microbatches, "microbatch_size": microbatch_size, "iterations": iterations,
+            "warmup": warmup}
+
+
+def main(argv: list[str]) -> int:
+    """``python -m experiments.run memory_real [options]``; the exit status."""
+    args = _parser().parse_args(argv)
+    cases = _check(args)
+    if args.quick:
+        cases, args.microbatches, args.iterations, args.warmup, args.overhead_repeats = list(QUICK_CASES), 2, 1, 1, 0
+    out = Path(args.out)
+    found = run_experiment(out, cases, model=args.model, ranks=args.ranks, microbatches=args.microbatches,
+                           microbatch_size=args.microbatch_size, iterations=args.iterations, warmup=args.warmup,
+                           overhead_repeats=args.overhead_repeats)
+    table = format_table(found["results"], found["summary"], found["layers"], found["overhead"])
+    print(table)
+    write_text_atomic(_csv(found["results"]), out / "memory_real.csv")
+    write_text_atomic(_layers_csv(found["layers"]), out / "layers.csv")
+    write_text_atomic(table + "\n", out / "memory_real.md")
+    write_json_atomic(found, out / "memory_real.json")
+    print(f"wrote {out}/{{memory_real.csv, layers.csv, memory_real.md, memory_real.json}}")
+    return 0
