@@ -7,12 +7,15 @@ activation memory is what the engine reports beyond the training state: ``peak_m
 form in the plan's own per-stage sizes, all in bytes:
 
 * ``A`` = ``activation_bytes(v)``: one microbatch's activations of the (virtual) stage, its input included;
-* ``C`` = ``checkpoint_bytes(v)``: the stage input, all that a microbatch keeps under recomputation;
+* ``C`` = ``checkpoint_bytes(v)``: the input of every layer of the stage, all that a microbatch keeps under full
+  recomputation (Megatron-LM's ``uniform`` checkpointing with one layer per checkpoint; torchtitan's per-block AC);
+* ``R`` = ``rebuilt_bytes(v)``: one layer's activations, the largest layer's, which the backward of a recomputed
+  microbatch rebuilds one layer at a time (Chen et al. 2016 §3);
 * ``P`` = ``param_bytes(v)``: one copy of the stage's weights (a stashed version);
 * ``W`` = ``workspace_bytes(v)``: the running op's transient buffer, held at the peak (a forward or recompute runs).
 
-With n microbatches in flight on stage r, the forms are n·A + W, and with recomputation n·C + k·(A − C) + W, where k
-microbatches hold their rebuilt activations at once:
+With n microbatches in flight on stage r, the forms are n·A + W, and with recomputation n·C + k·R + W, where k
+microbatches hold a rebuilt layer at once:
 
 * gpipe (GPipe §2.3; Megatron SC'21 §2.2.1): n = m on every stage; k = 1;
 * 1f1b (Megatron §2.2.1, warm-up p − r − 1 forwards): n = p − r; k = 1;
@@ -21,7 +24,7 @@ microbatches hold their rebuilt activations at once:
   stage-sized A (our reference table, §5); k = 1;
 * zb1p: n = p on every stage. The engine frees a microbatch's activations after its W (the weight gradient needs the
   inputs of the stage's GEMMs) and ZB-H1 defers W: of the p, p − r wait for their backward (1F1B's count) and r for
-  their W. With recomputation those r hold their rebuilt activations too, so k = r + 1;
+  their W. With recomputation those r hold their rebuilt layer too, so k = r + 1;
 * pipedream: n = p − r, plus weight copies: the first p − r forwards of an iteration run on the starting weights and
   each later one on a newer version, so min(p − r, m − (p − r) + 1) versions are alive at once, each one more P on
   top of the state (PipeDream §3.3's p − r stashed versions once m ≥ 2(p − r) − 1; fewer in a short iteration).
@@ -69,7 +72,8 @@ class StageRow:
     Attributes:
         part: ``uniform`` (exact closed forms) or ``gpt`` (scale).
         model, topology, schedule, chunks, recompute, p, m, stage: the plan and the pipeline rank.
-        activation, checkpoint, param, workspace: A, C, P and W of the rank's first (virtual) stage (module doc).
+        activation, checkpoint, rebuilt_layer, param, workspace: A, C, R, P and W of the rank's first (virtual) stage
+            (module doc).
         state: the training state of the rank's stages.
         peak: the device's simulated peak memory.
         in_flight, rebuilt, copies: the closed form's n, k and weight copies.
@@ -88,6 +92,7 @@ class StageRow:
     stage: int
     activation: int
     checkpoint: int
+    rebuilt_layer: int
     param: int
     workspace: int
     state: int
@@ -137,11 +142,12 @@ def simulate(part: str, model: str, topology: str, schedule: str, chunks: int, r
         vstages = placement.vstages_of(r)
         v0 = vstages[0]
         a, c, param = costs.activation_bytes(v0), costs.checkpoint_bytes(v0), costs.param_bytes(v0)
+        layer = costs.rebuilt_bytes(v0)
         w = max(costs.workspace_bytes(v) for v in vstages)  # the largest op's buffer: the peak is while it runs
         n, k, copies = closed_form(schedule, recompute, p, m, chunks, r)
-        held = n * c + k * (a - c) if recompute else n * a
+        held = n * c + k * layer if recompute else n * a
         peak = prediction.metrics["devices"][r]["peak_memory_bytes"]
-        rows.append(StageRow(part, model, topology, schedule, chunks, recompute, p, m, r, a, c, param, w,
+        rows.append(StageRow(part, model, topology, schedule, chunks, recompute, p, m, r, a, c, layer, param, w,
                              sum(costs.state_bytes(v) for v in vstages), peak, n, k, copies,
                              held + copies * param + w, built.topology.devices[costs.device_of(r)].memory_bytes))
     return rows
@@ -206,7 +212,7 @@ def gpt_table(rows: list[StageRow]) -> list[str]:
 
 
 FIELDS = ("part", "model", "topology", "schedule", "chunks", "recompute", "p", "m", "stage", "activation_bytes",
-          "checkpoint_bytes", "param_bytes", "workspace_bytes", "state_bytes", "peak_bytes", "simulated_bytes",
+          "checkpoint_bytes", "rebuilt_layer_bytes", "param_bytes", "workspace_bytes", "state_bytes", "peak_bytes", "simulated_bytes",
           "formula_bytes", "in_flight", "rebuilt", "weight_copies", "equal", "capacity_bytes", "overflows")
 
 
@@ -217,7 +223,7 @@ def to_csv(rows: list[StageRow]) -> str:
     writer.writerow(FIELDS)
     for r in rows:
         writer.writerow([r.part, r.model, r.topology, r.schedule, r.chunks, str(r.recompute).lower(), r.p, r.m,
-                         r.stage, r.activation, r.checkpoint, r.param, r.workspace, r.state, r.peak, r.simulated,
+                         r.stage, r.activation, r.checkpoint, r.rebuilt_layer, r.param, r.workspace, r.state, r.peak, r.simulated,
                          r.formula, r.in_flight, r.rebuilt, r.copies, str(r.simulated == r.formula).lower(),
                          f"{r.capacity:.0f}", str(r.peak > r.capacity).lower()])
     return buffer.getvalue()

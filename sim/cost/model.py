@@ -99,7 +99,8 @@ class CostModel:
         self._params = [oracle.param_bytes(a, b) for a, b in ranges]
         self._state = [oracle.state_bytes(a, b) for a, b in ranges]
         self._activation = [oracle.activation_bytes(a, b) for a, b in ranges]
-        self._checkpoint = [oracle.checkpoint_bytes(a) for a, _ in ranges]
+        self._checkpoint = [oracle.checkpoint_bytes(a, b) for a, b in ranges]
+        self._rebuilt = [oracle.rebuilt_bytes(a, b) for a, b in ranges]
         self._workspace = [oracle.workspace_bytes(a, b) for a, b in ranges]
         stepped: set[int] = set()
         for v, (start, end) in enumerate(placement.vstage_layers):
@@ -237,12 +238,14 @@ class CostModel:
         return self._activation[vstage]
 
     def checkpoint_bytes(self, vstage: int) -> int:
-        """Bytes one in-flight microbatch keeps from forward to backward when its activations are recomputed.
-
-        The stage's input (what it received, or the model input for the first stage), the checkpoint from which an
-        R op rebuilds the other ``activation_bytes(vstage) - checkpoint_bytes(vstage)`` bytes before the backward.
-        """
+        """Bytes one in-flight microbatch keeps from forward to backward when its activations are recomputed: the
+        input of every layer of the stage (:meth:`sim.cost.oracle.CostOracle.checkpoint_bytes`)."""
         return self._checkpoint[vstage]
+
+    def rebuilt_bytes(self, vstage: int) -> int:
+        """Bytes a recomputed microbatch holds again from its R op to the end of its backward: one layer's saved
+        tensors at a time, the largest layer's (:meth:`sim.cost.oracle.CostOracle.rebuilt_bytes`)."""
+        return self._rebuilt[vstage]
 
     def workspace_bytes(self, vstage: int) -> int:
         """Transient bytes while one op of ``vstage`` runs."""

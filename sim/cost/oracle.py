@@ -358,17 +358,33 @@ class CostOracle:
         per_param = state_bytes_per_param(self.graph.dtype_bytes, self.optimizer_shards)
         return math.ceil(sum(self.graph.param_count(i) for i in range(start, end)) * per_param)
 
-    def checkpoint_bytes(self, start: int) -> int:
-        """Bytes one in-flight microbatch keeps from forward to backward, with recomputation, on a stage that begins
-        at layer ``start``: its input (what it received, or the model input for the first stage)."""
+    def input_bytes(self, start: int) -> int:
+        """Bytes of one microbatch's input to a stage that begins at layer ``start``: what it received, or the model
+        input for the first stage."""
         received = self.graph.boundary_bytes(start) if start > 0 else self.graph.input_bytes
         return self.microbatch_size * received
+
+    def checkpoint_bytes(self, start: int, end: int) -> int:
+        """Bytes one in-flight microbatch of layers ``[start, end)`` keeps from forward to backward under full
+        recomputation: every layer's input, as Megatron-LM's ``uniform`` method with one layer per checkpoint and
+        torchtitan's per-block ``full`` activation checkpointing keep them (each layer is rebuilt from its own input
+        during the backward, one at a time: :meth:`rebuilt_bytes`). A tensor that feeds two layers of the range is
+        counted for each (exact for a chain of layers; an overcount where a graph branches)."""
+        received = self.input_bytes(start)
+        within = sum(_in_bytes(self.graph, i) for i in range(start + 1, end))
+        return received + self.microbatch_size * within
+
+    def rebuilt_bytes(self, start: int, end: int) -> int:
+        """Bytes one recomputed microbatch of layers ``[start, end)`` holds again during its backward: the saved
+        tensors of one layer at a time, the largest of them (a layer's are freed by its backward before the next
+        layer is rebuilt)."""
+        return self.microbatch_size * max(layer.saved_bytes for layer in self.graph.layers[start:end])
 
     def activation_bytes(self, start: int, end: int) -> int:
         """Bytes one in-flight microbatch keeps on the device from the forward of layers ``[start, end)`` to their
         backward: the stage's input (a layer's saved bytes include its output, not its input) and every layer's."""
         saved = sum(layer.saved_bytes for layer in self.graph.layers[start:end])
-        return self.checkpoint_bytes(start) + self.microbatch_size * saved
+        return self.input_bytes(start) + self.microbatch_size * saved
 
     def workspace_bytes(self, start: int, end: int) -> int:
         """Transient bytes while one op of layers ``[start, end)`` runs."""

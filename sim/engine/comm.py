@@ -214,10 +214,8 @@ class CommProcesses:
         path = self.topology.host_to_device_path(device) if prefetch else self.topology.device_to_host_path(device)
         nbytes = self.views[rank // self.plan.num_ranks].param_bytes(op.vstage)
         duration = message_time(path, nbytes)
-        if prefetch:
-            self._allocate(rank, nbytes, op)  # the destination buffer exists from the moment the copy is issued
+        self._take(rank, op)  # a PREFETCH's destination buffer exists from the moment the copy can start
         keys = tuple(sorted((link.src, link.dst) for link in path))
         start = yield from self._hold_links(keys, duration, tuple((key, nbytes) for key in keys))
-        if not prefetch:
-            self.memory[rank] -= nbytes
+        self.memory[rank] -= self.ledgers[rank // self.plan.num_ranks].end(op)  # an EVICT's weights leave the device
         self._finish(op, rank, start)

@@ -13,15 +13,12 @@ Semantics, shared with the dry run in ``sim.plan.validate`` and with the executo
 * PREFETCH and EVICT are issued without blocking the walker too. They copy a stage's weights host → device or
   device → host over the rank's PCIe path, whose directed links are the H2D and D2H copy engines, so copies
   overlap compute and contend only with other copies (and transfers) on the same links.
-* Memory per device: the training state of its stages from the start, plus each in-flight microbatch's
-  activations from the start of its F to the end of its B (or W when the backward is split), plus the op's
-  workspace while it runs. With recomputation (an R op for the (vstage, mb)), F keeps only the stage's input, the
-  checkpoint (``CostModel.checkpoint_bytes``), and R, right before the backward, allocates the rest of the
-  activations again. A stage with PREFETCH ops lives in host memory: it is not resident at the start, and its
-  weights occupy the device from the start of a PREFETCH to the end of the next EVICT. Going over the device's
-  capacity raises :class:`OutOfMemoryError` naming the device, the time and the op. Under weight stashing each
-  weight version some microbatch runs on is one more copy of the stage's weights, from the update that makes it to
-  the update of the last microbatch that used it.
+* Memory per device is the memory ledger's (``sim.cost.ledger``): what each op allocates when it starts and frees
+  when it ends, applied at the simulated times (the training state from the start; a microbatch's activations from
+  its F to its last backward op, only the checkpoint under recomputation plus one rebuilt layer from its R; weight
+  versions under stashing; a host-resident stage's weights from the start of a PREFETCH's copy to the end of the
+  next EVICT's). Going over the device's capacity raises :class:`OutOfMemoryError` naming the device, the time and
+  the op.
 
 * Tensor and data parallelism (``sim.ir.parallel``). A TP op (TP_F, TP_B, TP_R) blocks the walker like compute
   and holds the links of its tensor-parallel rings while it runs. A data-parallel collective (REDUCE_GRAD,
@@ -43,13 +40,13 @@ from typing import Any
 import simpy
 
 from sim.core.errors import SpecError
+from sim.cost.ledger import MemoryLedger
 from sim.cost.model import CostModel
 from sim.engine.comm import CommProcesses, Link
 from sim.hw.topology import Topology
 from sim.ir.ops import OP_SEMANTICS, Action, handled_kinds, op_id, stream_of
 from sim.ir.plan import Op, OpKind, Plan
 from sim.ir.trace import Span, Trace
-from sim.ir.weight_versions import weight_versions
 from sim.plan.validate import PlanError
 
 __all__ = ["simulate", "SimResult", "OutOfMemoryError", "HANDLED_KINDS"]
@@ -115,34 +112,15 @@ class _Run(CommProcesses):
         self.link_bytes: dict[tuple[str, str], int] = {}
         self.spans: list[Span] = []
         self.position = [0] * self.instances
-        placement = plan.placement
         self.device_index = [view.device_of(p) for view in costs for p in range(pipeline)]
         self.capacity = [topology.devices[d].memory_bytes for d in self.device_index]
-        offloaded = {op.vstage for program in plan.programs for op in program if op.kind is OpKind.PREFETCH}
-        self.memory = [sum(view.state_bytes(v) for v in placement.vstages_of(r) if v not in offloaded)
-                       for view in costs for r in range(pipeline)]
-        # The op after which a microbatch's activations are freed: W when the backward is split, else B.
-        self.frees = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.W}
-        # Weight stashing (async PipeDream §3.3): version u of vstage v is a copy of its weights, kept from the update
-        # that makes it (or the start, for u = 0) until the update of the last microbatch that runs on it; versions
-        # no microbatch uses are never copied. Vertical sync makes later stages keep versions longer.
-        self.versions = weight_versions(plan) if plan.weight_policy == "stash" else {}
-        self.stash_users: dict[tuple[int, int], int] = {}
-        for (v, _), u in self.versions.items():
-            self.stash_users[(v, u)] = self.stash_users.get((v, u), 0) + 1
-        self.updates = [0] * plan.num_vstages
-        for v, u in self.stash_users:
-            if u == 0:  # the starting weights, copied before the first forward
-                self.memory[placement.vstage_to_rank[v]] += self.costs.param_bytes(v)
+        # What each op allocates and frees (sim.cost.ledger): one ledger per simulated replica, as it keeps counts.
+        self.ledgers = [MemoryLedger(plan, view) for view in costs]
+        self.memory = [ledger.resident(r) for ledger in self.ledgers for r in range(pipeline)]
         self.peak = list(self.memory)
-        # Microbatches whose activations are recomputed: their F keeps only the checkpoint (the stage input).
-        self.recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.R}
-        # PARTIME's stream (sim.schedules.stream): a stage holds one frame's activations, its newest forward's (or
-        # the drain's recompute): a forward replaces the one before it, a backward consumes it.
-        self.stream = plan.weight_policy == "stream"
-        self.held: dict[tuple[int, int], int] = {}  # (rank, vstage) -> activation bytes of the current forward
-        # Frames arrive from a live source at ``fps`` frames per second: frame f's first forward waits until f / fps.
-        fps = plan.option("fps") if self.stream else None
+        # A PARTIME stream's frames arrive from a live source at ``fps`` frames per second: frame f's first forward
+        # waits until f / fps.
+        fps = plan.option("fps") if plan.weight_policy == "stream" else None
         self.arrivals = ({op.id: op.mb / fps for op in plan.programs[plan.placement.vstage_to_rank[0]]  # type: ignore
                           if op.kind is OpKind.F and op.vstage == 0} if fps else {})
         # Identical replicas simulated one by one (``simulate_all``) are costed with each other's traffic: copies of
@@ -261,44 +239,21 @@ class _Run(CommProcesses):
         position[rank] = len(self.plan.programs[rank % pipeline])
 
     def _start_compute(self, rank: int, op: Op) -> tuple[float, float]:
-        """Allocate what a compute op needs while it runs and keeps after; returns its start and duration (s)."""
-        kind, vstage = op.kind, op.vstage
-        costs = self.views[rank // self.plan.num_ranks]
-        workspace = costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
-        kept = 0  # bytes this op leaves allocated for the backward
-        if self.stream and (kind is OpKind.F or kind is OpKind.R):
-            kept = costs.activation_bytes(vstage)
-            self.memory[rank] -= self.held.get((rank, vstage), 0)  # a warm-up forward no gradient came for
-            self.held[(rank, vstage)] = kept
-        elif kind is OpKind.F:
-            kept = costs.checkpoint_bytes(vstage) if (vstage, op.mb) in self.recomputed else costs.activation_bytes(
-                vstage)
-        elif kind is OpKind.R:
-            kept = costs.activation_bytes(vstage) - costs.checkpoint_bytes(vstage)  # the checkpoint is R's input
-        if kind is OpKind.OPT_STEP and self.versions and op.mb is not None:
-            # The update first retires the version its microbatch ran on (if it was the last user; the executor
-            # drops that copy before stepping), then copies the new weights if a later forward will run on them.
-            key = (vstage, self.versions[(vstage, op.mb)])
-            self.stash_users[key] -= 1
-            if self.stash_users[key] == 0:
-                self.memory[rank] -= costs.param_bytes(vstage)
-            self.updates[vstage] += 1
-            if (vstage, self.updates[vstage]) in self.stash_users:
-                kept += costs.param_bytes(vstage)  # the version this update makes is used by a later F
-        self._allocate(rank, workspace + kept, op)
-        return self.env.now, costs.compute_time(kind, vstage)
+        """Take what a compute op holds while it runs and keeps after (the ledger's start); returns its start and
+        duration (s)."""
+        self._take(rank, op)
+        return self.env.now, self.views[rank // self.plan.num_ranks].compute_time(op.kind, op.vstage)
 
     def _end_compute(self, rank: int, op: Op) -> None:
-        """Free the workspace, and after the last backward op of a microbatch its activations."""
-        kind, vstage = op.kind, op.vstage
-        costs = self.views[rank // self.plan.num_ranks]
-        freed = costs.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
-        if self.stream:
-            if kind is OpKind.B:
-                freed += self.held.pop((rank, vstage), 0)
-        elif kind is OpKind.W or (kind is OpKind.B and (vstage, op.mb) not in self.frees):
-            freed += costs.activation_bytes(vstage)
-        self.memory[rank] -= freed
+        """Free what the ledger says the op frees when it ends (its workspace; a microbatch's activations after its
+        last backward op)."""
+        self.memory[rank] -= self.ledgers[rank // self.plan.num_ranks].end(op)
+
+    def _take(self, rank: int, op: Op) -> None:
+        """Apply the ledger's start of ``op`` on simulated rank ``rank``: free what it releases, then allocate."""
+        released, allocated = self.ledgers[rank // self.plan.num_ranks].start(op)
+        self.memory[rank] -= released
+        self._allocate(rank, allocated, op)
 
     def _send(self, rank: int, op: Op) -> None:
         self.env.process(self._transfer(rank, op))

@@ -55,11 +55,14 @@ def weight_versions(plan: Plan) -> dict[tuple[int, int], int]:
     that is further along keeps that older version for it.
 
     Raises:
-        ValueError: the plan is not a lowered stash plan, or (vertical sync) a stage would need a version it has not
+        ValueError: the plan is not a stash plan with its OPT_STEPs, or (vertical sync) a stage would need a version it has not
             made yet.
     """
-    if plan.weight_policy != "stash" or plan.level != "L1":
-        raise ValueError(f"weight versions exist for lowered stash plans, got {plan.level} {plan.weight_policy}")
+    if plan.weight_policy != "stash" or not any(op.kind is OpKind.OPT_STEP for program in plan.programs
+                                                for op in program):
+        raise ValueError(f"weight versions exist for stash plans with their updates (lowered, or after "
+                         f"add_stash_optimizer_steps), got a {plan.level} {plan.weight_policy} plan"
+                         f"{'' if plan.weight_policy != 'stash' else ' without OPT_STEP ops'}")
     own: dict[tuple[int, int], int] = {}
     made: dict[tuple[int, int], int] = {}  # (v, mb) -> updates made on v before its F ran
     for program in plan.programs:

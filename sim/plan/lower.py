@@ -72,8 +72,9 @@ def order_receives(plan: Plan) -> Plan:
 def add_recompute(plan: Plan) -> Plan:
     """Activation recomputation: an R right before the backward (B or I) of every (vstage, mb). L0 → L0.
 
-    With recomputation a stage keeps only its input (the checkpoint) from F to the backward, and re-runs the forward
-    just before the backward to rebuild the rest (Chen et al., arXiv 1604.06174; GPipe §2.3 "re-materialization").
+    With recomputation a stage keeps only checkpoints from F to the backward, and re-runs the forward just before the
+    backward to rebuild the rest (Chen et al., arXiv 1604.06174; GPipe §2.3 "re-materialization"); how many bytes
+    that keeps and rebuilds is the memory ledger's (``sim.cost.ledger``: every layer's input, one layer at a time).
     The R goes on the same rank, immediately before the backward in program order, so it needs no data from other
     ranks and can run while the rank waits for the output gradient. (vstage, mb) pairs that already have an R (a
     hand-written schedule file) are left as they are. The plan's options record ``recompute = True`` so that the

@@ -20,8 +20,8 @@ longer). The search uses it to screen candidates; the ones it ranks at the top a
 host-memory copies (PREFETCH/EVICT) or gradient reduction overlapped with the backward are not compiled
 (:class:`NotCompilable`): the engine costs them.
 
-Peak memory per rank needs no times at all: memory changes only when the rank's own compute ops start and end, in
-program order, so it is a running sum over the program (:meth:`CompiledPlan.peak_memory`).
+Peak memory per rank needs no times at all: memory changes only when the rank's own ops start and end, in program
+order, so it is the memory ledger replayed over the program (:meth:`CompiledPlan.peak_memory`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.cost.ledger import program_order_peaks
 from sim.cost.model import CostModel
 from sim.ir.ops import OP_SEMANTICS, Action, OpKind, op_id
 from sim.ir.plan import Plan
@@ -153,36 +154,10 @@ class CompiledPlan:
         return False
 
     def peak_memory(self, views: tuple[CostModel, ...]) -> tuple[int, ...]:
-        """Highest memory in use on each simulated rank, bytes, as the engine accounts it (state from the start;
-        activations from F to the end of B, or W when the backward is split; only the checkpoint from F to R when
-        the microbatch is recomputed; each compute op's workspace while it runs)."""
-        plan = self.plan
-        frees = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.W}
-        recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.R}
-        peaks = []
-        for view in views:
-            for rank, program in enumerate(plan.programs):
-                memory = sum(view.state_bytes(v) for v in plan.placement.vstages_of(rank))
-                peak = memory
-                for op in program:
-                    kind, vstage = op.kind, op.vstage
-                    if _ACTION[kind] is not Action.COMPUTE:
-                        continue
-                    workspace = view.workspace_bytes(vstage) if kind is not OpKind.OPT_STEP else 0
-                    kept = 0
-                    if kind is OpKind.F:
-                        kept = (view.checkpoint_bytes(vstage) if (vstage, op.mb) in recomputed
-                                else view.activation_bytes(vstage))
-                    elif kind is OpKind.R:
-                        kept = view.activation_bytes(vstage) - view.checkpoint_bytes(vstage)
-                    memory += workspace + kept
-                    peak = max(peak, memory)
-                    freed = workspace
-                    if kind is OpKind.W or (kind is OpKind.B and (vstage, op.mb) not in frees):
-                        freed += view.activation_bytes(vstage)
-                    memory -= freed
-                peaks.append(peak)
-        return tuple(peaks)
+        """Highest memory in use on each simulated rank, bytes: the memory ledger replayed in program order
+        (:func:`sim.cost.ledger.program_order_peaks`), which is the engine's peak for every plan this module
+        compiles."""
+        return program_order_peaks(self.plan, views)
 
 
 def compile_plan(plan: Plan, num_views: int = 1) -> CompiledPlan:

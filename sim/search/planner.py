@@ -14,10 +14,12 @@ costed by the plan's own cost view (:class:`sim.cost.model.CostModel`, so by the
 and placement :func:`sim.plan.build.place_layers` gives (the balanced partition is itself PipeDream's dynamic
 program, on each stage's own device). ``fill`` is the schedule's warm-up and cool-down in stage times: ``p − 1`` for
 gpipe and 1f1b (bubble (p−1)/(m+p−1)), the same in chunk times for interleaved (bubble ÷ v), a third of it for zb1p
-(ZB-H1 fills two thirds of 1F1B's bubble with deferred weight gradients, Qi et al. 2024 §3). A memory screen
-(:func:`_peaks`: training state plus the activations of the microbatches each schedule holds at its peak) puts the
-plans it says will not fit behind the others. The estimate knows no contention and is rough on memory: it only
-orders the candidates; every number the search reports is the simulator's. The
+(ZB-H1 fills two thirds of 1F1B's bubble with deferred weight gradients, Qi et al. 2024 §3). A memory screen puts
+the plans that will not fit behind the others: the schedule's own programs (its L0 ops, with the R ops of full
+recomputation and the per-microbatch updates of weight stashing) replayed through the memory ledger
+(:func:`sim.cost.ledger.program_order_peaks`), which gives the engine's peak exactly, without sends, receives or times
+(a property test holds it to the engine). The time estimate knows no contention: it only orders the candidates;
+every number the search reports is the simulator's. The
 planner costs candidates with the simulator in the estimate's order, best first, until ``evaluations`` are costed
 or the time budget ends, so a budget is spent where the plans are good. Under a time budget the estimates get half
 of it, in a seeded random order (at 512 GPUs an estimate takes about 0.1 s, so a minute estimates a few hundred of
@@ -32,13 +34,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from sim.core.errors import SpecError
+from sim.cost.ledger import program_order_peaks
 from sim.cost.model import plan_sharding, replica_views
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
-from sim.ir.plan import OpKind
+from sim.ir.plan import OpKind, Placement, Plan
+from sim.ir.weight_versions import add_stash_optimizer_steps
 from sim.models import build_model
 from sim.models.graph import LayerGraph
 from sim.plan.build import place_layers, plan_layout, plan_microbatches
+from sim.plan.lower import add_recompute
 from sim.schedules import SCHEDULES
 from sim.search.space import Candidate, SearchProblem
 
@@ -60,6 +65,7 @@ class _Screen:
         self.profile = load_profile(problem.profile) if problem.profile else None
         self.graphs: dict[tuple, LayerGraph] = {}
         self.works: dict[Candidate, tuple] = {}
+        self.schedule_plans: dict[tuple, Plan] = {}
 
     def estimate(self, candidate: Candidate) -> float:
         """The estimate of ``candidate`` (module docstring), s.
@@ -67,21 +73,52 @@ class _Screen:
         Raises:
             SpecError: its costs cannot be built (it breaks a rule of the model, schedule or batch).
         """
+        microbatches, pipeline, worst_rank, worst_vstage, tail, (_, _, capacities) = self._work_of(candidate)
+        fill = FILL.get(candidate.schedule, 1.0) * (pipeline - 1)
+        estimate = microbatches * worst_rank + fill * worst_vstage + tail
+        # A plan the memory screen says will not fit goes behind every one it says will (not out: a search without
+        # feasible plans still shows the closest ones).
+        fits = all(peak <= capacity for peak, capacity in zip(self.peaks(candidate), capacities))
+        return estimate if fits else OVER_MEMORY + estimate
+
+    def peaks(self, candidate: Candidate) -> tuple[int, ...]:
+        """The memory screen's peak of each simulated rank of ``candidate``, bytes: the memory ledger over the
+        schedule's programs, which is the engine's ``peak_memory_bytes``."""
+        microbatches, _, _, _, _, (views, placement, _) = self._work_of(candidate)
+        return program_order_peaks(self._schedule_plan(candidate, microbatches, placement), views)
+
+    def _work_of(self, candidate: Candidate) -> tuple:
+        """:meth:`_work`, shared by the candidates that differ only in a one-stage-per-rank schedule (those
+        schedules differ in their fill and their memory, which are not part of it)."""
         shared = replace(candidate, schedule="1f1b") if not SCHEDULES[candidate.schedule].chunked else candidate
         work = self.works.get(shared)
         if work is None:
             work = self.works[shared] = self._work(candidate)
-        microbatches, pipeline, worst_rank, worst_vstage, tail, memory = work
-        fill = FILL.get(candidate.schedule, 1.0) * (pipeline - 1)
-        estimate = microbatches * worst_rank + fill * worst_vstage + tail
-        # A plan the memory screen says will not fit goes behind every one it says will (not out: the screen is
-        # rough).
-        fits = all(peak <= capacity for peak, capacity in _peaks(memory, candidate.schedule, microbatches, pipeline))
-        return estimate if fits else OVER_MEMORY + estimate
+        return work
 
-    def _work(self, candidate: Candidate) -> tuple[int, int, float, float, float, list]:
-        """``(m, p, the bottleneck rank's work per microbatch, the slowest virtual stage's, the slowest update, per
-        rank (rank, chunks, state, bytes kept per microbatch in flight, transient bytes, capacity))``."""
+    def _schedule_plan(self, candidate: Candidate, microbatches: int, placement: Placement) -> Plan:
+        """The L0 plan of ``candidate``'s schedule on ``placement`` with what changes its memory: R ops under full
+        recomputation, the per-microbatch updates under weight stashing. Its programs are shared by every candidate
+        of the same schedule, ranks, microbatches, chunks and recomputation."""
+        entry = SCHEDULES[candidate.schedule]
+        pipeline = max(placement.vstage_to_rank) + 1
+        chunks = candidate.chunks if entry.chunked else 1
+        key = (candidate.schedule, pipeline, microbatches, chunks, candidate.recompute == "full")
+        plan = self.schedule_plans.get(key)
+        if plan is None:
+            plan = Plan(schedule=entry.name, level="L0", model="", topology="", num_microbatches=microbatches,
+                        microbatch_size=1, weight_policy=entry.weight_policy, placement=placement,
+                        programs=entry.build(pipeline, microbatches, chunks))
+            if candidate.recompute == "full":
+                plan = add_recompute(plan)
+            if entry.weight_policy == "stash":
+                plan = add_stash_optimizer_steps(plan)
+            self.schedule_plans[key] = plan
+        return replace(plan, placement=placement)
+
+    def _work(self, candidate: Candidate) -> tuple[int, int, float, float, float, tuple]:
+        """``(m, p, the bottleneck rank's work per microbatch, the slowest virtual stage's, the slowest update, what
+        the memory screen needs: (the cost views, the placement, each simulated rank's capacity in bytes))``."""
         problem, topology, profile = self.problem, self.topology, self.profile
         inputs = candidate.plan_inputs(problem)
         layout = plan_layout(inputs, topology)
@@ -101,17 +138,12 @@ class _Screen:
         views = replica_views(graph, topology, placement, inputs.microbatch_size, profile, oracle=oracle, layout=layout)
         recompute_full = inputs.recompute_mode == "full"
         worst_rank = worst_vstage = tail = 0.0
-        memory = []
         limit = problem.memory_limit_bytes
+        capacities = []
         for view in views:
             for rank in range(layout.pp):
-                mine = [v for v, r in enumerate(vstage_to_rank) if r == rank]
-                act = max(view.activation_bytes(v) for v in mine)
-                kept = max(view.checkpoint_bytes(v) for v in mine) if recompute_full else act
-                transient = max(view.workspace_bytes(v) for v in mine) + (act - kept)
                 own = topology.devices[view.device_of(rank)].memory_bytes
-                memory.append((rank, len(mine), sum(view.state_bytes(v) for v in mine), kept, transient,
-                               own if limit is None else min(own, limit)))
+                capacities.append(own if limit is None else min(own, limit))
             per_rank = [0.0] * layout.pp
             for vstage, rank in enumerate(vstage_to_rank):
                 work = view.compute_time(OpKind.F, vstage) + view.compute_time(OpKind.B, vstage)
@@ -133,25 +165,7 @@ class _Screen:
                         update += view.collective(OpKind.GATHER_PARAMS, vstage)[1]
                 tail = max(tail, update)
             worst_rank = max(worst_rank, max(per_rank))
-        return microbatches, layout.pp, worst_rank, worst_vstage, tail, memory
-
-
-def _peaks(memory: list[tuple[int, int, int, int, int, float]], schedule: str, microbatches: int,
-           pipeline: int) -> list[tuple[float, float]]:
-    """``(estimated peak, capacity)`` per rank, bytes: the training state, plus the microbatches in flight at the
-    schedule's peak (gpipe: all m; 1f1b, zb1p, pipedream: p − r on rank r; interleaved with v chunks: Megatron's
-    warm-up 2(p − r − 1) + (v − 1)p chunks plus one), each holding its activations (its checkpoint only under full
-    recomputation, with one microbatch's full activations while it is recomputed), plus the workspace."""
-    found = []
-    for rank, chunks, state, kept, transient, capacity in memory:
-        if schedule == "gpipe":
-            in_flight = microbatches * chunks
-        elif schedule == "interleaved":
-            in_flight = min(microbatches * chunks, 2 * (pipeline - rank - 1) + (chunks - 1) * pipeline + 1)
-        else:
-            in_flight = min(microbatches, pipeline - rank) * chunks
-        found.append((state + in_flight * kept + transient, capacity))
-    return found
+        return microbatches, layout.pp, worst_rank, worst_vstage, tail, (tuple(views), placement, tuple(capacities))
 
 
 def estimate_all(problem: SearchProblem, topology: Topology, candidates: Sequence[Candidate], *,

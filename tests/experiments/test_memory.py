@@ -21,20 +21,23 @@ def quick(tmp_path_factory):
         return list(csv.DictReader(handle))
 
 
-def _units(row: dict) -> tuple[int, int, int]:
-    """A, C, P of the uniform model as the test derives them from its spec: L/(p·v) layers of 1 MB saved output
-    each plus the stage input of 1 MB; the input alone; 10 MB of weights per layer."""
+def _units(row: dict) -> tuple[int, int, int, int]:
+    """A, C, R, P of the uniform model as the test derives them from its spec: L/(p·v) layers of 1 MB saved output
+    each plus the stage input of 1 MB; every layer's input, 1 MB each; one layer's 1 MB; 10 MB of weights per
+    layer."""
     layers = 16 // (int(row["p"]) * int(row["chunks"]))
-    return (layers + 1) * 10**6, 10**6, layers * 10 * 10**6
+    return (layers + 1) * 10**6, layers * 10**6, 10**6, layers * 10 * 10**6
 
 
-def _published(schedule: str, p: int, m: int, r: int, v: int, recompute: bool, a: int, c: int, w: int) -> int:
+def _published(schedule: str, p: int, m: int, r: int, v: int, recompute: bool, a: int, c: int, layer: int,
+               w: int) -> int:
     """Bytes beyond the training state on stage r:
     GPipe keeps all m microbatches (GPipe §2.3); 1F1B p - r (Megatron SC'21 §2.2.1); interleaved, Megatron's
     warm-up 2(p - r - 1) + (v - 1)p chunk forwards plus one, capped at the m·v chunks there are; ZB-H1 p on every
     stage in this engine (W frees, README); PipeDream p - r plus its live weight versions, one per forward after the
-    first p - r, at most p - r at a time. With recomputation a stage keeps inputs only, plus the rebuilt activations
-    of the microbatch being backpropagated (and, under ZB-H1, of the r waiting for their W)."""
+    first p - r, at most p - r at a time. With recomputation a stage keeps every layer's input only (Megatron's uniform
+    checkpointing, one layer per checkpoint), plus the one layer rebuilt at a time by the microbatch being
+    backpropagated (and, under ZB-H1, by each of the r waiting for their W)."""
     if schedule == "gpipe":
         n, extra = m, 0
     elif schedule == "1f1b":
@@ -48,7 +51,7 @@ def _published(schedule: str, p: int, m: int, r: int, v: int, recompute: bool, a
     if not recompute:
         return n * a + extra
     rebuilt = r + 1 if schedule == "zb1p" else 1
-    return n * c + rebuilt * (a - c) + extra
+    return n * c + rebuilt * layer + extra
 
 
 def test_the_quick_run_covers_every_schedule_m_and_stage(quick):
@@ -61,11 +64,12 @@ def test_the_quick_run_covers_every_schedule_m_and_stage(quick):
 
 def test_every_uniform_stage_equals_its_closed_form_to_the_byte(quick):
     for row in (r for r in quick if r["part"] == "uniform"):
-        a, c, w = _units(row)
-        assert (int(row["activation_bytes"]), int(row["checkpoint_bytes"]), int(row["param_bytes"])) == (a, c, w)
+        a, c, layer, w = _units(row)
+        assert (int(row["activation_bytes"]), int(row["checkpoint_bytes"]), int(row["rebuilt_layer_bytes"]),
+                int(row["param_bytes"])) == (a, c, layer, w)
         assert int(row["workspace_bytes"]) == 0
         expected = _published(row["schedule"], int(row["p"]), int(row["m"]), int(row["stage"]), int(row["chunks"]),
-                              row["recompute"] == "true", a, c, w)
+                              row["recompute"] == "true", a, c, layer, w)
         assert int(row["peak_bytes"]) - int(row["state_bytes"]) == int(row["simulated_bytes"]) == expected, row
 
 

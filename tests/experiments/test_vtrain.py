@@ -146,3 +146,18 @@ def test_the_fit_predicts_fit_half_runs_only_and_is_reproducible():
     again = fit_kernel_model(runs, halves, fake_predict, default_kernel_model(), seed=0, sample=30, iterations=40)
     assert again == first  # same start, same sample, same path
     assert first[0].host_issue_s == pytest.approx(3e-5, rel=0.05)  # the fake's optimum is found
+
+
+def test_every_multi_node_run_fits_in_the_a100s_80_gb(tmp_path):
+    """vTrain's 109 multi-node runs ran on A100s of 80 GB (1F1B, full recomputation, no ZeRO): the memory ledger must
+    find each within 80 GB. The peak is the ledger replayed in program order, which equals the engine's
+    (tests/sim/cost/test_ledger.py), so no plan needs simulating."""
+    from sim.cost.ledger import program_order_peaks
+    from sim.plan.build import PlanInputs, build_plan
+
+    for run in load_runs(MULTI):
+        built = build_plan(PlanInputs(model=run.model, topology=topology_of(run, tmp_path), schedule="1f1b",
+                                      microbatch_size=run.microbatch, global_batch=run.global_batch, tp=run.tp,
+                                      dp=run.dp, pp=run.pp, recompute=True, partition="blocks"))
+        peak = max(program_order_peaks(built.plan, (built.costs,)))
+        assert peak <= built.topology.devices[0].memory_bytes, (run, peak)

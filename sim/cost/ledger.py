@@ -1,0 +1,208 @@
+"""The memory ledger: what each op of a plan allocates and frees on its device, in bytes (DESIGN §6).
+
+Every consumer that needs a device's memory asks this module: the SimPy engine's timeline, the fast evaluator's
+peaks (``sim.search.critical_path``), the search's memory screen (``sim.search.planner``) and the experiments. An op's
+memory behaviour is its kind's :class:`~sim.ir.ops.MemoryEffect` and workspace flag (``sim.ir.ops.OP_SEMANTICS``);
+the byte counts are the plan's cost view's (``sim.cost.model.CostModel``, which asks the oracle). A kind with an
+effect this ledger has no rule for cannot reach it: :data:`RULES` covers every effect and a test holds it to that.
+
+What a device holds, per rank of the plan (all bytes):
+
+* **Resident from the start**: the training state (weights, gradients, optimizer state; ZeRO-1's share of the
+  optimizer state) of every stage the rank runs, except a stage that lives in host memory (one with PREFETCH ops:
+  its weights occupy the device from the start of a PREFETCH to the end of the next EVICT). Under weight stashing
+  (PipeDream §3.3) the starting weights are copied once more when some microbatch runs its forward on them.
+* **Activations** (``KEEP_ACTIVATIONS``, F): one microbatch's activations of the stage from the start of its F to the
+  end of its last backward op (``RELEASE_ACTIVATIONS``: B, or W when the backward is split, since the weight gradient
+  needs the GEMMs' inputs; ZB-H1, Qi et al. 2023 §2).
+* **Full recomputation**: F keeps only the checkpoint, the input of every layer of the stage (Megatron-LM's
+  ``uniform`` method with one layer per checkpoint; torchtitan's per-block ``full`` AC); R
+  (``REBUILD_ACTIVATIONS``), right before the backward, holds one layer's rebuilt activations at a time, the largest
+  layer's, until the backward ends (Chen et al. 2016 §3: each segment is recomputed from its checkpoint and its
+  gradients taken before the next segment is recomputed).
+* **Weight versions** (``UPDATE_WEIGHTS``, OPT_STEP under weight stashing): version u of a stage is one more copy of
+  its weights from the update that makes it until the update of the last microbatch that ran on it; the update first
+  retires the version its own microbatch ran on (when it was the last user), then copies the new weights if a later
+  forward runs on them.
+* **A PARTIME stream** (weight policy ``stream``): a stage holds one frame's activations, its newest forward's (or
+  the drain's recompute); a forward replaces the one before it, a backward consumes it.
+* **Workspace**: every op whose kind has ``workspace`` holds its stage's transient bytes while it runs.
+
+An op's effect at its start is ``(released, allocated)``: ``released`` bytes are freed first (a retired weight
+version, a stream frame being replaced), then ``allocated`` bytes are taken, so a peak is read after the allocation.
+At its end it frees ``freed`` bytes. Messages, collectives and TP ops allocate nothing here (their buffers are not
+modelled yet).
+
+The ledger is stateful (stash versions and stream frames are counted as they go): use one per replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from sim.ir.ops import OP_SEMANTICS, Action, MemoryEffect, Op, OpKind
+from sim.ir.plan import Plan
+from sim.ir.weight_versions import weight_versions
+
+__all__ = ["StageSizes", "MemoryLedger", "RULES", "program_order_peaks"]
+
+
+class StageSizes(Protocol):
+    """The per-vstage sizes a ledger reads (bytes): :class:`sim.cost.model.CostModel` provides them."""
+
+    def state_bytes(self, vstage: int) -> int: ...
+    def param_bytes(self, vstage: int) -> int: ...
+    def activation_bytes(self, vstage: int) -> int: ...
+    def checkpoint_bytes(self, vstage: int) -> int: ...
+    def rebuilt_bytes(self, vstage: int) -> int: ...
+    def workspace_bytes(self, vstage: int) -> int: ...
+
+
+#: Every memory effect of ``sim.ir.ops`` has a rule in :class:`MemoryLedger`: the name of the method that applies it
+#: at the op's start (the end is :meth:`MemoryLedger.end`).
+RULES: dict[MemoryEffect, str] = {
+    MemoryEffect.NONE: "_nothing",
+    MemoryEffect.KEEP_ACTIVATIONS: "_keep",
+    MemoryEffect.REBUILD_ACTIVATIONS: "_rebuild",
+    MemoryEffect.RELEASE_ACTIVATIONS: "_nothing",  # frees at the op's end
+    MemoryEffect.UPDATE_WEIGHTS: "_update",
+    MemoryEffect.LOAD_WEIGHTS: "_load",
+    MemoryEffect.UNLOAD_WEIGHTS: "_nothing",  # frees at the op's end
+}
+
+
+class MemoryLedger:
+    """The bytes each op of ``plan`` allocates and frees on its device, with ``sizes`` the plan's cost view of one
+    replica (module docstring). Ranks are the plan's pipeline ranks.
+
+    Raises:
+        KeyError: the plan uses a memory effect with no rule (never for the kinds of ``sim.ir.ops``).
+    """
+
+    def __init__(self, plan: Plan, sizes: StageSizes) -> None:
+        self.plan, self.sizes = plan, sizes
+        missing = {OP_SEMANTICS[op.kind].memory for program in plan.programs for op in program} - RULES.keys()
+        if missing:
+            raise KeyError(f"the memory ledger has no rule for effect(s) {', '.join(sorted(missing))}")
+        self._start_rule = {kind: getattr(self, RULES[semantics.memory]) for kind, semantics in OP_SEMANTICS.items()}
+        self._workspace = {kind for kind, semantics in OP_SEMANTICS.items() if semantics.workspace}
+        self.offloaded = {op.vstage for program in plan.programs for op in program
+                          if OP_SEMANTICS[op.kind].memory is MemoryEffect.LOAD_WEIGHTS}
+        # The op that frees a microbatch's activations: W when the backward is split, else B.
+        self.split = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.W}
+        self.recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program
+                           if OP_SEMANTICS[op.kind].memory is MemoryEffect.REBUILD_ACTIVATIONS}
+        self.stream = plan.weight_policy == "stream"
+        self.held: dict[int, int] = {}  # stream: vstage -> activation bytes of its current frame
+        # Weight stashing: (vstage, version) -> microbatches still to run on it; the updates each vstage has made.
+        self.versions = weight_versions(plan) if plan.weight_policy == "stash" else {}
+        self.stash_users: dict[tuple[int, int], int] = {}
+        for (v, _), u in self.versions.items():
+            self.stash_users[(v, u)] = self.stash_users.get((v, u), 0) + 1
+        self.updates = [0] * plan.num_vstages
+
+    # --- the three questions -----------------------------------------------------------------------------------------
+
+    def resident(self, rank: int) -> int:
+        """Bytes ``rank`` holds before its first op: its stages' training state (not a stage living in host memory)
+        and, under weight stashing, the copy of a stage's starting weights some forward runs on."""
+        sizes = self.sizes
+        vstages = self.plan.placement.vstages_of(rank)
+        state = sum(sizes.state_bytes(v) for v in vstages if v not in self.offloaded)
+        return state + sum(sizes.param_bytes(v) for v in vstages if (v, 0) in self.stash_users)
+
+    def start(self, op: Op) -> tuple[int, int]:
+        """``(released, allocated)`` bytes when ``op`` starts: ``released`` is freed first, then ``allocated`` taken."""
+        released, kept = self._start_rule[op.kind](op)
+        workspace = self.sizes.workspace_bytes(op.vstage) if op.kind in self._workspace else 0
+        return released, workspace + kept
+
+    def end(self, op: Op) -> int:
+        """Bytes freed when ``op`` ends: its workspace, and what its effect releases."""
+        kind, vstage, sizes = op.kind, op.vstage, self.sizes
+        freed = sizes.workspace_bytes(vstage) if kind in self._workspace else 0
+        effect = OP_SEMANTICS[kind].memory
+        if effect is MemoryEffect.RELEASE_ACTIVATIONS:
+            if self.stream:
+                if kind is OpKind.B:
+                    freed += self.held.pop(vstage, 0)
+            elif kind is OpKind.W or (vstage, op.mb) not in self.split:
+                freed += self._held_until_backward(vstage, op.mb)
+        elif effect is MemoryEffect.UNLOAD_WEIGHTS:
+            freed += sizes.param_bytes(vstage)
+        return freed
+
+    # --- rules at an op's start: (released, kept beyond the workspace) -----------------------------------------------
+
+    def _nothing(self, op: Op) -> tuple[int, int]:
+        return 0, 0
+
+    def _keep(self, op: Op) -> tuple[int, int]:
+        if self.stream:
+            return self._replace_frame(op.vstage)
+        if (op.vstage, op.mb) in self.recomputed:
+            return 0, self.sizes.checkpoint_bytes(op.vstage)
+        return 0, self.sizes.activation_bytes(op.vstage)
+
+    def _rebuild(self, op: Op) -> tuple[int, int]:
+        if self.stream:  # the drain's recompute: a whole frame again
+            return self._replace_frame(op.vstage)
+        return 0, self.sizes.rebuilt_bytes(op.vstage)
+
+    def _update(self, op: Op) -> tuple[int, int]:
+        if not self.versions or op.mb is None:
+            return 0, 0
+        vstage, sizes = op.vstage, self.sizes
+        key = (vstage, self.versions[(vstage, op.mb)])
+        self.stash_users[key] -= 1
+        released = sizes.param_bytes(vstage) if self.stash_users[key] == 0 else 0
+        self.updates[vstage] += 1
+        kept = sizes.param_bytes(vstage) if (vstage, self.updates[vstage]) in self.stash_users else 0
+        return released, kept
+
+    def _load(self, op: Op) -> tuple[int, int]:
+        return 0, self.sizes.param_bytes(op.vstage)
+
+    def _replace_frame(self, vstage: int) -> tuple[int, int]:
+        """A stream's forward (or the drain's recompute) replaces the stage's frame: a warm-up forward that no
+        gradient came back for is dropped."""
+        kept = self.sizes.activation_bytes(vstage)
+        released = self.held.get(vstage, 0)
+        self.held[vstage] = kept
+        return released, kept
+
+    def _held_until_backward(self, vstage: int, mb: int | None) -> int:
+        """What a microbatch's last backward op frees: its activations, or under recomputation its checkpoint and
+        the layer it rebuilt."""
+        sizes = self.sizes
+        if (vstage, mb) in self.recomputed:
+            return sizes.checkpoint_bytes(vstage) + sizes.rebuilt_bytes(vstage)
+        return sizes.activation_bytes(vstage)
+
+
+def program_order_peaks(plan: Plan, views: Sequence[StageSizes]) -> tuple[int, ...]:
+    """The highest memory of each simulated rank (``i · P + p``: pipeline rank p of view i), bytes, replayed in
+    program order without times.
+
+    Exact, equal to the engine's peak, for every plan without host copies: memory then changes only when the rank's
+    own ops start and end, and those run one after another in program order. A plan with PREFETCH or EVICT (whose
+    copies start when their deps are done, not when issued) is refused.
+
+    Raises:
+        ValueError: the plan has host copies.
+    """
+    if any(OP_SEMANTICS[op.kind].action is Action.HOST_COPY for program in plan.programs for op in program):
+        raise ValueError("a plan with host copies (PREFETCH/EVICT) changes memory off its program order: simulate it")
+    peaks = []
+    for view in views:
+        ledger = MemoryLedger(plan, view)
+        for rank, program in enumerate(plan.programs):
+            memory = peak = ledger.resident(rank)
+            for op in program:
+                released, allocated = ledger.start(op)
+                memory += allocated - released
+                peak = max(peak, memory)
+                memory -= ledger.end(op)
+            peaks.append(peak)
+    return tuple(peaks)
