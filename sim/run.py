@@ -23,6 +23,7 @@ from sim.hw.topology import format_topology_list
 from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.models import build_model, format_model_list
 from sim.plan.build import PlanInputs, build_plan
+from sim.plan.memory_fit import memory_remedies, memory_report
 from sim.predict import predict
 from sim.report.outputs import format_summary, write_run_outputs
 from sim.report.stream import format_stream_summary
@@ -129,7 +130,7 @@ def _run(argv: list[str] | None) -> int:
             raise SpecError(f"--frames {args.frames} and --microbatches {microbatches} both count the frames; give "
                             f"--frames")
         microbatches = args.frames
-    built = build_plan(PlanInputs(
+    inputs = PlanInputs(
         model=args.model, topology=args.topology, schedule=args.schedule or "1f1b", microbatches=microbatches,
         microbatch_size=args.microbatch_size, partition=args.partition, profile=args.profile,
         schedule_file=args.schedule_file, chunks=1 if args.chunks is None else args.chunks,
@@ -137,7 +138,10 @@ def _run(argv: list[str] | None) -> int:
         global_batch=args.global_batch, rank_order=args.rank_order, sequence_parallel=args.sequence_parallel,
         zero=args.zero, grad_overlap=args.grad_overlap, devices=args.devices, fps=args.fps,
         cuda_graphs=args.cuda_graphs,
-    ))
+    )
+    built = build_plan(inputs)
+    if not args.ignore_memory:
+        _check_memory(inputs, built)  # before anything is printed: a plan that cannot run gets one line
     plan, topology = built.plan, built.topology
     print(topology.describe())
     tp = built.plan.layout.tp
@@ -169,6 +173,39 @@ def _run(argv: list[str] | None) -> int:
         print(format_stream_summary(metrics["stream"]))
     print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")
     return 0
+
+
+#: How each PlanInputs field a memory remedy changes is written on the command line.
+_FLAGS = {"recompute": "--recompute", "zero": "--zero", "tp": "--tp", "dp": "--dp", "pp": "--pp",
+          "microbatch_size": "--microbatch-size", "global_batch": "--global-batch", "schedule": "--schedule"}
+
+
+def _check_memory(inputs: PlanInputs, built) -> None:
+    """Refuse a plan whose peak memory exceeds a device's, saying by how much and which flags would make it fit.
+
+    Plans with host copies (PREFETCH/EVICT) are left to the engine, whose timeline decides their peak.
+    """
+    try:
+        report = memory_report(built)
+    except ValueError:
+        return
+    if report.fits:
+        return
+    gb = 1e9
+    rank = report.worst
+    head = (f"out of memory: rank {rank} ({report.device}) peaks at {report.peaks[rank] / gb:.2f} GB, "
+            f"{report.over_bytes / gb:.2f} GB over its {report.capacities[rank] / gb:.2f} GB (its training state "
+            f"alone is {report.state_bytes / gb:.2f} GB)")
+    remedies = memory_remedies(inputs, built)
+    if remedies:
+        options = [" ".join(f"{_FLAGS[name]} {value}" for name, value in remedy.changes if value is not None)
+                   + f" ({remedy.peak_bytes / gb:.2f} of {remedy.capacity_bytes / gb:.2f} GB)"
+                   for remedy in remedies[:3]]
+        advice = "these would fit: " + "; ".join(options)
+    else:
+        advice = ("neither recomputation, ZeRO-1, more tensor or pipeline parallelism nor smaller microbatches "
+                  "would fit it: more or larger devices are needed")
+    raise SpecError(f"{head}; {advice} (--ignore-memory simulates it anyway)")
 
 
 def _device_list(text: str) -> tuple[int, ...]:

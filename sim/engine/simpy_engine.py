@@ -148,8 +148,7 @@ class _Run(CommProcesses):
                 raise OutOfMemoryError(
                     f"out of memory on rank {self.device_index[rank]} ({device}) at t={self.env.now * 1e3:.3f} ms "
                     f"during {op.id}: "
-                    f"needs {self.memory[rank] / 1e9:.2f} GB > {self.capacity[rank] / 1e9:.2f} GB "
-                    f"(fewer microbatches in flight, a smaller --microbatch-size or more stages would fit)"
+                    f"needs {self.memory[rank] / 1e9:.2f} GB > {self.capacity[rank] / 1e9:.2f} GB"
                 )
 
     # --- done events -----------------------------------------------------------------------------------------------

@@ -233,8 +233,25 @@ def test_out_of_memory_leaves_no_outputs(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["--topology", "2xV100", "--model", "uniform:layers=2,act_mb=12000", "--schedule", "gpipe",
               "--out", str(tmp_path / "out")])
-    assert info.value.code == 2 and "out of memory on rank 0" in capsys.readouterr().err
-    assert not (tmp_path / "out" / "plan.json").exists()
+    captured = capsys.readouterr()
+    assert info.value.code == 2 and captured.out == ""
+    assert captured.err.startswith("error: out of memory: rank ") and captured.err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_of_memory_names_the_excess_and_flags_that_fit_and_they_do(tmp_path, capsys):
+    """A 32-layer h4096 GPT at seq 8192 on 8 A100s with DP 8: the training state alone is 110 GB. The advice's first
+    remedy, typed back as flags, must simulate without running out of memory (the engine is the oracle)."""
+    argv = ["--topology", "8xA100", "--model", "gpt:layers=32,hidden=4096,seq=8192", "--schedule", "1f1b",
+            "--global-batch", "64", "--dp", "8"]
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert "peaks at " in err and "GB over its 80.00 GB" in err and "training state alone is 110.23 GB" in err
+    first = err.split("these would fit: ")[1].split(" (")[0].split()
+    assert main([*argv, *first, "--out", str(tmp_path / "fixed"), "--no-gantt"]) == 0
+    assert "peak memory" in capsys.readouterr().out
 
 
 def test_no_traceback_from_the_real_entry_point(tmp_path):
