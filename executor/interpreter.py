@@ -304,7 +304,10 @@ class RankInterpreter:
                 self.losses[mb] = self.loss(y, self.targets[mb])
         if v != self.last_vstage:
             self.outbox[(OpKind.F, v, mb)] = y.detach()
-        self.activations[(v, mb)] = (x, None if recompute else y)
+        # The last vstage's backward starts from the loss: keeping its output (the logits) too would hold a tensor
+        # autograd itself may not need (cross entropy saves its log-softmax, not its input).
+        kept = self.losses[mb] if v == self.last_vstage else y
+        self.activations[(v, mb)] = (x, None if recompute else kept)
 
     def _recompute(self, op: Op) -> None:
         v, mb = op.vstage, op.mb
@@ -314,7 +317,7 @@ class RankInterpreter:
         if v == self.last_vstage:
             assert self.targets is not None
             self.losses[mb] = self.loss(y, self.targets[mb])
-        self.activations[(v, mb)] = (x, y)
+        self.activations[(v, mb)] = (x, self.losses[mb] if v == self.last_vstage else y)
 
     def _backward_input(self, op: Op) -> None:
         """I: the backward with the weight gradients of linear and conv layers deferred to the W op."""

@@ -32,21 +32,17 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from executor.memory import StorageCounter
-from executor.nn.optim import make_optimizer
-from executor.nn.stages import build_stage, loss_fn, synthetic_batch
 from experiments.sim_vs_real import run_module
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError, fail
 from sim.core.fileio import write_json_atomic, write_text_atomic
 from sim.cost.oracle import CostOracle
+from sim.cost.profile import load_profile
 from sim.models import build_model
 from sim.plan.build import PlanInputs, build_plan
 
 __all__ = ["main", "run_experiment", "CASES", "QUICK_CASES", "TARGET_ERROR", "DEFAULT_MODEL", "plan_inputs",
-           "run_case", "measured_layer", "layer_breakdown", "overhead", "summarize", "format_table"]
+           "run_case", "measure_profile", "layer_breakdown", "overhead", "summarize", "format_table"]
 
 DEFAULT_MODEL = "gpt:layers=4,hidden=256,seq=128,vocab=1000"
 #: The target: every rank's measured peak within 5 % of the predicted one.
@@ -63,17 +59,20 @@ CASES: dict[str, dict[str, Any]] = {
 QUICK_CASES = ("1f1b", "gpipe-recompute")
 
 
-def plan_inputs(case: str, model: str, ranks: int, microbatches: int, microbatch_size: int) -> PlanInputs:
-    """The ``sim.run`` inputs of one case on ``{ranks}xcpu``."""
+def plan_inputs(case: str, model: str, ranks: int, microbatches: int, microbatch_size: int,
+                profile: Path | None = None) -> PlanInputs:
+    """The ``sim.run`` inputs of one case on ``{ranks}xcpu``, costed with ``profile`` when given."""
     choices = dict(CASES[case])
     topology = f"{ranks}xcpu"
+    measured = str(profile) if profile is not None else None
     if "dp" in choices:
         return PlanInputs(model, topology, choices["schedule"], microbatch_size=microbatch_size, dp=ranks,
-                          global_batch=microbatches * microbatch_size * ranks)
+                          global_batch=microbatches * microbatch_size * ranks, profile=measured)
     if "tp" in choices:
         return PlanInputs(model, topology, choices["schedule"], microbatches=microbatches,
-                          microbatch_size=microbatch_size, tp=ranks)
-    return PlanInputs(model, topology, microbatches=microbatches, microbatch_size=microbatch_size, **choices)
+                          microbatch_size=microbatch_size, tp=ranks, profile=measured)
+    return PlanInputs(model, topology, microbatches=microbatches, microbatch_size=microbatch_size, profile=measured,
+                      **choices)
 
 
 def run_case(out: Path, case: str, inputs: PlanInputs, *, iterations: int, warmup: int,
@@ -99,85 +98,33 @@ def run_case(out: Path, case: str, inputs: PlanInputs, *, iterations: int, warmu
         "measured_iteration_time_s"], "predicted_time_s": compare["predicted_iteration_time_s"], "ranks": ranks}
 
 
-def _layer_input(model: str, i: int, microbatch_size: int) -> torch.Tensor:
-    ids, _ = synthetic_batch(model, microbatch_size, seed=0, index=0)
-    if i == 0:
-        return ids
-    graph = build_model(model)
-    hidden = graph.layers[0].transformer.hidden  # type: ignore[union-attr]
-    generator = torch.Generator().manual_seed(i)
-    return torch.randn(microbatch_size, ids.shape[1], hidden, generator=generator).requires_grad_(True)
+def measure_profile(out: Path, model: str, microbatch_size: int) -> Path:
+    """A measured profile of ``model`` on this host's CPU (``profiles.measure``): per layer its times and its memory
+    (``profiles.layer_memory``). Timing repeats are few (3 after 1 warm-up): the experiment is about memory, whose
+    figures do not vary between runs."""
+    path = out / "profile.json"
+    run_module("profiles.measure", "--model", model, "--device", "cpu", "--microbatch-size", str(microbatch_size),
+               "--no-p2p", "--warmup", "1", "--repeats", "3", "--out", str(path))
+    return path
 
 
-def _storage_key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage()._cdata
-
-
-def measured_layer(model: str, i: int, microbatch_size: int) -> dict[str, int]:
-    """Layer ``i`` of the executor, forward and backward once on one microbatch, in this process: its bytes.
-
-    Returns:
-        ``saved_bytes``: storages autograd saves for the backward, each once, not counting the layer's input or
-        parameters; ``output_bytes``: the output's storage when autograd did not save it (the simulator counts a
-        layer's output, which its consumer keeps, and not its input); ``backward_transient_bytes``: the peak of the
-        backward above what was alive when it began, less the parameter gradients it creates (those are state);
-        ``state_bytes``: weights, gradients and Adam's state after one step.
-    """
-    torch.manual_seed(0)
-    stage = build_stage(model, i, i + 1, seed=0)
-    params = list(stage.parameters())
-    x = _layer_input(model, i, microbatch_size)
-    last = i == len(build_model(model)) - 1
-    skip = {_storage_key(p) for p in params} | {_storage_key(x)}
-    saved: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(tensor)
-        if key not in skip:
-            saved.setdefault(key, tensor.untyped_storage().nbytes())
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        y = stage(x)
-        if last:
-            targets = synthetic_batch(model, microbatch_size, seed=0, index=0)[1]
-            skip.add(_storage_key(targets))
-            saved.pop(_storage_key(targets), None)
-            out = loss_fn(model)(y, targets)
-    output = 0 if last or _storage_key(y) in saved else y.untyped_storage().nbytes()
-    counter = StorageCounter()
-    with counter:
-        before = counter.live_bytes
-        if last:
-            out.backward()
-        else:
-            y.backward(torch.ones_like(y))
-    grads = sum(p.grad.untyped_storage().nbytes() for p in params if p.grad is not None)
-    optimizer = make_optimizer("adam", params)
-    optimizer.step()
-    state = sum(t.untyped_storage().nbytes() for p in params for t in (p, p.grad, *optimizer.state[p].values())
-                if isinstance(t, torch.Tensor) and t.dim() > 0)
-    return {"saved_bytes": sum(saved.values()), "output_bytes": output,
-            "backward_transient_bytes": counter.peak_bytes - before - grads, "state_bytes": state}
-
-
-def layer_breakdown(model: str, microbatch_size: int) -> list[dict[str, Any]]:
-    """Per layer kind (the embedding, the first block, the head): measured bytes (:func:`measured_layer`) beside the
-    cost oracle's ``microbatch_size`` × ``saved_bytes``, ``workspace_bytes`` and ``state_bytes``."""
+def layer_breakdown(model: str, microbatch_size: int, profile: Path) -> list[dict[str, Any]]:
+    """Per layer kind (the embedding, the first block, the head): the model's bytes (the catalog's fp16 Megatron
+    figures, what the simulator uses without a profile) beside the measured profile's, for one microbatch."""
     graph = build_model(model)
     oracle = CostOracle(graph, microbatch_size)
+    measured = load_profile(profile).memory
+    assert measured is not None, "profiles.measure writes memory"
     rows = []
     for i in (0, 1, len(graph) - 1):
-        layer = graph.layers[i]
-        measured = measured_layer(model, i, microbatch_size)
-        kept = measured["saved_bytes"] + measured["output_bytes"]
-        rows.append({"layer": layer.name, "predicted_saved_bytes": microbatch_size * layer.saved_bytes,
-                     "measured_saved_bytes": measured["saved_bytes"], "measured_output_bytes": measured[
-                         "output_bytes"], "measured_kept_bytes": kept,
-                     "predicted_workspace_bytes": oracle.workspace_bytes(i, i + 1),
-                     "measured_backward_transient_bytes": measured["backward_transient_bytes"],
-                     "predicted_state_bytes": oracle.state_bytes(i, i + 1),
-                     "measured_state_bytes": measured["state_bytes"]})
+        layer, got = graph.layers[i], measured[i]
+        rows.append({"layer": layer.name, "model_kept_bytes": microbatch_size * layer.saved_bytes,
+                     "measured_kept_bytes": got.retained_bytes,
+                     "model_workspace_bytes": oracle.memory.workspace_bytes(i, i + 1),
+                     "measured_forward_transient_bytes": got.forward_transient_bytes,
+                     "measured_backward_transient_bytes": got.backward_transient_bytes,
+                     "model_state_bytes": oracle.memory.state_bytes(i, i + 1),
+                     "measured_state_bytes": got.param_bytes + got.gradient_bytes + got.optimizer_bytes})
     return rows
 
 
@@ -218,12 +165,12 @@ def format_table(results: list[dict[str, Any]], summary: dict[str, Any], layers:
     median, largest = summary["median_abs_error"] * 100, summary["max_abs_error"] * 100
     lines += ["", f"{summary['within_target']} of {summary['ranks']} ranks within {TARGET_ERROR * 100:.0f}% "
                   f"(median |error| {median:.1f}%, max {largest:.1f}%): target {verdict}", "",
-              "| layer | predicted saved | measured saved + output | predicted workspace | measured backward "
-              "transient | predicted state | measured state |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "| layer | model kept | measured kept | model workspace | measured forward / backward transient | "
+              "model state | measured state |", "|---|---:|---:|---:|---:|---:|---:|"]
     for row in layers:
-        lines.append(f"| {row['layer']} | {row['predicted_saved_bytes']:,} | {row['measured_saved_bytes']:,} + "
-                     f"{row['measured_output_bytes']:,} | {row['predicted_workspace_bytes']:,} | "
-                     f"{row['measured_backward_transient_bytes']:,} | {row['predicted_state_bytes']:,} | "
+        lines.append(f"| {row['layer']} | {row['model_kept_bytes']:,} | {row['measured_kept_bytes']:,} | "
+                     f"{row['model_workspace_bytes']:,} | {row['measured_forward_transient_bytes']:,} / "
+                     f"{row['measured_backward_transient_bytes']:,} | {row['model_state_bytes']:,} | "
                      f"{row['measured_state_bytes']:,} |")
     if slowdown is not None:
         ms = ", ".join(f"{a * 1e3:.1f}/{b * 1e3:.1f}" for a, b in zip(slowdown["without_s"], slowdown["with_s"]))
@@ -293,9 +240,11 @@ def run_experiment(out: Path, cases: list[str], *, model: str = DEFAULT_MODEL, r
         the settings.
     """
     results, skipped = [], {}
+    out.mkdir(parents=True, exist_ok=True)
+    profile = measure_profile(out, model, microbatch_size)
     for case in cases:
         try:
-            inputs = plan_inputs(case, model, ranks, microbatches, microbatch_size)
+            inputs = plan_inputs(case, model, ranks, microbatches, microbatch_size, profile)
             build_plan(inputs)
         except SpecError as exc:  # e.g. tp with N not dividing the heads, interleaving more vstages than layers
             skipped[case] = str(exc)
@@ -306,10 +255,10 @@ def run_experiment(out: Path, cases: list[str], *, model: str = DEFAULT_MODEL, r
         results.append({key: value for key, value in result.items() if not key.endswith("time_s")})
     slowdown = None
     if overhead_repeats:
-        inputs = plan_inputs("1f1b", model, ranks, microbatches, microbatch_size)
+        inputs = plan_inputs("1f1b", model, ranks, microbatches, microbatch_size, profile)
         slowdown = overhead(out, inputs, repeats=overhead_repeats, iterations=max(iterations, 5), warmup=warmup)
     return {"results": results, "skipped": skipped, "summary": summarize(results),
-            "layers": layer_breakdown(model, microbatch_size), "overhead": slowdown, "model": model, "ranks": ranks,
+            "layers": layer_breakdown(model, microbatch_size, profile), "overhead": slowdown, "model": model, "ranks": ranks,
             "microbatches": microbatches, "microbatch_size": microbatch_size, "iterations": iterations,
             "warmup": warmup}
 

@@ -31,6 +31,7 @@ import torch
 from executor.nn.optim import OPTIMIZERS
 from executor.nn.stages import TORCH_MODELS
 from executor.provenance import catalog_id_for_gpu, cpu_model, software_versions
+from profiles.layer_memory import measure_layer_memory
 from profiles.layer_timing import LayerMeasurement, time_layers
 from profiles.p2p import P2PChoice, P2PError, choose_p2p, ping_pong, power_of_two_sizes
 from sim.core.cli import CliParser
@@ -38,7 +39,7 @@ from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import check_output_file, prepare_output_dir, write_json_atomic
 from sim.core.spec import parse_spec
 from sim.cost.p2p_fit import fit_latency_bandwidth
-from sim.cost.profile import profile_document
+from sim.cost.profile import LayerMemory, layer_memory_fields, profile_document
 from sim.hw.catalog import get_device
 from sim.models import build_model
 
@@ -114,8 +115,8 @@ def _resolve_device(kind: str, device_name: str | None) -> tuple[torch.device, s
 
 
 def _profile_json(args: argparse.Namespace, spec: str, device_id: str, gpu_name: str | None,
-                  layers: tuple[LayerMeasurement, ...], p2p: dict[str, Any] | None, p2p_note: str,
-                  host_copy: dict[str, float] | None) -> dict[str, Any]:
+                  layers: tuple[LayerMeasurement, ...], memory: tuple[LayerMemory, ...], p2p: dict[str, Any] | None,
+                  p2p_note: str, host_copy: dict[str, float] | None) -> dict[str, Any]:
     """The profile as a JSON-ready dict (schema: profiles/README.md)."""
     cuda = gpu_name is not None
     method = {
@@ -125,14 +126,22 @@ def _profile_json(args: argparse.Namespace, spec: str, device_id: str, gpu_name:
         "layers": "each layer alone on its real input; bwd_s = autograd.backward(output, seeded grad_output) "
                   "incl. the input gradient (except layer 0); the last layer's fwd_s/bwd_s include the loss",
         "p2p": p2p_note,
+        "memory": "each layer alone on its real input, live tensor storages counted operator by operator "
+                  "(executor.memory.StorageCounter): retained = kept from forward to backward (output and saved "
+                  "tensors, input excluded); transients above the starting level, the backward's with the weight "
+                  "gradients already allocated; optimizer state after one step (profiles.layer_memory)",
     }
     machine = {"hostname": socket.gethostname(), "cpu": cpu_model(), "gpu": gpu_name, "cores": os.cpu_count(),
                "threads": torch.get_num_threads()}
-    extra: dict[str, Any] = {"optimizer": args.optimizer}
+    # The executor's optimizer step ends with zero_grad(set_to_none=True): gradients live from a stage's first
+    # backward after an update to the next update (executor.interpreter), which is what this profile is for.
+    extra: dict[str, Any] = {"optimizer": args.optimizer, "gradients": "per_step"}
     if host_copy is not None:
         extra["host_copy"] = host_copy
     return profile_document(model=spec, device=device_id, microbatch_size=args.microbatch_size,
-                            layers=[asdict(m) for m in layers], method=method, machine=machine,
+                            layers=[{**asdict(m), **layer_memory_fields(memory_of)}
+                                    for m, memory_of in zip(layers, memory)],
+                            method=method, machine=machine,
                             software=software_versions(), p2p=p2p, extra=extra)
 
 
@@ -192,6 +201,8 @@ def _run(argv: list[str] | None) -> int:
     layers = time_layers(spec, microbatch_size=args.microbatch_size, optimizer=args.optimizer, warmup=args.warmup,
                          repeats=args.repeats, seed=args.seed, device=device)
     print(format_table(layers))
+    memory = measure_layer_memory(spec, microbatch_size=args.microbatch_size, optimizer=args.optimizer,
+                                  seed=args.seed, device=device)
 
     choice = choose_p2p(device.type, torch.cuda.device_count() if device.type == "cuda" else 0)
     if args.no_p2p:
@@ -217,7 +228,7 @@ def _run(argv: list[str] | None) -> int:
 
     out = Path(args.out)
     prepare_output_dir(out.parent, "the directory of --out")  # checked before measuring; made now
-    write_json_atomic(_profile_json(args, spec, device_id, gpu_name, layers, p2p, p2p_note, host_copy), out)
+    write_json_atomic(_profile_json(args, spec, device_id, gpu_name, layers, memory, p2p, p2p_note, host_copy), out)
     print(f"wrote {out}")
     return 0
 

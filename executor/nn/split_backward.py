@@ -58,14 +58,26 @@ class WeightGradStore:
             KeyError: nothing was deferred under ``key`` (a W without its I).
         """
         work = self._pending.pop(key)
+        # Outside autograd: the saved inputs are activations that require grad, so a recorded matmul would hang a
+        # graph on every weight gradient, keeping its output gradient and input alive until the optimizer step
+        # (measured: 5.2 MB per microbatch on a 4-block h256 stage, executor.memory).
+        with torch.no_grad():
+            self._accumulate(work)
+        return len(work)
+
+    @staticmethod
+    def _accumulate(work: list[tuple[Any, ...]]) -> None:
+        """Compute each deferred weight gradient and add it into its weight's ``.grad``."""
         for kind, weight, saved, grad_out, extra in work:
             if kind == "linear":
                 grad = grad_out.reshape(-1, grad_out.shape[-1]).t() @ saved.reshape(-1, saved.shape[-1])
             else:  # conv2d; extra = (stride, padding, dilation, groups)
                 stride, padding, dilation, groups = extra
                 grad = torch.nn.grad.conv2d_weight(saved, weight.shape, grad_out, stride, padding, dilation, groups)
-            weight.grad = grad if weight.grad is None else weight.grad + grad
-        return len(work)
+            if weight.grad is None:
+                weight.grad = grad
+            else:
+                weight.grad += grad  # in place, as autograd accumulates: no second gradient-sized buffer
 
     def __len__(self) -> int:
         return len(self._pending)

@@ -13,8 +13,10 @@ What a device holds, per rank of the plan (all bytes):
   its weights occupy the device from the start of a PREFETCH to the end of the next EVICT). Under weight stashing
   (PipeDream §3.3) the starting weights are copied once more when some microbatch runs its forward on them.
 * **Activations** (``KEEP_ACTIVATIONS``, F): one microbatch's activations of the stage from the start of its F to the
-  end of its last backward op (``RELEASE_ACTIVATIONS``: B, or W when the backward is split, since the weight gradient
-  needs the GEMMs' inputs; ZB-H1, Qi et al. 2023 §2).
+  end of its backward (``RELEASE_ACTIVATIONS``, B). When the backward is split (zero bubble, Qi et al. 2023 §2), I
+  (``DEFER_WEIGHT_GRADIENTS``) frees them but keeps what the weight gradients need, the weight GEMMs' inputs and
+  output gradients (a measured profile's ``deferred_bytes``; where nothing was measured, all of the activations),
+  until W (``RELEASE_DEFERRED``) frees it.
 * **Full recomputation**: F keeps only the checkpoint, the input of every layer of the stage (Megatron-LM's
   ``uniform`` method with one layer per checkpoint; torchtitan's per-block ``full`` AC); R
   (``REBUILD_ACTIVATIONS``), right before the backward, holds one layer's rebuilt activations at a time, the largest
@@ -26,7 +28,15 @@ What a device holds, per rank of the plan (all bytes):
   forward runs on them.
 * **A PARTIME stream** (weight policy ``stream``): a stage holds one frame's activations, its newest forward's (or
   the drain's recompute); a forward replaces the one before it, a backward consumes it.
-* **Workspace**: every op whose kind has ``workspace`` holds its stage's transient bytes while it runs.
+* **Workspace**: every op whose kind has ``workspace`` holds its stage's transient bytes while it runs, the
+  backward's (``backward_workspace_bytes``) for the backward ops (B, I, W), else the forward's. A B's is its
+  layer-by-layer peak: going from the last layer to the first, each layer's transient plus the gradient buffers made
+  so far, less the activations of the layers already done, which the backward has freed.
+* **Weight gradients**: part of the resident state where the framework keeps a persistent gradient buffer (Megatron's
+  contiguous buffer, DDP's buckets: the model's default). Where the cost source says they live per step (a measured
+  profile of the executor, whose optimizer step ends with ``zero_grad(set_to_none=True)``), a stage's gradients are
+  allocated by its first backward op after an update (or the start) and freed when its update ends; under a split
+  backward the I makes those of the parameters outside the weight GEMMs, the W the GEMMs'.
 
 An op's effect at its start is ``(released, allocated)``: ``released`` bytes are freed first (a retired weight
 version, a stream frame being replaced), then ``allocated`` bytes are taken, so a peak is read after the allocation.
@@ -57,6 +67,14 @@ class StageSizes(Protocol):
     def checkpoint_bytes(self, vstage: int) -> int: ...
     def rebuilt_bytes(self, vstage: int) -> int: ...
     def workspace_bytes(self, vstage: int) -> int: ...
+    def backward_workspace_bytes(self, vstage: int) -> int: ...
+    def backward_peak_bytes(self, vstage: int, new_gradients: bool) -> int: ...
+    def deferred_bytes(self, vstage: int) -> int | None: ...
+    def input_backward_bytes(self, vstage: int) -> int: ...
+    def weight_backward_bytes(self, vstage: int) -> int: ...
+    def gradient_bytes(self, vstage: int) -> int: ...
+    def deferred_gradient_bytes(self, vstage: int) -> int: ...
+    def gradients_per_step(self, vstage: int) -> bool: ...
 
 
 #: Every memory effect of ``sim.ir.ops`` has a rule in :class:`MemoryLedger`: the name of the method that applies it
@@ -66,6 +84,8 @@ RULES: dict[MemoryEffect, str] = {
     MemoryEffect.KEEP_ACTIVATIONS: "_keep",
     MemoryEffect.REBUILD_ACTIVATIONS: "_rebuild",
     MemoryEffect.RELEASE_ACTIVATIONS: "_nothing",  # frees at the op's end
+    MemoryEffect.DEFER_WEIGHT_GRADIENTS: "_nothing",  # frees at the op's end
+    MemoryEffect.RELEASE_DEFERRED: "_nothing",  # frees at the op's end
     MemoryEffect.UPDATE_WEIGHTS: "_update",
     MemoryEffect.LOAD_WEIGHTS: "_load",
     MemoryEffect.UNLOAD_WEIGHTS: "_nothing",  # frees at the op's end
@@ -87,6 +107,11 @@ class MemoryLedger:
             raise KeyError(f"the memory ledger has no rule for effect(s) {', '.join(sorted(missing))}")
         self._start_rule = {kind: getattr(self, RULES[semantics.memory]) for kind, semantics in OP_SEMANTICS.items()}
         self._workspace = {kind for kind, semantics in OP_SEMANTICS.items() if semantics.workspace}
+        self._backward = {kind for kind, semantics in OP_SEMANTICS.items() if semantics.backward}
+        # vstage -> bytes of its per-step gradient buffers that exist now (all of them, or an I's share)
+        self.gradients_held: dict[int, int] = {}
+        self.deferred: dict[tuple[int, int | None], int] = {}  # (vstage, mb) -> bytes its I kept for its W
+        self.workspaces: dict[tuple[OpKind, int, int | None], int] = {}  # running op -> the workspace it took
         self.offloaded = {op.vstage for program in plan.programs for op in program
                           if OP_SEMANTICS[op.kind].memory is MemoryEffect.LOAD_WEIGHTS}
         # The op that frees a microbatch's activations: W when the backward is split, else B.
@@ -109,29 +134,73 @@ class MemoryLedger:
         and, under weight stashing, the copy of a stage's starting weights some forward runs on."""
         sizes = self.sizes
         vstages = self.plan.placement.vstages_of(rank)
-        state = sum(sizes.state_bytes(v) for v in vstages if v not in self.offloaded)
+        state = sum(sizes.state_bytes(v) - (sizes.gradient_bytes(v) if sizes.gradients_per_step(v) else 0)
+                    for v in vstages if v not in self.offloaded)
         return state + sum(sizes.param_bytes(v) for v in vstages if (v, 0) in self.stash_users)
 
     def start(self, op: Op) -> tuple[int, int]:
         """``(released, allocated)`` bytes when ``op`` starts: ``released`` is freed first, then ``allocated`` taken."""
         released, kept = self._start_rule[op.kind](op)
-        workspace = self.sizes.workspace_bytes(op.vstage) if op.kind in self._workspace else 0
-        return released, workspace + kept
+        gradients = self._new_gradients(op)
+        workspace = self._workspace_of(op, new_gradients=gradients)
+        if workspace:
+            self.workspaces[(op.kind, op.vstage, op.mb)] = workspace
+        return released, workspace + kept + gradients
 
     def end(self, op: Op) -> int:
-        """Bytes freed when ``op`` ends: its workspace, and what its effect releases."""
+        """Bytes freed when ``op`` ends: its workspace, and what its effect releases. Negative when the op leaves
+        more than it frees (an I whose weight-gradient inputs outweigh the activations it drops): the caller then
+        allocates, and checks its peak."""
         kind, vstage, sizes = op.kind, op.vstage, self.sizes
-        freed = sizes.workspace_bytes(vstage) if kind in self._workspace else 0
+        freed = self.workspaces.pop((kind, vstage, op.mb), 0)
         effect = OP_SEMANTICS[kind].memory
         if effect is MemoryEffect.RELEASE_ACTIVATIONS:
-            if self.stream:
-                if kind is OpKind.B:
-                    freed += self.held.pop(vstage, 0)
-            elif kind is OpKind.W or (vstage, op.mb) not in self.split:
-                freed += self._held_until_backward(vstage, op.mb)
+            freed += self.held.pop(vstage, 0) if self.stream else self._held_until_backward(vstage, op.mb)
+        elif effect is MemoryEffect.DEFER_WEIGHT_GRADIENTS:
+            held = self._held_until_backward(vstage, op.mb)
+            deferred = sizes.deferred_bytes(vstage)
+            kept = held if deferred is None else deferred
+            self.deferred[(vstage, op.mb)] = kept
+            freed += held - kept
+        elif effect is MemoryEffect.RELEASE_DEFERRED:
+            freed += self.deferred.pop((vstage, op.mb), 0)
         elif effect is MemoryEffect.UNLOAD_WEIGHTS:
             freed += sizes.param_bytes(vstage)
+        elif effect is MemoryEffect.UPDATE_WEIGHTS and vstage in self.gradients_held:
+            freed += self.gradients_held.pop(vstage)  # zero_grad(set_to_none=True) after the step
         return freed
+
+    def _workspace_of(self, op: Op, *, new_gradients: int) -> int:
+        """The transient bytes ``op`` holds while it runs: the backward's for B, I and W (a B's layer by layer, with
+        the gradient buffers it makes; a recomputed one holds a single rebuilt layer, so its layers' largest
+        transient), else the forward's. A B's may be negative: its peak is below the level it starts from. An I or
+        W that makes ``new_gradients`` bytes of gradient buffers makes them from the temporaries its measured
+        transient already holds, so those are not counted twice."""
+        kind, vstage = op.kind, op.vstage
+        if kind not in self._workspace:
+            return 0
+        if kind in self._backward:
+            if kind is OpKind.B and not self.stream and (vstage, op.mb) not in self.recomputed:
+                return self.sizes.backward_peak_bytes(vstage, new_gradients > 0)
+            transient = (self.sizes.input_backward_bytes(vstage) if kind is OpKind.I
+                         else self.sizes.weight_backward_bytes(vstage) if kind is OpKind.W
+                         else self.sizes.backward_workspace_bytes(vstage))
+            return max(0, transient - new_gradients)
+        return self.sizes.workspace_bytes(vstage)
+
+    def _new_gradients(self, op: Op) -> int:
+        """Bytes of gradient buffers ``op`` creates where gradients live per step: a stage's first backward op since
+        its last update makes them, except that under a split backward the I makes only those of the parameters
+        outside the weight GEMMs and the W the GEMMs' (``deferred_gradient_bytes``)."""
+        vstage, sizes = op.vstage, self.sizes
+        if op.kind not in self._backward or not sizes.gradients_per_step(vstage):
+            return 0
+        total, held = sizes.gradient_bytes(vstage), self.gradients_held.get(vstage, 0)
+        wanted = total - sizes.deferred_gradient_bytes(vstage) if op.kind is OpKind.I else total
+        if held >= wanted:
+            return 0
+        self.gradients_held[vstage] = wanted
+        return wanted - held
 
     # --- rules at an op's start: (released, kept beyond the workspace) -----------------------------------------------
 
@@ -204,5 +273,6 @@ def program_order_peaks(plan: Plan, views: Sequence[StageSizes]) -> tuple[int, .
                 memory += allocated - released
                 peak = max(peak, memory)
                 memory -= ledger.end(op)
+                peak = max(peak, memory)  # an op may leave more than it frees
             peaks.append(peak)
     return tuple(peaks)

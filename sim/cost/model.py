@@ -95,13 +95,24 @@ class CostModel:
         self._times: list[dict[OpKind, float]] = []
         # Memory per vstage, asked once: the engine reads these for every op.
         oracle = self.oracle
-        ranges = placement.vstage_layers
-        self._params = [oracle.param_bytes(a, b) for a, b in ranges]
-        self._state = [oracle.state_bytes(a, b) for a, b in ranges]
-        self._activation = [oracle.activation_bytes(a, b) for a, b in ranges]
-        self._checkpoint = [oracle.checkpoint_bytes(a, b) for a, b in ranges]
-        self._rebuilt = [oracle.rebuilt_bytes(a, b) for a, b in ranges]
-        self._workspace = [oracle.workspace_bytes(a, b) for a, b in ranges]
+        # Each vstage's sizes on its own device: a measured profile's memory applies where its device does.
+        sized = [(a, b, topology.devices[self.devices[rank]])
+                 for (a, b), rank in zip(placement.vstage_layers, placement.vstage_to_rank)]
+        self._params = [oracle.memory.param_bytes(a, b, device) for a, b, device in sized]
+        self._gradients = [oracle.memory.gradient_bytes(a, b, device) for a, b, device in sized]
+        self._deferred_gradients = [oracle.memory.deferred_gradient_bytes(a, b, device) for a, b, device in sized]
+        self._gradients_per_step = [oracle.gradients_per_step(device) for _, _, device in sized]
+        self._state = [oracle.memory.state_bytes(a, b, device) for a, b, device in sized]
+        self._activation = [oracle.memory.activation_bytes(a, b, device) for a, b, device in sized]
+        self._checkpoint = [oracle.memory.checkpoint_bytes(a, b, device) for a, b, device in sized]
+        self._rebuilt = [oracle.memory.rebuilt_bytes(a, b, device) for a, b, device in sized]
+        self._workspace = [oracle.memory.workspace_bytes(a, b, device) for a, b, device in sized]
+        self._backward_workspace = [oracle.memory.backward_workspace_bytes(a, b, device) for a, b, device in sized]
+        self._backward_peak = [tuple(oracle.memory.backward_peak_bytes(a, b, device, new_gradients=new) for new in (False, True))
+                               for a, b, device in sized]
+        self._deferred = [oracle.memory.deferred_bytes(a, b, device) for a, b, device in sized]
+        self._input_backward = [oracle.memory.input_backward_bytes(a, b, device) for a, b, device in sized]
+        self._weight_backward = [oracle.memory.weight_backward_bytes(a, b, device) for a, b, device in sized]
         stepped: set[int] = set()
         for v, (start, end) in enumerate(placement.vstage_layers):
             rank = placement.vstage_to_rank[v]
@@ -185,7 +196,7 @@ class CostModel:
         groups = tuple(layout.dp_group(self.placement.vstage_to_rank[vstage], t) for t in range(layout.tp))
         name = ("all_gather" if kind is OpKind.GATHER_PARAMS else
                 "reduce_scatter" if layout.zero else "all_reduce")
-        return name, groups, self.oracle.param_bytes(start, end)
+        return name, groups, self.oracle.memory.param_bytes(start, end)
 
     def _collective_cost(self, kind: OpKind, vstage: int) -> tuple:
         layout, oracle = self.layout, self.oracle
@@ -248,8 +259,47 @@ class CostModel:
         return self._rebuilt[vstage]
 
     def workspace_bytes(self, vstage: int) -> int:
-        """Transient bytes while one op of ``vstage`` runs."""
+        """Transient bytes while one forward or recompute op of ``vstage`` runs."""
         return self._workspace[vstage]
+
+    def backward_workspace_bytes(self, vstage: int) -> int:
+        """Transient bytes while one backward op (B, I, W) of ``vstage`` runs, beyond its weight gradients."""
+        return self._backward_workspace[vstage]
+
+    def backward_peak_bytes(self, vstage: int, new_gradients: bool) -> int:
+        """How far above its starting level a B of ``vstage`` peaks beyond the gradient buffers it makes (with
+        ``new_gradients``), layer by layer (:meth:`sim.cost.oracle.CostOracle.backward_peak_bytes`); may be
+        negative."""
+        return self._backward_peak[vstage][new_gradients]
+
+    def input_backward_bytes(self, vstage: int) -> int:
+        """The most a split backward's I of ``vstage`` holds above its starting level
+        (:meth:`sim.cost.oracle.CostOracle.input_backward_bytes`)."""
+        return self._input_backward[vstage]
+
+    def weight_backward_bytes(self, vstage: int) -> int:
+        """The most a split backward's W of ``vstage`` holds above its starting level
+        (:meth:`sim.cost.oracle.CostOracle.weight_backward_bytes`)."""
+        return self._weight_backward[vstage]
+
+    def deferred_bytes(self, vstage: int) -> int | None:
+        """Bytes an I of ``vstage`` keeps for its W, where measured (else ``None``)."""
+        return self._deferred[vstage]
+
+    def gradient_bytes(self, vstage: int) -> int:
+        """Weight-gradient bytes of ``vstage`` (part of :meth:`state_bytes`)."""
+        return self._gradients[vstage]
+
+    def deferred_gradient_bytes(self, vstage: int) -> int:
+        """Of :meth:`gradient_bytes`, those a split backward's W makes (:meth:`sim.cost.oracle.CostOracle.
+        deferred_gradient_bytes`)."""
+        return self._deferred_gradients[vstage]
+
+    def gradients_per_step(self, vstage: int) -> bool:
+        """Whether ``vstage``'s weight gradients exist only from its first backward op after an update to the next
+        update (PyTorch's ``zero_grad(set_to_none=True)``, as the executor runs; a measured profile says so), rather
+        than for the whole run (Megatron's contiguous gradient buffer)."""
+        return self._gradients_per_step[vstage]
 
 
 def _sum_costs(parts: list, held: tuple) -> tuple:

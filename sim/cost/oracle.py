@@ -49,12 +49,13 @@ from sim.core.errors import SpecError
 from sim.cost.collectives import CollectiveCost, collective_cost, concurrent_transfer
 from sim.cost.gpu_time import KernelModel, default_kernel_model, optimizer_seconds, transformer_layer_seconds
 from sim.cost.nccl import link_class, nccl_seconds
-from sim.cost.profile import MeasuredProfile
+from sim.cost.memory_sizes import MemorySizes, layer_input_bytes, state_bytes_per_param
+from sim.cost.profile import LayerMemory, MeasuredProfile
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology, message_time
 from sim.models.graph import LayerGraph
 
-__all__ = ["CostOracle", "LayerCosts", "state_bytes_per_param"]
+__all__ = ["CostOracle", "LayerCosts"]
 
 
 @dataclass(frozen=True)
@@ -64,23 +65,6 @@ class LayerCosts:
     fwd: tuple[float, ...]
     bwd: tuple[float, ...]
     opt: tuple[float, ...]
-
-
-def state_bytes_per_param(dtype_bytes: int, optimizer_shards: int = 1) -> float:
-    """Training-state bytes per parameter: weights + gradients in the training dtype, Adam m and v in fp32, and an
-    fp32 master copy when training in lower precision (ZeRO §3.1: 2 + 2 + 12 = 16 for fp16). Under ZeRO-1 each of
-    ``optimizer_shards`` replicas keeps ``1/optimizer_shards`` of the optimizer state (ZeRO §5.1: 2 + 2 + 12/N_d)."""
-    master = 4 if dtype_bytes < 4 else 0
-    optimizer = 8 + master
-    if optimizer_shards == 1:
-        return 2 * dtype_bytes + optimizer
-    return 2 * dtype_bytes + optimizer / optimizer_shards
-
-
-def _in_bytes(graph: LayerGraph, i: int) -> int:
-    """Bytes per sample flowing into layer i (the model input for a source layer)."""
-    incoming = [data["bytes"] for _, _, data in graph.graph.in_edges(i, data=True)]
-    return sum(incoming) if incoming else graph.input_bytes
 
 
 class CostOracle:
@@ -123,6 +107,9 @@ class CostOracle:
             self._p2p = (profile.p2p_latency_s, profile.p2p_bandwidth)
         self._by_device: dict[str, LayerCosts] = {}
         self._prefix: dict[str, list[float]] = {}
+        #: The bytes of layer ranges (sim.cost.memory_sizes), measured where the profile applies.
+        self.memory = MemorySizes(graph, microbatch_size, optimizer_shards, self.measured_memory,
+                                  profile.microbatch_size if profile is not None else 1)
 
     @property
     def kernel_model(self) -> KernelModel:
@@ -243,7 +230,7 @@ class CostOracle:
             # A captured graph replays its kernels without the per-op launch and dispatch (PARTIME, the seed talk:
             # "it records PyTorch operations issued by the CPU"); the one launch of the graph is the step's.
             launch = 0.0 if self.cuda_graphs else device.launch_overhead_s
-            act = size * (_in_bytes(graph, i) + layer.activation_bytes)
+            act = size * (layer_input_bytes(graph, i) + layer.activation_bytes)
             fwd_bytes = layer.param_bytes + act  # read weights, read input, write output
             bwd_bytes = 2 * layer.param_bytes + 2 * act  # read weights, write weight grads, the same tensors again
             # A composite layer's elementwise ops (Layer.elementwise_bytes) are memory bound and run between its
@@ -348,44 +335,16 @@ class CostOracle:
 
     # --- memory of a layer range ----------------------------------------------------------------------------------
 
-    def param_bytes(self, start: int, end: int) -> int:
-        """Weight bytes of layers ``[start, end)`` (what a PREFETCH or EVICT of them moves)."""
-        return sum(layer.param_bytes for layer in self.graph.layers[start:end])
+    def measured_memory(self, device: DeviceSpec | None) -> tuple[LayerMemory, ...] | None:
+        """The profile's per-layer memory where it applies to ``device`` (checked against the model like its times,
+        :meth:`layer_costs`), else ``None``: what :attr:`memory` reads."""
+        if device is None or not self.profile_applies(device) or self.profile.memory is None:  # type: ignore[union-attr]
+            return None
+        self.layer_costs(device)  # the profile must be for this model and name its layers
+        return self.profile.memory  # type: ignore[union-attr]
 
-    def state_bytes(self, start: int, end: int) -> int:
-        """Resident training state of layers ``[start, end)`` in bytes: weights, gradients, optimizer state (under
-        ZeRO-1 this replica's share of it, rounded up)."""
-        per_param = state_bytes_per_param(self.graph.dtype_bytes, self.optimizer_shards)
-        return math.ceil(sum(self.graph.param_count(i) for i in range(start, end)) * per_param)
-
-    def input_bytes(self, start: int) -> int:
-        """Bytes of one microbatch's input to a stage that begins at layer ``start``: what it received, or the model
-        input for the first stage."""
-        received = self.graph.boundary_bytes(start) if start > 0 else self.graph.input_bytes
-        return self.microbatch_size * received
-
-    def checkpoint_bytes(self, start: int, end: int) -> int:
-        """Bytes one in-flight microbatch of layers ``[start, end)`` keeps from forward to backward under full
-        recomputation: every layer's input, as Megatron-LM's ``uniform`` method with one layer per checkpoint and
-        torchtitan's per-block ``full`` activation checkpointing keep them (each layer is rebuilt from its own input
-        during the backward, one at a time: :meth:`rebuilt_bytes`). A tensor that feeds two layers of the range is
-        counted for each (exact for a chain of layers; an overcount where a graph branches)."""
-        received = self.input_bytes(start)
-        within = sum(_in_bytes(self.graph, i) for i in range(start + 1, end))
-        return received + self.microbatch_size * within
-
-    def rebuilt_bytes(self, start: int, end: int) -> int:
-        """Bytes one recomputed microbatch of layers ``[start, end)`` holds again during its backward: the saved
-        tensors of one layer at a time, the largest of them (a layer's are freed by its backward before the next
-        layer is rebuilt)."""
-        return self.microbatch_size * max(layer.saved_bytes for layer in self.graph.layers[start:end])
-
-    def activation_bytes(self, start: int, end: int) -> int:
-        """Bytes one in-flight microbatch keeps on the device from the forward of layers ``[start, end)`` to their
-        backward: the stage's input (a layer's saved bytes include its output, not its input) and every layer's."""
-        saved = sum(layer.saved_bytes for layer in self.graph.layers[start:end])
-        return self.input_bytes(start) + self.microbatch_size * saved
-
-    def workspace_bytes(self, start: int, end: int) -> int:
-        """Transient bytes while one op of layers ``[start, end)`` runs."""
-        return self.microbatch_size * max(layer.workspace_bytes for layer in self.graph.layers[start:end])
+    def gradients_per_step(self, device: DeviceSpec | None) -> bool:
+        """Whether weight gradients live only from a stage's first backward after an update to the update (the
+        profile's ``gradients``, where it applies), rather than for the whole run."""
+        return (device is not None and self.profile_applies(device)
+                and self.profile.gradients == "per_step")  # type: ignore[union-attr]

@@ -1,9 +1,11 @@
 """Measured layer profiles: the JSON that ``profiles.measure`` writes and ``sim.run --profile`` reads.
 
 The schema is documented in ``profiles/README.md``; this module is its one reader. A profile gives, for one model
-spec on one device, the measured forward and backward time of every layer at a given microbatch size, and
-optionally point-to-point and host-copy measurements. Times replace the roofline estimate of ``sim.cost.model`` on ranks
-whose device name matches the profile's ``device``.
+spec on one device, the measured forward and backward time of every layer at a given microbatch size, optionally
+the memory of every layer (:class:`LayerMemory`: what its forward keeps for the backward, its transients, its
+parameter, gradient and optimizer-state bytes) and how long gradients live (``gradients``), and optionally
+point-to-point and host-copy measurements. Times and memory replace the models of ``sim.cost.oracle`` on ranks whose
+device name matches the profile's ``device``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text
 
-__all__ = ["LayerTiming", "MeasuredProfile", "load_profile", "profile_document", "PROFILE_FORMAT_VERSION"]
+__all__ = ["LayerTiming", "LayerMemory", "MeasuredProfile", "load_profile", "profile_document", "layer_memory_fields",
+           "PROFILE_FORMAT_VERSION", "MEMORY_FIELDS", "GRADIENT_LIFETIMES"]
 
 PROFILE_FORMAT_VERSION = 1
 
@@ -40,6 +43,55 @@ class LayerTiming:
     opt_s: float = 0.0
 
 
+#: The per-layer memory fields of a profile, all bytes for one microbatch of the profile's size (the state fields for
+#: the layer's parameters): a profile has all of them on every layer or none.
+MEMORY_FIELDS = ("activation_bytes", "retained_bytes", "forward_transient_bytes", "backward_transient_bytes",
+                 "first_backward_bytes", "input_backward_bytes", "weight_backward_bytes", "deferred_bytes", "param_bytes", "gradient_bytes", "deferred_gradient_bytes",
+                 "optimizer_bytes")
+#: Fields ``profiles.measure`` wrote before memory was measured, for information only: alone they are no memory.
+_EARLIER_FIELDS = ("activation_bytes", "param_bytes")
+#: How long weight gradients live: ``resident`` (a persistent buffer, Megatron's contiguous gradient buffer, DDP's
+#: buckets) or ``per_step`` (allocated by a stage's first backward after an update and freed by the update, as
+#: PyTorch's ``zero_grad(set_to_none=True)`` does: the executor's).
+GRADIENT_LIFETIMES = ("resident", "per_step")
+
+
+@dataclass(frozen=True)
+class LayerMemory:
+    """Measured memory of one layer (``profiles.layer_memory`` says how), bytes.
+
+    Attributes:
+        output_bytes: the layer's output for one microbatch (the profile's ``activation_bytes``): what the next
+            layer, or the next stage, receives.
+        retained_bytes: what one microbatch's forward keeps until its backward (output and saved tensors, the input
+            excluded).
+        forward_transient_bytes: held only while one microbatch's forward runs.
+        backward_transient_bytes: held only while one microbatch's backward runs, weight gradients excluded.
+        first_backward_bytes: the most one microbatch's backward holds above its starting level when it makes the
+            weight gradients (none existed), those gradients included.
+        input_backward_bytes: the most a split backward's I holds above its starting level.
+        weight_backward_bytes: the same for its W.
+        deferred_bytes: what a split backward's I keeps for its W (the weight GEMMs' inputs and output gradients).
+        param_bytes: the layer's parameters as run.
+        gradient_bytes: its weight gradients.
+        deferred_gradient_bytes: those of them a split backward's W makes (the weight GEMMs'), the rest its I.
+        optimizer_bytes: its optimizer state after a step (Adam's two moments, and its step counters).
+    """
+
+    output_bytes: int
+    retained_bytes: int
+    forward_transient_bytes: int
+    backward_transient_bytes: int
+    first_backward_bytes: int
+    input_backward_bytes: int
+    weight_backward_bytes: int
+    deferred_bytes: int
+    param_bytes: int
+    gradient_bytes: int
+    deferred_gradient_bytes: int
+    optimizer_bytes: int
+
+
 @dataclass(frozen=True)
 class MeasuredProfile:
     """A measured profile.
@@ -52,6 +104,8 @@ class MeasuredProfile:
         layers: timings in layer order.
         p2p_latency_s: fitted point-to-point latency α in s, if measured.
         p2p_bandwidth: fitted point-to-point bandwidth in bytes/s, if measured.
+        memory: per layer, its measured memory (:class:`LayerMemory`), or ``None`` when not measured.
+        gradients: how long weight gradients live where the profile applies (:data:`GRADIENT_LIFETIMES`).
     """
 
     source: str
@@ -61,6 +115,8 @@ class MeasuredProfile:
     layers: tuple[LayerTiming, ...]
     p2p_latency_s: float | None = None
     p2p_bandwidth: float | None = None
+    memory: tuple[LayerMemory, ...] | None = None
+    gradients: str = "resident"
 
 
 def _number(data: dict[str, Any], key: str, where: str, *, required: bool = True) -> float | None:
@@ -100,6 +156,11 @@ def load_profile(path: str | Path) -> MeasuredProfile:
             raise SpecError(f"{where}: expected an object with a name")
         layers.append(LayerTiming(entry["name"], _number(entry, "fwd_s", where), _number(entry, "bwd_s", where),
                                   _number(entry, "opt_s", where, required=False) or 0.0))
+    memory = _layer_memory(layers_raw, source)
+    gradients = data.get("gradients", "resident")
+    if gradients not in GRADIENT_LIFETIMES:
+        raise SpecError(f"profile {source}: gradients must be one of {', '.join(GRADIENT_LIFETIMES)}, got "
+                        f"{gradients!r}")
     p2p = data.get("p2p") or {}
     if not isinstance(p2p, dict):
         raise SpecError(f"profile {source}: p2p must be an object")
@@ -109,7 +170,38 @@ def load_profile(path: str | Path) -> MeasuredProfile:
         # Host-memory figures (two CPU processes over loopback, p2p.device "cpu") say nothing about GPU-to-GPU
         # links, and the reverse; such transfers keep the topology's link model.
         latency = bandwidth = None
-    return MeasuredProfile(source, data["model"], data["device"], mbs, tuple(layers), latency, bandwidth)
+    return MeasuredProfile(source, data["model"], data["device"], mbs, tuple(layers), latency, bandwidth, memory,
+                           gradients)
+
+
+def layer_memory_fields(memory: LayerMemory) -> dict[str, int]:
+    """One layer's memory as the profile's fields (:data:`MEMORY_FIELDS`; the output is ``activation_bytes``, the
+    name ``profiles.measure`` has always written it under); the inverse of what :func:`load_profile` reads."""
+    values = dict(zip(MEMORY_FIELDS, (memory.output_bytes, memory.retained_bytes, memory.forward_transient_bytes,
+                                      memory.backward_transient_bytes, memory.first_backward_bytes,
+                                      memory.input_backward_bytes, memory.weight_backward_bytes,
+                                      memory.deferred_bytes, memory.param_bytes, memory.gradient_bytes,
+                                      memory.deferred_gradient_bytes, memory.optimizer_bytes)))
+    return values
+
+
+def _layer_memory(layers_raw: list[dict[str, Any]], source: str) -> tuple[LayerMemory, ...] | None:
+    """The layers' memory fields (:data:`MEMORY_FIELDS`), all of them on every layer, or ``None`` when no layer has
+    any but those written before memory was measured (``param_bytes``, ``activation_bytes``); SpecError naming the layer and field when some are missing or not a non-negative integer."""
+    if not any(key in entry for entry in layers_raw for key in MEMORY_FIELDS if key not in _EARLIER_FIELDS):
+        return None
+    found = []
+    for i, entry in enumerate(layers_raw):
+        where = f"profile {source}, layers[{i}]"
+        values = []
+        for key in MEMORY_FIELDS:
+            value = entry.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SpecError(f"{where}: {key} must be a non-negative integer number of bytes, got {value!r} "
+                                f"(a profile's memory fields are on every layer or on none)")
+            values.append(value)
+        found.append(LayerMemory(*values))
+    return tuple(found)
 
 
 def _p2p_measured_on_profile_device(p2p_device: Any, device: str) -> bool:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import SpecError
-from sim.cost.oracle import CostOracle, state_bytes_per_param
+from sim.cost.memory_sizes import state_bytes_per_param
+from sim.cost.oracle import CostOracle
 from sim.csp.problem import PREFETCH_POLICIES, CspProblem, StageMemoryModel
 from sim.hw.topology import Topology
 from sim.ir.plan import Placement, Plan
@@ -247,7 +248,7 @@ def csp_problem(plan: Plan, setup: CspSetup) -> CspProblem:
         fwd.append(row_f)
         bwd.append(row_b)
         upd.append(row_u)
-        held.append(tuple(oracle.activation_bytes(start, end) for start, end in stage_layers))
+        held.append(tuple(oracle.memory.activation_bytes(start, end) for start, end in stage_layers))
     oracle = CostOracle(graph, size, None, topology)
     cut_bytes = [oracle.boundary_bytes(end) for _, end in stage_layers[:-1]]
 

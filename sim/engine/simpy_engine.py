@@ -246,7 +246,11 @@ class _Run(CommProcesses):
     def _end_compute(self, rank: int, op: Op) -> None:
         """Free what the ledger says the op frees when it ends (its workspace; a microbatch's activations after its
         last backward op)."""
-        self.memory[rank] -= self.ledgers[rank // self.plan.num_ranks].end(op)
+        freed = self.ledgers[rank // self.plan.num_ranks].end(op)
+        if freed >= 0:
+            self.memory[rank] -= freed
+        else:  # it leaves more than it frees (an I keeping its W's inputs): a new high may be reached
+            self._allocate(rank, -freed, op)
 
     def _take(self, rank: int, op: Op) -> None:
         """Apply the ledger's start of ``op`` on simulated rank ``rank``: free what it releases, then allocate."""

@@ -67,8 +67,13 @@ class MemoryEffect(StrEnum):
     KEEP_ACTIVATIONS = "keep_activations"
     #: rebuilds the activations a recomputed microbatch did not keep, right before its backward
     REBUILD_ACTIVATIONS = "rebuild_activations"
-    #: frees the microbatch's activations when it is the microbatch's last backward op (B unless a W follows; W)
+    #: frees the microbatch's activations (B)
     RELEASE_ACTIVATIONS = "release_activations"
+    #: frees the microbatch's activations but keeps what its W needs: the weight GEMMs' inputs and output gradients
+    #: (I, zero bubble's split backward)
+    DEFER_WEIGHT_GRADIENTS = "defer_weight_gradients"
+    #: frees what the microbatch's I kept for it (W)
+    RELEASE_DEFERRED = "release_deferred"
     #: the weight update: under weight stashing, retires the version its microbatch ran on and keeps the new one
     UPDATE_WEIGHTS = "update_weights"
     #: brings the stage's weights onto the device (a stage that lives in host memory)
@@ -93,6 +98,9 @@ class OpSemantics:
             added by the lowering.
         memory: what it allocates or frees beyond its workspace.
         workspace: it holds its vstage's transient workspace while it runs.
+        backward: it is part of a backward pass (B, I, W): its workspace is the backward's, and it writes weight
+            gradients, whose buffers exist from the first such op after an update where they are not kept for the
+            whole run.
     """
 
     action: Action
@@ -101,6 +109,7 @@ class OpSemantics:
     scheduled: bool
     memory: MemoryEffect
     workspace: bool
+    backward: bool = False
 
     @property
     def compute(self) -> bool:
@@ -108,8 +117,9 @@ class OpSemantics:
         return self.action is Action.COMPUTE
 
 
-def _compute(memory: MemoryEffect, *, scheduled: bool = True, workspace: bool = True) -> OpSemantics:
-    return OpSemantics(Action.COMPUTE, "compute", True, scheduled, memory, workspace)
+def _compute(memory: MemoryEffect, *, scheduled: bool = True, workspace: bool = True,
+             backward: bool = False) -> OpSemantics:
+    return OpSemantics(Action.COMPUTE, "compute", True, scheduled, memory, workspace, backward)
 
 
 def _issued(action: Action, stream: str, memory: MemoryEffect = MemoryEffect.NONE) -> OpSemantics:
@@ -122,9 +132,9 @@ _TP = OpSemantics(Action.TP_COLLECTIVE, "tp", True, False, MemoryEffect.NONE, Fa
 #: handler for its action refuses it by name.
 OP_SEMANTICS: dict[OpKind, OpSemantics] = {
     OpKind.F: _compute(MemoryEffect.KEEP_ACTIVATIONS),
-    OpKind.B: _compute(MemoryEffect.RELEASE_ACTIVATIONS),
-    OpKind.I: _compute(MemoryEffect.NONE),
-    OpKind.W: _compute(MemoryEffect.RELEASE_ACTIVATIONS),
+    OpKind.B: _compute(MemoryEffect.RELEASE_ACTIVATIONS, backward=True),
+    OpKind.I: _compute(MemoryEffect.DEFER_WEIGHT_GRADIENTS, backward=True),
+    OpKind.W: _compute(MemoryEffect.RELEASE_DEFERRED, backward=True),
     OpKind.R: _compute(MemoryEffect.REBUILD_ACTIVATIONS),
     OpKind.OPT_STEP: _compute(MemoryEffect.UPDATE_WEIGHTS, scheduled=False, workspace=False),
     OpKind.SEND_F: _issued(Action.SEND, "send"),

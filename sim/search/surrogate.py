@@ -247,7 +247,7 @@ class Surrogate:
                 if self.parallel.tp > 1:
                     self.F[p, k, 1:] += np.cumsum(self._tensor_parallel_s(p, k))
                 self.O[p, k, 1:] = np.cumsum(costs.opt)
-        self.W = np.concatenate(([0.0], np.cumsum([oracle.param_bytes(i, i + 1) for i in range(n)])))
+        self.W = np.concatenate(([0.0], np.cumsum([oracle.memory.param_bytes(i, i + 1) for i in range(n)])))
         self.R0, self.R1 = np.zeros((pp, kinds)), np.zeros((pp, kinds))
         if self.parallel.dp > 1:
             low = max(1, int(self.W[-1] // len(self.to_rank)))

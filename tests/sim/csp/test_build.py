@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from sim.core.errors import SpecError
-from sim.cost.oracle import state_bytes_per_param
+from sim.cost.memory_sizes import state_bytes_per_param
 from sim.csp.build import CspInputs, build_csp_plan, build_csp_problem, check_csp_plan
 from sim.csp.rules import csp_pick, subnet_table
 from sim.ir.plan import Op, Placement, Plan

@@ -49,12 +49,14 @@ def test_the_derived_sets_are_the_documented_ones():
 
 
 def test_memory_effects_pair_up():
-    """Every effect that allocates has the effect that frees it: activations kept by F are released by the last
-    backward op (B, or W after an I); weights loaded by PREFETCH are unloaded by EVICT."""
+    """Every effect that allocates has the effect that frees it: activations kept by F are released by B, or by I
+    which keeps what its W needs and W frees; weights loaded by PREFETCH are unloaded by EVICT."""
     effects = {semantics.memory for semantics in OP_SEMANTICS.values()}
     assert MemoryEffect.KEEP_ACTIVATIONS in effects and MemoryEffect.RELEASE_ACTIVATIONS in effects
     assert MemoryEffect.LOAD_WEIGHTS in effects and MemoryEffect.UNLOAD_WEIGHTS in effects
-    assert OP_SEMANTICS[OpKind.I].memory is MemoryEffect.NONE  # the W after it frees
+    assert OP_SEMANTICS[OpKind.I].memory is MemoryEffect.DEFER_WEIGHT_GRADIENTS
+    assert OP_SEMANTICS[OpKind.W].memory is MemoryEffect.RELEASE_DEFERRED
+    assert {kind for kind, s in OP_SEMANTICS.items() if s.backward} == {OpKind.B, OpKind.I, OpKind.W}
     assert {kind for kind, s in OP_SEMANTICS.items() if s.workspace} == SCHEDULED_KINDS
 
 

@@ -118,7 +118,7 @@ def test_the_data_parallel_update_is_the_oracles_collective_on_the_stages_bytes(
                 block = blocks.blocks[blocks.own.index(kinds[p])]
                 device = oracle.device_of(block[0])
                 step = sum(oracle.layer_costs(device).opt[start:end]) + oracle.step_overhead_s(device)
-                reduce = oracle.collective("all_reduce", (block,), oracle.param_bytes(start, end)).seconds
+                reduce = oracle.collective("all_reduce", (block,), oracle.memory.param_bytes(start, end)).seconds
                 expected.append(step + reduce)
             value = updates_only.value_and_grad(np.array((cut, 12 - cut), float), np.eye(2)[list(kinds)], None)[0]
             assert value == pytest.approx(max(expected), rel=0.01)

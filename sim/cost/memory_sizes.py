@@ -1,0 +1,203 @@
+"""The memory of a model's layer ranges, bytes: what the memory ledger (``sim.cost.ledger``) sizes its rules with.
+
+Every size is the model's (``sim.models``: ``Layer.saved_bytes``, ``workspace_bytes``, the parameter counts), or,
+where a measured profile applies to the device asked about and holds memory (``profiles.layer_memory``), the
+measured bytes: per-microbatch figures scaled by this microbatch size over the profile's, state figures as measured.
+Without a device the model's sizes are given. Training state per parameter follows ZeRO's accounting (Rajbhandari
+et al., arXiv 1910.02054 §3.1: weights and gradients in the training dtype, Adam's two moments and, below fp32, a
+master copy in fp32; under ZeRO-1 the optimizer state split over the data-parallel replicas, §5.1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from sim.cost.profile import LayerMemory
+from sim.hw.catalog import DeviceSpec
+from sim.models.graph import LayerGraph
+
+__all__ = ["MemorySizes", "state_bytes_per_param", "layer_input_bytes"]
+
+
+def state_bytes_per_param(dtype_bytes: int, optimizer_shards: int = 1) -> float:
+    """Training-state bytes per parameter: weights + gradients in the training dtype, Adam m and v in fp32, and an
+    fp32 master copy when training in lower precision (ZeRO §3.1: 2 + 2 + 12 = 16 for fp16). Under ZeRO-1 each of
+    ``optimizer_shards`` replicas keeps ``1/optimizer_shards`` of the optimizer state (ZeRO §5.1: 2 + 2 + 12/N_d)."""
+    master = 4 if dtype_bytes < 4 else 0
+    optimizer = 8 + master
+    if optimizer_shards == 1:
+        return 2 * dtype_bytes + optimizer
+    return 2 * dtype_bytes + optimizer / optimizer_shards
+
+
+def layer_input_bytes(graph: LayerGraph, i: int) -> int:
+    """Bytes per sample flowing into layer i (the model input for a source layer)."""
+    incoming = [data["bytes"] for _, _, data in graph.graph.in_edges(i, data=True)]
+    return sum(incoming) if incoming else graph.input_bytes
+
+
+class MemorySizes:
+    """Bytes of layer ranges of one model at one microbatch size (module docstring).
+
+    Args:
+        graph: the model.
+        microbatch_size: samples per microbatch.
+        optimizer_shards: data-parallel replicas the optimizer state is split over (ZeRO-1), 1 without.
+        measured: the measured per-layer memory that applies to a device, or ``None`` (the cost oracle's
+            :meth:`~sim.cost.oracle.CostOracle.measured_memory`, which checks the profile against the model).
+        measured_microbatch_size: the microbatch size the measured figures are for (the profile's).
+    """
+
+    def __init__(self, graph: LayerGraph, microbatch_size: int, optimizer_shards: int,
+                 measured: Callable[[DeviceSpec | None], tuple[LayerMemory, ...] | None],
+                 measured_microbatch_size: int = 1) -> None:
+        self.graph, self.microbatch_size, self.optimizer_shards = graph, microbatch_size, optimizer_shards
+        self.measured_memory = measured
+        self.measured_microbatch_size = measured_microbatch_size
+
+    def _scaled(self, nbytes: int) -> int:
+        """Bytes of one microbatch of this oracle's size, from a figure measured at the profile's size (rounded up)."""
+        return -(-nbytes * self.microbatch_size // self.measured_microbatch_size)
+
+    def param_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+        """Weight bytes of layers ``[start, end)`` (what a PREFETCH or EVICT of them moves)."""
+        measured = self.measured_memory(device)
+        if measured is not None:
+            return sum(layer.param_bytes for layer in measured[start:end])
+        return sum(layer.param_bytes for layer in self.graph.layers[start:end])
+
+    def gradient_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+        """Weight-gradient bytes of layers ``[start, end)`` (in the training dtype, one per parameter)."""
+        measured = self.measured_memory(device)
+        if measured is not None:
+            return sum(layer.gradient_bytes for layer in measured[start:end])
+        return self.graph.dtype_bytes * sum(self.graph.param_count(i) for i in range(start, end))
+
+    def deferred_gradient_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+        """Of :meth:`gradient_bytes`, those a split backward's W makes (the weight GEMMs'), measured; 0 where nothing
+        was measured (the I then makes them all)."""
+        measured = self.measured_memory(device)
+        return 0 if measured is None else sum(layer.deferred_gradient_bytes for layer in measured[start:end])
+
+    def state_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+        """Training state of layers ``[start, end)`` in bytes: weights, gradients, optimizer state (under ZeRO-1
+        this replica's share of the optimizer state, rounded up)."""
+        measured = self.measured_memory(device)
+        if measured is not None:
+            optimizer = sum(layer.optimizer_bytes for layer in measured[start:end])
+            return (sum(layer.param_bytes + layer.gradient_bytes for layer in measured[start:end])
+                    + math.ceil(optimizer / self.optimizer_shards))
+        per_param = state_bytes_per_param(self.graph.dtype_bytes, self.optimizer_shards)
+        return math.ceil(sum(self.graph.param_count(i) for i in range(start, end)) * per_param)
+
+    def input_bytes(self, start: int, device: DeviceSpec | None = None) -> int:
+        """Bytes of one microbatch's input to a stage that begins at layer ``start``: what it received, or the model
+        input for the first stage."""
+        measured = self.measured_memory(device)
+        if measured is not None and start > 0:
+            return self._scaled(measured[start - 1].output_bytes)
+        received = self.graph.boundary_bytes(start) if start > 0 else self.graph.input_bytes
+        return self.microbatch_size * received
+
+    def checkpoint_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+        """Bytes one in-flight microbatch of layers ``[start, end)`` keeps from forward to backward under full
+        recomputation: every layer's input, as Megatron-LM's ``uniform`` method with one layer per checkpoint and
+        torchtitan's per-block ``full`` activation checkpointing keep them (each layer is rebuilt from its own input
+        during the backward, one at a time: :meth:`rebuilt_bytes`). A tensor that feeds two layers of the range is
+        counted for each (exact for a chain of layers; an overcount where a graph branches)."""
+        measured = self.measured_memory(device)
+        if measured is not None:
+            return self.input_bytes(start, device) + sum(self._scaled(measured[i - 1].output_bytes)
+                                                         for i in range(start + 1, end))
+        received = self.input_bytes(start)
+        within = sum(layer_input_bytes(self.graph, i) for i in range(start + 1, end))
+        return received + self.microbatch_size * within
+
+    def rebuilt_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+        """Bytes one recomputed microbatch of layers ``[start, end)`` holds again during its backward: the saved
+        tensors of one layer at a time, the largest of them (a layer's are freed by its backward before the next
+        layer is rebuilt)."""
+        measured = self.measured_memory(device)
+        if measured is not None:
+            return max(self._scaled(layer.retained_bytes) for layer in measured[start:end])
+        return self.microbatch_size * max(layer.saved_bytes for layer in self.graph.layers[start:end])
+
+    def activation_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+        """Bytes one in-flight microbatch keeps on the device from the forward of layers ``[start, end)`` to their
+        backward: the stage's input (a layer's saved bytes include its output, not its input) and every layer's."""
+        measured = self.measured_memory(device)
+        if measured is not None:
+            kept = sum(self._scaled(layer.retained_bytes) for layer in measured[start:end])
+            return self.input_bytes(start, device) + kept
+        saved = sum(layer.saved_bytes for layer in self.graph.layers[start:end])
+        return self.input_bytes(start) + self.microbatch_size * saved
+
+    def workspace_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+        """Transient bytes while one forward (or recompute) of layers ``[start, end)`` runs: the largest layer's."""
+        measured = self.measured_memory(device)
+        if measured is not None:
+            return max(self._scaled(layer.forward_transient_bytes) for layer in measured[start:end])
+        return self.microbatch_size * max(layer.workspace_bytes for layer in self.graph.layers[start:end])
+
+    def backward_workspace_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+        """Transient bytes while one backward op of layers ``[start, end)`` runs, beyond the weight gradients: the
+        largest layer's (the model's forward workspace, where nothing was measured)."""
+        measured = self.measured_memory(device)
+        if measured is not None:
+            return max(self._scaled(layer.backward_transient_bytes) for layer in measured[start:end])
+        return self.workspace_bytes(start, end)
+
+    def backward_peak_bytes(self, start: int, end: int, device: DeviceSpec | None = None, *,
+                            new_gradients: bool = False) -> int:
+        """How far above its starting level a full backward (B) of layers ``[start, end)`` peaks, bytes, beyond the
+        gradient buffers it makes (``new_gradients``: the stage's first backward since its update creates them;
+        they stay after it). The backward goes from the last layer to the first: at layer i it holds i's transient
+        and the gradients made so far (i's included), and has freed the activations of the layers after i. Negative
+        when the peak is below the starting level (the activations freed outweigh what is made)."""
+        measured = self.measured_memory(device)
+        size = self.microbatch_size
+        peak: int | None = None
+        made = freed = 0
+        for i in reversed(range(start, end)):
+            if measured is not None:
+                layer_memory = measured[i]
+                kept, gradients = self._scaled(layer_memory.retained_bytes), layer_memory.gradient_bytes
+                # A first backward makes each gradient from the computed one (measured with it included); a later
+                # one adds a temporary into it (measured without the gradient).
+                holds = (self._scaled(layer_memory.first_backward_bytes) if new_gradients
+                         else self._scaled(layer_memory.backward_transient_bytes))
+            else:
+                layer = self.graph.layers[i]
+                kept, gradients = size * layer.saved_bytes, self.graph.dtype_bytes * self.graph.param_count(i)
+                holds = size * layer.workspace_bytes + (gradients if new_gradients else 0)
+            value = holds + made - freed  # the gradients of the layers after i are made already
+            peak = value if peak is None else max(peak, value)
+            made += gradients if new_gradients else 0
+            freed += kept
+        assert peak is not None, "an empty layer range"
+        return peak - made
+
+    def input_backward_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+        """The most a split backward's I of layers ``[start, end)`` holds above its starting level: the largest
+        layer's, measured; where nothing was measured, the backward's workspace."""
+        measured = self.measured_memory(device)
+        if measured is None:
+            return self.backward_workspace_bytes(start, end)
+        return max(self._scaled(layer.input_backward_bytes) for layer in measured[start:end])
+
+    def weight_backward_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+        """The most a split backward's W of layers ``[start, end)`` holds above its starting level: the largest
+        layer's, measured; where nothing was measured, the backward's workspace."""
+        measured = self.measured_memory(device)
+        if measured is None:
+            return self.backward_workspace_bytes(start, end)
+        return max(self._scaled(layer.weight_backward_bytes) for layer in measured[start:end])
+
+    def deferred_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int | None:
+        """Bytes a split backward's I of layers ``[start, end)`` keeps for its W (the weight GEMMs' inputs and
+        output gradients), measured; ``None`` where nothing was measured (the ledger then keeps the activations)."""
+        measured = self.measured_memory(device)
+        if measured is None:
+            return None
+        return sum(self._scaled(layer.deferred_bytes) for layer in measured[start:end])
