@@ -4,6 +4,7 @@ after every op is counted and set beside the memory ledger's replay with a profi
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -113,6 +114,8 @@ def test_one_rank_memory_after_every_op_is_the_ledgers(tmp_path, measured, sched
     batches = [synthetic_batch(built.graph.spec, 1, seed=0, index=j) for j in range(3)]
     inputs, targets = [x for x, _ in batches], [y for _, y in batches]
     interpreter.run_iteration(inputs, targets)  # Adam's state exists from here on, as in a measured iteration
+    # Garbage other tests left in reference cycles would be collected during the iteration and counted as freed.
+    gc.collect()
     counter = StorageCounter()
     counter.track(live_tensors())
     peaks: dict[str, int] = {}
