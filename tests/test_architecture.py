@@ -59,6 +59,16 @@ INTERNAL_ENTRY_POINTS = frozenset({"executor.launch"})
 ENGINES = ("sim.engine", "sim.csp.simulate", "sim.csp.baselines")
 
 
+#: Lines past which a module fails the suite. Modules are meant to hold one concept in 100-500 lines (the style
+#: guide); a hard cap at that size made people squeeze docstrings and split by line count rather than by concept, so
+#: the count is printed and watched (as tinygrad prints its line counts) and only a module far out fails.
+MAX_MODULE_LINES = 800
+#: How many of the longest modules the end-of-run summary lists.
+SHOWN = 10
+#: Where the length test leaves the longest modules for the summary (tests/conftest.py prints them).
+LONGEST_MODULES = pytest.StashKey[list[tuple[str, int]]]()
+
+
 def module_name(root: Path, path: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -69,6 +79,16 @@ def module_name(root: Path, path: Path) -> str:
 def collect_modules(root: Path) -> dict[str, Path]:
     """Every module of the project's packages, by dotted name."""
     return {module_name(root, path): path for package in PACKAGES for path in sorted((root / package).rglob("*.py"))}
+
+
+def module_lengths(root: Path) -> dict[str, int]:
+    """Lines of every module of the tree at ``root``, by dotted name."""
+    return {name: len(path.read_text().splitlines()) for name, path in collect_modules(root).items()}
+
+
+def over_the_limit(lengths: dict[str, int]) -> dict[str, int]:
+    """The modules of ``lengths`` over :data:`MAX_MODULE_LINES` lines."""
+    return {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES}
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -179,9 +199,12 @@ def test_every_module_is_seen_and_every_sim_package_has_a_floor():
             assert name.count(".") == 1 or floor_of(name)[0] != "sim", f"{name} is not in a floor of SIM_FLOORS"
 
 
-def test_no_module_is_over_400_lines():
-    long = {name: len(path.read_text().splitlines()) for name, path in collect_modules(ROOT).items()}
-    assert {name: n for name, n in long.items() if n > 400} == {}
+def test_no_module_is_over_800_lines(request: pytest.FixtureRequest):
+    """Module length is watched, not squeezed: the longest modules are printed at the end of the run (tests/conftest.py,
+    section "longest modules"), and only a module far past the style guide's ~500 (MAX_MODULE_LINES) fails."""
+    lengths = module_lengths(ROOT)
+    request.config.stash[LONGEST_MODULES] = sorted(lengths.items(), key=lambda item: (-item[1], item[0]))[:SHOWN]
+    assert over_the_limit(lengths) == {}
 
 
 # --- and each rule catches a planted violation -------------------------------------------------------------------
@@ -224,11 +247,10 @@ def test_a_planted_violation_is_caught(tree: Path, module: str, line: str, expec
     assert any(expected in problem for problem in found), found
 
 
-def test_a_planted_module_over_400_lines_is_caught(tree: Path):
+def test_a_planted_module_over_800_lines_is_caught(tree: Path):
     path = tree / "sim" / "core" / "errors.py"
-    path.write_text(path.read_text() + "\n" * 400)
-    long = {name for name, path in collect_modules(tree).items() if len(path.read_text().splitlines()) > 400}
-    assert long == {"sim.core.errors"}
+    path.write_text(path.read_text() + "\n" * MAX_MODULE_LINES)
+    assert set(over_the_limit(module_lengths(tree))) == {"sim.core.errors"}
 
 
 # --- at run time: sim loads neither torch nor matplotlib until a chart is drawn ------------------------------------
