@@ -38,7 +38,8 @@ from experiments.sim_vs_real import run_module
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 from sim.report.png import figure_png
 

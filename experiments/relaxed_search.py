@@ -42,7 +42,7 @@ from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.hw.topology import Topology
-from sim.plan.build import plan_layout
+from sim.plan.layout import plan_layout
 from sim.report.png import figure_png
 from sim.search.evaluate import Evaluation, evaluate
 from sim.search.fast import EXACT, FastEvaluator

@@ -35,7 +35,8 @@ from experiments.vtrain_fit import FITTED, fit_kernel_model, kernel_model_yaml
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text, write_bytes_atomic, write_text_atomic
 from sim.cost.gpu_time import KernelModel, default_kernel_model, load_kernel_model
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 from sim.report.png import figure_png
 

@@ -37,7 +37,8 @@ from pathlib import Path
 from experiments.schedule_cases import GPT, Case, add_cases_flag, chosen_cases
 from sim.core.cli import CliParser
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 from sim.report.png import figure_png
 

@@ -34,7 +34,7 @@ _EXPORTS = {
     "Sharding": "sim.models.sharding", "collective_cost": "sim.cost.collectives",
     "CostOracle": "sim.cost.oracle", "CostModel": "sim.cost.model", "MeasuredProfile": "sim.cost.profile",
     "load_profile": "sim.cost.profile",
-    "PlanInputs": "sim.plan.build", "BuiltPlan": "sim.plan.build", "build_plan": "sim.plan.build",
+    "PlanInputs": "sim.plan.inputs", "BuiltPlan": "sim.plan.build", "build_plan": "sim.plan.build",
     "SimResult": "sim.engine.simpy_engine", "simulate": "sim.engine.simpy_engine",
     "Prediction": "sim.predict", "predict": "sim.predict",
 }

@@ -66,7 +66,8 @@ from sim.hw.topology import Topology
 from sim.ir.plan import Plan
 from sim.ir.trace import Trace
 from sim.models import build_model
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.plan.partition import balanced_counts
 
 __all__ = ["bare_replay", "reference_balanced_counts", "reference_dp", "reference_stage_cost", "main"]

@@ -22,7 +22,8 @@ from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_at
 from sim.hw.topology import format_topology_list
 from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.models import build_model, format_model_list
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.plan.memory_fit import memory_remedies, memory_report
 from sim.predict import predict
 from sim.report.outputs import format_summary, write_run_outputs

@@ -33,7 +33,8 @@ from sim.engine.simpy_engine import simulate
 from sim.ir.plan import Placement
 from sim.models.graph import LayerGraph
 from sim.models.supernet import Supernet, subnet_layer_costs
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 
 __all__ = ["BASELINES", "BaselineRun", "run_baseline", "flush_baseline", "pipedream_baseline",
            "stage_supernet_bytes", "stage_subnet_bytes"]

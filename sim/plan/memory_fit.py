@@ -14,7 +14,7 @@ whose peak fits:
 * half the microbatch size with twice the microbatches (the global batch kept);
 * 1F1B instead of GPipe (p − r microbatches in flight instead of m).
 
-Each remedy is a set of :class:`~sim.plan.build.PlanInputs` changes, described in the library's own terms
+Each remedy is a set of :class:`~sim.plan.inputs.PlanInputs` changes, described in the library's own terms
 (``recompute="full"``, ``tp=4``); the command line translates them into flags.
 """
 
@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from sim.core.errors import SpecError
 from sim.cost.ledger import program_order_peaks
 from sim.cost.model import replica_views
-from sim.plan.build import BuiltPlan, PlanInputs, build_plan
+from sim.plan.build import BuiltPlan, build_plan
+from sim.plan.inputs import PlanInputs
 
 __all__ = ["MemoryReport", "Remedy", "memory_report", "memory_remedies"]
 

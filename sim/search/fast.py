@@ -24,7 +24,8 @@ from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
 from sim.models import build_model
-from sim.plan.build import build_plan, place_layers, plan_layout, plan_microbatches
+from sim.plan.build import build_plan, place_layers
+from sim.plan.layout import plan_layout, plan_microbatches
 from sim.search.critical_path import CompiledPlan, NotCompilable, compile_plan
 from sim.search.evaluate import Evaluation, evaluate, memory_verdict
 from sim.search.space import Candidate, SearchProblem

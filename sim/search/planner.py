@@ -42,7 +42,8 @@ from sim.ir.plan import OpKind, Placement, Plan
 from sim.ir.weight_versions import add_stash_optimizer_steps
 from sim.models import build_model
 from sim.models.graph import LayerGraph
-from sim.plan.build import place_layers, plan_layout, plan_microbatches
+from sim.plan.build import place_layers
+from sim.plan.layout import plan_layout, plan_microbatches
 from sim.plan.lower import add_recompute
 from sim.schedules import SCHEDULES
 from sim.search.space import Candidate, SearchProblem

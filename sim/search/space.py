@@ -3,7 +3,7 @@
 A :class:`Candidate` is one point of the space: tensor × data × pipeline degrees over every device of the topology,
 microbatch size (the microbatch count follows from the global batch), schedule and its chunks, recomputation,
 sequence parallelism, ZeRO stage, how ranks nest over the devices (placement) and the partition rule. It turns into
-the same :class:`~sim.plan.build.PlanInputs` that ``sim.run`` builds from its flags, so a candidate is costed by the
+the same :class:`~sim.plan.inputs.PlanInputs` that ``sim.run`` builds from its flags, so a candidate is costed by the
 one prediction path and its plan runs in ``executor.run`` as is.
 
 :func:`enumerate_candidates` lists the space in a fixed order. Points that differ only in a choice with no effect
@@ -24,7 +24,7 @@ from sim.core.errors import SpecError
 from sim.cost.gpu_time import KernelModel
 from sim.hw.topology import Topology
 from sim.ir.parallel import DEFAULT_RANK_ORDER, RANK_ORDERS, Parallelism
-from sim.plan.build import PlanInputs
+from sim.plan.inputs import PlanInputs
 from sim.schedules import SCHEDULES
 from sim.search.placement import MAX_PLACEMENTS, stage_placements
 

@@ -61,7 +61,8 @@ from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
 from sim.models import build_model
-from sim.plan.build import place_layers, plan_layout, plan_microbatches
+from sim.plan.build import place_layers
+from sim.plan.layout import plan_layout, plan_microbatches
 from sim.schedules import SCHEDULES
 from sim.search.placement import realise
 from sim.search.planner import FILL

@@ -15,7 +15,8 @@ from executor.interpreter import RankInterpreter
 from executor.nn.optim import make_optimizer
 from executor.nn.stages import boundary_specs, build_stage, loss_fn, synthetic_batch
 from executor.reference import train_reference
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.run import main as sim_main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,8 @@ from executor.calibration import (
 from sim.cost.profile import load_profile
 from sim.ir.plan import OpKind
 from sim.ir.trace import Span, Trace
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 
 SPEC = "gpt:heads=2,hidden=32,layers=2,seq=8,vocab=50"
 

@@ -5,7 +5,8 @@ import pytest
 from executor.clock import ClockOffset
 from executor.compare import median_iteration
 from executor.measured import RankReport, iteration_times, measured_trace
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 
 
 def _plan():

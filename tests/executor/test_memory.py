@@ -9,7 +9,8 @@ import torch
 
 from executor.compare import format_memory_line, memory_report
 from executor.memory import CPU_METHOD, PeakMemory, StorageCounter, live_tensors
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.run import main as sim_main
 from tests.executor.conftest import CSP_SPEC
 from tests.executor.runs import execute, refused

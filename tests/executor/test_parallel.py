@@ -12,7 +12,8 @@ from executor.parallel import Place, microbatch_index
 from executor.reference import train_reference
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import TP_KINDS, OpKind
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.plan.validate import PlanError
 from sim.run import main as sim_main
 from tests.executor.runs import SPEC, edited_plan, refused

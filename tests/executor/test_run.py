@@ -154,7 +154,8 @@ def test_a_plan_on_a_slowed_cpu_runs_on_the_cpu(tmp_path):
     # A topology file's slowdown: makes rank 1 a slowed copy of cpu; the executor runs it on the cpu (and
     # --slowdown emulates the rest), not as a GPU plan that would ask for CUDA or warn.
     from executor.run import _planned_devices
-    from sim.plan.build import PlanInputs, build_plan
+    from sim.plan.build import build_plan
+    from sim.plan.inputs import PlanInputs
 
     topology = tmp_path / "mixed.yaml"
     topology.write_text("nodes:\n  - {device: cpu, count: 2}\nslowdown: {1: 2}\n")

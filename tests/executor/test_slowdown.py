@@ -15,7 +15,8 @@ from executor.options import RunOptions
 from executor.slowdown import STRETCHED_KINDS, describe_slowdown, parse_slowdown, slowdown_record, stretch
 from sim.core.errors import SpecError
 from sim.ir.plan import OpKind
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.report.chrome_trace import read_chrome_trace
 from sim.run import main as sim_main
 from tests.executor.conftest import CSP_SPEC

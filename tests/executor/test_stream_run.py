@@ -80,7 +80,8 @@ def test_a_live_source_paces_the_first_stage_and_the_compare_has_the_step_times(
 def test_a_cuda_graphs_plan_is_refused_on_nccl_and_runs_eagerly_with_a_warning_on_gloo(capsys):
     from executor.run import _check_cuda_graphs
     from sim.core.errors import SpecError
-    from sim.plan.build import PlanInputs, build_plan
+    from sim.plan.build import build_plan
+    from sim.plan.inputs import PlanInputs
 
     plan = build_plan(PlanInputs(model=MODEL, topology="2xV100", schedule="stream", microbatches=4,
                                  cuda_graphs=True)).plan

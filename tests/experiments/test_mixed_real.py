@@ -23,7 +23,8 @@ from experiments.mixed_real import (
 from experiments.run import main as experiments_main
 from sim.hw.catalog import get_device, slowed_device
 from sim.hw.topology import Topology
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.search.settings import load_settings
 from tests.executor.runs import SPEC
 

@@ -153,7 +153,8 @@ def test_every_multi_node_run_fits_in_the_a100s_80_gb(tmp_path):
     find each within 80 GB. The peak is the ledger replayed in program order, which equals the engine's
     (tests/sim/cost/test_ledger.py), so no plan needs simulating."""
     from sim.cost.ledger import program_order_peaks
-    from sim.plan.build import PlanInputs, build_plan
+    from sim.plan.build import build_plan
+    from sim.plan.inputs import PlanInputs
 
     for run in load_runs(MULTI):
         built = build_plan(PlanInputs(model=run.model, topology=topology_of(run, tmp_path), schedule="1f1b",

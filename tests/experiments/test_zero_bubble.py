@@ -9,7 +9,8 @@ import csv
 import pytest
 
 from experiments.run import main as run_main
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 from tests.experiments.refusal import refused
 

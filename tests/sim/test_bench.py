@@ -51,7 +51,7 @@ def test_3d_bench_times_the_plan_and_checks_the_symmetry(capsys):
     from argparse import Namespace
 
     from sim.bench import _run_3d
-    from sim.plan.build import PlanInputs
+    from sim.plan.inputs import PlanInputs
 
     small = PlanInputs(model="gpt:layers=8,hidden=512,heads=8,seq=128,vocab=1024", topology="2x8xA100",
                        schedule="1f1b", microbatch_size=2, recompute=True, tp=2, dp=2, pp=4, global_batch=32)

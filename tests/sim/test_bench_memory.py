@@ -6,7 +6,7 @@ import pytest
 
 from sim.bench_memory import main, measure
 from sim.core.errors import SpecError
-from sim.plan.build import plan_op_count
+from sim.plan.limits import plan_op_count
 
 
 def test_each_size_is_measured_in_its_own_child_and_the_ratios_close_the_report(capsys):

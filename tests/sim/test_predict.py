@@ -3,7 +3,8 @@ for something else is refused rather than used."""
 
 import pytest
 
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 
 

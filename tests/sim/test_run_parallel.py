@@ -7,7 +7,8 @@ import json
 import pytest
 
 from sim.ir.plan import Plan
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.run import main
 
 GPT = "gpt:layers=8,hidden=256,heads=8,seq=64,vocab=512"

@@ -6,7 +6,8 @@ import pytest
 
 from sim.core.errors import SpecError
 from sim.hw.catalog import get_device
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 
 MODEL = "cnn:layers=10,features=16,kernel=5,size=64"

@@ -12,7 +12,8 @@ from sim.cost.model import replica_views
 from sim.engine.simpy_engine import simulate
 from sim.ir.ops import OP_SEMANTICS, MemoryEffect, Op, OpKind
 from sim.models import gpt
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 
 
 def test_every_memory_effect_has_a_rule_and_every_rule_a_method():

@@ -14,7 +14,8 @@ from sim.cost.profile import LayerTiming, MeasuredProfile
 from sim.hw.catalog import get_device, slowed_device
 from sim.hw.topology import Topology
 from sim.models import build_model
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 
 GPT = "gpt:layers=2,hidden=512,heads=8,seq=256,vocab=1000"

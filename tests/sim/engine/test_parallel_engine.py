@@ -12,7 +12,8 @@ from sim.cost.kernels import layer_step_kernels
 from sim.hw.topology import Topology
 from sim.models import build_model
 from sim.models.sharding import Sharding
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 from tests.sim.cost.nccl_closed_form import nccl_call_s
 

@@ -16,7 +16,8 @@ import pytest
 from sim.engine.simpy_engine import simulate
 from sim.ir.plan import OpKind
 from sim.ir.weight_versions import weight_versions
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.run import main as sim_main
 
 T_F, T_B = 1e-3, 2e-3

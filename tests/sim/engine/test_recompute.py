@@ -15,7 +15,8 @@ import pytest
 
 from sim.engine.simpy_engine import simulate
 from sim.ir.plan import OpKind, Plan
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.plan.lower import add_recompute
 from sim.plan.validate import validate_l0
 from sim.schedules import SCHEDULES

@@ -12,7 +12,8 @@ import pytest
 
 from sim.engine import simpy_engine
 from sim.engine.simpy_engine import simulate
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 
 
 def _most_live_events(monkeypatch, schedule: str, microbatches: int) -> int:

@@ -12,7 +12,8 @@ from sim.hw.topology import Topology
 from sim.ir.plan import RECV_KINDS, SEND_KINDS, Op, OpKind, Placement, Plan
 from sim.models import build_model
 from sim.models.graph import Layer, LayerGraph
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.plan.lower import add_recompute, lower
 from sim.plan.partition import counts_to_ranges
 from sim.plan.validate import PlanError, validate

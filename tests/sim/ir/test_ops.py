@@ -22,7 +22,8 @@ from sim.ir.ops import (
     stream_of,
 )
 from sim.plan import validate
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.search.critical_path import NotCompilable, compile_plan
 
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from sim.core.errors import SpecError
 from sim.ir.parallel import RANK_ORDERS, Parallelism
 from sim.ir.plan import Plan
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 
 layouts = st.builds(Parallelism, tp=st.integers(1, 4), dp=st.integers(1, 4), pp=st.integers(1, 4),
                     order=st.sampled_from(RANK_ORDERS))

@@ -105,7 +105,8 @@ def test_the_subnet_table_is_written_only_when_present():
 def test_the_streamed_text_is_the_text():
     """``iter_dumps`` pieces join to exactly ``dumps`` (what ``sim.run`` streams to plan.json is the canonical file),
     for lowered plans of every shape: several ranks, empty programs, a subnet table."""
-    from sim.plan.build import PlanInputs, build_plan
+    from sim.plan.build import build_plan
+    from sim.plan.inputs import PlanInputs
 
     for inputs in (PlanInputs("uniform:layers=6", "3xideal", "interleaved", microbatches=6, chunks=2),
                    PlanInputs("uniform:layers=2", "1xideal", "gpipe", microbatches=1)):

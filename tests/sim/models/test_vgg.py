@@ -7,7 +7,8 @@ import pytest
 
 from sim.core.errors import SpecError
 from sim.models import build_model
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 
 # Configuration D written out by hand (Simonyan & Zisserman, arXiv 1409.1556, Table 1): (C_in, C_out, side of the

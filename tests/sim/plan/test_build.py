@@ -8,16 +8,10 @@ from sim.core.errors import SpecError
 from sim.ir.plan import SCHEDULED_KINDS
 from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.models import build_model
-from sim.plan import build
-from sim.plan.build import (
-    MAX_BYTES,
-    MAX_PLAN_OPS,
-    PlanInputs,
-    build_plan,
-    check_plan_size,
-    compute_ops_per_microbatch,
-    plan_op_count,
-)
+from sim.plan import limits
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
+from sim.plan.limits import MAX_BYTES, MAX_PLAN_OPS, check_plan_size, compute_ops_per_microbatch, plan_op_count
 from sim.run import main
 from sim.schedules import SCHEDULES, ScheduleEntry
 
@@ -60,7 +54,7 @@ def test_predicted_op_count_of_a_schedule_file(tmp_path):
 
 
 def test_the_cap_is_the_memory_budget_at_the_measured_bytes_per_op():
-    assert MAX_PLAN_OPS == build.MEMORY_BUDGET_BYTES // build.PEAK_BYTES_PER_OP
+    assert MAX_PLAN_OPS == limits.MEMORY_BUDGET_BYTES // limits.PEAK_BYTES_PER_OP
     graph = build_model("uniform:layers=1")
     # One vstage, one compute op per microbatch: m + 1 ops (the OPT_STEP), so m = MAX - 1 is the largest that fits.
     check_plan_size(graph, MAX_PLAN_OPS - 1, 1, (0,), 1, False)

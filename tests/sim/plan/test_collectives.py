@@ -6,7 +6,8 @@ import pytest
 
 from sim.core.errors import SpecError
 from sim.ir.plan import OpKind
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 
 GPT = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128"

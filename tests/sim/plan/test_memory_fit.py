@@ -6,7 +6,8 @@ from dataclasses import replace
 import pytest
 
 from sim.engine.simpy_engine import OutOfMemoryError
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.plan.memory_fit import _candidates, memory_remedies, memory_report
 from sim.predict import predict
 

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from sim.engine.simpy_engine import simulate
 from sim.ir.trace import STREAMS, Span, Trace
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.report.chrome_trace import _flow_ends, to_chrome_trace, write_chrome_trace
 
 floats = st.floats(min_value=0.0, max_value=1e12, allow_nan=False, allow_infinity=False)

@@ -5,7 +5,8 @@ activations."""
 
 import pytest
 
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 
 FWD_MS, BWD_MS = 1.0, 2.0

@@ -9,7 +9,8 @@ import pytest
 from sim.core.errors import SpecError
 from sim.engine.simpy_engine import simulate
 from sim.ir.plan import OpKind
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.plan.validate import validate
 from sim.schedules import SCHEDULES
 

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.ir.plan import OpKind
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.schedules import SCHEDULES
 from sim.schedules.stream import stream, stream_inputs, stream_steps
 

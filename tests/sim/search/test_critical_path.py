@@ -8,7 +8,8 @@ import pytest
 
 from sim.core.errors import SpecError
 from sim.cost.model import replica_views
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 from sim.predict import predict
 from sim.search.critical_path import NotCompilable, compile_plan
 

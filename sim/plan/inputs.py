@@ -1,0 +1,82 @@
+"""What the user chose, as ``sim.run`` and ``sim.search`` take it: the one record a plan is built from.
+
+Its fields are the command line's flags, one for one, so that a search candidate (``sim.search.space``) and a
+``sim.run`` invocation describe a plan the same way and print back as the same command. Eight of them (``tp``,
+``dp``, ``pp``, ``rank_order``, ``sequence_parallel``, ``zero``, ``grad_overlap``, ``devices``) are the user's side of
+:class:`sim.ir.parallel.Parallelism`; :func:`sim.plan.layout.plan_layout` is the one place they become one, checked
+against the topology (``pp`` may be left to it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.cost.gpu_time import KernelModel
+from sim.ir.parallel import DEFAULT_RANK_ORDER
+
+__all__ = ["PlanInputs"]
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """The user's choices, as given on the command line.
+
+    Attributes:
+        model: model spec, e.g. ``"gpt:layers=48,hidden=2048"``.
+        topology: topology spec, e.g. ``"16xV100"``.
+        schedule: schedule name (ignored when ``schedule_file`` is set).
+        microbatches: microbatches per iteration (``None``: 8, or inferred from ``schedule_file``).
+        microbatch_size: samples per microbatch.
+        partition: ``uniform``, ``balanced`` or comma-separated layer counts per stage.
+        profile: path of a measured profile JSON, or ``None`` for roofline costs.
+        schedule_file: path of a compute-only schedule CSV to use instead of a generator.
+        chunks: model chunks (virtual stages) per rank, for schedules that interleave them (``--chunks``).
+        recompute: ``"full"`` (or ``True``): recompute every stage's forward before its backward (``--recompute``);
+            ``"selective"``: only the attention core (``--recompute selective``, Korthikanti et al. §5); ``"none"``
+            (or ``False``).
+        vertical_sync: every stage uses stage 0's weight version per microbatch (``--vertical-sync``, stash only).
+        tp: tensor-parallel degree (``--tp``).
+        dp: data-parallel degree (``--dp``).
+        pp: pipeline ranks (``--pp``); ``None``: the devices left, ``devices // (tp · dp)``.
+        global_batch: samples per iteration over all replicas (``--global-batch``): the microbatch count is
+            ``global_batch / (microbatch_size · dp)``.
+        rank_order: nesting of the ranks, innermost first (``--rank-order``, default Megatron's ``tp-dp-pp``).
+        sequence_parallel: Megatron's sequence parallelism (``--sequence-parallel``).
+        zero: ZeRO stage, 0 or 1 (``--zero``).
+        grad_overlap: reduce gradients in buckets during the last backward (``--grad-overlap``).
+        devices: the device of each position of the rank order (``--devices``, a permutation; ``()``: in order).
+        kernel_model: the GPU kernel model's software constants (default: the built-in, fitted ones).
+        fps: ``--schedule stream`` only: the live source's rate, frames/s (``--fps``; ``None``: frames whenever the
+            pipeline asks for one).
+        cuda_graphs: ``--schedule stream`` only: each step captured as a CUDA graph (``--cuda-graphs``; costed by
+            :class:`~sim.cost.oracle.CostOracle`'s ``cuda_graphs``), on GPUs and without a measured profile.
+    """
+
+    model: str
+    topology: str
+    schedule: str = "1f1b"
+    microbatches: int | None = None
+    microbatch_size: int = 1
+    partition: str = "balanced"
+    profile: str | None = None
+    schedule_file: str | None = None
+    chunks: int = 1
+    recompute: bool | str = False
+    vertical_sync: bool = False
+    tp: int = 1
+    dp: int = 1
+    pp: int | None = None
+    global_batch: int | None = None
+    rank_order: str = DEFAULT_RANK_ORDER
+    sequence_parallel: bool = False
+    zero: int = 0
+    grad_overlap: bool = False
+    kernel_model: KernelModel | None = None
+    devices: tuple[int, ...] = ()
+    fps: float | None = None
+    cuda_graphs: bool = False
+
+    @property
+    def recompute_mode(self) -> str:
+        """``"none"``, ``"full"`` or ``"selective"``."""
+        return {False: "none", True: "full"}.get(self.recompute, self.recompute)  # type: ignore[arg-type]

@@ -1,0 +1,60 @@
+"""The tensor × data × pipeline layout and the microbatch count a plan's inputs ask for, checked against the
+topology: where :class:`~sim.plan.inputs.PlanInputs`' flags become a :class:`~sim.ir.parallel.Parallelism`.
+
+``build_plan`` derives both first; the search's fast paths (``sim.search.fast``, ``planner``, ``dp``) derive them
+the same way for candidates they cost without building a whole plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sim.core.errors import SpecError
+from sim.hw.topology import Topology
+from sim.ir.parallel import Parallelism
+from sim.plan.inputs import PlanInputs
+
+__all__ = ["plan_layout", "plan_microbatches", "plan_is_pipeline_only"]
+
+
+def plan_is_pipeline_only(layout: Parallelism, topology: Topology) -> bool:
+    """A pure pipeline over every device of the topology: what plans were before 3D layouts."""
+    return layout.is_pure_pipeline and layout.pp == topology.num_ranks
+
+
+def plan_layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
+    """The tensor × data × pipeline layout the user asked for, checked against the topology's device count."""
+    devices = topology.num_ranks
+    # The layout checks its own fields (one line naming the flag and value) before they are multiplied here.
+    asked = Parallelism(tp=inputs.tp, dp=inputs.dp, pp=1 if inputs.pp is None else inputs.pp,
+                        order=inputs.rank_order, sequence_parallel=inputs.sequence_parallel, zero=inputs.zero,
+                        grad_overlap=inputs.grad_overlap)
+    if inputs.devices and len(inputs.devices) != asked.tp * asked.dp * (inputs.pp or 1) and inputs.pp is not None:
+        raise SpecError(f"--devices lists {len(inputs.devices)} devices, --tp {asked.tp} × --dp {asked.dp} × --pp "
+                        f"{inputs.pp} uses {asked.tp * asked.dp * inputs.pp}")
+    if asked.tp * asked.dp > devices:
+        raise SpecError(f"--tp {asked.tp} × --dp {asked.dp} = {asked.tp * asked.dp} devices, topology {topology} "
+                        f"has {devices}")
+    pp = inputs.pp if inputs.pp is not None else devices // (asked.tp * asked.dp)
+    if asked.tp * asked.dp * pp > devices:
+        raise SpecError(f"--tp {asked.tp} × --dp {asked.dp} × --pp {pp} = {asked.tp * asked.dp * pp} devices, "
+                        f"topology {topology} has {devices}")
+    return replace(asked, pp=pp, devices=tuple(inputs.devices))
+
+
+def plan_microbatches(inputs: PlanInputs, layout: Parallelism) -> int | None:
+    """Microbatches per iteration: ``--microbatches``, or ``--global-batch / (--microbatch-size · --dp)``, which
+    must be whole; ``None`` when neither is given."""
+    if inputs.global_batch is None:
+        return inputs.microbatches
+    g, b, d = inputs.global_batch, inputs.microbatch_size, layout.dp
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+        raise SpecError(f"--global-batch must be an integer >= 1, got {g!r}")
+    if g % (b * d):
+        raise SpecError(f"--global-batch {g} is not a whole number of microbatches of --microbatch-size {b} on "
+                        f"--dp {d} replicas ({g} / ({b} × {d}) = {g / (b * d):g})")
+    m = g // (b * d)
+    if inputs.microbatches is not None and inputs.microbatches != m:
+        raise SpecError(f"--microbatches {inputs.microbatches} disagrees with --global-batch {g} = {m} microbatches × "
+                        f"{b} samples × {d} replicas; give one of them")
+    return m
