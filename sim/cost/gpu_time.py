@@ -41,7 +41,10 @@ from functools import cache, lru_cache
 from importlib.resources import files
 
 from sim.core.errors import SpecError
-from sim.cost import kernels as K
+from sim.cost.kernels.block import layer_step_kernels
+from sim.cost.kernels.optimizer import optimizer_kernels
+from sim.cost.kernels.record import Kernel
+from sim.cost.kernels.vocab import embedding_kernels, head_kernels
 from sim.hw.catalog import DeviceSpec, load_yaml
 from sim.models.graph import TransformerPart
 
@@ -116,7 +119,7 @@ def default_kernel_model() -> KernelModel:
     return load_kernel_model(path.read_text(encoding="utf-8"), str(path))
 
 
-def kernel_seconds(kernel: K.Kernel, device: DeviceSpec, model: KernelModel) -> float:
+def kernel_seconds(kernel: Kernel, device: DeviceSpec, model: KernelModel) -> float:
     """GPU time of one kernel on ``device``, s (module docstring), including the gap after it."""
     memory = kernel.bytes / (device.memory_bandwidth * model.memory_efficiency)
     compute = 0.0
@@ -163,7 +166,7 @@ class LayerSeconds:
 _BLOCK_COLLECTIVE_AFTER = {"attention_output", "mlp_down", "qkv_wgrad", "mlp_up_wgrad"}
 
 
-def _steps(kernels: tuple[K.Kernel, ...], device: DeviceSpec, model: KernelModel, tp: int,
+def _steps(kernels: tuple[Kernel, ...], device: DeviceSpec, model: KernelModel, tp: int,
            collective_after: set[str], extra_collectives: int = 0) -> list[tuple[float, float]]:
     steps = []
     for kernel in kernels:
@@ -183,19 +186,19 @@ def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, devic
     b, s, h, a, t = microbatch_size, part.seq, part.hidden, part.heads, part.tp
     sp, vocab = part.sequence_parallel, part.vocab
     if part.part == "block":
-        fwd_k, bwd_k = K.layer_step_kernels(b, s, h, a, t, sequence_parallel=sp,
+        fwd_k, bwd_k = layer_step_kernels(b, s, h, a, t, sequence_parallel=sp,
                                             recompute="selective" if selective_recompute else "none")
         fwd = _steps(fwd_k, device, model, t, _BLOCK_COLLECTIVE_AFTER)
         bwd = _steps(bwd_k, device, model, t, _BLOCK_COLLECTIVE_AFTER)
     elif part.part == "embedding":
-        fwd = _steps(K.embedding_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=False), device, model, t,
+        fwd = _steps(embedding_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=False), device, model, t,
                      set(), extra_collectives=1)
-        bwd = _steps(K.embedding_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=True), device, model, t,
+        bwd = _steps(embedding_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=True), device, model, t,
                      set())
     else:  # the head: the vocabulary-parallel cross entropy's three all-reduces, the input gradient's one
-        fwd = _steps(K.head_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=False), device, model, t,
+        fwd = _steps(head_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=False), device, model, t,
                      set(), extra_collectives=3)
-        bwd = _steps(K.head_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=True), device, model, t,
+        bwd = _steps(head_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=True), device, model, t,
                      set(), extra_collectives=1)
     return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
 
@@ -206,5 +209,5 @@ def optimizer_seconds(params: float, device: DeviceSpec, model: KernelModel, dty
     count = math.ceil(params)
     if count <= 0:
         return 0.0
-    kernels = K.optimizer_kernels(count, dtype_bytes=dtype_bytes)
+    kernels = optimizer_kernels(count, dtype_bytes=dtype_bytes)
     return sequence_seconds([(model.host_issue_s, kernel_seconds(k, device, model)) for k in kernels])

@@ -25,7 +25,9 @@ from sim.cost.gpu_time import (
     sequence_seconds,
     transformer_layer_seconds,
 )
-from sim.cost.kernels import Kernel, layer_step_kernels, optimizer_kernels
+from sim.cost.kernels.block import layer_step_kernels
+from sim.cost.kernels.optimizer import optimizer_kernels
+from sim.cost.kernels.record import Kernel
 from sim.hw.catalog import DeviceSpec
 from sim.models.graph import TransformerPart
 

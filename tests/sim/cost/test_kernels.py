@@ -10,16 +10,11 @@ FLOPs); GPT-2 small's published per-block parameter count.
 import pytest
 
 from sim.core.errors import SpecError
-from sim.cost.kernels import (
-    KINDS,
-    block_kernels,
-    block_parameters,
-    embedding_kernels,
-    fused_softmax_available,
-    head_kernels,
-    layer_step_kernels,
-    optimizer_kernels,
-)
+from sim.cost.kernels.attention import fused_softmax_available
+from sim.cost.kernels.block import block_kernels, block_parameters, layer_step_kernels
+from sim.cost.kernels.optimizer import optimizer_kernels
+from sim.cost.kernels.record import KINDS
+from sim.cost.kernels.vocab import embedding_kernels, head_kernels
 
 # (b, s, h, a, t): small, GPT-2-like, vTrain-like and GPT-3 175B-like shards
 SHAPES = [(1, 128, 64, 4, 1), (2, 1024, 768, 12, 1), (4, 2048, 1024, 16, 2), (1, 2048, 2048, 16, 4),

@@ -8,7 +8,7 @@ import pytest
 
 from sim.core.errors import SpecError
 from sim.cost.gpu_time import default_kernel_model, kernel_seconds
-from sim.cost.kernels import layer_step_kernels
+from sim.cost.kernels.block import layer_step_kernels
 from sim.hw.topology import Topology
 from sim.models import build_model
 from sim.models.sharding import Sharding

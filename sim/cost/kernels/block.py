@@ -1,0 +1,121 @@
+"""One decoder block on one tensor-parallel rank, in execution order: Megatron's pre-LN block, its column- and
+row-parallel linears around the attention core and the MLP; its parameter count; and what a recompute mode re-runs
+before the block's backward (Korthikanti et al. §5)."""
+
+from __future__ import annotations
+
+from sim.core.errors import SpecError
+from sim.cost.kernels.attention import attention_core
+from sim.cost.kernels.elementwise import dropout_add, layer_norm, residual_grad_add
+from sim.cost.kernels.record import ADD_FLOPS, GELU_FLOPS, Kernel, check, gemm, mem
+
+__all__ = ["block_kernels", "block_parameters", "layer_step_kernels", "RECOMPUTE_MODES"]
+
+#: What ``layer_step_kernels`` may recompute: nothing, the attention core (selective), or the whole block (full).
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def _linear(name: str, tokens: int, n_in: int, n_out: int, db: int, backward: bool, fused_bias: bool) -> list[Kernel]:
+    """Y[T×out] = X[T×in]·W[in×out]; backward: dgrad dX = dY·Wᵀ, wgrad dW = Xᵀ·dY, and the bias gradient, a column
+    sum of dY. Only the QKV linear adds its bias in the GEMM (``fused_bias``); the others are built with
+    ``skip_bias_add`` and leave it to the fused bias+GELU and bias+dropout+add kernels, whose backward yields the same
+    column sum. The wgrad writes dW in the training dtype; Megatron's gradient-accumulation fusion would instead read
+    and write an fp32 main gradient (not modelled here)."""
+    if not backward:
+        return [gemm(name, tokens, n_out, n_in, db, bias=fused_bias)]
+    kernels = [gemm(name + "_dgrad", tokens, n_in, n_out, db), gemm(name + "_wgrad", n_in, n_out, tokens, db)]
+    kernels.append(mem(name + "_bias_grad", "elementwise", tokens * n_out, ADD_FLOPS, (tokens * n_out + n_out) * db))
+    return kernels
+
+
+def _shard(b: int, s: int, h: int, a: int, t: int, sequence_parallel: bool) -> tuple[int, int, int]:
+    """``(tokens, tokens a LayerNorm or dropout sees, hidden size on this rank)`` of a block split ``t`` ways; the
+    sizes checked (heads divide h, the rank count divides the heads, and the sequence under sequence parallelism)."""
+    check(b=b, s=s, h=h, a=a, t=t)
+    if h % a:
+        raise SpecError(f"hidden size {h} is not divisible by the {a} heads")
+    if a % t:
+        raise SpecError(f"{a} heads are not divisible by tensor-parallel degree {t}")
+    if sequence_parallel and s % t:
+        raise SpecError(f"sequence length {s} is not divisible by tensor-parallel degree {t} (sequence parallel)")
+    tokens = b * s
+    return tokens, tokens // t if sequence_parallel else tokens, h // t
+
+
+def block_kernels(b: int, s: int, h: int, a: int, t: int, *, sequence_parallel: bool, backward: bool,
+                  dtype_bytes: int = 2, flash: bool = False) -> tuple[Kernel, ...]:
+    """One decoder block's kernels on one of ``t`` tensor-parallel ranks, in execution order.
+
+    Args:
+        b, s, h, a: microbatch size, sequence length, hidden size, attention heads (FFN hidden 4h).
+        t: tensor-parallel degree: QKV and MLP-up GEMMs split their outputs, the output projection and MLP-down
+            GEMMs their inputs, attention its heads (Megatron's column/row-parallel linears).
+        sequence_parallel: LayerNorms and dropouts work on s/t of the sequence (Korthikanti §4.2.2); without it every
+            rank runs them on the whole b·s·h.
+        backward: the backward pass (the reverse order, each GEMM's dgrad then wgrad) instead of the forward.
+        dtype_bytes: bytes per activation and weight value (2 for fp16/bf16).
+        flash: attention as one FlashAttention kernel instead of QKᵀ, softmax, dropout and attention over V.
+    """
+    check(dtype_bytes=dtype_bytes)
+    tokens, norm_tokens, hp = _shard(b, s, h, a, t, sequence_parallel)
+    db, ap, ffn = dtype_bytes, a // t, 4 * h // t
+    attention = attention_core(b, s, hp, ap, db, flash, backward)
+    if not backward:
+        return tuple([
+            layer_norm("input_layernorm", norm_tokens, h, db, False),
+            *_linear("qkv", tokens, h, 3 * hp, db, False, True),
+            *attention,
+            *_linear("attention_output", tokens, hp, h, db, False, False),
+            dropout_add("attention_dropout_add", norm_tokens, h, db, False),
+            layer_norm("post_attention_layernorm", norm_tokens, h, db, False),
+            *_linear("mlp_up", tokens, h, ffn, db, False, False),
+            mem("bias_gelu", "elementwise", tokens * ffn, GELU_FLOPS, (2 * tokens * ffn + ffn) * db),
+            *_linear("mlp_down", tokens, ffn, h, db, False, False),
+            dropout_add("mlp_dropout_add", norm_tokens, h, db, False),
+        ])
+    return tuple([
+        dropout_add("mlp_dropout_add", norm_tokens, h, db, True),
+        *_linear("mlp_down", tokens, ffn, h, db, True, False),
+        # reads dY and the saved GELU input, writes dX
+        mem("bias_gelu_bwd", "elementwise", tokens * ffn, 2 * GELU_FLOPS, 3 * tokens * ffn * db),
+        *_linear("mlp_up", tokens, h, ffn, db, True, False),
+        layer_norm("post_attention_layernorm", norm_tokens, h, db, True),
+        residual_grad_add("attention_residual_grad_add", norm_tokens, h, db),
+        dropout_add("attention_dropout_add", norm_tokens, h, db, True),
+        *_linear("attention_output", tokens, hp, h, db, True, False),
+        *attention,
+        *_linear("qkv", tokens, h, 3 * hp, db, True, True),
+        layer_norm("input_layernorm", norm_tokens, h, db, True),
+        residual_grad_add("input_residual_grad_add", norm_tokens, h, db),
+    ])
+
+
+def layer_step_kernels(b: int, s: int, h: int, a: int, t: int, *, sequence_parallel: bool, recompute: str = "none",
+                       dtype_bytes: int = 2, flash: bool = False) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """A block's (forward, backward) kernels of one microbatch under a recompute mode; the backward starts with
+    what it recomputes. ``full``: Megatron re-runs the whole block's forward from its checkpointed input before its
+    backward. ``selective`` (Korthikanti §5): it re-runs QKᵀ, softmax, softmax dropout and attention over V; with
+    FlashAttention nothing (the kernel stores no b·a·s² tensor and recomputes its scores in its own backward)."""
+    if recompute not in RECOMPUTE_MODES:
+        raise SpecError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {recompute!r}")
+    kwargs = dict(sequence_parallel=sequence_parallel, dtype_bytes=dtype_bytes, flash=flash)
+    forward = block_kernels(b, s, h, a, t, backward=False, **kwargs)
+    backward = block_kernels(b, s, h, a, t, backward=True, **kwargs)
+    if recompute == "full":
+        again = forward
+    elif recompute == "selective" and not flash:
+        again = tuple(attention_core(b, s, h // t, a // t, dtype_bytes, False, False))
+    else:
+        again = ()
+    return forward, tuple(Kernel("recompute_" + k.name, k.kind, k.flops, k.bytes, k.gemm, k.batch) for k in again) \
+        + backward
+
+
+def block_parameters(h: int, t: int) -> int:
+    """Parameters of one decoder block on one of ``t`` tensor-parallel ranks: the split QKV (3h·h/t + 3h/t), output
+    projection (h·h/t + h), MLP up (4h·h/t + 4h/t) and down (4h·h/t + h) weights and biases (row-parallel biases
+    are whole on every rank), and the two LayerNorms' γ and β (4h)."""
+    check(h=h, t=t)
+    if h % t:
+        raise SpecError(f"hidden size {h} is not divisible by tensor-parallel degree {t}")
+    return 12 * h * h // t + 7 * h // t + 2 * h + 4 * h
