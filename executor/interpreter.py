@@ -11,14 +11,18 @@ describe the same thing:
   Sends are waited on at the end of the iteration (their tensors are kept alive until then). ``sim.plan.validate``
   guarantees the sends on each channel are posted in the order the receives are, which is how point-to-point
   transports (gloo, NCCL) match messages.
-* Adjacent vstages on one rank hand tensors over in memory (a dep, no message). The last vstage's F applies the
-  loss; its B back-propagates it ÷ microbatches, so the gradient is the mean over the iteration's samples, as in
-  single-process training on the whole batch (GPipe §2.2: accumulated over micro-batches and applied once).
-* I and W split the backward (zero-bubble): I computes every gradient but the weights of linear and conv layers,
-  W those later (``executor.nn.split_backward``). R rebuilds the activations of an F that kept only its input.
-* OPT_STEP steps the vstage's optimizer and clears its gradients: once per iteration (flush), after every
-  microbatch under weight stashing (``executor.stash``: F and backward on the microbatch's stashed version) and in
-  a PARTIME stream (``executor.stream_exec``: the backward through the stage's current forward).
+* Adjacent vstages on the same rank hand their tensors over in memory; the lowering gives them a dep and no message.
+* The last vstage's F applies the loss; its B back-propagates from it divided by the number of microbatches, so
+  the accumulated gradient is the mean over the iteration's samples, like single-process training on the whole
+  batch (GPipe, Huang et al. 2019 §2.2: gradients are accumulated over micro-batches and applied once).
+* I and W split the backward (zero-bubble schedules): I computes the input gradient and every gradient except the
+  weights of linear and conv layers, which W computes later (``executor.nn.split_backward``). R rebuilds the forward
+  activations of a microbatch whose F kept only its input (``--recompute``).
+* OPT_STEP steps the vstage's own optimizer and clears its gradients: once per iteration under the flush policy
+  (GPipe, 1F1B); after every microbatch under weight stashing (async PipeDream, ``executor.stash``), where F and its
+  backward run on the weight version stashed for the microbatch and the update lands on the latest weights; and
+  after every backward in a PARTIME stream (``executor.stream_exec``), whose backward runs through the stage's
+  current forward rather than the frame's own.
 * 3D plans (``executor.parallel``): every process of pipeline rank p runs ``plan.programs[p]``, and a SEND/RECV's
   ``peer`` (a pipeline rank) is the process of that pipeline rank in the same replica and tensor shard.
 * TP_F, TP_B, TP_R: the tensor-parallel collectives really run inside the forward, backward and recompute, where the
@@ -28,10 +32,11 @@ describe the same thing:
 * REDUCE_GRAD and GATHER_PARAMS (data parallelism, ``executor.data_parallel``) are issued asynchronously like a
   receive: the OPT_STEP that depends on a REDUCE_GRAD waits for it (its span ends when that wait returns and the
   mean gradient is in place), and a GATHER_PARAMS, which nothing depends on, is waited for at the iteration's end.
-* ``--slowdown``: a slowed process sleeps (factor − 1) × each compute op's duration (``executor.slowdown``).
+* ``--slowdown``: a slowed process sleeps after each compute op for (factor − 1) × its duration, inside the op's
+  span (``executor.slowdown``).
 
-Every op runs inside ``torch.profiler.record_function(op.id)``, so a profiler trace names the IR ops. An op kind with
-no handler is rejected by :func:`check_supported` before anything runs.
+Every op runs inside ``torch.profiler.record_function(op.id)``, so a PyTorch profiler trace of a run names the IR ops.
+An op kind with no handler is rejected by :func:`check_supported` before anything runs.
 """
 
 from __future__ import annotations
@@ -113,8 +118,9 @@ class OpFailure(RuntimeError):
 class OpRecord:
     """When one op ran on this rank, on this rank's clock (``time.perf_counter``, s).
 
-    Compute ops: ``start``/``end`` bracket the work. A SEND: posted, and its handle completed (checked at the end of
-    the iteration: an upper bound). A RECV: posted, and the consumer's wait returned (the data was there).
+    For compute ops ``start``/``end`` bracket the work. For a SEND, ``start`` is when it was posted and ``end`` when
+    its handle completed (checked at the end of the iteration, so an upper bound). For a RECV, ``start`` is when it
+    was posted and ``end`` when the consumer's wait returned, i.e. when the data was there.
     """
 
     op: Op
