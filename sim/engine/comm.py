@@ -1,23 +1,28 @@
-"""The SimPy engine's communication processes: messages, host copies and collectives over the links they hold.
+"""The SimPy engine's communication: messages, host copies and collectives over the links they hold.
 
-A mixin of :class:`sim.engine.simpy_engine._Run` (its state and semantics are documented there): each process waits
-for its op's deps, takes every link its traffic crosses (FIFO mutexes, :class:`Link`, taken in one global order,
-so two holders can never wait on each other), holds them for the op's uncontended duration from the cost view, and
-finishes the op. Bytes carried are counted per link.
+:class:`Communication` is one object the engine's run composes (``sim.engine.simpy_engine``, whose module docstring
+states the semantics). It owns the links (FIFO mutexes, :class:`Link`, taken in one global order, so two holders can
+never wait on each other), the bytes each link carried, the rendezvous of SEND and RECV, and the replicas' arrivals
+at a data-parallel collective. What it reads of the run (the plan, its cost views, the simulated ranks' devices)
+and what it asks of it (wait for an op's deps, finish an op, apply the memory ledger's start and end of a host copy)
+are given to its constructor, nothing else. Each process waits for its op's deps, takes every link its traffic
+crosses, holds them for the op's uncontended duration from the cost view, and finishes the op.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import simpy
 
-from sim.hw.topology import message_time
+from sim.cost.model import CostModel
+from sim.hw.topology import Topology, message_time
 from sim.ir.ops import TP_KINDS, Op, OpKind, op_id
+from sim.ir.plan import Plan
 
-__all__ = ["CommProcesses"]
+__all__ = ["Communication", "Link"]
 
 _Proc = Generator[simpy.Event, Any, None]
 
@@ -76,8 +81,90 @@ class Link:
                     entry[0].succeed()
 
 
-class CommProcesses:
-    """Transfers, host copies and data-parallel collectives of one simulation (mixed into the engine's run)."""
+class Communication:
+    """Transfers, host copies and collectives of one simulation, over the links they hold.
+
+    Args:
+        env: the run's SimPy environment.
+        plan: the plan being simulated.
+        views: one cost view per simulated replica (simulated rank ``i · P + p`` is view i's pipeline rank p).
+        topology: the devices and links.
+        device_index: the device (topology rank) of each simulated rank.
+        suffix: the suffix of each simulated replica's op ids in the run's tables (replica 0's is empty).
+        wait_deps: the run's ``wait_deps(op, suffix)``, a process that returns once every dep of ``op`` is done.
+        finish: the run's ``finish(op, rank, start)``: records the op's span from ``start`` (s) to now, marks it done.
+        take: the run's ``take(rank, op)``: applies the memory ledger's start of ``op`` (what a PREFETCH's buffer
+            allocates from the moment its copy can start).
+        release: the run's ``release(rank, op)``: applies the ledger's end of ``op`` (an EVICT's weights leave).
+        grad_windows: the run's ``(start, end)`` in s of each backward op a REDUCE_GRAD depends on, by op id (with
+            its replica's suffix), filled as they finish; read by an overlapped gradient reduction.
+
+    Attributes:
+        share: per view, the replicas whose copies of one op share links (``None``: this view's ops hold theirs
+            alone); see :class:`Link`.
+        counts_bytes: per view, whether its ops count the bytes they put on links (only the first of several
+            identical replicas does, since each is costed with all of them).
+        tp_links: the links each TP op of each simulated rank holds while it runs (:meth:`_tp_links_to_hold`).
+    """
+
+    def __init__(self, env: simpy.Environment, plan: Plan, views: tuple[CostModel, ...], topology: Topology,
+                 device_index: list[int], suffix: list[str], *,
+                 wait_deps: Callable[[Op, str], Generator[simpy.Event, Any, None]],
+                 finish: Callable[[Op, int, float], None], take: Callable[[int, Op], None],
+                 release: Callable[[int, Op], None], grad_windows: dict[str, tuple[float, float]]) -> None:
+        self.env, self.plan, self.views, self.topology = env, plan, views, topology
+        self.device_index, self.suffix = device_index, suffix
+        self._wait_deps, self._finish, self._take, self._release = wait_deps, finish, take, release
+        self.grad_windows = grad_windows
+        self.instances = len(views) * plan.num_ranks
+        self.links: dict[tuple[str, str], Link] = {}
+        self.link_bytes: dict[tuple[str, str], int] = {}
+        self.issued: dict[int, simpy.Event] = {}  # pair -> "RECV issued" event (its value: the RECV), until used
+        self.arrived: dict[str, list] = {}  # collective op id -> the replicas' ranks that have issued it
+        # Identical replicas simulated one by one (``simulate_all``) are costed with each other's traffic: copies of
+        # one op in them share links (``Link``), and only the first of them counts the bytes all of them move.
+        self.share = [view.concurrent if len(view.concurrent) > 1 and len(views) > 1 else None for view in views]
+        self.counts_bytes = [view.replica == view.concurrent[0] for view in views]
+        self.tp_links = self._tp_links_to_hold()
+
+    # --- what the engine's walkers issue --------------------------------------------------------------------------
+
+    def send(self, rank: int, op: Op) -> None:
+        """Issue a SEND: its transfer starts once the matching RECV is issued and the SEND's deps are done."""
+        self.env.process(self._transfer(rank, op))
+
+    def recv(self, rank: int, op: Op) -> None:
+        """Issue a RECV: tell the matching SEND's transfer it may go (the RECV is finished with it)."""
+        key = self._pair_key(rank, op.pair)  # type: ignore[arg-type]
+        event = self.issued.get(key)
+        if event is None:
+            event = self.issued[key] = self.env.event()
+        event.succeed((rank, op))
+
+    def copy(self, rank: int, op: Op) -> None:
+        """Issue a PREFETCH or EVICT: a host copy over the rank's PCIe path."""
+        self.env.process(self._host_copy(rank, op))
+
+    def collective(self, rank: int, op: Op) -> None:
+        """Issue a data-parallel collective (REDUCE_GRAD, GATHER_PARAMS)."""
+        self.env.process(self._run_collective(rank, op))
+
+    def close(self) -> None:
+        """Drop the environment and everything that holds its events (links, the rendezvous, the arrivals): waiting
+        processes and their events form reference cycles through this object, and a run that has ended frees them
+        now instead of at the next cyclic collection. What the links carried stays (:meth:`carried`)."""
+        self.env = self.links = self.issued = self.arrived = None  # type: ignore[assignment]
+
+    def carried(self, tp_runs: dict[tuple[int, OpKind, int], int]) -> tuple[tuple[tuple[str, str], int], ...]:
+        """``((src, dst), bytes)`` every used link carried, sorted: what the ops counted as they ran, plus the TP
+        collectives', counted once per (view, kind, vstage) from how many ran (``tp_runs``) rather than per op."""
+        link_bytes = dict(self.link_bytes)
+        for (view, kind, vstage), runs in sorted(tp_runs.items()):
+            if not self.counts_bytes[view]:
+                continue
+            for key, nbytes in self.views[view].collective(kind, vstage)[3]:
+                link_bytes[key] = link_bytes.get(key, 0) + nbytes * runs
+        return tuple(sorted(link_bytes.items()))
 
     def _tp_links_to_hold(self) -> dict[tuple[int, OpKind, int], tuple[tuple[str, str], ...]]:
         """The links each TP op must hold: those some other rank's op or any transfer or copy also holds
@@ -128,7 +215,7 @@ class CommProcesses:
         for key, nbytes in link_bytes:
             self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
 
-    def _hold_links(self, keys: tuple[tuple[str, str], ...], duration: float,
+    def hold_links(self, keys: tuple[tuple[str, str], ...], duration: float,
                     link_bytes: tuple[tuple[tuple[str, str], int], ...],
                     share: object = None) -> Generator[simpy.Event, Any, float]:
         """Occupy the links ``keys`` (sorted ``(src, dst)``) for ``duration`` s, then count the bytes ``link_bytes``
@@ -158,7 +245,7 @@ class CommProcesses:
         _, duration, keys, link_bytes = self.views[view].message(send.kind, send.vstage, src % pipeline,
                                                                  dst % pipeline)
         share = self.share[view]
-        start = yield from self._hold_links(keys, duration, link_bytes if self.counts_bytes[view] else (),
+        start = yield from self.hold_links(keys, duration, link_bytes if self.counts_bytes[view] else (),
                                             share and (share, send.kind, send.vstage, send.mb))
         self._finish(send, src, start)
         self._finish(recv, dst, start)
@@ -173,7 +260,7 @@ class CommProcesses:
         if len(members) < len(self.views):
             return  # the last replica to arrive runs it for all
         del self.arrived[collective_id]
-        _, duration, keys, link_bytes = self.costs.collective(op.kind, op.vstage)
+        _, duration, keys, link_bytes = self.views[0].collective(op.kind, op.vstage)
         # Data-parallel reductions queue for their links against each other only (their own lane of each link):
         # they are one op for every replica, while messages are per replica, and a reduction that held a message's
         # link would make simulating the replicas one by one differ from one standing for all, by the order of ties.
@@ -181,7 +268,7 @@ class CommProcesses:
         if op.kind is OpKind.REDUCE_GRAD and self.plan.layout.grad_overlap:
             start = yield from self._overlapped_reduction(op, members, lane, link_bytes)
         else:
-            start = yield from self._hold_links(lane, duration, link_bytes)
+            start = yield from self.hold_links(lane, duration, link_bytes)
         for member in sorted(members):
             self._finish(op, member, start)
 
@@ -195,7 +282,7 @@ class CommProcesses:
         ``max_k (ready_k + (K - k + 1)·T_b)``: the closed form of a two-stage pipeline. The links are held from the
         moment the backward ends, and the last bucket needs T_b after they are granted.
         """
-        buckets, bucket_s = self.costs.gradient_buckets(op.vstage)
+        buckets, bucket_s = self.views[0].gradient_buckets(op.vstage)
         pipeline = self.plan.num_ranks
         windows = [self.grad_windows[op.deps[0] + self.suffix[member // pipeline]] for member in members]
         ready = [max(begin + k * (end - begin) / buckets for begin, end in windows) for k in range(1, buckets + 1)]
@@ -216,6 +303,6 @@ class CommProcesses:
         duration = message_time(path, nbytes)
         self._take(rank, op)  # a PREFETCH's destination buffer exists from the moment the copy can start
         keys = tuple(sorted((link.src, link.dst) for link in path))
-        start = yield from self._hold_links(keys, duration, tuple((key, nbytes) for key in keys))
-        self.memory[rank] -= self.ledgers[rank // self.plan.num_ranks].end(op)  # an EVICT's weights leave the device
+        start = yield from self.hold_links(keys, duration, tuple((key, nbytes) for key in keys))
+        self._release(rank, op)  # an EVICT's weights leave the device
         self._finish(op, rank, start)

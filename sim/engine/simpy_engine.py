@@ -42,7 +42,7 @@ import simpy
 from sim.core.errors import SpecError
 from sim.cost.ledger import MemoryLedger
 from sim.cost.model import CostModel
-from sim.engine.comm import CommProcesses, Link
+from sim.engine.comm import Communication
 from sim.hw.topology import Topology
 from sim.ir.ops import OP_SEMANTICS, Action, handled_kinds, op_id, stream_of
 from sim.ir.plan import Op, OpKind, Plan
@@ -77,14 +77,13 @@ _Proc = Generator[simpy.Event, Any, None]
 _ACTION = {kind: semantics.action for kind, semantics in OP_SEMANTICS.items()}
 #: Actions that block the walker, run inline by ``_Run._walk`` (a nested generator per op would cost ~10 % of a run).
 _INLINE = frozenset({Action.COMPUTE, Action.TP_COLLECTIVE})
-#: Actions the walker issues without blocking, each by the ``_Run`` method named here.
-_ISSUERS = {Action.SEND: "_send", Action.RECV: "_recv", Action.HOST_COPY: "_copy",
-            Action.DP_COLLECTIVE: "_collective"}
+#: Actions the walker issues without blocking, each by the :class:`~sim.engine.comm.Communication` method named here.
+_ISSUERS = {Action.SEND: "send", Action.RECV: "recv", Action.HOST_COPY: "copy", Action.DP_COLLECTIVE: "collective"}
 #: Suffix of a simulated replica's op ids in the engine's tables (replica 0's ids are the plan's own).
 _NO_SUFFIX = ""
 
 
-class _Run(CommProcesses):
+class _Run:
     """The state of one simulation. Built, run once, turned into a :class:`SimResult`.
 
     Memory stays proportional to what is in flight, not to the plan (``python -m sim.bench_memory``): an op's done
@@ -98,7 +97,6 @@ class _Run(CommProcesses):
     def __init__(self, plan: Plan, costs: tuple[CostModel, ...], topology: Topology, check_memory: bool) -> None:
         self.plan, self.topology, self.check_memory = plan, topology, check_memory
         self.views = costs  # one cost view per simulated replica
-        self.costs = costs[0]
         pipeline = plan.num_ranks
         #: Simulated ranks (trace ranks): replica i's pipeline rank p is ``i * pipeline + p``.
         self.instances = len(costs) * pipeline
@@ -106,10 +104,6 @@ class _Run(CommProcesses):
         self.env = simpy.Environment()
         self.events: dict[str, simpy.Event] = {}  # op id -> done event, while waited for or not yet processed
         self.finished: set[str] = set()  # ids of ops whose done event has been processed
-        self.issued: dict[int, simpy.Event] = {}  # pair -> "RECV issued" event (its value: the RECV), until used
-        self.arrived: dict[str, list] = {}  # collective op id -> the replicas' (rank, op) that have issued it
-        self.links: dict[tuple[str, str], Link] = {}
-        self.link_bytes: dict[tuple[str, str], int] = {}
         self.spans: list[Span] = []
         self.position = [0] * self.instances
         self.device_index = [view.device_of(p) for view in costs for p in range(pipeline)]
@@ -123,19 +117,17 @@ class _Run(CommProcesses):
         fps = plan.option("fps") if plan.weight_policy == "stream" else None
         self.arrivals = ({op.id: op.mb / fps for op in plan.programs[plan.placement.vstage_to_rank[0]]  # type: ignore
                           if op.kind is OpKind.F and op.vstage == 0} if fps else {})
-        # Identical replicas simulated one by one (``simulate_all``) are costed with each other's traffic: copies of
-        # one op in them share links (``Link``), and only the first of them counts the bytes all of them move.
-        self.share = [view.concurrent if len(view.concurrent) > 1 and len(costs) > 1 else None for view in costs]
-        self.counts_bytes = [view.replica == view.concurrent[0] for view in costs]
-        self.tp_links = self._tp_links_to_hold()
         # Under overlapped gradient reduction, the (start, end) of each backward op a REDUCE_GRAD depends on.
         self.grad_windows: dict[str, tuple[float, float]] = {}
         self.grad_producers = ({dep + suffix for program in plan.programs for op in program
                                 if op.kind is OpKind.REDUCE_GRAD for dep in op.deps for suffix in self.suffix}
                                if plan.layout.grad_overlap else set())
         self.tp_runs: dict[tuple[int, OpKind, int], int] = {}  # (view, kind, vstage) -> TP ops run
+        self.comm = Communication(self.env, plan, costs, topology, self.device_index, self.suffix,
+                                  wait_deps=self._wait_deps, finish=self._finish, take=self._take,
+                                  release=self._release, grad_windows=self.grad_windows)
         self.issuers: dict[OpKind, Callable[[int, Op], None]] = {
-            kind: getattr(self, _ISSUERS[action]) for kind, action in _ACTION.items() if action in _ISSUERS}
+            kind: getattr(self.comm, _ISSUERS[action]) for kind, action in _ACTION.items() if action in _ISSUERS}
 
     # --- memory ----------------------------------------------------------------------------------------------------
 
@@ -214,7 +206,7 @@ class _Run(CommProcesses):
                 start, duration = self._start_compute(rank, op)
                 if duration > 0:
                     yield self.env.timeout(duration)
-                self._end_compute(rank, op)
+                self._release(rank, op)
                 self._finish(op, rank, start)
             elif action is Action.TP_COLLECTIVE:
                 # Tensor-parallel collectives: the compute stream waits for them (Megatron's f/g operators). The
@@ -222,10 +214,11 @@ class _Run(CommProcesses):
                 if op.deps:
                     yield from self._wait_deps(op, suffix)
                 duration = self.views[rank // pipeline].collective(kind, op.vstage)[1]
-                keys = self.tp_links[(rank, kind, op.vstage)]
+                keys = self.comm.tp_links[(rank, kind, op.vstage)]
                 if keys:
-                    share = self.share[rank // pipeline]
-                    start = yield from self._hold_links(keys, duration, (), share and (share, kind, op.vstage, op.mb))
+                    share = self.comm.share[rank // pipeline]
+                    start = yield from self.comm.hold_links(keys, duration, (),
+                                                            share and (share, kind, op.vstage, op.mb))
                 else:
                     start = self.env.now
                     if duration > 0:
@@ -243,9 +236,9 @@ class _Run(CommProcesses):
         self._take(rank, op)
         return self.env.now, self.views[rank // self.plan.num_ranks].compute_time(op.kind, op.vstage)
 
-    def _end_compute(self, rank: int, op: Op) -> None:
+    def _release(self, rank: int, op: Op) -> None:
         """Free what the ledger says the op frees when it ends (its workspace; a microbatch's activations after its
-        last backward op)."""
+        last backward op; an EVICT's weights)."""
         freed = self.ledgers[rank // self.plan.num_ranks].end(op)
         if freed >= 0:
             self.memory[rank] -= freed
@@ -258,22 +251,6 @@ class _Run(CommProcesses):
         self.memory[rank] -= released
         self._allocate(rank, allocated, op)
 
-    def _send(self, rank: int, op: Op) -> None:
-        self.env.process(self._transfer(rank, op))
-
-    def _recv(self, rank: int, op: Op) -> None:
-        key = self._pair_key(rank, op.pair)  # type: ignore[arg-type]
-        event = self.issued.get(key)
-        if event is None:
-            event = self.issued[key] = self.env.event()
-        event.succeed((rank, op))
-
-    def _copy(self, rank: int, op: Op) -> None:
-        self.env.process(self._host_copy(rank, op))
-
-    def _collective(self, rank: int, op: Op) -> None:
-        self.env.process(self._run_collective(rank, op))
-
     # --- driver ----------------------------------------------------------------------------------------------------
 
     def run(self) -> SimResult:
@@ -284,7 +261,8 @@ class _Run(CommProcesses):
         finally:
             # Waiting processes and their events form reference cycles through this object; dropping them here
             # frees them now instead of at the next cyclic collection (they can be a large part of a long run).
-            self.env = self.events = self.issued = self.links = None  # type: ignore[assignment]
+            self.comm.close()
+            self.env = self.events = None  # type: ignore[assignment]
         pipeline = self.plan.num_ranks
         stuck = [r for r in range(self.instances) if self.position[r] < len(self.plan.programs[r % pipeline])]
         num_ops = sum(len(program) for program in self.plan.programs) * len(self.views)
@@ -292,11 +270,7 @@ class _Run(CommProcesses):
             lines = [f"  rank {r}: stuck at {self.plan.programs[r % pipeline][self.position[r]].id}" for r in stuck]
             raise PlanError("simulation stopped before the plan finished (deadlock)\n" + "\n".join(lines))
         self.finished = set()
-        for (view, kind, vstage), runs in sorted(self.tp_runs.items()):
-            if not self.counts_bytes[view]:
-                continue
-            for key, nbytes in self.views[view].collective(kind, vstage)[3]:
-                self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes * runs
+        link_bytes = self.comm.carried(self.tp_runs)
         devices = [self.topology.devices[d].name for d in self.device_index]
         spans, self.spans = self.spans, []
         meta: dict[str, object] = {"source": "sim", "schedule": self.plan.schedule}
@@ -305,7 +279,7 @@ class _Run(CommProcesses):
             meta["device_of_rank"] = list(self.device_index)
             meta["replicas_simulated"] = [view.replica for view in self.views]
         trace = Trace.from_spans(spans, devices, meta)
-        return SimResult(trace, tuple(self.peak), tuple(sorted(self.link_bytes.items())))
+        return SimResult(trace, tuple(self.peak), link_bytes)
 
 
 def engine_kinds() -> frozenset[OpKind]:

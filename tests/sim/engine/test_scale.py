@@ -22,7 +22,7 @@ def _most_live_events(monkeypatch, schedule: str, microbatches: int) -> int:
 
     def count(run) -> None:
         nonlocal most
-        most = max(most, len(run.events) + len(run.issued))
+        most = max(most, len(run.events) + len(run.comm.issued))
 
     def counting_done_event(self, op_id):
         event = done_event(self, op_id)
@@ -58,4 +58,5 @@ def test_the_run_keeps_no_event_after_it_ends(monkeypatch):
     built = build_plan(PlanInputs("uniform:layers=4", "4xV100", "1f1b", 8))
     simulate(built.plan, built.costs, built.topology)
     (run,) = runs
-    assert run.env is None and run.events is None and run.issued is None and run.spans == [] and not run.finished
+    assert run.env is None and run.events is None and run.spans == [] and not run.finished
+    assert run.comm.env is None and run.comm.issued is None and run.comm.links is None
