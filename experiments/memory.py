@@ -150,7 +150,7 @@ def simulate(part: str, model: str, topology: str, schedule: str, chunks: int, r
         peak = prediction.metrics["devices"][r]["peak_memory_bytes"]
         rows.append(StageRow(part, model, topology, schedule, chunks, recompute, p, m, r, a, c, layer, param, w,
                              sum(costs.state_bytes(v) for v in vstages), peak, n, k, copies,
-                             held + copies * param + w, built.topology.devices[costs.device_of(r)].memory_bytes))
+                             held + copies * param + w, built.topology.devices[costs.device_index_of(r)].memory_bytes))
     return rows
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.core.errors import SpecError
-from sim.cost.model import CostModel, plan_oracle, replica_views
+from sim.cost.model import CostModel, plan_graph, plan_oracle, replica_views
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile
 from sim.csp.build import check_csp_plan, csp_problem
@@ -89,7 +89,8 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         return _predict_csp(plan, topology)
     layout = plan.layout
     if oracle is None:
-        oracle = plan_oracle(plan, profile, topology)
+        oracle = plan_oracle(plan_graph(plan), plan.microbatch_size, profile, topology, layout,
+                             cuda_graphs=bool(plan.option("cuda_graphs", False)))
     elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.optimizer_shards,
           oracle.cuda_graphs) != (plan.model, plan.microbatch_size, profile, topology, layout.dp if layout.zero else 1,
                                   bool(plan.option("cuda_graphs", False))):
@@ -100,7 +101,7 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
                           layout=layout, simulate_all=simulate_all)
     result = simulate(plan, views, topology, check_memory=check_memory)
     cost_source = describe_cost_source(oracle, plan.num_ranks)
-    devices = [view.device_of(p) for view in views for p in range(plan.num_ranks)]
+    devices = [view.device_index_of(p) for view in views for p in range(plan.num_ranks)]
     metrics = compute_metrics(
         result.trace,
         num_microbatches=plan.num_microbatches,
@@ -164,7 +165,7 @@ def describe_cost_source(oracle: CostOracle, num_ranks: int) -> str:
 def _modelled_costs(oracle: CostOracle, ranks: tuple[int, ...]) -> str:
     """How ``ranks`` (no profile applies to them) are costed: the GPU kernel model where the model is a GPT and the
     rank a GPU (``sim.cost.gpu_time``), else the roofline."""
-    gpus = tuple(rank for rank in ranks if oracle.kernel_model_applies(oracle.device_of(rank)))
+    gpus = tuple(rank for rank in ranks if oracle.kernel_model_applies(oracle.device_spec(rank)))
     if not gpus:
         return "roofline"
     if len(gpus) == len(ranks):

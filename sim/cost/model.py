@@ -14,7 +14,11 @@ not simulate separately because they are identical to this one).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sim.core.errors import SpecError
+from sim.cost.collectives import CollectiveCost
+from sim.cost.gpu_time import KernelModel
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile
 from sim.hw.topology import Topology
@@ -24,11 +28,39 @@ from sim.models import build_model
 from sim.models.graph import LayerGraph
 from sim.models.sharding import Sharding
 
-__all__ = ["CostModel", "replica_views", "plan_sharding", "plan_oracle", "GRADIENT_BUCKET_BYTES"]
+__all__ = ["CostModel", "CommCost", "replica_views", "plan_sharding", "plan_graph", "plan_oracle",
+           "GRADIENT_BUCKET_BYTES"]
 
 #: Gradient bytes per bucket when the data-parallel reduction overlaps the backward: PyTorch DDP's default
 #: ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel documentation), 25 MiB.
 GRADIENT_BUCKET_BYTES = 25 * 2**20
+
+#: A directed link, as ``(link.src, link.dst)`` (``sim.hw.topology``).
+LinkKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class CommCost:
+    """What one communication op of a plan costs in a cost view: a message (SEND/RECV) or a collective.
+
+    The view costs the op with every symmetric instance that runs at the same moment (the tensor shards of a stage,
+    the concurrent replicas), so ``seconds`` includes their sharing of links; the engine simulates one instance, which
+    holds only its own links.
+
+    Attributes:
+        nbytes: bytes of the simulated instance's buffer (a collective's: its buffers summed over the collectives it
+            runs one after another), bytes.
+        seconds: uncontended duration, s.
+        held_links: sorted ``(src, dst)`` keys of the links the engine holds while the op runs (the simulated
+            instance's own path or group).
+        bytes_per_link: ``((src, dst), bytes)`` per link, all instances together: what the links carry, bytes (the
+            name and meaning of :attr:`sim.cost.collectives.CollectiveCost.bytes_per_link`).
+    """
+
+    nbytes: int
+    seconds: float
+    held_links: tuple[LinkKey, ...]
+    bytes_per_link: tuple[tuple[LinkKey, int], ...]
 
 
 def plan_sharding(layout: Parallelism, recompute: str) -> Sharding:
@@ -44,14 +76,21 @@ def plan_recompute(plan: Plan) -> str:
     return "selective" if value == "selective" else "full" if value else "none"
 
 
-def plan_oracle(plan: Plan, profile: MeasuredProfile | None, topology: Topology) -> CostOracle:
-    """The cost oracle of ``plan``: its model as one device holds it, at its microbatch size, with ``profile``, on
-    ``topology``, with ZeRO-1's optimizer sharding."""
-    layout = plan.layout
-    graph = build_model(plan.model, plan_sharding(layout, plan_recompute(plan)))
-    return CostOracle(graph, plan.microbatch_size, profile, topology,
-                      optimizer_shards=layout.dp if layout.zero else 1,
-                      cuda_graphs=bool(plan.option("cuda_graphs", False)))
+def plan_graph(plan: Plan) -> LayerGraph:
+    """The model of ``plan`` as one device holds it: its tensor-parallel shard, with the plan's recomputation."""
+    return build_model(plan.model, plan_sharding(plan.layout, plan_recompute(plan)))
+
+
+def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None, topology: Topology,
+                layout: Parallelism, *, cuda_graphs: bool = False,
+                kernel_model: KernelModel | None = None) -> CostOracle:
+    """The cost oracle of a plan: ``graph`` (what one device holds, :func:`plan_graph` for a written plan) at
+    ``microbatch_size`` samples per microbatch, with ``profile``, on ``topology``, with the optimizer state split
+    across the data-parallel replicas under ZeRO-1 (``layout.zero``), a stream's CUDA graphs, and ``kernel_model``
+    (default: the built-in constants; a written plan records none). ``build_plan`` makes its plan's oracle here, and
+    ``sim.predict`` makes a written plan's, so the two are the same oracle."""
+    return CostOracle(graph, microbatch_size, profile, topology, cuda_graphs=cuda_graphs,
+                      optimizer_shards=layout.dp if layout.zero else 1, kernel_model=kernel_model)
 
 
 class CostModel:
@@ -90,8 +129,8 @@ class CostModel:
         self.concurrent = concurrent if concurrent is not None else (replica,)
         #: The device of each pipeline rank in this replica (tensor shard 0 stands for its group).
         self.devices = tuple(layout.device(p, replica, 0) for p in range(layout.pp))
-        self._messages: dict[tuple[OpKind, int, int, int], tuple] = {}
-        self._collective_costs: dict[tuple[OpKind, int], tuple] = {}
+        self._messages: dict[tuple[OpKind, int, int, int], CommCost] = {}
+        self._collective_costs: dict[tuple[OpKind, int], CommCost] = {}
         self._times: list[dict[OpKind, float]] = []
         # Memory per vstage, asked once: the engine reads these for every op.
         oracle = self.oracle
@@ -141,17 +180,17 @@ class CostModel:
             cut = start if kind is OpKind.SEND_B else end
         return self.oracle.boundary_bytes(cut)
 
-    def device_of(self, pipeline_rank: int) -> int:
-        """The device (topology rank) pipeline rank ``pipeline_rank`` of this replica runs on."""
+    def device_index_of(self, pipeline_rank: int) -> int:
+        """The index in ``topology.devices`` (the topology rank) of the device that pipeline rank ``pipeline_rank`` of
+        this replica runs on; :meth:`sim.cost.oracle.CostOracle.device_spec` gives a topology rank's device."""
         return self.devices[pipeline_rank]
 
-    def message(self, kind: OpKind, vstage: int, src: int, dst: int) -> tuple:
-        """``(bytes, s, held links, link bytes)`` of a SEND of ``vstage`` from pipeline rank ``src`` to ``dst``.
+    def message(self, kind: OpKind, vstage: int, src: int, dst: int) -> CommCost:
+        """The cost of a SEND of ``vstage`` from pipeline rank ``src`` to ``dst``.
 
         Every tensor shard of this replica (and of each concurrent replica) sends its own copy at once, so they share
-        links, which the duration ``s`` accounts for; ``held links`` are the sorted ``(src, dst)`` keys of the
-        simulated instance's own path (what the engine occupies), ``link bytes`` is ``((src, dst), bytes)`` per link
-        of all instances together (what the links carry)."""
+        links, which ``seconds`` accounts for; ``held_links`` are the simulated instance's own path (what the engine
+        occupies), ``bytes_per_link`` what all instances together put on each link."""
         key = (kind, vstage, src, dst)
         cost = self._messages.get(key)
         if cost is None:
@@ -161,17 +200,17 @@ class CostModel:
                           for d in self.concurrent for t in range(layout.tp))
             seconds, link_bytes = self.oracle.concurrent_transfer(pairs, nbytes)
             own = self.topology.path(self.devices[src], self.devices[dst])
-            cost = self._messages[key] = (nbytes, seconds, tuple(sorted((link.src, link.dst) for link in own)),
-                                          link_bytes)
+            cost = self._messages[key] = CommCost(nbytes, seconds, tuple(sorted((link.src, link.dst) for link in own)),
+                                                  link_bytes)
         return cost
 
-    def collective(self, kind: OpKind, vstage: int) -> tuple:
-        """``(bytes, s, held links, link bytes)`` of a collective op of ``vstage`` (TP_F, TP_B, TP_R, REDUCE_GRAD,
-        GATHER_PARAMS), with every concurrent group of it running at once (as :meth:`message`; a TP op holds its
-        own group's links, a data-parallel collective, which is one op of every replica, all of its groups').
+    def collective(self, kind: OpKind, vstage: int) -> CommCost:
+        """The cost of a collective op of ``vstage`` (TP_F, TP_B, TP_R, REDUCE_GRAD, GATHER_PARAMS), with every
+        concurrent group of it running at once (as :meth:`message`; a TP op holds its own group's links, a
+        data-parallel collective, which is one op of every replica, all of its groups').
 
         A TP op runs each of the stage's layers' tensor-parallel collectives in turn (all-reduces, or reduce-scatter
-        plus all-gather under sequence parallelism); ``bytes`` is their buffers summed. REDUCE_GRAD all-reduces the
+        plus all-gather under sequence parallelism); ``nbytes`` is their buffers summed. REDUCE_GRAD all-reduces the
         stage's gradients (reduce-scatters them under ZeRO-1), GATHER_PARAMS all-gathers its parameters.
         """
         key = (kind, vstage)
@@ -198,7 +237,7 @@ class CostModel:
                 "reduce_scatter" if layout.zero else "all_reduce")
         return name, groups, self.oracle.memory.param_bytes(start, end)
 
-    def _collective_cost(self, kind: OpKind, vstage: int) -> tuple:
+    def _collective_cost(self, kind: OpKind, vstage: int) -> CommCost:
         layout, oracle = self.layout, self.oracle
         pipeline_rank = self.placement.vstage_to_rank[vstage]
         start, end = self.placement.vstage_layers[vstage]
@@ -302,8 +341,8 @@ class CostModel:
         return self._gradients_per_step[vstage]
 
 
-def _sum_costs(parts: list, held: tuple) -> tuple:
-    """``(bytes, s, held, link bytes)`` of collectives run one after another: ``parts`` is ``(CollectiveCost, times,
+def _sum_costs(parts: list[tuple[CollectiveCost, int, int]], held: tuple[LinkKey, ...]) -> CommCost:
+    """The cost of collectives run one after another, holding ``held``: ``parts`` is ``(CollectiveCost, times,
     buffer bytes)``."""
     nbytes, seconds, links = 0, 0.0, {}
     for cost, times, buffer in parts:
@@ -311,7 +350,7 @@ def _sum_costs(parts: list, held: tuple) -> tuple:
         for key, carried in cost.bytes_per_link:
             links[key] = links.get(key, 0) + carried * times
         nbytes += buffer * times
-    return nbytes, seconds, held, tuple(sorted(links.items()))
+    return CommCost(nbytes, seconds, held, tuple(sorted(links.items())))
 
 
 def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, microbatch_size: int,

@@ -249,14 +249,14 @@ class CostOracle:
 
     # --- ranks of the topology ------------------------------------------------------------------------------------
 
-    def device_of(self, rank: int) -> DeviceSpec:
-        """The device rank ``rank`` runs on."""
+    def device_spec(self, rank: int) -> DeviceSpec:
+        """The device (its catalog entry) that topology rank ``rank`` is."""
         return self.topology.devices[rank]
 
     def stage_compute_s(self, rank: int, start: int, end: int) -> float:
         """Forward plus backward time of layers ``[start, end)`` on ``rank``'s device for one microbatch, s (O(1)
         after the first call per device: prefix sums)."""
-        device = self.device_of(rank)
+        device = self.device_spec(rank)
         prefix = self._prefix.get(device.name)
         if prefix is None:
             costs = self.layer_costs(device)
@@ -274,8 +274,8 @@ class CostOracle:
         The profile's measured ``latency + nbytes / bandwidth`` when both ranks run on the profile's device, else
         :meth:`sim.hw.topology.Topology.transfer_time`; 0 between a rank and itself.
         """
-        if (self._p2p is not None and src_rank != dst_rank and self.profile_applies(self.device_of(src_rank))
-                and self.profile_applies(self.device_of(dst_rank))):
+        if (self._p2p is not None and src_rank != dst_rank and self.profile_applies(self.device_spec(src_rank))
+                and self.profile_applies(self.device_spec(dst_rank))):
             latency, bandwidth = self._p2p
             return latency + nbytes / bandwidth
         if src_rank == dst_rank:
@@ -326,7 +326,7 @@ class CostOracle:
         """
         total = self.topology.num_ranks
         count = total if num_ranks is None else min(num_ranks, total)
-        return tuple(rank for rank in range(count) if self.profile_applies(self.device_of(rank)))
+        return tuple(rank for rank in range(count) if self.profile_applies(self.device_spec(rank)))
 
     def uses_measured_p2p(self, num_ranks: int | None = None) -> bool:
         """Whether some transfer between two of the first ``num_ranks`` ranks takes the profile's measured p2p fit

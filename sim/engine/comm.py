@@ -162,7 +162,7 @@ class Communication:
         for (view, kind, vstage), runs in sorted(tp_runs.items()):
             if not self.counts_bytes[view]:
                 continue
-            for key, nbytes in self.views[view].collective(kind, vstage)[3]:
+            for key, nbytes in self.views[view].collective(kind, vstage).bytes_per_link:
                 link_bytes[key] = link_bytes.get(key, 0) + nbytes * runs
         return tuple(sorted(link_bytes.items()))
 
@@ -180,11 +180,11 @@ class Communication:
             for op in program:
                 kind = op.kind
                 if kind in TP_KINDS:
-                    keys = tp_keys[(rank, kind, op.vstage)] = view.collective(kind, op.vstage)[2]
+                    keys = tp_keys[(rank, kind, op.vstage)] = view.collective(kind, op.vstage).held_links
                     for key in keys:
                         holders.setdefault(key, set()).add(rank)
                 elif kind is OpKind.SEND_F or kind is OpKind.SEND_B:
-                    other.update(view.message(kind, op.vstage, rank % pipeline, op.peer)[2])  # type: ignore[arg-type]
+                    other.update(view.message(kind, op.vstage, rank % pipeline, op.peer).held_links)  # type: ignore[arg-type]
                 elif kind is OpKind.PREFETCH or kind is OpKind.EVICT:
                     device = self.device_index[rank]
                     path = (self.topology.host_to_device_path(device) if kind is OpKind.PREFETCH
@@ -242,10 +242,10 @@ class Communication:
         dst, recv = yield event  # a processed event resumes at once, as in a plain ``yield``
         del self.issued[key]
         view = src // pipeline
-        _, duration, keys, link_bytes = self.views[view].message(send.kind, send.vstage, src % pipeline,
-                                                                 dst % pipeline)
+        cost = self.views[view].message(send.kind, send.vstage, src % pipeline, dst % pipeline)
         share = self.share[view]
-        start = yield from self.hold_links(keys, duration, link_bytes if self.counts_bytes[view] else (),
+        start = yield from self.hold_links(cost.held_links, cost.seconds,
+                                            cost.bytes_per_link if self.counts_bytes[view] else (),
                                             share and (share, send.kind, send.vstage, send.mb))
         self._finish(send, src, start)
         self._finish(recv, dst, start)
@@ -260,15 +260,15 @@ class Communication:
         if len(members) < len(self.views):
             return  # the last replica to arrive runs it for all
         del self.arrived[collective_id]
-        _, duration, keys, link_bytes = self.views[0].collective(op.kind, op.vstage)
+        cost = self.views[0].collective(op.kind, op.vstage)
         # Data-parallel reductions queue for their links against each other only (their own lane of each link):
         # they are one op for every replica, while messages are per replica, and a reduction that held a message's
         # link would make simulating the replicas one by one differ from one standing for all, by the order of ties.
-        lane = tuple((_DP_LANE, key) for key in keys)
+        lane = tuple((_DP_LANE, key) for key in cost.held_links)
         if op.kind is OpKind.REDUCE_GRAD and self.plan.layout.grad_overlap:
-            start = yield from self._overlapped_reduction(op, members, lane, link_bytes)
+            start = yield from self._overlapped_reduction(op, members, lane, cost.bytes_per_link)
         else:
-            start = yield from self.hold_links(lane, duration, link_bytes)
+            start = yield from self.hold_links(lane, cost.seconds, cost.bytes_per_link)
         for member in sorted(members):
             self._finish(op, member, start)
 

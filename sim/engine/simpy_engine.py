@@ -106,7 +106,7 @@ class _Run:
         self.finished: set[str] = set()  # ids of ops whose done event has been processed
         self.spans: list[Span] = []
         self.position = [0] * self.instances
-        self.device_index = [view.device_of(p) for view in costs for p in range(pipeline)]
+        self.device_index = [view.device_index_of(p) for view in costs for p in range(pipeline)]
         self.capacity = [topology.devices[d].memory_bytes for d in self.device_index]
         # What each op allocates and frees (sim.cost.ledger): one ledger per simulated replica, as it keeps counts.
         self.ledgers = [MemoryLedger(plan, view) for view in costs]
@@ -213,7 +213,7 @@ class _Run:
                 # bytes they put on links are counted once per op kind at the end (tp_runs), not per op.
                 if op.deps:
                     yield from self._wait_deps(op, suffix)
-                duration = self.views[rank // pipeline].collective(kind, op.vstage)[1]
+                duration = self.views[rank // pipeline].collective(kind, op.vstage).seconds
                 keys = self.comm.tp_links[(rank, kind, op.vstage)]
                 if keys:
                     share = self.comm.share[rank // pipeline]

@@ -94,7 +94,7 @@ class StageCosts:
         zeros = np.zeros(n + 1)
         self.prefix, self.out, self.inp = [], [], []
         for s, rank in enumerate(ranks):
-            device = oracle.device_of(rank)
+            device = oracle.device_spec(rank)
             if device not in prefixes:  # the oracle costs a layer range by the rank's device alone
                 prefixes[device] = np.array([oracle.stage_compute_s(rank, 0, j) for j in range(n + 1)])
             self.prefix.append(prefixes[device])

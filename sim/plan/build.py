@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
-from sim.cost.model import CostModel, plan_sharding
+from sim.cost.model import CostModel, plan_oracle, plan_sharding
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
@@ -31,7 +31,7 @@ from sim.plan.partition import counts_to_ranges, parse_partition
 from sim.plan.validate import validate, validate_l0
 from sim.schedules import get_schedule
 
-__all__ = ["BuiltPlan", "build_plan", "place_layers", "inputs_oracle"]
+__all__ = ["BuiltPlan", "build_plan", "place_layers"]
 
 #: Options of a plan's generator: (name, value) pairs, recorded in the plan's options.
 _Options = tuple[tuple[str, int | float | bool], ...]
@@ -252,15 +252,6 @@ def _check_cuda_graphs(inputs: PlanInputs, schedule: str, topology: Topology, la
         raise SpecError(f"--cuda-graphs needs GPUs; topology {topology} runs the plan on {', '.join(cpus)}")
 
 
-def inputs_oracle(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
-                  layout: Parallelism) -> CostOracle:
-    """The cost oracle of the plan ``inputs`` describe: its microbatch size, ZeRO sharding of the optimizer, profile
-    and kernel model (:func:`sim.cost.model.plan_oracle` makes the same from a written plan, which records no kernel
-    model)."""
-    return CostOracle(graph, inputs.microbatch_size, profile, topology, cuda_graphs=inputs.cuda_graphs,
-                      optimizer_shards=layout.dp if layout.zero else 1, kernel_model=inputs.kernel_model)
-
-
 def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
                  layout: Parallelism, vstage_to_rank: tuple[int, ...]) -> tuple[CostOracle, Placement]:
     """The cost oracle of a plan (its microbatch size, ZeRO sharding, profile, kernel model) and where its layers
@@ -270,7 +261,8 @@ def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile
     Raises:
         SpecError: the partition does not fit (see :func:`sim.plan.partition.parse_partition`).
     """
-    oracle = inputs_oracle(inputs, graph, profile, topology, layout)
+    oracle = plan_oracle(graph, inputs.microbatch_size, profile, topology, layout, cuda_graphs=inputs.cuda_graphs,
+                         kernel_model=inputs.kernel_model)
     counts = parse_partition(inputs.partition, oracle, len(vstage_to_rank),
                              tuple(layout.device(rank, 0, 0) for rank in vstage_to_rank))
     return oracle, Placement(counts_to_ranges(counts), vstage_to_rank)

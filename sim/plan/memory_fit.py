@@ -85,7 +85,7 @@ def memory_report(built: BuiltPlan) -> MemoryReport:
     views = replica_views(oracle.graph, built.topology, plan.placement, plan.microbatch_size, built.profile,
                           oracle=oracle, layout=plan.layout)
     peaks = program_order_peaks(plan, views)
-    devices = [built.topology.devices[view.device_of(p)] for view in views for p in range(plan.num_ranks)]
+    devices = [built.topology.devices[view.device_index_of(p)] for view in views for p in range(plan.num_ranks)]
     capacities = tuple(device.memory_bytes for device in devices)
     worst = max(range(len(peaks)), key=lambda r: (peaks[r] - capacities[r], -r))
     view = views[worst // plan.num_ranks]

@@ -96,9 +96,9 @@ class CompiledPlan:
             if slot.what == "compute":
                 values[index] = view.compute_time(slot.kind, slot.vstage)
             elif slot.what == "message":
-                values[index] = view.message(slot.kind, slot.vstage, slot.src, slot.dst)[1]
+                values[index] = view.message(slot.kind, slot.vstage, slot.src, slot.dst).seconds
             else:
-                values[index] = view.collective(slot.kind, slot.vstage)[1]
+                values[index] = view.collective(slot.kind, slot.vstage).seconds
         return values
 
     def times(self, slot_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -138,11 +138,11 @@ class CompiledPlan:
             slot = self.slots[slot_index]
             view = views[slot.view]
             if slot.what == "message":
-                keys = view.message(slot.kind, slot.vstage, slot.src, slot.dst)[2]
+                keys = view.message(slot.kind, slot.vstage, slot.src, slot.dst).held_links
             elif slot.what == "collective" and _ACTION[slot.kind] is Action.TP_COLLECTIVE:
-                keys = view.collective(slot.kind, slot.vstage)[2]
+                keys = view.collective(slot.kind, slot.vstage).held_links
             elif slot.what == "collective":  # data-parallel collectives queue in a lane of their own
-                keys = tuple(("collective", key) for key in views[0].collective(slot.kind, slot.vstage)[2])
+                keys = tuple(("collective", key) for key in views[0].collective(slot.kind, slot.vstage).held_links)
             else:
                 continue
             for key in keys:

@@ -49,13 +49,12 @@ from math import prod
 import numpy as np
 
 from sim.core.errors import SpecError
-from sim.cost.model import plan_sharding
+from sim.cost.model import plan_oracle, plan_sharding
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
 from sim.models import build_model
-from sim.plan.build import inputs_oracle
 from sim.plan.layout import plan_layout, plan_microbatches
 from sim.schedules import SCHEDULES
 from sim.search.placement import realise
@@ -279,6 +278,8 @@ def _answer(problem: SearchProblem, topology: Topology, profile, candidate: Cand
         layout = plan_layout(inputs, topology)
         graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
         microbatches = plan_microbatches(inputs, layout)
-        return joint_partition(inputs_oracle(inputs, graph, profile, topology, layout), layout, topology, microbatches)
+        oracle = plan_oracle(graph, inputs.microbatch_size, profile, topology, layout,
+                             cuda_graphs=inputs.cuda_graphs, kernel_model=inputs.kernel_model)
+        return joint_partition(oracle, layout, topology, microbatches)
     except SpecError:
         return None

@@ -96,7 +96,7 @@ class FastEvaluator:
         except SpecError as exc:
             return Evaluation(candidate, False, reason=str(exc))
         pipeline = compiled.plan.num_ranks
-        devices = [view.device_of(p) for view in views for p in range(pipeline)]
+        devices = [view.device_index_of(p) for view in views for p in range(pipeline)]
         names = [self.topology.devices[d].name for d in devices]
         capacities = [self.topology.devices[d].memory_bytes for d in devices]
         capacity, reason = memory_verdict(peaks, capacities, names, pipeline, problem.memory_limit_bytes)

@@ -143,7 +143,7 @@ class _Screen:
         capacities = []
         for view in views:
             for rank in range(layout.pp):
-                own = topology.devices[view.device_of(rank)].memory_bytes
+                own = topology.devices[view.device_index_of(rank)].memory_bytes
                 capacities.append(own if limit is None else min(own, limit))
             per_rank = [0.0] * layout.pp
             for vstage, rank in enumerate(vstage_to_rank):
@@ -151,19 +151,19 @@ class _Screen:
                 if recompute_full:
                     work += view.compute_time(OpKind.R, vstage)
                 if layout.tp > 1:
-                    work += sum(view.collective(kind, vstage)[1] for kind in (OpKind.TP_F, OpKind.TP_B)) + (
-                        view.collective(OpKind.TP_R, vstage)[1] if recompute_full else 0.0)
+                    work += sum(view.collective(kind, vstage).seconds for kind in (OpKind.TP_F, OpKind.TP_B)) + (
+                        view.collective(OpKind.TP_R, vstage).seconds if recompute_full else 0.0)
                 if vstage + 1 < len(vstage_to_rank) and vstage_to_rank[vstage + 1] != rank:
-                    work += view.message(OpKind.SEND_F, vstage, rank, vstage_to_rank[vstage + 1])[1]
+                    work += view.message(OpKind.SEND_F, vstage, rank, vstage_to_rank[vstage + 1]).seconds
                 if vstage > 0 and vstage_to_rank[vstage - 1] != rank:
-                    work += view.message(OpKind.SEND_B, vstage, rank, vstage_to_rank[vstage - 1])[1]
+                    work += view.message(OpKind.SEND_B, vstage, rank, vstage_to_rank[vstage - 1]).seconds
                 per_rank[rank] += work
                 worst_vstage = max(worst_vstage, work)
                 update = view.compute_time(OpKind.OPT_STEP, vstage)
                 if layout.dp > 1:
-                    update += view.collective(OpKind.REDUCE_GRAD, vstage)[1]
+                    update += view.collective(OpKind.REDUCE_GRAD, vstage).seconds
                     if layout.zero:
-                        update += view.collective(OpKind.GATHER_PARAMS, vstage)[1]
+                        update += view.collective(OpKind.GATHER_PARAMS, vstage).seconds
                 tail = max(tail, update)
             worst_rank = max(worst_rank, max(per_rank))
         return microbatches, layout.pp, worst_rank, worst_vstage, tail, (tuple(views), placement, tuple(capacities))

@@ -239,7 +239,7 @@ class Surrogate:
         for p in range(pp):
             for k in range(kinds):
                 rank = self.rank_of(p, k)
-                device = oracle.device_of(rank)
+                device = oracle.device_spec(rank)
                 self.M[p, k], self.S[p, k] = oracle.microbatch_overhead_s(device), oracle.step_overhead_s(device)
                 costs = oracle.layer_costs(device)
                 extra = np.cumsum(costs.fwd) if self.recompute_full else np.zeros(n)

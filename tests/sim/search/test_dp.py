@@ -162,7 +162,7 @@ def test_with_the_update_amortised_it_equals_brute_force_over_partitions_and_pla
             (view, *_) = replica_views(graph, cluster, placement, 2, oracle=oracle, layout=placed)
             stages = stage_time(oracle, counts, ranks)
             updates = [view.compute_time(OpKind.OPT_STEP, s) + (
-                view.collective(OpKind.REDUCE_GRAD, s)[1] + (view.collective(OpKind.GATHER_PARAMS, s)[1]
+                view.collective(OpKind.REDUCE_GRAD, s).seconds + (view.collective(OpKind.GATHER_PARAMS, s).seconds
                                                              if layout.zero else 0.0) if layout.dp > 1 else 0.0)
                        for s in range(layout.pp)]
             best = min(best, max(c + u / microbatches for c, u in zip(stages, updates)))

@@ -78,7 +78,7 @@ def test_at_integer_counts_and_own_blocks_the_stage_times_are_the_balanced_dps()
         # with the hard maximum: m x the slowest rank + the others once (the fill) + the slowest update, each rank
         # with the framework's overheads per microbatch and per step
         ends = np.cumsum((0,) + counts)
-        devices = [oracle.device_of(p) for p in range(4)]
+        devices = [oracle.device_spec(p) for p in range(4)]
         ranks = [time + oracle.microbatch_overhead_s(device) for time, device in zip(expected, devices)]
         updates = [sum(oracle.layer_costs(device).opt[ends[p]:ends[p + 1]]) + oracle.step_overhead_s(device)
                    for p, device in enumerate(devices)]
@@ -96,7 +96,7 @@ def test_with_tensor_parallelism_a_stage_costs_what_the_plans_cost_view_says():
         kinds = ("F", "B", "R") if extra else ("F", "B")
         for v, (start, end) in enumerate(((0, 5), (5, 12))):
             k = surrogate.blocks.own[v]
-            view = sum(costs.compute_time(OpKind[kind], v) + costs.collective(OpKind[f"TP_{kind}"], v)[1]
+            view = sum(costs.compute_time(OpKind[kind], v) + costs.collective(OpKind[f"TP_{kind}"], v).seconds
                        for kind in kinds)
             mine = surrogate.F[v, k, end] - surrogate.F[v, k, start] + surrogate.M[v, k]
             assert mine == pytest.approx(view, rel=1e-12)
@@ -116,7 +116,7 @@ def test_the_data_parallel_update_is_the_oracles_collective_on_the_stages_bytes(
             expected = []
             for p, (start, end) in enumerate(((0, cut), (cut, 12))):
                 block = blocks.blocks[blocks.own.index(kinds[p])]
-                device = oracle.device_of(block[0])
+                device = oracle.device_spec(block[0])
                 step = sum(oracle.layer_costs(device).opt[start:end]) + oracle.step_overhead_s(device)
                 reduce = oracle.collective("all_reduce", (block,), oracle.memory.param_bytes(start, end)).seconds
                 expected.append(step + reduce)
