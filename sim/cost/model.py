@@ -219,6 +219,18 @@ class CostModel:
             cost = self._collective_costs[key] = self._collective_cost(kind, vstage)
         return cost
 
+    def host_copy(self, kind: OpKind, vstage: int, pipeline_rank: int) -> CommCost:
+        """The cost of a PREFETCH (host → device) or EVICT (device → host) of ``vstage``'s weights on pipeline rank
+        ``pipeline_rank``: the oracle's copy time (:meth:`sim.cost.oracle.CostOracle.host_to_device_s`, a measured
+        profile's bandwidth where it applies), holding the rank's PCIe path in that direction (its copy engine)."""
+        device, nbytes = self.devices[pipeline_rank], self._params[vstage]
+        if kind is OpKind.PREFETCH:
+            path, seconds = self.topology.host_to_device_path(device), self.oracle.host_to_device_s(device, nbytes)
+        else:
+            path, seconds = self.topology.device_to_host_path(device), self.oracle.device_to_host_s(device, nbytes)
+        keys = tuple(sorted((link.src, link.dst) for link in path))
+        return CommCost(nbytes, seconds, keys, tuple((key, nbytes) for key in keys))
+
     def gradient_buckets(self, vstage: int) -> tuple[int, float]:
         """``(K, s)``: the buckets ``vstage``'s gradients are reduced in when the reduction overlaps the backward
         (:data:`GRADIENT_BUCKET_BYTES` each, the last one smaller but costed alike), and the time of one bucket's

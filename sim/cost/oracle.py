@@ -30,9 +30,12 @@ time for every layer and overhead, by whichever rule above applies there (its pr
 
 A point-to-point message between two ranks that both run on the profile's device takes the profile's fitted
 ``latency + bytes / bandwidth`` when it has one (measured between two processes of that machine), else the
-topology's link model. Memory follows mixed-precision Adam: fp16 weights and gradients plus fp32 master weights,
-momentum and variance, 16 bytes per parameter (Rajbhandari et al., ZeRO, arXiv 1910.02054 §3.1); under ZeRO-1 the
-12 bytes of optimizer state are split across the data-parallel replicas (ZeRO §5.1, P_os: (2 + 2 + 12/N_d) bytes).
+topology's link model; a host↔device copy on the profile's device takes its measured pinned-memory bandwidth
+(``profiles.host_copy``) when it has one, else the link model of the PCIe path.
+
+Memory follows mixed-precision Adam: fp16 weights and gradients plus fp32 master weights, momentum and variance, 16
+bytes per parameter (Rajbhandari et al., ZeRO, arXiv 1910.02054 §3.1); under ZeRO-1 the 12 bytes of optimizer state
+are split across the data-parallel replicas (ZeRO §5.1, P_os: (2 + 2 + 12/N_d) bytes).
 
 Collectives (tensor- and data-parallel) and point-to-point messages that several symmetric instances send at once
 (the tensor-parallel shards of a stage each send their part to the next stage) are costed with the flow model of
@@ -311,11 +314,21 @@ class CostOracle:
         return self._nccl(seconds, "p2p", "ring", moving), link_bytes
 
     def host_to_device_s(self, rank: int, nbytes: float) -> float:
-        """Time in s to copy ``nbytes`` from the host memory of ``rank``'s server to its device (a PREFETCH)."""
+        """Time in s to copy ``nbytes`` from the host memory of ``rank``'s server to its device (a PREFETCH): the
+        profile's measured pinned-memory bandwidth where the profile applies to the device and has one
+        (``nbytes / bandwidth``: it was measured on 64 MiB copies, where the fixed cost per copy is in the median
+        time), else the link model of the rank's host → device path."""
+        measured = self.profile.h2d_bandwidth if self.profile is not None else None
+        if measured and self.profile_applies(self.device_spec(rank)):
+            return nbytes / measured
         return message_time(self.topology.host_to_device_path(rank), nbytes)
 
     def device_to_host_s(self, rank: int, nbytes: float) -> float:
-        """Time in s to copy ``nbytes`` from ``rank``'s device to its server's host memory (an EVICT)."""
+        """Time in s to copy ``nbytes`` from ``rank``'s device to its server's host memory (an EVICT): the profile's
+        measured bandwidth where it applies, else the link model (as :meth:`host_to_device_s`)."""
+        measured = self.profile.d2h_bandwidth if self.profile is not None else None
+        if measured and self.profile_applies(self.device_spec(rank)):
+            return nbytes / measured
         return message_time(self.topology.device_to_host_path(rank), nbytes)
 
     def profiled_ranks(self, num_ranks: int | None = None) -> tuple[int, ...]:

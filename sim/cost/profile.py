@@ -104,6 +104,8 @@ class MeasuredProfile:
         layers: timings in layer order.
         p2p_latency_s: fitted point-to-point latency α in s, if measured.
         p2p_bandwidth: fitted point-to-point bandwidth in bytes/s, if measured.
+        h2d_bandwidth: host → device copy bandwidth from pinned host memory in bytes/s, if measured (CUDA only).
+        d2h_bandwidth: device → host copy bandwidth into pinned host memory in bytes/s, if measured (CUDA only).
         memory: per layer, its measured memory (:class:`LayerMemory`), or ``None`` when not measured.
         gradients: how long weight gradients live where the profile applies (:data:`GRADIENT_LIFETIMES`).
     """
@@ -115,6 +117,8 @@ class MeasuredProfile:
     layers: tuple[LayerTiming, ...]
     p2p_latency_s: float | None = None
     p2p_bandwidth: float | None = None
+    h2d_bandwidth: float | None = None
+    d2h_bandwidth: float | None = None
     memory: tuple[LayerMemory, ...] | None = None
     gradients: str = "resident"
 
@@ -170,8 +174,9 @@ def load_profile(path: str | Path) -> MeasuredProfile:
         # Host-memory figures (two CPU processes over loopback, p2p.device "cpu") say nothing about GPU-to-GPU
         # links, and the reverse; such transfers keep the topology's link model.
         latency = bandwidth = None
-    return MeasuredProfile(source, data["model"], data["device"], mbs, tuple(layers), latency, bandwidth, memory,
-                           gradients)
+    h2d, d2h = _host_copy_bandwidths(data.get("host_copy"), source)
+    return MeasuredProfile(source, data["model"], data["device"], mbs, tuple(layers), latency, bandwidth, h2d, d2h,
+                           memory=memory, gradients=gradients)
 
 
 def layer_memory_fields(memory: LayerMemory) -> dict[str, int]:
@@ -202,6 +207,24 @@ def _layer_memory(layers_raw: list[dict[str, Any]], source: str) -> tuple[LayerM
             values.append(value)
         found.append(LayerMemory(*values))
     return tuple(found)
+
+
+def _host_copy_bandwidths(host_copy: Any, source: str) -> tuple[float | None, float | None]:
+    """``(host → device, device → host)`` bytes/s of a profile's ``host_copy`` object: the pinned-memory figures,
+    since the copies a plan makes (a PREFETCH or EVICT, ``executor.csp.offload``) go from and to pinned host memory
+    on CUDA; ``None`` where absent. A bandwidth of 0 is refused: it would make every copy endless."""
+    if host_copy is None:
+        return None, None
+    if not isinstance(host_copy, dict):
+        raise SpecError(f"profile {source}: host_copy must be an object")
+    where = f"profile {source}, host_copy"
+    found = []
+    for key in ("h2d_pinned_bytes_per_s", "d2h_pinned_bytes_per_s"):
+        value = _number(host_copy, key, where, required=False)
+        if value == 0:
+            raise SpecError(f"{where}: {key} must be > 0, got 0")
+        found.append(value)
+    return found[0], found[1]
 
 
 def _p2p_measured_on_profile_device(p2p_device: Any, device: str) -> bool:

@@ -3,7 +3,7 @@
 :class:`Communication` is one object the engine's run composes (``sim.engine.simpy_engine``, whose module docstring
 states the semantics). It owns the links (FIFO mutexes, :class:`Link`, taken in one global order, so two holders can
 never wait on each other), the bytes each link carried, the rendezvous of SEND and RECV, and the replicas' arrivals
-at a data-parallel collective. What it reads of the run (the plan, its cost views, the simulated ranks' devices)
+at a data-parallel collective. What it reads of the run (the plan, its cost views, the replicas' op-id suffixes)
 and what it asks of it (wait for an op's deps, finish an op, apply the memory ledger's start and end of a host copy)
 are given to its constructor, nothing else. Each process waits for its op's deps, takes every link its traffic
 crosses, holds them for the op's uncontended duration from the cost view, and finishes the op.
@@ -18,7 +18,6 @@ from typing import Any
 import simpy
 
 from sim.cost.model import CostModel
-from sim.hw.topology import Topology, message_time
 from sim.ir.ops import TP_KINDS, Op, OpKind, op_id
 from sim.ir.plan import Plan
 
@@ -88,8 +87,6 @@ class Communication:
         env: the run's SimPy environment.
         plan: the plan being simulated.
         views: one cost view per simulated replica (simulated rank ``i · P + p`` is view i's pipeline rank p).
-        topology: the devices and links.
-        device_index: the device (topology rank) of each simulated rank.
         suffix: the suffix of each simulated replica's op ids in the run's tables (replica 0's is empty).
         wait_deps: the run's ``wait_deps(op, suffix)``, a process that returns once every dep of ``op`` is done.
         finish: the run's ``finish(op, rank, start)``: records the op's span from ``start`` (s) to now, marks it done.
@@ -107,13 +104,11 @@ class Communication:
         tp_links: the links each TP op of each simulated rank holds while it runs (:meth:`_tp_links_to_hold`).
     """
 
-    def __init__(self, env: simpy.Environment, plan: Plan, views: tuple[CostModel, ...], topology: Topology,
-                 device_index: list[int], suffix: list[str], *,
+    def __init__(self, env: simpy.Environment, plan: Plan, views: tuple[CostModel, ...], suffix: list[str], *,
                  wait_deps: Callable[[Op, str], Generator[simpy.Event, Any, None]],
                  finish: Callable[[Op, int, float], None], take: Callable[[int, Op], None],
                  release: Callable[[int, Op], None], grad_windows: dict[str, tuple[float, float]]) -> None:
-        self.env, self.plan, self.views, self.topology = env, plan, views, topology
-        self.device_index, self.suffix = device_index, suffix
+        self.env, self.plan, self.views, self.suffix = env, plan, views, suffix
         self._wait_deps, self._finish, self._take, self._release = wait_deps, finish, take, release
         self.grad_windows = grad_windows
         self.instances = len(views) * plan.num_ranks
@@ -186,10 +181,7 @@ class Communication:
                 elif kind is OpKind.SEND_F or kind is OpKind.SEND_B:
                     other.update(view.message(kind, op.vstage, rank % pipeline, op.peer).held_links)  # type: ignore[arg-type]
                 elif kind is OpKind.PREFETCH or kind is OpKind.EVICT:
-                    device = self.device_index[rank]
-                    path = (self.topology.host_to_device_path(device) if kind is OpKind.PREFETCH
-                            else self.topology.device_to_host_path(device))
-                    other.update((link.src, link.dst) for link in path)
+                    other.update(view.host_copy(kind, op.vstage, rank % pipeline).held_links)
         shared = {key for key, ranks in holders.items() if len(ranks) > 1} | other
         return {op: tuple(key for key in keys if key in shared) for op, keys in tp_keys.items()}
 
@@ -295,14 +287,11 @@ class Communication:
         return ready[0]
 
     def _host_copy(self, rank: int, op: Op) -> _Proc:
-        yield from self._wait_deps(op, self.suffix[rank // self.plan.num_ranks])
-        prefetch = op.kind is OpKind.PREFETCH
-        device = self.device_index[rank]
-        path = self.topology.host_to_device_path(device) if prefetch else self.topology.device_to_host_path(device)
-        nbytes = self.views[rank // self.plan.num_ranks].param_bytes(op.vstage)
-        duration = message_time(path, nbytes)
+        """A PREFETCH or EVICT: the copy holds the rank's PCIe path in its direction for the oracle's copy time."""
+        pipeline = self.plan.num_ranks
+        yield from self._wait_deps(op, self.suffix[rank // pipeline])
+        cost = self.views[rank // pipeline].host_copy(op.kind, op.vstage, rank % pipeline)
         self._take(rank, op)  # a PREFETCH's destination buffer exists from the moment the copy can start
-        keys = tuple(sorted((link.src, link.dst) for link in path))
-        start = yield from self.hold_links(keys, duration, tuple((key, nbytes) for key in keys))
+        start = yield from self.hold_links(cost.held_links, cost.seconds, cost.bytes_per_link)
         self._release(rank, op)  # an EVICT's weights leave the device
         self._finish(op, rank, start)

@@ -12,7 +12,8 @@ Semantics, shared with the dry run in ``sim.plan.validate`` and with the executo
   links in one global order, so two transfers can never hold one link each and wait on the other.
 * PREFETCH and EVICT are issued without blocking the walker too. They copy a stage's weights host → device or
   device → host over the rank's PCIe path, whose directed links are the H2D and D2H copy engines, so copies
-  overlap compute and contend only with other copies (and transfers) on the same links.
+  overlap compute and contend only with other copies (and transfers) on the same links. A copy takes the cost
+  oracle's time (``CostModel.host_copy``: the link model, or a measured profile's copy bandwidth on its device).
 * Memory per device is the memory ledger's (``sim.cost.ledger``): what each op allocates when it starts and frees
   when it ends, applied at the simulated times (the training state from the start; a microbatch's activations from
   its F to its last backward op, only the checkpoint under recomputation plus one rebuilt layer from its R; weight
@@ -123,7 +124,7 @@ class _Run:
                                 if op.kind is OpKind.REDUCE_GRAD for dep in op.deps for suffix in self.suffix}
                                if plan.layout.grad_overlap else set())
         self.tp_runs: dict[tuple[int, OpKind, int], int] = {}  # (view, kind, vstage) -> TP ops run
-        self.comm = Communication(self.env, plan, costs, topology, self.device_index, self.suffix,
+        self.comm = Communication(self.env, plan, costs, self.suffix,
                                   wait_deps=self._wait_deps, finish=self._finish, take=self._take,
                                   release=self._release, grad_windows=self.grad_windows)
         self.issuers: dict[OpKind, Callable[[int, Op], None]] = {
