@@ -42,7 +42,7 @@ from sim.core.cli import CliParser
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 from sim.report.png import figure_png
 
 __all__ = ["Case", "Point", "CASES", "KS", "PAPER", "closed_form", "simulate", "run", "main"]
@@ -132,7 +132,7 @@ def simulate(case: Case, k: int, m: int) -> Point:
     """One GPipe iteration of ``case`` on K devices with M microbatches."""
     built = build_plan(PlanInputs(case.model, f"{k}x{case.device}", "gpipe", microbatches=m,
                                   microbatch_size=case.microbatch_size, recompute=case.recompute))
-    seconds = predict(built.plan, topology=built.topology, oracle=built.costs.oracle).metrics["iteration_time_s"]
+    seconds = predict_built(built).metrics["iteration_time_s"]
     return Point(case, k, m, seconds)
 
 

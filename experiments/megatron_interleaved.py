@@ -42,7 +42,7 @@ from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.ir.plan import OpKind
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 from sim.report.png import figure_png
 
 __all__ = ["Case", "Row", "CASES", "UNIFORM", "GPT", "PAPER_GAIN", "simulate", "closed_form_s", "closed_sends",
@@ -96,7 +96,7 @@ def simulate(case: Case, p: int, v: int, m: int) -> Row:
     """One iteration of ``case`` at p ranks, v chunks (1: ``1f1b``) and m microbatches of one sample."""
     schedule = "1f1b" if v == 1 else "interleaved"
     built = build_plan(PlanInputs(case.model, f"{p}x{case.device}", schedule, microbatches=m, chunks=v))
-    prediction = predict(built.plan, topology=built.topology, oracle=built.costs.oracle)
+    prediction = predict_built(built)
     metrics = prediction.metrics
     # Messages from the plan itself, each at the cost view's size (the metrics' link bytes count every hop of a
     # path, twice through an NVSwitch, so they are not the bytes sent).

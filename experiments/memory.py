@@ -50,7 +50,7 @@ from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 from sim.report.png import figure_png
 
 __all__ = ["SCHEDULES", "UNIFORM", "GPT", "GPT_TOPOLOGY", "StageRow", "closed_form", "simulate", "main"]
@@ -136,7 +136,7 @@ def simulate(part: str, model: str, topology: str, schedule: str, chunks: int, r
              m: int) -> list[StageRow]:
     """Build and simulate one plan (the one prediction path, memory check off) and return its stages' rows."""
     built = build_plan(PlanInputs(model, topology, schedule, microbatches=m, chunks=chunks, recompute=recompute))
-    prediction = predict(built.plan, topology=built.topology, oracle=built.costs.oracle, check_memory=False)
+    prediction = predict_built(built, check_memory=False)
     costs, placement, p = built.costs, built.plan.placement, built.plan.num_ranks
     rows = []
     for r in range(p):

@@ -40,7 +40,7 @@ from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 from sim.report.png import figure_png
 
 __all__ = ["CONFIGS", "RESOLUTIONS", "NODE", "FRAMES", "CLAIMS", "Point", "simulate", "sweep", "check_claims",
@@ -94,7 +94,7 @@ def simulate(model: str, stages: int, cuda_graphs: bool, frames: int = FRAMES) -
     """The steady step time and latency (s) of ``model`` streamed over ``stages`` stages of :data:`NODE`."""
     built = build_plan(PlanInputs(model=model, topology=NODE, schedule="stream", microbatches=frames, pp=stages,
                                   cuda_graphs=cuda_graphs))
-    stream = predict(built.plan, topology=built.topology, oracle=built.costs.oracle).metrics["stream"]
+    stream = predict_built(built).metrics["stream"]
     return stream["step_time_s"], stream["steady_latency_s"]
 
 

@@ -38,7 +38,7 @@ from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.hw.topology import Topology
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 from sim.report.png import figure_png
 
 __all__ = ["UNIFORM", "PS", "SteadyRow", "steady_window", "simulate_steady", "memory_rows", "throughput", "main"]
@@ -103,7 +103,7 @@ def steady_window(spans: list, p: int, m: int, rank: int) -> tuple[float, float]
 def simulate_steady(schedule: str, p: int, m: int) -> list[SteadyRow]:
     """Build and simulate one plan of :data:`UNIFORM` on ``{p}xideal`` and measure every stage's window."""
     built = build_plan(PlanInputs(UNIFORM, f"{p}xideal", schedule, microbatches=m))
-    trace = predict(built.plan, topology=built.topology, oracle=built.costs.oracle).trace
+    trace = predict_built(built).trace
     rows = []
     for r in range(p):
         compute = trace.on_rank(r, "compute")

@@ -42,7 +42,7 @@ from sim.hw.topology import Topology
 from sim.models import build_model
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 from sim.report.png import figure_png
 
 __all__ = ["ModelCase", "ClusterCase", "Candidate", "PlanResult", "Comparison", "MODELS", "CLUSTERS", "PAPER",
@@ -190,7 +190,7 @@ def _simulate(model: ModelCase, topology: str, candidate: Candidate) -> PlanResu
                                   rank_order=candidate.order, grad_overlap=candidate.overlap))
     m = built.plan.num_microbatches
     try:
-        prediction = predict(built.plan, topology=built.topology, oracle=built.costs.oracle)
+        prediction = predict_built(built)
     except OutOfMemoryError as exc:
         return PlanResult(candidate, str(exc).split(" (fewer")[0], m)  # "out of memory on rank ...", no advice
     metrics = prediction.metrics

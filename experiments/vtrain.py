@@ -37,7 +37,7 @@ from sim.core.fileio import read_text, write_bytes_atomic, write_text_atomic
 from sim.cost.gpu_time import KernelModel, default_kernel_model, load_kernel_model
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 from sim.report.png import figure_png
 
 __all__ = ["Run", "load_runs", "split_runs", "predict_run", "spearman", "main"]
@@ -137,7 +137,7 @@ def predict_run(run: Run, kernel_model: KernelModel | None = None, folder: Path 
                                   microbatch_size=run.microbatch, global_batch=run.global_batch, tp=run.tp, dp=run.dp,
                                   pp=run.pp, recompute=True, partition="blocks",
                                   kernel_model=kernel_model))
-    prediction = predict(built.plan, topology=built.topology, oracle=built.costs.oracle, check_memory=False)
+    prediction = predict_built(built, check_memory=False)
     return prediction.metrics["iteration_time_s"]
 
 

@@ -39,7 +39,7 @@ from sim.core.cli import CliParser
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 from sim.report.png import figure_png
 
 __all__ = ["Case", "Row", "CASES", "UNIFORM", "GPT", "PAPER_GAIN", "simulate", "closed_form_s", "run", "main"]
@@ -86,7 +86,7 @@ def bubble_over_ideal(schedule: str, p: int, m: int) -> float:
 def simulate(case: Case, p: int, m: int, schedule: str) -> Row:
     """One iteration of ``case`` at p ranks and m microbatches of one sample."""
     built = build_plan(PlanInputs(case.model, f"{p}x{case.device}", schedule, microbatches=m))
-    prediction = predict(built.plan, topology=built.topology, oracle=built.costs.oracle)
+    prediction = predict_built(built)
     metrics = prediction.metrics
     return Row(case, p, m, schedule, metrics["iteration_time_s"], metrics["bubble_fraction"],
                max(prediction.peak_memory_bytes))

@@ -24,10 +24,11 @@ from sim.engine.simpy_engine import simulate
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
 from sim.ir.trace import Trace
+from sim.plan.build import BuiltPlan
 from sim.report.metrics import compute_metrics, plan_header
 from sim.report.stream import real_time, stream_metrics
 
-__all__ = ["Prediction", "predict", "describe_cost_source"]
+__all__ = ["Prediction", "predict", "predict_built", "describe_cost_source"]
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,9 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         profile: a measured profile, or ``None`` for the hardware catalog's costs (the GPU kernel model for a GPT on
             GPUs, else the roofline).
         topology: the plan's topology when the caller has parsed it already (else parsed from ``plan.topology``).
-        oracle: the cost oracle the plan was built with (``sim.plan.build.BuiltPlan.costs.oracle``), so that its
-            model and per-device layer costs are not computed again; it must be for the plan's model, microbatch
-            size, topology and ``profile``.
+        oracle: the cost oracle the plan was built with (``sim.plan.build.BuiltPlan.costs.oracle``; a built plan is
+            predicted by :func:`predict_built`), so that its model and per-device layer costs are not computed
+            again; it must be for the plan's model, microbatch size, topology and ``profile``.
         check_memory: fail when a device runs out of memory (``sim.engine.simpy_engine.OutOfMemoryError``); else
             only report the peaks.
         simulate_all: simulate every data-parallel replica even when they are identical (by symmetry one stands
@@ -117,6 +118,19 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         metrics["stream"] = _stream(plan, result.trace, views, topology, check_memory)
     return Prediction(plan, topology, result.trace, result.peak_memory_bytes, result.link_bytes, cost_source,
                       metrics, costs=views[0])
+
+
+def predict_built(built: BuiltPlan, *, check_memory: bool = True, simulate_all: bool = False) -> Prediction:
+    """:func:`predict` of a plan just built by :func:`sim.plan.build.build_plan`, with the topology, profile and cost
+    oracle it was built with (its model and per-device layer costs are not computed again).
+
+    Args:
+        built: the built plan.
+        check_memory: fail when a device runs out of memory; else only report the peaks.
+        simulate_all: simulate every data-parallel replica even when they are identical.
+    """
+    return predict(built.plan, built.profile, topology=built.topology, oracle=built.costs.oracle,
+                   check_memory=check_memory, simulate_all=simulate_all)
 
 
 def _stream(plan: Plan, trace: Trace, views: tuple, topology: Topology, check_memory: bool) -> dict[str, Any]:

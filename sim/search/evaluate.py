@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sim.core.errors import SpecError
 from sim.ir.plan import Plan
 from sim.plan.build import build_plan
-from sim.predict import predict
+from sim.predict import predict_built
 from sim.search.space import Candidate, SearchProblem
 
 __all__ = ["Evaluation", "evaluate", "build_candidate_plan", "memory_verdict"]
@@ -72,8 +72,7 @@ def evaluate(problem: SearchProblem, candidate: Candidate) -> Evaluation:
     """Build and simulate ``candidate``; never raises for an infeasible one (it says why instead)."""
     try:
         built = build_plan(candidate.plan_inputs(problem))
-        prediction = predict(built.plan, built.profile, topology=built.topology, oracle=built.costs.oracle,
-                             check_memory=False)
+        prediction = predict_built(built, check_memory=False)
     except SpecError as exc:
         return Evaluation(candidate, False, reason=str(exc))
     metrics = prediction.metrics

@@ -11,7 +11,7 @@ import pytest
 from experiments.run import main as run_main
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 from tests.experiments.refusal import refused
 
 
@@ -59,7 +59,7 @@ def test_a_real_node_s_row_is_the_product_s_prediction(quick):
     # No closed form holds for the GPT (uneven end stages, messages): its row must be exactly what build_plan and
     # predict say for the same inputs.
     built = build_plan(PlanInputs("gpt:layers=32,hidden=2048", "4xV100", "interleaved", microbatches=16, chunks=2))
-    expected = predict(built.plan, topology=built.topology, oracle=built.costs.oracle).metrics["iteration_time_s"]
+    expected = predict_built(built).metrics["iteration_time_s"]
     (row,) = [r for r in quick if (r["case"], r["p"], r["m"], r["v"]) == ("v100", "4", "16", "2")]
     assert float(row["iteration_time_s"]) == expected
 

@@ -11,7 +11,7 @@ import pytest
 from experiments.run import main as run_main
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 from tests.experiments.refusal import refused
 
 
@@ -54,7 +54,7 @@ def test_a_real_node_s_row_is_the_product_s_prediction(quick):
     # No closed form holds for the GPT (uneven end stages, messages, the optimizer step): its rows must be exactly
     # what build_plan and predict say for the same inputs, and the gain their ratio.
     built = build_plan(PlanInputs("gpt:layers=32,hidden=2048", "4xA100", "zb1p", microbatches=8))
-    expected = predict(built.plan, topology=built.topology, oracle=built.costs.oracle).metrics["iteration_time_s"]
+    expected = predict_built(built).metrics["iteration_time_s"]
     rows = {r["schedule"]: r for r in quick if (r["case"], r["p"], r["m"]) == ("a100", "4", "8")}
     assert float(rows["zb1p"]["iteration_time_s"]) == expected
     assert float(rows["zb1p"]["gain_over_1f1b"]) == pytest.approx(

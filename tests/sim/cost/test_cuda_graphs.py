@@ -8,7 +8,7 @@ from sim.core.errors import SpecError
 from sim.hw.catalog import get_device
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict, predict_built
 
 MODEL = "cnn:layers=10,features=16,kernel=5,size=64"
 
@@ -16,7 +16,7 @@ MODEL = "cnn:layers=10,features=16,kernel=5,size=64"
 def stream_metrics(cuda_graphs: bool, topology: str = "4xV100"):
     built = build_plan(PlanInputs(model=MODEL, topology=topology, schedule="stream", microbatches=24,
                                   partition="3,2,2,3", cuda_graphs=cuda_graphs))
-    prediction = predict(built.plan, topology=built.topology, oracle=built.costs.oracle)
+    prediction = predict_built(built)
     return built, prediction.metrics["stream"]
 
 

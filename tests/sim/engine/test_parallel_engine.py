@@ -14,7 +14,7 @@ from sim.models import build_model
 from sim.models.sharding import Sharding
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict, predict_built
 from tests.sim.cost.nccl_closed_form import nccl_call_s
 
 GPT = "gpt:layers=8,hidden=1024,heads=16,seq=512,vocab=4096"
@@ -22,7 +22,7 @@ GPT = "gpt:layers=8,hidden=1024,heads=16,seq=512,vocab=4096"
 
 def _predict(**kwargs):
     built = build_plan(PlanInputs(**kwargs))
-    return built, predict(built.plan, topology=built.topology, oracle=built.costs.oracle)
+    return built, predict_built(built)
 
 
 def _hop(topology: Topology, a: int, b: int) -> tuple[float, float]:

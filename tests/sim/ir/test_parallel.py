@@ -141,13 +141,13 @@ def test_a_device_order_that_is_not_a_permutation_is_refused(devices, message):
 
 
 def test_the_identity_order_simulates_like_no_order_and_a_reversed_one_moves_the_stages():
-    from sim.predict import predict
+    from sim.predict import predict_built
 
     def run(devices):
         built = build_plan(PlanInputs(model="gpt:layers=8,hidden=512,heads=8,seq=256,vocab=1000",
                                       topology="2xV100+2xA100", tp=2, pp=2, global_batch=4, partition="uniform",
                                       devices=devices))
-        return built, predict(built.plan, topology=built.topology, oracle=built.costs.oracle)
+        return built, predict_built(built)
 
     (_, plain), (_, identity) = run(()), run((0, 1, 2, 3))
     assert identity.metrics["iteration_time_s"] == plain.metrics["iteration_time_s"]

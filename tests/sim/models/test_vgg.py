@@ -9,7 +9,7 @@ from sim.core.errors import SpecError
 from sim.models import build_model
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 
 # Configuration D written out by hand (Simonyan & Zisserman, arXiv 1409.1556, Table 1): (C_in, C_out, side of the
 # input map) of each 3x3 convolution at 224 x 224, and whether a 2x2 max-pool follows it.
@@ -83,7 +83,7 @@ def test_bad_specs_raise_spec_error_naming_the_value(spec, shown):
 
 def test_data_parallel_plan_of_vgg16_simulates_and_fits_a_16_gb_v100():
     built = build_plan(PlanInputs("vgg16", "4xV100", "1f1b", microbatch_size=8, global_batch=64, dp=4, pp=1))
-    prediction = predict(built.plan, topology=built.topology, oracle=built.costs.oracle)
+    prediction = predict_built(built)
     # 16 bytes per parameter of fp32 Adam training state (4 weights + 4 gradients + 8 moments), plus activations
     assert prediction.peak_memory_bytes[0] > 16 * 138_357_544
     assert prediction.metrics["iteration_time_s"] > 0

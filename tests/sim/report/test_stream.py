@@ -7,7 +7,7 @@ import pytest
 
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 
 FWD_MS, BWD_MS = 1.0, 2.0
 
@@ -17,7 +17,7 @@ def run(stages: int, frames: int, *, partition: str = "uniform", layers: int | N
     built = build_plan(PlanInputs(model=f"uniform:layers={layers or 2 * stages},fwd_ms={FWD_MS:g},bwd_ms={BWD_MS:g}",
                                   topology=f"{stages}xideal", schedule="stream", microbatches=frames,
                                   partition=partition, fps=fps))
-    return built, predict(built.plan, topology=built.topology, oracle=built.costs.oracle)
+    return built, predict_built(built)
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3, 4, 6])

@@ -10,7 +10,7 @@ from sim.core.errors import SpecError
 from sim.cost.model import replica_views
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.predict import predict
+from sim.predict import predict_built
 from sim.search.critical_path import NotCompilable, compile_plan
 
 MODEL = "gpt:layers=8,hidden=512,heads=8,seq=256,vocab=1000"
@@ -43,8 +43,7 @@ def test_equal_to_the_engine_when_uncontended_and_a_lower_bound_otherwise():
         inputs = _random_inputs(rng)
         try:  # a random draw may break a rule (TP across device models, more stages than layers): draw again
             built = build_plan(inputs)
-            prediction = predict(built.plan, built.profile, topology=built.topology, oracle=built.costs.oracle,
-                                 check_memory=False)
+            prediction = predict_built(built, check_memory=False)
         except SpecError:
             continue
         views = _views(built)

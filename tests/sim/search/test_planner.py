@@ -60,7 +60,7 @@ def test_the_memory_screen_is_the_engines_peak_on_random_plans_of_every_schedule
     """Oracle: the engine's own peak per simulated rank (``predict``, memory check off). The screen replays the memory
     ledger over the schedule's programs without building or simulating the plan; it must give the same bytes."""
     from sim.plan.build import build_plan
-    from sim.predict import predict
+    from sim.predict import predict_built
     from sim.search.planner import _Screen
     from sim.search.space import enumerate_candidates
 
@@ -76,7 +76,7 @@ def test_the_memory_screen_is_the_engines_peak_on_random_plans_of_every_schedule
     for candidate in candidates:
         try:
             built = build_plan(candidate.plan_inputs(problem))
-            engine = predict(built.plan, topology=built.topology, oracle=built.costs.oracle, check_memory=False)
+            engine = predict_built(built, check_memory=False)
         except SpecError:  # a rule the space leaves to the simulator (e.g. a TP group mixing device models)
             continue
         assert screen.peaks(candidate) == engine.peak_memory_bytes, candidate.label
