@@ -4,7 +4,7 @@ D replicas of the whole pipeline each train on their own slice of the global bat
 identical parameters: after its last backward, each vstage's gradients are summed over the replicas and divided by
 D, so every replica steps with the mean gradient over the global batch, as one process training on the whole batch
 would (``executor.reference.train_reference`` with ``replicas``). Where the ops sit and what waits for them is the
-lowering's (``sim.plan.collectives``); this module is what they do:
+lowering's (``sim.plan.lower_collectives``); this module is what they do:
 
 * ``REDUCE_GRAD`` of vstage v: the stage's gradients, flattened in parameter order into one buffer (zero-padded to
   a multiple of D), are all-reduced over the data-parallel group, issued without blocking (``async_op=True``); the

@@ -192,7 +192,7 @@ class RankInterpreter:
         self.loss_scale = plan.num_microbatches if self.stashing is None else 1
 
     def _check_collectives(self) -> None:
-        """Each TP op right after the compute op whose collectives it reports (``sim.plan.collectives`` puts it
+        """Each TP op right after the compute op whose collectives it reports (``sim.plan.lower_collectives`` puts it
         there), and the group or replicas the collective ops need."""
         kinds = {op.kind for op in self.program}
         if kinds & TP_KINDS and self.tp_comm is None:

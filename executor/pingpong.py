@@ -1,8 +1,8 @@
 """The one ping-pong timer: round trips of a tensor between two ranks, timed on this rank's ``time.perf_counter``.
 
 Three measurements rest on it: the executor's point-to-point sweep for a calibrated profile
-(``executor.worker.p2p_sweep``), the profiler's ping-pong between two spawned processes (``profiles.p2p``), and the
-clock offsets of ranks on other hosts (``executor.clock``, Cristian's algorithm, which also needs the peer's clock
+(``executor.rank_process.p2p_sweep``), the profiler's ping-pong between two spawned processes (``profiles.p2p``),
+and the clock offsets of ranks on other hosts (``executor.clock``, Cristian's algorithm, which also needs the peer's clock
 reading at the moment the message arrived: :func:`round_trip`'s ``on_arrival`` hook).
 
 One side *initiates* (sends, then receives the message back); the other *answers* (receives, then sends it back).

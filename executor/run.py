@@ -51,8 +51,8 @@ from executor.interpreter import check_supported
 from executor.nn.optim import OPTIMIZERS
 from executor.options import FAILURE_DIR_ENV, RunOptions
 from executor.parallel import check_parallel
+from executor.rank_process import worker_main
 from executor.slowdown import parse_slowdown
-from executor.worker import worker_main
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import check_output_file, prepare_output_dir
@@ -62,7 +62,7 @@ from sim.plan.validate import check_topology, validate
 
 __all__ = ["main", "make_parser", "load_checked_plan", "choose_backend", "check_output_path", "RUN_OUTPUT_FILES"]
 
-#: The files a run writes into ``--out`` (``executor.finish``; ``errors.log`` when a rank fails).
+#: The files a run writes into ``--out`` (``executor.run_outputs``; ``errors.log`` when a rank fails).
 RUN_OUTPUT_FILES = ("plan.json", "metrics.json", "trace.json", "gantt.png", "compare.json", "errors.log")
 
 
@@ -119,7 +119,7 @@ def load_checked_plan(path: str) -> tuple[Plan, Topology]:
 
     plan = Plan.loads(read_text(path, "plan"), source=path)
     if plan.weight_policy == "csp":
-        from sim.csp.build import check_csp_plan
+        from sim.csp.csp_plan import check_csp_plan
 
         topology = check_csp_plan(plan).topology
     else:
@@ -249,7 +249,7 @@ def choose_backend(requested: str | None, planned_devices: Sequence[str], *, cud
     """The process-group backend for a plan, and a warning to show first (or ``None``).
 
     Pure: the caller says what torch sees. The plan's devices decide, not the host (DESIGN §7: gloo on CPU, NCCL on
-    CUDA, one rank per GPU); a rank runs on CUDA exactly when the backend is nccl (``executor.worker``):
+    CUDA, one rank per GPU); a rank runs on CUDA exactly when the backend is nccl (``executor.rank_process``):
 
     - every rank planned on ``cpu``: gloo; nccl is refused.
     - a rank planned on a GPU, CUDA here: nccl, unless ``--backend gloo`` (which runs every rank on the CPU, with a
@@ -375,7 +375,7 @@ def _run(argv: list[str] | None) -> int:
 
 def _run_reference(options: RunOptions, plan: Plan) -> int:
     """``--reference``: the csp plan's subnets trained one by one in this process; writes ``metrics.json``."""
-    from executor.csp.worker import run_reference
+    from executor.csp.csp_plan_run import run_reference
     from sim.core.fileio import write_json_atomic
 
     record = run_reference(options, plan)

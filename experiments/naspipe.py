@@ -43,7 +43,7 @@ def _stage_block_bytes(supernet, stage_layers) -> list[int]:
 def _space(args: argparse.Namespace, space: str) -> dict:
     """Every case on one space: subnets/s and the most parameter bytes any device holds."""
     from sim.csp.baselines import run_baseline, stage_supernet_bytes
-    from sim.csp.build import CspInputs, build_csp_plan, build_csp_problem
+    from sim.csp.csp_plan import CspInputs, build_csp_plan, build_csp_problem
     from sim.predict import predict
 
     inputs = CspInputs(None, space, args.topology, args.subnets, args.seed, args.lookahead, args.minibatch)

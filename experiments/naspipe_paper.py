@@ -11,7 +11,7 @@ What the artifact compares (hku-systems/naspipe; file and line in ``docs/experim
   divides NASPipe's by GPipe's; the ``sample`` output it reads is from 4 GPUs, the paper's Figure 5 from 8.
 
 So the ratio is (tokens per step, 12288 / (8 b): 48 / 24 / 12, a closed form) x (GPipe's step time / NASPipe's).
-This experiment simulates both sides through the product (:func:`sim.csp.build.build_csp_plan` +
+This experiment simulates both sides through the product (:func:`sim.csp.csp_plan.build_csp_plan` +
 :func:`sim.predict.predict` for NASPipe with a device parameter budget, :func:`sim.csp.baselines.run_baseline` for
 GPipe) at those sizes on ``NxV100`` (the artifact's GPU model is not stated; V100 as in ``experiments.naspipe``),
 and prints per space and GPU count:
@@ -137,7 +137,7 @@ def simulate_space(space: str, gpus: int, subnets: int, seed: int, lookahead: in
     """Both systems at the artifact's conditions on ``{gpus}x{device}``, and ``experiments.naspipe``'s equal ones
     (``device="ideal"``: free links, for the closed-form checks)."""
     from sim.csp.baselines import run_baseline, stage_supernet_bytes
-    from sim.csp.build import CspInputs, build_csp_plan, build_csp_problem
+    from sim.csp.csp_plan import CspInputs, build_csp_plan, build_csp_problem
     from sim.models.supernet_space import space_spec
     from sim.predict import predict
 

@@ -45,7 +45,7 @@ from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 from sim.report.png import figure_png
 
-__all__ = ["ModelCase", "ClusterCase", "Candidate", "PlanResult", "Comparison", "MODELS", "CLUSTERS", "PAPER",
+__all__ = ["ModelCase", "ClusterCase", "PlanCase", "PlanResult", "Comparison", "MODELS", "CLUSTERS", "PAPER",
            "candidates", "compare", "main"]
 
 
@@ -116,7 +116,7 @@ ORDERS = {"tp-dp-pp": "replicas adjacent", "tp-pp-dp": "stages adjacent"}
 
 
 @dataclass(frozen=True)
-class Candidate:
+class PlanCase:
     """One plan to simulate: schedule, pipeline depth, replicas, their nesting, and whether the gradient reduction
     overlaps the backward in buckets (``grad_overlap``, tried for pure DP only)."""
 
@@ -140,7 +140,7 @@ class PlanResult:
     """A candidate's simulated iteration: ``time_s`` (s, ``None`` when it did not fit), microbatches, peak memory of
     the fullest device (bytes), bubble fraction, and ``status`` (``ok`` or why not)."""
 
-    candidate: Candidate
+    candidate: PlanCase
     status: str
     microbatches: int
     time_s: float | None = None
@@ -168,23 +168,23 @@ class Comparison:
         return self.dp.time_s / self.best.time_s
 
 
-def candidates(devices: int, layers: int) -> list[Candidate]:
+def candidates(devices: int, layers: int) -> list[PlanCase]:
     """Pure DP first (its reduction after the backward, then overlapped with it), then every pipeline depth
     2..devices that divides ``devices`` and is at most ``layers`` (module docstring), in a fixed order (the first of
     equal times wins)."""
-    plans = [Candidate("1f1b", 1, devices)] + ([Candidate("1f1b", 1, devices, overlap=True)] if devices > 1 else [])
+    plans = [PlanCase("1f1b", 1, devices)] + ([PlanCase("1f1b", 1, devices, overlap=True)] if devices > 1 else [])
     for pp in range(2, min(devices, layers) + 1):
         if devices % pp:
             continue
         dp = devices // pp
         for schedule in ("1f1b", "gpipe"):
-            plans += [Candidate(schedule, pp, dp, order) for order in (ORDERS if dp > 1 else ("tp-dp-pp",))]
+            plans += [PlanCase(schedule, pp, dp, order) for order in (ORDERS if dp > 1 else ("tp-dp-pp",))]
         if dp == 1:
-            plans.append(Candidate("pipedream", pp, 1))
+            plans.append(PlanCase("pipedream", pp, 1))
     return plans
 
 
-def _simulate(model: ModelCase, topology: str, candidate: Candidate) -> PlanResult:
+def _simulate(model: ModelCase, topology: str, candidate: PlanCase) -> PlanResult:
     built = build_plan(PlanInputs(model.spec, topology, candidate.schedule, microbatch_size=model.microbatch_size,
                                   global_batch=model.global_batch, dp=candidate.dp, pp=candidate.pp,
                                   rank_order=candidate.order, grad_overlap=candidate.overlap))

@@ -2,7 +2,7 @@
 
 Experiments are registered by name in :data:`EXPERIMENTS`; ``python -m experiments.run list`` prints them. Each one
 runs the product's own tools, its command-line tools (``sim.run``, ``executor.run``) or the public functions behind
-them (``sim.csp.build``, ``sim.csp.baselines``), so a result here is a result of the product and not of a private
+them (``sim.csp.csp_plan``, ``sim.csp.baselines``), so a result here is a result of the product and not of a private
 code path.
 
 An experiment that writes files has an ``--out`` directory, checked here before it runs

@@ -16,9 +16,9 @@ from sim.core.errors import SpecError
 from sim.cost.model import CostModel, plan_graph, plan_oracle, replica_views
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile
-from sim.csp.build import check_csp_plan, csp_problem
+from sim.csp.csp_metrics import csp_metrics
+from sim.csp.csp_plan import check_csp_plan, csp_problem
 from sim.csp.problem import CspResult
-from sim.csp.report import csp_metrics
 from sim.csp.simulate import simulate_csp
 from sim.engine.simpy_engine import simulate
 from sim.hw.topology import Topology
@@ -43,7 +43,7 @@ class Prediction:
         link_bytes: ``((src, dst), bytes)`` carried by each directed link that was used (empty for csp).
         cost_source: one line saying where the durations come from (roofline, or which profile on which ranks).
         metrics: the ``metrics.json`` object: :func:`sim.report.metrics.compute_metrics`, the plan header and, for
-            csp, :func:`sim.csp.report.csp_metrics`.
+            csp, :func:`sim.csp.csp_metrics.csp_metrics`.
         costs: the plan's cost view (``None`` for csp, whose costs differ per subnet).
         csp: the CSP run's decisions, stalls and copies (``None`` for fixed programs).
     """

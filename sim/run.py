@@ -225,8 +225,8 @@ def _group_lines(plan) -> str:
 
 def _run_csp(args: argparse.Namespace) -> int:
     """``--schedule csp``: write NASPipe's CSP plan over a sampled subnet sequence, simulate it, write the outputs."""
-    from sim.csp.build import CspInputs, build_csp_plan
-    from sim.csp.report import csp_decision_log
+    from sim.csp.csp_metrics import csp_decision_log
+    from sim.csp.csp_plan import CspInputs, build_csp_plan
 
     # CSP picks subnets online with one stage per rank, one subnet per step, and updates the weights per subnet:
     # these options of the fixed schedules have no meaning for it, so naming one is an error, not silently dropped.

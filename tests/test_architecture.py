@@ -229,14 +229,14 @@ PLANTED = [
     ("executor.compare", "from profiles import measure", "package executor may not import profiles"),
     ("sim.ir.trace", "from experiments import run", "sim never imports"),
     ("profiles.measure", "import experiments.run", "package profiles may not import experiments"),
-    ("executor.finish", "from sim.engine.simpy_engine import simulate", "simulator engine"),
+    ("executor.run_outputs", "from sim.engine.simpy_engine import simulate", "simulator engine"),
     ("executor.compare", "from sim import run", "command module sim.run"),
     ("sim.hw.topology", "from sim.cost.model import CostModel", "imports inside sim go down the floors"),
     ("sim.hw.topology", "from sim.models.graph import LayerGraph", "imports inside sim go down the floors"),
     ("sim.report.metrics", "from sim.hw.topology import Topology", "reports import only the IR"),
     ("sim.core.fileio", "import sim", "public face"),
     ("sim.engine.simpy_engine", "from sim.run import main", "command module sim.run"),
-    ("executor.nn.optim", "from executor.worker import worker_main", "import cycle"),
+    ("executor.nn.optim", "from executor.rank_process import worker_main", "import cycle"),
 ]
 
 

@@ -37,7 +37,7 @@ __all__ = ["ParamOffload", "candidate_params"]
 
 def candidate_params(stage: nn.Module) -> dict[tuple[int, int], list[nn.Parameter]]:
     """The trainable parameters of every choice-block candidate of ``stage``, by layer key ``(block, candidate)``
-    (the keys of :func:`sim.csp.build.build_csp_problem`); candidates without parameters map to ``[]``."""
+    (the keys of :func:`sim.csp.csp_plan.build_csp_problem`); candidates without parameters map to ``[]``."""
     return {(m.block, k): [p for p in candidate.parameters() if p.requires_grad]
             for m in stage.modules() if isinstance(m, ChoiceBlock) for k, candidate in enumerate(m.candidates)}
 

@@ -2,7 +2,7 @@
 
 NASPipe (ASPLOS'22 §6, Figure 5) measures CSP against pipelines that train one subnet per minibatch without knowing
 about layer sharing. Here each baseline gets exactly the subnets, partition, topology and per-stage costs that
-:func:`sim.csp.build.build_csp_problem` gives CSP, so the only difference is the schedule:
+:func:`sim.csp.csp_plan.build_csp_problem` gives CSP, so the only difference is the schedule:
 
 * ``gpipe`` / ``1f1b`` with a flush between subnets (reproducible, slow): subnet b is one iteration of the static
   schedule, its minibatch split into ``m`` microbatches, followed by the optimizer step; the next subnet starts when
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from sim.core.errors import SpecError
 from sim.cost.model import CostModel
-from sim.csp.build import CspInputs, build_csp_problem
+from sim.csp.csp_plan import CspInputs, build_csp_problem
 from sim.csp.problem import CspProblem
 from sim.csp.simulate import simulate_csp
 from sim.engine.simpy_engine import simulate

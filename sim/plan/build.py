@@ -22,11 +22,11 @@ from sim.ir.schedule_csv import load_schedule_csv
 from sim.ir.weight_versions import VERTICAL_SYNC_OPTION
 from sim.models import build_model
 from sim.models.graph import LayerGraph
-from sim.plan.collectives import add_collectives
 from sim.plan.inputs import PlanInputs
 from sim.plan.layout import plan_is_pipeline_only, plan_layout, plan_microbatches
 from sim.plan.limits import check_plan_size, compute_ops_per_microbatch
 from sim.plan.lower import add_recompute, lower
+from sim.plan.lower_collectives import add_collectives
 from sim.plan.partition import counts_to_ranges, parse_partition
 from sim.plan.validate import validate, validate_l0
 from sim.schedules import get_schedule

@@ -25,8 +25,8 @@ from sim.ir.parallel import RANK_ORDERS
 from sim.plan.partition import PARTITION_RULES
 from sim.schedules import SCHEDULES
 from sim.search.evaluate import Evaluation, build_candidate_plan
-from sim.search.report import format_table, write_search_outputs
 from sim.search.search import STRATEGIES, SearchResult, run_search
+from sim.search.search_outputs import format_table, write_search_outputs
 from sim.search.settings import load_settings
 from sim.search.space import DEFAULT_SCHEDULES, RECOMPUTE_MODES, SearchProblem, SearchSpace
 

@@ -24,7 +24,7 @@ from executor.launch import (
     report_failures,
     worker_command,
 )
-from executor.worker import INJECT_SIGNAL_ENV, failure_message
+from executor.rank_process import INJECT_SIGNAL_ENV, failure_message
 from sim.core.errors import SpecError
 from tests.executor.runs import ROOT, execute, sim_plan
 

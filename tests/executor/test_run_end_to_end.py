@@ -130,7 +130,7 @@ def test_a_calibrated_profile_is_the_runs_stage_medians_and_drives_the_simulator
 
 
 def test_default_threads_are_the_hosts_cores_shared_by_its_ranks(local_run):
-    # executor.worker: without --threads, each rank gets host_cores() // ranks on the host, at least one.
+    # executor.rank_process: without --threads, each rank gets host_cores() // ranks on the host, at least one.
     expected = max(1, host_cores() // RANKS)
     assert local_run.metrics["measurement"]["threads_per_rank"] == [expected] * RANKS
 

@@ -37,7 +37,7 @@ CASES = [
     ("tp2-pp2", 4, ["--tp", "2", "--pp", "2", "-m", "2"], "sgd", 1, 2, 1e-7),
     ("dp2", 2, ["--dp", "2", "--global-batch", "4"], "adam", 2, 2, None),
     ("dp2-zero1", 2, ["--dp", "2", "--global-batch", "4", "--zero", "1"], "adam", 2, 2, None),
-    # With --grad-overlap: each stage's reduction is issued right after its last backward (sim.plan.collectives).
+    # With --grad-overlap: each stage's reduction is issued right after its last backward (sim.plan.lower_collectives).
     ("dp2-pp2-overlap", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--grad-overlap"], "adam", 2, 2, None),
     # A device order (--devices, the search's placement): every process finds its coordinates through it.
     ("tp2-pp2-devices", 4, ["--tp", "2", "--pp", "2", "-m", "2", "--devices", "2,3,0,1"], "sgd", 1, 2, 1e-7),

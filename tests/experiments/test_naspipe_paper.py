@@ -82,7 +82,7 @@ def test_gpipe_rate_on_free_links_is_the_flow_shop_closed_form():
     free at infinite memory bandwidth). The experiment's GPipe rate is p microbatches per iteration over that sum."""
     from experiments.naspipe_paper import GPIPE_SEQ, simulate_space
     from sim.cost.model import CostModel
-    from sim.csp.build import CspInputs, build_csp_problem
+    from sim.csp.csp_plan import CspInputs, build_csp_problem
     from sim.ir.ops import OpKind
     from sim.ir.plan import Placement
     from sim.models.graph import LayerGraph

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from experiments.pipedream_vs_dp import CLUSTERS, MODELS, Candidate, ClusterCase, ModelCase, candidates, compare
+from experiments.pipedream_vs_dp import CLUSTERS, MODELS, ClusterCase, ModelCase, PlanCase, candidates, compare
 from experiments.run import main
 from sim.hw.topology import Topology
 from tests.sim.cost.nccl_closed_form import nccl_call_s
@@ -14,11 +14,11 @@ from tests.sim.cost.nccl_closed_form import nccl_call_s
 
 def test_candidates_are_dp_then_every_depth_dividing_the_devices_with_both_nestings():
     plans = candidates(16, 10)
-    assert plans[:2] == [Candidate("1f1b", 1, 16), Candidate("1f1b", 1, 16, overlap=True)]
+    assert plans[:2] == [PlanCase("1f1b", 1, 16), PlanCase("1f1b", 1, 16, overlap=True)]
     assert {(c.pp, c.dp) for c in plans[2:]} == {(2, 8), (4, 4), (8, 2)}  # 16 stages > 10 layers: left out
     assert len(plans) == 2 + 3 * 2 * 2  # three depths x {1f1b, gpipe} x {replicas adjacent, stages adjacent}
     full = candidates(16, 16)
-    assert full[-3:] == [Candidate("1f1b", 16, 1), Candidate("gpipe", 16, 1), Candidate("pipedream", 16, 1)]
+    assert full[-3:] == [PlanCase("1f1b", 16, 1), PlanCase("gpipe", 16, 1), PlanCase("pipedream", 16, 1)]
     assert [c.label for c in (*full[:4], full[-1])] == [
         "DP x16", "DP x16 (overlapped)", "1f1b pp2 x dp8 (replicas adjacent)", "1f1b pp2 x dp8 (stages adjacent)",
         "pipedream pp16"]

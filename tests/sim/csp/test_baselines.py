@@ -12,7 +12,7 @@ from sim.csp.baselines import (
     stage_subnet_bytes,
     stage_supernet_bytes,
 )
-from sim.csp.build import CspInputs, build_csp_plan, build_csp_problem
+from sim.csp.csp_plan import CspInputs, build_csp_plan, build_csp_problem
 from sim.predict import predict
 
 SMALL = "supernet:blocks=6,choices=4,hidden=64,heads=4,seq=16,vocab=100"

@@ -8,7 +8,7 @@ import pytest
 
 from sim.core.errors import SpecError
 from sim.cost.memory_sizes import state_bytes_per_param
-from sim.csp.build import CspInputs, build_csp_plan, build_csp_problem, check_csp_plan
+from sim.csp.csp_plan import CspInputs, build_csp_plan, build_csp_problem, check_csp_plan
 from sim.csp.rules import csp_pick, subnet_table
 from sim.ir.plan import Op, Placement, Plan
 from sim.models.supernet_space import sample_subnets

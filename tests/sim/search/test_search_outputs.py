@@ -1,5 +1,5 @@
-"""sim.search.report: the Pareto front against a brute-force dominance check, candidates.csv and search.json read
-back against the evaluations, the PNG, the table."""
+"""sim.search.search_outputs: the Pareto front against a brute-force dominance check, candidates.csv and search.json
+read back against the evaluations, the PNG, the table."""
 
 import csv
 import io
@@ -10,8 +10,9 @@ from dataclasses import asdict, fields
 import pytest
 
 from sim.search.evaluate import Evaluation
-from sim.search.report import candidates_csv, format_table, pareto_front, pareto_png, search_json, write_search_outputs
 from sim.search.search import SearchResult, run_search
+from sim.search.search_outputs import (candidates_csv, format_table, pareto_front, pareto_png, search_json,
+                                       write_search_outputs)
 from sim.search.space import Candidate, SearchProblem, SearchSpace
 
 PNG = b"\x89PNG\r\n\x1a\n"

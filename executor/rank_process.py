@@ -125,7 +125,7 @@ def _threads(options: RunOptions, local_world_size: int) -> int:
 def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None:
     world_size, local_rank = _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
     if plan.weight_policy == "csp":  # no fixed program: each rank decides online (executor.csp)
-        from executor.csp.worker import run_csp_plan_rank
+        from executor.csp.csp_plan_run import run_csp_plan_rank
 
         if plan.num_ranks != world_size:
             raise SpecError(f"plan {options.plan_path} has {plan.num_ranks} ranks but the launcher started "
@@ -194,7 +194,7 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     gathered: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]
     dist.gather_object(report, gathered, dst=0)
     if rank == 0:
-        from executor.finish import finish_run  # rank 0 only: simulation, plotting, file output
+        from executor.run_outputs import finish_run  # rank 0 only: simulation, plotting, file output
 
         assert gathered is not None
         finish_run(plan, topology, options, gathered, offsets, (sweep_sizes, sweep) if sweep else None)

@@ -4,7 +4,7 @@ Writes what ``executor.run`` writes for a fixed plan, through the same functions
 ``trace.json`` and ``gantt.png`` (:func:`sim.report.outputs.write_run_outputs`) of the run, ``plan.json``, and
 ``compare.json`` (:func:`executor.compare.compare_report`: the simulator's prediction of the very plan that ran,
 :func:`sim.predict.predict`, against the measured run). ``metrics.json`` adds the CSP block of the simulator
-(:func:`sim.csp.report.csp_metrics`, with the measured copy statistics), ``final_params_sha256``, every subnet's
+(:func:`sim.csp.csp_metrics.csp_metrics`, with the measured copy statistics), ``final_params_sha256``, every subnet's
 loss and the order in which each stage ran its forwards.
 """
 
@@ -21,7 +21,7 @@ from executor.csp.trace import csp_trace
 from executor.options import RunOptions
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic
 from sim.core.output_set import all_or_none
-from sim.csp.report import csp_metrics
+from sim.csp.csp_metrics import csp_metrics
 from sim.ir.plan import Plan
 from sim.predict import predict
 from sim.report.metrics import compute_metrics, plan_header

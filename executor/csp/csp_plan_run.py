@@ -1,6 +1,6 @@
-"""One rank of a CSP plan run by ``executor.run --plan``, rank 0's outputs, and the plan's sequential reference.
+"""A CSP plan run by ``executor.run --plan``: one rank of it, or all its subnets in one process (the reference).
 
-A csp plan (``sim.run --schedule csp``, checked by :func:`sim.csp.build.check_csp_plan`) carries the supernet, one
+A csp plan (``sim.run --schedule csp``, checked by :func:`sim.csp.csp_plan.check_csp_plan`) carries the supernet, one
 stage per rank, the subnet table, the lookahead and the context-switching budget; every rank builds its stage from
 the plan and runs :func:`executor.csp.runner.run_csp_rank`, which decides online with the simulator's own
 :func:`sim.csp.rules.csp_pick`. The whole subnet sequence is one run (a plan trains each subnet once), so there are no
@@ -10,7 +10,7 @@ NASPipe's claim is that the result is bitwise equal to training the same subnets
 number of stages: :func:`run_reference` is that process, and both write ``final_params_sha256`` (SHA-256 over every
 parameter's name and bytes) and every subnet's loss into ``metrics.json``. Bitwise equality needs the same kernels,
 so CSP ranks and the reference default to one intra-op thread (a CPU kernel's reduction order can depend on its
-thread count).
+thread count). Rank 0's outputs are :mod:`executor.csp.csp_outputs`'s.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.csp.finish import finish_csp_run, params_sha256
+from executor.csp.csp_outputs import finish_csp_run, params_sha256
 from executor.options import RunOptions
 from sim.ir.plan import Plan
 
@@ -60,7 +60,7 @@ def run_csp_plan_rank(options: RunOptions, plan: Plan, rank: int, world_size: in
     from executor.clock import measure_offsets
     from executor.csp.runner import run_csp_rank
     from executor.nn.stages import boundary_specs, loss_fn
-    from sim.csp.build import check_csp_plan
+    from sim.csp.csp_plan import check_csp_plan
 
     setup = check_csp_plan(plan)
     torch.set_num_threads(options.threads or 1)
@@ -97,7 +97,7 @@ def run_reference(options: RunOptions, plan: Plan) -> dict[str, Any]:
     """
     from executor.nn.stages import loss_fn
     from executor.reference import train_subnets_sequentially
-    from sim.csp.build import check_csp_plan
+    from sim.csp.csp_plan import check_csp_plan
 
     check_csp_plan(plan)
     torch.set_num_threads(options.threads or 1)
