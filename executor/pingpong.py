@@ -2,8 +2,8 @@
 
 Three measurements rest on it: the executor's point-to-point sweep for a calibrated profile
 (``executor.rank_process.p2p_sweep``), the profiler's ping-pong between two spawned processes (``profiles.p2p``),
-and the clock offsets of ranks on other hosts (``executor.clock``, Cristian's algorithm, which also needs the peer's clock
-reading at the moment the message arrived: :func:`round_trip`'s ``on_arrival`` hook).
+and the clock offsets of ranks on other hosts (``executor.clock``, Cristian's algorithm, which also needs the peer's
+clock reading at the moment the message arrived: :func:`round_trip`'s ``on_arrival`` hook).
 
 One side *initiates* (sends, then receives the message back); the other *answers* (receives, then sends it back).
 On a CUDA tensor the collectives of NCCL only enqueue work on a stream, so a round trip is bracketed by

@@ -38,7 +38,7 @@ from executor.nn.stages import boundary_specs, synthetic_batch
 from executor.options import RunOptions, host_cores
 from executor.parallel import Place, build_process, make_groups, microbatch_index, save_state
 from executor.pingpong import round_trip_times
-from executor.stream_exec import StreamInterpreter, stream_frames
+from executor.stream.stream_interpreter import StreamInterpreter, stream_frames
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
@@ -153,7 +153,8 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     specs = boundary_specs(plan.model, cuts, plan.microbatch_size)
     boundary = {v: specs[start] for v, (start, _) in enumerate(plan.placement.vstage_layers)}
     fail_at = options.inject_failure[1] if options.inject_failure and options.inject_failure[0] == rank else None
-    # A stream plan (PARTIME) runs its backward through each stage's current forward (executor.stream_exec).
+    # A stream plan (PARTIME) runs its backward through each stage's current forward
+    # (executor.stream.stream_interpreter).
     interpreter_class = StreamInterpreter if plan.weight_policy == "stream" else RankInterpreter
     interpreter = interpreter_class(plan, place.pp, model.stages, model.optimizers, model.loss, boundary,
                                     device=device, fail_at=fail_at, peer_of=place.peer, tp_comm=model.tp_comm,

@@ -2,17 +2,17 @@
 drifting stream and across an abrupt scene cut, for 1, 2, 4 and 8 pipeline stages.
 
 PARTIME updates every stage at every step with the gradient that has just arrived, computed through the stage's
-*current* input although it came from a frame 2(N-1-s) steps older (:mod:`executor.stream_reference`, the rule the
-executor reproduces bitwise). Two things differ from exact online SGD: the gradient is paired with another frame's
-input (harmless while consecutive frames are alike, wrong across a cut) and it was computed with weights up to
-2(N-1-s) updates old (delayed SGD, which tolerates a smaller learning rate as the delay grows).
+*current* input although it came from a frame 2(N-1-s) steps older (:mod:`executor.stream.partime_reference`, the rule
+the executor reproduces bitwise). Two things differ from exact online SGD: the gradient is paired with another frame's
+input (harmless while consecutive frames are alike, wrong across a cut) and it was computed with weights up to 2(N-1-s)
+updates old (delayed SGD, which tolerates a smaller learning rate as the delay grows).
 
 Setup. The model is ``cnn:layers=8,features=8,kernel=3,size=32`` (PARTIME's conv stack without downscaling), its
 layers built by :func:`executor.nn.stages.build_stage` and split evenly into N stages; plain SGD
 (:func:`executor.nn.optim.make_optimizer`, bitwise ``torch.optim.SGD``) at each rate of ``--lr``: 0.5, where exact
 online SGD learns the stream well (online loss from about 0.3 to 0.03-0.09 over the last 100 of 800 frames, by seed;
 at 1.0 its ReLUs die and the loss stays near 0.27 on seed 0), and 0.05, where it learns slowly (to 0.06-0.11) but
-every stage count stays finite. The stream (:class:`executor.stream_source.StreamSpec`, the same
+every stage count stays finite. The stream (:class:`executor.stream.video.StreamSpec`, the same
 size and features) drifts by 0.02 rad per frame and cuts to another scene at frame T // 2: the frames before the cut
 are the drifting stream, those after it the abrupt change. Each of ``--repeats`` repetitions r uses seed
 ``--seed + r`` for the stream and the weights; exact SGD and every N start from the same weights.
@@ -49,8 +49,8 @@ import torch
 
 from executor.nn.optim import make_optimizer
 from executor.nn.stages import build_stage, loss_fn
-from executor.stream_reference import exact_online_sgd, partime
-from executor.stream_source import StreamSpec, frame
+from executor.stream.partime_reference import exact_online_sgd, partime
+from executor.stream.video import StreamSpec, frame
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic

@@ -11,8 +11,14 @@ import pytest
 
 from sim.search.evaluate import Evaluation
 from sim.search.search import SearchResult, run_search
-from sim.search.search_outputs import (candidates_csv, format_table, pareto_front, pareto_png, search_json,
-                                       write_search_outputs)
+from sim.search.search_outputs import (
+    candidates_csv,
+    format_table,
+    pareto_front,
+    pareto_png,
+    search_json,
+    write_search_outputs,
+)
 from sim.search.space import Candidate, SearchProblem, SearchSpace
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,6 @@
 """A PARTIME stream plan run by ``executor.run`` on gloo ranks ends with bitwise the weights of the single-process
-reference of PARTIME's rule (``executor.stream_reference.partime``) on the same frames: every stage's forward of its
-newest frame, the backward of the arriving gradient through it, an SGD step after each backward, the drain's
+reference of PARTIME's rule (``executor.stream.partime_reference.partime``) on the same frames: every stage's forward
+of its newest frame, the backward of the arriving gradient through it, an SGD step after each backward, the drain's
 recompute. And its losses are the reference's online losses."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 
 from executor.nn.optim import make_optimizer
 from executor.nn.stages import build_stage, loss_fn
-from executor.stream_exec import STREAM_DRIFT
-from executor.stream_reference import partime
-from executor.stream_source import StreamSpec, frame
+from executor.stream.partime_reference import partime
+from executor.stream.stream_interpreter import STREAM_DRIFT
+from executor.stream.video import StreamSpec, frame
 from sim.ir.plan import Plan
 from tests.executor.runs import execute, sim_plan
 

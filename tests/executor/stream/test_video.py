@@ -1,4 +1,4 @@
-"""executor.stream_source: the seeded synthetic stream is a few moving plane waves per channel, moves at most as fast
+"""executor.stream.video: the seeded synthetic stream is a few moving plane waves per channel, moves at most as fast
 as its drift allows, cuts where asked, is the same in another process, and refuses bad values."""
 
 import math
@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from executor import stream_source
-from executor.stream_source import IN_CHANNELS, MAX_FRAME_ELEMENTS, WAVES, StreamSpec, frame, scene_of
+from executor.stream import video
+from executor.stream.video import IN_CHANNELS, MAX_FRAME_ELEMENTS, WAVES, StreamSpec, frame, scene_of
 from sim.core.errors import SpecError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_shapes_dtypes_and_the_target_range():
@@ -38,7 +38,7 @@ def test_same_spec_and_frame_give_identical_tensors_and_the_seed_matters():
 #: Prints a hash of frames 0-3 of one stream: run here and in a fresh one-thread process.
 DIGEST = """
 import hashlib
-from executor.stream_source import StreamSpec, frame
+from executor.stream.video import StreamSpec, frame
 h = hashlib.sha256()
 for f in range(4):
     for t in frame(StreamSpec(size=20, features=6, seed=4, drift=0.3, cut_at=2), f):
@@ -59,7 +59,7 @@ def test_each_channel_is_a_sum_of_at_most_WAVES_plane_waves():
     # (-u, -v): a channel has at most 2 * WAVES nonzero coefficients, whatever the frame
     spec = StreamSpec(size=32, features=2, seed=5, drift=0.2)
     for f in (0, 13):
-        x64 = stream_source._scene_image(spec, 0, f)
+        x64 = video._scene_image(spec, 0, f)
         for channel in x64:
             spectrum = torch.fft.fft2(channel).abs()
             assert int((spectrum > 1e-9 * float(spectrum.max())).sum()) <= 2 * WAVES
@@ -105,8 +105,8 @@ def test_the_cut_changes_the_scene_from_its_frame_on_and_nothing_before():
 
 def test_the_teacher_is_a_3x3_same_convolution_then_a_sigmoid():
     spec = StreamSpec(size=10, features=4, seed=9, drift=0.1)
-    weight, bias = stream_source._teacher(spec)
-    x64 = stream_source._scene_image(spec, 0, 3)
+    weight, bias = video._teacher(spec)
+    x64 = video._scene_image(spec, 0, 3)
     expected = torch.sigmoid(2.0 * F.conv2d(x64[None], weight, bias, padding=1))  # torch's convolution: the oracle
     _, y = frame(spec, 3)
     torch.testing.assert_close(y, expected.to(torch.float32), rtol=0, atol=1e-6)

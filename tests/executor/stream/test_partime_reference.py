@@ -1,6 +1,6 @@
-"""executor.stream_reference: PARTIME's rule against a hand-computed two-stage case, the lag of each stage's gradient,
-delayed gradient descent on a constant stream, its step and op counts, and bit-equality with exact online SGD for
-one stage."""
+"""executor.stream.partime_reference: PARTIME's rule against a hand-computed two-stage case, the lag of each stage's
+gradient, delayed gradient descent on a constant stream, its step and op counts, and bit-equality with exact online SGD
+for one stage."""
 
 import pytest
 import torch
@@ -9,8 +9,8 @@ from torch import nn
 
 from executor.nn.optim import SGD
 from executor.nn.stages import build_stage, loss_fn
-from executor.stream_reference import exact_online_sgd, partime, recomputes_of, steps_of
-from executor.stream_source import StreamSpec, frame
+from executor.stream.partime_reference import exact_online_sgd, partime, recomputes_of, steps_of
+from executor.stream.video import StreamSpec, frame
 from sim.core.errors import SpecError
 
 

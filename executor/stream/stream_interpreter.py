@@ -12,9 +12,9 @@
 * **An update after every backward, with the loss as is.** Each frame is a step of online SGD: the last stage
   back-propagates its frame's loss undivided, and OPT_STEP follows every B.
 
-The weights after every step are those of :func:`executor.stream_reference.partime` on the same frames, bitwise
-(``tests/executor/test_stream_run.py``). :func:`stream_frames` makes the frames: ``cnn`` models read the seeded
-smooth video of :mod:`executor.stream_source` (iteration k continues the stream at frame k · T, so a run of several
+The weights after every step are those of :func:`executor.stream.partime_reference.partime` on the same frames, bitwise
+(``tests/executor/stream/test_stream_run.py``). :func:`stream_frames` makes the frames: ``cnn`` models read the seeded
+smooth video of :mod:`executor.stream.video` (iteration k continues the stream at frame k · T, so a run of several
 iterations is one stream), other models a seeded synthetic batch per frame.
 """
 
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from executor.interpreter import RankInterpreter
 from executor.nn.stages import synthetic_batch
-from executor.stream_source import StreamSpec, frame
+from executor.stream.video import StreamSpec, frame
 from sim.core.errors import SpecError
 from sim.core.spec import parse_spec
 from sim.ir.plan import Op, OpKind, Plan

@@ -3,7 +3,7 @@
 PARTIME (Meloni et al., ICMLA 2022) learns from a live source one frame at a time and bets that consecutive frames
 differ little. This module makes such a source without a camera: a smoothly moving image and, per pixel, a target
 the network can learn, computed for any frame index alone, so every rank of a pipeline (and the single-process
-reference, :mod:`executor.stream_reference`) makes bitwise the same frame f without making the frames before it.
+reference, :mod:`executor.stream.partime_reference`) makes bitwise the same frame f without making the frames before it.
 
 The scene. Each of the 3 input channels is a sum of :data:`WAVES` plane waves over the S x S pixel grid::
 
