@@ -10,8 +10,13 @@ and evaluates the compiled structure with their costs.
 
 What it returns is exact (``method="critical path"``: bit-identical to the engine, as the tests check over random
 plans) unless two ops would have held one link at once; then the time is a lower bound (``method="critical path,
-lower bound"``) and :func:`sim.search.search.run_search` simulates the candidate with the engine whenever that bound
-could beat the best time found. Peak memory is exact either way.
+lower bound"``), which a caller must re-cost with the engine (:func:`sim.search.evaluate.evaluate`) whenever it could
+beat the best time found. Peak memory is exact either way.
+
+Who uses it: ``python -m sim.bench --search`` (:mod:`sim.search.rate`, which times it and checks every result against
+the engine's) and the brute force of ``experiments.run relaxed_search``, over up to ``--brute-limit`` partitions and
+placements per problem. :func:`sim.search.search.run_search` does not: each of its strategies costs candidates by the
+one prediction path (:func:`sim.search.evaluate.evaluate`).
 """
 
 from __future__ import annotations

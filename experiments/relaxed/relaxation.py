@@ -1,5 +1,5 @@
-"""A differentiable relaxation of a layout's per-stage choices (issue #14, item 3: the DARTS idea of the project's
-origins, as an experiment).
+"""A differentiable relaxation of a layout's per-stage choices: the DARTS idea the project started from, tried as an
+experiment beside the plan search's discrete strategies (``experiments.run relaxed_search`` compares them).
 
 DARTS (Liu, Simonyan and Yang, ICLR'19) replaces a discrete choice among candidate operations by a softmax over
 them, descends the gradient of a smooth loss, then keeps each softmax's argmax. Here the choices are those a fixed
@@ -10,12 +10,12 @@ layout (TP, DP, PP, microbatch size, schedule) leaves open:
 * on a mixed cluster, the kind of device block serving each pipeline rank: logits ``b`` (P x K), ``q =
   softmax(b)`` per rank.
 
-The loss is :class:`sim.search.surrogate.Surrogate`: the oracle's stage times (compute, tensor-parallel collectives,
-messages) interpolated at fractional cuts; the microbatches times a smooth maximum ``tau * logsumexp(L / tau)`` of
-the ranks' times, plus the schedule's fill through the other ranks, plus the slowest update (optimizer step and
-data-parallel collectives), plus a penalty holding the kind counts to the cluster's; its gradients are analytic
-(checked against finite differences by the tests). Adam descends it for :attr:`RelaxedConfig.iterations` steps
-while ``tau`` falls geometrically from ``tau_start`` to ``tau_end`` times the mean stage time of the even split (s).
+The loss is :class:`experiments.relaxed.surrogate.Surrogate`: the oracle's stage times (compute, tensor-parallel
+collectives, messages) interpolated at fractional cuts; the microbatches times a smooth maximum ``tau * logsumexp(L /
+tau)`` of the ranks' times, plus the schedule's fill through the other ranks, plus the slowest update (optimizer step
+and data-parallel collectives), plus a penalty holding the kind counts to the cluster's; its gradients are analytic
+(checked against finite differences by the tests). Adam descends it for :attr:`RelaxedConfig.iterations` steps while
+``tau`` falls geometrically from ``tau_start`` to ``tau_end`` times the mean stage time of the even split (s).
 Then:
 
 1. kinds are discretised: the largest probabilities first, each kind until its blocks run out (an argmax that
@@ -46,9 +46,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from experiments.relaxed.surrogate import Surrogate
 from sim.core.errors import SpecError
 from sim.search.space import Candidate, SearchProblem
-from sim.search.surrogate import Surrogate
 
 __all__ = ["RelaxedConfig", "RelaxedResult", "relax", "largest_remainder", "round_cuts", "assign_kinds",
            "counts_from_logits", "objective", "MAX_STEPS", "ROUNDINGS", "MAX_FREE_CUTS"]

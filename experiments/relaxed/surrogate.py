@@ -1,4 +1,5 @@
-"""The smooth surrogate of a layout's iteration time that :mod:`sim.search.relaxed` descends, with its gradient.
+"""The smooth surrogate of a layout's iteration time that :mod:`experiments.relaxed.relaxation` descends, with its
+gradient.
 
 For one layout (TP, DP, PP, microbatch size, schedule and its chunks, recompute) the choices left are the layer count
 of each virtual stage and, on a mixed cluster, which kind of device block serves each pipeline rank (a kind is the

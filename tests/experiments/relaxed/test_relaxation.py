@@ -1,6 +1,6 @@
-"""The differentiable relaxation (sim.search.relaxed, sim.search.surrogate): its gradient against finite differences,
-its stage times against the balanced DP's at integer points, rounding, kind assignment, determinism, and small cases
-whose optimum is known."""
+"""The differentiable relaxation (experiments.relaxed.relaxation, experiments.relaxed.surrogate): its gradient against
+finite differences, its stage times against the balanced DP's at integer points, rounding, kind assignment,
+determinism, and small cases whose optimum is known."""
 
 from __future__ import annotations
 
@@ -13,13 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.core.errors import SpecError
-from sim.core.fileio import write_text_atomic
-from sim.ir.plan import OpKind
-from sim.plan.build import build_plan
-from sim.plan.partition import stage_time
-from sim.search.evaluate import evaluate
-from sim.search.relaxed import (
+from experiments.relaxed.relaxation import (
     RelaxedConfig,
     assign_kinds,
     counts_from_logits,
@@ -28,8 +22,14 @@ from sim.search.relaxed import (
     relax,
     round_cuts,
 )
+from experiments.relaxed.surrogate import Surrogate, interpolate
+from sim.core.errors import SpecError
+from sim.core.fileio import write_text_atomic
+from sim.ir.plan import OpKind
+from sim.plan.build import build_plan
+from sim.plan.partition import stage_time
+from sim.search.evaluate import evaluate
 from sim.search.space import Candidate, SearchProblem
-from sim.search.surrogate import Surrogate, interpolate
 
 _GPT = "gpt:layers=10,hidden=1024,heads=16,seq=1024"
 _MIXED = SearchProblem(model=_GPT, topology="2xV100+2xA100", global_batch=16)
