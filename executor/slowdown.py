@@ -1,4 +1,5 @@
-"""Emulating a slower device: ``executor.run --slowdown RANK:FACTOR`` (issue #14, item 8).
+"""Emulating a slower device: ``executor.run --slowdown RANK:FACTOR``, so that a plan searched for a mixed cluster can
+be run for real on identical CPU ranks (``experiments.run mixed_real``).
 
 A slowed rank stretches each of its compute ops to FACTOR times its measured duration: once the op's work is done
 (on CUDA, once the device has caught up), the rank sleeps for (FACTOR − 1) × that duration, and the op's span ends

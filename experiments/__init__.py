@@ -1,4 +1,4 @@
 """Scripts that reproduce published results (GPipe, PipeDream, NASPipe, PARTIME) and ours; one module per figure.
 
-Empty until the first experiment lands (issue #3 adds ``sim_vs_real``); nothing imports this package.
+Each experiment is registered in ``experiments.run``; nothing outside ``experiments`` imports this package.
 """

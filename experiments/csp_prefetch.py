@@ -1,8 +1,8 @@
-"""How often NASPipe's predictor helps, over random CSP problems: predict against copy-on-demand (issue #5).
+"""How often NASPipe's predictor helps, over random CSP problems: predict against copy-on-demand.
 
-Issue #5 asked that prediction never make a run slower than copying on demand. That cannot be promised on more
-than one stage (:mod:`sim.csp.simulate`, "Predict versus on_demand": CSP's greedy dispatch is not monotone in op
-durations), so this experiment measures instead how often it helps, ties or hurts, and by how much at worst.
+One would like prediction never to make a run slower than copying on demand. That cannot be promised on more than one
+stage (:mod:`sim.csp.simulate`, "Predict versus on_demand": CSP's greedy dispatch is not monotone in op durations), so
+this experiment measures instead how often it helps, ties or hurts, and by how much at worst.
 
 Each problem draws, from ``random.Random(seed)``: 1–4 stages, 1–10 subnets over a pool of 1–5 layer keys per stage
 (0–2 keys per subnet and stage), forward and backward times of 1–4 s, updates of 0–2 s, a transfer of 0–2 s, a

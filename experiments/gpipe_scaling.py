@@ -1,4 +1,4 @@
-"""GPipe's scaling tables, simulated (issue #16 item 1): normalised throughput for K partitions and M microbatches.
+"""GPipe's scaling tables, simulated (GPipe Table 2): normalised throughput for K partitions and M microbatches.
 
 Huang et al. 2019 (arXiv 1811.06965v5; ../shared/reference/hardware.md §4.3) report, with one partition per
 accelerator and re-materialisation on (a stage keeps only its inputs and recomputes its forward before the

@@ -1,4 +1,4 @@
-"""Where hardware awareness pays (issue #14, item 7): the searched plan against two assumptions, on mixed clusters.
+"""Where hardware awareness pays: the searched plan against two assumptions, on mixed clusters.
 
 For each cluster of :data:`CLUSTERS` (8 GPUs of two device models each; every device and link is an entry of the
 catalog, ``profiles/hardware/devices.yaml`` and ``links.yaml``, with its source there; the clusters themselves are
@@ -56,7 +56,8 @@ from sim.search.space import Candidate, SearchProblem, SearchSpace
 __all__ = ["Cluster", "Comparison", "CLUSTERS", "QUICK_CLUSTERS", "SPACE", "QUICK_SPACE", "SLOWER", "stand_in",
            "fixed_partition", "compare", "main"]
 
-#: How much slower than the searched best a plan must be to count as the assumption's failure (issue #14: 20 %).
+#: How much slower than the searched best a plan must be to count as the assumption's failure (20 %): the
+#: experiment is to show at least one cluster where an assumption costs that much.
 SLOWER = 0.20
 _MODEL = "gpt:layers=40,hidden=3072,heads=24,seq=2048"  # 4.8 billion parameters: tight on 24 GB cards
 _QUICK_MODEL = "gpt:layers=12,hidden=1024,heads=16,seq=1024"

@@ -1,5 +1,5 @@
-"""Megatron's interleaved 1F1B against 1F1B, simulated (issue #16 item 4): the gain as a function of the microbatch
-count m and the chunks per rank v, and the extra point-to-point communication it costs.
+"""Megatron's interleaved 1F1B against 1F1B, simulated (Narayanan et al., SC'21 §2.2.2): the gain as a function of the
+microbatch count m and the chunks per rank v, and the extra point-to-point communication it costs.
 
 Narayanan et al. (SC'21, arXiv 2104.04473 §2.2.2) cut each rank's share of the model into v chunks placed in a
 loop, so a microbatch visits every rank v times and the pipeline fills and drains in (p − 1)/v stage-times instead

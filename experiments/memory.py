@@ -1,4 +1,4 @@
-"""Peak activation memory per pipeline stage, simulated, against the closed forms (issue #16, item 6).
+"""Peak activation memory per pipeline stage, simulated, against the closed forms.
 
 For gpipe, 1f1b, interleaved (v = 2 chunks), zb1p and pipedream, each without and with ``--recompute``, every plan is
 built and simulated by the product (:func:`sim.plan.build.build_plan`, :func:`sim.predict.predict`), and a stage's

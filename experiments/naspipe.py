@@ -1,4 +1,4 @@
-"""NASPipe (ASPLOS'22) in simulation: CSP against GPipe, 1F1B, PipeDream and its own ablations (issue #5 item 6).
+"""NASPipe (ASPLOS'22) in simulation: CSP against GPipe, 1F1B, PipeDream and its own ablations (NASPipe §6).
 
 For each search space (``c1``–``c3``, NASPipe's naming: c1 the largest) on ``8xV100``, one seeded subnet sequence
 (each subnet one minibatch of ``--minibatch`` samples) is trained under

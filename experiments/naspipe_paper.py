@@ -1,4 +1,4 @@
-"""NASPipe's 8.0 / 4.3 / 2.8x over GPipe on c1 / c2 / c3 under the artifact's own conditions (issue #16 item 3).
+"""NASPipe's 8.0 / 4.3 / 2.8x over GPipe on c1 / c2 / c3 under the artifact's own conditions.
 
 What the artifact compares (hku-systems/naspipe; file and line in ``docs/experiments/naspipe_paper.md``):
 
@@ -51,7 +51,8 @@ __all__ = ["ARTIFACT", "NASPIPE_BATCH", "NASPIPE_SEQ", "GPIPE_SEQ", "ArtifactRun
 NASPIPE_BATCH, NASPIPE_SEQ = 192, 64
 #: GPipe's sentence: ``[9, 999, 5, 2] * rep`` with ``rep`` 2 (baselines/runtime.py; main_with_runtime.py default).
 GPIPE_SEQ = 8
-#: The paper's ratio must be matched within this fraction (issue #16).
+#: The paper's ratio must be matched within this fraction: the ratio divides work per unit time at different step
+#: sizes, and the artifact's sample output (4 GPUs) is not the paper's figure (8 GPUs), so it is matched in kind.
 TOLERANCE = 0.25
 
 

@@ -1,5 +1,4 @@
-"""PARTIME's scaling, simulated beside the authors' findings, and its step time measured on CPU ranks (issue #15
-item 4).
+"""PARTIME's scaling, simulated beside the authors' findings, and its step time measured on CPU ranks.
 
 **The authors' setting** (the PARTIME talk in the seed notes, "Preliminary results"): a stack of 'same' convolutions
 without downscaling (``cnn``), basic configuration 10 layers x 16 features x kernel 5, and the same with layers x3

@@ -1,5 +1,5 @@
-"""What PARTIME's approximation costs (issue #15, item 5): its online loss against exact online SGD on a slowly
-drifting stream and across an abrupt scene cut, for 1, 2, 4 and 8 pipeline stages.
+"""What PARTIME's approximation costs: its online loss against exact online SGD on a slowly drifting stream and across
+an abrupt scene cut, for 1, 2, 4 and 8 pipeline stages.
 
 PARTIME updates every stage at every step with the gradient that has just arrived, computed through the stage's
 *current* input although it came from a frame 2(N-1-s) steps older (:mod:`executor.stream.partime_reference`, the rule

@@ -1,5 +1,5 @@
-"""PipeDream's claims on its own terms, simulated (issue #16 item 2): a steady state without stalls, the memory of
-weight stashing against GPipe and 1F1B, and the throughput against data parallelism.
+"""PipeDream's claims on its own terms, simulated (PipeDream, SOSP'19 §3.2–3.3): a steady state without stalls, the
+memory of weight stashing against GPipe and 1F1B, and the throughput against data parallelism.
 
 PipeDream (Narayanan et al., SOSP'19) runs 1F1B across minibatch boundaries with no flush (§3.2) and keeps one
 stashed weight version per minibatch in flight (§3.3, ``num_versions = warmup + 1 = p − r`` on stage r in its

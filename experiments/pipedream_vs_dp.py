@@ -1,4 +1,4 @@
-"""PipeDream (SOSP'19) against data parallelism, simulated: the best pipeline plan beside pure DP (issue #12 item 8).
+"""PipeDream (SOSP'19) against data parallelism, simulated: the best pipeline plan beside pure DP (its Table 1).
 
 For each model and cluster, on all N devices of the cluster and a fixed global batch per model:
 

@@ -1,4 +1,4 @@
-"""The differentiable relaxation against the exact dynamic program, annealing and brute force (issue #14, item 3).
+"""The differentiable relaxation against the exact dynamic program, annealing and brute force.
 
 On a seeded suite of problems (:func:`suite`: half on one device model, half on two; 4 to 16 devices; 8 to 48 model
 layers, embedding and head included; a GPT of hidden size 1024 or 2048) each problem fixes a layout (TP, DP, PP,

@@ -1,5 +1,5 @@
 """``python -m experiments.run results``: every experiment run again, its printed tables and its figures gathered into
-one page, ``docs/results.md`` (issue #16 item 8).
+one page, ``docs/results.md``, so that every claim and its figure can be read and regenerated in one place.
 
 Each registered experiment (the registry ``experiments.run`` passes in, this one aside) runs as a user runs it,
 ``python -m experiments.run NAME --out RUNS/NAME`` in a fresh process, one after the other (they share the 2 cores,

@@ -1,5 +1,5 @@
-"""The search's strategies measured against each other (issue #14, item 3): brute force, the planner's screen, the
-joint dynamic program, annealing from it and the Alpa assumption, on a seeded suite of problems.
+"""The search's strategies measured against each other: brute force, the planner's screen, the joint dynamic program,
+annealing from it and the Alpa assumption, on a seeded suite of problems.
 
 Each problem (:func:`suite`) is a GPT on a cluster of one to four device models (4 to 16 devices) at a global batch
 of 32, searched over :data:`SPACE` (schedules 1f1b, zb1p and interleaved with 2 chunks, no recomputation, no

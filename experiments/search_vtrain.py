@@ -1,4 +1,4 @@
-"""The plan search on vTrain's measured runs: does it pick the configuration that was measured fastest (issue #14)?
+"""The plan search on vTrain's measured runs: does it pick the configuration that was measured fastest?
 
 The runs of ``data/vtrain/ground_truth_single.csv`` (or of ``--data``, a file with the same columns) are grouped by
 (model, GPU count, global batch). Each group's measured (TP, DP, PP, microbatch size) settings are written as a

@@ -1,4 +1,4 @@
-"""Simulator fidelity: predict each plan with a calibrated profile, run it for real, compare (issues #3, #13 item 5).
+"""Simulator fidelity: predict each plan with a calibrated profile, run it for real, compare.
 
 Procedure, on this host with 2 CPU ranks (topology ``2xcpu``, gloo):
 
@@ -54,7 +54,8 @@ CASES: dict[str, list[str]] = {
     "pipedream": ["--schedule", "pipedream"],
     "1f1b-recompute": ["--schedule", "1f1b", "--recompute"],
 }
-#: The issue's target for the default cases: median |error| <= 3 %, max <= 8 % (issue #13, item 5).
+#: The target for the default cases, two separate runs each on a fresh 2-core machine: median |error| <= 3 %,
+#: max <= 8 %.
 TARGET_MEDIAN, TARGET_MAX = 0.03, 0.08
 #: Cores other processes may keep busy, on average over a run, before the run is marked as measured on a busy host
 #: (a quarter of a core: on 2 cores, one other busy process slows each rank by 30-40 %, a quarter of that is already

@@ -1,4 +1,4 @@
-"""The simulator against third-party GPU measurements: vTrain's 1,440 Megatron-DeepSpeed runs on A100s (issue #13).
+"""The simulator against third-party GPU measurements: vTrain's 1,440 Megatron-DeepSpeed runs on A100s.
 
 Every run of ``data/vtrain/ground_truth_single.csv`` (or of ``--data``, a file with the same columns) becomes the plan
 its configuration describes, built and predicted by the product's own path: ``gpt:layers=L,hidden=H,heads=A,seq=S,

@@ -1,4 +1,5 @@
-"""Fitting the GPU kernel model's software constants on the fit half of the vTrain runs (issue #13 item 2).
+"""Fitting the GPU kernel model's software constants on the fit half of the vTrain runs, so that the other half can test
+them.
 
 The free parameters are the seven software constants of :class:`sim.cost.gpu_time.KernelModel` that describe a
 framework, cuBLAS and NCCL rather than a device (the host's time to issue a kernel and an NCCL call, the GPU's gap

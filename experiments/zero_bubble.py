@@ -1,4 +1,4 @@
-"""ZB-H1 against 1F1B, simulated (issue #16 item 5): the bubble over p and m, beside the closed forms and the
+"""ZB-H1 against 1F1B, simulated (Qi et al., ICLR'24 §2–3): the bubble over p and m, beside the closed forms and the
 published gain.
 
 Qi et al. (Zero Bubble Pipeline Parallelism, ICLR'24, arXiv 2401.10241 §2–3) split each backward into B, the input

@@ -1,4 +1,4 @@
-"""NASPipe's causal synchronous parallel (CSP) training, run online on each rank (issue #5, DESIGN §3).
+"""NASPipe's causal synchronous parallel (CSP) training, run online on each rank (NASPipe, ASPLOS'22 §3.2; DESIGN §3).
 
 CSP cannot be a fixed program: which subnet a stage runs next depends on what has finished. Each rank therefore
 runs a small event loop instead of the L1 interpreter:

@@ -1,11 +1,11 @@
 """PARTIME's delayed-gradient update and exact online SGD, each in one process: the oracles of a stream run.
 
-PARTIME (Meloni et al., ICMLA 2022; issue #15) learns online from a stream with the network split into N stages
-and one weight version: at every step each stage runs the forward of the newest input it has and the backward of the
-gradient that has just arrived from the next stage, through its *current* forward (so with its current input, though
-that gradient came from an older frame), and updates its weights at once. :func:`partime` is that rule, written as
-plainly as possible so that the pipelined executor can be tested bitwise against it; :func:`exact_online_sgd` is the
-sequential learner it approximates.
+PARTIME (Meloni et al., ICMLA 2022) learns online from a stream with the network split into N stages and one weight
+version: at every step each stage runs the forward of the newest input it has and the backward of the gradient that has
+just arrived from the next stage, through its *current* forward (so with its current input, though that gradient came
+from an older frame), and updates its weights at once. :func:`partime` is that rule, written as plainly as possible so
+that the pipelined executor can be tested bitwise against it; :func:`exact_online_sgd` is the sequential learner it
+approximates.
 
 The rule, exactly. Stages s = 0 .. N-1, frames f = 0 .. T-1, steps t = 0 .. T + 2(N-1) - 1. Within a step every
 stage reads only what the previous step produced (the outputs and input-gradients of step t-1), so the order in

@@ -1,4 +1,4 @@
-"""A seeded synthetic video stream for online learning (PARTIME, issue #15): frame f is a pure function of (spec, f).
+"""A seeded synthetic video stream for online learning (PARTIME): frame f is a pure function of (spec, f).
 
 PARTIME (Meloni et al., ICMLA 2022) learns from a live source one frame at a time and bets that consecutive frames
 differ little. This module makes such a source without a camera: a smoothly moving image and, per pixel, a target

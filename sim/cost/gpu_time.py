@@ -1,4 +1,4 @@
-"""Seconds of a transformer layer on a GPU, from the kernels it runs (issue #13): the kernel-level cost model.
+"""Seconds of a transformer layer on a GPU, from the kernels it runs: the kernel-level cost model.
 
 A layer's forward or backward on a GPU is not one roofline. It is a sequence of kernels (:mod:`sim.cost.kernels`)
 that a host thread issues one after another and the GPU runs in order; at the sizes people train small and

@@ -1,4 +1,4 @@
-"""The baselines NASPipe is compared with, on the same supernet and subnet sequence as a CSP run (issue #5 item 4).
+"""The baselines NASPipe is compared with, on the same supernet and subnet sequence as a CSP run (NASPipe §6).
 
 NASPipe (ASPLOS'22 §6, Figure 5) measures CSP against pipelines that train one subnet per minibatch without knowing
 about layer sharing. Here each baseline gets exactly the subnets, partition, topology and per-stage costs that

@@ -1,5 +1,5 @@
-"""The search's fast evaluator: a plan's iteration time as the longest path through its ops, for many cost
-vectors at once (issue #14, item 4).
+"""A fast evaluator: a plan's iteration time as the longest path through its ops, for many cost vectors at once, far
+faster than a simulation (``python -m sim.bench --search`` measures both rates).
 
 When no two ops want one link at the same moment, the SimPy engine (``sim.engine.simpy_engine``, whose semantics
 this module follows op kind by op kind) computes nothing but a longest path: every op ends at the latest of the times

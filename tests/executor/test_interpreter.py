@@ -23,7 +23,8 @@ def test_unknown_kind_is_rejected_before_running_naming_the_op():
     programs[1] = (Op(OpKind.PREFETCH, 1, None),) + programs[1]
     with pytest.raises(PlanError, match=r"PREFETCH \(first: 1PREFETCH\)"):
         check_supported(plan.with_programs(tuple(programs), level="L1"))
-    assert OpKind.PREFETCH not in HANDLED_KINDS  # issue #5 adds it; until then it must be refused, not skipped
+    assert OpKind.PREFETCH not in HANDLED_KINDS  # CSP's copies are decided online (executor.csp);
+    # no fixed program holds a PREFETCH, so the interpreter refuses one rather than skip it
 
 
 def test_unlowered_plan_is_rejected():

@@ -185,7 +185,7 @@ def test_a_gpu_plan_without_cuda_runs_on_the_cpu_and_calibrates_a_cpu_profile(tm
     result = execute(out / "plan.json", tmp_path / "real", "--warmup", "0", "--iterations", "1", "--no-gantt",
                       "--calibrate-out", str(calibrated))
     assert result.returncode == 0, result.stderr
-    # One warning about the devices, then the calibration's own: one iteration is too few to trust (issue #13); a
+    # One warning about the devices, then the calibration's own: one iteration is too few to trust; a
     # loaded machine may add its "no point-to-point fit" and drift warnings.
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert "torch sees no CUDA device here" in warnings[0], result.stderr

@@ -1,5 +1,5 @@
-"""``executor.run`` on the rest of the schedule family (issue #4), 2 and 4 CPU ranks: the same parameters as
-single-process training (flush schedules) or as the delayed-update reference (async PipeDream)."""
+"""``executor.run`` on the rest of the schedule family, 2 and 4 CPU ranks: the same parameters as single-process
+training (flush schedules) or as the delayed-update reference (async PipeDream)."""
 
 import json
 

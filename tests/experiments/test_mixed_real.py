@@ -1,7 +1,6 @@
-"""experiments.run mixed_real (issue #14, item 8): the cluster file, the pipeline-only settings, the prediction of a
-plan on a cluster other than its own (against a closed form), the verdicts and table from hand-made runs, bad input,
-and one real run of a plan on the mixed cluster with executor.run --slowdown (the full experiment is a benchmark,
-not a test)."""
+"""experiments.run mixed_real: the cluster file, the pipeline-only settings, the prediction of a plan on a cluster other
+than its own (against a closed form), the verdicts and table from hand-made runs, bad input, and one real run of a plan
+on the mixed cluster with executor.run --slowdown (the full experiment is a benchmark, not a test)."""
 
 from __future__ import annotations
 

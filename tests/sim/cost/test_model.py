@@ -54,7 +54,7 @@ def test_roofline_of_a_convolution_on_v100():
 
 
 def test_gpt_layers_on_a_gpu_are_their_kernels():
-    # Issue #13: on a GPU a GPT layer is its kernel sequence (sim.cost.gpu_time), with the oracle's kernel model;
+    # On a GPU a GPT layer is its kernel sequence (sim.cost.gpu_time), with the oracle's kernel model;
     # every kernel runs at most at the achieved GEMM rate, so a block takes longer than its compute roofline.
     graph = build_model("gpt:layers=2,hidden=2048,seq=1024,heads=16")
     v100 = get_device("V100")

@@ -28,7 +28,7 @@ def test_one_microbatch_with_a_flush_is_csp_one_at_a_time(schedule):
     # simulation admitting a subnet only when the previous one has finished everywhere. One microbatch per subnet and a
     # flush between subnets is the same schedule, so they must agree to rounding.
     # NCCL's protocol latencies apply to both (transfers between GPUs); the kernel model's framework overheads apply
-    # to GPT layers only (issue #13), so neither charges them to this supernet.
+    # to GPT layers only (sim.cost.gpu_time), so neither charges them to this supernet.
     inputs = _inputs(microbatch_size=2)
     flush = flush_baseline(inputs, schedule, 1)
     alone = predict(build_csp_plan(replace(inputs, one_at_a_time=True))).trace.makespan

@@ -101,7 +101,7 @@ def test_budget_is_never_exceeded_and_decisions_obey_csp(case):
                 assert starts[("F", s, b)].start >= span.end
 
 
-# Issue #5 asks that the predictor never make a run slower than copy-on-demand. On one stage it holds (below). On
+# One would like the predictor never to make a run slower than copy-on-demand. On one stage it holds (below). On
 # several stages no predictor can promise it, because CSP's greedy dispatch is not monotone in op durations (Graham's
 # list-scheduling anomaly): hiding a copy is shortening the wait before a forward, and a shorter op can make the
 # whole run longer. The limit of perfect prediction, every layer resident, shows it exactly:

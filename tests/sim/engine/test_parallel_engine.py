@@ -158,9 +158,9 @@ def test_selective_recompute_trades_the_attention_memory_for_its_flops():
 
 
 def test_selective_recompute_on_a_gpu_reruns_the_attention_core_kernels():
-    # Issue #13: on a GPU the backward starts with the recomputed attention core's kernels. With no host time (a
-    # kernel model whose host and gap terms are 0, so the GPU never waits) they add exactly their GPU time, which
-    # is at least their FLOPs at the achieved GEMM rate: Korthikanti's 4·s²·h per sample and block.
+    # The kernel model, sim.cost.gpu_time: on a GPU the backward starts with the recomputed attention core's kernels.
+    # With no host time (a kernel model whose host and gap terms are 0, so the GPU never waits) they add exactly their
+    # GPU time, which is at least their FLOPs at the achieved GEMM rate: Korthikanti's 4·s²·h per sample and block.
     model = replace(default_kernel_model(), host_issue_s=0.0, host_collective_s=0.0, kernel_gap_s=0.0)
     kwargs = dict(model=GPT, topology="2xA100", schedule="1f1b", microbatches=4, pp=2, kernel_model=model)
     built, none = _predict(**kwargs)

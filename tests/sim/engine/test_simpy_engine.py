@@ -92,7 +92,7 @@ def test_single_transfer_over_multi_hop_path_matches_closed_form():
     send = next(s for s in trace.spans if s.kind == "SEND_F")
     recv = next(s for s in trace.spans if s.kind == "RECV_F")
     # The message leaves when its forward ends: 1 ms of layer time (the kernel model's per-microbatch framework time
-    # applies to GPT layers only, not to this synthetic model: issue #13).
+    # applies to GPT layers only, not to this synthetic model: sim.cost.gpu_time).
     producer = next(s for s in trace.spans if s.op == "0F0")
     assert costs.oracle.microbatch_overhead_s(topo.devices[0]) == 0.0
     assert producer.duration == pytest.approx(1e-3, rel=1e-12)

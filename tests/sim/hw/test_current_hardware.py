@@ -1,4 +1,4 @@
-"""The 2024-2026 hardware: H200, GH200, B200, L40S and MI300X, their links and node presets (issue #12 item 6).
+"""The 2024-2026 hardware: H200, GH200, B200, L40S and MI300X, their links and node presets.
 
 Oracles: the raw numbers of the data files (read here with plain ``yaml.safe_load``) times the unit factor, the
 vendor figures the data files cite (Gb/s ÷ 8, links × per-link rate), the wiring the cited sources describe, and the

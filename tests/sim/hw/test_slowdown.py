@@ -1,4 +1,4 @@
-"""Tests of slowed devices: ``sim.hw.catalog.slowed_device`` and a topology file's ``slowdown:`` (issue #14, item 8)."""
+"""Tests of slowed devices: ``sim.hw.catalog.slowed_device`` and a topology file's ``slowdown:``."""
 
 from __future__ import annotations
 

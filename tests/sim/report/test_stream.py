@@ -1,7 +1,6 @@
-"""Stream metrics against closed forms (issue #15 item 1's oracles): with free links the step time is the slowest
-stage's forward + backward + update and a frame takes 2N − 1 steps; one stage is plain online SGD; a live source
-below the sustainable rate paces the pipeline without queueing, above it frames queue; a stage holds one frame's
-activations."""
+"""Stream metrics against closed forms, PARTIME's own: with free links the step time is the slowest stage's forward +
+backward + update and a frame takes 2N − 1 steps; one stage is plain online SGD; a live source below the sustainable
+rate paces the pipeline without queueing, above it frames queue; a stage holds one frame's activations."""
 
 import pytest
 
