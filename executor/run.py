@@ -62,6 +62,9 @@ from sim.plan.validate import check_topology, validate
 
 __all__ = ["main", "make_parser", "load_checked_plan", "choose_backend", "check_output_path", "RUN_OUTPUT_FILES"]
 
+#: Library arguments set from flags, and the flag an error about one is printed as (a plan's own fields are not).
+FLAGS = {"slowdown": "--slowdown"}
+
 #: The files a run writes into ``--out`` (``executor.run_outputs``; ``errors.log`` when a rank fails).
 RUN_OUTPUT_FILES = ("plan.json", "metrics.json", "trace.json", "gantt.png", "compare.json", "errors.log")
 
@@ -390,7 +393,7 @@ def _run_reference(options: RunOptions, plan: Plan) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    return run_cli(lambda: _run(argv))
+    return run_cli(lambda: _run(argv), FLAGS)
 
 
 if __name__ == "__main__":

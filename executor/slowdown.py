@@ -66,20 +66,21 @@ def parse_slowdown(values: Sequence[str], world_size: int) -> tuple[tuple[int, f
         for entry in value.split(","):
             rank_text, colon, factor_text = entry.strip().partition(":")
             if not colon or not rank_text.strip().isdigit():
-                raise SpecError(f"--slowdown {entry!r}: expected RANK:FACTOR, e.g. 1:2 or 0:1.5,3:2")
+                raise SpecError(f"{{slowdown}} {entry!r}: expected RANK:FACTOR, e.g. 1:2 or 0:1.5,3:2", "slowdown")
             rank = int(rank_text)
             if rank >= world_size:
-                raise SpecError(f"--slowdown {entry!r}: the rank must be 0..{world_size - 1} (the plan has "
-                                f"{world_size} processes)")
+                raise SpecError(f"{{slowdown}} {entry!r}: the rank must be 0..{world_size - 1} (the plan has "
+                                f"{world_size} processes)", "slowdown")
             try:
                 factor = float(factor_text)
             except ValueError:
-                raise SpecError(f"--slowdown {entry!r}: the factor {factor_text!r} is not a number") from None
+                raise SpecError(f"{{slowdown}} {entry!r}: the factor {factor_text!r} is not a number",
+                                "slowdown") from None
             if not (math.isfinite(factor) and 1.0 <= factor <= MAX_FACTOR):
-                raise SpecError(f"--slowdown {entry!r}: the factor must be a finite number from 1 (no slowdown; "
-                                f"a device cannot be made faster) to {MAX_FACTOR:g}, got {factor_text!r}")
+                raise SpecError(f"{{slowdown}} {entry!r}: the factor must be a finite number from 1 (no slowdown; "
+                                f"a device cannot be made faster) to {MAX_FACTOR:g}, got {factor_text!r}", "slowdown")
             if rank in factors:
-                raise SpecError(f"--slowdown {entry!r}: rank {rank} is given twice")
+                raise SpecError(f"{{slowdown}} {entry!r}: rank {rank} is given twice", "slowdown")
             factors[rank] = factor
     return tuple(sorted(factors.items()))
 

@@ -30,7 +30,14 @@ from sim.report.outputs import format_summary, write_run_outputs
 from sim.report.stream import format_stream_summary
 from sim.schedules import SCHEDULES
 
-__all__ = ["main", "make_parser"]
+__all__ = ["main", "make_parser", "FLAGS"]
+
+#: The library arguments this command sets from its flags, each with its flag: an error the library raises about one
+#: (``tp must be an integer >= 1``) is printed as the user typed it (``--tp must be ...``;
+#: :func:`sim.core.errors.run_cli`).
+FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "order": "--rank-order", "zero": "--zero",
+         "sequence_parallel": "--sequence-parallel", "grad_overlap": "--grad-overlap", "devices": "--devices",
+         "partition": "--partition", "chunks": "--chunks"}
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -279,7 +286,7 @@ def _run_csp(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    return run_cli(lambda: _run(argv))
+    return run_cli(lambda: _run(argv), FLAGS)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
 """The one exception type for bad user input, and how the CLIs report it.
 
-Library code raises :class:`SpecError` (a ``ValueError``) with the offending value in the message. The command-line
-entry points run their body through :func:`run_cli`, which prints ``error: <message>`` with exit status 2, never a
-traceback (DESIGN §8); Ctrl-C is ``error: interrupted`` with status 130 (128 + SIGINT, the shell's convention).
-:func:`run_cli` also makes the command's output files all or none (:mod:`sim.core.output_set`): if the body fails or
-is interrupted, what it wrote is removed before the error line is printed.
+Library code raises :class:`SpecError` (a ``ValueError``) with the offending value in the message, naming its own
+arguments, not a command's flags: a library function may be called by a command, a test, an experiment or a plan file's
+reader, and only a command knows which flag a value came from. The command-line entry points run their body through
+:func:`run_cli`, which prints ``error: <message>`` with exit status 2, never a traceback (DESIGN §8), with each argument
+the command took from a flag written as that flag (its ``flags``); Ctrl-C is ``error: interrupted`` with status 130 (128
++ SIGINT, the shell's convention). :func:`run_cli` also makes the command's output files all or none
+(:mod:`sim.core.output_set`): if the body fails or is interrupted, what it wrote is removed before the error line is
+printed.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NoReturn, TypeVar
 
 from sim.core.output_set import all_or_none
@@ -29,7 +32,29 @@ PIPE_CLOSED_STATUS = 141
 
 
 class SpecError(ValueError):
-    """A user-supplied value (spec string, file, flag) is invalid; the message names the value."""
+    """A user-supplied value (spec string, file, argument) is invalid; the message names the value.
+
+    Where the message names arguments of the function that raised it, it writes each as ``{name}`` and passes the
+    names after the message: ``SpecError(f"{{microbatch_size}} must be >= 1, got {b}", "microbatch_size")`` reads
+    ``microbatch_size must be >= 1, got 0``, and :meth:`for_flags` writes it for a command that took the value from a
+    flag (``--microbatch-size must be >= 1, got 0``).
+
+    Attributes:
+        template: the message with its arguments as ``{name}``.
+        arguments: the names of the arguments it mentions.
+    """
+
+    def __init__(self, message: str, *arguments: str) -> None:
+        self.template, self.arguments = message, arguments
+        super().__init__(self.for_flags({}))
+
+    def for_flags(self, flags: Mapping[str, str]) -> str:
+        """The message with each argument that ``flags`` maps (argument name -> flag) written as its flag, the others
+        as their names."""
+        text = self.template
+        for name in self.arguments:
+            text = text.replace("{" + name + "}", flags.get(name, name))
+        return text
 
 
 class OutputError(OSError):
@@ -44,11 +69,12 @@ def fail(message: str, status: int = 2) -> NoReturn:
     raise SystemExit(status)
 
 
-def run_cli(main: Callable[[], T]) -> T:
+def run_cli(main: Callable[[], T], flags: Mapping[str, str] | None = None) -> T:
     """Run a CLI body, turning :class:`SpecError`, :class:`OutputError` (and unreadable or non-UTF-8 files) into one
     ``error:`` line and exit 2, ``KeyboardInterrupt`` into ``error: interrupted`` and exit 130, a closed stdout into one
-    line and exit 141; the files the body
-    wrote are kept only if it returns (:func:`sim.core.output_set.all_or_none`)."""
+    line and exit 141; the files the body wrote are kept only if it returns
+    (:func:`sim.core.output_set.all_or_none`). ``flags`` maps the library arguments the command sets from its flags
+    to those flags (``{"microbatch_size": "--microbatch-size"}``), so that an error speaks of what the user typed."""
     try:
         with all_or_none(lazy=True):  # recording from the command's prepare_output_dir on
             result = main()
@@ -66,7 +92,7 @@ def run_cli(main: Callable[[], T]) -> T:
         fail("standard output was closed before the command finished (a pipe's reader exited); nothing was kept",
              PIPE_CLOSED_STATUS)
     except SpecError as exc:
-        fail(str(exc))
+        fail(exc.for_flags(flags or {}))
     except OutputError as exc:
         fail(f"cannot write {exc.filename!r}: {exc.strerror}")
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:

@@ -75,19 +75,20 @@ class Parallelism:
         for name in ("tp", "dp", "pp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"--{name} must be an integer >= 1, got {value!r}")
+                raise SpecError(f"{{{name}}} must be an integer >= 1, got {value!r}", name)
         if self.order not in RANK_ORDERS:
-            raise SpecError(f"--rank-order must be one of {', '.join(RANK_ORDERS)}, got {self.order!r}")
+            raise SpecError(f"{{order}} must be one of {', '.join(RANK_ORDERS)}, got {self.order!r}", "order")
         if self.zero not in ZERO_STAGES:
-            raise SpecError(f"--zero must be one of {', '.join(map(str, ZERO_STAGES))}, got {self.zero!r}")
+            raise SpecError(f"{{zero}} must be one of {', '.join(map(str, ZERO_STAGES))}, got {self.zero!r}", "zero")
         if self.sequence_parallel and self.tp == 1:
-            raise SpecError("--sequence-parallel shards activations across tensor-parallel ranks; it needs --tp > 1")
+            raise SpecError("{sequence_parallel} shards activations across tensor-parallel ranks; it needs {tp} > 1",
+                            "sequence_parallel", "tp")
         if self.grad_overlap and self.dp == 1:
-            raise SpecError("--grad-overlap overlaps the data-parallel gradient reduction with the backward; it needs "
-                            "--dp > 1")
+            raise SpecError("{grad_overlap} overlaps the data-parallel gradient reduction with the backward; it needs "
+                            "{dp} > 1", "grad_overlap", "dp")
         if self.zero and self.dp == 1:
-            raise SpecError(f"--zero {self.zero} shards optimizer state across data-parallel replicas; it needs "
-                            f"--dp > 1")
+            raise SpecError(f"{{zero}} {self.zero} shards optimizer state across data-parallel replicas; it needs "
+                            f"{{dp}} > 1", "zero", "dp")
         strides, stride = {}, 1
         for name, size in self._sizes():
             strides[name], stride = stride, stride * size
@@ -95,8 +96,8 @@ class Parallelism:
         if self.devices:
             world = self.tp * self.dp * self.pp
             if sorted(self.devices) != list(range(world)) or any(isinstance(d, bool) for d in self.devices):
-                raise SpecError(f"--devices must order the devices 0..{world - 1} (T·D·P = {world}), each once; got "
-                                f"{','.join(map(str, self.devices))}")
+                raise SpecError(f"{{devices}} must order the devices 0..{world - 1} (T·D·P = {world}), each once; got "
+                                f"{','.join(map(str, self.devices))}", "devices")
             # The position of each device, so that coords() inverts device() in O(1).
             object.__setattr__(self, "_position", {d: i for i, d in enumerate(self.devices)})
             # torch.distributed numbers a group's members in ascending order of their global ranks, and the executor
@@ -104,9 +105,10 @@ class Parallelism:
             for kind, groups in self.groups().items():
                 bad = next((group for group in groups if kind != "pp" and group != sorted(group)), None)
                 if bad is not None:
-                    raise SpecError(f"--devices {','.join(map(str, self.devices))} puts the {kind} group "
+                    raise SpecError(f"{{devices}} {','.join(map(str, self.devices))} puts the {kind} group "
                                     f"{bad} out of ascending order; keep each tensor- and data-parallel group's "
-                                    f"devices ascending (move whole groups, e.g. a pipeline stage's block)")
+                                    f"devices ascending (move whole groups, e.g. a pipeline stage's block)",
+                                    "devices")
 
     # --- devices ---------------------------------------------------------------------------------------------------
 

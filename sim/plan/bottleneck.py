@@ -72,8 +72,8 @@ class StageCosts:
     def __init__(self, oracle: CostOracle, ranks: tuple[int, ...]) -> None:
         n, p = len(oracle.graph), len(ranks)
         if p * (n + 1) > MAX_CELLS:
-            raise SpecError(f"--partition balanced over {n} layers and {p} stages needs {p * (n + 1)} table cells, "
-                            f"more than {MAX_CELLS}")
+            raise SpecError(f"{{partition}} balanced over {n} layers and {p} stages needs {p * (n + 1)} table cells, "
+                            f"more than {MAX_CELLS}", "partition")
         self.num_layers, self.num_stages = n, p
         # Cut c in 1..n-1 crosses boundary_bytes(c); cuts 0 and n send nothing and point at an extra 0.0 slot.
         distinct: dict[int, int] = {}

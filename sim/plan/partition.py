@@ -131,11 +131,11 @@ def block_counts(oracle: CostOracle, num_stages: int) -> tuple[int, ...]:
     parts = [layer.transformer.part if layer.transformer is not None else None for layer in layers]
     blocks = len(parts) - 2
     if len(parts) < 3 or parts[0] != "embedding" or parts[-1] != "head" or set(parts[1:-1]) != {"block"}:
-        raise SpecError(f"--partition blocks splits a transformer's blocks (embedding, blocks, head: a gpt model); "
-                        f"{oracle.graph.spec} is not one")
+        raise SpecError(f"{{partition}} blocks splits a transformer's blocks (embedding, blocks, head: a gpt model); "
+                        f"{oracle.graph.spec} is not one", "partition")
     if blocks < num_stages:
-        raise SpecError(f"--partition blocks gives every stage a block: {num_stages} stages, {blocks} blocks in "
-                        f"{oracle.graph.spec}")
+        raise SpecError(f"{{partition}} blocks gives every stage a block: {num_stages} stages, {blocks} blocks in "
+                        f"{oracle.graph.spec}", "partition")
     counts = list(uniform_counts(blocks, num_stages))
     counts[0] += 1
     counts[-1] += 1
@@ -153,8 +153,9 @@ def _check_placement(topology: Topology, num_stages: int, vstage_to_rank: tuple[
         return
     devices = sorted({topology.devices[r].name for r in vstage_to_rank})
     if len(devices) > 1:
-        raise SpecError(f"--partition balanced with several stages per rank needs identical devices, topology "
-                        f"{topology} mixes {', '.join(devices)}; give --partition uniform or layer counts")
+        raise SpecError(f"{{partition}} balanced with several stages per rank needs identical devices, topology "
+                        f"{topology} mixes {', '.join(devices)}; give {{partition}} uniform or layer counts",
+                        "partition")
 
 
 def parse_partition(text: str, oracle: CostOracle, num_stages: int,
@@ -179,12 +180,12 @@ def parse_partition(text: str, oracle: CostOracle, num_stages: int,
     try:
         counts = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise SpecError(f"--partition must be uniform, balanced, blocks or layer counts like 4,4,8; got {text!r}") \
-            from None
+        raise SpecError(f"{{partition}} must be uniform, balanced, blocks or layer counts like 4,4,8; got {text!r}",
+                        "partition") from None
     if any(c < 1 for c in counts):
-        raise SpecError(f"every stage needs at least one layer, got --partition {text!r}")
+        raise SpecError(f"every stage needs at least one layer, got {{partition}} {text!r}", "partition")
     if len(counts) != num_stages:
-        raise SpecError(f"--partition {text!r} has {len(counts)} stages, the plan has {num_stages}")
+        raise SpecError(f"{{partition}} {text!r} has {len(counts)} stages, the plan has {num_stages}", "partition")
     if sum(counts) != n:
-        raise SpecError(f"--partition {text!r} covers {sum(counts)} layers, the model has {n}")
+        raise SpecError(f"{{partition}} {text!r} covers {sum(counts)} layers, the model has {n}", "partition")
     return counts

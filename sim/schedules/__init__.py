@@ -62,8 +62,9 @@ class ScheduleEntry:
         if self.chunked:
             return self.generator(num_ranks, num_microbatches, chunks)
         if chunks != 1:
-            raise SpecError(f"--chunks {chunks} needs an interleaved schedule; {self.name} runs one stage per rank "
-                            f"(schedules taking --chunks: {', '.join(n for n, e in SCHEDULES.items() if e.chunked)})")
+            raise SpecError(f"{{chunks}} {chunks} needs an interleaved schedule; {self.name} runs one stage per rank "
+                            f"(schedules taking {{chunks}}: {', '.join(n for n, e in SCHEDULES.items() if e.chunked)})",
+                            "chunks")
         return self.generator(num_ranks, num_microbatches)
 
     def vstage_to_rank(self, num_ranks: int, chunks: int = 1) -> tuple[int, ...]:

@@ -30,7 +30,12 @@ from sim.search.search_outputs import format_table, write_search_outputs
 from sim.search.settings import load_settings
 from sim.search.space import DEFAULT_SCHEDULES, RECOMPUTE_MODES, SearchProblem, SearchSpace
 
-__all__ = ["main", "make_parser"]
+__all__ = ["main", "make_parser", "FLAGS"]
+
+#: The library arguments this command sets from its flags, each with its flag (:func:`sim.core.errors.run_cli` prints
+#: a library error about one as the flag the user typed).
+FLAGS = {"global_batch": "--global-batch", "memory_limit_bytes": "--memory-limit", "time_budget_s": "--time-budget",
+         "strategy": "--strategy", "evaluations": "--evaluations", "chains": "--chains", "workers": "--workers"}
 
 
 def _listed(kind, allowed=None, name=""):
@@ -180,4 +185,4 @@ def _summary(result: SearchResult, top: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (1 when no plan is feasible)."""
-    return run_cli(lambda: _run(argv))
+    return run_cli(lambda: _run(argv), FLAGS)

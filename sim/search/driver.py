@@ -80,7 +80,7 @@ def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, wor
     """
     _check_workers(workers)
     if time_budget_s is not None and not time_budget_s > 0:
-        raise SpecError(f"--time-budget must be > 0 seconds, got {time_budget_s!r}")
+        raise SpecError(f"{{time_budget_s}} must be > 0 seconds, got {time_budget_s!r}", "time_budget_s")
     order = list(range(len(candidates)))
     if not in_order:
         random.Random(seed).shuffle(order)
@@ -131,7 +131,7 @@ def _spawned_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
 
 def _check_workers(workers: object) -> None:
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise SpecError(f"--workers must be an integer >= 1, got {workers!r}")
+        raise SpecError(f"{{workers}} must be an integer >= 1, got {workers!r}", "workers")
 
 
 def _run_pool(problem: SearchProblem, chunks: list, workers: int, out_of_time: Callable[[], bool],

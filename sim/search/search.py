@@ -96,9 +96,10 @@ def check_problem(problem: SearchProblem) -> Topology:
     """
     if isinstance(problem.global_batch, bool) or not isinstance(problem.global_batch, int) \
             or problem.global_batch < 1:
-        raise SpecError(f"--global-batch must be an integer >= 1, got {problem.global_batch!r}")
+        raise SpecError(f"{{global_batch}} must be an integer >= 1, got {problem.global_batch!r}", "global_batch")
     if problem.memory_limit_bytes is not None and problem.memory_limit_bytes <= 0:
-        raise SpecError(f"--memory-limit must be > 0 bytes, got {problem.memory_limit_bytes}")
+        raise SpecError(f"{{memory_limit_bytes}} must be > 0 bytes, got {problem.memory_limit_bytes}",
+                        "memory_limit_bytes")
     topology = Topology.parse(problem.topology)
     build_model(problem.model)
     return topology
@@ -127,7 +128,7 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
         SpecError: an unknown strategy, a bad problem (see :func:`check_problem`), a space too large to list.
     """
     if strategy not in STRATEGIES:
-        raise SpecError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        raise SpecError(f"{{strategy}} must be one of {', '.join(STRATEGIES)}, got {strategy!r}", "strategy")
     topology = check_problem(problem)
     candidates = enumerate_candidates(problem, topology.num_ranks, topology)
     if strategy == "alpa":
@@ -152,12 +153,12 @@ def _anneal(problem: SearchProblem, topology: Topology, candidates: list, worker
     """The anneal strategy: ``chains`` chains sharing the evaluation budget (and the time budget), merged, started
     from the dynamic program's best plans (their estimates get a tenth of the time budget)."""
     if isinstance(chains, bool) or not isinstance(chains, int) or chains < 1:
-        raise SpecError(f"--chains must be an integer >= 1, got {chains!r}")
+        raise SpecError(f"{{chains}} must be an integer >= 1, got {chains!r}", "chains")
     total = max(50, len(candidates) // 4) if evaluations is None else evaluations
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-        raise SpecError(f"--evaluations must be an integer >= 1, got {evaluations!r}")
+        raise SpecError(f"{{evaluations}} must be an integer >= 1, got {evaluations!r}", "evaluations")
     if time_budget_s is not None and not time_budget_s > 0:
-        raise SpecError(f"--time-budget must be > 0 seconds, got {time_budget_s!r}")
+        raise SpecError(f"{{time_budget_s}} must be > 0 seconds, got {time_budget_s!r}", "time_budget_s")
     start = time.monotonic()
     # Wall-clock time, which every worker process reads alike; the polish gets the last tenth of the budget.
     deadline = None if time_budget_s is None else time.time() + 0.9 * time_budget_s
@@ -206,7 +207,7 @@ def _planner(problem: SearchProblem, topology: Topology, candidates: list, worke
     listed = len(candidates)
     total = max(50, listed // 10) if evaluations is None else evaluations
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-        raise SpecError(f"--evaluations must be an integer >= 1, got {evaluations!r}")
+        raise SpecError(f"{{evaluations}} must be an integer >= 1, got {evaluations!r}", "evaluations")
     start = time.monotonic()
     if strategy == "dp":
         candidates = joint_candidates(problem, topology, candidates)

@@ -217,7 +217,7 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int, topology: Top
     space = problem.space
     check_space(space)
     if problem.global_batch < 1:
-        raise SpecError(f"--global-batch must be >= 1, got {problem.global_batch}")
+        raise SpecError(f"{{global_batch}} must be >= 1, got {problem.global_batch}", "global_batch")
     for tp, dp, pp, _ in space.settings:
         if tp * dp * pp != num_devices:
             raise SpecError(f"the setting tp {tp} × dp {dp} × pp {pp} uses {tp * dp * pp} devices, the topology has "

@@ -50,12 +50,12 @@ def test_json_round_trip(layout):
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"tp": 0}, r"--tp must be an integer >= 1, got 0"),
-    ({"dp": True}, r"--dp must be an integer >= 1, got True"),
-    ({"order": "tp-pp"}, r"--rank-order must be one of .*got 'tp-pp'"),
-    ({"zero": 2, "dp": 2}, r"--zero must be one of 0, 1, got 2"),
-    ({"zero": 1}, r"--zero 1 .*needs --dp > 1"),
-    ({"sequence_parallel": True}, r"--sequence-parallel .*needs --tp > 1"),
+    ({"tp": 0}, r"^tp must be an integer >= 1, got 0"),
+    ({"dp": True}, r"^dp must be an integer >= 1, got True"),
+    ({"order": "tp-pp"}, r"^order must be one of .*got 'tp-pp'"),
+    ({"zero": 2, "dp": 2}, r"^zero must be one of 0, 1, got 2"),
+    ({"zero": 1}, r"^zero 1 .*needs dp > 1"),
+    ({"sequence_parallel": True}, r"^sequence_parallel .*needs tp > 1"),
 ])
 def test_bad_layouts_are_refused_by_name(kwargs, message):
     with pytest.raises(SpecError, match=message):

@@ -64,7 +64,8 @@ def test_polish_reaches_a_point_no_single_move_improves():
     assert checked > 5
 
 
-@pytest.mark.parametrize("kwargs, message", [({"chains": 0}, "--chains"), ({"evaluations": 0}, "--evaluations")])
+@pytest.mark.parametrize("kwargs, message", [({"chains": 0}, "^chains must be an integer >= 1"),
+                                             ({"evaluations": 0}, "^evaluations must be an integer >= 1")])
 def test_bad_budgets_are_refused(kwargs, message):
     with pytest.raises(SpecError, match=message):
         run_search(suite(1, seed=1)[0], strategy="anneal", **kwargs)

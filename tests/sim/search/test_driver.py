@@ -119,7 +119,7 @@ def test_a_pool_that_costed_everything_was_not_stopped_by_its_budget(monkeypatch
 
 @pytest.mark.parametrize("workers", [0, -1, True, 1.5, "2"])
 def test_bad_workers_are_refused(workers):
-    with pytest.raises(SpecError, match=f"--workers must be an integer >= 1, got {workers!r}"):
+    with pytest.raises(SpecError, match=f"workers must be an integer >= 1, got {workers!r}"):
         evaluate_all(PROBLEM, [], workers=workers)
 
 
@@ -127,7 +127,7 @@ def test_bad_workers_are_refused(workers):
 def test_a_budget_not_above_zero_is_refused(budget):
     with pytest.raises(SpecError) as info:
         evaluate_all(PROBLEM, [], time_budget_s=budget)
-    assert str(info.value) == f"--time-budget must be > 0 seconds, got {budget!r}"
+    assert str(info.value) == f"time_budget_s must be > 0 seconds, got {budget!r}"
 
 
 def test_an_empty_list_costs_nothing():

@@ -91,9 +91,9 @@ def test_no_feasible_plan_gives_no_best():
 
 
 @pytest.mark.parametrize("change,needle", [
-    (dict(global_batch=0), "--global-batch must be an integer >= 1, got 0"),
+    (dict(global_batch=0), "global_batch must be an integer >= 1, got 0"),
     (dict(global_batch=True), "got True"),
-    (dict(memory_limit_bytes=0), "--memory-limit must be > 0 bytes, got 0"),
+    (dict(memory_limit_bytes=0), "memory_limit_bytes must be > 0 bytes, got 0"),
     (dict(topology="3xNOPE"), "NOPE"),
     (dict(model="gpt:layers=x"), "layers"),
 ])
@@ -104,5 +104,5 @@ def test_a_bad_problem_is_one_error(change, needle):
 
 
 def test_an_unknown_strategy_is_refused():
-    with pytest.raises(SpecError, match="--strategy must be one of .*, got 'genetic'"):
+    with pytest.raises(SpecError, match="^strategy must be one of .*, got 'genetic'"):
         run_search(problem(), strategy="genetic")

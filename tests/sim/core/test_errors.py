@@ -1,0 +1,92 @@
+"""Library errors name the library's arguments; each command writes them as the flags the user typed.
+
+Oracles: the messages as written by hand, a library call against the same value given to a command, and each
+command's parser (every flag its mapping names is a flag it has)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from executor.run import FLAGS as EXECUTOR_FLAGS
+from executor.run import make_parser as executor_parser
+from executor.slowdown import parse_slowdown
+from sim.core.errors import SpecError, run_cli
+from sim.ir.parallel import Parallelism
+from sim.run import FLAGS as RUN_FLAGS
+from sim.run import main as run_main
+from sim.run import make_parser as run_parser
+from sim.search.cli import FLAGS as SEARCH_FLAGS
+from sim.search.cli import main as search_main
+from sim.search.cli import make_parser as search_parser
+from sim.search.driver import evaluate_all
+
+
+def test_a_message_names_its_arguments_and_a_command_writes_them_as_flags():
+    error = SpecError("{zero} 1 shards optimizer state; it needs {dp} > 1 (got {dp} {1})", "zero", "dp")
+    assert str(error) == "zero 1 shards optimizer state; it needs dp > 1 (got dp {1})"
+    assert error.for_flags({"zero": "--zero"}) == "--zero 1 shards optimizer state; it needs dp > 1 (got dp {1})"
+    assert error.for_flags({"zero": "--zero", "dp": "--dp"}) == \
+        "--zero 1 shards optimizer state; it needs --dp > 1 (got --dp {1})"
+    plain = SpecError("a {brace} that is no argument")
+    assert str(plain) == plain.for_flags({"brace": "--brace"}) == "a {brace} that is no argument"
+
+
+def test_an_error_crosses_a_process_boundary_as_its_message():
+    error = pickle.loads(pickle.dumps(SpecError("{tp} must be >= 1", "tp")))
+    assert type(error) is SpecError and str(error) == "tp must be >= 1"
+
+
+def test_run_cli_prints_the_flag_the_command_maps(capsys):
+    def body():
+        raise SpecError("{tp} must be an integer >= 1, got 0", "tp")
+
+    with pytest.raises(SystemExit) as info:
+        run_cli(body, {"tp": "--tp"})
+    assert info.value.code == 2 and capsys.readouterr().err == "error: --tp must be an integer >= 1, got 0\n"
+    with pytest.raises(SystemExit):
+        run_cli(body)
+    assert capsys.readouterr().err == "error: tp must be an integer >= 1, got 0\n"
+
+
+@pytest.mark.parametrize(("parser", "flags"), [(run_parser, RUN_FLAGS), (search_parser, SEARCH_FLAGS),
+                                               (executor_parser, EXECUTOR_FLAGS)])
+def test_every_mapped_flag_is_a_flag_of_its_command(parser, flags):
+    options = {option for action in parser()._actions for option in action.option_strings}
+    assert set(flags.values()) <= options
+    assert all(name.isidentifier() for name in flags)
+
+
+def test_the_library_names_tp_and_sim_run_names_its_flag(tmp_path, capsys):
+    with pytest.raises(SpecError) as info:
+        Parallelism(tp=0)
+    assert str(info.value) == "tp must be an integer >= 1, got 0"
+    with pytest.raises(SystemExit):
+        run_main(["--topology", "4xV100", "--model", "uniform:layers=8", "--schedule", "1f1b", "--tp", "0",
+                  "--out", str(tmp_path / "out")])
+    assert capsys.readouterr().err == "error: --tp must be an integer >= 1, got 0\n"
+
+
+def test_the_library_names_its_partition_and_sim_run_names_the_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run_main(["--topology", "4xV100", "--model", "uniform:layers=8", "--schedule", "1f1b", "--partition", "x",
+                  "--out", str(tmp_path / "out")])
+    assert capsys.readouterr().err.startswith("error: --partition must be uniform, balanced, blocks or layer counts")
+
+
+def test_the_library_names_workers_and_sim_search_names_its_flag(tmp_path, capsys):
+    with pytest.raises(SpecError) as info:
+        evaluate_all(None, [], workers=0)  # type: ignore[arg-type]
+    assert str(info.value) == "workers must be an integer >= 1, got 0"
+    with pytest.raises(SystemExit):
+        search_main(["--topology", "4xV100", "--model", "uniform:layers=8", "--global-batch", "8", "--workers", "0",
+                     "--out", str(tmp_path / "out")])
+    assert capsys.readouterr().err == "error: --workers must be an integer >= 1, got 0\n"
+
+
+def test_the_library_names_slowdown():
+    with pytest.raises(SpecError) as info:
+        parse_slowdown(["1"], 2)
+    assert str(info.value) == "slowdown '1': expected RANK:FACTOR, e.g. 1:2 or 0:1.5,3:2"
+    assert EXECUTOR_FLAGS == {"slowdown": "--slowdown"}
