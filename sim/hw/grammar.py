@@ -1,4 +1,5 @@
-"""The topology spec language: compact strings, named presets and YAML files → a list of :class:`NodeShape`.
+"""The topology spec language: compact strings, named presets and YAML files → a
+:class:`~sim.hw.description.ClusterDescription` (what the text says; :mod:`sim.hw.servers` wires it).
 
 Grammar (DESIGN §5; case-insensitive device and preset names, ``x`` or ``X`` as separator)::
 
@@ -8,14 +9,17 @@ Grammar (DESIGN §5; case-insensitive device and preset names, ``x`` or ``X`` as
             | PRESET | M "x" PRESET                             dgx-a100, 2xdgx-h100, 8xcray-ex-gh200
 
 Each term is one server or several; ranks are numbered term by term, server by server. A server's wiring and NICs
-are those of the real system (:func:`sim.hw.nodes.default_shape`); a heterogeneous spec (``A+B``) joins all
-servers by one fabric running at the slowest server's NIC port speed, each server keeping its port count.
+are those of the real system (:func:`sim.hw.nodes.default_shape`, applied by :mod:`sim.hw.servers`); a heterogeneous
+spec (``A+B``) joins all servers by one fabric running at the slowest server's NIC port speed, each server keeping its
+port count.
 
-A spec or file may describe at most :data:`sim.hw.nodes.MAX_RANKS` ranks, checked term by term (and
-``repeat`` x ``count`` entry by entry) before any server is listed, so a huge count costs nothing. A topology file
-may have at most ``sim.core.fileio.INPUT_LIMITS["topology file"]`` bytes (256 KiB: YAML parsing takes seconds per
-MiB, and ``repeat:`` covers identical servers), and a key may appear once per mapping (YAML 1.2; PyYAML would keep
-the last one silently).
+Reading checks what the text alone decides: its syntax, its counts, its device, preset and link names (looked up in the
+catalog) and the ranks a file's ``slowdown:`` names; whether a server of that many devices can be wired is
+:mod:`sim.hw.servers`' question. A spec or file may describe at most :data:`sim.hw.description.MAX_RANKS` ranks, checked
+term by term (and ``repeat`` x ``count`` entry by entry) before any server is listed, so a huge count costs nothing. A
+topology file may have at most ``sim.core.fileio.INPUT_LIMITS["topology file"]`` bytes (256 KiB: YAML parsing takes
+seconds per MiB, and ``repeat:`` covers identical servers), and a key may appear once per mapping (YAML 1.2; PyYAML
+would keep the last one silently).
 
 YAML topology file schema (unknown or repeated keys are errors)::
 
@@ -42,7 +46,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -59,17 +63,9 @@ from sim.hw.catalog import (
     list_links,
     load_yaml,
 )
-from sim.hw.nodes import (
-    MAX_RANKS,
-    MAX_RANKS_REASON,
-    NodeShape,
-    check_rank_count,
-    default_shape,
-    max_gpus_per_node,
-    unify_network,
-)
+from sim.hw.description import MAX_RANKS, MAX_RANKS_REASON, ClusterDescription, ServerGroup, check_rank_count
 
-__all__ = ["Preset", "PRESETS", "parse_layout", "load_topology_yaml", "format_topology_list"]
+__all__ = ["Preset", "PRESETS", "parse_description", "load_topology_yaml", "format_topology_list"]
 
 
 @dataclass(frozen=True)
@@ -139,17 +135,17 @@ _COUNT_DIGITS = len(str(MAX_RANKS))  # a longer count is over the limit whatever
 _YAML_SUFFIXES = (".yaml", ".yml")
 
 
-def _preset_shape(preset: Preset) -> NodeShape:
-    shape = default_shape(get_device(preset.device), preset.count, preset.intra)
-    return replace(shape, network=get_link(preset.network), nics=preset.nics, preset=preset.name)
+def _preset_group(preset: Preset, servers: int, where: str) -> ServerGroup:
+    return ServerGroup(get_device(preset.device), preset.count, servers, preset.intra, preset.name,
+                       get_link(preset.network), preset.nics, where=where)
 
 
-def _parse_term(term: str) -> list[NodeShape]:
-    """The servers of one ``+``-separated term."""
+def _parse_term(term: str, where: str) -> ServerGroup:
+    """The servers of one ``+``-separated term (``where``: how an error about them begins)."""
     if not term:
         raise SpecError("empty term (a '+' with nothing on one side)")
     if term.lower() in PRESETS:
-        return [_preset_shape(PRESETS[term.lower()])]
+        return _preset_group(PRESETS[term.lower()], 1, where)
     match = _TERM.fullmatch(term)
     if match is None:
         try:
@@ -170,13 +166,8 @@ def _parse_term(term: str) -> list[NodeShape]:
         raise SpecError(f"{term!r}: server and GPU counts must be >= 1")
     check_rank_count(servers * count, f"{term!r} would make")
     if preset:
-        return [_preset_shape(preset)] * servers
-    device = _device(name)
-    limit = max_gpus_per_node(device)
-    if count > limit:
-        hint = f"{count // limit}x{limit}x{name}" if count % limit == 0 else f"Mx{limit}x{name}"
-        raise SpecError(f"{term!r}: one server holds at most {limit} x {device.name}; write MxNxDEVICE, e.g. {hint}")
-    return [default_shape(device, count)] * servers
+        return _preset_group(preset, servers, where)
+    return ServerGroup(_device(name), count, servers, name=name, where=where)
 
 
 def _device(name: str) -> DeviceSpec:
@@ -190,8 +181,8 @@ def _device(name: str) -> DeviceSpec:
         raise
 
 
-def parse_layout(spec: str) -> list[NodeShape]:
-    """The servers described by topology ``spec`` (grammar in the module docstring).
+def parse_description(spec: str) -> ClusterDescription:
+    """What topology ``spec`` says (grammar in the module docstring): a compact spec, or a YAML file's path.
 
     Raises:
         SpecError: anything malformed; the message contains ``spec``.
@@ -201,13 +192,13 @@ def parse_layout(spec: str) -> list[NodeShape]:
     if spec.strip().lower().endswith(_YAML_SUFFIXES):
         return load_topology_yaml(spec.strip())
     try:
-        shapes: list[NodeShape] = []
+        groups: list[ServerGroup] = []
         for term in spec.split("+"):
-            shapes += _parse_term(term.strip())
-            check_rank_count(sum(s.count for s in shapes), "the terms would make")
+            groups.append(_parse_term(term.strip(), f"bad topology {spec!r}: {term.strip()!r}"))
+            check_rank_count(sum(group.ranks for group in groups), "the terms would make")
     except SpecError as exc:
         raise SpecError(f"bad topology {spec!r}: {exc}") from None
-    return unify_network(shapes)
+    return ClusterDescription(spec, tuple(groups))
 
 
 def _int_field(value: Any, where: str) -> int:
@@ -222,8 +213,8 @@ def _keys(mapping: dict[str, Any], allowed: set[str], where: str) -> None:
         raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(allowed))})")
 
 
-def load_topology_yaml(path: str) -> list[NodeShape]:
-    """The servers of a YAML topology file (schema in the module docstring).
+def load_topology_yaml(path: str) -> ClusterDescription:
+    """What a YAML topology file says (schema in the module docstring).
 
     Raises:
         SpecError: missing or unreadable file, malformed YAML, or a bad field; the message names the file and field.
@@ -241,7 +232,7 @@ def load_topology_yaml(path: str) -> list[NodeShape]:
     nodes = data.get("nodes")
     if not isinstance(nodes, list) or not nodes:
         raise SpecError(f"{where}: 'nodes' must be a non-empty list, got {nodes!r}")
-    shapes: list[NodeShape] = []
+    groups: list[ServerGroup] = []
     ranks = 0
     for i, entry in enumerate(nodes):
         at = f"{where}: nodes[{i}]"
@@ -258,10 +249,10 @@ def load_topology_yaml(path: str) -> list[NodeShape]:
         ranks += count * repeat  # checked before the servers are listed: repeat may be 10**10
         check_rank_count(ranks, f"{at}: repeat {repeat} x count {count} would bring the topology to")
         try:
-            shape = default_shape(get_device(entry["device"]), count, intra)
+            device = get_device(entry["device"])
         except SpecError as exc:
             raise SpecError(f"{at}: {exc}") from None
-        shapes += [shape] * repeat
+        groups.append(ServerGroup(device, count, repeat, intra, where=at))
     network, nics = data.get("network"), data.get("nics_per_node")
     if network is not None:
         try:
@@ -272,30 +263,21 @@ def load_topology_yaml(path: str) -> list[NodeShape]:
             raise SpecError(f"{where}: network: {exc}") from None
     if nics is not None:
         nics = _int_field(nics, f"{where}: nics_per_node")
-    shapes = unify_network(shapes, network, nics)
-    if "slowdown" in data:
-        shapes = _slow_down(shapes, data["slowdown"], f"{where}: slowdown")
-    return shapes
+    slowdown = _slowdown(data["slowdown"], ranks, f"{where}: slowdown") if "slowdown" in data else ()
+    return ClusterDescription(path, tuple(groups), network, nics, slowdown)
 
 
-def _slow_down(shapes: list[NodeShape], factors: Any, where: str) -> list[NodeShape]:
-    """``shapes`` with the ``slowdown:`` mapping (global rank → factor) written into each server's
-    :attr:`NodeShape.slowdown`."""
+def _slowdown(factors: Any, ranks: int, where: str) -> tuple[tuple[int, float], ...]:
+    """The ``slowdown:`` mapping (global rank → factor) of a topology of ``ranks`` ranks, checked, as pairs."""
     if not isinstance(factors, dict) or not factors:
         raise SpecError(f"{where} must be a mapping of rank to factor, e.g. {{1: 2}}, got {factors!r}")
-    ranks = sum(shape.count for shape in shapes)
     for rank, factor in factors.items():
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:
             raise SpecError(f"{where}: rank {rank!r} is not a rank of this topology (0..{ranks - 1})")
         if isinstance(factor, bool) or not isinstance(factor, int | float) or not 1 <= factor <= MAX_SLOWDOWN:
             raise SpecError(f"{where}: rank {rank}'s factor must be a number from 1 (as fast as the catalog's "
                             f"device) to {MAX_SLOWDOWN:g}, got {factor!r}")
-    slowed, first = [], 0
-    for shape in shapes:
-        own = tuple(float(factors.get(rank, 1.0)) for rank in range(first, first + shape.count))
-        first += shape.count
-        slowed.append(replace(shape, slowdown=own) if any(f != 1.0 for f in own) else shape)
-    return slowed
+    return tuple((rank, float(factor)) for rank, factor in factors.items())
 
 
 def format_topology_list() -> str:

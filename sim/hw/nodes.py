@@ -40,6 +40,7 @@ import networkx as nx
 
 from sim.core.errors import SpecError
 from sim.hw.catalog import DeviceSpec, LinkSpec, get_link, slowed_device
+from sim.hw.description import MAX_RANKS
 
 __all__ = [
     "Link",
@@ -47,9 +48,6 @@ __all__ = [
     "INTRA_KINDS",
     "DGX1_NVLINK_PAIRS",
     "mesh_link",
-    "MAX_RANKS",
-    "MAX_RANKS_REASON",
-    "check_rank_count",
     "default_shape",
     "max_gpus_per_node",
     "check_shape",
@@ -59,15 +57,6 @@ __all__ = [
 ]
 
 INTRA_KINDS = ("cube-mesh", "nvswitch", "pcie", "full-mesh")
-
-#: The largest topology accepted, in ranks: over five times the largest run in the reference (Megatron, 3072 GPUs,
-#: hardware.md §3), and its link graph already takes about 2 s and 100 MB to build. Every spec and topology file is
-#: checked against it (:func:`check_rank_count`) before any server list or graph is built, so a count such as
-#: ``repeat: 10000000000`` costs nothing.
-MAX_RANKS = 16384
-
-#: Why :data:`MAX_RANKS`, for the error line.
-MAX_RANKS_REASON = "over 5x the largest published pipeline-parallel run, 3072 GPUs; the link graph grows with it"
 
 #: DGX-1 (V100) NVLink pairs → number of NVLink2 links, from ``nvidia-smi topo -m`` of a real DGX-1
 #: (hardware.md §2.2; microsoft/msccl-tools tests/test_topologies.py, NVIDIA/nccl#671). Pairs not listed have none.
@@ -203,13 +192,6 @@ class NodeShape:
     preset: str = ""
     nic_per_gpu: bool = False
     slowdown: tuple[float, ...] = ()
-
-
-def check_rank_count(ranks: int, what: str) -> None:
-    """Raise :class:`SpecError` if ``ranks`` exceeds :data:`MAX_RANKS` (call it before building anything); the
-    message is ``what``, the count, the limit and why (``what`` ends in a verb: ``"'3000x8xV100' would make"``)."""
-    if ranks > MAX_RANKS:
-        raise SpecError(f"{what} {ranks} ranks; at most {MAX_RANKS} are supported ({MAX_RANKS_REASON})")
 
 
 def _max_gpus(device: DeviceSpec, intra: str) -> int:

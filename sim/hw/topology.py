@@ -2,7 +2,9 @@
 
 ``Topology.parse(spec)`` reads a compact spec (``8xV100``, ``2x8xA100``, ``4xV100+4xA100``, ``dgx-h100``,
 ``4xideal``, or a YAML file; grammar and file schema in :mod:`sim.hw.grammar`) into a frozen object whose
-``str()`` is ``spec`` again. The servers it describes are wired as in :mod:`sim.hw.nodes`: a
+``str()`` is ``spec`` again, in three steps that each go one way: the text is read into a description
+(:mod:`sim.hw.grammar`, :class:`~sim.hw.description.ClusterDescription`), the description into its servers
+(:mod:`sim.hw.servers`), and the servers into their link graph (:mod:`sim.hw.nodes`): a
 ``networkx.DiGraph`` of GPUs, host memories, NVSwitches, NICs and the network fabric, with one directed
 :class:`Link` per edge (attribute ``"link"``).
 
@@ -34,8 +36,9 @@ import networkx as nx
 
 from sim.core.errors import SpecError
 from sim.hw.catalog import DeviceSpec
-from sim.hw.grammar import format_topology_list, parse_layout
+from sim.hw.grammar import format_topology_list, parse_description
 from sim.hw.nodes import DGX1_NVLINK_PAIRS, Link, NodeShape, build_graph, mesh_link
+from sim.hw.servers import server_shapes
 
 __all__ = ["Link", "Topology", "format_topology_list", "message_time", "REFERENCE_BYTES"]
 
@@ -96,7 +99,7 @@ class Topology:
             SpecError: a malformed spec, unknown device or preset, impossible server, or bad YAML file; the message
                 contains the offending text.
         """
-        shapes = parse_layout(spec)
+        shapes = server_shapes(parse_description(spec))
         graph, devices, node_of_rank = build_graph(shapes)
         return cls(spec=spec, devices=devices, node_of_rank=node_of_rank, graph=graph, nodes=tuple(shapes))
 

@@ -6,8 +6,8 @@ import pytest
 from sim.core.errors import SpecError
 from sim.core.fileio import INPUT_LIMITS
 from sim.hw.catalog import list_links, load_yaml
+from sim.hw.description import MAX_RANKS
 from sim.hw.grammar import load_topology_yaml
-from sim.hw.nodes import MAX_RANKS
 from sim.hw.topology import Topology, format_topology_list
 
 
@@ -31,7 +31,7 @@ def test_the_entries_add_up_to_the_limit(tmp_path):
     half = MAX_RANKS // 16
     ok = _yaml(tmp_path, f"nodes:\n  - {{device: ideal, count: 1, repeat: {MAX_RANKS - 1}}}\n"
                "  - {device: ideal, count: 1}\n")
-    assert sum(shape.count for shape in load_topology_yaml(ok)) == MAX_RANKS
+    assert load_topology_yaml(ok).ranks == MAX_RANKS
     over = _yaml(tmp_path, f"nodes:\n  - {{device: V100, count: 8, repeat: {half}}}\n"
                  f"  - {{device: V100, count: 8, repeat: {half}}}\n  - {{device: V100, count: 1}}\n")
     with pytest.raises(SpecError, match=rf"nodes\[2\]: repeat 1 x count 1 would bring the topology to {MAX_RANKS + 1}"):

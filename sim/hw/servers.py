@@ -1,0 +1,67 @@
+"""From a topology's description to its servers: each group's wiring and NIC ports, one fabric, the slowed devices.
+
+The second of the three steps of :meth:`sim.hw.topology.Topology.parse` (the text is read by :mod:`sim.hw.grammar`,
+the servers' link graph built by :func:`sim.hw.nodes.build_graph`). For each
+:class:`~sim.hw.description.ServerGroup`, in rank order:
+
+* its server is the one a real system of ``count`` × ``device`` is (:func:`sim.hw.nodes.default_shape`: the wiring,
+  unless the group asks for one, and the NIC ports), a preset's with the preset's own ports; a server that cannot be
+  built (too many devices for any wiring of them, a wiring the device cannot have) is an error naming the group;
+* ``repeat`` copies of it follow one another.
+
+Then every server gets the same NIC port type, the description's ``network`` or the slowest of their own
+(:func:`sim.hw.nodes.unify_network`: a heterogeneous cluster shares one fabric), and the ranks of ``slowdown`` get a
+device that many times slower (:attr:`sim.hw.nodes.NodeShape.slowdown`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sim.core.errors import SpecError
+from sim.hw.description import ClusterDescription, ServerGroup
+from sim.hw.nodes import NodeShape, default_shape, max_gpus_per_node, unify_network
+
+__all__ = ["server_shapes"]
+
+
+def server_shapes(description: ClusterDescription) -> list[NodeShape]:
+    """The servers ``description`` describes, in rank order (module docstring).
+
+    Raises:
+        SpecError: a group's server cannot be built (the message begins with the group's ``where``), or
+            ``nics_per_node`` does not fit a server whose GPUs have one NIC each.
+    """
+    shapes: list[NodeShape] = []
+    for group in description.groups:
+        shapes += [_server(group)] * group.repeat
+    shapes = unify_network(shapes, description.network, description.nics_per_node)
+    return _slow_down(shapes, dict(description.slowdown)) if description.slowdown else shapes
+
+
+def _server(group: ServerGroup) -> NodeShape:
+    """One server of ``group``."""
+    if group.name:  # a compact spec's term: too large a server is answered in the grammar's words
+        limit = max_gpus_per_node(group.device)
+        if group.count > limit:
+            hint = (f"{group.count // limit}x{limit}x{group.name}" if group.count % limit == 0
+                    else f"Mx{limit}x{group.name}")
+            raise SpecError(f"{group.where}: one server holds at most {limit} x {group.device.name}; write "
+                            f"MxNxDEVICE, e.g. {hint}")
+    try:
+        shape = default_shape(group.device, group.count, group.intra)
+    except SpecError as exc:
+        raise SpecError(f"{group.where}: {exc}") from None
+    if group.preset:
+        shape = replace(shape, network=group.network, nics=group.nics, preset=group.preset)
+    return shape
+
+
+def _slow_down(shapes: list[NodeShape], factors: dict[int, float]) -> list[NodeShape]:
+    """``shapes`` with ``factors`` (global rank → factor) written into each server's :attr:`NodeShape.slowdown`."""
+    slowed, first = [], 0
+    for shape in shapes:
+        own = tuple(factors.get(rank, 1.0) for rank in range(first, first + shape.count))
+        first += shape.count
+        slowed.append(replace(shape, slowdown=own) if any(f != 1.0 for f in own) else shape)
+    return slowed
