@@ -32,12 +32,13 @@ from sim.schedules import SCHEDULES
 
 __all__ = ["main", "make_parser", "FLAGS"]
 
-#: The library arguments this command sets from its flags, each with its flag: an error the library raises about one
-#: (``tp must be an integer >= 1``) is printed as the user typed it (``--tp must be ...``;
-#: :func:`sim.core.errors.run_cli`).
+#: The library arguments this command sets from its flags (fields of PlanInputs and Parallelism), each with its flag:
+#: an error the library raises about one (``tp must be an integer >= 1``) is printed as the user typed it (``--tp must
+#: be ...``; :func:`sim.core.errors.run_cli`), and a memory remedy is offered as the flags that make it.
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "order": "--rank-order", "zero": "--zero",
          "sequence_parallel": "--sequence-parallel", "grad_overlap": "--grad-overlap", "devices": "--devices",
-         "partition": "--partition", "chunks": "--chunks"}
+         "partition": "--partition", "chunks": "--chunks", "recompute": "--recompute",
+         "microbatch_size": "--microbatch-size", "global_batch": "--global-batch", "schedule": "--schedule"}
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -183,11 +184,6 @@ def _run(argv: list[str] | None) -> int:
     return 0
 
 
-#: How each PlanInputs field a memory remedy changes is written on the command line.
-_FLAGS = {"recompute": "--recompute", "zero": "--zero", "tp": "--tp", "dp": "--dp", "pp": "--pp",
-          "microbatch_size": "--microbatch-size", "global_batch": "--global-batch", "schedule": "--schedule"}
-
-
 def _check_memory(inputs: PlanInputs, built) -> None:
     """Refuse a plan whose peak memory exceeds a device's, saying by how much and which flags would make it fit.
 
@@ -206,7 +202,7 @@ def _check_memory(inputs: PlanInputs, built) -> None:
             f"alone is {report.state_bytes / gb:.2f} GB)")
     remedies = memory_remedies(inputs, built)
     if remedies:
-        options = [" ".join(f"{_FLAGS[name]} {value}" for name, value in remedy.changes if value is not None)
+        options = [" ".join(f"{FLAGS[name]} {value}" for name, value in remedy.changes if value is not None)
                    + f" ({remedy.peak_bytes / gb:.2f} of {remedy.capacity_bytes / gb:.2f} GB)"
                    for remedy in remedies[:3]]
         advice = "these would fit: " + "; ".join(options)
