@@ -3,23 +3,25 @@ CPU ranks with ``executor.run --measure-memory`` beside the simulator's peak per
 
 Procedure, on this host with N CPU ranks (``--ranks``, 2 to 4; gloo):
 
+0. **Profile.** ``profiles.measure`` on this host's CPU measures the model's layers, their times and their memory
+   (``profiles.layer_memory``: what each forward keeps, the transients of its forward and backward phases, what a
+   split backward's I keeps for its W, the state bytes), and that the executor's gradients live per step. The plans
+   are costed with it, as a user calibrates before predicting: the catalog's sizes describe fp16 Megatron training on
+   GPUs, the executor trains in fp32 on the CPU.
 1. **Plans.** For each case, the plan is built by ``sim.run``'s library path (``sim.plan.build.build_plan``): gpipe,
    1f1b, interleaved (2 chunks per rank), zb1p and pipedream, each with and without ``--recompute`` (full), on N
    pipeline ranks with a balanced partition; ``dp``, 1F1B with DP = N (each replica ``--microbatches`` microbatches);
-   ``tp``, 1F1B with TP = N (skipped when N does not divide the heads).
+   ``tp``, 1F1B with TP = N (skipped when N does not divide the heads), costed by the catalog's sizes: a profile
+   measures whole layers, a TP plan runs shards of them.
 2. **Runs.** ``executor.run --measure-memory`` on each plan: every rank counts its peak tensor memory over the
    measured iterations (``executor.memory``: live tensor storages, operator by operator, on the CPU), and
    ``compare.json``'s ``memory`` sets it beside the prediction's peak of that rank (``sim.predict.predict`` on the
    same plan: the simulator's memory ledger over ``sim.cost.oracle.CostOracle``'s bytes).
 3. **Verdict** against the target: every rank's |measured − predicted| / measured within :data:`TARGET_ERROR`.
    The experiment reports what it measured whether or not the target is met.
-4. **Per layer** (:func:`layer_breakdown`, one process): for the embedding, one block and the head at the
-   experiment's shapes, the bytes autograd saves for the backward (``torch.autograd.graph.saved_tensors_hooks``,
-   each storage once, the layer's input and parameters left out, its output added as the simulator's convention
-   has it), the transient bytes of its backward, and its training state (weights, gradients, Adam's two moments),
-   beside the cost oracle's ``saved_bytes`` × microbatch size, ``workspace_bytes`` and ``state_bytes``. The
-   simulator describes fp16 Megatron training (Korthikanti et al. 2022's per-layer bytes); the executor trains in
-   fp32 without dropout, so the two agree only where those differences cancel; this table says where they do not.
+4. **Per layer** (:func:`layer_breakdown`): for the embedding, one block and the head at the experiment's shapes,
+   the catalog's bytes (Korthikanti et al. 2022's per-layer activations of fp16 Megatron training, ``workspace``,
+   16 bytes of state per parameter) beside the profile's measured ones: why a CPU plan is predicted with a profile.
 5. **Overhead** (``--overhead-repeats`` pairs, 0 to skip): the 1f1b case run alternately without and with
    ``--measure-memory``; the median iteration time of each, and how much slower counting made it.
 """
@@ -61,7 +63,8 @@ QUICK_CASES = ("1f1b", "gpipe-recompute")
 
 def plan_inputs(case: str, model: str, ranks: int, microbatches: int, microbatch_size: int,
                 profile: Path | None = None) -> PlanInputs:
-    """The ``sim.run`` inputs of one case on ``{ranks}xcpu``, costed with ``profile`` when given."""
+    """The ``sim.run`` inputs of one case on ``{ranks}xcpu``, costed with ``profile`` when given; the ``tp`` case is
+    costed by the model's sizes (a profile measures whole layers, a TP plan runs shards of them)."""
     choices = dict(CASES[case])
     topology = f"{ranks}xcpu"
     measured = str(profile) if profile is not None else None
@@ -70,7 +73,7 @@ def plan_inputs(case: str, model: str, ranks: int, microbatches: int, microbatch
                           global_batch=microbatches * microbatch_size * ranks, profile=measured)
     if "tp" in choices:
         return PlanInputs(model, topology, choices["schedule"], microbatches=microbatches,
-                          microbatch_size=microbatch_size, tp=ranks, profile=measured)
+                          microbatch_size=microbatch_size, tp=ranks)
     return PlanInputs(model, topology, microbatches=microbatches, microbatch_size=microbatch_size, profile=measured,
                       **choices)
 

@@ -3,6 +3,8 @@ experiment returns; the verdict and table from hand-made rows; bad input (the fu
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from experiments.memory_real import (
@@ -32,24 +34,35 @@ def test_one_case_measures_every_rank_beside_its_prediction(tmp_path):
     summary = found["summary"]
     assert summary["ranks"] == 2
     assert summary["max_abs_error"] == max(abs(r["relative_error"]) for r in case["ranks"])
-    # The training state is 16 bytes per parameter on both sides: fp32 weights, gradients and Adam's two moments in
-    # the executor, fp16 weights and gradients plus an fp32 master copy and moments in the simulator's ledger.
+    # The training state: 16 bytes per parameter in the catalog (fp16 weights and gradients, an fp32 master copy and
+    # Adam's moments), and measured: fp32 weights, gradients and two moments, plus Adam's 4-byte step per tensor.
     layers = {row["layer"]: row for row in found["layers"]}
     assert sorted(layers) == ["block0", "embed", "head"]
-    h, s, v = 256, 128, 1000
-    assert layers["block0"]["predicted_state_bytes"] == layers["block0"]["measured_state_bytes"] == 16 * (
-        12 * h * h + 13 * h)
-    assert layers["head"]["measured_state_bytes"] == 16 * (2 * h + v * h)
-    # A block's output is one fp32 (s, h) tensor, which its consumer keeps.
-    assert layers["block0"]["measured_output_bytes"] == 4 * s * h
+    h, v = 256, 1000
+    block = 12 * h * h + 13 * h
+    assert layers["block0"]["model_state_bytes"] == 16 * block
+    assert layers["block0"]["measured_state_bytes"] == 16 * block + 4 * 12  # 12 parameter tensors in a block
+    assert layers["head"]["model_state_bytes"] == 16 * (2 * h + v * h)
 
 
-def test_the_breakdown_follows_the_microbatch_size():
-    one, two = layer_breakdown(MODEL, 1), layer_breakdown(MODEL, 2)
-    for a, b in zip(one, two, strict=True):
-        assert b["predicted_saved_bytes"] == 2 * a["predicted_saved_bytes"]
-        assert b["measured_output_bytes"] == 2 * a["measured_output_bytes"]
-        assert b["measured_state_bytes"] == a["measured_state_bytes"]
+def test_the_breakdown_reads_the_profile_beside_the_catalog(tmp_path):
+    from profiles.layer_memory import measure_layer_memory
+    from sim.cost.profile import layer_memory_fields, profile_document
+    from sim.models import build_model
+
+    spec = "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=100"
+    graph = build_model(spec)
+    measured = measure_layer_memory(spec)
+    layers = [{"name": layer.name, "fwd_s": 1e-3, "bwd_s": 2e-3, **layer_memory_fields(m)}
+              for layer, m in zip(graph.layers, measured)]
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile_document(model=graph.spec, device="cpu", microbatch_size=1, layers=layers,
+                                                method={}, machine={}, software={})))
+    rows = layer_breakdown(spec, 1, path)
+    assert [row["layer"] for row in rows] == ["embed", "block0", "head"]
+    for row, index in zip(rows, (0, 1, 3)):
+        assert row["measured_kept_bytes"] == measured[index].retained_bytes
+        assert row["model_kept_bytes"] == graph.layers[index].saved_bytes
 
 
 def test_cases_cover_every_schedule_with_and_without_recompute_and_dp_and_tp():
