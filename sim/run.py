@@ -38,7 +38,9 @@ __all__ = ["main", "make_parser", "FLAGS"]
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "order": "--rank-order", "zero": "--zero",
          "sequence_parallel": "--sequence-parallel", "grad_overlap": "--grad-overlap", "devices": "--devices",
          "partition": "--partition", "chunks": "--chunks", "recompute": "--recompute",
-         "microbatch_size": "--microbatch-size", "global_batch": "--global-batch", "schedule": "--schedule"}
+         "microbatch_size": "--microbatch-size", "global_batch": "--global-batch", "schedule": "--schedule",
+         "microbatches": "--microbatches", "vertical_sync": "--vertical-sync", "fps": "--fps",
+         "cuda_graphs": "--cuda-graphs", "profile": "--profile"}
 
 
 def make_parser() -> argparse.ArgumentParser:

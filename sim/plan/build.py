@@ -83,8 +83,8 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
     layout = plan_layout(inputs, topology)
     microbatches = plan_microbatches(inputs, layout)
     if layout.tp > 1 and inputs.profile:
-        raise SpecError(f"a measured profile times whole layers on one device; --tp {layout.tp} splits them "
-                        f"({inputs.profile})")
+        raise SpecError(f"a measured profile times whole layers on one device; {{tp}} {layout.tp} splits them "
+                        f"({{profile}} {inputs.profile})", "tp", "profile")
     graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
     profile = load_profile(inputs.profile) if inputs.profile else None
     if inputs.schedule_file:
@@ -92,8 +92,9 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
     else:
         l0 = _generated_programs(inputs, graph, topology, layout, microbatches)
     if l0.weight_policy == "stream" and inputs.recompute_mode != "none":
-        raise SpecError(f"--recompute {inputs.recompute_mode} does not apply to --schedule stream: a stage keeps one "
-                        f"frame's activations, and recomputes only when the stream has ended (the drain)")
+        raise SpecError(f"{{recompute}} {inputs.recompute_mode} does not apply to {{schedule}} stream: a stage keeps "
+                        f"one frame's activations, and recomputes only when the stream has ended (the drain)",
+                        "recompute", "schedule")
     oracle, placement = place_layers(inputs, graph, profile, topology, l0.layout, l0.vstage_to_rank)
     plan = add_collectives(lower(_l0_plan(inputs, graph, topology, l0, placement)))
     validate(plan)
@@ -105,18 +106,18 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
 def _check_inputs(inputs: PlanInputs) -> None:
     """The checks of ``inputs`` that need nothing parsed: sizes, the recompute mode, what a schedule file excludes."""
     if inputs.microbatch_size < 1:
-        raise SpecError(f"--microbatch-size must be >= 1, got {inputs.microbatch_size}")
+        raise SpecError(f"{{microbatch_size}} must be >= 1, got {inputs.microbatch_size}", "microbatch_size")
     if inputs.microbatches is not None and inputs.microbatches < 1:
-        raise SpecError(f"--microbatches must be >= 1, got {inputs.microbatches}")
+        raise SpecError(f"{{microbatches}} must be >= 1, got {inputs.microbatches}", "microbatches")
     if inputs.chunks < 1:
-        raise SpecError(f"--chunks must be >= 1, got {inputs.chunks}")
+        raise SpecError(f"{{chunks}} must be >= 1, got {inputs.chunks}", "chunks")
     if inputs.recompute_mode not in ("none", "full", "selective"):
-        raise SpecError(f"--recompute takes full or selective, got {inputs.recompute!r}")
+        raise SpecError(f"{{recompute}} takes full or selective, got {inputs.recompute!r}", "recompute")
     if inputs.schedule_file and inputs.vertical_sync:
-        raise SpecError("--vertical-sync applies to the pipedream schedule, not to a schedule file")
+        raise SpecError("{vertical_sync} applies to the pipedream schedule, not to a schedule file", "vertical_sync")
     if inputs.schedule_file and inputs.chunks != 1:
-        raise SpecError(f"--chunks {inputs.chunks} applies to generated schedules; a schedule file places its "
-                        f"stages where its ops are ({inputs.schedule_file})")
+        raise SpecError(f"{{chunks}} {inputs.chunks} applies to generated schedules; a schedule file places its "
+                        f"stages where its ops are ({inputs.schedule_file})", "chunks")
 
 
 def _programs_from_file(inputs: PlanInputs, graph: LayerGraph, topology: Topology, layout: Parallelism,
@@ -129,7 +130,8 @@ def _programs_from_file(inputs: PlanInputs, graph: LayerGraph, topology: Topolog
     vstage_to_rank = _placement_from_programs(programs, path)
     inferred = 1 + max(op.mb for program in programs for op in program if op.mb is not None)
     if microbatches is not None and microbatches != inferred:
-        raise SpecError(f"{path} has {inferred} microbatches, --microbatches (or --global-batch) says {microbatches}")
+        raise SpecError(f"{path} has {inferred} microbatches, {{microbatches}} (or {{global_batch}}) says "
+                        f"{microbatches}", "microbatches", "global_batch")
     # The file itself is bounded (sim.core.fileio.INPUT_LIMITS); its lowered plan and sizes are checked here.
     compute = sum(len(program) for program in programs)
     if inputs.recompute_mode == "full":
@@ -141,7 +143,7 @@ def _programs_from_file(inputs: PlanInputs, graph: LayerGraph, topology: Topolog
         raise SpecError(f"{path} has {len(programs)} ranks, × TP {layout.tp} × DP {layout.dp} devices, topology "
                         f"{topology} has {topology.num_ranks} devices")
     if inputs.pp is not None and inputs.pp != len(programs):
-        raise SpecError(f"{path} has {len(programs)} ranks, --pp says {inputs.pp}")
+        raise SpecError(f"{path} has {len(programs)} ranks, {{pp}} says {inputs.pp}", "pp")
     return _Programs(programs, vstage_to_rank, inferred, "file", "flush", (), replace(layout, pp=len(programs)))
 
 
@@ -179,17 +181,17 @@ def _generator_options(inputs: PlanInputs, schedule: str, weight_policy: str, to
     options: _Options = ()
     if inputs.fps is not None:
         if weight_policy != "stream":
-            raise SpecError(f"--fps {inputs.fps:g} is the frame rate of a live source, for --schedule stream, "
-                            f"not {schedule}")
+            raise SpecError(f"{{fps}} {inputs.fps:g} is the frame rate of a live source, for {{schedule}} stream, "
+                            f"not {schedule}", "fps", "schedule")
         if not (isinstance(inputs.fps, (int, float)) and math.isfinite(inputs.fps) and inputs.fps > 0):
-            raise SpecError(f"--fps must be a finite number of frames per second > 0, got {inputs.fps!r}")
+            raise SpecError(f"{{fps}} must be a finite number of frames per second > 0, got {inputs.fps!r}", "fps")
         options += (("fps", float(inputs.fps)),)
     if inputs.cuda_graphs:
         _check_cuda_graphs(inputs, schedule, topology, layout)
         options += (("cuda_graphs", True),)
     if inputs.vertical_sync:
         if weight_policy != "stash":
-            raise SpecError(f"--vertical-sync applies to weight stashing (pipedream), not {schedule}")
+            raise SpecError(f"{{vertical_sync}} applies to weight stashing (pipedream), not {schedule}", "vertical_sync")
         options += ((VERTICAL_SYNC_OPTION, True),)
     return options
 
@@ -215,8 +217,8 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
     )
     if inputs.recompute_mode == "selective":
         if any(op.kind is OpKind.R for program in programs for op in program):
-            raise SpecError(f"--recompute selective recomputes inside the backward; {inputs.schedule_file} has R ops "
-                            f"(full recomputation)")
+            raise SpecError(f"{{recompute}} selective recomputes inside the backward; {inputs.schedule_file} has R ops "
+                            f"(full recomputation)", "recompute")
         plan = replace(plan, options=tuple(sorted({**dict(plan.options), "recompute": "selective"}.items())))
     elif inputs.recompute_mode == "full" or (l0.weight_policy != "stream" and any(
             op.kind is OpKind.R for program in programs for op in program)):
@@ -242,14 +244,16 @@ def _check_cuda_graphs(inputs: PlanInputs, schedule: str, topology: Topology, la
     """``--cuda-graphs`` models a captured stream step: a stream, on GPUs, costed by the catalog (a measured profile's
     times include the eager overheads a graph removes, in a share no profile records)."""
     if schedule != "stream":
-        raise SpecError(f"--cuda-graphs models PARTIME's captured step, for --schedule stream, not {schedule}")
+        raise SpecError(f"{{cuda_graphs}} models PARTIME's captured step, for {{schedule}} stream, not {schedule}",
+                        "cuda_graphs", "schedule")
     if inputs.profile:
-        raise SpecError(f"--cuda-graphs cannot apply to a measured profile ({inputs.profile}): its times include the "
-                        f"per-op overheads a graph removes, in a share it does not record")
+        raise SpecError(f"{{cuda_graphs}} cannot apply to a measured profile ({inputs.profile}): its times include "
+                        f"the per-op overheads a graph removes, in a share it does not record", "cuda_graphs")
     cpus = sorted({topology.devices[layout.device(p, d, t)].name for p in range(layout.pp) for d in range(layout.dp)
                    for t in range(layout.tp) if not topology.devices[layout.device(p, d, t)].is_gpu})
     if cpus:
-        raise SpecError(f"--cuda-graphs needs GPUs; topology {topology} runs the plan on {', '.join(cpus)}")
+        raise SpecError(f"{{cuda_graphs}} needs GPUs; topology {topology} runs the plan on {', '.join(cpus)}",
+                        "cuda_graphs")
 
 
 def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,

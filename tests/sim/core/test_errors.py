@@ -90,3 +90,23 @@ def test_the_library_names_slowdown():
         parse_slowdown(["1"], 2)
     assert str(info.value) == "slowdown '1': expected RANK:FACTOR, e.g. 1:2 or 0:1.5,3:2"
     assert EXECUTOR_FLAGS == {"slowdown": "--slowdown"}
+
+
+@pytest.mark.parametrize(("inputs", "argv", "library", "command"), [
+    ({"microbatch_size": 0}, ["--microbatch-size", "0"], "microbatch_size must be >= 1, got 0",
+     "--microbatch-size must be >= 1, got 0"),
+    ({"schedule": "1f1b", "fps": 30.0}, ["--fps", "30"], "fps 30 is the frame rate of a live source, for schedule",
+     "--fps 30 is the frame rate of a live source, for --schedule stream"),
+])
+def test_build_plan_names_its_arguments_and_sim_run_its_flags(inputs, argv, library, command, tmp_path, capsys):
+    from sim.plan.build import build_plan
+    from sim.plan.inputs import PlanInputs
+
+    base = {"model": "uniform:layers=4", "topology": "2xideal", "schedule": "gpipe"}
+    with pytest.raises(SpecError) as info:
+        build_plan(PlanInputs(**{**base, **inputs}))
+    assert str(info.value).startswith(library) and "--" not in str(info.value)
+    flags = ["--schedule", inputs.get("schedule", "gpipe")]
+    with pytest.raises(SystemExit):
+        run_main(["--topology", "2xideal", "--model", "uniform:layers=4", *flags, *argv, "--out", str(tmp_path / "o")])
+    assert capsys.readouterr().err.startswith(f"error: {command}")

@@ -39,9 +39,9 @@ def test_the_plan_records_it_and_the_prediction_path_costs_it_from_the_plan():
 
 
 @pytest.mark.parametrize("change, needle", [
-    ({"schedule": "1f1b"}, "for --schedule stream, not 1f1b"),
-    ({"topology": "4xcpu"}, "--cuda-graphs needs GPUs"),
-    ({"topology": "4xideal"}, "--cuda-graphs needs GPUs"),
+    ({"schedule": "1f1b"}, "for schedule stream, not 1f1b"),
+    ({"topology": "4xcpu"}, "cuda_graphs needs GPUs"),
+    ({"topology": "4xideal"}, "cuda_graphs needs GPUs"),
 ])
 def test_where_it_does_not_apply_is_one_error(change, needle):
     inputs = {"model": MODEL, "topology": "4xV100", "schedule": "stream", "microbatches": 8, "cuda_graphs": True,

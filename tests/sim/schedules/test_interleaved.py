@@ -116,7 +116,7 @@ def test_balanced_partition_on_loop_placement():
     (PlanInputs("uniform:layers=16", "4xideal", "interleaved", 6, chunks=2), "--microbatches 6 with 4 ranks"),
     (PlanInputs("uniform:layers=16", "4xideal", "interleaved", 8), "--chunks >= 2"),
     (PlanInputs("uniform:layers=16", "4xideal", "1f1b", 8, chunks=2), "chunks 2 needs an interleaved"),
-    (PlanInputs("uniform:layers=16", "4xideal", "interleaved", 8, chunks=0), "--chunks must be >= 1"),
+    (PlanInputs("uniform:layers=16", "4xideal", "interleaved", 8, chunks=0), "chunks must be >= 1"),
     (PlanInputs("uniform:layers=6", "4xideal", "interleaved", 8, chunks=2), "more stages (8, 2 per device"),
     (PlanInputs("uniform:layers=16", "2xV100+2xA100", "interleaved", 8, chunks=2), "needs identical devices"),
     (PlanInputs("uniform:layers=16", "4xideal", "interleaved", 8, chunks=2, partition="4,4,4,4"), "the plan has 8"),
