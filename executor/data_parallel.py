@@ -128,7 +128,7 @@ class DataParallel:
             for param in self.params[v]:
                 part = flat[offset:offset + param.numel()].view_as(param)
                 offset += param.numel()
-                if grad:
-                    param.grad = part.clone()
+                if grad:  # into the gradient in place: no second gradient-sized set of tensors while flat lives
+                    param.grad.copy_(part)
                 else:
                     param.copy_(part)

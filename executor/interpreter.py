@@ -21,8 +21,8 @@ describe the same thing:
 * OPT_STEP steps the vstage's own optimizer and clears its gradients: once per iteration under the flush policy
   (GPipe, 1F1B); after every microbatch under weight stashing (async PipeDream, ``executor.stash``), where F and its
   backward run on the weight version stashed for the microbatch and the update lands on the latest weights; and
-  after every backward in a PARTIME stream (``executor.stream.stream_interpreter``), whose backward runs through the stage's
-  current forward rather than the frame's own.
+  after every backward in a PARTIME stream (``executor.stream.stream_interpreter``), whose backward runs through the
+  stage's current forward rather than the frame's own.
 * 3D plans (``executor.parallel``): every process of pipeline rank p runs ``plan.programs[p]``, and a SEND/RECV's
   ``peer`` (a pipeline rank) is the process of that pipeline rank in the same replica and tensor shard.
 * TP_F, TP_B, TP_R: the tensor-parallel collectives really run inside the forward, backward and recompute, where the

@@ -24,7 +24,8 @@ The counter is a ``TorchDispatchMode``: every aten operator of the thread that e
 a CPU backward on that thread too) passes through :meth:`StorageCounter.__torch_dispatch__`, which costs a few
 microseconds per operator. On a 2-core host that made a 2-block GPT stage's forward, backward and Adam step 7-11 %
 slower, and a 2-rank 1F1B run's median iteration 12-15 % slower (``experiments.run memory_real``), too much to leave
-on while iteration times are measured, so ``executor.run`` counts only with ``--measure-memory`` (on CUDA the statistics cost nothing and are always read). The torch profiler's memory events
+on while iteration times are measured, so ``executor.run`` counts only with ``--measure-memory`` (on CUDA the
+statistics cost nothing and are always read). The torch profiler's memory events
 (``profile_memory=True``), the other allocator-level source, cost 18 % on the same step before their events are
 even read.
 """

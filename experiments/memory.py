@@ -213,7 +213,8 @@ def gpt_table(rows: list[StageRow]) -> list[str]:
 
 
 FIELDS = ("part", "model", "topology", "schedule", "chunks", "recompute", "p", "m", "stage", "activation_bytes",
-          "checkpoint_bytes", "rebuilt_layer_bytes", "param_bytes", "workspace_bytes", "state_bytes", "peak_bytes", "simulated_bytes",
+          "checkpoint_bytes", "rebuilt_layer_bytes", "param_bytes", "workspace_bytes", "state_bytes", "peak_bytes",
+          "simulated_bytes",
           "formula_bytes", "in_flight", "rebuilt", "weight_copies", "equal", "capacity_bytes", "overflows")
 
 
@@ -224,7 +225,8 @@ def to_csv(rows: list[StageRow]) -> str:
     writer.writerow(FIELDS)
     for r in rows:
         writer.writerow([r.part, r.model, r.topology, r.schedule, r.chunks, str(r.recompute).lower(), r.p, r.m,
-                         r.stage, r.activation, r.checkpoint, r.rebuilt_layer, r.param, r.workspace, r.state, r.peak, r.simulated,
+                         r.stage, r.activation, r.checkpoint, r.rebuilt_layer, r.param, r.workspace, r.state, r.peak,
+                         r.simulated,
                          r.formula, r.in_flight, r.rebuilt, r.copies, str(r.simulated == r.formula).lower(),
                          f"{r.capacity:.0f}", str(r.peak > r.capacity).lower()])
     return buffer.getvalue()

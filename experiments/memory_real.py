@@ -261,7 +261,8 @@ def run_experiment(out: Path, cases: list[str], *, model: str = DEFAULT_MODEL, r
         inputs = plan_inputs("1f1b", model, ranks, microbatches, microbatch_size, profile)
         slowdown = overhead(out, inputs, repeats=overhead_repeats, iterations=max(iterations, 5), warmup=warmup)
     return {"results": results, "skipped": skipped, "summary": summarize(results),
-            "layers": layer_breakdown(model, microbatch_size, profile), "overhead": slowdown, "model": model, "ranks": ranks,
+            "layers": layer_breakdown(model, microbatch_size, profile), "overhead": slowdown, "model": model,
+            "ranks": ranks,
             "microbatches": microbatches, "microbatch_size": microbatch_size, "iterations": iterations,
             "warmup": warmup}
 

@@ -75,9 +75,9 @@ def measure_layer_memory(spec: str, *, microbatch_size: int = 1, optimizer: str 
             generator = torch.Generator().manual_seed(derive_seed("grad_output", seed, i))
             grad_output = torch.randn(shape, generator=generator).to(device)
 
-        def forward() -> torch.Tensor:
+        def forward(layer: torch.nn.Module = layer, x: torch.Tensor = x, loss: bool = i == last) -> torch.Tensor:
             out = layer(x)
-            return make_loss(out, targets) if i == last else out
+            return make_loss(out, targets) if loss else out
 
         first_backward = _first_backward_bytes(layer, forward, x, grad_output)
         torch.autograd.backward(forward(), grad_output)  # the weight gradients exist, as after a first microbatch
@@ -108,7 +108,8 @@ def measure_layer_memory(spec: str, *, microbatch_size: int = 1, optimizer: str 
         gemm_gradients = sum(_nbytes(module.weight.grad) for module in layer.modules()
                              if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)))
         measured.append(LayerMemory(output, retained, forward_transient, backward_transient, first_backward,
-                                    input_backward, weight_backward, deferred, sum(_nbytes(p) for p in layer.parameters()), gradients,
+                                    input_backward, weight_backward, deferred,
+                                    sum(_nbytes(p) for p in layer.parameters()), gradients,
                                     gemm_gradients, state))
         layer.zero_grad(set_to_none=True)
     return tuple(measured)
@@ -138,9 +139,9 @@ def _first_backward_bytes(layer: torch.nn.Module, forward: Callable[[], torch.Te
 def _split_backward_bytes(layer: torch.nn.Module, forward: Callable[[], torch.Tensor], x: torch.Tensor,
                           grad_output: torch.Tensor | None) -> tuple[int, int, int]:
     """``(the most an I op of layer holds above its starting level, the same for its W, the bytes the I leaves for
-    the W)``: the last is what is alive after I (the forward's graph gone) and freed by W. The layer is run split once first, so that every
-    gradient buffer exists and W only adds into it; the split is undone after (the layer's modules get their
-    class's forward back)."""
+    the W)``: the last is what is alive after I (the forward's graph gone) and freed by W. The layer is run split
+    once first, so that every gradient buffer exists and W only adds into it; the split is undone after (the
+    layer's modules get their class's forward back)."""
     store = WeightGradStore()
     split = [module for module in layer.modules() if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d))]
     enable_split_backward(layer, store)

@@ -135,7 +135,8 @@ def _profile_json(args: argparse.Namespace, spec: str, device_id: str, gpu_name:
                "threads": torch.get_num_threads()}
     # The executor's optimizer step ends with zero_grad(set_to_none=True): gradients live from a stage's first
     # backward after an update to the next update (executor.interpreter), which is what this profile is for.
-    extra: dict[str, Any] = {"optimizer": args.optimizer, "gradients": "per_step"}
+    # And its gradient reduction all-reduces a flat copy of a stage's gradients (executor.data_parallel).
+    extra: dict[str, Any] = {"optimizer": args.optimizer, "gradients": "per_step", "reduction": "flat_copy"}
     if host_copy is not None:
         extra["host_copy"] = host_copy
     return profile_document(model=spec, device=device_id, microbatch_size=args.microbatch_size,

@@ -28,6 +28,10 @@ What a device holds, per rank of the plan (all bytes):
   forward runs on them.
 * **A PARTIME stream** (weight policy ``stream``): a stage holds one frame's activations, its newest forward's (or
   the drain's recompute); a forward replaces the one before it, a backward consumes it.
+* **Reduction buffers** (``HOLD_REDUCTION_BUFFER``, REDUCE_GRAD): where the cost source says the framework reduces a
+  flat copy of a stage's gradients (the executor's ``executor.data_parallel``), that copy from the reduction's issue
+  until the update that waits for it starts; nothing where gradients are reduced in place (Megatron-LM's contiguous
+  buffer: the model's default).
 * **Workspace**: every op whose kind has ``workspace`` holds its stage's transient bytes while it runs, the
   backward's (``backward_workspace_bytes``) for the backward ops (B, I, W), else the forward's. A B's is its
   layer-by-layer peak: going from the last layer to the first, each layer's transient plus the gradient buffers made
@@ -75,6 +79,7 @@ class StageSizes(Protocol):
     def gradient_bytes(self, vstage: int) -> int: ...
     def deferred_gradient_bytes(self, vstage: int) -> int: ...
     def gradients_per_step(self, vstage: int) -> bool: ...
+    def reduction_buffer_bytes(self, vstage: int) -> int: ...
 
 
 #: Every memory effect of ``sim.ir.ops`` has a rule in :class:`MemoryLedger`: the name of the method that applies it
@@ -89,6 +94,7 @@ RULES: dict[MemoryEffect, str] = {
     MemoryEffect.UPDATE_WEIGHTS: "_update",
     MemoryEffect.LOAD_WEIGHTS: "_load",
     MemoryEffect.UNLOAD_WEIGHTS: "_nothing",  # frees at the op's end
+    MemoryEffect.HOLD_REDUCTION_BUFFER: "_hold_reduction",  # freed when the update that waits for it starts
 }
 
 
@@ -111,6 +117,7 @@ class MemoryLedger:
         # vstage -> bytes of its per-step gradient buffers that exist now (all of them, or an I's share)
         self.gradients_held: dict[int, int] = {}
         self.deferred: dict[tuple[int, int | None], int] = {}  # (vstage, mb) -> bytes its I kept for its W
+        self.reductions: dict[int, int] = {}  # vstage -> bytes its issued gradient reduction holds
         self.workspaces: dict[tuple[OpKind, int, int | None], int] = {}  # running op -> the workspace it took
         self.offloaded = {op.vstage for program in plan.programs for op in program
                           if OP_SEMANTICS[op.kind].memory is MemoryEffect.LOAD_WEIGHTS}
@@ -219,16 +226,23 @@ class MemoryLedger:
             return self._replace_frame(op.vstage)
         return 0, self.sizes.rebuilt_bytes(op.vstage)
 
+    def _hold_reduction(self, op: Op) -> tuple[int, int]:
+        held = self.sizes.reduction_buffer_bytes(op.vstage)
+        if held:
+            self.reductions[op.vstage] = self.reductions.get(op.vstage, 0) + held
+        return 0, held
+
     def _update(self, op: Op) -> tuple[int, int]:
+        reduced = self.reductions.pop(op.vstage, 0)  # the update has waited for its reduction, whose buffer goes
         if not self.versions or op.mb is None:
-            return 0, 0
+            return reduced, 0
         vstage, sizes = op.vstage, self.sizes
         key = (vstage, self.versions[(vstage, op.mb)])
         self.stash_users[key] -= 1
         released = sizes.param_bytes(vstage) if self.stash_users[key] == 0 else 0
         self.updates[vstage] += 1
         kept = sizes.param_bytes(vstage) if (vstage, self.updates[vstage]) in self.stash_users else 0
-        return released, kept
+        return released + reduced, kept
 
     def _load(self, op: Op) -> tuple[int, int]:
         return 0, self.sizes.param_bytes(op.vstage)

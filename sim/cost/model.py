@@ -141,13 +141,16 @@ class CostModel:
         self._gradients = [oracle.memory.gradient_bytes(a, b, device) for a, b, device in sized]
         self._deferred_gradients = [oracle.memory.deferred_gradient_bytes(a, b, device) for a, b, device in sized]
         self._gradients_per_step = [oracle.gradients_per_step(device) for _, _, device in sized]
+        self._reduction_buffer = [gradients if oracle.reduction_copies(device) else 0
+                                  for gradients, (_, _, device) in zip(self._gradients, sized)]
         self._state = [oracle.memory.state_bytes(a, b, device) for a, b, device in sized]
         self._activation = [oracle.memory.activation_bytes(a, b, device) for a, b, device in sized]
         self._checkpoint = [oracle.memory.checkpoint_bytes(a, b, device) for a, b, device in sized]
         self._rebuilt = [oracle.memory.rebuilt_bytes(a, b, device) for a, b, device in sized]
         self._workspace = [oracle.memory.workspace_bytes(a, b, device) for a, b, device in sized]
         self._backward_workspace = [oracle.memory.backward_workspace_bytes(a, b, device) for a, b, device in sized]
-        self._backward_peak = [tuple(oracle.memory.backward_peak_bytes(a, b, device, new_gradients=new) for new in (False, True))
+        self._backward_peak = [tuple(oracle.memory.backward_peak_bytes(a, b, device, new_gradients=new)
+                                     for new in (False, True))
                                for a, b, device in sized]
         self._deferred = [oracle.memory.deferred_bytes(a, b, device) for a, b, device in sized]
         self._input_backward = [oracle.memory.input_backward_bytes(a, b, device) for a, b, device in sized]
@@ -345,6 +348,11 @@ class CostModel:
         """Of :meth:`gradient_bytes`, those a split backward's W makes (:meth:`sim.cost.oracle.CostOracle.
         deferred_gradient_bytes`)."""
         return self._deferred_gradients[vstage]
+
+    def reduction_buffer_bytes(self, vstage: int) -> int:
+        """Bytes a data-parallel reduction of ``vstage``'s gradients holds from its issue until the update that
+        waits for it: a flat copy of the gradients where the cost source says so, else 0 (reduced in place)."""
+        return self._reduction_buffer[vstage]
 
     def gradients_per_step(self, vstage: int) -> bool:
         """Whether ``vstage``'s weight gradients exist only from its first backward op after an update to the next

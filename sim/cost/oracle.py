@@ -44,15 +44,14 @@ Collectives (tensor- and data-parallel) and point-to-point messages that several
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
 from sim.core.errors import SpecError
 from sim.cost.collectives import CollectiveCost, collective_cost, concurrent_transfer
 from sim.cost.gpu_time import KernelModel, default_kernel_model, optimizer_seconds, transformer_layer_seconds
-from sim.cost.nccl import link_class, nccl_seconds
 from sim.cost.memory_sizes import MemorySizes, layer_input_bytes, state_bytes_per_param
+from sim.cost.nccl import link_class, nccl_seconds
 from sim.cost.profile import LayerMemory, MeasuredProfile
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology, message_time
@@ -355,6 +354,12 @@ class CostOracle:
             return None
         self.layer_costs(device)  # the profile must be for this model and name its layers
         return self.profile.memory  # type: ignore[union-attr]
+
+    def reduction_copies(self, device: DeviceSpec | None) -> bool:
+        """Whether a data-parallel gradient reduction holds a flat copy of the gradients (the profile's
+        ``reduction``, where it applies), rather than reducing them in place."""
+        return (device is not None and self.profile_applies(device)
+                and self.profile.reduction == "flat_copy")  # type: ignore[union-attr]
 
     def gradients_per_step(self, device: DeviceSpec | None) -> bool:
         """Whether weight gradients live only from a stage's first backward after an update to the update (the

@@ -21,7 +21,7 @@ from sim.core.errors import SpecError
 from sim.core.fileio import read_text
 
 __all__ = ["LayerTiming", "LayerMemory", "MeasuredProfile", "load_profile", "profile_document", "layer_memory_fields",
-           "PROFILE_FORMAT_VERSION", "MEMORY_FIELDS", "GRADIENT_LIFETIMES"]
+           "PROFILE_FORMAT_VERSION", "MEMORY_FIELDS", "GRADIENT_LIFETIMES", "REDUCTIONS"]
 
 PROFILE_FORMAT_VERSION = 1
 
@@ -46,7 +46,8 @@ class LayerTiming:
 #: The per-layer memory fields of a profile, all bytes for one microbatch of the profile's size (the state fields for
 #: the layer's parameters): a profile has all of them on every layer or none.
 MEMORY_FIELDS = ("activation_bytes", "retained_bytes", "forward_transient_bytes", "backward_transient_bytes",
-                 "first_backward_bytes", "input_backward_bytes", "weight_backward_bytes", "deferred_bytes", "param_bytes", "gradient_bytes", "deferred_gradient_bytes",
+                 "first_backward_bytes", "input_backward_bytes", "weight_backward_bytes", "deferred_bytes",
+                 "param_bytes", "gradient_bytes", "deferred_gradient_bytes",
                  "optimizer_bytes")
 #: Fields ``profiles.measure`` wrote before memory was measured, for information only: alone they are no memory.
 _EARLIER_FIELDS = ("activation_bytes", "param_bytes")
@@ -54,6 +55,11 @@ _EARLIER_FIELDS = ("activation_bytes", "param_bytes")
 #: buckets) or ``per_step`` (allocated by a stage's first backward after an update and freed by the update, as
 #: PyTorch's ``zero_grad(set_to_none=True)`` does: the executor's).
 GRADIENT_LIFETIMES = ("resident", "per_step")
+#: How a data-parallel gradient reduction holds its data: ``in_place`` (on the gradient buffer itself, as
+#: Megatron-LM's contiguous buffer and DDP's bucket views do: no extra bytes) or ``flat_copy`` (the stage's gradients
+#: copied into one flat buffer for the collective, from its issue until the update that waits for it: the
+#: executor's ``executor.data_parallel``).
+REDUCTIONS = ("in_place", "flat_copy")
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,8 @@ class MeasuredProfile:
         d2h_bandwidth: device → host copy bandwidth into pinned host memory in bytes/s, if measured (CUDA only).
         memory: per layer, its measured memory (:class:`LayerMemory`), or ``None`` when not measured.
         gradients: how long weight gradients live where the profile applies (:data:`GRADIENT_LIFETIMES`).
+        reduction: how a data-parallel gradient reduction holds its data where the profile applies
+            (:data:`REDUCTIONS`).
     """
 
     source: str
@@ -121,6 +129,7 @@ class MeasuredProfile:
     d2h_bandwidth: float | None = None
     memory: tuple[LayerMemory, ...] | None = None
     gradients: str = "resident"
+    reduction: str = "in_place"
 
 
 def _number(data: dict[str, Any], key: str, where: str, *, required: bool = True) -> float | None:
@@ -165,6 +174,9 @@ def load_profile(path: str | Path) -> MeasuredProfile:
     if gradients not in GRADIENT_LIFETIMES:
         raise SpecError(f"profile {source}: gradients must be one of {', '.join(GRADIENT_LIFETIMES)}, got "
                         f"{gradients!r}")
+    reduction = data.get("reduction", "in_place")
+    if reduction not in REDUCTIONS:
+        raise SpecError(f"profile {source}: reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     p2p = data.get("p2p") or {}
     if not isinstance(p2p, dict):
         raise SpecError(f"profile {source}: p2p must be an object")
@@ -176,7 +188,7 @@ def load_profile(path: str | Path) -> MeasuredProfile:
         latency = bandwidth = None
     h2d, d2h = _host_copy_bandwidths(data.get("host_copy"), source)
     return MeasuredProfile(source, data["model"], data["device"], mbs, tuple(layers), latency, bandwidth, h2d, d2h,
-                           memory=memory, gradients=gradients)
+                           memory=memory, gradients=gradients, reduction=reduction)
 
 
 def layer_memory_fields(memory: LayerMemory) -> dict[str, int]:
@@ -192,7 +204,8 @@ def layer_memory_fields(memory: LayerMemory) -> dict[str, int]:
 
 def _layer_memory(layers_raw: list[dict[str, Any]], source: str) -> tuple[LayerMemory, ...] | None:
     """The layers' memory fields (:data:`MEMORY_FIELDS`), all of them on every layer, or ``None`` when no layer has
-    any but those written before memory was measured (``param_bytes``, ``activation_bytes``); SpecError naming the layer and field when some are missing or not a non-negative integer."""
+    any but those written before memory was measured (``param_bytes``, ``activation_bytes``); SpecError naming the
+    layer and field when some are missing or not a non-negative integer."""
     if not any(key in entry for entry in layers_raw for key in MEMORY_FIELDS if key not in _EARLIER_FIELDS):
         return None
     found = []

@@ -45,7 +45,7 @@ from sim.cost.ledger import MemoryLedger
 from sim.cost.model import CostModel
 from sim.engine.comm import Communication
 from sim.hw.topology import Topology
-from sim.ir.ops import OP_SEMANTICS, Action, handled_kinds, op_id, stream_of
+from sim.ir.ops import OP_SEMANTICS, Action, MemoryEffect, handled_kinds, op_id, stream_of
 from sim.ir.plan import Op, OpKind, Plan
 from sim.ir.trace import Span, Trace
 from sim.plan.validate import PlanError
@@ -78,6 +78,9 @@ _Proc = Generator[simpy.Event, Any, None]
 _ACTION = {kind: semantics.action for kind, semantics in OP_SEMANTICS.items()}
 #: Actions that block the walker, run inline by ``_Run._walk`` (a nested generator per op would cost ~10 % of a run).
 _INLINE = frozenset({Action.COMPUTE, Action.TP_COLLECTIVE})
+#: Issued kinds whose memory the ledger takes when the walker issues them (a host copy's is taken by the copy).
+_HOLDS_ON_ISSUE = {kind: semantics.memory is MemoryEffect.HOLD_REDUCTION_BUFFER
+                   for kind, semantics in OP_SEMANTICS.items()}
 #: Actions the walker issues without blocking, each by the :class:`~sim.engine.comm.Communication` method named here.
 _ISSUERS = {Action.SEND: "send", Action.RECV: "recv", Action.HOST_COPY: "copy", Action.DP_COLLECTIVE: "collective"}
 #: Suffix of a simulated replica's op ids in the engine's tables (replica 0's ids are the plan's own).
@@ -189,6 +192,7 @@ class _Run:
 
     def _walk(self, rank: int) -> _Proc:
         issuers, position, arrivals, actions = self.issuers, self.position, self.arrivals, _ACTION
+        holds_on_issue = _HOLDS_ON_ISSUE
         pipeline = self.plan.num_ranks
         suffix = self.suffix[rank // pipeline]
         for pos, op in enumerate(self.plan.programs[rank % pipeline]):
@@ -228,6 +232,8 @@ class _Run:
                 self.tp_runs[run] = self.tp_runs.get(run, 0) + 1
                 self._finish(op, rank, start)
             else:
+                if holds_on_issue[kind]:  # a reduction's buffer exists from the moment it is issued
+                    self._take(rank, op)
                 issuers[kind](rank, op)
         position[rank] = len(self.plan.programs[rank % pipeline])
 

@@ -80,6 +80,9 @@ class MemoryEffect(StrEnum):
     LOAD_WEIGHTS = "load_weights"
     #: takes the stage's weights off the device again
     UNLOAD_WEIGHTS = "unload_weights"
+    #: holds a buffer for the reduction of the stage's gradients from its issue until the update that waits for it
+    #: (where the framework reduces a flat copy; none where it reduces in place)
+    HOLD_REDUCTION_BUFFER = "hold_reduction_buffer"
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ OP_SEMANTICS: dict[OpKind, OpSemantics] = {
     OpKind.TP_F: _TP,
     OpKind.TP_B: _TP,
     OpKind.TP_R: _TP,
-    OpKind.REDUCE_GRAD: _issued(Action.DP_COLLECTIVE, "collective"),
+    OpKind.REDUCE_GRAD: _issued(Action.DP_COLLECTIVE, "collective", MemoryEffect.HOLD_REDUCTION_BUFFER),
     OpKind.GATHER_PARAMS: _issued(Action.DP_COLLECTIVE, "collective"),
 }
 

@@ -55,8 +55,8 @@ def weight_versions(plan: Plan) -> dict[tuple[int, int], int]:
     that is further along keeps that older version for it.
 
     Raises:
-        ValueError: the plan is not a stash plan with its OPT_STEPs, or (vertical sync) a stage would need a version it has not
-            made yet.
+        ValueError: the plan is not a stash plan with its OPT_STEPs, or (vertical sync) a stage would need a version it
+            has not made yet.
     """
     if plan.weight_policy != "stash" or not any(op.kind is OpKind.OPT_STEP for program in plan.programs
                                                 for op in program):

@@ -191,7 +191,8 @@ def _generator_options(inputs: PlanInputs, schedule: str, weight_policy: str, to
         options += (("cuda_graphs", True),)
     if inputs.vertical_sync:
         if weight_policy != "stash":
-            raise SpecError(f"{{vertical_sync}} applies to weight stashing (pipedream), not {schedule}", "vertical_sync")
+            raise SpecError(f"{{vertical_sync}} applies to weight stashing (pipedream), not {schedule}",
+                            "vertical_sync")
         options += ((VERTICAL_SYNC_OPTION, True),)
     return options
 

@@ -74,7 +74,8 @@ def test_a_deferred_w_keeps_less_than_the_activations_and_the_embedding_none(mea
 def _profile(tmp_path, measured) -> str:
     """A profile of ``measured`` (times are placeholders: only memory is under test)."""
     names = [layer.name for layer in build_model(SPEC).layers]
-    layers = [{"name": name, "fwd_s": 1e-3, "bwd_s": 2e-3, **layer_memory_fields(m)} for name, m in zip(names, measured)]
+    layers = [{"name": name, "fwd_s": 1e-3, "bwd_s": 2e-3, **layer_memory_fields(m)}
+              for name, m in zip(names, measured)]
     document = profile_document(model=build_model(SPEC).spec, device="cpu", microbatch_size=1, layers=layers,
                                 method={}, machine={}, software={}, extra={"gradients": "per_step"})
     path = tmp_path / "profile.json"

@@ -117,3 +117,26 @@ def test_recompute_at_one_stage_now_saves_memory_on_a_large_gpt():
         built = build_plan(PlanInputs(spec, "8xA100", "1f1b", 8, tp=8, recompute=recompute))
         (peaks[recompute],) = program_order_peaks(built.plan, (built.costs,))
     assert peaks[True] < peaks[False] / 2.5
+
+
+def test_a_flat_copy_reduction_holds_the_gradients_from_its_issue_to_the_update():
+    """One stage, DP 2, whose reduction copies the gradients (a profile says so for the executor): the engine and the
+    replay agree, and the peak is the larger of the plain plan's and the state plus one more copy of the gradients
+    (all activations are freed by the time the reduction is issued, after the last backward)."""
+    built = build_plan(PlanInputs("gpt:layers=4,hidden=512,heads=8,seq=32,vocab=1000", "2xA100", "gpipe", 1, dp=2))
+    plan, oracle = built.plan, built.costs.oracle
+    plain = replica_views(oracle.graph, built.topology, plan.placement, plan.microbatch_size, None, oracle=oracle,
+                          layout=plan.layout)
+
+    class Copying(type(plain[0])):
+        def reduction_buffer_bytes(self, vstage):
+            return self.gradient_bytes(vstage)
+
+    copying = tuple(Copying(oracle.graph, built.topology, plan.placement, plan.microbatch_size, None, oracle=oracle,
+                            layout=plan.layout, replica=view.replica, concurrent=view.concurrent) for view in plain)
+    engine = simulate(plan, copying, built.topology, check_memory=False).peak_memory_bytes
+    assert program_order_peaks(plan, copying) == engine
+    state, gradients = copying[0].state_bytes(0), copying[0].gradient_bytes(0)
+    before = program_order_peaks(plan, plain)
+    assert engine == tuple(max(peak, state + gradients) for peak in before)
+    assert engine != before  # this plan's activations are smaller than its gradients: the copy sets the peak

@@ -9,8 +9,8 @@ import pytest
 from sim.core.errors import SpecError
 from sim.cost.gpu_time import default_kernel_model, optimizer_seconds, transformer_layer_seconds
 from sim.cost.kernels.vocab import embedding_kernels
-from sim.cost.model import CostModel
 from sim.cost.memory_sizes import state_bytes_per_param
+from sim.cost.model import CostModel
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import load_profile
 from sim.hw.catalog import get_device

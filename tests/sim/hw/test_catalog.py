@@ -25,7 +25,8 @@ from sim.hw.catalog import (
 CONTRACT_LINKS = [
     "nvlink2-x1", "nvlink2-x2", "nvswitch-v100", "nvswitch-a100", "nvswitch-h100", "nvswitch-h200", "nvswitch-b200",
     "nvlink4-x6", "xgmi-mi300x", "nvlink-c2c", "ici-tpu-v3", "pcie3-x16", "pcie4-x16", "pcie5-x16", "ib-edr",
-    "ib-hdr", "ib-ndr", "ib-xdr", "slingshot-11", "roce-200g", "roce-400g", "eth-10g", "eth-25g", "eth-100g", "loopback", "ideal",
+    "ib-hdr", "ib-ndr", "ib-xdr", "slingshot-11", "roce-200g", "roce-400g", "eth-10g", "eth-25g", "eth-100g",
+    "loopback", "ideal",
 ]  # fmt: skip
 CONTRACT_DEVICES = [
     "v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "v100-pcie-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb",

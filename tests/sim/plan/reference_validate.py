@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from sim.core.errors import SpecError
-from sim.ir.plan import SCHEDULED_KINDS, COPY_KINDS, RECV_KINDS, SEND_KINDS, Op, OpKind, Plan
+from sim.ir.plan import COPY_KINDS, RECV_KINDS, SCHEDULED_KINDS, SEND_KINDS, Op, OpKind, Plan
 from sim.plan.validate import PlanError, _describe_wait
 
 __all__ = ["reference_validate"]

@@ -1,7 +1,7 @@
 """Lowering, written out in the string notation."""
 
-from sim.ir.plan import Op, OpKind, Placement, Plan
 from sim.ir.ops import op_id
+from sim.ir.plan import Op, OpKind, Placement, Plan
 from sim.plan.lower import lower
 from sim.schedules import SCHEDULES
 
