@@ -38,9 +38,8 @@ from executor.memory import StorageCounter, live_tensors
 from executor.nn.optim import make_optimizer
 from executor.nn.seeds import derive_seed
 from executor.nn.split_backward import WeightGradStore, enable_split_backward
-from executor.nn.stages import build_layers, loss_fn, synthetic_batch
+from profiles.layer_inputs import layers_on_inputs
 from sim.cost.profile import LayerMemory
-from sim.models import build_model
 
 __all__ = ["measure_layer_memory"]
 
@@ -52,18 +51,9 @@ def measure_layer_memory(spec: str, *, microbatch_size: int = 1, optimizer: str 
     Raises:
         SpecError: an invalid spec, a model without a torch implementation, or an unknown optimizer.
     """
-    graph = build_model(spec)
     device = torch.device(device)
-    layers = [layer.to(device) for layer in build_layers(graph.spec, seed=seed)]
-    make_loss = loss_fn(graph.spec)
-    inputs, targets = synthetic_batch(graph.spec, microbatch_size, seed=seed, index=0)
-    inputs, targets = inputs.to(device), targets.to(device)
-    layer_inputs = []
-    with torch.no_grad():
-        x = inputs
-        for layer in layers:
-            layer_inputs.append(x)
-            x = layer(x)
+    model = layers_on_inputs(spec, microbatch_size=microbatch_size, seed=seed, device=device)
+    layers, layer_inputs, targets, make_loss = model.layers, model.inputs, model.targets, model.loss
     last = len(layers) - 1
     measured = []
     for i, (layer, x_in) in enumerate(zip(layers, layer_inputs)):

@@ -31,8 +31,7 @@ from torch import Tensor
 
 from executor.nn.optim import make_optimizer
 from executor.nn.seeds import derive_seed
-from executor.nn.stages import build_layers, loss_fn, synthetic_batch
-from sim.models import build_model
+from profiles.layer_inputs import layers_on_inputs
 
 __all__ = ["LayerMeasurement", "time_layers", "median_time_s"]
 
@@ -108,21 +107,12 @@ def time_layers(spec: str, *, microbatch_size: int = 1, optimizer: str = "adam",
     Raises:
         SpecError: an invalid spec, a model without a torch implementation, or an unknown optimizer.
     """
-    graph = build_model(spec)
     device = torch.device(device)
     sync = _synchronizer(device)
-    layers = [layer.to(device) for layer in build_layers(graph.spec, seed=seed)]
-    make_loss = loss_fn(graph.spec)
-    inputs, targets = synthetic_batch(graph.spec, microbatch_size, seed=seed, index=0)
-    inputs, targets = inputs.to(device), targets.to(device)
-
     # Each layer's real input: what the layers before it make of the microbatch. No graph is needed for these.
-    layer_inputs = []
-    with torch.no_grad():
-        x = inputs
-        for layer in layers:
-            layer_inputs.append(x)
-            x = layer(x)
+    model = layers_on_inputs(spec, microbatch_size=microbatch_size, seed=seed, device=device)
+    graph, layers, layer_inputs, targets, make_loss = (model.graph, model.layers, model.inputs, model.targets,
+                                                       model.loss)
 
     measured = []
     last = len(layers) - 1

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-import profiles.layer_timing as layer_timing
+import profiles.layer_inputs as layer_inputs
 from executor.nn.stages import build_layers
 from executor.provenance import catalog_id_for_gpu, cpu_model, software_versions
 from profiles.layer_timing import median_time_s, time_layers
@@ -70,13 +70,13 @@ class _SlowBackward(torch.autograd.Function):
 def test_the_last_layer_times_include_the_loss_forward_and_backward(monkeypatch, one_thread):
     # One thread (one_thread), as the profiler's default on cpu: with two, a kernel waits at its barrier for a sibling
     # thread the OS has descheduled, and on a loaded 2-core machine that stretched sub-ms layers past SLOW_S.
-    real_loss = layer_timing.loss_fn(GPT)
+    real_loss = layer_inputs.loss_fn(GPT)
 
     def slow_loss(out, targets):
         time.sleep(SLOW_S)
         return real_loss(_SlowBackward.apply(out), targets)
 
-    monkeypatch.setattr(layer_timing, "loss_fn", lambda spec: slow_loss)
+    monkeypatch.setattr(layer_inputs, "loss_fn", lambda spec: slow_loss)
     # Five repeats: a median of five stays below SLOW_S unless three runs of a layer hit a VM scheduling hiccup.
     measured = time_layers(GPT, warmup=1, repeats=5)
     *body, head = measured
@@ -104,7 +104,7 @@ def test_every_layer_but_the_first_backpropagates_to_its_input(monkeypatch, spec
             layer.register_forward_pre_hook(record_input_grad(i))
         return layers
 
-    monkeypatch.setattr(layer_timing, "build_layers", hooked_build_layers)
+    monkeypatch.setattr(layer_inputs, "build_layers", hooked_build_layers)
     time_layers(spec, warmup=1, repeats=2)
     n = len(build_model(spec))
     assert input_grads[0] == 0  # token ids or images: no gradient, as in the executor's first stage
