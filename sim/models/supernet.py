@@ -70,7 +70,7 @@ from sim.core.spec import SpecParams, parse_spec
 from sim.models.graph import Layer, LayerGraph, canonical_spec
 
 __all__ = [
-    "NAME", "DESCRIPTION", "DEFAULTS", "KIND_CYCLE", "KIND_SHAPES", "Candidate", "Supernet", "build",
+    "NAME", "DESCRIPTION", "DEFAULTS", "KIND_CYCLE", "KIND_SHAPES", "CandidateOp", "Supernet", "build",
     "build_supernet", "candidate_kinds", "candidate_heads", "candidate_params", "candidate_flops_fwd",
     "candidate_saved_bytes", "subnet_layer_costs",
 ]
@@ -113,7 +113,7 @@ assert set(KIND_SHAPES) == set(KIND_CYCLE)
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
+class CandidateOp:
     """One candidate op of a choice block: its exact parameter count and per-sample costs.
 
     Attributes:
@@ -143,7 +143,7 @@ class Supernet:
     """
 
     graph: LayerGraph
-    candidates: tuple[tuple[Candidate, ...], ...]
+    candidates: tuple[tuple[CandidateOp, ...], ...]
 
     def __post_init__(self) -> None:
         if len(self.graph) != len(self.candidates) + 2:
@@ -249,9 +249,9 @@ def candidate_saved_bytes(kind: str, s: int, h: int, heads: int) -> int:
     return DTYPE_BYTES * (2 + 3 * size) * sh  # LN out, up out (2mh: GLU input), GLU out (mh), output
 
 
-def _candidate(kind: str, s: int, h: int, heads: int) -> Candidate:
+def _candidate(kind: str, s: int, h: int, heads: int) -> CandidateOp:
     flops = float(candidate_flops_fwd(kind, s, h))
-    return Candidate(
+    return CandidateOp(
         kind=kind,
         params=candidate_params(kind, h),
         flops_fwd=flops,

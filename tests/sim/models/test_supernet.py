@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from sim.core.errors import SpecError
 from sim.models import build_model, format_model_list
-from sim.models.supernet import KIND_CYCLE, Candidate, Supernet, build_supernet, subnet_layer_costs
+from sim.models.supernet import KIND_CYCLE, CandidateOp, Supernet, build_supernet, subnet_layer_costs
 from sim.models.supernet_space import SPACES, parse_space, sample_subnets, space_spec
 from sim.run import main
 
@@ -116,7 +116,7 @@ def test_closed_forms_of_the_docstring_for_one_size():
     assert cands["attn"].params == cands["attn_few"].params == 4 * h * h + 6 * h
     assert cands["ffn4"].params == 8 * h * h + 7 * h and cands["ffn2"].params == 4 * h * h + 5 * h
     assert cands["glu4"].params == 12 * h * h + 11 * h and cands["glu2"].params == 6 * h * h + 7 * h
-    assert cands["identity"] == Candidate("identity", 0, 0.0, 0.0, 2 * s * h, 0)
+    assert cands["identity"] == CandidateOp("identity", 0, 0.0, 0.0, 2 * s * h, 0)
     # Saved bytes: Korthikanti et al. 2022 §4.1 attention without dropout, 12sh + 2as^2; attn_few has a / 2 heads.
     assert cands["attn"].saved_bytes == 12 * s * h + 2 * a * s * s
     assert cands["attn_few"].saved_bytes == 12 * s * h + 2 * (a // 2) * s * s
