@@ -242,12 +242,13 @@ def profile_device(measured_names: Sequence[str]) -> str:
     ids = {name: device_catalog_id(name) for name in measured_names}
     unknown = sorted(name for name, found in ids.items() if found is None)
     if unknown:
-        raise SpecError(f"--calibrate-out: the ranks run on {', '.join(map(repr, unknown))}, which the hardware "
-                        f"catalog (profiles/hardware/devices.yaml) has no id for; a profile must name a catalog device")
+        raise SpecError(f"{{calibrate_out}}: the ranks run on {', '.join(map(repr, unknown))}, which the hardware "
+                        f"catalog (profiles/hardware/devices.yaml) has no id for; a profile must name a catalog device",
+                        "calibrate_out")
     kinds = sorted(set(ids.values()))
     if len(kinds) != 1:
-        raise SpecError(f"--calibrate-out needs every rank on one device kind (a profile names one), but the ranks "
-                        f"run on {', '.join(kinds) or 'no device'}")
+        raise SpecError(f"{{calibrate_out}} needs every rank on one device kind (a profile names one), but the "
+                        f"ranks run on {', '.join(kinds) or 'no device'}", "calibrate_out")
     return kinds[0]
 
 

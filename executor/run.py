@@ -63,7 +63,7 @@ from sim.plan.validate import check_topology, validate
 __all__ = ["main", "make_parser", "load_checked_plan", "choose_backend", "check_output_path", "RUN_OUTPUT_FILES"]
 
 #: Library arguments set from flags, and the flag an error about one is printed as (a plan's own fields are not).
-FLAGS = {"slowdown": "--slowdown"}
+FLAGS = {"slowdown": "--slowdown", "calibrate_out": "--calibrate-out"}
 
 #: The files a run writes into ``--out`` (``executor.run_outputs``; ``errors.log`` when a rank fails).
 RUN_OUTPUT_FILES = ("plan.json", "metrics.json", "trace.json", "gantt.png", "compare.json", "errors.log")

@@ -40,7 +40,9 @@ FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "order": "--rank-order", "zer
          "partition": "--partition", "chunks": "--chunks", "recompute": "--recompute",
          "microbatch_size": "--microbatch-size", "global_batch": "--global-batch", "schedule": "--schedule",
          "microbatches": "--microbatches", "vertical_sync": "--vertical-sync", "fps": "--fps",
-         "cuda_graphs": "--cuda-graphs", "profile": "--profile"}
+         "cuda_graphs": "--cuda-graphs", "profile": "--profile", "model": "--model", "space": "--space",
+         "subnets": "--subnets", "lookahead": "--lookahead", "prefetch": "--prefetch",
+         "device_param_budget_bytes": "--device-param-budget"}
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -104,20 +104,22 @@ def build_csp_plan(inputs: CspInputs) -> Plan:
         SpecError: any bad value, named; a budget without room for some subnet's layers on some stage.
     """
     if (inputs.model is None) == (inputs.space is None):
-        raise SpecError("--schedule csp needs a supernet: give --model supernet:... or --space c0|c1|c2|c3")
-    for name, value in (("--subnets", inputs.subnets), ("--lookahead", inputs.lookahead),
-                        ("--microbatch-size", inputs.microbatch_size)):
+        raise SpecError("{schedule} csp needs a supernet: give {model} supernet:... or {space} c0|c1|c2|c3",
+                        "schedule", "model", "space")
+    for name, value in (("subnets", inputs.subnets), ("lookahead", inputs.lookahead),
+                        ("microbatch_size", inputs.microbatch_size)):
         if value < 1:
-            raise SpecError(f"{name} must be >= 1, got {value}")
+            raise SpecError(f"{{{name}}} must be >= 1, got {value}", name)
     if inputs.subnets > MAX_SUBNETS:
-        raise SpecError(f"--subnets {inputs.subnets} is more than one plan trains (at most {MAX_SUBNETS:,}); split "
-                        f"the run")
+        raise SpecError(f"{{subnets}} {inputs.subnets} is more than one plan trains (at most {MAX_SUBNETS:,}); split "
+                        f"the run", "subnets")
     if inputs.prefetch is not None and inputs.device_param_budget_bytes is None:
-        raise SpecError(f"--prefetch {inputs.prefetch} chooses how layers are copied under --device-param-budget; "
-                        f"without a budget every layer is resident and nothing is copied")
+        raise SpecError(f"{{prefetch}} {inputs.prefetch} chooses how layers are copied under "
+                        f"{{device_param_budget_bytes}}; without a budget every layer is resident and nothing is "
+                        f"copied", "prefetch", "device_param_budget_bytes")
     spec = space_spec(inputs.space) if inputs.space else inputs.model
     if not spec.startswith("supernet"):  # type: ignore[union-attr]
-        raise SpecError(f"--schedule csp trains subnets of a supernet, not {spec!r}")
+        raise SpecError(f"{{schedule}} csp trains subnets of a supernet, not {spec!r}", "schedule")
     supernet = build_supernet(spec)  # type: ignore[arg-type]
     graph = build_model(supernet.graph.spec)
     topology = Topology.parse(inputs.topology)
@@ -185,8 +187,9 @@ def check_csp_plan(plan: Plan, topology: Topology | None = None) -> CspSetup:
         need, subnet, stage = max(((sum(key_bytes[key] for key in uses[b][s]), b, s)
                                    for b in range(len(uses)) for s in range(p)), key=lambda t: (t[0], -t[1], -t[2]))
         if need > budget:
-            raise SpecError(f"--device-param-budget {budget} B is smaller than subnet {subnet}'s layers on stage "
-                            f"{stage} ({need:,} B); every subnet's layers of a stage must fit at once")
+            raise SpecError(f"{{device_param_budget_bytes}} {budget} B is smaller than subnet {subnet}'s layers on "
+                            f"stage {stage} ({need:,} B); every subnet's layers of a stage must fit at once",
+                            "device_param_budget_bytes")
     return CspSetup(supernet, topology, uses, key_bytes)
 
 

@@ -35,7 +35,8 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: The library arguments this command sets from its flags, each with its flag (:func:`sim.core.errors.run_cli` prints
 #: a library error about one as the flag the user typed).
 FLAGS = {"global_batch": "--global-batch", "memory_limit_bytes": "--memory-limit", "time_budget_s": "--time-budget",
-         "strategy": "--strategy", "evaluations": "--evaluations", "chains": "--chains", "workers": "--workers"}
+         "strategy": "--strategy", "evaluations": "--evaluations", "chains": "--chains", "workers": "--workers",
+         "ray": "--ray"}
 
 
 def _listed(kind, allowed=None, name=""):

@@ -38,7 +38,7 @@ def ray_session(address: str):
     try:
         import ray
     except ImportError:
-        raise SpecError("--ray needs Ray, an optional extra: pip install -e '.[ray]'") from None
+        raise SpecError("{ray} needs Ray, an optional extra: pip install -e '.[ray]'", "ray") from None
     # Ray's own INFO lines would interleave with the command's output; its warnings and errors still show.
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
     try:
@@ -48,8 +48,8 @@ def ray_session(address: str):
         else:
             ray.init(address=address, **kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
-        raise SpecError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0] if str(exc) else exc})") \
-            from None
+        raise SpecError(f"{{ray}} {address}: cannot connect ({str(exc).splitlines()[0] if str(exc) else exc})",
+                        "ray") from None
     try:
         yield ray
     finally:

@@ -89,7 +89,7 @@ def test_the_library_names_slowdown():
     with pytest.raises(SpecError) as info:
         parse_slowdown(["1"], 2)
     assert str(info.value) == "slowdown '1': expected RANK:FACTOR, e.g. 1:2 or 0:1.5,3:2"
-    assert EXECUTOR_FLAGS == {"slowdown": "--slowdown"}
+    assert EXECUTOR_FLAGS["slowdown"] == "--slowdown"
 
 
 @pytest.mark.parametrize(("inputs", "argv", "library", "command"), [

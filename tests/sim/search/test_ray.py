@@ -38,5 +38,5 @@ def test_the_helpers_keep_the_order_and_a_budget_cancels_the_rest():
 
 def test_without_ray_installed_the_flag_is_one_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # an import of ray now fails as if it were not installed
-    with pytest.raises(SpecError, match=r"--ray needs Ray, an optional extra"):
+    with pytest.raises(SpecError, match=r"ray needs Ray, an optional extra"):
         run_search(PROBLEM, ray_address="local")
