@@ -41,7 +41,8 @@ from sim.core.fileio import write_json_atomic, write_text_atomic
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import load_profile
 from sim.models import build_model
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 
 __all__ = ["main", "run_experiment", "CASES", "QUICK_CASES", "TARGET_ERROR", "DEFAULT_MODEL", "plan_inputs",
            "run_case", "measure_profile", "layer_breakdown", "overhead", "summarize", "format_table"]

@@ -121,8 +121,6 @@ class MemoryLedger:
         self.workspaces: dict[tuple[OpKind, int, int | None], int] = {}  # running op -> the workspace it took
         self.offloaded = {op.vstage for program in plan.programs for op in program
                           if OP_SEMANTICS[op.kind].memory is MemoryEffect.LOAD_WEIGHTS}
-        # The op that frees a microbatch's activations: W when the backward is split, else B.
-        self.split = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.W}
         self.recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program
                            if OP_SEMANTICS[op.kind].memory is MemoryEffect.REBUILD_ACTIVATIONS}
         self.stream = plan.weight_policy == "stream"

@@ -60,6 +60,11 @@ class MemorySizes:
         """Bytes of one microbatch of this oracle's size, from a figure measured at the profile's size (rounded up)."""
         return -(-nbytes * self.microbatch_size // self.measured_microbatch_size)
 
+    def _largest(self, measured: tuple[LayerMemory, ...], figure: str, start: int, end: int) -> int:
+        """The largest per-microbatch ``figure`` (a :class:`LayerMemory` field) of layers ``[start, end)``, scaled to
+        this microbatch size: what a phase that handles one layer at a time holds at most."""
+        return max(self._scaled(getattr(layer, figure)) for layer in measured[start:end])
+
     def param_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
         """Weight bytes of layers ``[start, end)`` (what a PREFETCH or EVICT of them moves)."""
         measured = self.measured_memory(device)
@@ -120,7 +125,7 @@ class MemorySizes:
         layer is rebuilt)."""
         measured = self.measured_memory(device)
         if measured is not None:
-            return max(self._scaled(layer.retained_bytes) for layer in measured[start:end])
+            return self._largest(measured, "retained_bytes", start, end)
         return self.microbatch_size * max(layer.saved_bytes for layer in self.graph.layers[start:end])
 
     def activation_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
@@ -137,7 +142,7 @@ class MemorySizes:
         """Transient bytes while one forward (or recompute) of layers ``[start, end)`` runs: the largest layer's."""
         measured = self.measured_memory(device)
         if measured is not None:
-            return max(self._scaled(layer.forward_transient_bytes) for layer in measured[start:end])
+            return self._largest(measured, "forward_transient_bytes", start, end)
         return self.microbatch_size * max(layer.workspace_bytes for layer in self.graph.layers[start:end])
 
     def backward_workspace_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
@@ -145,7 +150,7 @@ class MemorySizes:
         largest layer's (the model's forward workspace, where nothing was measured)."""
         measured = self.measured_memory(device)
         if measured is not None:
-            return max(self._scaled(layer.backward_transient_bytes) for layer in measured[start:end])
+            return self._largest(measured, "backward_transient_bytes", start, end)
         return self.workspace_bytes(start, end)
 
     def backward_peak_bytes(self, start: int, end: int, device: DeviceSpec | None = None, *,
@@ -184,7 +189,7 @@ class MemorySizes:
         measured = self.measured_memory(device)
         if measured is None:
             return self.backward_workspace_bytes(start, end)
-        return max(self._scaled(layer.input_backward_bytes) for layer in measured[start:end])
+        return self._largest(measured, "input_backward_bytes", start, end)
 
     def weight_backward_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
         """The most a split backward's W of layers ``[start, end)`` holds above its starting level: the largest
@@ -192,7 +197,7 @@ class MemorySizes:
         measured = self.measured_memory(device)
         if measured is None:
             return self.backward_workspace_bytes(start, end)
-        return max(self._scaled(layer.weight_backward_bytes) for layer in measured[start:end])
+        return self._largest(measured, "weight_backward_bytes", start, end)
 
     def deferred_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int | None:
         """Bytes a split backward's I of layers ``[start, end)`` keeps for its W (the weight GEMMs' inputs and

@@ -15,11 +15,13 @@ from executor.memory import StorageCounter, live_tensors
 from executor.nn.optim import make_optimizer
 from executor.nn.stages import boundary_specs, build_layers, build_stage, loss_fn, synthetic_batch
 from profiles.layer_memory import measure_layer_memory
+from sim.core.errors import SpecError
 from sim.cost.ledger import MemoryLedger
 from sim.cost.profile import layer_memory_fields, load_profile, profile_document
 from sim.ir.ops import OpKind
 from sim.models import build_model
-from sim.plan.build import PlanInputs, build_plan
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
 
 SPEC = "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=100"
 
@@ -91,12 +93,12 @@ def test_the_profile_reads_back_and_refuses_partial_memory(tmp_path, measured):
     data = json.loads((tmp_path / "profile.json").read_text())
     del data["layers"][1]["deferred_bytes"]
     (tmp_path / "partial.json").write_text(json.dumps(data))
-    with pytest.raises(Exception, match=r"layers\[1\]: deferred_bytes must be a non-negative integer"):
+    with pytest.raises(SpecError, match=r"layers\[1\]: deferred_bytes must be a non-negative integer"):
         load_profile(tmp_path / "partial.json")
     data = json.loads((tmp_path / "profile.json").read_text())
     data["gradients"] = "sometimes"
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(Exception, match="gradients must be one of resident, per_step"):
+    with pytest.raises(SpecError, match="gradients must be one of resident, per_step"):
         load_profile(tmp_path / "bad.json")
 
 

@@ -78,12 +78,12 @@ def test_host_copies_are_refused_by_the_replay():
         program_order_peaks(built.plan.with_programs((program,), level="L1"), (built.costs,))
 
 
-def _gpt_sizes(layers, hidden, seq, batch):
-    """Closed forms of one microbatch of a whole GPT on one device (sim.models.gpt): the checkpoint keeps every
-    layer's input (token ids for the embedding, a 2·s·h tensor for each block and the head)."""
+def _gpt_checkpoint(layers, hidden, seq, batch):
+    """Closed form of what one microbatch of a whole GPT on one device keeps under full recomputation
+    (sim.models.gpt): every layer's input (token ids for the embedding, a 2·s·h tensor for each block and the
+    head)."""
     act = gpt.DTYPE_BYTES * seq * hidden
-    checkpoint = batch * (gpt.TOKEN_ID_BYTES * seq + (layers + 1) * act)
-    return checkpoint
+    return batch * (gpt.TOKEN_ID_BYTES * seq + (layers + 1) * act)
 
 
 @pytest.mark.parametrize("layers, hidden, seq", [(4, 256, 128), (6, 512, 256)])
@@ -98,12 +98,12 @@ def test_full_recompute_keeps_each_layers_input_and_rebuilds_the_largest_layer(l
     state = full.costs.state_bytes(0)
     workspace = batch * max(layer.workspace_bytes for layer in graph.layers)
     saved = [batch * layer.saved_bytes for layer in graph.layers]
-    assert full.costs.checkpoint_bytes(0) == _gpt_sizes(layers, hidden, seq, batch)
+    assert full.costs.checkpoint_bytes(0) == _gpt_checkpoint(layers, hidden, seq, batch)
     assert full.costs.rebuilt_bytes(0) == max(saved)
     assert full.costs.activation_bytes(0) == batch * gpt.TOKEN_ID_BYTES * seq + sum(saved)
     (peak_full,) = simulate(full.plan, full.costs, full.topology).peak_memory_bytes
     (peak_plain,) = simulate(plain.plan, plain.costs, plain.topology).peak_memory_bytes
-    assert peak_full == state + _gpt_sizes(layers, hidden, seq, batch) + max(saved) + workspace
+    assert peak_full == state + _gpt_checkpoint(layers, hidden, seq, batch) + max(saved) + workspace
     assert peak_plain == state + full.costs.activation_bytes(0) + workspace
     assert peak_full < peak_plain
 
