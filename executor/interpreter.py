@@ -16,8 +16,11 @@ describe the same thing:
   the accumulated gradient is the mean over the iteration's samples, like single-process training on the whole
   batch (GPipe, Huang et al. 2019 §2.2: gradients are accumulated over micro-batches and applied once).
 * I and W split the backward (zero-bubble schedules): I computes the input gradient and every gradient except the
-  weights of linear and conv layers, which W computes later (``executor.nn.split_backward``). R rebuilds the forward
-  activations of a microbatch whose F kept only its input (``--recompute``).
+  weights of linear and conv layers, which W computes later (``executor.nn.split_backward``).
+* Recomputation (``--recompute``, ``executor.recompute``): the F of a microbatch with an R keeps only each layer's
+  input; its backward rebuilds one layer at a time and back-propagates through it. The R op, right before that
+  backward, does nothing itself; its span is drawn as the backward's rebuild time, placed before the backward's span
+  (which is shortened by as much), as the simulator draws R then B.
 * OPT_STEP steps the vstage's own optimizer and clears its gradients: once per iteration under the flush policy
   (GPipe, 1F1B); after every microbatch under weight stashing (async PipeDream, ``executor.stash``), where F and its
   backward run on the weight version stashed for the microbatch and the update lands on the latest weights; and
@@ -41,7 +44,6 @@ An op kind with no handler is rejected by :func:`check_supported` before anythin
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,9 +55,10 @@ from torch import Tensor
 
 from executor.nn.split_backward import WeightGradStore, enable_split_backward
 from executor.nn.stages import Stage, TensorSpec
+from executor.recompute import Layer, RebuildTime, checkpointed_forward, rebuild_and_backward
 from executor.slowdown import stretch
 from executor.stash import StashedWeights
-from sim.ir.ops import DP_KINDS, OP_SEMANTICS, TP_KINDS, Action, Op, OpKind
+from sim.ir.ops import DP_KINDS, OP_SEMANTICS, TP_KINDS, Action, Op, OpKind, op_id
 from sim.ir.plan import Plan
 from sim.plan.validate import PlanError
 
@@ -181,8 +184,9 @@ class RankInterpreter:
         self.handlers: dict[OpKind, Callable[[Op], None]] = {
             kind: getattr(self, method) for kind, method in HANDLER_OF.items()}
         self._check_collectives()
-        # (vstage, mb) whose forward activations are dropped and rebuilt by an R op before the backward.
-        self.recomputed = {(op.vstage, op.mb) for op in self.program if op.kind is OpKind.R}
+        self.recomputed = self._recomputed_pairs()
+        self._check_recompute()
+        self.rebuilt: dict[str, RebuildTime] = {}  # backward op id -> its rebuild's seconds, until drawn
         self.weight_grads = WeightGradStore()
         for v in sorted({op.vstage for op in self.program if op.kind is OpKind.I}):
             enable_split_backward(stages[v], self.weight_grads)
@@ -203,6 +207,23 @@ class RankInterpreter:
             if op.kind in TP_KINDS and (before is None or before.kind not in _TP_SOURCE[op.kind]
                                         or (before.vstage, before.mb) != (op.vstage, op.mb)):
                 raise PlanError(f"rank {self.rank}: {op.id} must follow the compute op it reports")
+
+    def _recomputed_pairs(self) -> set[tuple[int, int]]:
+        """(vstage, mb) whose forward keeps only each layer's input, rebuilt layer by layer in the backward."""
+        return {(op.vstage, op.mb) for op in self.program if op.kind is OpKind.R}  # type: ignore[misc]
+
+    def _check_recompute(self) -> None:
+        """Each R right before the backward of its microbatch (its TP_R between them): the rebuild runs inside that
+        backward (``executor.recompute``), so an R anywhere else would be drawn where it did not run."""
+        for pos, op in enumerate(self.program):
+            if op.kind is not OpKind.R or (op.vstage, op.mb) not in self.recomputed:
+                continue
+            following = self.program[pos + 1:pos + 3]
+            backward = next((o for o in following if o.kind is not OpKind.TP_R), None)
+            if backward is None or backward.kind not in (OpKind.B, OpKind.I) or (
+                    backward.vstage, backward.mb) != (op.vstage, op.mb):
+                raise PlanError(f"rank {self.rank}: {op.id} must come right before the backward (B or I) of "
+                                f"vstage {op.vstage} microbatch {op.mb}")
 
     # --- one iteration ---------------------------------------------------------------------------------------------
 
@@ -225,6 +246,7 @@ class RankInterpreter:
         if self.stashing is not None:
             self.stashing.begin_iteration()
         self.activations: dict[tuple[int, int], tuple[Tensor, Tensor | None]] = {}  # (v, mb) -> (input, output)
+        self.checkpoints: dict[tuple[int, int], list[Tensor | None]] = {}  # recomputed (v, mb) -> each layer's input
         self.losses: dict[int, Tensor] = {}
         self.outbox: dict[tuple[OpKind, int, int], Tensor] = {}  # produced tensors: (F|B, v, mb) -> tensor
         self.inbox: dict[str, Tensor] = {}  # RECV op id -> its buffer (valid once waited on)
@@ -248,11 +270,17 @@ class RankInterpreter:
                     end = time.perf_counter()
                     # Seconds this op spent inside tensor-parallel collectives (only F, B, I and R run any).
                     spent = self.tp_comm.take_seconds() if self.tp_comm is not None else 0.0
+                    rebuilt = self.rebuilt.pop(op.id, None)
+                    if rebuilt is not None:  # a backward that rebuilt its layers: its collectives are all the op's
+                        spent += rebuilt.rebuild_collective_s + rebuilt.backward_collective_s
                     end = stretch(op.kind, self.slowdown, start, end, spent)  # --slowdown; else returns end
             except OpFailure:
                 raise
             except Exception as exc:  # noqa: BLE001 - any error in an op is reported with the op's id
                 raise OpFailure(op.id, exc) from exc
+            if rebuilt is not None:
+                start = self._draw_rebuild(op, rebuilt, start)
+                spent = rebuilt.backward_collective_s
             if op.kind in TP_KINDS:  # the collectives ran inside the compute op before it: split its span
                 assert previous is not None  # _check_collectives
                 compute = self.records[previous[0]]
@@ -262,11 +290,11 @@ class RankInterpreter:
             self.records[op.id] = [start, end]
             previous = (op.id, spent)
         # A receive nobody consumed, and a GATHER_PARAMS, must complete before the next iteration.
-        for op_id in list(self.pending):
+        for pending_id in list(self.pending):
             try:
-                self._wait(op_id)
+                self._wait(pending_id)
             except Exception as exc:  # noqa: BLE001
-                raise OpFailure(op_id, exc) from exc
+                raise OpFailure(pending_id, exc) from exc
         for op, work, _tensor in self.sent:
             try:
                 work.wait()
@@ -276,6 +304,18 @@ class RankInterpreter:
         records = [OpRecord(op, *self.records[op.id]) for op in self.program]
         losses = [float(self.losses[mb]) for mb in sorted(self.losses)]
         return records, losses
+
+    def _draw_rebuild(self, op: Op, rebuilt: RebuildTime, start: float) -> float:
+        """Give the R (and its TP_R) before backward ``op`` the rebuild's time, taken from the start of the backward's
+        span; returns the backward's new start (s). A slowed rank's rebuild is stretched as its backward was."""
+        compute_s = max(0.0, rebuilt.rebuild_s - rebuilt.rebuild_collective_s) * self.slowdown
+        recompute = self.records[op_id(OpKind.R, op.vstage, op.mb)]
+        recompute[1] = start + compute_s
+        collectives = self.records.get(op_id(OpKind.TP_R, op.vstage, op.mb))
+        if collectives is not None:
+            collectives[0], collectives[1] = recompute[1], recompute[1] + rebuilt.rebuild_collective_s
+            return collectives[1]
+        return recompute[1]
 
     # --- handlers --------------------------------------------------------------------------------------------------
 
@@ -300,30 +340,29 @@ class RankInterpreter:
             x = self.inputs[mb]
         else:
             x = self._incoming(OpKind.F, v - 1, mb, op).requires_grad_(True)
-        recompute = (v, mb) in self.recomputed
-        # With recomputation only the stage input is kept (the checkpoint; Chen et al. 2016, GPipe §2.3): the
-        # forward builds no autograd graph and the R op rebuilds it right before the backward.
-        with torch.no_grad() if recompute else contextlib.nullcontext():
+        if v == self.last_vstage:
+            assert self.targets is not None, "rank runs the last vstage but was given no targets"
+        if (v, mb) in self.recomputed:
+            # Only each layer's input is kept (the checkpoints); the backward rebuilds them (executor.recompute).
+            y, self.checkpoints[(v, mb)] = checkpointed_forward(self._layers(v, mb, first=True), x)
+            if v == self.last_vstage:
+                with torch.no_grad():
+                    self.losses[mb] = self.loss(y, self.targets[mb])  # type: ignore[index]
+            kept = None
+        else:
             y = self._stage_forward(v, mb, x, first=True)
             if v == self.last_vstage:
-                assert self.targets is not None, "rank runs the last vstage but was given no targets"
-                self.losses[mb] = self.loss(y, self.targets[mb])
+                self.losses[mb] = self.loss(y, self.targets[mb])  # type: ignore[index]
+            # The last vstage's backward starts from the loss: keeping its output (the logits) too would hold a
+            # tensor autograd itself may not need (cross entropy saves its log-softmax, not its input).
+            kept = self.losses[mb] if v == self.last_vstage else y
         if v != self.last_vstage:
             self.outbox[(OpKind.F, v, mb)] = y.detach()
-        # The last vstage's backward starts from the loss: keeping its output (the logits) too would hold a tensor
-        # autograd itself may not need (cross entropy saves its log-softmax, not its input).
-        kept = self.losses[mb] if v == self.last_vstage else y
-        self.activations[(v, mb)] = (x, None if recompute else kept)
+        self.activations[(v, mb)] = (x, kept)
 
     def _recompute(self, op: Op) -> None:
-        v, mb = op.vstage, op.mb
-        assert mb is not None
-        x, _ = self.activations[(v, mb)]
-        y = self._stage_forward(v, mb, x, first=False)
-        if v == self.last_vstage:
-            assert self.targets is not None
-            self.losses[mb] = self.loss(y, self.targets[mb])
-        self.activations[(v, mb)] = (x, self.losses[mb] if v == self.last_vstage else y)
+        """R: nothing here; the backward right after it rebuilds layer by layer and reports the time (module
+        docstring), which ``run_iteration`` draws as this op's span."""
 
     def _backward_input(self, op: Op) -> None:
         """I: the backward with the weight gradients of linear and conv layers deferred to the W op."""
@@ -342,8 +381,11 @@ class RankInterpreter:
     def _backward(self, op: Op) -> None:
         v, mb = op.vstage, op.mb
         assert mb is not None
+        if (v, mb) in self.recomputed:
+            self._rebuild_and_backward(op)
+            return
         x, y = self.activations.pop(self._forward_of(v, mb))
-        assert y is not None, f"{op.id}: the forward kept no activations and no R op rebuilt them"
+        assert y is not None, f"{op.id}: the forward kept no activations"
         if v == self.last_vstage:
             (self.losses[mb] / self.loss_scale).backward()
             self.losses[mb] = self.losses[mb].detach()
@@ -352,6 +394,41 @@ class RankInterpreter:
         if v > 0:
             assert x.grad is not None
             self.outbox[(OpKind.B, v, mb)] = x.grad
+
+    def _rebuild_and_backward(self, op: Op) -> None:
+        """The backward of a recomputed microbatch: each layer rebuilt from its checkpoint right before its own
+        backward (``executor.recompute``); the rebuild's seconds are kept for ``run_iteration`` to draw as the R."""
+        v, mb = op.vstage, op.mb
+        assert mb is not None
+        self.activations.pop((v, mb))
+        head = None
+        output_gradient: Tensor | None = None
+        if v == self.last_vstage:
+            targets = self.targets[mb]  # type: ignore[index]
+            head = lambda y: self.loss(y, targets) / self.loss_scale  # noqa: E731 - bound to this microbatch
+        else:
+            output_gradient = self._incoming(OpKind.B, v + 1, mb, op)
+        input_gradient, self.rebuilt[op.id] = rebuild_and_backward(
+            self._layers(v, mb, first=False), self.checkpoints.pop((v, mb)), output_gradient, head=head,
+            sync=self._sync, take_collective_seconds=self.tp_comm.take_seconds if self.tp_comm is not None
+            else lambda: 0.0)
+        if v > 0:
+            assert input_gradient is not None
+            self.outbox[(OpKind.B, v, mb)] = input_gradient
+
+    def _layers(self, v: int, mb: int, *, first: bool) -> list[Layer]:
+        """The stage's layers as callables: the live modules, or (weight stashing) each bound to the version stashed
+        for ``mb``, as :meth:`_stage_forward` runs the whole stage."""
+        stage = self.stages[v]
+        if self.stashing is None:
+            return list(stage.layers.values())
+        weights = self.stashing.weights_for(v, mb, first=first)
+        layers: list[Layer] = []
+        for name, module in stage.layers.items():
+            prefix = f"layers.{name}."
+            own = {key[len(prefix):]: tensor for key, tensor in weights.items() if key.startswith(prefix)}
+            layers.append(lambda x, module=module, own=own: torch.func.functional_call(module, own, (x,)))
+        return layers
 
     def _forward_of(self, v: int, mb: int) -> tuple[int, int]:
         """Whose forward the backward of (v, mb) runs through: its own (a stream's:

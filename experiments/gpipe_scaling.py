@@ -122,9 +122,9 @@ def closed_form(k: int, m: int) -> float:
     """GPipe's throughput of K equal stages and M microbatches, normalised to K = 2, M = 1: K·M/(M + K − 1).
 
     Without re-materialisation an iteration takes (M + K − 1) stage-times forward and as many backward, each stage
-    holding 1/K of the model: samples per second ∝ M / ((M + K − 1)/K); at K = 2, M = 1 that is 1. (With it, the
-    simulator starts a stage's recomputation as soon as the stage is free, before the gradient arrives, and the last
-    stage keeps its newest microbatch's activations, so the form is not this one: the check case runs without.)"""
+    holding 1/K of the model: samples per second ∝ M / ((M + K − 1)/K); at K = 2, M = 1 that is 1. (With it, each
+    stage's backward also re-runs its forward once the gradient is there, which lengthens every equal stage-time
+    alike; the check case runs without it, so that it tests the plain form.)"""
     return k * m / (m + k - 1)
 
 

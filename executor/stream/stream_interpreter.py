@@ -48,12 +48,14 @@ class StreamInterpreter(RankInterpreter):
     def __init__(self, plan: Plan, rank: int, *args: Any, **kwargs: Any) -> None:
         super().__init__(plan, rank, *args, **kwargs)
         self.current_of = stream_inputs(plan)
-        # Every R of a stream is the drain's, which rebuilds the forward from the kept input: no F runs without its
-        # graph, as the interpreter's recomputation would make it.
-        self.recomputed = set()
         self.loss_scale = 1
         self.last_input: dict[int, Tensor] = {}
         self.fps = plan.option("fps")
+
+    def _recomputed_pairs(self) -> set[tuple[int, int]]:
+        # Every R of a stream is the drain's, which runs a new forward of the kept input: no F runs without its graph,
+        # as the interpreter's recomputation would make it.
+        return set()
 
     def run_iteration(self, inputs: Any, targets: Any) -> Any:
         self.started = time.perf_counter()  # frame f of the iteration arrives f / fps after this

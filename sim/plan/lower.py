@@ -75,9 +75,10 @@ def add_recompute(plan: Plan) -> Plan:
     With recomputation a stage keeps only checkpoints from F to the backward, and re-runs the forward just before the
     backward to rebuild the rest (Chen et al., arXiv 1604.06174; GPipe §2.3 "re-materialization"); how many bytes
     that keeps and rebuilds is the memory ledger's (``sim.cost.ledger``: every layer's input, one layer at a time).
-    The R goes on the same rank, immediately before the backward in program order, so it needs no data from other
-    ranks and can run while the rank waits for the output gradient. (vstage, mb) pairs that already have an R (a
-    hand-written schedule file) are left as they are. The plan's options record ``recompute = True`` so that the
+    The R goes on the same rank, immediately before the backward in program order. Since the rebuild runs layer by
+    layer inside the backward, :func:`add_send_recv` makes it wait for the output gradient as the backward does; its
+    duration is the stage's forward, drawn as one span before the backward's. (vstage, mb) pairs that already have
+    an R (a hand-written schedule file) are left as they are. The plan's options record ``recompute = True`` so that the
     executor and ``plan.json`` readers know.
     """
     if plan.level != "L0":
@@ -99,28 +100,50 @@ def add_send_recv(plan: Plan) -> Plan:
     """Insert SEND_F/RECV_F and SEND_B/RECV_B around the compute ops and write the data dependencies.
 
     Forward of (v, mb) needs the forward output of (v − 1, mb); the input-gradient backward (B or I) of (v, mb) needs
-    the input gradient of (v + 1, mb); a W needs the I of the same (v, mb), an R nothing but program order.
+    the input gradient of (v + 1, mb); a W needs the I of the same (v, mb). An R right before the backward of its
+    (v, mb) needs what that backward needs (it rebuilds layer by layer inside it); any other R, program order only.
     """
     to_rank = plan.placement.vstage_to_rank
     last = plan.num_vstages - 1
     pair_ids: dict[tuple[OpKind, int, int], int] = {}
     # (vstage, mb) whose backward is split into I + W: their input gradient comes from the I, otherwise from the B.
     split = {(op.vstage, op.mb) for program in plan.programs for op in program if op.kind is OpKind.I}
-    F, B, I, SEND_F, SEND_B, RECV_F, RECV_B = (  # noqa: N806, E741 - locals: this loop runs for every op
-        OpKind.F, OpKind.B, OpKind.I, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F, OpKind.RECV_B)
+    F, B, I, R, SEND_F, SEND_B, RECV_F, RECV_B = (  # noqa: N806, E741 - locals: this loop runs for every op
+        OpKind.F, OpKind.B, OpKind.I, OpKind.R, OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F, OpKind.RECV_B)
 
     def pair(kind: OpKind, sender_vstage: int, mb: int) -> int:
         # Ids are handed out in the order the lowering first meets each transfer, which is fixed by the programs.
         return pair_ids.setdefault((kind, sender_vstage, mb), len(pair_ids))
 
+    def gradient_source(rank: int, v: int, mb: int, append) -> str:
+        """The op id the backward of (v, mb) reads its output gradient from, appending the RECV_B when remote."""
+        if to_rank[v + 1] == rank:
+            return op_id(I if (v + 1, mb) in split else B, v + 1, mb)
+        append(Op(RECV_B, v, mb, peer=to_rank[v + 1], pair=pair(SEND_B, v + 1, mb),
+                  deps=(op_id(SEND_B, v + 1, mb),)))
+        return op_id(RECV_B, v, mb)
+
+    rebuilds_in_backward = plan.weight_policy != "stream"
     programs = []
     for rank, program in enumerate(plan.programs):
         out: list[Op] = []
         append = out.append
-        for op in program:
+        # (vstage, mb) whose output gradient an R right before the backward already waited for (see below).
+        # A stream's R is its drain step's forward of the stage's current input (``sim.schedules.stream``), not a
+        # rebuild for a backward: it runs on program order as before.
+        gradient_of: dict[tuple[int, int], str] = {}
+        for pos, op in enumerate(program):
             kind, v, mb = op.kind, op.vstage, op.mb
             assert mb is not None, f"L0 op {op.id} without a microbatch"
-            if kind is F and v > 0:
+            following = program[pos + 1] if pos + 1 < len(program) else None
+            if (kind is R and rebuilds_in_backward and v < last and following is not None and following.kind in (B, I)
+                    and following.vstage == v and following.mb == mb):
+                # An R right before its backward rebuilds one layer at a time inside that backward (Megatron's
+                # uniform recomputation, torchtitan's per-block AC: each layer re-runs when autograd reaches it),
+                # so it cannot start before the output gradient is there: it waits for it like the backward does.
+                gradient_of[(v, mb)] = source = gradient_source(rank, v, mb, append)
+                append(Op(kind, v, mb, deps=(source,)))
+            elif kind is F and v > 0:
                 if to_rank[v - 1] == rank:
                     append(Op(kind, v, mb, deps=(op_id(F, v - 1, mb),)))
                 else:
@@ -129,13 +152,8 @@ def add_send_recv(plan: Plan) -> Plan:
                               deps=(op_id(SEND_F, v - 1, mb),)))
                     append(Op(kind, v, mb, deps=(recv_id,)))
             elif (kind is B or kind is I) and v < last:
-                if to_rank[v + 1] == rank:
-                    append(Op(kind, v, mb, deps=(op_id(I if (v + 1, mb) in split else B, v + 1, mb),)))
-                else:
-                    recv_id = op_id(RECV_B, v, mb)
-                    append(Op(RECV_B, v, mb, peer=to_rank[v + 1], pair=pair(SEND_B, v + 1, mb),
-                              deps=(op_id(SEND_B, v + 1, mb),)))
-                    append(Op(kind, v, mb, deps=(recv_id,)))
+                source = gradient_of.pop((v, mb), None) or gradient_source(rank, v, mb, append)
+                append(Op(kind, v, mb, deps=(source,)))
             else:
                 append(Op(kind, v, mb))
             if kind is F and v < last and to_rank[v + 1] != rank:

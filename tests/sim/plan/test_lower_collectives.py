@@ -41,12 +41,13 @@ def test_overlapped_reduction_is_issued_right_after_the_last_backward():
 
 def test_tensor_parallel_ops_follow_their_compute_and_sends_wait_for_them():
     # Megatron §3: the all-reduces complete a block's output (forward) and input gradient (backward), so what is
-    # sent is ready only after them; a recompute repeats the forward's all-reduces. ZeRO-1 gathers after the step.
+    # sent is ready only after them; a recompute repeats the forward's all-reduces, once the output gradient is there
+    # (it rebuilds layer by layer inside the backward). ZeRO-1 gathers after the step.
     plan = build_plan(PlanInputs(GPT, "8xideal", "1f1b", microbatches=2, tp=2, dp=2, pp=2, zero=1,
                                  recompute=True)).plan
     assert _text(plan) == [
-        "0F0 0TP_F0 0SEND_F0<0TP_F0> 0F1 0TP_F1 0SEND_F1<0TP_F1> 0R0 0TP_R0 0RECV_B0<1SEND_B0> 0B0<0RECV_B0> 0TP_B0 "
-        "0R1 0TP_R1 0RECV_B1<1SEND_B1> 0B1<0RECV_B1> 0TP_B1 0REDUCE_GRAD<0B1> 0OPT_STEP<0REDUCE_GRAD> "
+        "0F0 0TP_F0 0SEND_F0<0TP_F0> 0F1 0TP_F1 0SEND_F1<0TP_F1> 0RECV_B0<1SEND_B0> 0R0<0RECV_B0> 0TP_R0 0B0<0RECV_B0> "
+        "0TP_B0 0RECV_B1<1SEND_B1> 0R1<0RECV_B1> 0TP_R1 0B1<0RECV_B1> 0TP_B1 0REDUCE_GRAD<0B1> 0OPT_STEP<0REDUCE_GRAD> "
         "0GATHER_PARAMS<0OPT_STEP>",
         "1RECV_F0<0SEND_F0> 1F0<1RECV_F0> 1TP_F0 1R0 1TP_R0 1B0 1TP_B0 1SEND_B0<1TP_B0> 1RECV_F1<0SEND_F1> "
         "1F1<1RECV_F1> 1TP_F1 1R1 1TP_R1 1B1 1TP_B1 1SEND_B1<1TP_B1> 1REDUCE_GRAD<1B1> 1OPT_STEP<1REDUCE_GRAD> "
