@@ -38,13 +38,14 @@ from sim.cost.ledger import program_order_peaks
 from sim.cost.model import plan_sharding, replica_views
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
+from sim.ir.parallel import Parallelism
 from sim.ir.plan import OpKind, Placement, Plan
-from sim.ir.weight_versions import add_stash_optimizer_steps
 from sim.models import build_model
 from sim.models.graph import LayerGraph
 from sim.plan.build import place_layers
 from sim.plan.layout import plan_layout, plan_microbatches
-from sim.plan.lower import add_recompute
+from sim.plan.lower import add_recompute, lower
+from sim.plan.lower_collectives import add_collectives
 from sim.schedules import SCHEDULES
 from sim.search.space import Candidate, SearchProblem
 
@@ -74,7 +75,7 @@ class _Screen:
         Raises:
             SpecError: its costs cannot be built (it breaks a rule of the model, schedule or batch).
         """
-        microbatches, pipeline, worst_rank, worst_vstage, tail, (_, _, capacities) = self._work_of(candidate)
+        microbatches, pipeline, worst_rank, worst_vstage, tail, (_, _, capacities, _) = self._work_of(candidate)
         fill = FILL.get(candidate.schedule, 1.0) * (pipeline - 1)
         estimate = microbatches * worst_rank + fill * worst_vstage + tail
         # A plan the memory screen says will not fit goes behind every one it says will (not out: a search without
@@ -84,9 +85,9 @@ class _Screen:
 
     def peaks(self, candidate: Candidate) -> tuple[int, ...]:
         """The memory screen's peak of each simulated rank of ``candidate``, bytes: the memory ledger over the
-        schedule's programs, which is the engine's ``peak_memory_bytes``."""
-        microbatches, _, _, _, _, (views, placement, _) = self._work_of(candidate)
-        return program_order_peaks(self._schedule_plan(candidate, microbatches, placement), views)
+        lowered programs of its schedule, which is the engine's ``peak_memory_bytes``."""
+        microbatches, _, _, _, _, (views, placement, _, layout) = self._work_of(candidate)
+        return program_order_peaks(self._schedule_plan(candidate, microbatches, placement, layout), views)
 
     def _work_of(self, candidate: Candidate) -> tuple:
         """:meth:`_work`, shared by the candidates that differ only in a one-stage-per-rank schedule (those
@@ -97,29 +98,31 @@ class _Screen:
             work = self.works[shared] = self._work(candidate)
         return work
 
-    def _schedule_plan(self, candidate: Candidate, microbatches: int, placement: Placement) -> Plan:
-        """The L0 plan of ``candidate``'s schedule on ``placement`` with what changes its memory: R ops under full
-        recomputation, the per-microbatch updates under weight stashing. Its programs are shared by every candidate
-        of the same schedule, ranks, microbatches, chunks and recomputation."""
+    def _schedule_plan(self, candidate: Candidate, microbatches: int, placement: Placement,
+                       layout: Parallelism) -> Plan:
+        """The lowered plan of ``candidate``'s schedule on ``placement``, as ``build_plan`` lowers it, with what changes
+        its memory: R ops under full recomputation, the updates (per microbatch under weight stashing), and the
+        collectives of ``layout`` (a data-parallel reduction's buffer is held from its issue to its update). Its
+        programs are shared by every candidate of the same schedule, ranks, microbatches, chunks, recomputation and
+        layout."""
         entry = SCHEDULES[candidate.schedule]
         pipeline = max(placement.vstage_to_rank) + 1
         chunks = candidate.chunks if entry.chunked else 1
-        key = (candidate.schedule, pipeline, microbatches, chunks, candidate.recompute == "full")
+        key = (candidate.schedule, pipeline, microbatches, chunks, candidate.recompute == "full", layout)
         plan = self.schedule_plans.get(key)
         if plan is None:
             plan = Plan(schedule=entry.name, level="L0", model="", topology="", num_microbatches=microbatches,
                         microbatch_size=1, weight_policy=entry.weight_policy, placement=placement,
-                        programs=entry.build(pipeline, microbatches, chunks))
+                        programs=entry.build(pipeline, microbatches, chunks), parallel=layout)
             if candidate.recompute == "full":
                 plan = add_recompute(plan)
-            if entry.weight_policy == "stash":
-                plan = add_stash_optimizer_steps(plan)
-            self.schedule_plans[key] = plan
+            plan = self.schedule_plans[key] = add_collectives(lower(plan))
         return replace(plan, placement=placement)
 
     def _work(self, candidate: Candidate) -> tuple[int, int, float, float, float, tuple]:
         """``(m, p, the bottleneck rank's work per microbatch, the slowest virtual stage's, the slowest update, what
-        the memory screen needs: (the cost views, the placement, each simulated rank's capacity in bytes))``."""
+        the memory screen needs: (the cost views, the placement, each simulated rank's capacity in bytes, the
+        parallel layout))``."""
         problem, topology, profile = self.problem, self.topology, self.profile
         inputs = candidate.plan_inputs(problem)
         layout = plan_layout(inputs, topology)
@@ -166,7 +169,8 @@ class _Screen:
                         update += view.collective(OpKind.GATHER_PARAMS, vstage).seconds
                 tail = max(tail, update)
             worst_rank = max(worst_rank, max(per_rank))
-        return microbatches, layout.pp, worst_rank, worst_vstage, tail, (tuple(views), placement, tuple(capacities))
+        return (microbatches, layout.pp, worst_rank, worst_vstage, tail,
+                (tuple(views), placement, tuple(capacities), layout))
 
 
 def estimate_all(problem: SearchProblem, topology: Topology, candidates: Sequence[Candidate], *,

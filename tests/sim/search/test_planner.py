@@ -87,6 +87,46 @@ def test_the_memory_screen_is_the_engines_peak_on_random_plans_of_every_schedule
     assert {c.recompute for c in checked} == set(space.recompute)
 
 
+def test_the_memory_screen_holds_data_parallel_reduction_buffers_as_the_engine_does(tmp_path):
+    """Oracle: the engine's peak, as above, where a profile says the framework reduces a flat copy of the gradients
+    and they live per step (``executor.data_parallel``): the copy is held from each REDUCE_GRAD's issue to its update,
+    which only the lowered programs (collectives included) show."""
+    import json
+
+    from sim.models import build_model
+    from sim.plan.build import build_plan
+    from sim.predict import predict_built
+    from sim.search.planner import _Screen
+    from sim.search.space import enumerate_candidates
+
+    graph = build_model("gpt:layers=6,hidden=128,heads=4,seq=64,vocab=500")
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "format": "pipedejavu-profile", "format_version": 1, "model": graph.spec, "device": "cpu",
+        "microbatch_size": 1, "gradients": "per_step", "reduction": "flat_copy",
+        "layers": [{"name": layer.name, "fwd_s": 1e-3 * (i + 1), "bwd_s": 2e-3 * (i + 1)}
+                   for i, layer in enumerate(graph.layers)]}))
+    space = SearchSpace(schedules=("gpipe", "1f1b", "interleaved", "zb1p"), recompute=("none", "full"),
+                        microbatch_sizes=(1,), chunks=(2,))
+    problem = SearchProblem(graph.spec, "8xcpu", 16, space=space, profile=str(profile))
+    topology = Topology.parse(problem.topology)
+    candidates = [c for c in enumerate_candidates(problem, topology.num_ranks, topology) if c.dp > 1]
+    screen = _Screen(problem, topology)
+    random.Random(3).shuffle(candidates)
+    checked = []
+    for candidate in candidates:
+        try:
+            built = build_plan(candidate.plan_inputs(problem))
+            engine = predict_built(built, check_memory=False)
+        except SpecError:
+            continue
+        assert screen.peaks(candidate) == engine.peak_memory_bytes, candidate.label
+        checked.append(candidate)
+        if len(checked) == 24:
+            break
+    assert {c.schedule for c in checked} == set(space.schedules) and {c.zero for c in checked} == {0, 1}
+
+
 def test_plans_the_screen_says_do_not_fit_sort_behind_the_others():
     from sim.search.planner import OVER_MEMORY
 
