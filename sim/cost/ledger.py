@@ -5,6 +5,10 @@ peaks (``sim.search.critical_path``), the search's memory screen (``sim.search.p
 memory behaviour is its kind's :class:`~sim.ir.ops.MemoryEffect` and workspace flag (``sim.ir.ops.OP_SEMANTICS``);
 the byte counts are the plan's cost view's (``sim.cost.model.CostModel``, which asks the oracle). A kind with an
 effect this ledger has no rule for cannot reach it: :data:`RULES` covers every effect and a test holds it to that.
+NASPipe's CSP runs (``sim.csp``) are the one exception: their ops are decided online and their copies move single
+layer keys of varying size, which a ledger of per-stage sizes over fixed programs cannot express, so
+``sim.csp.simulate`` counts their memory itself by the same rules (training state resident, a subnet's activations
+from its forward's start to its backward's end, a copied-in key's state while it is resident).
 
 What a device holds, per rank of the plan (all bytes):
 
