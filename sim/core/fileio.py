@@ -46,6 +46,8 @@ INPUT_LIMITS: dict[str, tuple[int, str]] = {
     "profile": (16 * _MIB, "tens of thousands of layers at ~250 bytes each"),
     "candidates file": (4 * _MIB, "a search's TP/DP/PP/microbatch settings at ~20 bytes a row: 200,000 rows, "
                         "more than any search costs"),
+    "model config": (1 * _MIB, "a HuggingFace config.json is a few KiB of hyper-parameters; a weights file given "
+                     "by mistake is gigabytes"),
     "topology file": (256 * 2**10, "a topology lists groups of servers ('repeat:' covers identical ones) and YAML "
                       "parsing takes seconds per MiB"),
 }

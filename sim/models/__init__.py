@@ -5,7 +5,10 @@ sorted, defaults filled in. ``build_model(graph.spec)`` rebuilds an equal graph,
 torch modules from the same string.
 
 ``build_model(spec, sharding)`` builds instead the shard of the model one device of a tensor-parallel group holds
-(:mod:`sim.models.sharding`); only ``gpt`` is modelled sharded.
+(:mod:`sim.models.sharding`); ``gpt`` and ``llama`` are modelled sharded.
+
+A HuggingFace config (``hf:PATH[,seq=S]``) or a shipped preset (``llama3.1-8b,seq=8192``) is read into the ``llama``
+family's keys first (:mod:`sim.models.hf_config`), so its graph's canonical spec is a plain ``llama:...`` spec.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from types import MappingProxyType
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams, parse_spec
-from sim.models import amoebanet, cnn, gpt, supernet, uniform, vgg
+from sim.models import amoebanet, cnn, gpt, hf_config, llama, supernet, uniform, vgg
 from sim.models.graph import LayerGraph, canonical_spec
 from sim.models.sharding import NO_SHARDING, Sharding
 
@@ -32,18 +35,24 @@ class ModelEntry:
         description: one line for ``--model list``.
         defaults: every key the model accepts, with its default value.
         build: reads the keys from a :class:`SpecParams` (rejecting unknown ones) and returns the graph.
+        build_shard: the same for one device's tensor-parallel shard, or ``None`` for a model modelled whole only.
     """
 
     name: str
     description: str
     defaults: Mapping[str, int | float]
     build: Callable[[SpecParams], LayerGraph]
+    build_shard: Callable[[SpecParams, Sharding], LayerGraph] | None = None
 
+
+#: The models whose build takes a :class:`Sharding`.
+_SHARDED = (gpt, llama)
 
 MODELS: Mapping[str, ModelEntry] = MappingProxyType(
     {
-        module.NAME: ModelEntry(module.NAME, module.DESCRIPTION, MappingProxyType(dict(module.DEFAULTS)), module.build)
-        for module in (uniform, gpt, cnn, supernet, vgg, amoebanet)
+        module.NAME: ModelEntry(module.NAME, module.DESCRIPTION, MappingProxyType(dict(module.DEFAULTS)), module.build,
+                                module.build if module in _SHARDED else None)
+        for module in (uniform, gpt, llama, cnn, supernet, vgg, amoebanet)
     }
 )
 
@@ -63,16 +72,20 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
             a sharding that changes the model (``tp > 1`` or selective recomputation) for a model other than gpt;
             ``tp`` not dividing gpt's ``heads``, or its ``seq`` under sequence parallelism.
     """
+    spec = hf_config.resolve_config_spec(spec) or spec
     name, raw = parse_spec(spec)
     entry = MODELS.get(name)
     if entry is None:
-        raise SpecError(f"unknown model {name!r} in spec {spec!r} (known: {', '.join(sorted(MODELS))})")
-    if sharding.changes_model and name != gpt.NAME:
+        raise SpecError(f"unknown model {name!r} in spec {spec!r} (known: {', '.join(sorted(MODELS))}; presets: "
+                        f"{', '.join(hf_config.preset_names())}; hf:PATH for a HuggingFace config)")
+    if sharding.changes_model and entry.build_shard is None:
         what = "tensor parallelism" if sharding.tp > 1 else "selective recomputation"
-        raise SpecError(f"{what} is modelled for gpt only, got {spec!r} with {sharding.describe()}")
+        shardable = " and ".join(name for name, e in MODELS.items() if e.build_shard is not None)
+        raise SpecError(f"{what} is modelled for {shardable} only, got {spec!r} with {sharding.describe()}")
     _check_size(spec, raw)
     params = SpecParams(spec, raw)
-    graph = gpt.build(params, sharding) if sharding.changes_model else entry.build(params)
+    # A sharding that changes nothing (tp = 1, no selective recomputation) builds the whole model, as it always has.
+    graph = entry.build_shard(params, sharding) if sharding.changes_model else entry.build(params)  # type: ignore[misc]
     params.finish()  # each build already does; this guards a model that forgets
     return graph
 
@@ -101,10 +114,19 @@ def _check_size(spec: str, raw: Mapping[str, str]) -> None:
 
 
 def format_model_list() -> str:
-    """Text for ``--model list``: each model's full default spec, then its description indented below."""
+    """Text for ``--model list``: each model's full default spec, then its description indented below; then the
+    presets, each with its architecture, parameter count and the ``llama`` spec it stands for."""
     lines = []
     for name in sorted(MODELS):
         entry = MODELS[name]
         lines.append(canonical_spec(name, entry.defaults))
         lines.append(f"    {entry.description}")
+    lines.append("")
+    lines.append("presets (HuggingFace configs shipped in sim/models/configs; NAME[,seq=S], default seq 8192; "
+                 "hf:PATH[,seq=S] reads your own):")
+    for name in hf_config.preset_names():
+        graph = build_model(name)
+        architecture = hf_config.preset_config(name)["architectures"][0]
+        lines.append(f"{name}  {architecture}, {graph.total_params:,} parameters")
+        lines.append(f"    {graph.spec}")
     return "\n".join(lines)

@@ -293,13 +293,18 @@ class LayerGraph:
             raise ValueError(f"cut must be an int with 0 < cut < {n} for {self.spec!r}, got {cut!r}")
         return self._cut_bytes[cut]
 
+    @property
+    def total_params(self) -> int:
+        """Parameters of all layers (each tied matrix once: the layer that holds it counts it)."""
+        return sum(self.param_count(i) for i in range(len(self)))
+
     def total_param_bytes(self) -> int:
         """Bytes of all weights in the graph's dtype."""
         return sum(layer.param_bytes for layer in self.layers)
 
     def summary(self) -> str:
         """One line: layer count, parameters (millions), forward GFLOP per sample (and time when fixed)."""
-        params = sum(self.param_count(i) for i in range(len(self)))
+        params = self.total_params
         gflop = sum(layer.flops_fwd for layer in self.layers) / 1e9
         text = f"{self.spec}: {len(self)} layers, {params / 1e6:.2f}M params, {gflop:.3f} GFLOP/sample fwd"
         if all(layer.fwd_s is not None for layer in self.layers):

@@ -203,7 +203,8 @@ def test_bad_specs_raise_spec_error_naming_the_value(spec, shown):
 
 
 def test_unknown_model_lists_known_ones():
-    with pytest.raises(SpecError, match="known: amoebanet, cnn, gpt, supernet, uniform"):
+    with pytest.raises(SpecError, match="known: amoebanet, cnn, gpt, llama, supernet, uniform, vgg16; "
+                       "presets: llama3.1-405b, llama3.1-70b, llama3.1-8b, qwen2.5-7b"):
         build_model("bert")
 
 
@@ -217,7 +218,7 @@ def test_format_model_list_mentions_every_model_and_default():
 
 
 def test_registry_entries_are_consistent():
-    assert set(MODELS) == {"uniform", "gpt", "cnn", "supernet", "vgg16", "amoebanet"}
+    assert set(MODELS) == {"uniform", "gpt", "llama", "cnn", "supernet", "vgg16", "amoebanet"}
     for name, entry in MODELS.items():
         assert entry.name == name and entry.description and "\n" not in entry.description
         with pytest.raises(TypeError):
