@@ -39,6 +39,7 @@ from executor.provenance import cpu_model, software_versions
 from executor.slowdown import describe_slowdown, slowdown_record
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic
 from sim.core.output_set import all_or_none
+from sim.cost.model_flops import training_rates
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
 from sim.predict import predict
@@ -109,6 +110,8 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
     metrics = compute_metrics(median_trace, num_microbatches=plan.num_microbatches,
                               microbatch_size=plan.microbatch_size, replicas=plan.layout.dp)
     metrics["plan"] = plan_header(plan)
+    # Against the peaks of the devices the plan names, as the prediction's; a run on other hardware is warned of above.
+    metrics.update(training_rates(plan, topology, metrics["iteration_time_s"]))
     if plan.weight_policy == "stream":  # PARTIME: step time and latency, measured beside predicted
         metrics["stream"] = stream_metrics(median_trace, num_stages=plan.num_vstages,
                                            num_frames=plan.num_microbatches, fps=plan.option("fps"))

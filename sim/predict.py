@@ -14,6 +14,7 @@ from typing import Any
 
 from sim.core.errors import SpecError
 from sim.cost.model import CostModel, plan_graph, plan_oracle, replica_views
+from sim.cost.model_flops import training_rates
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile
 from sim.csp.csp_metrics import csp_metrics
@@ -114,6 +115,7 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         device_of_rank=devices if plan.parallel is not None else None,
     )
     metrics["plan"] = plan_header(plan, costs=cost_source)
+    metrics.update(training_rates(plan, topology, metrics["iteration_time_s"]))
     if plan.weight_policy == "stream":
         metrics["stream"] = _stream(plan, result.trace, views, topology, check_memory)
     return Prediction(plan, topology, result.trace, result.peak_memory_bytes, result.link_bytes, cost_source,

@@ -56,8 +56,14 @@ def format_summary(metrics: dict[str, Any], *, unit: str = "samples") -> str:
         f"{'run time' if unit == 'subnets' else 'iteration time':<18}{metrics['iteration_time_s'] * 1e3:.3f} ms",
         f"throughput        {throughput}",
         f"bubble fraction   {metrics['bubble_fraction']:.4f}",
-        "per device        busy        bubble   peak memory / capacity",
     ]
+    if metrics.get("tokens_per_s") is not None:
+        lines.append(f"tokens            {metrics['tokens_per_s']:,.0f} tokens/s, "
+                     f"{metrics['tokens_per_s_per_device']:,.0f} per device")
+    if metrics.get("mfu") is not None:
+        lines.append(f"model FLOPs       {metrics['model_flops_per_iteration'] / 1e12:,.1f} TFLOP per iteration, "
+                     f"MFU {metrics['mfu'] * 100:.1f} %")
+    lines.append("per device        busy        bubble   peak memory / capacity")
     for device in metrics["devices"]:
         memory = ""
         if "peak_memory_bytes" in device:
