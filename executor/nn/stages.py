@@ -38,6 +38,7 @@ from torch.overrides import TorchFunctionMode
 
 from executor.nn import cnn as models_cnn
 from executor.nn import gpt as models_gpt
+from executor.nn import llama as models_llama
 from executor.nn import supernet as models_supernet
 from executor.nn.seeds import derive_seed
 from sim.core.errors import SpecError
@@ -61,6 +62,7 @@ class _TorchModel:
         loss: ``(last layer's output, targets) -> scalar loss``.
         hidden_shape: ``spec values -> per-sample shape`` of every layer's fp32 output but the last's.
         output_shape: ``spec values -> per-sample shape`` of the last layer's fp32 output (what ``loss`` reads).
+        check: refuses, with a :class:`SpecError`, spec values the modules do not run (before anything is built).
     """
 
     make_layer: Callable[[dict[str, int], int], nn.Module]
@@ -68,6 +70,7 @@ class _TorchModel:
     loss: Callable[[Tensor, Tensor], Tensor]
     hidden_shape: Callable[[dict[str, int]], tuple[int, ...]]
     output_shape: Callable[[dict[str, int]], tuple[int, ...]]
+    check: Callable[[dict[str, int]], None] = lambda values: None
 
 
 def _tokens_by_hidden(values: dict[str, int]) -> tuple[int, ...]:
@@ -85,6 +88,8 @@ def _feature_map(values: dict[str, int]) -> tuple[int, ...]:
 _MODELS: Mapping[str, _TorchModel] = {
     "gpt": _TorchModel(models_gpt.make_layer, models_gpt.make_batch, models_gpt.loss,
                        _tokens_by_hidden, _tokens_by_vocab),
+    "llama": _TorchModel(models_llama.make_layer, models_llama.make_batch, models_llama.loss,
+                         _tokens_by_hidden, _tokens_by_vocab, models_llama.check_values),
     "cnn": _TorchModel(models_cnn.make_layer, models_cnn.make_batch, models_cnn.loss, _feature_map, _feature_map),
     "supernet": _TorchModel(models_supernet.make_layer, models_supernet.make_batch, models_supernet.loss,
                             _tokens_by_hidden, _tokens_by_vocab),
@@ -106,8 +111,10 @@ def _resolve(spec: str) -> tuple[LayerGraph, _TorchModel, dict[str, int]]:
             f"model {name!r} has no torch implementation, so the executor cannot run {graph.spec!r} "
             f"(torch models: {', '.join(TORCH_MODELS)})"
         )
-    # gpt, cnn and supernet read every key with SpecParams.int, so the canonical values are integers.
-    return graph, model, {key: int(value) for key, value in raw.items()}
+    # gpt, llama, cnn and supernet read every key with SpecParams.int, so the canonical values are integers.
+    values = {key: int(value) for key, value in raw.items()}
+    model.check(values)
+    return graph, model, values
 
 
 def check_torch_model(spec: str) -> LayerGraph:

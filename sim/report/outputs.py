@@ -40,6 +40,14 @@ def write_run_outputs(out_dir: Path, trace: Trace, metrics: dict[str, Any], *, t
     return names
 
 
+def _flop(flops: float) -> str:
+    """FLOPs with the prefix that shows them best: ``3,795.4 TFLOP``, ``12.6 GFLOP``."""
+    for scale, unit in ((1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")):
+        if flops >= scale:
+            return f"{flops / scale:,.1f} {unit}"
+    return f"{flops:,.0f} FLOP"
+
+
 def _gb(nbytes: float | None) -> str:
     return "unlimited" if nbytes is None else f"{nbytes / 1e9:.2f} GB"
 
@@ -61,7 +69,7 @@ def format_summary(metrics: dict[str, Any], *, unit: str = "samples") -> str:
         lines.append(f"tokens            {metrics['tokens_per_s']:,.0f} tokens/s, "
                      f"{metrics['tokens_per_s_per_device']:,.0f} per device")
     if metrics.get("mfu") is not None:
-        lines.append(f"model FLOPs       {metrics['model_flops_per_iteration'] / 1e12:,.1f} TFLOP per iteration, "
+        lines.append(f"model FLOPs       {_flop(metrics['model_flops_per_iteration'])} per iteration, "
                      f"MFU {metrics['mfu'] * 100:.1f} %")
     lines.append("per device        busy        bubble   peak memory / capacity")
     for device in metrics["devices"]:

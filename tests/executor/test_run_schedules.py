@@ -12,6 +12,9 @@ from tests.executor.runs import SPEC, assert_state_equals, execute, merged_state
 
 # 8 layers (embed, 6 blocks, head): interleaved with 2 chunks on 4 ranks needs 8 vstages of at least one layer.
 SPEC8 = "gpt:heads=2,hidden=32,layers=6,seq=8,vocab=50"
+# Grouped-query attention with Qwen 2's biases and Qwen 3's QK-norm, and one with a sliding window.
+LLAMA = "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=50,seq=8,qkv_bias=1,qk_norm=1"
+LLAMA_WINDOW = "llama:layers=2,hidden=32,heads=4,kv_heads=1,ffn=48,vocab=50,seq=8,window=3"
 ATOL = 1e-7  # SGD: pipelines only reorder the sum of microbatch gradients (tests/executor/test_run.py)
 
 
@@ -92,8 +95,10 @@ def test_pytorchs_own_interleaved_zero_bubble_schedule_runs_and_matches_single_p
     (2, ["--schedule", "1f1b", "--recompute"], SPEC),
     (2, ["--schedule", "interleaved", "--chunks", "2", "--recompute"], SPEC),
     (2, ["--schedule", "zb1p", "--recompute"], SPEC),
+    (2, ["--schedule", "1f1b", "--recompute"], LLAMA),
+    (2, ["--schedule", "zb1p"], LLAMA_WINDOW),
 ], ids=["interleaved-2", "interleaved-4", "zb1p-2", "zb1p-4", "gpipe-recompute-2", "1f1b-recompute-2",
-        "interleaved-recompute-2", "zb1p-recompute-2"])
+        "interleaved-recompute-2", "zb1p-recompute-2", "llama-1f1b-recompute-2", "llama-window-zb1p-2"])
 def test_flush_schedules_equal_single_process_training(tmp_path, ranks, flags, spec):
     m, warmup, iterations = 4, 1, 1
     plan, merged, losses = _train(tmp_path, _plan(tmp_path, ranks, m, *flags, model=spec), warmup, iterations)
