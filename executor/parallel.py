@@ -102,6 +102,9 @@ def check_parallel(plan: Plan) -> None:
     model = parse_spec(plan.model)[0]
     if layout.tp > 1 and model != "gpt":
         raise SpecError(f"tensor parallelism (tp = {layout.tp}) is implemented for gpt only, not {model!r}")
+    if layout.zero >= 2:
+        raise SpecError(f"the executor runs ZeRO stages 0 and 1; ZeRO-{layout.zero} (plan: {layout.describe()}) is "
+                        f"simulated only so far: simulate it with sim.run, run the plan with --zero 0 or 1")
     if layout.dp > 1 and plan.weight_policy != "flush":
         raise SpecError(f"data parallelism (dp = {layout.dp}) runs schedules that update once per iteration; "
                         f"{plan.schedule} has {plan.weight_policy!r} weights")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.core.errors import SpecError
+from sim.cost.memory_sizes import StateShards
 from sim.cost.model import CostModel, plan_graph, plan_oracle, replica_views
 from sim.cost.model_flops import training_rates
 from sim.cost.oracle import CostOracle
@@ -93,9 +94,9 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
     if oracle is None:
         oracle = plan_oracle(plan_graph(plan), plan.microbatch_size, profile, topology, layout,
                              cuda_graphs=bool(plan.option("cuda_graphs", False)))
-    elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.optimizer_shards,
-          oracle.cuda_graphs) != (plan.model, plan.microbatch_size, profile, topology, layout.dp if layout.zero else 1,
-                                  bool(plan.option("cuda_graphs", False))):
+    elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.shards,
+          oracle.cuda_graphs) != (plan.model, plan.microbatch_size, profile, topology,
+                                  StateShards.of_zero(layout.zero, layout.dp), bool(plan.option("cuda_graphs", False))):
         raise ValueError(f"the cost oracle is for {oracle.graph.spec} at {oracle.microbatch_size} sample(s) per "
                          f"microbatch, not this plan's {plan.model} at {plan.microbatch_size}, or for another "
                          f"profile, topology or ZeRO sharding")

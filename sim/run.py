@@ -36,6 +36,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: an error the library raises about one (``tp must be an integer >= 1``) is printed as the user typed it (``--tp must
 #: be ...``; :func:`sim.core.errors.run_cli`), and a memory remedy is offered as the flags that make it.
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "order": "--rank-order", "zero": "--zero",
+         "reshard_after_forward": "--no-reshard-after-forward",
          "sequence_parallel": "--sequence-parallel", "grad_overlap": "--grad-overlap", "devices": "--devices",
          "partition": "--partition", "chunks": "--chunks", "recompute": "--recompute",
          "microbatch_size": "--microbatch-size", "global_batch": "--global-batch", "schedule": "--schedule",
@@ -99,8 +100,14 @@ def make_parser() -> argparse.ArgumentParser:
                      "order); e.g. 4,5,6,7,0,1,2,3 puts the first pipeline ranks on the second server")
     par.add_argument("--sequence-parallel", action="store_true",
                      help="Megatron's sequence parallelism: reduce-scatter + all-gather, norms and dropout sharded")
-    par.add_argument("--zero", type=int, default=0, choices=[0, 1],
-                     help="1: distributed optimizer (ZeRO-1): reduce-scatter gradients, all-gather parameters")
+    par.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
+                     help="ZeRO stage: 1 splits the optimizer state (Megatron's distributed optimizer: gradients "
+                     "reduce-scattered once per step, parameters all-gathered after it), 2 also the gradients "
+                     "(reduce-scattered after every microbatch), 3 also the parameters (FSDP: each layer gathered "
+                     "before its forward and backward, overlapped with its neighbours' compute)")
+    par.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
+                     help="with --zero 3, keep each layer's gathered parameters from its forward to its backward "
+                     "(FSDP's reshard_after_forward=False): one gather fewer per microbatch, more memory")
     par.add_argument("--grad-overlap", action="store_true",
                      help="reduce gradients in 25 MiB buckets while the last backward runs (PyTorch DDP) instead of "
                      "after the backward pass (Megatron's default)")
@@ -149,8 +156,8 @@ def _run(argv: list[str] | None) -> int:
         schedule_file=args.schedule_file, chunks=1 if args.chunks is None else args.chunks,
         recompute=args.recompute or "none", vertical_sync=args.vertical_sync, tp=args.tp, dp=args.dp, pp=args.pp,
         global_batch=args.global_batch, rank_order=args.rank_order, sequence_parallel=args.sequence_parallel,
-        zero=args.zero, grad_overlap=args.grad_overlap, devices=args.devices, fps=args.fps,
-        cuda_graphs=args.cuda_graphs,
+        zero=args.zero, reshard_after_forward=args.reshard_after_forward, grad_overlap=args.grad_overlap,
+        devices=args.devices, fps=args.fps, cuda_graphs=args.cuda_graphs,
     )
     built = build_plan(inputs)
     if not args.ignore_memory:
@@ -240,6 +247,7 @@ def _run_csp(args: argparse.Namespace) -> int:
     for flag, given in (("--recompute", args.recompute), ("--chunks", args.chunks is not None),
                         ("--tp", args.tp != 1), ("--dp", args.dp != 1), ("--pp", args.pp is not None),
                         ("--global-batch", args.global_batch is not None), ("--zero", args.zero != 0),
+                        ("--no-reshard-after-forward", not args.reshard_after_forward),
                         ("--sequence-parallel", args.sequence_parallel), ("--grad-overlap", args.grad_overlap),
                         ("--vertical-sync", args.vertical_sync), ("--microbatches", args.microbatches is not None),
                         ("--profile", args.profile is not None)):

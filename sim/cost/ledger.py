@@ -40,6 +40,10 @@ What a device holds, per rank of the plan (all bytes):
   backward's (``backward_workspace_bytes``) for the backward ops (B, I, W), else the forward's. A B's is its
   layer-by-layer peak: going from the last layer to the first, each layer's transient plus the gradient buffers made
   so far, less the activations of the layers already done, which the backward has freed.
+* **Gathered parameters** (ZeRO-3, FSDP: ``sim.cost.fsdp``): a forward or backward op also holds, while it runs, the
+  parameters it gathers (a layer's and the prefetched next one's) and, in the backward, the whole gradients being
+  made and scattered. Without resharding after the forward, the stage's gathered parameters are taken by a forward
+  when no microbatch of the stage is in flight and freed when the backward of the last one in flight ends.
 * **Weight gradients**: part of the resident state where the framework keeps a persistent gradient buffer (Megatron's
   contiguous buffer, DDP's buckets: the model's default). Where the cost source says they live per step (a measured
   profile of the executor, whose optimizer step ends with ``zero_grad(set_to_none=True)``), a stage's gradients are
@@ -84,6 +88,8 @@ class StageSizes(Protocol):
     def deferred_gradient_bytes(self, vstage: int) -> int: ...
     def gradients_per_step(self, vstage: int) -> bool: ...
     def reduction_buffer_bytes(self, vstage: int) -> int: ...
+    def gathered_bytes(self, vstage: int, backward: bool) -> int: ...
+    def held_gathered_bytes(self, vstage: int) -> int: ...
 
 
 #: Every memory effect of ``sim.ir.ops`` has a rule in :class:`MemoryLedger`: the name of the method that applies it
@@ -129,6 +135,7 @@ class MemoryLedger:
                            if OP_SEMANTICS[op.kind].memory is MemoryEffect.REBUILD_ACTIVATIONS}
         self.stream = plan.weight_policy == "stream"
         self.held: dict[int, int] = {}  # stream: vstage -> activation bytes of its current frame
+        self.in_flight: dict[int, int] = {}  # ZeRO-3 kept gathered: vstage -> microbatches between F and backward
         # Weight stashing: (vstage, version) -> microbatches still to run on it; the updates each vstage has made.
         self.versions = weight_versions(plan) if plan.weight_policy == "stash" else {}
         self.stash_users: dict[tuple[int, int], int] = {}
@@ -165,6 +172,7 @@ class MemoryLedger:
         effect = OP_SEMANTICS[kind].memory
         if effect is MemoryEffect.RELEASE_ACTIVATIONS:
             freed += self.held.pop(vstage, 0) if self.stream else self._held_until_backward(vstage, op.mb)
+            freed += self._release_kept(vstage)
         elif effect is MemoryEffect.DEFER_WEIGHT_GRADIENTS:
             held = self._held_until_backward(vstage, op.mb)
             deferred = sizes.deferred_bytes(vstage)
@@ -188,14 +196,15 @@ class MemoryLedger:
         kind, vstage = op.kind, op.vstage
         if kind not in self._workspace:
             return 0
+        gathered = self.sizes.gathered_bytes(vstage, kind in self._backward)
         if kind in self._backward:
             if kind is OpKind.B and not self.stream and (vstage, op.mb) not in self.recomputed:
-                return self.sizes.backward_peak_bytes(vstage, new_gradients > 0)
+                return self.sizes.backward_peak_bytes(vstage, new_gradients > 0) + gathered
             transient = (self.sizes.input_backward_bytes(vstage) if kind is OpKind.I
                          else self.sizes.weight_backward_bytes(vstage) if kind is OpKind.W
                          else self.sizes.backward_workspace_bytes(vstage))
-            return max(0, transient - new_gradients)
-        return self.sizes.workspace_bytes(vstage)
+            return max(0, transient - new_gradients) + gathered
+        return self.sizes.workspace_bytes(vstage) + gathered
 
     def _new_gradients(self, op: Op) -> int:
         """Bytes of gradient buffers ``op`` creates where gradients live per step: a stage's first backward op since
@@ -219,9 +228,29 @@ class MemoryLedger:
     def _keep(self, op: Op) -> tuple[int, int]:
         if self.stream:
             return self._replace_frame(op.vstage)
+        gathered = self._gather_kept(op.vstage)
         if (op.vstage, op.mb) in self.recomputed:
-            return 0, self.sizes.checkpoint_bytes(op.vstage)
-        return 0, self.sizes.activation_bytes(op.vstage)
+            return 0, self.sizes.checkpoint_bytes(op.vstage) + gathered
+        return 0, self.sizes.activation_bytes(op.vstage) + gathered
+
+    def _gather_kept(self, vstage: int) -> int:
+        """ZeRO-3 without resharding after the forward: the stage's gathered parameters, taken by the forward that
+        finds no microbatch of the stage in flight."""
+        held = self.sizes.held_gathered_bytes(vstage)
+        if not held:
+            return 0
+        self.in_flight[vstage] = self.in_flight.get(vstage, 0) + 1
+        return held if self.in_flight[vstage] == 1 else 0
+
+    def _release_kept(self, vstage: int) -> int:
+        """The other half of :meth:`_gather_kept`: the backward of the last microbatch in flight frees them."""
+        if vstage not in self.in_flight:
+            return 0
+        self.in_flight[vstage] -= 1
+        if self.in_flight[vstage]:
+            return 0
+        del self.in_flight[vstage]
+        return self.sizes.held_gathered_bytes(vstage)
 
     def _rebuild(self, op: Op) -> tuple[int, int]:
         if self.stream:  # the drain's recompute: a whole frame again

@@ -12,23 +12,56 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from sim.core.errors import SpecError
 from sim.cost.profile import LayerMemory
 from sim.hw.catalog import DeviceSpec
 from sim.models.graph import LayerGraph
 
-__all__ = ["MemorySizes", "state_bytes_per_param", "layer_input_bytes"]
+__all__ = ["MemorySizes", "StateShards", "WHOLE_STATE", "state_bytes_per_param", "layer_input_bytes"]
 
 
-def state_bytes_per_param(dtype_bytes: int, optimizer_shards: int = 1) -> float:
+@dataclass(frozen=True)
+class StateShards:
+    """Over how many data-parallel replicas each part of the training state is split (Rajbhandari et al., ZeRO,
+    arXiv 1910.02054 §5: stage 1 P_os splits the optimizer state, stage 2 P_os+g also the gradients, stage 3
+    P_os+g+p also the parameters, which PyTorch's FSDP does). 1 is whole on every replica.
+
+    Attributes:
+        optimizer: replicas the optimizer state (fp32 master weights, Adam's m and v) is split over.
+        gradients: replicas the weight gradients are split over.
+        params: replicas the parameters are split over.
+    """
+
+    optimizer: int = 1
+    gradients: int = 1
+    params: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("optimizer", "gradients", "params"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"state shards: {name} must be an integer >= 1, got {value!r}")
+
+    @classmethod
+    def of_zero(cls, zero: int, dp: int) -> StateShards:
+        """The shards of ZeRO stage ``zero`` (0 to 3) over ``dp`` replicas."""
+        return cls(optimizer=dp if zero >= 1 else 1, gradients=dp if zero >= 2 else 1, params=dp if zero >= 3 else 1)
+
+
+#: Every part of the state whole on every replica (plain data parallelism).
+WHOLE_STATE = StateShards()
+
+
+def state_bytes_per_param(dtype_bytes: int, shards: StateShards = WHOLE_STATE) -> float:
     """Training-state bytes per parameter: weights + gradients in the training dtype, Adam m and v in fp32, and an
-    fp32 master copy when training in lower precision (ZeRO §3.1: 2 + 2 + 12 = 16 for fp16). Under ZeRO-1 each of
-    ``optimizer_shards`` replicas keeps ``1/optimizer_shards`` of the optimizer state (ZeRO §5.1: 2 + 2 + 12/N_d)."""
+    fp32 master copy when training in lower precision (ZeRO §3.1: 2 + 2 + 12 = 16 for fp16), each part divided by
+    the replicas it is split over (ZeRO §5, Figure 1: 2 + 2 + 12/N_d for P_os, 2 + 14/N_d for P_os+g, 16/N_d for
+    P_os+g+p)."""
     master = 4 if dtype_bytes < 4 else 0
     optimizer = 8 + master
-    if optimizer_shards == 1:
-        return 2 * dtype_bytes + optimizer
-    return 2 * dtype_bytes + optimizer / optimizer_shards
+    return dtype_bytes / shards.params + dtype_bytes / shards.gradients + optimizer / shards.optimizer
 
 
 def layer_input_bytes(graph: LayerGraph, i: int) -> int:
@@ -43,16 +76,16 @@ class MemorySizes:
     Args:
         graph: the model.
         microbatch_size: samples per microbatch.
-        optimizer_shards: data-parallel replicas the optimizer state is split over (ZeRO-1), 1 without.
+        shards: over how many data-parallel replicas the weights, gradients and optimizer state are split (ZeRO).
         measured: the measured per-layer memory that applies to a device, or ``None`` (the cost oracle's
             :meth:`~sim.cost.oracle.CostOracle.measured_memory`, which checks the profile against the model).
         measured_microbatch_size: the microbatch size the measured figures are for (the profile's).
     """
 
-    def __init__(self, graph: LayerGraph, microbatch_size: int, optimizer_shards: int,
+    def __init__(self, graph: LayerGraph, microbatch_size: int, shards: StateShards,
                  measured: Callable[[DeviceSpec | None], tuple[LayerMemory, ...] | None],
                  measured_microbatch_size: int = 1) -> None:
-        self.graph, self.microbatch_size, self.optimizer_shards = graph, microbatch_size, optimizer_shards
+        self.graph, self.microbatch_size, self.shards = graph, microbatch_size, shards
         self.measured_memory = measured
         self.measured_microbatch_size = measured_microbatch_size
 
@@ -86,14 +119,15 @@ class MemorySizes:
         return 0 if measured is None else sum(layer.deferred_gradient_bytes for layer in measured[start:end])
 
     def state_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
-        """Training state of layers ``[start, end)`` in bytes: weights, gradients, optimizer state (under ZeRO-1
-        this replica's share of the optimizer state, rounded up)."""
+        """Training state of layers ``[start, end)`` in bytes: weights, gradients, optimizer state (under ZeRO this
+        replica's share of each part that is split, rounded up)."""
         measured = self.measured_memory(device)
+        shards = self.shards
         if measured is not None:
-            optimizer = sum(layer.optimizer_bytes for layer in measured[start:end])
-            return (sum(layer.param_bytes + layer.gradient_bytes for layer in measured[start:end])
-                    + math.ceil(optimizer / self.optimizer_shards))
-        per_param = state_bytes_per_param(self.graph.dtype_bytes, self.optimizer_shards)
+            return sum(math.ceil(sum(getattr(layer, field) for layer in measured[start:end]) / parts)
+                       for field, parts in (("param_bytes", shards.params), ("gradient_bytes", shards.gradients),
+                                            ("optimizer_bytes", shards.optimizer)))
+        per_param = state_bytes_per_param(self.graph.dtype_bytes, shards)
         return math.ceil(sum(self.graph.param_count(i) for i in range(start, end)) * per_param)
 
     def input_bytes(self, start: int, device: DeviceSpec | None = None) -> int:

@@ -17,10 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.core.errors import SpecError
+from sim.cost import fsdp
 from sim.cost.collectives import CollectiveCost
 from sim.cost.gpu_time import KernelModel
+from sim.cost.memory_sizes import StateShards
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile
+from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import OpKind, Placement, Plan
@@ -85,12 +88,12 @@ def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfil
                 layout: Parallelism, *, cuda_graphs: bool = False,
                 kernel_model: KernelModel | None = None) -> CostOracle:
     """The cost oracle of a plan: ``graph`` (what one device holds, :func:`plan_graph` for a written plan) at
-    ``microbatch_size`` samples per microbatch, with ``profile``, on ``topology``, with the optimizer state split
-    across the data-parallel replicas under ZeRO-1 (``layout.zero``), a stream's CUDA graphs, and ``kernel_model``
+    ``microbatch_size`` samples per microbatch, with ``profile``, on ``topology``, with the training state split
+    across the data-parallel replicas as ``layout.zero``'s stage splits it, a stream's CUDA graphs, and ``kernel_model``
     (default: the built-in constants; a written plan records none). ``build_plan`` makes its plan's oracle here, and
     ``sim.predict`` makes a written plan's, so the two are the same oracle."""
     return CostOracle(graph, microbatch_size, profile, topology, cuda_graphs=cuda_graphs,
-                      optimizer_shards=layout.dp if layout.zero else 1, kernel_model=kernel_model)
+                      shards=StateShards.of_zero(layout.zero, layout.dp), kernel_model=kernel_model)
 
 
 class CostModel:
@@ -155,6 +158,18 @@ class CostModel:
         self._deferred = [oracle.memory.deferred_bytes(a, b, device) for a, b, device in sized]
         self._input_backward = [oracle.memory.input_backward_bytes(a, b, device) for a, b, device in sized]
         self._weight_backward = [oracle.memory.weight_backward_bytes(a, b, device) for a, b, device in sized]
+        # ZeRO-3: what a forward or backward gathers on top of its workspace, and what stays gathered between them
+        # without resharding after the forward (sim.cost.fsdp).
+        self._gathered = [(0, 0)] * len(sized)
+        self._held_gathered = [0] * len(sized)
+        if layout.zero == 3:
+            for v, (a, b, device) in enumerate(sized):
+                params = [oracle.memory.param_bytes(i, i + 1, device) for i in range(a, b)]
+                gradients = [oracle.memory.gradient_bytes(i, i + 1, device) for i in range(a, b)]
+                kept = not layout.reshard_after_forward
+                self._gathered[v] = (0 if kept else fsdp.forward_gathered_bytes(params),
+                                     fsdp.backward_gathered_bytes(params, gradients, gather=not kept))
+                self._held_gathered[v] = sum(params) if kept else 0
         stepped: set[int] = set()
         for v, (start, end) in enumerate(placement.vstage_layers):
             rank = placement.vstage_to_rank[v]
@@ -165,10 +180,30 @@ class CostModel:
             # per-microbatch overhead with its first chunk's forward (not with a recomputation of it).
             first = rank not in stepped
             step = sum(costs.opt[start:end]) + (self.oracle.step_overhead_s(device) if first else 0.0)
-            forward = f + (self.oracle.microbatch_overhead_s(device) if first else 0.0)
+            if layout.zero == 3:  # each layer gathered and scattered inside the forward and backward
+                gather = self._fsdp_collectives("all_gather", rank, start, end, device)
+                scatter = self._fsdp_collectives("reduce_scatter", rank, start, end, device)
+                f_total = fsdp.forward_seconds(costs.fwd[start:end], gather)
+                b = fsdp.backward_seconds(costs.bwd[start:end], gather if layout.reshard_after_forward else None,
+                                          scatter)
+            else:
+                f_total = f
+            forward = f_total + (self.oracle.microbatch_overhead_s(device) if first else 0.0)
             stepped.add(rank)
+            # A recomputation re-runs the forward inside the backward, with the parameters the backward gathers.
             self._times.append({OpKind.F: forward, OpKind.B: b, OpKind.I: b / 2, OpKind.W: b / 2, OpKind.R: f,
                                 OpKind.OPT_STEP: step})
+
+    def _fsdp_collectives(self, name: str, pipeline_rank: int, start: int, end: int,
+                          device: DeviceSpec) -> list[float]:
+        """Under ZeRO-3, the seconds of each layer's all-gather of its parameters or reduce-scatter of its gradients
+        (``name``) over the data-parallel groups of ``pipeline_rank``, every tensor shard's group at once."""
+        layout = self.layout
+        groups = tuple(layout.dp_group(pipeline_rank, t) for t in range(layout.tp))
+        memory = self.oracle.memory
+        sizes = (memory.param_bytes(i, i + 1, device) if name == "all_gather" else
+                 memory.gradient_bytes(i, i + 1, device) for i in range(start, end))
+        return [self.oracle.collective(name, groups, nbytes).seconds if nbytes else 0.0 for nbytes in sizes]
 
     def compute_time(self, kind: OpKind, vstage: int) -> float:
         """Duration in s of a compute-stream op (F, B, I, W, R, OPT_STEP) of ``vstage``; 0 for bookkeeping ops."""
@@ -348,6 +383,16 @@ class CostModel:
         """Of :meth:`gradient_bytes`, those a split backward's W makes (:meth:`sim.cost.oracle.CostOracle.
         deferred_gradient_bytes`)."""
         return self._deferred_gradients[vstage]
+
+    def gathered_bytes(self, vstage: int, backward: bool) -> int:
+        """Under ZeRO-3, bytes a forward (``backward`` False) or backward op of ``vstage`` gathers on top of its
+        workspace while it runs (:mod:`sim.cost.fsdp`); 0 otherwise."""
+        return self._gathered[vstage][backward]
+
+    def held_gathered_bytes(self, vstage: int) -> int:
+        """Under ZeRO-3 without resharding after the forward, the gathered parameter bytes ``vstage`` keeps from a
+        forward to the backward of the last microbatch in flight; 0 otherwise."""
+        return self._held_gathered[vstage]
 
     def reduction_buffer_bytes(self, vstage: int) -> int:
         """Bytes a data-parallel reduction of ``vstage``'s gradients holds from its issue until the update that

@@ -50,7 +50,7 @@ from itertools import accumulate
 from sim.core.errors import SpecError
 from sim.cost.collectives import CollectiveCost, collective_cost, concurrent_transfer
 from sim.cost.gpu_time import KernelModel, default_kernel_model, optimizer_seconds, transformer_layer_seconds
-from sim.cost.memory_sizes import MemorySizes, layer_input_bytes, state_bytes_per_param
+from sim.cost.memory_sizes import WHOLE_STATE, MemorySizes, StateShards, layer_input_bytes, state_bytes_per_param
 from sim.cost.nccl import link_class, nccl_seconds
 from sim.cost.profile import LayerMemory, MeasuredProfile
 from sim.hw.catalog import DeviceSpec
@@ -78,7 +78,8 @@ class CostOracle:
         profile: optional measured profile; it applies on devices whose name equals its ``device``.
         topology: the hardware, needed for rank-based questions (transfers, copies, a rank's device); layer costs on
             a given :class:`~sim.hw.catalog.DeviceSpec` need none.
-        optimizer_shards: replicas the optimizer state is split across (ZeRO-1's data-parallel degree; 1 without).
+        shards: over how many data-parallel replicas the weights, gradients and optimizer state are split (ZeRO's
+            stages; whole by default).
             The graph itself is what one device holds: a tensor-parallel shard (``sim.models.build_model``'s
             ``sharding``).
         kernel_model: the software constants of the GPU kernel model (default: the built-in, fitted ones).
@@ -88,18 +89,16 @@ class CostOracle:
             (:meth:`step_overhead_s`). What remains is the kernels' own time.
 
     Raises:
-        SpecError: ``microbatch_size`` or ``optimizer_shards`` < 1.
+        SpecError: ``microbatch_size`` < 1.
     """
 
     def __init__(self, graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None = None,
-                 topology: Topology | None = None, *, optimizer_shards: int = 1,
+                 topology: Topology | None = None, *, shards: StateShards = WHOLE_STATE,
                  kernel_model: KernelModel | None = None, cuda_graphs: bool = False) -> None:
         if microbatch_size < 1:
             raise SpecError(f"microbatch size must be >= 1, got {microbatch_size}")
-        if optimizer_shards < 1:
-            raise SpecError(f"optimizer shards must be >= 1, got {optimizer_shards}")
         self.graph, self.microbatch_size, self.profile, self._topology = graph, microbatch_size, profile, topology
-        self.optimizer_shards = optimizer_shards
+        self.shards = shards
         self._kernel_model = kernel_model
         self.cuda_graphs = cuda_graphs
         self._transformer: bool | None = None
@@ -110,7 +109,7 @@ class CostOracle:
         self._by_device: dict[str, LayerCosts] = {}
         self._prefix: dict[str, list[float]] = {}
         #: The bytes of layer ranges (sim.cost.memory_sizes), measured where the profile applies.
-        self.memory = MemorySizes(graph, microbatch_size, optimizer_shards, self.measured_memory,
+        self.memory = MemorySizes(graph, microbatch_size, shards, self.measured_memory,
                                   profile.microbatch_size if profile is not None else 1)
 
     @property
@@ -206,7 +205,7 @@ class CostOracle:
         # measured on fp16 GEMMs; it is applied to the fp32 peak too (a V100's fp32 torch.mm reaches 0.92 of 15.7).
         peak = device.peak_fp32_flops if graph.dtype_bytes == 4 else device.peak_flops
         throughput = peak * device.matmul_efficiency  # FLOP/s
-        per_param = state_bytes_per_param(graph.dtype_bytes, self.optimizer_shards)
+        per_param = state_bytes_per_param(graph.dtype_bytes, self.shards)
         fwd, bwd, opt = [], [], []
         for i, layer in enumerate(graph.layers):
             if layer.fwd_s is not None and layer.bwd_s is not None:
@@ -226,7 +225,7 @@ class CostOracle:
                                                     selective_recompute=layer.recompute_flops > 0)
                 fwd.append(seconds.fwd)
                 bwd.append(seconds.bwd)
-                opt.append(optimizer_seconds(graph.param_count(i) / self.optimizer_shards, device, model,
+                opt.append(optimizer_seconds(graph.param_count(i) / self.shards.optimizer, device, model,
                                              graph.dtype_bytes))
                 continue
             # A captured graph replays its kernels without the per-op launch and dispatch (PARTIME, the seed talk:

@@ -35,11 +35,13 @@ __all__ = ["Parallelism", "PURE_PIPELINE", "RANK_ORDERS", "DEFAULT_RANK_ORDER", 
 DEFAULT_RANK_ORDER = "tp-dp-pp"
 #: Every nesting of the three dimensions, innermost first.
 RANK_ORDERS = tuple("-".join(order) for order in permutations(("tp", "dp", "pp")))
-#: ZeRO stages modelled: 0 (plain data parallelism) and 1 (optimizer state sharded across replicas; Rajbhandari
-#: et al., arXiv 1910.02054 §5.1, P_os).
-ZERO_STAGES = (0, 1)
+#: ZeRO stages modelled (Rajbhandari et al., arXiv 1910.02054 §5): 0 (plain data parallelism), 1 (the optimizer
+#: state split across the replicas, P_os), 2 (the gradients too, P_os+g) and 3 (the parameters too, P_os+g+p:
+#: PyTorch's FSDP).
+ZERO_STAGES = (0, 1, 2, 3)
 
-_FIELDS = frozenset({"tp", "dp", "pp", "order", "sequence_parallel", "zero", "grad_overlap", "devices"})
+_FIELDS = frozenset({"tp", "dp", "pp", "order", "sequence_parallel", "zero", "reshard_after_forward", "grad_overlap",
+                     "devices"})
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,17 @@ class Parallelism:
         order: nesting of the ranks, innermost first (:data:`RANK_ORDERS`).
         sequence_parallel: Megatron's sequence parallelism (Korthikanti et al., arXiv 2205.05198 §4.2.2): the
             tensor-parallel all-reduces become reduce-scatter + all-gather and norms and dropout are sharded.
-        zero: 0, or 1 for ZeRO stage 1 / Megatron's distributed optimizer: gradients are reduce-scattered, each
-            replica updates ``1/D`` of the parameters and the parameters are all-gathered after the step.
+        zero: the ZeRO stage (:data:`ZERO_STAGES`). 1, as Megatron's distributed optimizer: gradients are
+            reduce-scattered once per step, each replica updates ``1/D`` of the parameters and the parameters are
+            all-gathered after the step. 2: each microbatch's gradients are reduce-scattered after its backward and
+            only this replica's ``1/D`` is kept (ZeRO §5.2), then the update and the all-gather as for 1. 3 (FSDP):
+            the parameters live split too; each layer's are all-gathered before its forward and again before its
+            backward, and its gradients reduce-scattered after it, overlapped with the neighbouring layers' compute
+            (``sim.cost.fsdp``).
+        reshard_after_forward: under ZeRO-3, free each layer's gathered parameters after its forward (FSDP's
+            default) and gather them again for the backward; False keeps them from the forward to the backward
+            (``reshard_after_forward=False``, as Llama 3 trained), one gather fewer per microbatch for the memory of
+            the stage's whole parameters. Meaningless, and so always True, below ZeRO-3.
         grad_overlap: the data-parallel reduction of a stage's gradients runs in buckets while its last backward
             produces them (PyTorch DDP's bucketed all-reduce, Megatron's ``--overlap-grad-reduce``), instead of after
             the rank's whole backward pass (Megatron's default).
@@ -68,6 +79,7 @@ class Parallelism:
     order: str = DEFAULT_RANK_ORDER
     sequence_parallel: bool = False
     zero: int = 0
+    reshard_after_forward: bool = True
     grad_overlap: bool = False
     devices: tuple[int, ...] = ()
 
@@ -86,6 +98,15 @@ class Parallelism:
         if self.grad_overlap and self.dp == 1:
             raise SpecError("{grad_overlap} overlaps the data-parallel gradient reduction with the backward; it needs "
                             "{dp} > 1", "grad_overlap", "dp")
+        if not isinstance(self.reshard_after_forward, bool):
+            raise SpecError(f"{{reshard_after_forward}} must be true or false, got {self.reshard_after_forward!r}",
+                            "reshard_after_forward")
+        if not self.reshard_after_forward and self.zero != 3:
+            raise SpecError("{reshard_after_forward} false keeps gathered parameters between forward and backward; "
+                            "it needs {zero} 3 (parameters split across replicas)", "reshard_after_forward", "zero")
+        if self.grad_overlap and self.zero >= 2:
+            raise SpecError(f"{{grad_overlap}} buckets one reduction per step; {{zero}} {self.zero} already reduces "
+                            f"each microbatch's gradients as its backward makes them", "grad_overlap", "zero")
         if self.zero and self.dp == 1:
             raise SpecError(f"{{zero}} {self.zero} shards optimizer state across data-parallel replicas; it needs "
                             f"{{dp}} > 1", "zero", "dp")
@@ -174,7 +195,7 @@ class Parallelism:
         if self.sequence_parallel:
             extras.append("sequence parallel")
         if self.zero:
-            extras.append(f"ZeRO-{self.zero}")
+            extras.append(f"ZeRO-{self.zero}" + ("" if self.reshard_after_forward else ", kept gathered after forward"))
         if self.grad_overlap:
             extras.append("gradient reduction overlapped")
         if self.devices:
@@ -187,7 +208,9 @@ class Parallelism:
     def to_json(self) -> dict[str, Any]:
         """The ``parallel`` object of ``plan.json``: the degrees, the options and, for readers, every group."""
         return {"tp": self.tp, "dp": self.dp, "pp": self.pp, "order": self.order,
-                "sequence_parallel": self.sequence_parallel, "zero": self.zero, "grad_overlap": self.grad_overlap,
+                "sequence_parallel": self.sequence_parallel, "zero": self.zero,
+                **({} if self.reshard_after_forward else {"reshard_after_forward": False}),
+                "grad_overlap": self.grad_overlap,
                 **({"devices": list(self.devices)} if self.devices else {}), "groups": self.groups()}
 
     @classmethod
@@ -204,8 +227,8 @@ class Parallelism:
             value = data.get(key, 0 if key == "zero" else 1)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(f"{source}: parallel.{key} must be an integer, got {value!r}")
-        for key in ("sequence_parallel", "grad_overlap"):
-            if not isinstance(data.get(key, False), bool):
+        for key in ("sequence_parallel", "grad_overlap", "reshard_after_forward"):
+            if not isinstance(data.get(key, key == "reshard_after_forward"), bool):
                 raise SpecError(f"{source}: parallel.{key} must be true or false, got {data[key]!r}")
         devices = data.get("devices", [])
         if not isinstance(devices, list) or any(isinstance(d, bool) or not isinstance(d, int) for d in devices):
@@ -213,6 +236,7 @@ class Parallelism:
         layout = cls(tp=data.get("tp", 1), dp=data.get("dp", 1), pp=data.get("pp", pp),
                      order=str(data.get("order", DEFAULT_RANK_ORDER)),
                      sequence_parallel=data.get("sequence_parallel", False), zero=data.get("zero", 0),
+                     reshard_after_forward=data.get("reshard_after_forward", True),
                      grad_overlap=data.get("grad_overlap", False), devices=tuple(devices))
         if layout.pp != pp:
             raise SpecError(f"{source}: parallel.pp is {layout.pp} but the plan has {pp} rank programs")

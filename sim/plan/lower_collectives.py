@@ -18,6 +18,13 @@ once, here:
   With ``grad_overlap`` (PyTorch DDP's bucketed all-reduce; Megatron's ``--overlap-grad-reduce``) each vstage's
   REDUCE_GRAD is issued right after its last backward op instead, and the engine lets its buckets stream behind
   that op (``sim.engine.comm``); the optimizer steps still come last.
+* **ZeRO-2** keeps only this replica's share of the gradients, so each microbatch's gradients are reduce-scattered
+  as soon as its backward of the vstage has made them (ZeRO §5.2): a REDUCE_GRAD per (vstage, microbatch) right
+  after its last backward op, and the update waits for all of them; then the all-gather of the updated parameters,
+  as under ZeRO-1.
+* **ZeRO-3 (FSDP)** gathers each layer's parameters and scatters its gradients inside the forward and backward
+  (``sim.cost.fsdp`` costs them there), and the update steps on the local shard: no REDUCE_GRAD or GATHER_PARAMS op.
+  A split backward (I and W) is refused: the W would gather the layer's parameters once more, which is not modelled.
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ def add_collectives(plan: Plan) -> Plan:
             return _add_stash_reductions(plan)
         if plan.weight_policy != "flush":
             raise SpecError(f"data parallelism (--dp {layout.dp}) is not modelled for {plan.weight_policy} plans")
+        if layout.zero == 3 and any(op.kind is OpKind.I for program in plan.programs for op in program):
+            raise SpecError(f"--zero 3 is not modelled for a split backward ({plan.schedule}'s I and W): the W would "
+                            f"gather the layer's parameters once more; use a schedule without I and W")
         plan = _add_data_parallel(plan, layout.zero, layout.grad_overlap)
     return plan
 
@@ -83,7 +93,9 @@ def _add_tensor_parallel(plan: Plan) -> Plan:
 
 def _add_data_parallel(plan: Plan, zero: int, overlap: bool) -> Plan:
     """Move each rank's optimizer steps to its end, after a REDUCE_GRAD per vstage (and a GATHER_PARAMS under
-    ZeRO-1 after each step); with ``overlap`` each REDUCE_GRAD goes right after its vstage's last backward op."""
+    ZeRO-1 after each step); with ``overlap`` each REDUCE_GRAD goes right after its vstage's last backward op; under
+    ZeRO-2 one per (vstage, microbatch) after that microbatch's last backward op; under ZeRO-3 none (module
+    docstring)."""
     programs = []
     for program in plan.programs:
         body = [op for op in program if op.kind is not OpKind.OPT_STEP]
@@ -91,6 +103,15 @@ def _add_data_parallel(plan: Plan, zero: int, overlap: bool) -> Plan:
         # Reduce in reverse layer order, as the gradients of the later layers are ready first (and as Megatron's
         # buffers are laid out), then step in the same order.
         order = vstages[::-1]
+        if zero == 3:
+            programs.append(tuple(body + [Op(OpKind.OPT_STEP, v) for v in order]))
+            continue
+        if zero == 2:
+            body, reductions = _reduce_each_microbatch(body)
+            tail = [Op(OpKind.OPT_STEP, v, deps=reductions[v]) for v in order]
+            tail += [Op(OpKind.GATHER_PARAMS, v, deps=(op_id(OpKind.OPT_STEP, v, None),)) for v in order]
+            programs.append(tuple(body + tail))
+            continue
         if overlap:
             body = _reduce_after_last_backward(body)
         tail = [] if overlap else [Op(OpKind.REDUCE_GRAD, v) for v in order]
@@ -128,6 +149,22 @@ def _add_stash_reductions(plan: Plan) -> Plan:
             out.append(op)
         programs.append(tuple(out))
     return plan.with_programs(tuple(programs), level="L1")
+
+
+def _reduce_each_microbatch(body: list[Op]) -> tuple[list[Op], dict[int, tuple[str, ...]]]:
+    """ZeRO-2: a REDUCE_GRAD of (vstage, mb) right after the last op that makes that microbatch's weight gradients
+    of the vstage (its B, or its W when split), waiting for it; and, per vstage, the ids of its reductions."""
+    last = {(op.vstage, op.mb): i for i, op in enumerate(body) if op.kind in (OpKind.B, OpKind.W)}
+    after = {i: key for key, i in last.items()}
+    out: list[Op] = []
+    reductions: dict[int, tuple[str, ...]] = {}
+    for i, op in enumerate(body):
+        out.append(op)
+        if i in after:
+            reduce = Op(OpKind.REDUCE_GRAD, op.vstage, op.mb, deps=(op_id(op.kind, op.vstage, op.mb),))
+            out.append(reduce)
+            reductions[op.vstage] = (*reductions.get(op.vstage, ()), reduce.id)
+    return out, reductions
 
 
 def _reduce_after_last_backward(body: list[Op]) -> list[Op]:

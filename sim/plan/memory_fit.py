@@ -7,8 +7,8 @@ without simulating), and :func:`memory_remedies` rebuilds the plan with each of 
 whose peak fits:
 
 * full activation recomputation (every layer's input kept, one layer rebuilt at a time);
-* ZeRO-1 (Adam's states sharded over the data-parallel replicas; ZeRO §5.1), for schedules that update once per
-  iteration;
+* each higher ZeRO stage than the plan's (1: Adam's states split over the data-parallel replicas, 2: the gradients
+  too, 3: the parameters too, as FSDP; ZeRO §5), for schedules that update once per iteration;
 * twice the tensor parallelism or twice the pipeline stages, taking the devices from data parallelism (or from the
   other of the two), with the global batch kept;
 * half the microbatch size with twice the microbatches (the global batch kept);
@@ -101,8 +101,9 @@ def _candidates(inputs: PlanInputs, built: BuiltPlan) -> list[tuple[tuple[str, o
     found: list[tuple[tuple[str, object], ...]] = []
     if inputs.recompute_mode != "full" and plan.weight_policy != "stream":
         found.append((("recompute", "full"),))
-    if layout.dp > 1 and not layout.zero and plan.weight_policy == "flush":
-        found.append((("zero", 1),))
+    if layout.dp > 1 and plan.weight_policy == "flush":
+        # Each higher ZeRO stage splits one more part of the state across the replicas (ZeRO §5).
+        found.extend((("zero", stage),) for stage in range(layout.zero + 1, 4))
     for grow in ("tp", "pp"):
         for shrink in ("dp", "pp" if grow == "tp" else "tp"):
             if getattr(layout, shrink) % 2 == 0:

@@ -98,8 +98,8 @@ def make_parser() -> argparse.ArgumentParser:
                        help="default: powers of two up to the global batch per replica")
     space.add_argument("--sequence-parallel", type=_listed(_switch, (False, True), "on/off"), default=(False, True),
                        help="off, on or off,on (default; applies where TP > 1)")
-    space.add_argument("--zero", type=_listed(int, (0, 1), "ZeRO stage"), default=(0, 1),
-                       help="ZeRO stages (default 0,1; 1 applies where DP > 1)")
+    space.add_argument("--zero", type=_listed(int, (0, 1, 2, 3), "ZeRO stage"), default=(0, 1),
+                       help="ZeRO stages among 0,1,2,3 (default 0,1; 1 to 3 apply where DP > 1; 3 is FSDP)")
     space.add_argument("--rank-orders", type=_listed(str, (*RANK_ORDERS, "all"), "rank order"), default=("tp-dp-pp",),
                        help="how ranks nest over the devices, innermost first (default tp-dp-pp, Megatron's; 'all')")
     space.add_argument("--partitions", type=_listed(str, PARTITION_RULES, "partition rule"),

@@ -163,7 +163,9 @@ class _Screen:
                 per_rank[rank] += work
                 worst_vstage = max(worst_vstage, work)
                 update = view.compute_time(OpKind.OPT_STEP, vstage)
-                if layout.dp > 1:
+                # The step waits for the (last) gradient reduction and, under ZeRO-1 and 2, is followed by the
+                # parameters' all-gather; ZeRO-3 does both inside the forward and backward (sim.cost.fsdp).
+                if layout.dp > 1 and layout.zero < 3:
                     update += view.collective(OpKind.REDUCE_GRAD, vstage).seconds
                     if layout.zero:
                         update += view.collective(OpKind.GATHER_PARAMS, vstage).seconds

@@ -23,7 +23,7 @@ from itertools import product
 from sim.core.errors import SpecError
 from sim.cost.gpu_time import KernelModel
 from sim.hw.topology import Topology
-from sim.ir.parallel import DEFAULT_RANK_ORDER, RANK_ORDERS, Parallelism
+from sim.ir.parallel import DEFAULT_RANK_ORDER, RANK_ORDERS, ZERO_STAGES, Parallelism
 from sim.plan.inputs import PlanInputs
 from sim.schedules import SCHEDULES
 from sim.search.placement import MAX_PLACEMENTS, stage_placements
@@ -50,7 +50,7 @@ class SearchSpace:
         recompute: ``none``, ``selective`` and/or ``full``.
         microbatch_sizes: samples per microbatch; ``()``: every power of two up to the global batch per replica.
         sequence_parallel: ``False`` and/or ``True`` (applies where TP > 1).
-        zero: ZeRO stages (1 applies where DP > 1).
+        zero: ZeRO stages (1 to 3 apply where DP > 1; 3 is FSDP).
         rank_orders: nestings of the ranks over the devices, innermost first (``tp-dp-pp`` is Megatron's).
         partitions: partition rules (``balanced``: the exact DP on the oracle's costs; ``uniform``).
         settings: when not empty, the only (tp, dp, pp, microbatch size) settings searched (``--candidates``,
@@ -195,7 +195,7 @@ def check_space(space: SearchSpace) -> None:
               ("recompute", space.recompute, lambda v: v in RECOMPUTE_MODES),
               ("microbatch sizes", space.microbatch_sizes, lambda v: isinstance(v, int) and v >= 1),
               ("sequence parallel", space.sequence_parallel, lambda v: isinstance(v, bool)),
-              ("zero", space.zero, lambda v: v in (0, 1)),
+              ("zero", space.zero, lambda v: v in ZERO_STAGES),
               ("rank orders", space.rank_orders, lambda v: v in RANK_ORDERS),
               ("partitions", space.partitions, lambda v: isinstance(v, str) and v != ""))
     for name, values, ok in checks:

@@ -44,8 +44,10 @@ def _random_inputs(rng):
     layers = 8 if schedule != "interleaved" else 8 * 2
     model = f"gpt:layers={layers},hidden=256,heads=8,seq=128,vocab=1000"
     m = rng.choice([p, 2 * p + 1, 3 * p])
+    zero = rng.choice([0, 1, 2, 3]) if dp > 1 else 0
     return PlanInputs(model, topology, schedule, m, pp=p, tp=tp, dp=dp, chunks=2 if schedule == "interleaved" else 1,
-                      recompute=recompute, microbatch_size=rng.choice([1, 2]), zero=rng.choice([0, 1]) if dp > 1 else 0,
+                      recompute=recompute, microbatch_size=rng.choice([1, 2]), zero=zero,
+                      reshard_after_forward=zero != 3 or rng.random() < 0.5,
                       rank_order=rng.choice(["tp-dp-pp", "tp-pp-dp"]))
 
 
@@ -53,9 +55,9 @@ def test_program_order_replay_is_the_engines_peak_on_random_plans_of_every_sched
     """Oracle: the SimPy engine's peak per simulated rank. Without host copies memory changes only at a rank's own
     ops, in program order, so the replay without times must give the same bytes (module docstring of the ledger)."""
     rng = random.Random(2026)
-    seen = set()
+    seen, zeros = set(), set()
     checked = 0
-    for _ in range(200):
+    for _ in range(300):
         inputs = _random_inputs(rng)
         try:
             engine, replay = _engine_and_ledger(inputs)
@@ -63,12 +65,14 @@ def test_program_order_replay_is_the_engines_peak_on_random_plans_of_every_sched
             continue
         assert replay == engine, inputs
         seen.add((inputs.schedule, inputs.recompute_mode))
+        zeros.add((inputs.zero, inputs.reshard_after_forward))
         checked += 1
-        if checked == 36:
+        if checked == 48:
             break
-    assert checked == 36
+    assert checked == 48
     assert {schedule for schedule, _ in seen} == {"gpipe", "1f1b", "interleaved", "zb1p", "pipedream", "stream"}
     assert {mode for _, mode in seen} == {"none", "full", "selective"}
+    assert {zero for zero, _ in zeros} == {0, 1, 2, 3} and (3, False) in zeros
 
 
 def test_host_copies_are_refused_by_the_replay():

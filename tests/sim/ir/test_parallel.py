@@ -53,7 +53,9 @@ def test_json_round_trip(layout):
     ({"tp": 0}, r"^tp must be an integer >= 1, got 0"),
     ({"dp": True}, r"^dp must be an integer >= 1, got True"),
     ({"order": "tp-pp"}, r"^order must be one of .*got 'tp-pp'"),
-    ({"zero": 2, "dp": 2}, r"^zero must be one of 0, 1, got 2"),
+    ({"zero": 4, "dp": 2}, r"^zero must be one of 0, 1, 2, 3, got 4"),
+    ({"zero": 2, "dp": 2, "reshard_after_forward": False}, r"^reshard_after_forward false .*needs zero 3"),
+    ({"zero": 2, "dp": 2, "grad_overlap": True}, r"^grad_overlap buckets one reduction per step"),
     ({"zero": 1}, r"^zero 1 .*needs dp > 1"),
     ({"sequence_parallel": True}, r"^sequence_parallel .*needs tp > 1"),
 ])

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from sim.core.errors import SpecError
+from sim.cost.memory_sizes import StateShards
 from sim.cost.oracle import CostOracle
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
@@ -151,7 +152,7 @@ def test_with_the_update_amortised_it_equals_brute_force_over_partitions_and_pla
 
     cluster = Topology.parse(topology)
     graph = build_model("gpt:layers=5,hidden=512,heads=8,seq=256,vocab=4000", plan_sharding(layout, "none"))
-    oracle = CostOracle(graph, 2, None, cluster, optimizer_shards=layout.dp if layout.zero else 1)
+    oracle = CostOracle(graph, 2, None, cluster, shards=StateShards.of_zero(layout.zero, layout.dp))
     answer = joint_partition(oracle, layout, cluster, microbatches)
     best = float("inf")
     for order in stage_placements(layout, cluster, limit=10**6):

@@ -87,10 +87,11 @@ def test_the_memory_screen_is_the_engines_peak_on_random_plans_of_every_schedule
     assert {c.recompute for c in checked} == set(space.recompute)
 
 
-def test_the_memory_screen_holds_data_parallel_reduction_buffers_as_the_engine_does(tmp_path):
+def test_the_memory_screen_holds_data_parallel_buffers_as_the_engine_does(tmp_path):
     """Oracle: the engine's peak, as above, where a profile says the framework reduces a flat copy of the gradients
     and they live per step (``executor.data_parallel``): the copy is held from each REDUCE_GRAD's issue to its update,
-    which only the lowered programs (collectives included) show."""
+    which only the lowered programs (collectives included) show; and under every ZeRO stage, FSDP's gathered
+    parameters included."""
     import json
 
     from sim.models import build_model
@@ -107,7 +108,7 @@ def test_the_memory_screen_holds_data_parallel_reduction_buffers_as_the_engine_d
         "layers": [{"name": layer.name, "fwd_s": 1e-3 * (i + 1), "bwd_s": 2e-3 * (i + 1)}
                    for i, layer in enumerate(graph.layers)]}))
     space = SearchSpace(schedules=("gpipe", "1f1b", "interleaved", "zb1p"), recompute=("none", "full"),
-                        microbatch_sizes=(1,), chunks=(2,))
+                        microbatch_sizes=(1,), chunks=(2,), zero=(0, 1, 2, 3))
     problem = SearchProblem(graph.spec, "8xcpu", 16, space=space, profile=str(profile))
     topology = Topology.parse(problem.topology)
     candidates = [c for c in enumerate_candidates(problem, topology.num_ranks, topology) if c.dp > 1]
@@ -122,9 +123,9 @@ def test_the_memory_screen_holds_data_parallel_reduction_buffers_as_the_engine_d
             continue
         assert screen.peaks(candidate) == engine.peak_memory_bytes, candidate.label
         checked.append(candidate)
-        if len(checked) == 24:
+        if len(checked) == 32:
             break
-    assert {c.schedule for c in checked} == set(space.schedules) and {c.zero for c in checked} == {0, 1}
+    assert {c.schedule for c in checked} == set(space.schedules) and {c.zero for c in checked} == {0, 1, 2, 3}
 
 
 def test_plans_the_screen_says_do_not_fit_sort_behind_the_others():

@@ -169,7 +169,7 @@ def test_a_huge_space_is_rejected_by_the_default_bound():
     ("recompute", (), "no recompute"),
     ("microbatch_sizes", (0,), "microbatch sizes cannot include 0"),
     ("sequence_parallel", ("yes",), "'yes'"),
-    ("zero", (2,), "zero cannot include 2"),
+    ("zero", (4,), "zero cannot include 4"),
     ("rank_orders", ("x-y-z",), "'x-y-z'"),
     ("partitions", ("",), "''"),
 ])
