@@ -32,7 +32,7 @@ def _random_inputs(rng: random.Random) -> PlanInputs:
         model=MODEL, topology=topology, schedule=schedule, microbatches=m, microbatch_size=rng.choice([1, 2]),
         tp=tp, dp=dp, pp=pp, chunks=2 if schedule == "interleaved" else 1,
         recompute=rng.choice(["none", "full", "selective"]), sequence_parallel=tp > 1 and rng.random() < 0.5,
-        zero=int(dp > 1 and rng.random() < 0.5), partition=rng.choice(["balanced", "uniform"]),
+        zero=rng.choice([0, 1, 2, 3]) if dp > 1 else 0, partition=rng.choice(["balanced", "uniform"]),
         rank_order=rng.choice(["tp-dp-pp", "pp-dp-tp", "dp-tp-pp"]))
 
 
