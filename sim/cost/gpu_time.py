@@ -42,6 +42,13 @@ from importlib.resources import files
 
 from sim.core.errors import SpecError
 from sim.cost.kernels.block import layer_step_kernels
+from sim.cost.kernels.llama import (
+    LLAMA_COLLECTIVE_AFTER,
+    LlamaBlockShape,
+    llama_block_kernels,
+    llama_embedding_kernels,
+    llama_head_kernels,
+)
 from sim.cost.kernels.optimizer import optimizer_kernels
 from sim.cost.kernels.record import Kernel
 from sim.cost.kernels.vocab import embedding_kernels, head_kernels
@@ -185,6 +192,8 @@ def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, devic
     backward here)."""
     b, s, h, a, t = microbatch_size, part.seq, part.hidden, part.heads, part.tp
     sp, vocab = part.sequence_parallel, part.vocab
+    if part.family == "llama":
+        return _llama_layer_seconds(part, b, device, model)
     if part.part == "block":
         fwd_k, bwd_k = layer_step_kernels(b, s, h, a, t, sequence_parallel=sp,
                                             recompute="selective" if selective_recompute else "none")
@@ -200,6 +209,26 @@ def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, devic
                      set(), extra_collectives=3)
         bwd = _steps(head_kernels(b, s, h, vocab, t, sequence_parallel=sp, backward=True), device, model, t,
                      set(), extra_collectives=1)
+    return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
+
+
+def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, model: KernelModel) -> LayerSeconds:
+    """:func:`transformer_layer_seconds` of a Llama-family layer shard (:mod:`sim.cost.kernels.llama`)."""
+    s, h, vocab, t = part.seq, part.hidden, part.vocab, part.tp
+    if part.part == "block":
+        shape = LlamaBlockShape(b, s, h, part.heads, part.kv_heads, part.head_dim, part.ffn, t,
+                                qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window)
+        fwd = _steps(llama_block_kernels(shape, backward=False), device, model, t, LLAMA_COLLECTIVE_AFTER)
+        bwd = _steps(llama_block_kernels(shape, backward=True), device, model, t, LLAMA_COLLECTIVE_AFTER)
+    elif part.part == "embedding":
+        fwd = _steps(llama_embedding_kernels(b, s, h, vocab, t, backward=False), device, model, t, set(),
+                     extra_collectives=1)
+        bwd = _steps(llama_embedding_kernels(b, s, h, vocab, t, backward=True), device, model, t, set())
+    else:
+        fwd = _steps(llama_head_kernels(b, s, h, vocab, t, backward=False), device, model, t, set(),
+                     extra_collectives=3)
+        bwd = _steps(llama_head_kernels(b, s, h, vocab, t, backward=True), device, model, t, set(),
+                     extra_collectives=1)
     return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
 
 

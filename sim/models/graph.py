@@ -29,7 +29,7 @@ __all__ = ["Layer", "LayerGraph", "TransformerPart", "canonical_spec"]
 
 @dataclass(frozen=True, slots=True)
 class TransformerPart:
-    """What a GPT layer shard is, for a cost model that lists its kernels (:mod:`sim.cost.gpu_time`).
+    """What a transformer layer shard is, for a cost model that lists its kernels (:mod:`sim.cost.gpu_time`).
 
     Attributes:
         part: ``"embedding"``, ``"block"`` or ``"head"``.
@@ -37,6 +37,10 @@ class TransformerPart:
         vocab: vocabulary rows of the whole model, padded to a multiple of ``tp``.
         tp: tensor-parallel degree of the shard.
         sequence_parallel: Megatron's sequence parallelism.
+        family: ``"gpt"`` (Megatron's GPT block: LayerNorm, fused QKV, 4h GELU MLP, dropout, learned positions) or
+            ``"llama"`` (RMSNorm, rotary, grouped-query FlashAttention, SwiGLU; :mod:`sim.cost.kernels.llama`).
+        kv_heads, head_dim, ffn: the llama family's key/value heads, head dimension and SwiGLU width (0 for gpt).
+        qkv_bias, qk_norm, window: the llama family's q/k/v biases, QK-norm and sliding window (0: none).
     """
 
     part: str
@@ -46,10 +50,21 @@ class TransformerPart:
     vocab: int
     tp: int = 1
     sequence_parallel: bool = False
+    family: str = "gpt"
+    kv_heads: int = 0
+    head_dim: int = 0
+    ffn: int = 0
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    window: int = 0
 
     def __post_init__(self) -> None:
         if self.part not in ("embedding", "block", "head"):
             raise ValueError(f"transformer part must be embedding, block or head, got {self.part!r}")
+        if self.family not in ("gpt", "llama"):
+            raise ValueError(f"transformer family must be gpt or llama, got {self.family!r}")
+        if self.family == "llama" and min(self.kv_heads, self.head_dim, self.ffn) < 1:
+            raise ValueError("a llama transformer part needs kv_heads, head_dim and ffn >= 1")
         for attr in ("seq", "hidden", "heads", "vocab", "tp"):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

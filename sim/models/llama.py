@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
-from sim.models.graph import Layer, LayerGraph, canonical_spec
+from sim.models.graph import Layer, LayerGraph, TransformerPart, canonical_spec
 from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, padded_vocab
 
 __all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "DecoderShape", "build", "block_params", "block_flops_fwd",
@@ -199,16 +199,22 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
                         f"{shape.heads} and kv_heads={shape.kv_heads} in {spec!r}")
     s, h = shape.seq, shape.hidden
     vt = padded_vocab(shape.vocab, t) // t
+    # What each layer is, for the GPU kernel model (sim.cost.kernels.llama).
+    dims = dict(seq=s, hidden=h, heads=shape.heads, vocab=vt * t, tp=t, family="llama", kv_heads=shape.kv_heads,
+                head_dim=shape.head_dim, ffn=shape.ffn, qkv_bias=shape.qkv_bias, qk_norm=shape.qk_norm,
+                window=shape.window)
     full = DTYPE_BYTES * s * h  # one bf16 s × h tensor: what crosses every stage boundary
     none = Collectives()
     embed = _layer(name="embed", kind="embedding", flops_fwd=0.0, flops_bwd=0.0,  # a table lookup: no matmul
                    param_bytes=DTYPE_BYTES * embed_params(shape, t), activation_bytes=full, saved_bytes=full,
-                   fwd=all_reduce(full) if t > 1 else none, bwd=none)
+                   fwd=all_reduce(full) if t > 1 else none, bwd=none,
+                   transformer=TransformerPart("embedding", **dims))
     flops = block_flops_fwd(shape) // t
     comm = all_reduce(full, times=2) if t > 1 else none
     blocks = [_layer(name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
                      param_bytes=DTYPE_BYTES * block_params(shape, t), activation_bytes=full,
-                     saved_bytes=block_saved_bytes(shape, t), fwd=comm, bwd=comm)
+                     saved_bytes=block_saved_bytes(shape, t), fwd=comm, bwd=comm,
+                     transformer=TransformerPart("block", **dims))
               for i in range(shape.layers)]
     head = _layer(
         name="head",
@@ -224,6 +230,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
         workspace_bytes=DTYPE_BYTES * s * vt,  # bf16 logits before the cast to fp32 for the loss
         fwd=all_reduce(FP32_BYTES * s, times=3) if t > 1 else none,  # vocab-parallel cross entropy
         bwd=all_reduce(full) if t > 1 else none,  # the shards' gradients of the replicated LM head input
+        transformer=TransformerPart("head", **dims),
     )
     return LayerGraph(spec, [embed, *blocks, head], dtype_bytes=DTYPE_BYTES, input_bytes=TOKEN_ID_BYTES * s)
 

@@ -9,22 +9,25 @@ from sim.cost.kernels.attention import attention_core
 from sim.cost.kernels.elementwise import dropout_add, layer_norm, residual_grad_add
 from sim.cost.kernels.record import ADD_FLOPS, GELU_FLOPS, Kernel, check, gemm, mem
 
-__all__ = ["block_kernels", "block_parameters", "layer_step_kernels", "RECOMPUTE_MODES"]
+__all__ = ["block_kernels", "block_parameters", "layer_step_kernels", "linear_kernels", "RECOMPUTE_MODES"]
 
 #: What ``layer_step_kernels`` may recompute: nothing, the attention core (selective), or the whole block (full).
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
-def _linear(name: str, tokens: int, n_in: int, n_out: int, db: int, backward: bool, fused_bias: bool) -> list[Kernel]:
-    """Y[T×out] = X[T×in]·W[in×out]; backward: dgrad dX = dY·Wᵀ, wgrad dW = Xᵀ·dY, and the bias gradient, a column
-    sum of dY. Only the QKV linear adds its bias in the GEMM (``fused_bias``); the others are built with
-    ``skip_bias_add`` and leave it to the fused bias+GELU and bias+dropout+add kernels, whose backward yields the same
-    column sum. The wgrad writes dW in the training dtype; Megatron's gradient-accumulation fusion would instead read
-    and write an fp32 main gradient (not modelled here)."""
+def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backward: bool, fused_bias: bool, *,
+                   bias_grad: bool = True) -> list[Kernel]:
+    """Y[T×out] = X[T×in]·W[in×out]; backward: dgrad dX = dY·Wᵀ, wgrad dW = Xᵀ·dY, and (``bias_grad``) the bias
+    gradient, a column sum of dY. In a GPT block only the QKV linear adds its bias in the GEMM (``fused_bias``); the
+    others are built with ``skip_bias_add`` and leave it to the fused bias+GELU and bias+dropout+add kernels, whose
+    backward yields the same column sum. The wgrad writes dW in the training dtype; Megatron's gradient-accumulation
+    fusion would instead read and write an fp32 main gradient (not modelled here)."""
     if not backward:
         return [gemm(name, tokens, n_out, n_in, db, bias=fused_bias)]
     kernels = [gemm(name + "_dgrad", tokens, n_in, n_out, db), gemm(name + "_wgrad", n_in, n_out, tokens, db)]
-    kernels.append(mem(name + "_bias_grad", "elementwise", tokens * n_out, ADD_FLOPS, (tokens * n_out + n_out) * db))
+    if bias_grad:
+        kernels.append(mem(name + "_bias_grad", "elementwise", tokens * n_out, ADD_FLOPS,
+                           (tokens * n_out + n_out) * db))
     return kernels
 
 
@@ -63,28 +66,28 @@ def block_kernels(b: int, s: int, h: int, a: int, t: int, *, sequence_parallel: 
     if not backward:
         return tuple([
             layer_norm("input_layernorm", norm_tokens, h, db, False),
-            *_linear("qkv", tokens, h, 3 * hp, db, False, True),
+            *linear_kernels("qkv", tokens, h, 3 * hp, db, False, True),
             *attention,
-            *_linear("attention_output", tokens, hp, h, db, False, False),
+            *linear_kernels("attention_output", tokens, hp, h, db, False, False),
             dropout_add("attention_dropout_add", norm_tokens, h, db, False),
             layer_norm("post_attention_layernorm", norm_tokens, h, db, False),
-            *_linear("mlp_up", tokens, h, ffn, db, False, False),
+            *linear_kernels("mlp_up", tokens, h, ffn, db, False, False),
             mem("bias_gelu", "elementwise", tokens * ffn, GELU_FLOPS, (2 * tokens * ffn + ffn) * db),
-            *_linear("mlp_down", tokens, ffn, h, db, False, False),
+            *linear_kernels("mlp_down", tokens, ffn, h, db, False, False),
             dropout_add("mlp_dropout_add", norm_tokens, h, db, False),
         ])
     return tuple([
         dropout_add("mlp_dropout_add", norm_tokens, h, db, True),
-        *_linear("mlp_down", tokens, ffn, h, db, True, False),
+        *linear_kernels("mlp_down", tokens, ffn, h, db, True, False),
         # reads dY and the saved GELU input, writes dX
         mem("bias_gelu_bwd", "elementwise", tokens * ffn, 2 * GELU_FLOPS, 3 * tokens * ffn * db),
-        *_linear("mlp_up", tokens, h, ffn, db, True, False),
+        *linear_kernels("mlp_up", tokens, h, ffn, db, True, False),
         layer_norm("post_attention_layernorm", norm_tokens, h, db, True),
         residual_grad_add("attention_residual_grad_add", norm_tokens, h, db),
         dropout_add("attention_dropout_add", norm_tokens, h, db, True),
-        *_linear("attention_output", tokens, hp, h, db, True, False),
+        *linear_kernels("attention_output", tokens, hp, h, db, True, False),
         *attention,
-        *_linear("qkv", tokens, h, 3 * hp, db, True, True),
+        *linear_kernels("qkv", tokens, h, 3 * hp, db, True, True),
         layer_norm("input_layernorm", norm_tokens, h, db, True),
         residual_grad_add("input_residual_grad_add", norm_tokens, h, db),
     ])
