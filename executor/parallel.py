@@ -100,8 +100,8 @@ def check_parallel(plan: Plan) -> None:
         raise SpecError(f"the executor does not implement sequence parallelism (plan: {layout.describe()}); "
                         f"simulate it with sim.run, run the plan without --sequence-parallel")
     model = parse_spec(plan.model)[0]
-    if layout.tp > 1 and model != "gpt":
-        raise SpecError(f"tensor parallelism (tp = {layout.tp}) is implemented for gpt only, not {model!r}")
+    if layout.tp > 1 and model not in ("gpt", "llama"):
+        raise SpecError(f"tensor parallelism (tp = {layout.tp}) is implemented for gpt and llama only, not {model!r}")
     if layout.zero >= 2:
         raise SpecError(f"the executor runs ZeRO stages 0 and 1; ZeRO-{layout.zero} (plan: {layout.describe()}) is "
                         f"simulated only so far: simulate it with sim.run, run the plan with --zero 0 or 1")
@@ -140,8 +140,10 @@ def build_process(plan: Plan, place: Place, groups: tuple[Any, Any], *, seed: in
     stages: dict[int, nn.Module] = {}
     comm, loss = None, loss_fn(plan.model)
     if layout.tp > 1:
-        from executor.nn.gpt_parallel import parallel_loss, shard_layer
+        from executor.nn.gpt_parallel import parallel_loss
         from executor.nn.tensor_parallel import TensorParallelComm
+
+        shard_layer = _parallel_module(plan.model).shard_layer
 
         sync = torch.cuda.synchronize if device.type == "cuda" else None
         comm = TensorParallelComm(groups[0], layout.tp, place.tp, sync=sync)
@@ -174,8 +176,7 @@ def save_state(directory: str, plan: Plan, place: Place, model: ProcessModel, tp
     for v, stage in sorted(model.stages.items()):
         state = {key: tensor.detach().cpu() for key, tensor in stage.state_dict().items()}
         if plan.layout.tp > 1:
-            from executor.nn.gpt_parallel import unshard_state
-
+            unshard_state = _parallel_module(plan.model).unshard_state
             shards: list[Any] = [None] * plan.layout.tp
             dist.all_gather_object(shards, state, group=tp_group)
             if place.tp != 0:
@@ -183,6 +184,13 @@ def save_state(directory: str, plan: Plan, place: Place, model: ProcessModel, tp
             state = _unshard_stage(shards, int(parse_spec(plan.model)[1]["vocab"]), unshard_state)
         Path(directory).mkdir(parents=True, exist_ok=True)
         torch.save(state, Path(directory, f"stage{v}.pt"))
+
+
+def _parallel_module(model: str) -> Any:
+    """The module of ``model``'s tensor-parallel shards (its ``shard_layer`` and ``unshard_state``)."""
+    from executor.nn import gpt_parallel, llama_parallel
+
+    return {"gpt": gpt_parallel, "llama": llama_parallel}[parse_spec(model)[0]]
 
 
 def _unshard_stage(shards: list[Mapping[str, torch.Tensor]], vocab: int, unshard) -> dict[str, torch.Tensor]:

@@ -55,11 +55,18 @@ _SPLITS = {
 _LOCAL_NAME = {"proj.bias": "proj_bias", "down.bias": "down_bias"}
 
 
-def shard_state(state: Mapping[str, Tensor], t: int, size: int) -> dict[str, Tensor]:
-    """Shard ``t`` of ``size`` of a whole layer's state dict, under the shard module's names (copies)."""
+def shard_state(state: Mapping[str, Tensor], t: int, size: int, *, splits: Mapping[str, str] = _SPLITS,
+                local_names: Mapping[str, str] = _LOCAL_NAME) -> dict[str, Tensor]:
+    """Shard ``t`` of ``size`` of a whole layer's state dict, under the shard module's names (copies).
+
+    Args:
+        splits: how each parameter is split, by its whole-layer name (:data:`_SPLITS`'s kinds; the gpt layers'
+            by default, ``executor.nn.llama_parallel`` passes its own).
+        local_names: whole-layer names that the shard module names otherwise.
+    """
     shards: dict[str, Tensor] = {}
     for name, full in state.items():
-        how = _SPLITS.get(name)
+        how = splits.get(name)
         if how == "vocab":
             rows = padded_vocab(full.shape[0], size)
             full = torch.cat([full, full.new_zeros(rows - full.shape[0], *full.shape[1:])])
@@ -71,23 +78,25 @@ def shard_state(state: Mapping[str, Tensor], t: int, size: int) -> dict[str, Ten
             part = full.chunk(size, dim=1)[t]
         else:
             part = full
-        shards[_LOCAL_NAME.get(name, name)] = part.clone()
+        shards[local_names.get(name, name)] = part.clone()
     return shards
 
 
-def unshard_state(shards: Sequence[Mapping[str, Tensor]], vocab: int) -> dict[str, Tensor]:
+def unshard_state(shards: Sequence[Mapping[str, Tensor]], vocab: int, *, splits: Mapping[str, str] = _SPLITS,
+                  local_names: Mapping[str, str] = _LOCAL_NAME) -> dict[str, Tensor]:
     """The whole layer's state dict from its shards' (in shard order): the inverse of :func:`shard_state`.
 
     Args:
         shards: each shard module's ``state_dict()``, shard 0 first.
         vocab: V, the model's vocabulary: vocabulary-parallel tables lose their padding rows.
+        splits, local_names: as for :func:`shard_state`.
     """
     whole: dict[str, Tensor] = {}
-    back = {local: name for name, local in _LOCAL_NAME.items()}
+    back = {local: name for name, local in local_names.items()}
     for local in shards[0]:
         name = back.get(local, local)
         parts = [shard[local] for shard in shards]
-        how = _SPLITS.get(name)
+        how = splits.get(name)
         if how == "qkv":
             whole[name] = torch.cat([torch.cat([p.chunk(3, dim=0)[k] for p in parts]) for k in range(3)])
         elif how in ("rows", "vocab"):

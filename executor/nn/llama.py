@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from sim.core.errors import SpecError
 
 __all__ = ["INIT_STD", "ROPE_BASE", "LlamaEmbedding", "LlamaBlock", "LlamaHead", "check_values", "make_layer",
-           "make_batch", "loss"]
+           "make_batch", "loss", "rotation", "window_mask"]
 
 INIT_STD = 0.02
 ROPE_BASE = 10_000.0
@@ -60,6 +60,25 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     angle (the half-split pairing of the HuggingFace Llama code)."""
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+def rotation(head_dim: int, s: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos and sin of every position's rotary angles, (s, d), the two halves repeated (RoFormer §3.4.2, base
+    :data:`ROPE_BASE`)."""
+    inverse = ROPE_BASE ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(s, device=device, dtype=torch.float32), inverse)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def window_mask(window: int, s: int, device: torch.device) -> Tensor | None:
+    """The sliding window's boolean mask (query i sees keys i − window < j ≤ i), or ``None`` for plain causal
+    attention (no window, or one no shorter than the sequence)."""
+    if not window or window >= s:
+        return None
+    position = torch.arange(s, device=device)
+    offset = position[:, None] - position[None, :]
+    return (offset >= 0) & (offset < window)
 
 
 class LlamaBlock(nn.Module):
@@ -107,21 +126,6 @@ class LlamaBlock(nn.Module):
                 if linear.bias is not None:
                     linear.bias.zero_()
 
-    def _rotation(self, s: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """cos and sin of every position's angles, (s, d), the two halves repeated."""
-        inverse = ROPE_BASE ** (-torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim)
-        angles = torch.outer(torch.arange(s, device=device, dtype=torch.float32), inverse)
-        angles = torch.cat((angles, angles), dim=-1)
-        return angles.cos(), angles.sin()
-
-    def _mask(self, s: int, device: torch.device) -> Tensor | None:
-        """The sliding window's boolean mask (query i sees keys i − window < j ≤ i), or ``None`` for plain causal."""
-        if not self.window or self.window >= s:
-            return None
-        position = torch.arange(s, device=device)
-        offset = position[:, None] - position[None, :]
-        return (offset >= 0) & (offset < self.window)
-
     def forward(self, x: Tensor) -> Tensor:
         """(n, s, h) fp32 hidden states → the same shape."""
         n, s, _ = x.shape
@@ -131,9 +135,9 @@ class LlamaBlock(nn.Module):
         v = self.v(normed).unflatten(-1, (self.kv_heads, self.head_dim)).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = self._rotation(s, x.device)
+        cos, sin = rotation(self.head_dim, s, x.device)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        mask = self._mask(s, x.device)
+        mask = window_mask(self.window, s, x.device)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                                   enable_gqa=self.kv_heads != self.heads)
         x = x + self.o(attended.transpose(1, 2).reshape(n, s, self.heads * self.head_dim))

@@ -121,7 +121,7 @@ def plans(tmp_path_factory):
      "plan has TP 2 × DP 1 × PP 2 = 4 devices but its topology '2xcpu' has 2 device(s)"),
     ("sp", None, (), "does not implement sequence parallelism"),
     ("tp2pp2", lambda d: d.update(model="cnn:features=4,kernel=3,layers=2,size=8"), (),
-     "tensor parallelism (tp = 2) is implemented for gpt only, not 'cnn'"),
+     "tensor parallelism (tp = 2) is implemented for gpt and llama only, not 'cnn'"),
     ("dp2", lambda d: d.update(weight_policy="stash"), (), "1f1b has 'stash' weights"),
     ("tp2pp2", None, ("--calibrate-out", "{tmp}/cal.json"), "--calibrate-out profiles whole layers"),
     ("tp2pp2", None, ("--inject-failure", "4:0F0"), "the rank must be 0..3"),

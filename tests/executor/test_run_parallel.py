@@ -96,3 +96,25 @@ def test_a_3d_plan_trains_like_one_process_on_the_global_batch(tmp_path, name, d
         assert compare["ops"][kind]["predicted_mean_s"] > 0 and compare["ops"][kind]["measured_mean_s"] > 0, kind
     assert compare["parallel"]["measured_rows"] == devices
     assert compare["parallel"]["predicted_rows"] == layout.pp  # identical replicas: one simulated
+
+
+# Grouped-query attention (4 query heads over 2 key/value heads: one of each kind per shard) with Qwen 2's biases and
+# Qwen 3's QK-norm; vocabulary 51, padded per shard.
+LLAMA = "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=51,seq=8,qkv_bias=1,qk_norm=1"
+
+
+def test_a_llama_plan_with_tensor_parallelism_recomputation_and_a_pipeline_trains_like_one_process(tmp_path):
+    assert sim_main(["--topology", "4xcpu", "--model", LLAMA, "--partition", "uniform", "--no-gantt", "--tp", "2",
+                     "--pp", "2", "-m", "2", "--recompute", "--out", str(tmp_path / "sim")]) == 0
+    plan_path = tmp_path / "sim" / "plan.json"
+    plan = Plan.loads(plan_path.read_text())
+    out, state = tmp_path / "real", tmp_path / "state"
+    result = execute(plan_path, out, "--warmup", str(WARMUP), "--iterations", str(ITERATIONS), "--optimizer", "sgd",
+                     "--save-state", str(state), "--no-gantt", "--threads", "1")
+    assert result.returncode == 0, result.stderr
+    reference = train_reference(LLAMA, steps=WARMUP + ITERATIONS, num_microbatches=2, microbatch_size=1,
+                                optimizer="sgd")
+    assert_state_equals(merged_state(state, plan.num_vstages), reference.state, spec=LLAMA, atol=1e-7)
+    losses = json.loads((out / "metrics.json").read_text())["measurement"]["losses"]
+    for got, want in zip(losses, reference.losses, strict=True):
+        assert got == pytest.approx(list(want), rel=1e-6)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from executor.nn.llama import LlamaBlock, _rotate
+from executor.nn.llama import LlamaBlock, _rotate, rotation
 from executor.nn.stages import boundary_specs, build_layers, check_torch_model
 from sim.core.errors import SpecError
 from sim.core.spec import parse_spec
@@ -58,7 +58,7 @@ def _brute_force_attention(block: LlamaBlock, x: torch.Tensor) -> torch.Tensor:
     q = block.q(normed).unflatten(-1, (block.heads, block.head_dim)).transpose(1, 2)
     k = block.k(normed).unflatten(-1, (block.kv_heads, block.head_dim)).transpose(1, 2)
     v = block.v(normed).unflatten(-1, (block.kv_heads, block.head_dim)).transpose(1, 2)
-    cos, sin = block._rotation(s, x.device)
+    cos, sin = rotation(block.head_dim, s, x.device)
     q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
     out = torch.zeros_like(q)
     group = block.heads // block.kv_heads
@@ -85,3 +85,24 @@ def test_what_the_executor_does_not_run_is_refused_before_building():
         check_torch_model("llama:layers=1,hidden=32,heads=2,kv_heads=1,ffn=64,vocab=50,seq=8,tied=1")
     with pytest.raises(SpecError, match="head dimension must be even, got 5"):
         check_torch_model("llama:layers=1,hidden=32,heads=2,kv_heads=1,ffn=64,vocab=50,seq=8,head_dim=5")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_tensor_parallel_shards_have_the_simulators_counts_and_put_back_together_bitwise(tp):
+    from executor.nn.llama_parallel import shard_layer, unshard_state
+    from executor.nn.tensor_parallel import TensorParallelComm
+    from sim.models.sharding import Sharding
+
+    spec = "llama:layers=1,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=51,seq=16,qkv_bias=1,qk_norm=1"
+    graph = build_model(spec, Sharding(tp=tp))
+    values = {key: int(value) for key, value in parse_spec(graph.spec)[1].items()}
+    layers = build_layers(spec, seed=3)
+    shards = [[shard_layer(layer, values, TensorParallelComm(None, tp, t)) for layer in layers] for t in range(tp)]
+    for t in range(tp):
+        assert [sum(p.numel() for p in shard.parameters()) for shard in shards[t]] == [
+            graph.param_count(i) for i in range(len(graph))]
+    for i, layer in enumerate(layers):
+        back = unshard_state([shards[t][i].state_dict() for t in range(tp)], vocab=51)
+        assert sorted(back) == sorted(layer.state_dict())
+        for name, tensor in layer.state_dict().items():
+            assert torch.equal(back[name], tensor), name
