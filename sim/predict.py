@@ -96,7 +96,8 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
                              cuda_graphs=bool(plan.option("cuda_graphs", False)))
     elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.shards,
           oracle.cuda_graphs) != (plan.model, plan.microbatch_size, profile, topology,
-                                  StateShards.of_zero(layout.zero, layout.dp), bool(plan.option("cuda_graphs", False))):
+                                  StateShards.of_zero(layout.zero, layout.dp_shard),
+                                  bool(plan.option("cuda_graphs", False))):
         raise ValueError(f"the cost oracle is for {oracle.graph.spec} at {oracle.microbatch_size} sample(s) per "
                          f"microbatch, not this plan's {plan.model} at {plan.microbatch_size}, or for another "
                          f"profile, topology or ZeRO sharding")

@@ -36,7 +36,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: an error the library raises about one (``tp must be an integer >= 1``) is printed as the user typed it (``--tp must
 #: be ...``; :func:`sim.core.errors.run_cli`), and a memory remedy is offered as the flags that make it.
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "order": "--rank-order", "zero": "--zero",
-         "reshard_after_forward": "--no-reshard-after-forward",
+         "reshard_after_forward": "--no-reshard-after-forward", "dp_replicate": "--dp-replicate",
          "sequence_parallel": "--sequence-parallel", "grad_overlap": "--grad-overlap", "devices": "--devices",
          "partition": "--partition", "chunks": "--chunks", "recompute": "--recompute",
          "microbatch_size": "--microbatch-size", "global_batch": "--global-batch", "schedule": "--schedule",
@@ -105,6 +105,9 @@ def make_parser() -> argparse.ArgumentParser:
                      "reduce-scattered once per step, parameters all-gathered after it), 2 also the gradients "
                      "(reduce-scattered after every microbatch), 3 also the parameters (FSDP: each layer gathered "
                      "before its forward and backward, overlapped with its neighbours' compute)")
+    par.add_argument("--dp-replicate", type=int, default=1, metavar="R",
+                     help="with --zero 3, HSDP: the --dp replicas form R groups, each sharding the state among its "
+                     "dp/R members, the groups all-reducing each layer's gradient shard (default 1: plain FSDP)")
     par.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
                      help="with --zero 3, keep each layer's gathered parameters from its forward to its backward "
                      "(FSDP's reshard_after_forward=False): one gather fewer per microbatch, more memory")
@@ -156,7 +159,8 @@ def _run(argv: list[str] | None) -> int:
         schedule_file=args.schedule_file, chunks=1 if args.chunks is None else args.chunks,
         recompute=args.recompute or "none", vertical_sync=args.vertical_sync, tp=args.tp, dp=args.dp, pp=args.pp,
         global_batch=args.global_batch, rank_order=args.rank_order, sequence_parallel=args.sequence_parallel,
-        zero=args.zero, reshard_after_forward=args.reshard_after_forward, grad_overlap=args.grad_overlap,
+        zero=args.zero, reshard_after_forward=args.reshard_after_forward, dp_replicate=args.dp_replicate,
+        grad_overlap=args.grad_overlap,
         devices=args.devices, fps=args.fps, cuda_graphs=args.cuda_graphs,
     )
     built = build_plan(inputs)
@@ -248,6 +252,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--tp", args.tp != 1), ("--dp", args.dp != 1), ("--pp", args.pp is not None),
                         ("--global-batch", args.global_batch is not None), ("--zero", args.zero != 0),
                         ("--no-reshard-after-forward", not args.reshard_after_forward),
+                        ("--dp-replicate", args.dp_replicate != 1),
                         ("--sequence-parallel", args.sequence_parallel), ("--grad-overlap", args.grad_overlap),
                         ("--vertical-sync", args.vertical_sync), ("--microbatches", args.microbatches is not None),
                         ("--profile", args.profile is not None)):

@@ -93,7 +93,7 @@ def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfil
     (default: the built-in constants; a written plan records none). ``build_plan`` makes its plan's oracle here, and
     ``sim.predict`` makes a written plan's, so the two are the same oracle."""
     return CostOracle(graph, microbatch_size, profile, topology, cuda_graphs=cuda_graphs,
-                      shards=StateShards.of_zero(layout.zero, layout.dp), kernel_model=kernel_model)
+                      shards=StateShards.of_zero(layout.zero, layout.dp_shard), kernel_model=kernel_model)
 
 
 class CostModel:
@@ -183,6 +183,9 @@ class CostModel:
             if layout.zero == 3:  # each layer gathered and scattered inside the forward and backward
                 gather = self._fsdp_collectives("all_gather", rank, start, end, device)
                 scatter = self._fsdp_collectives("reduce_scatter", rank, start, end, device)
+                if layout.dp_replicate > 1:  # HSDP: each gradient shard then all-reduced across the shard groups
+                    across = self._fsdp_collectives("all_reduce", rank, start, end, device)
+                    scatter = [a + b for a, b in zip(scatter, across)]
                 f_total = fsdp.forward_seconds(costs.fwd[start:end], gather)
                 b = fsdp.backward_seconds(costs.bwd[start:end], gather if layout.reshard_after_forward else None,
                                           scatter)
@@ -197,12 +200,22 @@ class CostModel:
     def _fsdp_collectives(self, name: str, pipeline_rank: int, start: int, end: int,
                           device: DeviceSpec) -> list[float]:
         """Under ZeRO-3, the seconds of each layer's all-gather of its parameters or reduce-scatter of its gradients
-        (``name``) over the data-parallel groups of ``pipeline_rank``, every tensor shard's group at once."""
+        (``name``) over the shard groups of ``pipeline_rank`` (the data-parallel groups without HSDP), every tensor
+        shard's and every HSDP group's at once; or (``all_reduce``, HSDP) of the all-reduce of each layer's gradient
+        shard across the replicate groups."""
         layout = self.layout
-        groups = tuple(layout.dp_group(pipeline_rank, t) for t in range(layout.tp))
+        if name == "all_reduce":
+            groups = tuple(layout.replicate_group(pipeline_rank, t, i) for t in range(layout.tp)
+                           for i in range(layout.dp_shard))
+        else:
+            groups = tuple(layout.shard_group(pipeline_rank, t, g) for t in range(layout.tp)
+                           for g in range(layout.dp_replicate))
+        if len(groups[0]) == 1:
+            return [0.0] * (end - start)  # a group of one has nothing to exchange
         memory = self.oracle.memory
         sizes = (memory.param_bytes(i, i + 1, device) if name == "all_gather" else
-                 memory.gradient_bytes(i, i + 1, device) for i in range(start, end))
+                 memory.gradient_bytes(i, i + 1, device) // (layout.dp_shard if name == "all_reduce" else 1)
+                 for i in range(start, end))
         return [self.oracle.collective(name, groups, nbytes).seconds if nbytes else 0.0 for nbytes in sizes]
 
     def compute_time(self, kind: OpKind, vstage: int) -> float:

@@ -40,8 +40,8 @@ RANK_ORDERS = tuple("-".join(order) for order in permutations(("tp", "dp", "pp")
 #: PyTorch's FSDP).
 ZERO_STAGES = (0, 1, 2, 3)
 
-_FIELDS = frozenset({"tp", "dp", "pp", "order", "sequence_parallel", "zero", "reshard_after_forward", "grad_overlap",
-                     "devices"})
+_FIELDS = frozenset({"tp", "dp", "pp", "order", "sequence_parallel", "zero", "reshard_after_forward", "dp_replicate",
+                     "grad_overlap", "devices"})
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,10 @@ class Parallelism:
             default) and gather them again for the backward; False keeps them from the forward to the backward
             (``reshard_after_forward=False``, as Llama 3 trained), one gather fewer per microbatch for the memory of
             the stage's whole parameters. Meaningless, and so always True, below ZeRO-3.
+        dp_replicate: under ZeRO-3, HSDP (hybrid sharding): the D replicas form ``dp_replicate`` groups of
+            ``D / dp_replicate`` that each shard the state among themselves (the shard groups: consecutive data-parallel
+            ranks, innermost, as torchtitan's mesh nests them), and the groups replicate each other, all-reducing
+            each layer's gradient shard after its reduce-scatter (``sim.cost.fsdp``). 1 (the default) is plain FSDP.
         grad_overlap: the data-parallel reduction of a stage's gradients runs in buckets while its last backward
             produces them (PyTorch DDP's bucketed all-reduce, Megatron's ``--overlap-grad-reduce``), instead of after
             the rank's whole backward pass (Megatron's default).
@@ -80,6 +84,7 @@ class Parallelism:
     sequence_parallel: bool = False
     zero: int = 0
     reshard_after_forward: bool = True
+    dp_replicate: int = 1
     grad_overlap: bool = False
     devices: tuple[int, ...] = ()
 
@@ -104,6 +109,12 @@ class Parallelism:
         if not self.reshard_after_forward and self.zero != 3:
             raise SpecError("{reshard_after_forward} false keeps gathered parameters between forward and backward; "
                             "it needs {zero} 3 (parameters split across replicas)", "reshard_after_forward", "zero")
+        if isinstance(self.dp_replicate, bool) or not isinstance(self.dp_replicate, int) or self.dp_replicate < 1:
+            raise SpecError(f"{{dp_replicate}} must be an integer >= 1, got {self.dp_replicate!r}", "dp_replicate")
+        if self.dp_replicate > 1 and (self.zero != 3 or self.dp % self.dp_replicate):
+            raise SpecError(f"{{dp_replicate}} {self.dp_replicate} splits the {{dp}} {self.dp} replicas into groups "
+                            f"that shard the state (HSDP): it needs {{zero}} 3 and to divide {{dp}}", "dp_replicate",
+                            "zero", "dp")
         if self.grad_overlap and self.zero >= 2:
             raise SpecError(f"{{grad_overlap}} buckets one reduction per step; {{zero}} {self.zero} already reduces "
                             f"each microbatch's gradients as its backward makes them", "grad_overlap", "zero")
@@ -177,6 +188,23 @@ class Parallelism:
         """Devices that hold the same shard of pipeline rank ``pp`` in every replica (they reduce gradients)."""
         return tuple(self.device(pp, d, tp) for d in range(self.dp))
 
+    @property
+    def dp_shard(self) -> int:
+        """Replicas that split the training state among themselves: ``dp`` (all of them), or under HSDP
+        ``dp / dp_replicate``."""
+        return self.dp // self.dp_replicate
+
+    def shard_group(self, pp: int, tp: int, group: int) -> tuple[int, ...]:
+        """Devices of HSDP shard group ``group`` (``0 <= group < dp_replicate``) of pipeline rank ``pp``, shard ``tp``:
+        data-parallel ranks ``group·S .. group·S + S − 1`` (S = :attr:`dp_shard`); the whole data-parallel group
+        without HSDP."""
+        size = self.dp_shard
+        return tuple(self.device(pp, d, tp) for d in range(group * size, (group + 1) * size))
+
+    def replicate_group(self, pp: int, tp: int, index: int) -> tuple[int, ...]:
+        """Devices that hold the same state shard ``index`` (``0 <= index < dp_shard``) in every HSDP shard group."""
+        return tuple(self.device(pp, d, tp) for d in range(index, self.dp, self.dp_shard))
+
     def pp_group(self, dp: int, tp: int) -> tuple[int, ...]:
         """Devices of one pipeline: pipeline ranks 0..P−1 of replica ``dp``, shard ``tp``."""
         return tuple(self.device(p, dp, tp) for p in range(self.pp))
@@ -195,7 +223,8 @@ class Parallelism:
         if self.sequence_parallel:
             extras.append("sequence parallel")
         if self.zero:
-            extras.append(f"ZeRO-{self.zero}" + ("" if self.reshard_after_forward else ", kept gathered after forward"))
+            extras.append(f"ZeRO-{self.zero}" + ("" if self.reshard_after_forward else ", kept gathered after forward")
+                          + (f", HSDP {self.dp_replicate} × {self.dp_shard}" if self.dp_replicate > 1 else ""))
         if self.grad_overlap:
             extras.append("gradient reduction overlapped")
         if self.devices:
@@ -210,6 +239,7 @@ class Parallelism:
         return {"tp": self.tp, "dp": self.dp, "pp": self.pp, "order": self.order,
                 "sequence_parallel": self.sequence_parallel, "zero": self.zero,
                 **({} if self.reshard_after_forward else {"reshard_after_forward": False}),
+                **({"dp_replicate": self.dp_replicate} if self.dp_replicate > 1 else {}),
                 "grad_overlap": self.grad_overlap,
                 **({"devices": list(self.devices)} if self.devices else {}), "groups": self.groups()}
 
@@ -223,7 +253,7 @@ class Parallelism:
         if unknown:
             raise SpecError(f"{source}: parallel has unknown field(s) {', '.join(map(repr, unknown))}; it has "
                             f"{', '.join(sorted(_FIELDS | {'groups'}))}")
-        for key in ("tp", "dp", "pp", "zero"):
+        for key in ("tp", "dp", "pp", "zero", "dp_replicate"):
             value = data.get(key, 0 if key == "zero" else 1)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(f"{source}: parallel.{key} must be an integer, got {value!r}")
@@ -237,6 +267,7 @@ class Parallelism:
                      order=str(data.get("order", DEFAULT_RANK_ORDER)),
                      sequence_parallel=data.get("sequence_parallel", False), zero=data.get("zero", 0),
                      reshard_after_forward=data.get("reshard_after_forward", True),
+                     dp_replicate=data.get("dp_replicate", 1),
                      grad_overlap=data.get("grad_overlap", False), devices=tuple(devices))
         if layout.pp != pp:
             raise SpecError(f"{source}: parallel.pp is {layout.pp} but the plan has {pp} rank programs")

@@ -1,10 +1,11 @@
 """What the user chose, as ``sim.run`` and ``sim.search`` take it: the one record a plan is built from.
 
 Its fields are the command line's flags, one for one, so that a search candidate (``sim.search.space``) and a
-``sim.run`` invocation describe a plan the same way and print back as the same command. Nine of them (``tp``,
-``dp``, ``pp``, ``rank_order``, ``sequence_parallel``, ``zero``, ``reshard_after_forward``, ``grad_overlap``,
-``devices``) are the user's side of :class:`sim.ir.parallel.Parallelism`; :func:`sim.plan.layout.plan_layout` is
-the one place they become one, checked against the topology (``pp`` may be left to it).
+``sim.run`` invocation describe a plan the same way and print back as the same command. Ten of them (``tp``,
+``dp``, ``pp``, ``rank_order``, ``sequence_parallel``, ``zero``, ``reshard_after_forward``, ``dp_replicate``,
+``grad_overlap``, ``devices``) are the user's side of :class:`sim.ir.parallel.Parallelism`;
+:func:`sim.plan.layout.plan_layout` is the one place they become one, checked against the topology (``pp`` may be
+left to it).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class PlanInputs:
         zero: ZeRO stage, 0 to 3 (``--zero``; 3 is FSDP).
         reshard_after_forward: under ZeRO-3, gather each layer's parameters again for its backward (the default);
             False keeps them from forward to backward (``--no-reshard-after-forward``).
+        dp_replicate: under ZeRO-3, HSDP's replicate degree (``--dp-replicate``; 1: plain FSDP).
         grad_overlap: reduce gradients in buckets during the last backward (``--grad-overlap``).
         devices: the device of each position of the rank order (``--devices``, a permutation; ``()``: in order).
         kernel_model: the GPU kernel model's software constants (default: the built-in, fitted ones).
@@ -73,6 +75,7 @@ class PlanInputs:
     sequence_parallel: bool = False
     zero: int = 0
     reshard_after_forward: bool = True
+    dp_replicate: int = 1
     grad_overlap: bool = False
     kernel_model: KernelModel | None = None
     devices: tuple[int, ...] = ()

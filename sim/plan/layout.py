@@ -28,7 +28,8 @@ def plan_layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
     # The layout checks its own fields (one line naming the flag and value) before they are multiplied here.
     asked = Parallelism(tp=inputs.tp, dp=inputs.dp, pp=1 if inputs.pp is None else inputs.pp,
                         order=inputs.rank_order, sequence_parallel=inputs.sequence_parallel, zero=inputs.zero,
-                        reshard_after_forward=inputs.reshard_after_forward, grad_overlap=inputs.grad_overlap)
+                        reshard_after_forward=inputs.reshard_after_forward, dp_replicate=inputs.dp_replicate,
+                        grad_overlap=inputs.grad_overlap)
     if inputs.devices and len(inputs.devices) != asked.tp * asked.dp * (inputs.pp or 1) and inputs.pp is not None:
         raise SpecError(f"--devices lists {len(inputs.devices)} devices, --tp {asked.tp} × --dp {asked.dp} × --pp "
                         f"{inputs.pp} uses {asked.tp * asked.dp * inputs.pp}")

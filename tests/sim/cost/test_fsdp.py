@@ -115,3 +115,36 @@ def test_what_is_not_modelled_is_refused(inputs, message):
     schedule = inputs.pop("schedule", "1f1b")
     with pytest.raises(SpecError, match=message):
         _built(schedule=schedule, **inputs)
+
+
+def test_hsdp_shards_within_groups_and_replicates_across_them():
+    # dp 4 as 2 groups of 2: the state split over 2 (ZeRO §5's 16/N_d with N_d = 2); the shard groups are consecutive
+    # data-parallel ranks, the replicate groups their counterparts.
+    hsdp, fsdp_over_two = _built(3, dp_replicate=2), build_plan(PlanInputs(GPT, "2x2xA100", "1f1b", microbatches=4,
+                                                                            dp=2, pp=2, zero=3))
+    layout = hsdp.plan.layout
+    assert layout.dp_shard == 2 and layout.shard_group(0, 0, 1) == (2, 3) and layout.replicate_group(0, 0, 0) == (0, 2)
+    a, b = predict_built(hsdp).costs, predict_built(fsdp_over_two).costs
+    assert [a.state_bytes(v) for v in range(2)] == [b.state_bytes(v) for v in range(2)]
+    # The same gathers and scatters as FSDP over 2 (two groups at once, which can only slow them), and each gradient
+    # shard all-reduced across the groups on top: the backward takes at least as long, the forward as long or more.
+    assert a.compute_time(OpKind.B, 0) > b.compute_time(OpKind.B, 0)
+    assert a.compute_time(OpKind.F, 0) >= b.compute_time(OpKind.F, 0)
+    assert Plan.loads(hsdp.plan.dumps()) == hsdp.plan
+
+
+def test_hsdp_with_groups_of_one_is_replication():
+    # dp_replicate = dp: every shard group is one device, so nothing is gathered or scattered and the state is whole
+    # (16 bytes per parameter, as without ZeRO); the gradients are all-reduced whole across the replicas.
+    replicated, plain = predict_built(_built(3, dp_replicate=4)).costs, predict_built(_built(0)).costs
+    assert [replicated.state_bytes(v) for v in range(2)] == [plain.state_bytes(v) for v in range(2)]
+    assert replicated.compute_time(OpKind.F, 1) == plain.compute_time(OpKind.F, 1)
+
+
+@pytest.mark.parametrize("inputs, message", [
+    (dict(zero=1, dp_replicate=2), "dp_replicate 2 splits .* it needs zero 3"),
+    (dict(zero=3, dp_replicate=3), "to divide dp"),
+])
+def test_hsdp_refusals(inputs, message):
+    with pytest.raises(SpecError, match=message):
+        _built(**inputs)
