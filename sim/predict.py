@@ -17,6 +17,7 @@ from sim.cost.memory_sizes import StateShards
 from sim.cost.model import CostModel, plan_graph, plan_oracle, replica_views
 from sim.cost.model_flops import training_rates
 from sim.cost.oracle import CostOracle
+from sim.cost.precision import check_precision
 from sim.cost.profile import MeasuredProfile
 from sim.csp.csp_metrics import csp_metrics
 from sim.csp.csp_plan import check_csp_plan, csp_problem
@@ -91,13 +92,17 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
                             f"roofline")
         return _predict_csp(plan, topology)
     layout = plan.layout
+    precision = plan.option("precision")
     if oracle is None:
-        oracle = plan_oracle(plan_graph(plan), plan.microbatch_size, profile, topology, layout,
-                             cuda_graphs=bool(plan.option("cuda_graphs", False)))
+        graph = plan_graph(plan)
+        used = {layout.device(p, r, t) for p in range(layout.pp) for r in range(layout.dp) for t in range(layout.tp)}
+        check_precision(precision, graph, [topology.devices[d] for d in sorted(used)])
+        oracle = plan_oracle(graph, plan.microbatch_size, profile, topology, layout,
+                             cuda_graphs=bool(plan.option("cuda_graphs", False)), precision=precision)
     elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.shards,
-          oracle.cuda_graphs) != (plan.model, plan.microbatch_size, profile, topology,
-                                  StateShards.of_zero(layout.zero, layout.dp_shard),
-                                  bool(plan.option("cuda_graphs", False))):
+          oracle.cuda_graphs, oracle.fp8) != (plan.model, plan.microbatch_size, profile, topology,
+                                              StateShards.of_zero(layout.zero, layout.dp_shard),
+                                              bool(plan.option("cuda_graphs", False)), precision == "fp8"):
         raise ValueError(f"the cost oracle is for {oracle.graph.spec} at {oracle.microbatch_size} sample(s) per "
                          f"microbatch, not this plan's {plan.model} at {plan.microbatch_size}, or for another "
                          f"profile, topology or ZeRO sharding")

@@ -37,6 +37,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: be ...``; :func:`sim.core.errors.run_cli`), and a memory remedy is offered as the flags that make it.
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "order": "--rank-order", "zero": "--zero",
          "reshard_after_forward": "--no-reshard-after-forward", "dp_replicate": "--dp-replicate",
+         "precision": "--precision",
          "sequence_parallel": "--sequence-parallel", "grad_overlap": "--grad-overlap", "devices": "--devices",
          "partition": "--partition", "chunks": "--chunks", "recompute": "--recompute",
          "microbatch_size": "--microbatch-size", "global_batch": "--global-batch", "schedule": "--schedule",
@@ -105,6 +106,9 @@ def make_parser() -> argparse.ArgumentParser:
                      "reduce-scattered once per step, parameters all-gathered after it), 2 also the gradients "
                      "(reduce-scattered after every microbatch), 3 also the parameters (FSDP: each layer gathered "
                      "before its forward and backward, overlapped with its neighbours' compute)")
+    parser.add_argument("--precision", choices=["fp32", "fp16", "bf16", "fp8"], default=None,
+                        help="training precision (default: the model's own: fp16 gpt, bf16 llama, fp32 cnn/vgg16); "
+                        "fp8 runs a llama block's linears as torchao's Float8Linear on GPUs with FP8")
     par.add_argument("--dp-replicate", type=int, default=1, metavar="R",
                      help="with --zero 3, HSDP: the --dp replicas form R groups, each sharding the state among its "
                      "dp/R members, the groups all-reducing each layer's gradient shard (default 1: plain FSDP)")
@@ -161,7 +165,7 @@ def _run(argv: list[str] | None) -> int:
         global_batch=args.global_batch, rank_order=args.rank_order, sequence_parallel=args.sequence_parallel,
         zero=args.zero, reshard_after_forward=args.reshard_after_forward, dp_replicate=args.dp_replicate,
         grad_overlap=args.grad_overlap,
-        devices=args.devices, fps=args.fps, cuda_graphs=args.cuda_graphs,
+        devices=args.devices, fps=args.fps, cuda_graphs=args.cuda_graphs, precision=args.precision,
     )
     built = build_plan(inputs)
     if not args.ignore_memory:
@@ -252,7 +256,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--tp", args.tp != 1), ("--dp", args.dp != 1), ("--pp", args.pp is not None),
                         ("--global-batch", args.global_batch is not None), ("--zero", args.zero != 0),
                         ("--no-reshard-after-forward", not args.reshard_after_forward),
-                        ("--dp-replicate", args.dp_replicate != 1),
+                        ("--dp-replicate", args.dp_replicate != 1), ("--precision", args.precision is not None),
                         ("--sequence-parallel", args.sequence_parallel), ("--grad-overlap", args.grad_overlap),
                         ("--vertical-sync", args.vertical_sync), ("--microbatches", args.microbatches is not None),
                         ("--profile", args.profile is not None)):

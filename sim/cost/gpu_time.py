@@ -131,6 +131,8 @@ def kernel_seconds(kernel: Kernel, device: DeviceSpec, model: KernelModel) -> fl
     memory = kernel.bytes / (device.memory_bandwidth * model.memory_efficiency)
     compute = 0.0
     throughput = device.peak_flops * device.matmul_efficiency  # FLOP/s
+    if kernel.fp8:  # FP8 operands run on the FP8 tensor cores, at their own measured ceiling
+        throughput = device.peak_fp8_flops * device.fp8_matmul_efficiency
     if kernel.kind == "gemm" and kernel.gemm is not None:
         m, n, k = kernel.gemm
         units = max(device.compute_units, 1)
@@ -186,14 +188,15 @@ def _steps(kernels: tuple[Kernel, ...], device: DeviceSpec, model: KernelModel, 
 
 @lru_cache(maxsize=4096)  # a model's blocks are identical: cost one, reuse it (every argument is frozen)
 def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, device: DeviceSpec,
-                              model: KernelModel, *, selective_recompute: bool = False) -> LayerSeconds:
-    """Forward and backward time of one GPT layer shard for one microbatch of ``microbatch_size`` on ``device``
-    (full recomputation re-runs the forward as its own op; selective recomputation's attention core is in the
-    backward here)."""
+                              model: KernelModel, *, selective_recompute: bool = False,
+                              fp8: bool = False) -> LayerSeconds:
+    """Forward and backward time of one transformer layer shard for one microbatch of ``microbatch_size`` on
+    ``device`` (full recomputation re-runs the forward as its own op; selective recomputation's attention core is in
+    the backward here); ``fp8``: a Llama-family block's linears in FP8."""
     b, s, h, a, t = microbatch_size, part.seq, part.hidden, part.heads, part.tp
     sp, vocab = part.sequence_parallel, part.vocab
     if part.family == "llama":
-        return _llama_layer_seconds(part, b, device, model)
+        return _llama_layer_seconds(part, b, device, model, fp8)
     if part.part == "block":
         fwd_k, bwd_k = layer_step_kernels(b, s, h, a, t, sequence_parallel=sp,
                                             recompute="selective" if selective_recompute else "none")
@@ -212,14 +215,16 @@ def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, devic
     return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
 
 
-def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, model: KernelModel) -> LayerSeconds:
-    """:func:`transformer_layer_seconds` of a Llama-family layer shard (:mod:`sim.cost.kernels.llama`)."""
+def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, model: KernelModel,
+                         fp8: bool) -> LayerSeconds:
+    """:func:`transformer_layer_seconds` of a Llama-family layer shard (:mod:`sim.cost.kernels.llama`); the LM head
+    stays in the training dtype under FP8 (torchtitan's converter skips ``output``)."""
     s, h, vocab, t = part.seq, part.hidden, part.vocab, part.tp
     if part.part == "block":
         shape = LlamaBlockShape(b, s, h, part.heads, part.kv_heads, part.head_dim, part.ffn, t,
                                 qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window)
-        fwd = _steps(llama_block_kernels(shape, backward=False), device, model, t, LLAMA_COLLECTIVE_AFTER)
-        bwd = _steps(llama_block_kernels(shape, backward=True), device, model, t, LLAMA_COLLECTIVE_AFTER)
+        fwd = _steps(llama_block_kernels(shape, backward=False, fp8=fp8), device, model, t, LLAMA_COLLECTIVE_AFTER)
+        bwd = _steps(llama_block_kernels(shape, backward=True, fp8=fp8), device, model, t, LLAMA_COLLECTIVE_AFTER)
     elif part.part == "embedding":
         fwd = _steps(llama_embedding_kernels(b, s, h, vocab, t, backward=False), device, model, t, set(),
                      extra_collectives=1)

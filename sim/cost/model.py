@@ -85,15 +85,17 @@ def plan_graph(plan: Plan) -> LayerGraph:
 
 
 def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None, topology: Topology,
-                layout: Parallelism, *, cuda_graphs: bool = False,
-                kernel_model: KernelModel | None = None) -> CostOracle:
+                layout: Parallelism, *, cuda_graphs: bool = False, kernel_model: KernelModel | None = None,
+                precision: str | None = None) -> CostOracle:
     """The cost oracle of a plan: ``graph`` (what one device holds, :func:`plan_graph` for a written plan) at
     ``microbatch_size`` samples per microbatch, with ``profile``, on ``topology``, with the training state split
     across the data-parallel replicas as ``layout.zero``'s stage splits it, a stream's CUDA graphs, and ``kernel_model``
-    (default: the built-in constants; a written plan records none). ``build_plan`` makes its plan's oracle here, and
+    (default: the built-in constants; a written plan records none), in ``precision`` (``None``: the model's own;
+    ``"fp8"``: FP8 linears, :mod:`sim.cost.precision`). ``build_plan`` makes its plan's oracle here, and
     ``sim.predict`` makes a written plan's, so the two are the same oracle."""
     return CostOracle(graph, microbatch_size, profile, topology, cuda_graphs=cuda_graphs,
-                      shards=StateShards.of_zero(layout.zero, layout.dp_shard), kernel_model=kernel_model)
+                      shards=StateShards.of_zero(layout.zero, layout.dp_shard), kernel_model=kernel_model,
+                      fp8=precision == "fp8")
 
 
 class CostModel:

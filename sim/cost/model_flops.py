@@ -9,7 +9,8 @@ attention's two matmuls over the whole causal sequence (12·L·h·s² per sequen
 counted: recomputation (MFU, not HFU), elementwise work, and a layer with no FLOPs of its own.
 
 **MFU** is model FLOPs per second over the dense peak of every device the plan uses, for the precision the model
-trains in (``sim.hw.catalog.DeviceSpec.peak_flops`` for 2-byte types, ``peak_fp32_flops`` for fp32).
+trains in (``sim.hw.catalog.DeviceSpec.peak_flops`` for 2-byte types, ``peak_fp32_flops`` for fp32,
+``peak_fp8_flops`` under ``--precision fp8``).
 
 **Tokens** are samples × the model's sequence length, for a model that has one (``seq`` in its spec).
 """
@@ -45,7 +46,9 @@ def training_rates(plan: Plan, topology: Topology, iteration_s: float) -> dict[s
     model_flops = 3 * samples * sum(layer.flops_fwd for layer in graph.layers)
     used = [layout.device(p, r, t) for p in range(layout.pp) for r in range(layout.dp) for t in range(layout.tp)]
     devices = [topology.devices[index] for index in used]
-    peak = sum(device.peak_flops if graph.dtype_bytes <= 2 else device.peak_fp32_flops for device in devices)
+    fp8 = plan.option("precision") == "fp8"
+    peak = sum(device.peak_fp8_flops if fp8 else device.peak_flops if graph.dtype_bytes <= 2 else
+               device.peak_fp32_flops for device in devices)
     seq = parse_spec(graph.spec)[1].get("seq")
     tokens = samples * int(seq) if seq is not None else None
     timed = iteration_s > 0

@@ -72,6 +72,9 @@ class DeviceSpec:
         base: for a slowed copy of a catalog device (:func:`slowed_device`), that catalog device; ``None`` for a
             catalog device itself.
         slowdown: how many times as long each compute op takes as on ``base`` (1.0 for a catalog device).
+        peak_fp8_flops: dense FP8 tensor-core peak, FLOP/s; 0 for a device without FP8 (``--precision fp8`` is
+            refused on it).
+        fp8_matmul_efficiency: large FP8 GEMMs' ceiling divided by ``peak_fp8_flops``, in (0, 1]; 0 without FP8.
     """
 
     name: str
@@ -86,6 +89,8 @@ class DeviceSpec:
     compute_units: int = 0
     base: DeviceSpec | None = field(default=None, repr=False)
     slowdown: float = 1.0
+    peak_fp8_flops: float = 0.0
+    fp8_matmul_efficiency: float = 0.0
 
     @property
     def hardware(self) -> DeviceSpec:
@@ -136,8 +141,9 @@ class Catalog:
 
 _DEVICE_FIELDS = ("name", "aliases", "peak_tflops", "peak_fp32_tflops", "matmul_efficiency", "memory_gb",
                   "memory_bandwidth_gbs", "launch_overhead_us", "host_link", "source")
-#: Fields a device entry may leave out (older catalogs): ``compute_units`` (0, the roofline).
-_OPTIONAL_DEVICE_FIELDS = ("compute_units",)
+#: Fields a device entry may leave out (older catalogs): ``compute_units`` (0, the roofline), and the FP8 peak and
+#: its GEMM efficiency (0: no FP8), which come together.
+_OPTIONAL_DEVICE_FIELDS = ("compute_units", "peak_fp8_tflops", "fp8_matmul_efficiency")
 _LINK_FIELDS = ("name", "bandwidth_gbs", "spec_bandwidth_gbs", "latency_us", "source")
 
 
@@ -199,6 +205,14 @@ def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpe
         raise SpecError(f"{where}: field 'matmul_efficiency' must be in (0, 1], got {efficiency!r}")
     if entry["host_link"] not in links:
         raise SpecError(f"{where}: field 'host_link' names unknown link {entry['host_link']!r}")
+    if ("peak_fp8_tflops" in entry) != ("fp8_matmul_efficiency" in entry):
+        raise SpecError(f"{where}: fields 'peak_fp8_tflops' and 'fp8_matmul_efficiency' come together")
+    fp8_peak = fp8_efficiency = 0.0
+    if "peak_fp8_tflops" in entry:
+        fp8_peak = _number(entry, "peak_fp8_tflops", where, allow_inf=False) * _TERA
+        fp8_efficiency = _number(entry, "fp8_matmul_efficiency", where, allow_inf=False)
+        if fp8_efficiency > 1:
+            raise SpecError(f"{where}: field 'fp8_matmul_efficiency' must be in (0, 1], got {fp8_efficiency!r}")
     return DeviceSpec(
         name=entry["name"],
         peak_flops=_number(entry, "peak_tflops", where, allow_inf=False) * _TERA,
@@ -210,6 +224,8 @@ def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpe
         source=entry["source"].strip(),
         peak_fp32_flops=_number(entry, "peak_fp32_tflops", where, allow_inf=False) * _TERA,
         compute_units=units,
+        peak_fp8_flops=fp8_peak,
+        fp8_matmul_efficiency=fp8_efficiency,
     )
 
 
@@ -254,6 +270,8 @@ def slowed_device(device: DeviceSpec, factor: float) -> DeviceSpec:
         compute_units=root.compute_units,
         base=root,
         slowdown=total,
+        peak_fp8_flops=root.peak_fp8_flops / total,
+        fp8_matmul_efficiency=root.fp8_matmul_efficiency,
     )
 
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass, replace
 from sim.core.errors import SpecError
 from sim.cost.model import CostModel, plan_oracle, plan_sharding
 from sim.cost.oracle import CostOracle
+from sim.cost.precision import check_precision
 from sim.cost.profile import MeasuredProfile, load_profile
+from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import Op, OpKind, Placement, Plan
@@ -86,6 +88,7 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         raise SpecError(f"a measured profile times whole layers on one device; {{tp}} {layout.tp} splits them "
                         f"({{profile}} {inputs.profile})", "tp", "profile")
     graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
+    check_precision(inputs.precision, graph, _devices_of(layout, topology))
     profile = load_profile(inputs.profile) if inputs.profile else None
     if inputs.schedule_file:
         l0 = _programs_from_file(inputs, graph, topology, layout, microbatches)
@@ -214,7 +217,8 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
         parallel=l0.layout,
         # The profile is recorded so that executor.run predicts with the costs this plan was made with.
         options=tuple(sorted((("partition", inputs.partition),) + l0.options
-                             + ((("profile", inputs.profile),) if inputs.profile else ()))),
+                             + ((("profile", inputs.profile),) if inputs.profile else ())
+                             + ((("precision", inputs.precision),) if inputs.precision else ()))),
     )
     if inputs.recompute_mode == "selective":
         if any(op.kind is OpKind.R for program in programs for op in program):
@@ -257,6 +261,12 @@ def _check_cuda_graphs(inputs: PlanInputs, schedule: str, topology: Topology, la
                         "cuda_graphs")
 
 
+def _devices_of(layout: Parallelism, topology: Topology) -> list[DeviceSpec]:
+    """The devices every rank of ``layout`` runs on."""
+    return [topology.devices[layout.device(p, d, t)] for p in range(layout.pp) for d in range(layout.dp)
+            for t in range(layout.tp)]
+
+
 def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
                  layout: Parallelism, vstage_to_rank: tuple[int, ...]) -> tuple[CostOracle, Placement]:
     """The cost oracle of a plan (its microbatch size, ZeRO sharding, profile, kernel model) and where its layers
@@ -267,7 +277,7 @@ def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile
         SpecError: the partition does not fit (see :func:`sim.plan.partition.parse_partition`).
     """
     oracle = plan_oracle(graph, inputs.microbatch_size, profile, topology, layout, cuda_graphs=inputs.cuda_graphs,
-                         kernel_model=inputs.kernel_model)
+                         kernel_model=inputs.kernel_model, precision=inputs.precision)
     counts = parse_partition(inputs.partition, oracle, len(vstage_to_rank),
                              tuple(layout.device(rank, 0, 0) for rank in vstage_to_rank))
     return oracle, Placement(counts_to_ranges(counts), vstage_to_rank)

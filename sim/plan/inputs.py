@@ -47,6 +47,7 @@ class PlanInputs:
         reshard_after_forward: under ZeRO-3, gather each layer's parameters again for its backward (the default);
             False keeps them from forward to backward (``--no-reshard-after-forward``).
         dp_replicate: under ZeRO-3, HSDP's replicate degree (``--dp-replicate``; 1: plain FSDP).
+        precision: the training precision (``--precision``, :mod:`sim.cost.precision`); ``None``: the model's own.
         grad_overlap: reduce gradients in buckets during the last backward (``--grad-overlap``).
         devices: the device of each position of the rank order (``--devices``, a permutation; ``()``: in order).
         kernel_model: the GPU kernel model's software constants (default: the built-in, fitted ones).
@@ -81,6 +82,7 @@ class PlanInputs:
     devices: tuple[int, ...] = ()
     fps: float | None = None
     cuda_graphs: bool = False
+    precision: str | None = None
 
     @property
     def recompute_mode(self) -> str:

@@ -279,7 +279,8 @@ def _answer(problem: SearchProblem, topology: Topology, profile, candidate: Cand
         graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
         microbatches = plan_microbatches(inputs, layout)
         oracle = plan_oracle(graph, inputs.microbatch_size, profile, topology, layout,
-                             cuda_graphs=inputs.cuda_graphs, kernel_model=inputs.kernel_model)
+                             cuda_graphs=inputs.cuda_graphs, kernel_model=inputs.kernel_model,
+                             precision=inputs.precision)
         return joint_partition(oracle, layout, topology, microbatches)
     except SpecError:
         return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from sim.core.errors import SpecError
 from sim.cost.kernels.attention import attention_core
 from sim.cost.kernels.elementwise import dropout_add, layer_norm, residual_grad_add
-from sim.cost.kernels.record import ADD_FLOPS, GELU_FLOPS, Kernel, check, gemm, mem
+from sim.cost.kernels.record import ADD_FLOPS, FP8_BYTES, GELU_FLOPS, Kernel, check, gemm, mem
 
 __all__ = ["block_kernels", "block_parameters", "layer_step_kernels", "linear_kernels", "RECOMPUTE_MODES"]
 
@@ -16,19 +16,38 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backward: bool, fused_bias: bool, *,
-                   bias_grad: bool = True) -> list[Kernel]:
+                   bias_grad: bool = True, fp8: bool = False) -> list[Kernel]:
     """Y[T×out] = X[T×in]·W[in×out]; backward: dgrad dX = dY·Wᵀ, wgrad dW = Xᵀ·dY, and (``bias_grad``) the bias
     gradient, a column sum of dY. In a GPT block only the QKV linear adds its bias in the GEMM (``fused_bias``); the
     others are built with ``skip_bias_add`` and leave it to the fused bias+GELU and bias+dropout+add kernels, whose
     backward yields the same column sum. The wgrad writes dW in the training dtype; Megatron's gradient-accumulation
-    fusion would instead read and write an fp32 main gradient (not modelled here)."""
+    fusion would instead read and write an fp32 main gradient (not modelled here).
+
+    With ``fp8`` (torchao's Float8Linear with dynamic tensorwise scaling, as torchtitan converts its linears) the
+    three GEMMs take FP8 operands, each cast first: an amax pass (one read) then a scale-and-cast pass (a read and a
+    one-byte write) of the input and the weight before the forward and of the output gradient before the backward,
+    and the backward's operands in the other major order (X and W transposed for the wgrad and dgrad, dY for the
+    wgrad: one-byte copies)."""
     if not backward:
-        return [gemm(name, tokens, n_out, n_in, db, bias=fused_bias)]
-    kernels = [gemm(name + "_dgrad", tokens, n_in, n_out, db), gemm(name + "_wgrad", n_in, n_out, tokens, db)]
+        casts = [_cast(name + "_cast_input", tokens * n_in, db), _cast(name + "_cast_weight", n_in * n_out, db)] \
+            if fp8 else []
+        return [*casts, gemm(name, tokens, n_out, n_in, db, bias=fused_bias, fp8=fp8)]
+    casts = [_cast(name + "_cast_grad", tokens * n_out, db),
+             *(mem(f"{name}_transpose_{what}", "elementwise", count, 0, 2 * count * FP8_BYTES)
+               for what, count in (("input", tokens * n_in), ("weight", n_in * n_out), ("grad", tokens * n_out)))
+             ] if fp8 else []
+    kernels = [*casts, gemm(name + "_dgrad", tokens, n_in, n_out, db, fp8=fp8),
+               gemm(name + "_wgrad", n_in, n_out, tokens, db, fp8=fp8)]
     if bias_grad:
         kernels.append(mem(name + "_bias_grad", "elementwise", tokens * n_out, ADD_FLOPS,
                            (tokens * n_out + n_out) * db))
     return kernels
+
+
+def _cast(name: str, count: int, db: int) -> Kernel:
+    """An FP8 cast of ``count`` values in the training dtype: the amax (one read), then scale and cast (a read and a
+    one-byte write)."""
+    return mem(name, "elementwise", count, 2, count * (2 * db + FP8_BYTES))
 
 
 def _shard(b: int, s: int, h: int, a: int, t: int, sequence_parallel: bool) -> tuple[int, int, int]:

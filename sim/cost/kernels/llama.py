@@ -86,9 +86,12 @@ def _attention(shape: LlamaBlockShape, db: int, backward: bool) -> list[Kernel]:
     ]
 
 
-def llama_block_kernels(shape: LlamaBlockShape, *, backward: bool, dtype_bytes: int = 2) -> tuple[Kernel, ...]:
+def llama_block_kernels(shape: LlamaBlockShape, *, backward: bool, dtype_bytes: int = 2,
+                        fp8: bool = False) -> tuple[Kernel, ...]:
     """One block's kernels on one tensor-parallel rank, in execution order (forward, or backward: the reverse, each
-    GEMM's dgrad then wgrad)."""
+    GEMM's dgrad then wgrad). With ``fp8`` every linear runs as torchao's Float8Linear
+    (:func:`sim.cost.kernels.block.linear_kernels`); the attention stays in the training dtype, as torchtitan's
+    float8 converter leaves SDPA alone."""
     check(dtype_bytes=dtype_bytes)
     db, tokens, h, d = dtype_bytes, shape.tokens, shape.h, shape.d
     q_width, kv_width, f = shape.q_heads * d, shape.kv_heads * d, shape.ffn
@@ -96,7 +99,7 @@ def llama_block_kernels(shape: LlamaBlockShape, *, backward: bool, dtype_bytes: 
     bias = shape.qkv_bias
 
     def linear(name: str, n_in: int, n_out: int, fused_bias: bool = False) -> list[Kernel]:
-        return linear_kernels(name, tokens, n_in, n_out, db, backward, fused_bias, bias_grad=fused_bias)
+        return linear_kernels(name, tokens, n_in, n_out, db, backward, fused_bias, bias_grad=fused_bias, fp8=fp8)
 
     qk_norms: list[Kernel] = []
     if shape.qk_norm:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sim.core.errors import SpecError
 
-__all__ = ["Kernel", "KINDS", "MASK_BYTES", "STAT_BYTES", "TOKEN_ID_BYTES", "LN_FLOPS", "SOFTMAX_FLOPS",
+__all__ = ["Kernel", "KINDS", "MASK_BYTES", "STAT_BYTES", "TOKEN_ID_BYTES", "FP8_BYTES", "LN_FLOPS", "SOFTMAX_FLOPS",
            "DROPOUT_FLOPS", "GELU_FLOPS", "ADD_FLOPS", "gemm", "mem", "check"]
 
 #: Kernel kinds: how a cost model should treat one.
@@ -28,7 +28,8 @@ LN_FLOPS, SOFTMAX_FLOPS, DROPOUT_FLOPS, GELU_FLOPS, ADD_FLOPS = 8, 5, 2, 8, 1
 @dataclass(frozen=True)
 class Kernel:
     """One kernel launch: ``flops`` (FLOP), ``bytes`` (bytes read + written in device memory), and for GEMMs the
-    shape ``gemm = (M, N, K)`` of each of ``batch`` independent products (FLOPs = 2·batch·M·N·K)."""
+    shape ``gemm = (M, N, K)`` of each of ``batch`` independent products (FLOPs = 2·batch·M·N·K); ``fp8``: a GEMM
+    on FP8 inputs, run on the FP8 tensor cores."""
 
     name: str
     kind: str
@@ -36,12 +37,20 @@ class Kernel:
     bytes: float
     gemm: tuple[int, int, int] | None = None
     batch: int = 1
+    fp8: bool = False
 
 
-def gemm(name: str, m: int, n: int, k: int, db: int, *, batch: int = 1, bias: bool = False) -> Kernel:
-    """C[M×N] = A[M×K]·B[K×N] (``batch`` times): reads A and B, writes C; a fused bias reads N more values."""
-    return Kernel(name, "gemm", 2.0 * batch * m * n * k, float(batch * (m * k + k * n + m * n) * db + bias * n * db),
-                  (m, n, k), batch)
+#: Bytes per FP8 value (float8_e4m3fn, float8_e5m2).
+FP8_BYTES = 1
+
+
+def gemm(name: str, m: int, n: int, k: int, db: int, *, batch: int = 1, bias: bool = False,
+         fp8: bool = False) -> Kernel:
+    """C[M×N] = A[M×K]·B[K×N] (``batch`` times): reads A and B, writes C; a fused bias reads N more values. With
+    ``fp8`` A and B are FP8 (one byte each) and C is written in the training dtype."""
+    operand = FP8_BYTES if fp8 else db
+    return Kernel(name, "gemm", 2.0 * batch * m * n * k,
+                  float(batch * ((m * k + k * n) * operand + m * n * db) + bias * n * db), (m, n, k), batch, fp8)
 
 
 def mem(name: str, kind: str, elements: int, flops_per_element: int, nbytes: float) -> Kernel:
