@@ -95,8 +95,7 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
     precision = plan.option("precision")
     if oracle is None:
         graph = plan_graph(plan)
-        used = {layout.device(p, r, t) for p in range(layout.pp) for r in range(layout.dp) for t in range(layout.tp)}
-        check_precision(precision, graph, [topology.devices[d] for d in sorted(used)])
+        check_precision(precision, graph, [topology.devices[d] for d in layout.device_ranks])
         oracle = plan_oracle(graph, plan.microbatch_size, profile, topology, layout,
                              cuda_graphs=bool(plan.option("cuda_graphs", False)), precision=precision)
     elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.shards,

@@ -41,7 +41,7 @@ from executor.nn.tensor_parallel import (
 from sim.models.sharding import padded_vocab
 
 __all__ = ["ParallelEmbedding", "ParallelBlock", "ParallelHead", "shard_layer", "shard_state", "unshard_state",
-           "parallel_loss"]
+           "parallel_loss", "vocab_parallel_lookup"]
 
 #: How each parameter of a whole layer is split, by its name in the whole layer: ``rows`` (dim 0 in T equal
 #: parts), ``qkv`` (dim 0 as three blocks Q, K, V, each split in T), ``cols`` (dim 1), ``vocab`` (dim 0 after
@@ -122,11 +122,16 @@ class ParallelEmbedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         """(n, s') int64 token ids -> (n, s', h) fp32, the same on every shard."""
-        mine = (ids >= self.first) & (ids < self.first + self.rows)
-        local = self.token(torch.where(mine, ids - self.first, torch.zeros_like(ids)))
-        local = local * mine.unsqueeze(-1).to(local.dtype)  # other shards' tokens: exactly zero here
         positions = torch.arange(ids.shape[1], device=ids.device)
-        return reduce_from_region(local, self.comm) + self.position(positions)
+        return vocab_parallel_lookup(self.token, ids, self.first, self.comm) + self.position(positions)
+
+
+def vocab_parallel_lookup(table: nn.Embedding, ids: Tensor, first: int, comm: TensorParallelComm) -> Tensor:
+    """The embeddings of ``ids`` from a vocabulary-parallel ``table`` holding rows ``[first, first + rows)``: each
+    shard looks up the tokens it holds, exactly zero for the others, and ``g`` sums the shards."""
+    mine = (ids >= first) & (ids < first + table.num_embeddings)
+    local = table(torch.where(mine, ids - first, torch.zeros_like(ids)))
+    return reduce_from_region(local * mine.unsqueeze(-1).to(local.dtype), comm)
 
 
 class ParallelBlock(nn.Module):

@@ -17,6 +17,9 @@ Differences from the simulator's picture, none of which changes a parameter coun
 * tied embeddings: refused (:func:`check_values`): the LM head would need the token table, which lives in another layer
   and, under pipelining, on another rank.
 
+Batches and the loss are ``executor.nn.gpt``'s: random token sequences with their next-token targets, and the mean
+cross entropy over every position (``executor.nn.stages`` registers them for both families).
+
 Initialisation: every Linear and Embedding weight N(0, 0.02²), the two projections that write into the residual
 stream (o and down) scaled by 1/√(2L) as GPT-2 does, biases 0, norms 1.
 """
@@ -32,7 +35,7 @@ from torch import Tensor, nn
 from sim.core.errors import SpecError
 
 __all__ = ["INIT_STD", "ROPE_BASE", "LlamaEmbedding", "LlamaBlock", "LlamaHead", "check_values", "make_layer",
-           "make_batch", "loss", "rotation", "window_mask"]
+           "rotation", "window_mask"]
 
 INIT_STD = 0.02
 ROPE_BASE = 10_000.0
@@ -192,14 +195,3 @@ def make_layer(values: dict[str, int], i: int) -> nn.Module:
                           window=values["window"])
     assert i == n_blocks + 1, (i, n_blocks)
     return LlamaHead(h, values["vocab"])
-
-
-def make_batch(values: dict[str, int], num_samples: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Random token sequences and their next-token targets (as ``executor.nn.gpt.make_batch``)."""
-    tokens = torch.randint(values["vocab"], (num_samples, values["seq"] + 1), generator=generator)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-
-def loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy over all n × s token positions."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())

@@ -53,9 +53,7 @@ class ParallelLlamaEmbedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         """(n, s) int64 token ids → (n, s, h) fp32, the same on every shard."""
-        mine = (ids >= self.first) & (ids < self.first + self.rows)
-        local = self.token(torch.where(mine, ids - self.first, torch.zeros_like(ids)))
-        return reduce_from_region(local * mine.unsqueeze(-1).to(local.dtype), self.comm)
+        return gpt_parallel.vocab_parallel_lookup(self.token, ids, self.first, self.comm)
 
 
 class ParallelLlamaBlock(nn.Module):

@@ -88,7 +88,7 @@ def _feature_map(values: dict[str, int]) -> tuple[int, ...]:
 _MODELS: Mapping[str, _TorchModel] = {
     "gpt": _TorchModel(models_gpt.make_layer, models_gpt.make_batch, models_gpt.loss,
                        _tokens_by_hidden, _tokens_by_vocab),
-    "llama": _TorchModel(models_llama.make_layer, models_llama.make_batch, models_llama.loss,
+    "llama": _TorchModel(models_llama.make_layer, models_gpt.make_batch, models_gpt.loss,
                          _tokens_by_hidden, _tokens_by_vocab, models_llama.check_values),
     "cnn": _TorchModel(models_cnn.make_layer, models_cnn.make_batch, models_cnn.loss, _feature_map, _feature_map),
     "supernet": _TorchModel(models_supernet.make_layer, models_supernet.make_batch, models_supernet.loss,

@@ -44,8 +44,7 @@ def training_rates(plan: Plan, topology: Topology, iteration_s: float) -> dict[s
     layout = plan.layout
     samples = plan.num_microbatches * plan.microbatch_size * layout.dp
     model_flops = 3 * samples * sum(layer.flops_fwd for layer in graph.layers)
-    used = [layout.device(p, r, t) for p in range(layout.pp) for r in range(layout.dp) for t in range(layout.tp)]
-    devices = [topology.devices[index] for index in used]
+    devices = [topology.devices[index] for index in layout.device_ranks]
     fp8 = plan.option("precision") == "fp8"
     peak = sum(device.peak_fp8_flops if fp8 else device.peak_flops if graph.dtype_bytes <= 2 else
                device.peak_fp32_flops for device in devices)

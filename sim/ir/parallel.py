@@ -189,6 +189,11 @@ class Parallelism:
         return tuple(self.device(pp, d, tp) for d in range(self.dp))
 
     @property
+    def device_ranks(self) -> tuple[int, ...]:
+        """Every device (topology rank) the layout uses, in position order: ``devices``, or ``0 .. T·D·P − 1``."""
+        return self.devices if self.devices else tuple(range(self.world_size))
+
+    @property
     def dp_shard(self) -> int:
         """Replicas that split the training state among themselves: ``dp`` (all of them), or under HSDP
         ``dp / dp_replicate``."""

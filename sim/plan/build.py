@@ -16,7 +16,6 @@ from sim.cost.model import CostModel, plan_oracle, plan_sharding
 from sim.cost.oracle import CostOracle
 from sim.cost.precision import check_precision
 from sim.cost.profile import MeasuredProfile, load_profile
-from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import Op, OpKind, Placement, Plan
@@ -88,7 +87,7 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
         raise SpecError(f"a measured profile times whole layers on one device; {{tp}} {layout.tp} splits them "
                         f"({{profile}} {inputs.profile})", "tp", "profile")
     graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
-    check_precision(inputs.precision, graph, _devices_of(layout, topology))
+    check_precision(inputs.precision, graph, [topology.devices[d] for d in layout.device_ranks])
     profile = load_profile(inputs.profile) if inputs.profile else None
     if inputs.schedule_file:
         l0 = _programs_from_file(inputs, graph, topology, layout, microbatches)
@@ -254,17 +253,10 @@ def _check_cuda_graphs(inputs: PlanInputs, schedule: str, topology: Topology, la
     if inputs.profile:
         raise SpecError(f"{{cuda_graphs}} cannot apply to a measured profile ({inputs.profile}): its times include "
                         f"the per-op overheads a graph removes, in a share it does not record", "cuda_graphs")
-    cpus = sorted({topology.devices[layout.device(p, d, t)].name for p in range(layout.pp) for d in range(layout.dp)
-                   for t in range(layout.tp) if not topology.devices[layout.device(p, d, t)].is_gpu})
+    cpus = sorted({topology.devices[d].name for d in layout.device_ranks if not topology.devices[d].is_gpu})
     if cpus:
         raise SpecError(f"{{cuda_graphs}} needs GPUs; topology {topology} runs the plan on {', '.join(cpus)}",
                         "cuda_graphs")
-
-
-def _devices_of(layout: Parallelism, topology: Topology) -> list[DeviceSpec]:
-    """The devices every rank of ``layout`` runs on."""
-    return [topology.devices[layout.device(p, d, t)] for p in range(layout.pp) for d in range(layout.dp)
-            for t in range(layout.tp)]
 
 
 def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
