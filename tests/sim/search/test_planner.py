@@ -56,33 +56,40 @@ def test_the_planner_finds_the_brute_force_best_within_one_percent(problem):
     assert all(by_candidate[e.candidate] == e for e in planned.evaluations)
 
 
-def test_the_memory_screen_is_the_engines_peak_on_random_plans_of_every_schedule():
-    """Oracle: the engine's own peak per simulated rank (``predict``, memory check off). The screen replays the memory
-    ledger over the schedule's programs without building or simulating the plan; it must give the same bytes."""
+def _screen_equals_engine(problem, *, seed, count, keep=lambda candidate: True):
+    """Assert the planner's memory screen gives the engine's own peak per simulated rank (``predict``, memory check
+    off) on ``count`` of ``problem``'s candidates drawn at random; returns them. A candidate a rule refuses (e.g. a TP
+    group mixing device models, a split backward under ZeRO-3) is drawn past."""
     from sim.plan.build import build_plan
     from sim.predict import predict_built
     from sim.search.planner import _Screen
     from sim.search.space import enumerate_candidates
 
+    topology = Topology.parse(problem.topology)
+    candidates = [c for c in enumerate_candidates(problem, topology.num_ranks, topology) if keep(c)]
+    screen = _Screen(problem, topology)
+    random.Random(seed).shuffle(candidates)
+    checked = []
+    for candidate in candidates:
+        try:
+            engine = predict_built(build_plan(candidate.plan_inputs(problem)), check_memory=False)
+        except SpecError:
+            continue
+        assert screen.peaks(candidate) == engine.peak_memory_bytes, candidate.label
+        checked.append(candidate)
+        if len(checked) == count:
+            return checked
+    raise AssertionError(f"only {len(checked)} of {count} candidates could be built")
+
+
+def test_the_memory_screen_is_the_engines_peak_on_random_plans_of_every_schedule():
+    """Oracle: the engine's own peak per simulated rank (``predict``, memory check off). The screen replays the memory
+    ledger over the schedule's programs without building or simulating the plan; it must give the same bytes."""
     space = SearchSpace(schedules=("gpipe", "1f1b", "interleaved", "zb1p", "pipedream"),
                         recompute=("none", "full", "selective"), microbatch_sizes=(1, 2),
                         partitions=("balanced", "uniform"))
     problem = SearchProblem("gpt:layers=8,hidden=256,heads=8,seq=128,vocab=1000", "4xV100+4xA100", 16, space=space)
-    topology = Topology.parse(problem.topology)
-    candidates = enumerate_candidates(problem, topology.num_ranks, topology)
-    screen = _Screen(problem, topology)
-    random.Random(7).shuffle(candidates)
-    checked = []
-    for candidate in candidates:
-        try:
-            built = build_plan(candidate.plan_inputs(problem))
-            engine = predict_built(built, check_memory=False)
-        except SpecError:  # a rule the space leaves to the simulator (e.g. a TP group mixing device models)
-            continue
-        assert screen.peaks(candidate) == engine.peak_memory_bytes, candidate.label
-        checked.append(candidate)
-        if len(checked) == 40:
-            break
+    checked = _screen_equals_engine(problem, seed=7, count=40)
     assert {c.schedule for c in checked} == set(space.schedules)
     assert {c.recompute for c in checked} == set(space.recompute)
 
@@ -95,10 +102,6 @@ def test_the_memory_screen_holds_data_parallel_buffers_as_the_engine_does(tmp_pa
     import json
 
     from sim.models import build_model
-    from sim.plan.build import build_plan
-    from sim.predict import predict_built
-    from sim.search.planner import _Screen
-    from sim.search.space import enumerate_candidates
 
     graph = build_model("gpt:layers=6,hidden=128,heads=4,seq=64,vocab=500")
     profile = tmp_path / "profile.json"
@@ -110,21 +113,7 @@ def test_the_memory_screen_holds_data_parallel_buffers_as_the_engine_does(tmp_pa
     space = SearchSpace(schedules=("gpipe", "1f1b", "interleaved", "zb1p"), recompute=("none", "full"),
                         microbatch_sizes=(1,), chunks=(2,), zero=(0, 1, 2, 3))
     problem = SearchProblem(graph.spec, "8xcpu", 16, space=space, profile=str(profile))
-    topology = Topology.parse(problem.topology)
-    candidates = [c for c in enumerate_candidates(problem, topology.num_ranks, topology) if c.dp > 1]
-    screen = _Screen(problem, topology)
-    random.Random(3).shuffle(candidates)
-    checked = []
-    for candidate in candidates:
-        try:
-            built = build_plan(candidate.plan_inputs(problem))
-            engine = predict_built(built, check_memory=False)
-        except SpecError:
-            continue
-        assert screen.peaks(candidate) == engine.peak_memory_bytes, candidate.label
-        checked.append(candidate)
-        if len(checked) == 32:
-            break
+    checked = _screen_equals_engine(problem, seed=3, count=32, keep=lambda c: c.dp > 1)
     assert {c.schedule for c in checked} == set(space.schedules) and {c.zero for c in checked} == {0, 1, 2, 3}
 
 
