@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.core.errors import SpecError
+from sim.cost.compiled import check_compile
 from sim.cost.memory_sizes import StateShards
 from sim.cost.model import CostModel, plan_graph, plan_oracle, replica_views
 from sim.cost.model_flops import training_rates
@@ -92,16 +93,18 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
                             f"roofline")
         return _predict_csp(plan, topology)
     layout = plan.layout
-    precision = plan.option("precision")
+    precision, compiled = plan.option("precision"), plan.option("compile", False) is True
     if oracle is None:
         graph = plan_graph(plan)
         check_precision(precision, graph, [topology.devices[d] for d in layout.device_ranks])
+        check_compile(compiled, graph, [topology.devices[d] for d in layout.device_ranks])
         oracle = plan_oracle(graph, plan.microbatch_size, profile, topology, layout,
-                             cuda_graphs=bool(plan.option("cuda_graphs", False)), precision=precision)
+                             cuda_graphs=bool(plan.option("cuda_graphs", False)), precision=precision,
+                             compiled=compiled)
     elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.shards,
-          oracle.cuda_graphs, oracle.fp8) != (plan.model, plan.microbatch_size, profile, topology,
-                                              StateShards.of_zero(layout.zero, layout.dp_shard),
-                                              bool(plan.option("cuda_graphs", False)), precision == "fp8"):
+          oracle.cuda_graphs, oracle.fp8, oracle.compiled) != (
+            plan.model, plan.microbatch_size, profile, topology, StateShards.of_zero(layout.zero, layout.dp_shard),
+            bool(plan.option("cuda_graphs", False)), precision == "fp8", compiled):
         raise ValueError(f"the cost oracle is for {oracle.graph.spec} at {oracle.microbatch_size} sample(s) per "
                          f"microbatch, not this plan's {plan.model} at {plan.microbatch_size}, or for another "
                          f"profile, topology or ZeRO sharding")

@@ -37,7 +37,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: be ...``; :func:`sim.core.errors.run_cli`), and a memory remedy is offered as the flags that make it.
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "order": "--rank-order", "zero": "--zero",
          "reshard_after_forward": "--no-reshard-after-forward", "dp_replicate": "--dp-replicate",
-         "precision": "--precision",
+         "precision": "--precision", "compiled": "--compile", "compile": "--compile",
          "sequence_parallel": "--sequence-parallel", "grad_overlap": "--grad-overlap", "devices": "--devices",
          "partition": "--partition", "chunks": "--chunks", "recompute": "--recompute",
          "microbatch_size": "--microbatch-size", "global_batch": "--global-batch", "schedule": "--schedule",
@@ -109,6 +109,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--precision", choices=["fp32", "fp16", "bf16", "fp8"], default=None,
                         help="training precision (default: the model's own: fp16 gpt, bf16 llama, fp32 cnn/vgg16); "
                         "fp8 runs a llama block's linears as torchao's Float8Linear on GPUs with FP8")
+    parser.add_argument("--compile", dest="compiled", action="store_true",
+                        help="run a llama model's blocks under torch.compile, as torchtitan does: the norms, SwiGLU, "
+                        "residual adds and FP8 casts fused into fewer kernels (GPUs only)")
     par.add_argument("--dp-replicate", type=int, default=1, metavar="R",
                      help="with --zero 3, HSDP: the --dp replicas form R groups, each sharding the state among its "
                      "dp/R members, the groups all-reducing each layer's gradient shard (default 1: plain FSDP)")
@@ -166,6 +169,7 @@ def _run(argv: list[str] | None) -> int:
         zero=args.zero, reshard_after_forward=args.reshard_after_forward, dp_replicate=args.dp_replicate,
         grad_overlap=args.grad_overlap,
         devices=args.devices, fps=args.fps, cuda_graphs=args.cuda_graphs, precision=args.precision,
+        compiled=args.compiled,
     )
     built = build_plan(inputs)
     if not args.ignore_memory:
@@ -257,6 +261,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--global-batch", args.global_batch is not None), ("--zero", args.zero != 0),
                         ("--no-reshard-after-forward", not args.reshard_after_forward),
                         ("--dp-replicate", args.dp_replicate != 1), ("--precision", args.precision is not None),
+                        ("--compile", args.compiled),
                         ("--sequence-parallel", args.sequence_parallel), ("--grad-overlap", args.grad_overlap),
                         ("--vertical-sync", args.vertical_sync), ("--microbatches", args.microbatches is not None),
                         ("--profile", args.profile is not None)):

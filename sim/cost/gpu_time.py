@@ -189,14 +189,15 @@ def _steps(kernels: tuple[Kernel, ...], device: DeviceSpec, model: KernelModel, 
 @lru_cache(maxsize=4096)  # a model's blocks are identical: cost one, reuse it (every argument is frozen)
 def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, device: DeviceSpec,
                               model: KernelModel, *, selective_recompute: bool = False,
-                              fp8: bool = False) -> LayerSeconds:
+                              fp8: bool = False, compiled: bool = False) -> LayerSeconds:
     """Forward and backward time of one transformer layer shard for one microbatch of ``microbatch_size`` on
-    ``device`` (full recomputation re-runs the forward as its own op; selective recomputation's attention core is in
-    the backward here); ``fp8``: a Llama-family block's linears in FP8."""
+    ``device`` (full recomputation re-runs the forward as its own op; selective recomputation's work is in the
+    backward here: gpt's attention core, or what torchtitan's per-op policy did not keep of a Llama-family block);
+    ``fp8``: a Llama-family block's linears in FP8; ``compiled``: its blocks under ``torch.compile``."""
     b, s, h, a, t = microbatch_size, part.seq, part.hidden, part.heads, part.tp
     sp, vocab = part.sequence_parallel, part.vocab
     if part.family == "llama":
-        return _llama_layer_seconds(part, b, device, model, fp8)
+        return _llama_layer_seconds(part, b, device, model, fp8, compiled, selective_recompute)
     if part.part == "block":
         fwd_k, bwd_k = layer_step_kernels(b, s, h, a, t, sequence_parallel=sp,
                                             recompute="selective" if selective_recompute else "none")
@@ -216,15 +217,17 @@ def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, devic
 
 
 def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, model: KernelModel,
-                         fp8: bool) -> LayerSeconds:
+                         fp8: bool, compiled: bool, selective: bool) -> LayerSeconds:
     """:func:`transformer_layer_seconds` of a Llama-family layer shard (:mod:`sim.cost.kernels.llama`); the LM head
     stays in the training dtype under FP8 (torchtitan's converter skips ``output``)."""
     s, h, vocab, t = part.seq, part.hidden, part.vocab, part.tp
     if part.part == "block":
         shape = LlamaBlockShape(b, s, h, part.heads, part.kv_heads, part.head_dim, part.ffn, t,
                                 qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window)
-        fwd = _steps(llama_block_kernels(shape, backward=False, fp8=fp8), device, model, t, LLAMA_COLLECTIVE_AFTER)
-        bwd = _steps(llama_block_kernels(shape, backward=True, fp8=fp8), device, model, t, LLAMA_COLLECTIVE_AFTER)
+        options = dict(fp8=fp8, compiled=compiled)
+        fwd = _steps(llama_block_kernels(shape, backward=False, **options), device, model, t, LLAMA_COLLECTIVE_AFTER)
+        bwd = _steps(llama_block_kernels(shape, backward=True, selective_recompute=selective, **options), device,
+                     model, t, LLAMA_COLLECTIVE_AFTER)
     elif part.part == "embedding":
         fwd = _steps(llama_embedding_kernels(b, s, h, vocab, t, backward=False), device, model, t, set(),
                      extra_collectives=1)

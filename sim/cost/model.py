@@ -86,16 +86,17 @@ def plan_graph(plan: Plan) -> LayerGraph:
 
 def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None, topology: Topology,
                 layout: Parallelism, *, cuda_graphs: bool = False, kernel_model: KernelModel | None = None,
-                precision: str | None = None) -> CostOracle:
+                precision: str | None = None, compiled: bool = False) -> CostOracle:
     """The cost oracle of a plan: ``graph`` (what one device holds, :func:`plan_graph` for a written plan) at
     ``microbatch_size`` samples per microbatch, with ``profile``, on ``topology``, with the training state split
     across the data-parallel replicas as ``layout.zero``'s stage splits it, a stream's CUDA graphs, and ``kernel_model``
     (default: the built-in constants; a written plan records none), in ``precision`` (``None``: the model's own;
-    ``"fp8"``: FP8 linears, :mod:`sim.cost.precision`). ``build_plan`` makes its plan's oracle here, and
+    ``"fp8"``: FP8 linears, :mod:`sim.cost.precision`), with its blocks under ``torch.compile`` where ``compiled``
+    (:mod:`sim.cost.compiled`). ``build_plan`` makes its plan's oracle here, and
     ``sim.predict`` makes a written plan's, so the two are the same oracle."""
     return CostOracle(graph, microbatch_size, profile, topology, cuda_graphs=cuda_graphs,
                       shards=StateShards.of_zero(layout.zero, layout.dp_shard), kernel_model=kernel_model,
-                      fp8=precision == "fp8")
+                      fp8=precision == "fp8", compiled=compiled)
 
 
 class CostModel:

@@ -88,6 +88,8 @@ class CostOracle:
             framework overheads per microbatch go, and each optimizer step pays one graph launch instead
             (:meth:`step_overhead_s`). What remains is the kernels' own time.
         fp8: the linears of the Llama-family blocks run in FP8 (``--precision fp8``; :mod:`sim.cost.kernels.llama`).
+        compiled: the Llama-family blocks run under ``torch.compile`` (``--compile``;
+            :mod:`sim.cost.kernels.pointwise`).
 
     Raises:
         SpecError: ``microbatch_size`` < 1.
@@ -95,7 +97,8 @@ class CostOracle:
 
     def __init__(self, graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None = None,
                  topology: Topology | None = None, *, shards: StateShards = WHOLE_STATE,
-                 kernel_model: KernelModel | None = None, cuda_graphs: bool = False, fp8: bool = False) -> None:
+                 kernel_model: KernelModel | None = None, cuda_graphs: bool = False, fp8: bool = False,
+                 compiled: bool = False) -> None:
         if microbatch_size < 1:
             raise SpecError(f"microbatch size must be >= 1, got {microbatch_size}")
         self.graph, self.microbatch_size, self.profile, self._topology = graph, microbatch_size, profile, topology
@@ -103,6 +106,7 @@ class CostOracle:
         self._kernel_model = kernel_model
         self.cuda_graphs = cuda_graphs
         self.fp8 = fp8
+        self.compiled = compiled
         self._transformer: bool | None = None
         self._collectives: dict[tuple, CollectiveCost] = {}
         self._p2p = None
@@ -224,7 +228,8 @@ class CostOracle:
             if device.is_gpu and layer.transformer is not None:
                 model = self.kernel_model
                 seconds = transformer_layer_seconds(layer.transformer, size, device, model,
-                                                    selective_recompute=layer.recompute_flops > 0, fp8=self.fp8)
+                                                    selective_recompute=layer.recompute_flops > 0, fp8=self.fp8,
+                                                    compiled=self.compiled)
                 fwd.append(seconds.fwd)
                 bwd.append(seconds.bwd)
                 opt.append(optimizer_seconds(graph.param_count(i) / self.shards.optimizer, device, model,

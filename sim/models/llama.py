@@ -37,8 +37,16 @@ statistics 4s(a + g). That is 8sh + 4s·a·d + 4s·g·d + 4sa + 8sf + 8s [+ 2s(a
 Tensor-parallel shard (Megatron-LM §3, as for ``gpt``): q, k, v, gate and up are column-parallel (split by heads, the
 key/value heads too, and by f), o and down row-parallel, the norms replicated; two all-reduces of 2sh per block in
 each pass. t must divide a and g (Megatron also replicates key/value heads when t > g: not modelled). The token table
-and the LM head are vocabulary-parallel. Sequence parallelism and selective recomputation are modelled for ``gpt``
-only so far.
+and the LM head are vocabulary-parallel. Sequence parallelism is modelled for ``gpt`` only so far.
+
+Selective recomputation is torchtitan's per-op selective activation checkpointing (``selective_ac_option = "op"``,
+its presets' setting; ``_apply_ac_to_transformer_block`` in ``parallelize_llama.py``, the same from 9dec370 to
+e7c0cae): of the ops a block's forward runs it keeps the outputs of ``aten.mm`` except every second one, of SDPA and
+of ``max``, and recomputes everything else its backward needs (:func:`sac_saved_linears`). A block then keeps its
+output 2sh (the next block's checkpointed input), the saved linears' outputs (q 2s·a·d, v 2s·g·d, gate 2sf and down
+2sh for a bias-free block), SDPA's output 2s·a·d and its fp32 log-sum-exp 4sa. Under FP8 no linear's output is kept
+(an FP8 linear is ``_scaled_mm``, which the policy does not list); the ledger counts the bf16 policy's set, an
+upper bound there.
 """
 
 from __future__ import annotations
@@ -147,12 +155,41 @@ def block_flops_fwd(shape: DecoderShape) -> int:
     return 2 * s * gemm_weights + 4 * s * shape.keys_seen * q
 
 
-def block_saved_bytes(shape: DecoderShape, tp: int = 1) -> int:
-    """Bytes one block's shard keeps for its backward per sample (module docstring): what lies between the
-    tensor-parallel regions (the output, the norms' outputs, the residual sum, their fp32 statistics) is replicated,
-    the rest is split by ``tp``."""
+#: A block's linears in the order its forward runs them (torchtitan's names: q, k, v, o; gate w1, up w3, down w2).
+LINEARS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
+
+
+def sac_saved_linears(qkv_bias: bool, fp8: bool = False) -> tuple[str, ...]:
+    """The linears whose outputs torchtitan's per-op selective checkpointing keeps (module docstring): the 1st,
+    3rd, … ``aten.mm`` of the forward. A biased linear is an ``addmm``, neither kept nor counted; under ``fp8``
+    every linear is a ``_scaled_mm`` and none is kept."""
+    if fp8:
+        return ()
+    plain = [name for name in LINEARS if not (qkv_bias and name in ("wq", "wk", "wv"))]
+    return tuple(plain[0::2])
+
+
+def sac_recompute_flops(shape: DecoderShape, tp: int = 1) -> int:
+    """FLOPs per sample of the GEMMs one block's shard re-runs under per-op selective checkpointing (bf16: the
+    linears :func:`sac_saved_linears` does not keep, other than down, whose output the backward does not need)."""
     h, d, f, s = shape.hidden, shape.head_dim, shape.ffn, shape.seq
     q, kv = shape.heads * d, shape.kv_heads * d
+    weights = {"wq": h * q, "wk": h * kv, "wv": h * kv, "wo": q * h, "w1": h * f, "w3": h * f, "w2": 0}
+    kept = set(sac_saved_linears(shape.qkv_bias))
+    return 2 * s * sum(size for name, size in weights.items() if name not in kept) // tp
+
+
+def block_saved_bytes(shape: DecoderShape, tp: int = 1, selective_recompute: bool = False) -> int:
+    """Bytes one block's shard keeps for its backward per sample (module docstring): what lies between the
+    tensor-parallel regions (the output, the norms' outputs, the residual sum, their fp32 statistics) is replicated,
+    the rest is split by ``tp``; under ``selective_recompute`` what torchtitan's per-op policy keeps."""
+    h, d, f, s = shape.hidden, shape.head_dim, shape.ffn, shape.seq
+    q, kv = shape.heads * d, shape.kv_heads * d
+    if selective_recompute:
+        # o and down are row-parallel: each rank's mm output is a whole-width partial sum
+        width = {"wq": q // tp, "wk": kv // tp, "wv": kv // tp, "wo": h, "w1": f // tp, "w3": f // tp, "w2": h}
+        kept = h + sum(width[name] for name in sac_saved_linears(shape.qkv_bias)) + q // tp
+        return DTYPE_BYTES * s * kept + FP32_BYTES * s * (shape.heads // tp)
     replicated = DTYPE_BYTES * 4 * s * h + FP32_BYTES * 2 * s
     split = DTYPE_BYTES * (2 * s * q + 2 * s * kv + 4 * s * f) + FP32_BYTES * s * shape.heads
     if shape.qk_norm:
@@ -181,8 +218,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     Raises:
         SpecError: a size below 1 (``head_dim`` and ``window`` may be 0), kv_heads not dividing heads, heads not
             dividing hidden without an explicit head_dim, a flag other than 0 or 1, an unknown key; ``tp`` not
-            dividing the heads or the key/value heads; sequence parallelism or selective recomputation (modelled for
-            ``gpt`` only).
+            dividing the heads or the key/value heads; sequence parallelism (modelled for ``gpt`` only).
     """
     values = {key: params.int(key, int(default), minimum=0 if key in ("head_dim", "window", "qkv_bias", "qk_norm",
                                                                         "tied") else 1)
@@ -191,9 +227,9 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     spec = canonical_spec(NAME, values)
     shape = _shape(values, spec)
     t = sharding.tp
-    if sharding.sequence_parallel and t > 1 or sharding.selective_recompute:
-        raise SpecError(f"{'sequence parallelism' if sharding.sequence_parallel else 'selective recomputation'} is "
-                        f"modelled for gpt only so far, got {spec!r} with {sharding.describe()}")
+    if sharding.sequence_parallel and t > 1:
+        raise SpecError(f"sequence parallelism is modelled for gpt only so far, got {spec!r} with "
+                        f"{sharding.describe()}")
     if shape.heads % t or shape.kv_heads % t:
         raise SpecError(f"tensor parallelism splits the query and key/value heads: tp={t} must divide heads="
                         f"{shape.heads} and kv_heads={shape.kv_heads} in {spec!r}")
@@ -211,9 +247,11 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
                    transformer=TransformerPart("embedding", **dims))
     flops = block_flops_fwd(shape) // t
     comm = all_reduce(full, times=2) if t > 1 else none
+    recompute = float(sac_recompute_flops(shape, t)) if sharding.selective_recompute else 0.0
     blocks = [_layer(name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
                      param_bytes=DTYPE_BYTES * block_params(shape, t), activation_bytes=full,
-                     saved_bytes=block_saved_bytes(shape, t), fwd=comm, bwd=comm,
+                     saved_bytes=block_saved_bytes(shape, t, sharding.selective_recompute), recompute_flops=recompute,
+                     fwd=comm, bwd=comm,
                      transformer=TransformerPart("block", **dims))
               for i in range(shape.layers)]
     head = _layer(

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
+from sim.cost.compiled import check_compile
 from sim.cost.model import CostModel, plan_oracle, plan_sharding
 from sim.cost.oracle import CostOracle
 from sim.cost.precision import check_precision
@@ -88,6 +89,7 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
                         f"({{profile}} {inputs.profile})", "tp", "profile")
     graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
     check_precision(inputs.precision, graph, [topology.devices[d] for d in layout.device_ranks])
+    check_compile(inputs.compiled, graph, [topology.devices[d] for d in layout.device_ranks])
     profile = load_profile(inputs.profile) if inputs.profile else None
     if inputs.schedule_file:
         l0 = _programs_from_file(inputs, graph, topology, layout, microbatches)
@@ -217,7 +219,8 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
         # The profile is recorded so that executor.run predicts with the costs this plan was made with.
         options=tuple(sorted((("partition", inputs.partition),) + l0.options
                              + ((("profile", inputs.profile),) if inputs.profile else ())
-                             + ((("precision", inputs.precision),) if inputs.precision else ()))),
+                             + ((("precision", inputs.precision),) if inputs.precision else ())
+                             + ((("compile", True),) if inputs.compiled else ()))),
     )
     if inputs.recompute_mode == "selective":
         if any(op.kind is OpKind.R for program in programs for op in program):
@@ -269,7 +272,7 @@ def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile
         SpecError: the partition does not fit (see :func:`sim.plan.partition.parse_partition`).
     """
     oracle = plan_oracle(graph, inputs.microbatch_size, profile, topology, layout, cuda_graphs=inputs.cuda_graphs,
-                         kernel_model=inputs.kernel_model, precision=inputs.precision)
+                         kernel_model=inputs.kernel_model, precision=inputs.precision, compiled=inputs.compiled)
     counts = parse_partition(inputs.partition, oracle, len(vstage_to_rank),
                              tuple(layout.device(rank, 0, 0) for rank in vstage_to_rank))
     return oracle, Placement(counts_to_ranges(counts), vstage_to_rank)

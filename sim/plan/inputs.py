@@ -48,6 +48,7 @@ class PlanInputs:
             False keeps them from forward to backward (``--no-reshard-after-forward``).
         dp_replicate: under ZeRO-3, HSDP's replicate degree (``--dp-replicate``; 1: plain FSDP).
         precision: the training precision (``--precision``, :mod:`sim.cost.precision`); ``None``: the model's own.
+        compiled: the blocks under ``torch.compile`` (``--compile``, :mod:`sim.cost.compiled`).
         grad_overlap: reduce gradients in buckets during the last backward (``--grad-overlap``).
         devices: the device of each position of the rank order (``--devices``, a permutation; ``()``: in order).
         kernel_model: the GPU kernel model's software constants (default: the built-in, fitted ones).
@@ -83,6 +84,7 @@ class PlanInputs:
     fps: float | None = None
     cuda_graphs: bool = False
     precision: str | None = None
+    compiled: bool = False
 
     @property
     def recompute_mode(self) -> str:

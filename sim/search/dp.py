@@ -280,7 +280,7 @@ def _answer(problem: SearchProblem, topology: Topology, profile, candidate: Cand
         microbatches = plan_microbatches(inputs, layout)
         oracle = plan_oracle(graph, inputs.microbatch_size, profile, topology, layout,
                              cuda_graphs=inputs.cuda_graphs, kernel_model=inputs.kernel_model,
-                             precision=inputs.precision)
+                             precision=inputs.precision, compiled=inputs.compiled)
         return joint_partition(oracle, layout, topology, microbatches)
     except SpecError:
         return None

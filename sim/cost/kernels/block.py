@@ -16,7 +16,7 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backward: bool, fused_bias: bool, *,
-                   bias_grad: bool = True, fp8: bool = False) -> list[Kernel]:
+                   bias_grad: bool = True, fp8: bool = False, compiled: bool = False) -> list[Kernel]:
     """Y[T×out] = X[T×in]·W[in×out]; backward: dgrad dX = dY·Wᵀ, wgrad dW = Xᵀ·dY, and (``bias_grad``) the bias
     gradient, a column sum of dY. In a GPT block only the QKV linear adds its bias in the GEMM (``fused_bias``); the
     others are built with ``skip_bias_add`` and leave it to the fused bias+GELU and bias+dropout+add kernels, whose
@@ -27,15 +27,16 @@ def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backw
     three GEMMs take FP8 operands, each cast first: an amax pass (one read) then a scale-and-cast pass (a read and a
     one-byte write) of the input and the weight before the forward and of the output gradient before the backward,
     and the backward's operands in the other major order (X and W transposed for the wgrad and dgrad, dY for the
-    wgrad: one-byte copies)."""
+    wgrad: one-byte copies). ``compiled`` (torch.compile, as torchtitan runs FP8): each cast writes both major orders
+    in its one pass, so the transposes are not kernels of their own (two one-byte writes per cast value)."""
     if not backward:
-        casts = [_cast(name + "_cast_input", tokens * n_in, db), _cast(name + "_cast_weight", n_in * n_out, db)] \
-            if fp8 else []
+        casts = [_cast(name + "_cast_input", tokens * n_in, db, compiled),
+                 _cast(name + "_cast_weight", n_in * n_out, db, compiled)] if fp8 else []
         return [*casts, gemm(name, tokens, n_out, n_in, db, bias=fused_bias, fp8=fp8)]
-    casts = [_cast(name + "_cast_grad", tokens * n_out, db),
-             *(mem(f"{name}_transpose_{what}", "elementwise", count, 0, 2 * count * FP8_BYTES)
-               for what, count in (("input", tokens * n_in), ("weight", n_in * n_out), ("grad", tokens * n_out)))
-             ] if fp8 else []
+    casts = [_cast(name + "_cast_grad", tokens * n_out, db, compiled)] if fp8 else []
+    if fp8 and not compiled:
+        casts += [mem(f"{name}_transpose_{what}", "elementwise", count, 0, 2 * count * FP8_BYTES)
+                  for what, count in (("input", tokens * n_in), ("weight", n_in * n_out), ("grad", tokens * n_out))]
     kernels = [*casts, gemm(name + "_dgrad", tokens, n_in, n_out, db, fp8=fp8),
                gemm(name + "_wgrad", n_in, n_out, tokens, db, fp8=fp8)]
     if bias_grad:
@@ -44,10 +45,10 @@ def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backw
     return kernels
 
 
-def _cast(name: str, count: int, db: int) -> Kernel:
+def _cast(name: str, count: int, db: int, both_orders: bool = False) -> Kernel:
     """An FP8 cast of ``count`` values in the training dtype: the amax (one read), then scale and cast (a read and a
-    one-byte write)."""
-    return mem(name, "elementwise", count, 2, count * (2 * db + FP8_BYTES))
+    one-byte write, two with ``both_orders``)."""
+    return mem(name, "elementwise", count, 2, count * (2 * db + FP8_BYTES * (1 + both_orders)))
 
 
 def _shard(b: int, s: int, h: int, a: int, t: int, sequence_parallel: bool) -> tuple[int, int, int]:

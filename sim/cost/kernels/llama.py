@@ -1,7 +1,9 @@
-"""The kernels of a Llama-family model on one tensor-parallel rank, as torchtitan and HuggingFace's Llama run it in
-eager mode: a pre-norm block (RMSNorm → separate q, k, v GEMMs → rotary embeddings → one causal FlashAttention
-kernel over grouped key/value heads → o GEMM → residual add → RMSNorm → gate and up GEMMs → SiLU × up → down GEMM
-→ residual add), the token embedding and the head (final RMSNorm, logit GEMM, fp32 cross entropy).
+"""The kernels of a Llama-family model on one tensor-parallel rank, as torchtitan runs it: a pre-norm block (RMSNorm →
+separate q, k, v GEMMs → rotary embeddings → ``repeat_kv`` → one causal FlashAttention kernel → o GEMM → residual
+add → RMSNorm → gate and up GEMMs → SiLU × up → down GEMM → residual add), eager or under ``torch.compile`` (the
+memory-bound work between the GEMMs in :mod:`sim.cost.kernels.pointwise`), with torchtitan's per-op selective
+activation checkpointing where asked; the token embedding and the head (final RMSNorm, logit GEMM, fp32 cross
+entropy), which torchtitan leaves eager.
 
 Sources: torchtitan ``models/llama3/model.py`` (``Attention``: ``wq``, ``wk``, ``wv``, ``wo`` without bias, rotary
 ``apply_rotary_emb``, ``scaled_dot_product_attention(is_causal=True)``; ``FeedForward``: ``w2(silu(w1(x)) * w3(x))``;
@@ -23,18 +25,16 @@ import math
 from sim.core.errors import SpecError
 from sim.cost.kernels.attention import FLASH_QUERY_TILE
 from sim.cost.kernels.block import linear_kernels
-from sim.cost.kernels.elementwise import residual_grad_add, rms_norm
+from sim.cost.kernels.pointwise import add_kernel, norm_backward_kernels, norm_kernels, rotary_kernels, swiglu_kernels
 from sim.cost.kernels.record import ADD_FLOPS, STAT_BYTES, TOKEN_ID_BYTES, Kernel, check, mem
+from sim.models.llama import sac_saved_linears
 
 __all__ = ["LlamaBlockShape", "attention_fraction", "llama_block_kernels", "llama_embedding_kernels",
-           "llama_head_kernels", "LLAMA_COLLECTIVE_AFTER"]
+           "llama_head_kernels", "LLAMA_COLLECTIVE_AFTER", "SAC_NOT_NEEDED"]
 
 #: Kernels after which a tensor-parallel block calls its collective: the row-parallel o and down projections in the
 #: forward, the last column-parallel input gradients of the attention and of the MLP in the backward.
 LLAMA_COLLECTIVE_AFTER = frozenset({"wo", "w2", "wq_wgrad", "w1_wgrad"})
-
-#: FLOPs per element of the rotary embedding (two multiplies and an add per rotated value) and of SiLU × up.
-ROPE_FLOPS, SILU_MUL_FLOPS = 3, 5
 
 
 class LlamaBlockShape:
@@ -86,57 +86,90 @@ def _attention(shape: LlamaBlockShape, db: int, backward: bool) -> list[Kernel]:
     ]
 
 
-def llama_block_kernels(shape: LlamaBlockShape, *, backward: bool, dtype_bytes: int = 2,
-                        fp8: bool = False) -> tuple[Kernel, ...]:
+#: The forward kernels whose results a block's backward does not read (the down projection's output and the residual
+#: add after it) or that per-op selective checkpointing keeps whatever the precision (SDPA's): never recomputed.
+SAC_NOT_NEEDED = frozenset({"w2", "ffn_residual_add", "flash_attention"})
+
+
+def llama_block_kernels(shape: LlamaBlockShape, *, backward: bool, dtype_bytes: int = 2, fp8: bool = False,
+                        compiled: bool = False, selective_recompute: bool = False) -> tuple[Kernel, ...]:
     """One block's kernels on one tensor-parallel rank, in execution order (forward, or backward: the reverse, each
     GEMM's dgrad then wgrad). With ``fp8`` every linear runs as torchao's Float8Linear
     (:func:`sim.cost.kernels.block.linear_kernels`); the attention stays in the training dtype, as torchtitan's
-    float8 converter leaves SDPA alone."""
+    float8 converter leaves SDPA alone. ``compiled``: the block under ``torch.compile``, its memory-bound work fused
+    (:mod:`sim.cost.kernels.pointwise`); eager otherwise, one kernel per aten op. ``selective_recompute``: the
+    backward starts by recomputing what torchtitan's per-op selective checkpointing did not keep
+    (:data:`SAC_NOT_NEEDED`, :func:`sim.models.llama.sac_saved_linears`; under ``fp8`` every linear's GEMM and casts
+    but the down projection's GEMM)."""
     check(dtype_bytes=dtype_bytes)
-    db, tokens, h, d = dtype_bytes, shape.tokens, shape.h, shape.d
+    if not backward:
+        return tuple(_forward(shape, dtype_bytes, fp8, compiled))
+    kernels = _backward(shape, dtype_bytes, fp8, compiled)
+    if selective_recompute:
+        skip = SAC_NOT_NEEDED | set(sac_saved_linears(shape.qkv_bias, fp8))
+        again = [k for k in _forward(shape, dtype_bytes, fp8, compiled) if k.name not in skip]
+        kernels = [Kernel("recompute_" + k.name, k.kind, k.flops, k.bytes, k.gemm, k.batch, k.fp8)
+                   for k in again] + kernels
+    return tuple(kernels)
+
+
+def _forward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+    tokens, h, d = shape.tokens, shape.h, shape.d
     q_width, kv_width, f = shape.q_heads * d, shape.kv_heads * d, shape.ffn
-    rotated = tokens * (q_width + kv_width)  # the q and k values the rotary embedding rotates
     bias = shape.qkv_bias
 
     def linear(name: str, n_in: int, n_out: int, fused_bias: bool = False) -> list[Kernel]:
-        return linear_kernels(name, tokens, n_in, n_out, db, backward, fused_bias, bias_grad=fused_bias, fp8=fp8)
+        return linear_kernels(name, tokens, n_in, n_out, db, False, fused_bias, bias_grad=fused_bias, fp8=fp8,
+                              compiled=compiled)
 
     qk_norms: list[Kernel] = []
     if shape.qk_norm:
-        qk_norms = [rms_norm("q_norm", tokens * shape.q_heads, d, db, backward),
-                    rms_norm("k_norm", tokens * shape.kv_heads, d, db, backward)]
-    if not backward:
-        return tuple([
-            rms_norm("attention_norm", tokens, h, db, False),
-            *linear("wq", h, q_width, bias), *linear("wk", h, kv_width, bias), *linear("wv", h, kv_width, bias),
-            *qk_norms,
-            mem("rotary", "elementwise", rotated, ROPE_FLOPS, 2 * rotated * db + 2 * shape.s * d * STAT_BYTES),
-            *_attention(shape, db, False),
-            *linear("wo", q_width, h),
-            mem("attention_residual_add", "elementwise", tokens * h, ADD_FLOPS, 3 * tokens * h * db),
-            rms_norm("ffn_norm", tokens, h, db, False),
-            *linear("w1", h, f), *linear("w3", h, f),
-            mem("silu_mul", "elementwise", tokens * f, SILU_MUL_FLOPS, 3 * tokens * f * db),
-            *linear("w2", f, h),
-            mem("ffn_residual_add", "elementwise", tokens * h, ADD_FLOPS, 3 * tokens * h * db),
-        ])
-    return tuple([
+        qk_norms = [*norm_kernels("q_norm", tokens * shape.q_heads, d, db, compiled=compiled),
+                    *norm_kernels("k_norm", tokens * shape.kv_heads, d, db, compiled=compiled)]
+    silu, product = swiglu_kernels(tokens * f, db, backward=False, compiled=compiled), []
+    if not compiled:  # eagerly SiLU runs right after the gate GEMM, the product after the up GEMM
+        silu, product = silu[:1], silu[1:]
+    return [
+        *norm_kernels("attention_norm", tokens, h, db, compiled=compiled),
+        *linear("wq", h, q_width, bias), *linear("wk", h, kv_width, bias), *linear("wv", h, kv_width, bias),
+        *qk_norms,
+        *rotary_kernels(tokens, shape.s, shape.q_heads, shape.kv_heads, d, db, backward=False, compiled=compiled),
+        *_attention(shape, db, False),
+        *linear("wo", q_width, h),
+        *norm_kernels("ffn_norm", tokens, h, db, compiled=compiled, residual=True),
+        *linear("w1", h, f), *(silu if not compiled else []), *linear("w3", h, f), *(product if not compiled else silu),
         *linear("w2", f, h),
-        # reads dY, the gate and up outputs, writes their gradients
-        mem("silu_mul_bwd", "elementwise", tokens * f, 2 * SILU_MUL_FLOPS, 5 * tokens * f * db),
-        *linear("w3", h, f), *linear("w1", h, f),
-        mem("ffn_input_grad_add", "elementwise", tokens * h, ADD_FLOPS, 3 * tokens * h * db),  # w1's + w3's dX
-        rms_norm("ffn_norm", tokens, h, db, True),
-        residual_grad_add("ffn_residual_grad_add", tokens, h, db),
+        add_kernel("ffn_residual_add", tokens * h, db),
+    ]
+
+
+def _backward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+    tokens, h, d = shape.tokens, shape.h, shape.d
+    q_width, kv_width, f = shape.q_heads * d, shape.kv_heads * d, shape.ffn
+    bias = shape.qkv_bias
+
+    def linear(name: str, n_in: int, n_out: int, fused_bias: bool = False) -> list[Kernel]:
+        return linear_kernels(name, tokens, n_in, n_out, db, True, fused_bias, bias_grad=fused_bias, fp8=fp8,
+                              compiled=compiled)
+
+    qk_norms: list[Kernel] = []
+    if shape.qk_norm:
+        qk_norms = [*norm_backward_kernels("k_norm", tokens * shape.kv_heads, d, db, compiled=compiled, skip=False),
+                    *norm_backward_kernels("q_norm", tokens * shape.q_heads, d, db, compiled=compiled, skip=False)]
+    swiglu = swiglu_kernels(tokens * f, db, backward=True, compiled=compiled)
+    gate_grads, silu_grad = (swiglu, []) if compiled else (swiglu[:2], swiglu[2:])  # eager: SiLU's after w3's
+    return [
+        *linear("w2", f, h),
+        *gate_grads,
+        *linear("w3", h, f), *silu_grad, *linear("w1", h, f),
+        *norm_backward_kernels("ffn_norm", tokens, h, db, compiled=compiled, summed_grads=2),
         *linear("wo", q_width, h),
         *_attention(shape, db, True),
-        mem("rotary_bwd", "elementwise", rotated, ROPE_FLOPS, 2 * rotated * db + 2 * shape.s * d * STAT_BYTES),
-        *reversed(qk_norms),
+        *rotary_kernels(tokens, shape.s, shape.q_heads, shape.kv_heads, d, db, backward=True, compiled=compiled),
+        *qk_norms,
         *linear("wv", h, kv_width, bias), *linear("wk", h, kv_width, bias), *linear("wq", h, q_width, bias),
-        mem("attention_input_grad_add", "elementwise", tokens * h, 2 * ADD_FLOPS, 4 * tokens * h * db),  # 3 dX
-        rms_norm("attention_norm", tokens, h, db, True),
-        residual_grad_add("attention_residual_grad_add", tokens, h, db),
-    ])
+        *norm_backward_kernels("attention_norm", tokens, h, db, compiled=compiled, summed_grads=3),
+    ]
 
 
 def llama_embedding_kernels(b: int, s: int, h: int, vocab: int, t: int, *, backward: bool,
@@ -162,6 +195,8 @@ def llama_head_kernels(b: int, s: int, h: int, vocab: int, t: int, *, backward: 
     from sim.cost.kernels.vocab import head_kernels
 
     rest = head_kernels(b, s, h, vocab, t, sequence_parallel=False, backward=backward, dtype_bytes=dtype_bytes)
-    norm = rms_norm("final_norm", b * s, h, dtype_bytes, backward)
-    # head_kernels begins (forward) or ends (backward) with its LayerNorm: the RMSNorm takes its place.
-    return (norm, *rest[1:]) if not backward else (*rest[:-1], norm)
+    # head_kernels begins (forward) or ends (backward) with its LayerNorm: the RMSNorm takes its place, eager even
+    # under --compile (torchtitan compiles the blocks only), its input the last block's output (no skip path).
+    if not backward:
+        return (*norm_kernels("final_norm", b * s, h, dtype_bytes, compiled=False), *rest[1:])
+    return (*rest[:-1], *norm_backward_kernels("final_norm", b * s, h, dtype_bytes, compiled=False, skip=False))

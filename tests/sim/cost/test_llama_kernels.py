@@ -50,15 +50,16 @@ def test_block_kernels_do_the_models_flops(t, qk_norm, qkv_bias):
     assert sum(k.flops for k in backward if k.kind == "attention") == pytest.approx(2.5 * attention * fraction,
                                                                                     rel=1e-12)
     names = [k.name for k in forward]
-    assert ("q_norm" in names) is qk_norm and names.index("flash_attention") < names.index("wo")
+    assert any(name.startswith("q_norm") for name in names) is qk_norm
+    assert names.index("flash_attention") < names.index("wo")
 
 
 def test_the_ends_have_no_position_table_and_an_rms_norm():
     forward = [k.name for k in llama_embedding_kernels(1, 16, 32, 100, 1, backward=False)]
     assert forward == ["token_embedding_lookup"]
     head = [k.name for k in llama_head_kernels(1, 16, 32, 100, 1, backward=False)]
-    assert head[0] == "final_norm" and "logits" in head
-    assert [k.name for k in llama_head_kernels(1, 16, 32, 100, 1, backward=True)][-1] == "final_norm_bwd"
+    assert head[0].startswith("final_norm") and "logits" in head
+    assert [k.name for k in llama_head_kernels(1, 16, 32, 100, 1, backward=True)][-1].startswith("final_norm")
 
 
 def test_gpu_plans_of_the_family_are_costed_by_the_kernel_model():
