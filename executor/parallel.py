@@ -102,6 +102,9 @@ def check_parallel(plan: Plan) -> None:
     model = parse_spec(plan.model)[0]
     if layout.tp > 1 and model not in ("gpt", "llama"):
         raise SpecError(f"tensor parallelism (tp = {layout.tp}) is implemented for gpt and llama only, not {model!r}")
+    if layout.cp > 1:
+        raise SpecError(f"the executor does not implement context parallelism (plan: {layout.describe()}) so far: "
+                        f"simulate it with sim.run, run the plan without --cp")
     if layout.zero >= 2:
         raise SpecError(f"the executor runs ZeRO stages 0 and 1; ZeRO-{layout.zero} (plan: {layout.describe()}) is "
                         f"simulated only so far: simulate it with sim.run, run the plan with --zero 0 or 1")

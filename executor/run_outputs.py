@@ -173,7 +173,7 @@ def _losses(plan, reports: Sequence[RankReport]) -> tuple[tuple[float, ...], ...
     (every shard has the same loss), replica after replica, so that the list is in the order of the global batch
     (``executor.parallel.microbatch_index``)."""
     layout, last = plan.layout, plan.placement.vstage_to_rank[-1]
-    ranks = [layout.device(last, d, 0) for d in range(layout.dp)]
+    ranks = [layout.device(last, d, 0) for d in range(layout.data_ranks)]
     by_rank = {report.rank: report.losses for report in reports}
     if not all(by_rank.get(rank) for rank in ranks):
         return ()

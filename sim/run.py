@@ -35,7 +35,8 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: The library arguments this command sets from its flags (fields of PlanInputs and Parallelism), each with its flag:
 #: an error the library raises about one (``tp must be an integer >= 1``) is printed as the user typed it (``--tp must
 #: be ...``; :func:`sim.core.errors.run_cli`), and a memory remedy is offered as the flags that make it.
-FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "order": "--rank-order", "zero": "--zero",
+FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--cp-comm", "order": "--rank-order",
+         "zero": "--zero",
          "reshard_after_forward": "--no-reshard-after-forward", "dp_replicate": "--dp-replicate",
          "precision": "--precision", "compiled": "--compile", "compile": "--compile",
          "sequence_parallel": "--sequence-parallel", "grad_overlap": "--grad-overlap", "devices": "--devices",
@@ -99,6 +100,13 @@ def make_parser() -> argparse.ArgumentParser:
     par.add_argument("--devices", type=_device_list, default=(), metavar="D0,D1,...",
                      help="the device of each position of the rank order, a permutation of 0..tp·dp·pp−1 (default: in "
                      "order); e.g. 4,5,6,7,0,1,2,3 puts the first pipeline ranks on the second server")
+    par.add_argument("--cp", type=int, default=1, metavar="C",
+                     help="context parallelism (llama family, GPUs): each sequence split over C devices (2C chunks, "
+                     "rank i holding chunks i and 2C-1-i), which exchange keys and values for attention; the "
+                     "data-parallel reduction and ZeRO/FSDP span dp x cp devices (default 1)")
+    par.add_argument("--cp-comm", choices=["ring", "allgather"], default="ring",
+                     help="how context-parallel ranks exchange keys and values: ring (passed around, each hop under "
+                     "one attention step) or allgather (gathered once, as Llama 3 and torchtitan do)")
     par.add_argument("--sequence-parallel", action="store_true",
                      help="Megatron's sequence parallelism: reduce-scatter + all-gather, norms and dropout sharded")
     par.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
@@ -165,6 +173,7 @@ def _run(argv: list[str] | None) -> int:
         microbatch_size=args.microbatch_size, partition=args.partition, profile=args.profile,
         schedule_file=args.schedule_file, chunks=1 if args.chunks is None else args.chunks,
         recompute=args.recompute or "none", vertical_sync=args.vertical_sync, tp=args.tp, dp=args.dp, pp=args.pp,
+        cp=args.cp, cp_comm=args.cp_comm,
         global_batch=args.global_batch, rank_order=args.rank_order, sequence_parallel=args.sequence_parallel,
         zero=args.zero, reshard_after_forward=args.reshard_after_forward, dp_replicate=args.dp_replicate,
         grad_overlap=args.grad_overlap,
@@ -195,7 +204,8 @@ def _run(argv: list[str] | None) -> int:
     write_text_chunks_atomic(plan.iter_dumps(), out / "plan.json")
     write_text_atomic(dumps_schedule_csv(plan.programs), out / "schedule.csv")
     layout = plan.layout
-    shape = f" · TP{layout.tp}×DP{layout.dp}×PP{layout.pp}" if plan.parallel is not None else ""
+    shape = (f" · TP{layout.tp}{f'×CP{layout.cp}' if layout.cp > 1 else ''}×DP{layout.dp}×PP{layout.pp}"
+             if plan.parallel is not None else "")
     title = (f"{plan.schedule}{f' v={chunks}' if chunks else ''}"
              f"{' + selective recompute' if recompute == 'selective' else ' + recompute' if recompute else ''} · "
              f"{plan.model} · {plan.topology}{shape} · m={plan.num_microbatches}")
@@ -258,6 +268,7 @@ def _run_csp(args: argparse.Namespace) -> int:
     # these options of the fixed schedules have no meaning for it, so naming one is an error, not silently dropped.
     for flag, given in (("--recompute", args.recompute), ("--chunks", args.chunks is not None),
                         ("--tp", args.tp != 1), ("--dp", args.dp != 1), ("--pp", args.pp is not None),
+                        ("--cp", args.cp != 1),
                         ("--global-batch", args.global_batch is not None), ("--zero", args.zero != 0),
                         ("--no-reshard-after-forward", not args.reshard_after_forward),
                         ("--dp-replicate", args.dp_replicate != 1), ("--precision", args.precision is not None),

@@ -41,6 +41,7 @@ from functools import cache, lru_cache
 from importlib.resources import files
 
 from sim.core.errors import SpecError
+from sim.cost.context_parallel import KvExchange, exposed_seconds
 from sim.cost.kernels.block import layer_step_kernels
 from sim.cost.kernels.llama import (
     LLAMA_COLLECTIVE_AFTER,
@@ -189,15 +190,18 @@ def _steps(kernels: tuple[Kernel, ...], device: DeviceSpec, model: KernelModel, 
 @lru_cache(maxsize=4096)  # a model's blocks are identical: cost one, reuse it (every argument is frozen)
 def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, device: DeviceSpec,
                               model: KernelModel, *, selective_recompute: bool = False,
-                              fp8: bool = False, compiled: bool = False) -> LayerSeconds:
+                              fp8: bool = False, compiled: bool = False,
+                              kv_exchange: KvExchange | None = None) -> LayerSeconds:
     """Forward and backward time of one transformer layer shard for one microbatch of ``microbatch_size`` on
     ``device`` (full recomputation re-runs the forward as its own op; selective recomputation's work is in the
     backward here: gpt's attention core, or what torchtitan's per-op policy did not keep of a Llama-family block);
-    ``fp8``: a Llama-family block's linears in FP8; ``compiled``: its blocks under ``torch.compile``."""
+    ``fp8``: a Llama-family block's linears in FP8; ``compiled``: its blocks under ``torch.compile``;
+    ``kv_exchange``: under context parallelism, how the block's attention receives the other ranks' keys and values
+    (:mod:`sim.cost.context_parallel`; the time it does not hide under the attention steps is added after them)."""
     b, s, h, a, t = microbatch_size, part.seq, part.hidden, part.heads, part.tp
     sp, vocab = part.sequence_parallel, part.vocab
     if part.family == "llama":
-        return _llama_layer_seconds(part, b, device, model, fp8, compiled, selective_recompute)
+        return _llama_layer_seconds(part, b, device, model, fp8, compiled, selective_recompute, kv_exchange)
     if part.part == "block":
         fwd_k, bwd_k = layer_step_kernels(b, s, h, a, t, sequence_parallel=sp,
                                             recompute="selective" if selective_recompute else "none")
@@ -217,17 +221,23 @@ def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, devic
 
 
 def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, model: KernelModel,
-                         fp8: bool, compiled: bool, selective: bool) -> LayerSeconds:
+                         fp8: bool, compiled: bool, selective: bool, exchange: KvExchange | None) -> LayerSeconds:
     """:func:`transformer_layer_seconds` of a Llama-family layer shard (:mod:`sim.cost.kernels.llama`); the LM head
     stays in the training dtype under FP8 (torchtitan's converter skips ``output``)."""
-    s, h, vocab, t = part.seq, part.hidden, part.vocab, part.tp
+    s, h, vocab, t = part.seq // part.cp, part.hidden, part.vocab, part.tp
     if part.part == "block":
-        shape = LlamaBlockShape(b, s, h, part.heads, part.kv_heads, part.head_dim, part.ffn, t,
-                                qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window)
+        shape = LlamaBlockShape(b, part.seq, h, part.heads, part.kv_heads, part.head_dim, part.ffn, t,
+                                qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window, cp=part.cp)
         options = dict(fp8=fp8, compiled=compiled)
-        fwd = _steps(llama_block_kernels(shape, backward=False, **options), device, model, t, LLAMA_COLLECTIVE_AFTER)
-        bwd = _steps(llama_block_kernels(shape, backward=True, selective_recompute=selective, **options), device,
-                     model, t, LLAMA_COLLECTIVE_AFTER)
+        forward = llama_block_kernels(shape, backward=False, **options)
+        backward = llama_block_kernels(shape, backward=True, selective_recompute=selective, **options)
+        fwd = _steps(forward, device, model, t, LLAMA_COLLECTIVE_AFTER)
+        bwd = _steps(backward, device, model, t, LLAMA_COLLECTIVE_AFTER)
+        if part.cp > 1:
+            if exchange is None or exchange.cp != part.cp:
+                raise ValueError(f"a block split over cp={part.cp} ranks needs their key/value exchange")
+            fwd = _with_exchange(fwd, forward, exchange, False, t)
+            bwd = _with_exchange(bwd, backward, exchange, True, t)
     elif part.part == "embedding":
         fwd = _steps(llama_embedding_kernels(b, s, h, vocab, t, backward=False), device, model, t, set(),
                      extra_collectives=1)
@@ -238,6 +248,19 @@ def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, mode
         bwd = _steps(llama_head_kernels(b, s, h, vocab, t, backward=True), device, model, t, set(),
                      extra_collectives=1)
     return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
+
+
+def _with_exchange(steps: list[tuple[float, float]], kernels: tuple[Kernel, ...], exchange: KvExchange,
+                   backward: bool, tp: int) -> list[tuple[float, float]]:
+    """``steps`` (:func:`_steps` of ``kernels``) with the key/value exchange's exposed time added on the GPU right
+    after the last attention kernel (:func:`sim.cost.context_parallel.exposed_seconds`)."""
+    def position(j: int) -> int:  # _steps puts a host-only step after each kernel that calls a TP collective
+        return j + (tp > 1) * sum(k.name in LLAMA_COLLECTIVE_AFTER for k in kernels[:j])
+
+    attention = [j for j, kernel in enumerate(kernels) if kernel.kind == "attention"]
+    step_s = [steps[position(j)][1] for j in attention]
+    at = position(attention[-1]) + 1
+    return steps[:at] + [(0.0, exposed_seconds(exchange, step_s, backward))] + steps[at:]
 
 
 def optimizer_seconds(params: float, device: DeviceSpec, model: KernelModel, dtype_bytes: int) -> float:

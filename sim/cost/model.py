@@ -70,7 +70,7 @@ def plan_sharding(layout: Parallelism, recompute: str) -> Sharding:
     """What one device holds of the model under ``layout`` with recomputation ``recompute`` (``"none"``, ``"full"``
     or ``"selective"``): its tensor-parallel shard, sequence parallel or not, selectively recomputed or not."""
     return Sharding(tp=layout.tp, sequence_parallel=layout.sequence_parallel,
-                    selective_recompute=recompute == "selective")
+                    selective_recompute=recompute == "selective", cp=layout.cp)
 
 
 def plan_recompute(plan: Plan) -> str:
@@ -96,7 +96,9 @@ def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfil
     ``sim.predict`` makes a written plan's, so the two are the same oracle."""
     return CostOracle(graph, microbatch_size, profile, topology, cuda_graphs=cuda_graphs,
                       shards=StateShards.of_zero(layout.zero, layout.dp_shard), kernel_model=kernel_model,
-                      fp8=precision == "fp8", compiled=compiled)
+                      fp8=precision == "fp8", compiled=compiled,
+                      cp_groups=tuple(layout.cp_group(0, 0, t) for t in range(layout.tp)) if layout.cp > 1 else (),
+                      cp_comm=layout.cp_comm)
 
 
 class CostModel:
@@ -455,15 +457,15 @@ def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, m
     oracle = oracle or CostOracle(graph, microbatch_size, profile, topology)
     devices = topology.devices
     for p in range(layout.pp):
-        for d in range(layout.dp):
+        for d in range(layout.data_ranks):
             names = {devices[r].name for r in layout.tp_group(p, d)}
             if len(names) > 1:
                 raise SpecError(f"the tensor-parallel group of pipeline rank {p}, replica {d} (devices "
                                 f"{list(layout.tp_group(p, d))}) mixes {', '.join(sorted(names))}; tensor "
                                 f"parallelism needs one device model per group (try another --rank-order)")
     first = _replica_signature(topology, layout, 0)
-    identical = all(_replica_signature(topology, layout, d) == first for d in range(1, layout.dp))
-    everyone = tuple(range(layout.dp))
+    identical = all(_replica_signature(topology, layout, d) == first for d in range(1, layout.data_ranks))
+    everyone = tuple(range(layout.data_ranks))
     if identical and not simulate_all:
         return (CostModel(graph, topology, placement, microbatch_size, profile, oracle=oracle, layout=layout,
                           replica=0, concurrent=everyone),)

@@ -49,13 +49,14 @@ from itertools import accumulate
 
 from sim.core.errors import SpecError
 from sim.cost.collectives import CollectiveCost, collective_cost, concurrent_transfer
+from sim.cost.context_parallel import KvExchange, kv_exchange
 from sim.cost.gpu_time import KernelModel, default_kernel_model, optimizer_seconds, transformer_layer_seconds
 from sim.cost.memory_sizes import WHOLE_STATE, MemorySizes, StateShards, layer_input_bytes, state_bytes_per_param
 from sim.cost.nccl import link_class, nccl_seconds
 from sim.cost.profile import LayerMemory, MeasuredProfile
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology, message_time
-from sim.models.graph import LayerGraph
+from sim.models.graph import LayerGraph, TransformerPart
 
 __all__ = ["CostOracle", "LayerCosts"]
 
@@ -90,6 +91,9 @@ class CostOracle:
         fp8: the linears of the Llama-family blocks run in FP8 (``--precision fp8``; :mod:`sim.cost.kernels.llama`).
         compiled: the Llama-family blocks run under ``torch.compile`` (``--compile``;
             :mod:`sim.cost.kernels.pointwise`).
+        cp_groups: under context parallelism, the context-parallel groups of the first pipeline stage's first
+            replica, one per tensor shard, each in sequence-part order: where the key/value exchange is costed.
+        cp_comm: how the exchange travels (:data:`sim.cost.context_parallel.CP_COMMS`).
 
     Raises:
         SpecError: ``microbatch_size`` < 1.
@@ -98,7 +102,7 @@ class CostOracle:
     def __init__(self, graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None = None,
                  topology: Topology | None = None, *, shards: StateShards = WHOLE_STATE,
                  kernel_model: KernelModel | None = None, cuda_graphs: bool = False, fp8: bool = False,
-                 compiled: bool = False) -> None:
+                 compiled: bool = False, cp_groups: tuple[tuple[int, ...], ...] = (), cp_comm: str = "ring") -> None:
         if microbatch_size < 1:
             raise SpecError(f"microbatch size must be >= 1, got {microbatch_size}")
         self.graph, self.microbatch_size, self.profile, self._topology = graph, microbatch_size, profile, topology
@@ -107,6 +111,7 @@ class CostOracle:
         self.cuda_graphs = cuda_graphs
         self.fp8 = fp8
         self.compiled = compiled
+        self.cp_groups, self.cp_comm = cp_groups, cp_comm
         self._transformer: bool | None = None
         self._collectives: dict[tuple, CollectiveCost] = {}
         self._p2p = None
@@ -193,6 +198,17 @@ class CostOracle:
             self._by_device[device.name] = cached
         return cached
 
+    def _kv_exchange(self, part: TransformerPart) -> KvExchange | None:
+        """The key/value exchange of a context-parallel block for one microbatch (:mod:`sim.cost.context_parallel`):
+        each rank's K and V, ``2 · b · (s / C) · (g / t) · d`` values; ``None`` for another layer."""
+        if part.cp == 1 or part.part != "block":
+            return None
+        if len(self.cp_groups) == 0 or any(len(group) != part.cp for group in self.cp_groups) or self._topology is None:
+            raise ValueError(f"a block split over cp={part.cp} ranks needs the oracle's cp_groups and topology")
+        shard = 2 * self.microbatch_size * part.seq // part.cp * part.kv_heads // part.tp * part.head_dim \
+            * self.graph.dtype_bytes
+        return kv_exchange(self._topology, self.cp_groups, shard, self.cp_comm)
+
     def _compute_layer_costs(self, device: DeviceSpec) -> LayerCosts:
         graph, size, profile = self.graph, self.microbatch_size, self.profile
         measured = None
@@ -229,7 +245,8 @@ class CostOracle:
                 model = self.kernel_model
                 seconds = transformer_layer_seconds(layer.transformer, size, device, model,
                                                     selective_recompute=layer.recompute_flops > 0, fp8=self.fp8,
-                                                    compiled=self.compiled)
+                                                    compiled=self.compiled,
+                                                    kv_exchange=self._kv_exchange(layer.transformer))
                 fwd.append(seconds.fwd)
                 bwd.append(seconds.bwd)
                 opt.append(optimizer_seconds(graph.param_count(i) / self.shards.optimizer, device, model,

@@ -13,6 +13,13 @@ divides the server's GPU count), then the data-parallel rank, then the pipeline 
 
     device(pp, dp, tp) = tp + T · (dp + D · pp)
 
+Context parallelism (``cp`` = C) splits each sequence over C devices that hold the same samples. They sit on the
+data axis, innermost, as in torchtitan's device mesh ``[pp, dp_replicate, dp_shard, cp, tp]``: the data axis has
+``D · C`` positions (:attr:`Parallelism.data_ranks`), position ``d · C + c`` being replica d's sequence part c, and
+every device of it reduces its gradients with the others and (ZeRO/FSDP) shards the training state with them, as
+torchtitan's ``dp_shard_cp`` mesh and Megatron's ``data_parallel_group_with_cp`` do. With C = 1 (the default) the
+data axis is the replicas.
+
 Any other nesting of the three can be named (``--rank-order dp-tp-pp`` puts replicas innermost), and ``devices``
 (``--devices``) can then place the positions of that numbering on other devices: position i runs on
 ``devices[i]``, a permutation, so that a heavy stage sits on the fast GPUs of a mixed cluster or a slow link falls
@@ -29,7 +36,10 @@ from typing import Any
 
 from sim.core.errors import SpecError
 
-__all__ = ["Parallelism", "PURE_PIPELINE", "RANK_ORDERS", "DEFAULT_RANK_ORDER", "ZERO_STAGES"]
+__all__ = ["Parallelism", "PURE_PIPELINE", "RANK_ORDERS", "DEFAULT_RANK_ORDER", "ZERO_STAGES", "CP_COMMS"]
+
+#: How context-parallel ranks exchange keys and values (``sim.cost.context_parallel`` costs them).
+CP_COMMS = ("ring", "allgather")
 
 #: Megatron-LM's nesting: tensor-parallel ranks innermost, then data-parallel, then pipeline.
 DEFAULT_RANK_ORDER = "tp-dp-pp"
@@ -40,8 +50,8 @@ RANK_ORDERS = tuple("-".join(order) for order in permutations(("tp", "dp", "pp")
 #: PyTorch's FSDP).
 ZERO_STAGES = (0, 1, 2, 3)
 
-_FIELDS = frozenset({"tp", "dp", "pp", "order", "sequence_parallel", "zero", "reshard_after_forward", "dp_replicate",
-                     "grad_overlap", "devices"})
+_FIELDS = frozenset({"tp", "dp", "pp", "cp", "cp_comm", "order", "sequence_parallel", "zero", "reshard_after_forward",
+                     "dp_replicate", "grad_overlap", "devices"})
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,11 @@ class Parallelism:
         dp: data-parallel degree D: replicas of the whole pipeline, each on ``1/D`` of the global batch.
         pp: pipeline ranks P (``len(plan.programs)``).
         order: nesting of the ranks, innermost first (:data:`RANK_ORDERS`).
+        cp: context-parallel degree C: devices that split every sequence of a replica (module docstring), on the
+            data axis; the data-parallel collectives and ZeRO's shards span all ``D · C`` of it.
+        cp_comm: how a context-parallel attention gets the other ranks' keys and values: ``"ring"`` (passed around
+            the group, each hop under one step's attention) or ``"allgather"`` (gathered once, Llama 3's and
+            torchtitan's form); :mod:`sim.cost.context_parallel`.
         sequence_parallel: Megatron's sequence parallelism (Korthikanti et al., arXiv 2205.05198 §4.2.2): the
             tensor-parallel all-reduces become reduce-scatter + all-gather and norms and dropout are sharded.
         zero: the ZeRO stage (:data:`ZERO_STAGES`). 1, as Megatron's distributed optimizer: gradients are
@@ -67,19 +82,22 @@ class Parallelism:
             (``reshard_after_forward=False``, as Llama 3 trained), one gather fewer per microbatch for the memory of
             the stage's whole parameters. Meaningless, and so always True, below ZeRO-3.
         dp_replicate: under ZeRO-3, HSDP (hybrid sharding): the D replicas form ``dp_replicate`` groups of
-            ``D / dp_replicate`` that each shard the state among themselves (the shard groups: consecutive data-parallel
-            ranks, innermost, as torchtitan's mesh nests them), and the groups replicate each other, all-reducing
-            each layer's gradient shard after its reduce-scatter (``sim.cost.fsdp``). 1 (the default) is plain FSDP.
+            ``D / dp_replicate`` (with their C sequence parts each) that each shard the state among themselves (the
+            shard groups: consecutive data-axis positions, innermost, as torchtitan's mesh nests them), and the
+            groups replicate each other, all-reducing each layer's gradient shard after its reduce-scatter
+            (``sim.cost.fsdp``). 1 (the default) is plain FSDP.
         grad_overlap: the data-parallel reduction of a stage's gradients runs in buckets while its last backward
             produces them (PyTorch DDP's bucketed all-reduce, Megatron's ``--overlap-grad-reduce``), instead of after
             the rank's whole backward pass (Megatron's default).
-        devices: the device of each position of the nesting, a permutation of ``0..T·D·P−1``; ``()`` (the
+        devices: the device of each position of the nesting, a permutation of ``0..T·D·C·P−1``; ``()`` (the
             default): position i is device i.
     """
 
     tp: int = 1
     dp: int = 1
     pp: int = 1
+    cp: int = 1
+    cp_comm: str = "ring"
     order: str = DEFAULT_RANK_ORDER
     sequence_parallel: bool = False
     zero: int = 0
@@ -89,10 +107,15 @@ class Parallelism:
     devices: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("tp", "dp", "pp"):
+        for name in ("tp", "dp", "pp", "cp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(f"{{{name}}} must be an integer >= 1, got {value!r}", name)
+        if self.cp_comm not in CP_COMMS:
+            raise SpecError(f"{{cp_comm}} must be one of {', '.join(CP_COMMS)}, got {self.cp_comm!r}", "cp_comm")
+        if self.cp_comm != "ring" and self.cp == 1:
+            raise SpecError(f"{{cp_comm}} {self.cp_comm} is how context-parallel ranks exchange keys and values; it "
+                            f"needs {{cp}} > 1", "cp_comm", "cp")
         if self.order not in RANK_ORDERS:
             raise SpecError(f"{{order}} must be one of {', '.join(RANK_ORDERS)}, got {self.order!r}", "order")
         if self.zero not in ZERO_STAGES:
@@ -100,9 +123,9 @@ class Parallelism:
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("{sequence_parallel} shards activations across tensor-parallel ranks; it needs {tp} > 1",
                             "sequence_parallel", "tp")
-        if self.grad_overlap and self.dp == 1:
+        if self.grad_overlap and self.data_ranks == 1:
             raise SpecError("{grad_overlap} overlaps the data-parallel gradient reduction with the backward; it needs "
-                            "{dp} > 1", "grad_overlap", "dp")
+                            "{dp} > 1 (or {cp} > 1)", "grad_overlap", "dp", "cp")
         if not isinstance(self.reshard_after_forward, bool):
             raise SpecError(f"{{reshard_after_forward}} must be true or false, got {self.reshard_after_forward!r}",
                             "reshard_after_forward")
@@ -118,18 +141,18 @@ class Parallelism:
         if self.grad_overlap and self.zero >= 2:
             raise SpecError(f"{{grad_overlap}} buckets one reduction per step; {{zero}} {self.zero} already reduces "
                             f"each microbatch's gradients as its backward makes them", "grad_overlap", "zero")
-        if self.zero and self.dp == 1:
+        if self.zero and self.data_ranks == 1:
             raise SpecError(f"{{zero}} {self.zero} shards optimizer state across data-parallel replicas; it needs "
-                            f"{{dp}} > 1", "zero", "dp")
+                            f"{{dp}} > 1 (or {{cp}} > 1)", "zero", "dp", "cp")
         strides, stride = {}, 1
         for name, size in self._sizes():
             strides[name], stride = stride, stride * size
         object.__setattr__(self, "_strides", (strides["pp"], strides["dp"], strides["tp"]))
         if self.devices:
-            world = self.tp * self.dp * self.pp
+            world = self.world_size
             if sorted(self.devices) != list(range(world)) or any(isinstance(d, bool) for d in self.devices):
-                raise SpecError(f"{{devices}} must order the devices 0..{world - 1} (T·D·P = {world}), each once; got "
-                                f"{','.join(map(str, self.devices))}", "devices")
+                raise SpecError(f"{{devices}} must order the devices 0..{world - 1} (T·D·C·P = {world}), each once; "
+                                f"got {','.join(map(str, self.devices))}", "devices")
             # The position of each device, so that coords() inverts device() in O(1).
             object.__setattr__(self, "_position", {d: i for i, d in enumerate(self.devices)})
             # torch.distributed numbers a group's members in ascending order of their global ranks, and the executor
@@ -146,8 +169,13 @@ class Parallelism:
 
     @property
     def world_size(self) -> int:
-        """Devices the plan uses: T · D · P."""
-        return self.tp * self.dp * self.pp
+        """Devices the plan uses: T · D · C · P."""
+        return self.tp * self.data_ranks * self.pp
+
+    @property
+    def data_ranks(self) -> int:
+        """Positions on the data axis: D replicas × C sequence parts (module docstring)."""
+        return self.dp * self.cp
 
     @property
     def is_pure_pipeline(self) -> bool:
@@ -155,11 +183,13 @@ class Parallelism:
         return self == Parallelism(pp=self.pp)
 
     def _sizes(self) -> tuple[tuple[str, int], ...]:
-        return tuple((name, getattr(self, name)) for name in self.order.split("-"))
+        sizes = {"tp": self.tp, "dp": self.data_ranks, "pp": self.pp}
+        return tuple((name, sizes[name]) for name in self.order.split("-"))
 
     def device(self, pp: int, dp: int = 0, tp: int = 0) -> int:
-        """The device (global rank) of pipeline rank ``pp``, replica ``dp``, tensor shard ``tp``."""
-        if not (0 <= pp < self.pp and 0 <= dp < self.dp and 0 <= tp < self.tp):
+        """The device (global rank) of pipeline rank ``pp``, data-axis position ``dp`` (replica ``dp // C``,
+        sequence part ``dp % C``), tensor shard ``tp``."""
+        if not (0 <= pp < self.pp and 0 <= dp < self.data_ranks and 0 <= tp < self.tp):
             coords = {"pp": pp, "dp": dp, "tp": tp}
             name, size = next((n, size) for n, size in self._sizes() if not 0 <= coords[n] < size)
             raise ValueError(f"{name} rank {coords[name]} outside 0..{size - 1}")
@@ -170,7 +200,7 @@ class Parallelism:
         return self.devices[index] if self.devices else index
 
     def coords(self, device: int) -> tuple[int, int, int]:
-        """``(pp, dp, tp)`` of ``device``: the inverse of :meth:`device`."""
+        """``(pp, dp, tp)`` of ``device`` (``dp`` its data-axis position): the inverse of :meth:`device`."""
         if not 0 <= device < self.world_size:
             raise ValueError(f"device {device} outside 0..{self.world_size - 1}")
         if self.devices:
@@ -185,8 +215,14 @@ class Parallelism:
         return tuple(self.device(pp, dp, t) for t in range(self.tp))
 
     def dp_group(self, pp: int, tp: int) -> tuple[int, ...]:
-        """Devices that hold the same shard of pipeline rank ``pp`` in every replica (they reduce gradients)."""
-        return tuple(self.device(pp, d, tp) for d in range(self.dp))
+        """Devices that hold the same shard of pipeline rank ``pp`` in every replica and sequence part (they reduce
+        gradients)."""
+        return tuple(self.device(pp, d, tp) for d in range(self.data_ranks))
+
+    def cp_group(self, pp: int, replica: int, tp: int) -> tuple[int, ...]:
+        """Devices that split replica ``replica``'s sequences for pipeline rank ``pp``, shard ``tp``, in sequence-part
+        order (they exchange keys and values)."""
+        return tuple(self.device(pp, replica * self.cp + c, tp) for c in range(self.cp))
 
     @property
     def device_ranks(self) -> tuple[int, ...]:
@@ -195,9 +231,9 @@ class Parallelism:
 
     @property
     def dp_shard(self) -> int:
-        """Replicas that split the training state among themselves: ``dp`` (all of them), or under HSDP
-        ``dp / dp_replicate``."""
-        return self.dp // self.dp_replicate
+        """Data-axis positions that split the training state among themselves: all ``D · C``, or under HSDP
+        ``D · C / dp_replicate``."""
+        return self.data_ranks // self.dp_replicate
 
     def shard_group(self, pp: int, tp: int, group: int) -> tuple[int, ...]:
         """Devices of HSDP shard group ``group`` (``0 <= group < dp_replicate``) of pipeline rank ``pp``, shard ``tp``:
@@ -208,19 +244,23 @@ class Parallelism:
 
     def replicate_group(self, pp: int, tp: int, index: int) -> tuple[int, ...]:
         """Devices that hold the same state shard ``index`` (``0 <= index < dp_shard``) in every HSDP shard group."""
-        return tuple(self.device(pp, d, tp) for d in range(index, self.dp, self.dp_shard))
+        return tuple(self.device(pp, d, tp) for d in range(index, self.data_ranks, self.dp_shard))
 
     def pp_group(self, dp: int, tp: int) -> tuple[int, ...]:
-        """Devices of one pipeline: pipeline ranks 0..P−1 of replica ``dp``, shard ``tp``."""
+        """Devices of one pipeline: pipeline ranks 0..P−1 of data-axis position ``dp``, shard ``tp``."""
         return tuple(self.device(p, dp, tp) for p in range(self.pp))
 
     def groups(self) -> dict[str, list[list[int]]]:
         """Every group by kind, as ``plan.json`` and the summary show them (sorted, deterministic)."""
-        return {
-            "tp": [list(self.tp_group(p, d)) for p in range(self.pp) for d in range(self.dp)],
+        groups = {
+            "tp": [list(self.tp_group(p, d)) for p in range(self.pp) for d in range(self.data_ranks)],
             "dp": [list(self.dp_group(p, t)) for p in range(self.pp) for t in range(self.tp)],
-            "pp": [list(self.pp_group(d, t)) for d in range(self.dp) for t in range(self.tp)],
+            "pp": [list(self.pp_group(d, t)) for d in range(self.data_ranks) for t in range(self.tp)],
         }
+        if self.cp > 1:
+            groups["cp"] = [list(self.cp_group(p, r, t)) for p in range(self.pp) for r in range(self.dp)
+                            for t in range(self.tp)]
+        return groups
 
     def describe(self) -> str:
         """One line for the summary, e.g. ``TP 2 × DP 4 × PP 8 = 64 devices (order tp-dp-pp, ZeRO-1)``."""
@@ -234,14 +274,17 @@ class Parallelism:
             extras.append("gradient reduction overlapped")
         if self.devices:
             extras.append(f"devices {','.join(map(str, self.devices))}")
-        return (f"TP {self.tp} × DP {self.dp} × PP {self.pp} = {self.world_size} devices "
+        cp = f" × CP {self.cp} ({self.cp_comm})" if self.cp > 1 else ""
+        return (f"TP {self.tp}{cp} × DP {self.dp} × PP {self.pp} = {self.world_size} devices "
                 f"({', '.join(extras)})")
 
     # --- JSON ------------------------------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
         """The ``parallel`` object of ``plan.json``: the degrees, the options and, for readers, every group."""
-        return {"tp": self.tp, "dp": self.dp, "pp": self.pp, "order": self.order,
+        return {"tp": self.tp, "dp": self.dp, "pp": self.pp,
+                **({"cp": self.cp, "cp_comm": self.cp_comm} if self.cp > 1 else {}),
+                "order": self.order,
                 "sequence_parallel": self.sequence_parallel, "zero": self.zero,
                 **({} if self.reshard_after_forward else {"reshard_after_forward": False}),
                 **({"dp_replicate": self.dp_replicate} if self.dp_replicate > 1 else {}),
@@ -258,7 +301,7 @@ class Parallelism:
         if unknown:
             raise SpecError(f"{source}: parallel has unknown field(s) {', '.join(map(repr, unknown))}; it has "
                             f"{', '.join(sorted(_FIELDS | {'groups'}))}")
-        for key in ("tp", "dp", "pp", "zero", "dp_replicate"):
+        for key in ("tp", "dp", "pp", "cp", "zero", "dp_replicate"):
             value = data.get(key, 0 if key == "zero" else 1)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(f"{source}: parallel.{key} must be an integer, got {value!r}")
@@ -268,7 +311,8 @@ class Parallelism:
         devices = data.get("devices", [])
         if not isinstance(devices, list) or any(isinstance(d, bool) or not isinstance(d, int) for d in devices):
             raise SpecError(f"{source}: parallel.devices must be a list of device numbers, got {devices!r}")
-        layout = cls(tp=data.get("tp", 1), dp=data.get("dp", 1), pp=data.get("pp", pp),
+        layout = cls(tp=data.get("tp", 1), dp=data.get("dp", 1), pp=data.get("pp", pp), cp=data.get("cp", 1),
+                     cp_comm=str(data.get("cp_comm", "ring")),
                      order=str(data.get("order", DEFAULT_RANK_ORDER)),
                      sequence_parallel=data.get("sequence_parallel", False), zero=data.get("zero", 0),
                      reshard_after_forward=data.get("reshard_after_forward", True),

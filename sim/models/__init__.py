@@ -78,6 +78,9 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     if entry is None:
         raise SpecError(f"unknown model {name!r} in spec {spec!r} (known: {', '.join(sorted(MODELS))}; presets: "
                         f"{', '.join(hf_config.preset_names())}; hf:PATH for a HuggingFace config)")
+    if sharding.cp > 1 and name != llama.NAME:
+        raise SpecError(f"context parallelism is modelled for the llama family only, got {spec!r} with "
+                        f"{sharding.describe()}")
     if sharding.changes_model and entry.build_shard is None:
         what = "tensor parallelism" if sharding.tp > 1 else "selective recomputation"
         shardable = " and ".join(name for name, e in MODELS.items() if e.build_shard is not None)

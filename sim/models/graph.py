@@ -36,6 +36,7 @@ class TransformerPart:
         seq, hidden, heads: sequence length, hidden size and attention heads of the whole model.
         vocab: vocabulary rows of the whole model, padded to a multiple of ``tp``.
         tp: tensor-parallel degree of the shard.
+        cp: context-parallel degree: the shard holds ``seq / cp`` of each sequence's tokens.
         sequence_parallel: Megatron's sequence parallelism.
         family: ``"gpt"`` (Megatron's GPT block: LayerNorm, fused QKV, 4h GELU MLP, dropout, learned positions) or
             ``"llama"`` (RMSNorm, rotary, grouped-query FlashAttention, SwiGLU; :mod:`sim.cost.kernels.llama`).
@@ -51,6 +52,7 @@ class TransformerPart:
     tp: int = 1
     sequence_parallel: bool = False
     family: str = "gpt"
+    cp: int = 1
     kv_heads: int = 0
     head_dim: int = 0
     ffn: int = 0
@@ -65,7 +67,7 @@ class TransformerPart:
             raise ValueError(f"transformer family must be gpt or llama, got {self.family!r}")
         if self.family == "llama" and min(self.kv_heads, self.head_dim, self.ffn) < 1:
             raise ValueError("a llama transformer part needs kv_heads, head_dim and ffn >= 1")
-        for attr in ("seq", "hidden", "heads", "vocab", "tp"):
+        for attr in ("seq", "hidden", "heads", "vocab", "tp", "cp"):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"transformer part: {attr} must be a positive int, got {value!r}")

@@ -51,7 +51,7 @@ upper bound there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
@@ -233,24 +233,32 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     if shape.heads % t or shape.kv_heads % t:
         raise SpecError(f"tensor parallelism splits the query and key/value heads: tp={t} must divide heads="
                         f"{shape.heads} and kv_heads={shape.kv_heads} in {spec!r}")
-    s, h = shape.seq, shape.hidden
+    c = sharding.cp
+    if c > 1 and (shape.seq % (2 * c) or shape.window):
+        raise SpecError(f"context parallelism splits each sequence into 2·cp = {2 * c} chunks: seq={shape.seq} must "
+                        f"be a multiple of {2 * c}{' and there must be no sliding window' if shape.window else ''}, "
+                        f"in {spec!r}")
+    # What one device holds of each sequence: 1/C of its tokens (its attention FLOPs are 1/C of the whole too, the
+    # causal load balance of sim.cost.context_parallel).
+    local = replace(shape, seq=shape.seq // c)
+    s, h = local.seq, shape.hidden
     vt = padded_vocab(shape.vocab, t) // t
     # What each layer is, for the GPU kernel model (sim.cost.kernels.llama).
-    dims = dict(seq=s, hidden=h, heads=shape.heads, vocab=vt * t, tp=t, family="llama", kv_heads=shape.kv_heads,
-                head_dim=shape.head_dim, ffn=shape.ffn, qkv_bias=shape.qkv_bias, qk_norm=shape.qk_norm,
-                window=shape.window)
+    dims = dict(seq=shape.seq, hidden=h, heads=shape.heads, vocab=vt * t, tp=t, family="llama",
+                kv_heads=shape.kv_heads, head_dim=shape.head_dim, ffn=shape.ffn, qkv_bias=shape.qkv_bias,
+                qk_norm=shape.qk_norm, window=shape.window, cp=c)
     full = DTYPE_BYTES * s * h  # one bf16 s × h tensor: what crosses every stage boundary
     none = Collectives()
     embed = _layer(name="embed", kind="embedding", flops_fwd=0.0, flops_bwd=0.0,  # a table lookup: no matmul
                    param_bytes=DTYPE_BYTES * embed_params(shape, t), activation_bytes=full, saved_bytes=full,
                    fwd=all_reduce(full) if t > 1 else none, bwd=none,
                    transformer=TransformerPart("embedding", **dims))
-    flops = block_flops_fwd(shape) // t
+    flops = block_flops_fwd(shape) // (t * c)
     comm = all_reduce(full, times=2) if t > 1 else none
-    recompute = float(sac_recompute_flops(shape, t)) if sharding.selective_recompute else 0.0
+    recompute = float(sac_recompute_flops(local, t)) if sharding.selective_recompute else 0.0
     blocks = [_layer(name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
                      param_bytes=DTYPE_BYTES * block_params(shape, t), activation_bytes=full,
-                     saved_bytes=block_saved_bytes(shape, t, sharding.selective_recompute), recompute_flops=recompute,
+                     saved_bytes=block_saved_bytes(local, t, sharding.selective_recompute), recompute_flops=recompute,
                      fwd=comm, bwd=comm,
                      transformer=TransformerPart("block", **dims))
               for i in range(shape.layers)]

@@ -36,15 +36,20 @@ class Sharding:
             ``tp = 1`` there is nothing to split and it changes nothing (allowed, so a sweep may set it throughout).
         selective_recompute: Korthikanti et al. §5: the attention core (QK^T, softmax, softmax dropout, attention
             over V) keeps nothing for the backward, which re-runs it; everything else is kept.
+        cp: context-parallel degree C: the device holds 1/C of each sequence's tokens (:mod:`sim.cost.
+            context_parallel`), so its FLOPs and activations are 1/C of the replica's.
     """
 
     tp: int = 1
     sequence_parallel: bool = False
     selective_recompute: bool = False
+    cp: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise ValueError(f"tensor-parallel degree tp must be an int >= 1, got {self.tp!r}")
+        if isinstance(self.cp, bool) or not isinstance(self.cp, int) or self.cp < 1:
+            raise ValueError(f"context-parallel degree cp must be an int >= 1, got {self.cp!r}")
         for name in ("sequence_parallel", "selective_recompute"):
             value = getattr(self, name)
             if not isinstance(value, bool):
@@ -58,13 +63,13 @@ class Sharding:
 
     @property
     def changes_model(self) -> bool:
-        """Whether a graph built with this sharding can differ from the whole model's: ``tp > 1`` or selective
-        recomputation (sequence parallelism alone, at ``tp = 1``, is a no-op)."""
-        return self.tp > 1 or self.selective_recompute
+        """Whether a graph built with this sharding can differ from the whole model's: ``tp > 1``, ``cp > 1`` or
+        selective recomputation (sequence parallelism alone, at ``tp = 1``, is a no-op)."""
+        return self.tp > 1 or self.cp > 1 or self.selective_recompute
 
     def describe(self) -> str:
         """Short text for messages, e.g. ``tp=4, sequence parallel, selective recompute``."""
-        parts = [f"tp={self.tp}"]
+        parts = [f"tp={self.tp}"] + ([f"cp={self.cp}"] if self.cp > 1 else [])
         if self.sequence_parallel:
             parts.append("sequence parallel")
         if self.selective_recompute:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.cost.compiled import check_compile
+from sim.cost.context_parallel import check_context_parallel
 from sim.cost.model import CostModel, plan_oracle, plan_sharding
 from sim.cost.oracle import CostOracle
 from sim.cost.precision import check_precision
@@ -90,6 +91,7 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
     graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
     check_precision(inputs.precision, graph, [topology.devices[d] for d in layout.device_ranks])
     check_compile(inputs.compiled, graph, [topology.devices[d] for d in layout.device_ranks])
+    check_context_parallel(layout.cp, [topology.devices[d] for d in layout.device_ranks])
     profile = load_profile(inputs.profile) if inputs.profile else None
     if inputs.schedule_file:
         l0 = _programs_from_file(inputs, graph, topology, layout, microbatches)
@@ -103,7 +105,7 @@ def build_plan(inputs: PlanInputs) -> BuiltPlan:
     plan = add_collectives(lower(_l0_plan(inputs, graph, topology, l0, placement)))
     validate(plan)
     costs = CostModel(graph, topology, placement, inputs.microbatch_size, profile, oracle=oracle, layout=l0.layout,
-                      concurrent=tuple(range(l0.layout.dp)))
+                      concurrent=tuple(range(l0.layout.data_ranks)))
     return BuiltPlan(plan, graph, topology, costs, profile)
 
 
@@ -143,9 +145,9 @@ def _programs_from_file(inputs: PlanInputs, graph: LayerGraph, topology: Topolog
     # Under tensor parallelism each compute op is followed by its collective: at most twice the ops.
     check_plan_size(graph, inferred, inputs.microbatch_size, vstage_to_rank,
                     compute * (2 if layout.tp > 1 else 1) / (len(vstage_to_rank) * inferred), False)
-    if len(programs) * layout.tp * layout.dp > topology.num_ranks:
-        raise SpecError(f"{path} has {len(programs)} ranks, × TP {layout.tp} × DP {layout.dp} devices, topology "
-                        f"{topology} has {topology.num_ranks} devices")
+    if len(programs) * layout.tp * layout.data_ranks > topology.num_ranks:
+        raise SpecError(f"{path} has {len(programs)} ranks, × TP {layout.tp} × DP·CP {layout.data_ranks} devices, "
+                        f"topology {topology} has {topology.num_ranks} devices")
     if inputs.pp is not None and inputs.pp != len(programs):
         raise SpecError(f"{path} has {len(programs)} ranks, {{pp}} says {inputs.pp}", "pp")
     return _Programs(programs, vstage_to_rank, inferred, "file", "flush", (), replace(layout, pp=len(programs)))

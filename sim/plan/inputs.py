@@ -38,6 +38,8 @@ class PlanInputs:
         vertical_sync: every stage uses stage 0's weight version per microbatch (``--vertical-sync``, stash only).
         tp: tensor-parallel degree (``--tp``).
         dp: data-parallel degree (``--dp``).
+        cp: context-parallel degree (``--cp``): devices that split each sequence (:mod:`sim.cost.context_parallel`).
+        cp_comm: how they exchange keys and values (``--cp-comm``: ``ring`` or ``allgather``).
         pp: pipeline ranks (``--pp``); ``None``: the devices left, ``devices // (tp · dp)``.
         global_batch: samples per iteration over all replicas (``--global-batch``): the microbatch count is
             ``global_batch / (microbatch_size · dp)``.
@@ -72,6 +74,8 @@ class PlanInputs:
     tp: int = 1
     dp: int = 1
     pp: int | None = None
+    cp: int = 1
+    cp_comm: str = "ring"
     global_batch: int | None = None
     rank_order: str = DEFAULT_RANK_ORDER
     sequence_parallel: bool = False

@@ -26,20 +26,21 @@ def plan_layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
     """The tensor × data × pipeline layout the user asked for, checked against the topology's device count."""
     devices = topology.num_ranks
     # The layout checks its own fields (one line naming the flag and value) before they are multiplied here.
-    asked = Parallelism(tp=inputs.tp, dp=inputs.dp, pp=1 if inputs.pp is None else inputs.pp,
+    asked = Parallelism(tp=inputs.tp, dp=inputs.dp, pp=1 if inputs.pp is None else inputs.pp, cp=inputs.cp,
+                        cp_comm=inputs.cp_comm,
                         order=inputs.rank_order, sequence_parallel=inputs.sequence_parallel, zero=inputs.zero,
                         reshard_after_forward=inputs.reshard_after_forward, dp_replicate=inputs.dp_replicate,
                         grad_overlap=inputs.grad_overlap)
-    if inputs.devices and len(inputs.devices) != asked.tp * asked.dp * (inputs.pp or 1) and inputs.pp is not None:
-        raise SpecError(f"--devices lists {len(inputs.devices)} devices, --tp {asked.tp} × --dp {asked.dp} × --pp "
-                        f"{inputs.pp} uses {asked.tp * asked.dp * inputs.pp}")
-    if asked.tp * asked.dp > devices:
-        raise SpecError(f"--tp {asked.tp} × --dp {asked.dp} = {asked.tp * asked.dp} devices, topology {topology} "
-                        f"has {devices}")
-    pp = inputs.pp if inputs.pp is not None else devices // (asked.tp * asked.dp)
-    if asked.tp * asked.dp * pp > devices:
-        raise SpecError(f"--tp {asked.tp} × --dp {asked.dp} × --pp {pp} = {asked.tp * asked.dp * pp} devices, "
-                        f"topology {topology} has {devices}")
+    width = asked.tp * asked.data_ranks  # devices of one pipeline stage
+    named = f"--tp {asked.tp} × --dp {asked.dp}" + (f" × --cp {asked.cp}" if asked.cp > 1 else "")
+    if inputs.devices and len(inputs.devices) != width * (inputs.pp or 1) and inputs.pp is not None:
+        raise SpecError(f"--devices lists {len(inputs.devices)} devices, {named} × --pp {inputs.pp} uses "
+                        f"{width * inputs.pp}")
+    if width > devices:
+        raise SpecError(f"{named} = {width} devices, topology {topology} has {devices}")
+    pp = inputs.pp if inputs.pp is not None else devices // width
+    if width * pp > devices:
+        raise SpecError(f"{named} × --pp {pp} = {width * pp} devices, topology {topology} has {devices}")
     return replace(asked, pp=pp, devices=tuple(inputs.devices))
 
 

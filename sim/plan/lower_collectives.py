@@ -51,7 +51,7 @@ def add_collectives(plan: Plan) -> Plan:
     layout = plan.layout
     if layout.tp > 1:
         plan = _add_tensor_parallel(plan)
-    if layout.dp > 1:
+    if layout.data_ranks > 1:
         if plan.weight_policy == "stash":
             if layout.zero or layout.grad_overlap:
                 raise SpecError(f"{'--zero 1' if layout.zero else '--grad-overlap'} is modelled for schedules that "

@@ -101,7 +101,7 @@ def _candidates(inputs: PlanInputs, built: BuiltPlan) -> list[tuple[tuple[str, o
     found: list[tuple[tuple[str, object], ...]] = []
     if inputs.recompute_mode != "full" and plan.weight_policy != "stream":
         found.append((("recompute", "full"),))
-    if layout.dp > 1 and plan.weight_policy == "flush":
+    if layout.data_ranks > 1 and plan.weight_policy == "flush":
         # Each higher ZeRO stage splits one more part of the state across the replicas (ZeRO §5).
         found.extend((("zero", stage),) for stage in range(layout.zero + 1, 4))
     for grow in ("tp", "pp"):

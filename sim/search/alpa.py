@@ -26,7 +26,8 @@ def honours_alpa_assumption(candidate: Candidate, topology: Topology) -> bool:
         return False
     layout = Parallelism(tp=candidate.tp, dp=candidate.dp, pp=candidate.pp)
     for p in range(layout.pp):
-        servers = {topology.node_of_rank[layout.device(p, d, t)] for d in range(layout.dp) for t in range(layout.tp)}
+        servers = {topology.node_of_rank[layout.device(p, d, t)] for d in range(layout.data_ranks)
+                   for t in range(layout.tp)}
         if len(servers) > 1:
             return False
     return True

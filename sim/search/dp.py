@@ -86,7 +86,7 @@ class _Blocks:
 
     def __init__(self, oracle: CostOracle, layout: Parallelism, topology: Topology) -> None:
         self.base = base = replace(layout, devices=())
-        self.blocks = [sorted(base.device(p, d, t) for d in range(base.dp) for t in range(base.tp))
+        self.blocks = [sorted(base.device(p, d, t) for d in range(base.data_ranks) for t in range(base.tp))
                        for p in range(base.pp)]
         self.block_kinds = [tuple(sorted(topology.devices[device].name for device in block)) for block in self.blocks]
         self.kinds = sorted(set(self.block_kinds))
@@ -137,7 +137,7 @@ class _Blocks:
         costs = oracle.layer_costs(device)
         steps = np.array([0.0, *costs.opt]).cumsum()
         found = (steps[None, :] - steps[:, None]) + oracle.step_overhead_s(device)
-        if base.dp > 1:
+        if base.data_ranks > 1:
             moved = dict(zip(self.blocks[stage], self.blocks[block]))
             groups = tuple(tuple(moved[device] for device in base.dp_group(stage, t)) for t in range(base.tp))
             names = ("reduce_scatter", "all_gather") if base.zero else ("all_reduce",)

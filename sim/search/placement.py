@@ -54,7 +54,8 @@ def stage_placements(layout: Parallelism, topology: Topology, limit: int = MAX_P
     """Device orders (``Parallelism.devices``) that put the pipeline ranks' blocks on different devices; ``()``, the
     layout's own order, first. Only ``[()]`` when every block holds the same device models."""
     base = replace(layout, devices=())
-    blocks = [sorted(base.device(p, d, t) for d in range(base.dp) for t in range(base.tp)) for p in range(base.pp)]
+    blocks = [sorted(base.device(p, d, t) for d in range(base.data_ranks) for t in range(base.tp))
+              for p in range(base.pp)]
     kinds = [tuple(sorted(topology.devices[device].name for device in block)) for block in blocks]
     if len(set(kinds)) == 1:
         return [()]

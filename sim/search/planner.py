@@ -165,7 +165,7 @@ class _Screen:
                 update = view.compute_time(OpKind.OPT_STEP, vstage)
                 # The step waits for the (last) gradient reduction and, under ZeRO-1 and 2, is followed by the
                 # parameters' all-gather; ZeRO-3 does both inside the forward and backward (sim.cost.fsdp).
-                if layout.dp > 1 and layout.zero < 3:
+                if layout.data_ranks > 1 and layout.zero < 3:
                     update += view.collective(OpKind.REDUCE_GRAD, vstage).seconds
                     if layout.zero:
                         update += view.collective(OpKind.GATHER_PARAMS, vstage).seconds

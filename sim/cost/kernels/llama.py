@@ -40,16 +40,21 @@ LLAMA_COLLECTIVE_AFTER = frozenset({"wo", "w2", "wq_wgrad", "w1_wgrad"})
 class LlamaBlockShape:
     """One block's shape on one tensor-parallel rank: ``b`` samples of ``s`` tokens, hidden ``h``, ``a`` query and
     ``g`` key/value heads of dimension ``d``, SwiGLU width ``f``, split ``t`` ways; q/k/v biases, QK-norm, a
-    sliding ``window`` (0: none)."""
+    sliding ``window`` (0: none); each sequence split over ``cp`` context-parallel ranks, this one holding ``s / cp``
+    of its tokens (two chunks of ``s / 2cp``, :mod:`sim.cost.context_parallel`), ``s`` being the local length."""
 
     def __init__(self, b: int, s: int, h: int, a: int, g: int, d: int, f: int, t: int, *, qkv_bias: bool = False,
-                 qk_norm: bool = False, window: int = 0) -> None:
-        check(b=b, s=s, h=h, a=a, g=g, d=d, f=f, t=t)
+                 qk_norm: bool = False, window: int = 0, cp: int = 1) -> None:
+        check(b=b, s=s, h=h, a=a, g=g, d=d, f=f, t=t, cp=cp)
         if a % t or g % t or f % t:
             raise SpecError(f"tensor-parallel degree {t} must divide the {a} query heads, the {g} key/value heads and "
                             f"the SwiGLU width {f}")
-        self.b, self.s, self.h, self.d, self.t = b, s, h, d, t
-        self.tokens = b * s
+        if cp > 1 and (s % (2 * cp) or window):
+            raise SpecError(f"context parallelism splits each sequence into 2·cp = {2 * cp} chunks: sequence {s} must "
+                            f"be a multiple of {2 * cp}" + (", without a sliding window" if window else ""))
+        self.b, self.h, self.d, self.t, self.cp = b, h, d, t, cp
+        self.s = s // cp
+        self.tokens = b * self.s
         self.q_heads, self.kv_heads, self.ffn = a // t, g // t, f // t
         self.qkv_bias, self.qk_norm, self.window = qkv_bias, qk_norm, window
 
@@ -64,31 +69,56 @@ def attention_fraction(s: int, window: int = 0, tile: int = FLASH_QUERY_TILE) ->
 
 
 def _attention(shape: LlamaBlockShape, db: int, backward: bool) -> list[Kernel]:
-    """FlashAttention-2 over this rank's query heads, each group sharing a key/value head (GQA): the forward reads Q
-    and writes O and the log-sum-exp once and reads K, V once per computed query tile; the backward reads Q, dO,
-    the statistics and the fp32 dQ accumulator once per computed key tile and K, V, dK, dV once, recomputing the
-    scores (5 matmuls against the forward's 2)."""
-    s, d, b = shape.s, shape.d, shape.b
-    fraction = attention_fraction(s, shape.window)
-    tiles = math.ceil(s / FLASH_QUERY_TILE) * fraction  # key (or query) tiles each tile meets, on average
-    q = b * shape.q_heads * s * d  # elements of Q (and of O)
-    kv = b * shape.kv_heads * s * d  # elements of K (and of V)
-    scores = b * shape.q_heads * s * s
-    rows = b * shape.q_heads * s * STAT_BYTES
+    """The attention of this rank's queries: one causal FlashAttention call, or under context parallelism C calls,
+    one per key/value shard (:mod:`sim.cost.context_parallel`): the rank's own shard causally, then for each other
+    shard the half of the (query, key) pairs the causal mask leaves (queries s × keys s/2, unmasked), each followed
+    in the forward by the merge of its partial output into the running one (PyTorch's ``_SDPAMerger``, in fp32:
+    ``out − sigmoid(lse_block − lse)·(out − out_block)``, three passes over the output, 30 bytes per value) and in
+    the backward by the sums of its query and key/value gradients into fp32 accumulators (a read of each, the new
+    gradient read, the sum written); the forward's output is cast back to the training dtype at the end."""
+    s = shape.s
+    kernels = _flash("", shape, db, backward, s, s, causal=True)
+    q = shape.b * shape.q_heads * s * shape.d
+    for step in range(1, shape.cp):
+        kernels += _flash(f"_cp{step}", shape, db, backward, s, s // 2, causal=False)
+        kv = shape.b * shape.kv_heads * s // 2 * shape.d
+        kernels.append(mem(f"cp_grad_accumulate{step}", "elementwise", q + 2 * kv, ADD_FLOPS,
+                           (q + 2 * kv) * (2 * STAT_BYTES + db)) if backward else
+                       mem(f"cp_merge{step}", "elementwise", q, 6, q * (7 * STAT_BYTES + db)))
+    if shape.cp > 1 and not backward:
+        kernels.append(mem("cp_merge_to_dtype", "elementwise", q, 0, q * (STAT_BYTES + db)))
+    return kernels
+
+
+def _flash(tag: str, shape: LlamaBlockShape, db: int, backward: bool, sq: int, sk: int, causal: bool) -> list[Kernel]:
+    """FlashAttention-2 of ``sq`` queries against ``sk`` keys over this rank's query heads, each group sharing a
+    key/value head (GQA): the forward reads Q and writes O and the log-sum-exp once and reads K, V once per
+    computed query tile; the backward reads Q, dO, the statistics and the fp32 dQ accumulator once per computed key
+    tile and K, V, dK, dV once, recomputing the scores (5 matmuls against the forward's 2). ``causal``: the masked
+    tiles skipped (:func:`attention_fraction`; ``sq = sk``)."""
+    d, b = shape.d, shape.b
+    fraction = attention_fraction(sq, shape.window) if causal else 1.0
+    tiles = math.ceil(sk / FLASH_QUERY_TILE) * fraction  # key tiles each query tile meets, on average
+    q = b * shape.q_heads * sq * d  # elements of Q (and of O)
+    kv = b * shape.kv_heads * sk * d  # elements of K (and of V)
+    scores = b * shape.q_heads * sq * sk
+    rows = b * shape.q_heads * sq * STAT_BYTES
     if not backward:
-        return [Kernel("flash_attention", "attention", 4.0 * scores * d * fraction,
+        return [Kernel("flash_attention" + tag, "attention", 4.0 * scores * d * fraction,
                        float((2 * q + 2 * kv * tiles) * db + rows))]
     return [
-        mem("flash_attention_bwd_preprocess", "elementwise", q, 2, 2 * q * db + rows),
-        Kernel("flash_attention_bwd", "attention", 10.0 * scores * d * fraction,
+        mem(f"flash_attention{tag}_bwd_preprocess", "elementwise", q, 2, 2 * q * db + rows),
+        Kernel(f"flash_attention{tag}_bwd", "attention", 10.0 * scores * d * fraction,
                float(4 * kv * db + tiles * (2 * q * db + 2 * q * STAT_BYTES + 2 * rows))),
-        mem("flash_attention_dq_convert", "elementwise", q, 0, q * (STAT_BYTES + db)),
+        mem(f"flash_attention{tag}_dq_convert", "elementwise", q, 0, q * (STAT_BYTES + db)),
     ]
 
 
 #: The forward kernels whose results a block's backward does not read (the down projection's output and the residual
-#: add after it) or that per-op selective checkpointing keeps whatever the precision (SDPA's): never recomputed.
-SAC_NOT_NEEDED = frozenset({"w2", "ffn_residual_add", "flash_attention"})
+#: add after it) or that per-op selective checkpointing keeps whatever the precision (SDPA's, and under context
+#: parallelism its merges): never recomputed.
+SAC_NOT_NEEDED = frozenset({"w2", "ffn_residual_add"})
+SAC_KEPT_PREFIXES = ("flash_attention", "cp_merge")
 
 
 def llama_block_kernels(shape: LlamaBlockShape, *, backward: bool, dtype_bytes: int = 2, fp8: bool = False,
@@ -107,7 +137,8 @@ def llama_block_kernels(shape: LlamaBlockShape, *, backward: bool, dtype_bytes: 
     kernels = _backward(shape, dtype_bytes, fp8, compiled)
     if selective_recompute:
         skip = SAC_NOT_NEEDED | set(sac_saved_linears(shape.qkv_bias, fp8))
-        again = [k for k in _forward(shape, dtype_bytes, fp8, compiled) if k.name not in skip]
+        again = [k for k in _forward(shape, dtype_bytes, fp8, compiled)
+                 if k.name not in skip and not k.name.startswith(SAC_KEPT_PREFIXES)]
         kernels = [Kernel("recompute_" + k.name, k.kind, k.flops, k.bytes, k.gemm, k.batch, k.fp8)
                    for k in again] + kernels
     return tuple(kernels)
