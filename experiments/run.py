@@ -60,6 +60,12 @@ def _vtrain(argv: list[str]) -> int:
     return vtrain.main(argv)
 
 
+def _torchtitan(argv: list[str]) -> int:
+    from experiments import torchtitan
+
+    return torchtitan.main(argv)
+
+
 def _search_vtrain(argv: list[str]) -> int:
     from experiments import search_vtrain
 
@@ -203,6 +209,9 @@ EXPERIMENTS: dict[str, Experiment] = {
     "vtrain": Experiment("vtrain", "the simulator against vTrain's 1,440 third-party Megatron-DeepSpeed runs on 2-8 "
                          "A100s, per (TP, DP, PP) group, on a seeded held-out half, and how it ranks configurations",
                          _vtrain, out="runs/vtrain"),
+    "torchtitan": Experiment("torchtitan", "torchtitan's 32 published Llama 3.1 runs on 8-512 H100s and 32-64 H200s "
+                             "(FSDP, TP, PP, CP, Float8, torch.compile), predicted beside the published tokens/s per "
+                             "GPU, nothing fitted on them", _torchtitan, out="runs/torchtitan"),
     "search_vtrain": Experiment("search_vtrain", "sim.search restricted to the configurations vTrain measured in "
                                 "each (model, GPUs, global batch) group: Spearman of its ranking and the top-1 "
                                 "regret of its pick", _search_vtrain, out="runs/search_vtrain"),

@@ -143,7 +143,7 @@ def kernel_seconds(kernel: Kernel, device: DeviceSpec, model: KernelModel) -> fl
             work.append(math.ceil(tiles / units) * units * tile_m * tile_n)
         compute = min(work) * 2.0 * (k + model.gemm_k_overhead) / throughput
     elif kernel.kind == "attention":
-        compute = kernel.flops / throughput
+        compute = kernel.flops / device.attention_throughput
     return max(compute, memory) + model.kernel_gap_s
 
 

@@ -75,6 +75,9 @@ class DeviceSpec:
         peak_fp8_flops: dense FP8 tensor-core peak, FLOP/s; 0 for a device without FP8 (``--precision fp8`` is
             refused on it).
         fp8_matmul_efficiency: large FP8 GEMMs' ceiling divided by ``peak_fp8_flops``, in (0, 1]; 0 without FP8.
+        attention_efficiency: the attention kernel's (PyTorch's SDPA, FlashAttention-2) achieved FLOP/s divided by
+            ``peak_flops``, in (0, 1], where a source measures it; 0 where none does, and the kernel model then
+            uses ``matmul_efficiency`` (:attr:`attention_throughput`).
     """
 
     name: str
@@ -91,6 +94,13 @@ class DeviceSpec:
     slowdown: float = 1.0
     peak_fp8_flops: float = 0.0
     fp8_matmul_efficiency: float = 0.0
+    attention_efficiency: float = 0.0
+
+    @property
+    def attention_throughput(self) -> float:
+        """FLOP/s of the attention kernel: ``peak_flops`` times ``attention_efficiency``, or ``matmul_efficiency``
+        where the catalog has no attention figure."""
+        return self.peak_flops * (self.attention_efficiency or self.matmul_efficiency)
 
     @property
     def hardware(self) -> DeviceSpec:
@@ -141,9 +151,9 @@ class Catalog:
 
 _DEVICE_FIELDS = ("name", "aliases", "peak_tflops", "peak_fp32_tflops", "matmul_efficiency", "memory_gb",
                   "memory_bandwidth_gbs", "launch_overhead_us", "host_link", "source")
-#: Fields a device entry may leave out (older catalogs): ``compute_units`` (0, the roofline), and the FP8 peak and
-#: its GEMM efficiency (0: no FP8), which come together.
-_OPTIONAL_DEVICE_FIELDS = ("compute_units", "peak_fp8_tflops", "fp8_matmul_efficiency")
+#: Fields a device entry may leave out (older catalogs): ``compute_units`` (0, the roofline), the FP8 peak and
+#: its GEMM efficiency (0: no FP8), which come together, and the attention kernel's efficiency (0: the GEMMs').
+_OPTIONAL_DEVICE_FIELDS = ("compute_units", "peak_fp8_tflops", "fp8_matmul_efficiency", "attention_efficiency")
 _LINK_FIELDS = ("name", "bandwidth_gbs", "spec_bandwidth_gbs", "latency_us", "source")
 
 
@@ -213,6 +223,10 @@ def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpe
         fp8_efficiency = _number(entry, "fp8_matmul_efficiency", where, allow_inf=False)
         if fp8_efficiency > 1:
             raise SpecError(f"{where}: field 'fp8_matmul_efficiency' must be in (0, 1], got {fp8_efficiency!r}")
+    attention = _number(entry, "attention_efficiency", where, allow_inf=False) if "attention_efficiency" in entry \
+        else 0.0
+    if attention > 1:
+        raise SpecError(f"{where}: field 'attention_efficiency' must be in (0, 1], got {attention!r}")
     return DeviceSpec(
         name=entry["name"],
         peak_flops=_number(entry, "peak_tflops", where, allow_inf=False) * _TERA,
@@ -226,6 +240,7 @@ def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpe
         compute_units=units,
         peak_fp8_flops=fp8_peak,
         fp8_matmul_efficiency=fp8_efficiency,
+        attention_efficiency=attention,
     )
 
 
@@ -272,6 +287,7 @@ def slowed_device(device: DeviceSpec, factor: float) -> DeviceSpec:
         slowdown=total,
         peak_fp8_flops=root.peak_fp8_flops / total,
         fp8_matmul_efficiency=root.fp8_matmul_efficiency,
+        attention_efficiency=root.attention_efficiency,
     )
 
 

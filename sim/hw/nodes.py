@@ -103,6 +103,7 @@ _SWITCH: dict[str, tuple[str, int]] = {
     "a100-sxm4-40gb": ("nvswitch-a100", 8),
     "a100-sxm4-80gb": ("nvswitch-a100", 8),
     "h100-sxm5-80gb": ("nvswitch-h100", 8),
+    "h100-sxm-96gb-hbm2e": ("nvswitch-h100", 8),
     "h200-sxm-141gb": ("nvswitch-h200", 8),
     "b200-sxm-180gb": ("nvswitch-b200", 8),
 }
@@ -112,6 +113,8 @@ _SWITCH: dict[str, tuple[str, int]] = {
 # - A100 SXM4: DGX A100 / Selene, 8 × HDR (hardware.md §2.2, Megatron SC'21 §5);
 # - H100 SXM5: DGX H100, 8 × NDR (hardware.md §2.2, stas00 inter-node table);
 # - H200, B200: DGX H200 / DGX B200, 8 single-port ConnectX-7 at 400 Gb/s, InfiniBand by default (NDR);
+# - H100 96 GB HBM2e: Meta's Grand Teton hosts, '400 Gbps RDMA' per GPU (torchtitan's benchmark files), RoCE as Meta's
+#   Llama 3 clusters run it (Llama 3 report, arXiv 2407.21783 §3.3.1: 'RDMA over Converged Ethernet (RoCE) fabric');
 # - GH200: HPE Cray EX node, one Slingshot-11 NIC per superchip (CSCS Alps; the count follows the GPUs, see below);
 # - MI300X: one 400 Gb/s NIC per GPU, 8 per node, taken as RoCE 400 GbE (AMD ROCm docs, cited in links.yaml roce-400g);
 # - L40S: PCIe servers on Ethernet: 2 × 200 GbE RoCE per server [assumed: naddod's L40S guide asks for '200Gbps RoCE
@@ -130,6 +133,7 @@ _NETWORK: dict[str, tuple[str, int]] = {
     "a100-sxm4-40gb": ("ib-hdr", 8),
     "a100-sxm4-80gb": ("ib-hdr", 8),
     "h100-sxm5-80gb": ("ib-ndr", 8),
+    "h100-sxm-96gb-hbm2e": ("roce-400g", 8),
     "h200-sxm-141gb": ("ib-ndr", 8),
     "b200-sxm-180gb": ("ib-ndr", 8),
     "gh200-96gb": ("slingshot-11", 4),

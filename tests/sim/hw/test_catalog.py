@@ -31,7 +31,8 @@ CONTRACT_LINKS = [
 CONTRACT_DEVICES = [
     "v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "v100-pcie-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb",
     "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm5-80gb", "h100-pcie-80gb", "t4-16gb", "a10-24gb", "rtx3090-24gb",
-    "rtx4090-24gb", "h200-sxm-141gb", "gh200-96gb", "b200-sxm-180gb", "l40s-48gb", "mi300x-192gb", "p100-pcie-16gb",
+    "rtx4090-24gb", "h200-sxm-141gb", "h100-sxm-96gb-hbm2e", "gh200-96gb", "b200-sxm-180gb", "l40s-48gb",
+    "mi300x-192gb", "p100-pcie-16gb",
     "tpu-v3-core", "cpu", "ideal",
 ]  # fmt: skip
 
@@ -51,6 +52,7 @@ CONTRACT_DEVICES = [
         ("RTX4090", "rtx4090-24gb"),
         ("H200", "h200-sxm-141gb"),
         ("GH200", "gh200-96gb"),
+        ("H100-HBM2E", "h100-sxm-96gb-hbm2e"),
         ("B200", "b200-sxm-180gb"),
         ("L40S", "l40s-48gb"),
         ("MI300X", "mi300x-192gb"),
@@ -109,6 +111,15 @@ def test_every_device_is_consistent_and_cited(device: DeviceSpec) -> None:
         assert math.isfinite(device.memory_bytes) and device.launch_overhead_s <= 50e-6
         # A GPU launches each kernel from the host; a TPU core runs one compiled program per step (its source says so)
         assert device.launch_overhead_s >= 1e-6 if device.is_gpu else "XLA compiles the whole step" in device.source
+
+
+@pytest.mark.parametrize("device", list_devices(), ids=lambda d: d.name)
+def test_the_attention_kernel_runs_at_its_cited_efficiency_or_the_gemms(device: DeviceSpec) -> None:
+    assert 0 <= device.attention_efficiency <= 1
+    expected = device.attention_efficiency or device.matmul_efficiency
+    assert device.attention_throughput == device.peak_flops * expected
+    if device.attention_efficiency:  # FlashAttention-2 on Hopper: FlashAttention-3's abstract, or assumed from it
+        assert "FlashAttention-3" in device.source and "35 %" in device.source
 
 
 @pytest.mark.parametrize("link", list_links(), ids=lambda link: link.name)

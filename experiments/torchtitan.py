@@ -1,0 +1,247 @@
+"""torchtitan's published Llama 3.1 throughput, predicted: every current row of ``experiments/data/torchtitan/
+benchmarks.csv`` through the one prediction path (``build_plan`` and ``predict``), beside the published tokens per
+second per GPU.
+
+Each row becomes the ``sim.run`` inputs torchtitan's configuration means (:func:`plan_inputs`): the model preset at
+the row's sequence length; ``N/8 × 8`` of the row's GPU (``H100-HBM2E``, the Grand Teton H100 the files describe, or
+``H200``); FSDP as ``--dp F --zero 3``, resharding after forward as torchtitan's ``apply_fsdp`` does (not under
+pipeline parallelism); ``--tp``, ``--pp``, ``--cp`` with ``--cp-comm allgather`` (torchtitan's default rotate
+method); one microbatch of the local batch without pipeline parallelism, and with it torchtitan's default of one
+microbatch per pipeline stage (two stages per rank assumed for the interleaved rows, whose split is not stated);
+``--recompute selective`` (torchtitan's per-op policy) or ``full``; ``--precision fp8`` for Float8 rows and
+``--compile`` for compiled ones. What the simulator does not model is named per row in its ``unmodelled`` column:
+async TP, Float8's rowwise recipe, FSDP's Float8 all-gather, and TP's sequence parallelism (costed as all-reduces of
+the same bytes). Nothing is fitted on these rows: the device figures come from the catalog, the kernel model's
+constants from vTrain's A100 fit half.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.core.errors import SpecError
+from sim.core.fileio import write_bytes_atomic, write_text_atomic
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
+from sim.predict import predict_built
+from sim.report.png import figure_png
+
+__all__ = ["DATA", "Row", "RowResult", "load_rows", "plan_inputs", "predict_row", "evaluate", "summary", "write"]
+
+DATA = Path(__file__).parent / "data" / "torchtitan" / "benchmarks.csv"
+
+#: The preset of each published model name.
+_MODELS = {"Llama 3.1 8B": "llama3.1-8b", "Llama 3.1 70B": "llama3.1-70b", "Llama 3.1 405B": "llama3.1-405b"}
+#: The catalog device of each published GPU name.
+_DEVICES = {"H100 SXM HBM2e (Grand Teton)": "H100-HBM2E", "H200 (WhiteFiber)": "H200"}
+#: Stages per pipeline rank assumed for the interleaved rows (not stated in the file).
+INTERLEAVED_CHUNKS = 2
+#: What every pipeline row leaves unstated: not a gap in the model.
+UNSTATED_PP = "microbatches and stages per rank not published"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published row (the CSV's columns the experiment reads; :mod:`experiments.data.torchtitan` README)."""
+
+    row_id: str
+    model: str
+    gpus: int
+    gpu: str
+    fsdp: int
+    tp: int
+    pp: int
+    cp: int
+    schedule: str
+    local_batch: int
+    seq: int
+    float8: bool
+    recipe: str
+    compiled: bool
+    async_tp: bool
+    recompute: str
+    fsdp_float8_gather: bool
+    tokens_per_s_per_gpu: float
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """A row, its prediction (tokens/s per GPU), the predicted peak memory (bytes, max over devices) and what of
+    its configuration the simulator does not model."""
+
+    row: Row
+    predicted: float
+    peak_memory_bytes: float
+    unmodelled: tuple[str, ...]
+
+    @property
+    def error(self) -> float:
+        """predicted / published − 1."""
+        return self.predicted / self.row.tokens_per_s_per_gpu - 1
+
+
+def load_rows(path: Path = DATA) -> list[Row]:
+    """The rows of ``path`` whose status is ``current``."""
+    rows = []
+    with path.open(newline="", encoding="utf-8") as handle:
+        for entry in csv.DictReader(handle):
+            if entry["status"] != "current":
+                continue
+            gpus = int(entry["n_gpus"])
+            ac = entry["ac_mode"] or "selective"  # the trainy rows: the 8B preset's selective (op) mode
+            rows.append(Row(
+                row_id=entry["row_id"], model=_MODELS[entry["model"]], gpus=gpus, gpu=_DEVICES[entry["gpu"]],
+                fsdp=int(entry["fsdp"] or gpus), tp=int(entry["tp"] or 1), pp=int(entry["pp"] or 1),
+                cp=int(entry["cp"] or 1), schedule=entry["pp_schedule"], local_batch=int(entry["local_batch_size"]),
+                seq=int(entry["seq_len"] or entry["seq_len_config_default"]), float8=entry["float8"] == "yes",
+                recipe=entry["float8_recipe"], compiled=entry["torch_compile"] == "yes",
+                async_tp=entry["async_tp"] == "yes", recompute="full" if ac.startswith("full") else "selective",
+                fsdp_float8_gather="float8 FSDP all-gather" in entry["notes"] or entry["model"].endswith("405B"),
+                tokens_per_s_per_gpu=float(entry["tps_per_gpu"])))
+    return rows
+
+
+def plan_inputs(row: Row) -> PlanInputs:
+    """The ``sim.run`` inputs of ``row`` (module docstring)."""
+    schedule, chunks, microbatches = "1f1b", 1, 1
+    if row.pp > 1:
+        interleaved = row.schedule.lower().startswith("interleaved")
+        schedule, chunks = ("interleaved", INTERLEAVED_CHUNKS) if interleaved else ("1f1b", 1)
+        microbatches = row.pp * chunks  # torchtitan's default: one microbatch per pipeline stage
+    if row.local_batch % microbatches:
+        raise SpecError(f"row {row.row_id}: local batch {row.local_batch} is not {microbatches} microbatches")
+    nodes, per_node = (row.gpus // 8, 8) if row.gpus >= 8 else (1, row.gpus)
+    return PlanInputs(
+        model=f"{row.model},seq={row.seq}", topology=f"{nodes}x{per_node}x{row.gpu}", schedule=schedule,
+        microbatch_size=row.local_batch // microbatches, chunks=chunks, recompute=row.recompute, tp=row.tp,
+        dp=row.fsdp, pp=row.pp, cp=row.cp, cp_comm="allgather" if row.cp > 1 else "ring",
+        global_batch=row.local_batch * row.fsdp, zero=3 if row.fsdp * row.cp > 1 else 0,
+        reshard_after_forward=row.pp == 1 or row.fsdp * row.cp == 1,
+        precision="fp8" if row.float8 else None, compiled=row.compiled)
+
+
+def unmodelled(row: Row) -> tuple[str, ...]:
+    """What of ``row``'s configuration the prediction leaves out."""
+    missing = []
+    if row.async_tp:
+        missing.append("async TP")
+    if row.float8 and row.recipe == "rowwise":
+        missing.append("Float8 rowwise (costed as tensorwise)")
+    if row.float8 and row.fsdp_float8_gather and row.fsdp * row.cp > 1:
+        missing.append("FSDP Float8 all-gather (gathered in bf16)")
+    if row.tp > 1:
+        missing.append("sequence parallelism (TP all-reduces)")
+    if row.pp > 1:
+        missing.append(UNSTATED_PP)
+    return tuple(missing)
+
+
+def predict_row(row: Row) -> RowResult:
+    """``row``'s prediction through ``build_plan`` and ``predict`` (memory not enforced: a published run that the
+    ledger says does not fit is still timed, and its predicted peak reported)."""
+    built = build_plan(plan_inputs(row))
+    prediction = predict_built(built, check_memory=False)
+    metrics = prediction.metrics
+    peak = max(device.get("peak_memory_bytes", 0) for device in metrics["devices"])
+    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row))
+
+
+def evaluate(path: Path = DATA) -> list[RowResult]:
+    """Every current row of ``path`` predicted, in file order."""
+    return [predict_row(row) for row in load_rows(path)]
+
+
+def _fully_modelled(result: RowResult) -> bool:
+    return not set(result.unmodelled) - {UNSTATED_PP}
+
+
+def summary(results: list[RowResult]) -> dict[str, float]:
+    """Median and max |error| over all rows and over the rows with nothing unmodelled but the PP split."""
+    def stats(errors: list[float]) -> tuple[float, float]:
+        return (statistics.median(errors), max(errors)) if errors else (float("nan"), float("nan"))
+
+    every = [abs(r.error) for r in results]
+    clean = [abs(r.error) for r in results if _fully_modelled(r)]
+    (median_all, max_all), (median_clean, max_clean) = stats(every), stats(clean)
+    return {"rows": len(every), "median_abs_error": median_all, "max_abs_error": max_all, "clean_rows": len(clean),
+            "clean_median_abs_error": median_clean, "clean_max_abs_error": max_clean}
+
+
+def _table(results: list[RowResult]) -> list[str]:
+    lines = [f"{'row':<13} {'model':<14} {'GPUs':>5} {'FSDP×TP×PP×CP':<14} {'seq':>6} {'f8':<3} {'cmp':<3} "
+             f"{'AC':<4} {'published':>9} {'predicted':>9} {'error':>7} {'peak GB':>7}  unmodelled"]
+    for r in results:
+        row = r.row
+        degrees = f"{row.fsdp}×{row.tp}×{row.pp}×{row.cp}"
+        lines.append(f"{row.row_id:<13} {row.model:<14} {row.gpus:>5} {degrees:<14} {row.seq:>6} "
+                     f"{'y' if row.float8 else '-':<3} {'y' if row.compiled else '-':<3} {row.recompute[:4]:<4} "
+                     f"{row.tokens_per_s_per_gpu:>9,.0f} {r.predicted:>9,.0f} {r.error:>+7.1%} "
+                     f"{r.peak_memory_bytes / 1e9:>7.1f}  {'; '.join(r.unmodelled) or '-'}")
+    return lines
+
+
+def _plot(results: list[RowResult]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 6.0), dpi=120)
+    xs = [r.row.tokens_per_s_per_gpu for r in results]
+    ys = [r.predicted for r in results]
+    low, high = min(xs + ys) * 0.7, max(xs + ys) * 1.4
+    line = [low, high]
+    ax.fill_between(line, [v * 0.9 for v in line], [v * 1.1 for v in line], color="#dddddd", label="±10 %")
+    ax.plot(line, line, color="#444444", linewidth=1, label="y = x")
+    for clean, color, label in ((True, "#117733", "fully modelled"), (False, "#CC6677", "something unmodelled")):
+        pick = [r for r in results if _fully_modelled(r) == clean]
+        ax.scatter([r.row.tokens_per_s_per_gpu for r in pick], [r.predicted for r in pick], s=14, color=color,
+                   label=f"{label} ({len(pick)})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("published tokens/s per GPU (torchtitan)")
+    ax.set_ylabel("predicted tokens/s per GPU")
+    ax.set_title("torchtitan Llama 3.1 on H100 / H200", fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    return figure_png(fig)
+
+
+def write(results: list[RowResult], out: Path) -> list[str]:
+    """``out/torchtitan.csv`` (a row per published row) and ``out/torchtitan.png`` (the scatter); their names."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["row_id", "model", "gpus", "fsdp", "tp", "pp", "cp", "seq", "float8", "compile", "ac",
+                     "published_tps_per_gpu", "predicted_tps_per_gpu", "error", "predicted_peak_gb", "unmodelled"])
+    for r in results:
+        row = r.row
+        writer.writerow([row.row_id, row.model, row.gpus, row.fsdp, row.tp, row.pp, row.cp, row.seq, int(row.float8),
+                         int(row.compiled), row.recompute, repr(row.tokens_per_s_per_gpu), f"{r.predicted:.3f}",
+                         f"{r.error:.6f}", f"{r.peak_memory_bytes / 1e9:.3f}", "; ".join(r.unmodelled)])
+    write_text_atomic(text.getvalue(), out / "torchtitan.csv")
+    write_bytes_atomic(out / "torchtitan.png", _plot(results))
+    return ["torchtitan.csv", "torchtitan.png"]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.run torchtitan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/torchtitan")
+    args = parser.parse_args(argv)
+    results = evaluate()
+    print(f"{len(results)} torchtitan rows (experiments/data/torchtitan), error = predicted / published − 1; "
+          "nothing fitted on them")
+    for line in _table(results):
+        print(line)
+    stats = summary(results)
+    print(f"all {stats['rows']} rows: median |error| {stats['median_abs_error']:.1%}, max {stats['max_abs_error']:.1%}"
+          f"; the {stats['clean_rows']} rows with nothing unmodelled: median {stats['clean_median_abs_error']:.1%}, "
+          f"max {stats['clean_max_abs_error']:.1%} (targets: median 5 %, max 12 %)")
+    names = write(results, Path(args.out))
+    print(f"wrote {args.out}/{{{', '.join(names)}}}")
+    return 0

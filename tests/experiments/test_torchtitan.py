@@ -1,0 +1,52 @@
+"""The torchtitan experiment: every current row read, each mapped to the inputs torchtitan's configuration means, and
+its prediction the one prediction path's (``sim.run`` on the same flags gives the same tokens per device)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments import torchtitan
+
+
+def test_every_current_row_is_read():
+    rows = torchtitan.load_rows()
+    assert len(rows) == 32 and len({r.row_id for r in rows}) == 32
+    assert {r.gpu for r in rows} == {"H100-HBM2E", "H200"}
+
+
+def _row(row_id):
+    return next(r for r in torchtitan.load_rows() if r.row_id == row_id)
+
+
+def test_rows_become_torchtitans_configuration():
+    cp = torchtitan.plan_inputs(_row("tt2412_t2_4"))  # FSDP 1, CP 8, 262,144 tokens, full AC, Float8, compile
+    assert (cp.dp, cp.cp, cp.cp_comm, cp.zero, cp.global_batch) == (1, 8, "allgather", 3, 1)
+    assert cp.model == "llama3.1-8b,seq=262144" and cp.topology == "1x8xH100-HBM2E"
+    assert cp.recompute == "full" and cp.precision == "fp8" and cp.compiled
+    pp = torchtitan.plan_inputs(_row("tt2412_t5_2"))  # 405B interleaved: one microbatch per stage, 2 per rank
+    assert (pp.schedule, pp.chunks, pp.microbatch_size, pp.global_batch) == ("interleaved", 2, 2, 256)
+    assert not pp.reshard_after_forward  # torchtitan keeps parameters gathered under pipeline parallelism
+    plain = torchtitan.plan_inputs(_row("tt2412_t1_1"))
+    assert (plain.dp, plain.zero, plain.microbatch_size, plain.recompute, plain.precision, plain.compiled) == \
+        (8, 3, 2, "selective", None, False)
+    assert torchtitan.unmodelled(_row("atp_70b_6")) == ("async TP", "Float8 rowwise (costed as tensorwise)",
+                                                        "sequence parallelism (TP all-reduces)")
+
+
+@pytest.mark.parametrize("row_id", ["tt2412_t1_2", "tt2412_t2_2"])
+def test_a_rows_prediction_is_sim_runs(row_id, tmp_path):
+    row = _row(row_id)
+    result = torchtitan.predict_row(row)
+    inputs = torchtitan.plan_inputs(row)
+    flags = ["--model", inputs.model, "--topology", inputs.topology, "--dp", str(inputs.dp), "--cp", str(inputs.cp),
+             "--zero", str(inputs.zero), "--global-batch", str(inputs.global_batch), "--microbatch-size",
+             str(inputs.microbatch_size), "--recompute", inputs.recompute, "--ignore-memory", "--no-gantt",
+             "--out", str(tmp_path)]
+    flags += ["--compile"] * inputs.compiled + ["--precision", "fp8"] * (inputs.precision == "fp8")
+    flags += ["--cp-comm", inputs.cp_comm] * (inputs.cp > 1)
+    subprocess.run([sys.executable, "-m", "sim.run", *flags], check=True, capture_output=True)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert result.predicted == metrics["tokens_per_s_per_device"]
+    assert result.error == pytest.approx(result.predicted / row.tokens_per_s_per_gpu - 1)
