@@ -5,14 +5,14 @@ second per GPU.
 Each row becomes the ``sim.run`` inputs torchtitan's configuration means (:func:`plan_inputs`): the model preset at
 the row's sequence length; ``N/8 × 8`` of the row's GPU (``H100-HBM2E``, the Grand Teton H100 the files describe, or
 ``H200``); FSDP as ``--dp F --zero 3``, resharding after forward as torchtitan's ``apply_fsdp`` does (not under
-pipeline parallelism); ``--tp``, ``--pp``, ``--cp`` with ``--cp-comm allgather`` (torchtitan's default rotate
-method); one microbatch of the local batch without pipeline parallelism, and with it torchtitan's default of one
-microbatch per pipeline stage (two stages per rank assumed for the interleaved rows, whose split is not stated);
-``--recompute selective`` (torchtitan's per-op policy) or ``full``; ``--precision fp8`` for Float8 rows and
-``--compile`` for compiled ones. What the simulator does not model is named per row in its ``unmodelled`` column:
-async TP, Float8's rowwise recipe, FSDP's Float8 all-gather, and TP's sequence parallelism (costed as all-reduces of
-the same bytes). Nothing is fitted on these rows: the device figures come from the catalog, the kernel model's
-constants from vTrain's A100 fit half.
+pipeline parallelism); ``--tp`` with ``--sequence-parallel`` (torchtitan's TP plan), ``--pp``, ``--cp`` with
+``--cp-comm allgather`` (torchtitan's default rotate method); one microbatch of the local batch without pipeline
+parallelism, and with it torchtitan's default of one microbatch per pipeline stage (two stages per rank assumed for
+the interleaved rows, whose split is not stated); ``--recompute selective`` (torchtitan's per-op policy) or
+``full``; ``--precision fp8`` for Float8 rows and ``--compile`` for compiled ones. What the simulator does not model
+is named per row in its ``unmodelled`` column: async TP, Float8's rowwise recipe and FSDP's Float8 all-gather.
+Nothing is fitted on these rows: the device figures come from the catalog, the kernel model's constants from
+vTrain's A100 fit half.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def plan_inputs(row: Row) -> PlanInputs:
     return PlanInputs(
         model=f"{row.model},seq={row.seq}", topology=f"{nodes}x{per_node}x{row.gpu}", schedule=schedule,
         microbatch_size=row.local_batch // microbatches, chunks=chunks, recompute=row.recompute, tp=row.tp,
-        dp=row.fsdp, pp=row.pp, cp=row.cp, cp_comm="allgather" if row.cp > 1 else "ring",
+        dp=row.fsdp, pp=row.pp, cp=row.cp, sequence_parallel=row.tp > 1,
+        cp_comm="allgather" if row.cp > 1 else "ring",
         global_batch=row.local_batch * row.fsdp, zero=3 if row.fsdp * row.cp > 1 else 0,
         reshard_after_forward=row.pp == 1 or row.fsdp * row.cp == 1,
         precision="fp8" if row.float8 else None, compiled=row.compiled)
@@ -134,8 +135,6 @@ def unmodelled(row: Row) -> tuple[str, ...]:
         missing.append("Float8 rowwise (costed as tensorwise)")
     if row.float8 and row.fsdp_float8_gather and row.fsdp * row.cp > 1:
         missing.append("FSDP Float8 all-gather (gathered in bf16)")
-    if row.tp > 1:
-        missing.append("sequence parallelism (TP all-reduces)")
     if row.pp > 1:
         missing.append(UNSTATED_PP)
     return tuple(missing)

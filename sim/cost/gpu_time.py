@@ -227,7 +227,8 @@ def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, mode
     s, h, vocab, t = part.seq // part.cp, part.hidden, part.vocab, part.tp
     if part.part == "block":
         shape = LlamaBlockShape(b, part.seq, h, part.heads, part.kv_heads, part.head_dim, part.ffn, t,
-                                qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window, cp=part.cp)
+                                qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window, cp=part.cp,
+                                sequence_parallel=part.sequence_parallel)
         options = dict(fp8=fp8, compiled=compiled)
         forward = llama_block_kernels(shape, backward=False, **options)
         backward = llama_block_kernels(shape, backward=True, selective_recompute=selective, **options)
@@ -243,10 +244,11 @@ def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, mode
                      extra_collectives=1)
         bwd = _steps(llama_embedding_kernels(b, s, h, vocab, t, backward=True), device, model, t, set())
     else:
-        fwd = _steps(llama_head_kernels(b, s, h, vocab, t, backward=False), device, model, t, set(),
-                     extra_collectives=3)
-        bwd = _steps(llama_head_kernels(b, s, h, vocab, t, backward=True), device, model, t, set(),
-                     extra_collectives=1)
+        sp = part.sequence_parallel
+        fwd = _steps(llama_head_kernels(b, s, h, vocab, t, backward=False, sequence_parallel=sp), device, model, t,
+                     set(), extra_collectives=3)
+        bwd = _steps(llama_head_kernels(b, s, h, vocab, t, backward=True, sequence_parallel=sp), device, model, t,
+                     set(), extra_collectives=1)
     return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
 
 

@@ -37,7 +37,9 @@ statistics 4s(a + g). That is 8sh + 4s·a·d + 4s·g·d + 4sa + 8sf + 8s [+ 2s(a
 Tensor-parallel shard (Megatron-LM §3, as for ``gpt``): q, k, v, gate and up are column-parallel (split by heads, the
 key/value heads too, and by f), o and down row-parallel, the norms replicated; two all-reduces of 2sh per block in
 each pass. t must divide a and g (Megatron also replicates key/value heads when t > g: not modelled). The token table
-and the LM head are vocabulary-parallel. Sequence parallelism is modelled for ``gpt`` only so far.
+and the LM head are vocabulary-parallel. Under sequence parallelism (Korthikanti et al. §4.2.2; torchtitan's TP plan,
+``SequenceParallel`` norms) the norms, residual adds and what they save run on s/t of the sequence, and each
+all-reduce becomes a reduce-scatter and an all-gather of the same bytes (kept as all-reduce equivalents).
 
 Selective recomputation is torchtitan's per-op selective activation checkpointing (``selective_ac_option = "op"``,
 its presets' setting; ``_apply_ac_to_transformer_block`` in ``parallelize_llama.py``, the same from 9dec370 to
@@ -179,18 +181,21 @@ def sac_recompute_flops(shape: DecoderShape, tp: int = 1) -> int:
     return 2 * s * sum(size for name, size in weights.items() if name not in kept) // tp
 
 
-def block_saved_bytes(shape: DecoderShape, tp: int = 1, selective_recompute: bool = False) -> int:
+def block_saved_bytes(shape: DecoderShape, tp: int = 1, selective_recompute: bool = False,
+                      sequence_parallel: bool = False) -> int:
     """Bytes one block's shard keeps for its backward per sample (module docstring): what lies between the
     tensor-parallel regions (the output, the norms' outputs, the residual sum, their fp32 statistics) is replicated,
-    the rest is split by ``tp``; under ``selective_recompute`` what torchtitan's per-op policy keeps."""
+    or split by ``tp`` too under ``sequence_parallel``, the rest is split by ``tp``; under ``selective_recompute``
+    what torchtitan's per-op policy keeps."""
     h, d, f, s = shape.hidden, shape.head_dim, shape.ffn, shape.seq
     q, kv = shape.heads * d, shape.kv_heads * d
+    between = tp if sequence_parallel else 1  # how many ways the tensors between the TP regions are split
     if selective_recompute:
         # o and down are row-parallel: each rank's mm output is a whole-width partial sum
         width = {"wq": q // tp, "wk": kv // tp, "wv": kv // tp, "wo": h, "w1": f // tp, "w3": f // tp, "w2": h}
-        kept = h + sum(width[name] for name in sac_saved_linears(shape.qkv_bias)) + q // tp
-        return DTYPE_BYTES * s * kept + FP32_BYTES * s * (shape.heads // tp)
-    replicated = DTYPE_BYTES * 4 * s * h + FP32_BYTES * 2 * s
+        kept = sum(width[name] for name in sac_saved_linears(shape.qkv_bias)) + q // tp
+        return DTYPE_BYTES * s * (kept + h // between) + FP32_BYTES * s * (shape.heads // tp)
+    replicated = (DTYPE_BYTES * 4 * s * h + FP32_BYTES * 2 * s) // between
     split = DTYPE_BYTES * (2 * s * q + 2 * s * kv + 4 * s * f) + FP32_BYTES * s * shape.heads
     if shape.qk_norm:
         split += DTYPE_BYTES * s * (q + kv) + FP32_BYTES * s * (shape.heads + shape.kv_heads)
@@ -218,7 +223,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     Raises:
         SpecError: a size below 1 (``head_dim`` and ``window`` may be 0), kv_heads not dividing heads, heads not
             dividing hidden without an explicit head_dim, a flag other than 0 or 1, an unknown key; ``tp`` not
-            dividing the heads or the key/value heads; sequence parallelism (modelled for ``gpt`` only).
+            dividing the heads or the key/value heads.
     """
     values = {key: params.int(key, int(default), minimum=0 if key in ("head_dim", "window", "qkv_bias", "qk_norm",
                                                                         "tied") else 1)
@@ -227,9 +232,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     spec = canonical_spec(NAME, values)
     shape = _shape(values, spec)
     t = sharding.tp
-    if sharding.sequence_parallel and t > 1:
-        raise SpecError(f"sequence parallelism is modelled for gpt only so far, got {spec!r} with "
-                        f"{sharding.describe()}")
+    sp = sharding.sequence_parallel and t > 1
     if shape.heads % t or shape.kv_heads % t:
         raise SpecError(f"tensor parallelism splits the query and key/value heads: tp={t} must divide heads="
                         f"{shape.heads} and kv_heads={shape.kv_heads} in {spec!r}")
@@ -246,19 +249,22 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     # What each layer is, for the GPU kernel model (sim.cost.kernels.llama).
     dims = dict(seq=shape.seq, hidden=h, heads=shape.heads, vocab=vt * t, tp=t, family="llama",
                 kv_heads=shape.kv_heads, head_dim=shape.head_dim, ffn=shape.ffn, qkv_bias=shape.qkv_bias,
-                qk_norm=shape.qk_norm, window=shape.window, cp=c)
-    full = DTYPE_BYTES * s * h  # one bf16 s × h tensor: what crosses every stage boundary
+                qk_norm=shape.qk_norm, window=shape.window, cp=c, sequence_parallel=sp)
+    full = DTYPE_BYTES * s * h  # one bf16 s × h tensor
+    # What crosses every layer and stage boundary: the residual stream, split along the sequence under SP.
+    boundary = full // t if sp else full
     none = Collectives()
     embed = _layer(name="embed", kind="embedding", flops_fwd=0.0, flops_bwd=0.0,  # a table lookup: no matmul
-                   param_bytes=DTYPE_BYTES * embed_params(shape, t), activation_bytes=full, saved_bytes=full,
+                   param_bytes=DTYPE_BYTES * embed_params(shape, t), activation_bytes=boundary, saved_bytes=boundary,
                    fwd=all_reduce(full) if t > 1 else none, bwd=none,
                    transformer=TransformerPart("embedding", **dims))
     flops = block_flops_fwd(shape) // (t * c)
     comm = all_reduce(full, times=2) if t > 1 else none
     recompute = float(sac_recompute_flops(local, t)) if sharding.selective_recompute else 0.0
     blocks = [_layer(name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
-                     param_bytes=DTYPE_BYTES * block_params(shape, t), activation_bytes=full,
-                     saved_bytes=block_saved_bytes(local, t, sharding.selective_recompute), recompute_flops=recompute,
+                     param_bytes=DTYPE_BYTES * block_params(shape, t), activation_bytes=boundary,
+                     saved_bytes=block_saved_bytes(local, t, sharding.selective_recompute, sp),
+                     recompute_flops=recompute,
                      fwd=comm, bwd=comm,
                      transformer=TransformerPart("block", **dims))
               for i in range(shape.layers)]

@@ -31,8 +31,8 @@ def test_rows_become_torchtitans_configuration():
     plain = torchtitan.plan_inputs(_row("tt2412_t1_1"))
     assert (plain.dp, plain.zero, plain.microbatch_size, plain.recompute, plain.precision, plain.compiled) == \
         (8, 3, 2, "selective", None, False)
-    assert torchtitan.unmodelled(_row("atp_70b_6")) == ("async TP", "Float8 rowwise (costed as tensorwise)",
-                                                        "sequence parallelism (TP all-reduces)")
+    assert torchtitan.unmodelled(_row("atp_70b_6")) == ("async TP", "Float8 rowwise (costed as tensorwise)")
+    assert torchtitan.plan_inputs(_row("atp_70b_6")).sequence_parallel
 
 
 @pytest.mark.parametrize("row_id", ["tt2412_t1_2", "tt2412_t2_2"])

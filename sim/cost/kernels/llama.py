@@ -25,7 +25,14 @@ import math
 from sim.core.errors import SpecError
 from sim.cost.kernels.attention import FLASH_QUERY_TILE
 from sim.cost.kernels.block import linear_kernels
-from sim.cost.kernels.pointwise import add_kernel, norm_backward_kernels, norm_kernels, rotary_kernels, swiglu_kernels
+from sim.cost.kernels.pointwise import (
+    add_kernel,
+    grad_sum_kernels,
+    norm_backward_kernels,
+    norm_kernels,
+    rotary_kernels,
+    swiglu_kernels,
+)
 from sim.cost.kernels.record import ADD_FLOPS, STAT_BYTES, TOKEN_ID_BYTES, Kernel, check, mem
 from sim.models.llama import sac_saved_linears
 
@@ -41,10 +48,12 @@ class LlamaBlockShape:
     """One block's shape on one tensor-parallel rank: ``b`` samples of ``s`` tokens, hidden ``h``, ``a`` query and
     ``g`` key/value heads of dimension ``d``, SwiGLU width ``f``, split ``t`` ways; q/k/v biases, QK-norm, a
     sliding ``window`` (0: none); each sequence split over ``cp`` context-parallel ranks, this one holding ``s / cp``
-    of its tokens (two chunks of ``s / 2cp``, :mod:`sim.cost.context_parallel`), ``s`` being the local length."""
+    of its tokens (two chunks of ``s / 2cp``, :mod:`sim.cost.context_parallel`), ``s`` being the local length;
+    ``sequence_parallel``: the norms and residual adds between the tensor-parallel regions run on ``1/t`` of the
+    tokens (Korthikanti et al. §4.2.2, torchtitan's TP plan: ``SequenceParallel`` norms), ``norm_tokens``."""
 
     def __init__(self, b: int, s: int, h: int, a: int, g: int, d: int, f: int, t: int, *, qkv_bias: bool = False,
-                 qk_norm: bool = False, window: int = 0, cp: int = 1) -> None:
+                 qk_norm: bool = False, window: int = 0, cp: int = 1, sequence_parallel: bool = False) -> None:
         check(b=b, s=s, h=h, a=a, g=g, d=d, f=f, t=t, cp=cp)
         if a % t or g % t or f % t:
             raise SpecError(f"tensor-parallel degree {t} must divide the {a} query heads, the {g} key/value heads and "
@@ -55,6 +64,9 @@ class LlamaBlockShape:
         self.b, self.h, self.d, self.t, self.cp = b, h, d, t, cp
         self.s = s // cp
         self.tokens = b * self.s
+        if sequence_parallel and self.tokens % t:
+            raise SpecError(f"sequence parallelism splits the {self.tokens} tokens of a microbatch over tp={t}")
+        self.norm_tokens = self.tokens // t if sequence_parallel else self.tokens
         self.q_heads, self.kv_heads, self.ffn = a // t, g // t, f // t
         self.qkv_bias, self.qk_norm, self.window = qkv_bias, qk_norm, window
 
@@ -161,16 +173,16 @@ def _forward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list
     if not compiled:  # eagerly SiLU runs right after the gate GEMM, the product after the up GEMM
         silu, product = silu[:1], silu[1:]
     return [
-        *norm_kernels("attention_norm", tokens, h, db, compiled=compiled),
+        *norm_kernels("attention_norm", shape.norm_tokens, h, db, compiled=compiled),
         *linear("wq", h, q_width, bias), *linear("wk", h, kv_width, bias), *linear("wv", h, kv_width, bias),
         *qk_norms,
         *rotary_kernels(tokens, shape.s, shape.q_heads, shape.kv_heads, d, db, backward=False, compiled=compiled),
         *_attention(shape, db, False),
         *linear("wo", q_width, h),
-        *norm_kernels("ffn_norm", tokens, h, db, compiled=compiled, residual=True),
+        *norm_kernels("ffn_norm", shape.norm_tokens, h, db, compiled=compiled, residual=True),
         *linear("w1", h, f), *(silu if not compiled else []), *linear("w3", h, f), *(product if not compiled else silu),
         *linear("w2", f, h),
-        add_kernel("ffn_residual_add", tokens * h, db),
+        add_kernel("ffn_residual_add", shape.norm_tokens * h, db),
     ]
 
 
@@ -193,14 +205,24 @@ def _backward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> lis
         *linear("w2", f, h),
         *gate_grads,
         *linear("w3", h, f), *silu_grad, *linear("w1", h, f),
-        *norm_backward_kernels("ffn_norm", tokens, h, db, compiled=compiled, summed_grads=2),
+        *_norm_backward("ffn_norm", shape, db, compiled, 2),
         *linear("wo", q_width, h),
         *_attention(shape, db, True),
         *rotary_kernels(tokens, shape.s, shape.q_heads, shape.kv_heads, d, db, backward=True, compiled=compiled),
         *qk_norms,
         *linear("wv", h, kv_width, bias), *linear("wk", h, kv_width, bias), *linear("wq", h, q_width, bias),
-        *norm_backward_kernels("attention_norm", tokens, h, db, compiled=compiled, summed_grads=3),
+        *_norm_backward("attention_norm", shape, db, compiled, 3),
     ]
+
+
+def _norm_backward(name: str, shape: LlamaBlockShape, db: int, compiled: bool, grads: int) -> list[Kernel]:
+    """A residual-stream norm's backward reached by the input gradients of ``grads`` linears: summed inside it, or,
+    under sequence parallelism, summed over all tokens first (the sum is what is reduce-scattered) and the norm's
+    backward then run on the rank's ``1/t``."""
+    if shape.norm_tokens == shape.tokens:
+        return norm_backward_kernels(name, shape.tokens, shape.h, db, compiled=compiled, summed_grads=grads)
+    return [*grad_sum_kernels(name + "_input_grad_add", shape.tokens * shape.h, grads, db, compiled=compiled),
+            *norm_backward_kernels(name, shape.norm_tokens, shape.h, db, compiled=compiled)]
 
 
 def llama_embedding_kernels(b: int, s: int, h: int, vocab: int, t: int, *, backward: bool,
@@ -219,15 +241,17 @@ def llama_embedding_kernels(b: int, s: int, h: int, vocab: int, t: int, *, backw
     return (mem("token_embedding_grad", "elementwise", bsh, ADD_FLOPS, ids + (bsh + 2 * rows * h) * db),)
 
 
-def llama_head_kernels(b: int, s: int, h: int, vocab: int, t: int, *, backward: bool,
-                       dtype_bytes: int = 2) -> tuple[Kernel, ...]:
-    """The head on one tensor-parallel rank: the final RMSNorm, then the logit GEMM and the fp32 cross entropy of
+def llama_head_kernels(b: int, s: int, h: int, vocab: int, t: int, *, backward: bool, dtype_bytes: int = 2,
+                       sequence_parallel: bool = False) -> tuple[Kernel, ...]:
+    """The head on one tensor-parallel rank: the final RMSNorm (on ``1/t`` of the tokens under sequence
+    parallelism, which all-gathers its output for the LM head), then the logit GEMM and the fp32 cross entropy of
     :func:`sim.cost.kernels.vocab.head_kernels` (the same passes over the logits)."""
     from sim.cost.kernels.vocab import head_kernels
 
     rest = head_kernels(b, s, h, vocab, t, sequence_parallel=False, backward=backward, dtype_bytes=dtype_bytes)
+    rows = b * s // t if sequence_parallel else b * s
     # head_kernels begins (forward) or ends (backward) with its LayerNorm: the RMSNorm takes its place, eager even
     # under --compile (torchtitan compiles the blocks only), its input the last block's output (no skip path).
     if not backward:
-        return (*norm_kernels("final_norm", b * s, h, dtype_bytes, compiled=False), *rest[1:])
-    return (*rest[:-1], *norm_backward_kernels("final_norm", b * s, h, dtype_bytes, compiled=False, skip=False))
+        return (*norm_kernels("final_norm", rows, h, dtype_bytes, compiled=False), *rest[1:])
+    return (*rest[:-1], *norm_backward_kernels("final_norm", rows, h, dtype_bytes, compiled=False, skip=False))

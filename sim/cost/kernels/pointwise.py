@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from sim.cost.kernels.record import ADD_FLOPS, LN_FLOPS, STAT_BYTES, Kernel, mem
 
-__all__ = ["norm_kernels", "norm_backward_kernels", "rotary_kernels", "swiglu_kernels", "add_kernel"]
+__all__ = ["norm_kernels", "norm_backward_kernels", "rotary_kernels", "swiglu_kernels", "add_kernel",
+           "grad_sum_kernels"]
 
 #: Bytes of an fp32 value, and of the complex64 rotation the rotary embedding multiplies by.
 F32, C64 = 4, 8
@@ -44,6 +45,17 @@ def add_kernel(name: str, elements: int, db: int) -> Kernel:
     """``a + b`` of two tensors of ``elements`` values in the training dtype (a residual add, or autograd summing
     two gradients): reads both, writes the sum."""
     return mem(name, "elementwise", elements, ADD_FLOPS, 3 * elements * db)
+
+
+def grad_sum_kernels(name: str, elements: int, count: int, db: int, *, compiled: bool) -> list[Kernel]:
+    """The sum of ``count`` gradients of ``elements`` values each that reach one tensor (the input gradients of the
+    linears a norm's output feeds), where it is not part of the norm's backward (sequence parallelism reduce-scatters
+    the sum first): ``count − 1`` adds eagerly, one kernel reading all of them compiled."""
+    if count < 2:
+        return []
+    if compiled:
+        return [mem(name, "elementwise", elements, (count - 1) * ADD_FLOPS, (count + 1) * elements * db)]
+    return [add_kernel(f"{name}{i}", elements, db) for i in range(count - 1)]
 
 
 def norm_kernels(name: str, rows: int, width: int, db: int, *, compiled: bool,

@@ -13,7 +13,7 @@ from sim.cost.kernels.llama import (
     llama_embedding_kernels,
     llama_head_kernels,
 )
-from sim.models import build_model
+from sim.models import Sharding, build_model
 from sim.models.llama import DecoderShape, block_flops_fwd
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
@@ -76,3 +76,25 @@ def test_gpu_plans_of_the_family_are_costed_by_the_kernel_model():
     block = graph.layers[1]
     assert oracle.layer_costs(device).fwd[1] == transformer_layer_seconds(block.transformer, 1, device,
                                                                           oracle.kernel_model).fwd
+
+
+def test_sequence_parallelism_splits_the_norms_and_the_residual_stream():
+    # Oracle (Korthikanti et al. §4.2.2): under SP the norms and residual adds run on 1/t of the tokens, the GEMMs and
+    # attention are unchanged, and what crosses a layer boundary (and a checkpointed input) is 1/t as large.
+    b, s, h, a, g, d, f, t = 2, 1024, 512, 8, 4, 64, 1408, 4
+    plain = LlamaBlockShape(b, s, h, a, g, d, f, t)
+    split = LlamaBlockShape(b, s, h, a, g, d, f, t, sequence_parallel=True)
+    for backward in (False, True):
+        one = llama_block_kernels(plain, backward=backward, compiled=True)
+        other = llama_block_kernels(split, backward=backward, compiled=True)
+        assert [k for k in one if k.kind in ("gemm", "attention")] == [k for k in other if k.kind in ("gemm",
+                                                                                                         "attention")]
+        norms = {k.name: k.bytes for k in one if k.kind == "norm"}
+        for kernel in other:
+            if kernel.kind == "norm":
+                assert kernel.bytes < norms[kernel.name] / 2
+    spec = "llama:layers=2,hidden=512,heads=8,kv_heads=4,ffn=1408,vocab=1000,seq=1024"
+    whole, sharded = build_model(spec, Sharding(tp=4)), build_model(spec, Sharding(tp=4, sequence_parallel=True))
+    assert sharded.layers[1].activation_bytes * 4 == whole.layers[1].activation_bytes
+    assert sharded.layers[1].saved_bytes < whole.layers[1].saved_bytes
+    assert sharded.layers[1].flops_fwd == whole.layers[1].flops_fwd

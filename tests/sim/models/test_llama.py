@@ -121,7 +121,7 @@ def test_tensor_parallel_shards_add_up_to_the_whole():
     ("llama:heads=32,kv_heads=8", Sharding(tp=16), "tp=16 must divide heads=32 and kv_heads=8"),
     ("llama:heads=32,kv_heads=6", Sharding(), "kv_heads \\(6\\) must divide heads \\(32\\)"),
     ("llama:qk_norm=2", Sharding(), "qk_norm must be 0 or 1"),
-    ("llama", Sharding(tp=2, sequence_parallel=True), "sequence parallelism is modelled for gpt only"),
+    ("llama:seq=4096", Sharding(cp=3), "multiple of 6"),
     ("llama3.1-8b,layers=2", Sharding(), "takes seq= only, got 'layers=2'"),
     ("hf:/no/such/config.json", Sharding(), "does not exist"),
 ])
