@@ -16,7 +16,8 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backward: bool, fused_bias: bool, *,
-                   bias_grad: bool = True, fp8: bool = False, compiled: bool = False) -> list[Kernel]:
+                   bias_grad: bool = True, fp8: bool = False, compiled: bool = False,
+                   cast_input: bool = True) -> list[Kernel]:
     """Y[T×out] = X[T×in]·W[in×out]; backward: dgrad dX = dY·Wᵀ, wgrad dW = Xᵀ·dY, and (``bias_grad``) the bias
     gradient, a column sum of dY. In a GPT block only the QKV linear adds its bias in the GEMM (``fused_bias``); the
     others are built with ``skip_bias_add`` and leave it to the fused bias+GELU and bias+dropout+add kernels, whose
@@ -28,10 +29,12 @@ def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backw
     one-byte write) of the input and the weight before the forward and of the output gradient before the backward,
     and the backward's operands in the other major order (X and W transposed for the wgrad and dgrad, dY for the
     wgrad: one-byte copies). ``compiled`` (torch.compile, as torchtitan runs FP8): each cast writes both major orders
-    in its one pass, so the transposes are not kernels of their own (two one-byte writes per cast value)."""
+    in its one pass, so the transposes are not kernels of their own (two one-byte writes per cast value); and
+    ``cast_input`` False: the input's cast is another linear's (inductor computes an identical cast of the same
+    tensor once: q, k and v share theirs, as do the gate and up projections)."""
     if not backward:
-        casts = [_cast(name + "_cast_input", tokens * n_in, db, compiled),
-                 _cast(name + "_cast_weight", n_in * n_out, db, compiled)] if fp8 else []
+        casts = ([_cast(name + "_cast_input", tokens * n_in, db, compiled)] if cast_input else []) \
+            + [_cast(name + "_cast_weight", n_in * n_out, db, compiled)] if fp8 else []
         return [*casts, gemm(name, tokens, n_out, n_in, db, bias=fused_bias, fp8=fp8)]
     casts = [_cast(name + "_cast_grad", tokens * n_out, db, compiled)] if fp8 else []
     if fp8 and not compiled:

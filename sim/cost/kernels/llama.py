@@ -162,8 +162,9 @@ def _forward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list
     bias = shape.qkv_bias
 
     def linear(name: str, n_in: int, n_out: int, fused_bias: bool = False) -> list[Kernel]:
+        shared = compiled and name in ("wk", "wv", "w3")  # their input's FP8 cast is wq's (w1's): one under compile
         return linear_kernels(name, tokens, n_in, n_out, db, False, fused_bias, bias_grad=fused_bias, fp8=fp8,
-                              compiled=compiled)
+                              compiled=compiled, cast_input=not shared)
 
     qk_norms: list[Kernel] = []
     if shape.qk_norm:
