@@ -74,15 +74,25 @@ class _Programs:
     layout: Parallelism
 
 
-def build_plan(inputs: PlanInputs) -> BuiltPlan:
+def build_plan(inputs: PlanInputs, topology: Topology | None = None) -> BuiltPlan:
     """Parse, generate, partition, validate and lower.
+
+    Args:
+        inputs: what to build.
+        topology: ``inputs.topology`` already parsed, its devices possibly changed (a what-if, or fitting a device's
+            unpublished figures: ``experiments.torchtitan``); its spec must be ``inputs.topology``. A plan records
+            the spec only, so it is predicted again with the catalog's devices.
 
     Raises:
         SpecError: any bad input (unknown model/topology/schedule, sizes, a malformed or invalid schedule file, a
             partition that does not fit); the message names the offending value.
+        ValueError: ``topology`` is not ``inputs.topology``'s.
     """
     _check_inputs(inputs)
-    topology = Topology.parse(inputs.topology)
+    if topology is None:
+        topology = Topology.parse(inputs.topology)
+    elif topology.spec != inputs.topology:
+        raise ValueError(f"topology {topology.spec!r} is not the inputs' {inputs.topology!r}")
     layout = plan_layout(inputs, topology)
     microbatches = plan_microbatches(inputs, layout)
     if layout.tp > 1 and inputs.profile:

@@ -50,3 +50,38 @@ def test_a_rows_prediction_is_sim_runs(row_id, tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert result.predicted == metrics["tokens_per_s_per_device"]
     assert result.error == pytest.approx(result.predicted / row.tokens_per_s_per_gpu - 1)
+
+
+def test_the_split_is_seeded_and_fits_only_fully_modelled_rows_of_the_fitted_device():
+    rows = torchtitan.load_rows()
+    split = torchtitan.halves(rows, 0)
+    assert split == torchtitan.halves(rows, 0) and split != torchtitan.halves(rows, 1)
+    fit = [row for row, half in zip(rows, split) if half == "fit"]
+    assert len(fit) == 8 and all(row.gpu == "H100-HBM2E" and not row.async_tp for row in fit)
+    assert all(set(torchtitan.unmodelled(row)) <= {torchtitan.UNSTATED_PP} for row in fit)
+
+
+def test_the_descent_finds_a_known_minimum():
+    from experiments.torchtitan_fit import fit_figures
+
+    target = {"matmul_efficiency": 0.5, "fp8_matmul_efficiency": 0.6, "attention_efficiency": 0.25}
+
+    def objective(figures):
+        return sum(abs(figures[k] / target[k] - 1) for k in target)
+
+    found, value = fit_figures(objective, {k: 0.8 for k in target})
+    assert value < 0.03 and all(found[k] == pytest.approx(target[k], rel=0.015) for k in target)
+
+
+def test_trial_figures_reach_the_fitted_device_only():
+    from experiments.torchtitan_fit import DEVICE, with_figures
+    from sim.hw.topology import Topology
+
+    topology = Topology.parse("1xH100-HBM2E+1xH100")  # one of each
+    changed = with_figures(topology, {"matmul_efficiency": 0.3})
+    assert [d.matmul_efficiency for d in changed.devices if d.name == DEVICE] == [0.3]
+    assert [d for d in changed.devices if d.name != DEVICE] == [d for d in topology.devices if d.name != DEVICE]
+    row = _row("tt2412_t1_1")
+    slow = torchtitan.predict_row(row, with_figures(Topology.parse(torchtitan.plan_inputs(row).topology),
+                                                     {"matmul_efficiency": 0.3}))
+    assert slow.predicted < torchtitan.predict_row(row).predicted
