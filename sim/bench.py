@@ -32,6 +32,14 @@ read on a shared machine, where wall time includes waiting for a core); then, on
 replica simulated (``simulate_all``), and whether the two iteration times agree (the symmetry argument of
 ``sim.cost.model.replica_views``). Last line ``ratio: X`` = the full simulation's time ÷ the symmetric one's.
 
+``python -m sim.bench --cluster`` times Llama 3's scale: ``2048x8xH100`` (16,384 GPUs), ``llama3.1-405b`` at 8,192
+tokens, TP 8 × DP 128 × PP 16 with ZeRO-3, interleaved 1F1B with 2 stages per rank, global batch 2,048: building
+and predicting it (target under 10 s on one core). The cost there was routing: every GPU searched the whole cluster
+for its paths (:meth:`sim.hw.topology.Topology._route` now joins a search inside the server with one search from the
+fabric). Baseline, in the same run, on fresh topologies: the joined routes of every pair the plan's costs routed,
+against the whole-cluster search timed from 16 GPUs and scaled to the plan's source GPUs (every route from those 16
+compared with the search's); last line ``ratio: X`` = the scaled whole-cluster searches' time ÷ the joined routes'.
+
 ``python -m sim.bench --search`` prints the search's evaluators' candidates per second at 64 GPUs
 (:mod:`sim.search.rate`): the engine, the fast evaluator per candidate, and the longest path over a batch of cost
 vectors; last line ``ratio: X`` = fast per candidate ÷ engine.
@@ -223,6 +231,42 @@ def _run_3d(args: argparse.Namespace, inputs: PlanInputs = PLAN_512) -> int:
     return 0 if same and len(set(times)) == 1 else 1
 
 
+#: Llama 3's scale (``--cluster``).
+PLAN_16K = PlanInputs(model="llama3.1-405b", topology="2048x8xH100", schedule="interleaved", chunks=2,
+                      microbatch_size=1, tp=8, dp=128, pp=16, zero=3, global_batch=2048)
+
+
+def _run_cluster(inputs: PlanInputs = PLAN_16K, sources: int = 16) -> int:
+    """Time building and predicting ``inputs`` (16,384 GPUs); then the routes against whole-cluster searches."""
+    from sim.predict import predict
+
+    cpu = time.process_time()
+    build_s, built = _seconds(lambda: build_plan(inputs))
+    predict_s, prediction = _seconds(lambda: predict(built.plan, None, topology=built.topology,
+                                                     oracle=built.costs.oracle, check_memory=False))
+    cpu_s = time.process_time() - cpu
+    plan = built.plan
+    print(f"{plan.layout.describe()}, {plan.model} on {plan.topology}: build {build_s:.2f} s, predict "
+          f"{predict_s:.2f} s, total {build_s + predict_s:.2f} s (CPU {cpu_s:.2f} s; target under 10 s); iteration "
+          f"{prediction.metrics['iteration_time_s']:.3f} s")
+    ranks = built.topology.num_ranks
+    needed = sorted(built.topology._paths)  # the (source, destination) pairs the plan's costs routed
+    sources_needed = len({src for src, _ in needed})
+    chosen = [r * (ranks // sources) for r in range(sources)]
+    whole = Topology.parse(inputs.topology)
+    whole_s, trees = _seconds(lambda: {r: whole._tree(f"gpu{r}") for r in chosen})
+    joined = Topology.parse(inputs.topology)
+    joined_s, _ = _seconds(lambda: [joined.path(src, dst) for src, dst in needed])
+    same = all(joined.path(r, d) == (trees[r][f"gpu{d}"].links if d != r else ()) for r in chosen for d in range(ranks))
+    estimate = whole_s / sources * sources_needed
+    print(f"the plan routes {len(needed):,} pairs from {sources_needed:,} GPUs: joined routes {joined_s:.2f} s; the "
+          f"whole-cluster search {whole_s / sources * 1e3:.0f} ms per GPU (measured from {sources}), "
+          f"{estimate:.0f} s for them all; every route from the {sources} equal to the search's: "
+          f"{'yes' if same else 'NO'}")
+    print(f"ratio: {estimate / joined_s:.0f}")
+    return 0 if same else 1
+
+
 def _run_search() -> int:
     """Candidates per second of the search's evaluators (``sim.search.rate``); ratio = fast per candidate ÷ engine."""
     from sim.search.rate import RATE_LAYOUT, RATE_PROBLEM, measure_rates
@@ -247,6 +291,8 @@ def _run(argv: list[str] | None) -> int:
                         help="time the 512-GPU tensor x data x pipeline plan (module docstring)")
     parser.add_argument("--search", action="store_true",
                         help="candidates per second of the search's evaluators at 64 GPUs (sim.search.rate)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="time a 16,384-GPU Llama 3.1 405B plan and its routes (module docstring)")
     parser.add_argument("--baseline-layers", type=int, default=400, help="--partition: the baseline's layers")
     parser.add_argument("--baseline-stages", type=int, default=8, help="--partition: the baseline's stages")
     parser.add_argument("--partition-layers", type=int, default=10_000, help="--partition: the large case's layers")
@@ -270,6 +316,8 @@ def _run(argv: list[str] | None) -> int:
         return _run_3d(args)
     if args.search:
         return _run_search()
+    if args.cluster:
+        return _run_cluster()
     args.repeats = 7 if args.repeats is None else args.repeats
     built = build_plan(PlanInputs(args.model, args.topology, args.schedule, args.microbatches))
     plan = built.plan

@@ -31,6 +31,7 @@ import math
 import operator
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import networkx as nx
 
@@ -58,6 +59,23 @@ def _hop_cost(link: Link) -> float:
     return link.spec.latency + REFERENCE_BYTES / link.spec.bandwidth
 
 
+#: The graph node where servers meet (:mod:`sim.hw.nodes`).
+_FABRIC = "fabric"
+
+
+class _Reach(NamedTuple):
+    """A node as a path search reached it: the path's label (cost, hops, names joined by NUL) and its links."""
+
+    cost: float
+    hops: int
+    names: str
+    links: tuple[Link, ...]
+
+    @property
+    def label(self) -> tuple[float, int, str]:
+        return self.cost, self.hops, self.names
+
+
 @dataclass(frozen=True)
 class Topology:
     """A parsed cluster: the device of each rank, the server of each rank, and the link graph.
@@ -77,7 +95,8 @@ class Topology:
     nodes: tuple[NodeShape, ...] = field(default=(), compare=False, repr=False)
     _adjacency: dict[str, list[tuple[str, Link, float]]] = field(init=False, compare=False, repr=False)
     _endpoints: frozenset[str] = field(init=False, compare=False, repr=False)
-    _trees: dict[str, dict[str, tuple[Link, ...]]] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _trees: dict[tuple[str, str | None], dict[str, _Reach]] = field(default_factory=dict, init=False, compare=False,
+                                                                    repr=False)
     _paths: dict[tuple[int, int], tuple[Link, ...]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -125,14 +144,16 @@ class Topology:
             raise SpecError(f"rank {rank!r} out of range for {self.spec!r} ({len(self.devices)} ranks)")
         return index
 
-    def _tree(self, source: str) -> dict[str, tuple[Link, ...]]:
-        """Cheapest path from ``source`` to every graph node (Dijkstra; ties: fewer hops, then node names).
+    def _tree(self, source: str, barrier: str | None = None) -> dict[str, _Reach]:
+        """Cheapest path from ``source`` to every graph node (Dijkstra; ties: fewer hops, then node names), each with
+        its label; ``barrier``: a node reached but not expanded (the fabric, see :meth:`_route`).
 
         A label is ``(cost, hops, names)`` with ``names`` the path's node names joined by NUL: NUL sorts before every
         character of a name, so comparing joined strings orders paths as comparing their name tuples would, for a
         fraction of the cost. Each node keeps the link it was reached by; its path is its predecessor's plus that link.
         """
-        tree = self._trees.get(source)
+        key = (source, barrier)
+        tree = self._trees.get(key)
         if tree is not None:
             return tree
         tree = {}
@@ -147,7 +168,9 @@ class Topology:
             cost, hops, names, node, previous, link = pop(heap)
             if node in tree:
                 continue
-            tree[node] = tree[previous] + (link,) if link is not None else ()
+            tree[node] = _Reach(cost, hops, names, tree[previous].links + (link,) if link is not None else ())
+            if node == barrier:
+                continue
             hops += 1
             for neighbour, next_link, hop_cost in adjacency[node]:
                 if neighbour in tree:
@@ -167,16 +190,37 @@ class Topology:
                 else:
                     best[neighbour] = label
                     push(heap, (*label, neighbour, node, next_link))
-        for leaf, (_, previous, link) in leaves.items():
-            tree[leaf] = tree[previous] + (link,)
-        self._trees[source] = tree
+        for leaf, (label, previous, link) in leaves.items():
+            tree[leaf] = _Reach(*label, tree[previous].links + (link,))
+        self._trees[key] = tree
         return tree
 
     def _route(self, src: str, dst: str) -> tuple[Link, ...]:
-        tree = self._tree(src)
-        if dst not in tree:  # build_graph connects every node; this is an internal invariant
+        """The cheapest path from ``src`` to ``dst`` (:meth:`_tree`'s order).
+
+        Servers meet only at the ``fabric`` node (:mod:`sim.hw.nodes`): every path from one server to another crosses
+        it once. So the cheapest path is the better of the one that stays on ``src``'s side (a tree that stops at the
+        fabric, a server's few nodes) and the cheapest path to the fabric followed by the fabric's cheapest path to
+        ``dst`` (one tree for the whole cluster). Each part is the cheapest of its own (cost, then hops, then names),
+        so their concatenation is the cheapest crossing path, labelled as one search would label it; without this,
+        every source would search the whole cluster (16,384 GPUs: hours).
+        """
+        barrier = _FABRIC if _FABRIC in self._adjacency and _FABRIC not in (src, dst) else None
+        found = self._tree(src, barrier).get(dst)
+        if barrier is not None:
+            near = self._tree(src, barrier).get(barrier)
+            far = self._tree(barrier).get(dst) if near is not None else None
+            if near is not None and far is not None:
+                cost = near.cost
+                for link in far.links:  # in path order, as a search would add them
+                    cost += _hop_cost(link)
+                crossing = _Reach(cost, near.hops + far.hops, near.names + far.names[len(barrier):],
+                                  near.links + far.links)
+                if found is None or crossing.label < found.label:
+                    found = crossing
+        if found is None:  # build_graph connects every node; this is an internal invariant
             raise AssertionError(f"no path from {src} to {dst} in {self.spec!r}")
-        return tree[dst]
+        return found.links
 
     def path(self, src_rank: int, dst_rank: int) -> tuple[Link, ...]:
         """The links a message from ``src_rank`` to ``dst_rank`` crosses, in order; ``()`` when they are equal.

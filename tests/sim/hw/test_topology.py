@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sim.core.errors import SpecError
 from sim.hw.catalog import get_device, get_link
 from sim.hw.grammar import PRESETS
-from sim.hw.topology import Topology, format_topology_list
+from sim.hw.topology import Topology, _hop_cost, format_topology_list
 
 # `nvidia-smi topo -m` of a real DGX-1, copied from hardware.md §2.2: the oracle for the cube-mesh wiring.
 DGX1_TOPO = """
@@ -367,3 +367,43 @@ def test_cpu_ranks_meet_at_the_host_over_loopback() -> None:
                                                                    ("host0", "gpu1", "loopback")]
     link = path[0].spec
     assert topo.transfer_time(4e6, 0, 1) == pytest.approx(2 * link.latency + 4e6 / link.bandwidth, rel=1e-12)
+
+
+def _brute_force_route(topology: Topology, src: str, dst: str) -> tuple:
+    """Every simple path from ``src`` to ``dst`` whose inner nodes forward (not GPUs, not non-transit hosts), the
+    least by (cost, hops, node names): the order the router promises, by enumeration."""
+    graph = topology.graph
+    forwards = {node for node, transit in graph.nodes(data="transit", default=True)
+                if transit and not node.startswith("gpu")}
+    best = None
+
+    def walk(node: str, seen: list[str], links: tuple, cost: float) -> None:
+        nonlocal best
+        for neighbour in graph.successors(node):
+            if neighbour in seen:
+                continue
+            link = graph.edges[node, neighbour]["link"]
+            step = cost + _hop_cost(link)
+            if neighbour == dst:
+                label = (step, len(links) + 1, "\0".join([*seen, neighbour]))
+                if best is None or label < best[0]:
+                    best = (label, links + (link,))
+            elif neighbour in forwards:
+                walk(neighbour, [*seen, neighbour], links + (link,), step)
+
+    walk(src, [src], (), 0.0)
+    assert best is not None
+    return best[1]
+
+
+@pytest.mark.parametrize("spec", ["3x4xA100", "3x2xL40S", "3x4xGH200", "2x8xV100", "2xA100+1x2xH100"])
+def test_routes_are_the_least_paths_found_by_enumeration(spec):
+    # Oracle: enumeration of every simple path, on clusters of every wiring (NVSwitch, PCIe through the host, a NIC
+    # per GPU, the DGX-1 cube-mesh, mixed servers), for the router that joins a search inside a server with one from
+    # the fabric.
+    topology = Topology.parse(spec)
+    for src in range(topology.num_ranks):
+        for dst in range(topology.num_ranks):
+            if src != dst:
+                assert topology.path(src, dst) == _brute_force_route(topology, f"gpu{src}", f"gpu{dst}"), (src, dst)
+    assert topology.host_to_device_path(0) == _brute_force_route(topology, "host0", "gpu0")
