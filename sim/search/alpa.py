@@ -24,7 +24,7 @@ def honours_alpa_assumption(candidate: Candidate, topology: Topology) -> bool:
     (Megatron's ``tp-dp-pp`` nesting) and the cluster's own device order."""
     if candidate.rank_order != DEFAULT_RANK_ORDER or candidate.devices:
         return False
-    layout = Parallelism(tp=candidate.tp, dp=candidate.dp, pp=candidate.pp)
+    layout = Parallelism(tp=candidate.tp, dp=candidate.dp, pp=candidate.pp, cp=candidate.cp)
     for p in range(layout.pp):
         servers = {topology.node_of_rank[layout.device(p, d, t)] for d in range(layout.data_ranks)
                    for t in range(layout.tp)}

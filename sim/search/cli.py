@@ -21,6 +21,7 @@ import sys
 from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import prepare_output_dir, write_text_chunks_atomic
+from sim.cost.precision import PRECISIONS
 from sim.ir.parallel import RANK_ORDERS
 from sim.plan.partition import PARTITION_RULES
 from sim.schedules import SCHEDULES
@@ -28,7 +29,7 @@ from sim.search.evaluate import Evaluation, build_candidate_plan
 from sim.search.search import STRATEGIES, SearchResult, run_search
 from sim.search.search_outputs import format_table, write_search_outputs
 from sim.search.settings import load_settings
-from sim.search.space import DEFAULT_SCHEDULES, RECOMPUTE_MODES, SearchProblem, SearchSpace
+from sim.search.space import DEFAULT_SCHEDULES, MODEL_PRECISION, RECOMPUTE_MODES, SearchProblem, SearchSpace
 
 __all__ = ["main", "make_parser", "FLAGS"]
 
@@ -100,6 +101,17 @@ def make_parser() -> argparse.ArgumentParser:
                        help="off, on or off,on (default; applies where TP > 1)")
     space.add_argument("--zero", type=_listed(int, (0, 1, 2, 3), "ZeRO stage"), default=(0, 1),
                        help="ZeRO stages among 0,1,2,3 (default 0,1; 1 to 3 apply where DP > 1; 3 is FSDP)")
+    space.add_argument("--cp", type=_listed(int, name="context-parallel degree"), default=(1,),
+                       help="context-parallel degrees, e.g. 1,2,4 (default 1; llama family on GPUs)")
+    space.add_argument("--cp-comm", type=_listed(str, ("ring", "allgather"), "exchange"), default=("ring",),
+                       help="how context-parallel ranks exchange keys and values: ring and/or allgather (default ring)")
+    space.add_argument("--dp-replicate", type=_listed(int, name="HSDP replicate degree"), default=(1,),
+                       help="HSDP replicate degrees under ZeRO-3, e.g. 1,2,4 (default 1: plain FSDP)")
+    space.add_argument("--precision", type=_listed(str, (MODEL_PRECISION, *PRECISIONS), "precision"),
+                       default=(MODEL_PRECISION,), help=f"precisions among {MODEL_PRECISION} (the model's own), "
+                       f"{', '.join(PRECISIONS)} (default {MODEL_PRECISION}; fp8 where the devices have it)")
+    space.add_argument("--compile", type=_listed(_switch, (False, True), "on/off"), default=(False,),
+                       help="torch.compile: off (default), on or off,on (llama family on GPUs)")
     space.add_argument("--rank-orders", type=_listed(str, (*RANK_ORDERS, "all"), "rank order"), default=("tp-dp-pp",),
                        help="how ranks nest over the devices, innermost first (default tp-dp-pp, Megatron's; 'all')")
     space.add_argument("--partitions", type=_listed(str, PARTITION_RULES, "partition rule"),
@@ -151,7 +163,8 @@ def _run(argv: list[str] | None) -> int:
         space=SearchSpace(schedules=args.schedules, chunks=args.chunks, recompute=args.recompute,
                           microbatch_sizes=args.microbatch_sizes, sequence_parallel=args.sequence_parallel,
                           zero=args.zero, rank_orders=orders, partitions=args.partitions,
-                          settings=settings))
+                          settings=settings, cp=args.cp, cp_comms=args.cp_comm, dp_replicate=args.dp_replicate,
+                          precisions=args.precision, compile=args.compile))
     out = prepare_output_dir(args.out, "--out", create=False)  # a bad --out is refused before the search, not after
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
     try:

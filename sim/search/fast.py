@@ -64,8 +64,8 @@ class FastEvaluator:
         """What fixes a plan's ops: the schedule and its sizes, whether each kind of collective exists, and
         whether forwards are recomputed as ops of their own."""
         c = candidate
-        return (c.schedule, c.pp, microbatches, c.chunks, c.recompute == "full", c.tp > 1, c.dp > 1, c.zero,
-                c.sequence_parallel)
+        return (c.schedule, c.pp, microbatches, c.chunks, c.recompute == "full", c.tp > 1, c.dp * c.cp > 1, c.zero,
+                c.sequence_parallel, c.dp_replicate > 1)
 
     def evaluate(self, candidate: Candidate) -> Evaluation:
         """The candidate's evaluation; infeasible ones say why (as :func:`sim.search.evaluate.evaluate`)."""

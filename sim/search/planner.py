@@ -132,7 +132,7 @@ class _Screen:
         entry = SCHEDULES[candidate.schedule]
         vstage_to_rank = (entry.vstage_to_rank(layout.pp, candidate.chunks) if entry.chunked
                           else tuple(range(layout.pp)))
-        key = (candidate.tp, candidate.sequence_parallel, inputs.recompute_mode)
+        key = (candidate.tp, candidate.sequence_parallel, inputs.recompute_mode, candidate.cp)
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))

@@ -17,13 +17,14 @@ from sim.core.fileio import write_bytes_atomic, write_json_atomic, write_text_at
 from sim.report.png import figure_png
 from sim.search.evaluate import Evaluation
 from sim.search.search import SearchResult
+from sim.search.space import MODEL_PRECISION, Candidate
 
 __all__ = ["format_table", "candidates_csv", "search_json", "pareto_png", "pareto_front", "write_search_outputs",
            "SEARCH_FORMAT_VERSION"]
 
 SEARCH_FORMAT_VERSION = 1
 _COLUMNS = ("rank", "TP", "DP", "PP", "b", "m", "schedule", "recompute", "SP", "ZeRO", "partition", "placement",
-            "iteration (s)", "samples/s", "peak GB")
+            "also", "iteration (s)", "samples/s", "peak GB")
 
 
 def _partition_text(counts: tuple[int, ...]) -> str:
@@ -39,12 +40,20 @@ def _partition_text(counts: tuple[int, ...]) -> str:
     return ",".join(f"{c}×{n}" if n > 1 else f"{c}" for c, n in runs)
 
 
+def _also(c: Candidate) -> str:
+    """The choices beyond the Megatron-era ones: context parallelism, HSDP, precision, compile (``-`` for none)."""
+    parts = ([f"CP {c.cp} {c.cp_comm}"] if c.cp > 1 else []) + ([f"HSDP {c.dp_replicate}"] if c.dp_replicate > 1
+                                                                   else [])
+    parts += ([c.precision] if c.precision != MODEL_PRECISION else []) + (["compile"] if c.compiled else [])
+    return ", ".join(parts) or "-"
+
+
 def _row(rank: int | str, e: Evaluation) -> tuple[str, ...]:
     c = e.candidate
     schedule = c.schedule + (f" v={c.chunks}" if c.chunks > 1 else "")
     return (str(rank), str(c.tp), str(c.dp), str(c.pp), str(c.microbatch_size), str(e.microbatches), schedule,
             c.recompute, "yes" if c.sequence_parallel else "-", str(c.zero), _partition_text(e.layer_counts),
-            c.rank_order + (f" devices {','.join(map(str, c.devices))}" if c.devices else ""),
+            c.rank_order + (f" devices {','.join(map(str, c.devices))}" if c.devices else ""), _also(c),
             f"{e.iteration_time_s:.4f}", f"{e.throughput_samples_per_s:.1f}",
             f"{e.max_peak_memory_bytes / 1e9:.2f}")
 
@@ -96,7 +105,7 @@ def candidates_csv(result: SearchResult) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     fields = ["tp", "dp", "pp", "microbatch_size", "schedule", "chunks", "recompute", "sequence_parallel", "zero",
-              "rank_order", "partition", "devices"]
+              "rank_order", "partition", "devices", "cp", "cp_comm", "dp_replicate", "precision", "compiled"]
     writer.writerow([*fields, "microbatches", "feasible", "iteration_time_s", "throughput_samples_per_s",
                      "max_peak_memory_bytes", "layer_counts", "peak_memory_bytes", "reason"])
     for e in result.evaluations:

@@ -1,14 +1,16 @@
 """What a plan search ranges over: the problem (model, cluster, global batch), its space, and one candidate.
 
-A :class:`Candidate` is one point of the space: tensor × data × pipeline degrees over every device of the topology,
-microbatch size (the microbatch count follows from the global batch), schedule and its chunks, recomputation,
-sequence parallelism, ZeRO stage, how ranks nest over the devices (placement) and the partition rule. It turns into
+A :class:`Candidate` is one point of the space: tensor × context × data × pipeline degrees over every device of the
+topology, microbatch size (the microbatch count follows from the global batch), schedule and its chunks,
+recomputation, sequence parallelism, ZeRO stage and HSDP replication, how ranks nest over the devices (placement), the
+partition rule, the context-parallel exchange, the precision and torch.compile. It turns into
 the same :class:`~sim.plan.inputs.PlanInputs` that ``sim.run`` builds from its flags, so a candidate is costed by the
 one prediction path and its plan runs in ``executor.run`` as is.
 
 :func:`enumerate_candidates` lists the space in a fixed order. Points that differ only in a choice with no effect
-are listed once (sequence parallelism without tensor parallelism, ZeRO without data parallelism, chunks of a
-schedule that takes none, rank orders that nest the same degrees > 1 alike), and on a single pipeline rank only one
+are listed once (sequence parallelism without tensor parallelism, ZeRO without data parallelism, HSDP without FSDP,
+a context-parallel exchange without context parallelism, chunks of a schedule that takes none, rank orders that nest
+the same degrees > 1 alike), and on a single pipeline rank only one
 synchronous schedule is listed (1f1b if searched: with no bubble, gpipe, 1f1b and zb1p take the same time, gpipe
 holding more activations) and no interleaving. Points that break a rule of the model,
 schedule or batch (heads not divisible by TP, a global batch not a whole number of microbatches, more stages than
@@ -22,19 +24,22 @@ from itertools import product
 
 from sim.core.errors import SpecError
 from sim.cost.gpu_time import KernelModel
+from sim.cost.precision import PRECISIONS
 from sim.hw.topology import Topology
-from sim.ir.parallel import DEFAULT_RANK_ORDER, RANK_ORDERS, ZERO_STAGES, Parallelism
+from sim.ir.parallel import CP_COMMS, DEFAULT_RANK_ORDER, RANK_ORDERS, ZERO_STAGES, Parallelism
 from sim.plan.inputs import PlanInputs
 from sim.schedules import SCHEDULES
 from sim.search.placement import MAX_PLACEMENTS, stage_placements
 
 __all__ = ["SearchSpace", "SearchProblem", "Candidate", "enumerate_candidates", "RECOMPUTE_MODES",
-           "DEFAULT_SCHEDULES", "MAX_CANDIDATES", "check_space"]
+           "DEFAULT_SCHEDULES", "MAX_CANDIDATES", "check_space", "MODEL_PRECISION"]
 
 #: Schedules searched by default: the synchronous ones (same weights as data-parallel SGD), so their times compare.
 #: ``pipedream`` (asynchronous, stale weights) is searched only when named.
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb1p")
 RECOMPUTE_MODES = ("none", "selective", "full")
+#: The precision of a candidate that keeps the model's own (no ``--precision``).
+MODEL_PRECISION = "model"
 #: The most points a search may list: the space is listed before anything is evaluated, and at about a kilobyte a
 #: candidate with its result this is 2 GB at most; narrow the flags beyond it.
 MAX_CANDIDATES = 2_000_000
@@ -57,6 +62,11 @@ class SearchSpace:
             :mod:`sim.search.settings`); ``microbatch_sizes`` is then unused.
         placements: on a mixed cluster, also try the distinct assignments of device blocks to pipeline stages
             (:mod:`sim.search.placement`); else only each rank order's own.
+        cp: context-parallel degrees (``--cp``; above 1 for the llama family on GPUs).
+        cp_comms: how context-parallel ranks exchange keys and values (applies where CP > 1).
+        dp_replicate: HSDP replicate degrees (apply under ZeRO-3, dividing DP).
+        precisions: training precisions (``--precision``), :data:`MODEL_PRECISION` for the model's own.
+        compile: ``False`` and/or ``True`` (``--compile``: the llama family on GPUs).
     """
 
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
@@ -69,6 +79,11 @@ class SearchSpace:
     partitions: tuple[str, ...] = ("balanced",)
     settings: tuple[tuple[int, int, int, int], ...] = ()
     placements: bool = True
+    cp: tuple[int, ...] = (1,)
+    cp_comms: tuple[str, ...] = ("ring",)
+    dp_replicate: tuple[int, ...] = (1,)
+    precisions: tuple[str, ...] = (MODEL_PRECISION,)
+    compile: tuple[bool, ...] = (False,)
 
 
 @dataclass(frozen=True)
@@ -110,6 +125,11 @@ class Candidate:
     rank_order: str = DEFAULT_RANK_ORDER
     partition: str = "balanced"
     devices: tuple[int, ...] = ()
+    cp: int = 1
+    cp_comm: str = "ring"
+    dp_replicate: int = 1
+    precision: str = MODEL_PRECISION
+    compiled: bool = False
 
     def microbatches(self, global_batch: int) -> float:
         """Microbatches per iteration per replica (fractional when the batch does not divide: infeasible)."""
@@ -123,16 +143,26 @@ class Candidate:
             chunks=self.chunks, recompute=self.recompute, tp=self.tp, dp=self.dp, pp=self.pp,
             global_batch=problem.global_batch, rank_order=self.rank_order,
             sequence_parallel=self.sequence_parallel, zero=self.zero, kernel_model=problem.kernel_model,
-            devices=self.devices)
+            devices=self.devices, cp=self.cp, cp_comm=self.cp_comm, dp_replicate=self.dp_replicate,
+            precision=None if self.precision == MODEL_PRECISION else self.precision, compiled=self.compiled)
 
     def label(self) -> str:
         """A short name: ``tp2 dp2 pp2 b4 interleaved(v=2) full sp zero1 [dp-tp-pp]``."""
-        parts = [f"tp{self.tp}", f"dp{self.dp}", f"pp{self.pp}", f"b{self.microbatch_size}",
-                 self.schedule + (f"(v={self.chunks})" if self.chunks > 1 else ""), self.recompute]
+        parts = [f"tp{self.tp}", *([f"cp{self.cp}"] if self.cp > 1 else []), f"dp{self.dp}", f"pp{self.pp}",
+                 f"b{self.microbatch_size}", self.schedule + (f"(v={self.chunks})" if self.chunks > 1 else ""),
+                 self.recompute]
         if self.sequence_parallel:
             parts.append("sp")
         if self.zero:
             parts.append(f"zero{self.zero}")
+        if self.dp_replicate > 1:
+            parts.append(f"hsdp{self.dp_replicate}")
+        if self.cp > 1 and self.cp_comm != "ring":
+            parts.append(f"cp-{self.cp_comm}")
+        if self.precision != MODEL_PRECISION:
+            parts.append(self.precision)
+        if self.compiled:
+            parts.append("compile")
         if self.rank_order != DEFAULT_RANK_ORDER:
             parts.append(f"[{self.rank_order}]")
         if self.partition != "balanced":
@@ -154,6 +184,14 @@ class Candidate:
             flags.append("--sequence-parallel")
         if self.zero:
             flags += ["--zero", str(self.zero)]
+        if self.dp_replicate > 1:
+            flags += ["--dp-replicate", str(self.dp_replicate)]
+        if self.cp > 1:
+            flags += ["--cp", str(self.cp), "--cp-comm", self.cp_comm]
+        if self.precision != MODEL_PRECISION:
+            flags += ["--precision", self.precision]
+        if self.compiled:
+            flags.append("--compile")
         if self.rank_order != DEFAULT_RANK_ORDER:
             flags += ["--rank-order", self.rank_order]
         if self.partition != "balanced":
@@ -197,7 +235,12 @@ def check_space(space: SearchSpace) -> None:
               ("sequence parallel", space.sequence_parallel, lambda v: isinstance(v, bool)),
               ("zero", space.zero, lambda v: v in ZERO_STAGES),
               ("rank orders", space.rank_orders, lambda v: v in RANK_ORDERS),
-              ("partitions", space.partitions, lambda v: isinstance(v, str) and v != ""))
+              ("partitions", space.partitions, lambda v: isinstance(v, str) and v != ""),
+              ("context-parallel degrees", space.cp, lambda v: isinstance(v, int) and v >= 1),
+              ("context-parallel exchanges", space.cp_comms, lambda v: v in CP_COMMS),
+              ("HSDP replicate degrees", space.dp_replicate, lambda v: isinstance(v, int) and v >= 1),
+              ("precisions", space.precisions, lambda v: v in (MODEL_PRECISION, *PRECISIONS)),
+              ("compile choices", space.compile, lambda v: isinstance(v, bool)))
     for name, values, ok in checks:
         if not values and name != "microbatch sizes":
             raise SpecError(f"the search space has no {name} to choose from")
@@ -223,10 +266,11 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int, topology: Top
             raise SpecError(f"the setting tp {tp} × dp {dp} × pp {pp} uses {tp * dp * pp} devices, the topology has "
                             f"{num_devices}")
     if space.settings:
-        shapes = sorted({(tp, dp, pp) for tp, dp, pp, _ in space.settings})
+        shapes = sorted({(tp, 1, dp, pp) for tp, dp, pp, _ in space.settings})
     else:
-        shapes = [(tp, dp, num_devices // (tp * dp)) for tp in _divisors(num_devices)
-                  for dp in _divisors(num_devices // tp)]
+        shapes = [(tp, cp, dp, num_devices // (tp * cp * dp)) for tp in _divisors(num_devices)
+                  for cp in sorted(set(space.cp)) if (num_devices // tp) % cp == 0
+                  for dp in _divisors(num_devices // (tp * cp))]
 
     def schedule_choices(pp: int) -> list[tuple[str, int]]:
         if pp == 1:
@@ -239,28 +283,32 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int, topology: Top
         return [(name, chunks) for name in space.schedules
                 for chunks in (space.chunks if SCHEDULES[name].chunked else (1,))]
 
-    def sizes(tp: int, dp: int, pp: int) -> tuple[int, ...]:
+    def sizes(tp: int, dp: int, pp: int) -> tuple[int, ...]:  # (the data-parallel degree sets the batch's split)
         if space.settings:
             return tuple(sorted({b for t, d, p, b in space.settings if (t, d, p) == (tp, dp, pp)}))
         if space.microbatch_sizes:
             return tuple(b for b in space.microbatch_sizes if b * dp <= problem.global_batch)
         return tuple(1 << k for k in range(problem.global_batch.bit_length()) if (1 << k) * dp <= problem.global_batch)
 
-    bound = sum(len(sizes(tp, dp, pp)) * len(schedule_choices(pp)) for tp, dp, pp in shapes) * len(space.recompute) * \
-        len(space.sequence_parallel) * len(space.zero) * len(space.rank_orders) * len(space.partitions) * \
-        (MAX_PLACEMENTS if space.placements and topology is not None else 1)
+    bound = sum(len(sizes(tp, dp, pp)) * len(schedule_choices(pp)) for tp, _, dp, pp in shapes) * \
+        len(space.recompute) * len(space.sequence_parallel) * len(space.zero) * len(space.rank_orders) * \
+        len(space.partitions) * len(space.cp_comms) * len(space.dp_replicate) * len(space.precisions) * \
+        len(space.compile) * (MAX_PLACEMENTS if space.placements and topology is not None else 1)
     if bound > MAX_CANDIDATES:
         raise SpecError(f"the search space has up to {bound:,} candidates, more than {MAX_CANDIDATES:,}; narrow it "
                         f"(--schedules, --microbatch-sizes, --recompute, --chunks, --rank-orders)")
     found: list[Candidate] = []
-    for tp, dp, pp in shapes:
-        orders = _orders_for({"tp": tp, "dp": dp, "pp": pp}, space.rank_orders)
+    for tp, cp, dp, pp in shapes:
+        orders = _orders_for({"tp": tp, "dp": dp * cp, "pp": pp}, space.rank_orders)
         sp_choices = sorted(set(space.sequence_parallel)) if tp > 1 else [False]
-        zero_choices = sorted(set(space.zero)) if dp > 1 else [0]
-        placed = {order: _placements(problem, topology, tp, dp, pp, order) for order in orders}
-        for b, (name, chunks), recompute, sp, zero, order, partition in product(
+        zero_choices = sorted(set(space.zero)) if dp * cp > 1 else [0]
+        comm_choices = sorted(set(space.cp_comms)) if cp > 1 else ["ring"]
+        placed = {order: _placements(problem, topology, tp, dp * cp, pp, order) for order in orders}
+        for b, (name, chunks), recompute, sp, zero, order, partition, comm, precision, compiled in product(
                 sizes(tp, dp, pp), schedule_choices(pp), space.recompute, sp_choices, zero_choices, orders,
-                space.partitions):
-            for devices in placed[order]:
-                found.append(Candidate(tp, dp, pp, b, name, chunks, recompute, sp, zero, order, partition, devices))
+                space.partitions, comm_choices, sorted(set(space.precisions)), sorted(set(space.compile))):
+            replicate_choices = sorted({r for r in space.dp_replicate if dp % r == 0}) if zero == 3 else [1]
+            for replicate, devices in product(replicate_choices or [1], placed[order]):
+                found.append(Candidate(tp, dp, pp, b, name, chunks, recompute, sp, zero, order, partition, devices,
+                                       cp, comm, replicate, precision, compiled))
     return sorted(set(found))

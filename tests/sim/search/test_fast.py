@@ -21,6 +21,23 @@ def test_every_candidate_agrees_with_the_engine(topology, devices, global_batch,
                             space=SearchSpace(schedules=schedules, chunks=(2,), recompute=("none", "full"),
                                               zero=(0,), rank_orders=("tp-dp-pp", "pp-dp-tp")),
                             memory_limit_bytes=int(0.2e9))  # small enough that some plans do not fit
+    _agrees(problem, devices)
+
+
+def test_the_2026_dimensions_agree_with_the_engine():
+    # Context parallelism (both exchanges), FSDP with HSDP, FP8 and compile on a Llama-family model: the fast
+    # evaluator's shared structures must tell these apart wherever they change the plan's ops.
+    problem = SearchProblem("llama:layers=4,hidden=512,heads=8,kv_heads=4,ffn=1408,vocab=1000,seq=1024", "4xH100", 4,
+                            space=SearchSpace(schedules=("1f1b",), recompute=("none", "full"), zero=(0, 3),
+                                              sequence_parallel=(False,), cp=(1, 2), cp_comms=("ring", "allgather"),
+                                              dp_replicate=(1, 2), precisions=("model", "fp8"),
+                                              compile=(False, True)),
+                            memory_limit_bytes=int(1.5e9))
+    assert {c.cp for c in enumerate_candidates(problem, 4)} == {1, 2}
+    _agrees(problem, 4)
+
+
+def _agrees(problem: SearchProblem, devices: int) -> None:
     fast = FastEvaluator(problem)
     methods = {EXACT: 0, LOWER_BOUND: 0, ENGINE: 0}
     fits = 0

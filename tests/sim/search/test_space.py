@@ -211,3 +211,29 @@ def test_one_pipeline_rank_lists_one_synchronous_schedule():
     assert {c.schedule for c in found if c.pp == 2} == {"gpipe", "zb1p", "interleaved"}
     with_1f1b = enumerate_candidates(problem(4, schedules=("zb1p", "1f1b", "pipedream")), 2)
     assert {c.schedule for c in with_1f1b if c.pp == 1} == {"1f1b", "pipedream"}
+
+
+def test_the_2026_dimensions_are_listed_where_they_apply():
+    # Oracle: a count by hand. 4 devices, tp in {1, 2, 4}, cp in {1, 2}: shapes (tp, cp, dp, pp) with product 4.
+    problem = SearchProblem("llama:layers=4,hidden=512,heads=8,kv_heads=4,ffn=1408,vocab=1000,seq=1024", "4xH100", 4,
+                            space=SearchSpace(schedules=("1f1b",), recompute=("none",), sequence_parallel=(False,),
+                                              zero=(0, 3), cp=(1, 2), cp_comms=("ring", "allgather"),
+                                              dp_replicate=(1, 2), precisions=("model", "fp8"),
+                                              compile=(False, True), placements=False))
+    found = enumerate_candidates(problem, 4)
+    shapes = {(c.tp, c.cp, c.dp, c.pp) for c in found}
+    expected = {(tp, cp, dp, 4 // (tp * cp * dp)) for tp in (1, 2, 4) for cp in (1, 2) for dp in (1, 2, 4)
+                if 4 % (tp * cp * dp) == 0}
+    assert shapes == expected
+    assert all(c.cp_comm == "ring" for c in found if c.cp == 1)  # no exchange to choose without CP
+    assert {c.cp_comm for c in found if c.cp == 2} == {"ring", "allgather"}
+    assert all(c.dp_replicate == 1 for c in found if c.zero != 3)  # HSDP is a form of FSDP
+    assert all(c.dp % c.dp_replicate == 0 for c in found)
+    assert all(c.zero == 0 for c in found if c.dp * c.cp == 1)  # nothing to shard over
+    assert {(c.precision, c.compiled) for c in found} == {(p, k) for p in ("model", "fp8") for k in (False, True)}
+    one = next(c for c in found if c.cp == 2 and c.zero == 3 and c.precision == "fp8" and c.compiled)
+    inputs = one.plan_inputs(problem)
+    assert (inputs.cp, inputs.precision, inputs.compiled, inputs.zero) == (2, "fp8", True, 3)
+    flags = one.run_flags(problem)
+    assert ["--cp", "2", "--cp-comm", one.cp_comm] == flags[flags.index("--cp"):flags.index("--cp") + 4]
+    assert "--compile" in flags and flags[flags.index("--precision") + 1] == "fp8"
