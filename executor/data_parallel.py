@@ -1,4 +1,4 @@
-"""Data parallelism in the executor: the ``REDUCE_GRAD`` and ``GATHER_PARAMS`` ops of one process, and ZeRO-1.
+"""Data parallelism in the executor: the ``REDUCE_GRAD`` and ``GATHER_PARAMS`` ops of one process, ZeRO-1 and 2.
 
 D replicas of the whole pipeline each train on their own slice of the global batch (``executor.parallel``) and keep
 identical parameters: after its last backward, each vstage's gradients are summed over the replicas and divided by
@@ -14,6 +14,12 @@ lowering's (``sim.plan.lower_collectives``); this module is what they do:
   replica receives the sum of its slice; gloo has one in torch 2.13, NCCL always had), ``OPT_STEP`` updates that
   slice (a leaf tensor the optimizer owns), and ``GATHER_PARAMS`` all-gathers the updated slices into every replica's
   parameters, again without blocking; the iteration's end waits for it (nothing in the program depends on it).
+* ZeRO-2 (§5.2, P_os+g): the gradients are sharded too. The lowering puts a ``REDUCE_GRAD`` after each microbatch's
+  backward of the vstage; it reduce-scatters that microbatch's gradients (flattened into a buffer of their own, so
+  the parameters' gradients are dropped as soon as it is issued and the next microbatch's backward starts from
+  none) and adds the replica's slice, divided by D, to the slice's gradient. ``OPT_STEP`` waits for all of them;
+  then ``GATHER_PARAMS`` as under ZeRO-1. The sum over microbatches is taken slice by slice after the reduction
+  rather than before it: the same numbers added in another order.
 
 The optimizers are PyTorch's single-tensor loops (``executor.nn.optim``), whose arithmetic is elementwise, so an
 optimizer over a slice computes, element by element, what one over the whole parameters would.
@@ -63,7 +69,7 @@ class DataParallel:
         group: the data-parallel process group (the D processes holding the same shard of the same pipeline rank).
         size: D.
         rank: this process's replica index in ``0..D-1`` (its position in the group).
-        zero: 0, or 1 for ZeRO-1.
+        zero: 0, 1 (ZeRO-1) or 2 (ZeRO-2).
         optimizer, lr: the update rule (``executor.nn.optim.make_optimizer``).
     """
 
@@ -94,8 +100,12 @@ class DataParallel:
         return torch.cat(parts)
 
     def reduce(self, v: int) -> tuple[Any, Callable[[], None]]:
-        """Issue vstage v's gradient reduction; returns its work handle and what to do once it has completed."""
+        """Issue vstage v's gradient reduction (under ZeRO-2, one microbatch's); returns its work handle and what to do
+        once it has completed."""
         grads = self._flat(v, [p.grad for p in self.params[v]])
+        if self.zero == 2:
+            for param in self.params[v]:  # now in the buffer: the next microbatch's backward starts afresh
+                param.grad = None
         if not self.zero:
             work = dist.all_reduce(grads, group=self.group, async_op=True)
 
@@ -109,14 +119,18 @@ class DataParallel:
         work = dist.reduce_scatter_single(received, grads, group=self.group, async_op=True)
 
         def done_shard() -> None:
-            shard.grad = received.div_(self.size)
+            received.div_(self.size)
+            if self.zero == 2 and shard.grad is not None:  # another microbatch's slice is already there
+                shard.grad.add_(received)
+            else:
+                shard.grad = received
 
         return work, done_shard
 
     def gather(self, v: int) -> tuple[Any, Callable[[], None]]:
         """ZeRO-1: issue the all-gather of vstage v's updated slices; its work handle and what to do after it."""
         if not self.zero:
-            raise RuntimeError("GATHER_PARAMS without ZeRO-1: the plan and the process disagree")
+            raise RuntimeError("GATHER_PARAMS without ZeRO-1 or 2: the plan and the process disagree")
         gathered = self.params[v][0].new_empty(self.padded[v])
         work = dist.all_gather_single(gathered, self.optimizers[v].shard.detach(), group=self.group, async_op=True)
         return work, lambda: self._scatter_into(v, gathered, grad=False)

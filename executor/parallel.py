@@ -105,9 +105,9 @@ def check_parallel(plan: Plan) -> None:
     if layout.cp > 1:
         raise SpecError(f"the executor does not implement context parallelism (plan: {layout.describe()}) so far: "
                         f"simulate it with sim.run, run the plan without --cp")
-    if layout.zero >= 2:
-        raise SpecError(f"the executor runs ZeRO stages 0 and 1; ZeRO-{layout.zero} (plan: {layout.describe()}) is "
-                        f"simulated only so far: simulate it with sim.run, run the plan with --zero 0 or 1")
+    if layout.zero == 3:
+        raise SpecError(f"the executor runs ZeRO stages 0 to 2; ZeRO-3 (FSDP; plan: {layout.describe()}) is "
+                        f"simulated only so far: simulate it with sim.run, run the plan with --zero 0, 1 or 2")
     if layout.dp > 1 and plan.weight_policy != "flush":
         raise SpecError(f"data parallelism (dp = {layout.dp}) runs schedules that update once per iteration; "
                         f"{plan.schedule} has {plan.weight_policy!r} weights")

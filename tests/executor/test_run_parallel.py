@@ -37,6 +37,8 @@ CASES = [
     ("tp2-pp2", 4, ["--tp", "2", "--pp", "2", "-m", "2"], "sgd", 1, 2, 1e-7),
     ("dp2", 2, ["--dp", "2", "--global-batch", "4"], "adam", 2, 2, None),
     ("dp2-zero1", 2, ["--dp", "2", "--global-batch", "4", "--zero", "1"], "adam", 2, 2, None),
+    # ZeRO-2 sums the microbatches' reduced slices, not the gradients before one reduction: another order of adds.
+    ("dp2-zero2", 2, ["--dp", "2", "--global-batch", "4", "--zero", "2"], "sgd", 2, 2, 1e-7),
     # With --grad-overlap: each stage's reduction is issued right after its last backward (sim.plan.lower_collectives).
     ("dp2-pp2-overlap", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--grad-overlap"], "adam", 2, 2, None),
     # A device order (--devices, the search's placement): every process finds its coordinates through it.
