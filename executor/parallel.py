@@ -105,9 +105,9 @@ def check_parallel(plan: Plan) -> None:
     if layout.cp > 1:
         raise SpecError(f"the executor does not implement context parallelism (plan: {layout.describe()}) so far: "
                         f"simulate it with sim.run, run the plan without --cp")
-    if layout.zero == 3:
-        raise SpecError(f"the executor runs ZeRO stages 0 to 2; ZeRO-3 (FSDP; plan: {layout.describe()}) is "
-                        f"simulated only so far: simulate it with sim.run, run the plan with --zero 0, 1 or 2")
+    if layout.dp_replicate > 1:
+        raise SpecError(f"the executor runs FSDP over the whole data-parallel group; HSDP (plan: {layout.describe()}) "
+                        f"is simulated only so far: simulate it with sim.run, run the plan without --dp-replicate")
     if layout.dp > 1 and plan.weight_policy != "flush":
         raise SpecError(f"data parallelism (dp = {layout.dp}) runs schedules that update once per iteration; "
                         f"{plan.schedule} has {plan.weight_policy!r} weights")
@@ -123,6 +123,7 @@ class ProcessModel:
         loss: ``(last stage's output, targets) -> scalar``.
         tp_comm: the tensor-parallel group's clock, or ``None``.
         data_parallel: the :class:`executor.data_parallel.DataParallel`, or ``None``.
+        fully_sharded: under ZeRO-3, the :class:`executor.fsdp.FullyShardedStages` (``None`` otherwise).
     """
 
     stages: dict[int, nn.Module]
@@ -130,6 +131,7 @@ class ProcessModel:
     loss: Callable[..., torch.Tensor]
     tp_comm: Any = None
     data_parallel: Any = None
+    fully_sharded: Any = None
 
 
 def build_process(plan: Plan, place: Place, groups: tuple[Any, Any], *, seed: int, optimizer: str,
@@ -159,6 +161,12 @@ def build_process(plan: Plan, place: Place, groups: tuple[Any, Any], *, seed: in
     else:
         stages = {v: build_stage(plan.model, *plan.placement.vstage_layers[v], seed=seed) for v in vstages}
     stages = {v: stage.to(device) for v, stage in stages.items()}
+    if layout.data_ranks > 1 and layout.zero == 3:
+        from executor.fsdp import FullyShardedStages
+
+        sharded = FullyShardedStages(stages, groups[1], layout.data_ranks, place.dp,
+                                     reshard_after_forward=layout.reshard_after_forward, optimizer=optimizer, lr=lr)
+        return ProcessModel(stages, sharded.optimizers, loss, comm, fully_sharded=sharded)
     if layout.dp > 1:
         from executor.data_parallel import DataParallel
 
@@ -171,13 +179,20 @@ def build_process(plan: Plan, place: Place, groups: tuple[Any, Any], *, seed: in
 def save_state(directory: str, plan: Plan, place: Place, model: ProcessModel, tp_group: Any) -> None:
     """``--save-state``: every vstage's whole parameters as ``stage<v>.pt``, named as a single process names them.
 
-    Replica 0 saves (the replicas hold the same parameters); under tensor parallelism its shards are gathered to
-    shard 0 (collectively: every process of the replica's tensor-parallel group must call this), which saves.
+    Replica 0 saves (the replicas hold the same parameters); under ZeRO-3 every replica first takes part in gathering
+    the shards (a collective of the data-parallel group); under tensor parallelism its shards are gathered to shard 0
+    (collectively: every process of the replica's tensor-parallel group must call this), which saves.
     """
-    if place.dp != 0:
+    sharded = model.fully_sharded
+    if place.dp != 0 and sharded is None:
         return
     for v, stage in sorted(model.stages.items()):
-        state = {key: tensor.detach().cpu() for key, tensor in stage.state_dict().items()}
+        if sharded is not None:  # every replica takes part in gathering the shards; replica 0 saves
+            state = {key: tensor.detach().cpu() for key, tensor in sharded.state_dict(v, stage).items()}
+            if place.dp != 0:
+                continue
+        else:
+            state = {key: tensor.detach().cpu() for key, tensor in stage.state_dict().items()}
         if plan.layout.tp > 1:
             unshard_state = _parallel_module(plan.model).unshard_state
             shards: list[Any] = [None] * plan.layout.tp

@@ -151,29 +151,44 @@ def _add_stash_reductions(plan: Plan) -> Plan:
     return plan.with_programs(tuple(programs), level="L1")
 
 
+def _after_collective(body: list[Op], i: int) -> int:
+    """Where to put what follows ``body[i]``: after its tensor-parallel collective when one reports it (a compute op
+    and its TP op stay adjacent: the executor runs the TP op's collective inside the compute op)."""
+    op = body[i]
+    following = body[i + 1] if i + 1 < len(body) else None
+    if following is not None and following.kind is _TP_AFTER.get(op.kind) and (following.vstage, following.mb) == \
+            (op.vstage, op.mb):
+        return i + 1
+    return i
+
+
 def _reduce_each_microbatch(body: list[Op]) -> tuple[list[Op], dict[int, tuple[str, ...]]]:
     """ZeRO-2: a REDUCE_GRAD of (vstage, mb) right after the last op that makes that microbatch's weight gradients
-    of the vstage (its B, or its W when split), waiting for it; and, per vstage, the ids of its reductions."""
+    of the vstage (its B, or its W when split; after its TP collective), waiting for it; and, per vstage, the ids of
+    its reductions."""
     last = {(op.vstage, op.mb): i for i, op in enumerate(body) if op.kind in (OpKind.B, OpKind.W)}
-    after = {i: key for key, i in last.items()}
+    after = {_after_collective(body, i): body[i] for i in last.values()}
     out: list[Op] = []
     reductions: dict[int, tuple[str, ...]] = {}
     for i, op in enumerate(body):
         out.append(op)
         if i in after:
-            reduce = Op(OpKind.REDUCE_GRAD, op.vstage, op.mb, deps=(op_id(op.kind, op.vstage, op.mb),))
+            grad = after[i]
+            reduce = Op(OpKind.REDUCE_GRAD, grad.vstage, grad.mb, deps=(op_id(grad.kind, grad.vstage, grad.mb),))
             out.append(reduce)
-            reductions[op.vstage] = (*reductions.get(op.vstage, ()), reduce.id)
+            reductions[grad.vstage] = (*reductions.get(grad.vstage, ()), reduce.id)
     return out, reductions
 
 
 def _reduce_after_last_backward(body: list[Op]) -> list[Op]:
-    """A REDUCE_GRAD right after the last op that produces each vstage's weight gradients (B, or W when split)."""
+    """A REDUCE_GRAD right after the last op that produces each vstage's weight gradients (B, or W when split; after
+    its TP collective)."""
     last = {op.vstage: i for i, op in enumerate(body) if op.kind in (OpKind.B, OpKind.W)}
-    after = {i: v for v, i in last.items()}
+    after = {_after_collective(body, i): body[i] for i in last.values()}
     out: list[Op] = []
     for i, op in enumerate(body):
         out.append(op)
         if i in after:
-            out.append(Op(OpKind.REDUCE_GRAD, op.vstage, deps=(op_id(op.kind, op.vstage, op.mb),)))
+            grad = after[i]
+            out.append(Op(OpKind.REDUCE_GRAD, grad.vstage, deps=(op_id(grad.kind, grad.vstage, grad.mb),)))
     return out

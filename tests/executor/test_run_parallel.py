@@ -39,6 +39,11 @@ CASES = [
     ("dp2-zero1", 2, ["--dp", "2", "--global-batch", "4", "--zero", "1"], "adam", 2, 2, None),
     # ZeRO-2 sums the microbatches' reduced slices, not the gradients before one reduction: another order of adds.
     ("dp2-zero2", 2, ["--dp", "2", "--global-batch", "4", "--zero", "2"], "sgd", 2, 2, 1e-7),
+    # ZeRO-3 (FSDP): each layer gathered for its forward and backward, its gradients reduce-scattered after it; with
+    # a pipeline, recomputation and kept-gathered parameters too.
+    ("dp2-zero3", 2, ["--dp", "2", "--global-batch", "4", "--zero", "3"], "sgd", 2, 2, 1e-7),
+    ("dp2-pp2-zero3-recompute", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--zero", "3", "--recompute",
+                                    "--no-reshard-after-forward"], "sgd", 2, 2, 1e-7),
     # With --grad-overlap: each stage's reduction is issued right after its last backward (sim.plan.lower_collectives).
     ("dp2-pp2-overlap", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--grad-overlap"], "adam", 2, 2, None),
     # A device order (--devices, the search's placement): every process finds its coordinates through it.
@@ -92,8 +97,9 @@ def test_a_3d_plan_trains_like_one_process_on_the_global_batch(tmp_path, name, d
     compare = json.loads((out / "compare.json").read_text())
     kinds = {op.kind.value for program in plan.programs for op in program}
     collectives = kinds & {"TP_F", "TP_B", "REDUCE_GRAD", "GATHER_PARAMS"}
-    assert collectives == ({"TP_F", "TP_B"} if layout.tp > 1 else set()) | (
-        {"REDUCE_GRAD"} | ({"GATHER_PARAMS"} if layout.zero else set()) if layout.dp > 1 else set())
+    # ZeRO-3 gathers and scatters inside F and B: no data-parallel op of its own
+    data_parallel = set() if layout.zero == 3 else {"REDUCE_GRAD"} | ({"GATHER_PARAMS"} if layout.zero else set())
+    assert collectives == ({"TP_F", "TP_B"} if layout.tp > 1 else set()) | (data_parallel if layout.dp > 1 else set())
     for kind in kinds:
         assert compare["ops"][kind]["predicted_mean_s"] > 0 and compare["ops"][kind]["measured_mean_s"] > 0, kind
     assert compare["parallel"]["measured_rows"] == devices
@@ -120,3 +126,19 @@ def test_a_llama_plan_with_tensor_parallelism_recomputation_and_a_pipeline_train
     losses = json.loads((out / "metrics.json").read_text())["measurement"]["losses"]
     for got, want in zip(losses, reference.losses, strict=True):
         assert got == pytest.approx(list(want), rel=1e-6)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_a_llama_plan_with_tensor_parallelism_and_sharded_data_parallelism_trains_like_one_process(tmp_path, zero):
+    # TP 2 × DP 2 under ZeRO-2 and ZeRO-3 (FSDP: each layer's tensor shard sharded again over the replicas).
+    assert sim_main(["--topology", "4xcpu", "--model", LLAMA, "--partition", "uniform", "--no-gantt", "--tp", "2",
+                     "--dp", "2", "--zero", str(zero), "--global-batch", "4", "--out", str(tmp_path / "sim")]) == 0
+    plan_path = tmp_path / "sim" / "plan.json"
+    plan = Plan.loads(plan_path.read_text())
+    out, state = tmp_path / "real", tmp_path / "state"
+    result = execute(plan_path, out, "--warmup", str(WARMUP), "--iterations", str(ITERATIONS), "--optimizer", "sgd",
+                     "--save-state", str(state), "--no-gantt", "--threads", "1")
+    assert result.returncode == 0, result.stderr
+    reference = train_reference(LLAMA, steps=WARMUP + ITERATIONS, num_microbatches=2, microbatch_size=1,
+                                optimizer="sgd", replicas=2)
+    assert_state_equals(merged_state(state, plan.num_vstages), reference.state, spec=LLAMA, atol=1e-7)

@@ -1,0 +1,175 @@
+"""ZeRO-3 (FSDP) in the executor: every layer's parameters live sharded over the data-parallel group and are gathered
+for its forward and its backward, its gradients reduce-scattered after each backward, and the optimizer steps on the
+shards.
+
+PyTorch's own ``fully_shard`` needs collectives gloo lacks in the form it uses, so this is the project's own, with
+the semantics of FSDP and of what :mod:`sim.cost.fsdp` costs (Rajbhandari et al., arXiv 1910.02054 §5.3, P_os+g+p;
+Zhao et al., "PyTorch FSDP", arXiv 2304.11277 §3):
+
+* **Units.** Each layer of a stage (``embed``, ``block3``, ``head``) is one unit: its parameters are flattened in
+  parameter order into one buffer, zero-padded to a multiple of D, and replica d keeps elements ``[d·L/D,
+  (d+1)·L/D)``, a leaf tensor the optimizer owns. The parameters keep their tensor objects, but their storage is
+  freed (resized to 0 bytes) while they are sharded.
+* **Gather.** Before a unit's forward (a forward pre-hook) its shards are all-gathered and copied into the
+  parameters' storage; after the forward the storage is freed again (FSDP's ``reshard_after_forward``, the default;
+  ``--no-reshard-after-forward`` keeps it until the backward). Before the unit's backward (a hook on the gradient of
+  its output) they are gathered again. The copy writes through ``.data``, so the autograd graph that saved the
+  parameters for the backward does not see a new version: the same tensors, refilled with the same values.
+* **Reduce-scatter.** When the backward has accumulated every parameter's gradient of the unit (a post-accumulate
+  hook per parameter), the gradients are flattened, reduce-scattered, divided by D and added to the shard's gradient;
+  the parameters' gradients are dropped and their storage freed. Each microbatch's backward reduces its own, as under
+  ZeRO-2: the sum over microbatches is taken slice by slice.
+* **Update.** ``OPT_STEP`` steps the vstage's unit shards with the elementwise optimizer, so each element moves as it
+  would in one process; the next forward gathers the new values. The lowering gives ZeRO-3 no ``REDUCE_GRAD`` or
+  ``GATHER_PARAMS`` op: the collectives are inside the F and B ops, as the simulator costs them.
+
+The collectives are blocking here: the gathers are not prefetched under the previous unit's compute as the simulator
+assumes FSDP does (``sim.cost.fsdp``), so on a slow link a measured F or B holds its gathers in full.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from executor.nn.optim import make_optimizer
+
+__all__ = ["FullyShardedUnit", "FullyShardedStages", "ShardedOptimizer"]
+
+
+class FullyShardedUnit:
+    """One layer's parameters, sharded over the data-parallel group (module docstring).
+
+    Args:
+        module: the layer.
+        group, size, rank: the data-parallel process group, its size D and this process's index in it.
+        reshard_after_forward: free the gathered parameters after the forward (FSDP's default).
+    """
+
+    def __init__(self, module: nn.Module, group: Any, size: int, rank: int, *, reshard_after_forward: bool) -> None:
+        self.module, self.group, self.size, self.rank = module, group, size, rank
+        self.reshard_after_forward = reshard_after_forward
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.numel = sum(p.numel() for p in self.params)
+        self.padded = -(-self.numel // size) * size
+        width = self.padded // size
+        with torch.no_grad():
+            flat = self._flat([p.detach() for p in self.params])
+            self.shard = flat[rank * width:(rank + 1) * width].clone().requires_grad_(True)
+        self.nbytes = [p.untyped_storage().nbytes() for p in self.params]
+        self.gathered = True
+        self.pending = 0  # parameters whose gradient this backward has accumulated
+        self.free()
+        module.register_forward_pre_hook(lambda _module, _args: self.gather())
+        module.register_forward_hook(self._after_forward)
+        for param in self.params:
+            param.register_post_accumulate_grad_hook(self._after_accumulate)
+
+    def _flat(self, tensors: list[Tensor]) -> Tensor:
+        parts = [t.reshape(-1) for t in tensors]
+        if self.padded > self.numel:
+            parts.append(self.params[0].new_zeros(self.padded - self.numel))
+        return torch.cat(parts)
+
+    def gather(self) -> None:
+        """All-gather the shards into the parameters (nothing if they are gathered)."""
+        if self.gathered:
+            return
+        flat = self.shard.new_empty(self.padded)
+        dist.all_gather_single(flat, self.shard.detach(), group=self.group)
+        offset = 0
+        with torch.no_grad():
+            for param, nbytes in zip(self.params, self.nbytes, strict=True):
+                param.untyped_storage().resize_(nbytes)
+                param.data.copy_(flat[offset:offset + param.numel()].view_as(param))
+                offset += param.numel()
+        self.gathered = True
+
+    def free(self) -> None:
+        """Release the gathered parameters' storage (the tensors stay, sized 0 bytes)."""
+        for param in self.params:
+            param.untyped_storage().resize_(0)
+        self.gathered = False
+
+    def _after_forward(self, _module: nn.Module, _args: Any, output: Any) -> None:
+        if isinstance(output, Tensor) and output.requires_grad:
+            output.register_hook(self._before_backward)
+        if self.reshard_after_forward:
+            self.free()
+
+    def _before_backward(self, grad: Tensor) -> Tensor:
+        self.gather()
+        return grad
+
+    def _after_accumulate(self, _param: Tensor) -> None:
+        self.pending += 1
+        if self.pending < len(self.params):
+            return
+        self.pending = 0
+        grads = self._flat([p.grad for p in self.params])
+        for param in self.params:
+            param.grad = None
+        received = torch.empty_like(self.shard)
+        dist.reduce_scatter_single(received, grads, group=self.group)
+        received.div_(self.size)
+        if self.shard.grad is None:
+            self.shard.grad = received
+        else:
+            self.shard.grad.add_(received)
+        self.free()
+
+    def full(self) -> dict[str, Tensor]:
+        """The unit's whole parameters by name (collective: every member of the group must call it)."""
+        flat = self.shard.new_empty(self.padded)
+        dist.all_gather_single(flat, self.shard.detach(), group=self.group)
+        whole, offset = {}, 0
+        names = {id(p): name for name, p in self.module.named_parameters()}
+        for param in self.params:
+            whole[names[id(param)]] = flat[offset:offset + param.numel()].view(param.shape).clone()
+            offset += param.numel()
+        return whole
+
+
+class ShardedOptimizer:
+    """One vstage's update under ZeRO-3: the elementwise optimizer over its units' shards. Quacks like the
+    ``torch.optim.Optimizer`` the interpreter's ``OPT_STEP`` calls."""
+
+    def __init__(self, units: list[FullyShardedUnit], optimizer: str, lr: float | None) -> None:
+        self.units = units
+        self.inner = make_optimizer(optimizer, [unit.shard for unit in units], lr)
+
+    def step(self) -> None:
+        self.inner.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+
+class FullyShardedStages:
+    """The process's vstages under ZeRO-3: one :class:`FullyShardedUnit` per layer, one optimizer per vstage.
+
+    Args:
+        stages: vstage → :class:`executor.nn.stages.Stage` (its ``layers`` are the units).
+        group, size, rank: the data-parallel group, D and this process's index in it.
+        reshard_after_forward: FSDP's ``reshard_after_forward``.
+        optimizer, lr: the update rule (``executor.nn.optim.make_optimizer``).
+    """
+
+    def __init__(self, stages: Mapping[int, nn.Module], group: Any, size: int, rank: int, *,
+                 reshard_after_forward: bool, optimizer: str, lr: float | None) -> None:
+        self.units = {v: [FullyShardedUnit(layer, group, size, rank, reshard_after_forward=reshard_after_forward)
+                          for layer in stage.layers.values()] for v, stage in stages.items()}
+        self.optimizers = {v: ShardedOptimizer(units, optimizer, lr) for v, units in self.units.items()}
+
+    def state_dict(self, v: int, stage: nn.Module) -> dict[str, Tensor]:
+        """Vstage v's state as ``stage.state_dict()`` would give it unsharded: its buffers and its whole parameters
+        (a collective over the group)."""
+        prefix = {id(layer): f"layers.{name}." for name, layer in stage.layers.items()}
+        state: dict[str, Tensor] = {name: buffer for name, buffer in stage.named_buffers()}
+        for unit in self.units[v]:
+            state.update({prefix[id(unit.module)] + name: value for name, value in unit.full().items()})
+        return state
