@@ -76,17 +76,19 @@ def microbatch_index(iteration: int, j: int, m: int, replica: int, replicas: int
     return (iteration * replicas + replica) * m + j
 
 
-def make_groups(layout: Parallelism, rank: int) -> tuple[Any, Any]:
-    """Create every tensor- and data-parallel group (collectively: every process must call this) and return this
-    process's ``(tp group, dp group)``; ``None`` for a dimension of size 1."""
-    mine: list[Any] = [None, None]
-    for index, kind in enumerate(("tp", "dp")):
-        for members in layout.groups()[kind]:
+def make_groups(layout: Parallelism, rank: int) -> tuple[Any, Any, Any]:
+    """Create every tensor-, data- and context-parallel group (collectively: every process must call this) and return
+    this process's ``(tp group, dp group, cp group)``; ``None`` for a dimension of size 1. The data-parallel group
+    spans the replicas and their sequence parts (``sim.ir.parallel``)."""
+    mine: list[Any] = [None, None, None]
+    groups = layout.groups()
+    for index, kind in enumerate(("tp", "dp", "cp")):
+        for members in groups.get(kind, []):
             if len(members) > 1:
                 group = dist.new_group(members)
                 if rank in members:
                     mine[index] = group
-    return mine[0], mine[1]
+    return mine[0], mine[1], mine[2]
 
 
 def check_parallel(plan: Plan) -> None:
@@ -102,9 +104,9 @@ def check_parallel(plan: Plan) -> None:
     model = parse_spec(plan.model)[0]
     if layout.tp > 1 and model not in ("gpt", "llama"):
         raise SpecError(f"tensor parallelism (tp = {layout.tp}) is implemented for gpt and llama only, not {model!r}")
-    if layout.cp > 1:
-        raise SpecError(f"the executor does not implement context parallelism (plan: {layout.describe()}) so far: "
-                        f"simulate it with sim.run, run the plan without --cp")
+    if layout.cp > 1 and parse_spec(plan.model)[0] != "llama":
+        raise SpecError(f"context parallelism (cp = {layout.cp}) is implemented for the llama family only, not "
+                        f"{plan.model!r}")
     if layout.dp_replicate > 1:
         raise SpecError(f"the executor runs FSDP over the whole data-parallel group; HSDP (plan: {layout.describe()}) "
                         f"is simulated only so far: simulate it with sim.run, run the plan without --dp-replicate")
@@ -134,7 +136,7 @@ class ProcessModel:
     fully_sharded: Any = None
 
 
-def build_process(plan: Plan, place: Place, groups: tuple[Any, Any], *, seed: int, optimizer: str,
+def build_process(plan: Plan, place: Place, groups: tuple[Any, Any, Any], *, seed: int, optimizer: str,
                   lr: float | None, device: torch.device) -> ProcessModel:
     """Build the process's vstages (sharded under tensor parallelism), optimizers (sharded under ZeRO-1) and loss."""
     from executor.nn.optim import make_optimizer
@@ -161,16 +163,25 @@ def build_process(plan: Plan, place: Place, groups: tuple[Any, Any], *, seed: in
     else:
         stages = {v: build_stage(plan.model, *plan.placement.vstage_layers[v], seed=seed) for v in vstages}
     stages = {v: stage.to(device) for v, stage in stages.items()}
+    if layout.cp > 1:
+        from executor.nn.context_parallel import ContextParallel
+
+        context = ContextParallel(groups[2], place.dp % layout.cp, layout.cp)
+        for stage in stages.values():
+            for layer in stage.layers.values():
+                if hasattr(layer, "context"):  # the attention of a Llama-family block
+                    layer.context = context
     if layout.data_ranks > 1 and layout.zero == 3:
         from executor.fsdp import FullyShardedStages
 
         sharded = FullyShardedStages(stages, groups[1], layout.data_ranks, place.dp,
                                      reshard_after_forward=layout.reshard_after_forward, optimizer=optimizer, lr=lr)
         return ProcessModel(stages, sharded.optimizers, loss, comm, fully_sharded=sharded)
-    if layout.dp > 1:
+    if layout.data_ranks > 1:
         from executor.data_parallel import DataParallel
 
-        dp = DataParallel(stages, groups[1], layout.dp, place.dp, zero=layout.zero, optimizer=optimizer, lr=lr)
+        dp = DataParallel(stages, groups[1], layout.data_ranks, place.dp, zero=layout.zero, optimizer=optimizer,
+                          lr=lr)
         return ProcessModel(stages, dp.optimizers, loss, comm, dp)
     return ProcessModel(stages, {v: make_optimizer(optimizer, stages[v].parameters(), lr) for v in vstages}, loss,
                         comm)

@@ -34,6 +34,7 @@ from executor.interpreter import RankInterpreter
 from executor.launch import die_with_launcher, leave_worker, record_failure
 from executor.measured import RankReport
 from executor.memory import PeakMemory
+from executor.nn.context_parallel import ContextParallel, local_tokens
 from executor.nn.stages import boundary_specs, synthetic_batch
 from executor.options import RunOptions, host_cores
 from executor.parallel import Place, build_process, make_groups, microbatch_index, save_state
@@ -150,7 +151,7 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
                           device=device)
     vstages = plan.placement.vstages_of(place.pp)
     cuts = [start for start, _ in plan.placement.vstage_layers]
-    specs = boundary_specs(plan.model, cuts, plan.microbatch_size)
+    specs = boundary_specs(plan.model, cuts, plan.microbatch_size, sequence_parts=plan.layout.cp)
     boundary = {v: specs[start] for v, (start, _) in enumerate(plan.placement.vstage_layers)}
     fail_at = options.inject_failure[1] if options.inject_failure and options.inject_failure[0] == rank else None
     # A stream plan (PARTIME) runs its backward through each stage's current forward
@@ -160,7 +161,9 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
                                     device=device, fail_at=fail_at, peer_of=place.peer, tp_comm=model.tp_comm,
                                     data_parallel=model.data_parallel, slowdown=options.slowdown_of(rank))
     first, last = 0 in vstages, plan.num_vstages - 1 in vstages
-    m, replicas = plan.num_microbatches, plan.layout.dp
+    m, replicas, cp = plan.num_microbatches, plan.layout.dp, plan.layout.cp
+    # Under context parallelism the C processes of a replica read its microbatches and keep their own tokens.
+    context = ContextParallel(None, place.dp % cp, cp) if cp > 1 else None
 
     offsets = measure_offsets(rank, world_size, device=device)
     timings, losses = [], []
@@ -177,8 +180,10 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
                 batches = stream_frames(plan, options.data_seed, iteration)
             else:
                 batches = [synthetic_batch(plan.model, plan.microbatch_size, seed=options.data_seed,
-                                           index=microbatch_index(iteration, j, m, place.dp, replicas))
+                                           index=microbatch_index(iteration, j, m, place.dp // cp, replicas))
                            for j in range(m)]
+                if context is not None:
+                    batches = [(local_tokens(x, context), local_tokens(y, context)) for x, y in batches]
             inputs = [x.to(device) for x, _ in batches] if first else None
             targets = [y.to(device) for _, y in batches] if last else None
             dist.barrier()  # every rank starts the iteration together, as the simulation assumes

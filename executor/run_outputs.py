@@ -171,13 +171,17 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
 def _losses(plan, reports: Sequence[RankReport]) -> tuple[tuple[float, ...], ...]:
     """Per iteration, the per-microbatch losses, from the processes that computed them: the last vstage's, shard 0
     (every shard has the same loss), replica after replica, so that the list is in the order of the global batch
-    (``executor.parallel.microbatch_index``)."""
+    (``executor.parallel.microbatch_index``); under context parallelism the mean of each replica's sequence parts."""
     layout, last = plan.layout, plan.placement.vstage_to_rank[-1]
     ranks = [layout.device(last, d, 0) for d in range(layout.data_ranks)]
     by_rank = {report.rank: report.losses for report in reports}
     if not all(by_rank.get(rank) for rank in ranks):
         return ()
-    return tuple(tuple(loss for rank in ranks for loss in by_rank[rank][i]) for i in range(len(by_rank[ranks[0]])))
+    cp = layout.cp  # a replica's loss is the mean of its C sequence parts' (each the mean over as many tokens)
+    replicas = [ranks[r * cp:(r + 1) * cp] for r in range(layout.dp)]
+    return tuple(tuple(sum(by_rank[rank][i][j] for rank in parts) / cp for parts in replicas
+                       for j in range(len(by_rank[parts[0]][i])))
+                 for i in range(len(by_rank[ranks[0]])))
 
 
 def _rows_rule(plan, predicted) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from typing import Any
 
 from sim.core.errors import SpecError
 from sim.cost.compiled import check_compile
-from sim.cost.context_parallel import check_context_parallel
 from sim.cost.memory_sizes import StateShards
 from sim.cost.model import CostModel, plan_graph, plan_oracle, replica_views
 from sim.cost.model_flops import training_rates
@@ -99,7 +98,6 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         graph = plan_graph(plan)
         check_precision(precision, graph, [topology.devices[d] for d in layout.device_ranks])
         check_compile(compiled, graph, [topology.devices[d] for d in layout.device_ranks])
-        check_context_parallel(layout.cp, [topology.devices[d] for d in layout.device_ranks])
         oracle = plan_oracle(graph, plan.microbatch_size, profile, topology, layout,
                              cuda_graphs=bool(plan.option("cuda_graphs", False)), precision=precision,
                              compiled=compiled)

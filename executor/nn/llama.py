@@ -32,10 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from executor.nn.context_parallel import ContextParallel, causal_mask, gather_sequence, local_positions
 from sim.core.errors import SpecError
 
 __all__ = ["INIT_STD", "ROPE_BASE", "LlamaEmbedding", "LlamaBlock", "LlamaHead", "check_values", "make_layer",
-           "rotation", "window_mask"]
+           "rotation", "window_mask", "rotate_and_attend"]
 
 INIT_STD = 0.02
 ROPE_BASE = 10_000.0
@@ -65,13 +66,31 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat((-second, first), dim=-1) * sin
 
 
-def rotation(head_dim: int, s: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """cos and sin of every position's rotary angles, (s, d), the two halves repeated (RoFormer §3.4.2, base
-    :data:`ROPE_BASE`)."""
+def rotation(head_dim: int, s: int, device: torch.device, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles of positions ``0 .. s-1`` (or of ``positions``, s of them), (s, d), the two
+    halves repeated (RoFormer §3.4.2, base :data:`ROPE_BASE`)."""
     inverse = ROPE_BASE ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(s, device=device, dtype=torch.float32), inverse)
+    where = torch.arange(s, device=device) if positions is None else positions
+    angles = torch.outer(where.to(torch.float32), inverse)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
+
+
+def rotate_and_attend(q: Tensor, k: Tensor, v: Tensor, window: int, context: ContextParallel | None) -> Tensor:
+    """Rotate q (n, a, s, d) and k (n, g, s, d) by their positions and attend causally (grouped-query where g < a):
+    over the sequence, or under context parallelism (``context``) the local tokens' queries over the whole sequence,
+    its keys and values gathered from the group (:mod:`executor.nn.context_parallel`)."""
+    s, head_dim, gqa = q.shape[2], q.shape[3], k.shape[1] != q.shape[1]
+    if context is None:
+        cos, sin = rotation(head_dim, s, q.device)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        mask = window_mask(window, s, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+    length = s * context.size
+    cos, sin = rotation(head_dim, s, q.device, local_positions(length, context, q.device))
+    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    k, v = gather_sequence(k, context), gather_sequence(v, context)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(length, context, q.device), enable_gqa=gqa)
 
 
 def window_mask(window: int, s: int, device: torch.device) -> Tensor | None:
@@ -104,6 +123,8 @@ class LlamaBlock(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.n_blocks, self.window = n_blocks, window
+        #: Under context parallelism, this process's place in its group (set by ``executor.parallel``).
+        self.context: ContextParallel | None = None
         self.input_norm = nn.RMSNorm(hidden)
         self.q = nn.Linear(hidden, heads * head_dim, bias=qkv_bias)
         self.k = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias)
@@ -138,11 +159,7 @@ class LlamaBlock(nn.Module):
         v = self.v(normed).unflatten(-1, (self.kv_heads, self.head_dim)).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rotation(self.head_dim, s, x.device)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        mask = window_mask(self.window, s, x.device)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                                  enable_gqa=self.kv_heads != self.heads)
+        attended = rotate_and_attend(q, k, v, self.window, self.context)
         x = x + self.o(attended.transpose(1, 2).reshape(n, s, self.heads * self.head_dim))
         normed = self.post_attention_norm(x)
         return x + self.down(F.silu(self.gate(normed)) * self.up(normed))

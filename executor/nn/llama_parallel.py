@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from executor.nn import gpt_parallel
-from executor.nn.llama import LlamaBlock, LlamaEmbedding, LlamaHead, _rotate, rotation, window_mask
+from executor.nn.context_parallel import ContextParallel
+from executor.nn.llama import LlamaBlock, LlamaEmbedding, LlamaHead, rotate_and_attend
 from executor.nn.tensor_parallel import TensorParallelComm, copy_to_region, reduce_from_region
 from sim.models.sharding import padded_vocab
 
@@ -64,6 +65,8 @@ class ParallelLlamaBlock(nn.Module):
         super().__init__()
         size = comm.size
         self.comm, self.head_dim, self.window = comm, whole.head_dim, whole.window
+        #: Under context parallelism, this process's place in its group (set by ``executor.parallel``).
+        self.context: ContextParallel | None = None
         self.heads, self.kv_heads = whole.heads // size, whole.kv_heads // size
         hidden, ffn = whole.q.in_features, whole.gate.out_features // size
         bias = whole.q.bias is not None
@@ -91,11 +94,7 @@ class ParallelLlamaBlock(nn.Module):
             # gradients over the group (a 2d-parameter all-reduce the cost model leaves out).
             q = F.rms_norm(q, (self.head_dim,), copy_to_region(self.q_norm.weight, self.comm), self.q_norm.eps)
             k = F.rms_norm(k, (self.head_dim,), copy_to_region(self.k_norm.weight, self.comm), self.k_norm.eps)
-        cos, sin = rotation(self.head_dim, s, x.device)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        mask = window_mask(self.window, s, x.device)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                                  enable_gqa=self.kv_heads != self.heads)
+        attended = rotate_and_attend(q, k, v, self.window, self.context)
         partial = self.o(attended.transpose(1, 2).reshape(n, s, self.heads * self.head_dim))
         x = x + reduce_from_region(partial, self.comm)
         normed = copy_to_region(self.post_attention_norm(x), self.comm)

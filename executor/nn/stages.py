@@ -279,7 +279,8 @@ class TensorSpec:
         return _product(self.shape) * torch.empty((), dtype=self.dtype).element_size()
 
 
-def boundary_specs(spec: str, cuts: list[int] | tuple[int, ...], num_samples: int) -> dict[int, TensorSpec]:
+def boundary_specs(spec: str, cuts: list[int] | tuple[int, ...], num_samples: int, *,
+                   sequence_parts: int = 1) -> dict[int, TensorSpec]:
     """The shape and dtype of the tensor entering layer ``cut``, for each cut, for a microbatch of ``num_samples``.
 
     Cut 0 is the model input as ``synthetic_batch`` makes it; every other cut is the fp32 output of layer
@@ -292,6 +293,8 @@ def boundary_specs(spec: str, cuts: list[int] | tuple[int, ...], num_samples: in
         spec: a model spec.
         cuts: layer indices in ``[0, len(graph)]``; ``len(graph)`` means the model's output.
         num_samples: samples in the microbatch, >= 1.
+        sequence_parts: under context parallelism, C: every boundary tensor holds 1/C of the sequence (dim 1 of a
+            sequence model's tensors).
 
     Returns:
         cut -> spec of the tensor that flows into layer ``cut`` (cut 0: the model input).
@@ -319,6 +322,8 @@ def boundary_specs(spec: str, cuts: list[int] | tuple[int, ...], num_samples: in
         if nbytes != graph_bytes:  # a model module and its graph disagree: a bug, never bad input
             raise RuntimeError(f"boundary {cut} of {graph.spec!r}: shape {shape} is {nbytes} bytes per sample in "
                                f"the graph's dtype, but the graph says {graph_bytes}")
+        if sequence_parts > 1:
+            shape = (shape[0] // sequence_parts, *shape[1:])
         specs[cut] = TensorSpec((num_samples, *shape), dtype)
     return specs
 

@@ -19,21 +19,20 @@ The attention kernels of the C steps are listed by :mod:`sim.cost.kernels.llama`
 (:class:`KvExchange`, on the first pipeline stage's CP groups, every tensor-parallel shard's group at once, sharing
 links) and the time they add to a layer's forward or backward beyond the steps they overlap
 (:func:`exposed_seconds`). The exchange is costed inside the layer's time, so it does not contend with other
-collectives for links in the engine.
+collectives for links in the engine. On a device the roofline costs (a CPU rank of the executor), the attention is
+not split into steps and the exchange is waited for in full: the executor's gathers there are blocking.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sim.core.errors import SpecError
 from sim.cost.collectives import collective_cost, concurrent_transfer
-from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology
 from sim.ir.parallel import CP_COMMS
 
-__all__ = ["CP_COMMS", "KvExchange", "kv_exchange", "exposed_seconds", "check_context_parallel"]
+__all__ = ["CP_COMMS", "KvExchange", "kv_exchange", "exposed_seconds"]
 
 
 @dataclass(frozen=True)
@@ -92,15 +91,3 @@ def exposed_seconds(exchange: KvExchange, steps: list[float], backward: bool) ->
         done = max(done, i * per_hop) + step
     return done + (hop if backward else 0.0) - sum(steps)
 
-
-def check_context_parallel(cp: int, devices: Iterable[DeviceSpec]) -> None:
-    """Refuse context parallelism on a device that is not a GPU: its attention steps are the GPU kernel model's.
-    (The model family is checked where the graph is built: the llama family only.)
-
-    Raises:
-        SpecError: naming the argument ``cp`` (``--cp``) and the devices.
-    """
-    others = sorted({device.name for device in devices if not device.is_gpu})
-    if cp > 1 and others:
-        raise SpecError(f"{{cp}} {cp} is costed by the GPU kernel model (its attention steps and their key/value "
-                        f"exchange); the plan runs on {', '.join(others)}", "cp")

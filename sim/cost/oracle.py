@@ -49,7 +49,7 @@ from itertools import accumulate
 
 from sim.core.errors import SpecError
 from sim.cost.collectives import CollectiveCost, collective_cost, concurrent_transfer
-from sim.cost.context_parallel import KvExchange, kv_exchange
+from sim.cost.context_parallel import KvExchange, exposed_seconds, kv_exchange
 from sim.cost.gpu_time import KernelModel, default_kernel_model, optimizer_seconds, transformer_layer_seconds
 from sim.cost.memory_sizes import WHOLE_STATE, MemorySizes, StateShards, layer_input_bytes, state_bytes_per_param
 from sim.cost.nccl import link_class, nccl_seconds
@@ -266,6 +266,10 @@ class CostOracle:
             # Selective recomputation (Korthikanti et al. §5) re-runs the attention core inside the backward.
             bwd.append(max((layer.flops_bwd + layer.recompute_flops) * size / throughput,
                            bwd_bytes / device.memory_bandwidth) + 2 * elementwise_s + launch)
+            exchange = self._kv_exchange(layer.transformer) if layer.transformer is not None else None
+            if exchange is not None:  # context parallelism on the roofline: the exchange waited for, not hidden
+                fwd[-1] += exposed_seconds(exchange, [0.0] * exchange.cp, False)
+                bwd[-1] += exposed_seconds(exchange, [0.0] * exchange.cp, True)
             # Adam is memory bound: it reads and writes the whole training state once per step (under ZeRO-1 the
             # replica's share of it).
             state = graph.param_count(i) * per_param

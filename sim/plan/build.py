@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.cost.compiled import check_compile
-from sim.cost.context_parallel import check_context_parallel
 from sim.cost.model import CostModel, plan_oracle, plan_sharding
 from sim.cost.oracle import CostOracle
 from sim.cost.precision import check_precision
@@ -101,7 +100,6 @@ def build_plan(inputs: PlanInputs, topology: Topology | None = None) -> BuiltPla
     graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
     check_precision(inputs.precision, graph, [topology.devices[d] for d in layout.device_ranks])
     check_compile(inputs.compiled, graph, [topology.devices[d] for d in layout.device_ranks])
-    check_context_parallel(layout.cp, [topology.devices[d] for d in layout.device_ranks])
     profile = load_profile(inputs.profile) if inputs.profile else None
     if inputs.schedule_file:
         l0 = _programs_from_file(inputs, graph, topology, layout, microbatches)

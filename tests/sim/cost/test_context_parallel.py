@@ -10,6 +10,7 @@ from sim.core.errors import SpecError
 from sim.cost.collectives import concurrent_transfer
 from sim.cost.context_parallel import KvExchange, exposed_seconds, kv_exchange
 from sim.cost.kernels.llama import LlamaBlockShape, llama_block_kernels
+from sim.cost.oracle import CostOracle
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import Plan
@@ -115,9 +116,22 @@ def test_plans_with_context_parallelism():
     gather = build_plan(PlanInputs(LLAMA.replace("seq=4096", "seq=8192"), "4xH100", "1f1b", dp=1, cp_comm="allgather",
                                    **inputs))
     assert gather.plan.layout.cp_comm == "allgather"
-    for bad, message in ((dict(model="gpt:layers=2,seq=1024"), "llama family only"),
-                         (dict(topology="4xcpu"), "GPU kernel model")):
-        with pytest.raises(SpecError, match=message):
-            build_plan(PlanInputs(bad.get("model", LLAMA), bad.get("topology", "4xH100"), "1f1b", dp=2, cp=2,
-                                  global_batch=2))
+    with pytest.raises(SpecError, match="llama family only"):
+        build_plan(PlanInputs("gpt:layers=2,seq=1024", "4xH100", "1f1b", dp=2, cp=2, global_batch=2))
     assert math.isfinite(tokens)
+
+
+def test_on_the_roofline_the_exchange_is_waited_for():
+    # Oracle: on CPU ranks (the roofline; the executor's gathers there are blocking) a block's forward is the
+    # roofline's plus the whole ring of hops, (C − 1) hops, and its backward twice the bytes' hops plus the last one:
+    # the difference from the same shard whose "group" is one device twice (hops of 0 s) is exactly that.
+    spec = LLAMA.replace("seq=4096", "seq=256")
+    split = build_plan(PlanInputs(spec, "2xcpu", "1f1b", dp=1, cp=2, global_batch=1))
+    oracle, device = split.costs.oracle, split.topology.devices[0]
+    hop = oracle._kv_exchange(oracle.graph.layers[1].transformer).shard_s
+    assert hop > 0
+    alone = CostOracle(oracle.graph, 1, None, split.topology, cp_groups=((0, 0),), cp_comm="ring")
+    with_exchange, without = oracle.layer_costs(device), alone.layer_costs(device)
+    assert with_exchange.fwd[1] - without.fwd[1] == pytest.approx(hop, rel=1e-12)
+    assert with_exchange.bwd[1] - without.bwd[1] == pytest.approx(3 * hop, rel=1e-12)
+    assert with_exchange.fwd[0] == without.fwd[0]  # the embedding exchanges nothing
