@@ -75,6 +75,8 @@ class DeviceSpec:
         peak_fp8_flops: dense FP8 tensor-core peak, FLOP/s; 0 for a device without FP8 (``--precision fp8`` is
             refused on it).
         fp8_matmul_efficiency: large FP8 GEMMs' ceiling divided by ``peak_fp8_flops``, in (0, 1]; 0 without FP8.
+        peak_fp4_flops: dense FP4 tensor-core peak, FLOP/s, where the device has FP4 (Blackwell); 0 otherwise. Held
+            for NVFP4 and MXFP4 recipes; no ``--precision`` runs on it yet.
         attention_efficiency: the attention kernel's (PyTorch's SDPA, FlashAttention-2) achieved FLOP/s divided by
             ``peak_flops``, in (0, 1], where a source measures it; 0 where none does, and the kernel model then
             uses ``matmul_efficiency`` (:attr:`attention_throughput`).
@@ -95,6 +97,7 @@ class DeviceSpec:
     peak_fp8_flops: float = 0.0
     fp8_matmul_efficiency: float = 0.0
     attention_efficiency: float = 0.0
+    peak_fp4_flops: float = 0.0
 
     @property
     def attention_throughput(self) -> float:
@@ -153,7 +156,8 @@ _DEVICE_FIELDS = ("name", "aliases", "peak_tflops", "peak_fp32_tflops", "matmul_
                   "memory_bandwidth_gbs", "launch_overhead_us", "host_link", "source")
 #: Fields a device entry may leave out (older catalogs): ``compute_units`` (0, the roofline), the FP8 peak and
 #: its GEMM efficiency (0: no FP8), which come together, and the attention kernel's efficiency (0: the GEMMs').
-_OPTIONAL_DEVICE_FIELDS = ("compute_units", "peak_fp8_tflops", "fp8_matmul_efficiency", "attention_efficiency")
+_OPTIONAL_DEVICE_FIELDS = ("compute_units", "peak_fp8_tflops", "fp8_matmul_efficiency", "attention_efficiency",
+                           "peak_fp4_tflops")
 _LINK_FIELDS = ("name", "bandwidth_gbs", "spec_bandwidth_gbs", "latency_us", "source")
 
 
@@ -241,6 +245,8 @@ def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpe
         peak_fp8_flops=fp8_peak,
         fp8_matmul_efficiency=fp8_efficiency,
         attention_efficiency=attention,
+        peak_fp4_flops=_number(entry, "peak_fp4_tflops", where, allow_inf=False) * _TERA
+        if "peak_fp4_tflops" in entry else 0.0,
     )
 
 
@@ -288,6 +294,7 @@ def slowed_device(device: DeviceSpec, factor: float) -> DeviceSpec:
         peak_fp8_flops=root.peak_fp8_flops / total,
         fp8_matmul_efficiency=root.fp8_matmul_efficiency,
         attention_efficiency=root.attention_efficiency,
+        peak_fp4_flops=root.peak_fp4_flops / total,
     )
 
 

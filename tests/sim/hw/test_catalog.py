@@ -204,3 +204,9 @@ def test_malformed_catalog_yaml_fails_clearly(catalog_dir: Path) -> None:
     (catalog_dir / "links.yaml").write_text("links: [unclosed\n")
     with pytest.raises(SpecError, match="links.yaml.*malformed YAML"):
         load_catalog(catalog_dir)
+
+
+def test_fp4_peaks_where_the_devices_have_fp4() -> None:
+    # stas00/ml-engineering's TFLOPS table (b9e29720), fp4 column, dense: B200 9000; no FP4 before Blackwell.
+    assert get_device("B200").peak_fp4_flops == 9000e12
+    assert all(d.peak_fp4_flops == 0 for d in list_devices() if d.name != "b200-sxm-180gb")
