@@ -1,26 +1,31 @@
-"""A process of a 3D plan: where it sits (pipeline rank, replica, tensor shard), its groups, its share of the data,
-what it builds, and the checks a 3D plan passes before launch.
+"""A process of a 3D plan: where it sits (pipeline rank, data-axis position, tensor shard), its groups, its share of
+the data, what it builds, and the checks a 3D plan passes before launch.
 
-A plan's programs are its pipeline ranks; with tensor parallelism T and data parallelism D, ``plan.world_size =
-T·D·P`` processes run them, process ``layout.device(p, d, t)`` running ``plan.programs[p]`` (``sim.ir.parallel``:
-Megatron's tp-dp-pp numbering by default). Each process:
+A plan's programs are its pipeline ranks; with tensor parallelism T, data parallelism D and context parallelism C,
+``plan.world_size = T·D·C·P`` processes run them, process ``layout.device(p, d, t)`` running ``plan.programs[p]``
+(``sim.ir.parallel``: Megatron's tp-dp-pp numbering by default, the C sequence parts of a replica innermost on the
+data axis, ``d = replica·C + part``). Each process:
 
 * finds ``(p, d, t) = layout.coords(rank)`` (:class:`Place`);
-* creates every tensor-parallel group, then every data-parallel group, in ``layout.groups()`` order, on every
-  process (``torch.distributed.new_group`` must be called by all processes for every group, in one order), and keeps
-  its own two (:func:`make_groups`); groups of one process are not created;
+* creates every tensor-parallel group, then every data-parallel group (the D·C processes of the data axis), then
+  every context-parallel group, in ``layout.groups()`` order, on every process (``torch.distributed.new_group``
+  must be called by all processes for every group, in one order), and keeps its own three (:func:`make_groups`);
+  groups of one process are not created;
 * builds its pipeline rank's vstages: whole layers from the seed as a single process would, then, under tensor
-  parallelism, its shard of each (``executor.nn.gpt_parallel``), so the T shards are the single-process model split;
-* trains on its replica's slice of each iteration's global batch: replica d runs microbatches
-  ``iteration·D·m + d·m + j`` (j < m) of :func:`executor.nn.stages.synthetic_batch`, i.e. samples
-  ``d·m·b … (d+1)·m·b − 1`` of the iteration's D·m·b, the very batches single-process training on the global batch
-  uses (:func:`microbatch_index`);
-* exchanges activations with the process of the neighbouring pipeline rank in the same replica and shard
+  parallelism, its shard of each (``executor.nn.gpt_parallel``, ``llama_parallel``), so the T shards are the
+  single-process model split; under context parallelism its Llama blocks know their group
+  (``executor.nn.context_parallel``); under ZeRO-3 its layers are sharded (``executor.fsdp``);
+* trains on its replica's slice of each iteration's global batch: replica r runs microbatches
+  ``iteration·D·m + r·m + j`` (j < m) of :func:`executor.nn.stages.synthetic_batch`, i.e. samples
+  ``r·m·b … (r+1)·m·b − 1`` of the iteration's D·m·b, the very batches single-process training on the global batch
+  uses (:func:`microbatch_index`), each of its C processes keeping its own tokens;
+* exchanges activations with the process of the neighbouring pipeline rank in the same data position and shard
   (:meth:`Place.peer`).
 
 Not supported, and refused before launch (:func:`check_parallel`): sequence parallelism, tensor parallelism of a
-model other than ``gpt`` (the sharded layers exist for it only), data parallelism with a schedule that updates per
-microbatch (weight stashing), and ``--calibrate-out`` (a profile times one device's whole layers).
+model other than ``gpt`` and ``llama`` (the sharded layers exist for them only), context parallelism of a model
+other than ``llama``, HSDP, data parallelism with a schedule that updates per microbatch (weight stashing), and
+``--calibrate-out`` (a profile times one device's whole layers).
 """
 
 from __future__ import annotations

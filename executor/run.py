@@ -15,11 +15,11 @@ machinery of ``torchrun --standalone``), each of which re-enters this module as 
 itself (e.g. ``torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m executor.run --plan ...`` on
 every host), it is already a worker.
 
-A 3D plan (``sim.run --tp/--dp``) runs ``plan.world_size`` = T·D·P processes, process ``layout.device(p, d, t)``
-running pipeline rank p's program as shard t of replica d (``executor.parallel``); ranks in messages and in
-``--inject-failure`` are these global ranks. Refused before launch as well: a 3D plan whose devices do not fit its
-topology, sequence parallelism, tensor parallelism of a model other than gpt, data parallelism with weight stashing,
-and ``--calibrate-out`` for a 3D plan.
+A 3D plan (``sim.run --tp/--dp/--cp``) runs ``plan.world_size`` = T·D·C·P processes, process ``layout.device(p, d,
+t)`` running pipeline rank p's program as shard t of data-axis position d (``executor.parallel``); ranks in messages
+and in ``--inject-failure`` are these global ranks. Refused before launch as well: a 3D plan whose devices do not fit
+its topology, sequence parallelism, tensor parallelism of a model other than gpt and llama, context parallelism of a
+model other than llama, HSDP, data parallelism with weight stashing, and ``--calibrate-out`` for a 3D plan.
 
 ``--slowdown RANK:FACTOR`` (repeatable, or comma-separated) emulates a slower device on those global ranks
 (``executor.slowdown``): their compute ops are stretched by FACTOR. Refused before launch: a rank outside the plan, a

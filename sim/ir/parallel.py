@@ -226,7 +226,7 @@ class Parallelism:
 
     @property
     def device_ranks(self) -> tuple[int, ...]:
-        """Every device (topology rank) the layout uses, in position order: ``devices``, or ``0 .. T·D·P − 1``."""
+        """Every device (topology rank) the layout uses, in position order: ``devices``, or ``0 .. T·D·C·P − 1``."""
         return self.devices if self.devices else tuple(range(self.world_size))
 
     @property
