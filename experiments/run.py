@@ -211,7 +211,8 @@ EXPERIMENTS: dict[str, Experiment] = {
                          _vtrain, out="runs/vtrain"),
     "torchtitan": Experiment("torchtitan", "torchtitan's 32 published Llama 3.1 runs on 8-512 H100s and 32-64 H200s "
                              "(FSDP, TP, PP, CP, Float8, torch.compile), predicted beside the published tokens/s per "
-                             "GPU, nothing fitted on them", _torchtitan, out="runs/torchtitan"),
+                             "GPU; only their H100's three unpublished ceilings fitted, on a seeded half", _torchtitan,
+                             out="runs/torchtitan"),
     "search_vtrain": Experiment("search_vtrain", "sim.search restricted to the configurations vTrain measured in "
                                 "each (model, GPUs, global batch) group: Spearman of its ranking and the top-1 "
                                 "regret of its pick", _search_vtrain, out="runs/search_vtrain"),
