@@ -36,7 +36,17 @@ from torch import Tensor, nn
 
 from executor.nn.optim import make_optimizer
 
-__all__ = ["DataParallel", "ShardOptimizer"]
+__all__ = ["DataParallel", "ShardOptimizer", "flatten_padded"]
+
+
+def flatten_padded(tensors: list[Tensor | None], params: list[nn.Parameter], length: int) -> Tensor:
+    """``tensors`` (shaped like ``params``; ``None`` is zeros) flattened in parameter order into one buffer of
+    ``length`` elements, zero-padded at the end (so that it splits into equal slices)."""
+    parts = [(t if t is not None else torch.zeros_like(p)).reshape(-1) for t, p in zip(tensors, params, strict=True)]
+    padding = length - sum(p.numel() for p in params)
+    if padding:
+        parts.append(params[0].new_zeros(padding))
+    return torch.cat(parts)
 
 
 class ShardOptimizer:
@@ -91,13 +101,7 @@ class DataParallel:
 
     def _flat(self, v: int, tensors: list[Tensor | None]) -> Tensor:
         """``tensors`` (shaped like vstage v's parameters; ``None`` is zeros) flattened into one padded buffer."""
-        params = self.params[v]
-        parts = [(t if t is not None else torch.zeros_like(p)).reshape(-1) for t, p in zip(tensors, params,
-                                                                                         strict=True)]
-        padding = self.padded[v] - self.numel[v]
-        if padding:
-            parts.append(params[0].new_zeros(padding))
-        return torch.cat(parts)
+        return flatten_padded(tensors, self.params[v], self.padded[v])
 
     def reduce(self, v: int) -> tuple[Any, Callable[[], None]]:
         """Issue vstage v's gradient reduction (under ZeRO-2, one microbatch's); returns its work handle and what to do

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from executor.data_parallel import flatten_padded
 from executor.nn.optim import make_optimizer
 
 __all__ = ["FullyShardedUnit", "FullyShardedStages", "ShardedOptimizer"]
@@ -70,10 +71,7 @@ class FullyShardedUnit:
             param.register_post_accumulate_grad_hook(self._after_accumulate)
 
     def _flat(self, tensors: list[Tensor]) -> Tensor:
-        parts = [t.reshape(-1) for t in tensors]
-        if self.padded > self.numel:
-            parts.append(self.params[0].new_zeros(self.padded - self.numel))
-        return torch.cat(parts)
+        return flatten_padded(list(tensors), self.params, self.padded)
 
     def gather(self) -> None:
         """All-gather the shards into the parameters (nothing if they are gathered)."""

@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.scatter import accuracy_scatter_png
 from experiments.torchtitan_fit import DEVICE, FIGURES, fit_figures, log_error, split_rows, with_figures
 from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
@@ -35,7 +36,6 @@ from sim.hw.topology import Topology
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
-from sim.report.png import figure_png
 
 __all__ = ["DATA", "Row", "RowResult", "load_rows", "plan_inputs", "predict_row", "evaluate", "halves", "summary",
            "write", "SEED"]
@@ -225,33 +225,18 @@ def _table(results: list[RowResult], split: list[str]) -> list[str]:
 
 
 def _plot(results: list[RowResult], split: list[str]) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 6.0), dpi=120)
     xs = [r.row.tokens_per_s_per_gpu for r in results]
     ys = [r.predicted for r in results]
-    low, high = min(xs + ys) * 0.7, max(xs + ys) * 1.4
-    line = [low, high]
-    ax.fill_between(line, [v * 0.9 for v in line], [v * 1.1 for v in line], color="#dddddd", label="±10 %")
-    ax.plot(line, line, color="#444444", linewidth=1, label="y = x")
     groups = (("fit", True, "#88CCEE", "fit half"), ("held-out", True, "#117733", "held out, fully modelled"),
               ("held-out", False, "#CC6677", "held out, something unmodelled"))
+    series = []
     for half, clean, color, label in groups:
         pick = [r for r, h in zip(results, split, strict=True) if h == half and _fully_modelled(r) == clean]
-        ax.scatter([r.row.tokens_per_s_per_gpu for r in pick], [r.predicted for r in pick], s=14, color=color,
-                   label=f"{label} ({len(pick)})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(low, high)
-    ax.set_ylim(low, high)
-    ax.set_xlabel("published tokens/s per GPU (torchtitan)")
-    ax.set_ylabel("predicted tokens/s per GPU")
-    ax.set_title("torchtitan Llama 3.1 on H100 / H200", fontsize=10)
-    ax.legend(loc="upper left", fontsize=8)
-    return figure_png(fig)
+        series.append(([r.row.tokens_per_s_per_gpu for r in pick], [r.predicted for r in pick], color,
+                       f"{label} ({len(pick)})"))
+    return accuracy_scatter_png(series, low=min(xs + ys) * 0.7, high=max(xs + ys) * 1.4,
+                                xlabel="published tokens/s per GPU (torchtitan)", ylabel="predicted tokens/s per GPU",
+                                title="torchtitan Llama 3.1 on H100 / H200", size=14)
 
 
 def write(results: list[RowResult], split: list[str], out: Path) -> list[str]:
@@ -287,9 +272,8 @@ def main(argv: list[str]) -> int:
         print(f"fitted on {split.count('fit')} rows (seed {args.seed}): "
               f"{', '.join(f'{name}: {value:.3f}' for name, value in figures.items())} "
               f"(mean |log error| {value:.4f}); put them in profiles/hardware/devices.yaml to make them the catalog's")
-        for row in rows:
-            spec = plan_inputs(row).topology
-            topologies.setdefault(spec, with_figures(Topology.parse(spec), figures))
+        for spec in sorted({plan_inputs(row).topology for row in rows}):  # each topology parsed once
+            topologies[spec] = with_figures(Topology.parse(spec), figures)
     results = [predict_row(row, topologies.get(plan_inputs(row).topology)) for row in rows]
     print(f"{len(results)} torchtitan rows (experiments/data/torchtitan), error = predicted / published − 1; "
           f"{DEVICE}'s {', '.join(FIGURES)} fitted on the 'fit' half (seed {args.seed})")

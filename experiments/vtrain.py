@@ -31,6 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.scatter import accuracy_scatter_png
 from experiments.vtrain_fit import FITTED, fit_kernel_model, kernel_model_yaml
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text, write_bytes_atomic, write_text_atomic
@@ -38,7 +39,6 @@ from sim.cost.gpu_time import KernelModel, default_kernel_model, load_kernel_mod
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
-from sim.report.png import figure_png
 
 __all__ = ["Run", "load_runs", "split_runs", "predict_run", "spearman", "main"]
 
@@ -213,30 +213,16 @@ def _ranking(runs: list[Run], predicted: list[float]) -> str:
 
 
 def _plot(runs: list[Run], predicted: list[float], halves: list[str]) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 6.0), dpi=120)
     low = min(min(r.measured_s for r in runs), min(predicted)) * 0.8
     high = max(max(r.measured_s for r in runs), max(predicted)) * 1.25
-    line = [low, high]
-    ax.fill_between(line, [v * 0.9 for v in line], [v * 1.1 for v in line], color="#dddddd", label="±10 %")
-    ax.plot(line, line, color="#444444", linewidth=1, label="y = x")
+    series = []
     for half, color in (("fit", "#88CCEE"), ("held-out", "#CC6677")):
         xs = [r.measured_s for r, h in zip(runs, halves) if h == half]
         ys = [p for p, h in zip(predicted, halves) if h == half]
-        ax.scatter(xs, ys, s=8, color=color, label=f"{half} ({len(xs)})", alpha=0.8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(low, high)
-    ax.set_ylim(low, high)
-    ax.set_xlabel("measured iteration time (s)")
-    ax.set_ylabel("predicted iteration time (s)")
-    ax.set_title("vTrain: Megatron-DeepSpeed on 2-8 A100s", fontsize=10)
-    ax.legend(loc="upper left", fontsize=8)
-    return figure_png(fig)
+        series.append((xs, ys, color, f"{half} ({len(xs)})"))
+    return accuracy_scatter_png(series, low=low, high=high, xlabel="measured iteration time (s)",
+                                ylabel="predicted iteration time (s)", title="vTrain: Megatron-DeepSpeed on 2-8 A100s",
+                                size=8, alpha=0.8)
 
 
 def _fit(runs: list[Run], halves: list[str], start: KernelModel, seed: int, out: Path) -> KernelModel:

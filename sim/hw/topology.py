@@ -206,9 +206,10 @@ class Topology:
         every source would search the whole cluster (16,384 GPUs: hours).
         """
         barrier = _FABRIC if _FABRIC in self._adjacency and _FABRIC not in (src, dst) else None
-        found = self._tree(src, barrier).get(dst)
+        local = self._tree(src, barrier)
+        found = local.get(dst)
         if barrier is not None:
-            near = self._tree(src, barrier).get(barrier)
+            near = local.get(barrier)
             far = self._tree(barrier).get(dst) if near is not None else None
             if near is not None and far is not None:
                 cost = near.cost

@@ -110,12 +110,17 @@ def test_one_layer_is_rebuilt_at_a_time():
     assert 0 < per_layer <= whole_stage - (LAYERS - 1) * one_layer, (per_layer, whole_stage)
 
 
-def test_r_is_drawn_with_the_rebuild_time_right_before_its_backward():
-    m = 2
+def _forwards_then_rebuilt_backwards(m: int) -> tuple[Op, ...]:
+    """One rank's program: m forwards, then each microbatch's R right before its B."""
     program = [Op(OpKind.F, 0, mb) for mb in range(m)]
     for mb in range(m):
         program += [Op(OpKind.R, 0, mb), Op(OpKind.B, 0, mb)]
-    plan = _handbuilt_plan((tuple(program),), (((0, 4),), (0,)), m)
+    return tuple(program)
+
+
+def test_r_is_drawn_with_the_rebuild_time_right_before_its_backward():
+    m = 2
+    plan = _handbuilt_plan((_forwards_then_rebuilt_backwards(m),), (((0, 4),), (0,)), m)
     stage = build_stage(SPEC, 0, 4, seed=0)
     interpreter = RankInterpreter(plan, 0, {0: stage}, {0: make_optimizer("sgd", stage.parameters())},
                                   loss_fn(SPEC), {0: boundary_specs(SPEC, [0], 1)[0]})
@@ -130,10 +135,7 @@ def test_r_is_drawn_with_the_rebuild_time_right_before_its_backward():
 
 def test_recompute_on_one_rank_equals_single_process_training():
     m = 3
-    program = [Op(OpKind.F, 0, mb) for mb in range(m)]
-    for mb in range(m):
-        program += [Op(OpKind.R, 0, mb), Op(OpKind.B, 0, mb)]
-    plan = _handbuilt_plan((tuple(program),), (((0, 4),), (0,)), m)
+    plan = _handbuilt_plan((_forwards_then_rebuilt_backwards(m),), (((0, 4),), (0,)), m)
     state, losses = _run_plan_in_process(plan, steps=2)
     _assert_matches_reference(state, losses, 2, m)
 

@@ -1,0 +1,39 @@
+"""The figure the accuracy experiments share: predictions against measured (or published) values on log axes, the
+line y = x and a ±10 % band, one colour per group of points. matplotlib is imported when a figure is drawn."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sim.report.png import figure_png
+
+__all__ = ["Series", "accuracy_scatter_png"]
+
+#: One group of points: ``(xs, ys, colour, legend label)``.
+Series = tuple[Sequence[float], Sequence[float], str, str]
+
+
+def accuracy_scatter_png(series: Sequence[Series], *, low: float, high: float, xlabel: str, ylabel: str, title: str,
+                         size: float, alpha: float | None = None) -> bytes:
+    """PNG bytes of ``series`` on log axes from ``low`` to ``high`` on both, with y = x and its ±10 % band; points of
+    ``size`` (matplotlib's s) and ``alpha``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 6.0), dpi=120)
+    line = [low, high]
+    ax.fill_between(line, [v * 0.9 for v in line], [v * 1.1 for v in line], color="#dddddd", label="±10 %")
+    ax.plot(line, line, color="#444444", linewidth=1, label="y = x")
+    for xs, ys, color, label in series:
+        ax.scatter(xs, ys, s=size, color=color, label=label, alpha=alpha)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    return figure_png(fig)
