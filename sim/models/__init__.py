@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams, parse_spec
-from sim.models import amoebanet, cnn, gpt, hf_config, llama, supernet, uniform, vgg
+from sim.models import amoebanet, cnn, gpt, hf_config, llama, moe, supernet, uniform, vgg
 from sim.models.graph import LayerGraph, canonical_spec
 from sim.models.sharding import NO_SHARDING, Sharding
 
@@ -46,13 +46,13 @@ class ModelEntry:
 
 
 #: The models whose build takes a :class:`Sharding`.
-_SHARDED = (gpt, llama)
+_SHARDED = (gpt, llama, moe)
 
 MODELS: Mapping[str, ModelEntry] = MappingProxyType(
     {
         module.NAME: ModelEntry(module.NAME, module.DESCRIPTION, MappingProxyType(dict(module.DEFAULTS)), module.build,
                                 module.build if module in _SHARDED else None)
-        for module in (uniform, gpt, llama, cnn, supernet, vgg, amoebanet)
+        for module in (uniform, gpt, llama, moe, cnn, supernet, vgg, amoebanet)
     }
 )
 
@@ -78,12 +78,14 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     if entry is None:
         raise SpecError(f"unknown model {name!r} in spec {spec!r} (known: {', '.join(sorted(MODELS))}; presets: "
                         f"{', '.join(hf_config.preset_names())}; hf:PATH for a HuggingFace config)")
-    if sharding.cp > 1 and name != llama.NAME:
-        raise SpecError(f"context parallelism is modelled for the llama family only, got {spec!r} with "
+    if sharding.cp > 1 and name not in (llama.NAME, moe.NAME):
+        raise SpecError(f"context parallelism is modelled for the llama and moe families only, got {spec!r} with "
                         f"{sharding.describe()}")
     if sharding.changes_model and entry.build_shard is None:
         what = "tensor parallelism" if sharding.tp > 1 else "selective recomputation"
-        shardable = " and ".join(name for name, e in MODELS.items() if e.build_shard is not None)
+        names = [known for known, e in MODELS.items() if e.build_shard is not None
+                 and (sharding.tp > 1 or known != moe.NAME)]  # moe refuses selective recomputation itself
+        shardable = ", ".join(names[:-1]) + " and " + names[-1]
         raise SpecError(f"{what} is modelled for {shardable} only, got {spec!r} with {sharding.describe()}")
     _check_size(spec, raw)
     params = SpecParams(spec, raw)

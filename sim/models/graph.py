@@ -24,7 +24,43 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-__all__ = ["Layer", "LayerGraph", "TransformerPart", "canonical_spec"]
+__all__ = ["Layer", "LayerGraph", "TransformerPart", "MixturePart", "MlaPart", "canonical_spec"]
+
+
+@dataclass(frozen=True, slots=True)
+class MlaPart:
+    """Multi-head latent attention's shapes (:mod:`sim.models.moe`): the query bottleneck ``q_lora`` (0: none), the
+    key/value latent ``kv_lora``, the shared rotary key ``rope_dim`` and the value head dimension ``v_dim``."""
+
+    q_lora: int
+    kv_lora: int
+    rope_dim: int
+    v_dim: int
+
+
+@dataclass(frozen=True, slots=True)
+class MixturePart:
+    """A block's mixture of experts (:mod:`sim.models.moe`), for the kernel model.
+
+    Attributes:
+        experts: routed experts E of the whole layer.
+        topk: experts each token visits k.
+        expert_ffn: each expert's SwiGLU width f_e.
+        shared_ffn: the shared experts' SwiGLU width (0: none).
+        router_bias: the router's per-expert bias.
+        expert_bias: biases on each expert's linears (GPT-OSS).
+        sigmoid: sigmoid router scores (DeepSeek-V3) instead of a softmax.
+        swiglu_clamp: GPT-OSS's clamped SwiGLU (its limit; 0: the plain SwiGLU).
+    """
+
+    experts: int
+    topk: int
+    expert_ffn: int
+    shared_ffn: int = 0
+    router_bias: bool = False
+    expert_bias: bool = False
+    sigmoid: bool = False
+    swiglu_clamp: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +74,15 @@ class TransformerPart:
         tp: tensor-parallel degree of the shard.
         cp: context-parallel degree: the shard holds ``seq / cp`` of each sequence's tokens.
         sequence_parallel: Megatron's sequence parallelism.
-        family: ``"gpt"`` (Megatron's GPT block: LayerNorm, fused QKV, 4h GELU MLP, dropout, learned positions) or
-            ``"llama"`` (RMSNorm, rotary, grouped-query FlashAttention, SwiGLU; :mod:`sim.cost.kernels.llama`).
-        kv_heads, head_dim, ffn: the llama family's key/value heads, head dimension and SwiGLU width (0 for gpt).
-        qkv_bias, qk_norm, window: the llama family's q/k/v biases, QK-norm and sliding window (0: none).
+        family: ``"gpt"`` (Megatron's GPT block: LayerNorm, fused QKV, 4h GELU MLP, dropout, learned positions),
+            ``"llama"`` (RMSNorm, rotary, grouped-query FlashAttention, SwiGLU; :mod:`sim.cost.kernels.llama`) or
+            ``"moe"`` (the same with a mixture of experts or latent attention; :mod:`sim.cost.kernels.moe`).
+        kv_heads, head_dim, ffn: the llama and moe families' key/value heads, head dimension and (dense) SwiGLU
+            width (0 for gpt).
+        qkv_bias, qk_norm, window: their q/k/v biases, QK-norm and this layer's sliding window (0: none).
+        o_bias, sinks: the moe family's output-projection bias and per-head attention sinks (GPT-OSS).
+        mla: the moe family's latent attention, or None for grouped-query attention.
+        moe: the block's mixture of experts, or None for a dense block (and for the embedding and the head).
     """
 
     part: str
@@ -59,14 +100,20 @@ class TransformerPart:
     qkv_bias: bool = False
     qk_norm: bool = False
     window: int = 0
+    o_bias: bool = False
+    sinks: bool = False
+    mla: MlaPart | None = None
+    moe: MixturePart | None = None
 
     def __post_init__(self) -> None:
         if self.part not in ("embedding", "block", "head"):
             raise ValueError(f"transformer part must be embedding, block or head, got {self.part!r}")
-        if self.family not in ("gpt", "llama"):
-            raise ValueError(f"transformer family must be gpt or llama, got {self.family!r}")
-        if self.family == "llama" and min(self.kv_heads, self.head_dim, self.ffn) < 1:
-            raise ValueError("a llama transformer part needs kv_heads, head_dim and ffn >= 1")
+        if self.family not in ("gpt", "llama", "moe"):
+            raise ValueError(f"transformer family must be gpt, llama or moe, got {self.family!r}")
+        if self.family != "gpt" and min(self.kv_heads, self.head_dim, self.ffn) < 1:
+            raise ValueError(f"a {self.family} transformer part needs kv_heads, head_dim and ffn >= 1")
+        if self.family != "moe" and (self.mla or self.moe or self.o_bias or self.sinks):
+            raise ValueError("latent attention, experts, output biases and sinks belong to the moe family")
         for attr in ("seq", "hidden", "heads", "vocab", "tp", "cp"):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -98,7 +98,7 @@ def test_a_device_holds_one_cp_th_of_the_model_work():
         assert part.param_bytes == one.param_bytes  # parameters are whole on every sequence part
     with pytest.raises(SpecError, match="multiple of 16"):
         build_model(LLAMA.replace("seq=4096", "seq=4100"), Sharding(cp=8))
-    with pytest.raises(SpecError, match="llama family only"):
+    with pytest.raises(SpecError, match="llama and moe families only"):
         build_model("gpt:layers=2", Sharding(cp=2))
 
 
@@ -117,7 +117,7 @@ def test_plans_with_context_parallelism():
     gather = build_plan(PlanInputs(LLAMA.replace("seq=4096", "seq=8192"), "4xH100", "1f1b", dp=1, cp_comm="allgather",
                                    **inputs))
     assert gather.plan.layout.cp_comm == "allgather"
-    with pytest.raises(SpecError, match="llama family only"):
+    with pytest.raises(SpecError, match="llama and moe families only"):
         build_plan(PlanInputs("gpt:layers=2,seq=1024", "4xH100", "1f1b", dp=2, cp=2, global_batch=2))
     assert math.isfinite(tokens)
 

@@ -203,8 +203,9 @@ def test_bad_specs_raise_spec_error_naming_the_value(spec, shown):
 
 
 def test_unknown_model_lists_known_ones():
-    with pytest.raises(SpecError, match="known: amoebanet, cnn, gpt, llama, supernet, uniform, vgg16; "
-                       "presets: llama3.1-405b, llama3.1-70b, llama3.1-8b, qwen2.5-7b"):
+    with pytest.raises(SpecError, match="known: amoebanet, cnn, gpt, llama, moe, supernet, uniform, vgg16; "
+                       "presets: deepseek-v3, gpt-oss-120b, llama3.1-405b, llama3.1-70b, llama3.1-8b, mixtral-8x7b, "
+                       "qwen2.5-7b, qwen3-235b-a22b, qwen3-30b-a3b"):
         build_model("bert")
 
 
@@ -218,7 +219,7 @@ def test_format_model_list_mentions_every_model_and_default():
 
 
 def test_registry_entries_are_consistent():
-    assert set(MODELS) == {"uniform", "gpt", "llama", "cnn", "supernet", "vgg16", "amoebanet"}
+    assert set(MODELS) == {"uniform", "gpt", "llama", "moe", "cnn", "supernet", "vgg16", "amoebanet"}
     for name, entry in MODELS.items():
         assert entry.name == name and entry.description and "\n" not in entry.description
         with pytest.raises(TypeError):

@@ -1,0 +1,410 @@
+"""``moe``: mixture-of-experts decoders (Mixtral, Qwen3-MoE, GPT-OSS, DeepSeek-V3) from explicit shapes.
+
+Layers, in order: ``embed`` (token table), ``block0 .. block{L-1}``, ``head`` (final RMSNorm, LM head, loss), as in
+:mod:`sim.models.llama`, whose notation and conventions this family shares (bf16, no dropout, one sample of s
+tokens). A block is pre-norm: RMSNorm → attention → residual → RMSNorm → feed-forward → residual, where the
+feed-forward of the first ``dense_layers`` blocks is a SwiGLU of width ``ffn`` and of the others a **mixture of
+experts**: a router (a linear h → E, softmax or sigmoid scores, the top k experts of each token), E routed experts,
+each a SwiGLU of width f_e (``expert_ffn``), of which each token visits k, and ``shared_experts`` experts of the same
+width that every token visits (DeepSeekMoE, Dai et al. 2024, arXiv 2401.06066 §3.2; held as one SwiGLU of width
+``shared_experts · f_e``, as DeepSeek's code does). The token's output is its experts' outputs weighted by their
+router scores (Shazeer et al. 2017, arXiv 1701.06538 §2; Fedus et al. 2021, arXiv 2101.03961 §2.1).
+
+The attention is one of:
+
+* grouped-query attention (``kv_lora = 0``): a query and g key/value heads of dimension d, q/k/v biases
+  (``qkv_bias``), an output bias (``o_bias``), QK-norm (``qk_norm``), per-head attention sinks (``sinks``: one
+  learned logit per head that joins every softmax's denominator, GPT-OSS), a sliding window on every
+  ``window_period``-th layer from the first (GPT-OSS alternates 128-token windows and full attention:
+  ``window=128, window_period=2``; ``window_period=1`` windows every layer);
+* multi-head latent attention (``kv_lora > 0``; DeepSeek-V2, arXiv 2405.04434 §2.1.2; DeepSeek-V3, arXiv 2412.19437
+  §2.1.1): queries through a low-rank bottleneck of ``q_lora`` (an RMSNorm inside it; ``q_lora = 0``: one h → a·(d +
+  r) projection), keys and values from one down-projection to a latent of ``kv_lora`` plus a shared rotary key of
+  ``rope_dim`` = r, an RMSNorm on the latent, and an up-projection to a heads of (d + v): d = ``head_dim`` the
+  non-rotary query/key part, v = ``v_dim``. Each head's query and key have d + r values, its value v.
+
+Parameters (exact: the HuggingFace modules' counts, held against the published totals in the tests):
+
+* GQA attention: h·a·d + 2·h·g·d + a·d·h [+ a·d + 2·g·d biases] [+ h output bias] [+ 2d QK-norm] [+ a sinks];
+* MLA: [h·q_lora + q_lora + q_lora·a·(d + r)] or [h·a·(d + r)], + h·(kv_lora + r) + kv_lora + kv_lora·a·(d + v)
+  + a·v·h;
+* two RMSNorms 2h per block; a dense block's SwiGLU 3·h·ffn;
+* a MoE block's router h·E [+ E: GPT-OSS's router bias, DeepSeek-V3's score-correction bias], routed experts
+  E·3·h·f_e [+ E·(2f_e + h) expert biases, GPT-OSS], shared experts 3·h·(shared_experts·f_e);
+* embed V·h; head h + V·h (or h alone when tied).
+
+Active parameters (:func:`active_params`) are those one token's forward multiplies by: everything but the
+E − k routed experts it does not visit. The embedding table counts as active (Mistral's and Qwen's convention:
+Mixtral 8x7B "12.9B active"); OpenAI and DeepSeek leave the lookup table out (GPT-OSS-120B "5.13B", DeepSeek-V3
+"37B"): ``count_embedding=False``.
+
+FLOPs (forward, per sample, one multiply-add = 2): 2s·(each GEMM's weights) for the attention's projections, the
+router, the dense SwiGLU, the k routed and the shared experts (2s·3·h·f_e·k: the **active** parameters, as
+Megatron-LM's and torchtitan's MFU formulas count them), and the attention scores and their weighting of the values
+2s·κ·a·(d_qk + d_v) with κ the keys a query sees (s, or the window on a windowed layer) and d_qk, d_v the query/key
+and value head dimensions; norms, rotary, activations, sinks, the top-k and the weighted sum are elementwise and not
+counted. The backward is twice the forward.
+
+Saved activations (per sample, bf16, no recomputation): a block's attention half keeps what a Llama block's does
+(:mod:`sim.models.llama`: the output 2sh, two norms' outputs and the residual sum 6sh, q, k, v and the attention's
+output and fp32 log-sum-exp, the norms' fp32 statistics, with MLA also the query and key/value latents, their norms'
+inputs and statistics); a dense SwiGLU keeps 8s·ffn; a MoE feed-forward keeps the router's fp32 scores 4sE and the
+top-k indices (int64, 8sk), the permuted tokens 2ksh (the experts' input), each routed token's SwiGLU tensors
+8ks·f_e, the experts' outputs before the weighted sum 2ksh (their scores' gradient reads them), and the shared
+experts' SwiGLU 8s·(shared_experts·f_e).
+
+Tensor parallelism splits the attention as in Llama (MLA: the down-projections and the latent norms are replicated,
+the up-projections split by heads and the output projection by its input, as Megatron-Core's MLA does) and the dense
+and shared SwiGLUs by their width; the router is replicated. A MoE layer under tensor parallelism needs sequence
+parallelism (Megatron-Core requires it: the tokens of each rank enter the router once), so the mixture sees s/t of
+the tokens on each rank; the routed experts are split by expert parallelism instead (``Sharding.ep``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sim.core.errors import SpecError
+from sim.core.spec import SpecParams
+from sim.models.graph import Layer, LayerGraph, MixturePart, MlaPart, TransformerPart, canonical_spec
+from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, padded_vocab
+
+__all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "MoeShape", "build", "attention_params", "ffn_params",
+           "expert_params", "block_params", "total_params", "active_params", "block_flops_fwd", "is_moe_layer",
+           "is_windowed_layer"]
+
+NAME = "moe"
+DESCRIPTION = ("mixture-of-experts decoder (Mixtral, Qwen3-MoE, GPT-OSS, DeepSeek-V3): GQA or latent attention, "
+               "top-k routed SwiGLU experts, shared experts, first dense_layers dense; bf16; defaults = Qwen3-30B-A3B "
+               "at seq 4096")
+DEFAULTS: dict[str, int | float] = {
+    "layers": 48,  # Qwen3-30B-A3B (configs/qwen3-30b-a3b.json)
+    "hidden": 2048,
+    "heads": 32,
+    "kv_heads": 4,
+    "head_dim": 128,  # 0: hidden / heads; with MLA the non-rotary query/key part
+    "ffn": 6144,  # the dense layers' SwiGLU width
+    "vocab": 151936,
+    "seq": 4096,  # Megatron-Bridge's MoE pre-training rows
+    "qkv_bias": 0,
+    "o_bias": 0,
+    "qk_norm": 1,
+    "sinks": 0,
+    "tied": 0,
+    "window": 0,
+    "window_period": 1,
+    "q_lora": 0,  # MLA's query bottleneck, 0: a plain query projection
+    "kv_lora": 0,  # MLA's key/value latent, 0: grouped-query attention
+    "rope_dim": 0,  # MLA's shared rotary key dimension
+    "v_dim": 0,  # MLA's value head dimension
+    "experts": 128,
+    "topk": 8,
+    "expert_ffn": 768,
+    "shared_experts": 0,
+    "dense_layers": 0,
+    "router_bias": 0,
+    "expert_bias": 0,
+    "sigmoid": 0,  # 1: sigmoid router scores (DeepSeek-V3), 0: softmax
+    "swiglu_clamp": 0,  # GPT-OSS clamps its SwiGLU's inputs at ±7 and adds 1 to the up projection
+}
+
+DTYPE_BYTES = 2
+TOKEN_ID_BYTES = 8
+FP32_BYTES = 4
+INDEX_BYTES = 8  # int64 expert indices of the top-k
+
+_FLAGS = ("qkv_bias", "o_bias", "qk_norm", "sinks", "tied", "router_bias", "expert_bias", "sigmoid")
+_MAY_BE_ZERO = ("head_dim", "window", "q_lora", "kv_lora", "rope_dim", "v_dim", "shared_experts", "dense_layers",
+                "swiglu_clamp", *_FLAGS)
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """The shapes of a mixture-of-experts decoder (module docstring's notation and keys)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    seq: int
+    experts: int
+    topk: int
+    expert_ffn: int
+    shared_experts: int = 0
+    dense_layers: int = 0
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    sinks: bool = False
+    tied: bool = False
+    window: int = 0
+    window_period: int = 1
+    q_lora: int = 0
+    kv_lora: int = 0
+    rope_dim: int = 0
+    v_dim: int = 0
+    router_bias: bool = False
+    expert_bias: bool = False
+    sigmoid: bool = False
+    swiglu_clamp: int = 0
+
+    @property
+    def latent(self) -> bool:
+        """Multi-head latent attention (``kv_lora > 0``)."""
+        return self.kv_lora > 0
+
+    @property
+    def qk_dim(self) -> int:
+        """A head's query/key dimension: d, or d + r under MLA."""
+        return self.head_dim + self.rope_dim if self.latent else self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        """A head's value dimension: d, or v under MLA."""
+        return self.v_dim if self.latent else self.head_dim
+
+    @property
+    def shared_ffn(self) -> int:
+        """The shared experts' SwiGLU width, ``shared_experts · expert_ffn`` (0: none)."""
+        return self.shared_experts * self.expert_ffn
+
+
+def is_moe_layer(shape: MoeShape, index: int) -> bool:
+    """Whether block ``index`` has a mixture of experts (every block from ``dense_layers`` on)."""
+    return index >= shape.dense_layers
+
+
+def is_windowed_layer(shape: MoeShape, index: int) -> bool:
+    """Whether block ``index`` attends over a sliding window (every ``window_period``-th block from the first)."""
+    return bool(shape.window) and index % shape.window_period == 0
+
+
+def _attention_weights(shape: MoeShape) -> tuple[int, int]:
+    """(weights split by tensor parallelism, weights replicated) of the attention's GEMMs, no biases or norms."""
+    h, a, d = shape.hidden, shape.heads, shape.head_dim
+    if not shape.latent:
+        return h * a * d + 2 * h * shape.kv_heads * d + a * d * h, 0
+    qk, r = shape.qk_dim, shape.rope_dim
+    down = h * (shape.kv_lora + r) + (h * shape.q_lora if shape.q_lora else 0)
+    up = (shape.q_lora if shape.q_lora else h) * a * qk + shape.kv_lora * a * (d + shape.v_dim) + a * shape.v_dim * h
+    return up, down
+
+
+def attention_params(shape: MoeShape, tp: int = 1) -> int:
+    """Parameters of one block's attention shard at tensor-parallel degree ``tp``, its input RMSNorm included
+    (module docstring): the split weights, biases and sinks over ``tp``, the rest whole."""
+    split, replicated = _attention_weights(shape)
+    replicated += shape.hidden  # the input RMSNorm
+    if shape.latent:
+        replicated += shape.kv_lora + shape.q_lora  # the latents' RMSNorms
+    else:
+        a, g, d = shape.heads, shape.kv_heads, shape.head_dim
+        split += (a * d + 2 * g * d if shape.qkv_bias else 0) + (a if shape.sinks else 0)
+        replicated += (shape.hidden if shape.o_bias else 0) + (2 * d if shape.qk_norm else 0)
+    return split // tp + replicated
+
+
+def expert_params(shape: MoeShape, shards: int = 1) -> int:
+    """Parameters of one MoE block's routed experts held by one of ``shards`` expert-parallel × expert-tensor-parallel
+    ranks (the experts and their biases split evenly)."""
+    h, f = shape.hidden, shape.expert_ffn
+    per_expert = 3 * h * f + ((2 * f + h) if shape.expert_bias else 0)
+    return shape.experts * per_expert // shards
+
+
+def ffn_params(shape: MoeShape, index: int, tp: int = 1, expert_shards: int = 1) -> int:
+    """Parameters of block ``index``'s feed-forward shard, its RMSNorm included: the dense SwiGLU split by ``tp``; or
+    the router (replicated), the routed experts split over ``expert_shards`` ranks and the shared experts by ``tp``."""
+    h = shape.hidden
+    if not is_moe_layer(shape, index):
+        return 3 * h * shape.ffn // tp + h
+    router = h * shape.experts + (shape.experts if shape.router_bias else 0)
+    return h + router + expert_params(shape, expert_shards) + 3 * h * shape.shared_ffn // tp
+
+
+def block_params(shape: MoeShape, index: int, tp: int = 1, expert_shards: int = 1) -> int:
+    """Parameters of block ``index``'s shard: :func:`attention_params` + :func:`ffn_params`."""
+    return attention_params(shape, tp) + ffn_params(shape, index, tp, expert_shards)
+
+
+def _embed_params(shape: MoeShape, tp: int = 1) -> int:
+    return padded_vocab(shape.vocab, tp) // tp * shape.hidden
+
+
+def _head_params(shape: MoeShape, tp: int = 1) -> int:
+    return shape.hidden + (0 if shape.tied else _embed_params(shape, tp))
+
+
+def total_params(shape: MoeShape) -> int:
+    """The model's parameters, each tied matrix once."""
+    blocks = sum(block_params(shape, i) for i in range(shape.layers))
+    return _embed_params(shape) + blocks + _head_params(shape)
+
+
+def active_params(shape: MoeShape, *, count_embedding: bool = True) -> int:
+    """Parameters one token's forward uses: all but the routed experts it does not visit (module docstring);
+    ``count_embedding`` False leaves the token table out (OpenAI's and DeepSeek's convention)."""
+    unvisited = (shape.experts - shape.topk) * expert_params(shape) // shape.experts
+    moe_layers = shape.layers - shape.dense_layers
+    table = _embed_params(shape) if count_embedding or shape.tied else 0
+    return total_params(shape) - moe_layers * unvisited - _embed_params(shape) + table
+
+
+def block_flops_fwd(shape: MoeShape, index: int) -> int:
+    """Forward FLOPs of block ``index`` per sample (module docstring): 2s·(the GEMM weights a token uses) + the
+    attention's 2s·κ·a·(d_qk + d_v)."""
+    s, h = shape.seq, shape.hidden
+    split, replicated = _attention_weights(shape)
+    if is_moe_layer(shape, index):
+        ffn = h * shape.experts + 3 * h * shape.expert_ffn * shape.topk + 3 * h * shape.shared_ffn
+    else:
+        ffn = 3 * h * shape.ffn
+    keys = min(s, shape.window) if is_windowed_layer(shape, index) else s
+    return 2 * s * (split + replicated + ffn) + 2 * s * keys * shape.heads * (shape.qk_dim + shape.value_dim)
+
+
+def _check(values: dict[str, int], spec: str) -> MoeShape:
+    """The shape the spec's values describe, checked; SpecError naming the spec otherwise."""
+    for flag in _FLAGS:
+        if values[flag] not in (0, 1):
+            raise SpecError(f"{flag} must be 0 or 1, got {values[flag]} in {spec!r}")
+    h, a, g = values["hidden"], values["heads"], values["kv_heads"]
+    latent = values["kv_lora"] > 0
+    if latent:
+        if not values["head_dim"] or not values["rope_dim"] or not values["v_dim"]:
+            raise SpecError(f"latent attention (kv_lora > 0) needs head_dim (the non-rotary query/key part), rope_dim "
+                            f"and v_dim >= 1, in {spec!r}")
+        for key in ("qkv_bias", "o_bias", "qk_norm", "sinks", "window"):
+            if values[key]:
+                raise SpecError(f"{key} is modelled for grouped-query attention only, not with kv_lora > 0, in "
+                                f"{spec!r}")
+    else:
+        if values["q_lora"] or values["rope_dim"] or values["v_dim"]:
+            raise SpecError(f"q_lora, rope_dim and v_dim belong to latent attention (kv_lora > 0), in {spec!r}")
+        if a % g:
+            raise SpecError(f"kv_heads ({g}) must divide heads ({a}) in {spec!r}")
+        if not values["head_dim"] and h % a:
+            raise SpecError(f"heads ({a}) must divide hidden ({h}) when head_dim is not given, in {spec!r}")
+    if values["topk"] > values["experts"]:
+        raise SpecError(f"topk ({values['topk']}) must be at most experts ({values['experts']}) in {spec!r}")
+    if values["dense_layers"] > values["layers"]:
+        raise SpecError(f"dense_layers ({values['dense_layers']}) must be at most layers ({values['layers']}) in "
+                        f"{spec!r}")
+    fields = {key: values[key] for key in DEFAULTS if key not in _FLAGS}
+    fields["head_dim"] = values["head_dim"] or h // a
+    return MoeShape(**fields, **{flag: bool(values[flag]) for flag in _FLAGS})
+
+
+def shape_of(params: SpecParams) -> tuple[MoeShape, str]:
+    """Read a ``moe:`` spec's keys (rejecting unknown ones): the shape and the canonical spec."""
+    values = {key: params.int(key, int(default), minimum=0 if key in _MAY_BE_ZERO else 1)
+              for key, default in DEFAULTS.items()}
+    params.finish()
+    spec = canonical_spec(NAME, values)
+    return _check(values, spec), spec
+
+
+def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
+    """Build ``moe:layers=..,hidden=..,experts=..,topk=..,expert_ffn=..``, or one device's shard of it.
+
+    Raises:
+        SpecError: a size below 1 (those of :data:`_MAY_BE_ZERO` may be 0), a flag other than 0 or 1, an unknown key,
+            kv_heads not dividing heads, latent-attention keys without ``kv_lora`` (or GQA-only keys with it), topk
+            above experts; ``tp`` not dividing the heads (and key/value heads), the widths or the tokens, a mixture
+            under tensor parallelism without sequence parallelism; context parallelism with a sliding window.
+    """
+    shape, spec = shape_of(params)
+    return _graph(shape, spec, sharding)
+
+
+def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
+    t, c = sharding.tp, sharding.cp
+    if sharding.selective_recompute:
+        raise SpecError(f"selective recomputation is not modelled for the moe family (use none or full), in {spec!r}")
+    sp = sharding.sequence_parallel and t > 1
+    heads_split = shape.heads if shape.latent else min(shape.heads, shape.kv_heads)
+    if shape.heads % t or heads_split % t or shape.ffn % t or shape.shared_ffn % t:
+        raise SpecError(f"tensor parallelism splits the heads and the SwiGLU widths: tp={t} must divide heads="
+                        f"{shape.heads}{'' if shape.latent else f', kv_heads={shape.kv_heads}'}, ffn={shape.ffn} and "
+                        f"the shared experts' width {shape.shared_ffn}, in {spec!r}")
+    if t > 1 and not sp and shape.dense_layers < shape.layers:
+        raise SpecError(f"a mixture of experts under tensor parallelism (tp={t}) needs sequence parallelism (each "
+                        f"rank's tokens enter the router once, as Megatron-Core requires), in {spec!r}")
+    if c > 1 and (shape.seq % (2 * c) or shape.window):
+        raise SpecError(f"context parallelism splits each sequence into 2·cp = {2 * c} chunks: seq={shape.seq} must "
+                        f"be a multiple of {2 * c}{' and there must be no sliding window' if shape.window else ''}, "
+                        f"in {spec!r}")
+    s, h = shape.seq // c, shape.hidden
+    if sp and s % t:
+        raise SpecError(f"sequence parallelism splits each rank's {s} tokens over tp={t}, in {spec!r}")
+    vt = padded_vocab(shape.vocab, t) // t
+    full = DTYPE_BYTES * s * h
+    boundary = full // t if sp else full
+    none = Collectives()
+    mla = MlaPart(shape.q_lora, shape.kv_lora, shape.rope_dim, shape.v_dim) if shape.latent else None
+    common = dict(seq=shape.seq, hidden=h, heads=shape.heads, vocab=vt * t, tp=t, family=NAME,
+                  kv_heads=shape.heads if shape.latent else shape.kv_heads, head_dim=shape.head_dim, ffn=shape.ffn,
+                  qkv_bias=shape.qkv_bias, qk_norm=shape.qk_norm, cp=c, sequence_parallel=sp, o_bias=shape.o_bias,
+                  sinks=shape.sinks, mla=mla)
+    embed = _layer(name="embed", kind="embedding", flops_fwd=0.0, flops_bwd=0.0,
+                   param_bytes=DTYPE_BYTES * _embed_params(shape, t), activation_bytes=boundary, saved_bytes=boundary,
+                   fwd=all_reduce(full) if t > 1 else none, bwd=none,
+                   transformer=TransformerPart("embedding", **common))
+    blocks = []
+    for i in range(shape.layers):
+        window = shape.window if is_windowed_layer(shape, i) else 0
+        mixture = None
+        if is_moe_layer(shape, i):
+            mixture = MixturePart(shape.experts, shape.topk, shape.expert_ffn, shape.shared_ffn,
+                                  router_bias=shape.router_bias, expert_bias=shape.expert_bias,
+                                  sigmoid=shape.sigmoid, swiglu_clamp=shape.swiglu_clamp)
+        flops = block_flops_fwd(shape, i) // (t * c)
+        # The attention's pair, and a SwiGLU's (dense, or the shared experts'); routed experts are not split by tp.
+        pairs = 1 + (mixture is None or shape.shared_ffn > 0)
+        comm = all_reduce(full, times=pairs) if t > 1 else none
+        blocks.append(_layer(
+            name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
+            param_bytes=DTYPE_BYTES * block_params(shape, i, t), activation_bytes=boundary,
+            saved_bytes=block_saved_bytes(replace(shape, seq=s), i, t, sp), fwd=comm, bwd=comm,
+            transformer=TransformerPart("block", **{**common, "window": window}, moe=mixture)))
+    head = _layer(
+        name="head", kind="head", flops_fwd=float(2 * s * h * vt), flops_bwd=float(4 * s * h * vt),
+        param_bytes=DTYPE_BYTES * _head_params(shape, t), activation_bytes=FP32_BYTES,
+        saved_bytes=full + FP32_BYTES * s + FP32_BYTES * s * vt, workspace_bytes=DTYPE_BYTES * s * vt,
+        fwd=all_reduce(FP32_BYTES * s, times=3) if t > 1 else none, bwd=all_reduce(full) if t > 1 else none,
+        transformer=TransformerPart("head", **common))
+    return LayerGraph(spec, [embed, *blocks, head], dtype_bytes=DTYPE_BYTES, input_bytes=TOKEN_ID_BYTES * s)
+
+
+def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_parallel: bool = False) -> int:
+    """Bytes block ``index``'s shard keeps for its backward per sample of ``shape.seq`` tokens (module docstring):
+    between the tensor-parallel regions replicated, or split by ``tp`` under ``sequence_parallel``; the attention's
+    heads and the dense and shared SwiGLUs split by ``tp``; the mixture on the rank's tokens (1/``tp`` of them under
+    sequence parallelism, all of them without tensor parallelism)."""
+    s, h, a = shape.seq, shape.hidden, shape.heads
+    between = tp if sequence_parallel else 1
+    replicated = DTYPE_BYTES * 4 * s * h + FP32_BYTES * 2 * s  # output, two norms' outputs, residual; statistics
+    q, kv_out = a * shape.qk_dim, (a * (shape.qk_dim + shape.value_dim) if shape.latent
+                                   else 2 * shape.kv_heads * shape.head_dim)
+    split = DTYPE_BYTES * s * (q + kv_out + a * shape.value_dim) + FP32_BYTES * s * a
+    if shape.latent:  # the latents (norm inputs and outputs) and their statistics, replicated across the TP ranks
+        replicated += DTYPE_BYTES * 2 * s * (shape.q_lora + shape.kv_lora + shape.rope_dim) + FP32_BYTES * 2 * s
+    elif shape.qk_norm:
+        split += DTYPE_BYTES * s * (q + shape.kv_heads * shape.head_dim) + FP32_BYTES * s * (a + shape.kv_heads)
+    if not is_moe_layer(shape, index):
+        return replicated // between + (split + DTYPE_BYTES * 4 * s * shape.ffn) // tp
+    tokens = s // tp if sequence_parallel else s  # what enters the router on this rank
+    k = shape.topk
+    mixture = (FP32_BYTES * tokens * shape.experts + INDEX_BYTES * tokens * k
+               + DTYPE_BYTES * tokens * k * (2 * h + 4 * shape.expert_ffn)
+               + DTYPE_BYTES * 4 * tokens * shape.shared_ffn)
+    return replicated // between + split // tp + mixture
+
+
+def _layer(*, fwd: Collectives, bwd: Collectives, **fields: object) -> Layer:
+    """A :class:`Layer` with its forward and backward tensor-parallel collectives."""
+    return Layer(tp_comm_fwd_bytes=fwd.nbytes, tp_comm_fwd_count=fwd.count, tp_comm_bwd_bytes=bwd.nbytes,
+                 tp_comm_bwd_count=bwd.count, **fields)  # type: ignore[arg-type]
