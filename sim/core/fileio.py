@@ -48,6 +48,8 @@ INPUT_LIMITS: dict[str, tuple[int, str]] = {
                         "more than any search costs"),
     "model config": (1 * _MIB, "a HuggingFace config.json is a few KiB of hyper-parameters; a weights file given "
                      "by mistake is gigabytes"),
+    "routing trace": (8 * _MIB, "per-expert token counts: a few hundred layers of a few hundred experts at ~8 "
+                      "bytes a count"),
     "topology file": (256 * 2**10, "a topology lists groups of servers ('repeat:' covers identical ones) and YAML "
                       "parsing takes seconds per MiB"),
 }

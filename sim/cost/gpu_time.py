@@ -10,8 +10,9 @@ recurrence over its kernels k = 1..n (a CPU thread feeding an in-order GPU queue
 
 which is ``max(Σ host, Σ gpu)`` at the extremes and smooth in between. A kernel's GPU time:
 
-* a GEMM (M × N × K, ``batch`` times): its output is cut into ``tile × tile`` tiles, which fill the device's compute
-  units in waves, so the work done is ``waves · units · 2 · tile² · (K + k_overhead)`` FLOPs (tile and wave
+* a GEMM (M × N × K, ``batch`` times; a grouped GEMM, the experts of a mixture, as one launch of products with
+  their own M each): its output is cut into ``tile × tile`` tiles (each product's apart), which fill the device's
+  compute units in waves, so the work done is ``waves · units · 2 · tile² · (K + k_overhead)`` FLOPs (tile and wave
   quantisation; ``k_overhead`` is the tile's prologue and epilogue in K-steps, the small-K falloff), at
   ``peak_flops · matmul_efficiency`` (the catalog's measured large-GEMM ceiling); or its bytes at the achieved
   memory bandwidth, whichever is longer;
@@ -50,6 +51,7 @@ from sim.cost.kernels.llama import (
     llama_embedding_kernels,
     llama_head_kernels,
 )
+from sim.cost.kernels.moe import MOE_COLLECTIVE_AFTER, MoeBlockShape, expert_all_to_alls, moe_block_kernels
 from sim.cost.kernels.optimizer import optimizer_kernels
 from sim.cost.kernels.record import Kernel
 from sim.cost.kernels.vocab import embedding_kernels, head_kernels
@@ -139,7 +141,10 @@ def kernel_seconds(kernel: Kernel, device: DeviceSpec, model: KernelModel) -> fl
         units = max(device.compute_units, 1)
         work = []
         for tile_m, tile_n in _tile_shapes(model.gemm_tile):
-            tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * kernel.batch
+            if kernel.group:  # a grouped GEMM: each product's rows are cut into tiles of their own
+                tiles = sum(math.ceil(rows / tile_m) for rows in kernel.group) * math.ceil(n / tile_n)
+            else:
+                tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * kernel.batch
             work.append(math.ceil(tiles / units) * units * tile_m * tile_n)
         compute = min(work) * 2.0 * (k + model.gemm_k_overhead) / throughput
     elif kernel.kind == "attention":
@@ -177,7 +182,7 @@ _BLOCK_COLLECTIVE_AFTER = {"attention_output", "mlp_down", "qkv_wgrad", "mlp_up_
 
 
 def _steps(kernels: tuple[Kernel, ...], device: DeviceSpec, model: KernelModel, tp: int,
-           collective_after: set[str], extra_collectives: int = 0) -> list[tuple[float, float]]:
+           collective_after: set[str] | frozenset[str], extra_collectives: int = 0) -> list[tuple[float, float]]:
     steps = []
     for kernel in kernels:
         steps.append((model.host_issue_s, kernel_seconds(kernel, device, model)))
@@ -200,7 +205,9 @@ def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, devic
     (:mod:`sim.cost.context_parallel`; the time it does not hide under the attention steps is added after them)."""
     b, s, h, a, t = microbatch_size, part.seq, part.hidden, part.heads, part.tp
     sp, vocab = part.sequence_parallel, part.vocab
-    if part.family == "llama":
+    if part.family == "moe" and part.part == "block":
+        return _moe_block_seconds(part, b, device, model, fp8, compiled, kv_exchange)
+    if part.family in ("llama", "moe"):  # the MoE family's ends are a Llama's
         return _llama_layer_seconds(part, b, device, model, fp8, compiled, selective_recompute, kv_exchange)
     if part.part == "block":
         fwd_k, bwd_k = layer_step_kernels(b, s, h, a, t, sequence_parallel=sp,
@@ -252,12 +259,37 @@ def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, mode
     return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
 
 
+def _moe_block_seconds(part: TransformerPart, b: int, device: DeviceSpec, model: KernelModel, fp8: bool,
+                       compiled: bool, exchange: KvExchange | None) -> LayerSeconds:
+    """:func:`transformer_layer_seconds` of a MoE-family block (:mod:`sim.cost.kernels.moe`): its kernels, the host
+    calls of its tensor-parallel collectives and of its expert all-to-alls (their device time is the engine's)."""
+    t, mla = part.tp, part.mla
+    qk = part.head_dim + mla.rope_dim if mla else part.head_dim
+    attention = LlamaBlockShape(b, part.seq, part.hidden, part.heads, part.kv_heads, qk, part.ffn, t,
+                                qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window, cp=part.cp,
+                                sequence_parallel=part.sequence_parallel, o_bias=part.o_bias,
+                                value_dim=mla.v_dim if mla else 0)
+    shape = MoeBlockShape(attention, mla, part.moe)
+    forward = moe_block_kernels(shape, backward=False, fp8=fp8, compiled=compiled)
+    backward = moe_block_kernels(shape, backward=True, fp8=fp8, compiled=compiled)
+    exchanges = [(model.host_collective_s, 0.0)] * expert_all_to_alls(part.moe)
+    fwd = _steps(forward, device, model, t, MOE_COLLECTIVE_AFTER) + exchanges
+    bwd = _steps(backward, device, model, t, MOE_COLLECTIVE_AFTER) + exchanges
+    if part.cp > 1:
+        if exchange is None or exchange.cp != part.cp:
+            raise ValueError(f"a block split over cp={part.cp} ranks needs their key/value exchange")
+        fwd = _with_exchange(fwd, forward, exchange, False, t, MOE_COLLECTIVE_AFTER)
+        bwd = _with_exchange(bwd, backward, exchange, True, t, MOE_COLLECTIVE_AFTER)
+    return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
+
+
 def _with_exchange(steps: list[tuple[float, float]], kernels: tuple[Kernel, ...], exchange: KvExchange,
-                   backward: bool, tp: int) -> list[tuple[float, float]]:
+                   backward: bool, tp: int, collective_after: frozenset[str] = LLAMA_COLLECTIVE_AFTER,
+                   ) -> list[tuple[float, float]]:
     """``steps`` (:func:`_steps` of ``kernels``) with the key/value exchange's exposed time added on the GPU right
     after the last attention kernel (:func:`sim.cost.context_parallel.exposed_seconds`)."""
     def position(j: int) -> int:  # _steps puts a host-only step after each kernel that calls a TP collective
-        return j + (tp > 1) * sum(k.name in LLAMA_COLLECTIVE_AFTER for k in kernels[:j])
+        return j + (tp > 1) * sum(k.name in collective_after for k in kernels[:j])
 
     attention = [j for j, kernel in enumerate(kernels) if kernel.kind == "attention"]
     step_s = [steps[position(j)][1] for j in attention]

@@ -81,6 +81,9 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     if sharding.cp > 1 and name not in (llama.NAME, moe.NAME):
         raise SpecError(f"context parallelism is modelled for the llama and moe families only, got {spec!r} with "
                         f"{sharding.describe()}")
+    if sharding.shapes_experts and name != moe.NAME:
+        raise SpecError(f"expert parallelism, routing and capacity belong to the moe family, got {spec!r} with "
+                        f"{sharding.describe()}")
     if sharding.changes_model and entry.build_shard is None:
         what = "tensor parallelism" if sharding.tp > 1 else "selective recomputation"
         names = [known for known, e in MODELS.items() if e.build_shard is not None

@@ -51,6 +51,11 @@ class MixturePart:
         expert_bias: biases on each expert's linears (GPT-OSS).
         sigmoid: sigmoid router scores (DeepSeek-V3) instead of a softmax.
         swiglu_clamp: GPT-OSS's clamped SwiGLU (its limit; 0: the plain SwiGLU).
+        ep: expert-parallel degree: the device holds E/ep of the experts.
+        etp: expert-tensor-parallel degree: each expert's width split ``etp`` ways.
+        shares: of the expert-parallel group's token slots (k per token of the group's ``ep · etp`` devices), the
+            share each of this device's E/ep experts computes (:mod:`sim.models.routing`: the slowest rank's, capped
+            by the capacity factor); ``()``: balanced, 1/E each.
     """
 
     experts: int
@@ -61,6 +66,21 @@ class MixturePart:
     expert_bias: bool = False
     sigmoid: bool = False
     swiglu_clamp: int = 0
+    ep: int = 1
+    etp: int = 1
+    shares: tuple[float, ...] = ()
+
+    @property
+    def local_experts(self) -> int:
+        """Experts this device holds."""
+        return self.experts // self.ep
+
+    def expert_tokens(self, tokens: int) -> tuple[int, ...]:
+        """Tokens each of this device's experts computes when each of the group's devices routes ``tokens``
+        (rounded to whole tokens)."""
+        slots = tokens * self.topk * self.ep * self.etp
+        shares = self.shares or (1.0 / self.experts,) * self.local_experts
+        return tuple(round(share * slots) for share in shares)
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,10 +48,13 @@ counted. The backward is twice the forward.
 Saved activations (per sample, bf16, no recomputation): a block's attention half keeps what a Llama block's does
 (:mod:`sim.models.llama`: the output 2sh, two norms' outputs and the residual sum 6sh, q, k, v and the attention's
 output and fp32 log-sum-exp, the norms' fp32 statistics, with MLA also the query and key/value latents, their norms'
-inputs and statistics); a dense SwiGLU keeps 8s·ffn; a MoE feed-forward keeps the router's fp32 scores 4sE and the
-top-k indices (int64, 8sk), the permuted tokens 2ksh (the experts' input), each routed token's SwiGLU tensors
-8ks·f_e, the experts' outputs before the weighted sum 2ksh (their scores' gradient reads them), and the shared
-experts' SwiGLU 8s·(shared_experts·f_e).
+inputs and statistics); a dense SwiGLU keeps 6s·ffn (fused, as below); a MoE feed-forward keeps the router's
+fp32 scores 4sE and the top-k indices (int64, 8sk), the experts' input 2ksh, each routed token's fused SwiGLU
+tensors (the gate and up GEMM's output 4f_e and the down GEMM's input 2f_e: 6ks·f_e; Megatron-Core's fused
+bias-SwiGLU recomputes SiLU), the experts' outputs back at their tokens before the weighted sum 2ksh (their scores'
+gradient reads them), and the shared experts' fused SwiGLU 6s·(shared_experts·f_e). Under expert parallelism the
+experts' part is what this device computes (:mod:`sim.models.routing`: the tokens routed to its experts), the rest
+its own tokens'.
 
 Tensor parallelism splits the attention as in Llama (MLA: the down-projections and the latent norms are replicated,
 the up-projections split by heads and the output projection by its input, as Megatron-Core's MLA does) and the dense
@@ -67,6 +70,7 @@ from dataclasses import dataclass, replace
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
 from sim.models.graph import Layer, LayerGraph, MixturePart, MlaPart, TransformerPart, canonical_spec
+from sim.models.routing import capped_shares, expert_shares, slowest_rank
 from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, padded_vocab
 
 __all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "MoeShape", "build", "attention_params", "ffn_params",
@@ -308,13 +312,15 @@ def shape_of(params: SpecParams) -> tuple[MoeShape, str]:
 
 
 def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
-    """Build ``moe:layers=..,hidden=..,experts=..,topk=..,expert_ffn=..``, or one device's shard of it.
+    """Build ``moe:layers=..,hidden=..,experts=..,topk=..,expert_ffn=..``, or one device's shard of it (under expert
+    parallelism, the rank whose experts receive the most tokens: every rank of the all-to-all waits for it).
 
     Raises:
         SpecError: a size below 1 (those of :data:`_MAY_BE_ZERO` may be 0), a flag other than 0 or 1, an unknown key,
             kv_heads not dividing heads, latent-attention keys without ``kv_lora`` (or GQA-only keys with it), topk
             above experts; ``tp`` not dividing the heads (and key/value heads), the widths or the tokens, a mixture
-            under tensor parallelism without sequence parallelism; context parallelism with a sliding window.
+            under tensor parallelism without sequence parallelism; context parallelism with a sliding window; ``ep``
+            not dividing the experts or ``etp`` their width; a routing trace listing another number of experts.
     """
     shape, spec = shape_of(params)
     return _graph(shape, spec, sharding)
@@ -340,6 +346,11 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
     s, h = shape.seq // c, shape.hidden
     if sp and s % t:
         raise SpecError(f"sequence parallelism splits each rank's {s} tokens over tp={t}, in {spec!r}")
+    ep, etp = sharding.ep, sharding.etp
+    if shape.experts % ep or shape.expert_ffn % etp:
+        raise SpecError(f"expert parallelism splits the experts and expert tensor parallelism their width: ep={ep} "
+                        f"must divide experts={shape.experts} and etp={etp} expert_ffn={shape.expert_ffn}, in "
+                        f"{spec!r}")
     vt = padded_vocab(shape.vocab, t) // t
     full = DTYPE_BYTES * s * h
     boundary = full // t if sp else full
@@ -358,17 +369,15 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
         window = shape.window if is_windowed_layer(shape, i) else 0
         mixture = None
         if is_moe_layer(shape, i):
-            mixture = MixturePart(shape.experts, shape.topk, shape.expert_ffn, shape.shared_ffn,
-                                  router_bias=shape.router_bias, expert_bias=shape.expert_bias,
-                                  sigmoid=shape.sigmoid, swiglu_clamp=shape.swiglu_clamp)
+            mixture = _mixture(shape, i - shape.dense_layers, sharding)
         flops = block_flops_fwd(shape, i) // (t * c)
         # The attention's pair, and a SwiGLU's (dense, or the shared experts'); routed experts are not split by tp.
         pairs = 1 + (mixture is None or shape.shared_ffn > 0)
         comm = all_reduce(full, times=pairs) if t > 1 else none
         blocks.append(_layer(
             name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
-            param_bytes=DTYPE_BYTES * block_params(shape, i, t), activation_bytes=boundary,
-            saved_bytes=block_saved_bytes(replace(shape, seq=s), i, t, sp), fwd=comm, bwd=comm,
+            param_bytes=DTYPE_BYTES * block_params(shape, i, t, ep * etp), activation_bytes=boundary,
+            saved_bytes=block_saved_bytes(replace(shape, seq=s), i, t, sp, mixture), fwd=comm, bwd=comm,
             transformer=TransformerPart("block", **{**common, "window": window}, moe=mixture)))
     head = _layer(
         name="head", kind="head", flops_fwd=float(2 * s * h * vt), flops_bwd=float(4 * s * h * vt),
@@ -379,11 +388,26 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
     return LayerGraph(spec, [embed, *blocks, head], dtype_bytes=DTYPE_BYTES, input_bytes=TOKEN_ID_BYTES * s)
 
 
-def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_parallel: bool = False) -> int:
+def _mixture(shape: MoeShape, moe_index: int, sharding: Sharding) -> MixturePart:
+    """The mixture of the ``moe_index``-th MoE block on the expert-parallel rank that receives the most tokens under
+    the sharding's routing, its experts' shares capped by the capacity factor (:mod:`sim.models.routing`)."""
+    shares = expert_shares(sharding.routing, moe_index, shape.experts)
+    rank = slowest_rank(shares, sharding.ep)
+    per_rank = shape.experts // sharding.ep
+    local = capped_shares(shares, sharding.capacity_factor)[rank * per_rank:(rank + 1) * per_rank]
+    balanced = not sharding.capacity_factor and all(share == 1.0 / shape.experts for share in local)
+    return MixturePart(shape.experts, shape.topk, shape.expert_ffn, shape.shared_ffn, router_bias=shape.router_bias,
+                       expert_bias=shape.expert_bias, sigmoid=shape.sigmoid, swiglu_clamp=shape.swiglu_clamp,
+                       ep=sharding.ep, etp=sharding.etp, shares=() if balanced else local)
+
+
+def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_parallel: bool = False,
+                      mixture: MixturePart | None = None) -> int:
     """Bytes block ``index``'s shard keeps for its backward per sample of ``shape.seq`` tokens (module docstring):
     between the tensor-parallel regions replicated, or split by ``tp`` under ``sequence_parallel``; the attention's
     heads and the dense and shared SwiGLUs split by ``tp``; the mixture on the rank's tokens (1/``tp`` of them under
-    sequence parallelism, all of them without tensor parallelism)."""
+    sequence parallelism, all of them without tensor parallelism), its experts' on the tokens ``mixture`` routes to
+    this device (balanced over the whole model's experts when not given)."""
     s, h, a = shape.seq, shape.hidden, shape.heads
     between = tp if sequence_parallel else 1
     replicated = DTYPE_BYTES * 4 * s * h + FP32_BYTES * 2 * s  # output, two norms' outputs, residual; statistics
@@ -395,13 +419,16 @@ def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_paralle
     elif shape.qk_norm:
         split += DTYPE_BYTES * s * (q + shape.kv_heads * shape.head_dim) + FP32_BYTES * s * (a + shape.kv_heads)
     if not is_moe_layer(shape, index):
-        return replicated // between + (split + DTYPE_BYTES * 4 * s * shape.ffn) // tp
+        return replicated // between + (split + DTYPE_BYTES * 3 * s * shape.ffn) // tp
     tokens = s // tp if sequence_parallel else s  # what enters the router on this rank
     k = shape.topk
-    mixture = (FP32_BYTES * tokens * shape.experts + INDEX_BYTES * tokens * k
-               + DTYPE_BYTES * tokens * k * (2 * h + 4 * shape.expert_ffn)
-               + DTYPE_BYTES * 4 * tokens * shape.shared_ffn)
-    return replicated // between + split // tp + mixture
+    part = mixture or MixturePart(shape.experts, k, shape.expert_ffn)
+    received = sum(part.expert_tokens(tokens))  # the tokens this device's experts compute
+    kept = (FP32_BYTES * tokens * shape.experts + INDEX_BYTES * tokens * k  # router scores, top-k indices
+            + DTYPE_BYTES * received * (h + 3 * shape.expert_ffn // part.etp)  # experts' input, SwiGLU's three
+            + DTYPE_BYTES * tokens * k * h  # the experts' outputs, back at their tokens' device
+            + DTYPE_BYTES * 3 * tokens * shape.shared_ffn)
+    return replicated // between + split // tp + kept
 
 
 def _layer(*, fwd: Collectives, bwd: Collectives, **fields: object) -> Layer:

@@ -19,7 +19,10 @@ and an all-gather of the same tensor, which a ring moves in the same time, so it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from sim.models.routing import BALANCED, Routing
 
 __all__ = ["Sharding", "NO_SHARDING", "Collectives", "all_reduce", "lone_gather_or_scatter", "padded_vocab"]
 
@@ -38,18 +41,34 @@ class Sharding:
             over V) keeps nothing for the backward, which re-runs it; everything else is kept.
         cp: context-parallel degree C: the device holds 1/C of each sequence's tokens (:mod:`sim.cost.
             context_parallel`), so its FLOPs and activations are 1/C of the replica's.
+        ep: expert-parallel degree: the routed experts of each mixture split over ``ep`` devices
+            (:mod:`sim.models.moe`); the device holds E/ep of them and computes the tokens routed to them.
+        etp: expert-tensor-parallel degree: each expert's SwiGLU width split over ``etp`` devices.
+        routing: how tokens spread over the experts (:mod:`sim.models.routing`); the device modelled is the
+            expert-parallel rank that receives the most.
+        capacity_factor: each expert computes at most ``capacity_factor · k · T / E`` of the slots, the rest dropped
+            (0: dropless).
     """
 
     tp: int = 1
     sequence_parallel: bool = False
     selective_recompute: bool = False
     cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    routing: Routing = BALANCED
+    capacity_factor: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
-            raise ValueError(f"tensor-parallel degree tp must be an int >= 1, got {self.tp!r}")
-        if isinstance(self.cp, bool) or not isinstance(self.cp, int) or self.cp < 1:
-            raise ValueError(f"context-parallel degree cp must be an int >= 1, got {self.cp!r}")
+        for name in ("tp", "cp", "ep", "etp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"parallel degree {name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.routing, Routing):
+            raise ValueError(f"Sharding.routing must be a Routing, got {self.routing!r}")
+        factor = self.capacity_factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not math.isfinite(factor) or factor < 0:
+            raise ValueError(f"capacity_factor must be a finite number >= 0 (0: dropless), got {factor!r}")
         for name in ("sequence_parallel", "selective_recompute"):
             value = getattr(self, name)
             if not isinstance(value, bool):
@@ -63,13 +82,23 @@ class Sharding:
 
     @property
     def changes_model(self) -> bool:
-        """Whether a graph built with this sharding can differ from the whole model's: ``tp > 1``, ``cp > 1`` or
-        selective recomputation (sequence parallelism alone, at ``tp = 1``, is a no-op)."""
-        return self.tp > 1 or self.cp > 1 or self.selective_recompute
+        """Whether a graph built with this sharding can differ from the whole model's: ``tp > 1``, ``cp > 1``,
+        selective recomputation or any expert setting (sequence parallelism alone, at ``tp = 1``, is a no-op)."""
+        return self.tp > 1 or self.cp > 1 or self.selective_recompute or self.shapes_experts
+
+    @property
+    def shapes_experts(self) -> bool:
+        """Whether this sharding sets anything of a mixture's experts (their parallelism, routing or capacity)."""
+        return self.ep > 1 or self.etp > 1 or self.routing != BALANCED or self.capacity_factor > 0
 
     def describe(self) -> str:
         """Short text for messages, e.g. ``tp=4, sequence parallel, selective recompute``."""
         parts = [f"tp={self.tp}"] + ([f"cp={self.cp}"] if self.cp > 1 else [])
+        parts += [f"{name}={getattr(self, name)}" for name in ("ep", "etp") if getattr(self, name) > 1]
+        if self.routing != BALANCED:
+            parts.append(f"routing {self.routing.describe()}")
+        if self.capacity_factor:
+            parts.append(f"capacity factor {self.capacity_factor:g}")
         if self.sequence_parallel:
             parts.append("sequence parallel")
         if self.selective_recompute:

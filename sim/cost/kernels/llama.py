@@ -37,7 +37,8 @@ from sim.cost.kernels.record import ADD_FLOPS, STAT_BYTES, TOKEN_ID_BYTES, Kerne
 from sim.models.llama import sac_saved_linears
 
 __all__ = ["LlamaBlockShape", "attention_fraction", "llama_block_kernels", "llama_embedding_kernels",
-           "llama_head_kernels", "LLAMA_COLLECTIVE_AFTER", "SAC_NOT_NEEDED"]
+           "llama_head_kernels", "flash_attention_kernels", "attention_forward", "attention_backward",
+           "swiglu_forward", "swiglu_backward", "norm_backward", "LLAMA_COLLECTIVE_AFTER", "SAC_NOT_NEEDED"]
 
 #: Kernels after which a tensor-parallel block calls its collective: the row-parallel o and down projections in the
 #: forward, the last column-parallel input gradients of the attention and of the MLP in the backward.
@@ -50,10 +51,13 @@ class LlamaBlockShape:
     sliding ``window`` (0: none); each sequence split over ``cp`` context-parallel ranks, this one holding ``s / cp``
     of its tokens (two chunks of ``s / 2cp``, :mod:`sim.cost.context_parallel`), ``s`` being the local length;
     ``sequence_parallel``: the norms and residual adds between the tensor-parallel regions run on ``1/t`` of the
-    tokens (Korthikanti et al. §4.2.2, torchtitan's TP plan: ``SequenceParallel`` norms), ``norm_tokens``."""
+    tokens (Korthikanti et al. §4.2.2, torchtitan's TP plan: ``SequenceParallel`` norms), ``norm_tokens``;
+    ``o_bias``: a bias on the output projection (GPT-OSS); ``value_dim``: a value head's dimension where it is not
+    ``d`` (latent attention: d is then the query/key head's)."""
 
     def __init__(self, b: int, s: int, h: int, a: int, g: int, d: int, f: int, t: int, *, qkv_bias: bool = False,
-                 qk_norm: bool = False, window: int = 0, cp: int = 1, sequence_parallel: bool = False) -> None:
+                 qk_norm: bool = False, window: int = 0, cp: int = 1, sequence_parallel: bool = False,
+                 o_bias: bool = False, value_dim: int = 0) -> None:
         check(b=b, s=s, h=h, a=a, g=g, d=d, f=f, t=t, cp=cp)
         if a % t or g % t or f % t:
             raise SpecError(f"tensor-parallel degree {t} must divide the {a} query heads, the {g} key/value heads and "
@@ -69,6 +73,8 @@ class LlamaBlockShape:
         self.norm_tokens = self.tokens // t if sequence_parallel else self.tokens
         self.q_heads, self.kv_heads, self.ffn = a // t, g // t, f // t
         self.qkv_bias, self.qk_norm, self.window = qkv_bias, qk_norm, window
+        self.o_bias = o_bias
+        self.dv = value_dim or d  # a value head's dimension (latent attention's differs from the query/key's d)
 
 
 def attention_fraction(s: int, window: int = 0, tile: int = FLASH_QUERY_TILE) -> float:
@@ -80,7 +86,7 @@ def attention_fraction(s: int, window: int = 0, tile: int = FLASH_QUERY_TILE) ->
     return computed / (tiles * tiles)
 
 
-def _attention(shape: LlamaBlockShape, db: int, backward: bool) -> list[Kernel]:
+def flash_attention_kernels(shape: LlamaBlockShape, db: int, backward: bool) -> list[Kernel]:
     """The attention of this rank's queries: one causal FlashAttention call, or under context parallelism C calls,
     one per key/value shard (:mod:`sim.cost.context_parallel`): the rank's own shard causally, then for each other
     shard the half of the (query, key) pairs the causal mask leaves (queries s × keys s/2, unmasked), each followed
@@ -91,14 +97,15 @@ def _attention(shape: LlamaBlockShape, db: int, backward: bool) -> list[Kernel]:
     s = shape.s
     kernels = _flash("", shape, db, backward, s, s, causal=True)
     q = shape.b * shape.q_heads * s * shape.d
+    out = shape.b * shape.q_heads * s * shape.dv
     for step in range(1, shape.cp):
         kernels += _flash(f"_cp{step}", shape, db, backward, s, s // 2, causal=False)
-        kv = shape.b * shape.kv_heads * s // 2 * shape.d
-        kernels.append(mem(f"cp_grad_accumulate{step}", "elementwise", q + 2 * kv, ADD_FLOPS,
-                           (q + 2 * kv) * (2 * STAT_BYTES + db)) if backward else
-                       mem(f"cp_merge{step}", "elementwise", q, 6, q * (7 * STAT_BYTES + db)))
+        kv = shape.b * shape.kv_heads * s // 2 * (shape.d + shape.dv)  # K and V
+        kernels.append(mem(f"cp_grad_accumulate{step}", "elementwise", q + kv, ADD_FLOPS,
+                           (q + kv) * (2 * STAT_BYTES + db)) if backward else
+                       mem(f"cp_merge{step}", "elementwise", out, 6, out * (7 * STAT_BYTES + db)))
     if shape.cp > 1 and not backward:
-        kernels.append(mem("cp_merge_to_dtype", "elementwise", q, 0, q * (STAT_BYTES + db)))
+        kernels.append(mem("cp_merge_to_dtype", "elementwise", out, 0, out * (STAT_BYTES + db)))
     return kernels
 
 
@@ -108,20 +115,37 @@ def _flash(tag: str, shape: LlamaBlockShape, db: int, backward: bool, sq: int, s
     computed query tile; the backward reads Q, dO, the statistics and the fp32 dQ accumulator once per computed key
     tile and K, V, dK, dV once, recomputing the scores (5 matmuls against the forward's 2). ``causal``: the masked
     tiles skipped (:func:`attention_fraction`; ``sq = sk``)."""
-    d, b = shape.d, shape.b
+    d, dv, b = shape.d, shape.dv, shape.b
     fraction = attention_fraction(sq, shape.window) if causal else 1.0
     tiles = math.ceil(sk / FLASH_QUERY_TILE) * fraction  # key tiles each query tile meets, on average
-    q = b * shape.q_heads * sq * d  # elements of Q (and of O)
-    kv = b * shape.kv_heads * sk * d  # elements of K (and of V)
+    if d == dv:
+        q = b * shape.q_heads * sq * d  # elements of Q (and of O)
+        kv = b * shape.kv_heads * sk * d  # elements of K (and of V)
+        scores = b * shape.q_heads * sq * sk
+        rows = b * shape.q_heads * sq * STAT_BYTES
+        if not backward:
+            return [Kernel("flash_attention" + tag, "attention", 4.0 * scores * d * fraction,
+                           float((2 * q + 2 * kv * tiles) * db + rows))]
+        return [
+            mem(f"flash_attention{tag}_bwd_preprocess", "elementwise", q, 2, 2 * q * db + rows),
+            Kernel(f"flash_attention{tag}_bwd", "attention", 10.0 * scores * d * fraction,
+                   float(4 * kv * db + tiles * (2 * q * db + 2 * q * STAT_BYTES + 2 * rows))),
+            mem(f"flash_attention{tag}_dq_convert", "elementwise", q, 0, q * (STAT_BYTES + db)),
+        ]
+    # Query/key heads of d and value heads of dv (latent attention): the same passes, each tensor at its own width;
+    # the score matmuls (QKᵀ, and dS·K, dSᵀ·Q, recomputed QKᵀ backward) run over d, those with V (PV, dP = dO·Vᵀ,
+    # dV = Pᵀ·dO) over dv.
+    q, o = b * shape.q_heads * sq * d, b * shape.q_heads * sq * dv
+    k, v = b * shape.kv_heads * sk * d, b * shape.kv_heads * sk * dv
     scores = b * shape.q_heads * sq * sk
     rows = b * shape.q_heads * sq * STAT_BYTES
     if not backward:
-        return [Kernel("flash_attention" + tag, "attention", 4.0 * scores * d * fraction,
-                       float((2 * q + 2 * kv * tiles) * db + rows))]
+        return [Kernel("flash_attention" + tag, "attention", 2.0 * scores * (d + dv) * fraction,
+                       float((q + o + (k + v) * tiles) * db + rows))]
     return [
-        mem(f"flash_attention{tag}_bwd_preprocess", "elementwise", q, 2, 2 * q * db + rows),
-        Kernel(f"flash_attention{tag}_bwd", "attention", 10.0 * scores * d * fraction,
-               float(4 * kv * db + tiles * (2 * q * db + 2 * q * STAT_BYTES + 2 * rows))),
+        mem(f"flash_attention{tag}_bwd_preprocess", "elementwise", o, 2, 2 * o * db + rows),
+        Kernel(f"flash_attention{tag}_bwd", "attention", 2.0 * scores * (3 * d + 2 * dv) * fraction,
+               float(2 * (k + v) * db + tiles * ((q + o) * db + 2 * q * STAT_BYTES + 2 * rows))),
         mem(f"flash_attention{tag}_dq_convert", "elementwise", q, 0, q * (STAT_BYTES + db)),
     ]
 
@@ -157,12 +181,27 @@ def llama_block_kernels(shape: LlamaBlockShape, *, backward: bool, dtype_bytes: 
 
 
 def _forward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+    ffn = [*norm_kernels("ffn_norm", shape.norm_tokens, shape.h, db, compiled=compiled, residual=True),
+           *swiglu_forward("", shape.tokens, shape.h, shape.ffn, db, fp8, compiled),
+           add_kernel("ffn_residual_add", shape.norm_tokens * shape.h, db)]
+    return attention_forward(shape, db, fp8, compiled) + ffn
+
+
+def _backward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+    return [*swiglu_backward("", shape.tokens, shape.h, shape.ffn, db, fp8, compiled),
+            *norm_backward("ffn_norm", shape, db, compiled, 2),
+            *attention_backward(shape, db, fp8, compiled)]
+
+
+def attention_forward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+    """The attention half of a block's forward, from its input norm to the output projection (:func:`
+    llama_block_kernels`' order)."""
     tokens, h, d = shape.tokens, shape.h, shape.d
-    q_width, kv_width, f = shape.q_heads * d, shape.kv_heads * d, shape.ffn
+    q_width, kv_width = shape.q_heads * d, shape.kv_heads * d
     bias = shape.qkv_bias
 
     def linear(name: str, n_in: int, n_out: int, fused_bias: bool = False) -> list[Kernel]:
-        shared = compiled and name in ("wk", "wv", "w3")  # their input's FP8 cast is wq's (w1's): one under compile
+        shared = compiled and name in ("wk", "wv")  # their input's FP8 cast is wq's: one under compile
         return linear_kernels(name, tokens, n_in, n_out, db, False, fused_bias, bias_grad=fused_bias, fp8=fp8,
                               compiled=compiled, cast_input=not shared)
 
@@ -170,26 +209,21 @@ def _forward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list
     if shape.qk_norm:
         qk_norms = [*norm_kernels("q_norm", tokens * shape.q_heads, d, db, compiled=compiled),
                     *norm_kernels("k_norm", tokens * shape.kv_heads, d, db, compiled=compiled)]
-    silu, product = swiglu_kernels(tokens * f, db, backward=False, compiled=compiled), []
-    if not compiled:  # eagerly SiLU runs right after the gate GEMM, the product after the up GEMM
-        silu, product = silu[:1], silu[1:]
     return [
         *norm_kernels("attention_norm", shape.norm_tokens, h, db, compiled=compiled),
         *linear("wq", h, q_width, bias), *linear("wk", h, kv_width, bias), *linear("wv", h, kv_width, bias),
         *qk_norms,
         *rotary_kernels(tokens, shape.s, shape.q_heads, shape.kv_heads, d, db, backward=False, compiled=compiled),
-        *_attention(shape, db, False),
-        *linear("wo", q_width, h),
-        *norm_kernels("ffn_norm", shape.norm_tokens, h, db, compiled=compiled, residual=True),
-        *linear("w1", h, f), *(silu if not compiled else []), *linear("w3", h, f), *(product if not compiled else silu),
-        *linear("w2", f, h),
-        add_kernel("ffn_residual_add", shape.norm_tokens * h, db),
+        *flash_attention_kernels(shape, db, False),
+        *linear("wo", q_width, h, shape.o_bias),
     ]
 
 
-def _backward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+def attention_backward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+    """The attention half of a block's backward, from the output projection to its input norm (the input gradient
+    arriving from the feed-forward half's norm)."""
     tokens, h, d = shape.tokens, shape.h, shape.d
-    q_width, kv_width, f = shape.q_heads * d, shape.kv_heads * d, shape.ffn
+    q_width, kv_width = shape.q_heads * d, shape.kv_heads * d
     bias = shape.qkv_bias
 
     def linear(name: str, n_in: int, n_out: int, fused_bias: bool = False) -> list[Kernel]:
@@ -200,23 +234,43 @@ def _backward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> lis
     if shape.qk_norm:
         qk_norms = [*norm_backward_kernels("k_norm", tokens * shape.kv_heads, d, db, compiled=compiled, skip=False),
                     *norm_backward_kernels("q_norm", tokens * shape.q_heads, d, db, compiled=compiled, skip=False)]
-    swiglu = swiglu_kernels(tokens * f, db, backward=True, compiled=compiled)
-    gate_grads, silu_grad = (swiglu, []) if compiled else (swiglu[:2], swiglu[2:])  # eager: SiLU's after w3's
     return [
-        *linear("w2", f, h),
-        *gate_grads,
-        *linear("w3", h, f), *silu_grad, *linear("w1", h, f),
-        *_norm_backward("ffn_norm", shape, db, compiled, 2),
-        *linear("wo", q_width, h),
-        *_attention(shape, db, True),
+        *linear("wo", q_width, h, shape.o_bias),
+        *flash_attention_kernels(shape, db, True),
         *rotary_kernels(tokens, shape.s, shape.q_heads, shape.kv_heads, d, db, backward=True, compiled=compiled),
         *qk_norms,
         *linear("wv", h, kv_width, bias), *linear("wk", h, kv_width, bias), *linear("wq", h, q_width, bias),
-        *_norm_backward("attention_norm", shape, db, compiled, 3),
+        *norm_backward("attention_norm", shape, db, compiled, 3),
     ]
 
 
-def _norm_backward(name: str, shape: LlamaBlockShape, db: int, compiled: bool, grads: int) -> list[Kernel]:
+def swiglu_forward(prefix: str, tokens: int, h: int, f: int, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+    """A SwiGLU's forward over ``tokens`` tokens of width ``f`` on this rank: the gate GEMM ``w1``, the up GEMM
+    ``w3``, SiLU × up, the down GEMM ``w2`` (names after ``prefix``: a dense block's, or its shared experts')."""
+    def linear(name: str, n_in: int, n_out: int) -> list[Kernel]:
+        shared = compiled and name == "w3"  # its input's FP8 cast is the gate's: one under compile
+        return linear_kernels(prefix + name, tokens, n_in, n_out, db, False, False, bias_grad=False, fp8=fp8,
+                              compiled=compiled, cast_input=not shared)
+
+    silu, product = swiglu_kernels(tokens * f, db, backward=False, compiled=compiled), []
+    if not compiled:  # eagerly SiLU runs right after the gate GEMM, the product after the up GEMM
+        silu, product = silu[:1], silu[1:]
+    return [*linear("w1", h, f), *(silu if not compiled else []), *linear("w3", h, f),
+            *(product if not compiled else silu), *linear("w2", f, h)]
+
+
+def swiglu_backward(prefix: str, tokens: int, h: int, f: int, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+    """:func:`swiglu_forward`'s backward: down, the product's and SiLU's gradients, up, gate."""
+    def linear(name: str, n_in: int, n_out: int) -> list[Kernel]:
+        return linear_kernels(prefix + name, tokens, n_in, n_out, db, True, False, bias_grad=False, fp8=fp8,
+                              compiled=compiled)
+
+    swiglu = swiglu_kernels(tokens * f, db, backward=True, compiled=compiled)
+    gate_grads, silu_grad = (swiglu, []) if compiled else (swiglu[:2], swiglu[2:])  # eager: SiLU's after w3's
+    return [*linear("w2", f, h), *gate_grads, *linear("w3", h, f), *silu_grad, *linear("w1", h, f)]
+
+
+def norm_backward(name: str, shape: LlamaBlockShape, db: int, compiled: bool, grads: int) -> list[Kernel]:
     """A residual-stream norm's backward reached by the input gradients of ``grads`` linears: summed inside it, or,
     under sequence parallelism, summed over all tokens first (the sum is what is reduce-scattered) and the norm's
     backward then run on the rank's ``1/t``."""

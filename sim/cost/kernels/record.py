@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sim.core.errors import SpecError
 
 __all__ = ["Kernel", "KINDS", "MASK_BYTES", "STAT_BYTES", "TOKEN_ID_BYTES", "FP8_BYTES", "LN_FLOPS", "SOFTMAX_FLOPS",
-           "DROPOUT_FLOPS", "GELU_FLOPS", "ADD_FLOPS", "gemm", "mem", "check"]
+           "DROPOUT_FLOPS", "GELU_FLOPS", "ADD_FLOPS", "gemm", "grouped_gemm", "mem", "check"]
 
 #: Kernel kinds: how a cost model should treat one.
 KINDS = ("gemm", "attention", "elementwise", "norm", "softmax", "dropout", "loss", "optimizer")
@@ -29,7 +29,8 @@ LN_FLOPS, SOFTMAX_FLOPS, DROPOUT_FLOPS, GELU_FLOPS, ADD_FLOPS = 8, 5, 2, 8, 1
 class Kernel:
     """One kernel launch: ``flops`` (FLOP), ``bytes`` (bytes read + written in device memory), and for GEMMs the
     shape ``gemm = (M, N, K)`` of each of ``batch`` independent products (FLOPs = 2·batch·M·N·K); ``fp8``: a GEMM
-    on FP8 inputs, run on the FP8 tensor cores."""
+    on FP8 inputs, run on the FP8 tensor cores; ``group``: a grouped GEMM (the experts of a mixture, one launch),
+    the M of each of its products, which share N and K (``gemm``'s M is their sum, ``batch`` 1)."""
 
     name: str
     kind: str
@@ -38,6 +39,7 @@ class Kernel:
     gemm: tuple[int, int, int] | None = None
     batch: int = 1
     fp8: bool = False
+    group: tuple[int, ...] = ()
 
 
 #: Bytes per FP8 value (float8_e4m3fn, float8_e5m2).
@@ -51,6 +53,17 @@ def gemm(name: str, m: int, n: int, k: int, db: int, *, batch: int = 1, bias: bo
     operand = FP8_BYTES if fp8 else db
     return Kernel(name, "gemm", 2.0 * batch * m * n * k,
                   float(batch * ((m * k + k * n) * operand + m * n * db) + bias * n * db), (m, n, k), batch, fp8)
+
+
+def grouped_gemm(name: str, ms: tuple[int, ...], n: int, k: int, db: int, *, fp8: bool = False) -> Kernel:
+    """One grouped GEMM: C_e[M_e×N] = A_e[M_e×K]·B_e[K×N] for each M_e of ``ms`` (an expert's tokens), one launch:
+    reads each A_e and the weights B_e of every expert that received tokens (one that received none has no tile),
+    writes each C_e. ``fp8``: FP8 operands."""
+    operand = FP8_BYTES if fp8 else db
+    rows = sum(ms)
+    weights = sum(1 for m in ms if m) * k * n
+    return Kernel(name, "gemm", 2.0 * rows * n * k, float((rows * k + weights) * operand + rows * n * db),
+                  (rows, n, k), 1, fp8, tuple(ms))
 
 
 def mem(name: str, kind: str, elements: int, flops_per_element: int, nbytes: float) -> Kernel:

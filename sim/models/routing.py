@@ -1,0 +1,192 @@
+"""How a mixture's tokens spread over its experts (``--routing``), and what that leaves each expert-parallel rank.
+
+A router sends each token to k of E experts; over a microbatch expert e receives a share p_e of the k·T token slots
+(Σ p_e = 1). Three spreads are modelled:
+
+* ``balanced``: p_e = 1/E, what the published MoE benchmarks force (Megatron-Bridge's performance notes: "we
+  force-balance the token distribution among experts");
+* ``skew:S`` (``skew:S:SEED``): a Zipf-like spread, p ∝ 1/rank^S over the experts, S ≥ 0 (0 is balanced), which
+  expert holds which rank drawn per layer from a seeded generator (seed 0 unless given), so every layer's hot experts
+  differ and the same inputs give the same spread;
+* ``trace:FILE``: measured per-expert token counts, a JSON object ``{"counts": [...]}`` with one list of E counts
+  (every MoE layer) or one list per MoE layer (in order; the lists are reused cyclically when the model has more).
+
+Expert parallelism (:mod:`sim.ir.parallel`, ``ep``) gives each of its E_p ranks a contiguous block of E/E_p experts,
+as Megatron-Core numbers them; the rank whose experts receive the most slots is the one every other rank of the
+all-to-all waits for, so the MoE layer's time is its time (:func:`slowest_rank`). A capacity factor c (``--capacity-
+factor``; Fedus et al. 2021, arXiv 2101.03961 §2.2; 0: dropless) caps each expert at c·k·T/E slots; what lies beyond
+is dropped (not computed, not sent).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.core.errors import SpecError
+from sim.core.fileio import read_text
+
+__all__ = ["ROUTINGS", "Routing", "BALANCED", "parse_routing", "expert_shares", "rank_loads", "slowest_rank",
+           "capped_shares", "dropped_fraction", "MAX_TRACE_EXPERTS"]
+
+#: The spreads ``--routing`` names.
+ROUTINGS = ("balanced", "skew", "trace")
+#: Most experts a trace may list per layer (a bound on what is read before anything is checked).
+MAX_TRACE_EXPERTS = 65_536
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How tokens spread over experts (module docstring).
+
+    Attributes:
+        kind: one of :data:`ROUTINGS`.
+        exponent: ``skew``'s Zipf exponent S ≥ 0.
+        seed: ``skew``'s seed.
+        counts: ``trace``'s measured tokens per expert, one tuple per MoE layer (reused cyclically).
+    """
+
+    kind: str = "balanced"
+    exponent: float = 0.0
+    seed: int = 0
+    counts: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROUTINGS:
+            raise SpecError(f"routing must be one of {', '.join(ROUTINGS)}, got {self.kind!r}")
+        if not math.isfinite(self.exponent) or self.exponent < 0:
+            raise SpecError(f"a skew's exponent must be a finite number >= 0, got {self.exponent!r}")
+        if (self.kind == "trace") != bool(self.counts):
+            raise SpecError("a trace routing needs its counts, and only a trace has them")
+        for row in self.counts:
+            if not row or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in row) or not sum(row):
+                raise SpecError(f"a trace's counts must be integers >= 0, not all 0, got {list(row)[:8]!r}")
+
+    def describe(self) -> str:
+        """The spelling ``--routing`` takes (a trace by its shape, its counts being in the plan)."""
+        if self.kind == "skew":
+            return f"skew:{self.exponent:g}:{self.seed}"
+        if self.kind == "trace":
+            return f"trace ({len(self.counts)} layer(s) of {len(self.counts[0])} experts)"
+        return "balanced"
+
+    def to_json(self) -> dict[str, object]:
+        """The routing as ``plan.json`` records it (a trace's counts inline: a plan needs no other file)."""
+        if self.kind == "balanced":
+            return {"kind": "balanced"}
+        if self.kind == "skew":
+            return {"kind": "skew", "exponent": self.exponent, "seed": self.seed}
+        return {"kind": "trace", "counts": [list(row) for row in self.counts]}
+
+    @staticmethod
+    def from_json(data: object) -> Routing:
+        """:meth:`to_json`'s inverse; SpecError on anything else."""
+        if not isinstance(data, dict) or data.get("kind") not in ROUTINGS:
+            raise SpecError(f"routing must be an object with kind one of {', '.join(ROUTINGS)}, got {data!r}")
+        if data["kind"] == "skew":
+            exponent, seed = data.get("exponent"), data.get("seed", 0)
+            if isinstance(exponent, bool) or not isinstance(exponent, int | float):
+                raise SpecError(f"a skew routing's exponent must be a number, got {exponent!r}")
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise SpecError(f"a skew routing's seed must be an integer, got {seed!r}")
+            return Routing("skew", float(exponent), seed)
+        if data["kind"] == "trace":
+            return Routing("trace", counts=_count_rows(data.get("counts"), "the plan's routing"))
+        return BALANCED
+
+
+#: Every expert receives the same share.
+BALANCED = Routing()
+
+
+def _count_rows(value: object, where: str) -> tuple[tuple[int, ...], ...]:
+    if isinstance(value, list) and value and all(isinstance(c, int) and not isinstance(c, bool) for c in value):
+        value = [value]
+    if (not isinstance(value, list) or not value or not all(isinstance(row, list) and row for row in value)):
+        raise SpecError(f"{where}: counts must be a list of per-expert token counts or a list of such lists, one per "
+                        f"MoE layer")
+    if any(len(row) != len(value[0]) for row in value) or len(value[0]) > MAX_TRACE_EXPERTS:
+        raise SpecError(f"{where}: every layer's counts must list the same experts (at most {MAX_TRACE_EXPERTS:,})")
+    return tuple(tuple(row) for row in value)
+
+
+def parse_routing(text: str) -> Routing:
+    """``balanced``, ``skew:S``, ``skew:S:SEED`` or ``trace:FILE`` as a :class:`Routing`.
+
+    Raises:
+        SpecError: another spelling, a malformed number, a trace file that is missing, not JSON or not a counts
+            object (each message names the value and what would be valid).
+    """
+    kind, _, rest = text.strip().partition(":")
+    if kind == "balanced" and not rest:
+        return BALANCED
+    if kind == "skew":
+        exponent, _, seed = rest.partition(":")
+        try:
+            return Routing("skew", float(exponent), int(seed) if seed else 0)
+        except ValueError:
+            raise SpecError(f"routing skew takes skew:S or skew:S:SEED (S a number >= 0, SEED an integer), got "
+                            f"{text!r}") from None
+    if kind == "trace" and rest:
+        path = Path(rest)
+        if not path.is_file():
+            raise SpecError(f"routing trace file {rest} does not exist")
+        try:
+            data = json.loads(read_text(path, "routing trace"))
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"routing trace {rest} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(data, dict) or "counts" not in data:
+            raise SpecError(f"routing trace {rest} must be a JSON object with counts (one list of per-expert token "
+                            f"counts, or one per MoE layer)")
+        return Routing("trace", counts=_count_rows(data["counts"], f"routing trace {rest}"))
+    raise SpecError(f"routing must be balanced, skew:S[:SEED] or trace:FILE, got {text!r}")
+
+
+def expert_shares(routing: Routing, layer: int, experts: int) -> tuple[float, ...]:
+    """Each expert's share of MoE layer ``layer``'s token slots (``layer`` counts the MoE layers from 0).
+
+    Raises:
+        SpecError: a trace whose counts do not list ``experts`` experts.
+    """
+    if routing.kind == "balanced" or (routing.kind == "skew" and routing.exponent == 0):
+        return (1.0 / experts,) * experts
+    if routing.kind == "trace":
+        row = routing.counts[layer % len(routing.counts)]
+        if len(row) != experts:
+            raise SpecError(f"the routing trace lists {len(row)} experts per layer; the model has {experts}")
+        total = sum(row)
+        return tuple(count / total for count in row)
+    weights = np.arange(1, experts + 1, dtype=np.float64) ** -routing.exponent
+    order = np.random.default_rng([routing.seed, layer]).permutation(experts)  # which expert holds which rank
+    shares = weights[order] / weights.sum()
+    return tuple(float(x) for x in shares)
+
+
+def rank_loads(shares: tuple[float, ...], ep: int) -> tuple[float, ...]:
+    """The share of the slots each of ``ep`` expert-parallel ranks receives (its contiguous block of experts)."""
+    per_rank = len(shares) // ep
+    return tuple(math.fsum(shares[r * per_rank:(r + 1) * per_rank]) for r in range(ep))
+
+
+def slowest_rank(shares: tuple[float, ...], ep: int) -> int:
+    """The expert-parallel rank whose experts receive the most slots (the lowest such rank on ties)."""
+    loads = rank_loads(shares, ep)
+    return max(range(ep), key=lambda r: (loads[r], -r))
+
+
+def capped_shares(shares: tuple[float, ...], capacity_factor: float) -> tuple[float, ...]:
+    """The shares each expert computes under a capacity factor (each at most ``capacity_factor / E``; 0: dropless,
+    nothing capped)."""
+    if not capacity_factor:
+        return shares
+    cap = capacity_factor / len(shares)
+    return tuple(min(share, cap) for share in shares)
+
+
+def dropped_fraction(shares: tuple[float, ...], capacity_factor: float) -> float:
+    """The fraction of the slots a capacity factor drops (0 when dropless)."""
+    return max(0.0, 1.0 - math.fsum(capped_shares(shares, capacity_factor)))
