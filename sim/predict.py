@@ -14,8 +14,14 @@ from typing import Any
 
 from sim.core.errors import SpecError
 from sim.cost.compiled import check_compile
-from sim.cost.memory_sizes import StateShards
-from sim.cost.model import CostModel, plan_graph, plan_oracle, replica_views
+from sim.cost.model import (
+    CostModel,
+    check_expert_layout,
+    plan_graph,
+    plan_oracle,
+    plan_state_shards,
+    replica_views,
+)
 from sim.cost.model_flops import training_rates
 from sim.cost.oracle import CostOracle
 from sim.cost.precision import check_precision
@@ -98,12 +104,13 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         graph = plan_graph(plan)
         check_precision(precision, graph, [topology.devices[d] for d in layout.device_ranks])
         check_compile(compiled, graph, [topology.devices[d] for d in layout.device_ranks])
+        check_expert_layout(graph, layout)
         oracle = plan_oracle(graph, plan.microbatch_size, profile, topology, layout,
                              cuda_graphs=bool(plan.option("cuda_graphs", False)), precision=precision,
                              compiled=compiled)
     elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.shards,
           oracle.cuda_graphs, oracle.fp8, oracle.compiled) != (
-            plan.model, plan.microbatch_size, profile, topology, StateShards.of_zero(layout.zero, layout.dp_shard),
+            plan.model, plan.microbatch_size, profile, topology, plan_state_shards(layout),
             bool(plan.option("cuda_graphs", False)), precision == "fp8", compiled):
         raise ValueError(f"the cost oracle is for {oracle.graph.spec} at {oracle.microbatch_size} sample(s) per "
                          f"microbatch, not this plan's {plan.model} at {plan.microbatch_size}, or for another "

@@ -36,6 +36,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: an error the library raises about one (``tp must be an integer >= 1``) is printed as the user typed it (``--tp must
 #: be ...``; :func:`sim.core.errors.run_cli`), and a memory remedy is offered as the flags that make it.
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--cp-comm", "order": "--rank-order",
+         "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
          "zero": "--zero",
          "reshard_after_forward": "--no-reshard-after-forward", "dp_replicate": "--dp-replicate",
          "precision": "--precision", "compiled": "--compile", "compile": "--compile",
@@ -107,6 +108,19 @@ def make_parser() -> argparse.ArgumentParser:
     par.add_argument("--cp-comm", choices=["ring", "allgather"], default="ring",
                      help="how context-parallel ranks exchange keys and values: ring (passed around, each hop under "
                      "one attention step) or allgather (gathered once, as Llama 3 and torchtitan do)")
+    par.add_argument("--ep", type=int, default=1, metavar="E",
+                     help="expert parallelism (moe family): each MoE layer's experts split over E devices of the "
+                     "stage, drawn from its tp x cp x dp devices (Megatron-Core's MoE parallel folding), which "
+                     "exchange tokens by all-to-all (default 1)")
+    par.add_argument("--etp", type=int, default=1, metavar="T",
+                     help="expert tensor parallelism: each expert's width split over T devices (default 1)")
+    par.add_argument("--routing", default="balanced", metavar="ROUTING",
+                     help="how tokens spread over experts: balanced (default; what published benchmarks force), "
+                     "skew:S[:SEED] (Zipf-like, exponent S, seeded), or trace:FILE (JSON {\"counts\": [...]} of "
+                     "measured tokens per expert, one list or one per MoE layer)")
+    par.add_argument("--capacity-factor", type=float, default=0.0, metavar="C",
+                     help="each expert computes at most C times its balanced share of the tokens, the rest dropped "
+                     "(default 0: dropless)")
     par.add_argument("--sequence-parallel", action="store_true",
                      help="Megatron's sequence parallelism: reduce-scatter + all-gather, norms and dropout sharded")
     par.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
@@ -178,7 +192,8 @@ def _run(argv: list[str] | None) -> int:
         zero=args.zero, reshard_after_forward=args.reshard_after_forward, dp_replicate=args.dp_replicate,
         grad_overlap=args.grad_overlap,
         devices=args.devices, fps=args.fps, cuda_graphs=args.cuda_graphs, precision=args.precision,
-        compiled=args.compiled,
+        compiled=args.compiled, ep=args.ep, etp=args.etp, routing=args.routing,
+        capacity_factor=args.capacity_factor,
     )
     built = build_plan(inputs)
     if not args.ignore_memory:
@@ -268,7 +283,8 @@ def _run_csp(args: argparse.Namespace) -> int:
     # these options of the fixed schedules have no meaning for it, so naming one is an error, not silently dropped.
     for flag, given in (("--recompute", args.recompute), ("--chunks", args.chunks is not None),
                         ("--tp", args.tp != 1), ("--dp", args.dp != 1), ("--pp", args.pp is not None),
-                        ("--cp", args.cp != 1),
+                        ("--cp", args.cp != 1), ("--ep", args.ep != 1), ("--etp", args.etp != 1),
+                        ("--routing", args.routing != "balanced"), ("--capacity-factor", args.capacity_factor != 0),
                         ("--global-batch", args.global_batch is not None), ("--zero", args.zero != 0),
                         ("--no-reshard-after-forward", not args.reshard_after_forward),
                         ("--dp-replicate", args.dp_replicate != 1), ("--precision", args.precision is not None),

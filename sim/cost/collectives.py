@@ -1,4 +1,5 @@
-"""Collective costs on the topology: all-reduce, reduce-scatter, all-gather and broadcast over the real links.
+"""Collective costs on the topology: all-reduce, reduce-scatter, all-gather, broadcast and all-to-all over the real
+links.
 
 :func:`collective_cost` prices one collective run at the same moment by every group of ``groups`` (the symmetric
 instances of one op, e.g. the data-parallel all-reduces of all tensor-parallel shards of a stage). Each algorithm
@@ -43,7 +44,8 @@ import numpy as np
 from sim.cost.flows import Carried, LinkKey, Phase, Transfers, evaluate, link_bytes, route_table
 from sim.hw.topology import Topology
 
-__all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "CollectiveCost", "collective_cost", "concurrent_transfer"]
+__all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "CollectiveCost", "collective_cost", "all_to_all_cost",
+           "concurrent_transfer"]
 
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 ALGORITHMS = ("ring", "tree", "hierarchical")  # in auto's tie-break order; "auto" is accepted as an argument
@@ -134,6 +136,45 @@ def concurrent_transfer(topology: Topology, pairs: Sequence[tuple[int, int]], nb
     seconds, carried = evaluate(routes, [[transfers]], len(moving))
     keys, carried_bytes = link_bytes(routes, carried)
     return seconds, tuple(zip(keys, carried_bytes, strict=True))
+
+
+def all_to_all_cost(topology: Topology, groups: Sequence[Sequence[int]], nbytes: int,
+                    shares: Sequence[float] | None = None) -> CollectiveCost:
+    """Cost of an all-to-all run at once by every group of ``groups`` (NCCL's all-to-all: each member's sends to and
+    receives from every other member of its group, grouped into one launch, so they all move at once and share
+    links by the flow model of :mod:`sim.cost.flows`).
+
+    Member i of a group sends ``nbytes · shares[j]`` bytes to member j (the tokens routed to j's experts); what it
+    routes to itself stays put. ``shares`` is indexed by position in the group and sums to 1 (default: ``1/n``
+    each, a balanced routing). The time is the slowest group's; the reverse exchange (the combine) costs the same on
+    full-duplex links.
+
+    Raises:
+        ValueError: ``nbytes`` negative or not finite, a malformed group (as :func:`collective_cost`), groups of
+            unequal sizes, or ``shares`` of another length or negative.
+    """
+    _check_nbytes(nbytes)
+    members = [g for g in _check_groups(topology, groups) if len(g) > 1]
+    if not members:
+        return CollectiveCost(0.0, "pairwise", (), ())
+    n = len(members[0])
+    if any(len(g) != n for g in members):
+        raise ValueError(f"an all-to-all's concurrent groups must have equal sizes, got {[len(g) for g in members]}")
+    weights = [1.0 / n] * n if shares is None else [float(x) for x in shares]
+    if len(weights) != n or min(weights) < 0 or not all(math.isfinite(x) for x in weights):
+        raise ValueError(f"all-to-all shares must be {n} numbers >= 0, got {list(shares or ())!r}")
+    ranks = np.array(members, dtype=np.int64)
+    ids = np.arange(len(members))
+    phase: Phase = []
+    for j in range(n):  # one transfer set per destination position: its senders all move the same bytes
+        sources = [i for i in range(n) if i != j]
+        edges = np.stack([ranks[:, sources].ravel(), np.repeat(ranks[:, j], len(sources)),
+                          np.full(len(members) * len(sources), -1)], axis=1)
+        phase.append(Transfers(edges, np.repeat(ids, len(sources)), nbytes * weights[j], 1))
+    routes = route_table(topology)
+    seconds, carried = evaluate(routes, [phase], len(members))
+    keys, carried_bytes = link_bytes(routes, carried)
+    return CollectiveCost(float(seconds), "pairwise", tuple(keys), tuple(zip(keys, carried_bytes, strict=True)))
 
 
 def _check_nbytes(nbytes: float) -> None:

@@ -20,7 +20,8 @@ __all__ = ["check_compile"]
 
 
 def check_compile(compiled: bool, graph: LayerGraph, devices: Iterable[DeviceSpec]) -> None:
-    """Refuse ``compiled`` for a model other than the llama family or for a plan with a device that is not a GPU.
+    """Refuse ``compiled`` for a model other than the llama and moe families or for a plan with a device that is not a
+    GPU (the moe family's fused kernels are also how Transformer Engine runs Megatron-Core's blocks).
 
     Raises:
         SpecError: naming the argument ``compile`` (``--compile`` on the command line) and what would be valid.
@@ -28,9 +29,10 @@ def check_compile(compiled: bool, graph: LayerGraph, devices: Iterable[DeviceSpe
     if not compiled:
         return
     family = graph.spec.partition(":")[0]
-    if not any(layer.transformer is not None and layer.transformer.family == "llama" for layer in graph.layers):
-        raise SpecError(f"{{compile}} is modelled for the llama family (torchtitan compiles its blocks), not {family}",
-                        "compile")
+    if not any(layer.transformer is not None and layer.transformer.family in ("llama", "moe")
+               for layer in graph.layers):
+        raise SpecError(f"{{compile}} is modelled for the llama and moe families (torchtitan compiles their blocks), "
+                        f"not {family}", "compile")
     others = sorted({device.name for device in devices if not device.is_gpu})
     if others:
         raise SpecError(f"{{compile}} needs GPUs (it fuses GPU kernels); the plan runs on {', '.join(others)}",

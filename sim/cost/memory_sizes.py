@@ -28,26 +28,43 @@ class StateShards:
     arXiv 1910.02054 §5: stage 1 P_os splits the optimizer state, stage 2 P_os+g also the gradients, stage 3
     P_os+g+p also the parameters, which PyTorch's FSDP does). 1 is whole on every replica.
 
+    The routed experts of a mixture are held by fewer devices than the rest (expert parallelism splits them), and
+    ZeRO splits their state over the devices that hold the same experts, the expert-data-parallel group
+    (:mod:`sim.ir.parallel`; Megatron-Core's distributed optimizer shards expert parameters over it): ``experts``.
+
     Attributes:
         optimizer: replicas the optimizer state (fp32 master weights, Adam's m and v) is split over.
         gradients: replicas the weight gradients are split over.
         params: replicas the parameters are split over.
+        experts: the same three for the routed experts' state, or None where they are split as the rest (no
+            mixture, or no expert parallelism and no tensor parallelism).
     """
 
     optimizer: int = 1
     gradients: int = 1
     params: int = 1
+    experts: StateShards | None = None
 
     def __post_init__(self) -> None:
         for name in ("optimizer", "gradients", "params"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(f"state shards: {name} must be an integer >= 1, got {value!r}")
+        if self.experts is not None and self.experts.experts is not None:
+            raise SpecError("state shards: the experts' shards have no experts of their own")
 
     @classmethod
-    def of_zero(cls, zero: int, dp: int) -> StateShards:
-        """The shards of ZeRO stage ``zero`` (0 to 3) over ``dp`` replicas."""
-        return cls(optimizer=dp if zero >= 1 else 1, gradients=dp if zero >= 2 else 1, params=dp if zero >= 3 else 1)
+    def of_zero(cls, zero: int, dp: int, expert_dp: int | None = None) -> StateShards:
+        """The shards of ZeRO stage ``zero`` (0 to 3) over ``dp`` replicas, the routed experts' over ``expert_dp``
+        devices (None: as the rest)."""
+        experts = None if expert_dp is None or expert_dp == dp else cls.of_zero(zero, expert_dp)
+        return cls(optimizer=dp if zero >= 1 else 1, gradients=dp if zero >= 2 else 1, params=dp if zero >= 3 else 1,
+                   experts=experts)
+
+    @property
+    def of_experts(self) -> StateShards:
+        """The shards the routed experts' state is split over."""
+        return self.experts if self.experts is not None else self
 
 
 #: Every part of the state whole on every replica (plain data parallelism).
@@ -127,8 +144,11 @@ class MemorySizes:
             return sum(math.ceil(sum(getattr(layer, field) for layer in measured[start:end]) / parts)
                        for field, parts in (("param_bytes", shards.params), ("gradient_bytes", shards.gradients),
                                             ("optimizer_bytes", shards.optimizer)))
-        per_param = state_bytes_per_param(self.graph.dtype_bytes, shards)
-        return math.ceil(sum(self.graph.param_count(i) for i in range(start, end)) * per_param)
+        experts = sum(self.graph.expert_param_count(i) for i in range(start, end))
+        rest = sum(self.graph.param_count(i) for i in range(start, end)) - experts
+        dtype = self.graph.dtype_bytes
+        return math.ceil(rest * state_bytes_per_param(dtype, shards)
+                         + experts * state_bytes_per_param(dtype, shards.of_experts))
 
     def input_bytes(self, start: int, device: DeviceSpec | None = None) -> int:
         """Bytes of one microbatch's input to a stage that begins at layer ``start``: what it received, or the model

@@ -26,9 +26,10 @@ from sim.cost.profile import MeasuredProfile
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
-from sim.ir.plan import OpKind, Placement, Plan
+from sim.ir.plan import EP_KINDS, OpKind, Placement, Plan
 from sim.models import build_model
 from sim.models.graph import LayerGraph
+from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import Sharding
 
 __all__ = ["CostModel", "CommCost", "replica_views", "plan_sharding", "plan_graph", "plan_oracle",
@@ -66,11 +67,44 @@ class CommCost:
     bytes_per_link: tuple[tuple[LinkKey, int], ...]
 
 
-def plan_sharding(layout: Parallelism, recompute: str) -> Sharding:
+def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
+                  capacity_factor: float = 0.0) -> Sharding:
     """What one device holds of the model under ``layout`` with recomputation ``recompute`` (``"none"``, ``"full"``
-    or ``"selective"``): its tensor-parallel shard, sequence parallel or not, selectively recomputed or not."""
+    or ``"selective"``): its tensor-parallel shard, sequence parallel or not, selectively recomputed or not, its
+    share of the experts under ``routing`` and ``capacity_factor`` (:mod:`sim.models.routing`)."""
     return Sharding(tp=layout.tp, sequence_parallel=layout.sequence_parallel,
-                    selective_recompute=recompute == "selective", cp=layout.cp)
+                    selective_recompute=recompute == "selective", cp=layout.cp, ep=layout.ep, etp=layout.etp,
+                    routing=routing, capacity_factor=capacity_factor)
+
+
+def check_expert_layout(graph: LayerGraph, layout: Parallelism) -> None:
+    """Refuse a layout the expert model does not cover: ZeRO-3 (FSDP) over a model with routed experts (their
+    parameters would be gathered over the expert-data-parallel group, which is not modelled), and expert parallelism
+    for a model without experts.
+
+    Raises:
+        SpecError: naming the flags and what would be valid.
+    """
+    experts = any(layer.expert_param_bytes for layer in graph.layers)
+    if layout.zero == 3 and experts:
+        raise SpecError("{zero} 3 (FSDP) is not modelled for a mixture of experts (its experts would be gathered over "
+                        "their expert-data-parallel group); use --zero 1 or 2", "zero")
+    if layout.ep * layout.etp > 1 and not experts:
+        family = graph.spec.partition(":")[0]
+        raise SpecError(f"{{ep}} {layout.ep} × {{etp}} {layout.etp} splits a mixture's experts; {family} has none",
+                        "ep", "etp")
+
+
+def plan_state_shards(layout: Parallelism) -> StateShards:
+    """Over how many devices ``layout``'s ZeRO stage splits each part of the training state: the data-parallel
+    shard group's, the routed experts' over their expert-data-parallel group."""
+    return StateShards.of_zero(layout.zero, layout.dp_shard, layout.expert_dp)
+
+
+def plan_routing(plan: Plan) -> tuple[Routing, float]:
+    """The plan's routing and capacity factor (options ``routing`` and ``capacity_factor``; balanced and dropless
+    when absent)."""
+    return parse_routing(str(plan.option("routing", "balanced"))), float(plan.option("capacity_factor", 0.0))
 
 
 def plan_recompute(plan: Plan) -> str:
@@ -81,7 +115,7 @@ def plan_recompute(plan: Plan) -> str:
 
 def plan_graph(plan: Plan) -> LayerGraph:
     """The model of ``plan`` as one device holds it: its tensor-parallel shard, with the plan's recomputation."""
-    return build_model(plan.model, plan_sharding(plan.layout, plan_recompute(plan)))
+    return build_model(plan.model, plan_sharding(plan.layout, plan_recompute(plan), *plan_routing(plan)))
 
 
 def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None, topology: Topology,
@@ -95,7 +129,7 @@ def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfil
     (:mod:`sim.cost.compiled`). ``build_plan`` makes its plan's oracle here, and
     ``sim.predict`` makes a written plan's, so the two are the same oracle."""
     return CostOracle(graph, microbatch_size, profile, topology, cuda_graphs=cuda_graphs,
-                      shards=StateShards.of_zero(layout.zero, layout.dp_shard), kernel_model=kernel_model,
+                      shards=plan_state_shards(layout), kernel_model=kernel_model,
                       fp8=precision == "fp8", compiled=compiled,
                       cp_groups=tuple(layout.cp_group(0, 0, t) for t in range(layout.tp)) if layout.cp > 1 else (),
                       cp_comm=layout.cp_comm)
@@ -290,29 +324,85 @@ class CostModel:
     def gradient_buckets(self, vstage: int) -> tuple[int, float]:
         """``(K, s)``: the buckets ``vstage``'s gradients are reduced in when the reduction overlaps the backward
         (:data:`GRADIENT_BUCKET_BYTES` each, the last one smaller but costed alike), and the time of one bucket's
-        reduction with every concurrent group."""
-        name, groups, total = self._data_parallel(OpKind.REDUCE_GRAD, vstage)
+        reduction with every concurrent group (a stage with experts: each bucket's time the mean over the data-
+        and expert-data-parallel reductions, weighted by their bytes)."""
+        parts = [part for part in self._data_parallel(OpKind.REDUCE_GRAD, vstage) if part[2]]
+        total = sum(nbytes for _, _, nbytes in parts)
         bucket = min(GRADIENT_BUCKET_BYTES, total)
-        return max(1, -(-total // max(bucket, 1))), self.oracle.collective(name, groups, bucket).seconds
+        if not parts:
+            return 1, 0.0
+        seconds = sum(self.oracle.collective(name, groups, bucket).seconds * nbytes
+                      for name, groups, nbytes in parts) / total
+        return max(1, -(-total // max(bucket, 1))), seconds
 
-    def _data_parallel(self, kind: OpKind, vstage: int) -> tuple[str, tuple[tuple[int, ...], ...], int]:
-        """``(collective, groups, bytes)`` of a REDUCE_GRAD or GATHER_PARAMS of ``vstage``: every tensor shard's
-        data-parallel group at once, over the stage's parameter (gradient) bytes."""
+    def _data_parallel(self, kind: OpKind, vstage: int) -> list[tuple[str, tuple[tuple[int, ...], ...], int]]:
+        """``(collective, groups, bytes)`` parts of a REDUCE_GRAD or GATHER_PARAMS of ``vstage``: every tensor shard's
+        data-parallel group at once, over the stage's parameter (gradient) bytes but the routed experts'; and every
+        expert-data-parallel group at once over the experts' (:mod:`sim.ir.parallel`), where there are experts."""
         layout = self.layout
         start, end = self.placement.vstage_layers[vstage]
-        groups = tuple(layout.dp_group(self.placement.vstage_to_rank[vstage], t) for t in range(layout.tp))
+        rank = self.placement.vstage_to_rank[vstage]
+        groups = tuple(layout.dp_group(rank, t) for t in range(layout.tp))
         name = ("all_gather" if kind is OpKind.GATHER_PARAMS else
                 "reduce_scatter" if layout.zero else "all_reduce")
-        return name, groups, self.oracle.memory.param_bytes(start, end)
+        experts = sum(layer.expert_param_bytes for layer in self.graph.layers[start:end])
+        parts = [(name, groups, self.oracle.memory.param_bytes(start, end) - experts)]
+        if experts:
+            expert_groups = tuple(layout.expert_dp_group(rank, e, t) for e in range(layout.ep)
+                                  for t in range(layout.etp))
+            parts.append((name, expert_groups, experts))
+        return parts
 
-    def _collective_cost(self, kind: OpKind, vstage: int) -> CommCost:
+    def _expert_exchanges(self, vstage: int) -> CommCost:
+        """An EP op of ``vstage``: every MoE layer's token dispatch and combine, each an all-to-all over the stage's
+        expert-parallel groups (all of them at once) whose traffic matrix sends each member the tokens routed to its
+        experts (:attr:`sim.models.graph.MixturePart.loads`), and under expert tensor parallelism the all-gather of
+        the received tokens over each expert-tensor group and the reduce-scatter of the experts' outputs."""
         layout, oracle = self.layout, self.oracle
         pipeline_rank = self.placement.vstage_to_rank[vstage]
         start, end = self.placement.vstage_layers[vstage]
+        ep_groups = tuple(layout.ep_group(pipeline_rank, d, t) for d in range(layout.expert_dp)
+                          for t in range(layout.etp))
+        etp_groups = tuple(layout.etp_group(pipeline_rank, d, e) for d in range(layout.expert_dp)
+                           for e in range(layout.ep))
+        device = self.devices[pipeline_rank]
+        own_ep = next(g for g in ep_groups if device in g)
+        own_etp = next(g for g in etp_groups if device in g)
+        parts: list[tuple[CollectiveCost, int, int]] = []
+        held: set[LinkKey] = set()
+        for layer in self.graph.layers[start:end]:
+            part = layer.transformer
+            mixture = part.moe if part is not None else None
+            if mixture is None:
+                continue
+            tokens = self.microbatch_size * part.seq // part.cp // (part.tp if part.sequence_parallel else 1)
+            nbytes = tokens * mixture.topk * part.hidden * self.graph.dtype_bytes  # each device's token copies
+            if layout.ep > 1:
+                cost = oracle.all_to_all(ep_groups, nbytes, mixture.loads)
+                parts.append((cost, 2, nbytes))  # the dispatch, and the combine back (the same bytes reversed)
+                held.update(oracle.all_to_all((own_ep,), nbytes, mixture.loads).link_keys)
+            if layout.etp > 1:  # the slowest EP rank's received tokens, gathered over its expert-tensor group
+                load = max(mixture.loads) * layout.ep if mixture.loads else 1.0
+                gathered = round(nbytes * load) * layout.etp
+                for name in ("all_gather", "reduce_scatter"):
+                    cost = oracle.collective(name, etp_groups, gathered)
+                    parts.append((cost, 1, gathered))
+                    held.update(oracle.collective(name, (own_etp,), gathered, cost.algorithm).link_keys)
+        return _sum_costs(parts, tuple(sorted(held)))
+
+    def _collective_cost(self, kind: OpKind, vstage: int) -> CommCost:
+        layout, oracle = self.layout, self.oracle
+        if kind in EP_KINDS:  # forward, backward and recompute exchange the same tokens (gradients backward)
+            return self._expert_exchanges(vstage)
+        pipeline_rank = self.placement.vstage_to_rank[vstage]
+        start, end = self.placement.vstage_layers[vstage]
         if kind in (OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS):
-            name, groups, nbytes = self._data_parallel(kind, vstage)
-            cost = oracle.collective(name, groups, nbytes)
-            return _sum_costs([(cost, 1, nbytes)], cost.link_keys)
+            parts, held = [], set()
+            for name, groups, nbytes in self._data_parallel(kind, vstage):
+                cost = oracle.collective(name, groups, nbytes)
+                parts.append((cost, 1, nbytes))
+                held.update(cost.link_keys)
+            return _sum_costs(parts, tuple(sorted(held)))
         groups = tuple(layout.tp_group(pipeline_rank, d) for d in self.concurrent)
         names = ("reduce_scatter", "all_gather") if layout.sequence_parallel else ("all_reduce",)
         backward = kind is OpKind.TP_B

@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 from itertools import accumulate
 
 from sim.core.errors import SpecError
-from sim.cost.collectives import CollectiveCost, collective_cost, concurrent_transfer
+from sim.cost.collectives import CollectiveCost, all_to_all_cost, collective_cost, concurrent_transfer
 from sim.cost.context_parallel import KvExchange, exposed_seconds, kv_exchange
 from sim.cost.gpu_time import KernelModel, default_kernel_model, optimizer_seconds, transformer_layer_seconds
 from sim.cost.memory_sizes import WHOLE_STATE, MemorySizes, StateShards, layer_input_bytes, state_bytes_per_param
@@ -228,6 +228,7 @@ class CostOracle:
         peak = device.peak_fp32_flops if graph.dtype_bytes == 4 else device.peak_flops
         throughput = peak * device.matmul_efficiency  # FLOP/s
         per_param = state_bytes_per_param(graph.dtype_bytes, self.shards)
+        per_expert_param = state_bytes_per_param(graph.dtype_bytes, self.shards.of_experts)
         fwd, bwd, opt = [], [], []
         for i, layer in enumerate(graph.layers):
             if layer.fwd_s is not None and layer.bwd_s is not None:
@@ -249,8 +250,10 @@ class CostOracle:
                                                     kv_exchange=self._kv_exchange(layer.transformer))
                 fwd.append(seconds.fwd)
                 bwd.append(seconds.bwd)
-                opt.append(optimizer_seconds(graph.param_count(i) / self.shards.optimizer, device, model,
-                                             graph.dtype_bytes))
+                experts = graph.expert_param_count(i)
+                updated = ((graph.param_count(i) - experts) / self.shards.optimizer
+                           + experts / self.shards.of_experts.optimizer)  # this device's share of the update
+                opt.append(optimizer_seconds(updated, device, model, graph.dtype_bytes))
                 continue
             # A captured graph replays its kernels without the per-op launch and dispatch (PARTIME, the seed talk:
             # "it records PyTorch operations issued by the CPU"); the one launch of the graph is the step's.
@@ -272,7 +275,8 @@ class CostOracle:
                 bwd[-1] += exposed_seconds(exchange, [0.0] * exchange.cp, True)
             # Adam is memory bound: it reads and writes the whole training state once per step (under ZeRO-1 the
             # replica's share of it).
-            state = graph.param_count(i) * per_param
+            experts = graph.expert_param_count(i)
+            state = (graph.param_count(i) - experts) * per_param + experts * per_expert_param
             opt.append(2 * state / device.memory_bandwidth + launch if state else 0.0)
         return LayerCosts(tuple(fwd), tuple(bwd), tuple(opt))
 
@@ -322,6 +326,21 @@ class CostOracle:
         if cost is None:
             cost = collective_cost(self.topology, kind, groups, nbytes, algorithm)
             seconds = self._nccl(cost.seconds, kind, cost.algorithm, tuple(g for g in groups if len(g) > 1))
+            if seconds != cost.seconds:
+                cost = replace(cost, seconds=seconds)
+            self._collectives[key] = cost
+        return cost
+
+    def all_to_all(self, groups: tuple[tuple[int, ...], ...], nbytes: int,
+                   shares: tuple[float, ...] = ()) -> CollectiveCost:
+        """Cost of an all-to-all run at once by every group of ``groups`` (device ranks): each member sends
+        ``nbytes · shares[j]`` to member j (:func:`sim.cost.collectives.all_to_all_cost`; ``()``: balanced), as one
+        NCCL call of grouped point-to-point sends (one step's latency); cached."""
+        key = ("all_to_all", groups, nbytes, shares)
+        cost = self._collectives.get(key)
+        if cost is None:
+            cost = all_to_all_cost(self.topology, groups, nbytes, shares or None)
+            seconds = self._nccl(cost.seconds, "p2p", cost.algorithm, tuple(g for g in groups if len(g) > 1))
             if seconds != cost.seconds:
                 cost = replace(cost, seconds=seconds)
             self._collectives[key] = cost

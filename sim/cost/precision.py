@@ -52,8 +52,9 @@ def check_precision(precision: str | None, graph: LayerGraph, devices: Iterable[
     if precision in ("fp16", "bf16", "fp8") and not two_bytes:
         raise SpecError(f"{{precision}} {precision}: {graph.spec} is modelled in fp32 only", "precision")
     if precision == "fp8":
-        if not any(layer.transformer is not None and layer.transformer.family == "llama" for layer in graph.layers):
-            raise SpecError(f"{{precision}} fp8 is modelled for the llama family (torchao's Float8Linear in its "
+        if not any(layer.transformer is not None and layer.transformer.family in ("llama", "moe")
+                   for layer in graph.layers):
+            raise SpecError(f"{{precision}} fp8 is modelled for the llama and moe families (FP8 linears in their "
                             f"blocks), not {graph.spec.partition(':')[0]}", "precision")
         without = sorted({device.name for device in devices if not device.is_gpu or device.peak_fp8_flops <= 0})
         if without:

@@ -18,7 +18,7 @@ from typing import Any
 import simpy
 
 from sim.cost.model import CostModel
-from sim.ir.ops import TP_KINDS, Op, OpKind, op_id
+from sim.ir.ops import EP_KINDS, TP_KINDS, Op, OpKind, op_id
 from sim.ir.plan import Plan
 
 __all__ = ["Communication", "Link"]
@@ -174,7 +174,7 @@ class Communication:
             view, program = views[rank // pipeline], plan.programs[rank % pipeline]
             for op in program:
                 kind = op.kind
-                if kind in TP_KINDS:
+                if kind in TP_KINDS or kind in EP_KINDS:
                     keys = tp_keys[(rank, kind, op.vstage)] = view.collective(kind, op.vstage).held_links
                     for key in keys:
                         holders.setdefault(key, set()).add(rank)

@@ -77,7 +77,7 @@ _Proc = Generator[simpy.Event, Any, None]
 #: The action of each kind (``sim.ir.ops.OP_SEMANTICS``), read once per op by the walkers.
 _ACTION = {kind: semantics.action for kind, semantics in OP_SEMANTICS.items()}
 #: Actions that block the walker, run inline by ``_Run._walk`` (a nested generator per op would cost ~10 % of a run).
-_INLINE = frozenset({Action.COMPUTE, Action.TP_COLLECTIVE})
+_INLINE = frozenset({Action.COMPUTE, Action.TP_COLLECTIVE, Action.EP_COLLECTIVE})
 #: Issued kinds whose memory the ledger takes when the walker issues them (a host copy's is taken by the copy).
 _HOLDS_ON_ISSUE = {kind: semantics.memory is MemoryEffect.HOLD_REDUCTION_BUFFER
                    for kind, semantics in OP_SEMANTICS.items()}
@@ -213,9 +213,10 @@ class _Run:
                     yield self.env.timeout(duration)
                 self._release(rank, op)
                 self._finish(op, rank, start)
-            elif action is Action.TP_COLLECTIVE:
-                # Tensor-parallel collectives: the compute stream waits for them (Megatron's f/g operators). The
-                # bytes they put on links are counted once per op kind at the end (tp_runs), not per op.
+            elif action is Action.TP_COLLECTIVE or action is Action.EP_COLLECTIVE:
+                # Tensor-parallel collectives and expert-parallel all-to-alls: the compute stream waits for them
+                # (Megatron's f/g operators; its synchronous token dispatcher). The bytes they put on links are counted
+                # once per op kind at the end (tp_runs), not per op.
                 if op.deps:
                     yield from self._wait_deps(op, suffix)
                 duration = self.views[rank // pipeline].collective(kind, op.vstage).seconds

@@ -16,8 +16,8 @@ from typing import Any
 from sim.core.errors import SpecError
 
 __all__ = ["OpKind", "Op", "Action", "MemoryEffect", "OpSemantics", "OP_SEMANTICS", "kinds_of", "handled_kinds",
-           "SCHEDULED_KINDS", "COMPUTE_KINDS", "SEND_KINDS", "RECV_KINDS", "COPY_KINDS", "TP_KINDS", "DP_KINDS",
-           "stream_of", "op_id"]
+           "SCHEDULED_KINDS", "COMPUTE_KINDS", "SEND_KINDS", "RECV_KINDS", "COPY_KINDS", "TP_KINDS", "EP_KINDS",
+           "DP_KINDS", "stream_of", "op_id"]
 
 
 class OpKind(StrEnum):
@@ -41,6 +41,12 @@ class OpKind(StrEnum):
     TP_F = "TP_F"
     TP_B = "TP_B"
     TP_R = "TP_R"
+    # Expert-parallel all-to-alls of one (vstage, mb): the token dispatch and combine of every MoE layer of the stage in
+    # its forward, backward (B or I) or recompute, run after the op (and its TP collectives), the compute stream
+    # waiting for them as for the TP ops (Megatron-Core's token dispatcher is synchronous with the layer).
+    EP_F = "EP_F"
+    EP_B = "EP_B"
+    EP_R = "EP_R"
     REDUCE_GRAD = "REDUCE_GRAD"  # data-parallel gradient all-reduce (reduce-scatter under ZeRO-1) of a vstage
     GATHER_PARAMS = "GATHER_PARAMS"  # ZeRO-1: all-gather of a vstage's updated parameters after its OPT_STEP
 
@@ -56,6 +62,7 @@ class Action(StrEnum):
     RECV = "recv"  # the receiver; the transfer ends both
     HOST_COPY = "host_copy"  # a copy between host and device memory over the rank's PCIe path
     DP_COLLECTIVE = "dp_collective"  # a collective across data-parallel replicas
+    EP_COLLECTIVE = "ep_collective"  # the expert-parallel all-to-alls of the compute op before it
 
 
 class MemoryEffect(StrEnum):
@@ -91,12 +98,12 @@ class OpSemantics:
 
     Attributes:
         action: how the op is carried out (which handler runs it).
-        stream: the stream its span is drawn on: ``compute``, ``tp``, ``send``, ``recv``, ``h2d``, ``d2h`` or
-            ``collective``.
+        stream: the stream its span is drawn on: ``compute``, ``tp``, ``ep``, ``send``, ``recv``, ``h2d``, ``d2h``
+            or ``collective``.
         blocks: True when the rank's walker waits for the op's deps, runs it and goes on only once it has finished
-            (compute and the tensor-parallel collectives the compute stream waits for); False when the walker issues
-            it and goes on, and it completes on its own stream (transfers, copies, data-parallel collectives), awaited
-            by whatever names it in ``deps``.
+            (compute and the tensor- and expert-parallel collectives the compute stream waits for); False when the
+            walker issues it and goes on, and it completes on its own stream (transfers, copies, data-parallel
+            collectives), awaited by whatever names it in ``deps``.
         scheduled: emitted by the schedule generators (an L0 op, a cell of PyTorch's schedule CSV); the others are
             added by the lowering.
         memory: what it allocates or frees beyond its workspace.
@@ -130,6 +137,7 @@ def _issued(action: Action, stream: str, memory: MemoryEffect = MemoryEffect.NON
 
 
 _TP = OpSemantics(Action.TP_COLLECTIVE, "tp", True, False, MemoryEffect.NONE, False)
+_EP = OpSemantics(Action.EP_COLLECTIVE, "ep", True, False, MemoryEffect.NONE, False)
 
 #: The semantics of every op kind. A new kind is added here (and to :class:`OpKind`); a consumer that has no
 #: handler for its action refuses it by name.
@@ -149,6 +157,9 @@ OP_SEMANTICS: dict[OpKind, OpSemantics] = {
     OpKind.TP_F: _TP,
     OpKind.TP_B: _TP,
     OpKind.TP_R: _TP,
+    OpKind.EP_F: _EP,
+    OpKind.EP_B: _EP,
+    OpKind.EP_R: _EP,
     OpKind.REDUCE_GRAD: _issued(Action.DP_COLLECTIVE, "collective", MemoryEffect.HOLD_REDUCTION_BUFFER),
     OpKind.GATHER_PARAMS: _issued(Action.DP_COLLECTIVE, "collective"),
 }
@@ -182,6 +193,8 @@ SEND_KINDS = kinds_of(Action.SEND)
 RECV_KINDS = kinds_of(Action.RECV)
 COPY_KINDS = kinds_of(Action.HOST_COPY)
 TP_KINDS = kinds_of(Action.TP_COLLECTIVE)
+#: Expert-parallel all-to-alls: blocking like the TP collectives, on the ``ep`` stream.
+EP_KINDS = kinds_of(Action.EP_COLLECTIVE)
 #: Collectives across data-parallel replicas: issued without blocking the rank, on the ``collective`` stream.
 DP_KINDS = kinds_of(Action.DP_COLLECTIVE)
 

@@ -20,6 +20,19 @@ every device of it reduces its gradients with the others and (ZeRO/FSDP) shards 
 torchtitan's ``dp_shard_cp`` mesh and Megatron's ``data_parallel_group_with_cp`` do. With C = 1 (the default) the
 data axis is the replicas.
 
+Expert parallelism (``ep`` = E, with expert tensor parallelism ``etp``; the moe family) is folded onto the same
+devices, as Megatron-Core's MoE parallel folding does (Liu et al. 2025, arXiv 2504.14960 §3): the T · D · C devices of
+a pipeline rank, taken in position order (tensor rank fastest, then the data axis), are numbered again for the
+experts with the expert-tensor rank fastest, then the expert-parallel rank, then the expert-data-parallel rank::
+
+    i = tp + T · dp   (position within the pipeline rank)
+    etp_rank = i mod etp,   ep_rank = (i div etp) mod E,   edp_rank = i div (etp · E)
+
+so an expert-parallel group (:meth:`Parallelism.ep_group`) is every ``etp``-th of ``etp · E`` consecutive positions:
+the devices that exchange tokens by all-to-all, each holding E_total / E of each MoE layer's experts; the devices
+with the same (etp, ep) ranks hold the same experts and reduce their gradients (:meth:`Parallelism.expert_dp_group`,
+``T · D · C / (etp · E)`` of them). ``etp · E`` must divide ``T · D · C``.
+
 Any other nesting of the three can be named (``--rank-order dp-tp-pp`` puts replicas innermost), and ``devices``
 (``--devices``) can then place the positions of that numbering on other devices: position i runs on
 ``devices[i]``, a permutation, so that a heavy stage sits on the fast GPUs of a mixed cluster or a slow link falls
@@ -51,7 +64,7 @@ RANK_ORDERS = tuple("-".join(order) for order in permutations(("tp", "dp", "pp")
 ZERO_STAGES = (0, 1, 2, 3)
 
 _FIELDS = frozenset({"tp", "dp", "pp", "cp", "cp_comm", "order", "sequence_parallel", "zero", "reshard_after_forward",
-                     "dp_replicate", "grad_overlap", "devices"})
+                     "dp_replicate", "grad_overlap", "devices", "ep", "etp"})
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,9 @@ class Parallelism:
             the rank's whole backward pass (Megatron's default).
         devices: the device of each position of the nesting, a permutation of ``0..T·D·C·P−1``; ``()`` (the
             default): position i is device i.
+        ep: expert-parallel degree E: the devices of a pipeline rank that split each MoE layer's routed experts and
+            exchange tokens by all-to-all (module docstring: folded onto the T · D · C devices).
+        etp: expert-tensor-parallel degree: the devices that split each expert's width.
     """
 
     tp: int = 1
@@ -105,9 +121,11 @@ class Parallelism:
     dp_replicate: int = 1
     grad_overlap: bool = False
     devices: tuple[int, ...] = ()
+    ep: int = 1
+    etp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tp", "dp", "pp", "cp"):
+        for name in ("tp", "dp", "pp", "cp", "ep", "etp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(f"{{{name}}} must be an integer >= 1, got {value!r}", name)
@@ -144,6 +162,10 @@ class Parallelism:
         if self.zero and self.data_ranks == 1:
             raise SpecError(f"{{zero}} {self.zero} shards optimizer state across data-parallel replicas; it needs "
                             f"{{dp}} > 1 (or {{cp}} > 1)", "zero", "dp", "cp")
+        if (self.tp * self.data_ranks) % (self.ep * self.etp):
+            raise SpecError(f"expert parallelism folds onto each pipeline rank's TP × CP × DP = {self.tp} × {self.cp} "
+                            f"× {self.dp} = {self.tp * self.data_ranks} devices: {{ep}} × {{etp}} = {self.ep} × "
+                            f"{self.etp} = {self.ep * self.etp} must divide it", "ep", "etp")
         strides, stride = {}, 1
         for name, size in self._sizes():
             strides[name], stride = stride, stride * size
@@ -246,6 +268,31 @@ class Parallelism:
         """Devices that hold the same state shard ``index`` (``0 <= index < dp_shard``) in every HSDP shard group."""
         return tuple(self.device(pp, d, tp) for d in range(index, self.data_ranks, self.dp_shard))
 
+    def _stage_devices(self, pp: int) -> tuple[int, ...]:
+        """The devices of pipeline rank ``pp`` in position order: tensor rank fastest, then the data axis."""
+        return tuple(self.device(pp, d, t) for d in range(self.data_ranks) for t in range(self.tp))
+
+    @property
+    def expert_dp(self) -> int:
+        """Devices of a pipeline rank that hold the same experts: ``T · D · C / (etp · ep)``."""
+        return self.tp * self.data_ranks // (self.ep * self.etp)
+
+    def ep_group(self, pp: int, expert_dp: int, expert_tp: int = 0) -> tuple[int, ...]:
+        """Devices of pipeline rank ``pp`` that split the experts among themselves (module docstring), in
+        expert-parallel rank order: expert-data-parallel rank ``expert_dp``, expert-tensor rank ``expert_tp``."""
+        stage, block = self._stage_devices(pp), self.etp * self.ep
+        return tuple(stage[expert_dp * block + e * self.etp + expert_tp] for e in range(self.ep))
+
+    def etp_group(self, pp: int, expert_dp: int, ep_rank: int) -> tuple[int, ...]:
+        """Devices that split the same experts' width (expert tensor parallelism), in expert-tensor rank order."""
+        stage, block = self._stage_devices(pp), self.etp * self.ep
+        return tuple(stage[expert_dp * block + ep_rank * self.etp + t] for t in range(self.etp))
+
+    def expert_dp_group(self, pp: int, ep_rank: int, expert_tp: int = 0) -> tuple[int, ...]:
+        """Devices that hold the same experts (and reduce their gradients), in expert-data-parallel rank order."""
+        stage, block = self._stage_devices(pp), self.etp * self.ep
+        return tuple(stage[d * block + ep_rank * self.etp + expert_tp] for d in range(self.expert_dp))
+
     def pp_group(self, dp: int, tp: int) -> tuple[int, ...]:
         """Devices of one pipeline: pipeline ranks 0..P−1 of data-axis position ``dp``, shard ``tp``."""
         return tuple(self.device(p, dp, tp) for p in range(self.pp))
@@ -260,6 +307,12 @@ class Parallelism:
         if self.cp > 1:
             groups["cp"] = [list(self.cp_group(p, r, t)) for p in range(self.pp) for r in range(self.dp)
                             for t in range(self.tp)]
+        if self.ep > 1:
+            groups["ep"] = [list(self.ep_group(p, d, t)) for p in range(self.pp) for d in range(self.expert_dp)
+                            for t in range(self.etp)]
+        if self.etp > 1:
+            groups["etp"] = [list(self.etp_group(p, d, e)) for p in range(self.pp) for d in range(self.expert_dp)
+                             for e in range(self.ep)]
         return groups
 
     def describe(self) -> str:
@@ -275,8 +328,10 @@ class Parallelism:
         if self.devices:
             extras.append(f"devices {','.join(map(str, self.devices))}")
         cp = f" × CP {self.cp} ({self.cp_comm})" if self.cp > 1 else ""
+        experts = (f", experts EP {self.ep}" + (f" × ETP {self.etp}" if self.etp > 1 else "") +
+                   f" × EDP {self.expert_dp}") if self.ep * self.etp > 1 else ""
         return (f"TP {self.tp}{cp} × DP {self.dp} × PP {self.pp} = {self.world_size} devices "
-                f"({', '.join(extras)})")
+                f"({', '.join(extras)}{experts})")
 
     # --- JSON ------------------------------------------------------------------------------------------------------
 
@@ -289,7 +344,9 @@ class Parallelism:
                 **({} if self.reshard_after_forward else {"reshard_after_forward": False}),
                 **({"dp_replicate": self.dp_replicate} if self.dp_replicate > 1 else {}),
                 "grad_overlap": self.grad_overlap,
-                **({"devices": list(self.devices)} if self.devices else {}), "groups": self.groups()}
+                **({"devices": list(self.devices)} if self.devices else {}),
+                **({"ep": self.ep} if self.ep > 1 else {}), **({"etp": self.etp} if self.etp > 1 else {}),
+                "groups": self.groups()}
 
     @classmethod
     def from_json(cls, data: Any, pp: int, source: str) -> Parallelism:
@@ -301,7 +358,7 @@ class Parallelism:
         if unknown:
             raise SpecError(f"{source}: parallel has unknown field(s) {', '.join(map(repr, unknown))}; it has "
                             f"{', '.join(sorted(_FIELDS | {'groups'}))}")
-        for key in ("tp", "dp", "pp", "cp", "zero", "dp_replicate"):
+        for key in ("tp", "dp", "pp", "cp", "zero", "dp_replicate", "ep", "etp"):
             value = data.get(key, 0 if key == "zero" else 1)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(f"{source}: parallel.{key} must be an integer, got {value!r}")
@@ -317,7 +374,8 @@ class Parallelism:
                      sequence_parallel=data.get("sequence_parallel", False), zero=data.get("zero", 0),
                      reshard_after_forward=data.get("reshard_after_forward", True),
                      dp_replicate=data.get("dp_replicate", 1),
-                     grad_overlap=data.get("grad_overlap", False), devices=tuple(devices))
+                     grad_overlap=data.get("grad_overlap", False), devices=tuple(devices),
+                     ep=data.get("ep", 1), etp=data.get("etp", 1))
         if layout.pp != pp:
             raise SpecError(f"{source}: parallel.pp is {layout.pp} but the plan has {pp} rank programs")
         if "groups" in data and data["groups"] != layout.groups():

@@ -16,8 +16,9 @@ __all__ = ["Span", "Trace", "STREAMS", "canonical_order"]
 #: The streams an op can run on. ``compute`` is the device's compute engine; ``send``/``recv`` are the two
 #: directions of point-to-point traffic (kept apart so a rank that forwards while it receives shows both);
 #: ``h2d``/``d2h`` are the PCIe copy engines; ``tp`` holds the tensor-parallel collectives the compute stream waits
-#: for, ``collective`` the data-parallel ones (gradient reduction, parameter gathering).
-STREAMS: tuple[str, ...] = ("compute", "send", "recv", "h2d", "d2h", "tp", "collective")
+#: for, ``collective`` the data-parallel ones (gradient reduction, parameter gathering), ``ep`` the expert-parallel
+#: all-to-alls (appended last, so that the other streams keep their trace thread numbers).
+STREAMS: tuple[str, ...] = ("compute", "send", "recv", "h2d", "d2h", "tp", "collective", "ep")
 
 
 @dataclass(frozen=True, slots=True)

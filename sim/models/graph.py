@@ -56,6 +56,8 @@ class MixturePart:
         shares: of the expert-parallel group's token slots (k per token of the group's ``ep · etp`` devices), the
             share each of this device's E/ep experts computes (:mod:`sim.models.routing`: the slowest rank's, capped
             by the capacity factor); ``()``: balanced, 1/E each.
+        loads: the share of the slots each of the ``ep`` expert-parallel ranks receives (capped likewise; what the
+            all-to-all's traffic matrix sends to each); ``()``: balanced, 1/ep each.
     """
 
     experts: int
@@ -69,6 +71,7 @@ class MixturePart:
     ep: int = 1
     etp: int = 1
     shares: tuple[float, ...] = ()
+    loads: tuple[float, ...] = ()
 
     @property
     def local_experts(self) -> int:
@@ -177,6 +180,9 @@ class Layer:
             a gradient); 0 for a layer that is one matmul-like op.
         transformer: for a GPT layer, which part of the transformer it is and its dimensions, so that a GPU's
             time can be costed from its kernels; None for other models.
+        expert_param_bytes: of ``param_bytes``, those of routed experts (a mixture's), which the devices holding the
+            same experts reduce and shard among themselves (the expert-data-parallel group, :mod:`sim.ir.parallel`)
+            rather than the data-parallel group; 0 for a layer without experts.
     """
 
     name: str
@@ -196,6 +202,7 @@ class Layer:
     recompute_flops: float = 0.0
     transformer: TransformerPart | None = None
     elementwise_bytes: int = 0
+    expert_param_bytes: int = 0
 
     def __post_init__(self) -> None:
         for attr in ("name", "kind"):
@@ -205,10 +212,14 @@ class Layer:
         for attr in ("flops_fwd", "flops_bwd", "recompute_flops"):
             _check_number(self.name, attr, getattr(self, attr))
         for attr in ("param_bytes", "activation_bytes", "saved_bytes", "workspace_bytes", "tp_comm_fwd_bytes",
-                     "tp_comm_bwd_bytes", "tp_comm_fwd_count", "tp_comm_bwd_count", "elementwise_bytes"):
+                     "tp_comm_bwd_bytes", "tp_comm_fwd_count", "tp_comm_bwd_count", "elementwise_bytes",
+                     "expert_param_bytes"):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"layer {self.name!r}: {attr} must be an int >= 0, got {value!r}")
+        if self.expert_param_bytes > self.param_bytes:
+            raise ValueError(f"layer {self.name!r}: expert_param_bytes {self.expert_param_bytes} exceeds param_bytes "
+                             f"{self.param_bytes}")
         if (self.fwd_s is None) != (self.bwd_s is None):
             raise ValueError(
                 f"layer {self.name!r}: set both fwd_s and bwd_s or neither, got {self.fwd_s!r}, {self.bwd_s!r}"
@@ -365,6 +376,10 @@ class LayerGraph:
     def param_count(self, i: int) -> int:
         """Number of parameters of layer ``i`` (``param_bytes // dtype_bytes``)."""
         return self.layers[i].param_bytes // self.dtype_bytes
+
+    def expert_param_count(self, i: int) -> int:
+        """Of :meth:`param_count`, the routed experts' (``expert_param_bytes // dtype_bytes``)."""
+        return self.layers[i].expert_param_bytes // self.dtype_bytes
 
     def boundary_bytes(self, cut: int) -> int:
         """Bytes per sample on edges from layers ``[0, cut)`` to ``[cut, n)``: what a stage cut before ``cut`` sends.

@@ -70,7 +70,7 @@ from dataclasses import dataclass, replace
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
 from sim.models.graph import Layer, LayerGraph, MixturePart, MlaPart, TransformerPart, canonical_spec
-from sim.models.routing import capped_shares, expert_shares, slowest_rank
+from sim.models.routing import capped_shares, expert_shares, rank_loads, slowest_rank
 from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, padded_vocab
 
 __all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "MoeShape", "build", "attention_params", "ffn_params",
@@ -377,6 +377,7 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
         blocks.append(_layer(
             name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
             param_bytes=DTYPE_BYTES * block_params(shape, i, t, ep * etp), activation_bytes=boundary,
+            expert_param_bytes=DTYPE_BYTES * expert_params(shape, ep * etp) if mixture else 0,
             saved_bytes=block_saved_bytes(replace(shape, seq=s), i, t, sp, mixture), fwd=comm, bwd=comm,
             transformer=TransformerPart("block", **{**common, "window": window}, moe=mixture)))
     head = _layer(
@@ -394,11 +395,13 @@ def _mixture(shape: MoeShape, moe_index: int, sharding: Sharding) -> MixturePart
     shares = expert_shares(sharding.routing, moe_index, shape.experts)
     rank = slowest_rank(shares, sharding.ep)
     per_rank = shape.experts // sharding.ep
-    local = capped_shares(shares, sharding.capacity_factor)[rank * per_rank:(rank + 1) * per_rank]
-    balanced = not sharding.capacity_factor and all(share == 1.0 / shape.experts for share in local)
+    capped = capped_shares(shares, sharding.capacity_factor)
+    local = capped[rank * per_rank:(rank + 1) * per_rank]
+    balanced = not sharding.capacity_factor and all(share == 1.0 / shape.experts for share in shares)
     return MixturePart(shape.experts, shape.topk, shape.expert_ffn, shape.shared_ffn, router_bias=shape.router_bias,
                        expert_bias=shape.expert_bias, sigmoid=shape.sigmoid, swiglu_clamp=shape.swiglu_clamp,
-                       ep=sharding.ep, etp=sharding.etp, shares=() if balanced else local)
+                       ep=sharding.ep, etp=sharding.etp, shares=() if balanced else local,
+                       loads=() if balanced else rank_loads(capped, sharding.ep))
 
 
 def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_parallel: bool = False,

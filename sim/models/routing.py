@@ -74,29 +74,12 @@ class Routing:
             return f"trace ({len(self.counts)} layer(s) of {len(self.counts[0])} experts)"
         return "balanced"
 
-    def to_json(self) -> dict[str, object]:
-        """The routing as ``plan.json`` records it (a trace's counts inline: a plan needs no other file)."""
-        if self.kind == "balanced":
-            return {"kind": "balanced"}
-        if self.kind == "skew":
-            return {"kind": "skew", "exponent": self.exponent, "seed": self.seed}
-        return {"kind": "trace", "counts": [list(row) for row in self.counts]}
-
-    @staticmethod
-    def from_json(data: object) -> Routing:
-        """:meth:`to_json`'s inverse; SpecError on anything else."""
-        if not isinstance(data, dict) or data.get("kind") not in ROUTINGS:
-            raise SpecError(f"routing must be an object with kind one of {', '.join(ROUTINGS)}, got {data!r}")
-        if data["kind"] == "skew":
-            exponent, seed = data.get("exponent"), data.get("seed", 0)
-            if isinstance(exponent, bool) or not isinstance(exponent, int | float):
-                raise SpecError(f"a skew routing's exponent must be a number, got {exponent!r}")
-            if isinstance(seed, bool) or not isinstance(seed, int):
-                raise SpecError(f"a skew routing's seed must be an integer, got {seed!r}")
-            return Routing("skew", float(exponent), seed)
-        if data["kind"] == "trace":
-            return Routing("trace", counts=_count_rows(data.get("counts"), "the plan's routing"))
-        return BALANCED
+    def spec(self) -> str:
+        """The routing as ``plan.json``'s ``routing`` option records it: ``--routing``'s spelling, a trace's counts
+        inline (``trace:[[...], ...]``), so that a plan needs no other file; :func:`parse_routing` reads it back."""
+        if self.kind == "trace":
+            return "trace:" + json.dumps([list(row) for row in self.counts], separators=(",", ":"))
+        return self.describe()
 
 
 #: Every expert receives the same share.
@@ -115,7 +98,8 @@ def _count_rows(value: object, where: str) -> tuple[tuple[int, ...], ...]:
 
 
 def parse_routing(text: str) -> Routing:
-    """``balanced``, ``skew:S``, ``skew:S:SEED`` or ``trace:FILE`` as a :class:`Routing`.
+    """``balanced``, ``skew:S``, ``skew:S:SEED``, ``trace:FILE`` (or ``trace:[[...], ...]``, the counts inline, as
+    :meth:`Routing.spec` writes them) as a :class:`Routing`.
 
     Raises:
         SpecError: another spelling, a malformed number, a trace file that is missing, not JSON or not a counts
@@ -131,6 +115,11 @@ def parse_routing(text: str) -> Routing:
         except ValueError:
             raise SpecError(f"routing skew takes skew:S or skew:S:SEED (S a number >= 0, SEED an integer), got "
                             f"{text!r}") from None
+    if kind == "trace" and rest.startswith("["):  # the counts inline, as a plan records them
+        try:
+            return Routing("trace", counts=_count_rows(json.loads(rest), "the plan's routing trace"))
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"the routing trace's inline counts are not valid JSON ({exc.msg})") from None
     if kind == "trace" and rest:
         path = Path(rest)
         if not path.is_file():

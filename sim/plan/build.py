@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.cost.compiled import check_compile
-from sim.cost.model import CostModel, plan_oracle, plan_sharding
+from sim.cost.model import CostModel, check_expert_layout, plan_oracle, plan_sharding
 from sim.cost.oracle import CostOracle
 from sim.cost.precision import check_precision
 from sim.cost.profile import MeasuredProfile, load_profile
@@ -24,6 +24,7 @@ from sim.ir.schedule_csv import load_schedule_csv
 from sim.ir.weight_versions import VERTICAL_SYNC_OPTION
 from sim.models import build_model
 from sim.models.graph import LayerGraph
+from sim.models.routing import parse_routing
 from sim.plan.inputs import PlanInputs
 from sim.plan.layout import plan_is_pipeline_only, plan_layout, plan_microbatches
 from sim.plan.limits import check_plan_size, compute_ops_per_microbatch
@@ -97,9 +98,11 @@ def build_plan(inputs: PlanInputs, topology: Topology | None = None) -> BuiltPla
     if layout.tp > 1 and inputs.profile:
         raise SpecError(f"a measured profile times whole layers on one device; {{tp}} {layout.tp} splits them "
                         f"({{profile}} {inputs.profile})", "tp", "profile")
-    graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
+    routing = parse_routing(inputs.routing)
+    graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode, routing, inputs.capacity_factor))
     check_precision(inputs.precision, graph, [topology.devices[d] for d in layout.device_ranks])
     check_compile(inputs.compiled, graph, [topology.devices[d] for d in layout.device_ranks])
+    check_expert_layout(graph, layout)
     profile = load_profile(inputs.profile) if inputs.profile else None
     if inputs.schedule_file:
         l0 = _programs_from_file(inputs, graph, topology, layout, microbatches)
@@ -125,6 +128,9 @@ def _check_inputs(inputs: PlanInputs) -> None:
         raise SpecError(f"{{microbatches}} must be >= 1, got {inputs.microbatches}", "microbatches")
     if inputs.chunks < 1:
         raise SpecError(f"{{chunks}} must be >= 1, got {inputs.chunks}", "chunks")
+    factor = inputs.capacity_factor
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not math.isfinite(factor) or factor < 0:
+        raise SpecError(f"{{capacity_factor}} must be a number >= 0 (0: dropless), got {factor!r}", "capacity_factor")
     if inputs.recompute_mode not in ("none", "full", "selective"):
         raise SpecError(f"{{recompute}} takes full or selective, got {inputs.recompute!r}", "recompute")
     if inputs.schedule_file and inputs.vertical_sync:
@@ -230,7 +236,11 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
         options=tuple(sorted((("partition", inputs.partition),) + l0.options
                              + ((("profile", inputs.profile),) if inputs.profile else ())
                              + ((("precision", inputs.precision),) if inputs.precision else ())
-                             + ((("compile", True),) if inputs.compiled else ()))),
+                             + ((("compile", True),) if inputs.compiled else ())
+                             + ((("routing", parse_routing(inputs.routing).spec()),)
+                                if inputs.routing != "balanced" else ())
+                             + ((("capacity_factor", float(inputs.capacity_factor)),)
+                                if inputs.capacity_factor else ()))),
     )
     if inputs.recompute_mode == "selective":
         if any(op.kind is OpKind.R for program in programs for op in program):

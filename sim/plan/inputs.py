@@ -58,6 +58,12 @@ class PlanInputs:
             pipeline asks for one).
         cuda_graphs: ``--schedule stream`` only: each step captured as a CUDA graph (``--cuda-graphs``; costed by
             :class:`~sim.cost.oracle.CostOracle`'s ``cuda_graphs``), on GPUs and without a measured profile.
+        ep: expert-parallel degree (``--ep``; the moe family): devices of a stage that split its experts.
+        etp: expert-tensor-parallel degree (``--etp``): devices that split each expert's width.
+        routing: how tokens spread over experts (``--routing``: ``balanced``, ``skew:S[:SEED]``, ``trace:FILE``;
+            :mod:`sim.models.routing`).
+        capacity_factor: tokens an expert computes at most, as a multiple of its balanced share
+            (``--capacity-factor``; 0: dropless).
     """
 
     model: str
@@ -89,6 +95,10 @@ class PlanInputs:
     cuda_graphs: bool = False
     precision: str | None = None
     compiled: bool = False
+    ep: int = 1
+    etp: int = 1
+    routing: str = "balanced"
+    capacity_factor: float = 0.0
 
     @property
     def recompute_mode(self) -> str:

@@ -30,7 +30,7 @@ def plan_layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
                         cp_comm=inputs.cp_comm,
                         order=inputs.rank_order, sequence_parallel=inputs.sequence_parallel, zero=inputs.zero,
                         reshard_after_forward=inputs.reshard_after_forward, dp_replicate=inputs.dp_replicate,
-                        grad_overlap=inputs.grad_overlap)
+                        grad_overlap=inputs.grad_overlap, ep=inputs.ep, etp=inputs.etp)
     width = asked.tp * asked.data_ranks  # devices of one pipeline stage
     named = f"--tp {asked.tp} × --dp {asked.dp}" + (f" × --cp {asked.cp}" if asked.cp > 1 else "")
     if inputs.devices and len(inputs.devices) != width * (inputs.pp or 1) and inputs.pp is not None:

@@ -3,6 +3,10 @@
 Both the simulator and the executor run these ops, so where a collective sits and what waits for it is decided
 once, here:
 
+* **Expert parallelism** (the moe family). Each forward, recompute and input-gradient backward is followed, after its
+  TP op, by its expert all-to-alls, ``EP_F``, ``EP_R`` and ``EP_B``: the token dispatch and combine of every MoE
+  layer of the stage (Megatron-Core's all-to-all token dispatcher), which the compute stream waits for like the TP
+  op; a stage without MoE layers has them at no cost.
 * **Tensor parallelism** (Megatron-LM, Shoeybi et al., arXiv 1909.08053 §3). Each forward, recompute and
   input-gradient backward of a stage is followed by its tensor-parallel collectives, ``TP_F``, ``TP_R`` and
   ``TP_B``: every all-reduce of its layers (two per transformer block in each direction; reduce-scatter plus
@@ -36,6 +40,7 @@ from sim.ir.plan import Op, OpKind, Plan
 __all__ = ["add_collectives"]
 
 _TP_AFTER = {OpKind.F: OpKind.TP_F, OpKind.R: OpKind.TP_R, OpKind.B: OpKind.TP_B, OpKind.I: OpKind.TP_B}
+_EP_AFTER = {OpKind.F: OpKind.EP_F, OpKind.R: OpKind.EP_R, OpKind.B: OpKind.EP_B, OpKind.I: OpKind.EP_B}
 
 
 def add_collectives(plan: Plan) -> Plan:
@@ -49,8 +54,9 @@ def add_collectives(plan: Plan) -> Plan:
     if plan.level != "L1":
         raise ValueError(f"add_collectives() takes an L1 plan, got level {plan.level}")
     layout = plan.layout
-    if layout.tp > 1:
-        plan = _add_tensor_parallel(plan)
+    after = ([_TP_AFTER] if layout.tp > 1 else []) + ([_EP_AFTER] if layout.ep * layout.etp > 1 else [])
+    if after:
+        plan = _add_model_parallel(plan, after)
     if layout.data_ranks > 1:
         if plan.weight_policy == "stash":
             if layout.zero or layout.grad_overlap:
@@ -67,14 +73,15 @@ def add_collectives(plan: Plan) -> Plan:
     return plan
 
 
-def _add_tensor_parallel(plan: Plan) -> Plan:
-    """A TP op after every F, R, B and I; the ops that consumed their outputs wait for the TP op instead."""
+def _add_model_parallel(plan: Plan, after: list[dict[OpKind, OpKind]]) -> Plan:
+    """After every F, R, B and I, its model-parallel collectives in order (a TP op, then an EP op: ``after`` maps
+    each compute kind to its collective kind, one map per dimension); the ops that consumed the compute op's output
+    wait for the last of them instead."""
     renamed: dict[str, str] = {}
     for program in plan.programs:
         for op in program:
-            tp_kind = _TP_AFTER.get(op.kind)
-            if tp_kind is not None and op.kind is not OpKind.R:
-                renamed[op_id(op.kind, op.vstage, op.mb)] = op_id(tp_kind, op.vstage, op.mb)
+            if op.kind in after[0] and op.kind is not OpKind.R:
+                renamed[op_id(op.kind, op.vstage, op.mb)] = op_id(after[-1][op.kind], op.vstage, op.mb)
     programs = []
     for program in plan.programs:
         out: list[Op] = []
@@ -84,9 +91,8 @@ def _add_tensor_parallel(plan: Plan) -> Plan:
             if deps and op.kind is not OpKind.W:
                 deps = tuple(renamed.get(dep, dep) for dep in deps)
             out.append(op if deps is op.deps else Op(op.kind, op.vstage, op.mb, op.peer, op.pair, deps))
-            tp_kind = _TP_AFTER.get(op.kind)
-            if tp_kind is not None:
-                out.append(Op(tp_kind, op.vstage, op.mb))
+            if op.kind in after[0]:
+                out.extend(Op(kinds[op.kind], op.vstage, op.mb) for kinds in after)
         programs.append(tuple(out))
     return plan.with_programs(tuple(programs), level="L1")
 

@@ -249,7 +249,7 @@ def _raise_l1_problem(plan: Plan) -> None:
 # done, blocking ops hold their rank until then. Derived from OP_SEMANTICS, so a kind with a new action fails below.
 _SEND, _RECV, _ISSUED, _BLOCKS = "send", "recv", "issued", "blocks"
 _RULES = {Action.SEND: _SEND, Action.RECV: _RECV, Action.HOST_COPY: _ISSUED, Action.DP_COLLECTIVE: _ISSUED,
-          Action.COMPUTE: _BLOCKS, Action.TP_COLLECTIVE: _BLOCKS}
+          Action.COMPUTE: _BLOCKS, Action.TP_COLLECTIVE: _BLOCKS, Action.EP_COLLECTIVE: _BLOCKS}
 _DRY_RUN = {kind: _RULES[semantics.action] for kind, semantics in OP_SEMANTICS.items() if semantics.action in _RULES}
 
 

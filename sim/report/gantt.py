@@ -49,6 +49,9 @@ KIND_COLORS: dict[str, str] = {
     "TP_F": "#0072B2",
     "TP_B": "#0072B2",
     "TP_R": "#0072B2",
+    "EP_F": "#56B4E9",
+    "EP_B": "#56B4E9",
+    "EP_R": "#56B4E9",
     "REDUCE_GRAD": "#D55E00",
     "GATHER_PARAMS": "#D55E00",
 }

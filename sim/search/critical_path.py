@@ -41,6 +41,8 @@ __all__ = ["CompiledPlan", "NotCompilable", "compile_plan"]
 #: The action of each kind (``sim.ir.ops.OP_SEMANTICS``); :func:`compile_plan` has a node rule for each action it
 #: models and refuses the others (HOST_COPY, and any action added later) as :class:`NotCompilable`.
 _ACTION = {kind: semantics.action for kind, semantics in OP_SEMANTICS.items()}
+#: The blocking collectives of model parallelism: a rank's tensor-parallel collectives and expert all-to-alls.
+_MODEL_PARALLEL = frozenset({Action.TP_COLLECTIVE, Action.EP_COLLECTIVE})
 
 
 class NotCompilable(ValueError):
@@ -139,7 +141,7 @@ class CompiledPlan:
             view = views[slot.view]
             if slot.what == "message":
                 keys = view.message(slot.kind, slot.vstage, slot.src, slot.dst).held_links
-            elif slot.what == "collective" and _ACTION[slot.kind] is Action.TP_COLLECTIVE:
+            elif slot.what == "collective" and _ACTION[slot.kind] in _MODEL_PARALLEL:
                 keys = view.collective(slot.kind, slot.vstage).held_links
             elif slot.what == "collective":  # data-parallel collectives queue in a lane of their own
                 keys = tuple(("collective", key) for key in views[0].collective(slot.kind, slot.vstage).held_links)
@@ -200,7 +202,7 @@ def compile_plan(plan: Plan, num_views: int = 1) -> CompiledPlan:
                 kind, op_key = op.kind, op_id(op.kind, op.vstage, op.mb)
                 trace_rank = view * pipeline + rank
                 action = _ACTION[kind]
-                if action is Action.COMPUTE or action is Action.TP_COLLECTIVE:
+                if action is Action.COMPUTE or action in _MODEL_PARALLEL:
                     what = "compute" if action is Action.COMPUTE else "collective"
                     node = new_node(_Slot(view, what, kind, op.vstage))
                     preds[node].append(cursor)

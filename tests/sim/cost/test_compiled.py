@@ -18,7 +18,7 @@ LLAMA = "llama:layers=2,hidden=1024,heads=8,kv_heads=2,ffn=2816,vocab=1000,seq=1
 
 
 @pytest.mark.parametrize("model, topology, message", [
-    ("gpt:layers=2", "2xH100", "modelled for the llama family"),
+    ("gpt:layers=2", "2xH100", "modelled for the llama and moe families"),
     (LLAMA, "2xcpu", "needs GPUs"),
 ])
 def test_what_cannot_compile_is_refused(model, topology, message):

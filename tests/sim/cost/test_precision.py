@@ -81,7 +81,7 @@ def test_fp8_pays_off_on_large_gemms_only_and_its_mfu_counts_the_fp8_peak():
 
 @pytest.mark.parametrize("model, topology, precision, message", [
     (LLAMA, "2xA100", "fp8", "fp8 needs FP8 tensor cores; a100-sxm4-80gb has none"),
-    ("gpt:layers=2", "2xH100", "fp8", "fp8 is modelled for the llama family"),
+    ("gpt:layers=2", "2xH100", "fp8", "fp8 is modelled for the llama and moe families"),
     (LLAMA, "2xH100", "fp32", "fp32 is not modelled for llama"),
     ("cnn:layers=2", "2xH100", "bf16", "modelled in fp32 only"),
     (LLAMA, "2xcpu", "fp8", "cpu has none"),

@@ -10,6 +10,7 @@ from sim.hw.topology import Topology
 from sim.ir.ops import (
     COMPUTE_KINDS,
     DP_KINDS,
+    EP_KINDS,
     OP_SEMANTICS,
     SCHEDULED_KINDS,
     TP_KINDS,
@@ -33,17 +34,20 @@ def test_every_kind_has_semantics_and_every_action_one_walk_rule():
         kinds = [kind for kind, semantics in OP_SEMANTICS.items() if semantics.action is action]
         assert kinds, action
         assert len({OP_SEMANTICS[kind].blocks for kind in kinds}) == 1, action  # an action blocks or it does not
-    assert {s.action for s in OP_SEMANTICS.values() if s.blocks} == {Action.COMPUTE, Action.TP_COLLECTIVE}
+    assert {s.action for s in OP_SEMANTICS.values() if s.blocks} == {Action.COMPUTE, Action.TP_COLLECTIVE,
+                                                                   Action.EP_COLLECTIVE}
 
 
 def test_the_derived_sets_are_the_documented_ones():
     assert SCHEDULED_KINDS == {OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R}
     assert COMPUTE_KINDS == SCHEDULED_KINDS | {OpKind.OPT_STEP}
     assert TP_KINDS == {OpKind.TP_F, OpKind.TP_B, OpKind.TP_R}
+    assert EP_KINDS == {OpKind.EP_F, OpKind.EP_B, OpKind.EP_R}
     assert DP_KINDS == {OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS}
     assert {kind: stream_of(kind) for kind in OpKind if stream_of(kind) != "compute"} == {
         OpKind.SEND_F: "send", OpKind.SEND_B: "send", OpKind.RECV_F: "recv", OpKind.RECV_B: "recv",
         OpKind.PREFETCH: "h2d", OpKind.EVICT: "d2h", OpKind.TP_F: "tp", OpKind.TP_B: "tp", OpKind.TP_R: "tp",
+        OpKind.EP_F: "ep", OpKind.EP_B: "ep", OpKind.EP_R: "ep",
         OpKind.REDUCE_GRAD: "collective", OpKind.GATHER_PARAMS: "collective"}
 
 
@@ -68,7 +72,8 @@ def test_op_id_is_the_ops_own_id():
 def test_handled_kinds_follow_the_actions():
     assert handled_kinds([Action.SEND, Action.RECV]) == {OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F, OpKind.RECV_B}
     assert simpy_engine.HANDLED_KINDS == set(OpKind)
-    assert interpreter.HANDLED_KINDS == set(OpKind) - {OpKind.PREFETCH, OpKind.EVICT}
+    # the executor does not run expert parallelism yet: it refuses a plan with EP ops by name, before anything runs
+    assert interpreter.HANDLED_KINDS == set(OpKind) - {OpKind.PREFETCH, OpKind.EVICT} - EP_KINDS
 
 
 def _plan_with_tp_and_dp():

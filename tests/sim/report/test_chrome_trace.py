@@ -24,6 +24,7 @@ KINDS_BY_STREAM = {
     "d2h": ["EVICT"],
     "tp": ["TP_F", "TP_B", "TP_R"],
     "collective": ["REDUCE_GRAD", "GATHER_PARAMS"],
+    "ep": ["EP_F", "EP_B", "EP_R"],
 }
 
 times = st.floats(min_value=0.0, max_value=1e3, allow_nan=False, allow_infinity=False)
