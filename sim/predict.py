@@ -24,7 +24,7 @@ from sim.cost.model import (
 )
 from sim.cost.model_flops import training_rates
 from sim.cost.oracle import CostOracle
-from sim.cost.precision import check_precision
+from sim.cost.precision import check_precision, narrow_format
 from sim.cost.profile import MeasuredProfile
 from sim.csp.csp_metrics import csp_metrics
 from sim.csp.csp_plan import check_csp_plan, csp_problem
@@ -109,9 +109,9 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
                              cuda_graphs=bool(plan.option("cuda_graphs", False)), precision=precision,
                              compiled=compiled)
     elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.shards,
-          oracle.cuda_graphs, oracle.fp8, oracle.compiled) != (
+          oracle.cuda_graphs, oracle.narrow, oracle.compiled) != (
             plan.model, plan.microbatch_size, profile, topology, plan_state_shards(layout),
-            bool(plan.option("cuda_graphs", False)), precision == "fp8", compiled):
+            bool(plan.option("cuda_graphs", False)), narrow_format(precision), compiled):
         raise ValueError(f"the cost oracle is for {oracle.graph.spec} at {oracle.microbatch_size} sample(s) per "
                          f"microbatch, not this plan's {plan.model} at {plan.microbatch_size}, or for another "
                          f"profile, topology or ZeRO sharding")

@@ -19,6 +19,7 @@ from pathlib import Path
 from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic, write_text_chunks_atomic
+from sim.cost.precision import PRECISIONS
 from sim.hw.topology import format_topology_list
 from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.models import build_model, format_model_list
@@ -128,12 +129,14 @@ def make_parser() -> argparse.ArgumentParser:
                      "reduce-scattered once per step, parameters all-gathered after it), 2 also the gradients "
                      "(reduce-scattered after every microbatch), 3 also the parameters (FSDP: each layer gathered "
                      "before its forward and backward, overlapped with its neighbours' compute)")
-    parser.add_argument("--precision", choices=["fp32", "fp16", "bf16", "fp8"], default=None,
-                        help="training precision (default: the model's own: fp16 gpt, bf16 llama, fp32 cnn/vgg16); "
-                        "fp8 runs a llama block's linears as torchao's Float8Linear on GPUs with FP8")
+    parser.add_argument("--precision", choices=list(PRECISIONS), default=None,
+                        help="training precision (default: the model's own: fp16 gpt, bf16 llama and moe, fp32 "
+                        "cnn/vgg16); fp8 runs a llama or moe block's linears on FP8 with per-tensor scaling (torchao's "
+                        "Float8Linear, Transformer Engine's current scaling), mxfp8 and nvfp4 block-scaled (Blackwell)")
     parser.add_argument("--compile", dest="compiled", action="store_true",
-                        help="run a llama model's blocks under torch.compile, as torchtitan does: the norms, SwiGLU, "
-                        "residual adds and FP8 casts fused into fewer kernels (GPUs only)")
+                        help="run a llama or moe model's blocks with their elementwise work fused (torch.compile, as "
+                        "torchtitan does; Transformer Engine's fused kernels): the norms, SwiGLU, residual adds and "
+                        "FP8 casts in fewer kernels (GPUs only)")
     par.add_argument("--dp-replicate", type=int, default=1, metavar="R",
                      help="with --zero 3, HSDP: the --dp replicas form R groups, each sharding the state among its "
                      "dp/R members, the groups all-reducing each layer's gradient shard (default 1: plain FSDP)")

@@ -53,7 +53,7 @@ from sim.cost.kernels.llama import (
 )
 from sim.cost.kernels.moe import MOE_COLLECTIVE_AFTER, MoeBlockShape, expert_all_to_alls, moe_block_kernels
 from sim.cost.kernels.optimizer import optimizer_kernels
-from sim.cost.kernels.record import Kernel
+from sim.cost.kernels.record import Kernel, Narrow
 from sim.cost.kernels.vocab import embedding_kernels, head_kernels
 from sim.hw.catalog import DeviceSpec, load_yaml
 from sim.models.graph import TransformerPart
@@ -134,8 +134,9 @@ def kernel_seconds(kernel: Kernel, device: DeviceSpec, model: KernelModel) -> fl
     memory = kernel.bytes / (device.memory_bandwidth * model.memory_efficiency)
     compute = 0.0
     throughput = device.peak_flops * device.matmul_efficiency  # FLOP/s
-    if kernel.fp8:  # FP8 operands run on the FP8 tensor cores, at their own measured ceiling
-        throughput = device.peak_fp8_flops * device.fp8_matmul_efficiency
+    if kernel.narrow is not None:  # narrow operands run on their tensor cores, at the measured FP8 ceiling
+        peak = device.peak_fp4_flops if kernel.narrow.tensor_cores == "fp4" else device.peak_fp8_flops
+        throughput = peak * device.fp8_matmul_efficiency
     if kernel.kind == "gemm" and kernel.gemm is not None:
         m, n, k = kernel.gemm
         units = max(device.compute_units, 1)
@@ -195,20 +196,21 @@ def _steps(kernels: tuple[Kernel, ...], device: DeviceSpec, model: KernelModel, 
 @lru_cache(maxsize=4096)  # a model's blocks are identical: cost one, reuse it (every argument is frozen)
 def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, device: DeviceSpec,
                               model: KernelModel, *, selective_recompute: bool = False,
-                              fp8: bool = False, compiled: bool = False,
+                              narrow: Narrow | None = None, compiled: bool = False,
                               kv_exchange: KvExchange | None = None) -> LayerSeconds:
     """Forward and backward time of one transformer layer shard for one microbatch of ``microbatch_size`` on
     ``device`` (full recomputation re-runs the forward as its own op; selective recomputation's work is in the
     backward here: gpt's attention core, or what torchtitan's per-op policy did not keep of a Llama-family block);
-    ``fp8``: a Llama-family block's linears in FP8; ``compiled``: its blocks under ``torch.compile``;
+    ``narrow``: a Llama- or MoE-family block's linears in that low-precision format (FP8, MXFP8, NVFP4);
+    ``compiled``: its blocks under ``torch.compile``;
     ``kv_exchange``: under context parallelism, how the block's attention receives the other ranks' keys and values
     (:mod:`sim.cost.context_parallel`; the time it does not hide under the attention steps is added after them)."""
     b, s, h, a, t = microbatch_size, part.seq, part.hidden, part.heads, part.tp
     sp, vocab = part.sequence_parallel, part.vocab
     if part.family == "moe" and part.part == "block":
-        return _moe_block_seconds(part, b, device, model, fp8, compiled, kv_exchange)
+        return _moe_block_seconds(part, b, device, model, narrow, compiled, kv_exchange)
     if part.family in ("llama", "moe"):  # the MoE family's ends are a Llama's
-        return _llama_layer_seconds(part, b, device, model, fp8, compiled, selective_recompute, kv_exchange)
+        return _llama_layer_seconds(part, b, device, model, narrow, compiled, selective_recompute, kv_exchange)
     if part.part == "block":
         fwd_k, bwd_k = layer_step_kernels(b, s, h, a, t, sequence_parallel=sp,
                                             recompute="selective" if selective_recompute else "none")
@@ -228,7 +230,8 @@ def transformer_layer_seconds(part: TransformerPart, microbatch_size: int, devic
 
 
 def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, model: KernelModel,
-                         fp8: bool, compiled: bool, selective: bool, exchange: KvExchange | None) -> LayerSeconds:
+                         narrow: Narrow | None, compiled: bool, selective: bool,
+                         exchange: KvExchange | None) -> LayerSeconds:
     """:func:`transformer_layer_seconds` of a Llama-family layer shard (:mod:`sim.cost.kernels.llama`); the LM head
     stays in the training dtype under FP8 (torchtitan's converter skips ``output``)."""
     s, h, vocab, t = part.seq // part.cp, part.hidden, part.vocab, part.tp
@@ -236,7 +239,7 @@ def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, mode
         shape = LlamaBlockShape(b, part.seq, h, part.heads, part.kv_heads, part.head_dim, part.ffn, t,
                                 qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window, cp=part.cp,
                                 sequence_parallel=part.sequence_parallel)
-        options = dict(fp8=fp8, compiled=compiled)
+        options = dict(narrow=narrow, compiled=compiled)
         forward = llama_block_kernels(shape, backward=False, **options)
         backward = llama_block_kernels(shape, backward=True, selective_recompute=selective, **options)
         fwd = _steps(forward, device, model, t, LLAMA_COLLECTIVE_AFTER)
@@ -259,7 +262,7 @@ def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, mode
     return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
 
 
-def _moe_block_seconds(part: TransformerPart, b: int, device: DeviceSpec, model: KernelModel, fp8: bool,
+def _moe_block_seconds(part: TransformerPart, b: int, device: DeviceSpec, model: KernelModel, narrow: Narrow | None,
                        compiled: bool, exchange: KvExchange | None) -> LayerSeconds:
     """:func:`transformer_layer_seconds` of a MoE-family block (:mod:`sim.cost.kernels.moe`): its kernels, the host
     calls of its tensor-parallel collectives and of its expert all-to-alls (their device time is the engine's)."""
@@ -270,8 +273,8 @@ def _moe_block_seconds(part: TransformerPart, b: int, device: DeviceSpec, model:
                                 sequence_parallel=part.sequence_parallel, o_bias=part.o_bias,
                                 value_dim=mla.v_dim if mla else 0)
     shape = MoeBlockShape(attention, mla, part.moe)
-    forward = moe_block_kernels(shape, backward=False, fp8=fp8, compiled=compiled)
-    backward = moe_block_kernels(shape, backward=True, fp8=fp8, compiled=compiled)
+    forward = moe_block_kernels(shape, backward=False, narrow=narrow, compiled=compiled)
+    backward = moe_block_kernels(shape, backward=True, narrow=narrow, compiled=compiled)
     exchanges = [(model.host_collective_s, 0.0)] * expert_all_to_alls(part.moe)
     fwd = _steps(forward, device, model, t, MOE_COLLECTIVE_AFTER) + exchanges
     bwd = _steps(backward, device, model, t, MOE_COLLECTIVE_AFTER) + exchanges

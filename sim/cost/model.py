@@ -22,6 +22,7 @@ from sim.cost.collectives import CollectiveCost
 from sim.cost.gpu_time import KernelModel
 from sim.cost.memory_sizes import StateShards
 from sim.cost.oracle import CostOracle
+from sim.cost.precision import narrow_format
 from sim.cost.profile import MeasuredProfile
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology
@@ -125,12 +126,12 @@ def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfil
     ``microbatch_size`` samples per microbatch, with ``profile``, on ``topology``, with the training state split
     across the data-parallel replicas as ``layout.zero``'s stage splits it, a stream's CUDA graphs, and ``kernel_model``
     (default: the built-in constants; a written plan records none), in ``precision`` (``None``: the model's own;
-    ``"fp8"``: FP8 linears, :mod:`sim.cost.precision`), with its blocks under ``torch.compile`` where ``compiled``
-    (:mod:`sim.cost.compiled`). ``build_plan`` makes its plan's oracle here, and
+    ``"fp8"``, ``"mxfp8"``, ``"nvfp4"``: low-precision linears, :mod:`sim.cost.precision`), with its blocks under
+    ``torch.compile`` where ``compiled`` (:mod:`sim.cost.compiled`). ``build_plan`` makes its plan's oracle here, and
     ``sim.predict`` makes a written plan's, so the two are the same oracle."""
     return CostOracle(graph, microbatch_size, profile, topology, cuda_graphs=cuda_graphs,
                       shards=plan_state_shards(layout), kernel_model=kernel_model,
-                      fp8=precision == "fp8", compiled=compiled,
+                      narrow=narrow_format(precision), compiled=compiled,
                       cp_groups=tuple(layout.cp_group(0, 0, t) for t in range(layout.tp)) if layout.cp > 1 else (),
                       cp_comm=layout.cp_comm)
 

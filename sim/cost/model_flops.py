@@ -10,7 +10,8 @@ counted: recomputation (MFU, not HFU), elementwise work, and a layer with no FLO
 
 **MFU** is model FLOPs per second over the dense peak of every device the plan uses, for the precision the model
 trains in (``sim.hw.catalog.DeviceSpec.peak_flops`` for 2-byte types, ``peak_fp32_flops`` for fp32,
-``peak_fp8_flops`` under ``--precision fp8``).
+``peak_fp8_flops`` under ``--precision fp8`` and ``mxfp8``, ``peak_fp4_flops`` under ``nvfp4``). A mixture of experts
+counts the FLOPs of the experts each token visits (its active parameters), as Megatron-LM and torchtitan do.
 
 **Tokens** are samples × the model's sequence length, for a model that has one (``seq`` in its spec).
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from sim.core.spec import parse_spec
+from sim.cost.precision import narrow_format
+from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
 from sim.models import build_model
@@ -45,9 +48,14 @@ def training_rates(plan: Plan, topology: Topology, iteration_s: float) -> dict[s
     samples = plan.num_microbatches * plan.microbatch_size * layout.dp
     model_flops = 3 * samples * sum(layer.flops_fwd for layer in graph.layers)
     devices = [topology.devices[index] for index in layout.device_ranks]
-    fp8 = plan.option("precision") == "fp8"
-    peak = sum(device.peak_fp8_flops if fp8 else device.peak_flops if graph.dtype_bytes <= 2 else
-               device.peak_fp32_flops for device in devices)
+    narrow = narrow_format(plan.option("precision"))
+
+    def device_peak(device: DeviceSpec) -> float:
+        if narrow is not None:
+            return device.peak_fp4_flops if narrow.tensor_cores == "fp4" else device.peak_fp8_flops
+        return device.peak_flops if graph.dtype_bytes <= 2 else device.peak_fp32_flops
+
+    peak = sum(device_peak(device) for device in devices)
     seq = parse_spec(graph.spec)[1].get("seq")
     tokens = samples * int(seq) if seq is not None else None
     timed = iteration_s > 0

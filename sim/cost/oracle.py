@@ -51,6 +51,7 @@ from sim.core.errors import SpecError
 from sim.cost.collectives import CollectiveCost, all_to_all_cost, collective_cost, concurrent_transfer
 from sim.cost.context_parallel import KvExchange, exposed_seconds, kv_exchange
 from sim.cost.gpu_time import KernelModel, default_kernel_model, optimizer_seconds, transformer_layer_seconds
+from sim.cost.kernels.record import Narrow
 from sim.cost.memory_sizes import WHOLE_STATE, MemorySizes, StateShards, layer_input_bytes, state_bytes_per_param
 from sim.cost.nccl import link_class, nccl_seconds
 from sim.cost.profile import LayerMemory, MeasuredProfile
@@ -88,7 +89,8 @@ class CostOracle:
             overhead): the roofline's per-op overhead (``launch_overhead_us`` of the catalog) and the kernel model's
             framework overheads per microbatch go, and each optimizer step pays one graph launch instead
             (:meth:`step_overhead_s`). What remains is the kernels' own time.
-        fp8: the linears of the Llama-family blocks run in FP8 (``--precision fp8``; :mod:`sim.cost.kernels.llama`).
+        narrow: the linears of the Llama- and MoE-family blocks run in this low-precision format (``--precision fp8``,
+            ``mxfp8`` or ``nvfp4``; :class:`sim.cost.kernels.record.Narrow`), or None.
         compiled: the Llama-family blocks run under ``torch.compile`` (``--compile``;
             :mod:`sim.cost.kernels.pointwise`).
         cp_groups: under context parallelism, the context-parallel groups of the first pipeline stage's first
@@ -101,7 +103,7 @@ class CostOracle:
 
     def __init__(self, graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None = None,
                  topology: Topology | None = None, *, shards: StateShards = WHOLE_STATE,
-                 kernel_model: KernelModel | None = None, cuda_graphs: bool = False, fp8: bool = False,
+                 kernel_model: KernelModel | None = None, cuda_graphs: bool = False, narrow: Narrow | None = None,
                  compiled: bool = False, cp_groups: tuple[tuple[int, ...], ...] = (), cp_comm: str = "ring") -> None:
         if microbatch_size < 1:
             raise SpecError(f"microbatch size must be >= 1, got {microbatch_size}")
@@ -109,7 +111,7 @@ class CostOracle:
         self.shards = shards
         self._kernel_model = kernel_model
         self.cuda_graphs = cuda_graphs
-        self.fp8 = fp8
+        self.narrow = narrow
         self.compiled = compiled
         self.cp_groups, self.cp_comm = cp_groups, cp_comm
         self._transformer: bool | None = None
@@ -245,7 +247,7 @@ class CostOracle:
             if device.is_gpu and layer.transformer is not None:
                 model = self.kernel_model
                 seconds = transformer_layer_seconds(layer.transformer, size, device, model,
-                                                    selective_recompute=layer.recompute_flops > 0, fp8=self.fp8,
+                                                    selective_recompute=layer.recompute_flops > 0, narrow=self.narrow,
                                                     compiled=self.compiled,
                                                     kv_exchange=self._kv_exchange(layer.transformer))
                 fwd.append(seconds.fwd)

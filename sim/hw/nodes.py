@@ -90,7 +90,7 @@ _C2C_HOSTED = frozenset({"gh200-96gb"})
 # GPUs with their own NIC each, where the source says so and it matters (host link faster than the port, see the
 # module docstring): GH200, 'four Grace-Hopper modules and four corresponding network interface cards' (CSCS Alps
 # hardware page, docs/alps/hardware.md in eth-cscs/cscs-docs).
-_NIC_PER_GPU = frozenset({"gh200-96gb"})
+_NIC_PER_GPU = frozenset({"gh200-96gb", "gb200", "gb300"})
 _PCIE_MAX = 8  # PCIe boxes hold 4-8 GPUs (hardware.md §2.2 'PCIe boxes without NVLink', NVIDIA/nccl#814)
 _CPU_MAX = 64  # executor ranks (processes) on one host; beyond the core count they only oversubscribe it
 
@@ -106,7 +106,13 @@ _SWITCH: dict[str, tuple[str, int]] = {
     "h100-sxm-96gb-hbm2e": ("nvswitch-h100", 8),
     "h200-sxm-141gb": ("nvswitch-h200", 8),
     "b200-sxm-180gb": ("nvswitch-b200", 8),
+    "b300-sxm-270gb": ("nvswitch-b200", 8),
+    "gb200": ("nvlink-switch-nvl72", 72),
+    "gb300": ("nvlink-switch-nvl72", 72),
 }
+#: Devices sold as NVLink domains of a rack: ``NxDEVICE`` means N GPUs handed out in such domains (the last one
+#: partial, as a scheduler allocates them) rather than one server.
+RACK_SCALE = frozenset({"gb200", "gb300"})
 
 # device → (NIC port type, ports per server) between servers:
 # - V100 SXM2: DGX-1V has 4 × 100 Gb/s InfiniBand (hardware.md §2.2; 8 on a DGX-2, see default_shape);
@@ -116,6 +122,11 @@ _SWITCH: dict[str, tuple[str, int]] = {
 # - H100 96 GB HBM2e: Meta's Grand Teton hosts, '400 Gbps RDMA' per GPU (torchtitan's benchmark files), RoCE as Meta's
 #   Llama 3 clusters run it (Llama 3 report, arXiv 2407.21783 §3.3.1: 'RDMA over Converged Ethernet (RoCE) fabric');
 # - GH200: HPE Cray EX node, one Slingshot-11 NIC per superchip (CSCS Alps; the count follows the GPUs, see below);
+# - GB200 NVL72: one 400 Gb/s ConnectX-7 per GPU, four per compute tray (fibermall's GB200 analysis; dev.to/aicplight:
+#   'In B200-based systems, high-performance 400Gb/s network adapters (ConnectX-7 SuperNICs)'), InfiniBand NDR;
+# - GB300 NVL72 and B300: ConnectX-8 at 800 Gb/s, one per GPU (NVIDIA's GB300 NVL72 reference architecture: '4
+#   ConnectX-8 Host Channel Adapters' per four-GPU tray; dev.to/aicplight: 'B300 platforms ... 800Gb/s-class adapters
+#   (ConnectX-8 SuperNICs)'), InfiniBand XDR;
 # - MI300X: one 400 Gb/s NIC per GPU, 8 per node, taken as RoCE 400 GbE (AMD ROCm docs, cited in links.yaml roce-400g);
 # - L40S: PCIe servers on Ethernet: 2 × 200 GbE RoCE per server [assumed: naddod's L40S guide asks for '200Gbps RoCE
 #   or IB' without a port count; one port per CPU socket of a two-socket server];
@@ -136,6 +147,9 @@ _NETWORK: dict[str, tuple[str, int]] = {
     "h100-sxm-96gb-hbm2e": ("roce-400g", 8),
     "h200-sxm-141gb": ("ib-ndr", 8),
     "b200-sxm-180gb": ("ib-ndr", 8),
+    "b300-sxm-270gb": ("ib-xdr", 8),
+    "gb200": ("ib-ndr", 72),
+    "gb300": ("ib-xdr", 72),
     "gh200-96gb": ("slingshot-11", 4),
     "mi300x-192gb": ("roce-400g", 8),
     "l40s-48gb": ("roce-200g", 2),

@@ -7,7 +7,9 @@ the servers' link graph built by :func:`sim.hw.nodes.build_graph`). For each
 * its server is the one a real system of ``count`` × ``device`` is (:func:`sim.hw.nodes.default_shape`: the wiring,
   unless the group asks for one, and the NIC ports), a preset's with the preset's own ports; a server that cannot be
   built (too many devices for any wiring of them, a wiring the device cannot have) is an error naming the group;
-* ``repeat`` copies of it follow one another.
+* ``repeat`` copies of it follow one another;
+* a compact ``NxDEVICE`` of a rack-scale device (GB200 and GB300 NVL72) larger than one NVLink domain is N GPUs in
+  domains of 72, the last one partial (:data:`sim.hw.nodes.RACK_SCALE`).
 
 Then every server gets the same NIC port type, the description's ``network`` or the slowest of their own
 (:func:`sim.hw.nodes.unify_network`: a heterogeneous cluster shares one fabric), and the ranks of ``slowdown`` get a
@@ -20,7 +22,7 @@ from dataclasses import replace
 
 from sim.core.errors import SpecError
 from sim.hw.description import ClusterDescription, ServerGroup
-from sim.hw.nodes import NodeShape, default_shape, max_gpus_per_node, unify_network
+from sim.hw.nodes import RACK_SCALE, NodeShape, default_shape, max_gpus_per_node, unify_network
 
 __all__ = ["server_shapes"]
 
@@ -34,9 +36,21 @@ def server_shapes(description: ClusterDescription) -> list[NodeShape]:
     """
     shapes: list[NodeShape] = []
     for group in description.groups:
+        if group.name and group.device.name in RACK_SCALE and group.count > max_gpus_per_node(group.device):
+            shapes += _racks(group) * group.repeat
+            continue
         shapes += [_server(group)] * group.repeat
     shapes = unify_network(shapes, description.network, description.nics_per_node)
     return _slow_down(shapes, dict(description.slowdown)) if description.slowdown else shapes
+
+
+def _racks(group: ServerGroup) -> list[NodeShape]:
+    """``group.count`` GPUs of a rack-scale device (GB200, GB300) in full NVLink domains of 72 and, as a scheduler
+    hands them out, a last partial one."""
+    limit = max_gpus_per_node(group.device)
+    full, rest = divmod(group.count, limit)
+    sizes = [limit] * full + ([rest] if rest else [])
+    return [default_shape(group.device, size, group.intra) for size in sizes]
 
 
 def _server(group: ServerGroup) -> NodeShape:

@@ -162,7 +162,7 @@ def _bad_files(tmp_path):
 
 
 BAD = [
-    (["--topology", "4xB300", "--model", "uniform"], "B300"),
+    (["--topology", "4xR300", "--model", "uniform"], "R300"),
     (["--topology", "0xV100", "--model", "uniform"], "0xV100"),
     (["--topology", "16xV1OO", "--model", "uniform"], "V1OO"),
     (["--topology", "2xV100", "--model", "gpt:layers=-1"], "-1"),

@@ -7,16 +7,17 @@ from __future__ import annotations
 from sim.core.errors import SpecError
 from sim.cost.kernels.attention import attention_core
 from sim.cost.kernels.elementwise import dropout_add, layer_norm, residual_grad_add
-from sim.cost.kernels.record import ADD_FLOPS, FP8_BYTES, GELU_FLOPS, Kernel, check, gemm, mem
+from sim.cost.kernels.record import ADD_FLOPS, FP8_BYTES, GELU_FLOPS, Kernel, Narrow, check, gemm, mem
 
-__all__ = ["block_kernels", "block_parameters", "layer_step_kernels", "linear_kernels", "RECOMPUTE_MODES"]
+__all__ = ["block_kernels", "block_parameters", "layer_step_kernels", "linear_kernels", "cast_kernel",
+           "RECOMPUTE_MODES"]
 
 #: What ``layer_step_kernels`` may recompute: nothing, the attention core (selective), or the whole block (full).
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backward: bool, fused_bias: bool, *,
-                   bias_grad: bool = True, fp8: bool = False, compiled: bool = False,
+                   bias_grad: bool = True, narrow: Narrow | None = None, compiled: bool = False,
                    cast_input: bool = True) -> list[Kernel]:
     """Y[T×out] = X[T×in]·W[in×out]; backward: dgrad dX = dY·Wᵀ, wgrad dW = Xᵀ·dY, and (``bias_grad``) the bias
     gradient, a column sum of dY. In a GPT block only the QKV linear adds its bias in the GEMM (``fused_bias``); the
@@ -24,33 +25,39 @@ def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backw
     backward yields the same column sum. The wgrad writes dW in the training dtype; Megatron's gradient-accumulation
     fusion would instead read and write an fp32 main gradient (not modelled here).
 
-    With ``fp8`` (torchao's Float8Linear with dynamic tensorwise scaling, as torchtitan converts its linears) the
-    three GEMMs take FP8 operands, each cast first: an amax pass (one read) then a scale-and-cast pass (a read and a
-    one-byte write) of the input and the weight before the forward and of the output gradient before the backward,
-    and the backward's operands in the other major order (X and W transposed for the wgrad and dgrad, dY for the
-    wgrad: one-byte copies). ``compiled`` (torch.compile, as torchtitan runs FP8): each cast writes both major orders
-    in its one pass, so the transposes are not kernels of their own (two one-byte writes per cast value); and
-    ``cast_input`` False: the input's cast is another linear's (inductor computes an identical cast of the same
-    tensor once: q, k and v share theirs, as do the gate and up projections)."""
+    With ``narrow`` the three GEMMs take low-precision operands (:class:`sim.cost.kernels.record.Narrow`), each cast
+    first. Tensorwise FP8 (torchao's Float8Linear with dynamic scaling, as torchtitan converts its linears): an amax
+    pass (one read) then a scale-and-cast pass (a read and a one-byte write) of the input and the weight before the
+    forward and of the output gradient before the backward, and the backward's operands in the other major order (X
+    and W transposed for the wgrad and dgrad, dY for the wgrad: one-byte copies); ``compiled`` (torch.compile, as
+    torchtitan runs FP8): each cast writes both major orders in its one pass, so the transposes are not kernels of
+    their own (two one-byte writes per cast value). Block-scaled formats (MXFP8, NVFP4; Transformer Engine's
+    quantizers): one pass per operand, no amax pass (each block's scale comes from its own values), writing both the
+    row-wise and the column-wise blocks the forward and backward GEMMs read (the scales along the reduction axis
+    differ per order), values and scales. ``cast_input`` False: the input's cast is another linear's (an identical
+    cast of the same tensor is made once: q, k and v share theirs, as do the gate and up projections)."""
     if not backward:
-        casts = ([_cast(name + "_cast_input", tokens * n_in, db, compiled)] if cast_input else []) \
-            + [_cast(name + "_cast_weight", n_in * n_out, db, compiled)] if fp8 else []
-        return [*casts, gemm(name, tokens, n_out, n_in, db, bias=fused_bias, fp8=fp8)]
-    casts = [_cast(name + "_cast_grad", tokens * n_out, db, compiled)] if fp8 else []
-    if fp8 and not compiled:
+        casts = ([cast_kernel(name + "_cast_input", tokens * n_in, db, narrow, compiled)] if cast_input else []) \
+            + [cast_kernel(name + "_cast_weight", n_in * n_out, db, narrow, compiled)] if narrow else []
+        return [*casts, gemm(name, tokens, n_out, n_in, db, bias=fused_bias, narrow=narrow)]
+    casts = [cast_kernel(name + "_cast_grad", tokens * n_out, db, narrow, compiled)] if narrow else []
+    if narrow and not narrow.block_scaled and not compiled:
         casts += [mem(f"{name}_transpose_{what}", "elementwise", count, 0, 2 * count * FP8_BYTES)
                   for what, count in (("input", tokens * n_in), ("weight", n_in * n_out), ("grad", tokens * n_out))]
-    kernels = [*casts, gemm(name + "_dgrad", tokens, n_in, n_out, db, fp8=fp8),
-               gemm(name + "_wgrad", n_in, n_out, tokens, db, fp8=fp8)]
+    kernels = [*casts, gemm(name + "_dgrad", tokens, n_in, n_out, db, narrow=narrow),
+               gemm(name + "_wgrad", n_in, n_out, tokens, db, narrow=narrow)]
     if bias_grad:
         kernels.append(mem(name + "_bias_grad", "elementwise", tokens * n_out, ADD_FLOPS,
                            (tokens * n_out + n_out) * db))
     return kernels
 
 
-def _cast(name: str, count: int, db: int, both_orders: bool = False) -> Kernel:
-    """An FP8 cast of ``count`` values in the training dtype: the amax (one read), then scale and cast (a read and a
-    one-byte write, two with ``both_orders``)."""
+def cast_kernel(name: str, count: int, db: int, narrow: Narrow, both_orders: bool = False) -> Kernel:
+    """A cast of ``count`` values in the training dtype to ``narrow``: tensorwise, the amax (one read), then scale
+    and cast (a read and a one-byte write, two with ``both_orders``); block-scaled, one read and both orders'
+    values and scales written (:func:`linear_kernels`)."""
+    if narrow.block_scaled:
+        return mem(name, "elementwise", count, 2, count * db + 2 * narrow.stored_bytes(count))
     return mem(name, "elementwise", count, 2, count * (2 * db + FP8_BYTES * (1 + both_orders)))
 
 

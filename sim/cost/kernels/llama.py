@@ -33,7 +33,7 @@ from sim.cost.kernels.pointwise import (
     rotary_kernels,
     swiglu_kernels,
 )
-from sim.cost.kernels.record import ADD_FLOPS, STAT_BYTES, TOKEN_ID_BYTES, Kernel, check, mem
+from sim.cost.kernels.record import ADD_FLOPS, STAT_BYTES, TOKEN_ID_BYTES, Kernel, Narrow, check, mem
 from sim.models.llama import sac_saved_linears
 
 __all__ = ["LlamaBlockShape", "attention_fraction", "llama_block_kernels", "llama_embedding_kernels",
@@ -157,43 +157,45 @@ SAC_NOT_NEEDED = frozenset({"w2", "ffn_residual_add"})
 SAC_KEPT_PREFIXES = ("flash_attention", "cp_merge")
 
 
-def llama_block_kernels(shape: LlamaBlockShape, *, backward: bool, dtype_bytes: int = 2, fp8: bool = False,
-                        compiled: bool = False, selective_recompute: bool = False) -> tuple[Kernel, ...]:
+def llama_block_kernels(shape: LlamaBlockShape, *, backward: bool, dtype_bytes: int = 2,
+                        narrow: Narrow | None = None, compiled: bool = False,
+                        selective_recompute: bool = False) -> tuple[Kernel, ...]:
     """One block's kernels on one tensor-parallel rank, in execution order (forward, or backward: the reverse, each
-    GEMM's dgrad then wgrad). With ``fp8`` every linear runs as torchao's Float8Linear
-    (:func:`sim.cost.kernels.block.linear_kernels`); the attention stays in the training dtype, as torchtitan's
-    float8 converter leaves SDPA alone. ``compiled``: the block under ``torch.compile``, its memory-bound work fused
-    (:mod:`sim.cost.kernels.pointwise`); eager otherwise, one kernel per aten op. ``selective_recompute``: the
-    backward starts by recomputing what torchtitan's per-op selective checkpointing did not keep
-    (:data:`SAC_NOT_NEEDED`, :func:`sim.models.llama.sac_saved_linears`; under ``fp8`` every linear's GEMM and casts
-    but the down projection's GEMM)."""
+    GEMM's dgrad then wgrad). With ``narrow`` every linear runs on low-precision operands
+    (:func:`sim.cost.kernels.block.linear_kernels`: tensorwise FP8 as torchao's Float8Linear, or a block-scaled
+    format); the attention stays in the training dtype, as torchtitan's float8 converter leaves SDPA alone.
+    ``compiled``: the block under ``torch.compile``, its memory-bound work fused (:mod:`sim.cost.kernels.pointwise`);
+    eager otherwise, one kernel per aten op. ``selective_recompute``: the backward starts by recomputing what
+    torchtitan's per-op selective checkpointing did not keep (:data:`SAC_NOT_NEEDED`,
+    :func:`sim.models.llama.sac_saved_linears`; with narrow linears every linear's GEMM and casts but the down
+    projection's GEMM)."""
     check(dtype_bytes=dtype_bytes)
     if not backward:
-        return tuple(_forward(shape, dtype_bytes, fp8, compiled))
-    kernels = _backward(shape, dtype_bytes, fp8, compiled)
+        return tuple(_forward(shape, dtype_bytes, narrow, compiled))
+    kernels = _backward(shape, dtype_bytes, narrow, compiled)
     if selective_recompute:
-        skip = SAC_NOT_NEEDED | set(sac_saved_linears(shape.qkv_bias, fp8))
-        again = [k for k in _forward(shape, dtype_bytes, fp8, compiled)
+        skip = SAC_NOT_NEEDED | set(sac_saved_linears(shape.qkv_bias, narrow is not None))
+        again = [k for k in _forward(shape, dtype_bytes, narrow, compiled)
                  if k.name not in skip and not k.name.startswith(SAC_KEPT_PREFIXES)]
-        kernels = [Kernel("recompute_" + k.name, k.kind, k.flops, k.bytes, k.gemm, k.batch, k.fp8)
+        kernels = [Kernel("recompute_" + k.name, k.kind, k.flops, k.bytes, k.gemm, k.batch, k.narrow)
                    for k in again] + kernels
     return tuple(kernels)
 
 
-def _forward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+def _forward(shape: LlamaBlockShape, db: int, narrow: Narrow | None, compiled: bool) -> list[Kernel]:
     ffn = [*norm_kernels("ffn_norm", shape.norm_tokens, shape.h, db, compiled=compiled, residual=True),
-           *swiglu_forward("", shape.tokens, shape.h, shape.ffn, db, fp8, compiled),
+           *swiglu_forward("", shape.tokens, shape.h, shape.ffn, db, narrow, compiled),
            add_kernel("ffn_residual_add", shape.norm_tokens * shape.h, db)]
-    return attention_forward(shape, db, fp8, compiled) + ffn
+    return attention_forward(shape, db, narrow, compiled) + ffn
 
 
-def _backward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
-    return [*swiglu_backward("", shape.tokens, shape.h, shape.ffn, db, fp8, compiled),
+def _backward(shape: LlamaBlockShape, db: int, narrow: Narrow | None, compiled: bool) -> list[Kernel]:
+    return [*swiglu_backward("", shape.tokens, shape.h, shape.ffn, db, narrow, compiled),
             *norm_backward("ffn_norm", shape, db, compiled, 2),
-            *attention_backward(shape, db, fp8, compiled)]
+            *attention_backward(shape, db, narrow, compiled)]
 
 
-def attention_forward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+def attention_forward(shape: LlamaBlockShape, db: int, narrow: Narrow | None, compiled: bool) -> list[Kernel]:
     """The attention half of a block's forward, from its input norm to the output projection (:func:`
     llama_block_kernels`' order)."""
     tokens, h, d = shape.tokens, shape.h, shape.d
@@ -202,7 +204,7 @@ def attention_forward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool
 
     def linear(name: str, n_in: int, n_out: int, fused_bias: bool = False) -> list[Kernel]:
         shared = compiled and name in ("wk", "wv")  # their input's FP8 cast is wq's: one under compile
-        return linear_kernels(name, tokens, n_in, n_out, db, False, fused_bias, bias_grad=fused_bias, fp8=fp8,
+        return linear_kernels(name, tokens, n_in, n_out, db, False, fused_bias, bias_grad=fused_bias, narrow=narrow,
                               compiled=compiled, cast_input=not shared)
 
     qk_norms: list[Kernel] = []
@@ -219,7 +221,7 @@ def attention_forward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool
     ]
 
 
-def attention_backward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+def attention_backward(shape: LlamaBlockShape, db: int, narrow: Narrow | None, compiled: bool) -> list[Kernel]:
     """The attention half of a block's backward, from the output projection to its input norm (the input gradient
     arriving from the feed-forward half's norm)."""
     tokens, h, d = shape.tokens, shape.h, shape.d
@@ -227,7 +229,7 @@ def attention_backward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: boo
     bias = shape.qkv_bias
 
     def linear(name: str, n_in: int, n_out: int, fused_bias: bool = False) -> list[Kernel]:
-        return linear_kernels(name, tokens, n_in, n_out, db, True, fused_bias, bias_grad=fused_bias, fp8=fp8,
+        return linear_kernels(name, tokens, n_in, n_out, db, True, fused_bias, bias_grad=fused_bias, narrow=narrow,
                               compiled=compiled)
 
     qk_norms: list[Kernel] = []
@@ -244,12 +246,13 @@ def attention_backward(shape: LlamaBlockShape, db: int, fp8: bool, compiled: boo
     ]
 
 
-def swiglu_forward(prefix: str, tokens: int, h: int, f: int, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+def swiglu_forward(prefix: str, tokens: int, h: int, f: int, db: int, narrow: Narrow | None,
+                   compiled: bool) -> list[Kernel]:
     """A SwiGLU's forward over ``tokens`` tokens of width ``f`` on this rank: the gate GEMM ``w1``, the up GEMM
     ``w3``, SiLU × up, the down GEMM ``w2`` (names after ``prefix``: a dense block's, or its shared experts')."""
     def linear(name: str, n_in: int, n_out: int) -> list[Kernel]:
         shared = compiled and name == "w3"  # its input's FP8 cast is the gate's: one under compile
-        return linear_kernels(prefix + name, tokens, n_in, n_out, db, False, False, bias_grad=False, fp8=fp8,
+        return linear_kernels(prefix + name, tokens, n_in, n_out, db, False, False, bias_grad=False, narrow=narrow,
                               compiled=compiled, cast_input=not shared)
 
     silu, product = swiglu_kernels(tokens * f, db, backward=False, compiled=compiled), []
@@ -259,10 +262,11 @@ def swiglu_forward(prefix: str, tokens: int, h: int, f: int, db: int, fp8: bool,
             *(product if not compiled else silu), *linear("w2", f, h)]
 
 
-def swiglu_backward(prefix: str, tokens: int, h: int, f: int, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+def swiglu_backward(prefix: str, tokens: int, h: int, f: int, db: int, narrow: Narrow | None,
+                    compiled: bool) -> list[Kernel]:
     """:func:`swiglu_forward`'s backward: down, the product's and SiLU's gradients, up, gate."""
     def linear(name: str, n_in: int, n_out: int) -> list[Kernel]:
-        return linear_kernels(prefix + name, tokens, n_in, n_out, db, True, False, bias_grad=False, fp8=fp8,
+        return linear_kernels(prefix + name, tokens, n_in, n_out, db, True, False, bias_grad=False, narrow=narrow,
                               compiled=compiled)
 
     swiglu = swiglu_kernels(tokens * f, db, backward=True, compiled=compiled)

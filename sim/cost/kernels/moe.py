@@ -39,7 +39,7 @@ Elementwise work follows :mod:`sim.cost.kernels.pointwise`: eager (one kernel pe
 from __future__ import annotations
 
 from sim.core.errors import SpecError
-from sim.cost.kernels.block import linear_kernels
+from sim.cost.kernels.block import cast_kernel, linear_kernels
 from sim.cost.kernels.llama import (
     LlamaBlockShape,
     attention_backward,
@@ -50,7 +50,7 @@ from sim.cost.kernels.llama import (
     swiglu_forward,
 )
 from sim.cost.kernels.pointwise import add_kernel, norm_backward_kernels, norm_kernels, swiglu_kernels
-from sim.cost.kernels.record import ADD_FLOPS, FP8_BYTES, Kernel, gemm, grouped_gemm, mem
+from sim.cost.kernels.record import ADD_FLOPS, Kernel, Narrow, gemm, grouped_gemm, mem
 from sim.models.graph import MixturePart, MlaPart
 
 __all__ = ["MoeBlockShape", "moe_block_kernels", "MOE_COLLECTIVE_AFTER", "expert_all_to_alls"]
@@ -80,22 +80,24 @@ class MoeBlockShape:
         self.tokens = attention.norm_tokens  # what enters the router on this device
 
 
-def moe_block_kernels(shape: MoeBlockShape, *, backward: bool, dtype_bytes: int = 2, fp8: bool = False,
+def moe_block_kernels(shape: MoeBlockShape, *, backward: bool, dtype_bytes: int = 2, narrow: Narrow | None = None,
                       compiled: bool = False) -> tuple[Kernel, ...]:
-    """One block's kernels on one device, in execution order (module docstring); ``fp8``: the attention's and the
-    experts' linears on FP8 operands (the router stays in the training dtype, as Transformer Engine keeps it)."""
+    """One block's kernels on one device, in execution order (module docstring); ``narrow``: the attention's and
+    the experts' linears on low-precision operands (the router stays in the training dtype, as Transformer Engine
+    keeps it)."""
     db, a = dtype_bytes, shape.attention
     if not backward:
-        attention = _mla_forward(shape, db, fp8, compiled) if shape.mla else attention_forward(a, db, fp8, compiled)
+        attention = (_mla_forward(shape, db, narrow, compiled) if shape.mla else
+                     attention_forward(a, db, narrow, compiled))
         ffn = [*norm_kernels("ffn_norm", a.norm_tokens, a.h, db, compiled=compiled, residual=True),
-               *(_mixture_forward(shape, db, fp8, compiled) if shape.mixture else
-                 swiglu_forward("", a.tokens, a.h, a.ffn, db, fp8, compiled)),
+               *(_mixture_forward(shape, db, narrow, compiled) if shape.mixture else
+                 swiglu_forward("", a.tokens, a.h, a.ffn, db, narrow, compiled)),
                add_kernel("ffn_residual_add", a.norm_tokens * a.h, db)]
         return tuple(attention + ffn)
     norm_inputs = 2 if not shape.mixture else 2 + 2 * bool(shape.mixture.shared_ffn)  # linears the norm feeds
-    ffn = (_mixture_backward(shape, db, fp8, compiled) if shape.mixture else
-           swiglu_backward("", a.tokens, a.h, a.ffn, db, fp8, compiled))
-    attention = _mla_backward(shape, db, fp8, compiled) if shape.mla else attention_backward(a, db, fp8, compiled)
+    ffn = (_mixture_backward(shape, db, narrow, compiled) if shape.mixture else
+           swiglu_backward("", a.tokens, a.h, a.ffn, db, narrow, compiled))
+    attention = _mla_backward(shape, db, narrow, compiled) if shape.mla else attention_backward(a, db, narrow, compiled)
     return tuple([*ffn, *norm_backward("ffn_norm", a, db, compiled, norm_inputs), *attention])
 
 
@@ -104,7 +106,7 @@ def expert_all_to_alls(mixture: MixturePart | None) -> int:
     return 2 if mixture is not None and mixture.ep * mixture.etp > 1 else 0
 
 
-def _mixture_forward(shape: MoeBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+def _mixture_forward(shape: MoeBlockShape, db: int, narrow: Narrow | None, compiled: bool) -> list[Kernel]:
     m = shape.mixture
     assert m is not None
     t, h, k, experts = shape.tokens, shape.attention.h, m.topk, m.experts
@@ -116,20 +118,20 @@ def _mixture_forward(shape: MoeBlockShape, db: int, fp8: bool, compiled: bool) -
                mem("moe_permute", "elementwise", t * k * h, 0, (t * h + t * k * h) * db + t * k * _INDEX)]
     if m.ep * m.etp > 1:  # the received tokens, grouped by source, sorted into local expert order
         kernels.append(mem("moe_sort_chunks", "elementwise", received * h, 0, 2 * received * h * db))
-    kernels += _grouped_linear("experts_fc1", rows, h, 2 * width, db, fp8, backward=False)
+    kernels += _grouped_linear("experts_fc1", rows, h, 2 * width, db, narrow, backward=False)
     kernels += _expert_activation(received * width, db, m.swiglu_clamp, backward=False, compiled=compiled)
-    kernels += _grouped_linear("experts_fc2", rows, width, h, db, fp8, backward=False)
+    kernels += _grouped_linear("experts_fc2", rows, width, h, db, narrow, backward=False)
     if m.ep * m.etp > 1:
         kernels.append(mem("moe_unsort_chunks", "elementwise", received * h, 0, 2 * received * h * db))
     kernels.append(mem("moe_unpermute", "elementwise", t * k * h, 2, (t * k * h + t * h) * db + t * k * _SCORE))
     if m.shared_ffn:
         tokens = shape.attention.tokens  # the shared experts are tensor-parallel: every token, 1/t of the width
-        kernels += swiglu_forward("shared_", tokens, h, m.shared_ffn // shape.attention.t, db, fp8, compiled)
+        kernels += swiglu_forward("shared_", tokens, h, m.shared_ffn // shape.attention.t, db, narrow, compiled)
         kernels.append(add_kernel("shared_add", t * h, db))
     return kernels
 
 
-def _mixture_backward(shape: MoeBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+def _mixture_backward(shape: MoeBlockShape, db: int, narrow: Narrow | None, compiled: bool) -> list[Kernel]:
     m = shape.mixture
     assert m is not None
     t, h, k, experts = shape.tokens, shape.attention.h, m.topk, m.experts
@@ -137,7 +139,7 @@ def _mixture_backward(shape: MoeBlockShape, db: int, fp8: bool, compiled: bool) 
     received, width = sum(rows), m.expert_ffn // m.etp
     kernels: list[Kernel] = []
     if m.shared_ffn:
-        kernels += swiglu_backward("shared_", shape.attention.tokens, h, m.shared_ffn // shape.attention.t, db, fp8,
+        kernels += swiglu_backward("shared_", shape.attention.tokens, h, m.shared_ffn // shape.attention.t, db, narrow,
                                    compiled)
     # the un-permutation's backward: each copy's gradient (the token's, times its score) and each score's gradient
     # (the copy's output · the token's gradient)
@@ -145,9 +147,9 @@ def _mixture_backward(shape: MoeBlockShape, db: int, fp8: bool, compiled: bool) 
                        (t * h + 2 * t * k * h) * db + 2 * t * k * _SCORE))
     if m.ep * m.etp > 1:
         kernels.append(mem("moe_unsort_chunks_bwd", "elementwise", received * h, 0, 2 * received * h * db))
-    kernels += _grouped_linear("experts_fc2", rows, width, h, db, fp8, backward=True)
+    kernels += _grouped_linear("experts_fc2", rows, width, h, db, narrow, backward=True)
     kernels += _expert_activation(received * width, db, m.swiglu_clamp, backward=True, compiled=compiled)
-    kernels += _grouped_linear("experts_fc1", rows, h, 2 * width, db, fp8, backward=True)
+    kernels += _grouped_linear("experts_fc1", rows, h, 2 * width, db, narrow, backward=True)
     if m.ep * m.etp > 1:
         kernels.append(mem("moe_sort_chunks_bwd", "elementwise", received * h, 0, 2 * received * h * db))
     kernels += [mem("moe_permute_bwd", "elementwise", t * k * h, ADD_FLOPS, (t * k * h + t * h) * db + t * k * _INDEX),
@@ -157,38 +159,36 @@ def _mixture_backward(shape: MoeBlockShape, db: int, fp8: bool, compiled: bool) 
     return kernels
 
 
-def _grouped_linear(name: str, rows: tuple[int, ...], n_in: int, n_out: int, db: int, fp8: bool, *,
+def _grouped_linear(name: str, rows: tuple[int, ...], n_in: int, n_out: int, db: int, narrow: Narrow | None, *,
                     backward: bool) -> list[Kernel]:
     """The experts' linear as grouped GEMMs over ``rows`` tokens per expert: forward Y_e = X_e·W_e; backward the
     input gradients dX_e = dY_e·W_eᵀ then the weight gradients dW_e = X_eᵀ·dY_e (K the expert's tokens: an expert
-    with no tokens writes a zero gradient, not costed). ``fp8``: each operand cast first (one read, one 1-byte
-    write), as Transformer Engine quantizes a grouped linear's inputs and weights."""
+    with no tokens writes a zero gradient, not costed). ``narrow``: each operand cast first, as a linear's are
+    (:func:`sim.cost.kernels.block.linear_kernels`; Transformer Engine quantizes a grouped linear's inputs and
+    weights in both orders at once)."""
     total, experts = sum(rows), sum(1 for r in rows if r)
-    casts: list[Kernel] = []
     if not backward:
-        if fp8:
-            casts = [mem(name + "_cast_input", "elementwise", total * n_in, 2, total * n_in * (db + FP8_BYTES)),
-                     mem(name + "_cast_weight", "elementwise", experts * n_in * n_out, 2,
-                         experts * n_in * n_out * (db + FP8_BYTES))]
-        return [*casts, grouped_gemm(name, rows, n_out, n_in, db, fp8=fp8)]
-    if fp8:
-        casts = [mem(name + "_cast_grad", "elementwise", total * n_out, 2, total * n_out * (db + FP8_BYTES))]
-    return [*casts, grouped_gemm(name + "_dgrad", rows, n_in, n_out, db, fp8=fp8),
-            *_weight_grads(name, rows, n_in, n_out, db, fp8)]
+        casts = [cast_kernel(name + "_cast_input", total * n_in, db, narrow, True),
+                 cast_kernel(name + "_cast_weight", experts * n_in * n_out, db, narrow, True)] if narrow else []
+        return [*casts, grouped_gemm(name, rows, n_out, n_in, db, narrow=narrow)]
+    casts = [cast_kernel(name + "_cast_grad", total * n_out, db, narrow, True)] if narrow else []
+    return [*casts, grouped_gemm(name + "_dgrad", rows, n_in, n_out, db, narrow=narrow),
+            *_weight_grads(name, rows, n_in, n_out, db, narrow)]
 
 
-def _weight_grads(name: str, rows: tuple[int, ...], n_in: int, n_out: int, db: int, fp8: bool) -> list[Kernel]:
+def _weight_grads(name: str, rows: tuple[int, ...], n_in: int, n_out: int, db: int,
+                  narrow: Narrow | None) -> list[Kernel]:
     """The grouped weight gradient: for each expert with tokens an (n_in × n_out) product over its M_e tokens, one
     launch; every expert's output tile count is the same, so the launch is costed as one batch of the experts'
     products at their mean K (the FLOPs and bytes summed exactly)."""
     active = [r for r in rows if r]
     if not active:
         return []
-    operand = FP8_BYTES if fp8 else db
     flops = sum(2.0 * n_in * n_out * r for r in active)
-    nbytes = sum((n_in * r + r * n_out) * operand + n_in * n_out * db for r in active)
+    operands = sum(n_in * r + r * n_out for r in active)
+    nbytes = (narrow.stored_bytes(operands) if narrow else operands * db) + len(active) * n_in * n_out * db
     mean_k = max(1, round(sum(active) / len(active)))
-    return [Kernel(name + "_wgrad", "gemm", flops, float(nbytes), (n_in, n_out, mean_k), len(active), fp8)]
+    return [Kernel(name + "_wgrad", "gemm", flops, float(nbytes), (n_in, n_out, mean_k), len(active), narrow)]
 
 
 def _expert_activation(values: int, db: int, clamp: int, *, backward: bool, compiled: bool) -> list[Kernel]:
@@ -201,14 +201,14 @@ def _expert_activation(values: int, db: int, clamp: int, *, backward: bool, comp
     return [Kernel("experts_" + k.name, k.kind, k.flops, k.bytes) for k in kernels]
 
 
-def _mla_forward(shape: MoeBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+def _mla_forward(shape: MoeBlockShape, db: int, narrow: Narrow | None, compiled: bool) -> list[Kernel]:
     a, mla = shape.attention, shape.mla
     assert mla is not None
     tokens, h, heads = a.tokens, a.h, a.q_heads
     nope, rope, v = a.d - mla.rope_dim, mla.rope_dim, a.dv
 
     def linear(name: str, n_in: int, n_out: int) -> list[Kernel]:
-        return linear_kernels(name, tokens, n_in, n_out, db, False, False, bias_grad=False, fp8=fp8,
+        return linear_kernels(name, tokens, n_in, n_out, db, False, False, bias_grad=False, narrow=narrow,
                               compiled=compiled)
 
     query = ([*linear("q_down", h, mla.q_lora), *norm_kernels("q_norm", tokens, mla.q_lora, db, compiled=compiled),
@@ -224,18 +224,20 @@ def _mla_forward(shape: MoeBlockShape, db: int, fp8: bool, compiled: bool) -> li
         mem("mla_key_assemble", "elementwise", tokens * heads * a.d, 3,
             (tokens * heads * nope + tokens * rope + tokens * heads * a.d) * db),
         *flash_attention_kernels(a, db, False),
-        *linear_kernels("wo", tokens, heads * v, h, db, False, False, bias_grad=False, fp8=fp8, compiled=compiled),
+        *linear_kernels("wo", tokens, heads * v, h, db, False, False, bias_grad=False, narrow=narrow,
+                        compiled=compiled),
     ]
 
 
-def _mla_backward(shape: MoeBlockShape, db: int, fp8: bool, compiled: bool) -> list[Kernel]:
+def _mla_backward(shape: MoeBlockShape, db: int, narrow: Narrow | None, compiled: bool) -> list[Kernel]:
     a, mla = shape.attention, shape.mla
     assert mla is not None
     tokens, h, heads = a.tokens, a.h, a.q_heads
     nope, rope, v = a.d - mla.rope_dim, mla.rope_dim, a.dv
 
     def linear(name: str, n_in: int, n_out: int) -> list[Kernel]:
-        return linear_kernels(name, tokens, n_in, n_out, db, True, False, bias_grad=False, fp8=fp8, compiled=compiled)
+        return linear_kernels(name, tokens, n_in, n_out, db, True, False, bias_grad=False, narrow=narrow,
+                              compiled=compiled)
 
     query = ([*linear("q_up", mla.q_lora, heads * a.d),
               *norm_backward_kernels("q_norm", tokens, mla.q_lora, db, compiled=compiled, skip=False),

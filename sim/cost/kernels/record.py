@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from sim.core.errors import SpecError
 
 __all__ = ["Kernel", "KINDS", "MASK_BYTES", "STAT_BYTES", "TOKEN_ID_BYTES", "FP8_BYTES", "LN_FLOPS", "SOFTMAX_FLOPS",
-           "DROPOUT_FLOPS", "GELU_FLOPS", "ADD_FLOPS", "gemm", "grouped_gemm", "mem", "check"]
+           "DROPOUT_FLOPS", "GELU_FLOPS", "ADD_FLOPS", "Narrow", "FP8", "MXFP8", "NVFP4", "NARROW_FORMATS", "gemm",
+           "grouped_gemm", "mem", "check"]
 
 #: Kernel kinds: how a cost model should treat one.
 KINDS = ("gemm", "attention", "elementwise", "norm", "softmax", "dropout", "loss", "optimizer")
@@ -28,9 +29,10 @@ LN_FLOPS, SOFTMAX_FLOPS, DROPOUT_FLOPS, GELU_FLOPS, ADD_FLOPS = 8, 5, 2, 8, 1
 @dataclass(frozen=True)
 class Kernel:
     """One kernel launch: ``flops`` (FLOP), ``bytes`` (bytes read + written in device memory), and for GEMMs the
-    shape ``gemm = (M, N, K)`` of each of ``batch`` independent products (FLOPs = 2·batch·M·N·K); ``fp8``: a GEMM
-    on FP8 inputs, run on the FP8 tensor cores; ``group``: a grouped GEMM (the experts of a mixture, one launch),
-    the M of each of its products, which share N and K (``gemm``'s M is their sum, ``batch`` 1)."""
+    shape ``gemm = (M, N, K)`` of each of ``batch`` independent products (FLOPs = 2·batch·M·N·K); ``narrow``: a GEMM
+    on low-precision operands (:class:`Narrow`), run on the tensor cores of that format; ``group``: a grouped GEMM
+    (the experts of a mixture, one launch), the M of each of its products, which share N and K (``gemm``'s M is
+    their sum, ``batch`` 1)."""
 
     name: str
     kind: str
@@ -38,7 +40,7 @@ class Kernel:
     bytes: float
     gemm: tuple[int, int, int] | None = None
     batch: int = 1
-    fp8: bool = False
+    narrow: Narrow | None = None
     group: tuple[int, ...] = ()
 
 
@@ -46,24 +48,65 @@ class Kernel:
 FP8_BYTES = 1
 
 
+@dataclass(frozen=True)
+class Narrow:
+    """A low-precision GEMM format: how its operands are stored and scaled and which tensor cores multiply them.
+
+    Attributes:
+        name: ``fp8``, ``mxfp8`` or ``nvfp4`` (:data:`NARROW_FORMATS`).
+        value_bytes: bytes per operand value (FP8 1, FP4 0.5).
+        block: values sharing one scale factor along the reduction axis; 0: one scale per tensor (tensorwise).
+        scale_bytes: bytes per block scale (E8M0 or E4M3: 1); 0 when tensorwise.
+        tensor_cores: ``fp8`` or ``fp4``: the peak (``DeviceSpec.peak_fp8_flops``/``peak_fp4_flops``) it runs at.
+    """
+
+    name: str
+    value_bytes: float
+    block: int
+    scale_bytes: int
+    tensor_cores: str
+
+    @property
+    def block_scaled(self) -> bool:
+        """Scaled per block (MX, NVFP4), not per tensor."""
+        return self.block > 0
+
+    def stored_bytes(self, values: float) -> float:
+        """Bytes of ``values`` operand values in this format, their block scales included."""
+        return values * self.value_bytes + (values / self.block * self.scale_bytes if self.block else 0.0)
+
+
+#: Tensorwise FP8 (torchao's Float8Linear with dynamic scaling, Transformer Engine's current scaling "FP8-CS"): one
+#: fp32 scale per tensor from its amax.
+FP8 = Narrow("fp8", FP8_BYTES, 0, 0, "fp8")
+#: MXFP8 (OCP Microscaling Formats v1.0: 32-value blocks, an E8M0 power-of-two scale each), on Blackwell's tensor
+#: cores at the FP8 rate.
+MXFP8 = Narrow("mxfp8", FP8_BYTES, 32, 1, "fp8")
+#: NVFP4 (NVIDIA's 4-bit format: E2M1 values, 16-value blocks with an E4M3 scale, and an fp32 scale per tensor; NVIDIA,
+#: "Pretraining Large Language Models with NVFP4", arXiv 2509.25149 §2), at the FP4 rate.
+NVFP4 = Narrow("nvfp4", 0.5, 16, 1, "fp4")
+#: The formats by name.
+NARROW_FORMATS = {fmt.name: fmt for fmt in (FP8, MXFP8, NVFP4)}
+
+
 def gemm(name: str, m: int, n: int, k: int, db: int, *, batch: int = 1, bias: bool = False,
-         fp8: bool = False) -> Kernel:
+         narrow: Narrow | None = None) -> Kernel:
     """C[M×N] = A[M×K]·B[K×N] (``batch`` times): reads A and B, writes C; a fused bias reads N more values. With
-    ``fp8`` A and B are FP8 (one byte each) and C is written in the training dtype."""
-    operand = FP8_BYTES if fp8 else db
+    ``narrow`` A and B are in that format (their block scales read too) and C is written in the training dtype."""
+    operands = narrow.stored_bytes(m * k + k * n) if narrow else (m * k + k * n) * db
     return Kernel(name, "gemm", 2.0 * batch * m * n * k,
-                  float(batch * ((m * k + k * n) * operand + m * n * db) + bias * n * db), (m, n, k), batch, fp8)
+                  float(batch * (operands + m * n * db) + bias * n * db), (m, n, k), batch, narrow)
 
 
-def grouped_gemm(name: str, ms: tuple[int, ...], n: int, k: int, db: int, *, fp8: bool = False) -> Kernel:
+def grouped_gemm(name: str, ms: tuple[int, ...], n: int, k: int, db: int, *, narrow: Narrow | None = None) -> Kernel:
     """One grouped GEMM: C_e[M_e×N] = A_e[M_e×K]·B_e[K×N] for each M_e of ``ms`` (an expert's tokens), one launch:
     reads each A_e and the weights B_e of every expert that received tokens (one that received none has no tile),
-    writes each C_e. ``fp8``: FP8 operands."""
-    operand = FP8_BYTES if fp8 else db
+    writes each C_e. ``narrow``: operands in that format."""
     rows = sum(ms)
-    weights = sum(1 for m in ms if m) * k * n
-    return Kernel(name, "gemm", 2.0 * rows * n * k, float((rows * k + weights) * operand + rows * n * db),
-                  (rows, n, k), 1, fp8, tuple(ms))
+    values = rows * k + sum(1 for m in ms if m) * k * n
+    operands = narrow.stored_bytes(values) if narrow else values * db
+    return Kernel(name, "gemm", 2.0 * rows * n * k, float(operands + rows * n * db), (rows, n, k), 1, narrow,
+                  tuple(ms))
 
 
 def mem(name: str, kind: str, elements: int, flops_per_element: int, nbytes: float) -> Kernel:

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from sim.cost.kernels.llama import LlamaBlockShape, llama_block_kernels
+from sim.cost.kernels.record import FP8
 from sim.models.llama import DecoderShape, block_saved_bytes, sac_recompute_flops, sac_saved_linears
 
 #: The ops whose kernels the inventory costs elsewhere (GEMMs, SDPA) or that the test itself issues (the seed
@@ -141,8 +142,8 @@ def test_compiled_kernels_fuse_only(fp8, qk_norm, bias):
     # kernels, the memory-bound kernels fewer and lighter.
     shape = LlamaBlockShape(2, 256, 512, 8, 2, 64, 1408, 1, qk_norm=qk_norm, qkv_bias=bias)
     for backward in (False, True):
-        eager = llama_block_kernels(shape, backward=backward, fp8=fp8)
-        compiled = llama_block_kernels(shape, backward=backward, fp8=fp8, compiled=True)
+        eager = llama_block_kernels(shape, backward=backward, narrow=FP8 if fp8 else None)
+        compiled = llama_block_kernels(shape, backward=backward, narrow=FP8 if fp8 else None, compiled=True)
         assert [k for k in eager if k.kind in ("gemm", "attention")] == \
             [k for k in compiled if k.kind in ("gemm", "attention")]
         rest_eager = [k for k in eager if k.kind not in ("gemm", "attention")]
@@ -202,7 +203,7 @@ def test_selective_recompute_reruns_the_unsaved_gemms():
                                                                                                    100, s))
     assert sum(k.flops for k in again if k.kind == "gemm") == 2 * b * s * (h * g * d + a * d * h + h * f)
     assert not any(k.kind == "attention" for k in again)
-    fp8 = llama_block_kernels(shape, backward=True, fp8=True, selective_recompute=True)
+    fp8 = llama_block_kernels(shape, backward=True, narrow=FP8, selective_recompute=True)
     fp8_again = [k for k in fp8 if k.name.startswith("recompute_") and k.kind == "gemm"]
     assert [k.name for k in fp8_again] == ["recompute_" + n for n in ("wq", "wk", "wv", "wo", "w1", "w3")]
 

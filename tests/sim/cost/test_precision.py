@@ -9,7 +9,7 @@ from sim.core.errors import SpecError
 from sim.cost.gpu_time import default_kernel_model, kernel_seconds
 from sim.cost.kernels.block import linear_kernels
 from sim.cost.kernels.llama import LlamaBlockShape, llama_block_kernels, llama_head_kernels
-from sim.cost.kernels.record import gemm
+from sim.cost.kernels.record import FP8, gemm
 from sim.cost.model_flops import training_rates
 from sim.hw.catalog import get_device
 from sim.ir.plan import Plan
@@ -32,7 +32,7 @@ def test_the_catalog_fp8_peaks(name, tflops, efficiency):
 def test_an_fp8_gemm_runs_at_the_fp8_ceiling():
     h100, model = get_device("H100"), default_kernel_model()
     size = 8192  # large enough to be bound by its FLOPs in both formats
-    bf16, fp8 = gemm("g", size, size, size, 2), gemm("g", size, size, size, 2, fp8=True)
+    bf16, fp8 = gemm("g", size, size, size, 2), gemm("g", size, size, size, 2, narrow=FP8)
     assert fp8.flops == bf16.flops and fp8.bytes < bf16.bytes
     gap = model.kernel_gap_s
     ratio = (kernel_seconds(bf16, h100, model) - gap) / (kernel_seconds(fp8, h100, model) - gap)
@@ -41,8 +41,8 @@ def test_an_fp8_gemm_runs_at_the_fp8_ceiling():
 
 def test_an_fp8_linear_casts_its_operands():
     tokens, n_in, n_out, db = 64, 32, 48, 2
-    forward = linear_kernels("w", tokens, n_in, n_out, db, False, False, bias_grad=False, fp8=True)
-    backward = linear_kernels("w", tokens, n_in, n_out, db, True, False, bias_grad=False, fp8=True)
+    forward = linear_kernels("w", tokens, n_in, n_out, db, False, False, bias_grad=False, narrow=FP8)
+    backward = linear_kernels("w", tokens, n_in, n_out, db, True, False, bias_grad=False, narrow=FP8)
     plain = linear_kernels("w", tokens, n_in, n_out, db, True, False, bias_grad=False)
     # The amax read, then a read and a one-byte write, for the input and the weight; the output gradient's cast and
     # three one-byte transposes backward; the same FLOPs as in bf16.
@@ -51,14 +51,15 @@ def test_an_fp8_linear_casts_its_operands():
                                               "w_transpose_grad"]
     assert backward[0].bytes == tokens * n_out * 5 and backward[1].bytes == 2 * tokens * n_in
     assert sum(k.flops for k in backward if k.kind == "gemm") == sum(k.flops for k in plain if k.kind == "gemm")
-    assert all(k.fp8 for k in backward if k.kind == "gemm")
+    assert all(k.narrow is FP8 for k in backward if k.kind == "gemm")
 
 
 def test_fp8_reaches_the_linears_only():
     shape = LlamaBlockShape(1, 512, 256, 4, 2, 64, 704, 1)
-    kernels = llama_block_kernels(shape, backward=False, fp8=True)
-    assert all(k.fp8 for k in kernels if k.kind == "gemm") and not any(k.fp8 for k in kernels if k.kind != "gemm")
-    assert not any(k.fp8 for k in llama_head_kernels(1, 512, 256, 1000, 1, backward=False))  # the LM head stays bf16
+    kernels = llama_block_kernels(shape, backward=False, narrow=FP8)
+    assert all(k.narrow is FP8 for k in kernels if k.kind == "gemm")
+    assert not any(k.narrow for k in kernels if k.kind != "gemm")
+    assert not any(k.narrow for k in llama_head_kernels(1, 512, 256, 1000, 1, backward=False))  # the LM head stays bf16
 
 
 def _iteration(model, precision):
@@ -96,3 +97,39 @@ def test_a_written_plan_is_checked_again():
     moved = dataclasses.replace(built.plan, topology="2xA100")
     with pytest.raises(SpecError, match="a100-sxm4-80gb has none"):
         predict(Plan.loads(moved.dumps()))
+
+
+def test_block_scaled_formats_run_on_their_tensor_cores_with_their_scales():
+    from sim.cost.kernels.record import MXFP8, NVFP4
+
+    model, b200 = default_kernel_model(), get_device("B200")
+    size = 8192
+    fp8, mx, nv = (gemm("g", size, size, size, 2, narrow=fmt) for fmt in (FP8, MXFP8, NVFP4))
+    operands = 2 * size * size
+    # one byte a value, plus an E8M0 scale per 32 (MXFP8) or half a byte plus an E4M3 scale per 16 (NVFP4)
+    assert mx.bytes - fp8.bytes == operands / 32 and nv.bytes == fp8.bytes - operands / 2 + operands / 16
+    gap = model.kernel_gap_s
+    # large enough to be compute bound: MXFP8 at the FP8 peak, NVFP4 at the FP4 peak (twice B200's FP8)
+    assert kernel_seconds(mx, b200, model) == pytest.approx(kernel_seconds(fp8, b200, model), rel=1e-9)
+    ratio = (kernel_seconds(fp8, b200, model) - gap) / (kernel_seconds(nv, b200, model) - gap)
+    assert ratio == pytest.approx(b200.peak_fp4_flops / b200.peak_fp8_flops, rel=1e-9)
+    # a block-scaled cast: one read, both orders' values and scales written; no amax pass, no transposes
+    forward = linear_kernels("w", 64, 32, 48, 2, False, False, bias_grad=False, narrow=NVFP4)
+    assert forward[0].bytes == 64 * 32 * 2 + 2 * (64 * 32 * 0.5 + 64 * 32 / 16)
+    backward = linear_kernels("w", 64, 32, 48, 2, True, False, bias_grad=False, narrow=MXFP8)
+    assert not any("transpose" in k.name for k in backward)
+
+
+@pytest.mark.parametrize("precision, topology, message", [
+    ("mxfp8", "2xH100", "mxfp8 is block-scaled, which Blackwell's tensor cores run; h100-sxm5-80gb has no FP4 peak"),
+    ("nvfp4", "2xA100", "nvfp4 needs FP8 tensor cores; a100-sxm4-80gb has none"),
+])
+def test_block_scaled_formats_need_blackwell(precision, topology, message):
+    with pytest.raises(SpecError, match=message):
+        build_plan(PlanInputs(LLAMA, topology, "1f1b", microbatches=2, precision=precision))
+
+
+def test_nvfp4_mfu_counts_the_fp4_peak():
+    built = build_plan(PlanInputs(LLAMA, "2xB200", "1f1b", microbatches=2, precision="nvfp4"))
+    rates = training_rates(built.plan, built.topology, 1.0)
+    assert rates["mfu"] == pytest.approx(rates["model_flops_per_iteration"] / (2 * get_device("B200").peak_fp4_flops))

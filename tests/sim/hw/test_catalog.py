@@ -24,14 +24,16 @@ from sim.hw.catalog import (
 
 CONTRACT_LINKS = [
     "nvlink2-x1", "nvlink2-x2", "nvswitch-v100", "nvswitch-a100", "nvswitch-h100", "nvswitch-h200", "nvswitch-b200",
-    "nvlink4-x6", "xgmi-mi300x", "nvlink-c2c", "ici-tpu-v3", "pcie3-x16", "pcie4-x16", "pcie5-x16", "ib-edr",
+    "nvlink-switch-nvl72", "nvlink4-x6", "xgmi-mi300x", "nvlink-c2c", "ici-tpu-v3", "pcie3-x16", "pcie4-x16",
+    "pcie5-x16", "pcie6-x16", "ib-edr",
     "ib-hdr", "ib-ndr", "ib-xdr", "slingshot-11", "roce-200g", "roce-400g", "eth-10g", "eth-25g", "eth-100g",
     "loopback", "ideal",
 ]  # fmt: skip
 CONTRACT_DEVICES = [
     "v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "v100-pcie-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb",
     "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm5-80gb", "h100-pcie-80gb", "t4-16gb", "a10-24gb", "rtx3090-24gb",
-    "rtx4090-24gb", "h200-sxm-141gb", "h100-sxm-96gb-hbm2e", "gh200-96gb", "b200-sxm-180gb", "l40s-48gb",
+    "rtx4090-24gb", "h200-sxm-141gb", "h100-sxm-96gb-hbm2e", "gh200-96gb", "b200-sxm-180gb", "gb200", "gb300",
+    "b300-sxm-270gb", "l40s-48gb",
     "mi300x-192gb", "p100-pcie-16gb",
     "tpu-v3-core", "cpu", "ideal",
 ]  # fmt: skip
@@ -102,7 +104,8 @@ def test_ideal_device_and_link() -> None:
 def test_every_device_is_consistent_and_cited(device: DeviceSpec) -> None:
     assert 0 < device.matmul_efficiency <= 1
     assert device.peak_flops > 0 and device.memory_bytes > 0 and device.memory_bandwidth > 0
-    expected_host_link = {"ideal": "ideal", "cpu": "loopback", "gh200-96gb": "nvlink-c2c"}.get(device.name)
+    expected_host_link = {"ideal": "ideal", "cpu": "loopback", "gh200-96gb": "nvlink-c2c", "gb200": "nvlink-c2c",
+                          "gb300": "nvlink-c2c"}.get(device.name)
     assert get_link(device.host_link).name.startswith("pcie") or device.host_link == expected_host_link
     if device.name == "cpu":  # measured by this project on its own machine
         assert "[meas: this project" in device.source
@@ -207,6 +210,7 @@ def test_malformed_catalog_yaml_fails_clearly(catalog_dir: Path) -> None:
 
 
 def test_fp4_peaks_where_the_devices_have_fp4() -> None:
-    # stas00/ml-engineering's TFLOPS table (b9e29720), fp4 column, dense: B200 9000; no FP4 before Blackwell.
-    assert get_device("B200").peak_fp4_flops == 9000e12
-    assert all(d.peak_fp4_flops == 0 for d in list_devices() if d.name != "b200-sxm-180gb")
+    # stas00/ml-engineering's TFLOPS table (b9e29720), fp4 column, dense: B200 9000; glennklockwood's GB200 table
+    # (1,200 W) 10000; verda.com's Blackwell Ultra table: GB300 15 PFLOPS, B300 14; no FP4 before Blackwell.
+    blackwell = {"b200-sxm-180gb": 9000e12, "gb200": 10000e12, "gb300": 15000e12, "b300-sxm-270gb": 14000e12}
+    assert {d.name: d.peak_fp4_flops for d in list_devices() if d.peak_fp4_flops} == blackwell
