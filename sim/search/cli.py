@@ -111,7 +111,12 @@ def make_parser() -> argparse.ArgumentParser:
                        default=(MODEL_PRECISION,), help=f"precisions among {MODEL_PRECISION} (the model's own), "
                        f"{', '.join(PRECISIONS)} (default {MODEL_PRECISION}; fp8 where the devices have it)")
     space.add_argument("--compile", type=_listed(_switch, (False, True), "on/off"), default=(False,),
-                       help="torch.compile: off (default), on or off,on (llama family on GPUs)")
+                       help="torch.compile: off (default), on or off,on (llama and moe families on GPUs)")
+    space.add_argument("--ep", type=_listed(int, name="expert-parallel degree"), default=(1,),
+                       help="expert-parallel degrees, e.g. 1,4,8 (default 1; moe family), each tried where it "
+                       "divides a layout's tp x cp x dp devices")
+    space.add_argument("--etp", type=_listed(int, name="expert-tensor-parallel degree"), default=(1,),
+                       help="expert-tensor-parallel degrees (default 1)")
     space.add_argument("--rank-orders", type=_listed(str, (*RANK_ORDERS, "all"), "rank order"), default=("tp-dp-pp",),
                        help="how ranks nest over the devices, innermost first (default tp-dp-pp, Megatron's; 'all')")
     space.add_argument("--partitions", type=_listed(str, PARTITION_RULES, "partition rule"),
@@ -164,7 +169,7 @@ def _run(argv: list[str] | None) -> int:
                           microbatch_sizes=args.microbatch_sizes, sequence_parallel=args.sequence_parallel,
                           zero=args.zero, rank_orders=orders, partitions=args.partitions,
                           settings=settings, cp=args.cp, cp_comms=args.cp_comm, dp_replicate=args.dp_replicate,
-                          precisions=args.precision, compile=args.compile))
+                          precisions=args.precision, compile=args.compile, ep=args.ep, etp=args.etp))
     out = prepare_output_dir(args.out, "--out", create=False)  # a bad --out is refused before the search, not after
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
     try:

@@ -260,7 +260,7 @@ def joint_candidates(problem: SearchProblem, topology: Topology, candidates: Seq
             # The program depends on the layout and on what the oracle costs, not on the schedule.
             key = (candidate.tp, candidate.dp, candidate.pp, candidate.microbatch_size, candidate.recompute,
                    candidate.sequence_parallel, candidate.zero, candidate.rank_order, candidate.cp, candidate.cp_comm,
-                   candidate.dp_replicate, candidate.precision, candidate.compiled)
+                   candidate.dp_replicate, candidate.precision, candidate.compiled, candidate.ep, candidate.etp)
             if key not in answers:
                 answers[key] = _answer(problem, topology, profile, candidate)
             answer = answers[key]

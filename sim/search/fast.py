@@ -65,7 +65,7 @@ class FastEvaluator:
         whether forwards are recomputed as ops of their own."""
         c = candidate
         return (c.schedule, c.pp, microbatches, c.chunks, c.recompute == "full", c.tp > 1, c.dp * c.cp > 1, c.zero,
-                c.sequence_parallel, c.dp_replicate > 1)
+                c.sequence_parallel, c.dp_replicate > 1, c.ep * c.etp > 1)
 
     def evaluate(self, candidate: Candidate) -> Evaluation:
         """The candidate's evaluation; infeasible ones say why (as :func:`sim.search.evaluate.evaluate`)."""

@@ -41,10 +41,12 @@ def _partition_text(counts: tuple[int, ...]) -> str:
 
 
 def _also(c: Candidate) -> str:
-    """The choices beyond the Megatron-era ones: context parallelism, HSDP, precision, compile (``-`` for none)."""
+    """The choices beyond the Megatron-era ones: context parallelism, HSDP, precision, compile, expert parallelism
+    (``-`` for none)."""
     parts = ([f"CP {c.cp} {c.cp_comm}"] if c.cp > 1 else []) + ([f"HSDP {c.dp_replicate}"] if c.dp_replicate > 1
                                                                    else [])
     parts += ([c.precision] if c.precision != MODEL_PRECISION else []) + (["compile"] if c.compiled else [])
+    parts += ([f"EP {c.ep}" + (f" × ETP {c.etp}" if c.etp > 1 else "")] if c.ep * c.etp > 1 else [])
     return ", ".join(parts) or "-"
 
 
@@ -105,7 +107,8 @@ def candidates_csv(result: SearchResult) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     fields = ["tp", "dp", "pp", "microbatch_size", "schedule", "chunks", "recompute", "sequence_parallel", "zero",
-              "rank_order", "partition", "devices", "cp", "cp_comm", "dp_replicate", "precision", "compiled"]
+              "rank_order", "partition", "devices", "cp", "cp_comm", "dp_replicate", "precision", "compiled", "ep",
+              "etp"]
     writer.writerow([*fields, "microbatches", "feasible", "iteration_time_s", "throughput_samples_per_s",
                      "max_peak_memory_bytes", "layer_counts", "peak_memory_bytes", "reason"])
     for e in result.evaluations:

@@ -66,7 +66,10 @@ class SearchSpace:
         cp_comms: how context-parallel ranks exchange keys and values (applies where CP > 1).
         dp_replicate: HSDP replicate degrees (apply under ZeRO-3, dividing DP).
         precisions: training precisions (``--precision``), :data:`MODEL_PRECISION` for the model's own.
-        compile: ``False`` and/or ``True`` (``--compile``: the llama family on GPUs).
+        compile: ``False`` and/or ``True`` (``--compile``: the llama and moe families on GPUs).
+        ep: expert-parallel degrees (``--ep``; above 1 for the moe family), those that divide a layout's
+            TP × CP × DP devices with the ETP degree.
+        etp: expert-tensor-parallel degrees (``--etp``).
     """
 
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
@@ -84,6 +87,8 @@ class SearchSpace:
     dp_replicate: tuple[int, ...] = (1,)
     precisions: tuple[str, ...] = (MODEL_PRECISION,)
     compile: tuple[bool, ...] = (False,)
+    ep: tuple[int, ...] = (1,)
+    etp: tuple[int, ...] = (1,)
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,8 @@ class Candidate:
     dp_replicate: int = 1
     precision: str = MODEL_PRECISION
     compiled: bool = False
+    ep: int = 1
+    etp: int = 1
 
     def microbatches(self, global_batch: int) -> float:
         """Microbatches per iteration per replica (fractional when the batch does not divide: infeasible)."""
@@ -144,7 +151,8 @@ class Candidate:
             global_batch=problem.global_batch, rank_order=self.rank_order,
             sequence_parallel=self.sequence_parallel, zero=self.zero, kernel_model=problem.kernel_model,
             devices=self.devices, cp=self.cp, cp_comm=self.cp_comm, dp_replicate=self.dp_replicate,
-            precision=None if self.precision == MODEL_PRECISION else self.precision, compiled=self.compiled)
+            precision=None if self.precision == MODEL_PRECISION else self.precision, compiled=self.compiled,
+            ep=self.ep, etp=self.etp)
 
     def label(self) -> str:
         """A short name: ``tp2 dp2 pp2 b4 interleaved(v=2) full sp zero1 [dp-tp-pp]``."""
@@ -163,6 +171,10 @@ class Candidate:
             parts.append(self.precision)
         if self.compiled:
             parts.append("compile")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp > 1:
+            parts.append(f"etp{self.etp}")
         if self.rank_order != DEFAULT_RANK_ORDER:
             parts.append(f"[{self.rank_order}]")
         if self.partition != "balanced":
@@ -192,6 +204,10 @@ class Candidate:
             flags += ["--precision", self.precision]
         if self.compiled:
             flags.append("--compile")
+        if self.ep > 1:
+            flags += ["--ep", str(self.ep)]
+        if self.etp > 1:
+            flags += ["--etp", str(self.etp)]
         if self.rank_order != DEFAULT_RANK_ORDER:
             flags += ["--rank-order", self.rank_order]
         if self.partition != "balanced":
@@ -240,7 +256,9 @@ def check_space(space: SearchSpace) -> None:
               ("context-parallel exchanges", space.cp_comms, lambda v: v in CP_COMMS),
               ("HSDP replicate degrees", space.dp_replicate, lambda v: isinstance(v, int) and v >= 1),
               ("precisions", space.precisions, lambda v: v in (MODEL_PRECISION, *PRECISIONS)),
-              ("compile choices", space.compile, lambda v: isinstance(v, bool)))
+              ("compile choices", space.compile, lambda v: isinstance(v, bool)),
+              ("expert-parallel degrees", space.ep, lambda v: isinstance(v, int) and v >= 1),
+              ("expert-tensor-parallel degrees", space.etp, lambda v: isinstance(v, int) and v >= 1))
     for name, values, ok in checks:
         if not values and name != "microbatch sizes":
             raise SpecError(f"the search space has no {name} to choose from")
@@ -293,7 +311,8 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int, topology: Top
     bound = sum(len(sizes(tp, dp, pp)) * len(schedule_choices(pp)) for tp, _, dp, pp in shapes) * \
         len(space.recompute) * len(space.sequence_parallel) * len(space.zero) * len(space.rank_orders) * \
         len(space.partitions) * len(space.cp_comms) * len(space.dp_replicate) * len(space.precisions) * \
-        len(space.compile) * (MAX_PLACEMENTS if space.placements and topology is not None else 1)
+        len(space.compile) * len(space.ep) * len(space.etp) * \
+        (MAX_PLACEMENTS if space.placements and topology is not None else 1)
     if bound > MAX_CANDIDATES:
         raise SpecError(f"the search space has up to {bound:,} candidates, more than {MAX_CANDIDATES:,}; narrow it "
                         f"(--schedules, --microbatch-sizes, --recompute, --chunks, --rank-orders)")
@@ -304,11 +323,14 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int, topology: Top
         zero_choices = sorted(set(space.zero)) if dp * cp > 1 else [0]
         comm_choices = sorted(set(space.cp_comms)) if cp > 1 else ["ring"]
         placed = {order: _placements(problem, topology, tp, dp * cp, pp, order) for order in orders}
+        # expert parallelism folds onto the stage's TP × CP × DP devices: the degrees that divide them
+        experts = [(e, t) for e in sorted(set(space.ep)) for t in sorted(set(space.etp))
+                   if (tp * cp * dp) % (e * t) == 0]
         for b, (name, chunks), recompute, sp, zero, order, partition, comm, precision, compiled in product(
                 sizes(tp, dp, pp), schedule_choices(pp), space.recompute, sp_choices, zero_choices, orders,
                 space.partitions, comm_choices, sorted(set(space.precisions)), sorted(set(space.compile))):
             replicate_choices = sorted({r for r in space.dp_replicate if dp % r == 0}) if zero == 3 else [1]
-            for replicate, devices in product(replicate_choices or [1], placed[order]):
+            for replicate, devices, (ep, etp) in product(replicate_choices or [1], placed[order], experts):
                 found.append(Candidate(tp, dp, pp, b, name, chunks, recompute, sp, zero, order, partition, devices,
-                                       cp, comm, replicate, precision, compiled))
+                                       cp, comm, replicate, precision, compiled, ep, etp))
     return sorted(set(found))

@@ -37,6 +37,22 @@ def test_the_2026_dimensions_agree_with_the_engine():
     _agrees(problem, 4)
 
 
+def test_expert_parallelism_agrees_with_the_engine():
+    # A mixture of experts with EP and ETP folded onto TP × DP, ZeRO-1 (the experts' state over their own group) and
+    # MXFP8: the expert all-to-alls are ops the shared structures must hold.
+    model = ("moe:layers=4,hidden=256,heads=8,kv_heads=2,head_dim=32,ffn=512,vocab=1000,seq=512,experts=8,topk=2,"
+             "expert_ffn=128,qk_norm=0")
+    problem = SearchProblem(model, "4xB200", 8,
+                            space=SearchSpace(schedules=("1f1b",), recompute=("none",), zero=(0, 1),
+                                              sequence_parallel=(True,), ep=(1, 2, 4), etp=(1, 2),
+                                              precisions=("model", "mxfp8")),
+                            memory_limit_bytes=int(0.3e9))
+    listed = enumerate_candidates(problem, 4)
+    assert {(c.ep, c.etp) for c in listed} >= {(1, 1), (4, 1), (2, 2)}
+    assert all((c.tp * c.dp * c.cp) % (c.ep * c.etp) == 0 for c in listed)
+    _agrees(problem, 4)
+
+
 def _agrees(problem: SearchProblem, devices: int) -> None:
     fast = FastEvaluator(problem)
     methods = {EXACT: 0, LOWER_BOUND: 0, ENGINE: 0}
