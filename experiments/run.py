@@ -66,6 +66,12 @@ def _torchtitan(argv: list[str]) -> int:
     return torchtitan.main(argv)
 
 
+def _megatron_bridge(argv: list[str]) -> int:
+    from experiments import megatron_bridge
+
+    return megatron_bridge.main(argv)
+
+
 def _search_vtrain(argv: list[str]) -> int:
     from experiments import search_vtrain
 
@@ -213,6 +219,11 @@ EXPERIMENTS: dict[str, Experiment] = {
                              "(FSDP, TP, PP, CP, Float8, torch.compile), predicted beside the published tokens/s per "
                              "GPU; only their H100's three unpublished ceilings fitted, on a seeded half", _torchtitan,
                              out="runs/torchtitan"),
+    "megatron_bridge": Experiment("megatron_bridge", "Megatron-Bridge's published pre-training rows on GB200, GB300 "
+                                  "and B300 (Llama 3 and the mixtures of experts Qwen3, GPT-OSS, DeepSeek-V3; TP, PP, "
+                                  "VP, CP, EP, FSDP; BF16, FP8, MXFP8, NVFP4), each expressible row predicted beside "
+                                  "the published tokens/s per GPU, nothing fitted", _megatron_bridge,
+                                  out="runs/megatron_bridge"),
     "search_vtrain": Experiment("search_vtrain", "sim.search restricted to the configurations vTrain measured in "
                                 "each (model, GPUs, global batch) group: Spearman of its ranking and the top-1 "
                                 "regret of its pick", _search_vtrain, out="runs/search_vtrain"),

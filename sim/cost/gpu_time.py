@@ -134,9 +134,9 @@ def kernel_seconds(kernel: Kernel, device: DeviceSpec, model: KernelModel) -> fl
     memory = kernel.bytes / (device.memory_bandwidth * model.memory_efficiency)
     compute = 0.0
     throughput = device.peak_flops * device.matmul_efficiency  # FLOP/s
-    if kernel.narrow is not None:  # narrow operands run on their tensor cores, at the measured FP8 ceiling
-        peak = device.peak_fp4_flops if kernel.narrow.tensor_cores == "fp4" else device.peak_fp8_flops
-        throughput = peak * device.fp8_matmul_efficiency
+    if kernel.narrow is not None:  # narrow operands run on their tensor cores, at their measured ceiling
+        throughput = (device.fp4_throughput if kernel.narrow.tensor_cores == "fp4" else
+                      device.peak_fp8_flops * device.fp8_matmul_efficiency)
     if kernel.kind == "gemm" and kernel.gemm is not None:
         m, n, k = kernel.gemm
         units = max(device.compute_units, 1)

@@ -358,7 +358,13 @@ class CostModel:
         """An EP op of ``vstage``: every MoE layer's token dispatch and combine, each an all-to-all over the stage's
         expert-parallel groups (all of them at once) whose traffic matrix sends each member the tokens routed to its
         experts (:attr:`sim.models.graph.MixturePart.loads`), and under expert tensor parallelism the all-gather of
-        the received tokens over each expert-tensor group and the reduce-scatter of the experts' outputs."""
+        the received tokens over each expert-tensor group and the reduce-scatter of the experts' outputs.
+
+        The op holds no link in the engine (``held_links`` empty): an expert-parallel group spans data-parallel
+        replicas, so the replicas' EP ops of one microbatch are one exchange, whose time already counts every group's
+        traffic on every link; were each replica's copy to hold the links, the copies would queue behind each other
+        as if they were different traffic. What the exchange does not see is other traffic on the same links at the
+        same moment (pipeline sends, gradient reductions): an optimistic simplification."""
         layout, oracle = self.layout, self.oracle
         pipeline_rank = self.placement.vstage_to_rank[vstage]
         start, end = self.placement.vstage_layers[vstage]
@@ -366,11 +372,7 @@ class CostModel:
                           for t in range(layout.etp))
         etp_groups = tuple(layout.etp_group(pipeline_rank, d, e) for d in range(layout.expert_dp)
                            for e in range(layout.ep))
-        device = self.devices[pipeline_rank]
-        own_ep = next(g for g in ep_groups if device in g)
-        own_etp = next(g for g in etp_groups if device in g)
         parts: list[tuple[CollectiveCost, int, int]] = []
-        held: set[LinkKey] = set()
         for layer in self.graph.layers[start:end]:
             part = layer.transformer
             mixture = part.moe if part is not None else None
@@ -381,15 +383,12 @@ class CostModel:
             if layout.ep > 1:
                 cost = oracle.all_to_all(ep_groups, nbytes, mixture.loads)
                 parts.append((cost, 2, nbytes))  # the dispatch, and the combine back (the same bytes reversed)
-                held.update(oracle.all_to_all((own_ep,), nbytes, mixture.loads).link_keys)
             if layout.etp > 1:  # the slowest EP rank's received tokens, gathered over its expert-tensor group
                 load = max(mixture.loads) * layout.ep if mixture.loads else 1.0
                 gathered = round(nbytes * load) * layout.etp
                 for name in ("all_gather", "reduce_scatter"):
-                    cost = oracle.collective(name, etp_groups, gathered)
-                    parts.append((cost, 1, gathered))
-                    held.update(oracle.collective(name, (own_etp,), gathered, cost.algorithm).link_keys)
-        return _sum_costs(parts, tuple(sorted(held)))
+                    parts.append((oracle.collective(name, etp_groups, gathered), 1, gathered))
+        return _sum_costs(parts, ())
 
     def _collective_cost(self, kind: OpKind, vstage: int) -> CommCost:
         layout, oracle = self.layout, self.oracle

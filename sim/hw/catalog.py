@@ -75,8 +75,10 @@ class DeviceSpec:
         peak_fp8_flops: dense FP8 tensor-core peak, FLOP/s; 0 for a device without FP8 (``--precision fp8`` is
             refused on it).
         fp8_matmul_efficiency: large FP8 GEMMs' ceiling divided by ``peak_fp8_flops``, in (0, 1]; 0 without FP8.
-        peak_fp4_flops: dense FP4 tensor-core peak, FLOP/s, where the device has FP4 (Blackwell); 0 otherwise. Held
-            for NVFP4 and MXFP4 recipes; no ``--precision`` runs on it yet.
+        peak_fp4_flops: dense FP4 tensor-core peak, FLOP/s, where the device has FP4 (Blackwell); 0 otherwise
+            (``--precision nvfp4`` runs on it).
+        fp4_matmul_efficiency: large FP4 GEMMs' ceiling divided by ``peak_fp4_flops``, where a source measures it;
+            0 where none does, and FP4 GEMMs then run at ``fp8_matmul_efficiency`` (:attr:`fp4_throughput`).
         attention_efficiency: the attention kernel's (PyTorch's SDPA, FlashAttention-2) achieved FLOP/s divided by
             ``peak_flops``, in (0, 1], where a source measures it; 0 where none does, and the kernel model then
             uses ``matmul_efficiency`` (:attr:`attention_throughput`).
@@ -98,6 +100,13 @@ class DeviceSpec:
     fp8_matmul_efficiency: float = 0.0
     attention_efficiency: float = 0.0
     peak_fp4_flops: float = 0.0
+    fp4_matmul_efficiency: float = 0.0
+
+    @property
+    def fp4_throughput(self) -> float:
+        """FLOP/s of large FP4 GEMMs: ``peak_fp4_flops`` times ``fp4_matmul_efficiency``, or the FP8 ceiling's
+        efficiency where the catalog has no FP4 measurement."""
+        return self.peak_fp4_flops * (self.fp4_matmul_efficiency or self.fp8_matmul_efficiency)
 
     @property
     def attention_throughput(self) -> float:
@@ -157,7 +166,7 @@ _DEVICE_FIELDS = ("name", "aliases", "peak_tflops", "peak_fp32_tflops", "matmul_
 #: Fields a device entry may leave out (older catalogs): ``compute_units`` (0, the roofline), the FP8 peak and
 #: its GEMM efficiency (0: no FP8), which come together, and the attention kernel's efficiency (0: the GEMMs').
 _OPTIONAL_DEVICE_FIELDS = ("compute_units", "peak_fp8_tflops", "fp8_matmul_efficiency", "attention_efficiency",
-                           "peak_fp4_tflops")
+                           "peak_fp4_tflops", "fp4_matmul_efficiency")
 _LINK_FIELDS = ("name", "bandwidth_gbs", "spec_bandwidth_gbs", "latency_us", "source")
 
 
@@ -231,6 +240,12 @@ def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpe
         else 0.0
     if attention > 1:
         raise SpecError(f"{where}: field 'attention_efficiency' must be in (0, 1], got {attention!r}")
+    if "fp4_matmul_efficiency" in entry and "peak_fp4_tflops" not in entry:
+        raise SpecError(f"{where}: field 'fp4_matmul_efficiency' needs 'peak_fp4_tflops'")
+    fp4_efficiency = _number(entry, "fp4_matmul_efficiency", where, allow_inf=False) \
+        if "fp4_matmul_efficiency" in entry else 0.0
+    if fp4_efficiency > 1:
+        raise SpecError(f"{where}: field 'fp4_matmul_efficiency' must be in (0, 1], got {fp4_efficiency!r}")
     return DeviceSpec(
         name=entry["name"],
         peak_flops=_number(entry, "peak_tflops", where, allow_inf=False) * _TERA,
@@ -247,6 +262,7 @@ def _parse_device(entry: dict[str, Any], where: str, links: Mapping[str, LinkSpe
         attention_efficiency=attention,
         peak_fp4_flops=_number(entry, "peak_fp4_tflops", where, allow_inf=False) * _TERA
         if "peak_fp4_tflops" in entry else 0.0,
+        fp4_matmul_efficiency=fp4_efficiency,
     )
 
 
@@ -295,6 +311,7 @@ def slowed_device(device: DeviceSpec, factor: float) -> DeviceSpec:
         fp8_matmul_efficiency=root.fp8_matmul_efficiency,
         attention_efficiency=root.attention_efficiency,
         peak_fp4_flops=root.peak_fp4_flops / total,
+        fp4_matmul_efficiency=root.fp4_matmul_efficiency,
     )
 
 

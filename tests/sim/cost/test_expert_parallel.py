@@ -143,3 +143,14 @@ def test_expert_flags_are_refused_where_they_mean_nothing():
         build_plan(PlanInputs(SMALL, "8xH100", "1f1b", 4, dp=4, pp=2, ep=4, zero=3))
     with pytest.raises(SpecError, match="capacity_factor must be a number >= 0"):
         build_plan(_inputs(capacity_factor=-1.0))
+
+
+def test_replicas_simulated_one_by_one_exchange_tokens_as_one_all_to_all():
+    # An expert-parallel group spans data-parallel replicas: their copies of one microbatch's EP op are one exchange,
+    # so simulating every replica gives the time one replica standing for all gives (they must not queue).
+    from sim.predict import predict_built
+
+    built = build_plan(_inputs())
+    one = predict_built(built).metrics["iteration_time_s"]
+    every = predict_built(built, simulate_all=True).metrics["iteration_time_s"]
+    assert every == pytest.approx(one, rel=1e-9)

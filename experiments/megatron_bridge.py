@@ -1,0 +1,313 @@
+"""Megatron-Bridge's published pre-training throughput on Blackwell (DGX-GB200, DGX-GB300, DGX-B300), predicted:
+every row of ``../shared/data/megatron-bridge/`` (copied to ``experiments/data/megatron-bridge/``) the product can
+express, through the one prediction path (``build_plan`` and ``predict``), beside the published tokens per second
+per GPU; the rows it cannot express, each with the reason.
+
+Each row becomes the ``sim.run`` inputs its columns mean (:func:`plan_inputs`): the model's preset at the row's
+sequence length; ``NxGB200`` / ``NxGB300`` (NVL72 domains of 72) or ``N/8 × 8 × B300``; ``--tp`` (with sequence
+parallelism, which Megatron-Core requires of a mixture under TP and the recipes set), ``--pp`` (``--schedule
+interleaved --chunks VP`` where VP > 1, else 1F1B), ``--cp``, ``--ep``, DP the GPUs left; FSDP > 0 as ``--zero 3``
+over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer (``--zero 1``, the recipes' default,
+[assumed]: the file does not say); the global batch in microbatches of the row's size; Transformer Engine's fused
+kernels (``--compile``); the precision: BF16 as the model's own, FP8-CS as ``fp8``, FP8-MX and MXFP8 as ``mxfp8``,
+NVFP4 as ``nvfp4``, and the unqualified "FP8" of 26.02 on and the unlabelled 25.09 rows as ``fp8`` (the file does
+not define them: named in the row's ``unmodelled`` column). Routing is balanced and dropless, as the file says the
+MoE benchmarks force. Activation recomputation is not published: none is modelled (the predicted peak memory is
+reported; a row the ledger says does not fit is still timed).
+
+The same configuration is often published by several containers, with throughput that moved as the software did
+(Qwen3-30B-A3B on 8 GB200s: 26,084 tokens/s in 26.02, 39,936 in 26.08). A static model predicts one number per
+configuration, so the rows judged are each configuration's newest; the older ones are listed as superseded, with
+their own errors, and not counted.
+
+Not expressible (each listed with its reason): Nemotron 3 (hybrid Mamba layers), Kimi K2 and DeepSeek-V4 Flash (no
+config in the repository), DeepSeek-V3 with its multi-token-prediction module (the default rows; the "w/o MTP" rows
+are predicted), and the "(tokendrop)" rows (their capacity factor is not published).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.scatter import accuracy_scatter_png
+from sim.core.fileio import write_bytes_atomic, write_text_atomic
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
+from sim.predict import predict_built
+
+__all__ = ["DATA", "Row", "RowResult", "load_rows", "expressible", "plan_inputs", "predict_row", "newest", "summary",
+           "main"]
+
+DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
+
+#: The preset of each published model name the product expresses.
+MODELS = {"LLAMA3_8B": "llama3.1-8b", "LLAMA3_70B": "llama3.1-70b", "LLAMA3.1_405B": "llama3.1-405b",
+          "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b", "GPT OSS 120B": "gpt-oss-120b",
+          "DeepSeekV3 (w/o MTP)": "deepseek-v3"}
+#: Why each other published model is not expressed.
+NOT_EXPRESSIBLE = {
+    "Nemotron_3_Nano": "hybrid Mamba layers are not modelled",
+    "Nemotron_3_Super": "hybrid Mamba layers are not modelled",
+    "Nemotron_3_Ultra": "hybrid Mamba layers are not modelled",
+    "Nemotron_3_5_Lightning": "hybrid Mamba layers are not modelled",
+    "Kimi_K2": "no Kimi K2 config in the repository",
+    "DeepSeekV4 Flash": "no DeepSeek-V4 config in the repository",
+    "DeepSeekV3": "the multi-token-prediction module (on by default) is not modelled",
+    "DeepSeekV3 (tokendrop)": "the capacity factor of the token-dropping runs is not published",
+    "Qwen3_30B_a3B (tokendrop)": "the capacity factor of the token-dropping runs is not published",
+    "Qwen3_235B_a22B (tokendrop)": "the capacity factor of the token-dropping runs is not published",
+}
+#: Mixtures of experts among the expressed models (the targets are judged for dense and MoE rows apart).
+MOE_MODELS = frozenset({"qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "deepseek-v3"})
+#: The product's precision for each published label ("" is 25.09's unlabelled outer variant).
+PRECISIONS = {"BF16": None, "FP8-CS": "fp8", "FP8-MX": "mxfp8", "MXFP8": "mxfp8", "NVFP4": "nvfp4", "FP8": "fp8",
+              "": "fp8"}
+#: Labels whose format the file does not define.
+UNDEFINED_PRECISIONS = frozenset({"FP8", ""})
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published pre-training row (the columns read; ``experiments/data/megatron-bridge/README.md``)."""
+
+    line: int
+    container: str
+    system: str
+    model: str
+    gpus: int
+    precision: str
+    variant: str
+    gbs: int
+    mbs: int
+    seq: int
+    fsdp: int
+    tp: int
+    pp: int
+    cp: int
+    vp: int
+    ep: int
+    tokens_per_s_per_gpu: float
+
+    @property
+    def config(self) -> tuple:
+        """What a static model sees of the row: everything but the container (the software version)."""
+        return (self.system, self.model, self.gpus, self.precision, self.variant, self.gbs, self.mbs, self.seq,
+                self.fsdp, self.tp, self.pp, self.cp, self.vp, self.ep)
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """A row's prediction (tokens/s per GPU), its predicted peak memory (bytes, max over devices) and what of its
+    configuration is assumed or unmodelled."""
+
+    row: Row
+    predicted: float
+    peak_memory_bytes: float
+    unmodelled: tuple[str, ...]
+
+    @property
+    def error(self) -> float:
+        """predicted / published − 1."""
+        return self.predicted / self.row.tokens_per_s_per_gpu - 1
+
+    @property
+    def moe(self) -> bool:
+        return MODELS[self.row.model] in MOE_MODELS
+
+
+def _count(text: str) -> int:
+    """A published degree: empty or "n/a" is 1 (FSDP: 0)."""
+    return int(text) if text.strip() not in ("", "n/a") else 1
+
+
+def load_rows(path: Path = DATA) -> list[Row]:
+    """Every pre-training row of ``path``, in file order."""
+    rows = []
+    with path.open(newline="", encoding="utf-8") as handle:
+        for line, entry in enumerate(csv.DictReader(handle), start=2):
+            if entry["section"] != "Pre-Training Performance":
+                continue
+            rows.append(Row(
+                line=line, container=entry["container"], system=entry["system"], model=entry["model"],
+                gpus=int(entry["n_gpus"]), precision=entry["precision"], variant=entry["variant"],
+                gbs=int(entry["gbs"]), mbs=int(entry["mbs"]), seq=int(entry["seq_len"]),
+                fsdp=int(entry["fsdp"]) if entry["fsdp"].strip() not in ("", "n/a") else 0, tp=_count(entry["tp"]),
+                pp=_count(entry["pp"]), cp=_count(entry["cp"]), vp=_count(entry["vp"]), ep=_count(entry["ep"]),
+                tokens_per_s_per_gpu=float(entry["tokens_per_sec_per_gpu"])))
+    return rows
+
+
+def expressible(row: Row) -> str | None:
+    """None when the product expresses ``row``, else why not."""
+    if row.model in MODELS:
+        return None
+    return NOT_EXPRESSIBLE.get(row.model, f"model {row.model!r} is not known to the experiment")
+
+
+def _precision(row: Row) -> str | None:
+    if row.container == "25.09" and row.variant == "inside_parentheses":
+        return "mxfp8"  # the parenthesised 25.09 variant is the block-scaled one (the file's notes)
+    return PRECISIONS[row.precision]
+
+
+def plan_inputs(row: Row) -> PlanInputs:
+    """The ``sim.run`` inputs of ``row`` (module docstring)."""
+    dp = row.gpus // (row.tp * row.pp * row.cp)
+    topology = {"DGX-GB200": f"{row.gpus}xGB200", "DGX-GB300": f"{row.gpus}xGB300",
+                "DGX-B300": f"{row.gpus // 8}x8xB300" if row.gpus >= 8 else f"{row.gpus}xB300"}[row.system]
+    interleaved = row.pp > 1 and row.vp > 1
+    return PlanInputs(
+        model=f"{MODELS[row.model]},seq={row.seq}", topology=topology,
+        schedule="interleaved" if interleaved else "1f1b", chunks=row.vp if interleaved else 1,
+        microbatch_size=row.mbs, global_batch=row.gbs, tp=row.tp, pp=row.pp, cp=row.cp, dp=dp, ep=row.ep,
+        sequence_parallel=row.tp > 1, zero=3 if row.fsdp > 0 else 1 if dp * row.cp > 1 else 0,
+        cp_comm="allgather" if row.cp > 1 else "ring", precision=_precision(row), compiled=True)
+
+
+def unmodelled(row: Row) -> tuple[str, ...]:
+    """What of ``row`` the prediction assumes or leaves out."""
+    missing = []
+    if row.precision in UNDEFINED_PRECISIONS and not (row.container == "25.09" and row.variant == "inside_parentheses"):
+        missing.append("precision not defined by the file (costed as fp8)")
+    if row.fsdp == 0 and row.gpus // (row.tp * row.pp) > 1:
+        missing.append("distributed optimizer assumed")
+    missing.append("recomputation not published")
+    return tuple(missing)
+
+
+def predict_row(row: Row) -> RowResult:
+    """``row``'s prediction through ``build_plan`` and ``predict`` (memory reported, not enforced)."""
+    prediction = predict_built(build_plan(plan_inputs(row)), check_memory=False)
+    metrics = prediction.metrics
+    peak = max(device.get("peak_memory_bytes", 0) for device in metrics["devices"])
+    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row))
+
+
+def _version(container: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in container.split("."))
+
+
+def newest(rows: list[Row]) -> list[bool]:
+    """For each row, whether it is its configuration's newest publication (the others are superseded)."""
+    latest: dict[tuple, tuple[int, ...]] = {}
+    for row in rows:
+        latest[row.config] = max(latest.get(row.config, ()), _version(row.container))
+    return [_version(row.container) == latest[row.config] for row in rows]
+
+
+def summary(results: list[RowResult]) -> dict[str, dict[str, float]]:
+    """Median and max |error| and the row count, for dense and MoE rows apart and together."""
+    def stats(errors: list[float]) -> dict[str, float]:
+        if not errors:
+            return {"rows": 0, "median_abs_error": float("nan"), "max_abs_error": float("nan")}
+        return {"rows": len(errors), "median_abs_error": statistics.median(errors), "max_abs_error": max(errors)}
+
+    return {"dense": stats([abs(r.error) for r in results if not r.moe]),
+            "moe": stats([abs(r.error) for r in results if r.moe]),
+            "all": stats([abs(r.error) for r in results])}
+
+
+def _families(results: list[RowResult]) -> list[str]:
+    lines = []
+    for model in sorted({r.row.model for r in results}):
+        for system in sorted({r.row.system for r in results if r.row.model == model}):
+            errors = [abs(r.error) for r in results if (r.row.model, r.row.system) == (model, system)]
+            lines.append(f"  {model:<22} {system:<10} {len(errors):>3} rows  median |error| "
+                         f"{statistics.median(errors):6.1%}  max {max(errors):6.1%}")
+    return lines
+
+
+def _table(results: list[RowResult], current: list[bool]) -> list[str]:
+    lines = [f"{'line':>4} {'container':<9} {'system':<9} {'model':<21} {'GPUs':>4} {'prec':<6} "
+             f"{'TP×PP×CP×VP×EP':<15} {'FSDP':>4} {'gbs':>5} {'mbs':>3} {'published':>9} {'predicted':>9} "
+             f"{'error':>7} {'peak GB':>7}  newest"]
+    for r, now in zip(results, current, strict=True):
+        row = r.row
+        degrees = f"{row.tp}×{row.pp}×{row.cp}×{row.vp}×{row.ep}"
+        lines.append(f"{row.line:>4} {row.container:<9} {row.system[4:]:<9} {row.model[:21]:<21} {row.gpus:>4} "
+                     f"{row.precision or '-':<6} {degrees:<15} {row.fsdp:>4} {row.gbs:>5} {row.mbs:>3} "
+                     f"{row.tokens_per_s_per_gpu:>9,.0f} {r.predicted:>9,.0f} {r.error:>+7.1%} "
+                     f"{r.peak_memory_bytes / 1e9:>7.1f}  {'yes' if now else 'superseded'}")
+    return lines
+
+
+def _plot(results: list[RowResult]) -> bytes:
+    xs = [r.row.tokens_per_s_per_gpu for r in results]
+    ys = [r.predicted for r in results]
+    series = []
+    for moe, color, label in ((False, "#117733", "dense"), (True, "#CC6677", "mixture of experts")):
+        pick = [r for r in results if r.moe == moe]
+        series.append(([r.row.tokens_per_s_per_gpu for r in pick], [r.predicted for r in pick], color,
+                       f"{label} ({len(pick)})"))
+    return accuracy_scatter_png(series, low=min(xs + ys) * 0.7, high=max(xs + ys) * 1.4,
+                                xlabel="published tokens/s per GPU (Megatron-Bridge)",
+                                ylabel="predicted tokens/s per GPU", title="Megatron-Bridge on GB200 / GB300 / B300",
+                                size=14)
+
+
+def write(results: list[RowResult], current: list[bool], refused: list[tuple[Row, str]], out: Path) -> list[str]:
+    """``out/megatron_bridge.csv`` (every expressible row, newest or superseded), ``out/megatron_bridge_refused.csv``
+    (the others and why) and ``out/megatron_bridge.png`` (the newest rows' scatter); their names."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["line", "container", "system", "model", "gpus", "precision", "tp", "pp", "cp", "vp", "ep",
+                     "fsdp", "gbs", "mbs", "seq", "published_tps_per_gpu", "predicted_tps_per_gpu", "error",
+                     "predicted_peak_gb", "newest", "unmodelled"])
+    for r, now in zip(results, current, strict=True):
+        row = r.row
+        writer.writerow([row.line, row.container, row.system, row.model, row.gpus, row.precision, row.tp, row.pp,
+                         row.cp, row.vp, row.ep, row.fsdp, row.gbs, row.mbs, row.seq, repr(row.tokens_per_s_per_gpu),
+                         f"{r.predicted:.3f}", f"{r.error:.6f}", f"{r.peak_memory_bytes / 1e9:.3f}", int(now),
+                         "; ".join(r.unmodelled)])
+    write_text_atomic(text.getvalue(), out / "megatron_bridge.csv")
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["line", "container", "system", "model", "gpus", "reason"])
+    for row, reason in refused:
+        writer.writerow([row.line, row.container, row.system, row.model, row.gpus, reason])
+    write_text_atomic(text.getvalue(), out / "megatron_bridge_refused.csv")
+    write_bytes_atomic(out / "megatron_bridge.png", _plot([r for r, now in zip(results, current) if now]))
+    return ["megatron_bridge.csv", "megatron_bridge_refused.csv", "megatron_bridge.png"]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.run megatron_bridge",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/megatron_bridge")
+    args = parser.parse_args(argv)
+    rows = load_rows()
+    refused = [(row, reason) for row in rows if (reason := expressible(row)) is not None]
+    chosen = [row for row in rows if expressible(row) is None]
+    results = [predict_row(row) for row in chosen]
+    current = newest(chosen)
+    print(f"{len(rows)} Megatron-Bridge pre-training rows (experiments/data/megatron-bridge): {len(chosen)} "
+          f"expressible ({sum(current)} newest of their configuration, {len(chosen) - sum(current)} superseded), "
+          f"{len(refused)} not; error = predicted / published − 1; nothing fitted")
+    for line in _table(results, current):
+        print(line)
+    latest = [r for r, now in zip(results, current, strict=True) if now]
+    print("newest rows by model and system:")
+    for line in _families(latest):
+        print(line)
+    stats = summary(latest)
+    for key in ("dense", "moe", "all"):
+        entry = stats[key]
+        print(f"{key}: {entry['rows']} newest rows, median |error| {entry['median_abs_error']:.1%}, max "
+              f"{entry['max_abs_error']:.1%}")
+    old = summary([r for r, now in zip(results, current, strict=True) if not now])["all"]
+    print(f"superseded rows (older software, same configurations): {old['rows']}, median |error| "
+          f"{old['median_abs_error']:.1%}")
+    reasons: dict[str, int] = {}
+    for _, reason in refused:
+        reasons[reason] = reasons.get(reason, 0) + 1
+    for reason, count in sorted(reasons.items()):
+        print(f"not expressible: {count} rows: {reason}")
+    print("targets (newest rows, dense and MoE apart): median 8 %, max 20 %")
+    names = write(results, current, refused, Path(args.out))
+    print(f"wrote {args.out}/{{{', '.join(names)}}}")
+    return 0

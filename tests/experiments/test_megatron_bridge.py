@@ -1,0 +1,69 @@
+"""The Megatron-Bridge experiment: every pre-training row read, the expressible ones mapped to the inputs their
+columns mean, the others refused with a reason, each configuration's newest row judged, and a row's prediction the
+one prediction path's (``sim.run`` on the same flags gives the same tokens per device)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments import megatron_bridge as mb
+
+
+def _row(line):
+    return next(r for r in mb.load_rows() if r.line == line)
+
+
+def test_every_pre_training_row_is_read_and_each_is_expressed_or_refused_with_a_reason():
+    rows = mb.load_rows()
+    assert len(rows) == 210 and {r.system for r in rows} == {"DGX-GB200", "DGX-GB300", "DGX-B300"}
+    refused = {r.model: mb.expressible(r) for r in rows if mb.expressible(r) is not None}
+    assert refused["Nemotron_3_Super"] == "hybrid Mamba layers are not modelled"
+    assert "multi-token-prediction" in refused["DeepSeekV3"] and "capacity factor" in refused["DeepSeekV3 (tokendrop)"]
+    assert {r.model for r in rows if mb.expressible(r) is None} == set(mb.MODELS)
+
+
+def test_rows_become_their_configuration():
+    qwen = mb.plan_inputs(_row(9))  # 26.08, 8 GB200s, Qwen3-30B-A3B, MXFP8, EP 8, GBS 512, MBS 4
+    assert (qwen.model, qwen.topology, qwen.ep, qwen.dp, qwen.zero, qwen.precision, qwen.compiled) == (
+        "qwen3-30b-a3b,seq=4096", "8xGB200", 8, 8, 1, "mxfp8", True)
+    assert (qwen.microbatch_size, qwen.global_batch) == (4, 512)
+    llama = mb.plan_inputs(_row(39))  # 405B on 256 GB200s: TP 4, PP 16, VP 8, NVFP4
+    assert (llama.tp, llama.pp, llama.schedule, llama.chunks, llama.sequence_parallel, llama.precision) == (
+        4, 16, "interleaved", 8, True, "nvfp4")
+    fsdp = mb.plan_inputs(_row(70))  # Llama 3 70B FSDP 64 on GB300
+    assert (fsdp.zero, fsdp.dp, fsdp.topology) == (3, 64, "64xGB300")
+    b300 = mb.plan_inputs(_row(49))
+    assert b300.topology == "1x8xB300"
+    assert "precision not defined by the file (costed as fp8)" in mb.unmodelled(_row(70))
+
+
+def test_only_each_configurations_newest_row_is_judged():
+    rows = [r for r in mb.load_rows() if mb.expressible(r) is None]
+    current = mb.newest(rows)
+    by_config = {}
+    for row, now in zip(rows, current):
+        by_config.setdefault(row.config, []).append((row.container, now))
+    for entries in by_config.values():  # exactly one newest per configuration: the latest container's
+        newest = [container for container, now in entries if now]
+        assert len(newest) == 1 or len(set(newest)) == 1
+        latest = max(entries, key=lambda e: tuple(int(p) for p in e[0].split(".")))[0]
+        assert all(container == latest for container in newest)
+    assert 0 < sum(current) < len(rows)
+
+
+@pytest.mark.parametrize("line", [9, 199])  # a mixture with EP on 8 GB200s; Llama 3 8B in FP8-CS
+def test_a_rows_prediction_is_sim_runs(line, tmp_path):
+    row = _row(line)
+    result = mb.predict_row(row)
+    inputs = mb.plan_inputs(row)
+    flags = ["--model", inputs.model, "--topology", inputs.topology, "--dp", str(inputs.dp), "--ep", str(inputs.ep),
+             "--zero", str(inputs.zero), "--global-batch", str(inputs.global_batch), "--microbatch-size",
+             str(inputs.microbatch_size), "--compile", "--ignore-memory", "--no-gantt", "--out", str(tmp_path)]
+    flags += ["--precision", inputs.precision] if inputs.precision else []
+    subprocess.run([sys.executable, "-m", "sim.run", *flags], check=True, capture_output=True)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert result.predicted == metrics["tokens_per_s_per_device"]
+    assert result.error == pytest.approx(result.predicted / row.tokens_per_s_per_gpu - 1)
+    assert result.moe == (line == 9)
