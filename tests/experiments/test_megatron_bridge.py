@@ -33,7 +33,8 @@ def test_rows_become_their_configuration():
     assert (llama.tp, llama.pp, llama.schedule, llama.chunks, llama.sequence_parallel, llama.precision) == (
         4, 16, "interleaved", 8, True, "nvfp4")
     fsdp = mb.plan_inputs(_row(70))  # Llama 3 70B FSDP 64 on GB300
-    assert (fsdp.zero, fsdp.dp, fsdp.topology) == (3, 64, "64xGB300")
+    assert (fsdp.zero, fsdp.dp, fsdp.topology) == (3, 64, "1x64xGB300")
+    assert mb.plan_inputs(_row(11)).topology == "4x64xGB200"  # 256 GPUs: racks of 64
     b300 = mb.plan_inputs(_row(49))
     assert b300.topology == "1x8xB300"
     assert "precision not defined by the file (costed as fp8)" in mb.unmodelled(_row(70))
