@@ -103,8 +103,8 @@ def make_parser() -> argparse.ArgumentParser:
                      help="the device of each position of the rank order, a permutation of 0..tp·dp·pp−1 (default: in "
                      "order); e.g. 4,5,6,7,0,1,2,3 puts the first pipeline ranks on the second server")
     par.add_argument("--cp", type=int, default=1, metavar="C",
-                     help="context parallelism (llama family): each sequence split over C devices (2C chunks, "
-                     "rank i holding chunks i and 2C-1-i), which exchange keys and values for attention; the "
+                     help="context parallelism (llama and moe families): each sequence split over C devices (2C "
+                     "chunks, rank i holding chunks i and 2C-1-i), which exchange keys and values for attention; the "
                      "data-parallel reduction and ZeRO/FSDP span dp x cp devices (default 1)")
     par.add_argument("--cp-comm", choices=["ring", "allgather"], default="ring",
                      help="how context-parallel ranks exchange keys and values: ring (passed around, each hop under "

@@ -4,11 +4,12 @@ Every model reads its keys with defaults and rejects unknown keys, so the graph'
 sorted, defaults filled in. ``build_model(graph.spec)`` rebuilds an equal graph, and the executor rebuilds the
 torch modules from the same string.
 
-``build_model(spec, sharding)`` builds instead the shard of the model one device of a tensor-parallel group holds
-(:mod:`sim.models.sharding`); ``gpt`` and ``llama`` are modelled sharded.
+``build_model(spec, sharding)`` builds instead the shard of the model one device holds under tensor, context and
+expert parallelism (:mod:`sim.models.sharding`); ``gpt``, ``llama`` and ``moe`` are modelled sharded.
 
-A HuggingFace config (``hf:PATH[,seq=S]``) or a shipped preset (``llama3.1-8b,seq=8192``) is read into the ``llama``
-family's keys first (:mod:`sim.models.hf_config`), so its graph's canonical spec is a plain ``llama:...`` spec.
+A HuggingFace config (``hf:PATH[,seq=S]``) or a shipped preset (``llama3.1-8b,seq=8192``, ``qwen3-30b-a3b``) is read
+into the ``llama`` or ``moe`` family's keys first (:mod:`sim.models.hf_config`), so its graph's canonical spec is a
+plain ``llama:...`` or ``moe:...`` spec.
 """
 
 from __future__ import annotations
@@ -130,8 +131,9 @@ def format_model_list() -> str:
         lines.append(canonical_spec(name, entry.defaults))
         lines.append(f"    {entry.description}")
     lines.append("")
-    lines.append("presets (HuggingFace configs shipped in sim/models/configs; NAME[,seq=S], default seq 8192; "
-                 "hf:PATH[,seq=S] reads your own):")
+    lines.append(f"presets (HuggingFace configs shipped in sim/models/configs; NAME[,seq=S], default seq "
+                 f"{llama.DEFAULTS['seq']} for a dense decoder and {moe.DEFAULTS['seq']} for a mixture of experts; "
+                 f"hf:PATH[,seq=S] reads your own):")
     for name in hf_config.preset_names():
         graph = build_model(name)
         architecture = hf_config.preset_config(name)["architectures"][0]

@@ -1,4 +1,5 @@
-"""One device's share of a model under tensor parallelism: the :class:`Sharding` that ``build_model`` takes.
+"""One device's share of a model under tensor, context and expert parallelism: the :class:`Sharding` that
+``build_model`` takes.
 
 ``build_model(spec, sharding)`` returns the :class:`~sim.models.graph.LayerGraph` of the shard one device of a
 tensor-parallel group holds: every layer's FLOPs, weights and saved activations are that device's, and each layer
@@ -9,7 +10,8 @@ recomputation, the FLOPs its backward re-runs (``Layer.recompute_flops``). ``bui
 Sources: Megatron-LM (Shoeybi et al. 2019, arXiv 1909.08053 §3) splits attention by heads and the MLP by its inner
 dimension, with two all-reduces per block in the forward and two in the backward; sequence parallelism and selective
 recomputation are Korthikanti et al. 2022 (arXiv 2205.05198) §4.2.2 and §5, with the per-layer activation memory of
-each combination in its Table 2. Only ``gpt`` is modelled sharded (:func:`sim.models.build_model` refuses others).
+each combination in its Table 2. ``gpt``, ``llama`` and ``moe`` are modelled sharded (:func:`sim.models.build_model`
+refuses the others); expert parallelism, routing and the capacity factor shape the ``moe`` family's experts only.
 
 Collective accounting: every collective is written as *all-reduce equivalents* (``Layer.tp_comm_*`` docstrings).
 :func:`all_reduce` is one all-reduce of a buffer, :func:`lone_gather_or_scatter` a lone reduce-scatter or all-gather

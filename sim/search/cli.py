@@ -102,7 +102,7 @@ def make_parser() -> argparse.ArgumentParser:
     space.add_argument("--zero", type=_listed(int, (0, 1, 2, 3), "ZeRO stage"), default=(0, 1),
                        help="ZeRO stages among 0,1,2,3 (default 0,1; 1 to 3 apply where DP > 1; 3 is FSDP)")
     space.add_argument("--cp", type=_listed(int, name="context-parallel degree"), default=(1,),
-                       help="context-parallel degrees, e.g. 1,2,4 (default 1; llama family on GPUs)")
+                       help="context-parallel degrees, e.g. 1,2,4 (default 1; llama and moe families on GPUs)")
     space.add_argument("--cp-comm", type=_listed(str, ("ring", "allgather"), "exchange"), default=("ring",),
                        help="how context-parallel ranks exchange keys and values: ring and/or allgather (default ring)")
     space.add_argument("--dp-replicate", type=_listed(int, name="HSDP replicate degree"), default=(1,),
