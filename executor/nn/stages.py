@@ -39,6 +39,7 @@ from torch.overrides import TorchFunctionMode
 from executor.nn import cnn as models_cnn
 from executor.nn import gpt as models_gpt
 from executor.nn import llama as models_llama
+from executor.nn import moe as models_moe
 from executor.nn import supernet as models_supernet
 from executor.nn.seeds import derive_seed
 from sim.core.errors import SpecError
@@ -90,6 +91,8 @@ _MODELS: Mapping[str, _TorchModel] = {
                        _tokens_by_hidden, _tokens_by_vocab),
     "llama": _TorchModel(models_llama.make_layer, models_gpt.make_batch, models_gpt.loss,
                          _tokens_by_hidden, _tokens_by_vocab, models_llama.check_values),
+    "moe": _TorchModel(models_moe.make_layer, models_gpt.make_batch, models_gpt.loss,
+                       _tokens_by_hidden, _tokens_by_vocab, models_moe.check_values),
     "cnn": _TorchModel(models_cnn.make_layer, models_cnn.make_batch, models_cnn.loss, _feature_map, _feature_map),
     "supernet": _TorchModel(models_supernet.make_layer, models_supernet.make_batch, models_supernet.loss,
                             _tokens_by_hidden, _tokens_by_vocab),
@@ -111,7 +114,7 @@ def _resolve(spec: str) -> tuple[LayerGraph, _TorchModel, dict[str, int]]:
             f"model {name!r} has no torch implementation, so the executor cannot run {graph.spec!r} "
             f"(torch models: {', '.join(TORCH_MODELS)})"
         )
-    # gpt, llama, cnn and supernet read every key with SpecParams.int, so the canonical values are integers.
+    # gpt, llama, moe, cnn and supernet read every key with SpecParams.int, so the canonical values are integers.
     values = {key: int(value) for key, value in raw.items()}
     model.check(values)
     return graph, model, values

@@ -111,7 +111,7 @@ def test_a_3d_plan_trains_like_one_process_on_the_global_batch(tmp_path, name, d
 LLAMA = "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=51,seq=8,qkv_bias=1,qk_norm=1"
 
 
-def _llama_trains_like_one_process(tmp_path, spec: str, devices: int, flags: list[str], replicas: int, *,
+def _trains_like_one_process(tmp_path, spec: str, devices: int, flags: list[str], replicas: int, *,
                                    losses: bool = True) -> None:
     """``sim.run`` makes the plan of ``flags``, ``executor.run`` trains it on ``devices`` CPU processes with SGD, and
     its saved state (and losses) equal single-process training on the global batch of ``replicas`` replicas."""
@@ -133,13 +133,13 @@ def _llama_trains_like_one_process(tmp_path, spec: str, devices: int, flags: lis
 
 
 def test_a_llama_plan_with_tensor_parallelism_recomputation_and_a_pipeline_trains_like_one_process(tmp_path):
-    _llama_trains_like_one_process(tmp_path, LLAMA, 4, ["--tp", "2", "--pp", "2", "-m", "2", "--recompute"], 1)
+    _trains_like_one_process(tmp_path, LLAMA, 4, ["--tp", "2", "--pp", "2", "-m", "2", "--recompute"], 1)
 
 
 @pytest.mark.parametrize("zero", [2, 3])
 def test_a_llama_plan_with_tensor_parallelism_and_sharded_data_parallelism_trains_like_one_process(tmp_path, zero):
     # TP 2 × DP 2 under ZeRO-2 and ZeRO-3 (FSDP: each layer's tensor shard sharded again over the replicas).
-    _llama_trains_like_one_process(tmp_path, LLAMA, 4, ["--tp", "2", "--dp", "2", "--zero", str(zero),
+    _trains_like_one_process(tmp_path, LLAMA, 4, ["--tp", "2", "--dp", "2", "--zero", str(zero),
                                                         "--global-batch", "4"], 2, losses=False)
 
 
@@ -150,5 +150,12 @@ def test_a_llama_plan_with_context_parallelism_trains_like_one_process(tmp_path,
     # Each sequence split over 2 processes (chunks 0+3 and 1+2 of 4), keys and values gathered for attention; with
     # DP and TP, and with a pipeline under FSDP. No sliding window (the split needs plain causal attention).
     replicas = int(flags[flags.index("--dp") + 1])
-    _llama_trains_like_one_process(tmp_path, LLAMA.replace("seq=8", "seq=16"), devices,
+    _trains_like_one_process(tmp_path, LLAMA.replace("seq=8", "seq=16"), devices,
                                    [*flags, "--global-batch", str(2 * replicas), "--ignore-memory"], replicas)
+
+
+def test_a_mixture_of_experts_with_data_parallelism_under_zero_1_trains_like_one_process(tmp_path):
+    # Without expert parallelism every replica holds every expert: the experts' gradients reduce with the rest.
+    moe = ("moe:layers=2,hidden=32,heads=4,kv_heads=2,head_dim=8,ffn=48,vocab=50,seq=8,experts=4,topk=2,"
+           "expert_ffn=16,shared_experts=1")
+    _trains_like_one_process(tmp_path, moe, 2, ["--dp", "2", "--zero", "1", "--global-batch", "4"], 2)

@@ -15,6 +15,13 @@ SPEC8 = "gpt:heads=2,hidden=32,layers=6,seq=8,vocab=50"
 # Grouped-query attention with Qwen 2's biases and Qwen 3's QK-norm, and one with a sliding window.
 LLAMA = "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=50,seq=8,qkv_bias=1,qk_norm=1"
 LLAMA_WINDOW = "llama:layers=2,hidden=32,heads=4,kv_heads=1,ffn=48,vocab=50,seq=8,window=3"
+# Mixtures of experts: GPT-OSS-style (biases, sinks, alternating windows, clamped experts) and DeepSeek-style (latent
+# attention, a dense first layer, a shared expert, sigmoid routing).
+MOE_SINKS = ("moe:layers=2,hidden=32,heads=4,kv_heads=2,head_dim=8,ffn=48,vocab=50,seq=8,experts=4,topk=2,"
+             "expert_ffn=16,qk_norm=0,qkv_bias=1,o_bias=1,sinks=1,window=3,window_period=2,router_bias=1,"
+             "expert_bias=1,swiglu_clamp=7")
+MOE_LATENT = ("moe:layers=2,hidden=32,heads=4,head_dim=8,ffn=48,vocab=50,seq=8,experts=4,topk=2,expert_ffn=16,"
+              "qk_norm=0,q_lora=16,kv_lora=12,rope_dim=4,v_dim=8,dense_layers=1,shared_experts=1,sigmoid=1")
 ATOL = 1e-7  # SGD: pipelines only reorder the sum of microbatch gradients (tests/executor/test_run.py)
 
 
@@ -97,8 +104,11 @@ def test_pytorchs_own_interleaved_zero_bubble_schedule_runs_and_matches_single_p
     (2, ["--schedule", "zb1p", "--recompute"], SPEC),
     (2, ["--schedule", "1f1b", "--recompute"], LLAMA),
     (2, ["--schedule", "zb1p"], LLAMA_WINDOW),
+    (2, ["--schedule", "1f1b", "--recompute"], MOE_SINKS),
+    (2, ["--schedule", "zb1p"], MOE_LATENT),
 ], ids=["interleaved-2", "interleaved-4", "zb1p-2", "zb1p-4", "gpipe-recompute-2", "1f1b-recompute-2",
-        "interleaved-recompute-2", "zb1p-recompute-2", "llama-1f1b-recompute-2", "llama-window-zb1p-2"])
+        "interleaved-recompute-2", "zb1p-recompute-2", "llama-1f1b-recompute-2", "llama-window-zb1p-2",
+        "moe-sinks-1f1b-recompute-2", "moe-latent-zb1p-2"])
 def test_flush_schedules_equal_single_process_training(tmp_path, ranks, flags, spec):
     m, warmup, iterations = 4, 1, 1
     plan, merged, losses = _train(tmp_path, _plan(tmp_path, ranks, m, *flags, model=spec), warmup, iterations)
