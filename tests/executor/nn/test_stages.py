@@ -273,7 +273,7 @@ def test_bad_or_unsupported_specs_raise_spec_error_naming_the_value(spec, fragme
 
 
 def test_torch_models_are_the_zoo_minus_uniform():
-    assert TORCH_MODELS == ("cnn", "gpt", "llama", "supernet")
+    assert TORCH_MODELS == ("cnn", "gpt", "llama", "moe", "supernet")
 
 
 @pytest.mark.parametrize("start, end", [(2, 2), (3, 1), (-1, 2), (0, 5)])
