@@ -39,11 +39,10 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.scatter import accuracy_scatter_png
+from experiments.scatter import accuracy_scatter_png, error_stats
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
@@ -219,23 +218,18 @@ def newest(rows: list[Row]) -> list[bool]:
 
 def summary(results: list[RowResult]) -> dict[str, dict[str, float]]:
     """Median and max |error| and the row count, for dense and MoE rows apart and together."""
-    def stats(errors: list[float]) -> dict[str, float]:
-        if not errors:
-            return {"rows": 0, "median_abs_error": float("nan"), "max_abs_error": float("nan")}
-        return {"rows": len(errors), "median_abs_error": statistics.median(errors), "max_abs_error": max(errors)}
-
-    return {"dense": stats([abs(r.error) for r in results if not r.moe]),
-            "moe": stats([abs(r.error) for r in results if r.moe]),
-            "all": stats([abs(r.error) for r in results])}
+    return {"dense": error_stats([abs(r.error) for r in results if not r.moe]),
+            "moe": error_stats([abs(r.error) for r in results if r.moe]),
+            "all": error_stats([abs(r.error) for r in results])}
 
 
 def _families(results: list[RowResult]) -> list[str]:
     lines = []
     for model in sorted({r.row.model for r in results}):
         for system in sorted({r.row.system for r in results if r.row.model == model}):
-            errors = [abs(r.error) for r in results if (r.row.model, r.row.system) == (model, system)]
-            lines.append(f"  {model:<22} {system:<10} {len(errors):>3} rows  median |error| "
-                         f"{statistics.median(errors):6.1%}  max {max(errors):6.1%}")
+            stats = error_stats([abs(r.error) for r in results if (r.row.model, r.row.system) == (model, system)])
+            lines.append(f"  {model:<22} {system:<10} {stats['rows']:>3} rows  median |error| "
+                         f"{stats['median_abs_error']:6.1%}  max {stats['max_abs_error']:6.1%}")
     return lines
 
 

@@ -1,13 +1,15 @@
-"""The figure the accuracy experiments share: predictions against measured (or published) values on log axes, the
-line y = x and a ±10 % band, one colour per group of points. matplotlib is imported when a figure is drawn."""
+"""What the accuracy experiments share: the figure of predictions against measured (or published) values on log
+axes, the line y = x and a ±10 % band, one colour per group of points (matplotlib imported when a figure is drawn),
+and the statistics of their errors printed beside it."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from sim.report.png import figure_png
 
-__all__ = ["Series", "accuracy_scatter_png"]
+__all__ = ["Series", "accuracy_scatter_png", "error_stats"]
 
 #: One group of points: ``(xs, ys, colour, legend label)``.
 Series = tuple[Sequence[float], Sequence[float], str, str]
@@ -37,3 +39,10 @@ def accuracy_scatter_png(series: Sequence[Series], *, low: float, high: float, x
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", fontsize=8)
     return figure_png(fig)
+
+
+def error_stats(errors: Sequence[float]) -> dict[str, float]:
+    """``rows``, ``median_abs_error`` and ``max_abs_error`` of ``errors`` (absolute relative errors); NaN for none."""
+    if not errors:
+        return {"rows": 0, "median_abs_error": float("nan"), "max_abs_error": float("nan")}
+    return {"rows": len(errors), "median_abs_error": statistics.median(errors), "max_abs_error": max(errors)}

@@ -22,12 +22,11 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.scatter import accuracy_scatter_png
+from experiments.scatter import accuracy_scatter_png, error_stats
 from experiments.torchtitan_fit import DEVICE, FIGURES, fit_figures, log_error, split_rows, with_figures
 from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
@@ -197,17 +196,13 @@ def fit(rows: list[Row], split: list[str]) -> tuple[dict[str, float], float]:
 def summary(results: list[RowResult], split: list[str]) -> dict[str, dict[str, float]]:
     """Median and max |error| and the row count of: every row, the held-out half's fully modelled rows (what the
     fitted figures are judged on), the fit half, and every held-out row."""
-    def stats(errors: list[float]) -> dict[str, float]:
-        if not errors:
-            return {"rows": 0, "median_abs_error": float("nan"), "max_abs_error": float("nan")}
-        return {"rows": len(errors), "median_abs_error": statistics.median(errors), "max_abs_error": max(errors)}
-
     pairs = list(zip(results, split, strict=True))
     return {
-        "all": stats([abs(r.error) for r in results]),
-        "held_out_fully_modelled": stats([abs(r.error) for r, h in pairs if h == "held-out" and _fully_modelled(r)]),
-        "fit": stats([abs(r.error) for r, h in pairs if h == "fit"]),
-        "held_out": stats([abs(r.error) for r, h in pairs if h == "held-out"]),
+        "all": error_stats([abs(r.error) for r in results]),
+        "held_out_fully_modelled": error_stats([abs(r.error) for r, h in pairs
+                                                if h == "held-out" and _fully_modelled(r)]),
+        "fit": error_stats([abs(r.error) for r, h in pairs if h == "fit"]),
+        "held_out": error_stats([abs(r.error) for r, h in pairs if h == "held-out"]),
     }
 
 

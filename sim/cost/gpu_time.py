@@ -242,13 +242,10 @@ def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, mode
         options = dict(narrow=narrow, compiled=compiled)
         forward = llama_block_kernels(shape, backward=False, **options)
         backward = llama_block_kernels(shape, backward=True, selective_recompute=selective, **options)
-        fwd = _steps(forward, device, model, t, LLAMA_COLLECTIVE_AFTER)
-        bwd = _steps(backward, device, model, t, LLAMA_COLLECTIVE_AFTER)
-        if part.cp > 1:
-            if exchange is None or exchange.cp != part.cp:
-                raise ValueError(f"a block split over cp={part.cp} ranks needs their key/value exchange")
-            fwd = _with_exchange(fwd, forward, exchange, False, t)
-            bwd = _with_exchange(bwd, backward, exchange, True, t)
+        fwd = _with_exchange(_steps(forward, device, model, t, LLAMA_COLLECTIVE_AFTER), forward, part, exchange,
+                             False, LLAMA_COLLECTIVE_AFTER)
+        bwd = _with_exchange(_steps(backward, device, model, t, LLAMA_COLLECTIVE_AFTER), backward, part, exchange,
+                             True, LLAMA_COLLECTIVE_AFTER)
     elif part.part == "embedding":
         fwd = _steps(llama_embedding_kernels(b, s, h, vocab, t, backward=False), device, model, t, set(),
                      extra_collectives=1)
@@ -276,21 +273,25 @@ def _moe_block_seconds(part: TransformerPart, b: int, device: DeviceSpec, model:
     forward = moe_block_kernels(shape, backward=False, narrow=narrow, compiled=compiled)
     backward = moe_block_kernels(shape, backward=True, narrow=narrow, compiled=compiled)
     exchanges = [(model.host_collective_s, 0.0)] * expert_all_to_alls(part.moe)
-    fwd = _steps(forward, device, model, t, MOE_COLLECTIVE_AFTER) + exchanges
-    bwd = _steps(backward, device, model, t, MOE_COLLECTIVE_AFTER) + exchanges
-    if part.cp > 1:
-        if exchange is None or exchange.cp != part.cp:
-            raise ValueError(f"a block split over cp={part.cp} ranks needs their key/value exchange")
-        fwd = _with_exchange(fwd, forward, exchange, False, t, MOE_COLLECTIVE_AFTER)
-        bwd = _with_exchange(bwd, backward, exchange, True, t, MOE_COLLECTIVE_AFTER)
+    fwd = _with_exchange(_steps(forward, device, model, t, MOE_COLLECTIVE_AFTER), forward, part, exchange, False,
+                         MOE_COLLECTIVE_AFTER) + exchanges
+    bwd = _with_exchange(_steps(backward, device, model, t, MOE_COLLECTIVE_AFTER), backward, part, exchange, True,
+                         MOE_COLLECTIVE_AFTER) + exchanges
     return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
 
 
-def _with_exchange(steps: list[tuple[float, float]], kernels: tuple[Kernel, ...], exchange: KvExchange,
-                   backward: bool, tp: int, collective_after: frozenset[str] = LLAMA_COLLECTIVE_AFTER,
-                   ) -> list[tuple[float, float]]:
-    """``steps`` (:func:`_steps` of ``kernels``) with the key/value exchange's exposed time added on the GPU right
-    after the last attention kernel (:func:`sim.cost.context_parallel.exposed_seconds`)."""
+def _with_exchange(steps: list[tuple[float, float]], kernels: tuple[Kernel, ...], part: TransformerPart,
+                   exchange: KvExchange | None, backward: bool,
+                   collective_after: frozenset[str]) -> list[tuple[float, float]]:
+    """``steps`` (:func:`_steps` of a block's ``kernels``), under context parallelism with the key/value exchange's
+    exposed time added on the GPU right after the last attention kernel (:func:`sim.cost.context_parallel.
+    exposed_seconds`); unchanged without it."""
+    if part.cp == 1:
+        return steps
+    if exchange is None or exchange.cp != part.cp:
+        raise ValueError(f"a block split over cp={part.cp} ranks needs their key/value exchange")
+    tp = part.tp
+
     def position(j: int) -> int:  # _steps puts a host-only step after each kernel that calls a TP collective
         return j + (tp > 1) * sum(k.name in collective_after for k in kernels[:j])
 

@@ -38,8 +38,16 @@ from __future__ import annotations
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
-from sim.models.graph import Layer, LayerGraph, TransformerPart, canonical_spec
-from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, lone_gather_or_scatter, padded_vocab
+from sim.models.graph import LayerGraph, TransformerPart, canonical_spec
+from sim.models.sharding import (
+    NO_SHARDING,
+    Collectives,
+    Sharding,
+    all_reduce,
+    collective_layer,
+    lone_gather_or_scatter,
+    padded_vocab,
+)
 
 __all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "build", "block_params", "block_flops_fwd", "block_saved_bytes",
            "block_shard_params", "block_replicated_params", "block_shard_saved_bytes"]
@@ -144,7 +152,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     none = Collectives()
     embed_fwd = all_reduce(full) if t > 1 else none  # VocabParallelEmbedding sums the shards' lookups
     embed_bwd = lone_gather_or_scatter(full) if ts > 1 else none  # gradient of the local sequence split
-    embed = _layer(
+    embed = collective_layer(
         name="embed",
         kind="embedding",
         # A table lookup plus one add: no matmul FLOPs; the standard count (2104.04473 Appendix) ignores it.
@@ -178,7 +186,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
         "bwd": block_comm,
         "transformer": TransformerPart("block", **dims),
     }
-    blocks = [_layer(name=f"block{i}", **block_kwargs) for i in range(n_layers)]  # type: ignore[arg-type]
+    blocks = [collective_layer(name=f"block{i}", **block_kwargs) for i in range(n_layers)]  # type: ignore[arg-type]
     head_fwd = all_reduce(4 * s, times=3) if t > 1 else none  # vocab-parallel cross entropy, fp32 per token
     head_bwd = none
     if ts > 1:
@@ -186,7 +194,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
         head_bwd = lone_gather_or_scatter(full)  # reduce-scatter its gradient
     elif t > 1:
         head_bwd = all_reduce(full)  # sum the shards' gradients of the replicated LM head input
-    head = _layer(
+    head = collective_layer(
         name="head",
         kind="head",
         # LM head: 2shV forward, 4shV backward (2104.04473 Appendix: logit layer 6BshV for fwd + bwd), V/t columns
@@ -205,9 +213,3 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
         transformer=TransformerPart("head", **dims),
     )
     return LayerGraph(spec, [embed, *blocks, head], dtype_bytes=DTYPE_BYTES, input_bytes=TOKEN_ID_BYTES * s)
-
-
-def _layer(*, fwd: Collectives, bwd: Collectives, **fields: object) -> Layer:
-    """A :class:`Layer` with its forward and backward tensor-parallel collectives."""
-    return Layer(tp_comm_fwd_bytes=fwd.nbytes, tp_comm_fwd_count=fwd.count, tp_comm_bwd_bytes=bwd.nbytes,
-                 tp_comm_bwd_count=bwd.count, **fields)  # type: ignore[arg-type]

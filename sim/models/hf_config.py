@@ -45,7 +45,7 @@ from typing import Any
 
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text
-from sim.models import llama
+from sim.models import llama, moe
 
 __all__ = ["ARCHITECTURES", "MOE_ARCHITECTURES", "PRESETS_DIR", "preset_names", "preset_config", "read_config",
            "llama_values", "moe_values", "config_spec_values", "resolve_config_spec"]
@@ -218,18 +218,16 @@ def moe_values(config: Mapping[str, Any], source: str) -> dict[str, int]:
             (per-layer sparsity other than the first layers dense, Qwen's per-layer sliding windows, a layer-type
             pattern other than alternation); each message names the config and the field.
     """
-    from sim.models.moe import DEFAULTS
-
     architecture = _architecture(config, source)
     if architecture not in MOE_ARCHITECTURES:
         raise SpecError(f"model config {source}: architecture {architecture} is not a mixture of experts (read: "
                         f"{', '.join(MOE_ARCHITECTURES)})")
     heads, hidden = _integer(config, "num_attention_heads", source), _integer(config, "hidden_size", source)
     layers = _integer(config, "num_hidden_layers", source)
-    values: dict[str, int] = {key: 0 for key in DEFAULTS}
+    values: dict[str, int] = {key: 0 for key in moe.DEFAULTS}
     values.update(layers=layers, hidden=hidden, heads=heads, window_period=1,
                   kv_heads=_integer(config, "num_key_value_heads", source, default=heads),
-                  vocab=_integer(config, "vocab_size", source), seq=int(DEFAULTS["seq"]),
+                  vocab=_integer(config, "vocab_size", source), seq=int(moe.DEFAULTS["seq"]),
                   topk=_integer(config, "num_experts_per_tok", source),
                   tied=int(_flag(config, "tie_word_embeddings", source)))
     head_dim = config.get("head_dim")
@@ -294,8 +292,6 @@ def moe_values(config: Mapping[str, Any], source: str) -> dict[str, int]:
 def config_spec_values(config: Mapping[str, Any], source: str) -> tuple[str, dict[str, int]]:
     """``(family, keys)`` of a config: the ``llama`` family's for a dense decoder, the ``moe`` family's for a mixture
     of experts (what :func:`llama_values` and :func:`moe_values` raise otherwise)."""
-    from sim.models import moe
-
     if _architecture(config, source) in MOE_ARCHITECTURES:
         return moe.NAME, moe_values(config, source)
     return llama.NAME, llama_values(config, source)

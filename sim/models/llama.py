@@ -57,8 +57,8 @@ from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
-from sim.models.graph import Layer, LayerGraph, TransformerPart, canonical_spec
-from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, padded_vocab
+from sim.models.graph import LayerGraph, TransformerPart, canonical_spec
+from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, collective_layer, padded_vocab
 
 __all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "DecoderShape", "build", "block_params", "block_flops_fwd",
            "block_saved_bytes", "embed_params", "head_params", "total_params"]
@@ -254,21 +254,21 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     # What crosses every layer and stage boundary: the residual stream, split along the sequence under SP.
     boundary = full // t if sp else full
     none = Collectives()
-    embed = _layer(name="embed", kind="embedding", flops_fwd=0.0, flops_bwd=0.0,  # a table lookup: no matmul
+    embed = collective_layer(name="embed", kind="embedding", flops_fwd=0.0, flops_bwd=0.0,  # a table lookup: no matmul
                    param_bytes=DTYPE_BYTES * embed_params(shape, t), activation_bytes=boundary, saved_bytes=boundary,
                    fwd=all_reduce(full) if t > 1 else none, bwd=none,
                    transformer=TransformerPart("embedding", **dims))
     flops = block_flops_fwd(shape) // (t * c)
     comm = all_reduce(full, times=2) if t > 1 else none
     recompute = float(sac_recompute_flops(local, t)) if sharding.selective_recompute else 0.0
-    blocks = [_layer(name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
+    blocks = [collective_layer(name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
                      param_bytes=DTYPE_BYTES * block_params(shape, t), activation_bytes=boundary,
                      saved_bytes=block_saved_bytes(local, t, sharding.selective_recompute, sp),
                      recompute_flops=recompute,
                      fwd=comm, bwd=comm,
                      transformer=TransformerPart("block", **dims))
               for i in range(shape.layers)]
-    head = _layer(
+    head = collective_layer(
         name="head",
         kind="head",
         # LM head 2shV forward, 4shV backward, V/t columns per shard; the norm and the loss are elementwise.
@@ -285,9 +285,3 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
         transformer=TransformerPart("head", **dims),
     )
     return LayerGraph(spec, [embed, *blocks, head], dtype_bytes=DTYPE_BYTES, input_bytes=TOKEN_ID_BYTES * s)
-
-
-def _layer(*, fwd: Collectives, bwd: Collectives, **fields: object) -> Layer:
-    """A :class:`Layer` with its forward and backward tensor-parallel collectives."""
-    return Layer(tp_comm_fwd_bytes=fwd.nbytes, tp_comm_fwd_count=fwd.count, tp_comm_bwd_bytes=bwd.nbytes,
-                 tp_comm_bwd_count=bwd.count, **fields)  # type: ignore[arg-type]

@@ -69,9 +69,9 @@ from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
-from sim.models.graph import Layer, LayerGraph, MixturePart, MlaPart, TransformerPart, canonical_spec
+from sim.models.graph import LayerGraph, MixturePart, MlaPart, TransformerPart, canonical_spec
 from sim.models.routing import capped_shares, expert_shares, rank_loads, slowest_rank
-from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, padded_vocab
+from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, collective_layer, padded_vocab
 
 __all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "MoeShape", "build", "attention_params", "ffn_params",
            "expert_params", "block_params", "total_params", "active_params", "block_flops_fwd", "is_moe_layer",
@@ -360,7 +360,7 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
                   kv_heads=shape.heads if shape.latent else shape.kv_heads, head_dim=shape.head_dim, ffn=shape.ffn,
                   qkv_bias=shape.qkv_bias, qk_norm=shape.qk_norm, cp=c, sequence_parallel=sp, o_bias=shape.o_bias,
                   sinks=shape.sinks, mla=mla)
-    embed = _layer(name="embed", kind="embedding", flops_fwd=0.0, flops_bwd=0.0,
+    embed = collective_layer(name="embed", kind="embedding", flops_fwd=0.0, flops_bwd=0.0,
                    param_bytes=DTYPE_BYTES * _embed_params(shape, t), activation_bytes=boundary, saved_bytes=boundary,
                    fwd=all_reduce(full) if t > 1 else none, bwd=none,
                    transformer=TransformerPart("embedding", **common))
@@ -374,13 +374,13 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
         # The attention's pair, and a SwiGLU's (dense, or the shared experts'); routed experts are not split by tp.
         pairs = 1 + (mixture is None or shape.shared_ffn > 0)
         comm = all_reduce(full, times=pairs) if t > 1 else none
-        blocks.append(_layer(
+        blocks.append(collective_layer(
             name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
             param_bytes=DTYPE_BYTES * block_params(shape, i, t, ep * etp), activation_bytes=boundary,
             expert_param_bytes=DTYPE_BYTES * expert_params(shape, ep * etp) if mixture else 0,
             saved_bytes=block_saved_bytes(replace(shape, seq=s), i, t, sp, mixture), fwd=comm, bwd=comm,
             transformer=TransformerPart("block", **{**common, "window": window}, moe=mixture)))
-    head = _layer(
+    head = collective_layer(
         name="head", kind="head", flops_fwd=float(2 * s * h * vt), flops_bwd=float(4 * s * h * vt),
         param_bytes=DTYPE_BYTES * _head_params(shape, t), activation_bytes=FP32_BYTES,
         saved_bytes=full + FP32_BYTES * s + FP32_BYTES * s * vt, workspace_bytes=DTYPE_BYTES * s * vt,
@@ -432,9 +432,3 @@ def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_paralle
             + DTYPE_BYTES * tokens * k * h  # the experts' outputs, back at their tokens' device
             + DTYPE_BYTES * 3 * tokens * shape.shared_ffn)
     return replicated // between + split // tp + kept
-
-
-def _layer(*, fwd: Collectives, bwd: Collectives, **fields: object) -> Layer:
-    """A :class:`Layer` with its forward and backward tensor-parallel collectives."""
-    return Layer(tp_comm_fwd_bytes=fwd.nbytes, tp_comm_fwd_count=fwd.count, tp_comm_bwd_bytes=bwd.nbytes,
-                 tp_comm_bwd_count=bwd.count, **fields)  # type: ignore[arg-type]

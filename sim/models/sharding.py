@@ -24,9 +24,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sim.models.graph import Layer
 from sim.models.routing import BALANCED, Routing
 
-__all__ = ["Sharding", "NO_SHARDING", "Collectives", "all_reduce", "lone_gather_or_scatter", "padded_vocab"]
+__all__ = ["Sharding", "NO_SHARDING", "Collectives", "all_reduce", "lone_gather_or_scatter", "padded_vocab",
+           "collective_layer"]
 
 
 @dataclass(frozen=True)
@@ -155,3 +157,10 @@ def padded_vocab(vocab: int, tp: int) -> int:
     (50257, 50258, 50264)
     """
     return -(-vocab // tp) * tp
+
+
+def collective_layer(*, fwd: Collectives, bwd: Collectives, **fields: object) -> Layer:
+    """A :class:`~sim.models.graph.Layer` with its forward and backward tensor-parallel collectives (``fields`` are
+    the layer's other attributes)."""
+    return Layer(tp_comm_fwd_bytes=fwd.nbytes, tp_comm_fwd_count=fwd.count, tp_comm_bwd_bytes=bwd.nbytes,
+                 tp_comm_bwd_count=bwd.count, **fields)  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from sim.ir.schedule_csv import load_schedule_csv
 from sim.ir.weight_versions import VERTICAL_SYNC_OPTION
 from sim.models import build_model
 from sim.models.graph import LayerGraph
-from sim.models.routing import parse_routing
+from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.plan.inputs import PlanInputs
 from sim.plan.layout import plan_is_pipeline_only, plan_layout, plan_microbatches
 from sim.plan.limits import check_plan_size, compute_ops_per_microbatch
@@ -113,7 +113,7 @@ def build_plan(inputs: PlanInputs, topology: Topology | None = None) -> BuiltPla
                         f"one frame's activations, and recomputes only when the stream has ended (the drain)",
                         "recompute", "schedule")
     oracle, placement = place_layers(inputs, graph, profile, topology, l0.layout, l0.vstage_to_rank)
-    plan = add_collectives(lower(_l0_plan(inputs, graph, topology, l0, placement)))
+    plan = add_collectives(lower(_l0_plan(inputs, graph, topology, l0, placement, routing)))
     validate(plan)
     costs = CostModel(graph, topology, placement, inputs.microbatch_size, profile, oracle=oracle, layout=l0.layout,
                       concurrent=tuple(range(l0.layout.data_ranks)))
@@ -217,9 +217,10 @@ def _generator_options(inputs: PlanInputs, schedule: str, weight_policy: str, to
     return options
 
 
-def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Programs, placement: Placement) -> Plan:
-    """The validated L0 plan: the programs placed, with their options and recomputation (R ops added under full
-    recomputation, an option under selective)."""
+def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Programs, placement: Placement,
+             routing: Routing) -> Plan:
+    """The validated L0 plan: the programs placed, with their options (``routing``: the inputs' routing, parsed)
+    and recomputation (R ops added under full recomputation, an option under selective)."""
     programs = l0.programs
     plan = Plan(
         schedule=l0.schedule,
@@ -237,8 +238,7 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
                              + ((("profile", inputs.profile),) if inputs.profile else ())
                              + ((("precision", inputs.precision),) if inputs.precision else ())
                              + ((("compile", True),) if inputs.compiled else ())
-                             + ((("routing", parse_routing(inputs.routing).spec()),)
-                                if inputs.routing != "balanced" else ())
+                             + ((("routing", routing.spec()),) if routing != BALANCED else ())
                              + ((("capacity_factor", float(inputs.capacity_factor)),)
                                 if inputs.capacity_factor else ()))),
     )

@@ -9,7 +9,7 @@ from executor.nn.moe import Mixture, _attend
 from executor.nn.stages import build_layers
 from sim.core.spec import SpecParams, parse_spec
 from sim.models import build_model
-from sim.models.moe import block_flops_fwd, is_moe_layer, shape_of
+from sim.models.moe import block_flops_fwd, shape_of
 
 SPECS = [
     # Qwen3-MoE-like: GQA with QK-norm, 8 experts top 2
@@ -53,7 +53,6 @@ def test_block_gemm_flops_equal_torchs_flop_counter(spec):
         model_attention = 2 * shape.seq * keys * shape.heads * (shape.qk_dim + shape.value_dim)
         counted_attention = attention if shape.sinks or shape.latent else 0
         assert counter.get_total_flops() == block_flops_fwd(shape, i) - model_attention + counted_attention, (spec, i)
-        assert is_moe_layer(shape, i) == (i >= shape.dense_layers)
 
 
 def test_the_mixture_equals_a_token_by_token_reference():
