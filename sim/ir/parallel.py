@@ -293,6 +293,13 @@ class Parallelism:
         stage, block = self._stage_devices(pp), self.etp * self.ep
         return tuple(stage[d * block + ep_rank * self.etp + expert_tp] for d in range(self.expert_dp))
 
+    def expert_coords(self, device: int) -> tuple[int, int, int]:
+        """``(expert_dp, ep_rank, expert_tp)`` of ``device`` in its pipeline rank's folding (module docstring): the
+        arguments that place it in :meth:`ep_group`, :meth:`etp_group` and :meth:`expert_dp_group`."""
+        pp, dp, tp = self.coords(device)
+        position = dp * self.tp + tp  # its index in _stage_devices(pp)
+        return position // (self.etp * self.ep), position // self.etp % self.ep, position % self.etp
+
     def pp_group(self, dp: int, tp: int) -> tuple[int, ...]:
         """Devices of one pipeline: pipeline ranks 0..P−1 of data-axis position ``dp``, shard ``tp``."""
         return tuple(self.device(p, dp, tp) for p in range(self.pp))

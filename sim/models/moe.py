@@ -392,7 +392,7 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
 def _mixture(shape: MoeShape, moe_index: int, sharding: Sharding) -> MixturePart:
     """The mixture of the ``moe_index``-th MoE block on the expert-parallel rank that receives the most tokens under
     the sharding's routing, its experts' shares capped by the capacity factor (:mod:`sim.models.routing`)."""
-    shares = expert_shares(sharding.routing, moe_index, shape.experts)
+    shares = expert_shares(sharding.routing, moe_index, shape.experts, topk=shape.topk)
     rank = slowest_rank(shares, sharding.ep)
     per_rank = shape.experts // sharding.ep
     capped = capped_shares(shares, sharding.capacity_factor)

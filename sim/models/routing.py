@@ -30,8 +30,8 @@ import numpy as np
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text
 
-__all__ = ["ROUTINGS", "Routing", "BALANCED", "parse_routing", "expert_shares", "rank_loads", "slowest_rank",
-           "capped_shares", "dropped_fraction", "MAX_TRACE_EXPERTS"]
+__all__ = ["ROUTINGS", "Routing", "BALANCED", "parse_routing", "expert_shares", "routable_shares", "rank_loads",
+           "slowest_rank", "capped_shares", "dropped_fraction", "MAX_TRACE_EXPERTS"]
 
 #: The spreads ``--routing`` names.
 ROUTINGS = ("balanced", "skew", "trace")
@@ -135,8 +135,9 @@ def parse_routing(text: str) -> Routing:
     raise SpecError(f"routing must be balanced, skew:S[:SEED] or trace:FILE, got {text!r}")
 
 
-def expert_shares(routing: Routing, layer: int, experts: int) -> tuple[float, ...]:
-    """Each expert's share of MoE layer ``layer``'s token slots (``layer`` counts the MoE layers from 0).
+def expert_shares(routing: Routing, layer: int, experts: int, *, topk: int) -> tuple[float, ...]:
+    """Each expert's share of MoE layer ``layer``'s token slots (``layer`` counts the MoE layers from 0), routable by
+    ``topk`` routing (:func:`routable_shares`).
 
     Raises:
         SpecError: a trace whose counts do not list ``experts`` experts.
@@ -148,11 +149,41 @@ def expert_shares(routing: Routing, layer: int, experts: int) -> tuple[float, ..
         if len(row) != experts:
             raise SpecError(f"the routing trace lists {len(row)} experts per layer; the model has {experts}")
         total = sum(row)
-        return tuple(count / total for count in row)
+        return routable_shares(tuple(count / total for count in row), topk)
     weights = np.arange(1, experts + 1, dtype=np.float64) ** -routing.exponent
     order = np.random.default_rng([routing.seed, layer]).permutation(experts)  # which expert holds which rank
     shares = weights[order] / weights.sum()
-    return tuple(float(x) for x in shares)
+    return routable_shares(tuple(float(x) for x in shares), topk)
+
+
+def routable_shares(shares: tuple[float, ...], topk: int) -> tuple[float, ...]:
+    """``shares`` with none above 1/``topk``: a token's k experts are distinct, so no expert can receive more than
+    one slot per token, i.e. 1/k of the slots. What a steep skew (or a trace of another router) gives beyond that is
+    spread over the other experts in proportion to their shares (water-filling), so the shares still sum to one and
+    shares already routable come back unchanged.
+
+    Raises:
+        ValueError: ``topk`` outside 1..len(shares).
+    """
+    if not 1 <= topk <= len(shares):
+        raise ValueError(f"topk must be in 1..{len(shares)} (the experts), got {topk}")
+    cap = 1.0 / topk
+    if max(shares) <= cap:
+        return shares
+    values = list(shares)
+    capped: set[int] = set()
+    while True:
+        over = {e for e, share in enumerate(values) if e not in capped and share > cap}
+        if not over:
+            return tuple(values)
+        capped |= over
+        free = [e for e in range(len(values)) if e not in capped]
+        left = max(0.0, 1.0 - cap * len(capped))  # what the experts below the cap share
+        total = math.fsum(values[e] for e in free)
+        for e in capped:
+            values[e] = cap
+        for e in free:  # in proportion to their shares; equally if they had none
+            values[e] = left * (values[e] / total if total > 0 else 1.0 / len(free))
 
 
 def rank_loads(shares: tuple[float, ...], ep: int) -> tuple[float, ...]:

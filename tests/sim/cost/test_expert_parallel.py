@@ -44,6 +44,10 @@ def test_folded_groups_partition_each_stage_as_megatron_numbers_them(tp, dp, cp,
                 holders = layout.expert_dp_group(p, e, t)  # the same experts: the same (ep, etp) ranks
                 assert len(holders) == layout.expert_dp == tp * dp * cp // (ep * etp)
                 assert all(holder == groups[(d, t)][e] for d, holder in enumerate(holders))
+        for device in stage:  # each device's coordinates place it in its three groups
+            d, e, t = layout.expert_coords(device)
+            assert layout.ep_group(p, d, t)[e] == device == layout.etp_group(p, d, e)[t] \
+                == layout.expert_dp_group(p, e, t)[d]
 
 
 def test_a_fold_that_does_not_divide_the_stage_is_refused_with_the_numbers():
