@@ -21,6 +21,14 @@ lowering's (``sim.plan.lower_collectives``); this module is what they do:
   then ``GATHER_PARAMS`` as under ZeRO-1. The sum over microbatches is taken slice by slice after the reduction
   rather than before it: the same numbers added in another order.
 
+* Expert parallelism (``executor.nn.expert_parallel``): a process holds only its block of each mixture's experts,
+  and the processes holding the same block form the expert-data-parallel group (``sim.ir.parallel``). Each vstage's
+  parameters are then two sets, flattened and reduced on their own: the experts' over the expert-data-parallel group,
+  the rest over the data-parallel group, and under ZeRO each set's optimizer state is sharded over its own group.
+  Both are divided by D: a process's expert gradient already sums the tokens of every replica of its
+  expert-parallel group (the all-to-alls brought them), so the sum over the expert-data-parallel group covers the
+  global batch once.
+
 The optimizers are PyTorch's single-tensor loops (``executor.nn.optim``), whose arithmetic is elementwise, so an
 optimizer over a slice computes, element by element, what one over the whole parameters would.
 """
@@ -28,6 +36,7 @@ optimizer over a slice computes, element by element, what one over the whole par
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,7 +45,7 @@ from torch import Tensor, nn
 
 from executor.nn.optim import make_optimizer
 
-__all__ = ["DataParallel", "ShardOptimizer", "flatten_padded"]
+__all__ = ["DataParallel", "ReductionGroup", "ShardOptimizer", "flatten_padded"]
 
 
 def flatten_padded(tensors: list[Tensor | None], params: list[nn.Parameter], length: int) -> Tensor:
@@ -49,30 +58,73 @@ def flatten_padded(tensors: list[Tensor | None], params: list[nn.Parameter], len
     return torch.cat(parts)
 
 
+@dataclass(frozen=True)
+class ReductionGroup:
+    """The processes a set of parameters reduces its gradients with.
+
+    Attributes:
+        group: the process group (``None`` with ``size`` 1: nothing to exchange).
+        size: processes in it.
+        rank: this process's index in it.
+    """
+
+    group: Any
+    size: int
+    rank: int
+
+
+class _Bucket:
+    """One vstage's parameters that reduce over one group: flattened in parameter order into a buffer zero-padded to
+    a multiple of the group's size; under ZeRO, this process's slice of it (a leaf the optimizer owns)."""
+
+    def __init__(self, params: list[nn.Parameter], where: ReductionGroup, divisor: int, zero: int) -> None:
+        self.params, self.where, self.divisor = params, where, divisor
+        self.padded = -(-sum(p.numel() for p in params) // where.size) * where.size
+        self.shard: Tensor | None = None
+        if zero:
+            width = self.padded // where.size
+            flat = self.flat([p.detach() for p in params])
+            self.shard = flat[where.rank * width:(where.rank + 1) * width].clone().requires_grad_(True)
+
+    def flat(self, tensors: list[Tensor | None]) -> Tensor:
+        return flatten_padded(tensors, self.params, self.padded)
+
+
+class _Works:
+    """The work handles of one op's collectives, waited on together (``None``: nothing was exchanged)."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = [work for work in works if work is not None]
+
+    def wait(self) -> None:
+        for work in self.works:
+            work.wait()
+
+
 class ShardOptimizer:
-    """ZeRO-1's optimizer of one vstage on one replica: the update of its slice of the flattened parameters.
+    """ZeRO-1's optimizer of one vstage on one replica: the update of its slices of the flattened parameters.
 
     Quacks like the ``torch.optim.Optimizer`` the interpreter's ``OPT_STEP`` calls (``step``, ``zero_grad``).
 
     Attributes:
-        shard: the replica's slice, a leaf tensor whose ``grad`` the reduce-scatter fills.
-        inner: the optimizer over ``[shard]``.
+        shards: the replica's slices (one per reduction group), leaf tensors whose ``grad`` the reduce-scatters fill.
+        inner: the optimizer over them.
     """
 
-    def __init__(self, shard: Tensor, inner: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
-        self.shard, self.inner, self.params = shard, inner, params
+    def __init__(self, shards: list[Tensor], inner: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
+        self.shards, self.inner, self.params = shards, inner, params
 
     def step(self) -> None:
         self.inner.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
-        for param in self.params:  # their gradients were reduced into the shard's; the next backward starts afresh
+        for param in self.params:  # their gradients were reduced into the shards'; the next backward starts afresh
             param.grad = None
 
 
 class DataParallel:
-    """One process's share of data parallelism: its vstages' reductions and, under ZeRO-1, sharded steps.
+    """One process's share of data parallelism: its vstages' reductions and, under ZeRO-1 and 2, sharded steps.
 
     Args:
         stages: vstage → module, the vstages this process runs.
@@ -81,49 +133,69 @@ class DataParallel:
         rank: this process's replica index in ``0..D-1`` (its position in the group).
         zero: 0, 1 (ZeRO-1) or 2 (ZeRO-2).
         optimizer, lr: the update rule (``executor.nn.optim.make_optimizer``).
+        experts: under expert parallelism, the expert-data-parallel group (the processes that hold the same experts)
+            and which parameters are experts' (by name): those reduce over it instead (module docstring).
     """
 
     def __init__(self, stages: Mapping[int, nn.Module], group: Any, size: int, rank: int, *, zero: int,
-                 optimizer: str, lr: float | None) -> None:
-        self.group, self.size, self.rank, self.zero = group, size, rank, zero
-        self.params = {v: list(stage.parameters()) for v, stage in stages.items()}
-        self.numel = {v: sum(p.numel() for p in params) for v, params in self.params.items()}
-        self.padded = {v: -(-n // size) * size for v, n in self.numel.items()}
+                 optimizer: str, lr: float | None,
+                 experts: tuple[ReductionGroup, Callable[[str], bool]] | None = None) -> None:
+        self.size, self.zero = size, zero
+        self.buckets: dict[int, list[_Bucket]] = {}
         self.optimizers: dict[int, Any] = {}
-        for v, params in self.params.items():
+        for v, stage in stages.items():
+            named = list(stage.named_parameters())
+            if experts is None:
+                split = [([p for _, p in named], ReductionGroup(group, size, rank))]
+            else:
+                expert_group, is_expert = experts
+                split = [([p for name, p in named if not is_expert(name)], ReductionGroup(group, size, rank)),
+                         ([p for name, p in named if is_expert(name)], expert_group)]
+            # Every replica's gradient is the sum over its own samples: dividing the sum over whoever holds the
+            # same parameters by D gives the mean over the global batch, for the experts too (their holders
+            # received the tokens of all D replicas through the all-to-alls).
+            self.buckets[v] = [_Bucket(params, where, size, zero) for params, where in split if params]
+            params = [p for _, p in named]
             if zero:
-                width = self.padded[v] // size
-                shard = self._flat(v, [p.detach() for p in params])[rank * width:(rank + 1) * width].clone()
-                shard.requires_grad_(True)
-                self.optimizers[v] = ShardOptimizer(shard, make_optimizer(optimizer, [shard], lr), params)
+                shards = [bucket.shard for bucket in self.buckets[v]]
+                self.optimizers[v] = ShardOptimizer(shards, make_optimizer(optimizer, shards, lr), params)
             else:
                 self.optimizers[v] = make_optimizer(optimizer, params, lr)
 
-    def _flat(self, v: int, tensors: list[Tensor | None]) -> Tensor:
-        """``tensors`` (shaped like vstage v's parameters; ``None`` is zeros) flattened into one padded buffer."""
-        return flatten_padded(tensors, self.params[v], self.padded[v])
-
     def reduce(self, v: int) -> tuple[Any, Callable[[], None]]:
-        """Issue vstage v's gradient reduction (under ZeRO-2, one microbatch's); returns its work handle and what to do
-        once it has completed."""
-        grads = self._flat(v, [p.grad for p in self.params[v]])
+        """Issue vstage v's gradient reductions (under ZeRO-2, one microbatch's); returns their work handle and what
+        to do once they have completed."""
+        works, completions = [], []
+        for bucket in self.buckets[v]:
+            work, done = self._reduce(bucket)
+            works.append(work)
+            completions.append(done)
+        return _Works(works), _in_turn(completions)
+
+    def _reduce(self, bucket: _Bucket) -> tuple[Any, Callable[[], None]]:
+        grads = bucket.flat([p.grad for p in bucket.params])
         if self.zero == 2:
-            for param in self.params[v]:  # now in the buffer: the next microbatch's backward starts afresh
+            for param in bucket.params:  # now in the buffer: the next microbatch's backward starts afresh
                 param.grad = None
+        where = bucket.where
         if not self.zero:
-            work = dist.all_reduce(grads, group=self.group, async_op=True)
+            work = dist.all_reduce(grads, group=where.group, async_op=True) if where.size > 1 else None
 
             def done() -> None:
-                grads.div_(self.size)
-                self._scatter_into(v, grads, grad=True)
+                grads.div_(bucket.divisor)
+                _scatter_into(bucket.params, grads, grad=True)
 
             return work, done
-        shard = self.optimizers[v].shard
-        received = torch.empty_like(shard)
-        work = dist.reduce_scatter_single(received, grads, group=self.group, async_op=True)
+        shard = bucket.shard
+        assert shard is not None
+        if where.size > 1:
+            received = torch.empty_like(shard)
+            work = dist.reduce_scatter_single(received, grads, group=where.group, async_op=True)
+        else:
+            received, work = grads, None
 
         def done_shard() -> None:
-            received.div_(self.size)
+            received.div_(bucket.divisor)
             if self.zero == 2 and shard.grad is not None:  # another microbatch's slice is already there
                 shard.grad.add_(received)
             else:
@@ -132,21 +204,42 @@ class DataParallel:
         return work, done_shard
 
     def gather(self, v: int) -> tuple[Any, Callable[[], None]]:
-        """ZeRO-1: issue the all-gather of vstage v's updated slices; its work handle and what to do after it."""
+        """ZeRO-1 and 2: issue the all-gathers of vstage v's updated slices; their work handle and what to do after."""
         if not self.zero:
             raise RuntimeError("GATHER_PARAMS without ZeRO-1 or 2: the plan and the process disagree")
-        gathered = self.params[v][0].new_empty(self.padded[v])
-        work = dist.all_gather_single(gathered, self.optimizers[v].shard.detach(), group=self.group, async_op=True)
-        return work, lambda: self._scatter_into(v, gathered, grad=False)
+        works, completions = [], []
+        for bucket in self.buckets[v]:
+            assert bucket.shard is not None
+            if bucket.where.size > 1:
+                gathered = bucket.params[0].new_empty(bucket.padded)
+                works.append(dist.all_gather_single(gathered, bucket.shard.detach(), group=bucket.where.group,
+                                                    async_op=True))
+            else:
+                gathered = bucket.shard.detach()
+            completions.append(lambda bucket=bucket, gathered=gathered: _scatter_into(bucket.params, gathered,
+                                                                                       grad=False))
+        return _Works(works), _in_turn(completions)
 
-    def _scatter_into(self, v: int, flat: Tensor, *, grad: bool) -> None:
-        """Copy ``flat`` back into vstage v's parameters (``grad``: their gradients) in parameter order."""
-        offset = 0
-        with torch.no_grad():
-            for param in self.params[v]:
-                part = flat[offset:offset + param.numel()].view_as(param)
-                offset += param.numel()
-                if grad:  # into the gradient in place: no second gradient-sized set of tensors while flat lives
-                    param.grad.copy_(part)
-                else:
-                    param.copy_(part)
+
+def _in_turn(steps: list[Callable[[], None]]) -> Callable[[], None]:
+    """One completion that runs ``steps`` in order."""
+    def run() -> None:
+        for step in steps:
+            step()
+
+    return run
+
+
+def _scatter_into(params: list[nn.Parameter], flat: Tensor, *, grad: bool) -> None:
+    """Copy ``flat`` back into ``params`` (``grad``: their gradients) in parameter order."""
+    offset = 0
+    with torch.no_grad():
+        for param in params:
+            part = flat[offset:offset + param.numel()].view_as(param)
+            offset += param.numel()
+            if grad and param.grad is None:  # no gradient here (an expert no token reached): the others' sum
+                param.grad = part.clone()
+            elif grad:  # into the gradient in place: no second gradient-sized set of tensors while flat lives
+                param.grad.copy_(part)
+            else:
+                param.copy_(part)

@@ -32,6 +32,10 @@ describe the same thing:
   sharded layers' autograd functions put them (``executor.nn.tensor_parallel``), timed call by call. The handler
   itself does nothing; its span is the time the preceding F, B/I or R spent inside collectives, placed right after
   that op's span, which is shortened by as much, so the two spans tile the time the op took.
+* EP_F, EP_B, EP_R: expert parallelism's all-to-alls (token dispatch and combine, ``executor.nn.expert_parallel``)
+  run inside the forward, backward and recompute of the mixtures, timed on the expert-parallel group's clock, and
+  are drawn as TP's are. A process runs one of the two dimensions at most (the executor splits mixtures by expert,
+  not by tensor).
 * REDUCE_GRAD and GATHER_PARAMS (data parallelism, ``executor.data_parallel``) are issued asynchronously like a
   receive: the OPT_STEP that depends on a REDUCE_GRAD waits for it (its span ends when that wait returns and the
   mean gradient is in place), and a GATHER_PARAMS, which nothing depends on, is waited for at the iteration's end.
@@ -58,7 +62,7 @@ from executor.nn.stages import Stage, TensorSpec
 from executor.recompute import Layer, RebuildTime, checkpointed_forward, rebuild_and_backward
 from executor.slowdown import stretch
 from executor.stash import StashedWeights
-from sim.ir.ops import DP_KINDS, OP_SEMANTICS, TP_KINDS, Action, Op, OpKind, op_id
+from sim.ir.ops import DP_KINDS, EP_KINDS, OP_SEMANTICS, TP_KINDS, Action, Op, OpKind, op_id
 from sim.ir.plan import Plan
 from sim.plan.validate import PlanError
 
@@ -71,7 +75,8 @@ __all__ = ["HANDLED_KINDS", "check_supported", "OpRecord", "RankInterpreter", "O
 _COMPUTE_METHODS = {OpKind.F: "_forward", OpKind.B: "_backward", OpKind.I: "_backward_input",
                     OpKind.W: "_backward_weight", OpKind.R: "_recompute", OpKind.OPT_STEP: "_optimizer_step",
                     OpKind.REDUCE_GRAD: "_reduce_grad", OpKind.GATHER_PARAMS: "_gather_params"}
-_ACTION_METHODS = {Action.SEND: "_send", Action.RECV: "_recv", Action.TP_COLLECTIVE: "_nothing"}
+_ACTION_METHODS = {Action.SEND: "_send", Action.RECV: "_recv", Action.TP_COLLECTIVE: "_nothing",
+                   Action.EP_COLLECTIVE: "_nothing"}
 HANDLER_OF: dict[OpKind, str] = {
     kind: _COMPUTE_METHODS.get(kind) or _ACTION_METHODS[semantics.action]
     for kind, semantics in OP_SEMANTICS.items()
@@ -79,8 +84,11 @@ HANDLER_OF: dict[OpKind, str] = {
 }
 #: The op kinds this interpreter can run (those with a method in :data:`HANDLER_OF`).
 HANDLED_KINDS = frozenset(HANDLER_OF)
-#: The compute kinds whose tensor-parallel collectives each TP kind reports.
-_TP_SOURCE = {OpKind.TP_F: (OpKind.F,), OpKind.TP_R: (OpKind.R,), OpKind.TP_B: (OpKind.B, OpKind.I)}
+#: The compute kinds whose model-parallel collectives each TP or EP kind reports.
+_COLLECTIVE_SOURCE = {OpKind.TP_F: (OpKind.F,), OpKind.TP_R: (OpKind.R,), OpKind.TP_B: (OpKind.B, OpKind.I),
+                      OpKind.EP_F: (OpKind.F,), OpKind.EP_R: (OpKind.R,), OpKind.EP_B: (OpKind.B, OpKind.I)}
+#: The op kinds that report collectives run inside the compute op before them.
+_INSIDE_KINDS = TP_KINDS | EP_KINDS
 
 
 def check_supported(plan: Plan) -> None:
@@ -148,6 +156,8 @@ class RankInterpreter:
         group: the process group for point-to-point ops (``None``: the default group).
         peer_of: pipeline rank → the rank in ``group`` to exchange with (default: the same number).
         tp_comm: the tensor-parallel group's clock (``take_seconds()``), needed when the program has TP ops.
+        ep_comm: the expert-parallel group's clock, needed when the program has EP ops (a process has one of the two
+            at most: the executor runs expert parallelism in models it does not split by tensor).
         data_parallel: the process's :class:`executor.data_parallel.DataParallel`, needed for REDUCE_GRAD and
             GATHER_PARAMS.
         slowdown: the factor by which this process stretches its compute ops (``executor.slowdown``; 1: none).
@@ -167,13 +177,18 @@ class RankInterpreter:
         group: Any = None,
         peer_of: Callable[[int], int] | None = None,
         tp_comm: Any = None,
+        ep_comm: Any = None,
         data_parallel: Any = None,
         slowdown: float = 1.0,
     ) -> None:
         self.plan, self.rank, self.stages, self.optimizers = plan, rank, stages, optimizers
         self.loss, self.boundary, self.fail_at, self.group = loss, boundary, fail_at, group
         self.peer_of = peer_of or (lambda peer: peer)
-        self.tp_comm, self.data_parallel, self.slowdown = tp_comm, data_parallel, slowdown
+        self.tp_comm, self.ep_comm, self.data_parallel, self.slowdown = tp_comm, ep_comm, data_parallel, slowdown
+        if tp_comm is not None and ep_comm is not None:
+            raise PlanError(f"rank {rank}: tensor- and expert-parallel collectives in one process are not run")
+        # The clock of the collectives that run inside compute ops (one dimension's at most; see ep_comm).
+        self.collective_clock = tp_comm if tp_comm is not None else ep_comm
         self.device = device or torch.device("cpu")
         self._sync: Callable[[], None] = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         self.program = plan.programs[rank]
@@ -196,15 +211,17 @@ class RankInterpreter:
         self.loss_scale = plan.num_microbatches if self.stashing is None else 1
 
     def _check_collectives(self) -> None:
-        """Each TP op right after the compute op whose collectives it reports (``sim.plan.lower_collectives`` puts it
-        there), and the group or replicas the collective ops need."""
+        """Each TP or EP op right after the compute op whose collectives it reports (``sim.plan.lower_collectives``
+        puts it there), and the group or replicas the collective ops need."""
         kinds = {op.kind for op in self.program}
         if kinds & TP_KINDS and self.tp_comm is None:
             raise PlanError(f"rank {self.rank}: the program has tensor-parallel ops but no tensor-parallel group")
+        if kinds & EP_KINDS and self.ep_comm is None:
+            raise PlanError(f"rank {self.rank}: the program has expert-parallel ops but no expert-parallel group")
         if kinds & DP_KINDS and self.data_parallel is None:
             raise PlanError(f"rank {self.rank}: the program has data-parallel ops but no data-parallel group")
         for before, op in zip((None, *self.program), self.program):
-            if op.kind in TP_KINDS and (before is None or before.kind not in _TP_SOURCE[op.kind]
+            if op.kind in _INSIDE_KINDS and (before is None or before.kind not in _COLLECTIVE_SOURCE[op.kind]
                                         or (before.vstage, before.mb) != (op.vstage, op.mb)):
                 raise PlanError(f"rank {self.rank}: {op.id} must follow the compute op it reports")
 
@@ -213,13 +230,13 @@ class RankInterpreter:
         return {(op.vstage, op.mb) for op in self.program if op.kind is OpKind.R}  # type: ignore[misc]
 
     def _check_recompute(self) -> None:
-        """Each R right before the backward of its microbatch (its TP_R between them): the rebuild runs inside that
-        backward (``executor.recompute``), so an R anywhere else would be drawn where it did not run."""
+        """Each R right before the backward of its microbatch (its TP_R or EP_R between them): the rebuild runs inside
+        that backward (``executor.recompute``), so an R anywhere else would be drawn where it did not run."""
         for pos, op in enumerate(self.program):
             if op.kind is not OpKind.R or (op.vstage, op.mb) not in self.recomputed:
                 continue
             following = self.program[pos + 1:pos + 3]
-            backward = next((o for o in following if o.kind is not OpKind.TP_R), None)
+            backward = next((o for o in following if o.kind not in _INSIDE_KINDS), None)
             if backward is None or backward.kind not in (OpKind.B, OpKind.I) or (
                     backward.vstage, backward.mb) != (op.vstage, op.mb):
                 raise PlanError(f"rank {self.rank}: {op.id} must come right before the backward (B or I) of "
@@ -254,9 +271,9 @@ class RankInterpreter:
         self.sent: list[tuple[Op, Any, Tensor]] = []
         self.records: dict[str, list[float]] = {}
         self.after_wait: dict[str, Callable[[], None]] = {}  # op id -> what completes it once its handle is waited on
-        if self.tp_comm is not None:
-            self.tp_comm.take_seconds()  # whatever ran before this iteration is not its ops'
-        previous: tuple[str, float] | None = None  # the last op's id and its seconds inside TP collectives
+        if self.collective_clock is not None:
+            self.collective_clock.take_seconds()  # whatever ran before this iteration is not its ops'
+        previous: tuple[str, float] | None = None  # the last op's id and its seconds inside TP or EP collectives
         for op in self.program:
             try:
                 if op.id == self.fail_at:
@@ -268,8 +285,8 @@ class RankInterpreter:
                     self.handlers[op.kind](op)
                     self._sync()
                     end = time.perf_counter()
-                    # Seconds this op spent inside tensor-parallel collectives (only F, B, I and R run any).
-                    spent = self.tp_comm.take_seconds() if self.tp_comm is not None else 0.0
+                    # Seconds this op spent inside model-parallel collectives (only F, B, I and R run any).
+                    spent = self.collective_clock.take_seconds() if self.collective_clock is not None else 0.0
                     rebuilt = self.rebuilt.pop(op.id, None)
                     if rebuilt is not None:  # a backward that rebuilt its layers: its collectives are all the op's
                         spent += rebuilt.rebuild_collective_s + rebuilt.backward_collective_s
@@ -281,7 +298,7 @@ class RankInterpreter:
             if rebuilt is not None:
                 start = self._draw_rebuild(op, rebuilt, start)
                 spent = rebuilt.backward_collective_s
-            if op.kind in TP_KINDS:  # the collectives ran inside the compute op before it: split its span
+            if op.kind in _INSIDE_KINDS:  # the collectives ran inside the compute op before it: split its span
                 assert previous is not None  # _check_collectives
                 compute = self.records[previous[0]]
                 cut = max(compute[0], compute[1] - previous[1])
@@ -311,7 +328,8 @@ class RankInterpreter:
         compute_s = max(0.0, rebuilt.rebuild_s - rebuilt.rebuild_collective_s) * self.slowdown
         recompute = self.records[op_id(OpKind.R, op.vstage, op.mb)]
         recompute[1] = start + compute_s
-        collectives = self.records.get(op_id(OpKind.TP_R, op.vstage, op.mb))
+        collectives = self.records.get(op_id(OpKind.TP_R, op.vstage, op.mb)) or self.records.get(
+            op_id(OpKind.EP_R, op.vstage, op.mb))
         if collectives is not None:
             collectives[0], collectives[1] = recompute[1], recompute[1] + rebuilt.rebuild_collective_s
             return collectives[1]
@@ -410,8 +428,8 @@ class RankInterpreter:
             output_gradient = self._incoming(OpKind.B, v + 1, mb, op)
         input_gradient, self.rebuilt[op.id] = rebuild_and_backward(
             self._layers(v, mb, first=False), self.checkpoints.pop((v, mb)), output_gradient, head=head,
-            sync=self._sync, take_collective_seconds=self.tp_comm.take_seconds if self.tp_comm is not None
-            else lambda: 0.0)
+            sync=self._sync, take_collective_seconds=self.collective_clock.take_seconds
+            if self.collective_clock is not None else lambda: 0.0)
         if v > 0:
             assert input_gradient is not None
             self.outbox[(OpKind.B, v, mb)] = input_gradient
@@ -459,7 +477,7 @@ class RankInterpreter:
             self.stashing.updated(op.vstage)
 
     def _nothing(self, op: Op) -> None:
-        """TP_F/TP_B/TP_R: their collectives already ran inside the op before (module docstring)."""
+        """TP_* and EP_*: their collectives already ran inside the op before (module docstring)."""
 
     def _reduce_grad(self, op: Op) -> None:
         self.pending[op.id], self.after_wait[op.id] = self.data_parallel.reduce(op.vstage)

@@ -8,13 +8,17 @@ data axis, ``d = replica·C + part``). Each process:
 
 * finds ``(p, d, t) = layout.coords(rank)`` (:class:`Place`);
 * creates every tensor-parallel group, then every data-parallel group (the D·C processes of the data axis), then
-  every context-parallel group, in ``layout.groups()`` order, on every process (``torch.distributed.new_group``
-  must be called by all processes for every group, in one order), and keeps its own three (:func:`make_groups`);
+  every context-, expert- and expert-data-parallel group, in ``layout.groups()`` order, on every process
+  (``torch.distributed.new_group`` must be called by all processes for every group, in one order), and keeps its
+  own (:func:`make_groups`);
   groups of one process are not created;
 * builds its pipeline rank's vstages: whole layers from the seed as a single process would, then, under tensor
   parallelism, its shard of each (``executor.nn.gpt_parallel``, ``llama_parallel``), so the T shards are the
   single-process model split; under context parallelism its Llama blocks know their group
-  (``executor.nn.context_parallel``); under ZeRO-3 its layers are sharded (``executor.fsdp``);
+  (``executor.nn.context_parallel``); under ZeRO-3 its layers are sharded (``executor.fsdp``); its mixtures of
+  experts route as the plan says (``executor.nn.forced_routing``) and, under expert parallelism, keep the process's
+  block of experts (``executor.nn.expert_parallel``), reducing their gradients over the processes that hold the same
+  block (``executor.data_parallel``);
 * trains on its replica's slice of each iteration's global batch: replica r runs microbatches
   ``iteration·D·m + r·m + j`` (j < m) of :func:`executor.nn.stages.synthetic_batch`, i.e. samples
   ``r·m·b … (r+1)·m·b − 1`` of the iteration's D·m·b, the very batches single-process training on the global batch
@@ -24,8 +28,8 @@ data axis, ``d = replica·C + part``). Each process:
 
 Not supported, and refused before launch (:func:`check_parallel`): sequence parallelism, tensor parallelism of a
 model other than ``gpt`` and ``llama`` (the sharded layers exist for them only), context parallelism of a model
-other than ``llama``, HSDP, data parallelism with a schedule that updates per microbatch (weight stashing), and
-``--calibrate-out`` (a profile times one device's whole layers).
+other than ``llama``, expert tensor parallelism (``etp`` > 1), HSDP, data parallelism with a schedule that updates
+per microbatch (weight stashing), and ``--calibrate-out`` (a profile times one device's whole layers).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from sim.core.spec import parse_spec
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import Plan
 
-__all__ = ["Place", "make_groups", "microbatch_index", "check_parallel", "build_process", "save_state",
+__all__ = ["Place", "ProcessGroups", "make_groups", "microbatch_index", "check_parallel", "build_process", "save_state",
            "ProcessModel"]
 
 
@@ -81,19 +85,41 @@ def microbatch_index(iteration: int, j: int, m: int, replica: int, replicas: int
     return (iteration * replicas + replica) * m + j
 
 
-def make_groups(layout: Parallelism, rank: int) -> tuple[Any, Any, Any]:
-    """Create every tensor-, data- and context-parallel group (collectively: every process must call this) and return
-    this process's ``(tp group, dp group, cp group)``; ``None`` for a dimension of size 1. The data-parallel group
-    spans the replicas and their sequence parts (``sim.ir.parallel``)."""
-    mine: list[Any] = [None, None, None]
+@dataclass(frozen=True)
+class ProcessGroups:
+    """This process's groups (``None`` for a dimension of size 1).
+
+    Attributes:
+        tp: its tensor-parallel group.
+        dp: its data-parallel group (the replicas and their sequence parts).
+        cp: its context-parallel group.
+        ep: its expert-parallel group (``sim.ir.parallel.Parallelism.ep_group``).
+        expert_dp: the processes holding the same experts (``Parallelism.expert_dp_group``).
+    """
+
+    tp: Any = None
+    dp: Any = None
+    cp: Any = None
+    ep: Any = None
+    expert_dp: Any = None
+
+
+def make_groups(layout: Parallelism, rank: int) -> ProcessGroups:
+    """Create every tensor-, data-, context-, expert- and expert-data-parallel group (collectively: every process must
+    call this, and creates them in this one order) and return this process's. The data-parallel group spans the
+    replicas and their sequence parts (``sim.ir.parallel``)."""
+    mine: dict[str, Any] = {}
     groups = layout.groups()
-    for index, kind in enumerate(("tp", "dp", "cp")):
+    if layout.ep > 1:
+        groups["expert_dp"] = [list(layout.expert_dp_group(p, e, t)) for p in range(layout.pp)
+                               for e in range(layout.ep) for t in range(layout.etp)]
+    for kind in ("tp", "dp", "cp", "ep", "expert_dp"):
         for members in groups.get(kind, []):
             if len(members) > 1:
                 group = dist.new_group(members)
                 if rank in members:
-                    mine[index] = group
-    return mine[0], mine[1], mine[2]
+                    mine[kind] = group
+    return ProcessGroups(**mine)
 
 
 def check_parallel(plan: Plan) -> None:
@@ -107,6 +133,9 @@ def check_parallel(plan: Plan) -> None:
         raise SpecError(f"the executor does not implement sequence parallelism (plan: {layout.describe()}); "
                         f"simulate it with sim.run, run the plan without --sequence-parallel")
     model = parse_spec(plan.model)[0]
+    if layout.etp > 1:
+        raise SpecError(f"the executor does not implement expert tensor parallelism (etp = {layout.etp}); simulate it "
+                        f"with sim.run, run the plan with --etp 1")
     if layout.tp > 1 and model not in ("gpt", "llama"):
         raise SpecError(f"tensor parallelism (tp = {layout.tp}) is implemented for gpt and llama only, not {model!r}")
     if layout.cp > 1 and parse_spec(plan.model)[0] != "llama":
@@ -129,6 +158,7 @@ class ProcessModel:
         optimizers: vstage → what the interpreter's OPT_STEP steps.
         loss: ``(last stage's output, targets) -> scalar``.
         tp_comm: the tensor-parallel group's clock, or ``None``.
+        ep_comm: the expert-parallel group's clock, or ``None``.
         data_parallel: the :class:`executor.data_parallel.DataParallel`, or ``None``.
         fully_sharded: under ZeRO-3, the :class:`executor.fsdp.FullyShardedStages` (``None`` otherwise).
     """
@@ -139,11 +169,13 @@ class ProcessModel:
     tp_comm: Any = None
     data_parallel: Any = None
     fully_sharded: Any = None
+    ep_comm: Any = None
 
 
-def build_process(plan: Plan, place: Place, groups: tuple[Any, Any, Any], *, seed: int, optimizer: str,
+def build_process(plan: Plan, place: Place, groups: ProcessGroups, *, seed: int, optimizer: str,
                   lr: float | None, device: torch.device) -> ProcessModel:
-    """Build the process's vstages (sharded under tensor parallelism), optimizers (sharded under ZeRO-1) and loss."""
+    """Build the process's vstages (sharded under tensor and expert parallelism, their mixtures routed as the plan
+    says), optimizers (sharded under ZeRO) and loss."""
     from executor.nn.optim import make_optimizer
     from executor.nn.stages import Stage, build_stage, loss_fn
 
@@ -151,14 +183,14 @@ def build_process(plan: Plan, place: Place, groups: tuple[Any, Any, Any], *, see
     vstages = plan.placement.vstages_of(place.pp)
     stages: dict[int, nn.Module] = {}
     comm, loss = None, loss_fn(plan.model)
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
     if layout.tp > 1:
         from executor.nn.gpt_parallel import parallel_loss
         from executor.nn.tensor_parallel import TensorParallelComm
 
         shard_layer = _parallel_module(plan.model).shard_layer
 
-        sync = torch.cuda.synchronize if device.type == "cuda" else None
-        comm = TensorParallelComm(groups[0], layout.tp, place.tp, sync=sync)
+        comm = TensorParallelComm(groups.tp, layout.tp, place.tp, sync=sync)
         values = {key: int(value) for key, value in parse_spec(plan.model)[1].items()}
         for v in vstages:
             whole = build_stage(plan.model, *plan.placement.vstage_layers[v], seed=seed)
@@ -167,11 +199,12 @@ def build_process(plan: Plan, place: Place, groups: tuple[Any, Any, Any], *, see
         loss = parallel_loss(values, comm)
     else:
         stages = {v: build_stage(plan.model, *plan.placement.vstage_layers[v], seed=seed) for v in vstages}
+    experts, ep_comm = _route_and_shard_experts(plan, place, groups, stages, sync)
     stages = {v: stage.to(device) for v, stage in stages.items()}
     if layout.cp > 1:
         from executor.nn.context_parallel import ContextParallel
 
-        context = ContextParallel(groups[2], place.dp % layout.cp, layout.cp)
+        context = ContextParallel(groups.cp, place.dp % layout.cp, layout.cp)
         for stage in stages.values():
             for layer in stage.layers.values():
                 if hasattr(layer, "context"):  # the attention of a Llama-family block
@@ -179,28 +212,57 @@ def build_process(plan: Plan, place: Place, groups: tuple[Any, Any, Any], *, see
     if layout.data_ranks > 1 and layout.zero == 3:
         from executor.fsdp import FullyShardedStages
 
-        sharded = FullyShardedStages(stages, groups[1], layout.data_ranks, place.dp,
+        sharded = FullyShardedStages(stages, groups.dp, layout.data_ranks, place.dp,
                                      reshard_after_forward=layout.reshard_after_forward, optimizer=optimizer, lr=lr)
         return ProcessModel(stages, sharded.optimizers, loss, comm, fully_sharded=sharded)
     if layout.data_ranks > 1:
         from executor.data_parallel import DataParallel
 
-        dp = DataParallel(stages, groups[1], layout.data_ranks, place.dp, zero=layout.zero, optimizer=optimizer,
-                          lr=lr)
-        return ProcessModel(stages, dp.optimizers, loss, comm, dp)
+        dp = DataParallel(stages, groups.dp, layout.data_ranks, place.dp, zero=layout.zero, optimizer=optimizer,
+                          lr=lr, experts=experts)
+        return ProcessModel(stages, dp.optimizers, loss, comm, dp, ep_comm=ep_comm)
     return ProcessModel(stages, {v: make_optimizer(optimizer, stages[v].parameters(), lr) for v in vstages}, loss,
                         comm)
 
 
-def save_state(directory: str, plan: Plan, place: Place, model: ProcessModel, tp_group: Any) -> None:
+def _route_and_shard_experts(plan: Plan, place: Place, groups: ProcessGroups, stages: Mapping[int, nn.Module],
+                             sync: Callable[[], None] | None) -> tuple[Any, Any]:
+    """Force the plan's routing on every mixture of ``stages`` (``executor.nn.forced_routing``) and, under expert
+    parallelism, keep this process's block of experts (``executor.nn.expert_parallel``). Returns what
+    ``DataParallel`` needs to reduce the experts' gradients over their own group, and the expert-parallel clock
+    (``(None, None)`` without expert parallelism)."""
+    if parse_spec(plan.model)[0] != "moe":
+        return None, None
+    from executor.nn.moe import force_routing
+    from sim.cost.model import plan_routing
+
+    routing, capacity_factor = plan_routing(plan)
+    for stage in stages.values():
+        force_routing(stage, routing, capacity_factor)
+    layout = plan.layout
+    if layout.ep == 1:
+        return None, None
+    from executor.data_parallel import ReductionGroup
+    from executor.nn.expert_parallel import ExpertParallelComm, is_expert_parameter, shard_experts
+
+    expert_dp, ep_rank, _ = layout.expert_coords(place.rank)
+    ep_comm = ExpertParallelComm(groups.ep, layout.ep, ep_rank, sync=sync)
+    for stage in stages.values():
+        shard_experts(stage, ep_comm)
+    return (ReductionGroup(groups.expert_dp, layout.expert_dp, expert_dp), is_expert_parameter), ep_comm
+
+
+def save_state(directory: str, plan: Plan, place: Place, model: ProcessModel, groups: ProcessGroups) -> None:
     """``--save-state``: every vstage's whole parameters as ``stage<v>.pt``, named as a single process names them.
 
     Replica 0 saves (the replicas hold the same parameters); under ZeRO-3 every replica first takes part in gathering
     the shards (a collective of the data-parallel group); under tensor parallelism its shards are gathered to shard 0
-    (collectively: every process of the replica's tensor-parallel group must call this), which saves.
+    (collectively: every process of the replica's tensor-parallel group must call this), which saves; under expert
+    parallelism the expert blocks of replica 0's expert-parallel group are gathered to it first.
     """
     sharded = model.fully_sharded
-    if place.dp != 0 and sharded is None:
+    expert_parallel = model.ep_comm is not None and plan.layout.expert_coords(place.rank)[0] == 0
+    if place.dp != 0 and sharded is None and not expert_parallel:
         return
     for v, stage in sorted(model.stages.items()):
         if sharded is not None:  # every replica takes part in gathering the shards; replica 0 saves
@@ -209,10 +271,18 @@ def save_state(directory: str, plan: Plan, place: Place, model: ProcessModel, tp
                 continue
         else:
             state = {key: tensor.detach().cpu() for key, tensor in stage.state_dict().items()}
+        if expert_parallel:
+            from executor.nn.expert_parallel import merge_expert_shards
+
+            blocks: list[Any] = [None] * plan.layout.ep
+            dist.all_gather_object(blocks, state, group=groups.ep)
+            if place.dp != 0:
+                continue
+            state = merge_expert_shards(blocks)
         if plan.layout.tp > 1:
             unshard_state = _parallel_module(plan.model).unshard_state
             shards: list[Any] = [None] * plan.layout.tp
-            dist.all_gather_object(shards, state, group=tp_group)
+            dist.all_gather_object(shards, state, group=groups.tp)
             if place.tp != 0:
                 continue
             state = _unshard_stage(shards, int(parse_spec(plan.model)[1]["vocab"]), unshard_state)

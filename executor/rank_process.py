@@ -159,7 +159,8 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     interpreter_class = StreamInterpreter if plan.weight_policy == "stream" else RankInterpreter
     interpreter = interpreter_class(plan, place.pp, model.stages, model.optimizers, model.loss, boundary,
                                     device=device, fail_at=fail_at, peer_of=place.peer, tp_comm=model.tp_comm,
-                                    data_parallel=model.data_parallel, slowdown=options.slowdown_of(rank))
+                                    ep_comm=model.ep_comm, data_parallel=model.data_parallel,
+                                    slowdown=options.slowdown_of(rank))
     first, last = 0 in vstages, plan.num_vstages - 1 in vstages
     m, replicas, cp = plan.num_microbatches, plan.layout.dp, plan.layout.cp
     # Under context parallelism the C processes of a replica read its microbatches and keep their own tokens.
@@ -194,7 +195,7 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     sweep = p2p_sweep(rank, sweep_sizes, device=device) if options.calibrate_out and world_size > 1 else []
 
     if options.save_state:
-        save_state(options.save_state, plan, place, model, groups[0])
+        save_state(options.save_state, plan, place, model, groups)
     report = RankReport(rank, device_name, torch.get_num_threads(), tuple(timings), tuple(losses),
                         peak_memory_bytes=memory.peak_bytes, memory_method=memory.method)
     gathered: list[RankReport] | None = [None] * world_size if rank == 0 else None  # type: ignore[list-item]

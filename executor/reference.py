@@ -36,7 +36,8 @@ class ReferenceResult:
 
 def train_reference(spec: str, *, steps: int, num_microbatches: int, microbatch_size: int, seed: int = 0,
                     data_seed: int = 0, optimizer: str = "adam", lr: float | None = None,
-                    replicas: int = 1) -> ReferenceResult:
+                    replicas: int = 1, routing: str | None = "balanced",
+                    capacity_factor: float = 0.0) -> ReferenceResult:
     """Train ``spec`` for ``steps`` steps of ``num_microbatches`` microbatches each, in one process.
 
     Step ``k`` uses microbatches ``k * num_microbatches + j`` of :func:`executor.nn.stages.synthetic_batch`, as the
@@ -59,8 +60,19 @@ def train_reference(spec: str, *, steps: int, num_microbatches: int, microbatch_
         data_seed: data seed.
         optimizer: ``"adam"`` or ``"sgd"``.
         lr: learning rate (``None``: the optimizer's default).
+        replicas: D, data-parallel replicas (above).
+        routing, capacity_factor: a mixture's routing forced as a plan's ``routing`` option spells it, and its
+            capacity factor (``executor.nn.forced_routing``): the executor forces them on every moe plan, balanced and
+            dropless when the plan names none, and so does this by default; ``None``: the router's own top-k. A
+            model without mixtures ignores them.
     """
     layers = build_layers(spec, seed=seed)
+    if routing is not None:
+        from executor.nn.moe import force_routing
+        from sim.models.routing import parse_routing
+
+        for layer in layers:
+            force_routing(layer, parse_routing(routing), capacity_factor)
     model = torch.nn.Sequential(*layers)
     names = [layer.name for layer in _graph_layers(spec)]
     params = [p for layer in layers for p in layer.parameters()]

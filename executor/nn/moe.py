@@ -23,7 +23,13 @@ scores that no value is weighted by); computed explicitly, as SDPA has no sink.
 
 As ``executor.nn.llama``: fp32 on the CPU, rotary base 10,000, tied embeddings refused; the same initialisation
 (every Linear and expert weight N(0, 0.02²), the projections writing into the residual stream scaled by 1/√(2L),
-biases and sinks 0, norms 1). Context parallelism is not run for this family (refused by ``executor.parallel``).
+biases and sinks 0, norms 1). Tensor and context parallelism are not run for this family (refused by
+``executor.parallel``).
+
+In a run the executor forces the plan's routing on every mixture (:mod:`executor.nn.forced_routing`: balanced unless
+the plan names a skew or a trace, as the published benchmarks force it, with the plan's capacity factor), and under
+expert parallelism each process keeps a block of the experts and exchanges the tokens by all-to-all
+(:mod:`executor.nn.expert_parallel`). A module built on its own routes by the router's top-k.
 """
 
 from __future__ import annotations
@@ -34,10 +40,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from executor.nn.expert_parallel import EXPERT_PARAMETERS, ExpertParallelComm, exchange
+from executor.nn.forced_routing import ForcedRouting, expert_capacity, kept_slots
 from executor.nn.llama import INIT_STD, LlamaEmbedding, LlamaHead, _rotate, rotation, window_mask
 from sim.core.errors import SpecError
+from sim.models.routing import Routing
 
-__all__ = ["MoeBlock", "GroupedQueryAttention", "LatentAttention", "Mixture", "SwiGLU", "check_values", "make_layer"]
+__all__ = ["MoeBlock", "GroupedQueryAttention", "LatentAttention", "Mixture", "SwiGLU", "check_values", "make_layer",
+           "force_routing"]
 
 #: GPT-OSS's SwiGLU: σ(α · gate) with α = 1.702 (the published model code).
 CLAMPED_SWIGLU_ALPHA = 1.702
@@ -62,12 +72,27 @@ class SwiGLU(nn.Module):
 
 
 class Mixture(nn.Module):
-    """The routed experts, the router and the shared experts of one block (module docstring)."""
+    """The routed experts, the router and the shared experts of one block (module docstring).
+
+    Attributes:
+        moe_index: the block's position among the model's MoE blocks (what a forced routing's spread depends on).
+        forced: the plan's routing forced on the tokens (:mod:`executor.nn.forced_routing`), or ``None``: the
+            router's own top-k.
+        capacity_factor: each expert computes at most ⌈c·k·T/E⌉ slots of a microbatch (0: dropless).
+        expert_parallel: the expert-parallel group when the experts are split over processes
+            (:mod:`executor.nn.expert_parallel`), else ``None``.
+        first_expert: the global index of this process's first expert (0 without expert parallelism).
+    """
 
     def __init__(self, hidden: int, experts: int, topk: int, expert_ffn: int, shared_ffn: int, *,
-                 router_bias: bool, expert_bias: bool, sigmoid: bool, swiglu_clamp: int) -> None:
+                 router_bias: bool, expert_bias: bool, sigmoid: bool, swiglu_clamp: int, moe_index: int = 0) -> None:
         super().__init__()
         self.experts, self.topk, self.sigmoid, self.clamp = experts, topk, sigmoid, swiglu_clamp
+        self.moe_index = moe_index
+        self.forced: ForcedRouting | None = None
+        self.capacity_factor = 0.0
+        self.expert_parallel: ExpertParallelComm | None = None
+        self.first_expert = 0
         self.router = nn.Linear(hidden, experts, bias=router_bias)
         self.w_gate = nn.Parameter(torch.empty(experts, hidden, expert_ffn))
         self.w_up = nn.Parameter(torch.empty(experts, hidden, expert_ffn))
@@ -90,15 +115,44 @@ class Mixture(nn.Module):
         if self.shared is not None:
             self.shared.init_parameters(generator, residual_std)
 
+    def force_routing(self, routing: Routing, capacity_factor: float = 0.0) -> None:
+        """Route by ``routing`` instead of the router's top-k, and drop beyond ``capacity_factor`` (0: dropless)."""
+        self.forced = ForcedRouting(routing, self.moe_index, self.experts, self.topk)
+        self.capacity_factor = capacity_factor
+
+    def shard_experts(self, comm: ExpertParallelComm) -> None:
+        """Keep only expert-parallel rank ``comm.rank``'s block of ``E / comm.size`` experts, and exchange tokens over
+        ``comm`` (``executor.nn.expert_parallel``).
+
+        Raises:
+            ValueError: E not divisible by the group's size, or experts already sharded.
+        """
+        if self.expert_parallel is not None:
+            raise ValueError("this mixture's experts are already split over an expert-parallel group")
+        if self.experts % comm.size:
+            raise ValueError(f"{self.experts} experts do not split over {comm.size} expert-parallel processes")
+        local = self.experts // comm.size
+        first = comm.rank * local
+        for name in EXPERT_PARAMETERS:
+            whole = getattr(self, name)
+            if whole is not None:
+                setattr(self, name, nn.Parameter(whole.detach()[first:first + local].clone()))
+        self.expert_parallel, self.first_expert = comm, first
+
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(tokens, h) → each token's ``topk`` experts and their weights, (tokens, k) each."""
+        """(tokens, h) → each token's ``topk`` experts and their weights, (tokens, k) each: the router's highest
+        scores, or the forced experts weighted by their scores (:mod:`executor.nn.forced_routing`)."""
         logits = self.router(x)
         scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
-        weights, chosen = scores.topk(self.topk, dim=-1)
+        if self.forced is None:
+            weights, chosen = scores.topk(self.topk, dim=-1)
+        else:
+            chosen = self.forced(x.shape[0], x.device)
+            weights = scores.gather(1, chosen)
         return chosen, weights / weights.sum(dim=-1, keepdim=True)
 
     def expert(self, e: int, x: Tensor) -> Tensor:
-        """Expert ``e``'s SwiGLU on its tokens (m, h)."""
+        """This process's expert ``e`` (global index ``first_expert + e``) on its tokens (m, h)."""
         f = self.w_gate.shape[-1]
         gate, up = x @ self.w_gate[e], x @ self.w_up[e]
         if self.b_gate_up is not None:
@@ -115,14 +169,46 @@ class Mixture(nn.Module):
         """(n, s, h) → the same shape: each token's experts' outputs weighted and summed, plus the shared experts'."""
         tokens = x.reshape(-1, x.shape[-1])
         chosen, weights = self.route(tokens)
-        out = torch.zeros_like(tokens)
-        for e in range(self.experts):
-            rows, slot = (chosen == e).nonzero(as_tuple=True)
-            if rows.numel():
-                out = out.index_add(0, rows, self.expert(e, tokens[rows]) * weights[rows, slot, None])
+        capacity = expert_capacity(tokens.shape[0], self.topk, self.experts, self.capacity_factor)
+        kept = kept_slots(chosen, capacity) if capacity is not None else None
+        if self.expert_parallel is not None:
+            out = self._exchanged(tokens, chosen, weights, kept)
+        else:
+            out = torch.zeros_like(tokens)
+            for e in range(self.experts):
+                taken = chosen == e if kept is None else (chosen == e) & kept
+                rows, slot = taken.nonzero(as_tuple=True)
+                if rows.numel():
+                    out = out.index_add(0, rows, self.expert(e, tokens[rows]) * weights[rows, slot, None])
         if self.shared is not None:
             out = out + self.shared(tokens)
         return out.reshape(x.shape)
+
+    def _exchanged(self, tokens: Tensor, chosen: Tensor, weights: Tensor, kept: Tensor | None) -> Tensor:
+        """The routed experts' weighted sum under expert parallelism: dispatch each token copy to the process owning
+        its expert, run this process's experts on what arrives, combine back (``executor.nn.expert_parallel``)."""
+        comm = self.expert_parallel
+        assert comm is not None
+        local = self.experts // comm.size
+        flat = chosen.reshape(-1)
+        copies = torch.arange(flat.numel(), device=flat.device)
+        if kept is not None:
+            copies = copies[kept.reshape(-1)]
+        copies = copies[torch.argsort(flat[copies], stable=True)]  # by expert, so by owning process
+        experts = flat[copies]
+        send = torch.bincount(experts // local, minlength=comm.size)
+        receive = comm.counts(send)
+        send_sizes, receive_sizes = send.tolist(), receive.tolist()
+        arrived = exchange(tokens[copies // self.topk], comm, send_sizes, receive_sizes)
+        arrived_experts = comm.all_to_all(experts, send_sizes, receive_sizes) - self.first_expert
+        computed = torch.zeros_like(arrived)
+        for e in range(local):
+            rows = (arrived_experts == e).nonzero(as_tuple=True)[0]
+            if rows.numel():
+                computed = computed.index_add(0, rows, self.expert(e, arrived[rows]))
+        returned = exchange(computed, comm, receive_sizes, send_sizes)
+        weighted = returned * weights.reshape(-1)[copies, None]
+        return torch.zeros_like(tokens).index_add(0, copies // self.topk, weighted)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, window: int, sinks: Tensor | None) -> Tensor:
@@ -254,6 +340,14 @@ class MoeBlock(nn.Module):
         return x + self.feed_forward(self.post_attention_norm(x))
 
 
+def force_routing(module: nn.Module, routing: Routing, capacity_factor: float = 0.0) -> None:
+    """Route every mixture inside ``module`` by ``routing``, dropping beyond ``capacity_factor`` (0: dropless), as a
+    plan that names them predicts (:mod:`executor.nn.forced_routing`)."""
+    for mixture in module.modules():
+        if isinstance(mixture, Mixture):
+            mixture.force_routing(routing, capacity_factor)
+
+
 def check_values(values: dict[str, int]) -> None:
     """Refuse, before anything is built, what these modules do not run.
 
@@ -294,5 +388,6 @@ def make_layer(values: dict[str, int], i: int) -> nn.Module:
         feed_forward = Mixture(h, values["experts"], values["topk"], values["expert_ffn"],
                                values["shared_experts"] * values["expert_ffn"],
                                router_bias=bool(values["router_bias"]), expert_bias=bool(values["expert_bias"]),
-                               sigmoid=bool(values["sigmoid"]), swiglu_clamp=values["swiglu_clamp"])
+                               sigmoid=bool(values["sigmoid"]), swiglu_clamp=values["swiglu_clamp"],
+                               moe_index=index - values["dense_layers"])
     return MoeBlock(h, attention, feed_forward, n_blocks)

@@ -16,59 +16,28 @@ backward passes, exactly where Megatron puts them:
 
 :class:`TensorParallelComm` runs every one of them and adds up the seconds spent inside the collective calls, so
 that the interpreter can report them as the plan's ``TP_F``/``TP_B``/``TP_R`` span after the compute op that ran
-them (``executor.interpreter``). On CUDA it synchronises the device around each call, so the time is the
-collective's, not its launch's.
+them (``executor.nn.collective_clock``).
 """
 
 from __future__ import annotations
-
-import time
-from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from executor.nn.collective_clock import CollectiveClock
+
 __all__ = ["TensorParallelComm", "copy_to_region", "reduce_from_region", "vocab_parallel_cross_entropy"]
 
 
-class TensorParallelComm:
-    """One process's tensor-parallel group, and a clock of the time its collectives take.
-
-    Args:
-        group: the process group of the T shards (``None``: the default group, for a world of exactly T).
-        size: T, processes in the group.
-        rank: this process's shard index in ``0..T-1``.
-        sync: called before and after each collective (``torch.cuda.synchronize`` on CUDA; nothing on CPU).
-
-    Attributes:
-        group, size, rank: as given.
-        calls: collectives run so far (a test's check that the plan's collectives really happen).
-    """
-
-    def __init__(self, group: Any, size: int, rank: int, *, sync: Callable[[], None] | None = None) -> None:
-        if not 0 <= rank < size:
-            raise ValueError(f"tensor-parallel rank {rank} outside 0..{size - 1}")
-        self.group, self.size, self.rank = group, size, rank
-        self._sync = sync or (lambda: None)
-        self._seconds = 0.0
-        self.calls = 0
+class TensorParallelComm(CollectiveClock):
+    """One process's tensor-parallel group of T shards (``rank`` its shard index), and a clock of the time its
+    collectives take (:class:`executor.nn.collective_clock.CollectiveClock`)."""
 
     def all_reduce(self, tensor: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
         """All-reduce ``tensor`` in place over the group (timed); returns it."""
-        self._sync()
-        start = time.perf_counter()
-        dist.all_reduce(tensor, op=op, group=self.group)
-        self._sync()
-        self._seconds += time.perf_counter() - start
-        self.calls += 1
+        self.timed(lambda: dist.all_reduce(tensor, op=op, group=self.group))
         return tensor
-
-    def take_seconds(self) -> float:
-        """Seconds spent inside collectives since the last call (s); restarts the count."""
-        seconds, self._seconds = self._seconds, 0.0
-        return seconds
 
 
 class _CopyToRegion(torch.autograd.Function):

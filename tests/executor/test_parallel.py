@@ -134,10 +134,9 @@ def test_3d_plans_the_executor_cannot_run_are_refused_before_launch(tmp_path, ca
     assert message in refused(capsys, plan, tmp_path / "out", *extra)
 
 
-def test_an_expert_parallel_plan_is_refused_before_launch(tmp_path, capsys):
+def test_expert_tensor_parallelism_is_refused_before_launch(tmp_path, capsys):
     moe = "moe:layers=2,hidden=32,heads=4,kv_heads=2,head_dim=8,ffn=48,vocab=50,seq=8,experts=4,topk=2,expert_ffn=16"
-    assert sim_main(["--topology", "2xcpu", "--model", moe, "--dp", "2", "--ep", "2", "--global-batch", "4",
-                     "--no-gantt", "--out", str(tmp_path / "sim")]) == 0
+    assert sim_main(["--topology", "4xcpu", "--model", moe, "--dp", "4", "--ep", "2", "--etp", "2",
+                     "--global-batch", "4", "--no-gantt", "--out", str(tmp_path / "sim")]) == 0
     message = refused(capsys, tmp_path / "sim" / "plan.json", tmp_path / "out")
-    # the executor has no handler for the expert all-to-alls yet: refused by name, nothing launched
-    assert "no handler for op kind(s) EP_B (first: 0EP_B0), EP_F (first: 0EP_F0)" in message
+    assert "the executor does not implement expert tensor parallelism (etp = 2)" in message

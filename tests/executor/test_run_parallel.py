@@ -112,9 +112,10 @@ LLAMA = "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=51,seq=8,qkv_b
 
 
 def _trains_like_one_process(tmp_path, spec: str, devices: int, flags: list[str], replicas: int, *,
-                                   losses: bool = True) -> None:
+                                   losses: bool = True) -> tuple[Plan, object]:
     """``sim.run`` makes the plan of ``flags``, ``executor.run`` trains it on ``devices`` CPU processes with SGD, and
-    its saved state (and losses) equal single-process training on the global batch of ``replicas`` replicas."""
+    its saved state (and losses) equal single-process training on the global batch of ``replicas`` replicas; returns
+    the plan and the run's output folder."""
     assert sim_main(["--topology", f"{devices}xcpu", "--model", spec, "--partition", "uniform", "--no-gantt",
                      "--out", str(tmp_path / "sim"), *flags]) == 0
     plan_path = tmp_path / "sim" / "plan.json"
@@ -123,13 +124,17 @@ def _trains_like_one_process(tmp_path, spec: str, devices: int, flags: list[str]
     result = execute(plan_path, out, "--warmup", str(WARMUP), "--iterations", str(ITERATIONS), "--optimizer", "sgd",
                      "--save-state", str(state), "--no-gantt", "--threads", "1")
     assert result.returncode == 0, result.stderr
+    # The plan's routing (balanced when it names none) and capacity factor, forced on the reference's mixtures too.
     reference = train_reference(spec, steps=WARMUP + ITERATIONS, num_microbatches=plan.num_microbatches,
-                                microbatch_size=1, optimizer="sgd", replicas=replicas)
+                                microbatch_size=1, optimizer="sgd", replicas=replicas,
+                                routing=plan.option("routing", "balanced"),
+                                capacity_factor=plan.option("capacity_factor", 0.0))
     assert_state_equals(merged_state(state, plan.num_vstages), reference.state, spec=spec, atol=1e-7)
     if losses:
         measured = json.loads((out / "metrics.json").read_text())["measurement"]["losses"]
         for got, want in zip(measured, reference.losses, strict=True):
             assert got == pytest.approx(list(want), rel=1e-6)
+    return plan, out
 
 
 def test_a_llama_plan_with_tensor_parallelism_recomputation_and_a_pipeline_trains_like_one_process(tmp_path):
@@ -159,3 +164,43 @@ def test_a_mixture_of_experts_with_data_parallelism_under_zero_1_trains_like_one
     moe = ("moe:layers=2,hidden=32,heads=4,kv_heads=2,head_dim=8,ffn=48,vocab=50,seq=8,experts=4,topk=2,"
            "expert_ffn=16,shared_experts=1")
     _trains_like_one_process(tmp_path, moe, 2, ["--dp", "2", "--zero", "1", "--global-batch", "4"], 2)
+
+
+# Expert parallelism: 4 experts split over 2 processes, the tokens dispatched and combined by all-to-all. Not bitwise:
+# an expert multiplies the rows of both replicas in one GEMM, and its weight gradient sums them in one product.
+MOE_EP = ("moe:layers=2,hidden=32,heads=4,kv_heads=2,head_dim=8,ffn=48,vocab=50,seq=8,experts=4,topk=2,"
+          "expert_ffn=16,shared_experts=1")
+
+
+@pytest.mark.parametrize("flags, devices", [
+    (["--dp", "2", "--ep", "2"], 2),
+    # 4 replicas, experts over 2: each block held twice, its gradients reduced over that pair; ZeRO-1 shards the
+    # experts' optimizer state over the pair and the rest over all four; a skew routes 3/4 of the slots unevenly.
+    (["--dp", "4", "--ep", "2", "--zero", "1", "--routing", "skew:1.5:3"], 4),
+    # A pipeline of 2 with a split backward and recomputation (the rebuild runs the all-to-alls again), a capacity
+    # factor that drops the hot experts' overflow, and DeepSeek-style sigmoid routing with a dense first layer.
+    (["--pp", "2", "--dp", "2", "--ep", "2", "--schedule", "zb1p", "--recompute", "--routing", "skew:2:1",
+      "--capacity-factor", "1.0"], 4),
+], ids=["dp2-ep2", "dp4-ep2-zero1-skew", "pp2-dp2-ep2-zb1p-recompute-capacity"])
+def test_a_mixture_with_expert_parallelism_trains_like_one_process(tmp_path, flags, devices):
+    spec = MOE_EP if "--pp" not in flags else MOE_EP.replace("layers=2", "layers=3") + ",dense_layers=1,sigmoid=1"
+    replicas = int(flags[flags.index("--dp") + 1])
+    plan, out = _trains_like_one_process(tmp_path, spec, devices, [*flags, "--global-batch", str(2 * replicas)],
+                                         replicas)
+    kinds = {op.kind.value for program in plan.programs for op in program}
+    assert {"EP_F", "EP_B"} <= kinds and ("EP_R" in kinds) is ("--recompute" in flags)
+    # Each EP span starts where its compute op's span ends (the op's time split at its all-to-alls' share), and the
+    # all-to-alls really ran: a mixture's forward exchanges counts, tokens and expert numbers, then outputs.
+    trace = read_chrome_trace(out / "trace.json")
+    spans = {(s.rank, s.op): s for s in trace.spans}
+    sources = {"EP_F": ("F",), "EP_R": ("R",), "EP_B": ("B", "I")}
+    drawn = [span for span in trace.spans if span.kind.startswith("EP_")]
+    assert drawn
+    for span in drawn:
+        source = next(spans[(span.rank, span.op.replace(span.kind, k))] for k in sources[span.kind]
+                      if (span.rank, span.op.replace(span.kind, k)) in spans)
+        assert source.end == pytest.approx(span.start, abs=1e-9) and span.end >= span.start
+    assert any(span.end > span.start for span in drawn if span.kind == "EP_F")
+    compare = json.loads((out / "compare.json").read_text())
+    for kind in ("EP_F", "EP_B"):
+        assert compare["ops"][kind]["predicted_mean_s"] > 0 and compare["ops"][kind]["measured_mean_s"] > 0, kind

@@ -1,0 +1,111 @@
+"""Expert parallelism in the executor: each of E_p processes holds a contiguous block of E/E_p experts of every MoE
+layer, and the tokens travel to the experts by all-to-all (GShard, Lepikhin et al. 2020, arXiv 2006.16668 §2.2;
+Megatron-Core's all-to-all token dispatcher).
+
+A mixture with an :class:`ExpertParallelComm` (``executor.nn.moe.Mixture``) routes its own tokens, then:
+
+1. **counts**: sorts its token copies by expert (so by owning process: process q owns experts
+   ``[q·E/E_p, (q+1)·E/E_p)``) and exchanges the number it sends each process (an all-to-all of E_p integers), so
+   that every process knows how many rows it receives from each;
+2. **dispatch**: an all-to-all of the copies' hidden states (and of their expert numbers) with those split sizes;
+3. the process runs each of its experts on the rows it received for it;
+4. **combine**: the reverse all-to-all sends every output row back to the process its token came from, which weights
+   it by the router's score and adds it to the token's output.
+
+The all-to-alls carry autograd (:func:`exchange`): the backward of a dispatch is a combine of the gradients and vice
+versa, so a backward pass runs the same two exchanges in reverse. Every call is timed on the group's clock
+(:class:`executor.nn.collective_clock.CollectiveClock`), which the interpreter reports as the plan's ``EP_F``,
+``EP_B`` and ``EP_R`` spans.
+
+Where the group comes from: the E_p processes of one pipeline rank that :meth:`sim.ir.parallel.Parallelism.ep_group`
+names (Megatron-Core's parallel folding); the processes that hold the same experts reduce their gradients over the
+expert-data-parallel group (``executor.data_parallel``). Each process builds its layers whole from the seed, as a
+single process would, and keeps its block (:func:`shard_experts`), so the blocks together are the single-process
+model's experts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from executor.nn.collective_clock import CollectiveClock
+
+__all__ = ["ExpertParallelComm", "exchange", "EXPERT_PARAMETERS", "is_expert_parameter", "shard_experts",
+           "merge_expert_shards"]
+
+#: The parameters of ``executor.nn.moe.Mixture`` stacked by expert (dimension 0), which expert parallelism splits.
+EXPERT_PARAMETERS = ("w_gate", "w_up", "w_down", "b_gate_up", "b_down")
+
+
+def is_expert_parameter(name: str) -> bool:
+    """Whether the parameter (or state-dict key) ``name`` is a routed expert's: split by expert parallelism, its
+    gradient reduced over the expert-data-parallel group."""
+    return name.rsplit(".", 1)[-1] in EXPERT_PARAMETERS
+
+
+class ExpertParallelComm(CollectiveClock):
+    """One process's expert-parallel group of E_p processes (``rank`` its expert-parallel rank), and a clock of the
+    time its all-to-alls take."""
+
+    def counts(self, send: Tensor) -> Tensor:
+        """All-to-all of the row counts: ``send[q]`` rows go to process q; returns ``received[q]``, the rows that come
+        from process q (int64, one per process)."""
+        received = torch.empty_like(send)
+        self.timed(lambda: dist.all_to_all_single(received, send, group=self.group))
+        return received
+
+    def all_to_all(self, rows: Tensor, send: list[int], receive: list[int]) -> Tensor:
+        """All-to-all of ``rows`` (its first ``send[0]`` rows to process 0, the next ``send[1]`` to process 1, …);
+        returns the rows received, ``receive[q]`` from process q, in process order."""
+        out = rows.new_empty((sum(receive), *rows.shape[1:]))
+        self.timed(lambda: dist.all_to_all_single(out, rows.contiguous(), output_split_sizes=receive,
+                                                  input_split_sizes=send, group=self.group))
+        return out
+
+
+class _Exchange(torch.autograd.Function):
+    """An all-to-all of rows whose backward is the reverse all-to-all of their gradients."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, comm: ExpertParallelComm, send: list[int],  # type: ignore[override]
+                receive: list[int]) -> Tensor:
+        ctx.comm, ctx.send, ctx.receive = comm, send, receive
+        return comm.all_to_all(rows, send, receive)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return ctx.comm.all_to_all(grad, ctx.receive, ctx.send), None, None, None
+
+
+def exchange(rows: Tensor, comm: ExpertParallelComm, send: list[int], receive: list[int]) -> Tensor:
+    """Differentiable all-to-all: ``send[q]`` of ``rows`` go to process q, ``receive[q]`` rows come from it."""
+    return _Exchange.apply(rows, comm, send, receive)
+
+
+def shard_experts(module: nn.Module, comm: ExpertParallelComm) -> int:
+    """Keep this process's block of experts in every mixture inside ``module`` (``comm.rank``'s of ``comm.size``
+    blocks) and route through ``comm``; returns how many mixtures were sharded.
+
+    Raises:
+        ValueError: a mixture whose experts do not split evenly over the group.
+    """
+    from executor.nn.moe import Mixture
+
+    sharded = 0
+    for mixture in module.modules():
+        if isinstance(mixture, Mixture):
+            mixture.shard_experts(comm)
+            sharded += 1
+    return sharded
+
+
+def merge_expert_shards(shards: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """One state dict from the expert-parallel ranks' (in rank order): expert parameters concatenated by expert, the
+    rest taken from rank 0 (every rank holds the same)."""
+    merged = dict(shards[0])
+    for key in merged:
+        if is_expert_parameter(key):
+            merged[key] = torch.cat([shard[key] for shard in shards], dim=0)
+    return merged
