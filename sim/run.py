@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from sim.core.cli import CliParser, parse_byte_size
@@ -23,6 +24,7 @@ from sim.cost.precision import PRECISIONS
 from sim.hw.topology import format_topology_list
 from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.models import build_model, format_model_list
+from sim.models.routing import BALANCED, parse_routing
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.plan.memory_fit import memory_remedies, memory_report
@@ -217,6 +219,9 @@ def _run(argv: list[str] | None) -> int:
                          check_memory=not args.ignore_memory)
     print(f"costs {prediction.cost_source}")
     metrics = prediction.metrics
+    routing = _routing_against_balanced(inputs, metrics["iteration_time_s"])
+    if routing is not None:
+        metrics = {**metrics, "routing": routing}
     out = Path(args.out)
     prepare_output_dir(out, "--out")
     write_text_chunks_atomic(plan.iter_dumps(), out / "plan.json")
@@ -229,10 +234,27 @@ def _run(argv: list[str] | None) -> int:
              f"{plan.model} · {plan.topology}{shape} · m={plan.num_microbatches}")
     names = write_run_outputs(out, prediction.trace, metrics, title=title, gantt=not args.no_gantt)
     print(format_summary(metrics))
+    if routing is not None:
+        factor = routing["capacity_factor"]
+        spread = routing["routing"] + (f", capacity factor {factor:g}" if factor else "")
+        print(f"routing           {spread}: {routing['slowdown_vs_balanced']:.2f}x the iteration time of balanced "
+              f"dropless routing ({routing['balanced_iteration_time_s'] * 1e3:.3f} ms)")
     if "stream" in metrics:
         print(format_stream_summary(metrics["stream"]))
     print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")
     return 0
+
+
+def _routing_against_balanced(inputs: PlanInputs, iteration_time_s: float) -> dict | None:
+    """What a skewed or traced routing, or a capacity factor, costs: the same plan predicted with balanced dropless
+    routing beside it (``metrics.json``'s ``routing``); ``None`` when the plan routes balanced and dropless."""
+    if parse_routing(inputs.routing) == BALANCED and not inputs.capacity_factor:
+        return None
+    balanced = build_plan(replace(inputs, routing="balanced", capacity_factor=0.0))
+    baseline = predict(balanced.plan, balanced.profile, topology=balanced.topology, oracle=balanced.costs.oracle,
+                       check_memory=False).metrics["iteration_time_s"]
+    return {"routing": parse_routing(inputs.routing).describe(), "capacity_factor": float(inputs.capacity_factor),
+            "balanced_iteration_time_s": baseline, "slowdown_vs_balanced": iteration_time_s / baseline}
 
 
 def _check_memory(inputs: PlanInputs, built) -> None:

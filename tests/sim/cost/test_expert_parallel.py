@@ -3,6 +3,7 @@
 reduction, and a written plan predicting what the built one did."""
 
 import itertools
+import json
 
 import pytest
 
@@ -158,3 +159,21 @@ def test_replicas_simulated_one_by_one_exchange_tokens_as_one_all_to_all():
     one = predict_built(built).metrics["iteration_time_s"]
     every = predict_built(built, simulate_all=True).metrics["iteration_time_s"]
     assert every == pytest.approx(one, rel=1e-9)
+
+
+def test_sim_run_shows_what_a_skew_costs_against_balanced_routing(tmp_path, capsys):
+    # The oracle: the same plan simulated with balanced dropless routing by its own sim.run.
+    from sim.run import main as sim_main
+
+    common = ["--model", SMALL, "--topology", "8xH100", "--dp", "4", "--pp", "2", "--ep", "4", "-m", "4", "--no-gantt"]
+    assert sim_main([*common, "--out", str(tmp_path / "balanced")]) == 0
+    balanced = json.loads((tmp_path / "balanced" / "metrics.json").read_text())
+    assert "routing" not in balanced and "routing " not in capsys.readouterr().out
+    assert sim_main([*common, "--routing", "skew:1.2:3", "--out", str(tmp_path / "skew")]) == 0
+    skew = json.loads((tmp_path / "skew" / "metrics.json").read_text())
+    routing = skew["routing"]
+    assert routing["balanced_iteration_time_s"] == balanced["iteration_time_s"]
+    assert routing["slowdown_vs_balanced"] == skew["iteration_time_s"] / balanced["iteration_time_s"] > 1
+    assert (routing["routing"], routing["capacity_factor"]) == ("skew:1.2:3", 0.0)
+    assert f"routing           skew:1.2:3: {routing['slowdown_vs_balanced']:.2f}x the iteration time of balanced " \
+           f"dropless routing" in capsys.readouterr().out
