@@ -243,7 +243,8 @@ def _route_and_shard_experts(plan: Plan, place: Place, groups: ProcessGroups, st
     if layout.ep == 1:
         return None, None
     from executor.data_parallel import ReductionGroup
-    from executor.nn.expert_parallel import ExpertParallelComm, is_expert_parameter, shard_experts
+    from executor.nn.expert_parallel import ExpertParallelComm, is_expert_parameter
+    from executor.nn.moe import shard_experts
 
     expert_dp, ep_rank, _ = layout.expert_coords(place.rank)
     ep_comm = ExpertParallelComm(groups.ep, layout.ep, ep_rank, sync=sync)

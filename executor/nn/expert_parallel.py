@@ -21,19 +21,18 @@ Where the group comes from: the E_p processes of one pipeline rank that :meth:`s
 names (Megatron-Core's parallel folding); the processes that hold the same experts reduce their gradients over the
 expert-data-parallel group (``executor.data_parallel``). Each process builds its layers whole from the seed, as a
 single process would, and keeps its block (:func:`shard_experts`), so the blocks together are the single-process
-model's experts.
+model's experts (``executor.nn.moe.shard_experts``).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from executor.nn.collective_clock import CollectiveClock
 
-__all__ = ["ExpertParallelComm", "exchange", "EXPERT_PARAMETERS", "is_expert_parameter", "shard_experts",
-           "merge_expert_shards"]
+__all__ = ["ExpertParallelComm", "exchange", "EXPERT_PARAMETERS", "is_expert_parameter", "merge_expert_shards"]
 
 #: The parameters of ``executor.nn.moe.Mixture`` stacked by expert (dimension 0), which expert parallelism splits.
 EXPERT_PARAMETERS = ("w_gate", "w_up", "w_down", "b_gate_up", "b_down")
@@ -82,23 +81,6 @@ class _Exchange(torch.autograd.Function):
 def exchange(rows: Tensor, comm: ExpertParallelComm, send: list[int], receive: list[int]) -> Tensor:
     """Differentiable all-to-all: ``send[q]`` of ``rows`` go to process q, ``receive[q]`` rows come from it."""
     return _Exchange.apply(rows, comm, send, receive)
-
-
-def shard_experts(module: nn.Module, comm: ExpertParallelComm) -> int:
-    """Keep this process's block of experts in every mixture inside ``module`` (``comm.rank``'s of ``comm.size``
-    blocks) and route through ``comm``; returns how many mixtures were sharded.
-
-    Raises:
-        ValueError: a mixture whose experts do not split evenly over the group.
-    """
-    from executor.nn.moe import Mixture
-
-    sharded = 0
-    for mixture in module.modules():
-        if isinstance(mixture, Mixture):
-            mixture.shard_experts(comm)
-            sharded += 1
-    return sharded
 
 
 def merge_expert_shards(shards: list[dict[str, Tensor]]) -> dict[str, Tensor]:

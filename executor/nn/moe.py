@@ -47,7 +47,7 @@ from sim.core.errors import SpecError
 from sim.models.routing import Routing
 
 __all__ = ["MoeBlock", "GroupedQueryAttention", "LatentAttention", "Mixture", "SwiGLU", "check_values", "make_layer",
-           "force_routing"]
+           "force_routing", "shard_experts"]
 
 #: GPT-OSS's SwiGLU: σ(α · gate) with α = 1.702 (the published model code).
 CLAMPED_SWIGLU_ALPHA = 1.702
@@ -346,6 +346,17 @@ def force_routing(module: nn.Module, routing: Routing, capacity_factor: float = 
     for mixture in module.modules():
         if isinstance(mixture, Mixture):
             mixture.force_routing(routing, capacity_factor)
+
+
+def shard_experts(module: nn.Module, comm: ExpertParallelComm) -> int:
+    """Keep expert-parallel rank ``comm.rank``'s block of experts in every mixture inside ``module`` and route through
+    ``comm`` (:meth:`Mixture.shard_experts`); returns how many mixtures were sharded."""
+    sharded = 0
+    for mixture in module.modules():
+        if isinstance(mixture, Mixture):
+            mixture.shard_experts(comm)
+            sharded += 1
+    return sharded
 
 
 def check_values(values: dict[str, int]) -> None:
