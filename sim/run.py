@@ -21,6 +21,7 @@ from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic, write_text_chunks_atomic
 from sim.cost.precision import PRECISIONS
+from sim.faults.report import FaultOptions, FaultReport, fault_report
 from sim.hw.topology import format_topology_list
 from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.models import build_model, format_model_list
@@ -65,7 +66,6 @@ def make_parser() -> argparse.ArgumentParser:
     csp = parser.add_argument_group("csp (NASPipe) options")
     csp.add_argument("--space", help="supernet search space preset c0|c1|c2|c3 (instead of --model)")
     csp.add_argument("--subnets", type=int, default=64, help="subnets to train, in order (default 64)")
-    csp.add_argument("--seed", type=int, default=0, help="subnet sampler seed (default 0)")
     csp.add_argument("--lookahead", type=int, default=30, help="most subnets in flight (default 30, NASPipe's)")
     csp.add_argument("--one-at-a-time", action="store_true", help="ablation: no CSP overlap, one subnet at a time")
     csp.add_argument("--device-param-budget", type=parse_byte_size, metavar="BYTES",
@@ -148,6 +148,31 @@ def make_parser() -> argparse.ArgumentParser:
     par.add_argument("--grad-overlap", action="store_true",
                      help="reduce gradients in 25 MiB buckets while the last backward runs (PyTorch DDP) instead of "
                      "after the backward pass (Megatron's default)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the CSP subnet sampler and of a long run's failures (default 0)")
+    runs = parser.add_argument_group("a long run with failures (sim.faults): given --train-hours or --iterations")
+    runs.add_argument("--train-hours", type=float, metavar="H",
+                      help="failure-free training time of the run, in hours (its iterations: H / the iteration time)")
+    runs.add_argument("--iterations", type=int, metavar="N", help="iterations of the run (instead of --train-hours)")
+    runs.add_argument("--mtbf", type=float, metavar="HOURS",
+                      help="mean time between failures of one device (default: the failure mix's, 50,676 h for "
+                      "Llama 3's), or of the whole job with --mtbf-scope cluster")
+    runs.add_argument("--mtbf-scope", choices=["device", "cluster"], default="device",
+                      help="device: --mtbf is each device's, the job's is it / devices (default); cluster: the job's")
+    runs.add_argument("--failure-mix", metavar="FILE",
+                      help="YAML or JSON table of failure causes with counts and repair minutes (default: Llama 3 "
+                      "405B's 419 interruptions, profiles/faults/llama3-405b.yaml)")
+    runs.add_argument("--checkpoint-every", type=int, metavar="K",
+                      help="iterations between checkpoints (default: the best of a sweep of intervals)")
+    runs.add_argument("--async-checkpoint", action="store_true",
+                      help="checkpoints stall training only to copy to host memory, the write to storage runs behind")
+    runs.add_argument("--storage-bandwidth", type=float, metavar="GB/s",
+                      help="aggregate storage write bandwidth in GB/s (default: 0.122 per device, the share per GPU of "
+                      "the 2 TB/s Llama 3's 16,384 GPUs sustained)")
+    runs.add_argument("--restart-minutes", type=float, default=10.0, metavar="MIN",
+                      help="detection, rescheduling and start-up of each restart, in minutes (default 10, assumed)")
+    runs.add_argument("--fault-trials", type=int, default=16, metavar="T",
+                      help="seeded runs the expected figures and the interval sweep average (default 16)")
     parser.add_argument("--partition", default="balanced",
                         help="uniform, balanced (exact DP, default), blocks (Megatron-DeepSpeed's type:transformer: "
                         "blocks split evenly, embedding first, head last) or layer counts per stage, e.g. 12,12,13,13")
@@ -172,7 +197,11 @@ def _run(argv: list[str] | None) -> int:
     if args.schedule and args.schedule_file:
         raise SpecError(f"--schedule {args.schedule} and --schedule-file {args.schedule_file} both name the "
                         f"schedule; give one")
+    fault_options = _fault_options(args)
     if args.schedule == "csp":
+        if fault_options != replace(FaultOptions(), seed=fault_options.seed):
+            raise SpecError("a long run with failures (--train-hours, --iterations and their options) is predicted for "
+                            "fixed schedules; --schedule csp decides its program online")
         return _run_csp(args)
     if args.space:
         raise SpecError("--space names a supernet for --schedule csp; other schedules take --model")
@@ -200,6 +229,8 @@ def _run(argv: list[str] | None) -> int:
         compiled=args.compiled, ep=args.ep, etp=args.etp, routing=args.routing,
         capacity_factor=args.capacity_factor,
     )
+    if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
+        fault_options.check()  # the long run's flags, before anything is simulated or printed
     built = build_plan(inputs)
     if not args.ignore_memory:
         _check_memory(inputs, built)  # before anything is printed: a plan that cannot run gets one line
@@ -222,6 +253,9 @@ def _run(argv: list[str] | None) -> int:
     routing = _routing_against_balanced(inputs, metrics["iteration_time_s"])
     if routing is not None:
         metrics = {**metrics, "routing": routing}
+    faults = _long_run(fault_options, metrics, plan, topology)
+    if faults is not None:
+        metrics = {**metrics, "faults": faults.metrics}
     out = Path(args.out)
     prepare_output_dir(out, "--out")
     write_text_chunks_atomic(plan.iter_dumps(), out / "plan.json")
@@ -232,7 +266,9 @@ def _run(argv: list[str] | None) -> int:
     title = (f"{plan.schedule}{f' v={chunks}' if chunks else ''}"
              f"{' + selective recompute' if recompute == 'selective' else ' + recompute' if recompute else ''} · "
              f"{plan.model} · {plan.topology}{shape} · m={plan.num_microbatches}")
-    names = write_run_outputs(out, prediction.trace, metrics, title=title, gantt=not args.no_gantt)
+    charts = {} if faults is None else {"long_run.png": lambda: faults.chart_png(
+        f"{title} · {faults.run.iterations:,} iterations, job MTBF {faults.run.mtbf_s / 3600:.3g} h, seed {args.seed}")}
+    names = write_run_outputs(out, prediction.trace, metrics, title=title, gantt=not args.no_gantt, charts=charts)
     print(format_summary(metrics))
     if routing is not None:
         factor = routing["capacity_factor"]
@@ -241,6 +277,8 @@ def _run(argv: list[str] | None) -> int:
               f"dropless routing ({routing['balanced_iteration_time_s'] * 1e3:.3f} ms)")
     if "stream" in metrics:
         print(format_stream_summary(metrics["stream"]))
+    if faults is not None:
+        print(faults.summary())
     print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")
     return 0
 
@@ -255,6 +293,25 @@ def _routing_against_balanced(inputs: PlanInputs, iteration_time_s: float) -> di
                        check_memory=False).metrics["iteration_time_s"]
     return {"routing": parse_routing(inputs.routing).describe(), "capacity_factor": float(inputs.capacity_factor),
             "balanced_iteration_time_s": baseline, "slowdown_vs_balanced": iteration_time_s / baseline}
+
+
+def _fault_options(args: argparse.Namespace) -> FaultOptions:
+    """The long-run flags as :class:`sim.faults.report.FaultOptions` (checked there)."""
+    storage = None if args.storage_bandwidth is None else args.storage_bandwidth * 1e9
+    return FaultOptions(train_hours=args.train_hours, iterations=args.iterations, mtbf_hours=args.mtbf,
+                        mtbf_scope=args.mtbf_scope, failure_mix=args.failure_mix,
+                        checkpoint_every=args.checkpoint_every, asynchronous=args.async_checkpoint,
+                        storage_bandwidth=storage, restart_minutes=args.restart_minutes,
+                        seed=args.seed, trials=args.fault_trials)
+
+
+def _long_run(options: FaultOptions, metrics: dict, plan, topology) -> FaultReport | None:
+    """The long run with failures the flags ask for (``sim.faults.report``), or ``None``."""
+    if not options.requested:
+        return None
+    tokens = metrics.get("tokens_per_iteration") or 0
+    return fault_report(options, iteration_s=metrics["iteration_time_s"], tokens_per_iteration=int(tokens),
+                        model=build_model(plan.model), topology=topology)
 
 
 def _check_memory(inputs: PlanInputs, built) -> None:

@@ -38,6 +38,7 @@ SIM_FLOORS = {
     "sim.models": 2,
     "sim.cost": 3,
     "sim.schedules": 4,
+    "sim.faults": 4,  # a long run with failures: costs and models below it, sim.run above
     "sim.plan": 5,
     "sim.engine": 6,
     "sim.csp": 7,

@@ -19,7 +19,8 @@ from sim.cost.profile import LayerMemory
 from sim.hw.catalog import DeviceSpec
 from sim.models.graph import LayerGraph
 
-__all__ = ["MemorySizes", "StateShards", "WHOLE_STATE", "state_bytes_per_param", "layer_input_bytes"]
+__all__ = ["MemorySizes", "StateShards", "WHOLE_STATE", "state_bytes_per_param", "persistent_bytes_per_param",
+           "layer_input_bytes"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,13 @@ def state_bytes_per_param(dtype_bytes: int, shards: StateShards = WHOLE_STATE) -
     master = 4 if dtype_bytes < 4 else 0
     optimizer = 8 + master
     return dtype_bytes / shards.params + dtype_bytes / shards.gradients + optimizer / shards.optimizer
+
+
+def persistent_bytes_per_param(dtype_bytes: int) -> float:
+    """Bytes per parameter of the state that outlives a step, whole (what a training checkpoint stores): the weights
+    in the training dtype, Adam's m and v in fp32 and an fp32 master copy when training in lower precision
+    (:func:`state_bytes_per_param` without the gradients: 2 + 12 = 14 for fp16)."""
+    return state_bytes_per_param(dtype_bytes) - dtype_bytes
 
 
 def layer_input_bytes(graph: LayerGraph, i: int) -> int:

@@ -8,10 +8,11 @@ are removed and the files they replaced put back, so a failed run leaves no set 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sim.core.fileio import prepare_output_dir, write_json_atomic
+from sim.core.fileio import prepare_output_dir, write_bytes_atomic, write_json_atomic
 from sim.core.output_set import all_or_none
 from sim.ir.trace import Trace
 from sim.report.chrome_trace import write_chrome_trace
@@ -20,9 +21,9 @@ __all__ = ["write_run_outputs", "format_summary"]
 
 
 def write_run_outputs(out_dir: Path, trace: Trace, metrics: dict[str, Any], *, title: str,
-                      gantt: bool = True) -> list[str]:
-    """Write metrics, Chrome trace and (unless ``gantt`` is false) the Gantt chart, all or none; returns the file
-    names.
+                      gantt: bool = True, charts: Mapping[str, Callable[[], bytes]] | None = None) -> list[str]:
+    """Write metrics, Chrome trace and (unless ``gantt`` is false) the Gantt chart and the other ``charts`` (file
+    name → what draws its PNG bytes), all or none; returns the file names.
 
     Raises:
         SpecError: ``out_dir`` cannot be made or written in, or a file cannot be written; nothing is left of this call.
@@ -37,6 +38,9 @@ def write_run_outputs(out_dir: Path, trace: Trace, metrics: dict[str, Any], *, t
 
             draw_gantt(trace, out_dir / "gantt.png", title=title)
             names.append("gantt.png")
+            for name, draw in (charts or {}).items():
+                write_bytes_atomic(out_dir / name, draw())
+                names.append(name)
     return names
 
 
