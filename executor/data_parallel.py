@@ -122,6 +122,17 @@ class ShardOptimizer:
         for param in self.params:  # their gradients were reduced into the shards'; the next backward starts afresh
             param.grad = None
 
+    def state_dict(self) -> dict[str, Any]:
+        """The update's state: the inner optimizer's and the slices' values (for ``executor.checkpoint``)."""
+        return {"inner": self.inner.state_dict(), "shards": [shard.detach().cpu().clone() for shard in self.shards]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put :meth:`state_dict`'s values back (the slices in place: the inner optimizer holds them)."""
+        with torch.no_grad():
+            for shard, saved in zip(self.shards, state["shards"], strict=True):
+                shard.copy_(saved)
+        self.inner.load_state_dict(state["inner"])
+
 
 class DataParallel:
     """One process's share of data parallelism: its vstages' reductions and, under ZeRO-1 and 2, sharded steps.

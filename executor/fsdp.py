@@ -146,6 +146,19 @@ class ShardedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The update's state and the units' shards, which are the parameters (a checkpoint's,
+        ``executor.checkpoint``)."""
+        return {"inner": self.inner.state_dict(),
+                "shards": [unit.shard.detach().cpu().clone() for unit in self.units]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put :meth:`state_dict`'s values back; the next forward gathers the restored shards."""
+        with torch.no_grad():
+            for unit, saved in zip(self.units, state["shards"], strict=True):
+                unit.shard.copy_(saved)
+        self.inner.load_state_dict(state["inner"])
+
 
 class FullyShardedStages:
     """The process's vstages under ZeRO-3: one :class:`FullyShardedUnit` per layer, one optimizer per vstage.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["RunOptions", "FAILURE_DIR_ENV", "host_cores"]
 
@@ -41,6 +42,14 @@ class RunOptions:
             to emulate a slower device (``--slowdown``, ``executor.slowdown``); empty for a real run.
         measure_memory: count each CPU rank's peak tensor memory (``--measure-memory``, ``executor.memory``); it
             slows every operator a little, so it is off unless asked for. CUDA ranks always report theirs.
+        checkpoint_every: write a checkpoint after every this many iterations (``executor.checkpoint``; 0: never).
+        checkpoint_dir: where checkpoints go, or ``None``.
+        resume_from: the step directory of the complete checkpoint to continue from (``--resume``), or ``None``.
+        first_iteration: the iteration this run starts at (the checkpoint's; 0 for a fresh run). ``warmup`` and
+            ``iterations`` count from it: a resumed run's are what is left of the original run's.
+        identity: what a checkpoint records of the run (``executor.checkpoint.run_identity``).
+        die_in_checkpoint: ``(rank, iteration)`` at whose checkpoint write that rank kills itself midway (the
+            torn-checkpoint test's ``--inject-failure RANK:checkpoint@ITERATION``), or ``None``.
     """
 
     plan_path: str
@@ -61,6 +70,12 @@ class RunOptions:
     timeout_s: float = 300.0
     slowdown: tuple[tuple[int, float], ...] = ()
     measure_memory: bool = False
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
+    resume_from: str | None = None
+    first_iteration: int = 0
+    identity: tuple[tuple[str, Any], ...] = ()
+    die_in_checkpoint: tuple[int, int] | None = None
 
     def slowdown_of(self, rank: int) -> float:
         """The factor by which ``rank`` stretches its compute ops (1 when it is not slowed)."""

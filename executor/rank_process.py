@@ -25,6 +25,7 @@ import sys
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -37,7 +38,7 @@ from executor.memory import PeakMemory
 from executor.nn.context_parallel import ContextParallel, local_tokens
 from executor.nn.stages import boundary_specs, synthetic_batch
 from executor.options import RunOptions, host_cores
-from executor.parallel import Place, build_process, make_groups, microbatch_index, save_state
+from executor.parallel import Place, ProcessModel, build_process, make_groups, microbatch_index, save_state
 from executor.pingpong import round_trip_times
 from executor.stream.stream_interpreter import StreamInterpreter, stream_frames
 from sim.core.errors import SpecError
@@ -123,6 +124,37 @@ def _threads(options: RunOptions, local_world_size: int) -> int:
     return max(1, host_cores() // local_world_size)
 
 
+def _resume(options: RunOptions, model: ProcessModel, rank: int) -> int:
+    """With ``--resume``, put the checkpoint's shard of this rank back (``executor.checkpoint``); the iteration the run
+    starts at."""
+    if options.resume_from is None:
+        return 0
+    from executor.checkpoint import Checkpoint, read_shard, restore
+
+    shard = read_shard(Checkpoint(Path(options.resume_from), options.first_iteration, {}), rank)
+    resumed = restore(model.stages, model.optimizers, shard, fully_sharded=model.fully_sharded is not None)
+    if resumed != options.first_iteration:
+        raise SpecError(f"rank {rank}'s shard of {options.resume_from} resumes at iteration {resumed}, its marker "
+                        f"says {options.first_iteration}")
+    return resumed
+
+
+def _checkpoint_after(options: RunOptions, model: ProcessModel, rank: int, done: int) -> None:
+    """After ``done`` iterations, every ``--checkpoint-every``-th: write this rank's shard; once every rank has,
+    rank 0 marks the checkpoint complete (``executor.checkpoint``)."""
+    if not options.checkpoint_every or done % options.checkpoint_every:
+        return
+    from executor.checkpoint import capture, complete, write_shard
+
+    assert options.checkpoint_dir is not None
+    state = capture(model.stages, model.optimizers, fully_sharded=model.fully_sharded is not None,
+                    next_iteration=done)
+    write_shard(options.checkpoint_dir, done, rank, state, die_midway=options.die_in_checkpoint == (rank, done))
+    dist.barrier()  # every shard is in place before the marker says so
+    if rank == 0:
+        complete(options.checkpoint_dir, done, dict(options.identity))
+
+
 def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None:
     world_size, local_rank = _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
     if plan.weight_policy == "csp":  # no fixed program: each rank decides online (executor.csp)
@@ -171,9 +203,11 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     # The peak tensor memory of the measured iterations (executor.memory): CUDA's statistics, or on the CPU with
     # --measure-memory a count of every operator's storages, from those alive (weights, optimizer state) at the start.
     memory = PeakMemory(device, count_cpu=options.measure_memory)
+    first_iteration = _resume(options, model, rank)
     with memory:
-        for iteration in range(options.warmup + options.iterations):
-            if iteration == options.warmup:
+        for index in range(options.warmup + options.iterations):
+            iteration = first_iteration + index  # the data position: a resumed run continues the same stream
+            if index == options.warmup:
                 memory.start_measured()
             if not (first or last):
                 batches = []
@@ -191,6 +225,7 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
             records, iteration_losses = interpreter.run_iteration(inputs, targets)
             timings.append(tuple((r.op.id, r.start, r.end) for r in records))
             losses.append(tuple(iteration_losses))
+            _checkpoint_after(options, model, rank, iteration + 1)
     sweep_sizes = tuple(2**k for k in range(10, 23, 2))
     sweep = p2p_sweep(rank, sweep_sizes, device=device) if options.calibrate_out and world_size > 1 else []
 

@@ -44,7 +44,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from executor.interpreter import check_supported
@@ -93,7 +93,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibrate-out", help="write a profile of the op costs measured in this run here")
     parser.add_argument("--save-state", help="directory to save each stage's final parameters (stage<v>.pt)")
     parser.add_argument("--inject-failure", metavar="RANK:OP", help="raise an error on RANK at op OP (to check "
-                        "that a failure stops every rank), e.g. 1:1B0")
+                        "that a failure stops every rank), e.g. 1:1B0; or RANK:checkpoint@ITERATION: RANK kills itself "
+                        "(SIGKILL) halfway through writing the checkpoint after ITERATION iterations")
     parser.add_argument("--slowdown", action="append", metavar="RANK:FACTOR", help="emulate a slower device: "
                         "RANK stretches each compute op (F, B, I, W, R, optimizer step) to FACTOR (1 to 1000) times "
                         "its measured duration by sleeping after it; repeat the flag or join entries with commas, "
@@ -102,6 +103,15 @@ def make_parser() -> argparse.ArgumentParser:
                         "during the measured iterations (executor.memory; it slows every operator a few microseconds, "
                         "so it is off by default); compare.json lists it beside the predicted peak. CUDA ranks always "
                         "report theirs")
+    parser.add_argument("--checkpoint-every", type=int, metavar="K", help="write a checkpoint of every rank's "
+                        "training state after every K iterations, warm-up included (executor.checkpoint); needs "
+                        "--checkpoint-dir")
+    parser.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go (one step-N folder each; the two "
+                        "newest complete ones are kept)")
+    parser.add_argument("--resume", metavar="DIR", help="continue from the newest complete checkpoint in DIR up to "
+                        "the run's total of --warmup + --iterations iterations; the plan, seeds and optimizer must be "
+                        "the checkpointed run's. With --checkpoint-every, new checkpoints go to DIR unless "
+                        "--checkpoint-dir says otherwise")
     parser.add_argument("--no-gantt", action="store_true", help="skip drawing gantt.png")
     parser.add_argument("--timeout", type=float, default=300.0, help="communication timeout in s (default 300)")
     return parser
@@ -157,14 +167,22 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
         raise SpecError(f"--lr must be a finite number > 0, got {args.lr}")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise SpecError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
-    inject = None
+    inject, die_in_checkpoint = None, None
     if args.inject_failure:
         rank_text, _, op_id = args.inject_failure.partition(":")
         if not rank_text.isdigit() or int(rank_text) >= plan.world_size:
             raise SpecError(f"--inject-failure {args.inject_failure!r}: the rank must be 0..{plan.world_size - 1}")
-        if op_id not in {op.id for op in plan.programs[plan.layout.coords(int(rank_text))[0]]}:
+        if op_id.startswith("checkpoint@"):
+            when = op_id.partition("@")[2]
+            if not when.isdigit() or not args.checkpoint_every or int(when) % args.checkpoint_every:
+                raise SpecError(f"--inject-failure {args.inject_failure!r}: ITERATION must be one after which a "
+                                f"checkpoint is written (a multiple of --checkpoint-every)")
+            die_in_checkpoint = (int(rank_text), int(when))
+        elif op_id not in {op.id for op in plan.programs[plan.layout.coords(int(rank_text))[0]]}:
             raise SpecError(f"--inject-failure {args.inject_failure!r}: rank {rank_text} has no op {op_id!r}")
-        inject = (int(rank_text), op_id)
+        else:
+            inject = (int(rank_text), op_id)
+    resume = _resume_point(args, plan, warmup, iterations)
     slowdown = parse_slowdown(args.slowdown or (), plan.world_size)
     check_output_path("--out", args.out, directory=True)
     if args.calibrate_out and plan.parallel is not None:
@@ -183,14 +201,69 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
                         f"pass --profile")
     if args.profile or plan.option("profile"):
         _check_profile_fits(args.profile or plan.option("profile"), plan, topology)
+    first, checkpoint_dir = resume.first_iteration, resume.checkpoint_dir
+    left = warmup + iterations - first  # a resumed run runs what is left of the original run
     return RunOptions(
-        plan_path=str(Path(args.plan).resolve()), out=str(Path(args.out).resolve()), iterations=iterations,
-        warmup=warmup, backend=args.backend or "gloo", threads=args.threads or (1 if csp else None), seed=args.seed,
+        plan_path=str(Path(args.plan).resolve()), out=str(Path(args.out).resolve()),
+        iterations=left - max(0, warmup - first), warmup=max(0, warmup - first), backend=args.backend or "gloo",
+        threads=args.threads or (1 if csp else None), seed=args.seed,
         data_seed=args.data_seed, optimizer=args.optimizer, lr=args.lr, profile=args.profile,
         calibrate_out=str(Path(args.calibrate_out).resolve()) if args.calibrate_out else None,
         save_state=str(Path(args.save_state).resolve()) if args.save_state else None, inject_failure=inject,
         gantt=not args.no_gantt, timeout_s=args.timeout, slowdown=slowdown, measure_memory=args.measure_memory,
+        checkpoint_every=args.checkpoint_every or 0, checkpoint_dir=checkpoint_dir, resume_from=resume.step,
+        first_iteration=first, identity=tuple(sorted(resume.identity.items())), die_in_checkpoint=die_in_checkpoint,
     )
+
+
+@dataclass(frozen=True)
+class _ResumePoint:
+    """Where a run starts and what its checkpoints record (``executor.checkpoint``)."""
+
+    first_iteration: int
+    step: str | None
+    checkpoint_dir: str | None
+    identity: dict
+
+
+def _resume_point(args: argparse.Namespace, plan: Plan, warmup: int, iterations: int) -> _ResumePoint:
+    """Check ``--checkpoint-every``, ``--checkpoint-dir`` and ``--resume`` before launch, and find the checkpoint a
+    resumed run continues from.
+
+    Raises:
+        SpecError: a flag without its partner, no complete checkpoint, a checkpoint of another run (naming what
+            differs), or one that already reaches the run's total.
+    """
+    from executor.checkpoint import latest, run_identity
+
+    every, directory = args.checkpoint_every, args.checkpoint_dir or args.resume
+    if every is not None and every < 1:
+        raise SpecError(f"--checkpoint-every must be >= 1, got {every}")
+    if every is not None and directory is None:
+        raise SpecError(f"--checkpoint-every {every} needs --checkpoint-dir DIR (where the checkpoints go)")
+    if args.checkpoint_dir is not None and every is None:
+        raise SpecError(f"--checkpoint-dir {args.checkpoint_dir} without --checkpoint-every K writes nothing")
+    if directory is not None and Path(directory).exists() and not Path(directory).is_dir():
+        raise SpecError(f"checkpoint directory {directory} exists and is not a directory")
+    identity = run_identity(plan.dumps(), world_size=plan.world_size, seed=args.seed, data_seed=args.data_seed,
+                            optimizer=args.optimizer, lr=args.lr)
+    if args.resume is None:
+        return _ResumePoint(0, None, str(Path(directory).resolve()) if every else None, identity)
+    if not Path(args.resume).is_dir():
+        raise SpecError(f"--resume {args.resume}: no such directory")
+    checkpoint = latest(args.resume)
+    if checkpoint is None:
+        raise SpecError(f"--resume {args.resume}: no complete checkpoint there (a step-N folder with COMPLETE.json)")
+    differs = [f"{key} {checkpoint.identity.get(key)!r} there, {value!r} here" for key, value in identity.items()
+               if checkpoint.identity.get(key) != value]
+    if differs:
+        raise SpecError(f"--resume {args.resume}: {checkpoint.path.name} is of another run ({'; '.join(differs)})")
+    total = warmup + iterations
+    if checkpoint.iteration >= total:
+        raise SpecError(f"--resume {args.resume}: {checkpoint.path.name} has done {checkpoint.iteration} iterations, "
+                        f"the run's total is {total} (--warmup {warmup} + --iterations {iterations}); nothing is left")
+    return _ResumePoint(checkpoint.iteration, str(checkpoint.path.resolve()),
+                        str(Path(directory).resolve()) if every else None, identity)
 
 
 def _check_csp_flags(args: argparse.Namespace) -> None:
@@ -202,6 +275,8 @@ def _check_csp_flags(args: argparse.Namespace) -> None:
             ("--calibrate-out", args.calibrate_out, "a profile times one model's layers; subnets differ"),
             ("--profile", args.profile, "csp is predicted with the roofline of each subnet's candidates"),
             ("--inject-failure", args.inject_failure, "a csp plan has no fixed ops to fail at"),
+            ("--checkpoint-every", args.checkpoint_every, "checkpoints of a csp run are not implemented yet"),
+            ("--resume", args.resume, "checkpoints of a csp run are not implemented yet"),
             ("--slowdown", args.slowdown, "the csp ranks (executor.csp) do not stretch their ops"),
             ("--measure-memory", args.measure_memory, "the csp ranks (executor.csp) do not count their memory")):
         if given:
@@ -371,7 +446,11 @@ def _run(argv: list[str] | None) -> int:
     else:
         ranks = f"{plan.num_ranks} ranks" if plan.parallel is None else plan.layout.describe()
         print(f"running {plan.schedule} plan {args.plan}: {ranks}, backend {options.backend}, "
-              f"{options.warmup} warm-up + {options.iterations} measured iterations")
+              f"{options.warmup} warm-up + {options.iterations} measured iterations"
+              + (f", resuming after iteration {options.first_iteration} from {options.resume_from}"
+                 if options.resume_from else "")
+              + (f"; a checkpoint every {options.checkpoint_every} iterations into {options.checkpoint_dir}"
+                 if options.checkpoint_every else ""))
     sys.stdout.flush()
     return _launch(options, argv, plan.world_size)
 

@@ -10,7 +10,8 @@ per-layer ``opt_s`` that ``profiles.measure`` times are the same update rule wit
 Why not ``torch.optim.Adam``/``SGD`` themselves: ``torch.optim.Optimizer`` imports ``torch._dynamo`` when it adds
 a parameter group and on every ``step`` (its graph-break guards), which costs each executor worker process about
 2.2–2.5 s of CPU for a compiler the executor never uses. :class:`Adam` and :class:`SGD` here keep the part of the
-``Optimizer`` class the executor uses (one parameter group, ``state``, ``step``, ``zero_grad``) and call torch's
+``Optimizer`` class the executor uses (one parameter group, ``state``, ``step``, ``zero_grad``, a checkpoint's
+``state_dict`` and ``load_state_dict``) and call torch's
 own functional updates ``torch.optim.adam.adam`` / ``torch.optim.sgd.sgd`` with exactly the arguments
 ``torch.optim.Adam``/``SGD(foreach=False)`` pass, so the numbers are bitwise PyTorch's and ``state[p]`` is the same
 dict (``step``, ``exp_avg``, ``exp_avg_sq`` for Adam; ``momentum_buffer`` for SGD with momentum; nothing for plain
@@ -81,6 +82,34 @@ class Optimizer:
                 else:
                     p.grad.requires_grad_(False)
                 p.grad.zero_()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The hyper-parameters and every parameter's state, parameters by position (as ``torch.optim`` keys them),
+        tensors copied to the CPU: what a checkpoint keeps (``executor.checkpoint``)."""
+        group = self.param_groups[0]
+        position = {id(p): i for i, p in enumerate(group["params"])}
+        state = {position[id(p)]: {key: value.detach().cpu().clone() if isinstance(value, Tensor) else value
+                                   for key, value in entry.items()}
+                 for p, entry in self.state.items()}
+        return {"state": state, "hyper": {key: value for key, value in group.items() if key != "params"}}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Put :meth:`state_dict`'s hyper-parameters and state back, each tensor on its parameter's device.
+
+        Raises:
+            ValueError: state for a parameter position this optimizer does not have.
+        """
+        group = self.param_groups[0]
+        params = group["params"]
+        if any(not 0 <= int(i) < len(params) for i in saved["state"]):
+            raise ValueError(f"the saved optimizer state names parameter positions {sorted(saved['state'])}; this "
+                             f"optimizer has {len(params)} parameters")
+        group.update(saved["hyper"])
+        self.state = defaultdict(dict)
+        for i, entry in saved["state"].items():
+            param = params[int(i)]
+            self.state[param] = {key: value.clone().to(param.device) if isinstance(value, Tensor) else value
+                                 for key, value in entry.items()}
 
     def step(self) -> None:
         raise NotImplementedError
