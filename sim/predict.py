@@ -30,6 +30,7 @@ from sim.csp.csp_metrics import csp_metrics
 from sim.csp.csp_plan import check_csp_plan, csp_problem
 from sim.csp.problem import CspResult
 from sim.csp.simulate import simulate_csp
+from sim.engine.perturbation import NONE, Perturbation
 from sim.engine.simpy_engine import simulate
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
@@ -70,7 +71,8 @@ class Prediction:
 
 
 def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Topology | None = None,
-            oracle: CostOracle | None = None, check_memory: bool = True, simulate_all: bool = False) -> Prediction:
+            oracle: CostOracle | None = None, check_memory: bool = True, simulate_all: bool = False,
+            perturbation: Perturbation = NONE) -> Prediction:
     """Simulate one iteration of ``plan`` with roofline costs, or ``profile``'s where it applies.
 
     Args:
@@ -85,6 +87,8 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
             only report the peaks.
         simulate_all: simulate every data-parallel replica even when they are identical (by symmetry one stands
             for all; this checks it).
+        perturbation: stragglers and jitter (``sim.engine.perturbation``); with a straggler every replica is
+            simulated. ``metrics.json`` then says what slowed the iteration and how many ops.
 
     Raises:
         SpecError: the plan's model or topology spec is invalid, the profile does not fit the model, or a profile
@@ -115,9 +119,12 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         raise ValueError(f"the cost oracle is for {oracle.graph.spec} at {oracle.microbatch_size} sample(s) per "
                          f"microbatch, not this plan's {plan.model} at {plan.microbatch_size}, or for another "
                          f"profile, topology or ZeRO sharding")
+    if perturbation and plan.weight_policy in ("csp", "stream"):
+        raise SpecError(f"--straggler and --jitter slow a fixed schedule's iteration; a {plan.weight_policy} plan is "
+                        f"not modelled with them")
     views = replica_views(oracle.graph, topology, plan.placement, plan.microbatch_size, profile, oracle=oracle,
-                          layout=layout, simulate_all=simulate_all)
-    result = simulate(plan, views, topology, check_memory=check_memory)
+                          layout=layout, simulate_all=simulate_all or bool(perturbation.stragglers))
+    result = simulate(plan, views, topology, check_memory=check_memory, perturbation=perturbation)
     cost_source = describe_cost_source(oracle, plan.num_ranks)
     devices = [view.device_index_of(p) for view in views for p in range(plan.num_ranks)]
     metrics = compute_metrics(
@@ -131,6 +138,11 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         device_of_rank=devices if plan.parallel is not None else None,
     )
     metrics["plan"] = plan_header(plan, costs=cost_source)
+    if perturbation:
+        metrics["perturbation"] = {
+            "stragglers": [{"device": s.device, "factor": s.factor, "start_s": s.start_s,
+                            "end_s": s.end_s if s.end_s != float("inf") else None} for s in perturbation.stragglers],
+            "jitter": perturbation.jitter, "seed": perturbation.seed, "slowed_ops": len(result.slowed_ops)}
     metrics.update(training_rates(plan, topology, metrics["iteration_time_s"]))
     if plan.weight_policy == "stream":
         metrics["stream"] = _stream(plan, result.trace, views, topology, check_memory)
@@ -138,7 +150,8 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
                       metrics, costs=views[0])
 
 
-def predict_built(built: BuiltPlan, *, check_memory: bool = True, simulate_all: bool = False) -> Prediction:
+def predict_built(built: BuiltPlan, *, check_memory: bool = True, simulate_all: bool = False,
+                  perturbation: Perturbation = NONE) -> Prediction:
     """:func:`predict` of a plan just built by :func:`sim.plan.build.build_plan`, with the topology, profile and cost
     oracle it was built with (its model and per-device layer costs are not computed again).
 
@@ -146,9 +159,10 @@ def predict_built(built: BuiltPlan, *, check_memory: bool = True, simulate_all: 
         built: the built plan.
         check_memory: fail when a device runs out of memory; else only report the peaks.
         simulate_all: simulate every data-parallel replica even when they are identical.
+        perturbation: stragglers and jitter (:func:`predict`).
     """
     return predict(built.plan, built.profile, topology=built.topology, oracle=built.costs.oracle,
-                   check_memory=check_memory, simulate_all=simulate_all)
+                   check_memory=check_memory, simulate_all=simulate_all, perturbation=perturbation)
 
 
 def _stream(plan: Plan, trace: Trace, views: tuple, topology: Topology, check_memory: bool) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic, write_text_chunks_atomic
 from sim.cost.precision import PRECISIONS
+from sim.engine.perturbation import Perturbation, parse_straggler
 from sim.faults.report import FaultOptions, FaultReport, fault_report
 from sim.hw.topology import format_topology_list
 from sim.ir.schedule_csv import dumps_schedule_csv
@@ -150,6 +151,14 @@ def make_parser() -> argparse.ArgumentParser:
                      "after the backward pass (Megatron's default)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the CSP subnet sampler and of a long run's failures (default 0)")
+    slow = parser.add_argument_group("stragglers (sim.engine.perturbation)")
+    slow.add_argument("--straggler", action="append", metavar="DEVICE:FACTOR[@START-END]",
+                      help="device DEVICE's compute ops take FACTOR times their cost, always or when they start "
+                      "between START and END seconds of the iteration (repeatable); the summary compares the "
+                      "iteration with the one without")
+    slow.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA",
+                      help="multiply every compute op's cost by a seeded lognormal factor of mean 1 and shape SIGMA "
+                      "(0 to 1; --seed seeds it)")
     runs = parser.add_argument_group("a long run with failures (sim.faults): given --train-hours or --iterations")
     runs.add_argument("--train-hours", type=float, metavar="H",
                       help="failure-free training time of the run, in hours (its iterations: H / the iteration time)")
@@ -232,6 +241,7 @@ def _run(argv: list[str] | None) -> int:
     if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
         fault_options.check()  # the long run's flags, before anything is simulated or printed
     built = build_plan(inputs)
+    perturbation = _perturbation(args, built.plan.world_size)
     if not args.ignore_memory:
         _check_memory(inputs, built)  # before anything is printed: a plan that cannot run gets one line
     plan, topology = built.plan, built.topology
@@ -247,9 +257,10 @@ def _run(argv: list[str] | None) -> int:
     if plan.parallel is not None:
         print(f"parallel {plan.layout.describe()}; {_group_lines(plan)}")
     prediction = predict(plan, built.profile, topology=topology, oracle=built.costs.oracle,
-                         check_memory=not args.ignore_memory)
+                         check_memory=not args.ignore_memory, perturbation=perturbation)
     print(f"costs {prediction.cost_source}")
     metrics = prediction.metrics
+    unslowed = _without_perturbation(built, metrics, perturbation, not args.ignore_memory)
     routing = _routing_against_balanced(inputs, metrics["iteration_time_s"])
     if routing is not None:
         metrics = {**metrics, "routing": routing}
@@ -270,6 +281,11 @@ def _run(argv: list[str] | None) -> int:
         f"{title} · {faults.run.iterations:,} iterations, job MTBF {faults.run.mtbf_s / 3600:.3g} h, seed {args.seed}")}
     names = write_run_outputs(out, prediction.trace, metrics, title=title, gantt=not args.no_gantt, charts=charts)
     print(format_summary(metrics))
+    if unslowed is not None:
+        slowed = metrics["perturbation"]["slowed_ops"]
+        print(f"stragglers        {perturbation.describe()}: "
+              f"{f'{slowed} ops slowed; ' if perturbation.stragglers else ''}"
+              f"{metrics['perturbation']['slowdown']:.3f}x the iteration without them ({unslowed * 1e3:.3f} ms)")
     if routing is not None:
         factor = routing["capacity_factor"]
         spread = routing["routing"] + (f", capacity factor {factor:g}" if factor else "")
@@ -293,6 +309,25 @@ def _routing_against_balanced(inputs: PlanInputs, iteration_time_s: float) -> di
                        check_memory=False).metrics["iteration_time_s"]
     return {"routing": parse_routing(inputs.routing).describe(), "capacity_factor": float(inputs.capacity_factor),
             "balanced_iteration_time_s": baseline, "slowdown_vs_balanced": iteration_time_s / baseline}
+
+
+def _perturbation(args: argparse.Namespace, devices: int) -> Perturbation:
+    """``--straggler`` and ``--jitter`` (with ``--seed``) as a :class:`sim.engine.perturbation.Perturbation`."""
+    entries = [entry for flag in args.straggler or () for entry in flag.split(",") if entry.strip()]
+    stragglers = tuple(parse_straggler(entry, devices) for entry in entries)
+    return Perturbation(stragglers, args.jitter, args.seed)
+
+
+def _without_perturbation(built, metrics: dict, perturbation: Perturbation, check_memory: bool) -> float | None:
+    """The what-if of a perturbed run: the same plan without its stragglers and jitter; their cost goes into
+    ``metrics["perturbation"]`` and the iteration time without them is returned (``None`` when nothing slows it)."""
+    if not perturbation:
+        return None
+    unslowed = predict(built.plan, built.profile, topology=built.topology, oracle=built.costs.oracle,
+                       check_memory=check_memory).metrics["iteration_time_s"]
+    metrics["perturbation"].update({"unslowed_iteration_time_s": unslowed,
+                                    "slowdown": metrics["iteration_time_s"] / unslowed})
+    return unslowed
 
 
 def _fault_options(args: argparse.Namespace) -> FaultOptions:

@@ -44,6 +44,7 @@ from sim.core.errors import SpecError
 from sim.cost.ledger import MemoryLedger
 from sim.cost.model import CostModel
 from sim.engine.comm import Communication
+from sim.engine.perturbation import NONE, Perturbation
 from sim.hw.topology import Topology
 from sim.ir.ops import OP_SEMANTICS, Action, MemoryEffect, handled_kinds, op_id, stream_of
 from sim.ir.plan import Op, OpKind, Plan
@@ -65,11 +66,14 @@ class SimResult:
         trace: every op's span.
         peak_memory_bytes: per simulated rank (trace rank), the highest memory in use at any time, bytes.
         link_bytes: ``((src, dst), bytes)`` carried by each directed link that was used, sorted.
+        slowed_ops: ``(trace rank, op id)`` of every op a straggler slowed (``sim.engine.perturbation``), in the
+            order they started.
     """
 
     trace: Trace
     peak_memory_bytes: tuple[int, ...]
     link_bytes: tuple[tuple[tuple[str, str], int], ...]
+    slowed_ops: tuple[tuple[int, str], ...] = ()
 
 
 _Proc = Generator[simpy.Event, Any, None]
@@ -98,7 +102,8 @@ class _Run:
     when it is triggered, not when it is created), so the order of ties, and with it every trace, is unchanged.
     """
 
-    def __init__(self, plan: Plan, costs: tuple[CostModel, ...], topology: Topology, check_memory: bool) -> None:
+    def __init__(self, plan: Plan, costs: tuple[CostModel, ...], topology: Topology, check_memory: bool,
+                 perturbation: Perturbation = NONE) -> None:
         self.plan, self.topology, self.check_memory = plan, topology, check_memory
         self.views = costs  # one cost view per simulated replica
         pipeline = plan.num_ranks
@@ -132,6 +137,22 @@ class _Run:
                                   release=self._release, grad_windows=self.grad_windows)
         self.issuers: dict[OpKind, Callable[[int, Op], None]] = {
             kind: getattr(self.comm, _ISSUERS[action]) for kind, action in _ACTION.items() if action in _ISSUERS}
+        self._perturb(perturbation)
+
+    def _perturb(self, perturbation: Perturbation) -> None:
+        """Each simulated rank's stragglers (``(factor, start, end)`` of those among its tensor-parallel group's
+        devices) and jitter factors (``sim.engine.perturbation``)."""
+        pipeline, layout = self.plan.num_ranks, self.plan.layout
+        if perturbation.stragglers and {view.replica for view in self.views} != set(range(layout.data_ranks)):
+            raise ValueError("a straggler needs every data-parallel replica simulated on its own (simulate_all)")
+        self.slow: list[tuple[tuple[float, float, float], ...]] = []
+        for rank in range(self.instances):
+            devices = set(layout.tp_group(rank % pipeline, self.views[rank // pipeline].replica))
+            self.slow.append(tuple((s.factor, s.start_s, s.end_s) for s in perturbation.stragglers
+                                   if s.device in devices))
+        self.noise = [perturbation.noise(rank, len(self.plan.programs[rank % pipeline]))
+                      for rank in range(self.instances)]
+        self.slowed: list[tuple[int, str]] = []
 
     # --- memory ----------------------------------------------------------------------------------------------------
 
@@ -242,7 +263,16 @@ class _Run:
         """Take what a compute op holds while it runs and keeps after (the ledger's start); returns its start and
         duration (s)."""
         self._take(rank, op)
-        return self.env.now, self.views[rank // self.plan.num_ranks].compute_time(op.kind, op.vstage)
+        now = self.env.now
+        duration = self.views[rank // self.plan.num_ranks].compute_time(op.kind, op.vstage)
+        for factor, start, end in self.slow[rank]:
+            if start <= now < end:
+                duration *= factor
+                self.slowed.append((rank, op.id))
+        noise = self.noise[rank]
+        if noise is not None:
+            duration *= float(noise[self.position[rank]])
+        return now, duration
 
     def _release(self, rank: int, op: Op) -> None:
         """Free what the ledger says the op frees when it ends (its workspace; a microbatch's activations after its
@@ -286,8 +316,13 @@ class _Run:
             meta["parallel"] = self.plan.layout.describe()
             meta["device_of_rank"] = list(self.device_index)
             meta["replicas_simulated"] = [view.replica for view in self.views]
+        if self.slowed:  # which ops the stragglers slowed, by trace rank (the summary counts them)
+            slowed: dict[str, list[str]] = {}
+            for rank, op in self.slowed:
+                slowed.setdefault(str(rank), []).append(op)
+            meta["slowed_ops"] = slowed
         trace = Trace.from_spans(spans, devices, meta)
-        return SimResult(trace, tuple(self.peak), link_bytes)
+        return SimResult(trace, tuple(self.peak), link_bytes, tuple(self.slowed))
 
 
 def engine_kinds() -> frozenset[OpKind]:
@@ -300,7 +335,7 @@ HANDLED_KINDS = engine_kinds()
 
 
 def simulate(plan: Plan, costs: CostModel | tuple[CostModel, ...], topology: Topology, *,
-             check_memory: bool = True) -> SimResult:
+             check_memory: bool = True, perturbation: Perturbation = NONE) -> SimResult:
     """Simulate one iteration of an L1 plan.
 
     Args:
@@ -310,6 +345,8 @@ def simulate(plan: Plan, costs: CostModel | tuple[CostModel, ...], topology: Top
             ``i · P + p`` is pipeline rank p of the i-th view.
         topology: the devices and links; each view says which device runs each pipeline rank.
         check_memory: raise :class:`OutOfMemoryError` when a device's memory is exceeded (else only report peaks).
+        perturbation: stragglers and jitter (``sim.engine.perturbation``); with a straggler, ``costs`` must hold
+            one view per data-parallel replica.
 
     Raises:
         PlanError: the plan is not lowered, uses an op kind the engine has no handler for, or deadlocks.
@@ -327,4 +364,4 @@ def simulate(plan: Plan, costs: CostModel | tuple[CostModel, ...], topology: Top
     views = costs if isinstance(costs, tuple) else (costs,)
     if not views:
         raise ValueError("simulate() needs at least one cost view")
-    return _Run(plan, views, topology, check_memory).run()
+    return _Run(plan, views, topology, check_memory, perturbation).run()

@@ -1,0 +1,125 @@
+"""What slows a simulated iteration beyond its costs: straggling devices and per-op jitter (``sim.run --straggler``,
+``--jitter``).
+
+Slow-but-alive GPUs are common in large jobs and delay them (Falcon, arXiv 2410.12588: slow GPUs and links lasting
+seconds to hours delayed jobs on a 10,000-GPU cluster by 1.34×; ../shared/reference/faults.md). Two kinds are
+modelled, both on the compute stream:
+
+* a **straggler** ``DEVICE:FACTOR[@START-END]``: every compute op (F, B, I, W, R, the optimizer step) of the device's
+  simulated rank that starts in ``[START, END)`` seconds of the iteration (always, without a window) takes FACTOR
+  times its cost. A simulated rank stands for its tensor-parallel group, whose shards wait for each other, so a slow
+  shard slows its whole group; the collectives are left alone (the links set their pace);
+* **jitter** ``SIGMA`` with a seed: every compute op's cost is multiplied by a lognormal factor of mean 1 and shape σ
+  (``exp(σ·Z − σ²/2)``, Z standard normal), drawn per simulated rank from ``numpy.random.default_rng([seed, rank])``
+  in program order, so the same inputs give the same trace.
+
+The engine applies them (:class:`sim.engine.simpy_engine`'s compute ops); with a straggler every data-parallel
+replica is simulated on its own, since one slow replica no longer stands for the others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.core.errors import SpecError
+
+__all__ = ["Straggler", "Perturbation", "parse_straggler", "NONE", "MAX_FACTOR"]
+
+#: The largest slowdown a straggler may have (the bound ``executor.run --slowdown`` has).
+MAX_FACTOR = 1000.0
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """One slow device.
+
+    Attributes:
+        device: its global rank.
+        factor: how many times its compute ops' costs it takes (> 1 slows, in (0, 1) speeds up).
+        start_s, end_s: the window of the iteration, in s, in which an op that starts is slowed.
+    """
+
+    device: int
+    factor: float
+    start_s: float = 0.0
+    end_s: float = math.inf
+
+    def describe(self) -> str:
+        """``device 5 × 1.5`` (with its window when it has one)."""
+        window = "" if self.start_s == 0 and math.isinf(self.end_s) else \
+            f" from {self.start_s:g} s to {self.end_s:g} s"
+        return f"device {self.device} × {self.factor:g}{window}"
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """Everything that slows the iteration (module docstring).
+
+    Attributes:
+        stragglers: the slow devices.
+        jitter: σ of the per-op lognormal noise (0: none).
+        seed: the noise's seed.
+    """
+
+    stragglers: tuple[Straggler, ...] = ()
+    jitter: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.jitter) or not 0 <= self.jitter <= 1:
+            raise SpecError(f"--jitter must be a number from 0 to 1 (σ of a lognormal factor), got {self.jitter!r}")
+
+    def __bool__(self) -> bool:
+        return bool(self.stragglers) or self.jitter > 0
+
+    def noise(self, rank: int, ops: int) -> np.ndarray | None:
+        """The jitter factors of simulated rank ``rank``'s ``ops`` ops, in program order (``None`` without jitter)."""
+        if not self.jitter:
+            return None
+        normal = np.random.default_rng([self.seed, rank]).standard_normal(ops)
+        return np.exp(self.jitter * normal - self.jitter ** 2 / 2)
+
+    def describe(self) -> str:
+        """One line for the summary."""
+        parts = [straggler.describe() for straggler in self.stragglers]
+        if self.jitter:
+            parts.append(f"jitter σ {self.jitter:g} (seed {self.seed})")
+        return "; ".join(parts)
+
+
+#: Nothing slowed.
+NONE = Perturbation()
+
+
+def parse_straggler(text: str, devices: int) -> Straggler:
+    """``DEVICE:FACTOR`` or ``DEVICE:FACTOR@START-END`` (seconds of the iteration) as a :class:`Straggler`.
+
+    Raises:
+        SpecError: another spelling, a device outside ``0..devices-1``, a factor outside (0, MAX_FACTOR], or an empty
+            window (each message names the value and what would be valid).
+    """
+    spec, _, window = text.strip().partition("@")
+    device_text, colon, factor_text = spec.partition(":")
+    try:
+        if not colon:
+            raise ValueError
+        device, factor = int(device_text), float(factor_text)
+        start, end = (0.0, math.inf)
+        if window:
+            start_text, dash, end_text = window.partition("-")
+            if not dash:
+                raise ValueError
+            start, end = float(start_text), float(end_text)
+    except ValueError:
+        raise SpecError(f"--straggler takes DEVICE:FACTOR or DEVICE:FACTOR@START-END (seconds of the iteration), "
+                        f"e.g. 3:1.5 or 3:2@0.1-0.4; got {text!r}") from None
+    if not 0 <= device < devices:
+        raise SpecError(f"--straggler {text!r}: device {device} outside 0..{devices - 1} (the plan's devices)")
+    if not math.isfinite(factor) or not 0 < factor <= MAX_FACTOR:
+        raise SpecError(f"--straggler {text!r}: the factor must be a number in (0, {MAX_FACTOR:g}], got {factor_text}")
+    if not (math.isfinite(start) and start >= 0 and end > start):
+        raise SpecError(f"--straggler {text!r}: the window must be START-END seconds with 0 <= START < END")
+    return Straggler(device, factor, start, end)

@@ -1,0 +1,90 @@
+"""Stragglers and jitter (``sim.engine.perturbation``): a straggler costs what a topology file's slowed device costs
+(an independent path to the same cost), its window bounds what it slows, a slow tensor shard slows its group, a slow
+replica slows the iteration as replica 0 would, jitter is seeded, and bad flags are one error line."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sim.core.errors import SpecError
+from sim.engine.perturbation import Perturbation, Straggler, parse_straggler
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
+from sim.predict import predict_built
+from sim.run import main
+
+MODEL = "gpt:layers=4,hidden=64,heads=4,seq=32,vocab=100"
+
+
+def _time(tmp_path, topology, *flags, name="run"):
+    out = tmp_path / name
+    assert main(["--topology", topology, "--model", MODEL, "--partition", "uniform", "-m", "4", "--no-gantt",
+                 "--out", str(out), *flags]) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb1p"])
+def test_a_straggler_costs_what_a_slowed_device_of_a_topology_file_costs(tmp_path, schedule):
+    # The topology file's slowdown divides the device's rates (sim.hw.catalog.slowed_device): every compute op's
+    # roofline cost on it is factor times as long, as the straggler makes it.
+    yaml = tmp_path / "slow.yaml"
+    yaml.write_text("nodes:\n  - {device: cpu, count: 2}\nslowdown: {1: 2.5}\n")
+    slowed = _time(tmp_path, str(yaml), "--schedule", schedule, name="file")
+    straggled = _time(tmp_path, "2xcpu", "--schedule", schedule, "--straggler", "1:2.5", name="flag")
+    assert straggled["iteration_time_s"] == pytest.approx(slowed["iteration_time_s"], rel=1e-12)
+    plain = _time(tmp_path, "2xcpu", "--schedule", schedule, name="plain")
+    assert straggled["perturbation"]["unslowed_iteration_time_s"] == plain["iteration_time_s"]
+    assert straggled["perturbation"]["slowdown"] == straggled["iteration_time_s"] / plain["iteration_time_s"] > 1
+    # every compute op of rank 1 was slowed, and the trace names them
+    trace = json.loads((tmp_path / "flag" / "trace.json").read_text())
+    compute = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["pid"] == 1 and e["tid"] == 0]
+    assert sorted(trace["otherData"]["slowed_ops"]["1"]) == sorted(e["args"]["op"] for e in compute)
+    assert straggled["perturbation"]["slowed_ops"] == len(compute)
+
+
+def test_a_window_slows_only_the_ops_that_start_in_it():
+    built = build_plan(PlanInputs(MODEL, "2xcpu", "1f1b", 4, partition="uniform"))
+    plain = predict_built(built).metrics["iteration_time_s"]
+    always = predict_built(built, perturbation=Perturbation((Straggler(0, 3.0),)))
+    late = predict_built(built, perturbation=Perturbation((Straggler(0, 3.0, 10 * plain, 20 * plain),)))
+    early = predict_built(built, perturbation=Perturbation((Straggler(0, 3.0, 0.0, plain / 3),)))
+    assert late.metrics["iteration_time_s"] == plain and late.metrics["perturbation"]["slowed_ops"] == 0
+    assert plain < early.metrics["iteration_time_s"] < always.metrics["iteration_time_s"]
+    assert 0 < early.metrics["perturbation"]["slowed_ops"] < always.metrics["perturbation"]["slowed_ops"]
+
+
+def test_a_slow_shard_slows_its_group_and_a_slow_replica_the_iteration_as_replica_0_would():
+    built = build_plan(PlanInputs(MODEL, "8xcpu", "1f1b", 4, partition="uniform", tp=2, dp=2, pp=2))
+    layout = built.plan.layout
+    times = {device: predict_built(built, perturbation=Perturbation((Straggler(device, 2.0),))).metrics[
+        "iteration_time_s"] for device in (layout.device(0, 0, 0), layout.device(0, 0, 1), layout.device(0, 1, 0))}
+    assert len(set(times.values())) == 1  # either shard of the group, or the other replica's: the same time
+    assert next(iter(times.values())) > predict_built(built).metrics["iteration_time_s"]
+
+
+def test_jitter_is_seeded_with_mean_one(tmp_path):
+    first = _time(tmp_path, "2xcpu", "--jitter", "0.2", "--seed", "4", name="a")
+    _time(tmp_path, "2xcpu", "--jitter", "0.2", "--seed", "4", name="b")
+    other = _time(tmp_path, "2xcpu", "--jitter", "0.2", "--seed", "5", name="c")
+    assert (tmp_path / "a" / "trace.json").read_bytes() == (tmp_path / "b" / "trace.json").read_bytes()
+    assert first["iteration_time_s"] != other["iteration_time_s"]
+    noise = Perturbation(jitter=0.2, seed=1).noise(0, 200_000)
+    assert noise.mean() == pytest.approx(1.0, abs=0.005) and np.log(noise).std() == pytest.approx(0.2, rel=0.02)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("3", "DEVICE:FACTOR or DEVICE:FACTOR@START-END"), ("9:2", "device 9 outside 0..1"),
+    ("1:0", "the factor must be a number in"), ("1:2@0.5-0.1", "0 <= START < END"), ("1:2@x", "DEVICE:FACTOR")])
+def test_bad_stragglers_are_refused_by_value(text, message):
+    with pytest.raises(SpecError, match=message):
+        parse_straggler(text, 2)
+
+
+@pytest.mark.parametrize("flags, needle", [(["--straggler", "5:2"], "device 5 outside 0..1"),
+                                           (["--jitter", "2"], "--jitter must be a number from 0 to 1")])
+def test_bad_straggler_flags_are_one_error_line(tmp_path, capsys, flags, needle):
+    with pytest.raises(SystemExit) as info:
+        main(["--topology", "2xcpu", "--model", MODEL, "--out", str(tmp_path / "o"), *flags])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("error: ") and needle in err and err.count("\n") == 1
