@@ -2,8 +2,9 @@
 
 ``executor.run`` re-enters its own module once per rank through :func:`run_ranks`, the one place that knows how:
 PyTorch's elastic launcher (the machinery of ``torchrun --standalone``) with a single-node c10d rendezvous on a free
-port, no restarts (a failed training step is not retried behind the user's back), and a 0.1 s monitor interval so
-that one failing worker stops the others promptly.
+port, no restarts by the agent (a failed training step is not retried behind the user's back; ``--max-restarts``
+starts the whole group afresh instead, :func:`run_ranks`), and a 0.1 s monitor interval so that one failing worker
+stops the others promptly.
 
 Lifecycle. torch starts each worker in a POSIX session of its own, so neither a terminal's Ctrl-C nor the death of
 the launcher reaches it by itself. A worker therefore starts through this module (``python -m executor.launch
@@ -57,9 +58,12 @@ from pathlib import Path
 from executor.options import FAILURE_DIR_ENV
 from sim.core.lifetime import die_with_parent
 
-__all__ = ["run_ranks", "launch_local", "worker_command", "die_with_launcher", "leave_worker", "record_failure",
-           "read_failures", "Failure", "order_failures", "report_failures", "describe_exit", "LAUNCHER_PID_ENV",
-           "SHUTDOWN_TIMEOUT_S"]
+__all__ = ["ATTEMPT_ENV", "run_ranks", "launch_local", "worker_command", "die_with_launcher", "leave_worker",
+           "record_failure", "read_failures", "Failure", "order_failures", "report_failures", "describe_exit",
+           "LAUNCHER_PID_ENV", "SHUTDOWN_TIMEOUT_S"]
+
+#: Environment variable telling each worker which attempt of the run it belongs to (0 first; ``executor.restart``).
+ATTEMPT_ENV = "PIPEDEJAVU_ATTEMPT"
 
 #: Environment variable holding the launcher's process id, so that a worker can tell that its launcher has died.
 LAUNCHER_PID_ENV = "PIPEDEJAVU_LAUNCHER_PID"
@@ -70,10 +74,16 @@ _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "S
                       if hasattr(signal, name))
 
 
-def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: str | os.PathLike | None) -> int:
+def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: str | os.PathLike | None,
+              max_restarts: int = 0) -> int:
     """Run ``python -u -m module argv`` as ``num_ranks`` ranks on this host, wait for them, and report how it went.
 
-    Prints nothing when every rank succeeds. Otherwise prints exactly one ``error:`` line on stderr (the failure
+    With ``max_restarts`` R the whole group is started again after a rank dies, up to R times, each attempt a fresh
+    elastic launch (a new rendezvous, so no store of the failed attempt is reused) whose workers read their attempt
+    in :data:`ATTEMPT_ENV` (``executor.restart``); a failed attempt's records are set aside in ``attempt-N/`` of the
+    failure directory with a summary, a line says the group restarts, and only a failure of the last attempt is
+    reported. Prints nothing when every rank succeeds
+    (in the end). Otherwise prints exactly one ``error:`` line on stderr (the failure
     that came first, :func:`order_failures`) and writes every failure to ``errors_log`` (if given; its directory is
     created). Every worker has stopped when it returns.
 
@@ -81,7 +91,7 @@ def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: s
         The command's exit status: 0; 2 when the first failure is a rank's rejection of its input (its record says
         status 2); 1 for any other failure; 128 + n when the launcher got signal n (130 for Ctrl-C).
     """
-    saved_env = {name: os.environ.get(name) for name in (FAILURE_DIR_ENV, LAUNCHER_PID_ENV)}
+    saved_env = {name: os.environ.get(name) for name in (FAILURE_DIR_ENV, LAUNCHER_PID_ENV, ATTEMPT_ENV)}
     saved_handlers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
     try:
         from torch.distributed.elastic.multiprocessing import SignalException
@@ -93,10 +103,20 @@ def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: s
             os.environ[FAILURE_DIR_ENV] = failures
             os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
             try:
-                launch_local(module, argv, num_ranks)
-            except ChildFailedError as exc:
-                exit_codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
-                return report_failures(order_failures(exit_codes, read_failures(failures)), exit_codes, errors_log)
+                for attempt in range(max_restarts + 1):
+                    os.environ[ATTEMPT_ENV] = str(attempt)
+                    try:
+                        launch_local(module, argv, num_ranks)
+                        break
+                    except ChildFailedError as exc:
+                        exit_codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
+                        ordered = order_failures(exit_codes, read_failures(failures))
+                        if attempt == max_restarts:
+                            return report_failures(ordered, exit_codes, errors_log)
+                        _set_aside(failures, attempt, ordered, exit_codes)
+                        print(f"restarting every rank (restart {attempt + 1} of at most {max_restarts}) after: "
+                              f"{ordered[0].message if ordered else 'a worker failed without reporting why'}",
+                              flush=True)
             finally:
                 # The agent leaves its handlers installed; a later signal would raise its exception anywhere.
                 for sig, handler in saved_handlers.items():
@@ -111,6 +131,22 @@ def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: s
         return _stopped(exc.sigval)
     except KeyboardInterrupt:  # Ctrl-C before the agent's handlers were installed, or after they were restored
         return _stopped(signal.SIGINT)
+
+
+def _set_aside(directory: str, attempt: int, ordered: Sequence[Failure], exit_codes: Mapping[int, int]) -> None:
+    """Move a failed attempt's records into ``attempt-N/`` with a summary (its first failure and when the launcher
+    saw the attempt end), so that the next attempt's failures are its own."""
+    from sim.core.fileio import write_json_atomic
+
+    aside = Path(directory, f"attempt-{attempt}")
+    aside.mkdir()
+    for path in Path(directory).glob("*rank*.json"):
+        path.rename(aside / path.name)
+    first = ordered[0] if ordered else None
+    write_json_atomic({"attempt": attempt, "message": first.message if first else "a worker failed without reporting "
+                       "why", "failed_at": first.time_s if first else None, "ended_at": time.time(),
+                       "exit_codes": {str(rank): code for rank, code in exit_codes.items()}},
+                      aside / "summary.json")
 
 
 def launch_local(module: str, argv: Sequence[str], num_ranks: int) -> None:

@@ -50,6 +50,11 @@ class RunOptions:
         identity: what a checkpoint records of the run (``executor.checkpoint.run_identity``).
         die_in_checkpoint: ``(rank, iteration)`` at whose checkpoint write that rank kills itself midway (the
             torn-checkpoint test's ``--inject-failure RANK:checkpoint@ITERATION``), or ``None``.
+        max_restarts: times the group is restarted after a rank dies (``--max-restarts``, ``executor.restart``).
+        fail: ``(rank, iteration)``: that rank kills itself before that iteration on the first attempt
+            (``--fail``), or ``None``.
+        attempt: which attempt this is (0 first; set by a restarted worker, ``executor.restart.after_restart``).
+        restarts: on rank 0 of a restarted attempt, what ``metrics.json`` says of the restarts (``None`` otherwise).
     """
 
     plan_path: str
@@ -76,6 +81,10 @@ class RunOptions:
     first_iteration: int = 0
     identity: tuple[tuple[str, Any], ...] = ()
     die_in_checkpoint: tuple[int, int] | None = None
+    max_restarts: int = 0
+    fail: tuple[int, int] | None = None
+    attempt: int = 0
+    restarts: dict[str, Any] | None = None
 
     def slowdown_of(self, rank: int) -> float:
         """The factor by which ``rank`` stretches its compute ops (1 when it is not slowed)."""

@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from executor.nn.stages import boundary_specs, synthetic_batch
 from executor.options import RunOptions, host_cores
 from executor.parallel import Place, ProcessModel, build_process, make_groups, microbatch_index, save_state
 from executor.pingpong import round_trip_times
+from executor.restart import after_restart, die_if_failing, restart_count, restart_record
 from executor.stream.stream_interpreter import StreamInterpreter, stream_frames
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
@@ -157,6 +159,7 @@ def _checkpoint_after(options: RunOptions, model: ProcessModel, rank: int, done:
 
 def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None:
     world_size, local_rank = _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
+    options = after_restart(options, restart_count())  # a restarted group continues from its newest checkpoint
     if plan.weight_policy == "csp":  # no fixed program: each rank decides online (executor.csp)
         from executor.csp.csp_plan_run import run_csp_plan_rank
 
@@ -204,9 +207,11 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     # --measure-memory a count of every operator's storages, from those alive (weights, optimizer state) at the start.
     memory = PeakMemory(device, count_cpu=options.measure_memory)
     first_iteration = _resume(options, model, rank)
+    resumed_at = time.time()
     with memory:
         for index in range(options.warmup + options.iterations):
             iteration = first_iteration + index  # the data position: a resumed run continues the same stream
+            die_if_failing(options, rank, iteration)
             if index == options.warmup:
                 memory.start_measured()
             if not (first or last):
@@ -237,6 +242,8 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     dist.gather_object(report, gathered, dst=0)
     if rank == 0:
         from executor.run_outputs import finish_run  # rank 0 only: simulation, plotting, file output
+
+        options = replace(options, restarts=restart_record(options, resumed_at))
 
         assert gathered is not None
         finish_run(plan, topology, options, gathered, offsets, (sweep_sizes, sweep) if sweep else None)

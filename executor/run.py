@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from executor.interpreter import check_supported
+from executor.launch import ATTEMPT_ENV
 from executor.nn.optim import OPTIMIZERS
 from executor.options import FAILURE_DIR_ENV, RunOptions
 from executor.parallel import check_parallel
@@ -112,6 +113,11 @@ def make_parser() -> argparse.ArgumentParser:
                         "the run's total of --warmup + --iterations iterations; the plan, seeds and optimizer must be "
                         "the checkpointed run's. With --checkpoint-every, new checkpoints go to DIR unless "
                         "--checkpoint-dir says otherwise")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="R", help="when a rank dies, restart the "
+                        "group up to R times (0 to 10), each restart continuing from the newest complete checkpoint "
+                        "of --checkpoint-dir (executor.restart); the outputs say what died and what it cost")
+    parser.add_argument("--fail", metavar="RANK@ITERATION", help="RANK kills itself (SIGKILL) before iteration "
+                        "ITERATION (0-based, warm-up included) on the first attempt: a crash to test --max-restarts")
     parser.add_argument("--no-gantt", action="store_true", help="skip drawing gantt.png")
     parser.add_argument("--timeout", type=float, default=300.0, help="communication timeout in s (default 300)")
     return parser
@@ -183,6 +189,15 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
         else:
             inject = (int(rank_text), op_id)
     resume = _resume_point(args, plan, warmup, iterations)
+    fail = _fail_point(args, plan, resume.first_iteration, warmup + iterations)
+    if not 0 <= args.max_restarts <= 10:
+        raise SpecError(f"--max-restarts must be 0 to 10, got {args.max_restarts}")
+    # The launcher checks a fresh run's checkpoint folder; its workers (which it tells their attempt) find this run's
+    # own checkpoints there once it has written some.
+    if (args.max_restarts and args.resume is None and resume.checkpoint_dir and ATTEMPT_ENV not in os.environ
+            and _has_checkpoint(resume.checkpoint_dir)):
+        raise SpecError(f"--checkpoint-dir {args.checkpoint_dir} already holds a complete checkpoint; a restart would "
+                        f"take it for this run's: continue it with --resume, or name an empty directory")
     slowdown = parse_slowdown(args.slowdown or (), plan.world_size)
     check_output_path("--out", args.out, directory=True)
     if args.calibrate_out and plan.parallel is not None:
@@ -213,7 +228,33 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
         gantt=not args.no_gantt, timeout_s=args.timeout, slowdown=slowdown, measure_memory=args.measure_memory,
         checkpoint_every=args.checkpoint_every or 0, checkpoint_dir=checkpoint_dir, resume_from=resume.step,
         first_iteration=first, identity=tuple(sorted(resume.identity.items())), die_in_checkpoint=die_in_checkpoint,
+        max_restarts=args.max_restarts, fail=fail,
     )
+
+
+def _has_checkpoint(directory: str) -> bool:
+    from executor.checkpoint import latest
+
+    return latest(directory) is not None
+
+
+def _fail_point(args: argparse.Namespace, plan: Plan, first: int, total: int) -> tuple[int, int] | None:
+    """``--fail RANK@ITERATION`` checked: a rank of the plan, an iteration this run will start.
+
+    Raises:
+        SpecError: naming the value and what would be valid.
+    """
+    if args.fail is None:
+        return None
+    rank_text, at, iteration_text = args.fail.partition("@")
+    if not (at and rank_text.isdigit() and iteration_text.isdigit()):
+        raise SpecError(f"--fail takes RANK@ITERATION, e.g. 1@3; got {args.fail!r}")
+    rank, iteration = int(rank_text), int(iteration_text)
+    if rank >= plan.world_size:
+        raise SpecError(f"--fail {args.fail}: the rank must be 0..{plan.world_size - 1}")
+    if not first <= iteration < total:
+        raise SpecError(f"--fail {args.fail}: the run starts iterations {first} to {total - 1}; name one of them")
+    return rank, iteration
 
 
 @dataclass(frozen=True)
@@ -277,6 +318,8 @@ def _check_csp_flags(args: argparse.Namespace) -> None:
             ("--inject-failure", args.inject_failure, "a csp plan has no fixed ops to fail at"),
             ("--checkpoint-every", args.checkpoint_every, "checkpoints of a csp run are not implemented yet"),
             ("--resume", args.resume, "checkpoints of a csp run are not implemented yet"),
+            ("--max-restarts", args.max_restarts, "checkpoints of a csp run are not implemented yet"),
+            ("--fail", args.fail, "checkpoints of a csp run are not implemented yet"),
             ("--slowdown", args.slowdown, "the csp ranks (executor.csp) do not stretch their ops"),
             ("--measure-memory", args.measure_memory, "the csp ranks (executor.csp) do not count their memory")):
         if given:
@@ -409,7 +452,7 @@ def _launch(options: RunOptions, argv: list[str], num_ranks: int) -> int:
 
     os.environ.setdefault("OMP_NUM_THREADS", str(options.threads or 1))
     return run_ranks("executor.run", [*argv, "--backend", options.backend], num_ranks,
-                     errors_log=Path(options.out, "errors.log"))
+                     errors_log=Path(options.out, "errors.log"), max_restarts=options.max_restarts)
 
 
 def _run(argv: list[str] | None) -> int:

@@ -130,6 +130,8 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
         "losses": [list(step) for step in _losses(plan, reports)],
         "slowdown": compare["slowdown"],
     }
+    if options.restarts is not None:  # the run crashed and came back (executor.restart)
+        metrics["restarts"] = options.restarts
     write_text_atomic(plan.dumps(), out / "plan.json")
     title = f"measured · {plan.schedule} · {plan.model} · {', '.join(measured_devices)} · m={plan.num_microbatches}"
     if options.slowdown:
@@ -163,6 +165,8 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
     if options.slowdown:
         print(f"emulated slowdown: {describe_slowdown(options.slowdown)} (compute ops stretched by sleeping; the "
               f"prediction is the plan's own)")
+    if options.restarts is not None:
+        print(_restart_line(options.restarts))
     _print_compare(compare)
     print(format_memory_line(compare["memory"]))
     print(f"wrote {out}/{{{', '.join(names)}}}")
@@ -206,3 +210,14 @@ def _print_compare(compare: dict[str, Any]) -> None:
         p = f"{row['predicted_mean_s'] * 1e3:10.3f} ms" if row["predicted_mean_s"] is not None else "         -   "
         m = f"{row['measured_mean_s'] * 1e3:10.3f} ms" if row["measured_mean_s"] is not None else "         -   "
         print(f"  {kind:<10} {p}    {m}")
+
+
+def _restart_line(restarts: dict) -> str:
+    """One line: how often the run came back, from what, and what it cost (``executor.restart``)."""
+    failures = restarts["failures"]
+    what = failures[0]["message"] if failures else "a rank died without a record (killed from outside)"
+    cost = f"; the restart took {restarts['restart_s']:.1f} s" if restarts["restart_s"] is not None else ""
+    again = (f", {restarts['iterations_computed_again']} iteration(s) computed again"
+             if restarts["iterations_computed_again"] is not None else "")
+    return (f"restarted {restarts['count']} time(s): {what}; resumed after iteration "
+            f"{restarts['resumed_after_iteration']}{again}{cost}")
