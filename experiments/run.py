@@ -72,6 +72,12 @@ def _megatron_bridge(argv: list[str]) -> int:
     return megatron_bridge.main(argv)
 
 
+def _faults(argv: list[str]) -> int:
+    from experiments import faults
+
+    return faults.main(argv)
+
+
 def _search_vtrain(argv: list[str]) -> int:
     from experiments import search_vtrain
 
@@ -224,6 +230,9 @@ EXPERIMENTS: dict[str, Experiment] = {
                                   "VP, CP, EP, FSDP; BF16, FP8, MXFP8, NVFP4), each expressible row predicted beside "
                                   "the published tokens/s per GPU, nothing fitted", _megatron_bridge,
                                   out="runs/megatron_bridge"),
+    "faults": Experiment("faults", "goodput under failures of a 70B-class plan on 1k-16k H100s: restart from the "
+                         "checkpoint, drop a replica, ReCycle's rerouting and Oobleck's re-planning, over the MTBF, "
+                         "beside Llama 3's > 90 % effective training time", _faults, out="runs/faults"),
     "search_vtrain": Experiment("search_vtrain", "sim.search restricted to the configurations vTrain measured in "
                                 "each (model, GPUs, global batch) group: Spearman of its ranking and the top-1 "
                                 "regret of its pick", _search_vtrain, out="runs/search_vtrain"),

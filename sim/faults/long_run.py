@@ -26,6 +26,7 @@ Times in s.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,6 +110,8 @@ class LongRunResult:
         failures: the failures (for one run; empty for a mean).
         failure_count: how many (a mean: the mean count).
         checkpoints: checkpoints that became durable.
+        degraded_s: what the iterations run on fewer devices after a failure took beyond their usual time (s; a
+            recovery that continues without restarting, ``sim.faults.recovery``; 0 otherwise).
     """
 
     wall_s: float
@@ -119,6 +122,7 @@ class LongRunResult:
     failures: tuple[Failure, ...]
     failure_count: float
     checkpoints: float
+    degraded_s: float = 0.0
 
     @property
     def restart_s(self) -> float:
@@ -286,12 +290,16 @@ def _restart(run: LongRun, rng: np.random.Generator, shares: np.ndarray, clock: 
         during = True
 
 
-def expected_long_run(run: LongRun, *, trials: int, seed: int) -> LongRunResult:
+def expected_long_run(run: LongRun, *, trials: int, seed: int,
+                      simulate: Callable[[LongRun, np.random.Generator], LongRunResult] | None = None
+                      ) -> LongRunResult:
     """The mean of ``trials`` runs, trial t drawn from ``numpy.random.default_rng([seed, t])`` (the same streams for
-    every ``run``, so runs that differ only in their checkpoint interval are compared on the same failures' luck)."""
+    every ``run``, so runs that differ only in their checkpoint interval are compared on the same failures' luck), each
+    simulated by ``simulate`` (:func:`simulate_long_run`, or a recovery's, ``sim.faults.recovery``)."""
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
-    results = [simulate_long_run(run, np.random.default_rng([seed, t])) for t in range(trials)]
+    simulate = simulate or simulate_long_run
+    results = [simulate(run, np.random.default_rng([seed, t])) for t in range(trials)]
 
     def mean(values) -> float:
         return math.fsum(values) / trials
@@ -300,4 +308,5 @@ def expected_long_run(run: LongRun, *, trials: int, seed: int) -> LongRunResult:
                          mean(r.lost_work_s for r in results), mean(r.checkpoint_s for r in results),
                          tuple(mean(r.restart_s_by_cause[c] for r in results)
                                for c in range(len(run.mix.causes))),
-                         (), mean(r.failure_count for r in results), mean(r.checkpoints for r in results))
+                         (), mean(r.failure_count for r in results), mean(r.checkpoints for r in results),
+                         mean(r.degraded_s for r in results))
