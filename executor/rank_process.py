@@ -41,7 +41,7 @@ from executor.nn.stages import boundary_specs, synthetic_batch
 from executor.options import RunOptions, host_cores
 from executor.parallel import Place, ProcessModel, build_process, make_groups, microbatch_index, save_state
 from executor.pingpong import round_trip_times
-from executor.restart import after_restart, die_if_failing, restart_count, restart_record
+from executor.restart import after_restart, die_if_failing, note_start, restart_count, restart_record
 from executor.stream.stream_interpreter import StreamInterpreter, stream_frames
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
@@ -141,11 +141,12 @@ def _resume(options: RunOptions, model: ProcessModel, rank: int) -> int:
     return resumed
 
 
-def _checkpoint_after(options: RunOptions, model: ProcessModel, rank: int, done: int) -> None:
+def _checkpoint_after(options: RunOptions, model: ProcessModel, rank: int, done: int) -> float | None:
     """After ``done`` iterations, every ``--checkpoint-every``-th: write this rank's shard; once every rank has,
-    rank 0 marks the checkpoint complete (``executor.checkpoint``)."""
+    rank 0 marks the checkpoint complete (``executor.checkpoint``). Returns the seconds it took (``None``: none due)."""
     if not options.checkpoint_every or done % options.checkpoint_every:
-        return
+        return None
+    started = time.perf_counter()
     from executor.checkpoint import capture, complete, write_shard
 
     assert options.checkpoint_dir is not None
@@ -155,6 +156,7 @@ def _checkpoint_after(options: RunOptions, model: ProcessModel, rank: int, done:
     dist.barrier()  # every shard is in place before the marker says so
     if rank == 0:
         complete(options.checkpoint_dir, done, dict(options.identity))
+    return time.perf_counter() - started
 
 
 def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None:
@@ -207,7 +209,8 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     # --measure-memory a count of every operator's storages, from those alive (weights, optimizer state) at the start.
     memory = PeakMemory(device, count_cpu=options.measure_memory)
     first_iteration = _resume(options, model, rank)
-    resumed_at = time.time()
+    checkpoint_times: list[float] = []
+    iteration_spans: list[tuple[float, float]] = []  # (start, end) of each iteration, time.time(): for restarts
     with memory:
         for index in range(options.warmup + options.iterations):
             iteration = first_iteration + index  # the data position: a resumed run continues the same stream
@@ -227,10 +230,17 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
             inputs = [x.to(device) for x, _ in batches] if first else None
             targets = [y.to(device) for _, y in batches] if last else None
             dist.barrier()  # every rank starts the iteration together, as the simulation assumes
+            began = time.time()
             records, iteration_losses = interpreter.run_iteration(inputs, targets)
+            iteration_spans.append((began, time.time()))
+            if index == 0:
+                note_start(options, rank, iteration_spans[0])
             timings.append(tuple((r.op.id, r.start, r.end) for r in records))
             losses.append(tuple(iteration_losses))
-            _checkpoint_after(options, model, rank, iteration + 1)
+            took = _checkpoint_after(options, model, rank, iteration + 1)
+            if took is not None:
+                checkpoint_times.append(took)
+    finished_at = time.time()
     sweep_sizes = tuple(2**k for k in range(10, 23, 2))
     sweep = p2p_sweep(rank, sweep_sizes, device=device) if options.calibrate_out and world_size > 1 else []
 
@@ -243,7 +253,7 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     if rank == 0:
         from executor.run_outputs import finish_run  # rank 0 only: simulation, plotting, file output
 
-        options = replace(options, restarts=restart_record(options, resumed_at))
+        options = replace(options, restarts=restart_record(options, iteration_spans, finished_at, checkpoint_times))
 
         assert gathered is not None
         finish_run(plan, topology, options, gathered, offsets, (sweep_sizes, sweep) if sweep else None)

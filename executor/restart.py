@@ -12,8 +12,9 @@ end stay unmeasured.
 What the output says (``metrics.json``'s ``restarts``, rank 0's summary): how many restarts, the failures the
 earlier attempts left on record (a rank that raised records its error; ``--fail`` records its kill, iteration and
 time before it dies; a rank killed from outside leaves none), the iteration the run resumed after, the iterations
-computed again, and the restart's cost: from the failure to the first iteration of the new attempt (detection,
-stopping and starting the group, rendezvous, building the model, reading the checkpoint). The launcher sets each
+computed again, and the restart's cost: from the failure until training is back at speed (detection, stopping and
+starting the group, rendezvous, building the model, reading the checkpoint, the new processes' slower first
+iteration; :func:`restart_record`), and the run's wall time. The launcher sets each
 failed attempt's records aside (``attempt-N/`` of its failure directory, with a summary), so that a later failure is
 reported as its own.
 """
@@ -31,7 +32,7 @@ from typing import Any
 from executor.options import FAILURE_DIR_ENV, RunOptions
 from sim.core.errors import SpecError
 
-__all__ = ["restart_count", "after_restart", "die_if_failing", "restart_record"]
+__all__ = ["restart_count", "after_restart", "die_if_failing", "note_start", "restart_record"]
 
 
 def restart_count() -> int:
@@ -80,10 +81,28 @@ def die_if_failing(options: RunOptions, rank: int, iteration: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def restart_record(options: RunOptions, resumed_at: float) -> dict[str, Any] | None:
+def note_start(options: RunOptions, rank: int, first: tuple[float, float]) -> None:
+    """Rank 0 of the first attempt notes when its first iteration began and ended (``time.time()``), for a
+    restarted run's wall time."""
+    directory = os.environ.get(FAILURE_DIR_ENV)
+    if rank != 0 or options.attempt != 0 or not directory:
+        return
+    from sim.core.fileio import write_json_atomic
+
+    write_json_atomic({"first_start": first[0], "first_end": first[1]}, Path(directory, "started.json"))
+
+
+def restart_record(options: RunOptions, iterations: list[tuple[float, float]], finished_at: float,
+                   checkpoint_s: list[float]) -> dict[str, Any] | None:
     """On rank 0 of a restarted attempt: what ``metrics.json`` says of the restarts (module docstring), from the
-    summaries and records the launcher set aside; ``None`` on the first attempt. ``resumed_at`` is when the attempt's
-    first iteration began (``time.time()``)."""
+    summaries and records the launcher set aside; ``None`` on the first attempt.
+
+    ``iterations`` are the attempt's iterations' (start, end), ``finished_at`` when its last checkpoint ended
+    (``time.time()``), ``checkpoint_s`` what each of its checkpoints took (s). A new process's first iteration is
+    slower than the rest (start-up, not training), so the restart is counted from the failure until the first
+    iteration after it has ended, less the attempt's median iteration (the time until training is back at speed),
+    and the run's wall time from its first iteration as if that had taken the median too.
+    """
     if options.attempt == 0:
         return None
     directory = os.environ.get(FAILURE_DIR_ENV)
@@ -98,13 +117,19 @@ def restart_record(options: RunOptions, resumed_at: float) -> dict[str, Any] | N
         failures.append({"attempt": attempt, "message": killed[0]["message"] if killed else summary.get("message"),
                          "time": failed_at, "iteration": next((record["iteration"] for record in killed), None)})
     last = failures[-1] if failures else {}
+    durations = sorted(end - start for start, end in iterations)
+    median = durations[(len(durations) - 1) // 2] if durations else 0.0
+    started = _json(Path(directory, "started.json")) if directory else None
     return {
         "count": options.attempt,
         "resumed_after_iteration": options.first_iteration,
         "failures": failures,
-        "restart_s": resumed_at - last["time"] if last.get("time") else None,
+        "restart_s": iterations[0][1] - median - last["time"] if last.get("time") and iterations else None,
         "iterations_computed_again": (last["iteration"] - options.first_iteration
                                       if last.get("iteration") is not None else None),
+        "median_iteration_s": median,
+        "checkpoint_mean_s": sum(checkpoint_s) / len(checkpoint_s) if checkpoint_s else None,
+        "run_wall_s": finished_at - (started["first_end"] - median) if started else None,
     }
 
 

@@ -78,6 +78,12 @@ def _faults(argv: list[str]) -> int:
     return faults.main(argv)
 
 
+def _faults_real(argv: list[str]) -> int:
+    from experiments import faults_real
+
+    return faults_real.main(argv)
+
+
 def _search_vtrain(argv: list[str]) -> int:
     from experiments import search_vtrain
 
@@ -233,6 +239,9 @@ EXPERIMENTS: dict[str, Experiment] = {
     "faults": Experiment("faults", "goodput under failures of a 70B-class plan on 1k-16k H100s: restart from the "
                          "checkpoint, drop a replica, ReCycle's rerouting and Oobleck's re-planning, over the MTBF, "
                          "beside Llama 3's > 90 % effective training time", _faults, out="runs/faults"),
+    "faults_real": Experiment("faults_real", "a straggler (--slowdown) and a crash with a restart from the checkpoint "
+                              "on 2 CPU ranks, measured against their predictions", _faults_real,
+                              out="runs/faults_real"),
     "search_vtrain": Experiment("search_vtrain", "sim.search restricted to the configurations vTrain measured in "
                                 "each (model, GPUs, global batch) group: Spearman of its ranking and the top-1 "
                                 "regret of its pick", _search_vtrain, out="runs/search_vtrain"),

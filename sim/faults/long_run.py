@@ -36,8 +36,8 @@ from sim.faults.checkpoint import CheckpointCost
 from sim.faults.failure_mix import FailureMix
 from sim.faults.interval import expected_wall_time
 
-__all__ = ["LongRun", "Failure", "LongRunResult", "check_finishes", "simulate_long_run", "expected_long_run",
-           "MAX_EVENTS", "MAX_STRETCH"]
+__all__ = ["LongRun", "Failure", "LongRunResult", "ScriptedFailures", "check_finishes", "simulate_long_run",
+           "expected_long_run", "MAX_EVENTS", "MAX_STRETCH"]
 
 #: Most failures and segments one simulated run may take: a backstop behind :func:`check_finishes`.
 MAX_EVENTS = 1_000_000
@@ -152,6 +152,22 @@ class _Clock:
                             f"--checkpoint-every, or shorten the restart)")
 
 
+class ScriptedFailures:
+    """What :func:`simulate_long_run` draws from, with the failures given instead of drawn: ``gaps`` are the times to
+    each next failure, in the order the run asks for them (at its start, and afresh after each restart and during
+    it); then none. Every failure is of cause 0. For a prediction of a run whose failure is known (an injected crash,
+    ``experiments.faults_real``) and for exact small tests."""
+
+    def __init__(self, gaps: list[float]) -> None:
+        self.gaps = list(gaps)
+
+    def exponential(self, scale: float) -> float:
+        return self.gaps.pop(0) if self.gaps else math.inf
+
+    def choice(self, n: int, p: object = None) -> int:
+        return 0
+
+
 def check_finishes(run: LongRun) -> None:
     """Refuse, before simulating, a run whose failures come so often that its expected wall time (Daly's closed form
     with the longest restart, :func:`sim.faults.interval.expected_wall_time`) is more than :data:`MAX_STRETCH` times
@@ -231,7 +247,8 @@ def simulate_long_run(run: LongRun, rng: np.random.Generator,
             alike = 1
             if checkpointing and batch == every and (stall_s == steady == 0.0 or (
                     pending is not None and math.isclose(stall_s, steady, rel_tol=1e-12, abs_tol=1e-9))):
-                alike = max(1, min(int(strike // segment), (run.iterations - progress) // every))
+                fits = int(strike // segment) if math.isfinite(strike) else run.iterations  # no failure to come
+                alike = max(1, min(fits, (run.iterations - progress) // every))
             clock.now += alike * segment
             strike -= alike * segment
             if trail is not None:

@@ -29,6 +29,7 @@ def test_a_killed_rank_comes_back_from_the_checkpoint_and_the_run_ends_as_if_it_
     restarts = json.loads((tmp_path / "crashed" / "metrics.json").read_text())["restarts"]
     assert restarts["count"] == 1 and restarts["resumed_after_iteration"] == 2
     assert restarts["iterations_computed_again"] == 1 and restarts["restart_s"] > 0
+    assert restarts["checkpoint_mean_s"] > 0 and restarts["run_wall_s"] > restarts["restart_s"]
     assert restarts["failures"][0]["iteration"] == 3 and "--fail 1@3" in restarts["failures"][0]["message"]
     assert "restarted 1 time(s): rank 1 was killed (SIGKILL, --fail 1@3) before iteration 3" in crashed.stdout
     first = merged_state(tmp_path / "whole-state", plan.num_vstages)
