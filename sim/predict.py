@@ -96,6 +96,8 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         PlanError: the plan cannot be simulated (not lowered, deadlock).
     """
     topology = topology if topology is not None else Topology.parse(plan.topology)
+    if perturbation.links:  # slow links: a topology of their own, so the costs are built again on it
+        topology, oracle = perturbation.topology(topology), None
     if plan.weight_policy == "csp":
         if profile is not None:
             raise SpecError(f"a measured profile ({profile.source}) cannot cost a csp plan: a profile times the "
@@ -142,6 +144,7 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         metrics["perturbation"] = {
             "stragglers": [{"device": s.device, "factor": s.factor, "start_s": s.start_s,
                             "end_s": s.end_s if s.end_s != float("inf") else None} for s in perturbation.stragglers],
+            "links": [{"links": link.selector, "factor": link.factor} for link in perturbation.links],
             "jitter": perturbation.jitter, "seed": perturbation.seed, "slowed_ops": len(result.slowed_ops)}
     metrics.update(training_rates(plan, topology, metrics["iteration_time_s"]))
     if plan.weight_policy == "stream":

@@ -21,7 +21,7 @@ from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic, write_text_chunks_atomic
 from sim.cost.precision import PRECISIONS
-from sim.engine.perturbation import Perturbation, parse_straggler
+from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.faults.report import FaultOptions, FaultReport, fault_report
 from sim.hw.topology import format_topology_list
 from sim.ir.schedule_csv import dumps_schedule_csv
@@ -152,10 +152,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the CSP subnet sampler and of a long run's failures (default 0)")
     slow = parser.add_argument_group("stragglers (sim.engine.perturbation)")
-    slow.add_argument("--straggler", action="append", metavar="DEVICE:FACTOR[@START-END]",
+    slow.add_argument("--straggler", action="append", metavar="DEVICE:FACTOR[@START-END] or LINK:FACTOR",
                       help="device DEVICE's compute ops take FACTOR times their cost, always or when they start "
-                      "between START and END seconds of the iteration (repeatable); the summary compares the "
-                      "iteration with the one without")
+                      "between START and END seconds of the iteration; or the links of a type (e.g. ib-ndr) or of a "
+                      "device (gpu5) carry FACTOR times slower (repeatable); the summary compares the iteration with "
+                      "the one without")
     slow.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA",
                       help="multiply every compute op's cost by a seeded lognormal factor of mean 1 and shape SIGMA "
                       "(0 to 1; --seed seeds it)")
@@ -242,6 +243,7 @@ def _run(argv: list[str] | None) -> int:
         fault_options.check()  # the long run's flags, before anything is simulated or printed
     built = build_plan(inputs)
     perturbation = _perturbation(args, built.plan.world_size)
+    perturbation.topology(built.topology)  # a link name that is not there: refused before anything is printed
     if not args.ignore_memory:
         _check_memory(inputs, built)  # before anything is printed: a plan that cannot run gets one line
     plan, topology = built.plan, built.topology
@@ -314,8 +316,9 @@ def _routing_against_balanced(inputs: PlanInputs, iteration_time_s: float) -> di
 def _perturbation(args: argparse.Namespace, devices: int) -> Perturbation:
     """``--straggler`` and ``--jitter`` (with ``--seed``) as a :class:`sim.engine.perturbation.Perturbation`."""
     entries = [entry for flag in args.straggler or () for entry in flag.split(",") if entry.strip()]
-    stragglers = tuple(parse_straggler(entry, devices) for entry in entries)
-    return Perturbation(stragglers, args.jitter, args.seed)
+    parsed = [parse_straggler(entry, devices) for entry in entries]
+    return Perturbation(tuple(p for p in parsed if isinstance(p, Straggler)), args.jitter, args.seed,
+                        tuple(p for p in parsed if isinstance(p, SlowLink)))
 
 
 def _without_perturbation(built, metrics: dict, perturbation: Perturbation, check_memory: bool) -> float | None:

@@ -9,6 +9,10 @@ modelled, both on the compute stream:
   simulated rank that starts in ``[START, END)`` seconds of the iteration (always, without a window) takes FACTOR
   times its cost. A simulated rank stands for its tensor-parallel group, whose shards wait for each other, so a slow
   shard slows its whole group; the collectives are left alone (the links set their pace);
+* a **slow link** ``LINK:FACTOR``: every link of a type (``nvswitch-h100``, ``ib-ndr``: a degraded fabric) or every
+  link into and out of one device (``gpu5``: a GPU whose NVLink or PCIe port degraded) carries FACTOR times slower
+  for the whole iteration (:meth:`sim.hw.topology.Topology.with_slowed_links`); messages, collectives and host copies
+  over it take longer and contend as before;
 * **jitter** ``SIGMA`` with a seed: every compute op's cost is multiplied by a lognormal factor of mean 1 and shape σ
   (``exp(σ·Z − σ²/2)``, Z standard normal), drawn per simulated rank from ``numpy.random.default_rng([seed, rank])``
   in program order, so the same inputs give the same trace.
@@ -25,8 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.core.errors import SpecError
+from sim.hw.topology import Topology
 
-__all__ = ["Straggler", "Perturbation", "parse_straggler", "NONE", "MAX_FACTOR"]
+__all__ = ["Straggler", "SlowLink", "Perturbation", "parse_straggler", "NONE", "MAX_FACTOR"]
 
 #: The largest slowdown a straggler may have (the bound ``executor.run --slowdown`` has).
 MAX_FACTOR = 1000.0
@@ -55,6 +60,24 @@ class Straggler:
 
 
 @dataclass(frozen=True)
+class SlowLink:
+    """Slow links (module docstring).
+
+    Attributes:
+        selector: a link type's name, or ``gpuN`` for every link of device N.
+        factor: how many times slower they carry (bandwidth divided by it).
+    """
+
+    selector: str
+    factor: float
+
+    def describe(self) -> str:
+        """``links nvswitch-h100 × 2`` or ``links of gpu5 × 2``."""
+        what = f"links of {self.selector}" if self.selector.startswith("gpu") else f"links {self.selector}"
+        return f"{what} × {self.factor:g}"
+
+
+@dataclass(frozen=True)
 class Perturbation:
     """Everything that slows the iteration (module docstring).
 
@@ -62,18 +85,26 @@ class Perturbation:
         stragglers: the slow devices.
         jitter: σ of the per-op lognormal noise (0: none).
         seed: the noise's seed.
+        links: the slow links.
     """
 
     stragglers: tuple[Straggler, ...] = ()
     jitter: float = 0.0
     seed: int = 0
+    links: tuple[SlowLink, ...] = ()
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.jitter) or not 0 <= self.jitter <= 1:
             raise SpecError(f"--jitter must be a number from 0 to 1 (σ of a lognormal factor), got {self.jitter!r}")
 
     def __bool__(self) -> bool:
-        return bool(self.stragglers) or self.jitter > 0
+        return bool(self.stragglers) or self.jitter > 0 or bool(self.links)
+
+    def topology(self, topology: Topology) -> Topology:
+        """``topology`` with the slow links applied (itself without any)."""
+        for link in self.links:
+            topology = topology.with_slowed_links(link.selector, link.factor)
+        return topology
 
     def noise(self, rank: int, ops: int) -> np.ndarray | None:
         """The jitter factors of simulated rank ``rank``'s ``ops`` ops, in program order (``None`` without jitter)."""
@@ -84,7 +115,7 @@ class Perturbation:
 
     def describe(self) -> str:
         """One line for the summary."""
-        parts = [straggler.describe() for straggler in self.stragglers]
+        parts = [straggler.describe() for straggler in self.stragglers] + [link.describe() for link in self.links]
         if self.jitter:
             parts.append(f"jitter σ {self.jitter:g} (seed {self.seed})")
         return "; ".join(parts)
@@ -94,15 +125,26 @@ class Perturbation:
 NONE = Perturbation()
 
 
-def parse_straggler(text: str, devices: int) -> Straggler:
-    """``DEVICE:FACTOR`` or ``DEVICE:FACTOR@START-END`` (seconds of the iteration) as a :class:`Straggler`.
+def parse_straggler(text: str, devices: int) -> Straggler | SlowLink:
+    """``DEVICE:FACTOR`` or ``DEVICE:FACTOR@START-END`` (seconds of the iteration) as a :class:`Straggler`;
+    ``LINK:FACTOR`` (a link type, or ``gpuN``) as a :class:`SlowLink`, whose name the topology checks.
 
     Raises:
-        SpecError: another spelling, a device outside ``0..devices-1``, a factor outside (0, MAX_FACTOR], or an empty
-            window (each message names the value and what would be valid).
+        SpecError: another spelling, a device outside ``0..devices-1``, a factor outside (0, MAX_FACTOR], an empty
+            window, or a window on a link (each message names the value and what would be valid).
     """
     spec, _, window = text.strip().partition("@")
     device_text, colon, factor_text = spec.partition(":")
+    if colon and device_text and not device_text.strip().isdigit():  # a link
+        try:
+            factor = float(factor_text)
+        except ValueError:
+            raise SpecError(f"--straggler {text!r}: LINK:FACTOR needs a number, got {factor_text!r}") from None
+        if window:
+            raise SpecError(f"--straggler {text!r}: a slow link has no window (it is slow for the whole iteration)")
+        if not math.isfinite(factor) or not 1 <= factor <= MAX_FACTOR:
+            raise SpecError(f"--straggler {text!r}: a link's factor must be a number in [1, {MAX_FACTOR:g}]")
+        return SlowLink(device_text.strip(), factor)
     try:
         if not colon:
             raise ValueError

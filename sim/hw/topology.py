@@ -30,7 +30,7 @@ import heapq
 import math
 import operator
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import networkx as nx
@@ -246,6 +246,34 @@ class Topology:
         """Links from ``rank`` to the host memory of its server (the D2H copy-engine direction)."""
         index = self._rank(rank)
         return self._route(f"gpu{index}", f"host{self.node_of_rank[index]}")
+
+    def link_names(self) -> tuple[str, ...]:
+        """The link types of the graph, sorted (what ``sim.run --straggler LINK:FACTOR`` may name)."""
+        return tuple(sorted({link.spec.name for _, _, link in self.graph.edges(data="link")}))
+
+    def with_slowed_links(self, selector: str, factor: float) -> Topology:
+        """This topology with the links ``selector`` names ``factor`` times slower (bandwidth divided by it): every
+        link of a type (``nvswitch-h100``), or every link into and out of one device (``gpu5``). The spec string
+        stays (a plan records it); the graph is new, so a cost oracle must be built for the result.
+
+        Raises:
+            SpecError: a selector that names no link of this topology.
+        """
+        def chosen(src: str, dst: str, link: Link) -> bool:
+            return selector in (src, dst) if selector.startswith("gpu") else link.spec.name == selector
+
+        graph = self.graph.copy()
+        hits = 0
+        for src, dst, link in self.graph.edges(data="link"):
+            if chosen(src, dst, link):
+                slowed = replace(link.spec, bandwidth=link.spec.bandwidth / factor)
+                graph[src][dst]["link"] = Link(link.src, link.dst, slowed)
+                hits += 1
+        if not hits:
+            raise SpecError(f"--straggler {selector}:{factor:g}: no link of {self.spec} is {selector!r}; name a link "
+                            f"type ({', '.join(self.link_names())}) or a device's links "
+                            f"(gpu0..gpu{self.num_ranks - 1})")
+        return Topology(self.spec, self.devices, self.node_of_rank, graph, self.nodes)
 
     def links(self) -> tuple[Link, ...]:
         """Every directed link, in construction order (deterministic for a given spec)."""

@@ -17,11 +17,14 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Sequence
 
 from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import prepare_output_dir, write_text_chunks_atomic
 from sim.cost.precision import PRECISIONS
+from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
+from sim.hw.topology import Topology
 from sim.ir.parallel import RANK_ORDERS
 from sim.plan.partition import PARTITION_RULES
 from sim.schedules import SCHEDULES
@@ -63,6 +66,16 @@ def _switch(text: str) -> bool:
     if text not in ("on", "off"):
         raise ValueError(text)
     return text == "on"
+
+
+def _perturbation(flags: Sequence[str], topology: str) -> Perturbation:
+    """``--straggler`` entries as the perturbation every candidate is simulated under, checked on the topology."""
+    parsed = Topology.parse(topology)
+    entries = [parse_straggler(entry, parsed.num_ranks) for flag in flags for entry in flag.split(",") if entry.strip()]
+    perturbation = Perturbation(tuple(e for e in entries if isinstance(e, Straggler)),
+                                links=tuple(e for e in entries if isinstance(e, SlowLink)))
+    perturbation.topology(parsed)  # a link name that is not there: refused before the search
+    return perturbation
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -125,6 +138,9 @@ def make_parser() -> argparse.ArgumentParser:
     space.add_argument("--candidates", metavar="FILE",
                        help="CSV of tp,dp,pp,microbatch_size settings: search only these (each with the rest of the "
                        "space); see sim/search/settings.py")
+    parser.add_argument("--straggler", action="append", metavar="DEVICE:FACTOR[@START-END] or LINK:FACTOR",
+                        help="rank the plans with this slow device or slow links, as sim.run --straggler simulates "
+                        "them (repeatable): which plan hides it best")
     parser.add_argument("--profile", help="measured profile JSON replacing the catalog's costs")
     return parser
 
@@ -169,7 +185,8 @@ def _run(argv: list[str] | None) -> int:
                           microbatch_sizes=args.microbatch_sizes, sequence_parallel=args.sequence_parallel,
                           zero=args.zero, rank_orders=orders, partitions=args.partitions,
                           settings=settings, cp=args.cp, cp_comms=args.cp_comm, dp_replicate=args.dp_replicate,
-                          precisions=args.precision, compile=args.compile, ep=args.ep, etp=args.etp))
+                          precisions=args.precision, compile=args.compile, ep=args.ep, etp=args.etp),
+        perturbation=_perturbation(args.straggler or (), args.topology))
     out = prepare_output_dir(args.out, "--out", create=False)  # a bad --out is refused before the search, not after
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
     try:
@@ -185,7 +202,8 @@ def _run(argv: list[str] | None) -> int:
     if best is not None:
         write_text_chunks_atomic(build_candidate_plan(problem, best.candidate).iter_dumps(), out / "plan.json")
         names.insert(0, "plan.json")
-        print("the best plan again: python -m sim.run " + shlex.join(best.candidate.run_flags(problem))
+        slowed = [f"--straggler={flag}" for flag in args.straggler or ()]
+        print("the best plan again: python -m sim.run " + shlex.join([*best.candidate.run_flags(problem), *slowed])
               + " --out DIR")
     print(f"wrote {out}/{{{', '.join(names)}}}")
     return 0 if best is not None else 1
@@ -197,6 +215,8 @@ def _summary(result: SearchResult, top: int) -> str:
                f"space{', stopped by --time-budget' if result.stopped_by_budget else ''})")
     head = (f"search ({result.strategy}, seed {result.seed}): {problem.model} on {problem.topology}, global batch "
             f"{problem.global_batch}; {covered} in {result.elapsed_s:.1f} s; {len(result.ranked):,} feasible")
+    if problem.perturbation:
+        head += f"\nevery plan simulated with {problem.perturbation.describe()}"
     if result.best is None:
         return head + "\nno feasible plan: see search.json for why each failed"
     return head + "\n" + format_table(result, top)

@@ -72,7 +72,7 @@ def evaluate(problem: SearchProblem, candidate: Candidate) -> Evaluation:
     """Build and simulate ``candidate``; never raises for an infeasible one (it says why instead)."""
     try:
         built = build_plan(candidate.plan_inputs(problem))
-        prediction = predict_built(built, check_memory=False)
+        prediction = predict_built(built, check_memory=False, perturbation=problem.perturbation)
     except SpecError as exc:
         return Evaluation(candidate, False, reason=str(exc))
     metrics = prediction.metrics

@@ -89,6 +89,7 @@ def search_json(result: SearchResult) -> dict[str, Any]:
         "format_version": SEARCH_FORMAT_VERSION,
         "problem": {"model": problem.model, "topology": problem.topology, "global_batch": problem.global_batch,
                     "memory_limit_bytes": problem.memory_limit_bytes, "profile": problem.profile,
+                    "perturbation": problem.perturbation.describe() or None,
                     "space": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(problem.space).items()}},
         "strategy": result.strategy,
         "seed": result.seed,

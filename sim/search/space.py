@@ -25,6 +25,7 @@ from itertools import product
 from sim.core.errors import SpecError
 from sim.cost.gpu_time import KernelModel
 from sim.cost.precision import PRECISIONS
+from sim.engine.perturbation import NONE, Perturbation
 from sim.hw.topology import Topology
 from sim.ir.parallel import CP_COMMS, DEFAULT_RANK_ORDER, RANK_ORDERS, ZERO_STAGES, Parallelism
 from sim.plan.inputs import PlanInputs
@@ -103,6 +104,8 @@ class SearchProblem:
         space: the choices searched.
         profile: a measured profile's path, or ``None`` for the catalog's costs.
         kernel_model: the GPU kernel model's constants (``None``: the built-in ones).
+        perturbation: stragglers, slow links and jitter every candidate is simulated under (``sim.search
+            --straggler``; :mod:`sim.engine.perturbation`): which plan hides them best.
     """
 
     model: str
@@ -112,6 +115,7 @@ class SearchProblem:
     space: SearchSpace = field(default_factory=SearchSpace)
     profile: str | None = None
     kernel_model: KernelModel | None = None
+    perturbation: Perturbation = NONE
 
 
 @dataclass(frozen=True, order=True)

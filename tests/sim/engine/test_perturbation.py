@@ -88,3 +88,38 @@ def test_bad_straggler_flags_are_one_error_line(tmp_path, capsys, flags, needle)
         main(["--topology", "2xcpu", "--model", MODEL, "--out", str(tmp_path / "o"), *flags])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.startswith("error: ") and needle in err and err.count("\n") == 1
+
+
+def test_a_slow_link_divides_its_bandwidth_and_slows_what_crosses_it():
+    from sim.hw.topology import Topology, message_time
+
+    topology = Topology.parse("2x8xH100")
+    slowed = topology.with_slowed_links("ib-ndr-x8", 4.0)
+    across = topology.path(0, 8)  # from server 0 to server 1: over the network
+    assert [link.spec.name for link in slowed.path(0, 8)] == [link.spec.name for link in across]
+    nbytes = 1 << 26
+    bottleneck = min(link.spec.bandwidth for link in across)
+    network = min(link.spec.bandwidth for link in across if link.spec.name == "ib-ndr-x8")
+    # the path's bottleneck is the slower of its other links and the network at a quarter
+    others = min((link.spec.bandwidth for link in across if link.spec.name != "ib-ndr-x8"), default=float("inf"))
+    expected = sum(link.spec.latency for link in across) + nbytes / min(others, network / 4)
+    assert message_time(slowed.path(0, 8), nbytes) == pytest.approx(expected, rel=1e-12)
+    assert message_time(across, nbytes) == pytest.approx(sum(link.spec.latency for link in across) + nbytes /
+                                                          bottleneck, rel=1e-12)
+    assert slowed.path(0, 1) == topology.path(0, 1)  # inside a server: untouched
+    one = topology.with_slowed_links("gpu5", 2.0)
+    assert all(link.spec.bandwidth == topology_link.spec.bandwidth / 2 for link, topology_link in
+               zip(one.path(5, 6), topology.path(5, 6), strict=True) if "gpu5" in (link.src, link.dst))
+    with pytest.raises(SpecError, match="no link of 2x8xH100 is 'ib-hdr'"):
+        topology.with_slowed_links("ib-hdr", 2.0)
+
+
+def test_slow_links_slow_the_iteration_and_are_refused_with_a_window(tmp_path):
+    built = build_plan(PlanInputs("gpt:layers=8,hidden=512,heads=8,seq=256,vocab=1000", "2x8xH100", "1f1b", 8,
+                                  partition="uniform", tp=8, pp=2))
+    plain = predict_built(built).metrics["iteration_time_s"]
+    slow = predict_built(built, perturbation=Perturbation(links=(parse_straggler("ib-ndr-x8:8", 16),)))
+    assert slow.metrics["iteration_time_s"] > plain and slow.metrics["perturbation"]["links"] == [
+        {"links": "ib-ndr-x8", "factor": 8.0}]
+    with pytest.raises(SpecError, match="a slow link has no window"):
+        parse_straggler("ib-ndr-x8:2@0-1", 16)
