@@ -146,12 +146,17 @@ class DataParallel:
         optimizer, lr: the update rule (``executor.nn.optim.make_optimizer``).
         experts: under expert parallelism, the expert-data-parallel group (the processes that hold the same experts)
             and which parameters are experts' (by name): those reduce over it instead (module docstring).
+        zeno: Zeno's aggregation instead of the mean (``executor.zeno``; plain data parallelism only).
+        byzantine: this replica's corruption of the gradients it sends (``executor.byzantine``), or ``None``.
     """
 
     def __init__(self, stages: Mapping[int, nn.Module], group: Any, size: int, rank: int, *, zero: int,
                  optimizer: str, lr: float | None,
-                 experts: tuple[ReductionGroup, Callable[[str], bool]] | None = None) -> None:
-        self.size, self.zero = size, zero
+                 experts: tuple[ReductionGroup, Callable[[str], bool]] | None = None, zeno: Any = None,
+                 byzantine: Any = None) -> None:
+        self.size, self.zero, self.zeno, self.byzantine = size, zero, zeno, byzantine
+        self.reductions = 0  # REDUCE_GRAD ops issued: the step a Byzantine replica's noise is drawn for
+        self.named = {v: list(stage.named_parameters()) for v, stage in stages.items()}
         self.buckets: dict[int, list[_Bucket]] = {}
         self.optimizers: dict[int, Any] = {}
         for v, stage in stages.items():
@@ -185,6 +190,13 @@ class DataParallel:
 
     def _reduce(self, bucket: _Bucket) -> tuple[Any, Callable[[], None]]:
         grads = bucket.flat([p.grad for p in bucket.params])
+        if self.byzantine is not None:  # what this replica sends instead (executor.byzantine)
+            from executor.byzantine import corrupt
+
+            grads = corrupt(grads, self.byzantine, self.reductions)
+        self.reductions += 1
+        if self.zeno is not None:
+            return self._reduce_zeno(bucket, grads)
         if self.zero == 2:
             for param in bucket.params:  # now in the buffer: the next microbatch's backward starts afresh
                 param.grad = None
@@ -213,6 +225,30 @@ class DataParallel:
                 shard.grad = received
 
         return work, done_shard
+
+    def _reduce_zeno(self, bucket: _Bucket, grads: Tensor) -> tuple[Any, Callable[[], None]]:
+        """Zeno (``executor.zeno``): all-gather every replica's gradient; once there, score them and keep the mean of
+        the best as the parameters' gradients."""
+        where = bucket.where
+        gathered = grads.new_empty(where.size * grads.numel())
+        work = dist.all_gather_single(gathered, grads, group=where.group, async_op=True)
+
+        def done() -> None:
+            rows = gathered.view(where.size, -1)
+            candidates = []
+            for row in rows:
+                offset, split = 0, []
+                for param in bucket.params:
+                    split.append(row[offset:offset + param.numel()].view_as(param))
+                    offset += param.numel()
+                candidates.append(split)
+            (v,) = list(self.named)  # one vstage: Zeno runs without a pipeline (executor.run checks it)
+            mean = self.zeno.aggregate(self.named[v], candidates)
+            with torch.no_grad():
+                for param, value in zip(bucket.params, mean, strict=True):
+                    param.grad = value.clone()
+
+        return work, done
 
     def gather(self, v: int) -> tuple[Any, Callable[[], None]]:
         """ZeRO-1 and 2: issue the all-gathers of vstage v's updated slices; their work handle and what to do after."""

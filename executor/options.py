@@ -55,6 +55,9 @@ class RunOptions:
             (``--fail``), or ``None``.
         attempt: which attempt this is (0 first; set by a restarted worker, ``executor.restart.after_restart``).
         restarts: on rank 0 of a restarted attempt, what ``metrics.json`` says of the restarts (``None`` otherwise).
+        aggregate: how the data-parallel gradients combine: ``mean``, or Zeno's ``zeno:B[:RHO]`` (``executor.zeno``).
+        byzantine: ``(replica, mode, strength)`` of each data-parallel replica that sends corrupted gradients
+            (``executor.byzantine``).
     """
 
     plan_path: str
@@ -85,6 +88,8 @@ class RunOptions:
     fail: tuple[int, int] | None = None
     attempt: int = 0
     restarts: dict[str, Any] | None = None
+    aggregate: str = "mean"
+    byzantine: tuple[tuple[int, str, float], ...] = ()
 
     def slowdown_of(self, rank: int) -> float:
         """The factor by which ``rank`` stretches its compute ops (1 when it is not slowed)."""

@@ -173,7 +173,8 @@ class ProcessModel:
 
 
 def build_process(plan: Plan, place: Place, groups: ProcessGroups, *, seed: int, optimizer: str,
-                  lr: float | None, device: torch.device) -> ProcessModel:
+                  lr: float | None, device: torch.device, aggregate: str = "mean",
+                  byzantine: tuple[tuple[int, str, float], ...] = (), data_seed: int = 0) -> ProcessModel:
     """Build the process's vstages (sharded under tensor and expert parallelism, their mixtures routed as the plan
     says), optimizers (sharded under ZeRO) and loss."""
     from executor.nn.optim import make_optimizer
@@ -219,10 +220,34 @@ def build_process(plan: Plan, place: Place, groups: ProcessGroups, *, seed: int,
         from executor.data_parallel import DataParallel
 
         dp = DataParallel(stages, groups.dp, layout.data_ranks, place.dp, zero=layout.zero, optimizer=optimizer,
-                          lr=lr, experts=experts)
+                          lr=lr, experts=experts, zeno=_zeno(plan, stages, aggregate, optimizer, lr, data_seed, loss),
+                          byzantine=_byzantine(byzantine, place.dp))
         return ProcessModel(stages, dp.optimizers, loss, comm, dp, ep_comm=ep_comm)
     return ProcessModel(stages, {v: make_optimizer(optimizer, stages[v].parameters(), lr) for v in vstages}, loss,
                         comm)
+
+
+def _zeno(plan: Plan, stages: Mapping[int, nn.Module], aggregate: str, optimizer: str, lr: float | None,
+          data_seed: int, loss: Callable[..., torch.Tensor]) -> Any:
+    """Zeno's aggregator over the one vstage of a data-parallel plan (``executor.zeno``), or ``None`` for the
+    mean."""
+    from executor.zeno import ZenoAggregator, parse_aggregate
+
+    rule = parse_aggregate(aggregate, plan.layout.data_ranks)
+    if rule is None:
+        return None
+    from executor.nn.optim import DEFAULT_LR
+
+    (stage,) = stages.values()
+    return ZenoAggregator(stage, rule, lr if lr is not None else DEFAULT_LR[optimizer], plan.model,
+                          plan.microbatch_size, data_seed, loss)
+
+
+def _byzantine(byzantine: tuple[tuple[int, str, float], ...], replica: int) -> Any:
+    """This replica's corruption (``executor.byzantine``), or ``None`` when it is honest."""
+    from executor.byzantine import Byzantine
+
+    return next((Byzantine(*entry) for entry in byzantine if entry[0] == replica), None)
 
 
 def _route_and_shard_experts(plan: Plan, place: Place, groups: ProcessGroups, stages: Mapping[int, nn.Module],

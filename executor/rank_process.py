@@ -185,7 +185,8 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     place = Place.of(plan.layout, rank)  # a pure pipeline: pipeline rank = rank, one replica, one shard
     groups = make_groups(plan.layout, rank)
     model = build_process(plan, place, groups, seed=options.seed, optimizer=options.optimizer, lr=options.lr,
-                          device=device)
+                          device=device, aggregate=options.aggregate, byzantine=options.byzantine,
+                          data_seed=options.data_seed)
     vstages = plan.placement.vstages_of(place.pp)
     cuts = [start for start, _ in plan.placement.vstage_layers]
     specs = boundary_specs(plan.model, cuts, plan.microbatch_size, sequence_parts=plan.layout.cp)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from executor.nn.optim import make_optimizer
+from executor.nn.optim import DEFAULT_LR, make_optimizer
 from executor.nn.stages import build_layers, loss_fn, synthetic_batch
 
 __all__ = ["ReferenceResult", "train_reference", "train_pipedream_reference", "train_subnets_sequentially"]
@@ -37,7 +37,8 @@ class ReferenceResult:
 def train_reference(spec: str, *, steps: int, num_microbatches: int, microbatch_size: int, seed: int = 0,
                     data_seed: int = 0, optimizer: str = "adam", lr: float | None = None,
                     replicas: int = 1, routing: str | None = "balanced",
-                    capacity_factor: float = 0.0) -> ReferenceResult:
+                    capacity_factor: float = 0.0, byzantine: tuple[tuple[int, str, float], ...] = (),
+                    zeno: tuple[int, float] | None = None) -> ReferenceResult:
     """Train ``spec`` for ``steps`` steps of ``num_microbatches`` microbatches each, in one process.
 
     Step ``k`` uses microbatches ``k * num_microbatches + j`` of :func:`executor.nn.stages.synthetic_batch`, as the
@@ -65,6 +66,11 @@ def train_reference(spec: str, *, steps: int, num_microbatches: int, microbatch_
             capacity factor (``executor.nn.forced_routing``): the executor forces them on every moe plan, balanced and
             dropless when the plan names none, and so does this by default; ``None``: the router's own top-k. A
             model without mixtures ignores them.
+        byzantine: ``(replica, mode, strength)`` of replicas whose gradient sum is replaced by its corruption
+            (``executor.byzantine.corrupt`` of the sum flattened in parameter order, zero-padded to a multiple of D).
+        zeno: ``(B, ρ)``: instead of averaging the D sums, score each on the step's validation batch
+            (``executor.zeno.validation_batch``): the loss now minus the loss after a step of ``lr`` along it, less
+            ρ times its squared norm; drop the B lowest, average the rest in replica order (Zeno, written out).
     """
     layers = build_layers(spec, seed=seed)
     if routing is not None:
@@ -96,17 +102,57 @@ def train_reference(spec: str, *, steps: int, num_microbatches: int, microbatch_
                 for p in params:
                     p.grad = None
         if replicas > 1:
+            for replica, mode, strength in byzantine:
+                sums[replica] = _corrupted(sums[replica], replicas, replica, mode, strength, step)
+            chosen = list(range(replicas))
+            if zeno is not None:
+                chosen = _zeno_kept(model, params, sums, zeno, spec, microbatch_size, data_seed, step,
+                                    lr if lr is not None else DEFAULT_LR[optimizer], loss)
             for k, p in enumerate(params):
-                total = sums[0][k]
-                for replica_sums in sums[1:]:
-                    total = total + replica_sums[k]
-                p.grad = total / replicas
+                total = sums[chosen[0]][k]
+                for replica in chosen[1:]:
+                    total = total + sums[replica][k]
+                p.grad = total / len(chosen)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(tuple(step_losses))
     state = {f"layers.{names[i]}.{key}": tensor.detach().clone()
              for i, layer in enumerate(layers) for key, tensor in layer.state_dict().items()}
     return ReferenceResult(state, tuple(losses))
+
+
+def _corrupted(sums: list[Tensor], replicas: int, replica: int, mode: str, strength: float, step: int
+               ) -> list[Tensor]:
+    """A Byzantine replica's sum as it sends it: corrupted flattened (padded as the executor's buffer is), split."""
+    from executor.byzantine import Byzantine, corrupt
+
+    flat = torch.cat([t.reshape(-1) for t in sums])
+    flat = torch.cat([flat, flat.new_zeros(-flat.numel() % replicas)])
+    sent = corrupt(flat, Byzantine(replica, mode, strength), step)
+    out, offset = [], 0
+    for t in sums:
+        out.append(sent[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+    return out
+
+
+def _zeno_kept(model: nn.Module, params: list[Tensor], sums: list[list[Tensor]], zeno: tuple[int, float],
+               spec: str, samples: int, data_seed: int, step: int, lr: float, loss) -> list[int]:
+    """The replicas Zeno keeps: each sum scored on the step's validation batch, the ``B`` lowest dropped."""
+    from executor.zeno import validation_batch
+
+    drop, rho = zeno
+    inputs, targets = validation_batch(spec, samples, data_seed, step)
+    names = [name for name, _ in model.named_parameters()]
+    with torch.no_grad():
+        now = float(loss(model(inputs), targets))
+        scores = []
+        for candidate in sums:
+            stepped = {name: p - lr * u for name, p, u in zip(names, params, candidate, strict=True)}
+            after = float(loss(torch.func.functional_call(model, stepped, (inputs,)), targets))
+            scores.append(now - after - rho * sum(float(u.double().pow(2).sum()) for u in candidate))
+    order = sorted(range(len(sums)), key=lambda i: (-scores[i], i))
+    return sorted(order[:len(sums) - drop])
 
 
 def _graph_layers(spec: str):

@@ -118,6 +118,12 @@ def make_parser() -> argparse.ArgumentParser:
                         "of --checkpoint-dir (executor.restart); the outputs say what died and what it cost")
     parser.add_argument("--fail", metavar="RANK@ITERATION", help="RANK kills itself (SIGKILL) before iteration "
                         "ITERATION (0-based, warm-up included) on the first attempt: a crash to test --max-restarts")
+    parser.add_argument("--aggregate", default="mean", metavar="RULE", help="how data-parallel gradients "
+                        "combine: mean (default), or zeno:B[:RHO], Zeno's suspicion-based aggregation dropping the B "
+                        "lowest-scored of the replicas' gradients each step (executor.zeno; data parallelism only)")
+    parser.add_argument("--byzantine", action="append", metavar="REPLICA:MODE[:STRENGTH]", help="a data-parallel "
+                        "replica sends corrupted gradients: sign-flip (-4 times its gradient) or noise (Gaussian, "
+                        "sigma 1) (repeatable; executor.byzantine)")
     parser.add_argument("--no-gantt", action="store_true", help="skip drawing gantt.png")
     parser.add_argument("--timeout", type=float, default=300.0, help="communication timeout in s (default 300)")
     return parser
@@ -190,6 +196,7 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
             inject = (int(rank_text), op_id)
     resume = _resume_point(args, plan, warmup, iterations)
     fail = _fail_point(args, plan, resume.first_iteration, warmup + iterations)
+    byzantine = _aggregation(args, plan)
     if not 0 <= args.max_restarts <= 10:
         raise SpecError(f"--max-restarts must be 0 to 10, got {args.max_restarts}")
     # The launcher checks a fresh run's checkpoint folder; its workers (which it tells their attempt) find this run's
@@ -228,8 +235,34 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
         gantt=not args.no_gantt, timeout_s=args.timeout, slowdown=slowdown, measure_memory=args.measure_memory,
         checkpoint_every=args.checkpoint_every or 0, checkpoint_dir=checkpoint_dir, resume_from=resume.step,
         first_iteration=first, identity=tuple(sorted(resume.identity.items())), die_in_checkpoint=die_in_checkpoint,
-        max_restarts=args.max_restarts, fail=fail,
+        max_restarts=args.max_restarts, fail=fail, aggregate=args.aggregate, byzantine=byzantine,
     )
+
+
+def _aggregation(args: argparse.Namespace, plan: Plan) -> tuple[tuple[int, str, float], ...]:
+    """``--aggregate`` and ``--byzantine`` checked against the plan; the Byzantine replicas.
+
+    Raises:
+        SpecError: naming the value and what would be valid.
+    """
+    from executor.byzantine import parse_byzantine
+    from executor.zeno import parse_aggregate
+
+    layout = plan.layout
+    replicas = layout.data_ranks
+    byzantine = tuple(parse_byzantine(entry, replicas) for flag in args.byzantine or () for entry in flag.split(",")
+                      if entry.strip())
+    if byzantine and (replicas < 2 or layout.zero == 3):
+        raise SpecError(f"--byzantine corrupts what a data-parallel replica sends when gradients are reduced; this "
+                        f"plan ({layout.describe()}) has {'no replicas' if replicas < 2 else 'ZeRO-3'}")
+    if len({b.rank for b in byzantine}) != len(byzantine):
+        raise SpecError("--byzantine names a replica twice")
+    rule = parse_aggregate(args.aggregate, max(replicas, 2))
+    if rule is not None and (replicas < 2 or plan.num_ranks != 1 or layout.tp > 1 or layout.cp > 1 or layout.ep > 1
+                             or layout.zero or plan.weight_policy != "flush"):
+        raise SpecError(f"--aggregate {args.aggregate} scores each replica's gradient with the whole model: it runs "
+                        f"on plain data parallelism (no pipeline, TP, CP, EP or ZeRO), not {layout.describe()}")
+    return tuple((b.rank, b.mode, b.strength) for b in byzantine)
 
 
 def _has_checkpoint(directory: str) -> bool:
@@ -320,6 +353,8 @@ def _check_csp_flags(args: argparse.Namespace) -> None:
             ("--resume", args.resume, "checkpoints of a csp run are not implemented yet"),
             ("--max-restarts", args.max_restarts, "checkpoints of a csp run are not implemented yet"),
             ("--fail", args.fail, "checkpoints of a csp run are not implemented yet"),
+            ("--aggregate", args.aggregate != "mean", "a csp run trains one subnet at a time, without replicas"),
+            ("--byzantine", args.byzantine, "a csp run trains one subnet at a time, without replicas"),
             ("--slowdown", args.slowdown, "the csp ranks (executor.csp) do not stretch their ops"),
             ("--measure-memory", args.measure_memory, "the csp ranks (executor.csp) do not count their memory")):
         if given:

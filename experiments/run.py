@@ -84,6 +84,12 @@ def _faults_real(argv: list[str]) -> int:
     return faults_real.main(argv)
 
 
+def _zeno(argv: list[str]) -> int:
+    from experiments import zeno
+
+    return zeno.main(argv)
+
+
 def _search_vtrain(argv: list[str]) -> int:
     from experiments import search_vtrain
 
@@ -242,6 +248,8 @@ EXPERIMENTS: dict[str, Experiment] = {
     "faults_real": Experiment("faults_real", "a straggler (--slowdown) and a crash with a restart from the checkpoint "
                               "on 2 CPU ranks, measured against their predictions", _faults_real,
                               out="runs/faults_real"),
+    "zeno": Experiment("zeno", "one Byzantine replica of four on CPU ranks: the loss of plain averaging against Zeno's "
+                       "aggregation, and what Zeno costs per step, simulated and measured", _zeno, out="runs/zeno"),
     "search_vtrain": Experiment("search_vtrain", "sim.search restricted to the configurations vTrain measured in "
                                 "each (model, GPUs, global batch) group: Spearman of its ranking and the top-1 "
                                 "regret of its pick", _search_vtrain, out="runs/search_vtrain"),
