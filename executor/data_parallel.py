@@ -178,6 +178,14 @@ class DataParallel:
             else:
                 self.optimizers[v] = make_optimizer(optimizer, params, lr)
 
+    def start_at(self, iteration: int) -> None:
+        """A run resumed at ``iteration`` (``executor.checkpoint``): the steps a Byzantine replica's noise and Zeno's
+        validation batch are drawn for continue from there (one reduction per iteration: no pipeline, one vstage)."""
+        if self.byzantine is not None or self.zeno is not None:
+            self.reductions = iteration
+            if self.zeno is not None:
+                self.zeno.step = iteration
+
     def reduce(self, v: int) -> tuple[Any, Callable[[], None]]:
         """Issue vstage v's gradient reductions (under ZeRO-2, one microbatch's); returns their work handle and what
         to do once they have completed."""

@@ -210,6 +210,8 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     # --measure-memory a count of every operator's storages, from those alive (weights, optimizer state) at the start.
     memory = PeakMemory(device, count_cpu=options.measure_memory)
     first_iteration = _resume(options, model, rank)
+    if model.data_parallel is not None:
+        model.data_parallel.start_at(first_iteration)
     checkpoint_times: list[float] = []
     iteration_spans: list[tuple[float, float]] = []  # (start, end) of each iteration, time.time(): for restarts
     with memory:

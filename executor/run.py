@@ -252,9 +252,10 @@ def _aggregation(args: argparse.Namespace, plan: Plan) -> tuple[tuple[int, str, 
     replicas = layout.data_ranks
     byzantine = tuple(parse_byzantine(entry, replicas) for flag in args.byzantine or () for entry in flag.split(",")
                       if entry.strip())
-    if byzantine and (replicas < 2 or layout.zero == 3):
-        raise SpecError(f"--byzantine corrupts what a data-parallel replica sends when gradients are reduced; this "
-                        f"plan ({layout.describe()}) has {'no replicas' if replicas < 2 else 'ZeRO-3'}")
+    if byzantine and (replicas < 2 or layout.zero >= 2):
+        raise SpecError(f"--byzantine corrupts what a data-parallel replica sends at each step's gradient reduction; "
+                        f"this plan ({layout.describe()}) has "
+                        f"{'no replicas' if replicas < 2 else f'ZeRO-{layout.zero}, which reduces per microbatch'}")
     if len({b.rank for b in byzantine}) != len(byzantine):
         raise SpecError("--byzantine names a replica twice")
     rule = parse_aggregate(args.aggregate, max(replicas, 2))

@@ -35,6 +35,9 @@ CASES = [
     ("moe-dp2-ep2-zero1-zb1p", 2, ["--dp", "2", "--ep", "2", "--zero", "1", "--global-batch", "4", "--schedule",
                                    "zb1p"], MOE, ["--optimizer", "adam"]),
     ("stream", 2, ["-m", "4", "--schedule", "stream"], STREAM_MODEL, ["--optimizer", "sgd", "--lr", "0.05"]),
+    # Zeno with a noisy Byzantine replica: the validation batches and the noise continue from the checkpoint's step.
+    ("dp2-zeno-byzantine", 2, ["--dp", "2", "--global-batch", "4"], SPEC,
+     ["--optimizer", "sgd", "--aggregate", "zeno:1", "--byzantine", "1:noise"]),
 ]
 
 

@@ -1,6 +1,7 @@
 """Byzantine replicas and Zeno (``executor.run --byzantine``, ``--aggregate zeno:B``): on 4 gloo ranks of data
-parallelism with one replica sending −4 times its gradient, plain averaging and Zeno each train as the single-process
-reference that writes the same rule out does (``executor.reference.train_reference`` with ``byzantine`` and
+parallelism with one replica sending −4 times its gradient, Zeno trains as the single-process reference that writes
+the same rule out does (plain averaging is the ``mean`` case of the same code path; one real run keeps the suite
+short) (``executor.reference.train_reference`` with ``byzantine`` and
 ``zeno``); Zeno drops the bad replica and ends near clean training, averaging does not; bad flags are refused."""
 
 import json
@@ -30,7 +31,7 @@ def plan_path(tmp_path_factory):
     return tmp / "sim" / "plan.json"
 
 
-@pytest.mark.parametrize("aggregate", ["mean", "zeno:1"])
+@pytest.mark.parametrize("aggregate", ["zeno:1"])
 def test_a_byzantine_replica_trains_as_the_reference_writes_the_rule(tmp_path, plan_path, aggregate):
     plan = Plan.loads(plan_path.read_text())
     result = execute(plan_path, tmp_path / "run", "--warmup", str(WARMUP), "--iterations", str(ITERATIONS),
