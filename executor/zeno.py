@@ -101,6 +101,7 @@ class ZenoAggregator:
         rule: B and ρ.
         lr: γ, the learning rate.
         spec, samples, data_seed: what :func:`validation_batch` draws.
+        loss: ``(model output, targets) -> scalar``, the model's loss.
     """
 
     def __init__(self, model: nn.Module, rule: ZenoRule, lr: float, spec: str, samples: int, data_seed: int,
@@ -108,7 +109,7 @@ class ZenoAggregator:
         self.model, self.rule, self.lr = model, rule, lr
         self.spec, self.samples, self.data_seed, self.loss = spec, samples, data_seed, loss
         self.step = 0
-        self.dropped: list[list[int]] = []  # per step, the replicas dropped (for the outputs and tests)
+        self.dropped: list[list[int]] = []  # per step, the replicas dropped (what a caller may inspect)
 
     def aggregate(self, named: list[tuple[str, nn.Parameter]], candidates: list[list[Tensor]]) -> list[Tensor]:
         """The mean of the kept candidates, one tensor per parameter of ``named`` (the model's, by name)."""
