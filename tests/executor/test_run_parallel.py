@@ -173,7 +173,6 @@ MOE_EP = ("moe:layers=2,hidden=32,heads=4,kv_heads=2,head_dim=8,ffn=48,vocab=50,
 
 
 @pytest.mark.parametrize("flags, devices", [
-    (["--dp", "2", "--ep", "2"], 2),
     # 4 replicas, experts over 2: each block held twice, its gradients reduced over that pair; ZeRO-1 shards the
     # experts' optimizer state over the pair and the rest over all four; a skew routes 3/4 of the slots unevenly.
     (["--dp", "4", "--ep", "2", "--zero", "1", "--routing", "skew:1.5:3"], 4),
@@ -181,7 +180,7 @@ MOE_EP = ("moe:layers=2,hidden=32,heads=4,kv_heads=2,head_dim=8,ffn=48,vocab=50,
     # factor that drops the hot experts' overflow, and DeepSeek-style sigmoid routing with a dense first layer.
     (["--pp", "2", "--dp", "2", "--ep", "2", "--schedule", "zb1p", "--recompute", "--routing", "skew:2:1",
       "--capacity-factor", "1.0"], 4),
-], ids=["dp2-ep2", "dp4-ep2-zero1-skew", "pp2-dp2-ep2-zb1p-recompute-capacity"])
+], ids=["dp4-ep2-zero1-skew", "pp2-dp2-ep2-zb1p-recompute-capacity"])
 def test_a_mixture_with_expert_parallelism_trains_like_one_process(tmp_path, flags, devices):
     spec = MOE_EP if "--pp" not in flags else MOE_EP.replace("layers=2", "layers=3") + ",dense_layers=1,sigmoid=1"
     replicas = int(flags[flags.index("--dp") + 1])
