@@ -152,7 +152,8 @@ def _checkpoint_after(options: RunOptions, model: ProcessModel, rank: int, done:
     assert options.checkpoint_dir is not None
     state = capture(model.stages, model.optimizers, fully_sharded=model.fully_sharded is not None,
                     next_iteration=done)
-    write_shard(options.checkpoint_dir, done, rank, state, die_midway=options.die_in_checkpoint == (rank, done))
+    write_shard(options.checkpoint_dir, done, rank, state,
+                die_midway=options.die_in_checkpoint == (rank, done) and options.attempt == 0)
     dist.barrier()  # every shard is in place before the marker says so
     if rank == 0:
         complete(options.checkpoint_dir, done, dict(options.identity))

@@ -1,7 +1,7 @@
 """Checkpoint and resume (``executor.run --checkpoint-every K --checkpoint-dir DIR``, ``--resume DIR``): a run resumed
 from a checkpoint ends with parameters bitwise equal to the run that was never interrupted, across schedules and
-DP/ZeRO/EP plans, a pipeline and a PARTIME stream; a rank killed while writing leaves the previous checkpoint whole
-and the resume uses it; a checkpoint of another run is refused before launch.
+DP/ZeRO/EP plans and a PARTIME stream; a checkpoint of another run is refused before launch. (A rank killed while
+writing its shard, and the restart from the checkpoint before: ``tests/executor/test_restart.py``.)
 
 Each case runs once uninterrupted with checkpoints after iterations 2 and 4 of 4, then the newest checkpoint is
 deleted, as if the run had died after its fourth iteration but before that checkpoint, and a second run resumes
@@ -29,7 +29,7 @@ STREAM_MODEL = "cnn:layers=4,features=4,kernel=3,size=16"
 CASES = [
     # FSDP (ZeRO-3), whose parameters are the optimizer's shards; a mixture under EP 2 × DP 2 with ZeRO-1 (dense and
     # expert slices) and a split backward; a PARTIME stream, which updates after every backward and continues its
-    # video where the checkpoint left it. (A 1F1B pipeline with Adam resumes in the torn-checkpoint test below.)
+    # video where the checkpoint left it. (A 1F1B pipeline with Adam resumes in tests/executor/test_restart.py.)
     ("dp2-zero3-adam", 2, ["--dp", "2", "--global-batch", "4", "--zero", "3"], SPEC, ["--optimizer", "adam"]),
     ("moe-dp2-ep2-zero1-zb1p", 2, ["--dp", "2", "--ep", "2", "--zero", "1", "--global-batch", "4", "--schedule",
                                    "zb1p"], MOE, ["--optimizer", "adam"]),
@@ -69,28 +69,6 @@ def test_a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does(tmp_path, n
         whole_losses = json.loads((tmp_path / "whole" / "metrics.json").read_text())["measurement"]["losses"]
         resumed_losses = json.loads((tmp_path / "resumed" / "metrics.json").read_text())["measurement"]["losses"]
         assert resumed_losses == whole_losses[-2:]
-
-
-def test_a_rank_killed_while_writing_leaves_the_previous_checkpoint_whole(tmp_path):
-    plan_path = sim_plan(tmp_path / "sim", 2, 2)
-    plan = Plan.loads(plan_path.read_text())
-    _run(plan_path, tmp_path / "whole", "--warmup", "0", "--iterations", "3", "--optimizer", "adam", "--save-state",
-         str(tmp_path / "whole-state"))
-    checkpoints = tmp_path / "checkpoints"
-    # Rank 1 kills itself (SIGKILL) halfway through writing its shard of the checkpoint after iteration 2.
-    died = execute(plan_path, tmp_path / "died", "--no-gantt", "--threads", "1", "--warmup", "0", "--iterations", "3",
-                   "--optimizer", "adam", "--checkpoint-every", "1", "--checkpoint-dir", str(checkpoints),
-                   "--inject-failure", "1:checkpoint@2")
-    assert died.returncode != 0 and "rank 1" in died.stderr, died.stderr
-    torn = checkpoints / "step-000000002"
-    assert not (torn / "COMPLETE.json").exists() and not (torn / "rank-00001.pt").exists()
-    assert (checkpoints / "step-000000001" / "COMPLETE.json").exists()
-    resumed = _run(plan_path, tmp_path / "resumed", "--warmup", "0", "--iterations", "3", "--optimizer", "adam",
-                   "--resume", str(checkpoints), "--save-state", str(tmp_path / "resumed-state"))
-    assert "0 warm-up + 2 measured iterations" in resumed.stdout
-    whole = merged_state(tmp_path / "whole-state", plan.num_vstages)
-    again = merged_state(tmp_path / "resumed-state", plan.num_vstages)
-    assert all(torch.equal(again[key], value) for key, value in whole.items())
 
 
 @pytest.fixture(scope="module")
