@@ -114,7 +114,7 @@ def simulate_recovery(run: LongRun, recovery: Recovery, rng: np.random.Generator
         step = run.iteration_s * factor
         boundary = min(every - done % every, run.iterations - done)  # iterations to the next checkpoint
         until = min(strike, returns[0]) if returns else strike
-        batch = min(boundary, int((until - now) // step))
+        batch = boundary if math.isinf(until) else min(boundary, int((until - now) // step))  # inf: none to come
         if batch > 0:
             now += batch * step
             compute += batch * run.iteration_s

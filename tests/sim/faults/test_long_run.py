@@ -10,22 +10,9 @@ from sim.core.errors import SpecError
 from sim.faults.checkpoint import CheckpointCost
 from sim.faults.failure_mix import FailureCause, FailureMix
 from sim.faults.interval import expected_wall_time
-from sim.faults.long_run import LongRun, expected_long_run, simulate_long_run
+from sim.faults.long_run import LongRun, ScriptedFailures, expected_long_run, simulate_long_run
 
 ONE_CAUSE = FailureMix("test", (FailureCause("any", "test", 1),))
-
-
-class Scripted:
-    """A generator whose exponential draws are given in order (failure times), and whose cause is always 0."""
-
-    def __init__(self, draws):
-        self.draws = list(draws)
-
-    def exponential(self, scale):
-        return self.draws.pop(0)
-
-    def choice(self, n, p):
-        return 0
 
 
 def _sync(blocking, load=0.0):
@@ -37,7 +24,7 @@ def test_a_scripted_run_loses_the_work_since_the_last_checkpoint_and_restarts():
     run = LongRun(1.0, 10, 5, _sync(1.0, load=0.5), 100.0, 2.0, ONE_CAUSE)
     # Segment 1 (6 s) survives a draw of 8 (2 s left); segment 2 fails 2 s in, at t = 8: 2 s of work lost; the restart
     # (2.5 s) survives a draw of 50; segment 2 again survives a draw of 7.
-    result = simulate_long_run(run, Scripted([8.0, 50.0, 7.0]))
+    result = simulate_long_run(run, ScriptedFailures([8.0, 50.0, 7.0]))
     assert [f.time_s for f in result.failures] == [8.0] and result.failures[0].lost_s == 2.0
     assert result.wall_s == 6.0 + 2.0 + 2.5 + 6.0
     assert (result.productive_s, result.lost_work_s, result.checkpoint_s, result.restart_s) == (10.0, 2.0, 2.0, 2.5)
@@ -48,7 +35,7 @@ def test_a_failure_during_a_restart_starts_it_over_and_one_during_a_checkpoint_l
     run = LongRun(1.0, 4, 2, _sync(1.0), 100.0, 3.0, ONE_CAUSE)
     # Segment 1 (3 s) fails 2.5 s in, inside its checkpoint: 2 s of work and 0.5 s of checkpoint lost. The restart
     # (3 s) fails 1 s in and starts over (draw 9 survives). Then two segments survive.
-    result = simulate_long_run(run, Scripted([2.5, 1.0, 9.0, 10.0, 10.0]))
+    result = simulate_long_run(run, ScriptedFailures([2.5, 1.0, 9.0, 10.0, 10.0]))
     assert [(f.time_s, f.during_restart, f.down_s) for f in result.failures] == [(2.5, False, 1.0), (3.5, True, 3.0)]
     assert result.wall_s == 2.5 + 1.0 + 3.0 + 3.0 + 3.0
     assert (result.lost_work_s, result.checkpoint_s, result.restart_s) == (2.0, 2.5, 4.0)
@@ -60,7 +47,7 @@ def test_an_asynchronous_checkpoint_is_lost_when_a_failure_strikes_before_it_is_
     # The first failure is drawn 4 s away. Segment 1 ends at 2.5 (its checkpoint durable at 5.5); segment 2 would
     # stall until 5.5 before its snapshot, but the failure strikes at 4: checkpoint 1 was not durable yet, so the
     # 2 s of segment 1 are lost with the 1.5 s of segment 2. Nothing fails afterwards.
-    result = simulate_long_run(run, Scripted([4.0, 50.0, 50.0]))
+    result = simulate_long_run(run, ScriptedFailures([4.0, 50.0, 50.0]))
     assert result.failures[0].time_s == 4.0 and result.failures[0].lost_s == 2.0 + 1.5
     assert result.checkpoints == 2 and result.productive_s == 4.0
 

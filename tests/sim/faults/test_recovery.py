@@ -7,23 +7,10 @@ import pytest
 
 from sim.faults.checkpoint import CheckpointCost
 from sim.faults.failure_mix import FailureCause, FailureMix, builtin_mix
-from sim.faults.long_run import LongRun, simulate_long_run
+from sim.faults.long_run import LongRun, ScriptedFailures, simulate_long_run
 from sim.faults.recovery import RESTART, Recovery, drop_replica, oobleck, recycle, simulate_recovery
 
 ONE_CAUSE = FailureMix("test", (FailureCause("any", "test", 1),))
-
-
-class Scripted:
-    """Failure times from a list (the times between failures, in order); cause 0."""
-
-    def __init__(self, draws):
-        self.draws = list(draws)
-
-    def exponential(self, scale):
-        return self.draws.pop(0) if self.draws else 1e18
-
-    def choice(self, n, p):
-        return 0
 
 
 def test_a_continuing_policy_loses_the_interrupted_iteration_and_runs_degraded_until_repaired():
@@ -31,7 +18,7 @@ def test_a_continuing_policy_loses_the_interrupted_iteration_and_runs_degraded_u
     # 1 s to reconfigure, then iterations at 2 s each until the capacity returns 4 s later (at t = 7.5).
     run = LongRun(1.0, 10, 5, CheckpointCost(1, 0.5, 0.0, 0.0), 1e9, 3.0, ONE_CAUSE)
     policy = Recovery("drop-replica", (2.0,), reconfigure_s=1.0, repair_s=4.0)
-    result = simulate_recovery(run, policy, Scripted([2.5]))
+    result = simulate_recovery(run, policy, ScriptedFailures([2.5]))
     # t = 3.5: iterations 3 and 4 at 2 s end at 7.5; the 5th completes at 8.5 (back to 1 s: capacity returned at 7.5),
     # then its checkpoint (0.5), iterations 6-10 (5 s) and their checkpoint (0.5): 14.5 s.
     assert result.wall_s == pytest.approx(2.5 + 1.0 + 4.0 + 1.0 + 0.5 + 5.0 + 0.5)
@@ -45,7 +32,7 @@ def test_beyond_what_it_tolerates_it_restarts_from_the_checkpoint():
     one = Recovery("drop-replica", (2.0,), reconfigure_s=1.0, repair_s=100.0)
     # First failure at 6.0 (after the checkpoint at 5.5): absorbed, degraded from 7.0. Second 1.0 later: restart from
     # iteration 5 (3 s + 0.25 s load), the degraded iteration in flight lost with nothing else.
-    result = simulate_recovery(run, one, Scripted([6.0, 1.0]))
+    result = simulate_recovery(run, one, ScriptedFailures([6.0, 1.0]))
     assert [f.down_s for f in result.failures] == [1.0, 3.25]
     assert result.checkpoints == 2 and result.productive_s == 10.0
 
