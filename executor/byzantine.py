@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from executor.nn.seeds import derive_seed
 from sim.core.errors import SpecError
 
 __all__ = ["MODES", "Byzantine", "parse_byzantine", "corrupt"]
@@ -74,6 +75,6 @@ def corrupt(gradient: Tensor, byzantine: Byzantine, iteration: int) -> Tensor:
     """What the Byzantine replica sends instead of ``gradient`` (a new tensor) in ``iteration``."""
     if byzantine.mode == "sign-flip":
         return gradient * -byzantine.strength
-    generator = torch.Generator(device="cpu").manual_seed(1_000_003 * (byzantine.rank + 1) + iteration)
+    generator = torch.Generator(device="cpu").manual_seed(derive_seed(f"byzantine-{byzantine.rank}", 0, iteration))
     noise = torch.randn(gradient.shape, generator=generator, dtype=gradient.dtype)
     return (noise * byzantine.strength).to(gradient.device)

@@ -169,13 +169,13 @@ def latest(directory: str | Path) -> Checkpoint | None:
     return None
 
 
-def read_shard(checkpoint: Checkpoint, rank: int) -> dict[str, Any]:
-    """Process ``rank``'s shard of ``checkpoint``.
+def read_shard(step: str | Path, rank: int) -> dict[str, Any]:
+    """Process ``rank``'s shard of the checkpoint in step directory ``step``.
 
     Raises:
         SpecError: the shard is missing.
     """
-    path = checkpoint.path / f"rank-{rank:05d}.pt"
+    path = Path(step) / f"rank-{rank:05d}.pt"
     if not path.is_file():
-        raise SpecError(f"checkpoint {checkpoint.path} has no shard for rank {rank} ({path.name})")
+        raise SpecError(f"checkpoint {step} has no shard for rank {rank} ({path.name})")
     return torch.load(path, map_location="cpu", weights_only=True)

@@ -26,7 +26,6 @@ import time
 import traceback
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -131,9 +130,9 @@ def _resume(options: RunOptions, model: ProcessModel, rank: int) -> int:
     starts at."""
     if options.resume_from is None:
         return 0
-    from executor.checkpoint import Checkpoint, read_shard, restore
+    from executor.checkpoint import read_shard, restore
 
-    shard = read_shard(Checkpoint(Path(options.resume_from), options.first_iteration, {}), rank)
+    shard = read_shard(options.resume_from, rank)
     resumed = restore(model.stages, model.optimizers, shard, fully_sharded=model.fully_sharded is not None)
     if resumed != options.first_iteration:
         raise SpecError(f"rank {rank}'s shard of {options.resume_from} resumes at iteration {resumed}, its marker "

@@ -109,7 +109,6 @@ class ZenoAggregator:
         self.model, self.rule, self.lr = model, rule, lr
         self.spec, self.samples, self.data_seed, self.loss = spec, samples, data_seed, loss
         self.step = 0
-        self.dropped: list[list[int]] = []  # per step, the replicas dropped (what a caller may inspect)
 
     def aggregate(self, named: list[tuple[str, nn.Parameter]], candidates: list[list[Tensor]]) -> list[Tensor]:
         """The mean of the kept candidates, one tensor per parameter of ``named`` (the model's, by name)."""
@@ -122,7 +121,6 @@ class ZenoAggregator:
             return float(self.loss(out, targets))
 
         kept = keep(scores(evaluate, named, candidates, self.lr, self.rule.rho), self.rule.drop)
-        self.dropped.append([i for i in range(len(candidates)) if i not in kept])
         self.step += 1
         mean = []
         for k in range(len(named)):

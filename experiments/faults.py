@@ -33,12 +33,13 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.engine.perturbation import Perturbation, Straggler
 from sim.faults.checkpoint import checkpoint_cost
 from sim.faults.failure_mix import builtin_mix, job_mtbf_s
 from sim.faults.interval import young_interval
-from sim.faults.long_run import LongRun, expected_long_run
+from sim.faults.long_run import LongRun, LongRunResult, expected_long_run
 from sim.faults.recovery import POLICIES, RESTART, Recovery, drop_replica, oobleck, recycle, simulate_recovery
 from sim.models import build_model
 from sim.plan.build import BuiltPlan, build_plan
@@ -120,7 +121,7 @@ def policies(gpus: int) -> tuple[Recovery, ...]:
             oobleck(gpus, 8, reconfigure_s=RECONFIGURE_S))
 
 
-def _best(run: LongRun, recovery: Recovery) -> tuple[LongRun, object]:
+def _best(run: LongRun, recovery: Recovery) -> tuple[LongRun, LongRunResult]:
     """The run at the interval of :data:`INTERVALS` with the least expected wall time under ``recovery``."""
     young = young_interval(run.checkpoint.blocking_s, run.mtbf_s) / run.iteration_s
 
@@ -133,7 +134,7 @@ def _best(run: LongRun, recovery: Recovery) -> tuple[LongRun, object]:
         candidate = replace(run, checkpoint_every=every)
         try:
             result = expected_long_run(candidate, trials=TRIALS, seed=0, simulate=simulate)
-        except Exception:  # noqa: BLE001 - an interval too long to finish is no candidate (sim.faults refuses it)
+        except SpecError:  # an interval too long to finish is no candidate (sim.faults.long_run refuses it)
             continue
         if best is None or result.wall_s < best[1].wall_s:
             best = (candidate, result)

@@ -1,8 +1,7 @@
 """Byzantine replicas and Zeno (``executor.run --byzantine``, ``--aggregate zeno:B``): on 4 gloo ranks of data
 parallelism with one replica sending −4 times its gradient, Zeno trains as the single-process reference that writes
-the same rule out does (plain averaging is the ``mean`` case of the same code path; one real run keeps the suite
-short) (``executor.reference.train_reference`` with ``byzantine`` and
-``zeno``); Zeno drops the bad replica and ends near clean training, averaging does not; bad flags are refused."""
+the same rule out does (``executor.reference.train_reference`` with ``byzantine`` and ``zeno``), and ends away from
+where averaging the same gradients would; bad flags are refused."""
 
 import json
 
@@ -31,27 +30,20 @@ def plan_path(tmp_path_factory):
     return tmp / "sim" / "plan.json"
 
 
-@pytest.mark.parametrize("aggregate", ["zeno:1"])
-def test_a_byzantine_replica_trains_as_the_reference_writes_the_rule(tmp_path, plan_path, aggregate):
+def test_a_byzantine_replica_trains_as_the_reference_writes_zeno(tmp_path, plan_path):
     plan = Plan.loads(plan_path.read_text())
     result = execute(plan_path, tmp_path / "run", "--warmup", str(WARMUP), "--iterations", str(ITERATIONS),
-                     "--optimizer", "sgd", "--byzantine", "3:sign-flip", "--aggregate", aggregate, "--save-state",
+                     "--optimizer", "sgd", "--byzantine", "3:sign-flip", "--aggregate", "zeno:1", "--save-state",
                      str(tmp_path / "state"), "--no-gantt", "--threads", "1")
     assert result.returncode == 0, result.stderr
-    zeno = (1, 0.0) if aggregate != "mean" else None
-    reference = train_reference(SPEC, steps=WARMUP + ITERATIONS, num_microbatches=plan.num_microbatches,
-                                microbatch_size=1, optimizer="sgd", replicas=4, byzantine=(BAD,), zeno=zeno)
+    steps = dict(steps=WARMUP + ITERATIONS, num_microbatches=plan.num_microbatches, microbatch_size=1, optimizer="sgd",
+                 replicas=4, byzantine=(BAD,))
+    reference = train_reference(SPEC, **steps, zeno=(1, 0.0))
     merged = merged_state(tmp_path / "state", plan.num_vstages)
     assert_state_equals(merged, reference.state, atol=1e-7)
-    clean = train_reference(SPEC, steps=WARMUP + ITERATIONS, num_microbatches=plan.num_microbatches,
-                            microbatch_size=1, optimizer="sgd", replicas=4)
-    honest = train_reference(SPEC, steps=WARMUP + ITERATIONS, num_microbatches=plan.num_microbatches,
-                             microbatch_size=1, optimizer="sgd", replicas=4, byzantine=(BAD,), zeno=(1, 0.0))
-    drift = max((merged[k] - clean.state[k]).abs().max().item() for k in clean.state)
-    honest_drift = max((honest.state[k] - clean.state[k]).abs().max().item() for k in clean.state)
-    # Averaging lets the bad replica pull the weights further from clean training than Zeno's choice of the three
-    # honest ones does (which differs from clean training only by leaving replica 3's data out).
-    assert (drift > honest_drift) if aggregate == "mean" else drift == pytest.approx(honest_drift, abs=1e-7)
+    # Zeno changed the outcome: averaging the same four gradients, the bad one among them, ends elsewhere.
+    averaged = train_reference(SPEC, **steps)
+    assert max((merged[k] - averaged.state[k]).abs().max().item() for k in averaged.state) > 100 * 1e-7
     losses = json.loads((tmp_path / "run" / "metrics.json").read_text())["measurement"]["losses"]
     assert len(losses) == WARMUP + ITERATIONS
 
