@@ -154,7 +154,7 @@ class DataParallel:
                  optimizer: str, lr: float | None,
                  experts: tuple[ReductionGroup, Callable[[str], bool]] | None = None, zeno: Any = None,
                  byzantine: Any = None) -> None:
-        self.size, self.zero, self.zeno, self.byzantine = size, zero, zeno, byzantine
+        self.zero, self.zeno, self.byzantine = zero, zeno, byzantine
         self.reductions = 0  # REDUCE_GRAD ops issued: the step a Byzantine replica's noise is drawn for
         self.named = {v: list(stage.named_parameters()) for v, stage in stages.items()}
         self.buckets: dict[int, list[_Bucket]] = {}
