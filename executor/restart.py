@@ -66,9 +66,10 @@ def after_restart(options: RunOptions, attempt: int) -> RunOptions:
                    iterations=end - max(first, warmup_end), attempt=attempt)
 
 
-def die_if_failing(options: RunOptions, rank: int, iteration: int) -> None:
+def die_if_failing(options: RunOptions, rank: int, iteration: int, unit: str = "iteration") -> None:
     """``--fail RANK@ITERATION``: on the first attempt only, rank RANK records its death and kills itself (SIGKILL)
-    before running iteration ITERATION (0-based), as a crashed host would."""
+    before running iteration ITERATION (0-based; ``unit``: what the run's iterations are, a csp run's subnets), as a
+    crashed host would."""
     if options.fail != (rank, iteration) or options.attempt != 0:
         return
     from sim.core.fileio import write_json_atomic
@@ -76,7 +77,7 @@ def die_if_failing(options: RunOptions, rank: int, iteration: int) -> None:
     directory = os.environ.get(FAILURE_DIR_ENV)
     if directory:
         write_json_atomic({"rank": rank, "iteration": iteration, "time": time.time(), "signal": "SIGKILL",
-                           "message": f"rank {rank} was killed (SIGKILL, --fail {rank}@{iteration}) before iteration "
+                           "message": f"rank {rank} was killed (SIGKILL, --fail {rank}@{iteration}) before {unit} "
                                       f"{iteration}"}, Path(directory, f"killed-rank{rank}.json"))
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -105,7 +105,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "so it is off by default); compare.json lists it beside the predicted peak. CUDA ranks always "
                         "report theirs")
     parser.add_argument("--checkpoint-every", type=int, metavar="K", help="write a checkpoint of every rank's "
-                        "training state after every K iterations, warm-up included (executor.checkpoint); needs "
+                        "training state after every K iterations, warm-up included (executor.checkpoint; a csp "
+                        "plan's iterations are its subnets, and its pipeline drains at each); needs "
                         "--checkpoint-dir")
     parser.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go (one step-N folder each; the two "
                         "newest complete ones are kept)")
@@ -117,7 +118,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "group up to R times (0 to 10), each restart continuing from the newest complete checkpoint "
                         "of --checkpoint-dir (executor.restart); the outputs say what died and what it cost")
     parser.add_argument("--fail", metavar="RANK@ITERATION", help="RANK kills itself (SIGKILL) before iteration "
-                        "ITERATION (0-based, warm-up included) on the first attempt: a crash to test --max-restarts")
+                        "ITERATION (0-based, warm-up included; a csp plan's subnet) on the first attempt: a crash to "
+                        "test --max-restarts")
     parser.add_argument("--aggregate", default="mean", metavar="RULE", help="how data-parallel gradients "
                         "combine: mean (default), or zeno:B[:RHO], Zeno's suspicion-based aggregation dropping the B "
                         "lowest-scored of the replicas' gradients each step (executor.zeno; data parallelism only)")
@@ -168,8 +170,9 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
     elif args.reference:
         raise SpecError(f"--reference trains a csp plan's subnets one by one; {args.plan} is a {plan.schedule} plan "
                         f"(its single-process reference is in the tests: executor.reference)")
-    iterations = args.iterations if args.iterations is not None else 1 if csp else 5
-    warmup = args.warmup if args.warmup is not None else 0 if csp else 2
+    # A csp run's iterations are its subnets, each one training step (what checkpoints, --resume and --fail count).
+    iterations = plan.num_microbatches if csp else args.iterations if args.iterations is not None else 5
+    warmup = 0 if csp else args.warmup if args.warmup is not None else 2
     for name, value in (("iterations", iterations), ("threads", args.threads)):
         if value is not None and value < 1:
             raise SpecError(f"--{name} must be >= 1, got {value}")
@@ -187,15 +190,16 @@ def _options(args: argparse.Namespace, plan: Plan, topology: Topology) -> RunOpt
         if op_id.startswith("checkpoint@"):
             when = op_id.partition("@")[2]
             if not when.isdigit() or not args.checkpoint_every or int(when) % args.checkpoint_every:
-                raise SpecError(f"--inject-failure {args.inject_failure!r}: ITERATION must be one after which a "
-                                f"checkpoint is written (a multiple of --checkpoint-every)")
+                raise SpecError(f"--inject-failure {args.inject_failure!r}: {'SUBNET' if csp else 'ITERATION'} must "
+                                f"be one after which a checkpoint is written (a multiple of --checkpoint-every)")
             die_in_checkpoint = (int(rank_text), int(when))
         elif op_id not in {op.id for op in plan.programs[plan.layout.coords(int(rank_text))[0]]}:
             raise SpecError(f"--inject-failure {args.inject_failure!r}: rank {rank_text} has no op {op_id!r}")
         else:
             inject = (int(rank_text), op_id)
-    resume = _resume_point(args, plan, warmup, iterations)
-    fail = _fail_point(args, plan, resume.first_iteration, warmup + iterations)
+    unit = "subnets" if csp else "iterations"
+    resume = _resume_point(args, plan, warmup, iterations, unit)
+    fail = _fail_point(args, plan, resume.first_iteration, warmup + iterations, unit)
     byzantine = _aggregation(args, plan)
     if not 0 <= args.max_restarts <= 10:
         raise SpecError(f"--max-restarts must be 0 to 10, got {args.max_restarts}")
@@ -272,8 +276,9 @@ def _has_checkpoint(directory: str) -> bool:
     return latest(directory) is not None
 
 
-def _fail_point(args: argparse.Namespace, plan: Plan, first: int, total: int) -> tuple[int, int] | None:
-    """``--fail RANK@ITERATION`` checked: a rank of the plan, an iteration this run will start.
+def _fail_point(args: argparse.Namespace, plan: Plan, first: int, total: int, unit: str) -> tuple[int, int] | None:
+    """``--fail RANK@ITERATION`` checked: a rank of the plan, an iteration (``unit``: a csp run's are subnets) this
+    run will start.
 
     Raises:
         SpecError: naming the value and what would be valid.
@@ -287,7 +292,7 @@ def _fail_point(args: argparse.Namespace, plan: Plan, first: int, total: int) ->
     if rank >= plan.world_size:
         raise SpecError(f"--fail {args.fail}: the rank must be 0..{plan.world_size - 1}")
     if not first <= iteration < total:
-        raise SpecError(f"--fail {args.fail}: the run starts iterations {first} to {total - 1}; name one of them")
+        raise SpecError(f"--fail {args.fail}: the run starts {unit} {first} to {total - 1}; name one of them")
     return rank, iteration
 
 
@@ -301,9 +306,9 @@ class _ResumePoint:
     identity: dict
 
 
-def _resume_point(args: argparse.Namespace, plan: Plan, warmup: int, iterations: int) -> _ResumePoint:
+def _resume_point(args: argparse.Namespace, plan: Plan, warmup: int, iterations: int, unit: str) -> _ResumePoint:
     """Check ``--checkpoint-every``, ``--checkpoint-dir`` and ``--resume`` before launch, and find the checkpoint a
-    resumed run continues from.
+    resumed run continues from (``unit``: what the run's iterations are, ``"subnets"`` for a csp plan).
 
     Raises:
         SpecError: a flag without its partner, no complete checkpoint, a checkpoint of another run (naming what
@@ -335,25 +340,26 @@ def _resume_point(args: argparse.Namespace, plan: Plan, warmup: int, iterations:
         raise SpecError(f"--resume {args.resume}: {checkpoint.path.name} is of another run ({'; '.join(differs)})")
     total = warmup + iterations
     if checkpoint.iteration >= total:
-        raise SpecError(f"--resume {args.resume}: {checkpoint.path.name} has done {checkpoint.iteration} iterations, "
-                        f"the run's total is {total} (--warmup {warmup} + --iterations {iterations}); nothing is left")
+        of = f"the plan's {total} subnets" if unit == "subnets" else \
+            f"the run's total is {total} (--warmup {warmup} + --iterations {iterations})"
+        raise SpecError(f"--resume {args.resume}: {checkpoint.path.name} has done {checkpoint.iteration} {unit}, "
+                        f"{of}; nothing is left")
     return _ResumePoint(checkpoint.iteration, str(checkpoint.path.resolve()),
                         str(Path(directory).resolve()) if every else None, identity)
 
 
 def _check_csp_flags(args: argparse.Namespace) -> None:
     """A csp plan trains its subnet sequence once, online; flags about repeated iterations, calibration, a profile
-    or a scripted failure at a fixed op have no meaning for it and are refused rather than ignored."""
+    or a scripted failure at a fixed op have no meaning for it and are refused rather than ignored. (Checkpoints,
+    resume, restarts and ``--fail`` count its subnets.)"""
     for flag, given, why in (
             ("--iterations", args.iterations not in (None, 1), "a csp plan trains its subnet sequence once"),
             ("--warmup", args.warmup not in (None, 0), "a csp plan trains its subnet sequence once"),
             ("--calibrate-out", args.calibrate_out, "a profile times one model's layers; subnets differ"),
             ("--profile", args.profile, "csp is predicted with the roofline of each subnet's candidates"),
-            ("--inject-failure", args.inject_failure, "a csp plan has no fixed ops to fail at"),
-            ("--checkpoint-every", args.checkpoint_every, "checkpoints of a csp run are not implemented yet"),
-            ("--resume", args.resume, "checkpoints of a csp run are not implemented yet"),
-            ("--max-restarts", args.max_restarts, "checkpoints of a csp run are not implemented yet"),
-            ("--fail", args.fail, "checkpoints of a csp run are not implemented yet"),
+            ("--inject-failure", args.inject_failure and ":checkpoint@" not in args.inject_failure,
+             "a csp plan has no fixed ops to fail at (RANK:checkpoint@SUBNET applies; --fail RANK@SUBNET crashes a "
+             "rank)"),
             ("--aggregate", args.aggregate != "mean", "a csp run trains one subnet at a time, without replicas"),
             ("--byzantine", args.byzantine, "a csp run trains one subnet at a time, without replicas"),
             ("--slowdown", args.slowdown, "the csp ranks (executor.csp) do not stretch their ops"),
@@ -521,7 +527,11 @@ def _run(argv: list[str] | None) -> int:
         # Bitwise equality with the reference needs the same kernels on every rank: one intra-op thread each.
         os.environ.setdefault("OMP_NUM_THREADS", str(options.threads))
         print(f"running csp plan {args.plan}: {plan.num_ranks} ranks, backend {options.backend}, "
-              f"{plan.num_microbatches} subnets once")
+              f"{plan.num_microbatches} subnets once"
+              + (f", resuming after subnet {options.first_iteration} from {options.resume_from}"
+                 if options.resume_from else "")
+              + (f"; a checkpoint every {options.checkpoint_every} subnets into {options.checkpoint_dir} (the "
+                 f"pipeline drains at each)" if options.checkpoint_every else ""))
     else:
         ranks = f"{plan.num_ranks} ranks" if plan.parallel is None else plan.layout.describe()
         print(f"running {plan.schedule} plan {args.plan}: {ranks}, backend {options.backend}, "

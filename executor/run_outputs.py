@@ -47,7 +47,7 @@ from sim.report.metrics import compute_metrics, plan_header
 from sim.report.outputs import format_summary, write_run_outputs
 from sim.report.stream import format_stream_summary, stream_metrics
 
-__all__ = ["finish_run", "prediction_profile"]
+__all__ = ["finish_run", "prediction_profile", "restart_line"]
 
 
 def prediction_profile(plan, explicit: str | None) -> str | None:
@@ -166,7 +166,7 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
         print(f"emulated slowdown: {describe_slowdown(options.slowdown)} (compute ops stretched by sleeping; the "
               f"prediction is the plan's own)")
     if options.restarts is not None:
-        print(_restart_line(options.restarts))
+        print(restart_line(options.restarts))
     _print_compare(compare)
     print(format_memory_line(compare["memory"]))
     print(f"wrote {out}/{{{', '.join(names)}}}")
@@ -212,12 +212,13 @@ def _print_compare(compare: dict[str, Any]) -> None:
         print(f"  {kind:<10} {p}    {m}")
 
 
-def _restart_line(restarts: dict) -> str:
-    """One line: how often the run came back, from what, and what it cost (``executor.restart``)."""
+def restart_line(restarts: dict, unit: str = "iteration") -> str:
+    """One line: how often the run came back, from what, and what it cost (``executor.restart``); ``unit``: what the
+    run's iterations are (a csp run's are subnets)."""
     failures = restarts["failures"]
     what = failures[0]["message"] if failures else "a rank died without a record (killed from outside)"
     cost = f"; the restart took {restarts['restart_s']:.1f} s" if restarts["restart_s"] is not None else ""
-    again = (f", {restarts['iterations_computed_again']} iteration(s) computed again"
+    again = (f", {restarts['iterations_computed_again']} {unit}(s) computed again"
              if restarts["iterations_computed_again"] is not None else "")
-    return (f"restarted {restarts['count']} time(s): {what}; resumed after iteration "
+    return (f"restarted {restarts['count']} time(s): {what}; resumed after {unit} "
             f"{restarts['resumed_after_iteration']}{again}{cost}")

@@ -19,6 +19,7 @@ import torch
 from executor.compare import compare_report
 from executor.csp.trace import csp_trace
 from executor.options import RunOptions
+from executor.run_outputs import restart_line
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic
 from sim.core.output_set import all_or_none
 from sim.csp.csp_metrics import csp_metrics
@@ -77,6 +78,16 @@ def _finish_csp_run(plan: Plan, options: RunOptions, gathered: Sequence[tuple[di
         "forward_order_per_stage": [[s for _, s in r.decisions] for _, r, _ in gathered],
         "final_params_sha256": params_sha256(state),
     })
+    first = options.first_iteration
+    if first:  # resumed: this run trained the subnets from the checkpoint's on; the losses are the whole sequence's
+        metrics["resumed_at_subnet"] = first
+    checkpoint_s = [s for _, r, _ in gathered for s in r.checkpoint_s]
+    if checkpoint_s:
+        metrics["checkpoints"] = {"every_subnets": options.checkpoint_every,
+                                  "count": len(gathered[0][1].checkpoint_s),
+                                  "mean_s": sum(checkpoint_s) / len(checkpoint_s)}
+    if options.restarts is not None:  # the run crashed and came back (executor.restart)
+        metrics["restarts"] = options.restarts
     prediction = predict(plan, check_memory=False)
     compare = compare_report(prediction.trace, [trace], median_index=0, cost_source=prediction.cost_source)
     out = prepare_output_dir(options.out, "--out")
@@ -91,6 +102,16 @@ def _finish_csp_run(plan: Plan, options: RunOptions, gathered: Sequence[tuple[di
     print(f"predicted {compare['predicted_iteration_time_s'] * 1e3:.2f} ms, measured "
           f"{compare['measured_iteration_time_s'] * 1e3:.2f} ms, relative error "
           f"{compare['relative_error'] * 100:+.1f}%  [costs: {compare['cost_source']}]")
+    # Said, not corrected: the prediction is of the whole sequence without pauses.
+    if first:
+        print(f"  the measurement covers subnets {first}..{plan.num_microbatches - 1} (resumed after subnet {first}); "
+              f"the prediction all {plan.num_microbatches}")
+    if "checkpoints" in metrics:
+        c = metrics["checkpoints"]
+        print(f"  the measurement includes {c['count']} checkpoint(s), each draining the pipeline (mean "
+              f"{c['mean_s'] * 1e3:.1f} ms to write); the prediction has none")
+    if options.restarts is not None:
+        print(restart_line(options.restarts, unit="subnet"))
     for c in copies:
         print(f"  stage {c['stage']} ({plan.option('prefetch')}): {c['h2d_bytes']} B in ({c['prefetches']} "
               f"copies), {c['d2h_bytes']} B out ({c['evictions']} keys), waited {c['copy_wait_s'] * 1e3:.2f} ms, "

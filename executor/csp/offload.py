@@ -13,6 +13,10 @@ offloading.
 * CPU: the "device" is host memory too; a copy in is a clone into separate storage and a write-back a
   ``copy_`` into the master, both on the rank's one thread, timed with ``time.perf_counter`` (seconds,
   ``CLOCK_MONOTONIC``, the clock of the rank's other spans).
+* A checkpoint (:meth:`whole`) needs every key's values in place at once: for its duration the host masters of the
+  keys not resident stand in the parameters and the optimizer, then everything is put back as it was.
+* A stage restored from a checkpoint has optimizer state before any key was resident: it becomes the keys' host
+  state at construction, as if each key had just been written back.
 * CUDA: copies run on one side stream with ``non_blocking=True`` between pinned host memory and the device, after
   the side stream waited for the compute stream (a write-back reads what an update just wrote); :meth:`ready` makes
   the compute stream wait on the event recorded after a key's copy before its forward. Spans come from CUDA events,
@@ -23,7 +27,8 @@ offloading.
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -76,6 +81,12 @@ class ParamOffload:
             for p in plist:
                 self.host[p] = self._host_copy(p.data)
                 p.data = self._placeholder(p)
+                for name, value in optimizer.state.pop(p, {}).items():  # a stage restored from a checkpoint
+                    # Optimizers keep per-element state beside the parameter and scalar counters (Adam's step, not
+                    # "capturable") on the host: the device each is loaded onto when the key becomes resident.
+                    where = (device if value.dim() else value.device) if isinstance(value, Tensor) else None
+                    self.host_state.setdefault(p, {})[name] = (
+                        self._host_copy(value) if isinstance(value, Tensor) else value, where)
 
     # --- one tensor ------------------------------------------------------------------------------------------------
 
@@ -127,6 +138,28 @@ class ParamOffload:
                     state[name] = value.to(device, copy=True, non_blocking=self.cuda)
                     self.h2d_tensor_bytes += value.nbytes
             self.optimizer.state[p] = state
+
+    @contextmanager
+    def whole(self, resident: Iterable[Hashable]) -> Iterator[None]:
+        """For the duration, every parameter and its optimizer state hold their current values, resident or not
+        (what a checkpoint captures); afterwards the keys are as they were. ``resident``: the keys on the device."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # updates and write-backs in flight have landed
+        on_device = {p for key in resident for p in self.params[key]}
+        swapped: list[tuple[nn.Parameter, Tensor]] = []
+        for p, host in self.host.items():
+            if p in on_device:
+                continue  # its data and optimizer state are the current ones
+            swapped.append((p, p.data))
+            p.data = host
+            if p in self.host_state:
+                self.optimizer.state[p] = {name: value for name, (value, _) in self.host_state[p].items()}
+        try:
+            yield
+        finally:
+            for p, placeholder in swapped:
+                p.data = placeholder
+                self.optimizer.state.pop(p, None)
 
     # --- context switches ------------------------------------------------------------------------------------------
 

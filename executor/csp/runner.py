@@ -30,6 +30,14 @@ Every op is recorded as a :class:`sim.ir.trace.Span` on this rank's ``time.perf_
 both ends agree on; a send's span is its post time, a receive's the moment the payload was in;
 :func:`executor.csp.trace.csp_trace` joins them into one trace in the simulator's format.
 
+Checkpoints (``executor.run --checkpoint-every K``; NASPipe has none). A subnet is one training step, and the
+checkpoint after K·j subnets must hold a state every stage agrees on: stage 0 lets no subnet at or past the boundary
+in until it has finished every subnet before it, which it does last of all stages (a subnet's update on stage 0 follows
+its backward on every later stage), so each stage finishes the subnets below the boundary and then has nothing else to
+run: there it writes its shard (``at_drain``) and waits for the others at a barrier. Draining costs a pipeline bubble
+at each checkpoint, and changes nothing in the result, which CSP makes independent of the schedule. A run resumed at
+subnet N starts with subnets 0..N-1 finished on every stage.
+
 Shared layers. The embedding and the head are used by every subnet; if they were trained, CSP would have to
 serialise the first and last stage completely (every subnet conflicts with every earlier one there). Like a NAS
 supernet whose search space is the choice blocks, they are frozen here (``requires_grad=False``), in the pipeline and
@@ -71,12 +79,15 @@ class CspRankResult:
             plan's units; ``prefetches`` counts every copy-in, demand copies included), plus ``prefetches_ahead``
             (copy-ins the predictor made before the forward was picked) and ``h2d_tensor_bytes``/
             ``d2h_tensor_bytes`` (what torch moved: fp32 parameters and optimizer state); ``None`` without a budget.
+        checkpoint_s: what each checkpoint took on this rank (``at_drain`` and the barrier after it), s; also a
+            CHECKPOINT span on ``compute``.
     """
 
     losses: dict[int, float] = field(default_factory=dict)
     decisions: list[tuple[float, int]] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)
     copies: dict[str, Any] | None = None
+    checkpoint_s: list[float] = field(default_factory=list)
 
 
 class _Channel:
@@ -132,7 +143,10 @@ def run_csp_rank(*, rank: int, num_stages: int, stage: nn.Module, uses: Sequence
                  batch: Callable[[int], tuple[Tensor, Tensor]], loss: Callable[[Tensor, Tensor], Tensor],
                  boundary_shape: tuple[int, ...], lookahead: int, timeout_s: float = 120.0,
                  key_bytes: Mapping[Hashable, int] | None = None, param_budget_bytes: int | None = None,
-                 prefetch: str = "resident", device: torch.device | None = None) -> CspRankResult:
+                 prefetch: str = "resident", device: torch.device | None = None, first_subnet: int = 0,
+                 drain_every: int = 0, at_drain: Callable[[int, Mapping[int, float]], None] | None = None,
+                 before_forward: Callable[[int], None] | None = None,
+                 after_update: Callable[[int, float, float], None] | None = None) -> CspRankResult:
     """Train every subnet of ``uses`` through this rank's stage with CSP; returns what this rank did.
 
     Args:
@@ -151,7 +165,17 @@ def run_csp_rank(*, rank: int, num_stages: int, stage: nn.Module, uses: Sequence
         param_budget_bytes: most layer-key bytes resident on this rank's device; ``None``: everything resident.
         prefetch: ``"predict"``, ``"on_demand"`` or ``"resident"`` (module docstring); only with a budget.
         device: where resident layers live (default CPU); the stage's other tensors must be there already.
+        first_subnet: the subnet to start at; those before it are trained already (a resumed run's checkpoint).
+        drain_every: drain the pipeline after every this many subnets (counted from subnet 0) and call ``at_drain``
+            there (module docstring); 0: never.
+        at_drain: ``(subnets done, this rank's losses so far) -> None``, with every parameter and its optimizer
+            state in place (:meth:`executor.csp.offload.ParamOffload.whole`): write this rank's checkpoint shard.
+        before_forward: called with the subnet before each forward (``--fail``'s injected crash).
+        after_update: ``(subnet, its forward's start s, now s) -> None`` after each update, on this rank's
+            ``time.perf_counter`` clock (a restart's measure of the first step).
     """
+    if drain_every and at_drain is None:
+        raise ValueError("drain_every needs at_drain (what to do at each drained boundary)")
     memory = offload = None
     state = StageState()
     if param_budget_bytes is not None and prefetch != "resident":
@@ -161,6 +185,8 @@ def run_csp_rank(*, rank: int, num_stages: int, stage: nn.Module, uses: Sequence
         offload = ParamOffload(candidate_params(stage), optimizer, device or torch.device("cpu"))
     loop = _RankLoop(rank, num_stages, stage, uses, choose, optimizer, batch, loss, boundary_shape, lookahead,
                      timeout_s, state, memory, offload, prefetch == "predict")
+    loop.start_at(first_subnet, drain_every, at_drain)
+    loop.before_forward, loop.after_update = before_forward, after_update
     return loop.run()
 
 
@@ -190,6 +216,11 @@ class _RankLoop:
         # One process group per direction of each neighbour link, so that every group is used by one thread per
         # process (a receiver thread or the loop): gloo's pairs are not meant to be driven from two threads at once,
         # and doing so aborted runs now and then. new_group is collective: every rank creates every group, in order.
+        self.drain_every: int = 0
+        self.at_drain: Callable[[int, Mapping[int, float]], None] | None = None
+        self.before_forward: Callable[[int], None] | None = None
+        self.after_update: Callable[[int, float, float], None] | None = None
+        self.forward_start: dict[int, float] = {}
         self.forward_groups, self.backward_groups = [], []
         for k in range(num_stages - 1):
             self.forward_groups.append(dist.new_group([k, k + 1]))  # activations k -> k + 1
@@ -200,6 +231,20 @@ class _RankLoop:
             None if self.last else _Channel("backward", rank + 1, boundary_shape, self.inbox,
                                             self.backward_groups[rank]),
         ]
+
+    def start_at(self, first_subnet: int, drain_every: int,
+                 at_drain: Callable[[int, Mapping[int, float]], None] | None) -> None:
+        """Resume at ``first_subnet`` (those before it finished on every stage) and drain as
+        :func:`run_csp_rank` says."""
+        self.done = self.injected = self.state.upper = first_subnet
+        self.state.finished.update(range(first_subnet))
+        self.drain_every, self.at_drain = drain_every, at_drain
+
+    def _injection_limit(self, num_subnets: int) -> int:
+        """Stage 0 lets no subnet in at or past the next checkpoint boundary before the pipeline has drained."""
+        if not self.drain_every:
+            return num_subnets
+        return min(num_subnets, (self.done // self.drain_every + 1) * self.drain_every)
 
     def _span(self, kind: str, subnet: int, start: float, end: float | None = None, stream: str = "compute",
               pair: int | None = None, peer: int | None = None) -> None:
@@ -232,7 +277,8 @@ class _RankLoop:
         num_subnets, st = len(self.uses), self.state
         while self.done < num_subnets:
             if self.first:
-                while self.injected < num_subnets and self.injected - self.done < self.lookahead:
+                limit = self._injection_limit(num_subnets)
+                while self.injected < limit and self.injected - self.done < self.lookahead:
                     st.arrived.append(self.injected)
                     self.inputs[self.injected] = self.batch(self.injected)[0]
                     self.injected += 1
@@ -261,11 +307,14 @@ class _RankLoop:
         return self.result
 
     def _forward(self, pick: int) -> None:
+        if self.before_forward is not None:
+            self.before_forward(pick)
         st, memory = self.state, self.memory
         predicted = memory.predict(pick) if self.predict else None  # type: ignore[union-attr]
         st.arrived.remove(pick)
         start = time.perf_counter()
         self.result.decisions.append((start, pick))
+        self.forward_start[pick] = start
         if memory is not None:
             memory.start(pick)
             self._switch(memory.demand(pick))
@@ -306,12 +355,29 @@ class _RankLoop:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._span("OPT_STEP", subnet, start)
+        if self.after_update is not None:
+            self.after_update(subnet, self.forward_start[subnet], time.perf_counter())
         self.state.finished.add(subnet)
         self.done += 1
         if self.memory is not None:
             self.memory.finish(subnet)
             if self.predict:
                 self._request_prefetch(self.memory.predict(None))
+        if self.drain_every and self.done % self.drain_every == 0:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Every subnet below ``done`` is finished here and none later has started (module docstring): hand the
+        state to ``at_drain`` with every parameter in place."""
+        assert self.at_drain is not None and not self.state.arrived and not self.saved
+        start = time.perf_counter()
+        if self.offload is not None:
+            with self.offload.whole(self.memory.resident):  # type: ignore[union-attr]
+                self.at_drain(self.done, self.result.losses)
+        else:
+            self.at_drain(self.done, self.result.losses)
+        self.result.checkpoint_s.append(time.perf_counter() - start)
+        self._span("CHECKPOINT", self.done, start)
 
     def _switch(self, plan: CopyPlan | None, ahead: bool = False) -> bool:
         """Run a context switch if there is one; ``ahead``: it is a prefetch, not a demand copy."""

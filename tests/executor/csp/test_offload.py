@@ -22,8 +22,8 @@ BUDGET = 60_000
 
 
 @pytest.fixture(scope="module")
-def sequential(tmp_path_factory, csp_run):
-    return csp_run(tmp_path_factory.mktemp("sequential") / "run", 1, reference=True)
+def sequential(csp_reference):
+    return csp_reference
 
 
 @pytest.mark.parametrize("prefetch", ["on_demand", "predict"])
@@ -110,3 +110,62 @@ def test_offload_moves_parameters_and_adam_state_bitwise(one_thread):
     assert all(torch.equal(a, b) for a, b in zip(plain, moved, strict=True))
     for a, b in zip(plain_state, moved_state, strict=True):
         assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_a_checkpoint_sees_every_key_and_a_restored_stage_continues_bitwise(one_thread):
+    """``whole`` puts every key's current values in place at once (what a checkpoint captures) and puts the
+    placeholders back; a ParamOffload built over a stage restored from that capture (optimizer state before any key
+    is resident) trains on exactly as the uninterrupted stage. Oracle: the same steps without offloading."""
+    import copy
+
+    def build():
+        torch.manual_seed(0)
+        layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        return layers, make_optimizer("adam", layers.parameters())
+
+    def train(layers, optimizer, mover, steps, resident):
+        for step in steps:
+            k = step % 2
+            if mover is not None:
+                mover.copy_in(CopyPlan(step, (("b", k),), tuple(resident)))
+                resident = {("b", k)}
+            layers[k](torch.full((2, 4), float(step))).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return resident
+
+    def keys(layers):
+        return {("b", k): list(layer.parameters()) for k, layer in enumerate(layers)}
+
+    plain, plain_optimizer = build()
+    train(plain, plain_optimizer, None, range(3), set())
+    at_three = (copy.deepcopy(plain.state_dict()), copy.deepcopy(plain_optimizer.state_dict()))
+    train(plain, plain_optimizer, None, range(3, 6), set())
+
+    layers, optimizer = build()
+    mover = ParamOffload(keys(layers), optimizer, torch.device("cpu"))
+    resident = train(layers, optimizer, mover, range(3), set())
+    with mover.whole(resident):
+        captured = (copy.deepcopy(layers.state_dict()), copy.deepcopy(optimizer.state_dict()))
+    assert resident == {("b", 0)} and all(p.numel() == 0 for p in layers[1].parameters())  # back to a placeholder
+    for a, b in ((at_three[0], captured[0]), (at_three[1]["state"], captured[1]["state"])):
+        assert a.keys() == b.keys()
+        for key in a:
+            values = a[key].items() if isinstance(a[key], dict) else [(None, a[key])]
+            for name, value in values:
+                other = b[key][name] if name is not None else b[key]
+                assert torch.equal(value, other), (key, name)
+
+    restored, restored_optimizer = build()
+    restored.load_state_dict(captured[0])
+    restored_optimizer.load_state_dict(captured[1])
+    again = ParamOffload(keys(restored), restored_optimizer, torch.device("cpu"))
+    assert not restored_optimizer.state  # moved to the keys' host state
+    again.close(train(restored, restored_optimizer, again, range(3, 6), set()))
+    mover.close(train(layers, optimizer, mover, range(3, 6), resident))
+    for model in (restored, layers):
+        assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), model.parameters(), strict=True))
+    for model_optimizer in (restored_optimizer, optimizer):
+        for p, q in zip(plain.parameters(), model_optimizer.param_groups[0]["params"], strict=True):
+            mine, theirs = plain_optimizer.state[p], model_optimizer.state[q]
+            assert mine.keys() == theirs.keys() and all(torch.equal(mine[n], theirs[n]) for n in mine)

@@ -1,16 +1,17 @@
 """NASPipe's claim, executed as a user runs it: ``sim.run --schedule csp`` writes a plan, ``executor.run --plan``
-runs it on 1, 2 and 4 CPU stages, and every run gives bitwise the parameters (SHA-256 of every parameter) and the
-per-subnet losses of ``executor.run --reference``, which trains the same subnet sequence one by one in one process."""
+runs it on 2 and 4 CPU stages (one stage: ``test_offload.py``, under a budget), and every run gives bitwise the
+parameters (SHA-256 of every parameter) and the per-subnet losses of ``executor.run --reference``, which trains the
+same subnet sequence one by one in one process."""
 
 import json
 
 import pytest
 
 
-def test_csp_plans_are_bitwise_the_sequential_reference_on_1_2_and_4_stages(tmp_path, csp_run):
-    reference = csp_run(tmp_path / "reference", 1, reference=True)
+def test_csp_plans_are_bitwise_the_sequential_reference_on_2_and_4_stages(tmp_path, csp_run, csp_reference):
+    reference = csp_reference
     assert reference["mode"] == "reference" and len(reference["losses"]) == 12
-    for stages in (1, 2, 4):
+    for stages in (2, 4):
         run = csp_run(tmp_path / f"csp{stages}", stages)
         assert run["final_params_sha256"] == reference["final_params_sha256"], stages
         assert run["losses"] == reference["losses"], stages  # floats from JSON: equal means bitwise equal
