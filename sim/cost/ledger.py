@@ -67,7 +67,7 @@ from sim.ir.ops import OP_SEMANTICS, Action, MemoryEffect, Op, OpKind
 from sim.ir.plan import Plan
 from sim.ir.weight_versions import weight_versions
 
-__all__ = ["StageSizes", "MemoryLedger", "RULES", "program_order_peaks"]
+__all__ = ["StageSizes", "MemoryLedger", "RULES", "program_order_peaks", "resident_bytes", "kept_bytes"]
 
 
 class StageSizes(Protocol):
@@ -148,11 +148,9 @@ class MemoryLedger:
     def resident(self, rank: int) -> int:
         """Bytes ``rank`` holds before its first op: its stages' training state (not a stage living in host memory)
         and, under weight stashing, the copy of a stage's starting weights some forward runs on."""
-        sizes = self.sizes
-        vstages = self.plan.placement.vstages_of(rank)
-        state = sum(sizes.state_bytes(v) - (sizes.gradient_bytes(v) if sizes.gradients_per_step(v) else 0)
-                    for v in vstages if v not in self.offloaded)
-        return state + sum(sizes.param_bytes(v) for v in vstages if (v, 0) in self.stash_users)
+        vstages = [v for v in self.plan.placement.vstages_of(rank) if v not in self.offloaded]
+        stashed = [v for v in vstages if (v, 0) in self.stash_users]
+        return resident_bytes(self.sizes, vstages) + sum(self.sizes.param_bytes(v) for v in stashed)
 
     def start(self, op: Op) -> tuple[int, int]:
         """``(released, allocated)`` bytes when ``op`` starts: ``released`` is freed first, then ``allocated`` taken."""
@@ -229,9 +227,7 @@ class MemoryLedger:
         if self.stream:
             return self._replace_frame(op.vstage)
         gathered = self._gather_kept(op.vstage)
-        if (op.vstage, op.mb) in self.recomputed:
-            return 0, self.sizes.checkpoint_bytes(op.vstage) + gathered
-        return 0, self.sizes.activation_bytes(op.vstage) + gathered
+        return 0, kept_bytes(self.sizes, op.vstage, recomputed=(op.vstage, op.mb) in self.recomputed) + gathered
 
     def _gather_kept(self, vstage: int) -> int:
         """ZeRO-3 without resharding after the forward: the stage's gathered parameters, taken by the forward that
@@ -293,6 +289,21 @@ class MemoryLedger:
         if (vstage, mb) in self.recomputed:
             return sizes.checkpoint_bytes(vstage) + sizes.rebuilt_bytes(vstage)
         return sizes.activation_bytes(vstage)
+
+
+def resident_bytes(sizes: StageSizes, vstages: Sequence[int], *, stashing: bool = False) -> int:
+    """Bytes of training state ``vstages`` hold on their device from the start: weights, optimizer state and the
+    gradient buffers that persist across steps (not those a cost source says live per step); under weight stashing
+    (``stashing``) also the copy of the starting weights the first forwards run on."""
+    state = sum(sizes.state_bytes(v) - (sizes.gradient_bytes(v) if sizes.gradients_per_step(v) else 0)
+                for v in vstages)
+    return state + (sum(sizes.param_bytes(v) for v in vstages) if stashing else 0)
+
+
+def kept_bytes(sizes: StageSizes, vstage: int, *, recomputed: bool) -> int:
+    """Bytes one microbatch's forward of ``vstage`` keeps until its backward: its activations, or under
+    recomputation only its checkpoint (module docstring)."""
+    return sizes.checkpoint_bytes(vstage) if recomputed else sizes.activation_bytes(vstage)
 
 
 def program_order_peaks(plan: Plan, views: Sequence[StageSizes]) -> tuple[int, ...]:
