@@ -88,6 +88,15 @@ def collective_cost(
             not an integer in ``range(topology.num_ranks)``, an empty group, or a rank in two places; the message
             names the value.
     """
+    key = ("collective", kind, tuple(tuple(group) for group in groups), nbytes, algorithm)
+    cost = topology.cost_memo.get(key)
+    if cost is None:
+        cost = topology.cost_memo[key] = _collective_cost(topology, kind, groups, nbytes, algorithm)
+    return cost
+
+
+def _collective_cost(topology: Topology, kind: str, groups: Sequence[Sequence[int]], nbytes: int,
+                     algorithm: str) -> CollectiveCost:
     if kind not in COLLECTIVE_KINDS:
         raise ValueError(f"unknown collective kind {kind!r} (known: {', '.join(COLLECTIVE_KINDS)})")
     if algorithm != "auto" and algorithm not in ALGORITHMS:
@@ -126,6 +135,15 @@ def concurrent_transfer(topology: Topology, pairs: Sequence[tuple[int, int]], nb
     Raises:
         ValueError: ``nbytes`` negative or not a finite number, or a rank out of range; the message names it.
     """
+    key = ("transfer", tuple(tuple(pair) for pair in pairs), nbytes)
+    found = topology.cost_memo.get(key)
+    if found is None:
+        found = topology.cost_memo[key] = _concurrent_transfer(topology, pairs, nbytes)
+    return found
+
+
+def _concurrent_transfer(topology: Topology, pairs: Sequence[tuple[int, int]], nbytes: int
+                         ) -> tuple[float, tuple[tuple[LinkKey, int], ...]]:
     _check_nbytes(nbytes)
     moving = [(src, dst) for src, dst in ((_rank(topology, a), _rank(topology, b)) for a, b in pairs) if src != dst]
     if not moving:

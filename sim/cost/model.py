@@ -14,7 +14,8 @@ not simulate separately because they are identical to this one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from sim.core.errors import SpecError
 from sim.cost import fsdp
@@ -58,14 +59,28 @@ class CommCost:
         seconds: uncontended duration, s.
         held_links: sorted ``(src, dst)`` keys of the links the engine holds while the op runs (the simulated
             instance's own path or group).
-        bytes_per_link: ``((src, dst), bytes)`` per link, all instances together: what the links carry, bytes (the
-            name and meaning of :attr:`sim.cost.collectives.CollectiveCost.bytes_per_link`).
+        carried: what the links carry, as ``(((src, dst), bytes) per link, times)`` of the collectives or message
+            run one after another; :attr:`bytes_per_link` merges them when first asked (a search's screen reads
+            ``seconds`` only).
     """
 
     nbytes: int
     seconds: float
     held_links: tuple[LinkKey, ...]
-    bytes_per_link: tuple[tuple[LinkKey, int], ...]
+    carried: tuple[tuple[tuple[tuple[LinkKey, int], ...], int], ...] = field(repr=False)
+
+    @cached_property
+    def bytes_per_link(self) -> tuple[tuple[LinkKey, int], ...]:
+        """``((src, dst), bytes)`` per link, sorted, all instances together: what the links carry, bytes (the name and
+        meaning of :attr:`sim.cost.collectives.CollectiveCost.bytes_per_link`)."""
+        if len(self.carried) == 1:  # one collective or message, its links already in order
+            links, times = self.carried[0]
+            return links if times == 1 else tuple((key, carried * times) for key, carried in links)
+        merged: dict[LinkKey, int] = {}
+        for links, times in self.carried:
+            for key, carried in links:
+                merged[key] = merged.get(key, 0) + carried * times
+        return tuple(sorted(merged.items()))
 
 
 def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
@@ -286,13 +301,11 @@ class CostModel:
         cost = self._messages.get(key)
         if cost is None:
             nbytes = self.message_bytes(kind, vstage)
-            layout = self.layout
-            pairs = tuple((layout.device(src, d, t), layout.device(dst, d, t))
-                          for d in self.concurrent for t in range(layout.tp))
+            pairs = self.layout.pipeline_pairs(src, dst, self.concurrent)
             seconds, link_bytes = self.oracle.concurrent_transfer(pairs, nbytes)
             own = self.topology.path(self.devices[src], self.devices[dst])
             cost = self._messages[key] = CommCost(nbytes, seconds, tuple(sorted((link.src, link.dst) for link in own)),
-                                                  link_bytes)
+                                                  ((link_bytes, 1),))
         return cost
 
     def collective(self, kind: OpKind, vstage: int) -> CommCost:
@@ -320,7 +333,7 @@ class CostModel:
         else:
             path, seconds = self.topology.device_to_host_path(device), self.oracle.device_to_host_s(device, nbytes)
         keys = tuple(sorted((link.src, link.dst) for link in path))
-        return CommCost(nbytes, seconds, keys, tuple((key, nbytes) for key in keys))
+        return CommCost(nbytes, seconds, keys, ((tuple((key, nbytes) for key in keys), 1),))
 
     def gradient_buckets(self, vstage: int) -> tuple[int, float]:
         """``(K, s)``: the buckets ``vstage``'s gradients are reduced in when the reduction overlaps the backward
@@ -343,7 +356,7 @@ class CostModel:
         layout = self.layout
         start, end = self.placement.vstage_layers[vstage]
         rank = self.placement.vstage_to_rank[vstage]
-        groups = tuple(layout.dp_group(rank, t) for t in range(layout.tp))
+        groups = layout.dp_groups(rank)
         name = ("all_gather" if kind is OpKind.GATHER_PARAMS else
                 "reduce_scatter" if layout.zero else "all_reduce")
         experts = sum(layer.expert_param_bytes for layer in self.graph.layers[start:end])
@@ -403,7 +416,7 @@ class CostModel:
                 parts.append((cost, 1, nbytes))
                 held.update(cost.link_keys)
             return _sum_costs(parts, tuple(sorted(held)))
-        groups = tuple(layout.tp_group(pipeline_rank, d) for d in self.concurrent)
+        groups = layout.tp_groups(pipeline_rank, self.concurrent)
         names = ("reduce_scatter", "all_gather") if layout.sequence_parallel else ("all_reduce",)
         backward = kind is OpKind.TP_B
         # Layers with the same collectives are costed once: a stage is mostly identical blocks.
@@ -517,13 +530,11 @@ class CostModel:
 def _sum_costs(parts: list[tuple[CollectiveCost, int, int]], held: tuple[LinkKey, ...]) -> CommCost:
     """The cost of collectives run one after another, holding ``held``: ``parts`` is ``(CollectiveCost, times,
     buffer bytes)``."""
-    nbytes, seconds, links = 0, 0.0, {}
+    nbytes, seconds = 0, 0.0
     for cost, times, buffer in parts:
         seconds += cost.seconds * times
-        for key, carried in cost.bytes_per_link:
-            links[key] = links.get(key, 0) + carried * times
         nbytes += buffer * times
-    return CommCost(nbytes, seconds, held, tuple(sorted(links.items())))
+    return CommCost(nbytes, seconds, held, tuple((cost.bytes_per_link, times) for cost, times, _ in parts))
 
 
 def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, microbatch_size: int,
@@ -553,8 +564,12 @@ def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, m
                 raise SpecError(f"the tensor-parallel group of pipeline rank {p}, replica {d} (devices "
                                 f"{list(layout.tp_group(p, d))}) mixes {', '.join(sorted(names))}; tensor "
                                 f"parallelism needs one device model per group (try another --rank-order)")
-    first = _replica_signature(topology, layout, 0)
-    identical = all(_replica_signature(topology, layout, d) == first for d in range(1, layout.data_ranks))
+    key = ("identical replicas", layout)  # a search builds views of one layout for many candidates
+    identical = topology.cost_memo.get(key)
+    if identical is None:
+        first = _replica_signature(topology, layout, 0)
+        identical = topology.cost_memo[key] = all(_replica_signature(topology, layout, d) == first
+                                                  for d in range(1, layout.data_ranks))
     everyone = tuple(range(layout.data_ranks))
     if identical and not simulate_all:
         return (CostModel(graph, topology, placement, microbatch_size, profile, oracle=oracle, layout=layout,

@@ -37,7 +37,15 @@ PROTOCOLS: dict[str, tuple[float, dict[str, float], float]] = {
 
 def link_class(topology: Topology, groups: tuple[tuple[int, ...], ...]) -> str:
     """The slowest link class between ring neighbours of any of ``groups`` (each in ring order; a pair for a
-    message): ``"net"``, ``"pcie"`` or ``"nvlink"``."""
+    message): ``"net"``, ``"pcie"`` or ``"nvlink"``; kept in the topology's memo."""
+    key = ("link class", groups)
+    found = topology.cost_memo.get(key)
+    if found is None:
+        found = topology.cost_memo[key] = _link_class(topology, groups)
+    return found
+
+
+def _link_class(topology: Topology, groups: tuple[tuple[int, ...], ...]) -> str:
     worst = "nvlink"
     for ranks in groups:
         pairs = list(zip(ranks, ranks[1:])) + ([(ranks[-1], ranks[0])] if len(ranks) > 2 else [])

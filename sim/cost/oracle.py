@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from itertools import accumulate
+from typing import Any
 
 from sim.core.errors import SpecError
 from sim.cost.collectives import CollectiveCost, all_to_all_cost, collective_cost, concurrent_transfer
@@ -115,7 +116,9 @@ class CostOracle:
         self.compiled = compiled
         self.cp_groups, self.cp_comm = cp_groups, cp_comm
         self._transformer: bool | None = None
-        self._collectives: dict[tuple, CollectiveCost] = {}
+        # Collective costs depend on the topology alone, so they are kept in its memo and shared by every oracle on
+        # it (a search builds one oracle per candidate and asks each the same collectives).
+        self._collectives: dict[tuple, Any] = topology.cost_memo if topology is not None else {}
         self._p2p = None
         if profile is not None and profile.p2p_latency_s is not None and profile.p2p_bandwidth:
             self._p2p = (profile.p2p_latency_s, profile.p2p_bandwidth)
@@ -323,7 +326,7 @@ class CostOracle:
         """Cost of one collective (``sim.cost.collectives``) run at once by every group of ``groups`` (device
         ranks), each member contributing ``nbytes``, by ``algorithm`` (``auto``: the fastest); cached, since a plan
         asks the same few many times."""
-        key = (kind, groups, nbytes, algorithm)
+        key = ("nccl collective", kind, groups, nbytes, algorithm)
         cost = self._collectives.get(key)
         if cost is None:
             cost = collective_cost(self.topology, kind, groups, nbytes, algorithm)
@@ -338,7 +341,7 @@ class CostOracle:
         """Cost of an all-to-all run at once by every group of ``groups`` (device ranks): each member sends
         ``nbytes · shares[j]`` to member j (:func:`sim.cost.collectives.all_to_all_cost`; ``()``: balanced), as one
         NCCL call of grouped point-to-point sends (one step's latency); cached."""
-        key = ("all_to_all", groups, nbytes, shares)
+        key = ("nccl all_to_all", groups, nbytes, shares)
         cost = self._collectives.get(key)
         if cost is None:
             cost = all_to_all_cost(self.topology, groups, nbytes, shares or None)
@@ -356,9 +359,13 @@ class CostOracle:
             (src, dst), = pairs
             path = self.topology.path(src, dst) if src != dst else ()
             return self.transfer_time(nbytes, src, dst), tuple(sorted(((link.src, link.dst), nbytes) for link in path))
-        seconds, link_bytes = concurrent_transfer(self.topology, pairs, nbytes)
-        moving = tuple((src, dst) for src, dst in pairs if src != dst)
-        return self._nccl(seconds, "p2p", "ring", moving), link_bytes
+        key = ("nccl transfer", pairs, nbytes)
+        found = self._collectives.get(key)
+        if found is None:
+            seconds, link_bytes = concurrent_transfer(self.topology, pairs, nbytes)
+            moving = tuple((src, dst) for src, dst in pairs if src != dst)
+            found = self._collectives[key] = (self._nccl(seconds, "p2p", "ring", moving), link_bytes)
+        return found
 
     def host_to_device_s(self, rank: int, nbytes: float) -> float:
         """Time in s to copy ``nbytes`` from the host memory of ``rank``'s server to its device (a PREFETCH): the

@@ -31,7 +31,7 @@ import math
 import operator
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import networkx as nx
 
@@ -98,6 +98,9 @@ class Topology:
     _trees: dict[tuple[str, str | None], dict[str, _Reach]] = field(default_factory=dict, init=False, compare=False,
                                                                     repr=False)
     _paths: dict[tuple[int, int], tuple[Link, ...]] = field(default_factory=dict, init=False, compare=False, repr=False)
+    #: Results of pure functions of this topology (:mod:`sim.cost.collectives`' collective and transfer costs), kept
+    #: for every plan costed on it: a search asks the same few thousand of them for every candidate.
+    cost_memo: dict[tuple, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         adjacency: dict[str, list[tuple[str, Link, float]]] = {node: [] for node in self.graph.nodes}

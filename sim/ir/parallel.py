@@ -170,6 +170,8 @@ class Parallelism:
         for name, size in self._sizes():
             strides[name], stride = stride, stride * size
         object.__setattr__(self, "_strides", (strides["pp"], strides["dp"], strides["tp"]))
+        # Groups asked for again and again by every cost view of a search: built once per layout.
+        object.__setattr__(self, "_groups", {})
         if self.devices:
             world = self.world_size
             if sorted(self.devices) != list(range(world)) or any(isinstance(d, bool) for d in self.devices):
@@ -234,12 +236,47 @@ class Parallelism:
 
     def tp_group(self, pp: int, dp: int) -> tuple[int, ...]:
         """Devices of the tensor-parallel group of pipeline rank ``pp`` in replica ``dp``, in shard order."""
-        return tuple(self.device(pp, dp, t) for t in range(self.tp))
+        key = ("tp", pp, dp)
+        group = self._groups.get(key)  # type: ignore[attr-defined]
+        if group is None:
+            group = self._groups[key] = tuple(self.device(pp, dp, t) for t in range(self.tp))  # type: ignore
+        return group
 
     def dp_group(self, pp: int, tp: int) -> tuple[int, ...]:
         """Devices that hold the same shard of pipeline rank ``pp`` in every replica and sequence part (they reduce
         gradients)."""
-        return tuple(self.device(pp, d, tp) for d in range(self.data_ranks))
+        key = ("dp", pp, tp)
+        group = self._groups.get(key)  # type: ignore[attr-defined]
+        if group is None:
+            group = self._groups[key] = tuple(self.device(pp, d, tp) for d in range(self.data_ranks))  # type: ignore
+        return group
+
+    def tp_groups(self, pp: int, positions: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        """The tensor-parallel groups of pipeline rank ``pp`` at each of the data-axis ``positions`` (those that run
+        a collective at the same moment)."""
+        key = ("tp groups", pp, positions)
+        groups = self._groups.get(key)  # type: ignore[attr-defined]
+        if groups is None:
+            groups = self._groups[key] = tuple(self.tp_group(pp, d) for d in positions)  # type: ignore
+        return groups
+
+    def dp_groups(self, pp: int) -> tuple[tuple[int, ...], ...]:
+        """The data-parallel groups of every tensor shard of pipeline rank ``pp`` (they reduce at the same moment)."""
+        key = ("dp groups", pp)
+        groups = self._groups.get(key)  # type: ignore[attr-defined]
+        if groups is None:
+            groups = self._groups[key] = tuple(self.dp_group(pp, t) for t in range(self.tp))  # type: ignore
+        return groups
+
+    def pipeline_pairs(self, src: int, dst: int, positions: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        """``(device of src, device of dst)`` for every tensor shard at each of the data-axis ``positions``: the
+        transfers of one pipeline message that run at the same moment."""
+        key = ("pairs", src, dst, positions)
+        pairs = self._groups.get(key)  # type: ignore[attr-defined]
+        if pairs is None:
+            pairs = self._groups[key] = tuple((self.device(src, d, t), self.device(dst, d, t))  # type: ignore
+                                              for d in positions for t in range(self.tp))
+        return pairs
 
     def cp_group(self, pp: int, replica: int, tp: int) -> tuple[int, ...]:
         """Devices that split replica ``replica``'s sequences for pipeline rank ``pp``, shard ``tp``, in sequence-part

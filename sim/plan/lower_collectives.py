@@ -35,9 +35,10 @@ from __future__ import annotations
 
 from sim.core.errors import SpecError
 from sim.ir.ops import op_id
+from sim.ir.parallel import Parallelism
 from sim.ir.plan import Op, OpKind, Plan
 
-__all__ = ["add_collectives"]
+__all__ = ["add_collectives", "check_data_parallel"]
 
 _TP_AFTER = {OpKind.F: OpKind.TP_F, OpKind.R: OpKind.TP_R, OpKind.B: OpKind.TP_B, OpKind.I: OpKind.TP_B}
 _EP_AFTER = {OpKind.F: OpKind.EP_F, OpKind.R: OpKind.EP_R, OpKind.B: OpKind.EP_B, OpKind.I: OpKind.EP_B}
@@ -54,23 +55,38 @@ def add_collectives(plan: Plan) -> Plan:
     if plan.level != "L1":
         raise ValueError(f"add_collectives() takes an L1 plan, got level {plan.level}")
     layout = plan.layout
+    check_data_parallel(layout, plan.schedule, plan.weight_policy,
+                        split_backward=any(op.kind is OpKind.I for program in plan.programs for op in program))
     after = ([_TP_AFTER] if layout.tp > 1 else []) + ([_EP_AFTER] if layout.ep * layout.etp > 1 else [])
     if after:
         plan = _add_model_parallel(plan, after)
     if layout.data_ranks > 1:
         if plan.weight_policy == "stash":
-            if layout.zero or layout.grad_overlap:
-                raise SpecError(f"{'--zero 1' if layout.zero else '--grad-overlap'} is modelled for schedules that "
-                                f"update once per iteration, not {plan.schedule}, which updates after every "
-                                f"microbatch")
             return _add_stash_reductions(plan)
-        if plan.weight_policy != "flush":
-            raise SpecError(f"data parallelism (--dp {layout.dp}) is not modelled for {plan.weight_policy} plans")
-        if layout.zero == 3 and any(op.kind is OpKind.I for program in plan.programs for op in program):
-            raise SpecError(f"--zero 3 is not modelled for a split backward ({plan.schedule}'s I and W): the W would "
-                            f"gather the layer's parameters once more; use a schedule without I and W")
         plan = _add_data_parallel(plan, layout.zero, layout.grad_overlap)
     return plan
+
+
+def check_data_parallel(layout: Parallelism, schedule: str, weight_policy: str, *, split_backward: bool) -> None:
+    """Refuse the data-parallel layouts this pass does not model for a schedule (checked before anything is built,
+    by :func:`add_collectives` and by the search's screen).
+
+    Raises:
+        SpecError: ZeRO or overlapped reduction with per-microbatch updates (``stash``), data parallelism with a
+            weight policy other than ``flush`` or ``stash``, ZeRO-3 with a split backward.
+    """
+    if layout.data_ranks == 1:
+        return
+    if weight_policy == "stash":
+        if layout.zero or layout.grad_overlap:
+            raise SpecError(f"{'--zero 1' if layout.zero else '--grad-overlap'} is modelled for schedules that "
+                            f"update once per iteration, not {schedule}, which updates after every microbatch")
+        return
+    if weight_policy != "flush":
+        raise SpecError(f"data parallelism (--dp {layout.dp}) is not modelled for {weight_policy} plans")
+    if layout.zero == 3 and split_backward:
+        raise SpecError(f"--zero 3 is not modelled for a split backward ({schedule}'s I and W): the W would "
+                        f"gather the layer's parameters once more; use a schedule without I and W")
 
 
 def _add_model_parallel(plan: Plan, after: list[dict[OpKind, OpKind]]) -> Plan:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sim.core.errors import SpecError
 from sim.ir.plan import Op
 from sim.schedules.gpipe import gpipe
-from sim.schedules.interleaved import interleaved, loop_placement
+from sim.schedules.interleaved import check_interleaved, interleaved, loop_placement
 from sim.schedules.one_f_one_b import one_f_one_b
 from sim.schedules.pipedream import pipedream
 from sim.schedules.stream import stream
@@ -43,6 +43,9 @@ class ScheduleEntry:
         generator: ``(p, m)`` → programs, or ``(p, m, v)`` → programs when ``chunked``.
         placement: a key of :data:`PLACEMENTS`.
         chunked: whether the generator takes model chunks per rank (``--chunks``); the others run one per rank.
+        constraints: ``(p, m, v) -> None``, raising the generator's own :class:`SpecError` for sizes it refuses,
+            without building anything (``None``: any p, m >= 1).
+        split_backward: whether the programs split the backward into I and W.
     """
 
     name: str
@@ -51,6 +54,21 @@ class ScheduleEntry:
     generator: Callable[..., Programs]
     placement: str = "identity"
     chunked: bool = False
+    constraints: Callable[[int, int, int], None] | None = None
+    split_backward: bool = False
+
+    def check(self, num_ranks: int, num_microbatches: int, chunks: int = 1) -> None:
+        """Refuse, without building them, the sizes :meth:`build` would refuse.
+
+        Raises:
+            SpecError: as :meth:`build` (a wrong ``chunks``, the generator's constraints).
+        """
+        if not self.chunked and chunks != 1:
+            raise SpecError(f"{{chunks}} {chunks} needs an interleaved schedule; {self.name} runs one stage per rank "
+                            f"(schedules taking {{chunks}}: {', '.join(n for n, e in SCHEDULES.items() if e.chunked)})",
+                            "chunks")
+        if self.constraints is not None:
+            self.constraints(num_ranks, num_microbatches, chunks)
 
     def build(self, num_ranks: int, num_microbatches: int, chunks: int = 1) -> Programs:
         """The L0 programs for p ranks, m microbatches and v chunks per rank.
@@ -59,12 +77,9 @@ class ScheduleEntry:
             ValueError: p or m < 1.
             SpecError: ``chunks`` ≠ 1 for a schedule with one stage per rank, or the generator's own constraints.
         """
+        self.check(num_ranks, num_microbatches, chunks)
         if self.chunked:
             return self.generator(num_ranks, num_microbatches, chunks)
-        if chunks != 1:
-            raise SpecError(f"{{chunks}} {chunks} needs an interleaved schedule; {self.name} runs one stage per rank "
-                            f"(schedules taking {{chunks}}: {', '.join(n for n, e in SCHEDULES.items() if e.chunked)})",
-                            "chunks")
         return self.generator(num_ranks, num_microbatches)
 
     def vstage_to_rank(self, num_ranks: int, chunks: int = 1) -> tuple[int, ...]:
@@ -83,6 +98,7 @@ SCHEDULES: dict[str, ScheduleEntry] = {
         ScheduleEntry(
             "interleaved", "Megatron interleaved 1F1B: --chunks v model chunks per rank in a loop, bubble ÷ v",
             "flush", interleaved, placement="loop", chunked=True,
+            constraints=check_interleaved,
         ),
         ScheduleEntry(
             "pipedream", "async PipeDream: 1F1B order without a flush, an update after every minibatch, weight "
@@ -94,6 +110,7 @@ SCHEDULES: dict[str, ScheduleEntry] = {
         ),
         ScheduleEntry(
             "zb1p", "Zero Bubble ZB-H1: backward split into I and W, W deferred into 1F1B's bubbles", "flush", zb1p,
+            split_backward=True,
         ),
     )
 }

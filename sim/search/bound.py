@@ -12,15 +12,14 @@ three chains bound the makespan from below, for every plan whatever the contenti
   first (``head``: their forwards, collectives and sends), and then runs all its ops back to back (``work``); after
   its last backward its update waits for the reduction of the first vstage it reduces (``post``: the reduction, the
   updates, ZeRO's parameter gather after the last update). ``head + work + post``.
-* **Drain** (one vstage per rank, every backward B or I on the chain): rank r's last backward is microbatch m − 1's
-  and ends after ``head`` and every op the rank runs before it; then that microbatch's input gradient goes back
-  through every earlier stage (each stage's B or I and the collectives after it, and the sends), and rank 0 ends
-  with its own post (under a split backward after the W of that microbatch too). ``head + work before the last
-  backward + drain + post of rank 0``. For gpipe and 1F1B every op but the update precedes the last backward; under
-  zero bubble the W ops may follow it, so none of them is counted there. For uniform stages and free links this is
-  the classic (m + p − 1)(f + b) of GPipe and 1F1B, exactly the engine's time.
-* **Interleaved** (several vstages per rank) uses the first chain only (the order of a rank's backward chunks is not
-  assumed).
+* **Drain** (gpipe, 1F1B, zero bubble, interleaved): rank r's last backward (B, or I under a split backward) is
+  its lowest vstage's, of one microbatch, and ends after ``head`` and every forward, recompute and earlier
+  backward of the rank; then that microbatch's input gradient goes back through every earlier vstage (each one's B
+  or I and the collectives after it, and the sends), and rank 0 ends with its post (under a split backward after
+  the W of that microbatch too). ``head + work before the last backward + drain + post of rank 0``. Under zero
+  bubble the W ops may follow the last I, so none of them is counted there. For uniform stages and free links this
+  is the classic (m + p − 1)(f + b) of GPipe and 1F1B (and its interleaved form with chunk times), exactly the
+  engine's time.
 
 Peak memory from below: a rank holds its stages' training state from the start (:func:`sim.cost.ledger.
 resident_bytes`, the ledger's own rule) and, at the forward that puts the most microbatches in flight, the kept
@@ -45,8 +44,10 @@ from sim.ir.ops import OpKind
 __all__ = ["StageTimes", "stage_times", "time_lower_bound", "memory_lower_bound", "DRAIN_SCHEDULES",
            "IN_FLIGHT"]
 
-#: Schedules with one vstage per rank whose every backward (B, or I under a split backward) is on the drain chain.
-DRAIN_SCHEDULES = frozenset({"gpipe", "1f1b", "zb1p"})
+#: Schedules whose every rank runs its last backward (B, or I under a split backward) on its lowest vstage, for the
+#: same microbatch on every rank, after all its forwards and earlier backwards (interleaved: the last
+#: chunk-backward is chunk 0's of microbatch m - 1, sim.schedules.interleaved).
+DRAIN_SCHEDULES = frozenset({"gpipe", "1f1b", "zb1p", "interleaved"})
 
 
 def _warmup_in_flight(pipeline: int, rank: int, microbatches: int) -> int:
@@ -149,15 +150,18 @@ def time_lower_bound(schedule: str, microbatches: int, vstage_to_rank: Sequence[
         # waits for the highest vstage's reduction, and the lowest vstage's parameter gather comes last.
         post = times.reduce_s[own[-1]] + times.gather_s[own[0]]
         best = max(best, head[own[0]] + work + post)
-    if schedule not in DRAIN_SCHEDULES or len(to_rank) != pipeline or times.updates != 1:
+    if schedule not in DRAIN_SCHEDULES or times.updates != 1:
         return best
-    drain = 0.0  # from rank r's last backward to the end of rank 0's: the earlier stages' backwards and the sends
-    post_0 = times.weight_backward_s[0] + times.reduce_s[0] + times.update_s[0] + times.gather_s[0]
+    first_of_0 = [v for v, r in enumerate(to_rank) if r == 0]
+    post_0 = (times.weight_backward_s[0] + times.reduce_s[first_of_0[-1]]
+              + sum(times.update_s[v] for v in first_of_0) + times.gather_s[first_of_0[0]])
+    drain = [0.0] * len(to_rank)  # drain[v]: from vstage v's backward of the microbatch to vstage 0's
+    for v in range(1, len(to_rank)):
+        drain[v] = drain[v - 1] + times.send_backward_s[v] + times.backward_s[v - 1]
     for rank in range(pipeline):
-        before_last = m * (times.forward_s[rank] + times.backward_s[rank] + times.recompute_s[rank])
-        if rank:
-            drain += times.send_backward_s[rank] + times.backward_s[rank - 1]
-        best = max(best, head[rank] + before_last + drain + post_0)
+        own = [v for v, r in enumerate(to_rank) if r == rank]
+        before_last = m * sum(times.forward_s[v] + times.backward_s[v] + times.recompute_s[v] for v in own)
+        best = max(best, head[own[0]] + before_last + drain[own[0]] + post_0)
     return best
 
 

@@ -211,15 +211,37 @@ def _run(argv: list[str] | None) -> int:
 
 def _summary(result: SearchResult, top: int) -> str:
     problem = result.problem
+    budget = ', stopped by --time-budget' if result.stopped_by_budget else ''
     covered = (f"{len(result.evaluations):,} of {result.space_size:,} plans costed ({result.coverage:.1%} of the "
-               f"space{', stopped by --time-budget' if result.stopped_by_budget else ''})")
+               f"space{budget})")
+    if result.screen is not None:  # its evaluations include the plans the screen alone proved infeasible
+        covered = f"{result.screen.simulated:,} of {result.space_size:,} plans simulated{budget}"
     head = (f"search ({result.strategy}, seed {result.seed}): {problem.model} on {problem.topology}, global batch "
             f"{problem.global_batch}; {covered} in {result.elapsed_s:.1f} s; {len(result.ranked):,} feasible")
     if problem.perturbation:
         head += f"\nevery plan simulated with {problem.perturbation.describe()}"
+    if result.screen is not None:
+        head += "\n" + _screen_line(result)
     if result.best is None:
         return head + "\nno feasible plan: see search.json for why each failed"
     return head + "\n" + format_table(result, top)
+
+
+def _screen_line(result: SearchResult) -> str:
+    """What the screen bounded and what the engine's proof covered (``--strategy screen``)."""
+    screen = result.screen
+    assert screen is not None
+    line = (f"screen: {screen.screened:,} of {result.space_size:,} plans bounded in {screen.screen_s:.1f} s "
+            f"({screen.infeasible:,} break a rule, {screen.over_memory:,} cannot fit); the engine simulated "
+            f"{screen.simulated:,} in order of their bound; ")
+    if screen.gap == float("inf"):
+        return line + "nothing proven (the time budget ended the screen, or no simulated plan fits)"
+    if screen.lowest_unsimulated_s == float("inf"):
+        return line + "every plan that could fit was simulated: the pick is exact"
+    left = f"(lowest bound left {screen.lowest_unsimulated_s:.4g} s)"
+    if screen.gap == 0:
+        return line + f"no plan left can be faster than the pick {left}"
+    return line + f"no plan left can be more than {screen.gap:.2%} faster than the pick {left}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,9 @@ Strategies (``--strategy``):
 * ``planner``: every candidate ranked by PipeDream's pipeline model without building a plan
   (:mod:`sim.search.planner`), then costed by the simulator best first, ``evaluations`` of them (default: a tenth
   of the space, at least 50) or as many as the time budget allows.
+* ``screen``: every candidate bounded from below by its per-stage costs (:mod:`sim.search.screen`, a proven bound
+  on its time and memory), then the engine on the best bounds until the best simulated plan is within 1 % of every
+  bound left: the pick proven without simulating the space (the summary says the gap and each stage's coverage).
 * ``dp``: the planner over the space with each pipeline layout's placements replaced by the one an exact dynamic
   program over partition and placement picks (:mod:`sim.search.dp`: PipeDream's planner generalised to devices of
   different speeds), so a mixed cluster's layouts are screened by their best placement instead of at most 24 guesses.
@@ -38,11 +41,13 @@ from sim.search.dp import joint_candidates
 from sim.search.driver import evaluate_all, map_tasks
 from sim.search.evaluate import Evaluation
 from sim.search.planner import estimate_all
+from sim.search.screen import ScreenSummary, prove, screen_all
+from sim.search.screen import summary as screen_summary
 from sim.search.space import SearchProblem, enumerate_candidates
 
 __all__ = ["SearchResult", "run_search", "STRATEGIES", "check_problem"]
 
-STRATEGIES = ("exhaustive", "alpa", "anneal", "planner", "dp")
+STRATEGIES = ("exhaustive", "alpa", "anneal", "planner", "dp", "screen")
 #: Independent annealing chains (each seeded from the search's seed and its index; spread over the workers).
 DEFAULT_CHAINS = 4
 
@@ -59,6 +64,7 @@ class SearchResult:
         stopped_by_budget: the time budget ended the search before the strategy was done.
         elapsed_s: wall-clock time of the search, s.
         seed: the seed of its random choices.
+        screen: what the screen and its proof covered (``screen`` strategy only).
     """
 
     problem: SearchProblem
@@ -68,6 +74,7 @@ class SearchResult:
     stopped_by_budget: bool
     elapsed_s: float
     seed: int
+    screen: ScreenSummary | None = None
 
     @property
     def ranked(self) -> tuple[Evaluation, ...]:
@@ -138,6 +145,8 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
     if strategy == "anneal":
         return _anneal(problem, topology, candidates, workers, seed, progress, evaluations, chains, time_budget_s,
                        ray_address)
+    if strategy == "screen":
+        return _screen(problem, topology, candidates, workers, seed, progress, time_budget_s, ray_address)
     if strategy in ("planner", "dp"):
         return _planner(problem, topology, candidates, workers, seed, progress, evaluations, time_budget_s,
                         ray_address, strategy=strategy)
@@ -145,6 +154,31 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
                         progress=progress, ray_address=ray_address)
     return SearchResult(problem, strategy, len(candidates), done.evaluations, done.stopped_by_budget,
                         done.elapsed_s, seed)
+
+
+def _screen(problem: SearchProblem, topology: Topology, candidates: list, workers: int, seed: int,
+            progress: Callable[[Evaluation], None] | None, time_budget_s: float | None,
+            ray_address: str | None) -> SearchResult:
+    """The screen strategy: bound every candidate, then prove the pick with the engine (:mod:`sim.search.screen`).
+    Under a time budget the screen and the proof share it; evaluations come back in the space's order."""
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise SpecError(f"{{time_budget_s}} must be > 0 seconds, got {time_budget_s!r}", "time_budget_s")
+    start = time.monotonic()
+    deadline = None if time_budget_s is None else start + time_budget_s
+    bounds = screen_all(problem, topology, candidates, deadline=deadline)
+    screened_at = time.monotonic()
+    simulated, lowest, stopped = prove(problem, candidates, bounds, workers=workers, deadline=deadline, seed=seed,
+                                       progress=progress, ray_address=ray_address)
+    index_of = {candidate: i for i, candidate in enumerate(candidates)}
+    evaluations = tuple(sorted(simulated, key=lambda e: index_of[e.candidate]))
+    # The infeasible candidates the screen found say why, as an evaluation would.
+    costed = {e.candidate for e in evaluations}
+    refused = tuple(Evaluation(c, False, reason=b.reason) for c, b in zip(candidates, bounds)
+                    if b is not None and not b.fits and c not in costed)
+    every = tuple(sorted(evaluations + refused, key=lambda e: index_of[e.candidate]))
+    summary = screen_summary(bounds, evaluations, lowest, screened_at - start)
+    return SearchResult(problem, "screen", len(candidates), every,
+                        stopped or summary.screened < len(candidates), time.monotonic() - start, seed, summary)
 
 
 def _anneal(problem: SearchProblem, topology: Topology, candidates: list, workers: int, seed: int,

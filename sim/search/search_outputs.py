@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,10 @@ def search_json(result: SearchResult) -> dict[str, Any]:
         "feasible": len(result.ranked),
         "coverage": result.coverage,
         "stopped_by_budget": result.stopped_by_budget,
+        # The screen's counts and proven gap (not its wall-clock time: the same inputs give the same bytes).
+        "screen": None if result.screen is None else {
+            key: (None if isinstance(value, float) and math.isinf(value) else value)
+            for key, value in asdict(result.screen).items() if key != "screen_s"},
         "best": None if best is None else _evaluation_record(best),
         "candidates": [_evaluation_record(e) for e in result.evaluations],
     }

@@ -1,0 +1,225 @@
+"""The screen (``--strategy screen``): every candidate of the space bounded from below, then the engine on the best
+bounds until the pick is proven.
+
+1. **Screen.** Each candidate's per-stage costs come from the cost views its plan would have (the same functions
+   ``build_plan`` uses: :func:`sim.plan.build.place_layers`, :func:`sim.cost.model.replica_views`, so the one cost
+   oracle), without building, lowering or simulating the plan; :mod:`sim.search.bound` turns them into a proven lower
+   bound on the iteration time and on each rank's peak memory. A candidate whose memory bound exceeds a device's
+   capacity cannot fit (pruned, with the reason); one that breaks a rule of the model, schedule or batch is
+   infeasible as :func:`sim.search.evaluate.evaluate` would say. What candidates share is computed once: the model
+   shard per sharding, the cost views per layout, microbatch size, partition and placement (the one-stage-per-rank
+   schedules differ in their programs, not their views).
+2. **Prove.** The candidates that may fit are simulated by the engine (:func:`sim.search.evaluate.evaluate`, the one
+   prediction path) in order of their bound, best first, in rounds, until the best simulated time is within
+   ``gap`` (1 %) of the lowest bound among those not simulated: no plan left can beat the pick by more than that.
+   Every number the search reports is the engine's; the bounds only decide what to simulate and prove the rest.
+
+The result says how much each stage covered and the proven gap (0 when every candidate that could win was
+simulated); a time budget stops either stage early, and the gap is then what was proven by then (infinite when the
+screen itself did not finish).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from sim.core.errors import SpecError
+from sim.cost.model import CostModel, plan_sharding, replica_views
+from sim.cost.profile import MeasuredProfile, load_profile
+from sim.hw.topology import Topology
+from sim.models import build_model
+from sim.models.graph import LayerGraph
+from sim.plan.build import place_layers
+from sim.plan.layout import plan_layout, plan_microbatches
+from sim.plan.lower_collectives import check_data_parallel
+from sim.schedules import SCHEDULES
+from sim.search.bound import memory_lower_bound, stage_times, time_lower_bound
+from sim.search.driver import evaluate_all
+from sim.search.evaluate import Evaluation, memory_verdict
+from sim.search.space import Candidate, SearchProblem
+
+__all__ = ["Bound", "ScreenSummary", "Screener", "screen_all", "prove", "summary", "DEFAULT_GAP", "MIN_SIMULATED"]
+
+#: The proof's target: stop simulating once no candidate left can be more than this much faster than the pick.
+DEFAULT_GAP = 0.01
+#: Candidates the proof simulates at least (when that many may fit), so that the ranked table shows alternatives.
+MIN_SIMULATED = 10
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What the screen proved of one candidate.
+
+    Attributes:
+        time_s: lower bound on its iteration time, s (``inf`` when it cannot be built).
+        fits: False when its memory bound already exceeds a device's capacity (it cannot fit).
+        reason: why it is infeasible ("" when it may be feasible).
+    """
+
+    time_s: float
+    fits: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ScreenSummary:
+    """How far the screen and the proof got.
+
+    Attributes:
+        screened: candidates the screen bounded (all of them unless the time budget ended it).
+        infeasible: of those, the ones that break a rule of the model, schedule or batch.
+        over_memory: of those, the ones whose memory bound exceeds a device.
+        simulated: candidates the engine costed.
+        lowest_unsimulated_s: the lowest time bound among the screened candidates that may fit and were not
+            simulated, s (``inf`` when none is left).
+        gap: how much faster than the pick (the best simulated feasible plan) a candidate not simulated could
+            possibly be, as a fraction of the pick's time: ``max(0, 1 - lowest_unsimulated_s / best)`` (``inf`` when
+            the screen did not finish or nothing feasible was simulated).
+        screen_s: wall-clock time of the screen, s.
+    """
+
+    screened: int
+    infeasible: int
+    over_memory: int
+    simulated: int
+    lowest_unsimulated_s: float
+    gap: float
+    screen_s: float
+
+
+class Screener:
+    """Bounds the candidates of one problem, keeping what they share (module docstring)."""
+
+    def __init__(self, problem: SearchProblem, topology: Topology) -> None:
+        self.problem, self.topology = problem, topology
+        self.profile: MeasuredProfile | None = load_profile(problem.profile) if problem.profile else None
+        self.graphs: dict[tuple, LayerGraph] = {}
+        self.views: dict[Candidate, tuple[tuple[CostModel, ...], int]] = {}
+
+    def bound(self, candidate: Candidate) -> Bound:
+        """The candidate's :class:`Bound`; never raises for an infeasible one."""
+        entry = SCHEDULES[candidate.schedule]
+        try:
+            views, microbatches = self._views(candidate)
+            # The rules build_plan checks of the schedule: its sizes, the data-parallel layouts it supports.
+            layout = views[0].layout
+            entry.check(layout.pp, microbatches, candidate.chunks if entry.chunked else 1)
+            check_data_parallel(layout, entry.name, entry.weight_policy, split_backward=entry.split_backward)
+        except SpecError as exc:
+            return Bound(math.inf, False, str(exc))
+        stashing = entry.weight_policy == "stash"
+        recompute_full = candidate.recompute == "full"
+        updates = microbatches if stashing else 1
+        time_s, peaks, capacities, names = 0.0, [], [], []
+        limit = self.problem.memory_limit_bytes
+        for view in views:
+            times = stage_times(view, split_backward=entry.split_backward, recompute_full=recompute_full,
+                                updates=updates)
+            time_s = max(time_s, time_lower_bound(candidate.schedule, microbatches, view.placement.vstage_to_rank,
+                                                  times))
+            peaks.extend(memory_lower_bound(view, candidate.schedule, microbatches, recompute_full=recompute_full,
+                                            stashing=stashing))
+            for rank in range(view.layout.pp):
+                device = self.topology.devices[view.device_index_of(rank)]
+                capacities.append(device.memory_bytes)
+                names.append(device.name)
+        pipeline = views[0].layout.pp
+        _, reason = memory_verdict(tuple(peaks), capacities, names, pipeline, limit)
+        if reason:
+            reason = reason.replace("needs", "needs at least", 1)
+        return Bound(time_s, not reason, reason)
+
+    def _views(self, candidate: Candidate) -> tuple[tuple[CostModel, ...], int]:
+        """The cost views of ``candidate``'s plan and its microbatch count, shared by the candidates that differ
+        only in a one-stage-per-rank schedule."""
+        entry = SCHEDULES[candidate.schedule]
+        shared = candidate if entry.chunked else replace(candidate, schedule="1f1b")
+        found = self.views.get(shared)
+        if found is not None:
+            return found
+        inputs = candidate.plan_inputs(self.problem)
+        layout = plan_layout(inputs, self.topology)
+        microbatches = plan_microbatches(inputs, layout)
+        if microbatches is None:
+            raise SpecError("the global batch is not a whole number of microbatches per replica")
+        vstage_to_rank = (entry.vstage_to_rank(layout.pp, candidate.chunks) if entry.chunked
+                          else tuple(range(layout.pp)))
+        sharding = plan_sharding(layout, inputs.recompute_mode)
+        key = (inputs.model, sharding)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = build_model(inputs.model, sharding)
+        if len(vstage_to_rank) > len(graph):
+            raise SpecError(f"{len(vstage_to_rank)} stages for {len(graph)} layers: more stages than layers")
+        oracle, placement = place_layers(inputs, graph, self.profile, self.topology, layout, vstage_to_rank)
+        views = replica_views(graph, self.topology, placement, inputs.microbatch_size, self.profile, oracle=oracle,
+                              layout=layout)
+        found = self.views[shared] = (views, microbatches)
+        return found
+
+
+def screen_all(problem: SearchProblem, topology: Topology, candidates: Sequence[Candidate], *,
+               deadline: float | None = None) -> list[Bound | None]:
+    """The :class:`Bound` of each candidate, in order; ``None`` for those not reached before ``deadline``
+    (``time.monotonic()`` seconds)."""
+    screener = Screener(problem, topology)
+    found: list[Bound | None] = []
+    for candidate in candidates:
+        if deadline is not None and time.monotonic() >= deadline:
+            found.extend([None] * (len(candidates) - len(found)))
+            break
+        found.append(screener.bound(candidate))
+    return found
+
+
+def prove(problem: SearchProblem, candidates: Sequence[Candidate], bounds: Sequence[Bound | None], *,
+          workers: int = 1, gap: float = DEFAULT_GAP, deadline: float | None = None, seed: int = 0,
+          progress: Callable[[Evaluation], None] | None = None,
+          ray_address: str | None = None) -> tuple[list[Evaluation], float, bool]:
+    """Simulate the candidates that may fit in order of their bound until the best is proven within ``gap`` of every
+    candidate left (module docstring), and at least :data:`MIN_SIMULATED` of them.
+
+    Returns:
+        The evaluations (in the order simulated), the lowest bound left unsimulated (s; ``inf`` when none), and
+        whether the deadline (``time.monotonic()`` seconds) stopped it first.
+    """
+    order = sorted((b.time_s, i) for i, b in enumerate(bounds) if b is not None and b.fits and b.time_s < math.inf)
+    done: list[Evaluation] = []
+    best = math.inf
+    position = 0
+    batch = max(1, workers) * 2
+    while position < len(order):
+        lowest = order[position][0]
+        if best <= lowest * (1 + gap) and position >= MIN_SIMULATED:
+            return done, lowest, False
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return done, lowest, True
+        chunk = [candidates[i] for _, i in order[position:position + batch]]
+        result = evaluate_all(problem, chunk, workers=workers, time_budget_s=left, seed=seed, progress=progress,
+                              in_order=True, ray_address=ray_address)
+        done.extend(result.evaluations)
+        position += len(result.evaluations)
+        best = min([best] + [e.iteration_time_s for e in result.evaluations if e.feasible])  # type: ignore[list-item]
+        if result.stopped_by_budget:
+            return done, order[position][0] if position < len(order) else math.inf, True
+    return done, math.inf, False
+
+
+def summary(bounds: Sequence[Bound | None], evaluations: Sequence[Evaluation], lowest_unsimulated_s: float,
+            screen_s: float) -> ScreenSummary:
+    """The :class:`ScreenSummary` of a screened search."""
+    reached = [b for b in bounds if b is not None]
+    feasible = [e.iteration_time_s for e in evaluations if e.feasible]
+    best = min(feasible, default=math.inf)
+    complete = len(reached) == len(bounds)
+    if not complete or best == math.inf:
+        gap = math.inf
+    else:
+        gap = max(0.0, 1.0 - lowest_unsimulated_s / best) if lowest_unsimulated_s < math.inf else 0.0
+    return ScreenSummary(len(reached), sum(1 for b in reached if b.time_s == math.inf),
+                         sum(1 for b in reached if b.time_s < math.inf and not b.fits), len(evaluations),
+                         lowest_unsimulated_s, gap, screen_s)
