@@ -38,15 +38,13 @@ from sim.cost.ledger import program_order_peaks
 from sim.cost.model import plan_sharding, replica_views
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
-from sim.ir.parallel import Parallelism
-from sim.ir.plan import OpKind, Placement, Plan
+from sim.ir.plan import OpKind
 from sim.models import build_model
 from sim.models.graph import LayerGraph
 from sim.plan.build import place_layers
 from sim.plan.layout import plan_layout, plan_microbatches
-from sim.plan.lower import add_recompute, lower
-from sim.plan.lower_collectives import add_collectives
 from sim.schedules import SCHEDULES
+from sim.search.screen import ScheduledPrograms
 from sim.search.space import Candidate, SearchProblem
 
 __all__ = ["estimate_all", "FILL", "OVER_MEMORY"]
@@ -67,7 +65,7 @@ class _Screen:
         self.profile = load_profile(problem.profile) if problem.profile else None
         self.graphs: dict[tuple, LayerGraph] = {}
         self.works: dict[Candidate, tuple] = {}
-        self.schedule_plans: dict[tuple, Plan] = {}
+        self.programs = ScheduledPrograms()
 
     def estimate(self, candidate: Candidate) -> float:
         """The estimate of ``candidate`` (module docstring), s.
@@ -87,7 +85,7 @@ class _Screen:
         """The memory screen's peak of each simulated rank of ``candidate``, bytes: the memory ledger over the
         lowered programs of its schedule, which is the engine's ``peak_memory_bytes``."""
         microbatches, _, _, _, _, (views, placement, _, layout) = self._work_of(candidate)
-        return program_order_peaks(self._schedule_plan(candidate, microbatches, placement, layout), views)
+        return program_order_peaks(self.programs.plan(candidate, microbatches, placement, layout), views)
 
     def _work_of(self, candidate: Candidate) -> tuple:
         """:meth:`_work`, shared by the candidates that differ only in a one-stage-per-rank schedule (those
@@ -97,27 +95,6 @@ class _Screen:
         if work is None:
             work = self.works[shared] = self._work(candidate)
         return work
-
-    def _schedule_plan(self, candidate: Candidate, microbatches: int, placement: Placement,
-                       layout: Parallelism) -> Plan:
-        """The lowered plan of ``candidate``'s schedule on ``placement``, as ``build_plan`` lowers it, with what changes
-        its memory: R ops under full recomputation, the updates (per microbatch under weight stashing), and the
-        collectives of ``layout`` (a data-parallel reduction's buffer is held from its issue to its update). Its
-        programs are shared by every candidate of the same schedule, ranks, microbatches, chunks, recomputation and
-        layout."""
-        entry = SCHEDULES[candidate.schedule]
-        pipeline = max(placement.vstage_to_rank) + 1
-        chunks = candidate.chunks if entry.chunked else 1
-        key = (candidate.schedule, pipeline, microbatches, chunks, candidate.recompute == "full", layout)
-        plan = self.schedule_plans.get(key)
-        if plan is None:
-            plan = Plan(schedule=entry.name, level="L0", model="", topology="", num_microbatches=microbatches,
-                        microbatch_size=1, weight_policy=entry.weight_policy, placement=placement,
-                        programs=entry.build(pipeline, microbatches, chunks), parallel=layout)
-            if candidate.recompute == "full":
-                plan = add_recompute(plan)
-            plan = self.schedule_plans[key] = add_collectives(lower(plan))
-        return replace(plan, placement=placement)
 
     def _work(self, candidate: Candidate) -> tuple[int, int, float, float, float, tuple]:
         """``(m, p, the bottleneck rank's work per microbatch, the slowest virtual stage's, the slowest update, what

@@ -27,21 +27,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
+from sim.cost.ledger import program_order_peaks
 from sim.cost.model import CostModel, plan_sharding, replica_views
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
+from sim.ir.parallel import Parallelism
+from sim.ir.plan import Placement, Plan
 from sim.models import build_model
 from sim.models.graph import LayerGraph
 from sim.plan.build import place_layers
 from sim.plan.layout import plan_layout, plan_microbatches
-from sim.plan.lower_collectives import check_data_parallel
+from sim.plan.lower import add_recompute, lower
+from sim.plan.lower_collectives import add_collectives, check_data_parallel
 from sim.schedules import SCHEDULES
 from sim.search.bound import memory_lower_bound, stage_times, time_lower_bound
 from sim.search.driver import evaluate_all
 from sim.search.evaluate import Evaluation, memory_verdict
 from sim.search.space import Candidate, SearchProblem
 
-__all__ = ["Bound", "ScreenSummary", "Screener", "screen_all", "prove", "summary", "DEFAULT_GAP", "MIN_SIMULATED"]
+__all__ = ["Bound", "ScreenSummary", "Screener", "ScheduledPrograms", "screen_all", "prove", "summary", "DEFAULT_GAP",
+           "MIN_SIMULATED"]
 
 #: The proof's target: stop simulating once no candidate left can be more than this much faster than the pick.
 DEFAULT_GAP = 0.01
@@ -71,7 +76,8 @@ class ScreenSummary:
     Attributes:
         screened: candidates the screen bounded (all of them unless the time budget ended it).
         infeasible: of those, the ones that break a rule of the model, schedule or batch.
-        over_memory: of those, the ones whose memory bound exceeds a device.
+        over_memory: the candidates that cannot fit: the screen's memory bound, or (for those the proof reached)
+            their exact peaks, exceeds a device.
         simulated: candidates the engine costed.
         lowest_unsimulated_s: the lowest time bound among the screened candidates that may fit and were not
             simulated, s (``inf`` when none is left).
@@ -90,6 +96,34 @@ class ScreenSummary:
     screen_s: float
 
 
+class ScheduledPrograms:
+    """The lowered programs of each schedule structure a search meets, without costs: what the memory ledger replays
+    for a candidate's exact peaks (:func:`sim.cost.ledger.program_order_peaks`, the engine's peak for plans without
+    host copies) without building the candidate's plan. Shared by the candidates of the same schedule, ranks,
+    microbatches, chunks, recomputation and layout."""
+
+    def __init__(self) -> None:
+        self.plans: dict[tuple, Plan] = {}
+
+    def plan(self, candidate: Candidate, microbatches: int, placement: Placement, layout: Parallelism) -> Plan:
+        """The lowered plan of ``candidate``'s schedule on ``placement``, as ``build_plan`` lowers it, with what
+        changes its memory: R ops under full recomputation, the updates (per microbatch under weight stashing), and
+        the collectives of ``layout`` (a data-parallel reduction's buffer is held from its issue to its update)."""
+        entry = SCHEDULES[candidate.schedule]
+        pipeline = max(placement.vstage_to_rank) + 1
+        chunks = candidate.chunks if entry.chunked else 1
+        key = (candidate.schedule, pipeline, microbatches, chunks, candidate.recompute == "full", layout)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = Plan(schedule=entry.name, level="L0", model="", topology="", num_microbatches=microbatches,
+                        microbatch_size=1, weight_policy=entry.weight_policy, placement=placement,
+                        programs=entry.build(pipeline, microbatches, chunks), parallel=layout)
+            if candidate.recompute == "full":
+                plan = add_recompute(plan)
+            plan = self.plans[key] = add_collectives(lower(plan))
+        return replace(plan, placement=placement)
+
+
 class Screener:
     """Bounds the candidates of one problem, keeping what they share (module docstring)."""
 
@@ -98,6 +132,7 @@ class Screener:
         self.profile: MeasuredProfile | None = load_profile(problem.profile) if problem.profile else None
         self.graphs: dict[tuple, LayerGraph] = {}
         self.views: dict[Candidate, tuple[tuple[CostModel, ...], int]] = {}
+        self.programs = ScheduledPrograms()
 
     def bound(self, candidate: Candidate) -> Bound:
         """The candidate's :class:`Bound`; never raises for an infeasible one."""
@@ -132,6 +167,19 @@ class Screener:
             reason = reason.replace("needs", "needs at least", 1)
         return Bound(time_s, not reason, reason)
 
+    def memory_verdict(self, candidate: Candidate) -> str:
+        """Why ``candidate`` does not fit in memory, "" when it does: its exact peaks, the memory ledger replayed
+        over its lowered programs (the engine's own peaks), against each device's capacity. For a candidate the
+        screen bounded (its views are kept)."""
+        views, microbatches = self._views(candidate)
+        layout = views[0].layout
+        plan = self.programs.plan(candidate, microbatches, views[0].placement, layout)
+        peaks = program_order_peaks(plan, views)
+        devices = [self.topology.devices[view.device_index_of(rank)] for view in views for rank in range(layout.pp)]
+        _, reason = memory_verdict(peaks, [d.memory_bytes for d in devices], [d.name for d in devices], layout.pp,
+                                   self.problem.memory_limit_bytes)
+        return reason
+
     def _views(self, candidate: Candidate) -> tuple[tuple[CostModel, ...], int]:
         """The cost views of ``candidate``'s plan and its microbatch count, shared by the candidates that differ
         only in a one-stage-per-rank schedule."""
@@ -161,11 +209,10 @@ class Screener:
         return found
 
 
-def screen_all(problem: SearchProblem, topology: Topology, candidates: Sequence[Candidate], *,
+def screen_all(screener: Screener, candidates: Sequence[Candidate], *,
                deadline: float | None = None) -> list[Bound | None]:
     """The :class:`Bound` of each candidate, in order; ``None`` for those not reached before ``deadline``
     (``time.monotonic()`` seconds)."""
-    screener = Screener(problem, topology)
     found: list[Bound | None] = []
     for candidate in candidates:
         if deadline is not None and time.monotonic() >= deadline:
@@ -175,43 +222,60 @@ def screen_all(problem: SearchProblem, topology: Topology, candidates: Sequence[
     return found
 
 
-def prove(problem: SearchProblem, candidates: Sequence[Candidate], bounds: Sequence[Bound | None], *,
+def prove(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[Bound | None], *,
           workers: int = 1, gap: float = DEFAULT_GAP, deadline: float | None = None, seed: int = 0,
           progress: Callable[[Evaluation], None] | None = None,
           ray_address: str | None = None) -> tuple[list[Evaluation], float, bool]:
     """Simulate the candidates that may fit in order of their bound until the best is proven within ``gap`` of every
-    candidate left (module docstring), and at least :data:`MIN_SIMULATED` of them.
+    candidate left (module docstring), and at least :data:`MIN_SIMULATED` of them. A candidate whose exact peaks
+    (:meth:`Screener.memory_verdict`) do not fit is refused without simulating it.
 
     Returns:
-        The evaluations (in the order simulated), the lowest bound left unsimulated (s; ``inf`` when none), and
-        whether the deadline (``time.monotonic()`` seconds) stopped it first.
+        The evaluations (in the order made), the lowest bound left unsimulated (s; ``inf`` when none), and whether
+        the deadline (``time.monotonic()`` seconds) stopped it first.
     """
+    problem = screener.problem
     order = sorted((b.time_s, i) for i, b in enumerate(bounds) if b is not None and b.fits and b.time_s < math.inf)
     done: list[Evaluation] = []
     best = math.inf
-    position = 0
+    position = simulated = 0
     batch = max(1, workers) * 2
     while position < len(order):
         lowest = order[position][0]
-        if best <= lowest * (1 + gap) and position >= MIN_SIMULATED:
+        if best <= lowest * (1 + gap) and simulated >= MIN_SIMULATED:
             return done, lowest, False
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             return done, lowest, True
-        chunk = [candidates[i] for _, i in order[position:position + batch]]
-        result = evaluate_all(problem, chunk, workers=workers, time_budget_s=left, seed=seed, progress=progress,
-                              in_order=True, ray_address=ray_address)
+        chunk: list[tuple[float, Candidate]] = []  # (bound, candidate) to simulate
+        while position < len(order) and len(chunk) < batch:
+            bound, index = order[position]
+            position += 1
+            reason = screener.memory_verdict(candidates[index])
+            if reason:
+                done.append(Evaluation(candidates[index], False, reason=reason))
+                if progress is not None:
+                    progress(done[-1])
+            else:
+                chunk.append((bound, candidates[index]))
+        if not chunk:
+            continue
+        result = evaluate_all(problem, [c for _, c in chunk], workers=workers, time_budget_s=left, seed=seed,
+                              progress=progress, in_order=True, ray_address=ray_address)
         done.extend(result.evaluations)
-        position += len(result.evaluations)
+        simulated += len(result.evaluations)
         best = min([best] + [e.iteration_time_s for e in result.evaluations if e.feasible])  # type: ignore[list-item]
         if result.stopped_by_budget:
-            return done, order[position][0] if position < len(order) else math.inf, True
+            costed = {e.candidate for e in result.evaluations}
+            rest = [bound for bound, c in chunk if c not in costed] + ([order[position][0]]
+                                                                       if position < len(order) else [])
+            return done, min(rest, default=math.inf), True
     return done, math.inf, False
 
 
 def summary(bounds: Sequence[Bound | None], evaluations: Sequence[Evaluation], lowest_unsimulated_s: float,
             screen_s: float) -> ScreenSummary:
-    """The :class:`ScreenSummary` of a screened search."""
+    """The :class:`ScreenSummary` of a screened search; ``evaluations`` are :func:`prove`'s."""
     reached = [b for b in bounds if b is not None]
     feasible = [e.iteration_time_s for e in evaluations if e.feasible]
     best = min(feasible, default=math.inf)
@@ -220,6 +284,7 @@ def summary(bounds: Sequence[Bound | None], evaluations: Sequence[Evaluation], l
         gap = math.inf
     else:
         gap = max(0.0, 1.0 - lowest_unsimulated_s / best) if lowest_unsimulated_s < math.inf else 0.0
+    refused_by_ledger = sum(1 for e in evaluations if e.iteration_time_s is None)
     return ScreenSummary(len(reached), sum(1 for b in reached if b.time_s == math.inf),
-                         sum(1 for b in reached if b.time_s < math.inf and not b.fits), len(evaluations),
-                         lowest_unsimulated_s, gap, screen_s)
+                         sum(1 for b in reached if b.time_s < math.inf and not b.fits) + refused_by_ledger,
+                         len(evaluations) - refused_by_ledger, lowest_unsimulated_s, gap, screen_s)

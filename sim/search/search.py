@@ -41,7 +41,7 @@ from sim.search.dp import joint_candidates
 from sim.search.driver import evaluate_all, map_tasks
 from sim.search.evaluate import Evaluation
 from sim.search.planner import estimate_all
-from sim.search.screen import ScreenSummary, prove, screen_all
+from sim.search.screen import Screener, ScreenSummary, prove, screen_all
 from sim.search.screen import summary as screen_summary
 from sim.search.space import SearchProblem, enumerate_candidates
 
@@ -165,18 +165,18 @@ def _screen(problem: SearchProblem, topology: Topology, candidates: list, worker
         raise SpecError(f"{{time_budget_s}} must be > 0 seconds, got {time_budget_s!r}", "time_budget_s")
     start = time.monotonic()
     deadline = None if time_budget_s is None else start + time_budget_s
-    bounds = screen_all(problem, topology, candidates, deadline=deadline)
+    screener = Screener(problem, topology)
+    bounds = screen_all(screener, candidates, deadline=deadline)
     screened_at = time.monotonic()
-    simulated, lowest, stopped = prove(problem, candidates, bounds, workers=workers, deadline=deadline, seed=seed,
-                                       progress=progress, ray_address=ray_address)
+    proved, lowest, stopped = prove(screener, candidates, bounds, workers=workers, deadline=deadline, seed=seed,
+                                    progress=progress, ray_address=ray_address)
     index_of = {candidate: i for i, candidate in enumerate(candidates)}
-    evaluations = tuple(sorted(simulated, key=lambda e: index_of[e.candidate]))
     # The infeasible candidates the screen found say why, as an evaluation would.
-    costed = {e.candidate for e in evaluations}
-    refused = tuple(Evaluation(c, False, reason=b.reason) for c, b in zip(candidates, bounds)
-                    if b is not None and not b.fits and c not in costed)
-    every = tuple(sorted(evaluations + refused, key=lambda e: index_of[e.candidate]))
-    summary = screen_summary(bounds, evaluations, lowest, screened_at - start)
+    reached = {e.candidate for e in proved}
+    refused = [Evaluation(c, False, reason=b.reason) for c, b in zip(candidates, bounds)
+               if b is not None and not b.fits and c not in reached]
+    every = tuple(sorted([*proved, *refused], key=lambda e: index_of[e.candidate]))
+    summary = screen_summary(bounds, proved, lowest, screened_at - start)
     return SearchResult(problem, "screen", len(candidates), every,
                         stopped or summary.screened < len(candidates), time.monotonic() - start, seed, summary)
 
