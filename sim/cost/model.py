@@ -409,13 +409,20 @@ class CostModel:
             return self._expert_exchanges(vstage)
         pipeline_rank = self.placement.vstage_to_rank[vstage]
         start, end = self.placement.vstage_layers[vstage]
+        # What follows depends on the topology and the collectives' groups and buffers alone: kept in the topology's
+        # memo, for every view of a search that asks the same op of the same groups.
+        memo = self.topology.cost_memo
         if kind in (OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS):
-            parts, held = [], set()
-            for name, groups, nbytes in self._data_parallel(kind, vstage):
-                cost = oracle.collective(name, groups, nbytes)
-                parts.append((cost, 1, nbytes))
-                held.update(cost.link_keys)
-            return _sum_costs(parts, tuple(sorted(held)))
+            collectives = tuple(self._data_parallel(kind, vstage))
+            found = memo.get(("data-parallel op", collectives))
+            if found is None:
+                parts, held = [], set()
+                for name, groups, nbytes in collectives:
+                    cost = oracle.collective(name, groups, nbytes)
+                    parts.append((cost, 1, nbytes))
+                    held.update(cost.link_keys)
+                found = memo[("data-parallel op", collectives)] = _sum_costs(parts, tuple(sorted(held)))
+            return found
         groups = layout.tp_groups(pipeline_rank, self.concurrent)
         names = ("reduce_scatter", "all_gather") if layout.sequence_parallel else ("all_reduce",)
         backward = kind is OpKind.TP_B
@@ -427,16 +434,20 @@ class CostModel:
             if count:
                 each = self.microbatch_size * total // count
                 buffers[each] = buffers.get(each, 0) + count
-        # Under sequence parallelism a reduce-scatter and an all-gather replace each all-reduce of the same buffer.
-        parts, held = [], set()
         own = groups[self.concurrent.index(self.replica)]
-        for each, count in sorted(buffers.items()):
-            for name in names:
-                cost = oracle.collective(name, groups, each)
-                parts.append((cost, count, each))
-                # The engine holds the simulated group's own links, for the algorithm costed for all groups.
-                held.update(oracle.collective(name, (own,), each, cost.algorithm).link_keys)
-        return _sum_costs(parts, tuple(sorted(held)))
+        key = ("tensor-parallel op", names, groups, own, tuple(sorted(buffers.items())))
+        found = memo.get(key)
+        if found is None:
+            # Under sequence parallelism a reduce-scatter and an all-gather replace each all-reduce of the same buffer.
+            parts, held = [], set()
+            for each, count in sorted(buffers.items()):
+                for name in names:
+                    cost = oracle.collective(name, groups, each)
+                    parts.append((cost, count, each))
+                    # The engine holds the simulated group's own links, for the algorithm costed for all groups.
+                    held.update(oracle.collective(name, (own,), each, cost.algorithm).link_keys)
+            found = memo[key] = _sum_costs(parts, tuple(sorted(held)))
+        return found
 
     def profiled_ranks(self, num_ranks: int | None = None) -> tuple[int, ...]:
         """Ranks whose measured times replace the roofline (:meth:`sim.cost.oracle.CostOracle.profiled_ranks`)."""

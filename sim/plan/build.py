@@ -34,7 +34,7 @@ from sim.plan.partition import counts_to_ranges, parse_partition
 from sim.plan.validate import validate, validate_l0
 from sim.schedules import get_schedule
 
-__all__ = ["BuiltPlan", "build_plan", "place_layers"]
+__all__ = ["BuiltPlan", "build_plan", "place_layers", "inputs_oracle", "partition_layers"]
 
 #: Options of a plan's generator: (name, value) pairs, recorded in the plan's options.
 _Options = tuple[tuple[str, int | float | bool], ...]
@@ -291,8 +291,25 @@ def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile
     Raises:
         SpecError: the partition does not fit (see :func:`sim.plan.partition.parse_partition`).
     """
-    oracle = plan_oracle(graph, inputs.microbatch_size, profile, topology, layout, cuda_graphs=inputs.cuda_graphs,
-                         kernel_model=inputs.kernel_model, precision=inputs.precision, compiled=inputs.compiled)
+    oracle = inputs_oracle(inputs, graph, profile, topology, layout)
+    return oracle, partition_layers(inputs, oracle, layout, vstage_to_rank)
+
+
+def inputs_oracle(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
+                  layout: Parallelism) -> CostOracle:
+    """The cost oracle of a plan with these inputs (:func:`sim.cost.model.plan_oracle` with the inputs' microbatch
+    size, CUDA graphs, kernel model, precision and compilation)."""
+    return plan_oracle(graph, inputs.microbatch_size, profile, topology, layout, cuda_graphs=inputs.cuda_graphs,
+                       kernel_model=inputs.kernel_model, precision=inputs.precision, compiled=inputs.compiled)
+
+
+def partition_layers(inputs: PlanInputs, oracle: CostOracle, layout: Parallelism,
+                     vstage_to_rank: tuple[int, ...]) -> Placement:
+    """Where the layers go: the inputs' partition rule resolved with ``oracle`` on the first replica's devices.
+
+    Raises:
+        SpecError: the partition does not fit (see :func:`sim.plan.partition.parse_partition`).
+    """
     counts = parse_partition(inputs.partition, oracle, len(vstage_to_rank),
                              tuple(layout.device(rank, 0, 0) for rank in vstage_to_rank))
-    return oracle, Placement(counts_to_ranges(counts), vstage_to_rank)
+    return Placement(counts_to_ranges(counts), vstage_to_rank)

@@ -28,14 +28,15 @@ from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.cost.ledger import program_order_peaks
-from sim.cost.model import CostModel, plan_sharding, replica_views
+from sim.cost.model import CostModel, plan_sharding, plan_state_shards, replica_views
+from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import Placement, Plan
 from sim.models import build_model
 from sim.models.graph import LayerGraph
-from sim.plan.build import place_layers
+from sim.plan.build import inputs_oracle, partition_layers
 from sim.plan.layout import plan_layout, plan_microbatches
 from sim.plan.lower import add_recompute, lower
 from sim.plan.lower_collectives import add_collectives, check_data_parallel
@@ -59,14 +60,17 @@ class Bound:
     """What the screen proved of one candidate.
 
     Attributes:
-        time_s: lower bound on its iteration time, s (``inf`` when it cannot be built).
-        fits: False when its memory bound already exceeds a device's capacity (it cannot fit).
+        time_s: lower bound on its iteration time, s (``inf`` when it is infeasible: not computed for a candidate
+            that breaks a rule or whose memory bound already rules it out).
+        fits: False when it is infeasible: it breaks a rule, or its memory bound exceeds a device's capacity.
         reason: why it is infeasible ("" when it may be feasible).
+        breaks_rule: it breaks a rule of the model, schedule or batch (its plan cannot be built).
     """
 
     time_s: float
     fits: bool
     reason: str = ""
+    breaks_rule: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,39 +137,39 @@ class Screener:
         self.graphs: dict[tuple, LayerGraph] = {}
         self.views: dict[Candidate, tuple[tuple[CostModel, ...], int]] = {}
         self.programs = ScheduledPrograms()
+        self.layouts: dict[Parallelism, Parallelism] = {}
+        self.oracles: dict[tuple, CostOracle] = {}
 
     def bound(self, candidate: Candidate) -> Bound:
-        """The candidate's :class:`Bound`; never raises for an infeasible one."""
+        """The candidate's :class:`Bound`; never raises for an infeasible one. The memory bound comes first: a
+        candidate it rules out needs no time bound."""
         entry = SCHEDULES[candidate.schedule]
         try:
             views, microbatches = self._views(candidate)
-            # The rules build_plan checks of the schedule: its sizes, the data-parallel layouts it supports.
-            layout = views[0].layout
-            entry.check(layout.pp, microbatches, candidate.chunks if entry.chunked else 1)
-            check_data_parallel(layout, entry.name, entry.weight_policy, split_backward=entry.split_backward)
-        except SpecError as exc:
+        except _OverMemory as exc:
             return Bound(math.inf, False, str(exc))
+        except SpecError as exc:
+            return Bound(math.inf, False, str(exc), breaks_rule=True)
         stashing = entry.weight_policy == "stash"
         recompute_full = candidate.recompute == "full"
-        updates = microbatches if stashing else 1
-        time_s, peaks, capacities, names = 0.0, [], [], []
-        limit = self.problem.memory_limit_bytes
+        peaks, capacities, names = [], [], []
         for view in views:
-            times = stage_times(view, split_backward=entry.split_backward, recompute_full=recompute_full,
-                                updates=updates)
-            time_s = max(time_s, time_lower_bound(candidate.schedule, microbatches, view.placement.vstage_to_rank,
-                                                  times))
             peaks.extend(memory_lower_bound(view, candidate.schedule, microbatches, recompute_full=recompute_full,
                                             stashing=stashing))
             for rank in range(view.layout.pp):
                 device = self.topology.devices[view.device_index_of(rank)]
                 capacities.append(device.memory_bytes)
                 names.append(device.name)
-        pipeline = views[0].layout.pp
-        _, reason = memory_verdict(tuple(peaks), capacities, names, pipeline, limit)
+        _, reason = memory_verdict(tuple(peaks), capacities, names, views[0].layout.pp,
+                                   self.problem.memory_limit_bytes)
         if reason:
-            reason = reason.replace("needs", "needs at least", 1)
-        return Bound(time_s, not reason, reason)
+            return Bound(math.inf, False, reason.replace("needs", "needs at least", 1))
+        updates = microbatches if stashing else 1
+        time_s = max(time_lower_bound(candidate.schedule, microbatches, view.placement.vstage_to_rank,
+                                      stage_times(view, split_backward=entry.split_backward,
+                                                  recompute_full=recompute_full, updates=updates))
+                     for view in views)
+        return Bound(time_s, True)
 
     def memory_verdict(self, candidate: Candidate) -> str:
         """Why ``candidate`` does not fit in memory, "" when it does: its exact peaks, the memory ledger replayed
@@ -182,17 +186,27 @@ class Screener:
 
     def _views(self, candidate: Candidate) -> tuple[tuple[CostModel, ...], int]:
         """The cost views of ``candidate``'s plan and its microbatch count, shared by the candidates that differ
-        only in a one-stage-per-rank schedule."""
+        only in a one-stage-per-rank schedule; the rules ``build_plan`` checks are checked first, before anything
+        is costed.
+
+        Raises:
+            SpecError: the candidate breaks a rule (the message ``build_plan`` would give).
+        """
         entry = SCHEDULES[candidate.schedule]
+        inputs = candidate.plan_inputs(self.problem)
+        # One object per distinct layout: it keeps its device groups for every view built on it.
+        layout = plan_layout(inputs, self.topology)
+        layout = self.layouts.setdefault(layout, layout)
+        microbatches = plan_microbatches(inputs, layout)
+        if microbatches is None:
+            raise SpecError("the global batch is not a whole number of microbatches per replica")
+        # The schedule's sizes and the data-parallel layouts it supports.
+        entry.check(layout.pp, microbatches, candidate.chunks if entry.chunked else 1)
+        check_data_parallel(layout, entry.name, entry.weight_policy, split_backward=entry.split_backward)
         shared = candidate if entry.chunked else replace(candidate, schedule="1f1b")
         found = self.views.get(shared)
         if found is not None:
             return found
-        inputs = candidate.plan_inputs(self.problem)
-        layout = plan_layout(inputs, self.topology)
-        microbatches = plan_microbatches(inputs, layout)
-        if microbatches is None:
-            raise SpecError("the global batch is not a whole number of microbatches per replica")
         vstage_to_rank = (entry.vstage_to_rank(layout.pp, candidate.chunks) if entry.chunked
                           else tuple(range(layout.pp)))
         sharding = plan_sharding(layout, inputs.recompute_mode)
@@ -202,11 +216,44 @@ class Screener:
             graph = self.graphs[key] = build_model(inputs.model, sharding)
         if len(vstage_to_rank) > len(graph):
             raise SpecError(f"{len(vstage_to_rank)} stages for {len(graph)} layers: more stages than layers")
-        oracle, placement = place_layers(inputs, graph, self.profile, self.topology, layout, vstage_to_rank)
+        # Candidates with the same shard, microbatch size, state sharding and precision share one oracle, and so
+        # its per-device layer costs and prefix sums (plan_oracle's arguments, all of them).
+        oracle_key = (key, inputs.microbatch_size, plan_state_shards(layout),
+                      layout if layout.cp > 1 else None, inputs.cuda_graphs, inputs.kernel_model, inputs.precision,
+                      inputs.compiled)
+        oracle = self.oracles.get(oracle_key)
+        if oracle is None:
+            oracle = self.oracles[oracle_key] = inputs_oracle(inputs, graph, self.profile, self.topology, layout)
+        self._check_average_state(oracle, layout)
+        placement = partition_layers(inputs, oracle, layout, vstage_to_rank)
         views = replica_views(graph, self.topology, placement, inputs.microbatch_size, self.profile, oracle=oracle,
                               layout=layout)
         found = self.views[shared] = (views, microbatches)
         return found
+
+
+    def _check_average_state(self, oracle: CostOracle, layout: Parallelism) -> None:
+        """Before the partition: some pipeline rank holds at least the average training state, all of which is
+        resident from the start (:func:`sim.cost.ledger.resident_bytes`; the catalog's costs keep gradients in
+        persistent buffers). Where even the average exceeds every device of the layout, the candidate cannot fit
+        whatever the partition (a measured profile sizes layers per device: not checked then).
+
+        Raises:
+            SpecError: "out of memory", with the average and the largest capacity.
+        """
+        if self.profile is not None:
+            return
+        average = oracle.memory.state_bytes(0, len(oracle.graph)) / layout.pp
+        limit = self.problem.memory_limit_bytes
+        capacities = [device.memory_bytes for device in (self.topology.devices[d] for d in layout.device_ranks)]
+        largest = max(capacities) if limit is None else min(limit, max(capacities))
+        if average > largest:
+            raise _OverMemory(f"out of memory: the pipeline ranks hold {average / 1e9:.2f} GB of training state each "
+                              f"on average, more than the {largest / 1e9:.2f} GB of the largest device")
+
+
+class _OverMemory(SpecError):
+    """A candidate that cannot fit whatever its partition (:meth:`Screener._check_average_state`)."""
 
 
 def screen_all(screener: Screener, candidates: Sequence[Candidate], *,
@@ -285,6 +332,6 @@ def summary(bounds: Sequence[Bound | None], evaluations: Sequence[Evaluation], l
     else:
         gap = max(0.0, 1.0 - lowest_unsimulated_s / best) if lowest_unsimulated_s < math.inf else 0.0
     refused_by_ledger = sum(1 for e in evaluations if e.iteration_time_s is None)
-    return ScreenSummary(len(reached), sum(1 for b in reached if b.time_s == math.inf),
-                         sum(1 for b in reached if b.time_s < math.inf and not b.fits) + refused_by_ledger,
+    return ScreenSummary(len(reached), sum(1 for b in reached if b.breaks_rule),
+                         sum(1 for b in reached if not b.breaks_rule and not b.fits) + refused_by_ledger,
                          len(evaluations) - refused_by_ledger, lowest_unsimulated_s, gap, screen_s)
