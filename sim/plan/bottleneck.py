@@ -113,6 +113,11 @@ class StageCosts:
         # subtraction): the margin takes 64 u of that scale, so no answer outside it can be wrong.
         self.margin = 64 * _UNIT_ROUNDOFF * largest
 
+    def signature(self) -> tuple[bytes, ...]:
+        """Every number the partition depends on, as bytes: two tables with the same signature have the same
+        optimal partition (a search meets the same table for many candidates)."""
+        return tuple(array.tobytes() for arrays in (self.prefix, self.out, self.inp) for array in arrays)
+
     def exact(self, s: int, start: np.ndarray | int, end: np.ndarray | int) -> np.ndarray:
         """``C(s, start, end)`` element-wise, in s, with the reference's float operations in its order."""
         prefix = self.prefix[s]

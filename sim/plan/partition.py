@@ -113,10 +113,17 @@ def balanced_counts(oracle: CostOracle, num_stages: int,
     else:
         _check_placement(topology, num_stages, vstage_to_rank)
     ranks = tuple(range(num_stages)) if vstage_to_rank is None else vstage_to_rank
-    counts, bottleneck = min_max_counts(StageCosts(oracle, ranks), uniform_counts(n, num_stages))
-    # The fast path computes every stage cost with numpy from the oracle's numbers; the stage costs asked of the
-    # oracle one by one must give the same bottleneck, bit for bit.
-    assert max(stage_time(oracle, counts, vstage_to_rank)) == bottleneck, (counts, bottleneck)
+    costs = StageCosts(oracle, ranks)
+    # The partition is a function of the table's numbers alone: a search meets the same table for many candidates
+    # (other schedules, ZeRO stages, data-parallel degrees), kept in the topology's memo.
+    key = ("balanced partition", costs.signature())
+    counts = topology.cost_memo.get(key)
+    if counts is None:
+        counts, bottleneck = min_max_counts(costs, uniform_counts(n, num_stages))
+        # The fast path computes every stage cost with numpy from the oracle's numbers; the stage costs asked of the
+        # oracle one by one must give the same bottleneck, bit for bit.
+        assert max(stage_time(oracle, counts, vstage_to_rank)) == bottleneck, (counts, bottleneck)
+        topology.cost_memo[key] = counts
     return counts
 
 
