@@ -294,12 +294,18 @@ class CostOracle:
     def stage_compute_s(self, rank: int, start: int, end: int) -> float:
         """Forward plus backward time of layers ``[start, end)`` on ``rank``'s device for one microbatch, s (O(1)
         after the first call per device: prefix sums)."""
+        prefix = self.compute_prefix_s(rank)
+        return prefix[end] - prefix[start]
+
+    def compute_prefix_s(self, rank: int) -> list[float]:
+        """Forward plus backward time of layers ``[0, j)`` on ``rank``'s device for one microbatch, for j = 0 .. n,
+        s: the prefix sums :meth:`stage_compute_s` subtracts (computed once per device)."""
         device = self.device_spec(rank)
         prefix = self._prefix.get(device.name)
         if prefix is None:
             costs = self.layer_costs(device)
             prefix = self._prefix[device.name] = [0.0, *accumulate(f + b for f, b in zip(costs.fwd, costs.bwd))]
-        return prefix[end] - prefix[start]
+        return prefix
 
     def boundary_bytes(self, cut: int) -> int:
         """Bytes of one microbatch's activation crossing between layer ``cut - 1`` and layer ``cut`` (its gradient

@@ -96,7 +96,8 @@ class StageCosts:
         for s, rank in enumerate(ranks):
             device = oracle.device_spec(rank)
             if device not in prefixes:  # the oracle costs a layer range by the rank's device alone
-                prefixes[device] = np.array([oracle.stage_compute_s(rank, 0, j) for j in range(n + 1)])
+                # stage_compute_s(rank, 0, j) is prefix[j] - 0.0, which is prefix[j] exactly
+                prefixes[device] = np.array(oracle.compute_prefix_s(rank), dtype=np.float64)
             self.prefix.append(prefixes[device])
             # As _StageCoster: the output goes to the next vstage's rank unless this is the last stage (or j = n,
             # the 0.0 slot); the input gradient goes back to the previous one unless this is the first (or i = 0).
