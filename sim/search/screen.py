@@ -42,12 +42,12 @@ from sim.plan.lower import add_recompute, lower
 from sim.plan.lower_collectives import add_collectives, check_data_parallel
 from sim.schedules import SCHEDULES
 from sim.search.bound import memory_lower_bound, stage_times, time_lower_bound
-from sim.search.driver import evaluate_all
+from sim.search.driver import evaluate_all, map_tasks
 from sim.search.evaluate import Evaluation, memory_verdict
 from sim.search.space import Candidate, SearchProblem
 
-__all__ = ["Bound", "ScreenSummary", "Screener", "ScheduledPrograms", "screen_all", "prove", "summary", "DEFAULT_GAP",
-           "MIN_SIMULATED"]
+__all__ = ["Bound", "ScreenSummary", "Screener", "ScheduledPrograms", "screen_all", "screen_in_parallel", "prove",
+           "summary", "DEFAULT_GAP", "MIN_SIMULATED"]
 
 #: The proof's target: stop simulating once no candidate left can be more than this much faster than the pick.
 DEFAULT_GAP = 0.01
@@ -259,14 +259,33 @@ class _OverMemory(SpecError):
 def screen_all(screener: Screener, candidates: Sequence[Candidate], *,
                deadline: float | None = None) -> list[Bound | None]:
     """The :class:`Bound` of each candidate, in order; ``None`` for those not reached before ``deadline``
-    (``time.monotonic()`` seconds)."""
+    (``time.time()`` seconds, which every worker process reads alike)."""
     found: list[Bound | None] = []
     for candidate in candidates:
-        if deadline is not None and time.monotonic() >= deadline:
+        if deadline is not None and time.time() >= deadline:
             found.extend([None] * (len(candidates) - len(found)))
             break
         found.append(screener.bound(candidate))
     return found
+
+
+def _screen_slice(problem: SearchProblem, candidates: Sequence[Candidate],
+                  deadline: float | None) -> list[Bound | None]:
+    """One worker's share of :func:`screen_in_parallel`: a screener of its own over a contiguous slice."""
+    return screen_all(Screener(problem, Topology.parse(problem.topology)), candidates, deadline=deadline)
+
+
+def screen_in_parallel(screener: Screener, candidates: Sequence[Candidate], *, workers: int = 1,
+                       deadline: float | None = None, ray_address: str | None = None) -> list[Bound | None]:
+    """:func:`screen_all` spread over ``workers`` processes (or a Ray cluster): the list cut into contiguous slices,
+    two per worker (neighbours in the space's order share most of their costs), each screened by a screener of its
+    own; the same bounds as one process, in order."""
+    if workers == 1 and ray_address is None:
+        return screen_all(screener, candidates, deadline=deadline)
+    pieces = 2 * workers if ray_address is None else 16
+    size = -(-len(candidates) // pieces)
+    tasks = [(screener.problem, candidates[k:k + size], deadline) for k in range(0, len(candidates), size)]
+    return [bound for part in map_tasks(_screen_slice, tasks, workers, ray_address) for bound in part]
 
 
 def prove(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[Bound | None], *,
@@ -279,7 +298,7 @@ def prove(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[
 
     Returns:
         The evaluations (in the order made), the lowest bound left unsimulated (s; ``inf`` when none), and whether
-        the deadline (``time.monotonic()`` seconds) stopped it first.
+        the deadline (``time.time()`` seconds) stopped it first.
     """
     problem = screener.problem
     order = sorted((b.time_s, i) for i, b in enumerate(bounds) if b is not None and b.fits and b.time_s < math.inf)
@@ -291,7 +310,7 @@ def prove(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[
         lowest = order[position][0]
         if best <= lowest * (1 + gap) and simulated >= MIN_SIMULATED:
             return done, lowest, False
-        left = None if deadline is None else deadline - time.monotonic()
+        left = None if deadline is None else deadline - time.time()
         if left is not None and left <= 0:
             return done, lowest, True
         chunk: list[tuple[float, Candidate]] = []  # (bound, candidate) to simulate

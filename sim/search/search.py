@@ -41,7 +41,7 @@ from sim.search.dp import joint_candidates
 from sim.search.driver import evaluate_all, map_tasks
 from sim.search.evaluate import Evaluation
 from sim.search.planner import estimate_all
-from sim.search.screen import Screener, ScreenSummary, prove, screen_all
+from sim.search.screen import Screener, ScreenSummary, prove, screen_in_parallel
 from sim.search.screen import summary as screen_summary
 from sim.search.space import SearchProblem, enumerate_candidates
 
@@ -159,14 +159,15 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
 def _screen(problem: SearchProblem, topology: Topology, candidates: list, workers: int, seed: int,
             progress: Callable[[Evaluation], None] | None, time_budget_s: float | None,
             ray_address: str | None) -> SearchResult:
-    """The screen strategy: bound every candidate, then prove the pick with the engine (:mod:`sim.search.screen`).
-    Under a time budget the screen and the proof share it; evaluations come back in the space's order."""
+    """The screen strategy: bound every candidate (spread over the workers), then prove the pick with the engine
+    (:mod:`sim.search.screen`). Under a time budget the screen and the proof share it; evaluations come back in the
+    space's order."""
     if time_budget_s is not None and not time_budget_s > 0:
         raise SpecError(f"{{time_budget_s}} must be > 0 seconds, got {time_budget_s!r}", "time_budget_s")
     start = time.monotonic()
-    deadline = None if time_budget_s is None else start + time_budget_s
+    deadline = None if time_budget_s is None else time.time() + time_budget_s  # wall clock: workers read it too
     screener = Screener(problem, topology)
-    bounds = screen_all(screener, candidates, deadline=deadline)
+    bounds = screen_in_parallel(screener, candidates, workers=workers, deadline=deadline, ray_address=ray_address)
     screened_at = time.monotonic()
     proved, lowest, stopped = prove(screener, candidates, bounds, workers=workers, deadline=deadline, seed=seed,
                                     progress=progress, ray_address=ray_address)

@@ -63,3 +63,15 @@ def test_the_command_states_the_proof_and_writes_it(tmp_path, capsys):
     record = json.loads((tmp_path / "search.json").read_text())
     assert record["strategy"] == "screen" and record["screen"]["screened"] == record["space_size"]
     assert "screen_s" not in record["screen"]  # no wall-clock time in search.json
+
+
+def test_the_screen_spread_over_workers_gives_the_same_bounds():
+    from sim.hw.topology import Topology
+    from sim.search.screen import Screener, screen_all, screen_in_parallel
+    from sim.search.space import enumerate_candidates
+
+    problem = suite(1, seed=29)[0]
+    topology = Topology.parse(problem.topology)
+    candidates = enumerate_candidates(problem, topology.num_ranks, topology)
+    alone = screen_all(Screener(problem, topology), candidates)
+    assert screen_in_parallel(Screener(problem, topology), candidates, workers=2) == alone
