@@ -44,6 +44,11 @@ compared with the search's); last line ``ratio: X`` = the scaled whole-cluster s
 (:mod:`sim.search.rate`): the engine, the fast evaluator per candidate, and the longest path over a batch of cost
 vectors; last line ``ratio: X`` = fast per candidate ÷ engine.
 
+``python -m sim.bench --screen`` runs the screen strategy on issue #27's cluster-scale spaces (:mod:`sim.search.scale`:
+GPT 175B-class on 512 A100s, Llama 3.1 70B with CP, ZeRO and FP8 on 512 H100s, Llama 3.1 405B on 16,384 H100s): the
+screen alone on one core, the whole search with two workers, the proven gap and the pick; last line ``ratio: X`` =
+(the engine on every buildable plan at the proof's pace) ÷ (the whole screened search), the smallest of the three.
+
 ``--3d`` on the same machine, idle (two runs, medians of 3): build 0.36 / 0.39 s, predict 1.30 / 1.55 s, total 1.65 /
 1.94 s; every replica simulated 5.6 / 5.8 s, the same iteration time (ratio 4.3 / 3.7).
 
@@ -283,6 +288,31 @@ def _run_search() -> int:
     return 0 if report.agreed else 1
 
 
+def _run_screen() -> int:
+    """The screen strategy on the cluster-scale spaces (``sim.search.scale``); ratio = the engine on every buildable
+    plan at the proof's pace ÷ the whole screened search."""
+    from sim.search.scale import SCALE_PROBLEMS, measure_scale
+
+    ratios = []
+    for name, (problem, target) in SCALE_PROBLEMS.items():
+        report = measure_scale(problem)
+        result, summary = report.result, report.result.screen
+        assert summary is not None
+        best = result.best
+        exhaustive_s = report.engine_per_plan_s * report.buildable
+        ratios.append(exhaustive_s / result.elapsed_s)
+        print(f"{name}: {problem.model} on {problem.topology}, global batch {problem.global_batch}: "
+              f"{report.space_size:,} plans ({report.buildable:,} buildable); target: {target}")
+        print(f"  screen, one core        {report.screen_one_core_s:8.1f} s")
+        print(f"  whole search, 2 workers {result.elapsed_s:8.1f} s (screen {summary.screen_s:.1f} s, "
+              f"{summary.simulated} simulated); proven gap {summary.gap:.2%}"
+              + (f"; pick {best.iteration_time_s:.4g} s: {best.candidate.label()}" if best is not None else
+                 "; no feasible plan"))
+        print(f"  the engine on every buildable plan at the proof's pace: ~{exhaustive_s / 3600:.1f} h")
+    print(f"ratio: {min(ratios):.0f}")
+    return 0
+
+
 def _run(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--partition", action="store_true",
@@ -291,6 +321,8 @@ def _run(argv: list[str] | None) -> int:
                         help="time the 512-GPU tensor x data x pipeline plan (module docstring)")
     parser.add_argument("--search", action="store_true",
                         help="candidates per second of the search's evaluators at 64 GPUs (sim.search.rate)")
+    parser.add_argument("--screen", action="store_true",
+                        help="the screen strategy on 512- and 16,384-GPU spaces (sim.search.scale; about 5 minutes)")
     parser.add_argument("--cluster", action="store_true",
                         help="time a 16,384-GPU Llama 3.1 405B plan and its routes (module docstring)")
     parser.add_argument("--baseline-layers", type=int, default=400, help="--partition: the baseline's layers")
@@ -316,6 +348,8 @@ def _run(argv: list[str] | None) -> int:
         return _run_3d(args)
     if args.search:
         return _run_search()
+    if args.screen:
+        return _run_screen()
     if args.cluster:
         return _run_cluster()
     args.repeats = 7 if args.repeats is None else args.repeats
