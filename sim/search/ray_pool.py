@@ -31,6 +31,7 @@ LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
 @contextmanager
 def ray_session(address: str):
     """Connect to ``address`` (or start a local instance for ``local``) and disconnect after; yields the module.
+    Inside a session already open (a search whose stages each map work onto the cluster), it is that session.
 
     Raises:
         SpecError: Ray is not installed, or the cluster cannot be reached.
@@ -39,6 +40,9 @@ def ray_session(address: str):
         import ray
     except ImportError:
         raise SpecError("{ray} needs Ray, an optional extra: pip install -e '.[ray]'", "ray") from None
+    if ray.is_initialized():  # the caller's session: neither started nor stopped here
+        yield ray
+        return
     # Ray's own INFO lines would interleave with the command's output; its warnings and errors still show.
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
     try:

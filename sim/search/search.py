@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from sim.core.errors import SpecError
@@ -41,6 +42,7 @@ from sim.search.dp import joint_candidates
 from sim.search.driver import evaluate_all, map_tasks
 from sim.search.evaluate import Evaluation
 from sim.search.planner import estimate_all
+from sim.search.ray_pool import ray_session
 from sim.search.screen import Screener, ScreenSummary, prove, screen_in_parallel
 from sim.search.screen import summary as screen_summary
 from sim.search.space import SearchProblem, enumerate_candidates
@@ -164,6 +166,15 @@ def _screen(problem: SearchProblem, topology: Topology, candidates: list, worker
     space's order."""
     if time_budget_s is not None and not time_budget_s > 0:
         raise SpecError(f"{{time_budget_s}} must be > 0 seconds, got {time_budget_s!r}", "time_budget_s")
+    with ExitStack() as stack:
+        if ray_address is not None:  # one session for the screen and every round of the proof
+            stack.enter_context(ray_session(ray_address))
+        return _screen_in_session(problem, topology, candidates, workers, seed, progress, time_budget_s, ray_address)
+
+
+def _screen_in_session(problem: SearchProblem, topology: Topology, candidates: list, workers: int, seed: int,
+                       progress: Callable[[Evaluation], None] | None, time_budget_s: float | None,
+                       ray_address: str | None) -> SearchResult:
     start = time.monotonic()
     deadline = None if time_budget_s is None else time.time() + time_budget_s  # wall clock: workers read it too
     screener = Screener(problem, topology)

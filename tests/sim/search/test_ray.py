@@ -2,6 +2,7 @@
 results in order, and a missing Ray is one clear error. Each test starts and stops a Ray instance (~8 s)."""
 
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -17,8 +18,13 @@ PROBLEM = SearchProblem("gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000", "4
 
 def test_a_search_on_ray_equals_the_local_one():
     local = run_search(PROBLEM, seed=3)
-    on_ray = run_search(PROBLEM, seed=3, ray_address="local")
+    screened = run_search(PROBLEM, strategy="screen")
+    with ray_session("local"):  # one Ray instance for both searches (each joins the session open here)
+        on_ray = run_search(PROBLEM, seed=3, ray_address="local")
+        screened_on_ray = run_search(PROBLEM, strategy="screen", ray_address="local")
     assert on_ray.evaluations == local.evaluations and on_ray.best == local.best
+    assert screened_on_ray.evaluations == screened.evaluations
+    assert replace(screened_on_ray.screen, screen_s=0) == replace(screened.screen, screen_s=0)
 
 
 def test_the_helpers_keep_the_order_and_a_budget_cancels_the_rest():
