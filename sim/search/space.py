@@ -30,7 +30,7 @@ from sim.hw.topology import Topology
 from sim.ir.parallel import CP_COMMS, DEFAULT_RANK_ORDER, RANK_ORDERS, ZERO_STAGES, Parallelism
 from sim.plan.inputs import PlanInputs
 from sim.schedules import SCHEDULES
-from sim.search.placement import MAX_PLACEMENTS, stage_placements
+from sim.search.placement import stage_placements
 
 __all__ = ["SearchSpace", "SearchProblem", "Candidate", "enumerate_candidates", "RECOMPUTE_MODES",
            "DEFAULT_SCHEDULES", "MAX_CANDIDATES", "check_space", "MODEL_PRECISION"]
@@ -276,8 +276,8 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int, topology: Top
     ``topology`` (and ``space.placements``), each layout also in the placements of :mod:`sim.search.placement`.
 
     Raises:
-        SpecError: an invalid space, a global batch < 1, or more than :data:`MAX_CANDIDATES` candidates (checked
-            from the sizes before the list is made).
+        SpecError: an invalid space, a global batch < 1, or more than :data:`MAX_CANDIDATES` candidates (counted
+            exactly from each shape's choices before the list is made).
     """
     space = problem.space
     check_space(space)
@@ -312,29 +312,38 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int, topology: Top
             return tuple(b for b in space.microbatch_sizes if b * dp <= problem.global_batch)
         return tuple(1 << k for k in range(problem.global_batch.bit_length()) if (1 << k) * dp <= problem.global_batch)
 
-    bound = sum(len(sizes(tp, dp, pp)) * len(schedule_choices(pp)) for tp, _, dp, pp in shapes) * \
-        len(space.recompute) * len(space.sequence_parallel) * len(space.zero) * len(space.rank_orders) * \
-        len(space.partitions) * len(space.cp_comms) * len(space.dp_replicate) * len(space.precisions) * \
-        len(space.compile) * len(space.ep) * len(space.etp) * \
-        (MAX_PLACEMENTS if space.placements and topology is not None else 1)
-    if bound > MAX_CANDIDATES:
-        raise SpecError(f"the search space has up to {bound:,} candidates, more than {MAX_CANDIDATES:,}; narrow it "
-                        f"(--schedules, --microbatch-sizes, --recompute, --chunks, --rank-orders)")
-    found: list[Candidate] = []
+    # Every choice of each shape, worked out once: their product is the exact count of the points listed below,
+    # checked against the limit before any is made.
+    choices = []
     for tp, cp, dp, pp in shapes:
         orders = _orders_for({"tp": tp, "dp": dp * cp, "pp": pp}, space.rank_orders)
-        sp_choices = sorted(set(space.sequence_parallel)) if tp > 1 else [False]
         zero_choices = sorted(set(space.zero)) if dp * cp > 1 else [0]
-        comm_choices = sorted(set(space.cp_comms)) if cp > 1 else ["ring"]
+        replicate_counts = [len(sorted({r for r in space.dp_replicate if dp % r == 0}) or [1]) if zero == 3 else 1
+                            for zero in zero_choices]
         placed = {order: _placements(problem, topology, tp, dp * cp, pp, order) for order in orders}
         # expert parallelism folds onto the stage's TP × CP × DP devices: the degrees that divide them
         experts = [(e, t) for e in sorted(set(space.ep)) for t in sorted(set(space.etp))
                    if (tp * cp * dp) % (e * t) == 0]
+        shape = {"orders": orders, "zero": zero_choices, "placed": placed, "experts": experts,
+                 "sp": sorted(set(space.sequence_parallel)) if tp > 1 else [False],
+                 "comm": sorted(set(space.cp_comms)) if cp > 1 else ["ring"]}
+        count = (len(sizes(tp, dp, pp)) * len(schedule_choices(pp)) * len(space.recompute) * len(shape["sp"])
+                 * sum(replicate_counts) * sum(len(placed[order]) for order in orders) * len(space.partitions)
+                 * len(shape["comm"]) * len(set(space.precisions)) * len(set(space.compile)) * len(experts))
+        choices.append((tp, cp, dp, pp, shape, count))
+    bound = sum(count for *_, count in choices)
+    if bound > MAX_CANDIDATES:
+        raise SpecError(f"the search space has {bound:,} candidates, more than {MAX_CANDIDATES:,}; narrow it "
+                        f"(--schedules, --microbatch-sizes, --recompute, --chunks, --rank-orders)")
+    found: list[Candidate] = []
+    for tp, cp, dp, pp, shape, _ in choices:
+        placed = shape["placed"]
         for b, (name, chunks), recompute, sp, zero, order, partition, comm, precision, compiled in product(
-                sizes(tp, dp, pp), schedule_choices(pp), space.recompute, sp_choices, zero_choices, orders,
-                space.partitions, comm_choices, sorted(set(space.precisions)), sorted(set(space.compile))):
+                sizes(tp, dp, pp), schedule_choices(pp), space.recompute, shape["sp"], shape["zero"],
+                shape["orders"], space.partitions, shape["comm"], sorted(set(space.precisions)),
+                sorted(set(space.compile))):
             replicate_choices = sorted({r for r in space.dp_replicate if dp % r == 0}) if zero == 3 else [1]
-            for replicate, devices, (ep, etp) in product(replicate_choices or [1], placed[order], experts):
+            for replicate, devices, (ep, etp) in product(replicate_choices or [1], placed[order], shape["experts"]):
                 found.append(Candidate(tp, dp, pp, b, name, chunks, recompute, sp, zero, order, partition, devices,
                                        cp, comm, replicate, precision, compiled, ep, etp))
     return sorted(set(found))

@@ -8,6 +8,7 @@ import pytest
 
 import sim.search.space as space_module
 from sim.core.errors import SpecError
+from sim.hw.topology import Topology
 from sim.search.space import Candidate, SearchProblem, SearchSpace, enumerate_candidates
 
 MODEL = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=50"
@@ -146,14 +147,25 @@ def test_the_bound_rejects_before_anything_is_listed(monkeypatch):
 
     monkeypatch.setattr(space_module, "MAX_CANDIDATES", size - 1)
     monkeypatch.setattr(space_module, "Candidate", no_candidate)
-    with pytest.raises(SpecError, match=f"up to {size:,} candidates, more than {size - 1:,}"):
+    with pytest.raises(SpecError, match=f"has {size:,} candidates, more than {size - 1:,}"):
         enumerate_candidates(narrow, 4)
+
+
+def test_the_bound_is_the_exact_count_on_a_mixed_cluster_with_placements(monkeypatch):
+    """The count checked before listing is the list's own length where several placements, orders, ZeRO stages and
+    sequence parallelism multiply (the count once multiplied every shape by the most placements, 24 times too many)."""
+    wide = SearchProblem("gpt:layers=8,hidden=256,heads=8,seq=256,vocab=1000", "2xV100+2xA100", 8)
+    topology = Topology.parse(wide.topology)
+    size = len(enumerate_candidates(wide, topology.num_ranks, topology))
+    monkeypatch.setattr(space_module, "MAX_CANDIDATES", size - 1)
+    with pytest.raises(SpecError, match=f"has {size:,} candidates, more than {size - 1:,}"):
+        enumerate_candidates(wide, topology.num_ranks, topology)
 
 
 def test_a_huge_space_is_rejected_by_the_default_bound():
     # 1024 devices: 66 shapes, each with at least 976 of the 1000 microbatch sizes, 3 schedule choices or more and 3
-    # recompute modes, over 570,000 before sequence parallelism, ZeRO and the 6 rank orders multiply the bound by
-    # 24, far past two million; listing it would take minutes.
+    # recompute modes, over 570,000 before sequence parallelism, ZeRO and the 6 rank orders multiply it, far past two
+    # million; listing it would take minutes.
     space = dict(microbatch_sizes=tuple(range(1, 1001)), rank_orders=ALL_ORDERS)
     with pytest.raises(SpecError, match="more than 2,000,000"):
         enumerate_candidates(problem(10 ** 6, **space), 1024)
