@@ -14,12 +14,10 @@ not simulate separately because they are identical to this one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
-
 from sim.core.errors import SpecError
 from sim.cost import fsdp
 from sim.cost.collectives import CollectiveCost
+from sim.cost.comm_cost import CommCost, sequential_cost
 from sim.cost.gpu_time import KernelModel
 from sim.cost.memory_sizes import StateShards
 from sim.cost.oracle import CostOracle
@@ -34,54 +32,12 @@ from sim.models.graph import LayerGraph
 from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import Sharding
 
-__all__ = ["CostModel", "CommCost", "replica_views", "plan_sharding", "plan_graph", "plan_oracle",
+__all__ = ["CostModel", "replica_views", "plan_sharding", "plan_graph", "plan_oracle",
            "GRADIENT_BUCKET_BYTES"]
 
 #: Gradient bytes per bucket when the data-parallel reduction overlaps the backward: PyTorch DDP's default
 #: ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel documentation), 25 MiB.
 GRADIENT_BUCKET_BYTES = 25 * 2**20
-
-#: A directed link, as ``(link.src, link.dst)`` (``sim.hw.topology``).
-LinkKey = tuple[str, str]
-
-
-@dataclass(frozen=True)
-class CommCost:
-    """What one communication op of a plan costs in a cost view: a message (SEND/RECV) or a collective.
-
-    The view costs the op with every symmetric instance that runs at the same moment (the tensor shards of a stage,
-    the concurrent replicas), so ``seconds`` includes their sharing of links; the engine simulates one instance, which
-    holds only its own links.
-
-    Attributes:
-        nbytes: bytes of the simulated instance's buffer (a collective's: its buffers summed over the collectives it
-            runs one after another), bytes.
-        seconds: uncontended duration, s.
-        held_links: sorted ``(src, dst)`` keys of the links the engine holds while the op runs (the simulated
-            instance's own path or group).
-        carried: what the links carry, as ``(((src, dst), bytes) per link, times)`` of the collectives or message
-            run one after another; :attr:`bytes_per_link` merges them when first asked (a search's screen reads
-            ``seconds`` only).
-    """
-
-    nbytes: int
-    seconds: float
-    held_links: tuple[LinkKey, ...]
-    carried: tuple[tuple[tuple[tuple[LinkKey, int], ...], int], ...] = field(repr=False)
-
-    @cached_property
-    def bytes_per_link(self) -> tuple[tuple[LinkKey, int], ...]:
-        """``((src, dst), bytes)`` per link, sorted, all instances together: what the links carry, bytes (the name and
-        meaning of :attr:`sim.cost.collectives.CollectiveCost.bytes_per_link`)."""
-        if len(self.carried) == 1:  # one collective or message, its links already in order
-            links, times = self.carried[0]
-            return links if times == 1 else tuple((key, carried * times) for key, carried in links)
-        merged: dict[LinkKey, int] = {}
-        for links, times in self.carried:
-            for key, carried in links:
-                merged[key] = merged.get(key, 0) + carried * times
-        return tuple(sorted(merged.items()))
-
 
 def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
                   capacity_factor: float = 0.0) -> Sharding:
@@ -401,7 +357,7 @@ class CostModel:
                 gathered = round(nbytes * load) * layout.etp
                 for name in ("all_gather", "reduce_scatter"):
                     parts.append((oracle.collective(name, etp_groups, gathered), 1, gathered))
-        return _sum_costs(parts, ())
+        return sequential_cost(parts, ())
 
     def _collective_cost(self, kind: OpKind, vstage: int) -> CommCost:
         layout, oracle = self.layout, self.oracle
@@ -421,7 +377,7 @@ class CostModel:
                     cost = oracle.collective(name, groups, nbytes)
                     parts.append((cost, 1, nbytes))
                     held.update(cost.link_keys)
-                found = memo[("data-parallel op", collectives)] = _sum_costs(parts, tuple(sorted(held)))
+                found = memo[("data-parallel op", collectives)] = sequential_cost(parts, tuple(sorted(held)))
             return found
         groups = layout.tp_groups(pipeline_rank, self.concurrent)
         names = ("reduce_scatter", "all_gather") if layout.sequence_parallel else ("all_reduce",)
@@ -446,7 +402,7 @@ class CostModel:
                     parts.append((cost, count, each))
                     # The engine holds the simulated group's own links, for the algorithm costed for all groups.
                     held.update(oracle.collective(name, (own,), each, cost.algorithm).link_keys)
-            found = memo[key] = _sum_costs(parts, tuple(sorted(held)))
+            found = memo[key] = sequential_cost(parts, tuple(sorted(held)))
         return found
 
     def profiled_ranks(self, num_ranks: int | None = None) -> tuple[int, ...]:
@@ -536,16 +492,6 @@ class CostModel:
         update (PyTorch's ``zero_grad(set_to_none=True)``, as the executor runs; a measured profile says so), rather
         than for the whole run (Megatron's contiguous gradient buffer)."""
         return self._gradients_per_step[vstage]
-
-
-def _sum_costs(parts: list[tuple[CollectiveCost, int, int]], held: tuple[LinkKey, ...]) -> CommCost:
-    """The cost of collectives run one after another, holding ``held``: ``parts`` is ``(CollectiveCost, times,
-    buffer bytes)``."""
-    nbytes, seconds = 0, 0.0
-    for cost, times, buffer in parts:
-        seconds += cost.seconds * times
-        nbytes += buffer * times
-    return CommCost(nbytes, seconds, held, tuple((cost.bytes_per_link, times) for cost, times, _ in parts))
 
 
 def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, microbatch_size: int,

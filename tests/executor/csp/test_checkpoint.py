@@ -45,16 +45,6 @@ def test_a_restarted_and_a_resumed_csp_run_end_bitwise_at_the_reference(tmp_path
     assert again["losses"] == csp_reference["losses"]
 
 
-@pytest.fixture(scope="module")
-def csp_plan(tmp_path_factory):
-    from sim.run import main as sim_main
-
-    out = tmp_path_factory.mktemp("csp-plan")
-    assert sim_main(["--topology", "2xcpu", "--schedule", "csp", "--model", "supernet:blocks=4,choices=2,hidden=32,"
-                     "heads=4,seq=8,vocab=50", "--subnets", "4", "--no-gantt", "--out", str(out)]) == 0
-    return out / "plan.json"
-
-
 @pytest.mark.parametrize("flags, message", [
     (["--fail", "0@4", "--max-restarts", "1"], "--fail 0@4: the run starts subnets 0 to 3"),
     (["--checkpoint-every", "2", "--checkpoint-dir", "c", "--inject-failure", "1:checkpoint@3"],

@@ -34,16 +34,6 @@ def _executor(capsys, *argv: str) -> tuple[int, str]:
     return info.value.code, capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def csp_plan(tmp_path_factory):
-    from sim.run import main as sim_main
-
-    out = tmp_path_factory.mktemp("csp-plan")
-    assert sim_main(["--topology", "2xcpu", "--schedule", "csp", "--model", "supernet:blocks=4,choices=2,hidden=32,"
-                     "heads=4,seq=8,vocab=50", "--subnets", "4", "--no-gantt", "--out", str(out)]) == 0
-    return out / "plan.json"
-
-
 @pytest.mark.parametrize("flags,message", [
     (["--iterations", "3"], "--iterations does not apply to a csp plan"),
     (["--warmup", "1"], "--warmup does not apply to a csp plan"),
