@@ -7,19 +7,11 @@ import random
 import pytest
 
 from sim.core.errors import SpecError
-from sim.cost.model import replica_views
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 from sim.search.bound import memory_lower_bound, stage_times, time_lower_bound
-
-MODEL = "gpt:layers=8,hidden=512,heads=8,seq=256,vocab=1000"
-TOPOLOGIES = ("8xA100", "2x4xA100", "4xV100+4xA100", "8xideal", "8xV100")
-
-
-def _views(built):
-    return replica_views(built.graph, built.topology, built.plan.placement, built.plan.microbatch_size,
-                         built.profile, oracle=built.costs.oracle, layout=built.plan.layout)
+from tests.sim.search.random_plans import engine_views, random_plan_inputs
 
 
 def _bounds(built, inputs):
@@ -29,7 +21,7 @@ def _bounds(built, inputs):
     stashing = plan.weight_policy == "stash"
     updates = plan.num_microbatches if stashing else 1
     times, memory = [], []
-    for view in _views(built):
+    for view in engine_views(built):
         st = stage_times(view, split_backward=split, recompute_full=recompute_full, updates=updates)
         times.append(time_lower_bound(plan.schedule, plan.num_microbatches, plan.placement.vstage_to_rank, st))
         memory.extend(memory_lower_bound(view, plan.schedule, plan.num_microbatches, recompute_full=recompute_full,
@@ -37,28 +29,12 @@ def _bounds(built, inputs):
     return max(times), memory
 
 
-def _random_inputs(rng: random.Random) -> PlanInputs:
-    topology = rng.choice(TOPOLOGIES)
-    tp, dp = rng.choice([(1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (4, 1), (2, 4)])
-    pp = 8 // (tp * dp)
-    schedule = rng.choice(["gpipe", "1f1b", "zb1p", "pipedream"] + (["interleaved"] if pp > 1 else []))
-    m = rng.choice([1, 2, 3, 4, 6, 8, 16]) * (pp if schedule == "interleaved" else 1)
-    zero = rng.choice([0, 1, 2, 3]) if dp > 1 and schedule != "pipedream" else 0
-    return PlanInputs(
-        model=MODEL, topology=topology, schedule=schedule, microbatches=m, microbatch_size=rng.choice([1, 2]),
-        tp=tp, dp=dp, pp=pp, chunks=2 if schedule == "interleaved" else 1,
-        recompute=rng.choice(["none", "full", "selective"]), sequence_parallel=tp > 1 and rng.random() < 0.5,
-        zero=zero, partition=rng.choice(["balanced", "uniform"]),
-        rank_order=rng.choice(["tp-dp-pp", "pp-dp-tp", "dp-tp-pp"]),
-        grad_overlap=dp > 1 and zero < 2 and schedule != "pipedream" and rng.random() < 0.3)
-
-
 def test_the_bounds_are_below_the_engine_on_random_plans():
     rng = random.Random(27)
     checked, tight = 0, 0
     schedules = set()
     while checked < 60:
-        inputs = _random_inputs(rng)
+        inputs = random_plan_inputs(rng, ("gpipe", "1f1b", "zb1p", "pipedream"), grad_overlap=True)
         try:  # a random draw may break a rule (TP across device models, more stages than layers): draw again
             built = build_plan(inputs)
             prediction = predict_built(built, check_memory=False)
@@ -86,7 +62,7 @@ def test_uniform_stages_give_the_closed_form(schedule):
     built = build_plan(inputs)
     engine = predict_built(built, check_memory=False).metrics["iteration_time_s"]
     bound, _ = _bounds(built, inputs)
-    view = _views(built)[0]
+    view = engine_views(built)[0]
     st = stage_times(view, split_backward=False, recompute_full=False)
     f, b = st.forward_s[0], st.backward_s[0]
     assert set(st.forward_s) == {f} and set(st.backward_s) == {b}

@@ -7,46 +7,24 @@ import numpy as np
 import pytest
 
 from sim.core.errors import SpecError
-from sim.cost.model import replica_views
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 from sim.search.critical_path import NotCompilable, compile_plan
-
-MODEL = "gpt:layers=8,hidden=512,heads=8,seq=256,vocab=1000"
-TOPOLOGIES = ("8xA100", "2x4xA100", "4xV100+4xA100", "8xideal", "8xV100")
-
-
-def _views(built):
-    return replica_views(built.graph, built.topology, built.plan.placement, built.plan.microbatch_size,
-                         built.profile, oracle=built.costs.oracle, layout=built.plan.layout)
-
-
-def _random_inputs(rng: random.Random) -> PlanInputs:
-    topology = rng.choice(TOPOLOGIES)
-    tp, dp = rng.choice([(1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (4, 1), (2, 4)])
-    pp = 8 // (tp * dp)
-    schedule = rng.choice(["gpipe", "1f1b", "zb1p"] + (["interleaved"] if pp > 1 else []))
-    m = rng.choice([1, 2, 3, 4, 6, 8]) * (pp if schedule == "interleaved" else 1)
-    return PlanInputs(
-        model=MODEL, topology=topology, schedule=schedule, microbatches=m, microbatch_size=rng.choice([1, 2]),
-        tp=tp, dp=dp, pp=pp, chunks=2 if schedule == "interleaved" else 1,
-        recompute=rng.choice(["none", "full", "selective"]), sequence_parallel=tp > 1 and rng.random() < 0.5,
-        zero=rng.choice([0, 1, 2, 3]) if dp > 1 else 0, partition=rng.choice(["balanced", "uniform"]),
-        rank_order=rng.choice(["tp-dp-pp", "pp-dp-tp", "dp-tp-pp"]))
+from tests.sim.search.random_plans import MODEL, engine_views, random_plan_inputs
 
 
 def test_equal_to_the_engine_when_uncontended_and_a_lower_bound_otherwise():
     rng = random.Random(14)
     exact = bounded = 0
     while exact + bounded < 60:
-        inputs = _random_inputs(rng)
+        inputs = random_plan_inputs(rng)
         try:  # a random draw may break a rule (TP across device models, more stages than layers): draw again
             built = build_plan(inputs)
             prediction = predict_built(built, check_memory=False)
         except SpecError:
             continue
-        views = _views(built)
+        views = engine_views(built)
         compiled = compile_plan(built.plan, len(views))
         values = compiled.slot_values(views)
         makespan = compiled.makespan(values)
@@ -63,7 +41,7 @@ def test_equal_to_the_engine_when_uncontended_and_a_lower_bound_otherwise():
 
 def test_a_batch_of_cost_vectors_gives_each_ones_makespan():
     built = build_plan(PlanInputs(model=MODEL, topology="4xA100", schedule="1f1b", microbatches=4, pp=4))
-    views = _views(built)
+    views = engine_views(built)
     compiled = compile_plan(built.plan, len(views))
     base = compiled.slot_values(views)
     rng = np.random.default_rng(3)
