@@ -235,7 +235,9 @@ def _screen_line(result: SearchResult) -> str:
     screen = result.screen
     assert screen is not None
     line = (f"screen: {screen.screened:,} of {result.space_size:,} plans bounded in {screen.screen_s:.1f} s "
-            f"({screen.infeasible:,} break a rule, {screen.over_memory:,} cannot fit); the engine simulated "
+            f"({screen.infeasible:,} break a rule, {screen.over_memory:,} cannot fit)"
+            + (f", {screen.refined:,} more partitions and placements of the best layouts" if screen.refined else "")
+            + "; the engine simulated "
             f"{screen.simulated:,} in order of their bound; ")
     if screen.gap == float("inf"):
         return line + "nothing proven (the time budget ended the screen, or no simulated plan fits)"

@@ -60,7 +60,7 @@ from sim.schedules import SCHEDULES
 from sim.search.placement import realise
 from sim.search.space import Candidate, SearchProblem
 
-__all__ = ["JointPlacement", "joint_partition", "joint_candidates", "MAX_WORK"]
+__all__ = ["JointPlacement", "joint_partition", "joint_candidates", "joint_candidate", "MAX_WORK"]
 
 #: Most array elements the program may touch (states × kinds × (layers + 1)²): about ten seconds of numpy.
 MAX_WORK = 2_000_000_000
@@ -270,6 +270,16 @@ def joint_candidates(problem: SearchProblem, topology: Topology, candidates: Seq
             seen.add(chosen)
             found.append(chosen)
     return found
+
+
+def joint_candidate(problem: SearchProblem, topology: Topology, candidate: Candidate) -> Candidate | None:
+    """``candidate`` (a one-stage-per-rank pipeline) with the program's layer counts and device order for its
+    layout, or ``None`` where the program cannot cost the layout or refuses it."""
+    profile = load_profile(problem.profile) if problem.profile else None
+    answer = _answer(problem, topology, profile, candidate)
+    if answer is None:
+        return None
+    return replace(candidate, partition=",".join(map(str, answer.counts)), devices=answer.devices)
 
 
 def _answer(problem: SearchProblem, topology: Topology, profile, candidate: Candidate) -> JointPlacement | None:

@@ -23,7 +23,7 @@ from dataclasses import replace
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
 
-__all__ = ["stage_placements", "realise", "MAX_PLACEMENTS"]
+__all__ = ["stage_placements", "swapped_placements", "realise", "MAX_PLACEMENTS"]
 
 #: Placements listed per layout at most (see the module docstring).
 MAX_PLACEMENTS = 24
@@ -50,13 +50,20 @@ def _distinct_sequences(kinds: list[tuple], limit: int) -> list[tuple]:
     return found
 
 
+def _blocks(layout: Parallelism, topology: Topology) -> tuple[list[list[int]], list[tuple]]:
+    """The devices of each pipeline rank's block in the layout's own order (ascending), and each block's kind (the
+    sorted device models it holds)."""
+    base = replace(layout, devices=())
+    blocks = [sorted(base.device(p, d, t) for d in range(base.data_ranks) for t in range(base.tp))
+              for p in range(base.pp)]
+    return blocks, [tuple(sorted(topology.devices[device].name for device in block)) for block in blocks]
+
+
 def stage_placements(layout: Parallelism, topology: Topology, limit: int = MAX_PLACEMENTS) -> list[tuple[int, ...]]:
     """Device orders (``Parallelism.devices``) that put the pipeline ranks' blocks on different devices; ``()``, the
     layout's own order, first. Only ``[()]`` when every block holds the same device models."""
     base = replace(layout, devices=())
-    blocks = [sorted(base.device(p, d, t) for d in range(base.data_ranks) for t in range(base.tp))
-              for p in range(base.pp)]
-    kinds = [tuple(sorted(topology.devices[device].name for device in block)) for block in blocks]
+    blocks, kinds = _blocks(layout, topology)
     if len(set(kinds)) == 1:
         return [()]
     speed = {kind: sum(topology.devices[b].peak_flops for b in block) for kind, block in zip(kinds, blocks)}
@@ -71,6 +78,27 @@ def stage_placements(layout: Parallelism, topology: Topology, limit: int = MAX_P
         seen.add(sequence)
         orders.append(realise(sequence, kinds, blocks, base.world_size))
     return [() if order == tuple(range(base.world_size)) else order for order in orders]
+
+
+def swapped_placements(layout: Parallelism, topology: Topology) -> list[tuple[int, ...]]:
+    """The device orders that exchange the kinds of two neighbouring pipeline ranks' blocks in ``layout`` (with its
+    own ``devices``), one per neighbouring pair of different kinds, in pipeline order; ``()`` stands for the layout's
+    own order. The moves of a local search over placements (:mod:`sim.search.refine`)."""
+    blocks, kinds = _blocks(layout, topology)
+    # The kind serving each pipeline rank under the layout's device order.
+    by_device = {block[0]: kind for block, kind in zip(blocks, kinds)}
+    serving = [by_device[min(layout.device(p, d, t) for d in range(layout.data_ranks) for t in range(layout.tp))]
+               for p in range(layout.pp)]
+    world = layout.world_size
+    found = []
+    for p in range(layout.pp - 1):
+        if serving[p] == serving[p + 1]:
+            continue
+        sequence = [*serving]
+        sequence[p], sequence[p + 1] = sequence[p + 1], sequence[p]
+        order = realise(sequence, kinds, blocks, world)
+        found.append(() if order == tuple(range(world)) else order)
+    return found
 
 
 def realise(sequence: Sequence[Hashable], kinds: Sequence[Hashable], blocks: Sequence[Sequence[int]],

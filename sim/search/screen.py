@@ -88,7 +88,9 @@ class ScreenSummary:
         gap: how much faster than the pick (the best simulated feasible plan) a candidate not simulated could
             possibly be, as a fraction of the pick's time: ``max(0, 1 - lowest_unsimulated_s / best)`` (``inf`` when
             the screen did not finish or nothing feasible was simulated).
-        screen_s: wall-clock time of the screen, s.
+        screen_s: wall-clock time of the screen (and the refinement), s.
+        refined: plans outside the listed space that the refinement bounded and added to the proof's candidates
+            (:mod:`sim.search.refine`: other partitions and placements of the best layouts).
     """
 
     screened: int
@@ -98,6 +100,7 @@ class ScreenSummary:
     lowest_unsimulated_s: float
     gap: float
     screen_s: float
+    refined: int = 0
 
 
 class ScheduledPrograms:
@@ -183,6 +186,15 @@ class Screener:
         _, reason = memory_verdict(peaks, [d.memory_bytes for d in devices], [d.name for d in devices], layout.pp,
                                    self.problem.memory_limit_bytes)
         return reason
+
+    def shape(self, candidate: Candidate) -> tuple[tuple[int, ...], Parallelism]:
+        """The layers of each vstage of ``candidate``'s plan and its layout (with its device order).
+
+        Raises:
+            SpecError: the candidate breaks a rule, or cannot fit whatever its partition.
+        """
+        views, _ = self._views(candidate)
+        return views[0].placement.layer_counts(), views[0].layout
 
     def _views(self, candidate: Candidate) -> tuple[tuple[CostModel, ...], int]:
         """The cost views of ``candidate``'s plan and its microbatch count, shared by the candidates that differ
@@ -340,8 +352,9 @@ def prove(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[
 
 
 def summary(bounds: Sequence[Bound | None], evaluations: Sequence[Evaluation], lowest_unsimulated_s: float,
-            screen_s: float) -> ScreenSummary:
-    """The :class:`ScreenSummary` of a screened search; ``evaluations`` are :func:`prove`'s."""
+            screen_s: float, *, refined: int = 0) -> ScreenSummary:
+    """The :class:`ScreenSummary` of a screened search; ``bounds`` are the listed candidates', ``evaluations``
+    :func:`prove`'s (over those and the ``refined`` plans)."""
     reached = [b for b in bounds if b is not None]
     feasible = [e.iteration_time_s for e in evaluations if e.feasible]
     best = min(feasible, default=math.inf)
@@ -353,4 +366,4 @@ def summary(bounds: Sequence[Bound | None], evaluations: Sequence[Evaluation], l
     refused_by_ledger = sum(1 for e in evaluations if e.iteration_time_s is None)
     return ScreenSummary(len(reached), sum(1 for b in reached if b.breaks_rule),
                          sum(1 for b in reached if not b.breaks_rule and not b.fits) + refused_by_ledger,
-                         len(evaluations) - refused_by_ledger, lowest_unsimulated_s, gap, screen_s)
+                         len(evaluations) - refused_by_ledger, lowest_unsimulated_s, gap, screen_s, refined)

@@ -43,6 +43,7 @@ from sim.search.driver import evaluate_all, map_tasks
 from sim.search.evaluate import Evaluation
 from sim.search.planner import estimate_all
 from sim.search.ray_pool import ray_session
+from sim.search.refine import refine
 from sim.search.screen import Screener, ScreenSummary, prove, screen_in_parallel
 from sim.search.screen import summary as screen_summary
 from sim.search.space import SearchProblem, enumerate_candidates
@@ -179,16 +180,19 @@ def _screen_in_session(problem: SearchProblem, topology: Topology, candidates: l
     deadline = None if time_budget_s is None else time.time() + time_budget_s  # wall clock: workers read it too
     screener = Screener(problem, topology)
     bounds = screen_in_parallel(screener, candidates, workers=workers, deadline=deadline, ray_address=ray_address)
+    # The best layouts' partition and placement refined on the bound (sim.search.refine): plans added, none removed.
+    refined, refined_bounds = refine(screener, candidates, bounds, deadline=deadline)
     screened_at = time.monotonic()
-    proved, lowest, stopped = prove(screener, candidates, bounds, workers=workers, deadline=deadline, seed=seed,
-                                    progress=progress, ray_address=ray_address)
-    index_of = {candidate: i for i, candidate in enumerate(candidates)}
+    every_candidate = [*candidates, *refined]
+    proved, lowest, stopped = prove(screener, every_candidate, [*bounds, *refined_bounds], workers=workers,
+                                    deadline=deadline, seed=seed, progress=progress, ray_address=ray_address)
+    index_of = {candidate: i for i, candidate in enumerate(every_candidate)}
     # The infeasible candidates the screen found say why, as an evaluation would.
     reached = {e.candidate for e in proved}
     refused = [Evaluation(c, False, reason=b.reason) for c, b in zip(candidates, bounds)
                if b is not None and not b.fits and c not in reached]
     every = tuple(sorted([*proved, *refused], key=lambda e: index_of[e.candidate]))
-    summary = screen_summary(bounds, proved, lowest, screened_at - start)
+    summary = screen_summary(bounds, proved, lowest, screened_at - start, refined=len(refined))
     return SearchResult(problem, "screen", len(candidates), every,
                         stopped or summary.screened < len(candidates), time.monotonic() - start, seed, summary)
 

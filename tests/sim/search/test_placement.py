@@ -7,7 +7,7 @@ import pytest
 
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
-from sim.search.placement import MAX_PLACEMENTS, stage_placements
+from sim.search.placement import MAX_PLACEMENTS, stage_placements, swapped_placements
 
 
 def kinds_of(layout: Parallelism, topology: Topology) -> tuple:
@@ -51,3 +51,27 @@ def test_many_stages_are_capped_and_start_with_the_fastest_first():
     a100, v100 = ("a100-sxm4-80gb",), ("v100-sxm2-32gb",)
     # The layout's own order is already the fastest last here; the fastest first comes next.
     assert names[0] == (v100,) * 8 + (a100,) * 8 and names[1] == (a100,) * 8 + (v100,) * 8
+
+
+@pytest.mark.parametrize("topology, tp, dp, pp, order", [
+    ("4xV100+4xA100", 1, 2, 4, "tp-dp-pp"),
+    ("2xV100+2xA100+4xT4", 1, 2, 4, "pp-dp-tp"),
+    ("1xT4+3xA100", 1, 1, 4, "tp-dp-pp"),
+])
+def test_a_swap_exchanges_the_kinds_of_two_neighbouring_stages_and_nothing_else(topology, tp, dp, pp, order):
+    topo = Topology.parse(topology)
+    for start in stage_placements(Parallelism(tp=tp, dp=dp, pp=pp, order=order), topo):
+        layout = Parallelism(tp=tp, dp=dp, pp=pp, order=order, devices=start)
+        before = kinds_of(layout, topo)
+        # The oracle: every neighbouring pair of different kinds, exchanged in the kind sequence.
+        expected = []
+        for p in range(pp - 1):
+            if before[p] != before[p + 1]:
+                swapped = list(before)
+                swapped[p], swapped[p + 1] = swapped[p + 1], swapped[p]
+                expected.append(tuple(swapped))
+        moves = swapped_placements(layout, topo)
+        assert [kinds_of(Parallelism(tp=tp, dp=dp, pp=pp, order=order, devices=d), topo) for d in moves] == expected
+        for devices in moves:  # a device order the IR accepts: each device once
+            assert sorted(Parallelism(tp=tp, dp=dp, pp=pp, order=order, devices=devices).device_ranks) \
+                == list(range(layout.world_size))

@@ -1,0 +1,150 @@
+"""The screen's partition and placement refined on the bound: a local search inside the best layouts, so that the
+plan the proof simulates is not only the balanced partition on a listed placement.
+
+The listed space splits each pipeline layout's layers by ``--partition balanced``, which minimises the slowest stage
+per microbatch (PipeDream's steady-state objective, SOSP'19 §3.1), and on a mixed cluster tries at most
+:data:`sim.search.placement.MAX_PLACEMENTS` placements (or, with :mod:`sim.search.dp`, the one the joint program
+finds for the same objective). With many microbatches that objective is the iteration's; with few it is not: the
+fill and the drain add every stage's time once, and the update of the stage that finishes last (the first, under
+1F1B's drain) waits after them, so the engine's best split moves layers off that stage or off a slow link. On a
+12-layer GPT over ``2x2xV100+1x4xA100`` with two microbatches, the balanced plans are 25 % slower than the best split
+brute force finds over every partition and placement (the joint program's 34 %).
+
+So the screen refines, before its proof, the best layouts by their bound (:data:`REFINE_WINDOW`, at most
+:data:`MAX_LAYOUTS` of them): from each layout's best listed plan and, on a mixed cluster, from the joint program's
+plan, a steepest descent on the screen's own lower bound (:func:`sim.search.bound.time_lower_bound`, which holds the
+engine's fill, drain and update chains) over two moves: one layer across one cut between neighbouring stages, and
+the device kinds of two neighbouring stages exchanged (:func:`sim.search.placement.swapped_placements`). Every plan
+the descent bounds and that may fit joins the candidates (explicit layer counts and device order, as
+``--partition 5,7,6,6`` plans), so the proof simulates them in the order of their bounds with the rest, and its gap
+covers them: the refinement only adds plans; what the proof says of the listed ones is unchanged. It is a local
+search on a bound, not an exact one: its figure of merit is the brute-force check in ``sim.bench --search``
+(``sim.search.joint_check``) and ``tests/sim/search/test_refine.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from sim.core.errors import SpecError
+from sim.schedules import SCHEDULES
+from sim.search.dp import joint_candidate
+from sim.search.placement import swapped_placements
+from sim.search.screen import Bound, Screener
+from sim.search.space import Candidate
+
+__all__ = ["refine", "REFINE_WINDOW", "MAX_LAYOUTS", "MAX_STEPS"]
+
+#: Layouts refined: those whose best listed bound is within this fraction of the lowest bound of the space.
+REFINE_WINDOW = 0.5
+#: At most this many layouts (a layout: every field of a candidate but its partition and device order), best first.
+MAX_LAYOUTS = 8
+#: Descent steps per start at most (each bounds every neighbour of the current plan).
+MAX_STEPS = 64
+
+
+def _refinable(candidate: Candidate) -> bool:
+    """One stage per pipeline rank, more than one rank, the listed balanced partition."""
+    return candidate.pp > 1 and candidate.partition == "balanced" and not SCHEDULES[candidate.schedule].chunked
+
+
+def _layout_key(candidate: Candidate) -> Candidate:
+    return replace(candidate, partition="balanced", devices=())
+
+
+def refine(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[Bound | None], *,
+           deadline: float | None = None) -> tuple[list[Candidate], list[Bound]]:
+    """The plans the refinement found that are not among ``candidates`` and may fit, with their bounds, in the
+    order they were bounded (module docstring). Stops at ``deadline`` (``time.time()`` seconds) with what it has."""
+    known: dict[Candidate, Bound] = {c: b for c, b in zip(candidates, bounds) if b is not None}
+    # Each layout's starts (its best listed plan; on a mixed cluster also the joint program's) and its best bound.
+    starts: dict[Candidate, list[tuple[float, Candidate]]] = {}
+    for candidate, bound in known.items():
+        if bound.fits and bound.time_s < math.inf and _refinable(candidate):
+            starts.setdefault(_layout_key(candidate), []).append((bound.time_s, candidate))
+    for key in starts:
+        starts[key] = [min(starts[key])]
+    if len({device.name for device in screener.topology.devices}) > 1:
+        answers: dict[Candidate, Candidate | None] = {}  # the program does not depend on the schedule
+        for key in sorted(starts):
+            if deadline is not None and time.time() >= deadline:
+                break
+            common = replace(key, schedule="1f1b")
+            if common not in answers:
+                answers[common] = joint_candidate(screener.problem, screener.topology, common)
+            joint = answers[common]
+            if joint is None:
+                continue
+            joint = replace(joint, schedule=key.schedule)
+            if joint not in known:
+                known[joint] = screener.bound(joint)
+            if known[joint].fits:
+                starts[key].append((known[joint].time_s, joint))
+    if not starts:
+        return [], []
+    ranked = sorted((min(found), key) for key, found in starts.items())
+    lowest = ranked[0][0][0]
+    for (time_s, _), key in ranked[:MAX_LAYOUTS]:
+        if time_s > lowest * (1 + REFINE_WINDOW):
+            break
+        for _, start in sorted(starts[key]):
+            if deadline is not None and time.time() >= deadline:
+                break
+            _descend(screener, start, known, deadline)
+    listed = set(candidates)
+    added = [(c, b) for c, b in known.items() if c not in listed and b.fits and b.time_s < math.inf]
+    return [c for c, _ in added], [b for _, b in added]
+
+
+def _explicit(screener: Screener, candidate: Candidate) -> Candidate | None:
+    """``candidate`` with its partition written out as layer counts (the same plan), or ``None`` where it cannot be
+    built."""
+    try:
+        counts, _ = screener.shape(candidate)
+    except SpecError:
+        return None
+    return replace(candidate, partition=",".join(map(str, counts)))
+
+
+def _neighbours(screener: Screener, candidate: Candidate) -> list[Candidate]:
+    """One layer moved across one cut (either way), then the kinds of two neighbouring stages exchanged."""
+    counts, layout = screener.shape(candidate)
+    found = []
+    for cut in range(1, len(counts)):
+        for left, right in ((-1, 1), (1, -1)):
+            moved = list(counts)
+            moved[cut - 1] += left
+            moved[cut] += right
+            if min(moved) >= 1:
+                found.append(replace(candidate, partition=",".join(map(str, moved))))
+    for order in swapped_placements(layout, screener.topology):
+        found.append(replace(candidate, devices=order))
+    return found
+
+
+def _descend(screener: Screener, start: Candidate, known: dict[Candidate, Bound], deadline: float | None) -> None:
+    """Steepest descent on the bound from ``start``; every plan bounded is recorded in ``known``."""
+    current = _explicit(screener, start)
+    if current is None:
+        return
+    if current not in known:
+        known[current] = screener.bound(current)
+    here = known[current]
+    if not here.fits:
+        return
+    for _ in range(MAX_STEPS):
+        if deadline is not None and time.time() >= deadline:
+            return
+        step: tuple[float, Candidate] | None = None
+        for neighbour in _neighbours(screener, current):
+            bound = known.get(neighbour)
+            if bound is None:
+                bound = known[neighbour] = screener.bound(neighbour)
+            if bound.fits and (step is None or (bound.time_s, neighbour) < step):
+                step = (bound.time_s, neighbour)
+        if step is None or not step[0] < here.time_s:
+            return
+        current, here = step[1], known[step[1]]
