@@ -40,9 +40,11 @@ fabric). Baseline, in the same run, on fresh topologies: the joined routes of ev
 against the whole-cluster search timed from 16 GPUs and scaled to the plan's source GPUs (every route from those 16
 compared with the search's); last line ``ratio: X`` = the scaled whole-cluster searches' time ÷ the joined routes'.
 
-``python -m sim.bench --search`` prints the search's evaluators' candidates per second at 64 GPUs
-(:mod:`sim.search.rate`): the engine, the fast evaluator per candidate, and the longest path over a batch of cost
-vectors; last line ``ratio: X`` = fast per candidate ÷ engine.
+``python -m sim.bench --search`` prints the search's figures of issue #27 (about 8 minutes): the evaluators'
+candidates per second at 64 GPUs (:mod:`sim.search.rate`: the engine, the fast evaluator per candidate, and the
+longest path over a batch of cost vectors); joint partition and placement on small mixed clusters beside brute force
+over every partition and placement (:mod:`sim.search.joint_check`, target within 1 %); then what ``--screen`` prints.
+Last line ``ratio: X`` as ``--screen``'s.
 
 ``python -m sim.bench --screen`` runs the screen strategy on issue #27's cluster-scale spaces (:mod:`sim.search.scale`:
 GPT 175B-class on 512 A100s, Llama 3.1 70B with CP, ZeRO and FP8 on 512 H100s, Llama 3.1 405B on 16,384 H100s): the
@@ -284,8 +286,30 @@ def _run_search() -> int:
     print(f"fast, batched cost vectors   {report.batched_per_s:10.1f} candidates/s ({report.batched_candidates} at "
           f"once; target >= 1,000)")
     print(f"fast results agree with the engine: {'yes' if report.agreed else 'NO'}")
-    print(f"ratio: {report.fast_per_s / report.engine_per_s:.1f}")
-    return 0 if report.agreed else 1
+    print(f"fast per candidate / engine: {report.fast_per_s / report.engine_per_s:.1f}")
+    joint_met = _run_joint_check()
+    _run_screen()
+    return 0 if report.agreed and joint_met else 1
+
+
+def _run_joint_check() -> bool:
+    """The screened search beside brute force over every partition and placement on small mixed clusters
+    (``sim.search.joint_check``); whether every case is within the target."""
+    from sim.search.joint_check import TARGET, check_joint, joint_suite
+
+    print(f"joint partition and placement on mixed clusters, the screened pick beside brute force over every "
+          f"partition and placement (target: within {TARGET:.0%}):")
+    gaps = []
+    for problem in joint_suite():
+        check = check_joint(problem)
+        gaps.append(check.gap)
+        print(f"  {problem.model.split(',')[0]},{problem.model.split(',')[1]} on {problem.topology}, global batch "
+              f"{problem.global_batch}: brute force {check.brute_force_s:.4g} s ({check.brute_force_plans:,} plans), "
+              f"listed space {check.listed_s / check.brute_force_s - 1:+.2%}, screened {check.gap:+.2%} "
+              f"({check.screened.label()})")
+    met = max(gaps) <= TARGET
+    print(f"  largest gap {max(gaps):+.2%}: {'met' if met else 'NOT met'}")
+    return met
 
 
 def _run_screen() -> int:
@@ -320,7 +344,8 @@ def _run(argv: list[str] | None) -> int:
     parser.add_argument("--3d", dest="three_d", action="store_true",
                         help="time the 512-GPU tensor x data x pipeline plan (module docstring)")
     parser.add_argument("--search", action="store_true",
-                        help="candidates per second of the search's evaluators at 64 GPUs (sim.search.rate)")
+                        help="issue #27's search figures: evaluator rates, joint placement vs brute force, the screen "
+                        "(module docstring; about 8 minutes)")
     parser.add_argument("--screen", action="store_true",
                         help="the screen strategy on 512- and 16,384-GPU spaces (sim.search.scale; about 5 minutes)")
     parser.add_argument("--cluster", action="store_true",

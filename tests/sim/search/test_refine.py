@@ -3,16 +3,10 @@ clusters with few microbatches, where the balanced partition is not the engine's
 the best plan over every partition and every placement (each simulated by the engine) within 1 %; what it adds are
 plans outside the listed space, each with the screen's own bound."""
 
-import itertools
-from dataclasses import replace
-
 import pytest
 
 from sim.hw.topology import Topology
-from sim.ir.parallel import Parallelism
-from sim.models import build_model
-from sim.search.evaluate import evaluate
-from sim.search.placement import stage_placements
+from sim.search.joint_check import brute_force_best
 from sim.search.refine import refine
 from sim.search.screen import Screener, screen_all
 from sim.search.search import run_search
@@ -27,37 +21,11 @@ PROBLEMS = [
 ]
 
 
-def compositions(layers: int, parts: int):
-    for cuts in itertools.combinations(range(1, layers), parts - 1):
-        bounds = (0, *cuts, layers)
-        yield tuple(b - a for a, b in zip(bounds, bounds[1:]))
-
-
-def brute_force_best(problem: SearchProblem) -> float:
-    """The engine's best over every listed layout, each pipeline in every placement with every partition."""
-    topology = Topology.parse(problem.topology)
-    layers = len(build_model(problem.model))
-    best = float("inf")
-    for candidate in enumerate_candidates(problem, topology.num_ranks, topology):
-        if candidate.pp == 1:
-            plans = [candidate]
-        else:
-            layout = Parallelism(tp=candidate.tp, dp=candidate.dp, pp=candidate.pp)
-            plans = [replace(candidate, devices=order, partition=",".join(map(str, counts)))
-                     for order in stage_placements(layout, topology, limit=10**6)
-                     for counts in compositions(layers, candidate.pp)]
-        for plan in plans:
-            evaluation = evaluate(problem, plan)
-            if evaluation.feasible:
-                best = min(best, evaluation.iteration_time_s)
-    return best
-
-
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.topology)
 def test_the_screened_search_is_within_one_per_cent_of_every_partition_and_placement(problem):
     found = run_search(problem, strategy="screen")
     listed_best = run_search(problem).best.iteration_time_s
-    best = brute_force_best(problem)
+    best, _ = brute_force_best(problem)
     assert found.best.iteration_time_s <= listed_best
     assert found.best.iteration_time_s <= best * 1.01, (found.best.candidate.label(), best)
     assert found.screen.refined > 0
@@ -79,3 +47,19 @@ def test_it_adds_only_unlisted_plans_that_may_fit_each_with_its_own_bound():
     # Deterministic: the same inputs, the same plans in the same order.
     again = refine(Screener(problem, topology), candidates, screen_all(Screener(problem, topology), candidates))
     assert again == (added, added_bounds)
+
+
+def test_the_brute_force_lists_every_partition_on_every_placement():
+    from math import comb
+
+    from sim.models import build_model
+    from sim.search.joint_check import brute_force_plans
+
+    # 8 layers on 1xT4+3xA100: 3 one-stage layouts (TP 1, 2, 4); at PP 2 two layouts (TP 1 x DP 2, TP 2 x DP 1),
+    # each with blocks {T4, A100} and {A100, A100}: 2 placements; at PP 4 one layout, the T4 on any of 4 stages.
+    problem = PROBLEMS[0]
+    layers = len(build_model(problem.model))
+    plans = list(brute_force_plans(problem))
+    assert len(plans) == len(set(plans))
+    by_pp = {pp: sum(1 for p in plans if p.pp == pp) for pp in (1, 2, 4)}
+    assert by_pp == {1: 3, 2: 2 * 2 * comb(layers - 1, 1), 4: 4 * comb(layers - 1, 3)}
