@@ -6,7 +6,7 @@ microbatch size, schedule among gpipe, 1f1b and zb1p), and each method picks the
 two device models, which device block serves each stage. Every plan is costed by the one prediction path
 (:func:`sim.search.evaluate.evaluate`, the simulator) on simulated iteration time; memory is reported, not used:
 
-* **relaxed**: :func:`experiments.relaxed.relaxation.relax` with its default config (counts rounded by largest
+* **relaxed**: :func:`sim.search.relaxed.relaxation.relax` with its default config (counts rounded by largest
   remainder);
 * **relaxed+cuts**: the same descent, stage boundaries rounded by the surrogate (``rounding="cuts"``);
 * **DP**: ``--partition balanced``, the exact dynamic program for the slowest stage (PipeDream's objective) in the
@@ -39,8 +39,6 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 from pathlib import Path
 
-from experiments.relaxed.relaxation import RelaxedConfig, relax
-from experiments.relaxed.surrogate import layout_blocks
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
@@ -50,6 +48,8 @@ from sim.report.png import figure_png
 from sim.search.evaluate import Evaluation, evaluate
 from sim.search.fast import EXACT, FastEvaluator
 from sim.search.placement import stage_placements
+from sim.search.relaxed.relaxation import RelaxedConfig, relax
+from sim.search.relaxed.surrogate import layout_blocks
 from sim.search.search import run_search
 from sim.search.space import Candidate, SearchProblem, SearchSpace
 

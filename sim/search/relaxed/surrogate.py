@@ -1,4 +1,4 @@
-"""The smooth surrogate of a layout's iteration time that :mod:`experiments.relaxed.relaxation` descends, with its
+"""The smooth surrogate of a layout's iteration time that :mod:`sim.search.relaxed.relaxation` descends, with its
 gradient.
 
 For one layout (TP, DP, PP, microbatch size, schedule and its chunks, recompute) the choices left are the layer count

@@ -1,5 +1,6 @@
-"""A differentiable relaxation of a layout's per-stage choices: the DARTS idea the project started from, tried as an
-experiment beside the plan search's discrete strategies (``experiments.run relaxed_search`` compares them).
+"""A differentiable relaxation of a layout's per-stage choices: the DARTS idea the project started from, the search's
+``relaxed`` strategy inside the best layouts (:mod:`sim.search.refine`), and compared with the discrete strategies by
+``experiments.run relaxed_search`` and ``experiments.run search_strategies``.
 
 DARTS (Liu, Simonyan and Yang, ICLR'19) replaces a discrete choice among candidate operations by a softmax over
 them, descends the gradient of a smooth loss, then keeps each softmax's argmax. Here the choices are those a fixed
@@ -10,7 +11,7 @@ layout (TP, DP, PP, microbatch size, schedule) leaves open:
 * on a mixed cluster, the kind of device block serving each pipeline rank: logits ``b`` (P x K), ``q =
   softmax(b)`` per rank.
 
-The loss is :class:`experiments.relaxed.surrogate.Surrogate`: the oracle's stage times (compute, tensor-parallel
+The loss is :class:`sim.search.relaxed.surrogate.Surrogate`: the oracle's stage times (compute, tensor-parallel
 collectives, messages) interpolated at fractional cuts; the microbatches times a smooth maximum ``tau * logsumexp(L /
 tau)`` of the ranks' times, plus the schedule's fill through the other ranks, plus the slowest update (optimizer step
 and data-parallel collectives), plus a penalty holding the kind counts to the cluster's; its gradients are analytic
@@ -46,8 +47,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from experiments.relaxed.surrogate import Surrogate
 from sim.core.errors import SpecError
+from sim.search.relaxed.surrogate import Surrogate
 from sim.search.space import Candidate, SearchProblem
 
 __all__ = ["RelaxedConfig", "RelaxedResult", "relax", "largest_remainder", "round_cuts", "assign_kinds",

@@ -1,4 +1,4 @@
-"""The differentiable relaxation (experiments.relaxed.relaxation, experiments.relaxed.surrogate): its gradient against
+"""The differentiable relaxation (sim.search.relaxed.relaxation, sim.search.relaxed.surrogate): its gradient against
 finite differences, its stage times against the balanced DP's at integer points, rounding, kind assignment,
 determinism, and small cases whose optimum is known."""
 
@@ -13,7 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from experiments.relaxed.relaxation import (
+from sim.core.errors import SpecError
+from sim.core.fileio import write_text_atomic
+from sim.ir.plan import OpKind
+from sim.plan.build import build_plan
+from sim.plan.partition import stage_time
+from sim.search.evaluate import evaluate
+from sim.search.relaxed.relaxation import (
     RelaxedConfig,
     assign_kinds,
     counts_from_logits,
@@ -22,13 +28,7 @@ from experiments.relaxed.relaxation import (
     relax,
     round_cuts,
 )
-from experiments.relaxed.surrogate import Surrogate, interpolate
-from sim.core.errors import SpecError
-from sim.core.fileio import write_text_atomic
-from sim.ir.plan import OpKind
-from sim.plan.build import build_plan
-from sim.plan.partition import stage_time
-from sim.search.evaluate import evaluate
+from sim.search.relaxed.surrogate import Surrogate, interpolate
 from sim.search.space import Candidate, SearchProblem
 
 _GPT = "gpt:layers=10,hidden=1024,heads=16,seq=1024"

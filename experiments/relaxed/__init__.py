@@ -1,4 +1,0 @@
-"""The differentiable relaxation of a layout's per-stage choices, an experiment (``experiments.run relaxed_search``):
-the descent and its rounding to a plan (``relaxation``) and the smooth surrogate of the iteration time it descends,
-with its gradient (``surrogate``). Every number either takes comes from the simulator's cost oracle.
-"""
