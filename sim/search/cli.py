@@ -90,15 +90,16 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time-budget", type=float, metavar="SECONDS",
                         help="stop costing plans after this long and rank what was costed (default: no limit)")
     parser.add_argument("--strategy", choices=STRATEGIES, default="exhaustive",
-                        help="search strategy (screen: every plan bounded, the best simulated until the pick is "
-                        "proven within 1 %%; for large spaces)")
+                        help="search strategy (screen: every plan bounded, the best layouts' partition and "
+                        "placement refined, the best simulated until the pick is proven within 1 %%; for large spaces. "
+                        "relaxed: the same with the differentiable relaxation's partition and placement)")
     parser.add_argument("--evaluations", type=int, metavar="N",
                         help="--strategy anneal: candidates to cost in all (default: a quarter of the space, >= 50)")
     parser.add_argument("--chains", type=int, default=4, metavar="C",
                         help="--strategy anneal: independent chains, spread over the workers (default 4)")
     parser.add_argument("--top", type=int, default=10, metavar="K", help="plans in the printed table (default 10)")
     parser.add_argument("--workers", type=int, default=1, metavar="N", help="evaluation processes (default 1); "
-                        "--strategy screen also bounds the plans in them")
+                        "--strategy screen and relaxed also bound the plans in them")
     parser.add_argument("--ray", metavar="ADDRESS",
                         help="evaluate on a Ray cluster (auto, host:port, ray://host:10001; 'local' starts one here), "
                         "the optional extra pip install -e '.[ray]'; --workers is then unused")

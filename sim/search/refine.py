@@ -33,10 +33,14 @@ from sim.core.errors import SpecError
 from sim.schedules import SCHEDULES
 from sim.search.dp import joint_candidate
 from sim.search.placement import swapped_placements
+from sim.search.relaxed.relaxation import relax
 from sim.search.screen import Bound, Screener
 from sim.search.space import Candidate
 
-__all__ = ["refine", "REFINE_WINDOW", "MAX_LAYOUTS", "MAX_STEPS"]
+__all__ = ["refine", "METHODS", "REFINE_WINDOW", "MAX_LAYOUTS", "MAX_STEPS"]
+
+#: How the best layouts are refined: the bound's descent (``screen``) or the relaxation (``relaxed``).
+METHODS = ("descent", "relaxation")
 
 #: Layouts refined: those whose best listed bound is within this fraction of the lowest bound of the space.
 REFINE_WINDOW = 0.5
@@ -56,10 +60,21 @@ def _layout_key(candidate: Candidate) -> Candidate:
 
 
 def refine(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[Bound | None], *,
-           deadline: float | None = None) -> tuple[list[Candidate], list[Bound]]:
+           method: str = "descent", deadline: float | None = None) -> tuple[list[Candidate], list[Bound]]:
     """The plans the refinement found that are not among ``candidates`` and may fit, with their bounds, in the
-    order they were bounded (module docstring). Stops at ``deadline`` (``time.time()`` seconds) with what it has."""
+    order they were bounded (module docstring). Stops at ``deadline`` (``time.time()`` seconds) with what it has.
+
+    Args:
+        method: ``descent`` (the screen's: the bound's steepest descent from each layout's best listed plan and the
+            joint program's) or ``relaxation`` (``--strategy relaxed``: the differentiable relaxation's plan of each
+            layout, :func:`sim.search.relaxed.relaxation.relax`, bounded as it is).
+    """
+    if method not in METHODS:
+        raise SpecError(f"{{method}} must be one of {', '.join(METHODS)}, got {method!r}", "method")
     known: dict[Candidate, Bound] = {c: b for c, b in zip(candidates, bounds) if b is not None}
+    if method == "relaxation":
+        _relax_best_layouts(screener, known, deadline)
+        return _added(candidates, known)
     # Each layout's starts (its best listed plan; on a mixed cluster also the joint program's) and its best bound.
     starts: dict[Candidate, list[tuple[float, Candidate]]] = {}
     for candidate, bound in known.items():
@@ -94,9 +109,41 @@ def refine(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence
             if deadline is not None and time.time() >= deadline:
                 break
             _descend(screener, start, known, deadline)
+    return _added(candidates, known)
+
+
+def _added(candidates: Sequence[Candidate], known: dict[Candidate, Bound]) -> tuple[list[Candidate], list[Bound]]:
+    """The plans of ``known`` not listed that may fit, in the order they were bounded."""
     listed = set(candidates)
     added = [(c, b) for c, b in known.items() if c not in listed and b.fits and b.time_s < math.inf]
     return [c for c, _ in added], [b for _, b in added]
+
+
+def _best_layouts(known: dict[Candidate, Bound]) -> list[Candidate]:
+    """The best listed plan of each layout worth refining, best first (module docstring)."""
+    best_of_layout: dict[Candidate, tuple[float, Candidate]] = {}
+    for candidate, bound in sorted(known.items(), key=lambda item: (item[1].time_s, item[0])):
+        if bound.fits and bound.time_s < math.inf and _refinable(candidate):
+            best_of_layout.setdefault(_layout_key(candidate), (bound.time_s, candidate))
+    ranked = sorted(best_of_layout.values())
+    if not ranked:
+        return []
+    lowest = ranked[0][0]
+    return [candidate for time_s, candidate in ranked[:MAX_LAYOUTS] if time_s <= lowest * (1 + REFINE_WINDOW)]
+
+
+def _relax_best_layouts(screener: Screener, known: dict[Candidate, Bound], deadline: float | None) -> None:
+    """The relaxation's plan of each of the best layouts, bounded into ``known`` (layouts its surrogate cannot
+    describe are left as listed)."""
+    for candidate in _best_layouts(known):
+        if deadline is not None and time.time() >= deadline:
+            return
+        try:
+            relaxed = relax(screener.problem, _layout_key(candidate)).candidate
+        except SpecError:
+            continue
+        if relaxed not in known:
+            known[relaxed] = screener.bound(relaxed)
 
 
 def _explicit(screener: Screener, candidate: Candidate) -> Candidate | None:

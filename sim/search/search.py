@@ -13,8 +13,14 @@ Strategies (``--strategy``):
   (:mod:`sim.search.planner`), then costed by the simulator best first, ``evaluations`` of them (default: a tenth
   of the space, at least 50) or as many as the time budget allows.
 * ``screen``: every candidate bounded from below by its per-stage costs (:mod:`sim.search.screen`, a proven bound
-  on its time and memory), then the engine on the best bounds until the best simulated plan is within 1 % of every
-  bound left: the pick proven without simulating the space (the summary says the gap and each stage's coverage).
+  on its time and memory); the best layouts' partition and placement refined on the bound (:mod:`sim.search.refine`:
+  other layer counts and device orders, each bounded); then the engine on the best bounds until the best simulated
+  plan is within 1 % of every bound left: the pick proven without simulating the space (the summary says the gap
+  and each stage's coverage).
+* ``relaxed``: the same, with the best layouts' partition and placement chosen by the differentiable relaxation
+  instead (:mod:`sim.search.relaxed.relaxation`, DARTS' softmax over the layer counts and device kinds of each
+  stage, descended on a smooth surrogate of the iteration time), for comparison (``experiments.run
+  search_strategies``).
 * ``dp``: the planner over the space with each pipeline layout's placements replaced by the one an exact dynamic
   program over partition and placement picks (:mod:`sim.search.dp`: PipeDream's planner generalised to devices of
   different speeds), so a mixed cluster's layouts are screened by their best placement instead of at most 24 guesses.
@@ -50,7 +56,7 @@ from sim.search.space import SearchProblem, enumerate_candidates
 
 __all__ = ["SearchResult", "run_search", "STRATEGIES", "check_problem"]
 
-STRATEGIES = ("exhaustive", "alpa", "anneal", "planner", "dp", "screen")
+STRATEGIES = ("exhaustive", "alpa", "anneal", "planner", "dp", "screen", "relaxed")
 #: Independent annealing chains (each seeded from the search's seed and its index; spread over the workers).
 DEFAULT_CHAINS = 4
 
@@ -148,8 +154,9 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
     if strategy == "anneal":
         return _anneal(problem, topology, candidates, workers, seed, progress, evaluations, chains, time_budget_s,
                        ray_address)
-    if strategy == "screen":
-        return _screen(problem, topology, candidates, workers, seed, progress, time_budget_s, ray_address)
+    if strategy in ("screen", "relaxed"):
+        return _screen(problem, topology, candidates, workers, seed, progress, time_budget_s, ray_address,
+                       strategy)
     if strategy in ("planner", "dp"):
         return _planner(problem, topology, candidates, workers, seed, progress, evaluations, time_budget_s,
                         ray_address, strategy=strategy)
@@ -161,27 +168,29 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
 
 def _screen(problem: SearchProblem, topology: Topology, candidates: list, workers: int, seed: int,
             progress: Callable[[Evaluation], None] | None, time_budget_s: float | None,
-            ray_address: str | None) -> SearchResult:
-    """The screen strategy: bound every candidate (spread over the workers), then prove the pick with the engine
-    (:mod:`sim.search.screen`). Under a time budget the screen and the proof share it; evaluations come back in the
-    space's order."""
+            ray_address: str | None, strategy: str = "screen") -> SearchResult:
+    """The screen strategy (and relaxed, the same with the relaxation's refinement): bound every candidate (spread
+    over the workers), refine the best layouts, then prove the pick with the engine (:mod:`sim.search.screen`). Under
+    a time budget the screen and the proof share it; evaluations come back in the space's order."""
     if time_budget_s is not None and not time_budget_s > 0:
         raise SpecError(f"{{time_budget_s}} must be > 0 seconds, got {time_budget_s!r}", "time_budget_s")
     with ExitStack() as stack:
         if ray_address is not None:  # one session for the screen and every round of the proof
             stack.enter_context(ray_session(ray_address))
-        return _screen_in_session(problem, topology, candidates, workers, seed, progress, time_budget_s, ray_address)
+        return _screen_in_session(problem, topology, candidates, workers, seed, progress, time_budget_s, ray_address,
+                                  strategy)
 
 
 def _screen_in_session(problem: SearchProblem, topology: Topology, candidates: list, workers: int, seed: int,
                        progress: Callable[[Evaluation], None] | None, time_budget_s: float | None,
-                       ray_address: str | None) -> SearchResult:
+                       ray_address: str | None, strategy: str) -> SearchResult:
     start = time.monotonic()
     deadline = None if time_budget_s is None else time.time() + time_budget_s  # wall clock: workers read it too
     screener = Screener(problem, topology)
     bounds = screen_in_parallel(screener, candidates, workers=workers, deadline=deadline, ray_address=ray_address)
     # The best layouts' partition and placement refined on the bound (sim.search.refine): plans added, none removed.
-    refined, refined_bounds = refine(screener, candidates, bounds, deadline=deadline)
+    refined, refined_bounds = refine(screener, candidates, bounds, deadline=deadline,
+                                     method="relaxation" if strategy == "relaxed" else "descent")
     screened_at = time.monotonic()
     every_candidate = [*candidates, *refined]
     proved, lowest, stopped = prove(screener, every_candidate, [*bounds, *refined_bounds], workers=workers,
@@ -193,7 +202,7 @@ def _screen_in_session(problem: SearchProblem, topology: Topology, candidates: l
                if b is not None and not b.fits and c not in reached]
     every = tuple(sorted([*proved, *refused], key=lambda e: index_of[e.candidate]))
     summary = screen_summary(bounds, proved, lowest, screened_at - start, refined=len(refined))
-    return SearchResult(problem, "screen", len(candidates), every,
+    return SearchResult(problem, strategy, len(candidates), every,
                         stopped or summary.screened < len(candidates), time.monotonic() - start, seed, summary)
 
 

@@ -63,3 +63,32 @@ def test_the_brute_force_lists_every_partition_on_every_placement():
     assert len(plans) == len(set(plans))
     by_pp = {pp: sum(1 for p in plans if p.pp == pp) for pp in (1, 2, 4)}
     assert by_pp == {1: 3, 2: 2 * 2 * comb(layers - 1, 1), 4: 4 * comb(layers - 1, 3)}
+
+
+def test_the_relaxed_strategy_adds_the_relaxations_plan_of_each_best_layout():
+    from dataclasses import replace
+
+    from sim.core.errors import SpecError
+    from sim.search.refine import MAX_LAYOUTS, REFINE_WINDOW
+    from sim.search.relaxed.relaxation import relax
+
+    problem = PROBLEMS[1]
+    topology = Topology.parse(problem.topology)
+    candidates = enumerate_candidates(problem, topology.num_ranks, topology)
+    screener = Screener(problem, topology)
+    bounds = screen_all(screener, candidates)
+    added, _ = refine(screener, candidates, bounds, method="relaxation")
+    # The oracle: the best listed bound of each pipeline layout, the layouts within the window, the relaxation of each.
+    best: dict = {}
+    for candidate, bound in sorted(zip(candidates, bounds), key=lambda item: (item[1].time_s, item[0])):
+        if bound.fits and candidate.pp > 1:
+            best.setdefault(replace(candidate, partition="balanced", devices=()), bound.time_s)
+    lowest = min(best.values())
+    layouts = sorted(best, key=lambda key: (best[key], key))[:MAX_LAYOUTS]
+    expected = {relax(problem, key).candidate for key in layouts if best[key] <= lowest * (1 + REFINE_WINDOW)}
+    assert added and set(added) == {c for c in expected if c not in set(candidates) and screener.bound(c).fits}
+    relaxed, listed = run_search(problem, strategy="relaxed"), run_search(problem)
+    assert relaxed.strategy == "relaxed" and relaxed.screen.refined == len(added)
+    assert relaxed.best.iteration_time_s <= listed.best.iteration_time_s * (1 + relaxed.screen.gap)
+    with pytest.raises(SpecError, match="method"):
+        refine(screener, candidates, bounds, method="anneal")
