@@ -1,5 +1,6 @@
 """The search's strategies measured against each other: brute force, the planner's screen, the joint dynamic program,
-annealing from it and the Alpa assumption, on a seeded suite of problems.
+annealing from it, the Alpa assumption, the bound's screen (its best layouts refined by a descent on the bound) and
+the same with the differentiable relaxation's refinement, on a seeded suite of problems.
 
 Each problem (:func:`suite`) is a GPT on a cluster of one to four device models (4 to 16 devices) at a global batch
 of 32, searched over :data:`SPACE` (schedules 1f1b, zb1p and interleaved with 2 chunks, no recomputation, no
@@ -7,7 +8,8 @@ sequence parallelism, no ZeRO: a space brute force covers in seconds). Every str
 :func:`sim.search.search.run_search` with its own default budget, and every time reported is the simulator's
 (the one prediction path). The listed space (``exhaustive``) holds at most 24 placements per layout with the
 balanced partition for each; ``dp`` and ``anneal`` also cost the program's plans (explicit layer counts on any
-placement), so they may find a plan faster than brute force over the list.
+placement), and ``screen`` and ``relaxed`` the plans their refinement adds, so they may find a plan faster than brute
+force over the list.
 
 Prints per problem and strategy: the best iteration time relative to brute force's, the plans costed and the wall
 time; then per strategy how often it equals, beats or trails brute force, and by how much at worst. Writes
@@ -34,7 +36,7 @@ __all__ = ["SPACE", "STRATEGIES", "Row", "suite", "run_problem", "main"]
 SPACE = SearchSpace(schedules=("1f1b", "zb1p", "interleaved"), chunks=(2,), recompute=("none",), zero=(0,),
                     sequence_parallel=(False,))
 #: Strategies compared, brute force first (the others are reported relative to it).
-STRATEGIES = ("exhaustive", "planner", "dp", "anneal", "alpa")
+STRATEGIES = ("exhaustive", "planner", "dp", "anneal", "alpa", "screen", "relaxed")
 CLUSTERS = ("4xV100+4xA100", "2xT4+2xV100+2xA100+2xH100", "8xV100+8xA100", "2x4xA100", "2xV100+2xA100",
             "1xT4+3xA100", "4xA100+4xH100")
 QUICK_CLUSTERS = ("2xV100+2xA100", "1xT4+3xA100")

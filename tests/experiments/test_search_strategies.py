@@ -35,6 +35,8 @@ def test_every_problem_has_every_strategy_and_brute_force_costs_its_whole_list(q
         # The planner and alpa cost plans of brute force's list: they cannot beat it. dp and anneal may (they cost
         # the program's placements and partitions too) but their times are simulated ones, checked below.
         assert best["planner"] >= best["exhaustive"] and best["alpa"] >= best["exhaustive"]
+        # screen and relaxed prove their pick within their stated gap (1 %) of every listed plan.
+        assert best["screen"] <= best["exhaustive"] * 1.01 and best["relaxed"] <= best["exhaustive"] * 1.01
         assert float(rows[0]["relative_to_exhaustive"]) == 0.0
 
 
