@@ -298,8 +298,13 @@ class Parallelism:
         """Devices of HSDP shard group ``group`` (``0 <= group < dp_replicate``) of pipeline rank ``pp``, shard ``tp``:
         data-parallel ranks ``group·S .. group·S + S − 1`` (S = :attr:`dp_shard`); the whole data-parallel group
         without HSDP."""
-        size = self.dp_shard
-        return tuple(self.device(pp, d, tp) for d in range(group * size, (group + 1) * size))
+        key = ("shard", pp, tp, group)
+        found = self._groups.get(key)  # type: ignore[attr-defined]
+        if found is None:  # asked for every data-parallel op of every view of a search: kept like the other groups
+            size = self.dp_shard
+            found = self._groups[key] = tuple(self.device(pp, d, tp)  # type: ignore[attr-defined]
+                                              for d in range(group * size, (group + 1) * size))
+        return found
 
     def replicate_group(self, pp: int, tp: int, index: int) -> tuple[int, ...]:
         """Devices that hold the same state shard ``index`` (``0 <= index < dp_shard``) in every HSDP shard group."""
