@@ -108,6 +108,12 @@ def _search_strategies(argv: list[str]) -> int:
     return search_strategies.main(argv)
 
 
+def _second_opinion(argv: list[str]) -> int:
+    from experiments import second_opinion
+
+    return second_opinion.main(argv)
+
+
 def _relaxed_search(argv: list[str]) -> int:
     from experiments import relaxed_search
 
@@ -242,6 +248,10 @@ EXPERIMENTS: dict[str, Experiment] = {
                                   "VP, CP, EP, FSDP; BF16, FP8, MXFP8, NVFP4), each expressible row predicted beside "
                                   "the published tokens/s per GPU, nothing fitted", _megatron_bridge,
                                   out="runs/megatron_bridge"),
+    "second_opinion": Experiment("second_opinion", "for each published torchtitan and Megatron-Bridge row, the "
+                                 "search's best plan for the same model, GPUs, global batch and precision beside the "
+                                 "published plan: its predicted speed-up and which dimensions moved (predictions, "
+                                 "not measurements)", _second_opinion, out="runs/second_opinion"),
     "faults": Experiment("faults", "goodput under failures of a 70B-class plan on 1k-16k H100s: restart from the "
                          "checkpoint, drop a replica, ReCycle's rerouting and Oobleck's re-planning, over the MTBF, "
                          "beside Llama 3's > 90 % effective training time", _faults, out="runs/faults"),

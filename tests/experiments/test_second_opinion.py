@@ -1,0 +1,157 @@
+"""``experiments.run second_opinion``: the published plan is a candidate of the space searched and costed by the
+search's own engine, the searched best is no slower than it (within the screen's proven 1 %), the speed-up is the
+ratio of two engine times, rows of one problem share one search, and bad input is one error line."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import replace
+
+import pytest
+
+from experiments import megatron_bridge, second_opinion, torchtitan
+from experiments.second_opinion import (
+    QUICK_ROWS,
+    Published,
+    load_published,
+    moved,
+    problem_key,
+    published_candidate,
+    search_space,
+    write,
+)
+from sim.core.errors import SpecError
+from sim.hw.topology import Topology
+from sim.search.evaluate import evaluate
+from sim.search.space import Candidate, enumerate_candidates
+from tests.experiments.refusal import refused
+
+
+@pytest.fixture(scope="module")
+def quick():
+    """The ``--quick`` rows, searched in this process (one worker), with the searches counted."""
+    calls = []
+    with pytest.MonkeyPatch.context() as patch:
+        real = second_opinion.run_search
+        patch.setattr(second_opinion, "run_search", lambda problem, **kw: calls.append(problem) or real(problem, **kw))
+        rows, _, _ = load_published(QUICK_ROWS)
+        opinions = second_opinion.second_opinion(rows, workers=1)
+    return opinions, calls
+
+
+def _mapped_rows() -> list[Published]:
+    """Every searched row as :func:`search_space` sees it (the predictions are not needed here: not made)."""
+    rows = [Published("torchtitan", r.row_id, r.model, r.gpus, r.seq, torchtitan.plan_inputs(r), 0.0, 0.0, ())
+            for r in torchtitan.load_rows()]
+    chosen = [r for r in megatron_bridge.load_rows() if megatron_bridge.expressible(r) is None]
+    rows += [Published("megatron-bridge", str(r.line), r.model, r.gpus, r.seq, megatron_bridge.plan_inputs(r), 0.0,
+                       0.0, ()) for r, now in zip(chosen, megatron_bridge.newest(chosen)) if now]
+    return rows
+
+
+def test_the_published_plans_are_listed_by_the_spaces_searched_for_them():
+    """On the cheap problems (dense and the small mixture on at most 64 GPUs), and the two whose published plans
+    extend the space most (chunks 12 of a 128-expert mixture; PP with FSDP); the run itself checks every problem."""
+    groups: dict[tuple, list[Published]] = {}
+    for row in _mapped_rows():
+        groups.setdefault(problem_key(row), []).append(row)
+    assert (sum(map(len, groups.values())), len(groups)) == (88, 61)
+    chosen = [members for members in groups.values()
+              if members[0].gpus <= 64 and not members[0].inputs.model.startswith("gpt-oss")
+              or {"megatron-bridge:10", "torchtitan:tt2412_t5_2"} & {row.key for row in members}]
+    assert len(chosen) == 28
+    for members in chosen:
+        candidates = [published_candidate(row.inputs)[0] for row in members]
+        space = search_space(members, candidates)
+        first = members[0].inputs
+        problem = second_opinion.SearchProblem(first.model, first.topology, first.global_batch, space=space)
+        topology = Topology.parse(first.topology)
+        assert set(candidates) <= set(enumerate_candidates(problem, topology.num_ranks, topology)), members[0].key
+        assert space.precisions == (candidates[0].precision,) and space.compile == (first.compiled,)
+
+
+def test_a_published_plan_the_space_does_not_list_is_an_error_before_any_search(monkeypatch):
+    rows, _, _ = load_published(QUICK_ROWS[:1])  # microbatches of 2
+    narrow = lambda members, candidates: replace(search_space(members, candidates), microbatch_sizes=(1,))  # noqa: E731
+    monkeypatch.setattr(second_opinion, "search_space", narrow)
+    monkeypatch.setattr(second_opinion, "run_search", lambda *a, **k: pytest.fail("it searched"))
+    with pytest.raises(SpecError, match="does not list its published plan"):
+        second_opinion.second_opinion(rows, workers=1)
+
+
+def test_the_published_candidate_carries_the_rows_inputs_and_names_what_it_cannot():
+    rows = {r.row_id: r for r in torchtitan.load_rows()}
+    plain = torchtitan.plan_inputs(rows["tt2412_t2_4"])  # CP 8 with FSDP, full recomputation, Float8
+    candidate, left = published_candidate(plain)
+    problem = second_opinion.SearchProblem(plain.model, plain.topology, plain.global_batch)
+    assert left == () and replace(candidate.plan_inputs(problem), recompute=plain.recompute) == plain
+    assert (candidate.cp, candidate.cp_comm, candidate.zero, candidate.recompute, candidate.precision) == (
+        8, "allgather", 3, "full", "fp8")
+    pipelined = torchtitan.plan_inputs(rows["tt2412_t5_2"])  # PP 8 interleaved: FSDP keeps parameters to backward
+    candidate, left = published_candidate(pipelined)
+    assert left == ("reshard_after_forward=False",)
+    assert (candidate.schedule, candidate.chunks, candidate.pp, candidate.tp) == ("interleaved", 2, 8, 8)
+    bridge = next(r for r in megatron_bridge.load_rows() if r.line == 195)  # DeepSeek-V3, EP 32, PP 2, VP 4
+    candidate, left = published_candidate(megatron_bridge.plan_inputs(bridge))
+    assert left == () and (candidate.ep, candidate.pp, candidate.chunks, candidate.zero) == (32, 2, 4, 1)
+
+
+def test_moved_names_the_fields_that_differ_in_field_order():
+    a = Candidate(tp=8, dp=32, pp=1, microbatch_size=16, schedule="1f1b", recompute="full", sequence_parallel=True,
+                  zero=3)
+    b = Candidate(tp=1, dp=256, pp=1, microbatch_size=2, schedule="1f1b", recompute="full", zero=3)
+    assert moved(a, b) == ("tp", "dp", "mb", "sp") and moved(a, a) == ()
+
+
+def test_rows_of_one_problem_share_one_search(quick):
+    opinions, calls = quick
+    assert [o.row.key for o in opinions] == list(QUICK_ROWS)
+    assert len(calls) == 2 and opinions[1].search is opinions[2].search is not opinions[0].search
+    assert calls == [opinions[0].search.problem, opinions[1].search.problem]
+
+
+def test_the_best_is_no_slower_than_the_published_plan_and_the_speedup_is_the_engines(quick):
+    opinions, _ = quick
+    for o in opinions:
+        best, search = o.search.best, o.search
+        assert best is not None and best.feasible and o.published_fits and search.gap <= 0.01
+        assert o.published in set(enumerate_candidates(search.problem, o.row.gpus))
+        again_published = evaluate(search.problem, o.published)  # the engine, run again here
+        again_best = evaluate(search.problem, best.candidate)
+        assert best.iteration_time_s <= again_published.iteration_time_s * (1 + search.gap)
+        assert o.speedup == again_published.iteration_time_s / again_best.iteration_time_s
+        # nothing left out: the search's costing of the published plan is the row's own prediction
+        assert o.not_searched == ()
+        assert o.tokens_per_s_per_gpu(o.published_eval) == pytest.approx(o.row.predicted_tokens_per_s_per_gpu,
+                                                                          rel=1e-12)
+    # the torchtitan 8B row: its published selective recomputation and microbatches of 2 against none and 1
+    assert opinions[0].to_try and opinions[0].speedup > 1.05
+
+
+def test_the_files_hold_every_row_and_its_speedup(quick, tmp_path):
+    opinions, _ = quick
+    names = write(opinions, [], 0, tmp_path)
+    assert names == ["second_opinion.csv", "second_opinion.md", "second_opinion_refused.csv"]
+    with (tmp_path / "second_opinion.csv").open(newline="") as handle:
+        table = list(csv.DictReader(handle))
+    assert [f"{r['source']}:{r['row']}" for r in table] == list(QUICK_ROWS)
+    for entry, o in zip(table, opinions):
+        assert float(entry["speedup"]) == pytest.approx(o.speedup, abs=1e-6)
+        assert entry["moved"].split() == list(o.moved) and int(entry["to_try"]) == o.to_try
+    assert "not a measurement" in (tmp_path / "second_opinion.md").read_text()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--rows", "torchtitan:no_such_row"], "no published row 'torchtitan:no_such_row'"),
+    (["--rows", "megatron-bridge:2"], "no published row"),  # refused (DeepSeek-V3 with MTP): not searched
+    (["--rows", "megatron-bridge:22"], "no published row"),  # superseded by a newer container: not searched
+    (["--workers", "0"], "--workers must be >= 1"),
+])
+def test_bad_input_is_one_error_line(tmp_path, capsys, argv, needle):
+    assert needle in refused(capsys, ["second_opinion", "--out", str(tmp_path / "o"), *argv])
+    assert not (tmp_path / "o" / "second_opinion.csv").exists()
+
+
+def test_an_unusable_out_is_refused_before_anything_runs(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert "--out" in refused(capsys, ["second_opinion", "--quick", "--out", str(tmp_path / "file" / "o")])
