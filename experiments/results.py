@@ -11,8 +11,9 @@ wrote to stderr, and the command exits with status 1 after writing the page, so 
 taken for a complete one.
 
 ``--only a,b`` runs some; ``--quick`` passes ``--quick`` to those that have it (the others run in full), for a fast
-look or a test. The page holds no time or date: what it shows is the experiments' output, and two runs differ only
-where an experiment measures real time.
+look or a test. The experiments of :data:`ALWAYS_QUICK` run in their ``--quick`` form here either way: their full
+run takes the better part of an hour, and its table is on their own page. The page holds no time or date: what it
+shows is the experiments' output, and two runs differ only where an experiment measures real time.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 
-__all__ = ["Outcome", "run_experiment", "render", "main"]
+__all__ = ["Outcome", "run_experiment", "render", "main", "ALWAYS_QUICK"]
 
 NAME = "results"
+#: Experiments run with ``--quick`` on the page even without ``--quick`` (their full table: their own page).
+ALWAYS_QUICK = frozenset({"second_opinion"})
 #: Lines of a failed experiment's stderr kept on the page.
 STDERR_TAIL = 12
 
@@ -57,7 +60,9 @@ def _has_quick(name: str) -> bool:
 
 def run_experiment(name: str, description: str, writes_files: bool, runs: Path, figures_dir: Path, page_dir: Path,
                    quick: bool) -> Outcome:
-    """Run ``name`` (into ``runs/name`` when it ``writes_files``) and copy its PNGs to ``figures_dir/name``."""
+    """Run ``name`` (into ``runs/name`` when it ``writes_files``; with ``--quick`` when ``quick`` or in
+    :data:`ALWAYS_QUICK`) and copy its PNGs to ``figures_dir/name``."""
+    quick = quick or name in ALWAYS_QUICK
     out = runs / name
     shutil.rmtree(out, ignore_errors=True)
     args = [name, *(["--out", str(out)] if writes_files else []), *(["--quick"] if quick and _has_quick(name) else [])]

@@ -46,6 +46,23 @@ def test_an_experiment_that_writes_no_files_runs_without_out(tmp_path):
     assert outcome.stdout.strip() and not (tmp_path / "runs").exists()
 
 
+def test_an_always_quick_experiment_runs_quick_on_the_full_page(tmp_path, monkeypatch):
+    from experiments import results
+
+    calls = []
+
+    def fake(argv, **kwargs):
+        calls.append(argv[3:])
+        helped = "usage: ... [--quick]" if "--help" in argv else ""
+        return subprocess.CompletedProcess(argv, 0, stdout=helped, stderr="")
+
+    monkeypatch.setattr(results.subprocess, "run", fake)
+    outcome = results.run_experiment("second_opinion", "a second opinion", True, tmp_path / "runs",
+                                     tmp_path / "results", tmp_path, quick=False)
+    assert outcome.command == "python -m experiments.run second_opinion --quick"
+    assert calls[-1] == ["second_opinion", "--out", str(tmp_path / "runs" / "second_opinion"), "--quick"]
+
+
 def test_a_failed_experiment_is_on_the_page_as_failed(tmp_path):
     ok = Outcome("memory", "peak memory", "python -m experiments.run memory", "table\n", ("results/m.png",), 0, "")
     bad = Outcome("naspipe", "csp", "python -m experiments.run naspipe", "", (), 2, "error: something")
