@@ -96,11 +96,16 @@ def test_the_published_candidate_carries_the_rows_inputs_and_names_what_it_canno
     assert left == () and (candidate.ep, candidate.pp, candidate.chunks, candidate.zero) == (32, 2, 4, 1)
 
 
-def test_moved_names_the_fields_that_differ_in_field_order():
+def test_moved_names_the_fields_that_differ_in_field_order_where_they_have_an_effect():
     a = Candidate(tp=8, dp=32, pp=1, microbatch_size=16, schedule="1f1b", recompute="full", sequence_parallel=True,
                   zero=3)
     b = Candidate(tp=1, dp=256, pp=1, microbatch_size=2, schedule="1f1b", recompute="full", zero=3)
-    assert moved(a, b) == ("tp", "dp", "mb", "sp") and moved(a, a) == ()
+    assert moved(a, b) == ("tp", "dp", "mb") and moved(a, a) == ()  # no sequence parallelism to move without TP
+    assert moved(a, replace(a, sequence_parallel=False, zero=1)) == ("sp", "zero")
+    c = Candidate(tp=1, dp=16, pp=4, microbatch_size=1, schedule="interleaved", chunks=4, zero=1)
+    d = Candidate(tp=1, dp=8, pp=8, microbatch_size=1, schedule="zb1p", cp=1, zero=1, partition="9,8,8,8,8,8,8,8")
+    assert moved(c, d) == ("dp", "pp", "schedule", "partition")  # zb1p takes no chunks
+    assert moved(c, replace(c, chunks=2, cp=2, cp_comm="allgather", dp=8)) == ("dp", "chunks", "cp")
 
 
 def test_rows_of_one_problem_share_one_search(quick):
