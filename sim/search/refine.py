@@ -13,14 +13,14 @@ brute force finds over every partition and placement (the joint program's 34 %).
 So the screen refines, before its proof, the best layouts by their bound (:data:`REFINE_WINDOW`, at most
 :data:`MAX_LAYOUTS` of them): from each layout's best listed plan and, on a mixed cluster, from the joint program's
 plan and from the differentiable relaxation's (:mod:`sim.search.relaxed.relaxation`, which lands in other basins of
-the bound there), a steepest descent on the screen's own lower bound (:func:`sim.search.bound.time_lower_bound`, which holds the
-engine's fill, drain and update chains) over two moves: one layer across one cut between neighbouring stages, and
-the device kinds of two neighbouring stages exchanged (:func:`sim.search.placement.swapped_placements`). Every plan
-the descent bounds and that may fit joins the candidates (explicit layer counts and device order, as
-``--partition 5,7,6,6`` plans), so the proof simulates them in the order of their bounds with the rest, and its gap
-covers them: the refinement only adds plans; what the proof says of the listed ones is unchanged. It is a local
-search on a bound, not an exact one: its figure of merit is the brute-force check in ``sim.bench --search``
-(``sim.search.joint_check``) and ``tests/sim/search/test_refine.py``.
+the bound there), a steepest descent on the screen's own lower bound (:func:`sim.search.bound.time_lower_bound`,
+which holds the engine's fill, drain and update chains) over two moves: one layer across one cut between
+neighbouring stages, and the device kinds of two neighbouring stages exchanged
+(:func:`sim.search.placement.swapped_placements`). Every plan the descent bounds and that may fit joins the
+candidates (explicit layer counts and device order, as ``--partition 5,7,6,6`` plans), so the proof simulates them
+in the order of their bounds with the rest, and its gap covers them: the refinement only adds plans; what the proof
+says of the listed ones is unchanged. It is a local search on a bound, not an exact one: its figure of merit is the
+brute-force check in ``sim.bench --search`` (``sim.search.joint_check``) and ``tests/sim/search/test_refine.py``.
 """
 
 from __future__ import annotations
