@@ -301,6 +301,7 @@ def _with_exchange(steps: list[tuple[float, float]], kernels: tuple[Kernel, ...]
     return steps[:at] + [(0.0, exposed_seconds(exchange, step_s, backward))] + steps[at:]
 
 
+@lru_cache(maxsize=4096)  # a model's blocks update the same share each: cost it once (every argument is frozen)
 def optimizer_seconds(params: float, device: DeviceSpec, model: KernelModel, dtype_bytes: int) -> float:
     """Time of the mixed-precision Adam step's kernels over ``params`` parameters (a layer's, or its ZeRO-1 share),
     s; 0 for none. The step's framework overhead is :attr:`KernelModel.step_overhead_s`, once per stage."""

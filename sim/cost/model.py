@@ -14,6 +14,8 @@ not simulate separately because they are identical to this one).
 
 from __future__ import annotations
 
+from typing import Any
+
 from sim.core.errors import SpecError
 from sim.cost import fsdp
 from sim.cost.collectives import CollectiveCost
@@ -38,6 +40,9 @@ __all__ = ["CostModel", "replica_views", "plan_sharding", "plan_graph", "plan_or
 #: Gradient bytes per bucket when the data-parallel reduction overlaps the backward: PyTorch DDP's default
 #: ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel documentation), 25 MiB.
 GRADIENT_BUCKET_BYTES = 25 * 2**20
+
+#: A memo's marker for a quantity not asked yet (a size may be ``None``: :meth:`CostModel.deferred_bytes`).
+_MISSING = object()
 
 def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
                   capacity_factor: float = 0.0) -> Sharding:
@@ -146,41 +151,12 @@ class CostModel:
         self._messages: dict[tuple[OpKind, int, int, int], CommCost] = {}
         self._collective_costs: dict[tuple[OpKind, int], CommCost] = {}
         self._times: list[dict[OpKind, float]] = []
-        # Memory per vstage, asked once: the engine reads these for every op.
-        oracle = self.oracle
         # Each vstage's sizes on its own device: a measured profile's memory applies where its device does.
-        sized = [(a, b, topology.devices[self.devices[rank]])
-                 for (a, b), rank in zip(placement.vstage_layers, placement.vstage_to_rank)]
-        self._params = [oracle.memory.param_bytes(a, b, device) for a, b, device in sized]
-        self._gradients = [oracle.memory.gradient_bytes(a, b, device) for a, b, device in sized]
-        self._deferred_gradients = [oracle.memory.deferred_gradient_bytes(a, b, device) for a, b, device in sized]
-        self._gradients_per_step = [oracle.gradients_per_step(device) for _, _, device in sized]
-        self._reduction_buffer = [gradients if oracle.reduction_copies(device) else 0
-                                  for gradients, (_, _, device) in zip(self._gradients, sized)]
-        self._state = [oracle.memory.state_bytes(a, b, device) for a, b, device in sized]
-        self._activation = [oracle.memory.activation_bytes(a, b, device) for a, b, device in sized]
-        self._checkpoint = [oracle.memory.checkpoint_bytes(a, b, device) for a, b, device in sized]
-        self._rebuilt = [oracle.memory.rebuilt_bytes(a, b, device) for a, b, device in sized]
-        self._workspace = [oracle.memory.workspace_bytes(a, b, device) for a, b, device in sized]
-        self._backward_workspace = [oracle.memory.backward_workspace_bytes(a, b, device) for a, b, device in sized]
-        self._backward_peak = [tuple(oracle.memory.backward_peak_bytes(a, b, device, new_gradients=new)
-                                     for new in (False, True))
-                               for a, b, device in sized]
-        self._deferred = [oracle.memory.deferred_bytes(a, b, device) for a, b, device in sized]
-        self._input_backward = [oracle.memory.input_backward_bytes(a, b, device) for a, b, device in sized]
-        self._weight_backward = [oracle.memory.weight_backward_bytes(a, b, device) for a, b, device in sized]
-        # ZeRO-3: what a forward or backward gathers on top of its workspace, and what stays gathered between them
-        # without resharding after the forward (sim.cost.fsdp).
-        self._gathered = [(0, 0)] * len(sized)
-        self._held_gathered = [0] * len(sized)
-        if layout.zero == 3:
-            for v, (a, b, device) in enumerate(sized):
-                params = [oracle.memory.param_bytes(i, i + 1, device) for i in range(a, b)]
-                gradients = [oracle.memory.gradient_bytes(i, i + 1, device) for i in range(a, b)]
-                kept = not layout.reshard_after_forward
-                self._gathered[v] = (0 if kept else fsdp.forward_gathered_bytes(params),
-                                     fsdp.backward_gathered_bytes(params, gradients, gather=not kept))
-                self._held_gathered[v] = sum(params) if kept else 0
+        self._sized = [(a, b, topology.devices[self.devices[rank]])
+                       for (a, b), rank in zip(placement.vstage_layers, placement.vstage_to_rank)]
+        # Memory per vstage, each quantity asked of the oracle on first use and kept: the engine reads them for every
+        # op, while a search's bound reads a few of them for thousands of views (sim.search.bound).
+        self._sizes: dict[tuple[str, int], object] = {}
         stepped: set[int] = set()
         for v, (start, end) in enumerate(placement.vstage_layers):
             rank = placement.vstage_to_rank[v]
@@ -259,9 +235,8 @@ class CostModel:
             nbytes = self.message_bytes(kind, vstage)
             pairs = self.layout.pipeline_pairs(src, dst, self.concurrent)
             seconds, link_bytes = self.oracle.concurrent_transfer(pairs, nbytes)
-            own = self.topology.path(self.devices[src], self.devices[dst])
-            cost = self._messages[key] = CommCost(nbytes, seconds, tuple(sorted((link.src, link.dst) for link in own)),
-                                                  ((link_bytes, 1),))
+            own = self.topology.link_keys(self.devices[src], self.devices[dst])
+            cost = self._messages[key] = CommCost(nbytes, seconds, own, ((link_bytes, 1),))
         return cost
 
     def collective(self, kind: OpKind, vstage: int) -> CommCost:
@@ -283,7 +258,7 @@ class CostModel:
         """The cost of a PREFETCH (host → device) or EVICT (device → host) of ``vstage``'s weights on pipeline rank
         ``pipeline_rank``: the oracle's copy time (:meth:`sim.cost.oracle.CostOracle.host_to_device_s`, a measured
         profile's bandwidth where it applies), holding the rank's PCIe path in that direction (its copy engine)."""
-        device, nbytes = self.devices[pipeline_rank], self._params[vstage]
+        device, nbytes = self.devices[pipeline_rank], self.param_bytes(vstage)
         if kind is OpKind.PREFETCH:
             path, seconds = self.topology.host_to_device_path(device), self.oracle.host_to_device_s(device, nbytes)
         else:
@@ -413,85 +388,116 @@ class CostModel:
         """Whether transfers take the profile's p2p fit (:meth:`sim.cost.oracle.CostOracle.uses_measured_p2p`)."""
         return self.oracle.uses_measured_p2p(num_ranks)
 
+    def _size(self, quantity: str, vstage: int, **options: bool) -> Any:
+        """``vstage``'s ``quantity`` on its own device: the :class:`sim.cost.memory_sizes.MemorySizes` method of
+        that name over the stage's layers (with ``options``), asked once and kept."""
+        key = (quantity, vstage, *options.values())
+        found = self._sizes.get(key, _MISSING)
+        if found is _MISSING:
+            start, end, device = self._sized[vstage]
+            found = self._sizes[key] = getattr(self.oracle.memory, quantity)(start, end, device, **options)
+        return found
+
     def param_bytes(self, vstage: int) -> int:
         """Weight bytes of ``vstage`` (what a PREFETCH or EVICT of the stage moves)."""
-        return self._params[vstage]
+        return self._size("param_bytes", vstage)
 
     def state_bytes(self, vstage: int) -> int:
         """Resident training state of ``vstage`` in bytes: weights, gradients, optimizer state."""
-        return self._state[vstage]
+        return self._size("state_bytes", vstage)
 
     def activation_bytes(self, vstage: int) -> int:
         """Bytes one in-flight microbatch keeps on the device from its forward to its backward."""
-        return self._activation[vstage]
+        return self._size("activation_bytes", vstage)
 
     def checkpoint_bytes(self, vstage: int) -> int:
         """Bytes one in-flight microbatch keeps from forward to backward when its activations are recomputed: the
         input of every layer of the stage (:meth:`sim.cost.oracle.CostOracle.checkpoint_bytes`)."""
-        return self._checkpoint[vstage]
+        return self._size("checkpoint_bytes", vstage)
 
     def rebuilt_bytes(self, vstage: int) -> int:
         """Bytes a recomputed microbatch holds again from its R op to the end of its backward: one layer's saved
         tensors at a time, the largest layer's (:meth:`sim.cost.oracle.CostOracle.rebuilt_bytes`)."""
-        return self._rebuilt[vstage]
+        return self._size("rebuilt_bytes", vstage)
 
     def workspace_bytes(self, vstage: int) -> int:
         """Transient bytes while one forward or recompute op of ``vstage`` runs."""
-        return self._workspace[vstage]
+        return self._size("workspace_bytes", vstage)
 
     def backward_workspace_bytes(self, vstage: int) -> int:
         """Transient bytes while one backward op (B, I, W) of ``vstage`` runs, beyond its weight gradients."""
-        return self._backward_workspace[vstage]
+        return self._size("backward_workspace_bytes", vstage)
 
     def backward_peak_bytes(self, vstage: int, new_gradients: bool) -> int:
         """How far above its starting level a B of ``vstage`` peaks beyond the gradient buffers it makes (with
         ``new_gradients``), layer by layer (:meth:`sim.cost.oracle.CostOracle.backward_peak_bytes`); may be
         negative."""
-        return self._backward_peak[vstage][new_gradients]
+        return self._size("backward_peak_bytes", vstage, new_gradients=new_gradients)
 
     def input_backward_bytes(self, vstage: int) -> int:
         """The most a split backward's I of ``vstage`` holds above its starting level
         (:meth:`sim.cost.oracle.CostOracle.input_backward_bytes`)."""
-        return self._input_backward[vstage]
+        return self._size("input_backward_bytes", vstage)
 
     def weight_backward_bytes(self, vstage: int) -> int:
         """The most a split backward's W of ``vstage`` holds above its starting level
         (:meth:`sim.cost.oracle.CostOracle.weight_backward_bytes`)."""
-        return self._weight_backward[vstage]
+        return self._size("weight_backward_bytes", vstage)
 
     def deferred_bytes(self, vstage: int) -> int | None:
         """Bytes an I of ``vstage`` keeps for its W, where measured (else ``None``)."""
-        return self._deferred[vstage]
+        return self._size("deferred_bytes", vstage)
 
     def gradient_bytes(self, vstage: int) -> int:
         """Weight-gradient bytes of ``vstage`` (part of :meth:`state_bytes`)."""
-        return self._gradients[vstage]
+        return self._size("gradient_bytes", vstage)
 
     def deferred_gradient_bytes(self, vstage: int) -> int:
         """Of :meth:`gradient_bytes`, those a split backward's W makes (:meth:`sim.cost.oracle.CostOracle.
         deferred_gradient_bytes`)."""
-        return self._deferred_gradients[vstage]
+        return self._size("deferred_gradient_bytes", vstage)
 
     def gathered_bytes(self, vstage: int, backward: bool) -> int:
         """Under ZeRO-3, bytes a forward (``backward`` False) or backward op of ``vstage`` gathers on top of its
         workspace while it runs (:mod:`sim.cost.fsdp`); 0 otherwise."""
-        return self._gathered[vstage][backward]
+        return self._gathered(vstage)[backward]
 
     def held_gathered_bytes(self, vstage: int) -> int:
         """Under ZeRO-3 without resharding after the forward, the gathered parameter bytes ``vstage`` keeps from a
         forward to the backward of the last microbatch in flight; 0 otherwise."""
-        return self._held_gathered[vstage]
+        if self.layout.zero != 3 or self.layout.reshard_after_forward:
+            return 0
+        start, end, device = self._sized[vstage]
+        return sum(self.oracle.memory.param_bytes(i, i + 1, device) for i in range(start, end))
+
+    def _gathered(self, vstage: int) -> tuple[int, int]:
+        """Under ZeRO-3, what a forward and a backward of ``vstage`` gather on top of their workspace, bytes (the
+        forward nothing when the parameters stay gathered after it: :meth:`held_gathered_bytes`); ``(0, 0)``
+        otherwise."""
+        if self.layout.zero != 3:
+            return 0, 0
+        key = ("gathered", vstage)
+        found = self._sizes.get(key)
+        if found is None:
+            start, end, device = self._sized[vstage]
+            memory = self.oracle.memory
+            params = [memory.param_bytes(i, i + 1, device) for i in range(start, end)]
+            gradients = [memory.gradient_bytes(i, i + 1, device) for i in range(start, end)]
+            kept = not self.layout.reshard_after_forward
+            found = self._sizes[key] = (0 if kept else fsdp.forward_gathered_bytes(params),
+                                        fsdp.backward_gathered_bytes(params, gradients, gather=not kept))
+        return found
 
     def reduction_buffer_bytes(self, vstage: int) -> int:
         """Bytes a data-parallel reduction of ``vstage``'s gradients holds from its issue until the update that
         waits for it: a flat copy of the gradients where the cost source says so, else 0 (reduced in place)."""
-        return self._reduction_buffer[vstage]
+        return self.gradient_bytes(vstage) if self.oracle.reduction_copies(self._sized[vstage][2]) else 0
 
     def gradients_per_step(self, vstage: int) -> bool:
         """Whether ``vstage``'s weight gradients exist only from its first backward op after an update to the next
         update (PyTorch's ``zero_grad(set_to_none=True)``, as the executor runs; a measured profile says so), rather
         than for the whole run (Megatron's contiguous gradient buffer)."""
-        return self._gradients_per_step[vstage]
+        return self.oracle.gradients_per_step(self._sized[vstage][2])
 
 
 def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, microbatch_size: int,
@@ -513,17 +519,10 @@ def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, m
     """
     layout = layout if layout is not None else Parallelism(pp=max(placement.vstage_to_rank) + 1)
     oracle = oracle or CostOracle(graph, microbatch_size, profile, topology)
-    devices = topology.devices
-    for p in range(layout.pp):
-        for d in range(layout.data_ranks):
-            names = {devices[r].name for r in layout.tp_group(p, d)}
-            if len(names) > 1:
-                raise SpecError(f"the tensor-parallel group of pipeline rank {p}, replica {d} (devices "
-                                f"{list(layout.tp_group(p, d))}) mixes {', '.join(sorted(names))}; tensor "
-                                f"parallelism needs one device model per group (try another --rank-order)")
     key = ("identical replicas", layout)  # a search builds views of one layout for many candidates
     identical = topology.cost_memo.get(key)
     if identical is None:
+        _check_tensor_groups(topology, layout)
         first = _replica_signature(topology, layout, 0)
         identical = topology.cost_memo[key] = all(_replica_signature(topology, layout, d) == first
                                                   for d in range(1, layout.data_ranks))
@@ -535,6 +534,22 @@ def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, m
     # of them (and the engine lets their copies of one op share links); different replicas are costed alone.
     return tuple(CostModel(graph, topology, placement, microbatch_size, profile, oracle=oracle, layout=layout,
                            replica=d, concurrent=everyone if identical else (d,)) for d in everyone)
+
+
+def _check_tensor_groups(topology: Topology, layout: Parallelism) -> None:
+    """Refuse a layout whose tensor-parallel group mixes device models (:func:`replica_views`).
+
+    Raises:
+        SpecError: naming the group, its devices and models.
+    """
+    devices = topology.devices
+    for p in range(layout.pp):
+        for d in range(layout.data_ranks):
+            names = {devices[r].name for r in layout.tp_group(p, d)}
+            if len(names) > 1:
+                raise SpecError(f"the tensor-parallel group of pipeline rank {p}, replica {d} (devices "
+                                f"{list(layout.tp_group(p, d))}) mixes {', '.join(sorted(names))}; tensor "
+                                f"parallelism needs one device model per group (try another --rank-order)")
 
 
 def _replica_signature(topology: Topology, layout: Parallelism, replica: int) -> tuple:

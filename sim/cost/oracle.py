@@ -119,6 +119,7 @@ class CostOracle:
         # Collective costs depend on the topology alone, so they are kept in its memo and shared by every oracle on
         # it (a search builds one oracle per candidate and asks each the same collectives).
         self._collectives: dict[tuple, Any] = topology.cost_memo if topology is not None else {}
+        self._kv_exchanges: dict[TransformerPart, KvExchange] = {}
         self._p2p = None
         if profile is not None and profile.p2p_latency_s is not None and profile.p2p_bandwidth:
             self._p2p = (profile.p2p_latency_s, profile.p2p_bandwidth)
@@ -208,6 +209,12 @@ class CostOracle:
         each rank's K and V, ``2 · b · (s / C) · (g / t) · d`` values; ``None`` for another layer."""
         if part.cp == 1 or part.part != "block":
             return None
+        found = self._kv_exchanges.get(part)
+        if found is None:  # a model's blocks are identical: each costs the same exchange
+            found = self._kv_exchanges[part] = self._cost_kv_exchange(part)
+        return found
+
+    def _cost_kv_exchange(self, part: TransformerPart) -> KvExchange:
         if len(self.cp_groups) == 0 or any(len(group) != part.cp for group in self.cp_groups) or self._topology is None:
             raise ValueError(f"a block split over cp={part.cp} ranks needs the oracle's cp_groups and topology")
         shard = 2 * self.microbatch_size * part.seq // part.cp * part.kv_heads // part.tp * part.head_dim \
@@ -324,8 +331,14 @@ class CostOracle:
             return latency + nbytes / bandwidth
         if src_rank == dst_rank:
             return 0.0
-        return self._nccl(self.topology.transfer_time(nbytes, src_rank, dst_rank), "p2p", "ring",
-                          ((src_rank, dst_rank),))
+        # A function of the topology alone, asked for the same few sizes between the same ranks by every partition
+        # table of a search (sim.plan.bottleneck): kept in the topology's memo.
+        key = ("nccl p2p", nbytes, src_rank, dst_rank)
+        seconds = self._collectives.get(key)
+        if seconds is None:
+            seconds = self._collectives[key] = self._nccl(self.topology.transfer_time(nbytes, src_rank, dst_rank),
+                                                          "p2p", "ring", ((src_rank, dst_rank),))
+        return seconds
 
     def collective(self, kind: str, groups: tuple[tuple[int, ...], ...], nbytes: int,
                    algorithm: str = "auto") -> CollectiveCost:
@@ -363,8 +376,8 @@ class CostOracle:
         each link carries; one pair is :meth:`transfer_time` (a measured p2p fit applies)."""
         if len(pairs) == 1:
             (src, dst), = pairs
-            path = self.topology.path(src, dst) if src != dst else ()
-            return self.transfer_time(nbytes, src, dst), tuple(sorted(((link.src, link.dst), nbytes) for link in path))
+            keys = self.topology.link_keys(src, dst)
+            return self.transfer_time(nbytes, src, dst), tuple((key, nbytes) for key in keys)
         key = ("nccl transfer", pairs, nbytes)
         found = self._collectives.get(key)
         if found is None:

@@ -98,6 +98,8 @@ class Topology:
     _trees: dict[tuple[str, str | None], dict[str, _Reach]] = field(default_factory=dict, init=False, compare=False,
                                                                     repr=False)
     _paths: dict[tuple[int, int], tuple[Link, ...]] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _link_keys: dict[tuple[int, int], tuple[tuple[str, str], ...]] = field(default_factory=dict, init=False,
+                                                                           compare=False, repr=False)
     #: Results of pure functions of this topology (:mod:`sim.cost.collectives`' collective and transfer costs), kept
     #: for every plan costed on it: a search asks the same few thousand of them for every candidate.
     cost_memo: dict[tuple, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -239,6 +241,19 @@ class Topology:
         links = () if src == dst else self._route(f"gpu{src}", f"gpu{dst}")
         self._paths[src, dst] = links
         return links
+
+    def link_keys(self, src_rank: int, dst_rank: int) -> tuple[tuple[str, str], ...]:
+        """The ``(src, dst)`` names of the links :meth:`path` crosses, sorted: how the engine names the links a
+        message holds; cached (every pipeline message of a search asks).
+
+        Raises:
+            SpecError: a rank is not an integer in ``range(num_ranks)``.
+        """
+        cached = self._link_keys.get((src_rank, dst_rank))
+        if cached is None:
+            cached = self._link_keys[src_rank, dst_rank] = tuple(sorted((link.src, link.dst)
+                                                                        for link in self.path(src_rank, dst_rank)))
+        return cached
 
     def host_to_device_path(self, rank: int) -> tuple[Link, ...]:
         """Links from the host memory of ``rank``'s server to ``rank`` (the H2D copy-engine direction)."""
