@@ -256,7 +256,7 @@ class Failure:
 
     Attributes:
         rank: the rank.
-        message: the text after ``error: ``.
+        message: the text after ``error:`` and its space.
         status: its exit status (negative: killed by that signal), or the one its record announced.
         time_s: when it recorded the failure (``time.time()``, s); ``None`` when it left no record.
         traceback: the recorded traceback, or ``""``.

@@ -3,7 +3,7 @@ published gain.
 
 Qi et al. (Zero Bubble Pipeline Parallelism, ICLR'24, arXiv 2401.10241 §2–3) split each backward into B, the input
 gradient the previous stage waits for, and W, the weight gradient nobody waits for, and defer W into 1F1B's idle
-slots. With uniform stages and free links, in the paper's time-domain notation (T_B the input-gradient half):
+slots. With uniform stages and free links, in the paper's time-domain notation (T_B the input-gradient half)::
 
     1F1B:   iteration = m·(T_F + T_B + T_W) + (p − 1)·(T_F + T_B + T_W),  bubble ÷ ideal = (p − 1)/m
     ZB-H1:  iteration = m·(T_F + T_B + T_W) + (p − 1)·(T_F + T_B − T_W),  bubble ÷ ideal = (p − 1)/(3m) at

@@ -337,7 +337,8 @@ def _run_screen() -> int:
     return 0
 
 
-def _run(argv: list[str] | None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+    """The ``sim.bench`` argument parser."""
     parser = argparse.ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--partition", action="store_true",
                         help="time --partition balanced instead of the engine (module docstring)")
@@ -356,13 +357,19 @@ def _run(argv: list[str] | None) -> int:
     parser.add_argument("--partition-stages", type=int, default=64, help="--partition: the large case's stages")
     parser.add_argument("--partition-topology", default="8x8xA100",
                         help="--partition: the real topology the gpt model is partitioned on")
-    parser.add_argument("--topology", default="16xV100")
-    parser.add_argument("--model", default="gpt:layers=48,hidden=2048")
-    parser.add_argument("--schedule", default="1f1b")
-    parser.add_argument("--microbatches", type=int, default=64)
+    parser.add_argument("--topology", default="16xV100", help="the engine benchmark's topology (default 16xV100)")
+    parser.add_argument("--model", default="gpt:layers=48,hidden=2048",
+                        help="the engine benchmark's model (default gpt:layers=48,hidden=2048)")
+    parser.add_argument("--schedule", default="1f1b", help="the engine benchmark's schedule (default 1f1b)")
+    parser.add_argument("--microbatches", type=int, default=64,
+                        help="the engine benchmark's microbatches (default 64)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed runs per contender, median reported (default 7; 3 with --partition)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run(argv: list[str] | None) -> int:
+    args = make_parser().parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         raise SpecError(f"--repeats must be >= 1, got {args.repeats}")
     if args.partition:

@@ -85,14 +85,19 @@ def _sizes(text: str) -> list[int]:
     return sorted(set(sizes))
 
 
-def _run(argv: list[str] | None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+    """The ``sim.bench_memory`` argument parser."""
     parser = argparse.ArgumentParser(prog="python -m sim.bench_memory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--topology", default="4xV100")
-    parser.add_argument("--model", default="uniform:layers=4")
-    parser.add_argument("--schedule", default="1f1b")
+    parser.add_argument("--topology", default="4xV100", help="topology of every run (default 4xV100)")
+    parser.add_argument("--model", default="uniform:layers=4", help="model of every run (default uniform:layers=4)")
+    parser.add_argument("--schedule", default="1f1b", help="schedule of every run (default 1f1b)")
     parser.add_argument("--microbatches", type=_sizes, default=[1000, 10000, 100000],
                         help="comma-separated sizes (default 1000,10000,100000)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run(argv: list[str] | None) -> int:
+    args = make_parser().parse_args(argv)
     common = ["--topology", args.topology, "--model", args.model, "--schedule", args.schedule]
     base = measure(common, 1)
     print(f"sim.run --topology {args.topology} --model {args.model} --schedule {args.schedule}, one child per size")

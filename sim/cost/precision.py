@@ -17,6 +17,7 @@
 In all three, attention and the LM head stay in bf16, and weights, activations and optimizer state keep their bf16
 sizes (the casts are transient). A recipe that keeps some layers in bf16 (NVFP4 pre-training keeps the last few) is
 not modelled: every block's linears are narrow.
+
 * ``fp32``: the precision the fp32 models (``cnn``, ``vgg16``) are built in; a 2-byte model in fp32 is not modelled
   (its activation and state sizes are counted for 2-byte tensors).
 
