@@ -204,6 +204,9 @@ def _run(argv: list[str] | None) -> int:
         raise SpecError("--topology is required (e.g. 16xV100, a YAML file, or 'list')")
     if not args.out:
         raise SpecError("--out is required (the directory to write plan.json, trace.json, gantt.png into)")
+    # An unusable --out is refused before anything is simulated or printed, not after the summary; it is made (and
+    # recorded, so that a failure removes it) only when the outputs are written.
+    prepare_output_dir(args.out, "--out", create=False)
     if args.schedule and args.schedule_file:
         raise SpecError(f"--schedule {args.schedule} and --schedule-file {args.schedule_file} both name the "
                         f"schedule; give one")
