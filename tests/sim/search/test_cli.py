@@ -125,3 +125,22 @@ def test_no_feasible_plan_exits_1_with_the_reasons_and_no_plan(tmp_path, capsys)
     assert data["best"] is None and data["feasible"] == 0 and data["candidates"]
     assert all(not c["feasible"] and c["reason"] for c in data["candidates"])
     assert any(c["reason"].startswith("out of memory: ") for c in data["candidates"])
+
+
+def test_each_list_works_alone_as_in_sim_run(capsys):
+    from sim.hw.topology import format_topology_list
+    from sim.models import format_model_list
+
+    assert main(["--model", "list"]) == 0
+    assert capsys.readouterr().out == format_model_list() + "\n"
+    assert main(["--topology", "list"]) == 0
+    assert capsys.readouterr().out == format_topology_list() + "\n"
+    assert main(["--model", "list", "--topology", "list"]) == 0
+    assert capsys.readouterr().out == format_model_list() + "\n\n" + format_topology_list() + "\n"
+
+
+def test_missing_flags_are_named_in_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--model", MODEL, "--global-batch", "8"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --topology and --out are required (e.g. --topology 8xA100 ")
