@@ -31,7 +31,7 @@ from sim.plan.partition import PARTITION_RULES
 from sim.schedules import SCHEDULES
 from sim.search.evaluate import Evaluation, build_candidate_plan
 from sim.search.search import STRATEGIES, SearchResult, run_search
-from sim.search.search_outputs import format_table, write_search_outputs
+from sim.search.search_outputs import format_table, why_no_plan, write_search_outputs
 from sim.search.settings import load_settings
 from sim.search.space import DEFAULT_SCHEDULES, MODEL_PRECISION, RECOMPUTE_MODES, SearchProblem, SearchSpace
 
@@ -223,7 +223,10 @@ def _run(argv: list[str] | None) -> int:
         print("the best plan again: python -m sim.run " + shlex.join([*best.candidate.run_flags(problem), *slowed])
               + " --out DIR")
     print(f"wrote {out}/{{{', '.join(names)}}}")
-    return 0 if best is not None else 1
+    if best is None:  # a result, not bad input: status 1, the files kept; the line says why and how near it came
+        print(f"error: {why_no_plan(result)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _summary(result: SearchResult, top: int) -> str:
