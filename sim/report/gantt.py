@@ -27,6 +27,7 @@ from typing import Any
 from sim.core.fileio import write_bytes_atomic
 from sim.ir.trace import STREAMS, Span, Trace
 from sim.report.gantt_layout import DPI, MIN_BOX_PX, RANK_PT, GanttGeometry, layout_gantt
+from sim.report.metrics import rank_label
 
 __all__ = ["KIND_COLORS", "FALLBACK_COLOR", "draw_gantt", "kind_color"]
 
@@ -148,8 +149,9 @@ def _figure(trace: Trace, title: str = "") -> tuple[Any, GanttGeometry]:
 
     # A 3D plan's trace shows one device per pipeline rank (of each simulated replica): name the device it is.
     device_of_rank = trace.meta.get("device_of_rank")
-    rank_names = [f"r{r} {d}" if not isinstance(device_of_rank, list) or len(device_of_rank) != trace.num_ranks
-                  else f"r{r} gpu{device_of_rank[r]} {d}" for r, d in enumerate(trace.devices)]
+    named = isinstance(device_of_rank, list) and len(device_of_rank) == trace.num_ranks
+    rank_names = [rank_label(r, d, device_of_rank[r] if named else None)  # type: ignore[index]
+                  for r, d in enumerate(trace.devices)]
     entries = _legend_entries({s.kind for s in trace.spans})
     geom = layout_gantt(trace, measure, text_width, rank_names, [label for label, _ in entries])
     width, height = geom.width_px, geom.height_px
