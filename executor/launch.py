@@ -29,6 +29,13 @@ SIGKILLs any still there after :data:`SHUTDOWN_TIMEOUT_S`; :func:`run_ranks` the
 interrupted`` for SIGINT (``error: stopped by SIGTERM`` and so on otherwise), and returns 128 + the signal's number
 (130 for SIGINT), as a shell reports a command a signal ended.
 
+Scratch files. Everything a run keeps outside ``--out`` (the failure records below, and the per-worker folders
+that torch's agent would otherwise make as ``torchelastic_*`` in the system's temporary directory and never remove)
+lives in one ``pipedejavu-launch-*`` directory there, removed when the run ends, however it ends: on return, on
+Ctrl-C and other stop signals (the agent's exception unwinds through its removal), and when the launcher is killed
+with SIGKILL, by a watcher started beside it (:func:`_remove_when_gone`: ``sh`` reading a pipe whose only writer is the
+launcher, which sees end-of-file when the launcher is gone, whatever killed it).
+
 Failure report. A failing rank records its error (:func:`record_failure`) as JSON in the directory that
 :func:`run_ranks` names in ``FAILURE_DIR_ENV``, and exits; the agent then stops the other workers with SIGTERM.
 :func:`run_ranks` prints the failure that came first as the command's one ``error:`` line and writes every rank's
@@ -47,6 +54,7 @@ import os
 import runpy
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -98,15 +106,19 @@ def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: s
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     except KeyboardInterrupt:
         return _stopped(signal.SIGINT)
+    watcher: tuple[subprocess.Popen, int] | None = None
     try:
-        with tempfile.TemporaryDirectory(prefix="pipedejavu-failures-") as failures:
+        with tempfile.TemporaryDirectory(prefix="pipedejavu-launch-") as scratch:
+            watcher = _remove_when_gone(scratch)
+            failures, logs = os.path.join(scratch, "failures"), os.path.join(scratch, "torchelastic")
+            os.mkdir(failures)
             os.environ[FAILURE_DIR_ENV] = failures
             os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
             try:
                 for attempt in range(max_restarts + 1):
                     os.environ[ATTEMPT_ENV] = str(attempt)
                     try:
-                        launch_local(module, argv, num_ranks)
+                        launch_local(module, argv, num_ranks, log_dir=logs)
                         break
                     except ChildFailedError as exc:
                         exit_codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
@@ -131,6 +143,36 @@ def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: s
         return _stopped(exc.sigval)
     except KeyboardInterrupt:  # Ctrl-C before the agent's handlers were installed, or after they were restored
         return _stopped(signal.SIGINT)
+    finally:
+        if watcher is not None:  # the directory is gone by now: let the watcher see end-of-file and leave
+            process, pipe = watcher
+            os.close(pipe)
+            process.wait()
+
+
+def _remove_when_gone(directory: str) -> tuple[subprocess.Popen, int] | None:
+    """Start a watcher that removes ``directory`` once this process has ended, even by SIGKILL; returns it and the
+    write end of its pipe (close it when done: the watcher then removes the directory, if still there, and exits).
+
+    The watcher is ``sh`` reading the pipe to its end: only this process holds the write end (``os.pipe`` makes it
+    non-inheritable, so neither the watcher nor the workers get it), so end-of-file means this process is gone or
+    done. It runs in a session of its own, so a Ctrl-C at the terminal, or a kill of the launcher's process group,
+    leaves it to do its work. ``None`` where there is no ``sh`` (the directory is then removed on every end but
+    SIGKILL).
+    """
+    shell = shutil.which("sh") if os.name == "posix" else None
+    if shell is None:
+        return None
+    read_end, write_end = os.pipe()
+    try:
+        process = subprocess.Popen([shell, "-c", 'cat >/dev/null; rm -rf -- "$0"', directory], stdin=read_end,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        os.close(write_end)
+        return None
+    finally:
+        os.close(read_end)
+    return process, write_end
 
 
 def _set_aside(directory: str, attempt: int, ordered: Sequence[Failure], exit_codes: Mapping[int, int]) -> None:
@@ -149,10 +191,12 @@ def _set_aside(directory: str, attempt: int, ordered: Sequence[Failure], exit_co
                       aside / "summary.json")
 
 
-def launch_local(module: str, argv: Sequence[str], num_ranks: int) -> None:
+def launch_local(module: str, argv: Sequence[str], num_ranks: int, *, log_dir: str | os.PathLike) -> None:
     """Start ``num_ranks`` workers ``python -u -m module argv`` (through this module's worker entry) and wait.
 
-    The primitive under :func:`run_ranks`, which adds the failure directory and the report.
+    The primitive under :func:`run_ranks`, which adds the failure directory and the report. ``log_dir`` is where
+    torch's agent keeps its per-worker folders (created if missing; the caller removes it): without one the agent
+    makes a ``torchelastic_*`` folder in the system's temporary directory on every launch and never removes it.
 
     Raises:
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a worker failed; every other worker has
@@ -160,6 +204,7 @@ def launch_local(module: str, argv: Sequence[str], num_ranks: int) -> None:
         torch.distributed.elastic.multiprocessing.SignalException: the launcher got a stop signal; the workers got
             it too and have stopped.
     """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # torchelastic logs every worker failure with a long traceback, and every stop signal; the one report of
@@ -169,7 +214,7 @@ def launch_local(module: str, argv: Sequence[str], num_ranks: int) -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=num_ranks, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-                          shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+                          shutdown_timeout=SHUTDOWN_TIMEOUT_S, logs_specs=DefaultLogsSpecs(log_dir=os.fspath(log_dir)))
     entrypoint, args = worker_command(module, argv)
     elastic_launch(config, entrypoint)(*args)
 

@@ -74,6 +74,7 @@ from collections.abc import Callable
 
 import simpy
 
+from sim.core.cli import CliParser
 from sim.core.errors import SpecError, run_cli
 from sim.cost.oracle import CostOracle
 from sim.engine.simpy_engine import simulate
@@ -339,7 +340,7 @@ def _run_screen() -> int:
 
 def make_parser() -> argparse.ArgumentParser:
     """The ``sim.bench`` argument parser."""
-    parser = argparse.ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n\n")[0])
+    parser = CliParser(prog="python -m sim.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--partition", action="store_true",
                         help="time --partition balanced instead of the engine (module docstring)")
     parser.add_argument("--3d", dest="three_d", action="store_true",

@@ -23,12 +23,11 @@ from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_at
 from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.faults.report import FaultOptions, FaultReport, fault_report
-from sim.hw.topology import format_topology_list
 from sim.ir.schedule_csv import dumps_schedule_csv
-from sim.models import build_model, format_model_list
+from sim.models import build_model
 from sim.models.routing import BALANCED, parse_routing
 from sim.plan.build import build_plan
-from sim.plan.inputs import PlanInputs
+from sim.plan.inputs import PlanInputs, format_builtin_lists
 from sim.plan.memory_fit import memory_remedies, memory_report
 from sim.predict import predict
 from sim.report.outputs import format_summary, write_run_outputs
@@ -196,14 +195,17 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _run(argv: list[str] | None) -> int:
     args = make_parser().parse_args(argv)
-    if args.model == "list" or args.topology == "list":  # either alone, or both
-        lists = [(args.model, format_model_list), (args.topology, format_topology_list)]
-        print("\n\n".join(text() for given, text in lists if given == "list"))
+    lists = format_builtin_lists(args.model, args.topology)
+    if lists is not None:
+        print(lists)
         return 0
     if not args.topology:
         raise SpecError("--topology is required (e.g. 16xV100, a YAML file, or 'list')")
     if not args.out:
         raise SpecError("--out is required (the directory to write plan.json, trace.json, gantt.png into)")
+    # An unusable --out is refused before anything is simulated or printed, not after the summary; it is made (and
+    # recorded, so that a failure removes it) only when the outputs are written.
+    prepare_output_dir(args.out, "--out", create=False)
     if args.schedule and args.schedule_file:
         raise SpecError(f"--schedule {args.schedule} and --schedule-file {args.schedule_file} both name the "
                         f"schedule; give one")

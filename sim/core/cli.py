@@ -11,7 +11,7 @@ import argparse
 import math
 from typing import NoReturn
 
-from sim.core.errors import fail
+from sim.core.errors import did_you_mean, fail
 
 __all__ = ["CliParser", "parse_byte_size", "BYTE_UNITS"]
 
@@ -25,6 +25,15 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
         fail(message)
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        """argparse's check of a ``choices`` option, its message naming the closest choices too. (argparse has no
+        public hook for this message; the method has kept its name and signature since Python 3.2.)"""
+        choices = action.choices
+        if choices is not None and value not in choices:
+            names = [str(c) for c in choices]
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{did_you_mean(value, names)} (choose "
+                                                 f"from {', '.join(names)})")
 
 
 def parse_byte_size(text: str) -> int:

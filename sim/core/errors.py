@@ -12,14 +12,15 @@ printed.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NoReturn, TypeVar
 
 from sim.core.output_set import all_or_none
 
-__all__ = ["SpecError", "OutputError", "fail", "run_cli", "INTERRUPTED_STATUS"]
+__all__ = ["SpecError", "OutputError", "fail", "run_cli", "did_you_mean", "INTERRUPTED_STATUS"]
 
 T = TypeVar("T")
 
@@ -61,6 +62,15 @@ class OutputError(OSError):
     """An output file could not be written (a full or read-only file system, a vanished directory): ``filename`` is
     the file, never the temporary it was written through, and ``strerror`` says why. An ``OSError``, so a caller that
     handles those still does; the CLIs print ``error: cannot write '<file>': <why>``."""
+
+
+def did_you_mean(name: object, valid: Iterable[str], *, n: int = 3, cutoff: float = 0.5) -> str:
+    """``"; did you mean a, b?"`` naming the valid names closest to ``name`` (case-insensitive, by
+    :func:`difflib.get_close_matches`), or ``""`` when none is close: what an error about an unknown name adds after
+    the name, so that every command suggests alike."""
+    by_lower = {str(v).lower(): str(v) for v in valid}
+    close = difflib.get_close_matches(str(name).strip().lower(), list(by_lower), n=n, cutoff=cutoff)
+    return f"; did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
 
 
 def fail(message: str, status: int = 2) -> NoReturn:

@@ -14,7 +14,6 @@ message naming the file, the entry and the field. YAML here and in topology file
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 from collections.abc import Mapping
@@ -27,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from sim.core.errors import SpecError
+from sim.core.errors import SpecError, did_you_mean
 
 __all__ = [
     "DeviceSpec",
@@ -403,9 +402,7 @@ def _catalog() -> Catalog:
 
 def _unknown(kind: str, name: object, candidates: list[str], known: list[str]) -> SpecError:
     """The error for an unknown name: the closest of ``candidates`` (lower case), then the ``known`` names."""
-    close = difflib.get_close_matches(str(name).strip().lower(), candidates, n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    return SpecError(f"unknown {kind} {name!r}{hint} (known: {', '.join(known)})")
+    return SpecError(f"unknown {kind} {name!r}{did_you_mean(name, candidates)} (known: {', '.join(known)})")
 
 
 def get_device(name: str) -> DeviceSpec:

@@ -43,7 +43,6 @@ rank 1 is a device half as fast, so that the simulator, and a search, cost it as
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from dataclasses import dataclass
@@ -51,7 +50,7 @@ from typing import Any
 
 import yaml
 
-from sim.core.errors import SpecError
+from sim.core.errors import SpecError, did_you_mean
 from sim.core.fileio import read_text
 from sim.hw.catalog import (
     MAX_SLOWDOWN,
@@ -175,9 +174,9 @@ def _device(name: str) -> DeviceSpec:
     try:
         return get_device(name)
     except SpecError:
-        close = difflib.get_close_matches(name.lower(), list(PRESETS), n=2, cutoff=0.6)
-        if close:
-            raise SpecError(f"unknown device or preset {name!r}; did you mean {', '.join(close)}?") from None
+        hint = did_you_mean(name, PRESETS, n=2, cutoff=0.6)
+        if hint:
+            raise SpecError(f"unknown device or preset {name!r}{hint}") from None
         raise
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sim.cost.gpu_time import KernelModel
 from sim.ir.parallel import DEFAULT_RANK_ORDER
 
-__all__ = ["PlanInputs"]
+__all__ = ["PlanInputs", "format_builtin_lists"]
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,15 @@ class PlanInputs:
     def recompute_mode(self) -> str:
         """``"none"``, ``"full"`` or ``"selective"``."""
         return {False: "none", True: "full"}.get(self.recompute, self.recompute)  # type: ignore[arg-type]
+
+
+def format_builtin_lists(model: str | None, topology: str | None) -> str | None:
+    """What ``--model list`` and ``--topology list`` print (either alone, or both, a blank line apart), or ``None``
+    when neither flag says ``list``. Every command that takes both flags asks here first, so that a list works without
+    the command's other flags."""
+    from sim.hw.topology import format_topology_list
+    from sim.models import format_model_list
+
+    lists = [text() for given, text in ((model, format_model_list), (topology, format_topology_list))
+             if given == "list"]
+    return "\n\n".join(lists) if lists else None

@@ -7,28 +7,34 @@ inside it: the figure's width, the number font (6.5 pt down to 5 pt) and, for th
 number 90° are chosen from the boxes' durations so that each number's outline fits its box
 (:mod:`sim.report.gantt_layout` holds the rules).
 
-Bounded for any trace: at most 6000 × 6000 px at 150 dpi, so Agg's RGBA canvas is at most 144 MB and a 1024-rank
-chart does not allocate gigabytes; sub-rows at least 8 px tall. Where something has to give, a note under the legend
-says what: numbers left off boxes too narrow for them even at the width limit, or sub-rows left out of charts with
-too many ranks (more than about 150) to keep them 8 px tall. Built for 16 devices × 64 microbatches and more
-(thousands of boxes): boxes are drawn as one :class:`~matplotlib.collections.PolyCollection` per colour and the
-numbers as one :class:`~matplotlib.collections.PathCollection` of glyph outlines, not one artist each. matplotlib is
-imported inside :func:`draw_gantt` only (importing this module stays cheap and works without it), and the figure is
-rendered with the Agg canvas directly: no pyplot, no change to global state.
+Bounded for any trace: at most 6000 × 6000 px at 150 dpi, so Agg's RGBA canvas is at most 144 MB and a 1024-rank chart
+does not allocate gigabytes; sub-rows at least 8 px tall. Where something has to give, a note under the legend says
+what: numbers left off boxes too narrow for them even at the width limit, or sub-rows left out of charts with too many
+ranks (more than about 150) to keep them 8 px tall. A title too long for one line wraps onto more (after its " · "
+separators, commas or spaces), the figure growing upwards by them within the same height bound. Built for 16 devices ×
+64 microbatches and more (thousands of boxes): boxes are drawn as one :class:`~matplotlib.collections.PolyCollection`
+per colour and the numbers as one :class:`~matplotlib.collections.PathCollection` of glyph outlines, not one artist
+each. matplotlib is imported inside :func:`draw_gantt` only (importing this module stays cheap and works without it),
+and the figure is rendered with the Agg canvas directly: no pyplot, no change to global state.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
+from collections.abc import Callable
 from io import BytesIO
 from typing import Any
 
 from sim.core.fileio import write_bytes_atomic
 from sim.ir.trace import STREAMS, Span, Trace
-from sim.report.gantt_layout import DPI, MIN_BOX_PX, RANK_PT, GanttGeometry, layout_gantt
+from sim.report.gantt_layout import DPI, MAX_HEIGHT_PX, MIN_BOX_PX, RANK_PT, GanttGeometry, layout_gantt
+from sim.report.metrics import rank_label
 
 __all__ = ["KIND_COLORS", "FALLBACK_COLOR", "draw_gantt", "kind_color"]
+
+_TITLE_PT = 11.0  # the title's font size, points (a long title wraps rather than shrinks)
 
 #: One colour per op kind; a SEND and its RECV share one. Paul Tol's colour-blind-safe "muted" scheme
 #: (https://personal.sron.nl/~pault/) plus Okabe-Ito orange, blue and vermillion for the tenth to twelfth categories:
@@ -148,13 +154,27 @@ def _figure(trace: Trace, title: str = "") -> tuple[Any, GanttGeometry]:
 
     # A 3D plan's trace shows one device per pipeline rank (of each simulated replica): name the device it is.
     device_of_rank = trace.meta.get("device_of_rank")
-    rank_names = [f"r{r} {d}" if not isinstance(device_of_rank, list) or len(device_of_rank) != trace.num_ranks
-                  else f"r{r} gpu{device_of_rank[r]} {d}" for r, d in enumerate(trace.devices)]
+    named = isinstance(device_of_rank, list) and len(device_of_rank) == trace.num_ranks
+    rank_names = [rank_label(r, d, device_of_rank[r] if named else None)  # type: ignore[index]
+                  for r, d in enumerate(trace.devices)]
     entries = _legend_entries({s.kind for s in trace.spans})
     geom = layout_gantt(trace, measure, text_width, rank_names, [label for label, _ in entries])
     width, height = geom.width_px, geom.height_px
-    fig.set_size_inches(width / DPI, height / DPI)
     plot_w = width - geom.left_px - geom.right_px
+    if not title:
+        title = f"{trace.num_ranks} ranks · {len(trace.spans)} ops · makespan {trace.makespan * 1e3:.3f} ms"
+        if isinstance(trace.meta.get("source"), str):
+            title = f"{trace.meta['source']} · {title}"
+    # A long title (a 3D plan's model, topology and layout, a long model spec) is wrapped onto more lines, each within
+    # the figure, and the figure grows upwards by the lines added (everything else is placed from the bottom). It is
+    # centred on the axes, so a line has twice the room between their centre and the nearer edge of the figure.
+    centre = geom.left_px + plot_w / 2
+    room = 2 * min(centre, width - centre) - 8
+    line_px = _TITLE_PT * 1.2 * DPI / 72  # matplotlib's line spacing, 1.2 times the font size
+    most_lines = 1 + max(0, int((MAX_HEIGHT_PX - height) // line_px))  # the height bound holds with the title too
+    title_lines = _wrap_title(title, lambda text: text_width(text, _TITLE_PT) <= room, most_lines)
+    height += round((len(title_lines) - 1) * line_px)
+    fig.set_size_inches(width / DPI, height / DPI)
     ax = fig.add_axes((geom.left_px / width, geom.bottom_px / height, plot_w / width, geom.plot_h_px / height))
     ax.set_xlim(geom.t0_ms, geom.x_max_ms)
     ax.set_ylim(geom.plot_h_px, 0)  # rank 0 on top
@@ -211,18 +231,8 @@ def _figure(trace: Trace, title: str = "") -> tuple[Any, GanttGeometry]:
     if not trace.spans:
         ax.text(0.5, 0.5, "no spans", transform=ax.transAxes, ha="center", va="center", fontsize=12, color="#888888",
                 bbox={"facecolor": "white", "edgecolor": "none"})
-    if not title:
-        title = f"{trace.num_ranks} ranks · {len(trace.spans)} ops · makespan {trace.makespan * 1e3:.3f} ms"
-        if isinstance(trace.meta.get("source"), str):
-            title = f"{trace.meta['source']} · {title}"
-    text = ax.set_title(title, fontsize=11, pad=6)
-    # A long title (a 3D plan's model, topology and layout) shrinks to the figure's width rather than run off it.
-    # It is centred on the axes, so it has twice the room between their centre and the nearer edge of the figure.
-    centre = (ax.bbox.x0 + ax.bbox.x1) / 2
-    room = 2 * min(centre, fig.bbox.width - centre) - 8
-    width = text.get_window_extent(renderer=renderer).width
-    if width > room:
-        text.set_fontsize(max(6.0, 11 * room / width))
+    # Plain text: a '$' in a model or topology name is not the start of a formula.
+    ax.set_title("\n".join(title_lines), fontsize=_TITLE_PT, pad=6, parse_math=False)
     notes_h = 27.0 * len(geom.notes)  # the notes sit under the legend, one line each
     for i, note in enumerate(geom.notes):
         fig.text(0.5, (notes_h - 27.0 * i - 20.0) / height, note, ha="center", va="bottom", fontsize=RANK_PT,
@@ -232,6 +242,36 @@ def _figure(trace: Trace, title: str = "") -> tuple[Any, GanttGeometry]:
         fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, (12.0 + notes_h) / height),
                    ncol=geom.legend_ncol, frameon=False, fontsize=RANK_PT, handlelength=1.6, columnspacing=1.6)
     return fig, geom
+
+
+def _wrap_title(title: str, fits: Callable[[str], bool], most_lines: int) -> list[str]:
+    """``title`` in lines that each ``fits``, broken after its " · " separators, commas or spaces where possible, else
+    inside a word; at most ``most_lines`` (the last then ends in "…"). Greedy: each line takes as much as fits."""
+    pieces = re.findall(r".+?(?: · |,|\s|$)", title)  # each piece ends at a place to break
+    lines: list[str] = []
+    line = ""
+    for piece in pieces:
+        if len(lines) > most_lines:
+            break  # enough to know it is cut short: measuring the rest would be wasted
+        if fits((line + piece).rstrip()):
+            line += piece
+            continue
+        if line:
+            lines.append(line.rstrip())
+        line = ""
+        for char in piece:  # a piece too long for a line alone is broken inside it
+            if line and not fits((line + char).rstrip()):
+                lines.append(line.rstrip())
+                line = ""
+            line += char
+    if line.strip() or not lines:
+        lines.append(line.rstrip())
+    if len(lines) > most_lines:
+        last = lines[most_lines - 1]
+        while last and not fits(last + "…"):
+            last = last[:-1]
+        lines = [*lines[:most_lines - 1], last + "…"]
+    return lines
 
 
 def draw_gantt(trace: Trace, path: str | os.PathLike, *, title: str = "", dpi: float = DPI) -> None:

@@ -13,7 +13,14 @@ from typing import Any
 from sim.ir.plan import Plan
 from sim.ir.trace import Trace
 
-__all__ = ["compute_metrics", "plan_header"]
+__all__ = ["compute_metrics", "plan_header", "rank_label"]
+
+
+def rank_label(rank: int, device: str, device_rank: int | None = None) -> str:
+    """How the Gantt chart and the printed summary both name a trace rank: ``r1 a100-sxm4-80gb``, or for a 3D plan,
+    whose trace shows one device per pipeline rank (``device_rank``: the topology device it ran on),
+    ``r1 gpu2 a100-sxm4-80gb``, so that the table and the chart name the same device the same way."""
+    return f"r{rank} {device}" if device_rank is None else f"r{rank} gpu{device_rank} {device}"
 
 
 def plan_header(plan: Plan, *, costs: str | None = None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from sim.core.fileio import prepare_output_dir, write_bytes_atomic, write_json_a
 from sim.core.output_set import all_or_none
 from sim.ir.trace import Trace
 from sim.report.chrome_trace import write_chrome_trace
+from sim.report.metrics import rank_label
 
 __all__ = ["write_run_outputs", "format_summary"]
 
@@ -75,11 +76,17 @@ def format_summary(metrics: dict[str, Any], *, unit: str = "samples") -> str:
     if metrics.get("mfu") is not None:
         lines.append(f"model FLOPs       {_flop(metrics['model_flops_per_iteration'])} per iteration, "
                      f"MFU {metrics['mfu'] * 100:.1f} %")
-    lines.append("per device        busy        bubble   peak memory / capacity")
-    for device in metrics["devices"]:
-        memory = ""
+    devices = metrics["devices"]
+    # Named as the Gantt chart names them; a measured run without --measure-memory has no memory to show, and then
+    # no memory column either, rather than an empty one.
+    names = [rank_label(d["rank"], d["device"], d.get("device_rank")) for d in devices]
+    width = max([21, *map(len, names)])
+    memory = any("peak_memory_bytes" in d for d in devices)
+    header = f"{'per device':<{width + 3}}{'busy':>9}     bubble"  # each heading over its column
+    lines.append(header + ("   peak memory / capacity" if memory else ""))
+    for name, device in zip(names, devices):
+        line = f"  {name:<{width}} {device['busy_s'] * 1e3:9.3f} ms  {device['bubble_fraction']:.4f}"
         if "peak_memory_bytes" in device:
-            memory = f"{_gb(device['peak_memory_bytes'])} / {_gb(device.get('memory_capacity_bytes'))}"
-        lines.append(f"  r{device['rank']:<3} {device['device']:<16} {device['busy_s'] * 1e3:9.3f} ms  "
-                     f"{device['bubble_fraction']:.4f}   {memory}")
+            line += f"   {_gb(device['peak_memory_bytes'])} / {_gb(device.get('memory_capacity_bytes'))}"
+        lines.append(line)
     return "\n".join(lines)

@@ -26,11 +26,12 @@ from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.hw.topology import Topology
 from sim.ir.parallel import RANK_ORDERS
+from sim.plan.inputs import format_builtin_lists
 from sim.plan.partition import PARTITION_RULES
 from sim.schedules import SCHEDULES
 from sim.search.evaluate import Evaluation, build_candidate_plan
 from sim.search.search import STRATEGIES, SearchResult, run_search
-from sim.search.search_outputs import format_table, write_search_outputs
+from sim.search.search_outputs import format_table, why_no_plan, write_search_outputs
 from sim.search.settings import load_settings
 from sim.search.space import DEFAULT_SCHEDULES, MODEL_PRECISION, RECOMPUTE_MODES, SearchProblem, SearchSpace
 
@@ -81,10 +82,11 @@ def _perturbation(flags: Sequence[str], topology: str) -> Perturbation:
 def make_parser() -> argparse.ArgumentParser:
     """The ``sim.search`` argument parser."""
     parser = CliParser(prog="python -m sim.search", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--topology", required=True, help="e.g. 8xA100, 2x8xA100, 4xV100+4xA100, a YAML file")
-    parser.add_argument("--model", required=True, help="e.g. gpt:layers=24,hidden=2048,heads=16,seq=1024")
-    parser.add_argument("--global-batch", type=int, required=True, metavar="G", help="samples per iteration")
-    parser.add_argument("--out", required=True, help="output directory")
+    # Required, but checked after parsing (_run) so that '--model list' and '--topology list' work alone.
+    parser.add_argument("--topology", help="e.g. 8xA100, 2x8xA100, 4xV100+4xA100, a YAML file, or 'list' (required)")
+    parser.add_argument("--model", help="e.g. gpt:layers=24,hidden=2048,heads=16,seq=1024, or 'list' (required)")
+    parser.add_argument("--global-batch", type=int, metavar="G", help="samples per iteration (required)")
+    parser.add_argument("--out", help="output directory (required)")
     parser.add_argument("--memory-limit", type=parse_byte_size, metavar="BYTES",
                         help="cap on each device's memory, e.g. 40GB (default: each device's own)")
     parser.add_argument("--time-budget", type=float, metavar="SECONDS",
@@ -178,6 +180,17 @@ class _Progress:
 
 def _run(argv: list[str] | None) -> int:
     args = make_parser().parse_args(argv)
+    lists = format_builtin_lists(args.model, args.topology)
+    if lists is not None:
+        print(lists)
+        return 0
+    missing = [flag for flag, value in (("--topology", args.topology), ("--model", args.model),
+                                        ("--global-batch", args.global_batch), ("--out", args.out)) if value is None]
+    if missing:
+        named = missing[0] if len(missing) == 1 else f"{', '.join(missing[:-1])} and {missing[-1]}"
+        raise SpecError(f"{named} {'is' if len(missing) == 1 else 'are'} required (e.g. --topology 8xA100 "
+                        "--model gpt:layers=24 --global-batch 64 --out runs/search; --model list and --topology list "
+                        "show what is built in)")
     if args.top < 1:
         raise SpecError(f"--top must be >= 1, got {args.top}")
     orders = RANK_ORDERS if "all" in args.rank_orders else args.rank_orders
@@ -210,7 +223,10 @@ def _run(argv: list[str] | None) -> int:
         print("the best plan again: python -m sim.run " + shlex.join([*best.candidate.run_flags(problem), *slowed])
               + " --out DIR")
     print(f"wrote {out}/{{{', '.join(names)}}}")
-    return 0 if best is not None else 1
+    if best is None:  # a result, not bad input: status 1, the files kept; the line says why and how near it came
+        print(f"error: {why_no_plan(result)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _summary(result: SearchResult, top: int) -> str:

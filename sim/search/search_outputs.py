@@ -20,8 +20,8 @@ from sim.search.evaluate import Evaluation
 from sim.search.search import SearchResult
 from sim.search.space import MODEL_PRECISION, Candidate
 
-__all__ = ["format_table", "candidates_csv", "search_json", "pareto_png", "pareto_front", "write_search_outputs",
-           "SEARCH_FORMAT_VERSION"]
+__all__ = ["format_table", "why_no_plan", "candidates_csv", "search_json", "pareto_png", "pareto_front",
+           "write_search_outputs", "SEARCH_FORMAT_VERSION"]
 
 SEARCH_FORMAT_VERSION = 1
 _COLUMNS = ("rank", "TP", "DP", "PP", "b", "m", "schedule", "recompute", "SP", "ZeRO", "partition", "placement",
@@ -67,6 +67,37 @@ def format_table(result: SearchResult, top: int) -> str:
     widths = [max(len(row[k]) for row in rows) for k in range(len(_COLUMNS))]
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
     return "\n".join(lines)
+
+
+def why_no_plan(result: SearchResult) -> str:
+    """Why a search found no feasible plan, in one line for the command's ``error:``: how many plans ran out of
+    memory and how many break a rule, and the closest to fitting (the smallest peak over capacity of any device,
+    as a ratio, so that a mixed cluster's small and large devices compare fairly) with what it needs; where no plan
+    was simulated (a rule broken everywhere, or the screen's bounds), the most common reason.
+    """
+    evaluations = result.evaluations
+    if not evaluations:
+        if result.stopped_by_budget:
+            return "the time budget ended the search before any plan was costed; give --time-budget more seconds"
+        return f"the space has no plan to cost ({result.space_size} candidates)"
+    over = [e for e in evaluations if e.reason.startswith("out of memory")]
+    counts = [f"{len(over):,} out of memory"] if over else []
+    if len(over) < len(evaluations):
+        counts.append(f"{len(evaluations) - len(over):,} breaking a rule")
+    head = f"none of the {len(evaluations):,} plans costed is feasible ({', '.join(counts)})"
+    tail = "; search.json says why each failed"
+    simulated = [(max(peak / cap for peak, cap in zip(e.peak_memory_bytes, e.memory_capacity_bytes) if cap),
+                  e.candidate.label(), e) for e in over
+                 if any(e.memory_capacity_bytes) and e.peak_memory_bytes]
+    if simulated:
+        ratio, label, closest = min(simulated, key=lambda item: item[:2])
+        return (f"{head}; the closest to fitting is {label}: {closest.reason.removeprefix('out of memory: ')} "
+                f"({ratio:.2f} times its memory){tail}")
+    reasons: dict[str, int] = {}
+    for e in over or evaluations:
+        reasons[e.reason] = reasons.get(e.reason, 0) + 1
+    reason, count = max(reasons.items(), key=lambda item: item[1])  # the first of the most common, in space order
+    return f"{head}; {'the most common reason' if count > 1 else 'the first'}: {reason}{tail}"
 
 
 def _evaluation_record(e: Evaluation) -> dict[str, Any]:

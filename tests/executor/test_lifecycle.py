@@ -70,13 +70,26 @@ def _python_with_default_sigint(pid: int) -> bool:
     return "python" in Path(os.fsdecode(program)).name and not (masks["SigCgt"] | masks["SigIgn"]) & bit
 
 
-def _start(plan: Path, out: Path, logs: Path, *extra: str) -> subprocess.Popen:
+def _start(plan: Path, out: Path, logs: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``python -m executor.run`` in a session of its own, output to files (workers inherit pipes, which a dead
-    launcher's reader would wait on)."""
+    launcher's reader would wait on); ``env`` adds to the environment."""
     logs.mkdir(exist_ok=True)
     with open(logs / "stdout", "w") as stdout, open(logs / "stderr", "w") as stderr:
         return subprocess.Popen([sys.executable, "-m", "executor.run", "--plan", str(plan), "--out", str(out),
-                                 *extra], cwd=ROOT, stdout=stdout, stderr=stderr, start_new_session=True)
+                                 *extra], cwd=ROOT, stdout=stdout, stderr=stderr, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+
+
+def _own_tmp(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """An empty directory of the test's own and the environment that makes it the run's temporary directory
+    (``tempfile`` reads ``TMPDIR``): what a run leaves there, it would leave in ``/tmp``."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    return tmp, {"TMPDIR": str(tmp)}
+
+
+def _left_in(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.iterdir())
 
 
 def _kill_everything(launcher: subprocess.Popen, marker: str) -> None:
@@ -103,8 +116,8 @@ def plan(tmp_path_factory) -> Path:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="dying with the launcher needs Linux's prctl")
 def test_workers_die_with_a_launcher_killed_by_sigkill(tmp_path, plan):
-    out = tmp_path / "real"
-    launcher = _start(plan, out, tmp_path / "logs", *ENDLESS)
+    out, (tmp, env) = tmp_path / "real", _own_tmp(tmp_path)
+    launcher = _start(plan, out, tmp_path / "logs", *ENDLESS, env=env)
     try:
         assert _wait_for(lambda: len(_worker_processes(str(out), exclude=launcher.pid)) == 2, 60), \
             (tmp_path / "logs" / "stderr").read_text()
@@ -113,6 +126,8 @@ def test_workers_die_with_a_launcher_killed_by_sigkill(tmp_path, plan):
         gone = _wait_for(lambda: not _worker_processes(str(out), exclude=launcher.pid), 5)
         assert gone, f"workers outlived their launcher: {_worker_processes(str(out), exclude=launcher.pid)}"
         assert not (out / "metrics.json").exists()
+        # Nor does a folder: the launcher's scratch directory (failure records, torch's worker folders) goes too.
+        assert _wait_for(lambda: not _left_in(tmp), 5), _left_in(tmp)
     finally:
         _kill_everything(launcher, str(out))
 
@@ -140,8 +155,8 @@ def test_a_rank_killed_by_a_signal_is_blamed_and_says_so(tmp_path, plan):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_ctrl_c_prints_one_line_stops_every_worker_and_exits_130(tmp_path, plan):
-    out, logs = tmp_path / "real", tmp_path / "logs"
-    launcher = _start(plan, out, logs, *ENDLESS)
+    out, logs, (tmp, env) = tmp_path / "real", tmp_path / "logs", _own_tmp(tmp_path)
+    launcher = _start(plan, out, logs, *ENDLESS, env=env)
     try:
         assert _wait_for(lambda: len(_worker_processes(str(out), exclude=launcher.pid)) == 2, 60), \
             (logs / "stderr").read_text()
@@ -157,6 +172,7 @@ def test_ctrl_c_prints_one_line_stops_every_worker_and_exits_130(tmp_path, plan)
         assert stderr.strip().splitlines() == ["error: interrupted"], stderr
         assert _wait_for(lambda: not _worker_processes(str(out), exclude=launcher.pid), 5), "workers outlived Ctrl-C"
         assert not (out / "metrics.json").exists()
+        assert _left_in(tmp) == []  # removed before the launcher exits
     finally:
         _kill_everything(launcher, str(out))
 
@@ -182,9 +198,10 @@ def test_ctrl_c_while_a_worker_starts_prints_nothing_and_after_start_up_stops_it
 
 
 def test_a_failing_rank_stops_every_rank_with_its_error_and_op(tmp_path, plan):
-    out = tmp_path / "failing-run"
+    out, (tmp, env) = tmp_path / "failing-run", _own_tmp(tmp_path)
     result = execute(plan, out, "--inject-failure", "1:1B1", "--iterations", "1", "--warmup", "0", "--no-gantt",
-                     "--threads", "1", timeout=120)
+                     "--threads", "1", env=env, timeout=120)
+    assert _left_in(tmp) == []  # neither the failure records' folder nor torch's torchelastic_* ones
     ended = time.time()
     assert result.returncode == 1
     # One line: the failing rank, its op and the op's own exception; rank 0's echo (a closed connection) is not one.

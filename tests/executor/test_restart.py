@@ -19,6 +19,7 @@ RUN = ["--no-gantt", "--threads", "1", "--warmup", "1", "--iterations", "4", "--
 def test_a_rank_killed_while_writing_a_checkpoint_comes_back_from_the_one_before(tmp_path):
     plan_path = sim_plan(tmp_path / "sim", 2, 2)
     plan = Plan.loads(plan_path.read_text())
+    (tmp_path / "tmp").mkdir()
     whole = execute(plan_path, tmp_path / "whole", *RUN, "--save-state", str(tmp_path / "whole-state"))
     assert whole.returncode == 0, whole.stderr
     # A 1F1B pipeline with Adam, a checkpoint after iterations 2 and 4 of 5; rank 1 kills itself (SIGKILL) halfway
@@ -26,8 +27,10 @@ def test_a_rank_killed_while_writing_a_checkpoint_comes_back_from_the_one_before
     # group comes back from it.
     crashed = execute(plan_path, tmp_path / "crashed", *RUN, "--checkpoint-every", "2", "--checkpoint-dir",
                       str(tmp_path / "checkpoints"), "--max-restarts", "1", "--inject-failure", "1:checkpoint@4",
-                      "--save-state", str(tmp_path / "crashed-state"))
+                      "--save-state", str(tmp_path / "crashed-state"), env={"TMPDIR": str(tmp_path / "tmp")})
     assert crashed.returncode == 0, crashed.stderr
+    # Both attempts' scratch (failure records, torch's per-worker folders) is gone with the run, not left in /tmp.
+    assert list((tmp_path / "tmp").iterdir()) == []
     assert "restarting every rank (restart 1 of at most 1) after: rank 1 was killed by signal 9" in crashed.stdout
     restarts = json.loads((tmp_path / "crashed" / "metrics.json").read_text())["restarts"]
     assert restarts["count"] == 1 and restarts["resumed_after_iteration"] == 2 and restarts["restart_s"] > 0

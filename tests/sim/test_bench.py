@@ -71,3 +71,10 @@ def test_search_rates_are_measured_on_agreeing_evaluators():
     assert report.agreed and report.ops > 1000
     assert report.engine_per_s > 0 and report.fast_per_s > 0 and report.batched_per_s > 0
     assert (report.engine_candidates, report.fast_candidates, report.batched_candidates) == (2, 3, 20)
+
+
+def test_an_unknown_flag_is_one_error_line_not_argparse_usage(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--parition"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: unrecognized arguments: --parition\n"

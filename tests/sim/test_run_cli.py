@@ -328,8 +328,10 @@ def test_an_unusable_out_is_one_error_line_and_nothing_is_written(tmp_path, monk
     with pytest.raises(SystemExit) as info:
         main(["--topology", "2xideal", *model, *schedule, "--no-gantt", "--out", out])
     assert info.value.code == 2
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert err.startswith("error: ") and err.count("\n") == 1 and message.format(here=tmp_path) in err, err
+    assert captured.out == ""  # refused before anything is simulated or printed, not after the summary
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
 
 

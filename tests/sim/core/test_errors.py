@@ -110,3 +110,21 @@ def test_build_plan_names_its_arguments_and_sim_run_its_flags(inputs, argv, libr
     with pytest.raises(SystemExit):
         run_main(["--topology", "2xideal", "--model", "uniform:layers=4", *flags, *argv, "--out", str(tmp_path / "o")])
     assert capsys.readouterr().err.startswith(f"error: {command}")
+
+
+def test_did_you_mean_names_the_closest_valid_names_in_their_own_spelling():
+    from sim.core.errors import did_you_mean
+
+    assert did_you_mean("1fb1", ["1f1b", "gpipe", "zb1p"]) == "; did you mean 1f1b, zb1p?"
+    assert did_you_mean("GPIPE", ["1f1b", "gpipe"]) == "; did you mean gpipe?"
+    assert did_you_mean("Dgx-H10", ["DGX-H100", "x"]) == "; did you mean DGX-H100?"
+    assert did_you_mean("zzzz", ["1f1b", "gpipe"]) == ""
+
+
+def test_an_invalid_choice_names_the_closest_choices(capsys):
+    # Every command's parser is a CliParser: argparse's invalid choice gains the suggestion, in one line.
+    with pytest.raises(SystemExit) as info:
+        run_main(["--topology", "2xcpu", "--model", "gpt", "--schedule", "1fb1", "--out", "unused"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == ("error: argument --schedule: invalid choice: '1fb1'; did you mean 1f1b, zb1p? "
+                                       "(choose from 1f1b, gpipe, interleaved, pipedream, stream, zb1p, csp)\n")

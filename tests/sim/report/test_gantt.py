@@ -300,3 +300,28 @@ def test_drawing_leaves_matplotlib_global_state_alone(tmp_path):
         "assert matplotlib.rcParams.copy() == params\n"
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("ranks, length", [(2, 60), (2, 300), (20, 300), (180, 20000)])
+def test_a_long_title_wraps_inside_the_figure_above_the_plot(ranks, length):
+    # A 3D plan's title (schedule, model spec, topology, layout) ran off the right edge of a 2-rank chart from about
+    # 200 characters; now every line is inside the figure, the plot keeps its size, and no character is lost
+    # (up to the height bound, where the last line says "…").
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    title = ("interleaved v=2 · llama:layers=80,hidden=8192,heads=64 · 4x8xH100 · TP8×DP2×PP4 · m=64 · " * 300)
+    title = title[:length]
+    fig, geom = gantt._figure(one_f_one_b(ranks, 4), title)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    ax = fig.axes[0]
+    box = ax.title.get_window_extent(renderer=renderer)
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, (box, fig.bbox)
+    assert box.y0 >= ax.bbox.y1  # above the plot
+    assert ax.bbox.height == pytest.approx(geom.plot_h_px) and fig.bbox.height <= MAX_HEIGHT_PX
+    drawn = ax.title.get_text()
+    assert ax.title.get_fontsize() == 11
+    if length <= 300:
+        assert re.sub(r"\s", "", drawn) == re.sub(r"\s", "", title)
+        assert (drawn.count("\n") == 0) == (length == 60)
+    else:
+        assert drawn.endswith("…") and re.sub(r"\s", "", title).startswith(re.sub(r"\s", "", drawn)[:-1])

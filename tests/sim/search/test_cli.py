@@ -118,10 +118,37 @@ def test_the_module_entry_point_exits_2_without_a_traceback(tmp_path):
 def test_no_feasible_plan_exits_1_with_the_reasons_and_no_plan(tmp_path, capsys):
     args = _with("--memory-limit", "1", "--schedules", "1f1b", "--recompute", "none")
     assert main([*args, "--out", str(tmp_path)]) == 1
-    out = capsys.readouterr().out
-    assert "no feasible plan" in out
+    captured = capsys.readouterr()
+    assert "no feasible plan" in captured.out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["candidates.csv", "pareto.png", "search.json"]
     data = json.loads((tmp_path / "search.json").read_text())
     assert data["best"] is None and data["feasible"] == 0 and data["candidates"]
     assert all(not c["feasible"] and c["reason"] for c in data["candidates"])
     assert any(c["reason"].startswith("out of memory: ") for c in data["candidates"])
+    # stderr says why in one line: the plan nearest to fitting (smallest peak / capacity) and how far it is.
+    ratio, label = min((max(p / c for p, c in zip(e["peak_memory_bytes"], e["memory_capacity_bytes"])), e["label"])
+                       for e in data["candidates"] if e.get("peak_memory_bytes"))
+    assert captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith(f"error: none of the {len(data['candidates'])} plans costed is feasible ("), \
+        captured.err
+    assert f"the closest to fitting is {label}: pipeline rank " in captured.err
+    assert f"({ratio:.2f} times its memory)" in captured.err
+
+
+def test_each_list_works_alone_as_in_sim_run(capsys):
+    from sim.hw.topology import format_topology_list
+    from sim.models import format_model_list
+
+    assert main(["--model", "list"]) == 0
+    assert capsys.readouterr().out == format_model_list() + "\n"
+    assert main(["--topology", "list"]) == 0
+    assert capsys.readouterr().out == format_topology_list() + "\n"
+    assert main(["--model", "list", "--topology", "list"]) == 0
+    assert capsys.readouterr().out == format_model_list() + "\n\n" + format_topology_list() + "\n"
+
+
+def test_missing_flags_are_named_in_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--model", MODEL, "--global-batch", "8"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --topology and --out are required (e.g. --topology 8xA100 ")

@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import random
+from collections import Counter
 from dataclasses import asdict, fields
 
 import pytest
@@ -17,6 +18,7 @@ from sim.search.search_outputs import (
     pareto_front,
     pareto_png,
     search_json,
+    why_no_plan,
     write_search_outputs,
 )
 from sim.search.space import Candidate, SearchProblem, SearchSpace
@@ -143,3 +145,19 @@ def test_the_tables_partition_column_runs_repeated_counts_together(result):
     # 6,6,6,6 is 6×4; 5,7,7,5 keeps its order with the middle run joined: 5,7×2,5.
     assert " 6×4 " in format_table(ranked_alone((6, 6, 6, 6)), 1)
     assert " 5,7×2,5 " in format_table(ranked_alone((5, 7, 7, 5)), 1)
+
+
+def test_why_no_plan_names_the_reasons_when_nothing_was_simulated(result):
+    rule = [e for e in result.evaluations if e.iteration_time_s is None]
+    assert rule and all(not e.reason.startswith("out of memory") for e in rule)
+    only_rules = SearchResult(result.problem, "exhaustive", 30, tuple(rule), False, 0.0, 0)
+    most = Counter(e.reason for e in rule).most_common(1)[0][0]  # ties: the first met, in the space's order
+    assert why_no_plan(only_rules) == (f"none of the {len(rule)} plans costed is feasible ({len(rule)} breaking a "
+                                       f"rule); the most common reason: {most}; search.json says why each failed")
+    # The screen refuses plans by its memory bound alone, without peaks: the reason is given as it stands.
+    bound = Evaluation(rule[0].candidate, False, reason="out of memory: the pipeline ranks hold 9.00 GB")
+    assert why_no_plan(SearchResult(result.problem, "screen", 3, (bound,), False, 0.0, 0)) == (
+        "none of the 1 plans costed is feasible (1 out of memory); the first: out of memory: the pipeline ranks hold "
+        "9.00 GB; search.json says why each failed")
+    assert why_no_plan(SearchResult(result.problem, "exhaustive", 10, (), True, 0.0, 0)) == (
+        "the time budget ended the search before any plan was costed; give --time-budget more seconds")
