@@ -45,6 +45,7 @@ SIM_FLOORS = {
     "sim.predict": 8,
     "sim.search": 9,
     "sim.run": 10,
+    "sim.api": 10,  # the Python API: the same library calls as the commands, for notebooks
     "sim.bench": 10,
     "sim": 11,  # the public face, sim/__init__.py
 }

@@ -32,7 +32,7 @@ from sim.ir.trace import STREAMS, Span, Trace
 from sim.report.gantt_layout import DPI, MAX_HEIGHT_PX, MIN_BOX_PX, RANK_PT, GanttGeometry, layout_gantt
 from sim.report.metrics import rank_label
 
-__all__ = ["KIND_COLORS", "FALLBACK_COLOR", "draw_gantt", "kind_color"]
+__all__ = ["KIND_COLORS", "FALLBACK_COLOR", "draw_gantt", "gantt_figure", "kind_color"]
 
 _TITLE_PT = 11.0  # the title's font size, points (a long title wraps rather than shrinks)
 
@@ -274,6 +274,17 @@ def _wrap_title(title: str, fits: Callable[[str], bool], most_lines: int) -> lis
     return lines
 
 
+def gantt_figure(trace: Trace, *, title: str = "") -> Any:
+    """``trace`` as a Gantt chart: a matplotlib :class:`~matplotlib.figure.Figure` (what :func:`draw_gantt` writes),
+    which a notebook shows inline; no pyplot state is touched.
+
+    Args:
+        trace: the trace; span times in seconds (drawn in milliseconds).
+        title: the chart title; by default a summary (``meta["source"]``, ranks, ops, makespan in ms).
+    """
+    return _figure(trace, title)[0]
+
+
 def draw_gantt(trace: Trace, path: str | os.PathLike, *, title: str = "", dpi: float = DPI) -> None:
     """Draw ``trace`` as a Gantt chart and write it as a PNG, atomically.
 
@@ -284,7 +295,7 @@ def draw_gantt(trace: Trace, path: str | os.PathLike, *, title: str = "", dpi: f
         dpi: output resolution, pixels per inch. The layout is made for the default, 150; another value scales
             the whole picture (a thumbnail), so the pixel bounds of the module docstring scale with it.
     """
-    fig, _ = _figure(trace, title)
+    fig = gantt_figure(trace, title=title)
     buffer = BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi, facecolor="white")
     write_bytes_atomic(path, buffer.getvalue())

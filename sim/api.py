@@ -1,0 +1,267 @@
+"""The simulator from Python: build a plan, simulate it, search a cluster, and read every result as plain data.
+
+For notebooks and scripts, the same library calls as the commands underneath (``sim.run`` and ``sim.search``):
+:func:`plan` resolves its arguments into :class:`sim.plan.inputs.PlanInputs` and builds the plan with
+:func:`sim.plan.build.build_plan`; :func:`simulate` predicts it with :func:`sim.predict.predict`, the one prediction
+path; :func:`search` runs :func:`sim.search.search.run_search`. So a figure here is the figure the command prints,
+and a plan written here is the ``plan.json`` the executor runs.
+
+Results are plain data first: numbers, ``dict`` and ``list`` rows with units in their names (``_s`` seconds,
+``_bytes`` bytes); where pandas is installed, the same rows as a ``DataFrame`` (pandas is optional and imported only
+then); the Gantt chart as a matplotlib figure, which a notebook shows inline (matplotlib imported only then).
+
+Example::
+
+    from sim import api
+
+    built = api.plan("gpt:layers=24,hidden=2048", "8xA100", schedule="1f1b", microbatches=16)
+    run = api.simulate(built)
+    run.iteration_time_s, run.devices()        # seconds; one dict per device
+    run.gantt()                                 # the timeline
+
+Bad arguments raise :class:`sim.core.errors.SpecError` with the same message the commands print after ``error:``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.core.errors import SpecError
+from sim.core.fileio import prepare_output_dir, read_text, write_text_atomic, write_text_chunks_atomic
+from sim.cost.profile import load_profile
+from sim.ir.plan import Plan
+from sim.ir.schedule_csv import dumps_schedule_csv
+from sim.ir.trace import Trace
+from sim.plan.build import BuiltPlan, build_plan
+from sim.plan.inputs import PlanInputs
+from sim.predict import Prediction, predict, predict_built
+from sim.search.search import STRATEGIES, SearchResult, run_search
+from sim.search.space import SearchProblem, SearchSpace
+
+__all__ = ["plan", "load_plan", "simulate", "search", "Simulation", "Search", "PLAN_SETTINGS", "SPACE_SETTINGS"]
+
+#: The settings :func:`plan` takes beside the model and topology: the fields of :class:`sim.plan.inputs.PlanInputs`
+#: (each documented there; ``sim.run``'s flags by the same names).
+PLAN_SETTINGS = tuple(field.name for field in dataclasses.fields(PlanInputs) if field.name not in ("model", "topology"))
+
+#: The choices :func:`search` takes as its space: the fields of :class:`sim.search.space.SearchSpace`, each a tuple.
+SPACE_SETTINGS = tuple(field.name for field in dataclasses.fields(SearchSpace))
+
+
+def _unknown(given: dict[str, Any], valid: tuple[str, ...], what: str) -> None:
+    """Refuse keyword arguments that name no setting, with the closest valid names."""
+    from sim.core.errors import did_you_mean
+
+    for name in given:
+        if name not in valid:
+            raise SpecError(f"{name!r} is not a {what}{did_you_mean(name, valid)} (valid: {', '.join(valid)})")
+
+
+def plan(model: str, topology: str, **settings: Any) -> BuiltPlan:
+    """Build and validate a plan: ``model`` (e.g. ``"llama3.1-8b,seq=8192"``) on ``topology`` (e.g. ``"8xH100"``),
+    with any of :data:`PLAN_SETTINGS` (``schedule="1f1b"``, ``microbatches=16``, ``tp=2``, ``zero=1``, ...).
+
+    Returns:
+        the built plan: ``.plan`` is the IR (what :meth:`Simulation.write` saves as ``plan.json``), ``.topology``,
+        ``.graph`` the model one device holds, ``.costs`` its cost view.
+
+    Raises:
+        SpecError: an unknown setting, or what ``sim.run`` refuses (an invalid model, topology or layout).
+    """
+    _unknown(settings, PLAN_SETTINGS, "plan setting")
+    if isinstance(settings.get("devices"), list):
+        settings["devices"] = tuple(settings["devices"])
+    return build_plan(PlanInputs(model=model, topology=topology, **settings))
+
+
+def load_plan(path: str | Path) -> Plan:
+    """A ``plan.json`` written by ``sim.run``, ``sim.search`` or :meth:`Simulation.write`, read and checked.
+
+    Raises:
+        SpecError: the file cannot be read, is too large, or is not a valid plan.
+    """
+    return Plan.loads(read_text(path, "plan"), source=str(path))
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """One simulated iteration: what ``sim.run`` prints and writes, as data.
+
+    Attributes:
+        prediction: the prediction itself (:class:`sim.predict.Prediction`: plan, trace, metrics, peaks).
+    """
+
+    prediction: Prediction
+
+    @property
+    def plan(self) -> Plan:
+        """The plan simulated."""
+        return self.prediction.plan
+
+    @property
+    def trace(self) -> Trace:
+        """Every op's span."""
+        return self.prediction.trace
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The ``metrics.json`` object (its fields: the docs' formats page on ``metrics.json``)."""
+        return self.prediction.metrics
+
+    @property
+    def iteration_time_s(self) -> float:
+        """One iteration, s."""
+        return float(self.metrics["iteration_time_s"])
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        """Samples per second over all replicas."""
+        return float(self.metrics["throughput_samples_per_s"])
+
+    @property
+    def bubble_fraction(self) -> float:
+        """The share of device-time the compute streams are idle."""
+        return float(self.metrics["bubble_fraction"])
+
+    def devices(self) -> list[dict[str, Any]]:
+        """One row per simulated rank: ``rank``, ``device``, ``busy_s``, ``bubble_fraction``, ``peak_memory_bytes``,
+        ``memory_capacity_bytes`` (and ``device_rank`` under tensor or data parallelism)."""
+        return [dict(row) for row in self.metrics["devices"]]
+
+    def ops(self) -> list[dict[str, Any]]:
+        """One row per op, in the trace's order: ``rank``, ``op`` (its id), ``kind``, ``stream``, ``vstage``,
+        ``microbatch``, ``start_s``, ``end_s``, ``duration_s``."""
+        return [{"rank": span.rank, "op": span.op, "kind": span.kind, "stream": span.stream, "vstage": span.vstage,
+                 "microbatch": span.mb, "start_s": span.start, "end_s": span.end, "duration_s": span.end - span.start}
+                for span in self.trace.spans]
+
+    def devices_frame(self) -> Any:
+        """:meth:`devices` as a pandas ``DataFrame`` (needs pandas)."""
+        return _frame(self.devices())
+
+    def ops_frame(self) -> Any:
+        """:meth:`ops` as a pandas ``DataFrame`` (needs pandas)."""
+        return _frame(self.ops())
+
+    def gantt(self, title: str = "") -> Any:
+        """The timeline as a matplotlib figure (a notebook shows it inline; ``.savefig(path)`` writes it)."""
+        from sim.report.gantt import gantt_figure
+
+        return gantt_figure(self.trace, title=title)
+
+    def write(self, out: str | Path, *, gantt: bool = True) -> list[str]:
+        """Write what ``sim.run --out`` writes into ``out`` (``plan.json``, ``schedule.csv``, ``metrics.json``,
+        ``trace.json``, ``gantt.png``); returns the file names.
+
+        Raises:
+            SpecError: ``out`` cannot be made or written in.
+        """
+        from sim.report.outputs import write_run_outputs
+
+        folder = prepare_output_dir(out, "out")
+        write_text_chunks_atomic(self.plan.iter_dumps(), folder / "plan.json")
+        write_text_atomic(dumps_schedule_csv(self.plan.programs), folder / "schedule.csv")
+        title = f"{self.plan.schedule} · {self.plan.model} · {self.plan.topology} · m={self.plan.num_microbatches}"
+        return ["plan.json", "schedule.csv",
+                *write_run_outputs(folder, self.trace, self.metrics, title=title, gantt=gantt)]
+
+
+def simulate(planned: BuiltPlan | Plan | str | Path, *, profile: str | Path | None = None,
+             check_memory: bool = True) -> Simulation:
+    """Simulate one iteration of a plan: one :func:`plan` built, a :class:`sim.ir.plan.Plan`, or a ``plan.json``
+    path; with a measured ``profile`` (a path; a built plan keeps the one it was built with).
+
+    Raises:
+        SpecError: the plan or profile is invalid, or (``check_memory``) a device runs out of memory.
+    """
+    if isinstance(planned, BuiltPlan):
+        if profile is not None:
+            raise SpecError("a built plan is simulated with the profile it was built with; pass profile= to plan()")
+        return Simulation(predict_built(planned, check_memory=check_memory))
+    written = load_plan(planned) if isinstance(planned, (str, Path)) else planned
+    measured = load_profile(str(profile)) if profile is not None else None
+    return Simulation(predict(written, measured, check_memory=check_memory))
+
+
+@dataclass(frozen=True)
+class Search:
+    """A finished search, as data.
+
+    Attributes:
+        result: the search itself (:class:`sim.search.search.SearchResult`).
+    """
+
+    result: SearchResult
+
+    def rows(self, *, feasible_only: bool = True) -> list[dict[str, Any]]:
+        """One row per plan costed, fastest first (the infeasible ones after, in the space's order, each with its
+        ``reason``): the plan's choices (``tp``, ``dp``, ``pp``, ``schedule``, ...), ``iteration_time_s``,
+        ``throughput_samples_per_s``, ``peak_memory_bytes`` (the fullest rank's) and ``feasible``."""
+        ranked = list(self.result.ranked)
+        others = [] if feasible_only else [e for e in self.result.evaluations if not e.feasible]
+        rows = []
+        for evaluation in ranked + others:
+            row = {key: list(value) if isinstance(value, tuple) else value
+                   for key, value in dataclasses.asdict(evaluation.candidate).items()}
+            peaks = evaluation.peak_memory_bytes
+            row.update({"label": evaluation.candidate.label(), "feasible": evaluation.feasible,
+                        "iteration_time_s": evaluation.iteration_time_s,
+                        "throughput_samples_per_s": evaluation.throughput_samples_per_s,
+                        "peak_memory_bytes": max(peaks) if peaks else None, "reason": evaluation.reason})
+            rows.append(row)
+        return rows
+
+    def frame(self, *, feasible_only: bool = True) -> Any:
+        """:meth:`rows` as a pandas ``DataFrame`` (needs pandas)."""
+        return _frame(self.rows(feasible_only=feasible_only))
+
+    def best_plan(self) -> BuiltPlan:
+        """The fastest feasible plan, built as :func:`plan` builds it (simulate it, write it, run it).
+
+        Raises:
+            SpecError: no plan was feasible (the message says why, as ``sim.search`` does).
+        """
+        best = self.result.best
+        if best is None:
+            from sim.search.search_outputs import why_no_plan
+
+            raise SpecError(why_no_plan(self.result))
+        return build_plan(best.candidate.plan_inputs(self.result.problem))
+
+
+def search(model: str, topology: str, global_batch: int, *, strategy: str = "exhaustive", workers: int = 1,
+           time_budget_s: float | None = None, seed: int = 0, memory_limit_bytes: int | None = None,
+           profile: str | None = None, **space: Any) -> Search:
+    """Search the plans of ``model`` on ``topology`` at ``global_batch`` samples per iteration, as ``sim.search``
+    does: ``strategy`` one of :data:`sim.search.search.STRATEGIES` (``sim.search``'s default, ``exhaustive``; ``screen``
+    sees spaces of any size and proves its pick), over
+    the space that :data:`SPACE_SETTINGS` choices given as tuples narrow or widen (``cp=(1, 2)``,
+    ``zero=(0, 1, 3)``, ``precisions=("bf16", "fp8")``), in ``workers`` processes.
+
+    Raises:
+        SpecError: an unknown strategy or space setting, or a problem ``sim.search`` refuses.
+    """
+    _unknown(space, SPACE_SETTINGS, "search space setting")
+    if strategy not in STRATEGIES:
+        raise SpecError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    choices = {name: tuple(value) if isinstance(value, list) else value for name, value in space.items()}
+    problem = SearchProblem(model, topology, global_batch, memory_limit_bytes=memory_limit_bytes,
+                            space=SearchSpace(**choices), profile=profile)
+    return Search(run_search(problem, strategy=strategy, workers=workers, time_budget_s=time_budget_s, seed=seed))
+
+
+def _frame(rows: list[dict[str, Any]]) -> Any:
+    """``rows`` as a pandas ``DataFrame``; pandas is optional.
+
+    Raises:
+        SpecError: pandas is not installed (the rows themselves need nothing).
+    """
+    try:
+        import pandas
+    except ImportError:
+        raise SpecError("a DataFrame needs pandas (pip install pandas); the same rows are plain lists of dicts "
+                        "without it") from None
+    return pandas.DataFrame(rows)

@@ -1,0 +1,92 @@
+"""sim.api, the Python API: its results against the commands' own (byte for byte), and its refusals."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from sim import api
+from sim.core.errors import SpecError
+from sim.run import main as sim_run
+
+MODEL, TOPOLOGY = "gpt:layers=8,hidden=1024,heads=16,seq=512", "4xA100"
+
+
+def test_a_simulation_writes_what_sim_run_writes_byte_for_byte(tmp_path, capsys):
+    """The oracle is the command: the same plan, metrics and trace files from the same settings."""
+    built = api.plan(MODEL, TOPOLOGY, schedule="zb1p", microbatches=8, tp=2, pp=2)
+    names = api.simulate(built).write(tmp_path / "api")
+    assert sim_run(["--model", MODEL, "--topology", TOPOLOGY, "--schedule", "zb1p", "--microbatches", "8",
+                    "--tp", "2", "--pp", "2", "--out", str(tmp_path / "cli")]) == 0
+    capsys.readouterr()
+    assert names == ["plan.json", "schedule.csv", "metrics.json", "trace.json", "gantt.png"]
+    for name in ("plan.json", "schedule.csv", "metrics.json", "trace.json"):
+        assert (tmp_path / "api" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes(), name
+
+
+def test_rows_are_the_metrics_and_the_trace_as_plain_data(tmp_path):
+    run = api.simulate(api.plan(MODEL, TOPOLOGY, schedule="1f1b", microbatches=4))
+    metrics = run.metrics
+    assert run.iteration_time_s == metrics["iteration_time_s"]
+    assert run.devices() == metrics["devices"]
+    ops = run.ops()
+    assert len(ops) == len(run.trace.spans)
+    # Every compute op's duration summed per rank is that rank's busy time (metrics.json's own definition).
+    for device in run.devices():
+        busy = sum(op["duration_s"] for op in ops if op["rank"] == device["rank"] and op["stream"] == "compute")
+        assert busy == pytest.approx(device["busy_s"], rel=1e-12)
+    assert max(op["end_s"] for op in ops) == pytest.approx(run.iteration_time_s, rel=1e-12)
+    json.dumps(ops)  # plain data: serialisable as it is
+
+
+def test_a_written_plan_simulates_to_the_same_time(tmp_path):
+    run = api.simulate(api.plan(MODEL, TOPOLOGY, schedule="gpipe", microbatches=4, pp=4))
+    run.write(tmp_path, gantt=False)
+    again = api.simulate(tmp_path / "plan.json")
+    assert again.iteration_time_s == run.iteration_time_s
+    assert api.load_plan(tmp_path / "plan.json") == run.plan
+
+
+def test_the_gantt_chart_is_a_figure_with_the_title():
+    from matplotlib.figure import Figure
+
+    figure = api.simulate(api.plan(MODEL, TOPOLOGY, microbatches=2)).gantt("a title")
+    assert isinstance(figure, Figure)
+    assert figure.axes[0].title.get_text() == "a title"
+
+
+def test_a_search_ranks_what_the_search_found_and_builds_its_pick():
+    found = api.search(MODEL, TOPOLOGY, 8, strategy="screen", schedules=("1f1b",), zero=(0,))
+    rows = found.rows()
+    times = [row["iteration_time_s"] for row in rows]
+    assert times == sorted(times) and rows[0]["feasible"]
+    assert rows[0]["label"] == found.result.best.candidate.label()
+    # The pick built again and simulated gives the search's own figure (one prediction path).
+    assert api.simulate(found.best_plan()).iteration_time_s == pytest.approx(times[0], rel=1e-12)
+    assert len(found.rows(feasible_only=False)) == len(found.result.evaluations)
+
+
+def test_unknown_settings_are_refused_with_the_closest_names():
+    with pytest.raises(SpecError, match="'microbatchs' is not a plan setting; did you mean microbatches"):
+        api.plan(MODEL, TOPOLOGY, microbatchs=4)
+    with pytest.raises(SpecError, match="'zeros' is not a search space setting; did you mean zero"):
+        api.search(MODEL, TOPOLOGY, 8, zeros=(1,))
+    with pytest.raises(SpecError, match="strategy must be one of"):
+        api.search(MODEL, TOPOLOGY, 8, strategy="best")
+
+
+def test_a_dataframe_without_pandas_says_how_to_get_one(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pandas", None)  # an import of pandas now fails, installed or not
+    run = api.simulate(api.plan(MODEL, TOPOLOGY, microbatches=2))
+    with pytest.raises(SpecError, match="needs pandas"):
+        run.devices_frame()
+
+
+def test_no_feasible_plan_says_why():
+    found = api.search("llama3.1-8b", "2xV100", 8, strategy="exhaustive", schedules=("1f1b",), zero=(0,),
+                       sequence_parallel=(False,), recompute=("none",))
+    assert found.result.best is None
+    with pytest.raises(SpecError, match="none of the .* plans costed is feasible"):
+        found.best_plan()
