@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.core.errors import SpecError
+from sim.core.errors import SpecError, did_you_mean
 from sim.core.fileio import prepare_output_dir, read_text, write_text_atomic, write_text_chunks_atomic
 from sim.cost.profile import load_profile
 from sim.ir.plan import Plan
@@ -53,8 +53,6 @@ SPACE_SETTINGS = tuple(field.name for field in dataclasses.fields(SearchSpace))
 
 def _unknown(given: dict[str, Any], valid: tuple[str, ...], what: str) -> None:
     """Refuse keyword arguments that name no setting, with the closest valid names."""
-    from sim.core.errors import did_you_mean
-
     for name in given:
         if name not in valid:
             raise SpecError(f"{name!r} is not a {what}{did_you_mean(name, valid)} (valid: {', '.join(valid)})")
@@ -246,7 +244,8 @@ def search(model: str, topology: str, global_batch: int, *, strategy: str = "exh
     """
     _unknown(space, SPACE_SETTINGS, "search space setting")
     if strategy not in STRATEGIES:
-        raise SpecError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        raise SpecError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
+                        f"{did_you_mean(strategy, STRATEGIES)}")
     choices = {name: tuple(value) if isinstance(value, list) else value for name, value in space.items()}
     problem = SearchProblem(model, topology, global_batch, memory_limit_bytes=memory_limit_bytes,
                             space=SearchSpace(**choices), profile=profile)

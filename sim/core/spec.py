@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from sim.core.errors import SpecError
+from sim.core.errors import SpecError, did_you_mean
 
 __all__ = ["parse_spec", "SpecParams"]
 
@@ -84,4 +84,5 @@ class SpecParams:
         unknown = sorted(set(self._params) - self._read)
         if unknown:
             known = ", ".join(sorted(self._read)) or "none"
-            raise SpecError(f"unknown key(s) {', '.join(unknown)} in spec {self._spec!r} (known: {known})")
+            close = did_you_mean(unknown[0], self._read) if len(unknown) == 1 else ""
+            raise SpecError(f"unknown key(s) {', '.join(unknown)} in spec {self._spec!r}{close} (known: {known})")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sim.core.errors import SpecError
+from sim.core.errors import SpecError, did_you_mean
 from sim.cost.kernels.record import NARROW_FORMATS, Narrow
 from sim.hw.catalog import DeviceSpec, list_devices
 from sim.models.graph import LayerGraph
@@ -62,7 +62,8 @@ def check_precision(precision: str | None, graph: LayerGraph, devices: Iterable[
     if precision is None:
         return
     if precision not in PRECISIONS:
-        raise SpecError(f"{{precision}} must be one of {', '.join(PRECISIONS)}, got {precision!r}", "precision")
+        raise SpecError(f"{{precision}} must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+                        f"{did_you_mean(precision, PRECISIONS)}", "precision")
     two_bytes = graph.dtype_bytes == 2
     if precision == "fp32" and two_bytes:
         raise SpecError(f"{{precision}} fp32 is not modelled for {graph.spec}: its activation and state sizes are "

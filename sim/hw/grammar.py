@@ -209,7 +209,8 @@ def _int_field(value: Any, where: str) -> int:
 def _keys(mapping: dict[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(map(str, set(mapping) - allowed))
     if unknown:
-        raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(allowed))})")
+        close = did_you_mean(unknown[0], allowed) if len(unknown) == 1 else ""
+        raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)}{close} (known: {', '.join(sorted(allowed))})")
 
 
 def load_topology_yaml(path: str) -> ClusterDescription:

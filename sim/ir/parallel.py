@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from itertools import permutations
 from typing import Any
 
-from sim.core.errors import SpecError
+from sim.core.errors import SpecError, did_you_mean
 
 __all__ = ["Parallelism", "PURE_PIPELINE", "RANK_ORDERS", "DEFAULT_RANK_ORDER", "ZERO_STAGES", "CP_COMMS"]
 
@@ -135,7 +135,8 @@ class Parallelism:
             raise SpecError(f"{{cp_comm}} {self.cp_comm} is how context-parallel ranks exchange keys and values; it "
                             f"needs {{cp}} > 1", "cp_comm", "cp")
         if self.order not in RANK_ORDERS:
-            raise SpecError(f"{{order}} must be one of {', '.join(RANK_ORDERS)}, got {self.order!r}", "order")
+            raise SpecError(f"{{order}} must be one of {', '.join(RANK_ORDERS)}, got {self.order!r}"
+                            f"{did_you_mean(self.order, RANK_ORDERS)}", "order")
         if self.zero not in ZERO_STAGES:
             raise SpecError(f"{{zero}} must be one of {', '.join(map(str, ZERO_STAGES))}, got {self.zero!r}", "zero")
         if self.sequence_parallel and self.tp == 1:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from sim.core.errors import SpecError
+from sim.core.errors import SpecError, did_you_mean
 from sim.core.spec import SpecParams, parse_spec
 from sim.models import amoebanet, cnn, gpt, hf_config, llama, moe, supernet, uniform, vgg
 from sim.models.graph import LayerGraph, canonical_spec
@@ -77,7 +77,8 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     name, raw = parse_spec(spec)
     entry = MODELS.get(name)
     if entry is None:
-        raise SpecError(f"unknown model {name!r} in spec {spec!r} (known: {', '.join(sorted(MODELS))}; presets: "
+        close = did_you_mean(name, [*MODELS, *hf_config.preset_names()])
+        raise SpecError(f"unknown model {name!r} in spec {spec!r}{close} (known: {', '.join(sorted(MODELS))}; presets: "
                         f"{', '.join(hf_config.preset_names())}; hf:PATH for a HuggingFace config)")
     if sharding.cp > 1 and name not in (llama.NAME, moe.NAME):
         raise SpecError(f"context parallelism is modelled for the llama and moe families only, got {spec!r} with "

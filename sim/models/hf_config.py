@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sim.core.errors import SpecError
+from sim.core.errors import SpecError, did_you_mean
 from sim.core.fileio import read_text
 from sim.models import llama, moe
 
@@ -85,7 +85,8 @@ def preset_config(name: str) -> dict[str, Any]:
         SpecError: no such preset (the message lists them).
     """
     if name not in preset_names():
-        raise SpecError(f"unknown model preset {name!r} (presets: {', '.join(preset_names())})")
+        raise SpecError(f"unknown model preset {name!r}{did_you_mean(name, preset_names())} (presets: "
+                        f"{', '.join(preset_names())})")
     return read_config(PRESETS_DIR / f"{name}.json")
 
 

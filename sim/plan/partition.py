@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from sim.core.errors import SpecError
+from sim.core.errors import SpecError, did_you_mean
 from sim.cost.oracle import CostOracle
 from sim.hw.topology import Topology
 from sim.plan.bottleneck import StageCosts, min_max_counts
@@ -187,7 +187,8 @@ def parse_partition(text: str, oracle: CostOracle, num_stages: int,
     try:
         counts = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise SpecError(f"{{partition}} must be uniform, balanced, blocks or layer counts like 4,4,8; got {text!r}",
+        raise SpecError(f"{{partition}} must be uniform, balanced, blocks or layer counts like 4,4,8; got {text!r}"
+                        f"{did_you_mean(text, ('uniform', 'balanced', 'blocks'))}",
                         "partition") from None
     if any(c < 1 for c in counts):
         raise SpecError(f"every stage needs at least one layer, got {{partition}} {text!r}", "partition")

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from sim.core.cli import CliParser, parse_byte_size
-from sim.core.errors import SpecError, run_cli
+from sim.core.errors import SpecError, did_you_mean, run_cli
 from sim.core.fileio import prepare_output_dir, write_text_chunks_atomic
 from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
@@ -55,7 +55,8 @@ def _listed(kind, allowed=None, name=""):
             except ValueError:
                 raise argparse.ArgumentTypeError(f"not a {name}: {item!r} in {text!r}") from None
             if allowed is not None and value not in allowed:
-                raise argparse.ArgumentTypeError(f"{item!r} is not one of {', '.join(map(str, allowed))}")
+                raise argparse.ArgumentTypeError(f"{item!r} is not one of {', '.join(map(str, allowed))}"
+                                                 f"{did_you_mean(item, [str(a) for a in allowed])}")
             values.append(value)
         if not values or any(v in ("", None) for v in values):
             raise argparse.ArgumentTypeError(f"an empty list: {text!r}")

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from sim.core.errors import SpecError
+from sim.core.errors import SpecError, did_you_mean
 from sim.hw.topology import Topology
 from sim.models import build_model
 from sim.search.alpa import honours_alpa_assumption
@@ -144,7 +144,8 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
         SpecError: an unknown strategy, a bad problem (see :func:`check_problem`), a space too large to list.
     """
     if strategy not in STRATEGIES:
-        raise SpecError(f"{{strategy}} must be one of {', '.join(STRATEGIES)}, got {strategy!r}", "strategy")
+        raise SpecError(f"{{strategy}} must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
+                        f"{did_you_mean(strategy, STRATEGIES)}", "strategy")
     topology = check_problem(problem)
     candidates = enumerate_candidates(problem, topology.num_ranks, topology)
     if strategy == "alpa":

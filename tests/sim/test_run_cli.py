@@ -446,3 +446,25 @@ def test_a_closed_stdout_is_one_error_line_and_keeps_nothing(tmp_path):
     assert result.returncode == 141, result.stderr
     assert result.stderr.startswith("error: standard output was closed") and result.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+TINY = ["--model", "gpt:layers=4", "--topology", "2xcpu"]
+
+
+@pytest.mark.parametrize(("args", "suggestion"), [
+    (["--model", "gtp:layers=4", "--topology", "2xcpu"], "unknown model 'gtp' in spec 'gtp:layers=4'; did you mean "
+                                                          "gpt?"),
+    (["--model", "gpt:layrs=4", "--topology", "2xcpu"], "unknown key(s) layrs in spec 'gpt:layrs=4'; did you mean "
+                                                         "layers?"),
+    (["--model", "llama3.1-8bb", "--topology", "2xcpu"], "; did you mean llama3.1-8b,"),
+    ([*TINY, "--partition", "balancd"], "got 'balancd'; did you mean balanced?"),
+    ([*TINY, "--rank-order", "tp-pp-dpp"], "got 'tp-pp-dpp'; did you mean tp-pp-dp"),
+    ([*TINY, "--schedule", "1fb1"], "invalid choice: '1fb1'; did you mean 1f1b"),
+])
+def test_a_misspelt_name_is_refused_with_the_closest_valid_ones(tmp_path, capsys, args, suggestion):
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and suggestion in err, err
+    assert not (tmp_path / "out").exists()
