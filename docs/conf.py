@@ -42,6 +42,8 @@ html_theme = "furo"
 html_title = "pipedejavu"
 html_static_path: list[str] = []
 
+# Functions and classes are not entries of the table of contents (every page's navigation would list them all).
+toc_object_entries = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 # A module's own members only: names it imports (and lists in __all__) are documented where they are defined.
