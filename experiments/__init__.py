@@ -11,8 +11,11 @@ experiment can read, and printing belongs to the command alone:
   writes files); ``python -m experiments.run NAME --help`` prints it.
 - ``run(*, quick=False, ...) -> Result``: the computation. Its keywords are the parser's destinations but ``out``
   (``--time-budget`` is ``time_budget``), so the command calls ``run(**vars(args))``; a bad value is a
-  :class:`sim.core.errors.SpecError` whose message names the flag, as the command prints it. It prints nothing: one
-  that reports progress takes ``progress``, a callable given one line, which the command writes to stderr.
+  :class:`sim.core.errors.SpecError` whose message names the flag, as the command prints it. It may take more
+  keywords, with defaults, that no flag sets (a test's smaller grid). It prints nothing: one that reports progress
+  takes ``progress``, a callable given one line, which the command writes to stderr. One whose computation leaves
+  files of its own (real runs' directories, the topology files a search reads) takes ``out``, the ``--out``
+  directory, and writes them there as it goes.
 - ``report(result) -> str``: what the command prints (its tables, its verdicts beside the published numbers), without
   a final newline.
 - ``write(result, out) -> list[Path]``: its files, written into the existing directory ``out``, in the order it

@@ -47,7 +47,8 @@ def execute(module: ModuleType, argv: list[str], emit: Callable[[str], None],
 
     Args:
         module: an experiment module that follows the convention.
-        argv: its flags, ``--out`` included where it has one.
+        argv: its flags, ``--out`` included where it has one (passed to ``run`` as ``out`` too where ``run`` takes
+            it: an experiment whose computation leaves files of its own, such as real runs' directories).
         emit: given each block of text the command prints (the report, then the ``wrote`` line).
         progress: given progress lines, for an experiment whose ``run`` takes ``progress``.
 
@@ -56,13 +57,17 @@ def execute(module: ModuleType, argv: list[str], emit: Callable[[str], None],
     """
     options = dict(vars(module.parser().parse_args(argv)))
     out = options.pop("out", None)
-    if progress is not None and "progress" in inspect.signature(module.run).parameters:
+    target = None if out is None else Path(out)
+    takes = inspect.signature(module.run).parameters
+    if progress is not None and "progress" in takes:
         options["progress"] = progress
+    if target is not None and "out" in takes:  # its computation writes files of its own there (real runs)
+        target.mkdir(parents=True, exist_ok=True)
+        options["out"] = target
     result = module.run(**options)
     emit(module.report(result))
     files: list[Path] = []
-    if out is not None and hasattr(module, "write"):
-        target = Path(out)
+    if target is not None and hasattr(module, "write"):
         target.mkdir(parents=True, exist_ok=True)
         files = module.write(result, target)
         emit(wrote_line(module, target, files))
