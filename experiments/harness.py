@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["Ran", "load", "follows_convention", "execute", "wrote_line"]
+__all__ = ["Ran", "load", "execute", "wrote_line"]
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,6 @@ class Ran:
 def load(name: str) -> ModuleType:
     """The module of experiment ``name``, imported now (some import torch, which the others should not pay for)."""
     return importlib.import_module(f"experiments.{name}")
-
-
-def follows_convention(module: ModuleType) -> bool:
-    """Whether ``module`` has ``run`` and ``report`` (the package's convention) rather than only a ``main``."""
-    return hasattr(module, "report") and hasattr(module, "parser")
 
 
 def wrote_line(module: ModuleType, out: Path, files: Sequence[Path]) -> str:

@@ -1,7 +1,9 @@
 """``python -m experiments.run NAME``: reproduce one experiment, print its table and write its files.
 
-Experiments are registered by name in :data:`EXPERIMENTS`; ``python -m experiments.run list`` prints them. Each one
-runs the product's own tools, its command-line tools (``sim.run``, ``executor.run``) or the public functions behind
+Experiments are registered by name in :data:`EXPERIMENTS`; ``python -m experiments.run list`` prints them. Each is a
+module of the package's shape (``experiments/__init__.py``): this command parses its flags, calls its ``run``, prints
+its ``report`` and has its ``write`` write its files (:func:`experiments.harness.execute`). Each one runs the
+product's own tools, its command-line tools (``sim.run``, ``executor.run``) or the public functions behind
 them (``sim.csp.csp_plan``, ``sim.csp.baselines``), so a result here is a result of the product and not of a private
 code path.
 
@@ -49,10 +51,7 @@ def _command(name: str) -> Callable[[list[str]], int]:
     def main(argv: list[str]) -> int:
         from experiments import harness
 
-        module = harness.load(name)
-        if not harness.follows_convention(module):  # not converted yet: it parses, prints and writes itself
-            return module.main(argv)
-        harness.execute(module, argv, print, progress=_progress)
+        harness.execute(harness.load(name), argv, print, progress=_progress)
         return 0
 
     return main

@@ -90,7 +90,7 @@ def test_a_search_over_the_held_out_settings_alone_ranks_them_in_the_same_order(
     assert alone == [s for s in whole if s in set(alone)]
 
 
-def test_the_candidates_file_through_sim_search_picks_what_the_experiment_picks(tmp_path, capsys):
+def test_the_candidates_file_through_sim_search_picks_what_the_experiment_picks(tmp_path):
     group = _group(12, 2048, 4, 4)
     settings = [_setting(run) for run in group]
     write_candidates(settings, tmp_path / "candidates.csv")

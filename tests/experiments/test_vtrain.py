@@ -64,7 +64,7 @@ def test_a_malformed_file_is_refused_by_name(tmp_path):
         load_runs(bad)
 
 
-def test_a_run_is_predicted_as_sim_run_predicts_its_plan(tmp_path, capsys):
+def test_a_run_is_predicted_as_sim_run_predicts_its_plan(tmp_path):
     run = Run(gpus=8, global_batch=32, microbatch=4, hidden=1024, heads=16, layers=24, seq=1024, tp=2, dp=2, pp=2,
               measured_s=0.2197)
     assert sim_main(["--topology", "8xA100", "--model", run.model, "--tp", "2", "--dp", "2", "--pp", "2",
