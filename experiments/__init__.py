@@ -23,5 +23,7 @@ experiment can read, and printing belongs to the command alone:
   module's ``wrote(out, files) -> str`` says where it has one.
 
 :func:`experiments.harness.execute` is those steps in order; ``experiments.run`` and ``experiments.results`` both call
-it. Tests call ``run`` and assert on the ``Result`` (and on ``write``'s files), never on printed text.
+it. Tests call ``run`` and assert on the ``Result`` (and on ``write``'s files), never on printed text. The one
+exception to the shape is ``experiments.results``, which runs all the others: it keeps a ``main`` of its own (it needs
+the registry, and exits 1 when an experiment failed).
 """
