@@ -13,14 +13,15 @@ predictor is never slower (``tests/sim/csp/test_prefetch.py``).
 
 from __future__ import annotations
 
-import argparse
 import random
+from dataclasses import dataclass
 
-from sim.core.errors import fail
+from sim.core.cli import CliParser
+from sim.core.errors import SpecError
 from sim.csp.problem import CspProblem
 from sim.csp.simulate import simulate_csp
 
-__all__ = ["main", "random_problem"]
+__all__ = ["Result", "parser", "run", "report", "random_problem"]
 
 
 def random_problem(rng: random.Random) -> CspProblem:
@@ -41,28 +42,52 @@ def random_problem(rng: random.Random) -> CspProblem:
                       lambda s, b: per_byte * b, lambda s, b: per_byte * b / 2)
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run csp_prefetch [--problems N] [--seed S]``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.run csp_prefetch", description=__doc__.split("\n")[0])
-    parser.error = lambda message: fail(message)  # type: ignore[method-assign]
+@dataclass(frozen=True)
+class Result:
+    """``problems`` random problems from ``seed``: how often prediction was faster, equal and slower than copying on
+    demand, on one stage and on several; and the worst slowdown (predicted ÷ on-demand makespan − 1)."""
+
+    problems: int
+    seed: int
+    one_stage: tuple[int, int, int]
+    several_stages: tuple[int, int, int]
+    worst_slowdown: float
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run csp_prefetch [--problems N] [--seed S]``."""
+    parser = CliParser(prog="python -m experiments.run csp_prefetch", description=__doc__.split("\n")[0])
     parser.add_argument("--problems", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.problems < 1:
-        fail(f"--problems must be >= 1, got {args.problems}")
-    rng = random.Random(args.seed)
-    counts = {"one stage": [0, 0, 0], "several stages": [0, 0, 0]}  # faster, equal, slower
+    return parser
+
+
+def run(*, problems: int = 3000, seed: int = 0) -> Result:
+    """Both prefetch policies on ``problems`` problems drawn from ``random.Random(seed)``.
+
+    Raises:
+        SpecError: ``problems`` < 1 (named ``--problems``).
+    """
+    if problems < 1:
+        raise SpecError(f"--problems must be >= 1, got {problems}")
+    rng = random.Random(seed)
+    counts = {1: [0, 0, 0], 2: [0, 0, 0]}  # one stage, several: faster, equal, slower
     worst = 0.0
-    for _ in range(args.problems):
+    for _ in range(problems):
         problem = random_problem(rng)
         predicted = simulate_csp(problem, prefetch="predict").makespan
         demand = simulate_csp(problem, prefetch="on_demand").makespan
-        row = counts["one stage" if problem.num_stages == 1 else "several stages"]
+        row = counts[min(problem.num_stages, 2)]
         row[0 if predicted < demand else 1 if predicted == demand else 2] += 1
         worst = max(worst, predicted / demand - 1)
-    print("| problems | predict faster | equal | slower |")
-    print("|---|---:|---:|---:|")
-    for name, (faster, equal, slower) in counts.items():
-        print(f"| {name} | {faster} | {equal} | {slower} |")
-    print(f"\nworst slowdown: {worst:.1%} (seed {args.seed}, {args.problems} problems)")
-    return 0
+    one, several = counts[1], counts[2]
+    return Result(problems, seed, (one[0], one[1], one[2]), (several[0], several[1], several[2]), worst)
+
+
+def report(result: Result) -> str:
+    """The counts' table and the worst slowdown."""
+    rows = (("one stage", result.one_stage), ("several stages", result.several_stages))
+    return "\n".join(["| problems | predict faster | equal | slower |", "|---|---:|---:|---:|",
+                      *(f"| {name} | {faster} | {equal} | {slower} |" for name, (faster, equal, slower) in rows),
+                      f"\nworst slowdown: {result.worst_slowdown:.1%} (seed {result.seed}, {result.problems} "
+                      f"problems)"])

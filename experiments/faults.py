@@ -26,13 +26,13 @@ is the direction and the ratio of the policies' goodput here.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.engine.perturbation import Perturbation, Straggler
@@ -46,7 +46,8 @@ from sim.plan.build import BuiltPlan, build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
-__all__ = ["SCALES", "MTBF_FACTORS", "Row", "plan_inputs", "recycle_slowdown", "policies", "run", "write", "main"]
+__all__ = ["SCALES", "MTBF_FACTORS", "Row", "Result", "plan_inputs", "recycle_slowdown", "policies", "parser", "run",
+           "report", "write"]
 
 MODEL = "llama3.1-70b,seq=8192"
 TP, PP, PER_REPLICA = 8, 4, 16
@@ -142,8 +143,16 @@ def _best(run: LongRun, recovery: Recovery) -> tuple[LongRun, LongRunResult]:
     return best
 
 
-def run(scales: tuple[int, ...] = SCALES, mtbf_factors: tuple[float, ...] = MTBF_FACTORS) -> list[Row]:
-    """Every row of the sweep (module docstring), as data."""
+@dataclass(frozen=True)
+class Result:
+    """Every row of the sweep: scale by scale, MTBF factor by factor, policy by policy."""
+
+    rows: tuple[Row, ...]
+
+
+def run(*, scales: tuple[int, ...] = SCALES, mtbf_factors: tuple[float, ...] = MTBF_FACTORS) -> Result:
+    """Every row of the sweep (module docstring) over ``scales`` (GPUs) and ``mtbf_factors`` (× Llama 3's per-GPU
+    MTBF); the command runs the defaults."""
     mix = builtin_mix()
     base_mtbf = mix.device_mtbf_s()
     assert base_mtbf is not None
@@ -164,7 +173,7 @@ def run(scales: tuple[int, ...] = SCALES, mtbf_factors: tuple[float, ...] = MTBF
                                 tokens * chosen.iterations / result.wall_s, result.failure_count,
                                 result.lost_work_s / 3600, result.checkpoint_s / 3600, result.restart_s / 3600,
                                 result.degraded_s / 3600))
-    return rows
+    return Result(tuple(rows))
 
 
 def _table(rows: list[Row]) -> list[str]:
@@ -207,8 +216,9 @@ def _plot(rows: list[Row]) -> bytes:
     return figure_png(fig)
 
 
-def write(rows: list[Row], out: Path) -> list[str]:
-    """``faults.csv`` and ``faults.png`` into ``out``; the names written."""
+def write(result: Result, out: Path) -> list[Path]:
+    """``faults.csv`` (every row) and ``faults.png`` in ``out``."""
+    rows = list(result.rows)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     fields = list(Row.__dataclass_fields__)
@@ -218,27 +228,29 @@ def write(rows: list[Row], out: Path) -> list[str]:
                          for f in fields])
     write_text_atomic(buffer.getvalue(), out / "faults.csv")
     write_bytes_atomic(out / "faults.png", _plot(rows))
-    return ["faults.csv", "faults.png"]
+    return [out / "faults.csv", out / "faults.png"]
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.run faults", description=__doc__.split("\n\n")[0])
+def parser() -> CliParser:
+    """``python -m experiments.run faults [--out DIR]``."""
+    parser = CliParser(prog="python -m experiments.run faults", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/faults")
-    args = parser.parse_args(argv)
-    rows = run()
-    print(f"70B-class plan (TP {TP} x PP {PP}, {PER_REPLICA} sequences of 8K per replica), {TRAIN_HOURS:g} h of "
-          f"training; failures: Llama 3's mix at x{', x'.join(f'{f:g}' for f in MTBF_FACTORS)} its per-GPU MTBF; "
-          f"restart {RESTART_S / 60:g} min, reconfigure {RECONFIGURE_S:g} s [assumed]; mean of {TRIALS} seeded runs")
-    for line in _table(rows):
-        print(line)
+    return parser
+
+
+def report(result: Result) -> str:
+    """The plan and failure model, the table, and the largest scale beside Llama 3's and ReCycle's claims."""
+    rows = list(result.rows)
+    lines = [f"70B-class plan (TP {TP} x PP {PP}, {PER_REPLICA} sequences of 8K per replica), {TRAIN_HOURS:g} h of "
+             f"training; failures: Llama 3's mix at x{', x'.join(f'{f:g}' for f in MTBF_FACTORS)} its per-GPU MTBF; "
+             f"restart {RESTART_S / 60:g} min, reconfigure {RECONFIGURE_S:g} s [assumed]; mean of {TRIALS} seeded "
+             f"runs", *_table(rows)]
     llama = builtin_mix().device_mtbf_s() / 3600
     at_scale = {r.policy: r for r in rows if r.gpus == max(SCALES) and math.isclose(r.device_mtbf_h, llama)}
     if at_scale:
-        print(f"at {max(SCALES):,} GPUs with Llama 3's MTBF: restart {at_scale['restart'].ettr:.1%} effective training "
-              f"time (Llama 3 405B on 16,384 H100s: > 90 %); recycle / oobleck goodput "
-              f"{at_scale['recycle'].goodput_tokens_per_s / at_scale['oobleck'].goodput_tokens_per_s:.3f} "
-              f"(ReCycle's claim: up to 1.46); oobleck / restart "
-              f"{at_scale['oobleck'].goodput_tokens_per_s / at_scale['restart'].goodput_tokens_per_s:.3f}")
-    names = write(rows, Path(args.out))
-    print(f"wrote {args.out}/{{{', '.join(names)}}}")
-    return 0
+        lines.append(f"at {max(SCALES):,} GPUs with Llama 3's MTBF: restart {at_scale['restart'].ettr:.1%} effective "
+                     f"training time (Llama 3 405B on 16,384 H100s: > 90 %); recycle / oobleck goodput "
+                     f"{at_scale['recycle'].goodput_tokens_per_s / at_scale['oobleck'].goodput_tokens_per_s:.3f} "
+                     f"(ReCycle's claim: up to 1.46); oobleck / restart "
+                     f"{at_scale['oobleck'].goodput_tokens_per_s / at_scale['restart'].goodput_tokens_per_s:.3f}")
+    return "\n".join(lines)

@@ -23,19 +23,20 @@ Target: each within 10 % of the measured time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from experiments.sim_vs_real import run_module
+from sim.core.cli import CliParser
 from sim.core.fileio import write_json_atomic
 from sim.faults.checkpoint import CheckpointCost
 from sim.faults.failure_mix import FailureCause, FailureMix
 from sim.faults.long_run import LongRun, ScriptedFailures, simulate_long_run
 
-__all__ = ["MODEL", "TARGET", "predict_crash", "run", "main"]
+__all__ = ["MODEL", "TARGET", "Result", "predict_crash", "parser", "run", "report", "write"]
 
 MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000"
 MICROBATCHES = 6
@@ -61,8 +62,33 @@ def predict_crash(iteration_s: float, checkpoint_s: float, restart_s: float) -> 
     return simulate_long_run(run, ScriptedFailures([failure_at])).wall_s
 
 
-def run(out: Path, *, rounds: int = 2) -> dict[str, Any]:
-    """Calibrate, then measure and predict each case ``rounds`` times; the result as data."""
+@dataclass(frozen=True)
+class Result:
+    """The calibrated prediction of one iteration (s); per case and round the measured and predicted times (s), the
+    error (predicted / measured − 1) and, for a crash, the restart and checkpoint it measured (s); whether every case
+    is within :data:`TARGET`."""
+
+    iteration_predicted_s: float
+    cases: tuple[dict[str, Any], ...]
+    target: float
+    within_target: bool
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``faults_real.json`` holds."""
+        return {"iteration_predicted_s": self.iteration_predicted_s, "cases": list(self.cases),
+                "target": self.target, "within_target": self.within_target}
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run faults_real [--out DIR]``."""
+    parser = CliParser(prog="python -m experiments.run faults_real", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/faults_real")
+    return parser
+
+
+def run(*, out: Path, rounds: int = 2) -> Result:
+    """Calibrate, then measure and predict each case ``rounds`` times; every run's directory is written into
+    ``out``."""
     plan = out / "sim"
     _simulate(plan)
     profile = out / "calibration.json"
@@ -89,25 +115,24 @@ def run(out: Path, *, rounds: int = 2) -> dict[str, Any]:
                       "restart_s": restarts["restart_s"], "checkpoint_s": restarts["checkpoint_mean_s"]})
     for case in cases:
         case["error"] = case["predicted_s"] / case["measured_s"] - 1
-    return {"iteration_predicted_s": predicted_s, "cases": cases, "target": TARGET,
-            "within_target": all(abs(c["error"]) <= TARGET for c in cases)}
+    return Result(predicted_s, tuple(cases), TARGET, all(abs(c["error"]) <= TARGET for c in cases))
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.run faults_real", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/faults_real")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    result = run(out)
-    print(f"2 CPU ranks, 1F1B, {MODEL}, m={MICROBATCHES}; predictions from the calibrated profile "
-          f"(iteration {result['iteration_predicted_s'] * 1e3:.1f} ms)")
-    print("  case       round  measured     predicted    error")
-    for case in result["cases"]:
-        print(f"  {case['case']:<9}  {case['round']:>5}  {case['measured_s']:>9.3f} s  {case['predicted_s']:>9.3f} s  "
-              f"{case['error']:+6.1%}" + (f"   (restart {case['restart_s']:.2f} s, checkpoint "
-                                         f"{case['checkpoint_s'] * 1e3:.0f} ms, measured)" if case["case"] == "crash"
-                                         else ""))
-    print(f"target: every case within {TARGET:.0%}: {'met' if result['within_target'] else 'not met'}")
-    write_json_atomic(result, out / "faults_real.json")
-    print(f"wrote {args.out}/faults_real.json")
-    return 0
+def report(result: Result) -> str:
+    """Each case and round, measured against predicted, and the verdict."""
+    lines = [f"2 CPU ranks, 1F1B, {MODEL}, m={MICROBATCHES}; predictions from the calibrated profile "
+             f"(iteration {result.iteration_predicted_s * 1e3:.1f} ms)",
+             "  case       round  measured     predicted    error"]
+    for case in result.cases:
+        crash = (f"   (restart {case['restart_s']:.2f} s, checkpoint {case['checkpoint_s'] * 1e3:.0f} ms, measured)"
+                 if case["case"] == "crash" else "")
+        lines.append(f"  {case['case']:<9}  {case['round']:>5}  {case['measured_s']:>9.3f} s  "
+                     f"{case['predicted_s']:>9.3f} s  {case['error']:+6.1%}{crash}")
+    lines.append(f"target: every case within {TARGET:.0%}: {'met' if result.within_target else 'not met'}")
+    return "\n".join(lines)
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``faults_real.json`` in ``out`` (beside the runs' directories)."""
+    write_json_atomic(result.as_json(), out / "faults_real.json")
+    return [out / "faults_real.json"]

@@ -45,7 +45,8 @@ from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 from sim.report.png import figure_png
 
-__all__ = ["Case", "Point", "CASES", "KS", "PAPER", "closed_form", "simulate", "run", "main"]
+__all__ = ["Case", "Point", "CASES", "KS", "PAPER", "closed_form", "simulate", "grid", "Result", "parser",
+           "run", "report", "write"]
 
 KS = (2, 4, 8)
 AMOEBANET = "amoebanet:cells=18,filters=256"
@@ -136,7 +137,7 @@ def simulate(case: Case, k: int, m: int) -> Point:
     return Point(case, k, m, seconds)
 
 
-def run(cases: tuple[Case, ...], ks: tuple[int, ...]) -> list[Point]:
+def grid(cases: tuple[Case, ...], ks: tuple[int, ...]) -> list[Point]:
     """Every (case, M, K) of the grid, the baseline among them."""
     return [simulate(case, k, m) for case in cases for m in case.ms for k in ks]
 
@@ -240,22 +241,36 @@ def _plot(points: list[Point]) -> bytes:
     return figure_png(fig, dpi=110)
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run gpipe_scaling [--quick] [--out DIR]``; the exit status."""
+@dataclass(frozen=True)
+class Result:
+    """Every simulated point, case by case, M then K (the baselines among them)."""
+
+    points: tuple[Point, ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run gpipe_scaling [--quick] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run gpipe_scaling", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/gpipe_scaling")
     parser.add_argument("--quick", action="store_true", help="K = 2 and 4 only (CI)")
-    args = parser.parse_args(argv)
-    points = run(CASES, KS[:2] if args.quick else KS)
-    for case in CASES:
-        print("\n".join(_table(points, case)))
-        print()
-    print("\n".join(summary(points)))
-    print("\nwhat differs from the paper:")
-    print("\n".join(f"- {line}" for line in DIFFERENCES))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return parser
+
+
+def run(*, quick: bool = False) -> Result:
+    """Every case of :data:`CASES` over K ∈ :data:`KS` (``quick``: K = 2 and 4)."""
+    return Result(tuple(grid(CASES, KS[:2] if quick else KS)))
+
+
+def report(result: Result) -> str:
+    """One table per case, the error summary, and what differs from the paper."""
+    points = list(result.points)
+    return "\n".join([*(line for case in CASES for line in [*_table(points, case), ""]), *summary(points),
+                      "\nwhat differs from the paper:", *(f"- {line}" for line in DIFFERENCES)])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``gpipe_scaling.csv`` and ``gpipe_scaling.png`` in ``out``."""
+    points = list(result.points)
     write_text_atomic(_csv(points), out / "gpipe_scaling.csv")
     write_bytes_atomic(out / "gpipe_scaling.png", _plot(points))
-    print(f"wrote {out}/{{gpipe_scaling.csv, gpipe_scaling.png}}")
-    return 0
+    return [out / "gpipe_scaling.csv", out / "gpipe_scaling.png"]

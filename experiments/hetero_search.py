@@ -54,7 +54,7 @@ from sim.search.search import SearchResult, run_search
 from sim.search.space import Candidate, SearchProblem, SearchSpace
 
 __all__ = ["Cluster", "Comparison", "CLUSTERS", "QUICK_CLUSTERS", "SPACE", "QUICK_SPACE", "SLOWER", "stand_in",
-           "fixed_partition", "compare", "main"]
+           "fixed_partition", "compare", "Result", "parser", "run", "report", "write", "wrote"]
 
 #: How much slower than the searched best a plan must be to count as the assumption's failure (20 %): the
 #: experiment is to show at least one cluster where an assumption costs that much.
@@ -308,31 +308,59 @@ def _plot(done: list[Comparison]) -> bytes:
     return figure_png(fig)
 
 
-def main(argv: list[str]) -> int:
+@dataclass(frozen=True)
+class Result:
+    """Whether quick, the space searched, and the comparison of each cluster in order."""
+
+    quick: bool
+    space: SearchSpace
+    comparisons: tuple[Comparison, ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run hetero_search [--quick] [--workers N] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run hetero_search", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/hetero_search")
     parser.add_argument("--quick", action="store_true", help="two clusters, a 12-layer GPT, a narrower space (CI)")
     parser.add_argument("--workers", type=int, default=2, metavar="N",
                         help="evaluation processes of each search (default 2)")
-    args = parser.parse_args(argv)
-    if args.workers < 1:
-        raise SpecError(f"--workers must be an integer >= 1, got {args.workers}")
-    clusters, space = (QUICK_CLUSTERS, QUICK_SPACE) if args.quick else (CLUSTERS, SPACE)
-    out = Path(args.out)
-    print(f"{len(clusters)} mixed clusters{' (--quick)' if args.quick else ''}: the searched plan (exhaustive, "
-          f"placements on), the Alpa assumption's and the homogeneous assumption's, each costed by the simulator "
-          f"on the real cluster; schedules {','.join(space.schedules)}, recompute {','.join(space.recompute)}, "
-          f"microbatch sizes {','.join(map(str, space.microbatch_sizes))}")
-    done = []
-    for cluster in clusters:
-        done.append(compare(cluster, out, space, args.workers))
-        print()
-        for line in _table(done[-1]):
-            print(line)
-    print()
-    for line in _summary(done):
-        print(line)
+    return parser
+
+
+def run(*, out: Path, quick: bool = False, workers: int = 2) -> Result:
+    """The three plans of every cluster (``quick``: :data:`QUICK_CLUSTERS` over :data:`QUICK_SPACE`), ``workers``
+    processes a search; each cluster's topology and stand-in YAML are written into ``out`` (the searches read them).
+
+    Raises:
+        SpecError: ``workers`` < 1 (named ``--workers``).
+    """
+    if workers < 1:
+        raise SpecError(f"--workers must be an integer >= 1, got {workers}")
+    clusters, space = (QUICK_CLUSTERS, QUICK_SPACE) if quick else (CLUSTERS, SPACE)
+    return Result(quick, space, tuple(compare(cluster, out, space, workers) for cluster in clusters))
+
+
+def report(result: Result) -> str:
+    """What is compared, a table per cluster, then the summary over clusters."""
+    space, done = result.space, list(result.comparisons)
+    lines = [f"{len(done)} mixed clusters{' (--quick)' if result.quick else ''}: the searched plan (exhaustive, "
+             f"placements on), the Alpa assumption's and the homogeneous assumption's, each costed by the simulator "
+             f"on the real cluster; schedules {','.join(space.schedules)}, recompute {','.join(space.recompute)}, "
+             f"microbatch sizes {','.join(map(str, space.microbatch_sizes))}"]
+    for comparison in done:
+        lines += ["", *_table(comparison)]
+    return "\n".join([*lines, "", *_summary(done)])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``hetero_search.csv`` (one row per cluster and plan) and ``hetero_search.png`` in ``out`` (``run`` wrote the
+    topology files there)."""
+    done = list(result.comparisons)
     write_text_atomic(_csv(done), out / "hetero_search.csv")
     write_bytes_atomic(out / "hetero_search.png", _plot(done))
-    print(f"wrote {out}/{{hetero_search.csv, hetero_search.png, <cluster>.yaml, <cluster>.standin.yaml}}")
-    return 0
+    return [out / "hetero_search.csv", out / "hetero_search.png"]
+
+
+def wrote(out: Path, files: list[Path]) -> str:
+    """The ``wrote`` line, naming the topology files ``run`` wrote beside ``write``'s."""
+    return f"wrote {out}/{{hetero_search.csv, hetero_search.png, <cluster>.yaml, <cluster>.standin.yaml}}"

@@ -36,20 +36,20 @@ are predicted), and the "(tokendrop)" rows (their capacity factor is not publish
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.scatter import accuracy_scatter_png, error_stats
+from sim.core.cli import CliParser
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
-__all__ = ["DATA", "Row", "RowResult", "load_rows", "expressible", "plan_inputs", "predict_row", "newest", "summary",
-           "main"]
+__all__ = ["DATA", "Row", "RowResult", "Result", "load_rows", "expressible", "plan_inputs", "predict_row", "newest",
+           "summary", "parser", "run", "report", "write"]
 
 DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
 
@@ -261,9 +261,62 @@ def _plot(results: list[RowResult]) -> bytes:
                                 size=14)
 
 
-def write(results: list[RowResult], current: list[bool], refused: list[tuple[Row, str]], out: Path) -> list[str]:
+@dataclass(frozen=True)
+class Result:
+    """Every pre-training row read (``rows``); the expressible ones predicted, in file order, each marked newest of
+    its configuration or superseded (``current``); the others with the reason they are not expressible."""
+
+    rows: tuple[Row, ...]
+    results: tuple[RowResult, ...]
+    current: tuple[bool, ...]
+    refused: tuple[tuple[Row, str], ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run megatron_bridge [--out DIR]``."""
+    parser = CliParser(prog="python -m experiments.run megatron_bridge", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/megatron_bridge")
+    return parser
+
+
+def run() -> Result:
+    """Every expressible row predicted (nothing fitted)."""
+    rows = load_rows()
+    refused = [(row, reason) for row in rows if (reason := expressible(row)) is not None]
+    chosen = [row for row in rows if expressible(row) is None]
+    results = [predict_row(row) for row in chosen]
+    return Result(tuple(rows), tuple(results), tuple(newest(chosen)), tuple(refused))
+
+
+def report(result: Result) -> str:
+    """The rows, the newest rows by model and system, the error summaries beside the targets, and the reasons rows
+    are not expressible."""
+    rows, results, current, refused = result.rows, list(result.results), list(result.current), result.refused
+    lines = [f"{len(rows)} Megatron-Bridge pre-training rows (experiments/data/megatron-bridge): {len(results)} "
+             f"expressible ({sum(current)} newest of their configuration, {len(results) - sum(current)} superseded), "
+             f"{len(refused)} not; error = predicted / published − 1; nothing fitted", *_table(results, current)]
+    latest = [r for r, now in zip(results, current, strict=True) if now]
+    lines += ["newest rows by model and system:", *_families(latest)]
+    stats = summary(latest)
+    for key in ("dense", "moe", "all"):
+        entry = stats[key]
+        lines.append(f"{key}: {entry['rows']} newest rows, median |error| {entry['median_abs_error']:.1%}, max "
+                     f"{entry['max_abs_error']:.1%}")
+    old = summary([r for r, now in zip(results, current, strict=True) if not now])["all"]
+    lines.append(f"superseded rows (older software, same configurations): {old['rows']}, median |error| "
+                 f"{old['median_abs_error']:.1%}")
+    reasons: dict[str, int] = {}
+    for _, reason in refused:
+        reasons[reason] = reasons.get(reason, 0) + 1
+    lines += [f"not expressible: {count} rows: {reason}" for reason, count in sorted(reasons.items())]
+    lines.append("targets (newest rows, dense and MoE apart): median 8 %, max 20 %")
+    return "\n".join(lines)
+
+
+def write(result: Result, out: Path) -> list[Path]:
     """``out/megatron_bridge.csv`` (every expressible row, newest or superseded), ``out/megatron_bridge_refused.csv``
-    (the others and why) and ``out/megatron_bridge.png`` (the newest rows' scatter); their names."""
+    (the others and why) and ``out/megatron_bridge.png`` (the newest rows' scatter)."""
+    results, current, refused = result.results, result.current, result.refused
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["line", "container", "system", "model", "gpus", "precision", "tp", "pp", "cp", "vp", "ep",
@@ -283,42 +336,4 @@ def write(results: list[RowResult], current: list[bool], refused: list[tuple[Row
         writer.writerow([row.line, row.container, row.system, row.model, row.gpus, reason])
     write_text_atomic(text.getvalue(), out / "megatron_bridge_refused.csv")
     write_bytes_atomic(out / "megatron_bridge.png", _plot([r for r, now in zip(results, current) if now]))
-    return ["megatron_bridge.csv", "megatron_bridge_refused.csv", "megatron_bridge.png"]
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.run megatron_bridge",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/megatron_bridge")
-    args = parser.parse_args(argv)
-    rows = load_rows()
-    refused = [(row, reason) for row in rows if (reason := expressible(row)) is not None]
-    chosen = [row for row in rows if expressible(row) is None]
-    results = [predict_row(row) for row in chosen]
-    current = newest(chosen)
-    print(f"{len(rows)} Megatron-Bridge pre-training rows (experiments/data/megatron-bridge): {len(chosen)} "
-          f"expressible ({sum(current)} newest of their configuration, {len(chosen) - sum(current)} superseded), "
-          f"{len(refused)} not; error = predicted / published − 1; nothing fitted")
-    for line in _table(results, current):
-        print(line)
-    latest = [r for r, now in zip(results, current, strict=True) if now]
-    print("newest rows by model and system:")
-    for line in _families(latest):
-        print(line)
-    stats = summary(latest)
-    for key in ("dense", "moe", "all"):
-        entry = stats[key]
-        print(f"{key}: {entry['rows']} newest rows, median |error| {entry['median_abs_error']:.1%}, max "
-              f"{entry['max_abs_error']:.1%}")
-    old = summary([r for r, now in zip(results, current, strict=True) if not now])["all"]
-    print(f"superseded rows (older software, same configurations): {old['rows']}, median |error| "
-          f"{old['median_abs_error']:.1%}")
-    reasons: dict[str, int] = {}
-    for _, reason in refused:
-        reasons[reason] = reasons.get(reason, 0) + 1
-    for reason, count in sorted(reasons.items()):
-        print(f"not expressible: {count} rows: {reason}")
-    print("targets (newest rows, dense and MoE apart): median 8 %, max 20 %")
-    names = write(results, current, refused, Path(args.out))
-    print(f"wrote {args.out}/{{{', '.join(names)}}}")
-    return 0
+    return [out / "megatron_bridge.csv", out / "megatron_bridge_refused.csv", out / "megatron_bridge.png"]

@@ -46,7 +46,7 @@ from sim.predict import predict_built
 from sim.report.png import figure_png
 
 __all__ = ["Case", "Row", "CASES", "UNIFORM", "GPT", "PAPER_GAIN", "simulate", "closed_form_s", "closed_sends",
-           "run", "main"]
+           "grid", "Result", "parser", "run", "report", "write"]
 
 #: 32 identical layers, forward 1 ms and backward 2 ms per sample, 1 MB of activation: a full stage of 32/p layers
 #: takes t_f + t_b = 96/p ms per microbatch of one sample.
@@ -105,7 +105,7 @@ def simulate(case: Case, p: int, v: int, m: int) -> Row:
                sum(built.costs.message_bytes(op.kind, op.vstage) for op in sends))
 
 
-def run(cases: tuple[Case, ...], ps: tuple[int, ...]) -> list[Row]:
+def grid(cases: tuple[Case, ...], ps: tuple[int, ...]) -> list[Row]:
     """Every (case, p, m, v) of the grid, 1F1B (v = 1) first in each (case, p, m)."""
     return [simulate(case, p, v, p * k) for case in cases for p in ps for k in M_FACTORS for v in VS]
 
@@ -211,22 +211,38 @@ def _plot(rows: list[Row]) -> bytes:
     return figure_png(fig, dpi=110)
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run megatron_interleaved [--quick] [--cases ...] [--out DIR]``; the exit status."""
+@dataclass(frozen=True)
+class Result:
+    """The cases asked for and every simulated row of the grid, in its order (case, p, m, then the schedules)."""
+
+    cases: tuple[Case, ...]
+    rows: tuple[Row, ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run megatron_interleaved [--quick] [--cases ...] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run megatron_interleaved", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/megatron_interleaved")
     parser.add_argument("--quick", action="store_true", help="p = 4 only (CI)")
     add_cases_flag(parser, CASES)
-    args = parser.parse_args(argv)
-    cases = chosen_cases(args.cases, CASES)
-    rows = run(cases, PS[:1] if args.quick else PS)
-    for case in cases:
-        print("\n".join(_table(rows, case)))
-        print()
-    print("\n".join(_verdicts(rows)))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return parser
+
+
+def run(*, quick: bool = False, cases: tuple[str, ...] = tuple(c.key for c in CASES)) -> Result:
+    """The grid of the cases named by ``cases`` (keys of :data:`CASES`); ``quick``: p = 4 only (CI)."""
+    chosen = chosen_cases(cases, CASES)
+    return Result(chosen, tuple(grid(chosen, PS[:1] if quick else PS)))
+
+
+def report(result: Result) -> str:
+    """One table per case, then the verdicts beside the paper."""
+    rows = list(result.rows)
+    return "\n".join([*(line for case in result.cases for line in [*_table(rows, case), ""]), *_verdicts(rows)])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``megatron_interleaved.csv`` and ``megatron_interleaved.png`` in ``out``."""
+    rows = list(result.rows)
     write_text_atomic(_csv(rows), out / "megatron_interleaved.csv")
     write_bytes_atomic(out / "megatron_interleaved.png", _plot(rows))
-    print(f"wrote {out}/{{megatron_interleaved.csv, megatron_interleaved.png}}")
-    return 0
+    return [out / "megatron_interleaved.csv", out / "megatron_interleaved.png"]

@@ -53,7 +53,8 @@ from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 from sim.report.png import figure_png
 
-__all__ = ["SCHEDULES", "UNIFORM", "GPT", "GPT_TOPOLOGY", "StageRow", "closed_form", "simulate", "main"]
+__all__ = ["SCHEDULES", "UNIFORM", "GPT", "GPT_TOPOLOGY", "StageRow", "closed_form", "simulate", "Result", "parser",
+           "run", "report", "write"]
 
 #: (schedule, chunks per rank) measured, in the table's order.
 SCHEDULES: tuple[tuple[str, int], ...] = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb1p", 1),
@@ -283,28 +284,43 @@ def _stages(text: str) -> tuple[int, ...]:
     return values
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run memory [--quick] [--stages 4,8] [--out DIR]``; returns the exit status."""
+@dataclass(frozen=True)
+class Result:
+    """Every stage of every simulated plan: the uniform part (p over ``stages``, m ∈ {p, 2p, 4p}) and the GPT part
+    (8 stages, m microbatches), each schedule with and without recomputation."""
+
+    uniform: tuple[StageRow, ...]
+    gpt: tuple[StageRow, ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run memory [--quick] [--stages 4,8] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/memory")
     parser.add_argument("--quick", action="store_true", help="p = 4 only and the GPT at m = 8 (CI)")
     parser.add_argument("--stages", help="comma-separated pipeline depths of the uniform part (default 4,8)")
-    args = parser.parse_args(argv)
-    stages = _stages(args.stages or ("4" if args.quick else "4,8"))
-    uniform = uniform_rows(stages)
-    gpt = gpt_rows(8 if args.quick else 32)
-    print(f"{UNIFORM} on pxideal: memory beyond the training state, in units of A (one microbatch's activations of "
-          f"the stage; of one chunk for interleaved)")
-    for line in uniform_table(uniform):
-        print(line)
-    print()
-    print(f"{GPT} on {GPT_TOPOLOGY}, microbatch 1, m = {gpt[0].m}: simulated peak memory per stage (state included)")
-    for line in gpt_table(gpt):
-        print(line)
+    return parser
+
+
+def run(*, quick: bool = False, stages: str | None = None) -> Result:
+    """Both parts; ``stages``: the uniform part's depths, comma-separated (default 4,8; 4 with ``quick``), and
+    ``quick`` the GPT at m = 8 instead of 32."""
+    depths = _stages(stages or ("4" if quick else "4,8"))
+    return Result(tuple(uniform_rows(depths)), tuple(gpt_rows(8 if quick else 32)))
+
+
+def report(result: Result) -> str:
+    """The uniform part's table in units of A beside the closed forms, then the GPT's peaks per stage."""
+    return "\n".join([f"{UNIFORM} on pxideal: memory beyond the training state, in units of A (one microbatch's "
+                      f"activations of the stage; of one chunk for interleaved)", *uniform_table(list(result.uniform)),
+                      "", f"{GPT} on {GPT_TOPOLOGY}, microbatch 1, m = {result.gpt[0].m}: simulated peak memory per "
+                      f"stage (state included)", *gpt_table(list(result.gpt))])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``memory.csv`` (every row) and ``memory.png`` in ``out``."""
+    uniform, gpt = list(result.uniform), list(result.gpt)
     png = _plot(uniform, gpt)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(to_csv(uniform + gpt), out / "memory.csv")
     write_bytes_atomic(out / "memory.png", png)
-    print(f"wrote {out}/{{memory.csv, memory.png}}")
-    return 0
+    return [out / "memory.csv", out / "memory.png"]

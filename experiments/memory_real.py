@@ -28,15 +28,15 @@ Procedure, on this host with N CPU ranks (``--ranks``, 2 to 4; gloo):
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from experiments.sim_vs_real import run_module
 from sim.core.cli import CliParser
-from sim.core.errors import SpecError, fail
+from sim.core.errors import SpecError
 from sim.core.fileio import write_json_atomic, write_text_atomic
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import load_profile
@@ -44,8 +44,9 @@ from sim.models import build_model
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 
-__all__ = ["main", "run_experiment", "CASES", "QUICK_CASES", "TARGET_ERROR", "DEFAULT_MODEL", "plan_inputs",
-           "run_case", "measure_profile", "layer_breakdown", "overhead", "summarize", "format_table"]
+__all__ = ["Result", "parser", "run", "report", "write", "run_experiment", "CASES", "QUICK_CASES", "TARGET_ERROR",
+           "DEFAULT_MODEL", "plan_inputs", "run_case", "measure_profile", "layer_breakdown", "overhead", "summarize",
+           "format_table"]
 
 DEFAULT_MODEL = "gpt:layers=4,hidden=256,seq=128,vocab=1000"
 #: The target: every rank's measured peak within 5 % of the predicted one.
@@ -197,7 +198,8 @@ def _layers_csv(layers: list[dict[str, Any]]) -> str:
     return "\n".join([",".join(keys), *(",".join(str(row[k]) for k in keys) for row in layers)]) + "\n"
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> CliParser:
+    """``python -m experiments.run memory_real [options]``."""
     parser = CliParser(prog="python -m experiments.run memory_real", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/memory_real")
     parser.add_argument("--ranks", type=int, default=2, help="CPU ranks, 2 to 4 (default 2)")
@@ -213,24 +215,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help=f"cases {', '.join(QUICK_CASES)}, 2 microbatches, "
                         f"1 + 1 iterations, no overhead runs (the test)")
     return parser
-
-
-def _check(args: argparse.Namespace) -> list[str]:
-    if not 2 <= args.ranks <= 4:
-        fail(f"--ranks must be 2, 3 or 4, got {args.ranks}")
-    for name in ("microbatches", "microbatch_size", "iterations"):
-        if getattr(args, name) < 1:
-            fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("warmup", "overhead_repeats"):
-        if getattr(args, name) < 0:
-            fail(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if not args.model.startswith("gpt:") and args.model != "gpt":
-        fail(f"--model must be a gpt spec (the per-layer breakdown reads its blocks), got {args.model!r}")
-    cases = [c for c in args.cases.split(",") if c]
-    unknown = [c for c in cases if c not in CASES]
-    if unknown or not cases:
-        fail(f"--cases: unknown {', '.join(map(repr, unknown)) or 'empty list'} (known: {', '.join(CASES)})")
-    return [c for c in CASES if c in cases]
 
 
 def run_experiment(out: Path, cases: list[str], *, model: str = DEFAULT_MODEL, ranks: int = 2, microbatches: int = 4,
@@ -252,9 +236,7 @@ def run_experiment(out: Path, cases: list[str], *, model: str = DEFAULT_MODEL, r
             build_plan(inputs)
         except SpecError as exc:  # e.g. tp with N not dividing the heads, interleaving more vstages than layers
             skipped[case] = str(exc)
-            print(f"{case}: skipped ({exc})", flush=True)
             continue
-        print(f"{case}: running ...", flush=True)
         result = run_case(out, case, inputs, iterations=iterations, warmup=warmup)
         results.append({key: value for key, value in result.items() if not key.endswith("time_s")})
     slowdown = None
@@ -268,21 +250,70 @@ def run_experiment(out: Path, cases: list[str], *, model: str = DEFAULT_MODEL, r
             "warmup": warmup}
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run memory_real [options]``; the exit status."""
-    args = _parser().parse_args(argv)
-    cases = _check(args)
-    if args.quick:
-        cases, args.microbatches, args.iterations, args.warmup, args.overhead_repeats = list(QUICK_CASES), 2, 1, 1, 0
-    out = Path(args.out)
-    found = run_experiment(out, cases, model=args.model, ranks=args.ranks, microbatches=args.microbatches,
-                           microbatch_size=args.microbatch_size, iterations=args.iterations, warmup=args.warmup,
-                           overhead_repeats=args.overhead_repeats)
-    table = format_table(found["results"], found["summary"], found["layers"], found["overhead"])
-    print(table)
+@dataclass(frozen=True)
+class Result:
+    """The cases asked for, in :data:`CASES`' order, and what :func:`run_experiment` found (``memory_real.json``):
+    per case run its ranks' predicted and measured bytes, the cases skipped and why, the summary, the per-layer
+    breakdown, the overhead of measuring (or ``None``) and the settings."""
+
+    cases: tuple[str, ...]
+    found: dict[str, Any]
+
+
+def run(*, out: Path, ranks: int = 2, model: str = DEFAULT_MODEL, microbatches: int = 4, microbatch_size: int = 1,
+        iterations: int = 2, warmup: int = 1, cases: str = ",".join(CASES), overhead_repeats: int = 2,
+        quick: bool = False) -> Result:
+    """The cases of ``cases`` (comma-separated) on ``ranks`` CPU ranks, their runs written into ``out``
+    (``quick``: :data:`QUICK_CASES`, 2 microbatches, 1 + 1 iterations, no overhead runs).
+
+    Raises:
+        SpecError: a value out of range, a model that is not a gpt, an unknown or empty case list (each named by
+            its flag).
+    """
+    if not 2 <= ranks <= 4:
+        raise SpecError(f"--ranks must be 2, 3 or 4, got {ranks}")
+    for name, value in (("microbatches", microbatches), ("microbatch-size", microbatch_size),
+                        ("iterations", iterations)):
+        if value < 1:
+            raise SpecError(f"--{name} must be >= 1, got {value}")
+    for name, value in (("warmup", warmup), ("overhead-repeats", overhead_repeats)):
+        if value < 0:
+            raise SpecError(f"--{name} must be >= 0, got {value}")
+    if not model.startswith("gpt:") and model != "gpt":
+        raise SpecError(f"--model must be a gpt spec (the per-layer breakdown reads its blocks), got {model!r}")
+    names = [c for c in cases.split(",") if c]
+    unknown = [c for c in names if c not in CASES]
+    if unknown or not names:
+        raise SpecError(f"--cases: unknown {', '.join(map(repr, unknown)) or 'empty list'} (known: "
+                        f"{', '.join(CASES)})")
+    chosen = [c for c in CASES if c in names]
+    if quick:
+        chosen, microbatches, iterations, warmup, overhead_repeats = list(QUICK_CASES), 2, 1, 1, 0
+    found = run_experiment(out, chosen, model=model, ranks=ranks, microbatches=microbatches,
+                           microbatch_size=microbatch_size, iterations=iterations, warmup=warmup,
+                           overhead_repeats=overhead_repeats)
+    return Result(tuple(chosen), found)
+
+
+def _table(result: Result) -> str:
+    found = result.found
+    return format_table(found["results"], found["summary"], found["layers"], found["overhead"])
+
+
+def report(result: Result) -> str:
+    """Each case run or skipped (and why), then the table."""
+    skipped = result.found["skipped"]
+    lines = [f"{case}: skipped ({skipped[case]})" if case in skipped else f"{case}: running ..."
+             for case in result.cases]
+    return "\n".join([*lines, _table(result)])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``memory_real.csv``, ``layers.csv``, ``memory_real.md`` (the table) and ``memory_real.json`` (everything) in
+    ``out``, beside the runs' directories."""
+    found = result.found
     write_text_atomic(_csv(found["results"]), out / "memory_real.csv")
     write_text_atomic(_layers_csv(found["layers"]), out / "layers.csv")
-    write_text_atomic(table + "\n", out / "memory_real.md")
+    write_text_atomic(_table(result) + "\n", out / "memory_real.md")
     write_json_atomic(found, out / "memory_real.json")
-    print(f"wrote {out}/{{memory_real.csv, layers.csv, memory_real.md, memory_real.json}}")
-    return 0
+    return [out / "memory_real.csv", out / "layers.csv", out / "memory_real.md", out / "memory_real.json"]

@@ -37,24 +37,26 @@ searched plan, whose bottleneck is the fast rank, up to 14 % faster; the causes 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from executor.calibration import MAX_HALF_DRIFT, MIN_STABLE_ITERATIONS
 from experiments.host_load import foreign_cores, snapshot, wait_until_idle
 from experiments.sim_vs_real import BUSY_CORES, run_module, spread
-from sim.core.errors import fail
+from sim.core.cli import CliParser
+from sim.core.errors import SpecError
 from sim.core.fileio import write_json_atomic, write_text_atomic
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
 from sim.predict import predict
 
-__all__ = ["main", "write_topology", "pipeline_settings", "predicted_on", "measure", "summarize", "format_table",
-           "PLANS", "TARGET_ERROR", "DEFAULT_MODEL"]
+__all__ = ["Result", "parser", "run", "report", "write", "wrote", "write_topology", "pipeline_settings",
+           "predicted_on", "measure", "summarize", "format_table", "PLANS", "TARGET_ERROR", "DEFAULT_MODEL"]
 
 DEFAULT_MODEL = "gpt:layers=8,hidden=256,heads=4,seq=128,vocab=1000"
 #: The issue's target for the searched plan: |measured - predicted| / measured <= 10 % in every run.
@@ -109,15 +111,20 @@ def measure(plan_path: Path, out: Path, *, slowdown: str, iterations: int, warmu
             "executor_predicted_s": compare["predicted_iteration_time_s"], "foreign_cores": busy, "dir": str(out)}
 
 
+def _quiet(line: str) -> None:
+    """The default progress: none."""
+
+
 def _calibrate(out: Path, ranks: int, model: str, m: int, mbs: int, iterations: int, warmup: int,
-               name: str = "calibration", wait_idle_s: float = 0.0) -> dict[str, Any]:
+               name: str = "calibration", wait_idle_s: float = 0.0,
+               progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
     """Calibrate into ``out/name.json`` (again once if the run shared the host or its stage medians drifted; the
-    steadier is kept); its record."""
+    steadier is kept); its record. ``progress`` is given a line per step."""
     run_module("sim.run", "--topology", f"{ranks}xcpu", "--model", model, "--schedule", "1f1b", "-m", str(m),
           "--microbatch-size", str(mbs), "--partition", "balanced", "--no-gantt", "--out", str(out / "calibration-sim"))
     tried = []
     for attempt in (1, 2):
-        print(f"{name}: 1f1b on {ranks}xcpu, m={m}, {iterations} iterations ...", flush=True)
+        progress(f"{name}: 1f1b on {ranks}xcpu, m={m}, {iterations} iterations ...")
         if wait_idle_s > 0:
             wait_until_idle(wait_idle_s, BUSY_CORES / 2)
         profile, before = out / f"{name}-run{attempt}.json", snapshot()
@@ -127,8 +134,8 @@ def _calibrate(out: Path, ranks: int, model: str, m: int, mbs: int, iterations: 
         busy = foreign_cores(before, snapshot())
         drift = json.loads(profile.read_text())["method"]["stability"]["max_half_drift"]
         tried.append(((busy or 0.0) > BUSY_CORES, drift, profile, busy))
-        print(f"  stage medians moved {drift * 100:.1f}% between the run's halves; others used "
-              f"{'?' if busy is None else f'{busy:.2f}'} cores", flush=True)
+        progress(f"  stage medians moved {drift * 100:.1f}% between the run's halves; others used "
+                 f"{'?' if busy is None else f'{busy:.2f}'} cores")
         if not tried[-1][0] and drift <= MAX_HALF_DRIFT:
             break
     shared, drift, profile, busy = min(tried, key=lambda run: run[:2])
@@ -236,8 +243,32 @@ def format_table(rows: dict[str, dict[str, Any]], summary: dict[str, Any], slowd
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m experiments.run mixed_real", description=__doc__.split("\n")[0])
+@dataclass(frozen=True)
+class Result:
+    """The settings, the mixed cluster's topology file, the calibrations (one per round), each plan with its
+    prediction as believed and its runs (measured median and iterations, prediction on the mixed cluster, s), and
+    the summary (errors, verdicts, the load)."""
+
+    settings: dict[str, Any]
+    topology: str
+    slowdown: str
+    calibrations: tuple[dict[str, Any], ...]
+    plans: dict[str, dict[str, Any]]
+    summary: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``results.json`` holds."""
+        s = self.settings
+        return {"model": s["model"], "global_batch": s["global_batch"], "ranks": s["ranks"],
+                "slowdown": {"rank": s["slow_rank"], "factor": s["factor"]}, "topology": self.topology,
+                "iterations": s["iterations"], "warmup": s["warmup"], "repeats": s["repeats"],
+                "calibrations": list(self.calibrations), "busy_cores_limit": BUSY_CORES, "plans": self.plans,
+                **self.summary}
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run mixed_real [options]``."""
+    parser = CliParser(prog="python -m experiments.run mixed_real", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/mixed_real", help="output directory (default runs/mixed_real)")
     parser.add_argument("--quick", action="store_true", help=f"one round of runs and a calibration of "
                         f"{MIN_STABLE_ITERATIONS} iterations (about a minute less)")
@@ -255,78 +286,94 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibrate-iterations", type=int, default=9, help="its measured iterations (default 9)")
     parser.add_argument("--wait-idle", type=float, default=0.0, metavar="S", help="before each run, wait up to S "
                         f"seconds until other processes use at most {BUSY_CORES / 2} of a core (default 0)")
-    parser.error = lambda message: fail(message)  # type: ignore[method-assign]
     return parser
 
 
-def _check(args: argparse.Namespace) -> None:
-    if not 2 <= args.ranks <= 4:
-        fail(f"--ranks must be 2 to 4, got {args.ranks}")
-    if not 0 <= args.slow_rank < args.ranks:
-        fail(f"--slow-rank must be a rank of the {args.ranks} (0..{args.ranks - 1}), got {args.slow_rank}")
-    if not 1 < args.factor <= 1000:  # also NaN
-        fail(f"--factor must be a number above 1 and at most 1000, got {args.factor}")
+def _check(o: dict[str, Any]) -> None:
+    if not 2 <= o["ranks"] <= 4:
+        raise SpecError(f"--ranks must be 2 to 4, got {o['ranks']}")
+    if not 0 <= o["slow_rank"] < o["ranks"]:
+        raise SpecError(f"--slow-rank must be a rank of the {o['ranks']} (0..{o['ranks'] - 1}), got {o['slow_rank']}")
+    if not 1 < o["factor"] <= 1000:  # also NaN
+        raise SpecError(f"--factor must be a number above 1 and at most 1000, got {o['factor']}")
     for name in ("global_batch", "iterations", "repeats", "calibrate_m", "calibrate_microbatch_size"):
-        if getattr(args, name) < 1:
-            fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        fail(f"--warmup must be >= 0, got {args.warmup}")
-    if args.calibrate_iterations < MIN_STABLE_ITERATIONS:
-        fail(f"--calibrate-iterations must be >= {MIN_STABLE_ITERATIONS} (the calibration's stability check), got "
-             f"{args.calibrate_iterations}")
-    if not args.wait_idle >= 0:
-        fail(f"--wait-idle must be >= 0 seconds, got {args.wait_idle}")
+        if o[name] < 1:
+            raise SpecError(f"--{name.replace('_', '-')} must be >= 1, got {o[name]}")
+    if o["warmup"] < 0:
+        raise SpecError(f"--warmup must be >= 0, got {o['warmup']}")
+    if o["calibrate_iterations"] < MIN_STABLE_ITERATIONS:
+        raise SpecError(f"--calibrate-iterations must be >= {MIN_STABLE_ITERATIONS} (the calibration's stability "
+                        f"check), got {o['calibrate_iterations']}")
+    if not o["wait_idle"] >= 0:
+        raise SpecError(f"--wait-idle must be >= 0 seconds, got {o['wait_idle']}")
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run mixed_real [options]``; returns the exit status."""
-    args = _parser().parse_args(argv)
-    _check(args)
-    if args.quick:
-        args.repeats, args.calibrate_iterations = 1, MIN_STABLE_ITERATIONS
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    mixed = write_topology(out / "mixed.yaml", args.ranks, args.slow_rank, args.factor)
-    slowdown = f"{args.slow_rank}:{args.factor:g}"
-    calibration = _calibrate(out, args.ranks, args.model, args.calibrate_m, args.calibrate_microbatch_size,
-                             args.calibrate_iterations, 2, wait_idle_s=args.wait_idle)
+def run(*, out: Path, quick: bool = False, model: str = DEFAULT_MODEL, global_batch: int = 16, ranks: int = 2,
+        slow_rank: int = 1, factor: float = 2.0, iterations: int = 3, warmup: int = 1, repeats: int = 2,
+        calibrate_m: int = 6, calibrate_microbatch_size: int = 2, calibrate_iterations: int = 9,
+        wait_idle: float = 0.0, progress: Callable[[str], None] = _quiet) -> Result:
+    """Calibrate, search the mixed cluster and the homogeneous assumption, and run each plan ``repeats`` rounds on
+    ``ranks`` CPU ranks with ``slow_rank`` slowed ``factor`` times (``quick``: one round, the shortest stable
+    calibration); every file of the runs and searches is written into ``out``; ``progress`` is given a line per
+    step.
+
+    Raises:
+        SpecError: a value out of range (named by its flag).
+    """
+    settings = {"model": model, "global_batch": global_batch, "ranks": ranks, "slow_rank": slow_rank,
+                "factor": factor, "iterations": iterations, "warmup": warmup, "repeats": repeats,
+                "calibrate_m": calibrate_m, "calibrate_microbatch_size": calibrate_microbatch_size,
+                "calibrate_iterations": calibrate_iterations, "wait_idle": wait_idle}
+    _check(settings)
+    if quick:
+        settings["repeats"], settings["calibrate_iterations"] = 1, MIN_STABLE_ITERATIONS
+    calibrate = (out, ranks, model, calibrate_m, calibrate_microbatch_size, settings["calibrate_iterations"], 2)
+    mixed = write_topology(out / "mixed.yaml", ranks, slow_rank, factor)
+    slowdown = f"{slow_rank}:{factor:g}"
+    calibration = _calibrate(*calibrate, wait_idle_s=wait_idle, progress=progress)
     profile = out / "calibration.json"
-    write_text_atomic(pipeline_settings(args.ranks, args.global_batch), out / "pipeline-settings.csv")
-    homogeneous = f"{args.ranks}xcpu"
-    rows = {"searched": _search(out / "search-mixed", mixed, args.model, args.global_batch, profile),
-            "homogeneous": _search(out / "search-homogeneous", homogeneous, args.model, args.global_batch, profile),
-            "homogeneous-pipeline": _search(out / "search-homogeneous-pipeline", homogeneous, args.model,
-                                            args.global_batch, profile, "--candidates",
-                                            str(out / "pipeline-settings.csv"))}
+    write_text_atomic(pipeline_settings(ranks, global_batch), out / "pipeline-settings.csv")
+    homogeneous = f"{ranks}xcpu"
+    rows = {"searched": _search(out / "search-mixed", mixed, model, global_batch, profile),
+            "homogeneous": _search(out / "search-homogeneous", homogeneous, model, global_batch, profile),
+            "homogeneous-pipeline": _search(out / "search-homogeneous-pipeline", homogeneous, model, global_batch,
+                                            profile, "--candidates", str(out / "pipeline-settings.csv"))}
     for name, row in rows.items():
         row["runs"] = []
-        print(f"{name}: {row['label']}, layers {row['layer_counts']}: predicted {_ms(row['predicted_believed_s'])} "
-              f"ms as believed", flush=True)
+        progress(f"{name}: {row['label']}, layers {row['layer_counts']}: predicted {_ms(row['predicted_believed_s'])} "
+                 f"ms as believed")
     calibrations = [calibration]
-    for repeat in range(1, args.repeats + 1):
+    for repeat in range(1, settings["repeats"] + 1):
         round_profile = profile
         if repeat > 1:
             round_profile = out / f"calibration-round{repeat}.json"
-            calibrations.append(_calibrate(out, args.ranks, args.model, args.calibrate_m,
-                                           args.calibrate_microbatch_size, args.calibrate_iterations, 2,
-                                           name=round_profile.stem, wait_idle_s=args.wait_idle))
+            calibrations.append(_calibrate(*calibrate, name=round_profile.stem, wait_idle_s=wait_idle,
+                                           progress=progress))
         for name, row in rows.items():
-            run = measure(Path(row["plan"]), out / f"run{repeat}-{name}", slowdown=slowdown,
-                          iterations=args.iterations, warmup=args.warmup, wait_idle_s=args.wait_idle)
-            run["predicted_s"] = predicted_on(Path(row["plan"]), mixed, round_profile)
-            run["calibration"], run["calibration_foreign_cores"] = str(round_profile), calibrations[-1]["foreign_cores"]
-            row["runs"].append(run)
-            print(f"  round {repeat}, {name}: predicted {_ms(run['predicted_s'])} ms on the mixed cluster, measured "
-                  f"{_ms(run['median_s'])} ms ({', '.join(_ms(t) for t in run['iterations_s'])})", flush=True)
-    summary = summarize(rows)
-    table = format_table(rows, summary, slowdown)
-    print()
-    print(table)
-    write_json_atomic({"model": args.model, "global_batch": args.global_batch, "ranks": args.ranks,
-                       "slowdown": {"rank": args.slow_rank, "factor": args.factor}, "topology": mixed,
-                       "iterations": args.iterations, "warmup": args.warmup, "repeats": args.repeats,
-                       "calibrations": calibrations, "busy_cores_limit": BUSY_CORES, "plans": rows, **summary},
-                      out / "results.json")
-    write_text_atomic(table + "\n", out / "table.md")
-    print(f"wrote {out}/{{results.json, table.md, mixed.yaml, calibration.json}}, the searches and the runs")
-    return 0
+            measured = measure(Path(row["plan"]), out / f"run{repeat}-{name}", slowdown=slowdown,
+                               iterations=iterations, warmup=warmup, wait_idle_s=wait_idle)
+            measured["predicted_s"] = predicted_on(Path(row["plan"]), mixed, round_profile)
+            measured["calibration"] = str(round_profile)
+            measured["calibration_foreign_cores"] = calibrations[-1]["foreign_cores"]
+            row["runs"].append(measured)
+            progress(f"  round {repeat}, {name}: predicted {_ms(measured['predicted_s'])} ms on the mixed cluster, "
+                     f"measured {_ms(measured['median_s'])} ms "
+                     f"({', '.join(_ms(t) for t in measured['iterations_s'])})")
+    return Result(settings, mixed, slowdown, tuple(calibrations), rows, summarize(rows))
+
+
+def report(result: Result) -> str:
+    """The table of plans, measured against predicted, and the verdicts (the progress lines went to ``progress``)."""
+    return format_table(result.plans, result.summary, result.slowdown)
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``results.json`` and ``table.md`` in ``out``, beside the cluster file, calibrations, searches and runs."""
+    write_json_atomic(result.as_json(), out / "results.json")
+    write_text_atomic(report(result) + "\n", out / "table.md")
+    return [out / "results.json", out / "table.md"]
+
+
+def wrote(out: Path, files: list[Path]) -> str:
+    """The ``wrote`` line, naming what ``run`` wrote beside ``write``'s files."""
+    return f"wrote {out}/{{results.json, table.md, mixed.yaml, calibration.json}}, the searches and the runs"

@@ -18,13 +18,14 @@ case against the whole supernet's.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sim.core.errors import SpecError, fail
+from sim.core.cli import CliParser
+from sim.core.errors import SpecError
 from sim.core.fileio import write_json_atomic, write_text_atomic
 
-__all__ = ["main", "PAPER_OVER_GPIPE", "CASES"]
+__all__ = ["PAPER_OVER_GPIPE", "CASES", "Result", "parser", "run", "report", "write"]
 
 #: Throughput relative to GPipe in the artifact's sample output (hardware.md §4.1): (NASPipe, PipeDream).
 PAPER_OVER_GPIPE = {"c1": (8.0, 0.91), "c2": (4.3, 0.80), "c3": (2.8, 1.25)}
@@ -125,10 +126,20 @@ def _plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run naspipe [options]``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.run naspipe", description=__doc__.split("\n")[0])
-    parser.error = lambda message: fail(message)  # type: ignore[method-assign]
+@dataclass(frozen=True)
+class Result:
+    """The settings (as the flags gave them) and one row per space: subnets/s of every case, relative to GPipe, the
+    paper's ratios, the most parameter bytes on a device, the supernet's bytes, the budget (bytes) and the budgeted
+    cases' copy waits (s); ``plot``: whether ``write`` draws ``naspipe.png``."""
+
+    settings: argparse.Namespace
+    rows: tuple[dict, ...]
+    plot: bool = True
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run naspipe [options]``."""
+    parser = CliParser(prog="python -m experiments.run naspipe", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/naspipe")
     parser.add_argument("--topology", default="8xV100")
     parser.add_argument("--spaces", default="c1,c2,c3")
@@ -141,33 +152,45 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--budget-factor", type=float, default=1.25,
                         help="device parameter budget in units of the largest subnet's bytes on a stage")
     parser.add_argument("--no-plot", action="store_true")
-    args = parser.parse_args(argv)
-    spaces = [s for s in args.spaces.split(",") if s]
+    return parser
+
+
+def run(*, topology: str = "8xV100", spaces: str = "c1,c2,c3", subnets: int = 64, seed: int = 0, lookahead: int = 30,
+        minibatch: int = 32, microbatches: int = 8, budget_factor: float = 1.25, no_plot: bool = False) -> Result:
+    """Every case on every space of ``spaces`` (comma-separated) on ``topology``; ``budget_factor`` sizes the device
+    parameter budget in units of the largest subnet's bytes on a stage; ``no_plot``: ``write`` draws no figure.
+
+    Raises:
+        SpecError: a count below 1, a budget factor below 1, microbatches that do not divide the minibatch (each
+            named by its flag), or a bad space or topology.
+    """
+    settings = argparse.Namespace(topology=topology, subnets=subnets, seed=seed, lookahead=lookahead,
+                                  minibatch=minibatch, microbatches=microbatches, budget_factor=budget_factor)
     for name in ("subnets", "lookahead", "minibatch", "microbatches"):
-        if getattr(args, name) < 1:
-            fail(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if not args.budget_factor >= 1:
-        fail(f"--budget-factor must be >= 1, got {args.budget_factor}")
-    if args.minibatch % args.microbatches:
-        fail(f"--microbatches {args.microbatches} must divide --minibatch {args.minibatch}")
-    out = Path(args.out)
-    rows = []
-    for space in spaces:
-        try:
-            row = _space(args, space)
-        except SpecError as exc:
-            fail(str(exc))
-        rows.append(row)
-        print(f"  {space}: " + ", ".join(f"{k} {v:.1f}/s" for k, v in row["subnets_per_s"].items()), flush=True)
-    table = _table(rows, args)
-    print()
-    print(table)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic({"topology": args.topology, "subnets": args.subnets, "seed": args.seed,
-                       "minibatch": args.minibatch, "microbatches": args.microbatches, "lookahead": args.lookahead,
-                       "budget_factor": args.budget_factor, "rows": rows}, out / "results.json")
-    write_text_atomic(table + "\n", out / "table.md")
-    if not args.no_plot:
-        _plot(rows, out / "naspipe.png")
-    print(f"wrote {out}/{{results.json, table.md{'' if args.no_plot else ', naspipe.png'}}}")
-    return 0
+        if getattr(settings, name) < 1:
+            raise SpecError(f"--{name} must be >= 1, got {getattr(settings, name)}")
+    if not budget_factor >= 1:
+        raise SpecError(f"--budget-factor must be >= 1, got {budget_factor}")
+    if minibatch % microbatches:
+        raise SpecError(f"--microbatches {microbatches} must divide --minibatch {minibatch}")
+    rows = tuple(_space(settings, space) for space in spaces.split(",") if space)
+    return Result(settings, rows, not no_plot)
+
+
+def report(result: Result) -> str:
+    """Each space's rates, then the tables of rates and device bytes."""
+    return "\n".join([*(f"  {row['space']}: " + ", ".join(f"{k} {v:.1f}/s" for k, v in row["subnets_per_s"].items())
+                        for row in result.rows), "", _table(list(result.rows), result.settings)])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``results.json`` (the settings and rows), ``table.md`` and, unless ``--no-plot``, ``naspipe.png`` in ``out``."""
+    s = result.settings
+    write_json_atomic({"topology": s.topology, "subnets": s.subnets, "seed": s.seed, "minibatch": s.minibatch,
+                       "microbatches": s.microbatches, "lookahead": s.lookahead, "budget_factor": s.budget_factor,
+                       "rows": list(result.rows)}, out / "results.json")
+    write_text_atomic(_table(list(result.rows), s) + "\n", out / "table.md")
+    if not result.plot:
+        return [out / "results.json", out / "table.md"]
+    _plot(list(result.rows), out / "naspipe.png")
+    return [out / "results.json", out / "table.md", out / "naspipe.png"]

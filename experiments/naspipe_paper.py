@@ -45,7 +45,8 @@ from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.report.png import figure_png
 
 __all__ = ["ARTIFACT", "NASPIPE_BATCH", "NASPIPE_SEQ", "GPIPE_SEQ", "ArtifactRun", "artifact_ratio",
-           "tokens_per_step_ratio", "closing_overhead_s", "Row", "simulate_space", "main"]
+           "tokens_per_step_ratio", "closing_overhead_s", "Row", "Result", "simulate_space", "parser", "run", "report",
+           "write"]
 
 #: NASPipe's step: 192 sentences of 64 tokens (throughput/runtime.py, ``batch_s = 192``, ``seq_l = 64``).
 NASPIPE_BATCH, NASPIPE_SEQ = 192, 64
@@ -246,8 +247,18 @@ def _table(rows: list[Row]) -> list[str]:
     return lines
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run naspipe_paper [options]``; returns the exit status."""
+@dataclass(frozen=True)
+class Result:
+    """One row per GPU count and space, the subnets simulated per case, the seed and the GPU model."""
+
+    rows: tuple[Row, ...]
+    subnets: int
+    seed: int
+    device: str
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run naspipe_paper [options]``."""
     parser = CliParser(prog="python -m experiments.run naspipe_paper", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/naspipe_paper")
     parser.add_argument("--quick", action="store_true", help="4 GPUs, 8 subnets (CI)")
@@ -256,33 +267,50 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--subnets", type=int, default=64, help="subnets (NASPipe steps) simulated per case")
     parser.add_argument("--seed", type=int, default=0, help="subnet sampler seed")
     parser.add_argument("--device", default="V100", help="GPU model of the NxDEVICE topologies (default V100)")
-    args = parser.parse_args(argv)
-    spaces = [s.strip() for s in args.spaces.split(",") if s.strip()]
-    for space in spaces:
+    return parser
+
+
+def run(*, quick: bool = False, spaces: str = "c1,c2,c3", gpus: str = "4,8", subnets: int = 64, seed: int = 0,
+        device: str = "V100") -> Result:
+    """Every space of ``spaces`` on every GPU count of ``gpus`` (both comma-separated) of ``device``, ``subnets``
+    subnets each (``quick``: 4 GPUs, 8 subnets).
+
+    Raises:
+        SpecError: a space the artifact did not run, a GPU count that is not >= 2 and a divisor of 192, counts out
+            of range, or an empty list (each named by its flag).
+    """
+    chosen = [s.strip() for s in spaces.split(",") if s.strip()]
+    for space in chosen:
         if space not in ARTIFACT:
             raise SpecError(f"--spaces takes c1, c2, c3 (the artifact's GPipe runs), got {space!r}")
     try:
-        gpus = [4] if args.quick else [int(g) for g in args.gpus.split(",") if g.strip()]
+        counts = [4] if quick else [int(g) for g in gpus.split(",") if g.strip()]
     except ValueError:
-        raise SpecError(f"--gpus takes comma-separated GPU counts, got {args.gpus!r}") from None
-    for g in gpus:
+        raise SpecError(f"--gpus takes comma-separated GPU counts, got {gpus!r}") from None
+    for g in counts:
         if g < 2 or NASPIPE_BATCH % g:
             raise SpecError(f"--gpus counts must be >= 2 and divide NASPipe's batch of {NASPIPE_BATCH}, got {g}")
-    subnets = 8 if args.quick else args.subnets
-    if not 1 <= subnets <= 10_000:
-        raise SpecError(f"--subnets must be from 1 to 10000, got {args.subnets}")
-    if args.seed < 0:
-        raise SpecError(f"--seed must be >= 0, got {args.seed}")
-    if not spaces or not gpus:
+    count = 8 if quick else subnets
+    if not 1 <= count <= 10_000:
+        raise SpecError(f"--subnets must be from 1 to 10000, got {subnets}")
+    if seed < 0:
+        raise SpecError(f"--seed must be >= 0, got {seed}")
+    if not chosen or not counts:
         raise SpecError("--spaces and --gpus must name at least one each")
-    out = Path(args.out)
-    rows = [simulate_space(space, g, subnets, args.seed, device=args.device) for g in gpus for space in spaces]
-    print(f"NASPipe ({NASPIPE_BATCH} x {NASPIPE_SEQ} tokens per subnet, supernet in host memory) over GPipe "
-          f"(b x {GPIPE_SEQ} tokens per microbatch, supernet resident), tokens/s, {subnets} subnets, seed "
-          f"{args.seed}, simulated on Nx{args.device}")
-    for line in _table(rows):
-        print(line)
+    rows = tuple(simulate_space(space, g, count, seed, device=device) for g in counts for space in chosen)
+    return Result(rows, count, seed, device)
+
+
+def report(result: Result) -> str:
+    """What is compared, then the table."""
+    return "\n".join([f"NASPipe ({NASPIPE_BATCH} x {NASPIPE_SEQ} tokens per subnet, supernet in host memory) over "
+                      f"GPipe (b x {GPIPE_SEQ} tokens per microbatch, supernet resident), tokens/s, {result.subnets} "
+                      f"subnets, seed {result.seed}, simulated on Nx{result.device}", *_table(list(result.rows))])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``naspipe_paper.csv`` (one row per GPU count and space) and ``naspipe_paper.png`` in ``out``."""
+    rows = list(result.rows)
     write_text_atomic(_csv([_record(r) for r in rows]), out / "naspipe_paper.csv")
     write_bytes_atomic(out / "naspipe_paper.png", _plot(rows))
-    print(f"wrote {out}/{{naspipe_paper.csv, naspipe_paper.png}}")
-    return 0
+    return [out / "naspipe_paper.csv", out / "naspipe_paper.png"]

@@ -43,7 +43,7 @@ from sim.predict import predict_built
 from sim.report.png import figure_png
 
 __all__ = ["CONFIGS", "RESOLUTIONS", "NODE", "FRAMES", "CLAIMS", "Point", "simulate", "sweep", "check_claims",
-           "real_rounds", "main"]
+           "real_rounds", "Result", "parser", "run", "report", "write"]
 
 #: The authors' four configurations: (layers, features, kernel).
 CONFIGS: dict[str, tuple[int, int, int]] = {"basic": (10, 16, 5), "layers x3": (30, 16, 5),
@@ -197,50 +197,86 @@ def _plot(points: list[Point]) -> bytes:
     return figure_png(fig)
 
 
-def main(argv: list[str]) -> int:
+@dataclass(frozen=True)
+class Result:
+    """The simulated sweep (configurations, stage counts, every point) and its claims' verdicts; the real rounds
+    (each a dict of predicted and measured step times in s and the error) with the model, frames and measured
+    iterations they ran, or none under ``--no-real``."""
+
+    configs: tuple[str, ...]
+    stage_counts: tuple[int, ...]
+    points: tuple[Point, ...]
+    real: tuple[dict, ...] = ()
+    real_setup: tuple[str, int, int] | None = None
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run partime [--quick] [--rounds N] [--no-real] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run partime", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/partime")
     parser.add_argument("--quick", action="store_true", help="basic configuration on 1, 2, 4 stages; one small "
                         "real round (CI)")
     parser.add_argument("--rounds", type=int, default=3, help="real rounds (default 3; --quick: 1)")
     parser.add_argument("--no-real", action="store_true", help="simulate only")
-    args = parser.parse_args(argv)
-    if not 1 <= args.rounds <= 20:
-        raise SpecError(f"--rounds must be from 1 to 20, got {args.rounds}")
-    out = Path(args.out)
-    configs = ("basic",) if args.quick else tuple(CONFIGS)
-    stage_counts = (1, 2, 4) if args.quick else tuple(range(1, 9))
-    points = sweep(configs, RESOLUTIONS, stage_counts)
-    print(f"PARTIME stream on {NODE}, simulated: speed-up over one stage (step time in ms), {FRAMES} frames")
-    print(f"{'configuration':<13} {'px':>5} {'mode':<8} " + " ".join(f"{'N=' + str(n):>14}" for n in stage_counts))
-    for config in configs:
+    return parser
+
+
+def run(*, out: Path, quick: bool = False, rounds: int = 3, no_real: bool = False) -> Result:
+    """The sweep (``quick``: the basic configuration on 1, 2, 4 stages), then unless ``no_real`` the real rounds on
+    2 CPU ranks (``quick``: one small round), their directories written into ``out``.
+
+    Raises:
+        SpecError: ``rounds`` out of 1..20 (named ``--rounds``).
+    """
+    if not 1 <= rounds <= 20:
+        raise SpecError(f"--rounds must be from 1 to 20, got {rounds}")
+    configs = ("basic",) if quick else tuple(CONFIGS)
+    stage_counts = (1, 2, 4) if quick else tuple(range(1, 9))
+    points = tuple(sweep(configs, RESOLUTIONS, stage_counts))
+    if no_real:
+        return Result(configs, stage_counts, points)
+    model, frames, iterations = (QUICK_REAL_MODEL, 8, 2) if quick else (REAL_MODEL, 24, 3)
+    real = real_rounds(out, 1 if quick else rounds, model, frames, iterations)
+    return Result(configs, stage_counts, points, tuple(real), (model, frames, iterations))
+
+
+def report(result: Result) -> str:
+    """The speed-up table, the authors' findings read from it, and the real rounds against their predictions."""
+    points = list(result.points)
+    lines = [f"PARTIME stream on {NODE}, simulated: speed-up over one stage (step time in ms), {FRAMES} frames",
+             f"{'configuration':<13} {'px':>5} {'mode':<8} "
+             + " ".join(f"{'N=' + str(n):>14}" for n in result.stage_counts)]
+    for config in result.configs:
         for size in RESOLUTIONS:
             for captured in (False, True):
                 row = [p for p in points if (p.config, p.size, p.cuda_graphs) == (config, size, captured)]
-                print(f"{config:<13} {size:>5} {'graphs' if captured else 'eager':<8} "
-                      + " ".join(f"{p.speedup:>5.2f} ({p.step_s * 1e3:6.2f})" for p in row))
-    print("\nthe authors' findings, read from the table:")
+                lines.append(f"{config:<13} {size:>5} {'graphs' if captured else 'eager':<8} "
+                             + " ".join(f"{p.speedup:>5.2f} ({p.step_s * 1e3:6.2f})" for p in row))
+    lines.append("\nthe authors' findings, read from the table:")
     for claim, reading, agrees, figures in check_claims(points):
         verdict = "not simulated" if agrees is None else "agrees" if agrees else "DOES NOT agree"
-        print(f"  {claim}: {verdict} ({reading}; {figures})")
+        lines.append(f"  {claim}: {verdict} ({reading}; {figures})")
+    if result.real_setup is not None:
+        model, frames, iterations = result.real_setup
+        lines.append(f"\nreal runs: {model} on 2 CPU ranks, {frames} frames, {iterations} measured iterations per "
+                     f"run")
+        lines += [f"  round {row['round']}: predicted {row['predicted_step_s'] * 1e3:.2f} ms, measured "
+                  f"{row['measured_step_s'] * 1e3:.2f} ms, error {row['error']:+.1%}" for row in result.real]
+        within = sum(abs(row["error"]) <= TARGET_ERROR for row in result.real)
+        lines.append(f"  within {TARGET_ERROR:.0%}: {within} of {len(result.real)} rounds; median |error| "
+                     f"{statistics.median(abs(row['error']) for row in result.real):.1%}")
+    return "\n".join(lines)
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``partime.csv`` (every simulated point), ``partime.png`` and, with real rounds, ``partime_real.csv`` in
+    ``out`` (beside the rounds' directories)."""
     rows = [{"config": p.config, "size": p.size, "stages": p.stages, "cuda_graphs": p.cuda_graphs,
              "step_time_s": repr(p.step_s), "steady_latency_s": repr(p.latency_s), "speedup": f"{p.speedup:.6f}"}
-            for p in points]
+            for p in result.points]
     write_text_atomic(_csv(rows), out / "partime.csv")
-    write_bytes_atomic(out / "partime.png", _plot(points))
-    names = ["partime.csv", "partime.png"]
-    if not args.no_real:
-        rounds = 1 if args.quick else args.rounds
-        model, frames, iterations = (QUICK_REAL_MODEL, 8, 2) if args.quick else (REAL_MODEL, 24, 3)
-        real = real_rounds(out, rounds, model, frames, iterations)
-        print(f"\nreal runs: {model} on 2 CPU ranks, {frames} frames, {iterations} measured iterations per run")
-        for row in real:
-            print(f"  round {row['round']}: predicted {row['predicted_step_s'] * 1e3:.2f} ms, measured "
-                  f"{row['measured_step_s'] * 1e3:.2f} ms, error {row['error']:+.1%}")
-        within = sum(abs(row["error"]) <= TARGET_ERROR for row in real)
-        print(f"  within {TARGET_ERROR:.0%}: {within} of {len(real)} rounds; median |error| "
-              f"{statistics.median(abs(row['error']) for row in real):.1%}")
-        write_text_atomic(_csv(real), out / "partime_real.csv")
-        names.append("partime_real.csv")
-    print(f"wrote {out}/{{{', '.join(names)}}}")
-    return 0
+    write_bytes_atomic(out / "partime.png", _plot(list(result.points)))
+    if result.real_setup is None:
+        return [out / "partime.csv", out / "partime.png"]
+    write_text_atomic(_csv(list(result.real)), out / "partime_real.csv")
+    return [out / "partime.csv", out / "partime.png", out / "partime_real.csv"]

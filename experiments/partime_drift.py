@@ -56,7 +56,7 @@ from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.report.png import figure_png
 
-__all__ = ["Setup", "Run", "FULL", "QUICK", "run_all", "summarise", "main"]
+__all__ = ["Setup", "Run", "Result", "FULL", "QUICK", "run_all", "summarise", "parser", "run", "report", "write"]
 
 LAYERS, FEATURES, KERNEL = 8, 8, 3
 DRIFT = 0.02  # rad per frame: a wave moves at most 0.03 rad per frame, a period in 200 frames or more
@@ -343,7 +343,20 @@ def _rates(text: str) -> tuple[float, ...]:
     return rates
 
 
-def main(argv: list[str]) -> int:
+@dataclass(frozen=True)
+class Result:
+    """The setup, the first seed, whether quick, and every run: per repetition, per learning rate, exact SGD then
+    PARTIME on each stage count."""
+
+    setup: Setup
+    seed: int
+    quick: bool
+    runs: tuple[Run, ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run partime_drift [--quick] [--seed S] [--frames T] [--repeats R] [--lr RATES]
+    [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run partime_drift", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/partime_drift")
     parser.add_argument("--quick", action="store_true", help="1 and 2 stages, 60 frames of 16 x 16, one seed (CI)")
@@ -355,34 +368,53 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lr", default=None, metavar="RATES",
                         help=f"SGD learning rates, comma-separated (default {','.join(map(str, FULL.lrs))}; "
                              f"{QUICK.lrs[0]} with --quick)")
-    args = parser.parse_args(argv)
-    base = QUICK if args.quick else FULL
-    frames = base.frames if args.frames is None else args.frames
-    repeats = base.repeats if args.repeats is None else args.repeats
+    return parser
+
+
+def run(*, quick: bool = False, seed: int = 0, frames: int | None = None, repeats: int | None = None,
+        lr: str | None = None) -> Result:
+    """Exact online SGD and PARTIME on every stage count, per repetition (seeds ``seed`` ..) and learning rate
+    (``lr``: comma-separated); ``frames``, ``repeats`` and ``lr`` default to :data:`FULL`'s (``quick``:
+    :data:`QUICK`'s).
+
+    Raises:
+        SpecError: frames, repeats, seed or rates out of range (each named by its flag).
+    """
+    base = QUICK if quick else FULL
+    frames = base.frames if frames is None else frames
+    repeats = base.repeats if repeats is None else repeats
     if not MIN_FRAMES <= frames <= MAX_FRAMES:
         raise SpecError(f"--frames must be from {MIN_FRAMES} to {MAX_FRAMES}, got {frames}")
     if not 1 <= repeats <= 10:
         raise SpecError(f"--repeats must be from 1 to 10, got {repeats}")
-    if args.seed < 0:
-        raise SpecError(f"--seed must be >= 0, got {args.seed}")
-    lrs = base.lrs if args.lr is None else _rates(args.lr)
+    if seed < 0:
+        raise SpecError(f"--seed must be >= 0, got {seed}")
+    lrs = base.lrs if lr is None else _rates(lr)
     setup = Setup(base.size, frames, base.stages, repeats, lrs)
-    print(f"{setup.model}, {setup.frames} frames of {setup.size} x {setup.size}, drift {DRIFT} rad/frame, scene cut "
-          f"at frame {setup.cut}; PARTIME with {', '.join(map(str, setup.stages))} stages against exact online SGD; "
-          f"SGD lr {', '.join(map(str, lrs))}; seeds {args.seed}..{args.seed + repeats - 1}"
-          f"{'; --quick' if args.quick else ''}")
     threads = torch.get_num_threads()
     # One intra-op thread: these 32 x 32 convolutions gain little from more, the numbers then do not depend on the
     # machine's core count, and on a shared host idle worker threads spinning for work cost several times the run.
     torch.set_num_threads(1)
     try:
-        runs = run_all(setup, args.seed, progress=lambda line: print(f"  {line}", flush=True))
+        runs = run_all(setup, seed)
     finally:
         torch.set_num_threads(threads)
-    for line in _table(setup, summarise(setup, runs)):
-        print(line)
-    out = Path(args.out)
-    write_text_atomic(_csv(runs, args.seed), out / "partime_drift.csv")
-    write_bytes_atomic(out / "partime_drift.png", _plot(setup, runs))
-    print(f"wrote {out}/{{partime_drift.csv, partime_drift.png}}")
-    return 0
+    return Result(setup, seed, quick, tuple(runs))
+
+
+def report(result: Result) -> str:
+    """The setup, each repetition and rate done, and the table of measures over exact SGD's."""
+    setup, seed = result.setup, result.seed
+    lines = [f"{setup.model}, {setup.frames} frames of {setup.size} x {setup.size}, drift {DRIFT} rad/frame, scene cut "
+             f"at frame {setup.cut}; PARTIME with {', '.join(map(str, setup.stages))} stages against exact online SGD; "
+             f"SGD lr {', '.join(map(str, setup.lrs))}; seeds {seed}..{seed + setup.repeats - 1}"
+             f"{'; --quick' if result.quick else ''}"]
+    lines += [f"  seed {seed + r}, lr {lr}: done" for r in range(setup.repeats) for lr in setup.lrs]
+    return "\n".join([*lines, *_table(setup, summarise(setup, list(result.runs)))])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``partime_drift.csv`` (every frame of every run) and ``partime_drift.png`` in ``out``."""
+    write_text_atomic(_csv(list(result.runs), result.seed), out / "partime_drift.csv")
+    write_bytes_atomic(out / "partime_drift.png", _plot(result.setup, list(result.runs)))
+    return [out / "partime_drift.csv", out / "partime_drift.png"]

@@ -41,7 +41,8 @@ from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 from sim.report.png import figure_png
 
-__all__ = ["UNIFORM", "PS", "SteadyRow", "steady_window", "simulate_steady", "memory_rows", "throughput", "main"]
+__all__ = ["UNIFORM", "PS", "SteadyRow", "steady_window", "simulate_steady", "memory_rows", "throughput", "Result",
+           "parser", "run", "report", "write"]
 
 #: 8 identical layers, forward 1 ms and backward 2 ms per sample, no weights (so the optimizer steps take no time).
 UNIFORM = "uniform:layers=8,fwd_ms=1,bwd_ms=2"
@@ -264,24 +265,42 @@ def _plot(steady: list[SteadyRow], mem: list[memory.StageRow],
     return figure_png(fig, dpi=100)
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run pipedream [--quick] [--out DIR]``; returns the exit status."""
+@dataclass(frozen=True)
+class Result:
+    """The three parts: every stage of the steady plans, every stage of the memory plans, and the throughput
+    comparisons against data parallelism."""
+
+    steady: tuple[SteadyRow, ...]
+    memory: tuple[memory.StageRow, ...]
+    throughput: tuple[pipedream_vs_dp.Comparison, ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run pipedream [--quick] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run pipedream", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/pipedream")
     parser.add_argument("--quick", action="store_true", help="p in {2, 4} and VGG-16 on A and B only (CI)")
-    args = parser.parse_args(argv)
-    ps = PS[:2] if args.quick else PS
-    steady, mem, comparisons = steady_rows(ps), memory_rows(ps), throughput(args.quick)
-    for title, lines in (("steady state (uniform stages, free links)", steady_table(steady)),
-                         ("memory per stage (experiments.memory's uniform model)", memory_table(mem)),
-                         ("throughput against data parallelism (experiments.pipedream_vs_dp)",
-                          throughput_table(comparisons))):
-        print(f"## {title}\n")
-        print("\n".join(lines))
-        print()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(_csv(steady, mem, comparisons), out / "pipedream.csv")
-    write_bytes_atomic(out / "pipedream.png", _plot(steady, mem, comparisons))
-    print(f"wrote {out}/{{pipedream.csv, pipedream.png}}")
-    return 0
+    return parser
+
+
+def run(*, quick: bool = False) -> Result:
+    """The three parts for p ∈ :data:`PS` (``quick``: p ∈ {2, 4} and VGG-16 on Clusters A and B only)."""
+    ps = PS[:2] if quick else PS
+    return Result(tuple(steady_rows(ps)), tuple(memory_rows(ps)), tuple(throughput(quick)))
+
+
+def report(result: Result) -> str:
+    """One titled table per part."""
+    parts = (("steady state (uniform stages, free links)", steady_table(list(result.steady))),
+             ("memory per stage (experiments.memory's uniform model)", memory_table(list(result.memory))),
+             ("throughput against data parallelism (experiments.pipedream_vs_dp)",
+              throughput_table(list(result.throughput))))
+    return "\n".join(line for title, lines in parts for line in [f"## {title}\n", *lines, ""])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``pipedream.csv`` (long form, one row per measured quantity) and ``pipedream.png`` in ``out``."""
+    parts = list(result.steady), list(result.memory), list(result.throughput)
+    write_text_atomic(_csv(*parts), out / "pipedream.csv")
+    write_bytes_atomic(out / "pipedream.png", _plot(*parts))
+    return [out / "pipedream.csv", out / "pipedream.png"]

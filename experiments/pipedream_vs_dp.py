@@ -28,14 +28,14 @@ Writes ``pipedream_vs_dp.csv`` (one row per model × cluster), ``plans.csv`` (ev
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sim.core.errors import SpecError, fail
+from sim.core.cli import CliParser
+from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.engine.simpy_engine import OutOfMemoryError
 from sim.hw.topology import Topology
@@ -46,7 +46,7 @@ from sim.predict import predict_built
 from sim.report.png import figure_png
 
 __all__ = ["ModelCase", "ClusterCase", "PlanCase", "PlanResult", "Comparison", "MODELS", "CLUSTERS", "PAPER",
-           "candidates", "compare", "main"]
+           "candidates", "compare", "Result", "parser", "run", "report", "write"]
 
 
 @dataclass(frozen=True)
@@ -339,15 +339,25 @@ def _keys(text: str, known: dict, flag: str) -> list:
     keys = [k for k in text.split(",") if k]
     unknown = [k for k in keys if k not in known]
     if unknown or not keys:
-        fail(f"{flag}: unknown {', '.join(map(repr, unknown)) or 'empty list'} (known: {', '.join(known)})")
+        raise SpecError(f"{flag}: unknown {', '.join(map(repr, unknown)) or 'empty list'} (known: "
+                        f"{', '.join(known)})")
     return [known[k] for k in keys]
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run pipedream_vs_dp [options]``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.run pipedream_vs_dp",
-                                     description=__doc__.split("\n")[0])
-    parser.error = lambda message: fail(message)  # type: ignore[method-assign]
+@dataclass(frozen=True)
+class Result:
+    """The models and clusters compared, whether quick (one microbatch per device), and every comparison, model by
+    model, cluster by cluster."""
+
+    models: tuple[ModelCase, ...]
+    clusters: tuple[ClusterCase, ...]
+    quick: bool
+    comparisons: tuple[Comparison, ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run pipedream_vs_dp [--quick] [--models ...] [--clusters ...] [--out DIR]``."""
+    parser = CliParser(prog="python -m experiments.run pipedream_vs_dp", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/pipedream_vs_dp")
     parser.add_argument("--models", help=f"comma-separated, of {', '.join(MODELS)} (default all; --quick: "
                         f"{','.join(QUICK_MODELS)})")
@@ -356,32 +366,50 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer models and clusters by default, and each "
                         "model's global batch cut to one microbatch per device (seconds; the figures differ from "
                         "the full run's)")
-    args = parser.parse_args(argv)
-    models = _keys(args.models or ",".join(QUICK_MODELS if args.quick else MODELS), MODELS, "--models")
-    clusters = _keys(args.clusters or ",".join(QUICK_CLUSTERS if args.quick else CLUSTERS), CLUSTERS, "--clusters")
+    return parser
+
+
+def run(*, quick: bool = False, models: str | None = None, clusters: str | None = None) -> Result:
+    """Every model against every cluster.
+
+    Args:
+        quick: :data:`QUICK_MODELS` and :data:`QUICK_CLUSTERS` by default, and each model's global batch cut to one
+            microbatch per device.
+        models, clusters: comma-separated keys of :data:`MODELS` and :data:`CLUSTERS` (default all, or the quick
+            ones).
+
+    Raises:
+        SpecError: an unknown key or an empty list (naming ``--models`` or ``--clusters``).
+    """
+    chosen_models = _keys(models or ",".join(QUICK_MODELS if quick else MODELS), MODELS, "--models")
+    chosen_clusters = _keys(clusters or ",".join(QUICK_CLUSTERS if quick else CLUSTERS), CLUSTERS, "--clusters")
     comparisons = []
-    for model in models:
-        for cluster in clusters:
+    for model in chosen_models:
+        for cluster in chosen_clusters:
             case = model
-            if args.quick:  # one microbatch per device: DP's smallest batch
+            if quick:  # one microbatch per device: DP's smallest batch
                 devices = Topology.parse(cluster.topology).num_ranks
                 case = replace(model, global_batch=model.microbatch_size * devices)
-            comparison = compare(case, cluster)
-            comparisons.append(comparison)
-            print(f"  {model.key} on {cluster.key}: {len(comparison.plans)} plans", flush=True)
-    table = format_table(comparisons)
-    print()
-    print(table)
-    print()
-    for cluster in clusters:
-        print(f"{cluster.key}: {cluster.description}")
-    for model in models:
-        print(f"{model.key}: {model.spec}, microbatch {model.microbatch_size}, global batch "
-              f"{'one microbatch per device (--quick)' if args.quick else model.global_batch}: {model.why}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+            comparisons.append(compare(case, cluster))
+    return Result(tuple(chosen_models), tuple(chosen_clusters), quick, tuple(comparisons))
+
+
+def report(result: Result) -> str:
+    """The plans tried per comparison, the summary table, then what each cluster and model is."""
+    comparisons = list(result.comparisons)
+    return "\n".join([*(f"  {c.model.key} on {c.cluster.key}: {len(c.plans)} plans" for c in comparisons), "",
+                      format_table(comparisons), "",
+                      *(f"{cluster.key}: {cluster.description}" for cluster in result.clusters),
+                      *(f"{model.key}: {model.spec}, microbatch {model.microbatch_size}, global batch "
+                        f"{'one microbatch per device (--quick)' if result.quick else model.global_batch}: {model.why}"
+                        for model in result.models)])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``pipedream_vs_dp.csv`` (one row per comparison), ``plans.csv`` (every plan tried) and
+    ``pipedream_vs_dp.png`` in ``out``."""
+    comparisons = list(result.comparisons)
     write_text_atomic(_csv(SUMMARY_FIELDS, [summary_row(c) for c in comparisons]), out / "pipedream_vs_dp.csv")
     write_text_atomic(_csv(PLAN_FIELDS, [row for c in comparisons for row in plan_rows(c)]), out / "plans.csv")
     write_bytes_atomic(out / "pipedream_vs_dp.png", _plot(comparisons))
-    print(f"wrote {out}/{{pipedream_vs_dp.csv, plans.csv, pipedream_vs_dp.png}}")
-    return 0
+    return [out / "pipedream_vs_dp.csv", out / "plans.csv", out / "pipedream_vs_dp.png"]

@@ -53,7 +53,8 @@ from sim.search.relaxed.surrogate import layout_blocks
 from sim.search.search import run_search
 from sim.search.space import Candidate, SearchProblem, SearchSpace
 
-__all__ = ["Problem", "Outcome", "suite", "run_problem", "brute_force", "METHODS", "main"]
+__all__ = ["Problem", "Outcome", "Result", "suite", "run_problem", "brute_force", "METHODS", "parser", "run", "report",
+           "write"]
 
 METHODS = ("relaxed", "relaxed+cuts", "DP", "DP, placements", "anneal", "brute force")
 HOMOGENEOUS = ("4xA100", "8xA100", "8xV100", "2x8xA100")
@@ -314,7 +315,18 @@ def _plot(done: list[tuple[Problem, tuple[Outcome, ...]]]) -> bytes:
     return figure_png(fig)
 
 
-def main(argv: list[str]) -> int:
+@dataclass(frozen=True)
+class Result:
+    """The suite (``seed``, ``quick``) and, per problem, every method's outcome in :data:`METHODS`' order."""
+
+    seed: int
+    quick: bool
+    done: tuple[tuple[Problem, tuple[Outcome, ...]], ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run relaxed_search [--quick] [--problems N] [--seed S] [--brute-limit N]
+    [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run relaxed_search", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/relaxed_search")
     parser.add_argument("--quick", action="store_true", help="two small problems on 4 devices (CI)")
@@ -323,29 +335,40 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--brute-limit", type=int, default=BRUTE_LIMIT, metavar="N",
                         help=f"enumerate a problem's partitions x placements only up to N plans (default "
                              f"{BRUTE_LIMIT}; about 5-10 ms each)")
-    args = parser.parse_args(argv)
-    count = 2 if args.quick else args.problems
+    return parser
+
+
+def run(*, quick: bool = False, problems: int = 16, seed: int = 0, brute_limit: int = BRUTE_LIMIT) -> Result:
+    """Every method on ``problems`` seeded problems (``quick``: two small ones, two restarts of the relaxation),
+    brute force up to ``brute_limit`` plans a problem.
+
+    Raises:
+        SpecError: a count, seed or limit out of range (named by its flag).
+    """
+    count = 2 if quick else problems
     if not 1 <= count <= 100:
-        raise SpecError(f"--problems must be from 1 to 100, got {args.problems}")
-    if args.seed < 0:
-        raise SpecError(f"--seed must be >= 0, got {args.seed}")
-    if args.brute_limit < 0:
-        raise SpecError(f"--brute-limit must be >= 0, got {args.brute_limit}")
+        raise SpecError(f"--problems must be from 1 to 100, got {problems}")
+    if seed < 0:
+        raise SpecError(f"--seed must be >= 0, got {seed}")
+    if brute_limit < 0:
+        raise SpecError(f"--brute-limit must be >= 0, got {brute_limit}")
     # --quick: two restarts instead of four, to keep CI short
-    config = RelaxedConfig(seed=args.seed, restarts=2) if args.quick else RelaxedConfig(seed=args.seed)
-    problems = suite(count, args.seed, args.quick)
-    out = Path(args.out)
-    print(f"{count} problems (seed {args.seed}{', --quick' if args.quick else ''}); each method's plan simulated by "
-          f"sim.search.evaluate; iteration time in s and relative to the best any method found")
-    done = []
-    for problem in problems:
-        done.append((problem, run_problem(problem, args.brute_limit, config, args.seed)))
-    for line in _table(done):
-        print(line)
-    print()
-    for line in _summary(done):
-        print(line)
+    config = RelaxedConfig(seed=seed, restarts=2) if quick else RelaxedConfig(seed=seed)
+    return Result(seed, quick, tuple((problem, run_problem(problem, brute_limit, config, seed))
+                                     for problem in suite(count, seed, quick)))
+
+
+def report(result: Result) -> str:
+    """The table of problems by method, then the methods against each other."""
+    done = list(result.done)
+    return "\n".join([f"{len(done)} problems (seed {result.seed}{', --quick' if result.quick else ''}); each method's "
+                      f"plan simulated by sim.search.evaluate; iteration time in s and relative to the best any "
+                      f"method found", *_table(done), "", *_summary(done)])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``relaxed_search.csv`` (one row per problem and method) and ``relaxed_search.png`` in ``out``."""
+    done = list(result.done)
     write_text_atomic(_csv(done), out / "relaxed_search.csv")
     write_bytes_atomic(out / "relaxed_search.png", _plot(done))
-    print(f"wrote {out}/{{relaxed_search.csv, relaxed_search.png}}")
-    return 0
+    return [out / "relaxed_search.csv", out / "relaxed_search.png"]

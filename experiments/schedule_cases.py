@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sim.core.cli import CliParser
-from sim.core.errors import fail
+from sim.core.errors import SpecError
 
 __all__ = ["Case", "GPT", "add_cases_flag", "chosen_cases"]
 
@@ -27,18 +27,26 @@ class Case:
     exact: bool
 
 
+def _keys(text: str) -> tuple[str, ...]:
+    return tuple(k for k in text.split(",") if k)
+
+
 def add_cases_flag(parser: CliParser, cases: Sequence[Case]) -> None:
-    """``--cases KEY,KEY`` (default: every case)."""
+    """``--cases KEY,KEY``, parsed to a tuple of keys (default: every case); :func:`chosen_cases` checks them."""
     keys = ", ".join(c.key for c in cases)
-    parser.add_argument("--cases", default=",".join(c.key for c in cases),
+    parser.add_argument("--cases", type=_keys, default=tuple(c.key for c in cases),
                         help=f"comma-separated, of {keys} (default all)")
 
 
-def chosen_cases(text: str, cases: Sequence[Case]) -> tuple[Case, ...]:
-    """The cases ``--cases`` names, in the experiment's order; one ``error:`` line for an unknown or empty list."""
+def chosen_cases(keys: Sequence[str], cases: Sequence[Case]) -> tuple[Case, ...]:
+    """The cases ``keys`` names, in the experiment's order.
+
+    Raises:
+        SpecError: an unknown key, or none (the message names ``--cases``, the flag that gives the keys).
+    """
     known = {c.key: c for c in cases}
-    keys = [k for k in text.split(",") if k]
     unknown = [k for k in keys if k not in known]
     if unknown or not keys:
-        fail(f"--cases: unknown {', '.join(map(repr, unknown)) or 'empty list'} (known: {', '.join(known)})")
+        raise SpecError(f"--cases: unknown {', '.join(map(repr, unknown)) or 'empty list'} (known: "
+                        f"{', '.join(known)})")
     return tuple(c for c in cases if c.key in keys)

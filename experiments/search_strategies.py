@@ -31,7 +31,7 @@ from sim.core.fileio import write_text_atomic
 from sim.search.search import run_search
 from sim.search.space import SearchProblem, SearchSpace
 
-__all__ = ["SPACE", "STRATEGIES", "Row", "suite", "run_problem", "main"]
+__all__ = ["SPACE", "STRATEGIES", "Row", "Result", "suite", "run_problem", "parser", "run", "report", "write"]
 
 SPACE = SearchSpace(schedules=("1f1b", "zb1p", "interleaved"), chunks=(2,), recompute=("none",), zero=(0,),
                     sequence_parallel=(False,))
@@ -130,30 +130,52 @@ def _csv(done: list[list[Row]]) -> str:
     return buffer.getvalue()
 
 
-def main(argv: list[str]) -> int:
+@dataclass(frozen=True)
+class Result:
+    """Per problem of the suite (``seed``, ``quick``), one row per strategy in :data:`STRATEGIES`' order."""
+
+    seed: int
+    quick: bool
+    problems: tuple[tuple[Row, ...], ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run search_strategies [--quick] [--problems N] [--seed S] [--workers N] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run search_strategies", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/search_strategies")
     parser.add_argument("--quick", action="store_true", help="two small problems (CI)")
     parser.add_argument("--problems", type=int, default=7, metavar="N", help="problems in the suite (default 7)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the suite and of every strategy")
     parser.add_argument("--workers", type=int, default=2, help="evaluation processes (default 2)")
-    args = parser.parse_args(argv)
-    count = 2 if args.quick else args.problems
+    return parser
+
+
+def run(*, quick: bool = False, problems: int = 7, seed: int = 0, workers: int = 2) -> Result:
+    """Every strategy on ``problems`` seeded problems (``quick``: two small ones) with ``workers`` processes.
+
+    Raises:
+        SpecError: a count, seed or worker count out of range (named by its flag).
+    """
+    count = 2 if quick else problems
     if not 1 <= count <= 50:
-        raise SpecError(f"--problems must be from 1 to 50, got {args.problems}")
-    if args.seed < 0:
-        raise SpecError(f"--seed must be >= 0, got {args.seed}")
-    if not 1 <= args.workers <= 64:
-        raise SpecError(f"--workers must be from 1 to 64, got {args.workers}")
-    print(f"{count} problems (seed {args.seed}{', --quick' if args.quick else ''}); best simulated iteration time "
-          f"relative to brute force over the listed space, plans costed / listed, wall time")
-    done = [run_problem(problem, args.workers, args.seed) for problem in suite(count, args.seed, args.quick)]
-    for line in _table(done):
-        print(line)
-    print()
-    for line in _summary(done):
-        print(line)
-    out = Path(args.out)
-    write_text_atomic(_csv(done), out / "search_strategies.csv")
-    print(f"wrote {out}/search_strategies.csv")
-    return 0
+        raise SpecError(f"--problems must be from 1 to 50, got {problems}")
+    if seed < 0:
+        raise SpecError(f"--seed must be >= 0, got {seed}")
+    if not 1 <= workers <= 64:
+        raise SpecError(f"--workers must be from 1 to 64, got {workers}")
+    return Result(seed, quick, tuple(tuple(run_problem(problem, workers, seed))
+                                     for problem in suite(count, seed, quick)))
+
+
+def report(result: Result) -> str:
+    """The table of problems by strategy, then each strategy against brute force."""
+    done = [list(rows) for rows in result.problems]
+    return "\n".join([f"{len(done)} problems (seed {result.seed}{', --quick' if result.quick else ''}); best simulated "
+                      f"iteration time relative to brute force over the listed space, plans costed / listed, wall "
+                      f"time", *_table(done), "", *_summary(done)])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``search_strategies.csv`` (one row per problem and strategy) in ``out``."""
+    write_text_atomic(_csv([list(rows) for rows in result.problems]), out / "search_strategies.csv")
+    return [out / "search_strategies.csv"]

@@ -45,7 +45,7 @@ from sim.search.settings import Setting, load_settings
 from sim.search.space import SearchProblem, SearchSpace
 
 __all__ = ["Figures", "GroupResult", "group_runs", "megatron_space", "write_candidates", "search_group", "score",
-           "main", "TARGET_SPEARMAN", "TARGET_REGRET", "TARGET_SHARE"]
+           "Result", "parser", "run", "report", "write", "TARGET_SPEARMAN", "TARGET_REGRET", "TARGET_SHARE"]
 
 TARGET_SPEARMAN = 0.9
 #: Top-1 regret allowed in a group (measured time of the pick / measured best − 1) ...
@@ -246,7 +246,19 @@ def _plot(groups: list[GroupResult], source: str) -> bytes:
     return figure_png(fig)
 
 
-def main(argv: list[str]) -> int:
+@dataclass(frozen=True)
+class Result:
+    """Every group searched (all, or ``--quick``'s seeded sample), in the file's order, from the file named ``data``;
+    ``shipped``: it is the shipped file (its seed-0 split applies; another file's runs are all held out)."""
+
+    data: str
+    quick: bool
+    shipped: bool
+    groups: tuple[GroupResult, ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run search_vtrain [--quick] [--data CSV] [--workers N] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run search_vtrain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/search_vtrain")
     parser.add_argument("--data", type=Path, default=DATA, help="a CSV with vTrain's columns (default: the 1,440 "
@@ -255,42 +267,61 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=1, metavar="N", help="evaluation processes of each group's "
                         "search (default 1; each search starts its own pool, which costs more than the 2-47 "
                         "candidates of a group save: the full run takes about ten times as long with 2)")
-    args = parser.parse_args(argv)
-    if args.workers < 1:
-        raise SpecError(f"--workers must be an integer >= 1, got {args.workers}")
-    runs = load_runs(args.data)
-    shipped = args.data.resolve() == DATA.resolve()
+    return parser
+
+
+def run(*, quick: bool = False, data: Path = DATA, workers: int = 1) -> Result:
+    """Search every (model, GPUs, global batch) group of ``data`` (``quick``: :data:`QUICK_GROUPS` of them, seeded)
+    with ``workers`` processes per search, and score each ranking against the measured times.
+
+    Raises:
+        SpecError: ``workers`` < 1 (named ``--workers``), a malformed file, or a run the search cannot express.
+    """
+    if workers < 1:
+        raise SpecError(f"--workers must be an integer >= 1, got {workers}")
+    runs = load_runs(data)
+    shipped = data.resolve() == DATA.resolve()
     # The kernel model was fitted on the shipped file's seed-0 fit half only: every run of another file is held out.
     halves = split_runs(runs, 0) if shipped else ["held-out"] * len(runs)
     groups = group_runs(runs)
     keys = list(groups)
-    if args.quick:
+    if quick:
         keys = [keys[i] for i in sorted(random.Random(1).sample(range(len(keys)), min(QUICK_GROUPS, len(keys))))]
     done: list[GroupResult] = []
     with tempfile.TemporaryDirectory(prefix="search-vtrain-") as folder:
         for key in keys:
             members = [runs[i] for i in groups[key]]
             held = [runs[i] for i in groups[key] if halves[i] == "held-out"]
-            result = search_group(members, Path(folder), args.workers)
+            result = search_group(members, Path(folder), workers)
             ranked = [(e.candidate.tp, e.candidate.dp, e.candidate.pp, e.candidate.microbatch_size)
                       for e in result.ranked]
             done.append(GroupResult(key, tuple(members), result, score(ranked, _measured(members)),
                                     score(ranked, _measured(held)) if held else None))
+    return Result(data.name, quick, shipped, tuple(done))
+
+
+def report(result: Result) -> str:
+    """What was searched, the table of groups, the configurations rejected, and the figures against the targets for
+    all runs and for the held-out runs."""
+    done = list(result.groups)
     searched = sum(len(g.runs) for g in done)
     split = ("split by experiments.vtrain's seed-0 shuffle, whose fit half fitted the kernel model's constants"
-             if shipped else "all held out: the kernel model was fitted on the shipped file only")
-    print(f"{searched} runs in {len(done)} groups of (model, GPUs, global batch) from {args.data.name}"
-          f"{' (--quick sample)' if args.quick else ''}, {split}; the search itself fits nothing. Each group: "
-          f"sim.search over its measured settings, 1F1B, full recompute, no ZeRO, no SP, blocks partition, tp-dp-pp")
-    for line in _table(done):
-        print(line)
+             if result.shipped else "all held out: the kernel model was fitted on the shipped file only")
+    lines = [f"{searched} runs in {len(done)} groups of (model, GPUs, global batch) from {result.data}"
+             f"{' (--quick sample)' if result.quick else ''}, {split}; the search itself fits nothing. Each group: "
+             f"sim.search over its measured settings, 1F1B, full recompute, no ZeRO, no SP, blocks partition, "
+             f"tp-dp-pp", *_table(done)]
     rejected = sum(len(g.result.evaluations) - len(g.result.ranked) for g in done)
     if rejected:
-        print(f"{rejected} measured configurations rejected by the search (it predicts they do not fit)")
-    print(_summary("all runs", [g.all for g in done])[0])
-    print(_summary("held-out runs", [g.held_out for g in done if g.held_out is not None])[0])
-    out = Path(args.out)
+        lines.append(f"{rejected} measured configurations rejected by the search (it predicts they do not fit)")
+    lines.append(_summary("all runs", [g.all for g in done])[0])
+    lines.append(_summary("held-out runs", [g.held_out for g in done if g.held_out is not None])[0])
+    return "\n".join(lines)
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``search_vtrain.csv`` (one row per group) and ``search_vtrain.png`` in ``out``."""
+    done = list(result.groups)
     write_text_atomic(_csv(done), out / "search_vtrain.csv")
-    write_bytes_atomic(out / "search_vtrain.png", _plot(done, args.data.name))
-    print(f"wrote {out}/{{search_vtrain.csv, search_vtrain.png}}")
-    return 0
+    write_bytes_atomic(out / "search_vtrain.png", _plot(done, result.data))
+    return [out / "search_vtrain.csv", out / "search_vtrain.png"]

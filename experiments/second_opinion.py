@@ -55,79 +55,40 @@ from __future__ import annotations
 import csv
 import io
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from experiments import megatron_bridge, torchtitan
+from experiments import megatron_bridge
+from experiments.second_opinion_rows import (
+    QUICK_ROWS,
+    SOURCES,
+    Published,
+    Refused,
+    load_published,
+    problem_key,
+    published_candidate,
+)
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import write_text_atomic
 from sim.hw.topology import Topology
-from sim.plan.inputs import PlanInputs
 from sim.schedules import SCHEDULES
 from sim.search.evaluate import Evaluation, evaluate
 from sim.search.search import SearchResult, run_search
-from sim.search.space import MODEL_PRECISION, Candidate, SearchProblem, SearchSpace, enumerate_candidates
+from sim.search.space import Candidate, SearchProblem, SearchSpace, enumerate_candidates
 
-__all__ = ["Published", "Refused", "Search", "Opinion", "SOURCES", "QUICK_ROWS", "TRY_ABOVE", "MIN_CP_TOKENS",
-           "load_published", "published_candidate", "problem_key", "search_space", "second_opinion", "moved",
-           "summary", "write", "main"]
+__all__ = ["Published", "Refused", "Search", "Opinion", "Result", "SOURCES", "QUICK_ROWS", "TRY_ABOVE",
+           "MIN_CP_TOKENS", "load_published", "published_candidate", "problem_key", "search_space", "second_opinion",
+           "moved", "summary", "parser", "run", "report", "write"]
 
-SOURCES = ("torchtitan", "megatron-bridge")
-#: Rows of ``--quick``: one 8-GPU torchtitan row and two 8-GPU Megatron-Bridge rows of one problem.
-QUICK_ROWS = ("torchtitan:tt2412_t1_1", "megatron-bridge:199", "megatron-bridge:208")
 #: A searched plan predicted this much faster than the published one (speed-up − 1) is listed for a person to try.
 TRY_ABOVE = 0.05
 #: Context parallelism is searched down to this many tokens of the sequence per CP rank.
 MIN_CP_TOKENS = 2048
 #: Candidate fields as the table names them (``moved``).
 _FIELD_NAMES = {"microbatch_size": "mb", "sequence_parallel": "sp", "dp_replicate": "hsdp"}
-
-
-@dataclass(frozen=True)
-class Published:
-    """One published row, as the search sees it.
-
-    Attributes:
-        source: ``torchtitan`` or ``megatron-bridge``.
-        row_id: the row's name in its file (torchtitan's ``row_id``; Megatron-Bridge's CSV line).
-        model: the published model name.
-        gpus: GPUs of the run.
-        seq: tokens per sample.
-        inputs: the row's ``sim.run`` inputs (its experiment's ``plan_inputs``).
-        published_tokens_per_s_per_gpu: the published, measured throughput, tokens/s per GPU.
-        predicted_tokens_per_s_per_gpu: its experiment's prediction of the row (``predict_row``), tokens/s per GPU.
-        unmodelled: what of the row that prediction assumes or leaves out (its experiment's words).
-    """
-
-    source: str
-    row_id: str
-    model: str
-    gpus: int
-    seq: int
-    inputs: PlanInputs
-    published_tokens_per_s_per_gpu: float
-    predicted_tokens_per_s_per_gpu: float
-    unmodelled: tuple[str, ...]
-
-    @property
-    def key(self) -> str:
-        """``source:row_id``, what ``--rows`` takes."""
-        return f"{self.source}:{self.row_id}"
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A published row not searched, and why."""
-
-    source: str
-    row_id: str
-    model: str
-    gpus: int
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -206,84 +167,6 @@ class Opinion:
     def to_try(self) -> bool:
         """Predicted more than :data:`TRY_ABOVE` faster than the published plan."""
         return self.speedup is not None and self.speedup > 1 + TRY_ABOVE
-
-
-def _torchtitan_rows(wanted: Callable[[str], bool]) -> tuple[list[Published], list[Refused]]:
-    found, refused = [], []
-    for row in torchtitan.load_rows():
-        if not wanted(f"torchtitan:{row.row_id}"):
-            continue
-        try:
-            result = torchtitan.predict_row(row)
-        except SpecError as exc:
-            refused.append(Refused("torchtitan", row.row_id, row.model, row.gpus, str(exc)))
-            continue
-        found.append(Published("torchtitan", row.row_id, row.model, row.gpus, row.seq, torchtitan.plan_inputs(row),
-                               row.tokens_per_s_per_gpu, result.predicted, result.unmodelled))
-    return found, refused
-
-
-def _megatron_rows(wanted: Callable[[str], bool]) -> tuple[list[Published], list[Refused], int]:
-    rows = megatron_bridge.load_rows()
-    refused = [Refused("megatron-bridge", str(row.line), row.model, row.gpus, reason)
-               for row in rows if (reason := megatron_bridge.expressible(row)) is not None]
-    chosen = [row for row in rows if megatron_bridge.expressible(row) is None]
-    current = megatron_bridge.newest(chosen)
-    found = []
-    for row in (row for row, now in zip(chosen, current, strict=True) if now):
-        if not wanted(f"megatron-bridge:{row.line}"):
-            continue
-        result = megatron_bridge.predict_row(row)
-        found.append(Published("megatron-bridge", str(row.line), row.model, row.gpus, row.seq,
-                               megatron_bridge.plan_inputs(row), row.tokens_per_s_per_gpu, result.predicted,
-                               result.unmodelled))
-    return found, refused, len(chosen) - sum(current)
-
-
-def load_published(keys: Sequence[str] | None = None) -> tuple[list[Published], list[Refused], int]:
-    """Every published row searched (torchtitan's in file order, then Megatron-Bridge's), the rows refused and the
-    superseded Megatron-Bridge rows' count; with ``keys`` (``source:row_id``), only those rows, in file order (and
-    none refused or superseded).
-
-    Raises:
-        SpecError: a key that names no row searched (unknown, refused or superseded).
-    """
-    wanted = set(keys or ())
-    titan, titan_refused = _torchtitan_rows(lambda key: keys is None or key in wanted)
-    bridge, bridge_refused, superseded = _megatron_rows(lambda key: keys is None or key in wanted)
-    rows = titan + bridge
-    if keys is None:
-        return rows, titan_refused + bridge_refused, superseded
-    unknown = [key for key in keys if key not in {row.key for row in rows}]
-    if unknown:
-        raise SpecError(f"{{rows}}: no published row {', '.join(map(repr, unknown))} to search (rows are "
-                        f"SOURCE:ID with SOURCE one of {', '.join(SOURCES)}, e.g. {QUICK_ROWS[0]}; refused and "
-                        "superseded rows are not searched)", "rows")
-    return rows, [], 0
-
-
-def problem_key(row: Published) -> tuple:
-    """What makes two rows one problem: model (with its sequence), topology, global batch, precision, compile."""
-    inputs = row.inputs
-    return inputs.model, inputs.topology, inputs.global_batch, inputs.precision, inputs.compiled
-
-
-def published_candidate(inputs: PlanInputs) -> tuple[Candidate, tuple[str, ...]]:
-    """``inputs`` as a search candidate, and the options of ``inputs`` it cannot carry (each ``name=value``): the
-    fields in which the candidate's own inputs differ from ``inputs``."""
-    candidate = Candidate(
-        tp=inputs.tp, dp=inputs.dp, pp=inputs.pp or 1, microbatch_size=inputs.microbatch_size,
-        schedule=inputs.schedule, chunks=inputs.chunks, recompute=inputs.recompute_mode,
-        sequence_parallel=inputs.sequence_parallel, zero=inputs.zero, rank_order=inputs.rank_order,
-        partition=inputs.partition, devices=inputs.devices, cp=inputs.cp, cp_comm=inputs.cp_comm,
-        dp_replicate=inputs.dp_replicate, precision=inputs.precision or MODEL_PRECISION, compiled=inputs.compiled,
-        ep=inputs.ep, etp=inputs.etp)
-    problem = SearchProblem(inputs.model, inputs.topology, inputs.global_batch or 0, profile=inputs.profile,
-                            kernel_model=inputs.kernel_model)
-    own = replace(candidate.plan_inputs(problem), recompute=inputs.recompute)
-    left = tuple(f"{f.name}={getattr(inputs, f.name)!r}" for f in fields(PlanInputs)
-                 if getattr(inputs, f.name) != getattr(own, f.name))
-    return candidate, left
 
 
 def _union(base: Sequence, *extra) -> tuple:
@@ -538,63 +421,88 @@ def _markdown(opinions: Sequence[Opinion], refused: Sequence[Refused], supersede
     return "\n".join(lines) + "\n"
 
 
-def write(opinions: Sequence[Opinion], refused: Sequence[Refused], superseded: int, out: Path) -> list[str]:
-    """``out/second_opinion.csv``, ``out/second_opinion.md`` and ``out/second_opinion_refused.csv``; their names."""
-    write_text_atomic(_csv(opinions), out / "second_opinion.csv")
-    write_text_atomic(_markdown(opinions, refused, superseded), out / "second_opinion.md")
-    write_text_atomic(_refused_csv(refused), out / "second_opinion_refused.csv")
-    return ["second_opinion.csv", "second_opinion.md", "second_opinion_refused.csv"]
+@dataclass(frozen=True)
+class Result:
+    """Every opinion, in the rows' order; the rows refused and why; the superseded Megatron-Bridge rows' count; and
+    the number of searches (problems) run."""
+
+    opinions: tuple[Opinion, ...]
+    refused: tuple[Refused, ...]
+    superseded: int
+    searches: int
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run second_opinion [--quick] [--rows ...] [--workers N] [--time-budget S] [--out DIR]``;
-    the exit status."""
-    parser = CliParser(prog="python -m experiments.run second_opinion",
-                                     description=__doc__.split("\n\n")[0])
+def parser() -> CliParser:
+    """``python -m experiments.run second_opinion [--quick] [--rows ...] [--workers N] [--time-budget S] [--out
+    DIR]``."""
+    parser = CliParser(prog="python -m experiments.run second_opinion", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/second_opinion")
     parser.add_argument("--quick", action="store_true", help=f"rows {', '.join(QUICK_ROWS)} only (CI)")
     parser.add_argument("--rows", help="comma-separated SOURCE:ID rows to search (default: every row)")
     parser.add_argument("--workers", type=int, default=2, help="search processes (default 2)")
     parser.add_argument("--time-budget", type=float, help="seconds per search (default: none; with one, the pick "
                         "depends on the machine's speed)")
-    args = parser.parse_args(argv)
-    if args.workers < 1:
-        raise SpecError(f"--workers must be >= 1, got {args.workers}")
-    if args.time_budget is not None and not args.time_budget > 0:
-        raise SpecError(f"--time-budget must be > 0 seconds, got {args.time_budget}")
-    keys = list(QUICK_ROWS) if args.quick else [k for k in args.rows.split(",") if k] if args.rows else None
+    return parser
+
+
+def run(*, quick: bool = False, rows: str | None = None, workers: int = 2, time_budget: float | None = None,
+        progress: Callable[[str], None] | None = None) -> Result:
+    """A second opinion on every published row, the rows of ``rows`` (comma-separated ``SOURCE:ID``) or
+    (``quick``) :data:`QUICK_ROWS`, with ``workers`` search processes and ``time_budget`` seconds per search;
+    ``progress`` is given a line per search.
+
+    Raises:
+        SpecError: workers below 1, a budget not above 0, an empty or unknown row (each named by its flag).
+    """
+    if workers < 1:
+        raise SpecError(f"--workers must be >= 1, got {workers}")
+    if time_budget is not None and not time_budget > 0:
+        raise SpecError(f"--time-budget must be > 0 seconds, got {time_budget}")
+    keys = list(QUICK_ROWS) if quick else [k for k in rows.split(",") if k] if rows else None
     if keys is not None and not keys:
         raise SpecError("--rows: empty list")
     try:
-        rows, refused, superseded = load_published(keys)
+        published, refused, superseded = load_published(keys)
     except SpecError as exc:
-        raise SpecError(exc.for_flags({"rows": "--quick" if args.quick else "--rows"})) from None
+        raise SpecError(exc.for_flags({"rows": "--quick" if quick else "--rows"})) from None
     start = time.monotonic()
 
-    def progress(k: int, problems: int, search: Search) -> None:
-        p = search.problem
-        print(f"  search {k}/{problems}: {p.model} on {p.topology}, batch {p.global_batch}: {search.space_size:,} "
-              f"plans, {search.simulated} simulated, {search.elapsed_s:.1f} s (screen {search.screen_s:.1f} s; "
-              f"{time.monotonic() - start:.0f} s in all)", file=sys.stderr, flush=True)
+    def searched(k: int, problems: int, search: Search) -> None:
+        if progress is not None:
+            p = search.problem
+            progress(f"  search {k}/{problems}: {p.model} on {p.topology}, batch {p.global_batch}: "
+                     f"{search.space_size:,} plans, {search.simulated} simulated, {search.elapsed_s:.1f} s (screen "
+                     f"{search.screen_s:.1f} s; {time.monotonic() - start:.0f} s in all)")
 
-    opinions = second_opinion(rows, workers=args.workers, time_budget_s=args.time_budget, progress=progress)
-    searches = len({problem_key(row) for row in rows})
-    print(f"{len(opinions)} published rows (torchtitan's current, Megatron-Bridge's newest expressible) beside the "
-          f"search's best plan for the same model, GPUs, global batch and precision ({searches} searches, strategy "
-          "screen, proven within 1 %); tokens/s per GPU; every speed-up is a prediction")
-    for line in table(opinions):
-        print(line)
+    opinions = second_opinion(published, workers=workers, time_budget_s=time_budget, progress=searched)
+    return Result(tuple(opinions), tuple(refused), superseded, len({problem_key(row) for row in published}))
+
+
+def report(result: Result) -> str:
+    """The table, the summary per source, and the plans for a person to try."""
+    opinions = list(result.opinions)
+    lines = [f"{len(opinions)} published rows (torchtitan's current, Megatron-Bridge's newest expressible) beside the "
+             f"search's best plan for the same model, GPUs, global batch and precision ({result.searches} searches, "
+             "strategy screen, proven within 1 %); tokens/s per GPU; every speed-up is a prediction", *table(opinions)]
     stats = summary(opinions)
     for name in (*SOURCES, "all"):
         s = stats[name]
-        print(f"{name}: {s['rows']} rows, published plan fits by the ledger in {s['published_fits']}, median "
-              f"predicted speed-up {s['median_speedup']:.3f}x (max {s['max_speedup']:.3f}x; against the measurement "
-              f"{s['median_versus_measured']:.3f}x), {s['to_try']} predicted > {TRY_ABOVE:.0%} faster")
-    print(f"for a person to try (predicted > {TRY_ABOVE:.0%} faster; predictions, not measurements):")
+        lines.append(f"{name}: {s['rows']} rows, published plan fits by the ledger in {s['published_fits']}, median "
+                     f"predicted speed-up {s['median_speedup']:.3f}x (max {s['max_speedup']:.3f}x; against the "
+                     f"measurement {s['median_versus_measured']:.3f}x), {s['to_try']} predicted > {TRY_ABOVE:.0%} "
+                     f"faster")
+    lines.append(f"for a person to try (predicted > {TRY_ABOVE:.0%} faster; predictions, not measurements):")
     for o in to_try(opinions):
         assert o.search.best is not None
-        print(f"  {o.row.key:<28} {o.speedup:.2f}x  {plan_text(o.published)} -> {plan_text(o.search.best.candidate)}"
-              f"{'  (published over memory by the ledger)' if not o.published_fits else ''}")
-    names = write(opinions, refused, superseded, Path(args.out))
-    print(f"wrote {args.out}/{{{', '.join(names)}}}")
-    return 0
+        lines.append(f"  {o.row.key:<28} {o.speedup:.2f}x  {plan_text(o.published)} -> "
+                     f"{plan_text(o.search.best.candidate)}"
+                     f"{'  (published over memory by the ledger)' if not o.published_fits else ''}")
+    return "\n".join(lines)
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``second_opinion.csv``, ``second_opinion.md`` and ``second_opinion_refused.csv`` in ``out``."""
+    write_text_atomic(_csv(result.opinions), out / "second_opinion.csv")
+    write_text_atomic(_markdown(result.opinions, result.refused, result.superseded), out / "second_opinion.md")
+    write_text_atomic(_refused_csv(result.refused), out / "second_opinion_refused.csv")
+    return [out / "second_opinion.csv", out / "second_opinion.md", out / "second_opinion_refused.csv"]

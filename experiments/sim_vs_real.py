@@ -28,21 +28,23 @@ Everything goes through the command-line tools, so the numbers are what a user o
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from executor.calibration import MAX_HALF_DRIFT
 from experiments.host_load import foreign_cores, snapshot, wait_until_idle
-from sim.core.errors import SpecError, fail
+from sim.core.cli import CliParser
+from sim.core.errors import SpecError
 from sim.core.fileio import write_json_atomic, write_text_atomic
 
-__all__ = ["main", "run_cases", "summarize", "format_table", "spread", "run_module", "TARGET_MEDIAN", "TARGET_MAX",
-           "BUSY_CORES"]
+__all__ = ["Result", "parser", "run", "report", "write", "wrote", "run_cases", "summarize", "format_table", "spread",
+           "run_module", "TARGET_MEDIAN", "TARGET_MAX", "BUSY_CORES"]
 
 DEFAULT_MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000"
 #: Case name → ``sim.run`` flags. Interleaving uses 2 chunks per rank; ``-recompute`` adds activation recomputation.
@@ -102,33 +104,37 @@ def _simulate(out: Path, model: str, case: str, m: int, mbs: int, profile: Path 
     return out / "plan.json", json.loads((out / "metrics.json").read_text())["iteration_time_s"]
 
 
+def _quiet(line: str) -> None:
+    """The default progress: none."""
+
+
 def _calibrate(out: Path, name: str, model: str, m: int, mbs: int, iterations: int, warmup: int,
-               wait_idle_s: float) -> tuple[float | None, int]:
+               wait_idle_s: float, progress: Callable[[str], None] = _quiet) -> tuple[float | None, int]:
     """Run the calibration plan (1F1B, ``m`` microbatches) with ``--calibrate-out``, again (up to
     :data:`CALIBRATION_TRIES` runs in all) while a run shared the host or its stage medians drifted by more than
     ``executor.calibration.MAX_HALF_DRIFT``; ``out/name.json`` is the first steady run's profile, else the one that
-    drifted least. Returns that run's foreign cores and how many runs were made."""
+    drifted least. Returns that run's foreign cores and how many runs were made; ``progress`` is given a line per
+    step."""
     plan, _ = _simulate(out / f"{name}-sim", model, "1f1b", m, mbs, None)
     tried: list[tuple[bool, float, str, float | None]] = []  # (shared the host, drift, profile text, foreign cores)
     for attempt in range(1, CALIBRATION_TRIES + 1):
-        print(f"{name}: 1f1b, m={m}, {iterations} iterations ...", flush=True)
+        progress(f"{name}: 1f1b, m={m}, {iterations} iterations ...")
         profile = out / f"{name}-run{attempt}.json"
         busy = _measure(wait_idle_s, "--plan", str(plan), "--out", str(out / f"{name}-real"), "--iterations",
                         str(iterations), "--warmup", str(warmup), "--calibrate-out", str(profile), "--no-gantt")
         text = profile.read_text()
         stability = json.loads(text)["method"]["stability"]
-        print(f"  stage medians moved {stability['max_half_drift'] * 100:.1f}% between the run's halves, IQR up to "
-              f"{stability['max_relative_iqr'] * 100:.1f}% of the median{_busy_note(busy)}", flush=True)
+        progress(f"  stage medians moved {stability['max_half_drift'] * 100:.1f}% between the run's halves, IQR up "
+                 f"to {stability['max_relative_iqr'] * 100:.1f}% of the median{_busy_note(busy)}")
         shared = (busy or 0.0) > BUSY_CORES
         tried.append((shared, stability["max_half_drift"], text, busy))
         if not shared and stability["max_half_drift"] <= MAX_HALF_DRIFT:
             break
         if attempt < CALIBRATION_TRIES:
-            print("  unsteady (another process, or the machine's speed moved): calibrating again", flush=True)
+            progress("  unsteady (another process, or the machine's speed moved): calibrating again")
     shared, drift, text, busy = min(tried, key=lambda run: run[:2])
     if len(tried) > 1:
-        print(f"  using run {[run[2] for run in tried].index(text) + 1} of {len(tried)} (drift {drift * 100:.1f}%)",
-              flush=True)
+        progress(f"  using run {[run[2] for run in tried].index(text) + 1} of {len(tried)} (drift {drift * 100:.1f}%)")
     write_text_atomic(text, out / f"{name}.json")
     return busy, len(tried)
 
@@ -141,12 +147,14 @@ def spread(times: list[float]) -> dict[str, float]:
 
 def run_cases(out: Path, *, model: str, schedules: list[str], microbatches: list[int], microbatch_size: int,
               iterations: int, warmup: int, calibrate_m: int,
-              calibrate_iterations: int, wait_idle_s: float = 0.0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+              calibrate_iterations: int, wait_idle_s: float = 0.0,
+              progress: Callable[[str], None] = _quiet) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Calibrate, predict and measure every case, calibrate again; one row per case and the calibrations' record.
-    Each run first waits up to ``wait_idle_s`` s for other processes to go quiet (:func:`wait_until_idle`)."""
+    Each run first waits up to ``wait_idle_s`` s for other processes to go quiet (:func:`wait_until_idle`);
+    ``progress`` is given a line per calibration step and per case."""
     calibration, recalibration = out / "calibration.json", out / "calibration-2.json"
     cal_args = (model, calibrate_m, microbatch_size, calibrate_iterations, warmup, wait_idle_s)
-    first = _calibrate(out, "calibration", *cal_args)
+    first = _calibrate(out, "calibration", *cal_args, progress)
     rows = []
     for schedule in schedules:
         for m in microbatches:
@@ -164,11 +172,11 @@ def run_cases(out: Path, *, model: str, schedules: list[str], microbatches: list
                    "foreign_cores": busy,
                    "ops": compare["ops"]}
             rows.append(row)
-            print(f"  {schedule:<6} m={m:<3} predicted {row['predicted_s'] * 1e3:8.1f} ms   measured "
-                  f"{row['measured_s'] * 1e3:8.1f} ms ({row['measured_spread']['min_s'] * 1e3:.0f}-"
-                  f"{row['measured_spread']['max_s'] * 1e3:.0f})   error {row['relative_error'] * 100:+6.1f}%"
-                  f"{_busy_note(busy)}", flush=True)
-    second = _calibrate(out, "calibration-2", *cal_args)
+            progress(f"  {schedule:<6} m={m:<3} predicted {row['predicted_s'] * 1e3:8.1f} ms   measured "
+                     f"{row['measured_s'] * 1e3:8.1f} ms ({row['measured_spread']['min_s'] * 1e3:.0f}-"
+                     f"{row['measured_spread']['max_s'] * 1e3:.0f})   error {row['relative_error'] * 100:+6.1f}%"
+                     f"{_busy_note(busy)}")
+    second = _calibrate(out, "calibration-2", *cal_args, progress)
     calibrations = {"foreign_cores": [first[0], second[0]], "runs": [first[1], second[1]]}
     for row in rows:
         _, again = _simulate(out / f"{row['schedule']}-m{row['microbatches']}" / "sim-2", model, row["schedule"],
@@ -249,15 +257,30 @@ def _positive_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
-        fail(f"expected comma-separated positive integers, got {text!r}")
+        raise SpecError(f"expected comma-separated positive integers, got {text!r}") from None
     if not values or min(values) < 1:
-        fail(f"expected comma-separated positive integers, got {text!r}")
+        raise SpecError(f"expected comma-separated positive integers, got {text!r}")
     return values
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run sim_vs_real [options]``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.run sim_vs_real", description=__doc__.split("\n")[0])
+@dataclass(frozen=True)
+class Result:
+    """The settings, one row per case (predicted and measured iteration times in s, the error, the spread, the
+    second calibration's prediction, the per-op comparison) and the summary (medians, maxima, the verdict, the
+    calibrations' load and runs)."""
+
+    settings: dict[str, Any]
+    cases: tuple[dict[str, Any], ...]
+    summary: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``results.json`` holds."""
+        return {**self.settings, "cases": list(self.cases), **self.summary}
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run sim_vs_real [options]``."""
+    parser = CliParser(prog="python -m experiments.run sim_vs_real", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/sim_vs_real", help="output directory (default runs/sim_vs_real)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
     parser.add_argument("--schedules", default="gpipe,1f1b", help=f"comma-separated cases from {', '.join(CASES)} "
@@ -275,37 +298,56 @@ def main(argv: list[str]) -> int:
                         help="before each run, wait up to S seconds until other processes use at most "
                         f"{BUSY_CORES / 2} of a core (default 0: do not wait); runs that still share the host are "
                         "marked in the table either way")
-    parser.error = lambda message: fail(message)  # type: ignore[method-assign]
-    args = parser.parse_args(argv)
-    microbatches = _positive_list(args.microbatches)
-    schedules = [s for s in args.schedules.split(",") if s]
-    unknown = [s for s in schedules if s not in CASES]
-    if unknown or not schedules:
-        fail(f"unknown case(s) {unknown or args.schedules!r} (known: {', '.join(CASES)})")
-    for name, value in (("--microbatch-size", args.microbatch_size), ("--iterations", args.iterations),
-                        ("--calibrate-m", args.calibrate_m), ("--calibrate-iterations", args.calibrate_iterations)):
+    return parser
+
+
+def run(*, out: Path, model: str = DEFAULT_MODEL, schedules: str = "gpipe,1f1b", microbatches: str = "4,8,16",
+        microbatch_size: int = 2, iterations: int = 7, warmup: int = 2, calibrate_m: int = 6,
+        calibrate_iterations: int = CALIBRATE_ITERATIONS, wait_idle: float = 0.0,
+        progress: Callable[[str], None] = _quiet) -> Result:
+    """Calibrate, predict and measure every case of ``schedules`` × ``microbatches`` (comma-separated) on 2 CPU
+    ranks, calibrate again; every run's directory is written into ``out``; ``progress`` is given a line per step.
+
+    Raises:
+        SpecError: an unknown case, a count below 1 or a negative wait (each named by its flag).
+    """
+    counts = _positive_list(microbatches)
+    cases = [s for s in schedules.split(",") if s]
+    unknown = [s for s in cases if s not in CASES]
+    if unknown or not cases:
+        raise SpecError(f"unknown case(s) {unknown or schedules!r} (known: {', '.join(CASES)})")
+    for name, value in (("--microbatch-size", microbatch_size), ("--iterations", iterations),
+                        ("--calibrate-m", calibrate_m), ("--calibrate-iterations", calibrate_iterations)):
         if value < 1:
-            fail(f"{name} must be >= 1, got {value}")
-    if not args.wait_idle >= 0:  # also NaN
-        fail(f"--wait-idle must be >= 0 seconds, got {args.wait_idle}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows, calibrations = run_cases(out, model=args.model, schedules=schedules, microbatches=microbatches,
-                                   microbatch_size=args.microbatch_size, iterations=args.iterations,
-                                   warmup=args.warmup, calibrate_m=args.calibrate_m,
-                                   calibrate_iterations=args.calibrate_iterations, wait_idle_s=args.wait_idle)
+            raise SpecError(f"{name} must be >= 1, got {value}")
+    if not wait_idle >= 0:  # also NaN
+        raise SpecError(f"--wait-idle must be >= 0 seconds, got {wait_idle}")
+    rows, calibrations = run_cases(out, model=model, schedules=cases, microbatches=counts,
+                                   microbatch_size=microbatch_size, iterations=iterations, warmup=warmup,
+                                   calibrate_m=calibrate_m, calibrate_iterations=calibrate_iterations,
+                                   wait_idle_s=wait_idle, progress=progress)
     summary = summarize(rows)
     summary["busy_calibrations"] = sum(1 for cores in calibrations["foreign_cores"] if (cores or 0.0) > BUSY_CORES)
-    table = format_table(rows, summary)
-    print()
-    print(table)
-    write_json_atomic({"model": args.model, "microbatch_size": args.microbatch_size, "iterations": args.iterations,
-                       "warmup": args.warmup, "calibration_microbatches": args.calibrate_m,
-                       "calibration_iterations": args.calibrate_iterations,
-                       "calibration_foreign_cores": calibrations["foreign_cores"],
-                       "calibration_runs": calibrations["runs"], "busy_cores_limit": BUSY_CORES,
-                       "target": {"median_abs_error": TARGET_MEDIAN, "max_abs_error": TARGET_MAX}, "cases": rows,
-                       **summary}, out / "results.json")
-    write_text_atomic(table + "\n", out / "table.md")
-    print(f"wrote {out}/{{results.json, table.md, calibration.json, calibration-2.json}} and one directory per case")
-    return 0
+    settings = {"model": model, "microbatch_size": microbatch_size, "iterations": iterations, "warmup": warmup,
+                "calibration_microbatches": calibrate_m, "calibration_iterations": calibrate_iterations,
+                "calibration_foreign_cores": calibrations["foreign_cores"], "calibration_runs": calibrations["runs"],
+                "busy_cores_limit": BUSY_CORES, "target": {"median_abs_error": TARGET_MEDIAN,
+                                                          "max_abs_error": TARGET_MAX}}
+    return Result(settings, tuple(rows), summary)
+
+
+def report(result: Result) -> str:
+    """The table of cases against the targets (the progress lines before it went to ``progress``)."""
+    return format_table(list(result.cases), result.summary)
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``results.json`` and ``table.md`` in ``out``, beside the calibrations and one directory per case."""
+    write_json_atomic(result.as_json(), out / "results.json")
+    write_text_atomic(format_table(list(result.cases), result.summary) + "\n", out / "table.md")
+    return [out / "results.json", out / "table.md"]
+
+
+def wrote(out: Path, files: list[Path]) -> str:
+    """The ``wrote`` line, naming the calibrations and case directories ``run`` wrote."""
+    return f"wrote {out}/{{results.json, table.md, calibration.json, calibration-2.json}} and one directory per case"

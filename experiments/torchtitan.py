@@ -19,15 +19,15 @@ row's half, and the held-out half is what the figures are judged on.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.scatter import accuracy_scatter_png, error_stats
 from experiments.torchtitan_fit import DEVICE, FIGURES, fit_figures, log_error, split_rows, with_figures
+from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.hw.catalog import get_device
@@ -36,8 +36,8 @@ from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
-__all__ = ["DATA", "Row", "RowResult", "load_rows", "plan_inputs", "predict_row", "evaluate", "halves", "summary",
-           "write", "SEED"]
+__all__ = ["DATA", "Row", "RowResult", "Result", "load_rows", "plan_inputs", "predict_row", "evaluate", "halves",
+           "summary", "parser", "run", "report", "write", "SEED"]
 
 DATA = Path(__file__).parent / "data" / "torchtitan" / "benchmarks.csv"
 
@@ -174,9 +174,10 @@ def halves(rows: list[Row], seed: int = SEED) -> list[str]:
     return split_rows([row.row_id for row in rows], fittable, seed)
 
 
-def fit(rows: list[Row], split: list[str]) -> tuple[dict[str, float], float]:
+def fit(rows: list[Row], split: list[str],
+        progress: Callable[[str], None] | None = None) -> tuple[dict[str, float], float]:
     """The device's figures fitted on the ``"fit"`` rows (:func:`experiments.torchtitan_fit.fit_figures`), starting
-    from the catalog's, and the fit half's mean |log error|."""
+    from the catalog's, and the fit half's mean |log error|; ``progress`` is given a line per trial."""
     chosen = [row for row, half in zip(rows, split, strict=True) if half == "fit"]
     parsed = {row.row_id: Topology.parse(plan_inputs(row).topology) for row in chosen}
     device = get_device(DEVICE)
@@ -186,11 +187,11 @@ def fit(rows: list[Row], split: list[str]) -> tuple[dict[str, float], float]:
                             row.tokens_per_s_per_gpu) for row in chosen]
         return sum(errors) / len(errors)
 
-    def progress(figures: dict[str, float], value: float) -> None:
-        print(f"  fit: {', '.join(f'{k} {v:.4f}' for k, v in figures.items())}: {value:.4f}", file=sys.stderr,
-              flush=True)
+    def trial(figures: dict[str, float], value: float) -> None:
+        if progress is not None:
+            progress(f"  fit: {', '.join(f'{k} {v:.4f}' for k, v in figures.items())}: {value:.4f}")
 
-    return fit_figures(objective, {name: getattr(device, name) for name in FIGURES}, progress)
+    return fit_figures(objective, {name: getattr(device, name) for name in FIGURES}, trial)
 
 
 def summary(results: list[RowResult], split: list[str]) -> dict[str, dict[str, float]]:
@@ -234,8 +235,72 @@ def _plot(results: list[RowResult], split: list[str]) -> bytes:
                                 title="torchtitan Llama 3.1 on H100 / H200", size=14)
 
 
-def write(results: list[RowResult], split: list[str], out: Path) -> list[str]:
-    """``out/torchtitan.csv`` (a row per published row) and ``out/torchtitan.png`` (the scatter); their names."""
+@dataclass(frozen=True)
+class Result:
+    """Every current row predicted, in file order, with its half of the split by ``seed``; with ``--fit`` the
+    figures fitted (name → value, the catalog's units) and the fit half's mean |log error| (else ``None``)."""
+
+    seed: int
+    results: tuple[RowResult, ...]
+    split: tuple[str, ...]
+    fitted: dict[str, float] | None = None
+    fit_error: float | None = None
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run torchtitan [--seed S] [--fit] [--out DIR]``."""
+    parser = CliParser(prog="python -m experiments.run torchtitan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/torchtitan")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the fit / held-out split (default {SEED}, "
+                        "the split the catalog's figures were fitted on)")
+    parser.add_argument("--fit", action="store_true", help=f"fit {DEVICE}'s three unpublished figures on the fit "
+                        "half first (a few minutes), print them, and predict with them instead of the catalog's")
+    return parser
+
+
+def run(*, seed: int = SEED, fit: bool = False, progress: Callable[[str], None] | None = None) -> Result:
+    """Every current row predicted, split by ``seed``; with ``fit``, on the figures fitted on the fit half first
+    (``progress`` given a line per trial)."""
+    rows = load_rows()
+    split = halves(rows, seed)
+    topologies: dict[str, Topology] = {}
+    figures, value = None, None
+    if fit:
+        figures, value = _fit(rows, split, progress)
+        for spec in sorted({plan_inputs(row).topology for row in rows}):  # each topology parsed once
+            topologies[spec] = with_figures(Topology.parse(spec), figures)
+    results = [predict_row(row, topologies.get(plan_inputs(row).topology)) for row in rows]
+    return Result(seed, tuple(results), tuple(split), figures, value)
+
+
+_fit = fit  # run's keyword ``fit`` (the flag) shadows the function there
+
+
+def report(result: Result) -> str:
+    """The fitted figures (with ``--fit``), the table, and the error summary by half beside the targets."""
+    results, split = list(result.results), list(result.split)
+    lines = []
+    if result.fitted is not None:
+        lines.append(f"fitted on {split.count('fit')} rows (seed {result.seed}): "
+                     f"{', '.join(f'{name}: {value:.3f}' for name, value in result.fitted.items())} "
+                     f"(mean |log error| {result.fit_error:.4f}); put them in profiles/hardware/devices.yaml to make "
+                     f"them the catalog's")
+    lines.append(f"{len(results)} torchtitan rows (experiments/data/torchtitan), error = predicted / published − 1; "
+                 f"{DEVICE}'s {', '.join(FIGURES)} fitted on the 'fit' half (seed {result.seed})")
+    lines += _table(results, split)
+    stats = summary(results, split)
+    for key, label in (("held_out_fully_modelled", "held out, fully modelled"), ("held_out", "held out, all"),
+                       ("fit", "fit half"), ("all", "all rows")):
+        entry = stats[key]
+        lines.append(f"{label}: {entry['rows']} rows, median |error| {entry['median_abs_error']:.1%}, max "
+                     f"{entry['max_abs_error']:.1%}")
+    lines.append("targets (held out, fully modelled): median 5 %, max 12 %")
+    return "\n".join(lines)
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``out/torchtitan.csv`` (a row per published row) and ``out/torchtitan.png`` (the scatter)."""
+    results, split = list(result.results), list(result.split)
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["row_id", "half", "model", "gpus", "fsdp", "tp", "pp", "cp", "seq", "float8", "compile", "ac",
@@ -248,39 +313,4 @@ def write(results: list[RowResult], split: list[str], out: Path) -> list[str]:
                          "; ".join(r.unmodelled)])
     write_text_atomic(text.getvalue(), out / "torchtitan.csv")
     write_bytes_atomic(out / "torchtitan.png", _plot(results, split))
-    return ["torchtitan.csv", "torchtitan.png"]
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.run torchtitan", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/torchtitan")
-    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the fit / held-out split (default {SEED}, "
-                        "the split the catalog's figures were fitted on)")
-    parser.add_argument("--fit", action="store_true", help=f"fit {DEVICE}'s three unpublished figures on the fit "
-                        "half first (a few minutes), print them, and predict with them instead of the catalog's")
-    args = parser.parse_args(argv)
-    rows = load_rows()
-    split = halves(rows, args.seed)
-    topologies: dict[str, Topology] = {}
-    if args.fit:
-        figures, value = fit(rows, split)
-        print(f"fitted on {split.count('fit')} rows (seed {args.seed}): "
-              f"{', '.join(f'{name}: {value:.3f}' for name, value in figures.items())} "
-              f"(mean |log error| {value:.4f}); put them in profiles/hardware/devices.yaml to make them the catalog's")
-        for spec in sorted({plan_inputs(row).topology for row in rows}):  # each topology parsed once
-            topologies[spec] = with_figures(Topology.parse(spec), figures)
-    results = [predict_row(row, topologies.get(plan_inputs(row).topology)) for row in rows]
-    print(f"{len(results)} torchtitan rows (experiments/data/torchtitan), error = predicted / published − 1; "
-          f"{DEVICE}'s {', '.join(FIGURES)} fitted on the 'fit' half (seed {args.seed})")
-    for line in _table(results, split):
-        print(line)
-    stats = summary(results, split)
-    for key, label in (("held_out_fully_modelled", "held out, fully modelled"), ("held_out", "held out, all"),
-                       ("fit", "fit half"), ("all", "all rows")):
-        entry = stats[key]
-        print(f"{label}: {entry['rows']} rows, median |error| {entry['median_abs_error']:.1%}, max "
-              f"{entry['max_abs_error']:.1%}")
-    print("targets (held out, fully modelled): median 5 %, max 12 %")
-    names = write(results, split, Path(args.out))
-    print(f"wrote {args.out}/{{{', '.join(names)}}}")
-    return 0
+    return [out / "torchtitan.csv", out / "torchtitan.png"]

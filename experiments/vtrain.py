@@ -20,19 +20,19 @@ a ±10 % band), all or none, and prints the tables. ``--quick`` takes a seeded s
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import random
 import statistics
-import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.scatter import accuracy_scatter_png
 from experiments.vtrain_fit import FITTED, fit_kernel_model, kernel_model_yaml
+from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text, write_bytes_atomic, write_text_atomic
 from sim.cost.gpu_time import KernelModel, default_kernel_model, load_kernel_model
@@ -40,7 +40,8 @@ from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
-__all__ = ["Run", "load_runs", "split_runs", "predict_run", "spearman", "main"]
+__all__ = ["Run", "Result", "load_runs", "split_runs", "predict_run", "spearman", "parser", "run", "report",
+           "write"]
 
 DATA = Path(__file__).resolve().parent / "data" / "vtrain" / "ground_truth_single.csv"
 COLUMNS = ("# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers", "sequence length",
@@ -225,24 +226,44 @@ def _plot(runs: list[Run], predicted: list[float], halves: list[str]) -> bytes:
                                 size=8, alpha=0.8)
 
 
-def _fit(runs: list[Run], halves: list[str], start: KernelModel, seed: int, out: Path) -> KernelModel:
-    """Fit the kernel model on the fit half (:mod:`experiments.vtrain_fit`), write ``out/kernel_model.yaml``."""
-    def progress(calls: int, best: float) -> None:
-        if calls % 20 == 0:
-            print(f"  fit: {calls} evaluations, objective {best:.4f}", file=sys.stderr, flush=True)
+def _fit(runs: list[Run], halves: list[str], start: KernelModel, seed: int,
+         progress: Callable[[str], None] | None) -> tuple[KernelModel, str]:
+    """The kernel model fitted on the fit half (:mod:`experiments.vtrain_fit`) and its ``kernel_model.yaml`` text;
+    ``progress`` is given a line every 20 evaluations."""
+    def trial(calls: int, best: float) -> None:
+        if progress is not None and calls % 20 == 0:
+            progress(f"  fit: {calls} evaluations, objective {best:.4f}")
 
-    model, value, used = fit_kernel_model(runs, halves, predict_run, start, seed=seed, progress=progress)
+    model, value, used = fit_kernel_model(runs, halves, predict_run, start, seed=seed, progress=trial)
     note = (f"fitted by `python -m experiments.run vtrain --fit` on {used} runs sampled (seed {seed}) from the fit "
             f"half (seeded split, seed {seed}) of vTrain's 1,440 single-node A100 runs; objective mean |error| + 0.1 "
             f"max |error| = {value:.4f}; gemm_tile not fitted (128, cuBLAS's tensor-core tile for these shapes)")
-    write_text_atomic(kernel_model_yaml(model, note), out / "kernel_model.yaml")
-    print(f"fitted {', '.join(f'{name} = {getattr(model, name):.4g}' for name in FITTED)}; wrote "
-          f"{out}/kernel_model.yaml")
-    return model
+    return model, kernel_model_yaml(model, note)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.run vtrain", description=__doc__.split("\n\n")[0])
+@dataclass(frozen=True)
+class Result:
+    """The runs predicted (all, or ``--quick``'s sample) from the file named ``data``, each with its half of the
+    split by ``seed`` and its predicted iteration time (s); with ``--fit`` the kernel model fitted and its YAML."""
+
+    data: str
+    seed: int
+    runs: tuple[Run, ...]
+    halves: tuple[str, ...]
+    predicted: tuple[float, ...]
+    fitted: KernelModel | None = None
+    fitted_yaml: str | None = None
+
+    @property
+    def errors(self) -> tuple[float, ...]:
+        """predicted / measured − 1 per run."""
+        return tuple(p / run.measured_s - 1 for p, run in zip(self.predicted, self.runs))
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run vtrain [--quick] [--data CSV] [--seed S] [--kernel-model YAML] [--fit]
+    [--out DIR]``."""
+    parser = CliParser(prog="python -m experiments.run vtrain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/vtrain")
     parser.add_argument("--data", type=Path, default=DATA, help="a CSV with vTrain's columns (default: the 1,440 "
                         "single-node runs shipped in experiments/data/vtrain)")
@@ -252,40 +273,65 @@ def main(argv: list[str]) -> int:
                         "built-in profiles/hardware/kernel_model.yaml)")
     parser.add_argument("--fit", action="store_true", help="fit the kernel model's constants on a seeded sample of "
                         "the fit half first (several minutes), write OUT/kernel_model.yaml and predict with it")
-    args = parser.parse_args(argv)
-    runs = load_runs(args.data)
-    shipped = args.data.resolve() == DATA.resolve()
+    return parser
+
+
+def run(*, quick: bool = False, data: Path = DATA, seed: int = 0, kernel_model: Path | None = None, fit: bool = False,
+        progress: Callable[[str], None] | None = None) -> Result:
+    """Predict every run of ``data`` (``quick``: a sample of 48 seeded by ``seed`` + 1) with the built-in kernel
+    model, the one in the file ``kernel_model``, or (``fit``) one fitted first on the shipped file's fit half.
+
+    Raises:
+        SpecError: ``fit`` with another file than the shipped one, or a malformed file.
+    """
+    runs = load_runs(data)
+    shipped = data.resolve() == DATA.resolve()
     # The constants were fitted on the shipped file's fit half only: every run of another file is held out.
-    halves = split_runs(runs, args.seed) if shipped else ["held-out"] * len(runs)
+    halves = split_runs(runs, seed) if shipped else ["held-out"] * len(runs)
     model = default_kernel_model()
-    if args.kernel_model is not None:
-        model = load_kernel_model(read_text(args.kernel_model, "kernel model"), str(args.kernel_model))
-    out = Path(args.out)
-    if args.fit:
+    if kernel_model is not None:
+        model = load_kernel_model(read_text(kernel_model, "kernel model"), str(kernel_model))
+    fitted, fitted_yaml = None, None
+    if fit:
         if not shipped:
             raise SpecError("--fit fits on the shipped vTrain file's fit half; leave out --data")
-        model = _fit(runs, halves, model, args.seed, out)
-    if args.quick:
-        keep = sorted(random.Random(args.seed + 1).sample(range(len(runs)), min(48, len(runs))))
+        fitted, fitted_yaml = _fit(runs, halves, model, seed, progress)
+        model = fitted
+    if quick:
+        keep = sorted(random.Random(seed + 1).sample(range(len(runs)), min(48, len(runs))))
         runs, halves = [runs[i] for i in keep], [halves[i] for i in keep]
     with tempfile.TemporaryDirectory(prefix="vtrain-topologies-") as folder:
-        predicted = [predict_run(run, model, Path(folder)) for run in runs]
-    errors = [p / run.measured_s - 1 for p, run in zip(predicted, runs)]
-    print(f"{len(runs)} runs from {args.data.name}, split by seed {args.seed}: {halves.count('fit')} fit, "
-          f"{halves.count('held-out')} held out; error = predicted / measured - 1")
-    for line in _error_table(runs, halves, errors):
-        print(line)
-    print(_ranking(runs, predicted))
+        predicted = [predict_run(one, model, Path(folder)) for one in runs]
+    return Result(data.name, seed, tuple(runs), tuple(halves), tuple(predicted), fitted, fitted_yaml)
+
+
+def report(result: Result) -> str:
+    """The fitted constants (with ``--fit``), the error table by split and group, and the ranking."""
+    runs, halves = list(result.runs), list(result.halves)
+    lines = []
+    if result.fitted is not None:
+        lines.append(f"fitted {', '.join(f'{name} = {getattr(result.fitted, name):.4g}' for name in FITTED)}")
+    lines.append(f"{len(runs)} runs from {result.data}, split by seed {result.seed}: {halves.count('fit')} fit, "
+                 f"{halves.count('held-out')} held out; error = predicted / measured - 1")
+    lines += _error_table(runs, halves, list(result.errors))
+    lines.append(_ranking(runs, list(result.predicted)))
+    return "\n".join(lines)
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``kernel_model.yaml`` (with ``--fit``), ``vtrain.csv`` (every run) and ``vtrain.png`` in ``out``."""
+    files = []
+    if result.fitted_yaml is not None:
+        write_text_atomic(result.fitted_yaml, out / "kernel_model.yaml")
+        files.append(out / "kernel_model.yaml")
     fields = ["gpus", "global_batch", "microbatch", "hidden", "heads", "layers", "seq", "tp", "dp", "pp", "split",
               "measured_s", "predicted_s", "error"]
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(fields)
-    for run, half, p, e in zip(runs, halves, predicted, errors):
-        writer.writerow([run.gpus, run.global_batch, run.microbatch, run.hidden, run.heads, run.layers, run.seq,
-                         run.tp, run.dp, run.pp, half, repr(run.measured_s), repr(p), f"{e:.6f}"])
+    for one, half, p, e in zip(result.runs, result.halves, result.predicted, result.errors):
+        writer.writerow([one.gpus, one.global_batch, one.microbatch, one.hidden, one.heads, one.layers, one.seq,
+                         one.tp, one.dp, one.pp, half, repr(one.measured_s), repr(p), f"{e:.6f}"])
     write_text_atomic(text.getvalue(), out / "vtrain.csv")
-    write_bytes_atomic(out / "vtrain.png", _plot(runs, predicted, halves))
-    print(f"wrote {out}/{{vtrain.csv, vtrain.png}}")
-    return 0
-
+    write_bytes_atomic(out / "vtrain.png", _plot(list(result.runs), list(result.predicted), list(result.halves)))
+    return [*files, out / "vtrain.csv", out / "vtrain.png"]

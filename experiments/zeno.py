@@ -15,19 +15,20 @@ oracle: ``sim.cost.model.CostModel``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from experiments.sim_vs_real import run_module
+from sim.core.cli import CliParser
 from sim.core.fileio import write_bytes_atomic, write_json_atomic
 from sim.ir.ops import OpKind
 from sim.ir.plan import Plan
 from sim.predict import predict
 
-__all__ = ["MODEL", "RUNS", "simulated_cost", "run", "main"]
+__all__ = ["MODEL", "RUNS", "Result", "simulated_cost", "parser", "run", "report", "write"]
 
 MODEL = "cnn:layers=4,features=8,kernel=3,size=16"
 ITERATIONS, LR, REPLICAS = 30, "0.05", 4
@@ -48,8 +49,29 @@ def simulated_cost(plan: Plan) -> dict[str, float]:
     return {"mean_s": costs.collective(OpKind.REDUCE_GRAD, 0).seconds, "zeno_s": zeno}
 
 
-def run(out: Path) -> dict[str, Any]:
-    """The three runs and the costs, as data."""
+@dataclass(frozen=True)
+class Result:
+    """Per run of :data:`RUNS`: the mean loss over the replicas per iteration (``None`` once diverged) and the
+    measured mean REDUCE_GRAD (s); the simulated REDUCE_GRAD with the mean and with Zeno (``mean_s``, ``zeno_s``)."""
+
+    curves: dict[str, list[float | None]]
+    measured_reduce_s: dict[str, float]
+    simulated: dict[str, float]
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``zeno.json`` holds."""
+        return {"curves": self.curves, "measured_reduce_s": self.measured_reduce_s, "simulated": self.simulated}
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run zeno [--out DIR]``."""
+    parser = CliParser(prog="python -m experiments.run zeno", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/zeno")
+    return parser
+
+
+def run(*, out: Path) -> Result:
+    """The plan simulated, the three runs measured (their directories written into ``out``), and the costs."""
     run_module("sim.run", "--topology", f"{REPLICAS}xcpu", "--model", MODEL, "--dp", str(REPLICAS), "--global-batch",
                str(2 * REPLICAS), "--no-gantt", "--out", str(out / "sim"))
     plan_path = out / "sim" / "plan.json"
@@ -64,7 +86,7 @@ def run(out: Path) -> dict[str, Any]:
                         for value in (sum(step) / len(step) for step in losses)]
         measured[name] = json.loads((target / "compare.json").read_text())["ops"]["REDUCE_GRAD"]["measured_mean_s"]
     plan = Plan.loads(plan_path.read_text())
-    return {"curves": curves, "measured_reduce_s": measured, "simulated": simulated_cost(plan)}
+    return Result(curves, measured, simulated_cost(plan))
 
 
 def _plot(curves: dict[str, list[float | None]]) -> bytes:
@@ -87,23 +109,23 @@ def _plot(curves: dict[str, list[float | None]]) -> bytes:
     return figure_png(fig)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.run zeno", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/zeno")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    result = run(out)
-    print(f"{REPLICAS} CPU replicas, {MODEL}, SGD lr {LR}, {ITERATIONS} iterations")
-    print("  run                      loss: first    last    min")
-    for name, losses in result["curves"].items():
+def report(result: Result) -> str:
+    """Each run's first, last and lowest loss, then REDUCE_GRAD measured and simulated."""
+    lines = [f"{REPLICAS} CPU replicas, {MODEL}, SGD lr {LR}, {ITERATIONS} iterations",
+             "  run                      loss: first    last    min"]
+    for name, losses in result.curves.items():
         finite = [value for value in losses if value is not None]
         last = f"{losses[-1]:7.3f}" if losses[-1] is not None else "diverged"
-        print(f"  {name:<24} {losses[0]:10.3f} {last:>7} {min(finite):6.3f}")
-    measured, simulated = result["measured_reduce_s"], result["simulated"]
-    print(f"REDUCE_GRAD per step, measured: mean {measured['one Byzantine, mean'] * 1e3:.2f} ms, zeno "
-          f"{measured['one Byzantine, zeno:1'] * 1e3:.2f} ms; simulated: mean {simulated['mean_s'] * 1e3:.3f} ms, "
-          f"zeno {simulated['zeno_s'] * 1e3:.3f} ms")
-    write_json_atomic(result, out / "zeno.json")
-    write_bytes_atomic(out / "zeno.png", _plot(result["curves"]))
-    print(f"wrote {args.out}/{{zeno.json, zeno.png}}")
-    return 0
+        lines.append(f"  {name:<24} {losses[0]:10.3f} {last:>7} {min(finite):6.3f}")
+    measured, simulated = result.measured_reduce_s, result.simulated
+    lines.append(f"REDUCE_GRAD per step, measured: mean {measured['one Byzantine, mean'] * 1e3:.2f} ms, zeno "
+                 f"{measured['one Byzantine, zeno:1'] * 1e3:.2f} ms; simulated: mean {simulated['mean_s'] * 1e3:.3f} "
+                 f"ms, zeno {simulated['zeno_s'] * 1e3:.3f} ms")
+    return "\n".join(lines)
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``zeno.json`` and ``zeno.png`` in ``out`` (beside the runs' directories)."""
+    write_json_atomic(result.as_json(), out / "zeno.json")
+    write_bytes_atomic(out / "zeno.png", _plot(result.curves))
+    return [out / "zeno.json", out / "zeno.png"]

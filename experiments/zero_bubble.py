@@ -42,7 +42,8 @@ from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 from sim.report.png import figure_png
 
-__all__ = ["Case", "Row", "CASES", "UNIFORM", "GPT", "PAPER_GAIN", "simulate", "closed_form_s", "run", "main"]
+__all__ = ["Case", "Row", "CASES", "UNIFORM", "GPT", "PAPER_GAIN", "simulate", "closed_form_s", "grid", "Result",
+           "parser", "run", "report", "write"]
 
 #: 8 identical layers, forward 1 ms and backward 2 ms per sample: a stage of 8/p layers has T_F = T_B = T_W = 8/p ms.
 UNIFORM = "uniform:layers=8,fwd_ms=1,bwd_ms=2"
@@ -92,7 +93,7 @@ def simulate(case: Case, p: int, m: int, schedule: str) -> Row:
                max(prediction.peak_memory_bytes))
 
 
-def run(cases: tuple[Case, ...], ps: tuple[int, ...]) -> list[Row]:
+def grid(cases: tuple[Case, ...], ps: tuple[int, ...]) -> list[Row]:
     """Every (case, p, m) of the grid, 1F1B then ZB-H1."""
     return [simulate(case, p, p * k, s) for case in cases for p in ps for k in M_FACTORS for s in SCHEDULES]
 
@@ -195,22 +196,38 @@ def _plot(rows: list[Row]) -> bytes:
     return figure_png(fig, dpi=110)
 
 
-def main(argv: list[str]) -> int:
-    """``python -m experiments.run zero_bubble [--quick] [--cases ...] [--out DIR]``; the exit status."""
+@dataclass(frozen=True)
+class Result:
+    """The cases asked for and every simulated row of the grid, in its order (case, p, m, then the schedules)."""
+
+    cases: tuple[Case, ...]
+    rows: tuple[Row, ...]
+
+
+def parser() -> CliParser:
+    """``python -m experiments.run zero_bubble [--quick] [--cases ...] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run zero_bubble", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/zero_bubble")
     parser.add_argument("--quick", action="store_true", help="p in {2, 4} only (CI)")
     add_cases_flag(parser, CASES)
-    args = parser.parse_args(argv)
-    cases = chosen_cases(args.cases, CASES)
-    rows = run(cases, PS[:2] if args.quick else PS)
-    for case in cases:
-        print("\n".join(_table(rows, case)))
-        print()
-    print("\n".join(_summary(rows)))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return parser
+
+
+def run(*, quick: bool = False, cases: tuple[str, ...] = tuple(c.key for c in CASES)) -> Result:
+    """The grid of the cases named by ``cases`` (keys of :data:`CASES`); ``quick``: p in {2, 4} only (CI)."""
+    chosen = chosen_cases(cases, CASES)
+    return Result(chosen, tuple(grid(chosen, PS[:2] if quick else PS)))
+
+
+def report(result: Result) -> str:
+    """One table per case, then the largest and smallest gains and the paper."""
+    rows = list(result.rows)
+    return "\n".join([*(line for case in result.cases for line in [*_table(rows, case), ""]), *_summary(rows)])
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """``zero_bubble.csv`` and ``zero_bubble.png`` in ``out``."""
+    rows = list(result.rows)
     write_text_atomic(_csv(rows), out / "zero_bubble.csv")
     write_bytes_atomic(out / "zero_bubble.png", _plot(rows))
-    print(f"wrote {out}/{{zero_bubble.csv, zero_bubble.png}}")
-    return 0
+    return [out / "zero_bubble.csv", out / "zero_bubble.png"]

@@ -1,6 +1,6 @@
-"""experiments.run gpipe_scaling: the quick run's files and grid, its uniform case against GPipe's bubble arithmetic
+"""experiments.gpipe_scaling: the quick run's grid and files, its uniform case against GPipe's bubble arithmetic
 K·M/(M + K − 1) (and the absolute iteration time (M + K − 1)·(t_f + t_b)), the published tables as transcribed from
-the reference notes, the error column's arithmetic, and bad input."""
+the reference notes, the error column's arithmetic."""
 
 from __future__ import annotations
 
@@ -9,32 +9,41 @@ import csv
 import pytest
 
 from experiments import gpipe_scaling
-from experiments.run import main as run_main
-from tests.experiments.refusal import refused
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
+def result() -> gpipe_scaling.Result:
+    return gpipe_scaling.run(quick=True)
+
+
+@pytest.fixture(scope="module")
+def quick(result, tmp_path_factory):
+    """The rows of ``write``'s CSV: its normalised and error columns are what the tests below check."""
     out = tmp_path_factory.mktemp("gpipe_scaling")
-    assert run_main(["gpipe_scaling", "--quick", "--out", str(out)]) == 0
+    assert gpipe_scaling.write(result, out) == [out / "gpipe_scaling.csv", out / "gpipe_scaling.png"]
     assert (out / "gpipe_scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with open(out / "gpipe_scaling.csv", newline="") as handle:
         return list(csv.DictReader(handle))
 
 
-def test_the_quick_grid_is_k2_and_k4_for_every_case_and_its_ms(quick):
-    assert [(r["case"], int(r["m"]), int(r["k"])) for r in quick] == [
-        (case.key, m, k) for case in gpipe_scaling.CASES for m in case.ms for k in (2, 4)]
+def test_the_quick_grid_is_k2_and_k4_for_every_case_and_its_ms(result, quick):
+    grid = [(case.key, m, k) for case in gpipe_scaling.CASES for m in case.ms for k in (2, 4)]
+    assert [(p.case.key, p.m, p.k) for p in result.points] == grid
+    assert [(r["case"], int(r["m"]), int(r["k"])) for r in quick] == grid
 
 
-def test_equal_stages_on_free_links_scale_as_gpipe_s_bubble(quick):
+def test_equal_stages_on_free_links_scale_as_gpipe_s_bubble(result, quick):
     # 24 layers of 1 ms forward + 2 ms backward on K ranks: a stage is 24/K x 3 ms per microbatch, and GPipe without
     # re-materialisation takes (M + K - 1) stage-times, so the throughput over K = 2, M = 1 is K·M/(M + K - 1).
-    ideal = [r for r in quick if r["case"] == "ideal"]
+    points = list(result.points)
+    ideal = [p for p in points if p.case.key == "ideal"]
     assert len(ideal) == 6
-    for row in ideal:
+    for point in ideal:
+        k, m = point.k, point.m
+        assert point.iteration_s == pytest.approx((m + k - 1) * 24 / k * 3e-3, rel=1e-12)
+        assert gpipe_scaling.normalised(points, point) == pytest.approx(k * m / (m + k - 1), rel=1e-12)
+    for row in (r for r in quick if r["case"] == "ideal"):
         k, m = int(row["k"]), int(row["m"])
-        assert float(row["iteration_time_s"]) == pytest.approx((m + k - 1) * 24 / k * 3e-3, rel=1e-12)
         assert float(row["normalised"]) == pytest.approx(k * m / (m + k - 1), abs=1e-6)
         assert abs(float(row["error_vs_reference"])) < 1e-6
         assert row["paper"] == ""
@@ -65,8 +74,3 @@ def test_every_case_is_normalised_to_its_own_baseline(quick):
             assert float(row["normalised"]) == pytest.approx(expected, abs=1e-6)
             assert float(row["samples_per_s"]) == pytest.approx(
                 int(row["m"]) * int(row["microbatch_size"]) / float(row["iteration_time_s"]), rel=1e-12)
-
-
-def test_bad_input_is_one_line_and_status_2(capsys, tmp_path):
-    assert "--partitions" in refused(capsys, ["gpipe_scaling", "--partitions", "3", "--out", str(tmp_path / "o")])
-    assert not (tmp_path / "o" / "gpipe_scaling.csv").exists()

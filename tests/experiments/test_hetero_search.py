@@ -1,4 +1,4 @@
-"""``experiments.run hetero_search``: the stand-in cluster against the real one, the three plans against brute force
+"""``experiments.hetero_search``: the stand-in cluster against the real one, the three plans against brute force
 over the searches' own evaluations, the ``--quick`` files, and bad input."""
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from experiments.hetero_search import (
     fixed_partition,
     stand_in,
 )
-from experiments.run import main as run_main
+from sim.core.errors import SpecError
 from sim.core.fileio import write_text_atomic
 from sim.hw.topology import Topology
 from sim.search.alpa import honours_alpa_assumption
 from sim.search.evaluate import evaluate
-from tests.experiments.refusal import refused
 
 
 def _real(cluster: Cluster, folder: Path) -> Topology:
@@ -120,28 +119,22 @@ def test_a_pick_that_overflows_the_real_devices_gives_way_to_the_first_that_fits
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    """One ``--quick`` run through the registry, keeping the comparisons it made."""
+    """One ``--quick`` run, its files written, and the folder both wrote into."""
     out = tmp_path_factory.mktemp("quick") / "out"
-    made: list[Comparison] = []
-
-    def recording(*args, **kwargs):
-        made.append(compare(*args, **kwargs))
-        return made[-1]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(hetero_search, "compare", recording)
-        status = run_main(["hetero_search", "--quick", "--workers", "1", "--out", str(out)])
-    return status, out, made
+    out.mkdir()
+    result = hetero_search.run(out=out, quick=True, workers=1)
+    assert hetero_search.write(result, out) == [out / "hetero_search.csv", out / "hetero_search.png"]
+    return result, out
 
 
 def test_quick_writes_its_files_and_its_plans_hold_against_brute_force(quick):
-    status, out, made = quick
-    assert status == 0
+    result, out = quick
     names = [c.name for c in QUICK_CLUSTERS]
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["hetero_search.csv", "hetero_search.png"] + [f"{n}.standin.yaml" for n in names]
         + [f"{c.name}.yaml" for c in QUICK_CLUSTERS if c.yaml])
     assert (out / "hetero_search.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    made = list(result.comparisons)
     assert [c.cluster for c in made] == list(QUICK_CLUSTERS)
     for c in made:
         _check(c)
@@ -154,11 +147,7 @@ def test_quick_writes_its_files_and_its_plans_hold_against_brute_force(quick):
         assert float(r["relative_to_searched"]) == pytest.approx(float(r["iteration_time_s"]) / best, rel=1e-12)
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--workers", "0"], "error: --workers must be an integer >= 1, got 0\n"),
-    (["--workers", "two"], "invalid int value: 'two'"),
-    (["--quick", "--bogus"], "unrecognized arguments: --bogus"),
-])
-def test_bad_input_is_one_error_line_and_status_2(tmp_path, capsys, argv, message):
-    assert message in refused(capsys, ["hetero_search", "--out", str(tmp_path / "out"), *argv])
-    assert not (tmp_path / "out").exists()
+def test_no_workers_is_refused_naming_the_flag(tmp_path):
+    with pytest.raises(SpecError, match="--workers must be an integer >= 1, got 0"):
+        hetero_search.run(out=tmp_path, workers=0)
+    assert list(tmp_path.iterdir()) == []

@@ -1,4 +1,4 @@
-"""experiments.run memory_real: one real case on 2 CPU ranks and the per-layer breakdown, asserted on the data the
+"""experiments.memory_real: one real case on 2 CPU ranks and the per-layer breakdown, asserted on the data the
 experiment returns; the verdict and table from hand-made rows; bad input (the full experiment is a benchmark)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from experiments import memory_real
 from experiments.memory_real import (
     CASES,
     TARGET_ERROR,
@@ -16,7 +17,7 @@ from experiments.memory_real import (
     run_experiment,
     summarize,
 )
-from tests.experiments.refusal import refused
+from sim.core.errors import SpecError
 
 MODEL = "gpt:layers=4,hidden=256,seq=128,vocab=1000"
 
@@ -87,13 +88,14 @@ def test_the_verdict_and_table_from_hand_made_rows():
     assert f"1 of 2 ranks within {TARGET_ERROR * 100:.0f}%" in table and "target NOT met" in table
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--ranks", "5"], "--ranks must be 2, 3 or 4, got 5"),
-    (["--cases", "1f1b,nope"], "--cases: unknown 'nope'"),
-    (["--model", "cnn:layers=2"], "--model must be a gpt spec"),
-    (["--microbatches", "0"], "--microbatches must be >= 1, got 0"),
-    (["--overhead-repeats", "-1"], "--overhead-repeats must be >= 0, got -1"),
+@pytest.mark.parametrize("options,message", [
+    ({"ranks": 5}, "--ranks must be 2, 3 or 4, got 5"),
+    ({"cases": "1f1b,nope"}, "--cases: unknown 'nope'"),
+    ({"model": "cnn:layers=2"}, "--model must be a gpt spec"),
+    ({"microbatches": 0}, "--microbatches must be >= 1, got 0"),
+    ({"overhead_repeats": -1}, "--overhead-repeats must be >= 0, got -1"),
 ])
-def test_bad_input_is_refused(tmp_path, capsys, argv, message):
-    err = refused(capsys, ["memory_real", "--out", str(tmp_path / "out"), *argv])
-    assert message in err, err
+def test_bad_input_is_refused_naming_the_flag(tmp_path, options, message):
+    with pytest.raises(SpecError, match=message):
+        memory_real.run(out=tmp_path, **options)
+    assert list(tmp_path.iterdir()) == []  # refused before any run

@@ -1,4 +1,4 @@
-"""experiments.run mixed_real: the cluster file, the pipeline-only settings, the prediction of a plan on a cluster other
+"""experiments.mixed_real: the cluster file, the pipeline-only settings, the prediction of a plan on a cluster other
 than its own (against a closed form), the verdicts and table from hand-made runs, bad input, and one real run of a plan
 on the mixed cluster with executor.run --slowdown (the full experiment is a benchmark, not a test)."""
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments import mixed_real
 from experiments.mixed_real import (
     PLANS,
     TARGET_ERROR,
@@ -19,7 +20,7 @@ from experiments.mixed_real import (
     summarize,
     write_topology,
 )
-from experiments.run import main as experiments_main
+from sim.core.errors import SpecError
 from sim.hw.catalog import get_device, slowed_device
 from sim.hw.topology import Topology
 from sim.plan.build import build_plan
@@ -118,25 +119,20 @@ def test_the_same_plan_busy_runs_and_a_changed_load_are_said() -> None:
     assert set(PLANS) == set(rows)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--ranks", "5"], "--ranks must be 2 to 4, got 5"),
-    (["--slow-rank", "2"], "--slow-rank must be a rank of the 2 (0..1), got 2"),
-    (["--factor", "1"], "--factor must be a number above 1 and at most 1000, got 1.0"),
-    (["--factor", "nan"], "got nan"),
-    (["--iterations", "0"], "--iterations must be >= 1, got 0"),
-    (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
-    (["--calibrate-iterations", "3"], "--calibrate-iterations must be >= 8"),
-    (["--wait-idle", "-1"], "--wait-idle must be >= 0 seconds"),
-    (["--ranks", "two"], "invalid int value: 'two'"),
+@pytest.mark.parametrize(("options", "message"), [
+    ({"ranks": 5}, "--ranks must be 2 to 4, got 5"),
+    ({"slow_rank": 2}, "--slow-rank must be a rank of the 2 (0..1), got 2"),
+    ({"factor": 1.0}, "--factor must be a number above 1 and at most 1000, got 1.0"),
+    ({"factor": float("nan")}, "got nan"),
+    ({"iterations": 0}, "--iterations must be >= 1, got 0"),
+    ({"warmup": -1}, "--warmup must be >= 0, got -1"),
+    ({"calibrate_iterations": 3}, "--calibrate-iterations must be >= 8"),
+    ({"wait_idle": -1.0}, "--wait-idle must be >= 0 seconds"),
 ])
-def test_bad_input_is_one_error_line_and_status_2(tmp_path: Path, capsys, args: list[str], message: str) -> None:
-    out = tmp_path / "out"
-    with pytest.raises(SystemExit) as info:
-        experiments_main(["mixed_real", "--out", str(out), *args])
-    captured = capsys.readouterr()
-    assert info.value.code == 2 and captured.out == ""
-    assert captured.err.startswith("error: ") and message in captured.err and captured.err.count("\n") == 1
-    assert not out.exists() or not any(out.iterdir())
+def test_bad_input_is_refused_before_any_run(tmp_path: Path, options: dict, message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        mixed_real.run(out=tmp_path, **options)
+    assert message in str(caught.value) and list(tmp_path.iterdir()) == []
 
 
 def test_a_plan_on_the_mixed_cluster_runs_slowed_and_the_executor_predicts_what_the_experiment_does(

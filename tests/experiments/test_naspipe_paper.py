@@ -1,6 +1,6 @@
-"""``experiments.run naspipe_paper``: the artifact's own formula on its sample output gives the published ratios, the
+"""``experiments.naspipe_paper``: the artifact's own formula on its sample output gives the published ratios, the
 tokens-per-step factor is its closed form, the quick run's ratio is the product of its factors, its equal-conditions
-column is ``experiments.naspipe``'s, and bad input is one error line."""
+column is ``experiments.naspipe``'s, its files hold its rows, and bad input is refused."""
 
 from __future__ import annotations
 
@@ -9,19 +9,14 @@ from argparse import Namespace
 
 import pytest
 
-from experiments import naspipe
+from experiments import naspipe, naspipe_paper
 from experiments.naspipe_paper import ARTIFACT, artifact_ratio, tokens_per_step_ratio
-from experiments.run import main as run_main
-from tests.experiments.refusal import refused
+from sim.core.errors import SpecError
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("naspipe_paper")
-    assert run_main(["naspipe_paper", "--quick", "--out", str(out)]) == 0
-    assert (out / "naspipe_paper.png").read_bytes().startswith(b"\x89PNG")
-    with open(out / "naspipe_paper.csv", newline="") as handle:
-        return list(csv.DictReader(handle))
+def quick() -> naspipe_paper.Result:
+    return naspipe_paper.run(quick=True)
 
 
 @pytest.mark.parametrize("space", ["c1", "c2", "c3"])
@@ -35,35 +30,44 @@ def test_tokens_per_step_is_192_x_64_over_b_x_8():
 
 
 def test_quick_run_has_one_row_per_space_and_its_ratio_is_the_product_of_its_factors(quick):
-    assert [(r["space"], r["topology"]) for r in quick] == [("c1", "4xV100"), ("c2", "4xV100"), ("c3", "4xV100")]
-    for row in quick:
-        ratio = float(row["sim_paper_conditions"])
-        assert float(row["tokens_per_step_ratio"]) == tokens_per_step_ratio(int(row["gpipe_batch"]))
-        # tokens/s over tokens/s = (tokens per step) x (step rates), and = (same step) x (GPipe's step-size factor);
-        # the CSV rounds each to 3-4 digits.
-        by_rate = float(row["tokens_per_step_ratio"]) * float(row["naspipe_steps_per_s"]) / float(
-            row["gpipe_steps_per_s"])
-        assert ratio == pytest.approx(by_rate, abs=1e-3)
-        assert ratio == pytest.approx(float(row["sim_same_step"]) * float(row["sim_step_size"]), rel=5e-3)
-        assert row["within_25pct"] == str(abs(ratio / float(row["paper"]) - 1) <= 0.25)
-        assert float(row["device_budget_bytes"]) < float(row["supernet_bytes"])
+    assert [(r.space, r.topology) for r in quick.rows] == [("c1", "4xV100"), ("c2", "4xV100"), ("c3", "4xV100")]
+    assert (quick.subnets, quick.seed) == (8, 0)
+    for row in quick.rows:
+        ratio = row.paper_conditions
+        assert row.token_ratio == tokens_per_step_ratio(row.gpipe_batch)
+        # tokens/s over tokens/s = (tokens per step) x (step rates), and = (same step) x (GPipe's step-size factor)
+        assert ratio == pytest.approx(row.token_ratio * row.naspipe_steps_per_s / row.gpipe_steps_per_s, rel=1e-12)
+        assert ratio == pytest.approx(row.same_step * row.step_size, rel=1e-12)
+        assert row.budget_bytes < row.supernet_bytes
 
 
 def test_equal_conditions_column_is_experiments_naspipe_s(quick):
-    row = quick[0]
+    row = quick.rows[0]
     args = Namespace(topology="4xV100", subnets=8, seed=0, lookahead=30, minibatch=32, microbatches=8,
                      budget_factor=1.25)
     equal = naspipe._space(args, "c1")["over_gpipe"]
-    assert float(row["equal_conditions_predict"]) == pytest.approx(equal["csp+predict"], abs=5e-4)
-    assert float(row["equal_conditions_resident"]) == pytest.approx(equal["csp"], abs=5e-4)
+    assert (row.equal_predict, row.equal_resident) == (equal["csp+predict"], equal["csp"])
 
 
-@pytest.mark.parametrize("args, needle", [(["--spaces", "c0"], "c0"), (["--gpus", "5"], "5"),
-                                          (["--gpus", "four"], "four"), (["--subnets", "0"], "--subnets"),
-                                          (["--seed", "-1"], "--seed"), (["--bogus"], "--bogus")])
-def test_bad_input_is_one_error_line(tmp_path, capsys, args, needle):
-    assert needle in refused(capsys, ["naspipe_paper", "--out", str(tmp_path / "o"), *args])
-    assert not (tmp_path / "o" / "naspipe_paper.csv").exists()
+def test_the_file_holds_each_row_with_its_verdict_beside_the_paper(quick, tmp_path):
+    files = naspipe_paper.write(quick, tmp_path)
+    assert files == [tmp_path / "naspipe_paper.csv", tmp_path / "naspipe_paper.png"]
+    assert files[1].read_bytes().startswith(b"\x89PNG")
+    with open(files[0], newline="") as handle:
+        written = list(csv.DictReader(handle))
+    assert [r["space"] for r in written] == [r.space for r in quick.rows]
+    for line, row in zip(written, quick.rows):
+        assert float(line["paper"]) == naspipe.PAPER_OVER_GPIPE[row.space][0]
+        assert float(line["sim_paper_conditions"]) == pytest.approx(row.paper_conditions, abs=5e-4)
+        assert line["within_25pct"] == str(abs(row.paper_conditions / float(line["paper"]) - 1) <= 0.25)
+
+
+@pytest.mark.parametrize("options, needle", [({"spaces": "c0"}, "c0"), ({"gpus": "5"}, "5"),
+                                             ({"gpus": "four"}, "four"), ({"subnets": 0}, "--subnets"),
+                                             ({"seed": -1}, "--seed")])
+def test_bad_input_is_refused(options, needle):
+    with pytest.raises(SpecError, match=needle):
+        naspipe_paper.run(**options)
 
 
 @pytest.mark.parametrize("k, target, n, g", [(48.0, 8.0, 23.5, 1081.0), (12.0, 2.8, 20.0, 414.0),

@@ -1,6 +1,6 @@
-"""``experiments.run partime``: its simulated points are sim.run's own step times (one prediction path), one stage
+"""``experiments.partime``: its simulated points are sim.run's own step times (one prediction path), one stage
 is speed-up 1, the claims are read from the table as stated (a claim not simulated says so), the quick run writes
-its files with a real round, and bad input is one error line."""
+its files with a real round, and bad input is refused."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import json
 
 import pytest
 
+from experiments import partime
 from experiments.partime import CLAIMS, Point, check_claims, model_of, sweep
-from experiments.run import main as run_main
+from sim.core.errors import SpecError
 from sim.run import main as sim_main
-from tests.experiments.refusal import refused
 
 
 def test_a_point_is_the_step_time_sim_run_reports(tmp_path):
@@ -54,23 +54,28 @@ def test_the_claims_are_read_as_stated():
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("partime")
-    assert run_main(["partime", "--quick", "--out", str(out)]) == 0
-    return out
+    result = partime.run(out=out, quick=True)
+    assert partime.write(result, out) == [out / "partime.csv", out / "partime.png", out / "partime_real.csv"]
+    return result, out
 
 
-def test_the_quick_run_writes_the_table_and_a_real_round(quick):
-    with open(quick / "partime.csv", newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    assert len(rows) == 1 * 2 * 3 * 2  # basic, two resolutions, N = 1, 2, 4, eager and captured
-    assert {row["stages"] for row in rows} == {"1", "2", "4"}
-    with open(quick / "partime_real.csv", newline="") as handle:
-        (real,) = list(csv.DictReader(handle))
-    predicted, measured = float(real["predicted_step_s"]), float(real["measured_step_s"])
+def test_the_quick_run_holds_the_table_and_a_real_round_and_writes_them(quick):
+    result, out = quick
+    assert len(result.points) == 1 * 2 * 3 * 2  # basic, two resolutions, N = 1, 2, 4, eager and captured
+    assert {p.stages for p in result.points} == {1, 2, 4} and result.stage_counts == (1, 2, 4)
+    (real,) = result.real
+    predicted, measured = real["predicted_step_s"], real["measured_step_s"]
     assert predicted > 0 and measured > 0
-    assert float(real["error"]) == pytest.approx((predicted - measured) / measured)
-    assert (quick / "partime.png").stat().st_size > 1000
+    assert real["error"] == (predicted - measured) / measured
+    with open(out / "partime.csv", newline="") as handle:
+        assert [(r["config"], int(r["stages"]), float(r["speedup"])) for r in csv.DictReader(handle)] == [
+            (p.config, p.stages, pytest.approx(p.speedup, abs=1e-6)) for p in result.points]
+    with open(out / "partime_real.csv", newline="") as handle:
+        (written,) = list(csv.DictReader(handle))
+    assert float(written["measured_step_s"]) == measured
+    assert (out / "partime.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("args, needle", [(["--rounds", "0"], "--rounds")])
-def test_bad_input_is_one_error_line(tmp_path, capsys, args, needle):
-    assert needle in refused(capsys, ["partime", "--out", str(tmp_path / "o"), *args])
+def test_rounds_out_of_range_are_refused_naming_the_flag(tmp_path):
+    with pytest.raises(SpecError, match="--rounds must be from 1 to 20, got 0"):
+        partime.run(out=tmp_path, rounds=0)

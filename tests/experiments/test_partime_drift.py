@@ -1,4 +1,4 @@
-"""``experiments.run partime_drift``: the ``--quick`` files, one stage's curve equal to exact online SGD's, the
+"""``experiments.partime_drift``: the ``--quick`` runs and files, one stage's curve equal to exact online SGD's, the
 measures on losses whose answers are known, a diverged run stopped where it diverged, and bad input."""
 
 from __future__ import annotations
@@ -9,35 +9,35 @@ from collections import defaultdict
 
 import pytest
 
+from experiments import partime_drift
 from experiments.partime_drift import QUICK, Run, Setup, _online, summarise
-from experiments.run import main as run_main
-from tests.experiments.refusal import refused
+from sim.core.errors import SpecError
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("quick") / "out"
-    return run_main(["partime_drift", "--quick", "--out", str(out)]), out
-
-
-def test_quick_writes_its_two_files(quick):
-    status, out = quick
-    assert status == 0
-    assert sorted(p.name for p in out.iterdir()) == ["partime_drift.csv", "partime_drift.png"]
-    assert (out / "partime_drift.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def quick() -> partime_drift.Result:
+    return partime_drift.run(quick=True)
 
 
 def test_quick_has_every_frame_of_every_method_and_one_stage_equals_exact_sgd_exactly(quick):
-    _, out = quick
-    curves = defaultdict(dict)
-    for row in csv.DictReader((out / "partime_drift.csv").open()):
-        curves[row["method"]][int(row["frame"])] = row["online_loss"]
-    assert sorted(curves) == ["exact", "partime N=1", "partime N=2"]
-    for frames in curves.values():
-        assert sorted(frames) == list(range(QUICK.frames))
-    assert curves["partime N=1"] == curves["exact"]  # the repr of every loss: bit for bit
+    curves = {run.method: run.losses for run in quick.runs}
+    assert sorted(curves) == ["exact", "partime N=1", "partime N=2"] and len(quick.runs) == 3
+    for losses in curves.values():
+        assert len(losses) == QUICK.frames
+    assert curves["partime N=1"] == curves["exact"]  # every loss, bit for bit
     assert curves["partime N=2"] != curves["exact"]
     assert curves["exact"][0] == curves["partime N=2"][0]  # frame 0 meets the initial weights in both
+
+
+def test_quick_writes_every_frame_of_every_run(quick, tmp_path):
+    files = partime_drift.write(quick, tmp_path)
+    assert files == [tmp_path / "partime_drift.csv", tmp_path / "partime_drift.png"]
+    assert files[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    curves = defaultdict(dict)
+    for row in csv.DictReader(files[0].open()):
+        curves[row["method"]][int(row["frame"])] = float(row["online_loss"])
+    assert {run.method: tuple(curves[run.method][f] for f in range(QUICK.frames)) for run in quick.runs} == {
+        run.method: run.losses for run in quick.runs}
 
 
 SETUP = Setup(size=8, frames=40, stages=(2, 4), repeats=1, lrs=(0.5,))
@@ -84,17 +84,16 @@ def test_a_run_stops_at_its_first_loss_out_of_range():
     assert Run(0.5, 0, 2, losses).diverged_at == 3
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--frames", "29"], "error: --frames must be from 30 to 5000, got 29\n"),
-    (["--repeats", "0"], "error: --repeats must be from 1 to 10, got 0\n"),
-    (["--seed", "-1"], "error: --seed must be >= 0, got -1\n"),
-    (["--lr", "0"], "error: --lr must be numbers in (0, 10], got '0'\n"),
-    (["--lr", "0.5,nan"], "error: --lr must be numbers in (0, 10], got '0.5,nan'\n"),
-    (["--lr", "fast"], "error: --lr must be comma-separated numbers, got 'fast'\n"),
-    (["--lr", "0.1,0.1"], "error: --lr must be at most 4 different rates, got '0.1,0.1'\n"),
-    (["--frames", "many"], "invalid int value: 'many'"),
-    (["--quick", "--bogus"], "unrecognized arguments: --bogus"),
+@pytest.mark.parametrize(("options", "message"), [
+    ({"frames": 29}, "--frames must be from 30 to 5000, got 29"),
+    ({"repeats": 0}, "--repeats must be from 1 to 10, got 0"),
+    ({"seed": -1}, "--seed must be >= 0, got -1"),
+    ({"lr": "0"}, "--lr must be numbers in (0, 10], got '0'"),
+    ({"lr": "0.5,nan"}, "--lr must be numbers in (0, 10], got '0.5,nan'"),
+    ({"lr": "fast"}, "--lr must be comma-separated numbers, got 'fast'"),
+    ({"lr": "0.1,0.1"}, "--lr must be at most 4 different rates, got '0.1,0.1'"),
 ])
-def test_bad_input_is_one_error_line_and_status_2(tmp_path, capsys, argv, message):
-    assert message in refused(capsys, ["partime_drift", "--out", str(tmp_path / "out"), *argv])
-    assert not (tmp_path / "out").exists()
+def test_bad_input_is_refused_naming_the_flag(options, message):
+    with pytest.raises(SpecError) as caught:
+        partime_drift.run(quick=True, **options)
+    assert str(caught.value) == message

@@ -1,4 +1,4 @@
-"""experiments.run pipedream_vs_dp: the plans it tries, its figures against closed forms, its files and errors."""
+"""experiments.pipedream_vs_dp: the plans it tries, its figures against closed forms, its files and errors."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import csv
 
 import pytest
 
+from experiments import pipedream_vs_dp
 from experiments.pipedream_vs_dp import CLUSTERS, MODELS, ClusterCase, ModelCase, PlanCase, candidates, compare
-from experiments.run import main
+from sim.core.errors import SpecError
 from sim.hw.topology import Topology
 from tests.sim.cost.nccl_closed_form import nccl_call_s
 
@@ -75,8 +76,6 @@ def test_pure_dp_is_compute_plus_the_ring_all_reduce_of_the_whole_gradient():
 
 
 def test_a_global_batch_that_does_not_split_over_the_devices_is_refused():
-    from sim.core.errors import SpecError
-
     with pytest.raises(SpecError, match="global batch 40 is not a multiple of microbatch size 1 x 16 devices"):
         compare(ModelCase("u", "uniform:layers=4", 1, 40), ClusterCase("nv", "16xV100", ""))
 
@@ -98,37 +97,34 @@ def _rows(path):
         return list(csv.DictReader(handle))
 
 
-def test_quick_run_writes_its_files_and_its_summary_agrees_with_every_plan(tmp_path, capsys):
-    out = tmp_path / "q"
-    assert main(["pipedream_vs_dp", "--quick", "--clusters", "A", "--out", str(out)]) == 0  # half of --quick
-    printed = capsys.readouterr().out
-    assert "| vgg16 | A (4x4xv100-pcie-16gb) |" in printed and "5.28x" in printed
-    assert sorted(p.name for p in out.iterdir()) == ["pipedream_vs_dp.csv", "pipedream_vs_dp.png", "plans.csv"]
-    summary, plans = _rows(out / "pipedream_vs_dp.csv"), _rows(out / "plans.csv")
+def test_quick_run_writes_its_files_and_its_summary_agrees_with_every_plan(tmp_path):
+    result = pipedream_vs_dp.run(quick=True, clusters="A")  # half of --quick
+    assert [(c.model.key, c.cluster.key) for c in result.comparisons] == [("vgg16", "A"), ("cnn", "A")]
+    files = pipedream_vs_dp.write(result, tmp_path)
+    assert files == [tmp_path / "pipedream_vs_dp.csv", tmp_path / "plans.csv", tmp_path / "pipedream_vs_dp.png"]
+    summary, plans = _rows(files[0]), _rows(files[1])
     assert [(r["model"], r["cluster"]) for r in summary] == [("vgg16", "A"), ("cnn", "A")]
-    for row in summary:
-        mine = [p for p in plans if (p["model"], p["cluster"]) == (row["model"], row["cluster"])]
-        assert len(mine) == int(row["plans_tried"])
-        dp = min((p for p in mine if p["pp"] == "1"), key=lambda p: float(p["iteration_time_s"]))
-        fitting = [p for p in mine if p["pp"] != "1" and p["status"] == "ok"]
-        best = min(fitting, key=lambda p: float(p["iteration_time_s"]))
-        assert float(row["dp_time_s"]) == pytest.approx(float(dp["iteration_time_s"]), rel=1e-9)
-        assert float(row["best_time_s"]) == pytest.approx(float(best["iteration_time_s"]), rel=1e-9)
-        assert float(row["speedup"]) == pytest.approx(float(row["dp_time_s"]) / float(row["best_time_s"]), rel=1e-8)
-        assert int(row["plans_out_of_memory"]) == sum(p["status"].startswith("out of memory") for p in mine)
-    speedup = {(r["model"], r["cluster"]): float(r["speedup"]) for r in summary}
+    for row, comparison in zip(summary, result.comparisons):
+        # the summary's DP and best plan are the fastest of the plans tried, by brute force over them (to 1e-9: of
+        # equal plans the first in order wins)
+        assert len([p for p in plans if (p["model"], p["cluster"]) == (row["model"], row["cluster"])]) == int(
+            row["plans_tried"]) == len(comparison.plans)
+        fitting = [p for p in comparison.plans if p.time_s is not None]
+        assert comparison.dp.time_s == pytest.approx(min(p.time_s for p in fitting if p.candidate.pp == 1), rel=1e-9)
+        assert comparison.best.time_s == pytest.approx(min(p.time_s for p in fitting if p.candidate.pp > 1), rel=1e-9)
+        assert all(p.status == "ok" for p in fitting)
+        assert comparison.speedup == comparison.dp.time_s / comparison.best.time_s
+        assert float(row["speedup"]) == pytest.approx(comparison.speedup, rel=1e-8)
+        assert int(row["plans_out_of_memory"]) == sum(p.status.startswith("out of memory") for p in comparison.plans)
+    speedup = {(c.model.key, c.cluster.key): c.speedup for c in result.comparisons}
     # VGG-16's 553 MB of fp32 gradients over 10 GbE: pipelining wins; a 60K-parameter CNN with 4 MB activations
     # per frame: data parallelism wins
     assert speedup["vgg16", "A"] > 1 > speedup["cnn", "A"]
-    assert summary[0]["paper_speedup"] == "5.28" and (out / "pipedream_vs_dp.png").stat().st_size > 10_000
+    assert summary[0]["paper_speedup"] == "5.28" and files[2].stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("argv, message", [(["--models", "resnet"], "--models: unknown 'resnet'"),
-                                           (["--clusters", ","], "--clusters: unknown empty list"),
-                                           (["--bogus"], "unrecognized arguments: --bogus")])
-def test_bad_options_are_one_line_and_leave_no_files(tmp_path, capsys, argv, message):
-    with pytest.raises(SystemExit) as info:
-        main(["pipedream_vs_dp", "--out", str(tmp_path / "o"), *argv])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and message in err, err
-    assert not (tmp_path / "o").exists()
+@pytest.mark.parametrize("options, message", [({"models": "resnet"}, "--models: unknown 'resnet'"),
+                                              ({"clusters": ","}, "--clusters: unknown empty list")])
+def test_bad_keys_are_refused_naming_the_flag(options, message):
+    with pytest.raises(SpecError, match=message):
+        pipedream_vs_dp.run(**options)

@@ -1,5 +1,5 @@
-"""``experiments.run relaxed_search``: brute force against the simulator one plan at a time, the ``--quick`` files
-and their relations (brute force is never beaten where it ran), and bad input."""
+"""``experiments.relaxed_search``: brute force against the simulator one plan at a time, the ``--quick`` outcomes and
+files and their relations (brute force is never beaten where it ran), and bad input."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
+from experiments import relaxed_search
 from experiments.relaxed_search import METHODS, Problem, brute_force, suite
-from experiments.run import main as run_main
+from sim.core.errors import SpecError
 from sim.hw.topology import Topology
 from sim.search.evaluate import evaluate
 from sim.search.space import Candidate
-from tests.experiments.refusal import refused
 
 
 def test_brute_force_is_the_fastest_of_every_partition_and_placement_by_the_engine():
@@ -44,39 +44,39 @@ def test_the_suite_is_seeded_and_keeps_to_its_ranges():
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("quick") / "out"
-    return run_main(["relaxed_search", "--quick", "--out", str(out)]), out
+def quick() -> relaxed_search.Result:
+    return relaxed_search.run(quick=True)
 
 
-def test_quick_writes_its_files_and_brute_force_is_never_beaten(quick):
-    status, out = quick
-    assert status == 0
-    assert sorted(p.name for p in out.iterdir()) == ["relaxed_search.csv", "relaxed_search.png"]
-    assert (out / "relaxed_search.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    rows = list(csv.DictReader((out / "relaxed_search.csv").open()))
+def test_quick_brute_force_is_never_beaten_and_the_file_holds_every_outcome(quick, tmp_path):
+    assert [p.name for p, _ in quick.done] == [p.name for p in suite(2, 0, quick=True)]
+    for _, outcomes in quick.done:
+        assert [o.method for o in outcomes] == list(METHODS)
+        times = {o.method: o.evaluation.iteration_time_s for o in outcomes}
+        # brute force lists every partition in every placement, so it holds every other method's plan
+        assert times["brute force"] == min(times.values())
+    files = relaxed_search.write(quick, tmp_path)
+    assert files == [tmp_path / "relaxed_search.csv", tmp_path / "relaxed_search.png"]
+    assert files[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.DictReader(files[0].open()))
     by_problem = defaultdict(dict)
     for row in rows:
         by_problem[row["problem"]][row["method"]] = row
-    assert list(by_problem) == [p.name for p in suite(2, 0, quick=True)]
-    for methods in by_problem.values():
+    for problem, outcomes in quick.done:
+        methods = by_problem[problem.name]
         assert list(methods) == list(METHODS)
-        times = {m: float(r["iteration_time_s"]) for m, r in methods.items()}
-        best = min(times.values())
-        for m, r in methods.items():
-            assert float(r["relative_to_best"]) == pytest.approx(times[m] / best, rel=1e-12)
-            assert sum(map(int, r["layer_counts"].split(","))) == int(r["layers"])
-        # brute force lists every partition in every placement, so it holds every other method's plan
-        assert times["brute force"] == best
+        best = min(o.evaluation.iteration_time_s for o in outcomes)
+        for o in outcomes:
+            r = methods[o.method]
+            assert float(r["relative_to_best"]) == pytest.approx(o.evaluation.iteration_time_s / best, rel=1e-12)
+            assert sum(map(int, r["layer_counts"].split(","))) == int(r["layers"]) == problem.layers
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--problems", "0"], "error: --problems must be from 1 to 100, got 0\n"),
-    (["--seed", "-1"], "error: --seed must be >= 0, got -1\n"),
-    (["--brute-limit", "-5"], "error: --brute-limit must be >= 0, got -5\n"),
-    (["--problems", "two"], "invalid int value: 'two'"),
-    (["--quick", "--bogus"], "unrecognized arguments: --bogus"),
+@pytest.mark.parametrize(("options", "message"), [
+    ({"problems": 0}, "--problems must be from 1 to 100, got 0"),
+    ({"seed": -1}, "--seed must be >= 0, got -1"),
+    ({"brute_limit": -5}, "--brute-limit must be >= 0, got -5"),
 ])
-def test_bad_input_is_one_error_line_and_status_2(tmp_path, capsys, argv, message):
-    assert message in refused(capsys, ["relaxed_search", "--out", str(tmp_path / "out"), *argv])
-    assert not (tmp_path / "out").exists()
+def test_bad_input_is_refused_naming_the_flag(options, message):
+    with pytest.raises(SpecError, match=message):
+        relaxed_search.run(**options)

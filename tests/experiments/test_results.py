@@ -1,66 +1,77 @@
-"""``experiments.run results``: the page holds each chosen experiment's printed output unchanged, its figures copied
-beside the page, a link to its own page; a failure is on the page and makes the command exit 1; bad input is one
-error line."""
+"""``experiments.run results``: the page holds each chosen experiment's report unchanged, its figures copied beside the
+page, a link to its own page; a failure leaves none of its files, is on the page and makes the command exit 1; bad
+input is refused."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from experiments.results import Outcome, render
-from tests.experiments.refusal import refused
+from experiments import results, zero_bubble
+from experiments.results import Outcome, render, run_experiment
+from experiments.run import EXPERIMENTS
+from sim.core.errors import SpecError
 
-ROOT = Path(__file__).resolve().parents[2]
+REGISTRY = {name: (entry.description, entry.out is not None) for name, entry in EXPERIMENTS.items()}
 
 
 def test_the_page_gathers_two_quick_experiments(tmp_path):
     page = tmp_path / "site" / "results.md"
-    result = subprocess.run([sys.executable, "-m", "experiments.run", "results", "--only", "zero_bubble,memory",
-                             "--quick", "--out", str(tmp_path / "runs"), "--page", str(page)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    runs = tmp_path / "runs"
+    assert results.main(["--only", "zero_bubble,memory", "--quick", "--out", str(runs), "--page", str(page)],
+                        REGISTRY) == 0
     text = page.read_text()
-    # Registry order, each with its command and exactly what it prints on its own.
+    # Registry order, each with its command and exactly its report and the files it wrote.
     assert text.index("## memory") < text.index("## zero_bubble")
     assert "python -m experiments.run zero_bubble --quick" in text
-    alone = subprocess.run([sys.executable, "-m", "experiments.run", "zero_bubble", "--quick", "--out",
-                            str(tmp_path / "alone")], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    printed = alone.stdout.rstrip().replace(str(tmp_path / "alone"), str(tmp_path / "runs" / "zero_bubble"))
-    assert printed in text
+    assert zero_bubble.report(zero_bubble.run(quick=True)) in text
+    assert f"wrote {runs / 'zero_bubble'}/{{zero_bubble.csv, zero_bubble.png}}" in text
     figure = page.parent / "results" / "zero_bubble" / "zero_bubble.png"
-    assert figure.read_bytes() == (tmp_path / "runs" / "zero_bubble" / "zero_bubble.png").read_bytes()
+    assert figure.read_bytes() == (runs / "zero_bubble" / "zero_bubble.png").read_bytes()
     assert "(results/zero_bubble/zero_bubble.png)" in text
 
 
-def test_an_experiment_that_writes_no_files_runs_without_out(tmp_path):
-    # csp_prefetch prints its table and writes nothing: it takes no --out (about 10 s).
-    from experiments.results import run_experiment
+def test_an_experiment_that_writes_no_files_runs_without_out(tmp_path, monkeypatch):
+    # csp_prefetch prints its table and writes nothing: it takes no --out (its problem count cut for the test)
+    from experiments import csp_prefetch
 
+    real = csp_prefetch.run
+    monkeypatch.setattr(csp_prefetch, "run", lambda **kw: real(**{**kw, "problems": 50}))
     outcome = run_experiment("csp_prefetch", "predictor vs copy-on-demand", False, tmp_path / "runs",
                              tmp_path / "results", tmp_path, quick=True)
     assert outcome.status == 0, outcome.stderr_tail
     assert outcome.command == "python -m experiments.run csp_prefetch" and outcome.figures == ()
-    assert outcome.stdout.strip() and not (tmp_path / "runs").exists()
+    assert outcome.stdout == csp_prefetch.report(real(problems=50)) + "\n" and not (tmp_path / "runs").exists()
 
 
 def test_an_always_quick_experiment_runs_quick_on_the_full_page(tmp_path, monkeypatch):
-    from experiments import results
+    from experiments import second_opinion
 
     calls = []
 
-    def fake(argv, **kwargs):
-        calls.append(argv[3:])
-        helped = "usage: ... [--quick]" if "--help" in argv else ""
-        return subprocess.CompletedProcess(argv, 0, stdout=helped, stderr="")
+    def stop(*, quick: bool = False, **options):  # the search itself is second_opinion's own test
+        calls.append(quick)
+        raise SpecError("stopped here")
 
-    monkeypatch.setattr(results.subprocess, "run", fake)
+    monkeypatch.setattr(second_opinion, "run", stop)
     outcome = results.run_experiment("second_opinion", "a second opinion", True, tmp_path / "runs",
                                      tmp_path / "results", tmp_path, quick=False)
     assert outcome.command == "python -m experiments.run second_opinion --quick"
-    assert calls[-1] == ["second_opinion", "--out", str(tmp_path / "runs" / "second_opinion"), "--quick"]
+    assert calls == [True]
+    assert (outcome.status, outcome.stderr_tail) == (2, "error: stopped here")
+
+
+def test_a_failed_experiment_leaves_none_of_its_files(tmp_path, monkeypatch):
+    def failing(result, out: Path):
+        zero_bubble_write(result, out)
+        raise RuntimeError("the disk went away")
+
+    zero_bubble_write = zero_bubble.write
+    monkeypatch.setattr(zero_bubble, "write", failing)
+    outcome = run_experiment("zero_bubble", "zb", True, tmp_path / "runs", tmp_path / "results", tmp_path, quick=True)
+    assert outcome.status == 1 and "RuntimeError: the disk went away" in outcome.stderr_tail
+    assert not (tmp_path / "runs" / "zero_bubble").exists() and outcome.figures == ()
 
 
 def test_a_failed_experiment_is_on_the_page_as_failed(tmp_path):
@@ -74,5 +85,6 @@ def test_a_failed_experiment_is_on_the_page_as_failed(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [(["--only", "nope"], "--only: unknown 'nope'"),
                                           (["--page", "x.txt"], "--page must name a .md file")])
-def test_bad_input_is_one_error_line(tmp_path, capsys, args, needle):
-    assert needle in refused(capsys, ["results", "--out", str(tmp_path / "o"), *args])
+def test_bad_input_is_refused(tmp_path, args, needle):
+    with pytest.raises(SpecError, match=needle):
+        results.main(["--out", str(tmp_path / "o"), *args], REGISTRY)

@@ -1,10 +1,12 @@
-"""experiments.run: no name is an error line, --out is checked before an experiment runs, and an experiment's files
-are all or none."""
+"""experiments.run, the command line: it prints an experiment's report and writes its files, lists them, refuses no
+name, an unknown one or an unknown flag in one error line, checks --out before an experiment runs, and keeps an
+experiment's files all or none. What each experiment finds is its own test's, on the data ``run`` returns."""
 
 from dataclasses import replace
 
 import pytest
 
+from experiments import harness, zero_bubble
 from experiments.run import EXPERIMENTS, Experiment, main
 from sim.core.errors import SpecError
 from sim.core.fileio import write_text_atomic
@@ -24,6 +26,38 @@ def test_no_name_is_one_error_line_on_stderr_and_status_2(capsys):
     assert (status, out) == (2, "")
     assert err == (f"error: name an experiment ({', '.join(sorted(EXPERIMENTS))}) or 'list': "
                    "python -m experiments.run NAME\n")
+
+
+def test_the_command_prints_the_report_and_the_files_it_wrote(tmp_path, capsys):
+    # One cheap experiment through the command: what it prints is its report and the wrote line, and its files are
+    # what write writes for the same result.
+    status, out, err = _status(capsys, ["zero_bubble", "--quick", "--out", str(tmp_path / "cli")])
+    assert (status, err) == (0, "")
+    result = zero_bubble.run(quick=True)
+    assert out == (f"{zero_bubble.report(result)}\n"
+                   f"wrote {tmp_path / 'cli'}/{{zero_bubble.csv, zero_bubble.png}}\n")
+    (tmp_path / "lib").mkdir()
+    for written in zero_bubble.write(result, tmp_path / "lib"):
+        assert (tmp_path / "cli" / written.name).read_bytes() == written.read_bytes()
+
+
+def test_list_names_every_experiment_and_an_unknown_one_is_an_error_line(capsys):
+    status, out, _ = _status(capsys, ["list"])
+    assert status == 0 and [line.split()[0] for line in out.splitlines()] == list(EXPERIMENTS)
+    status, out, err = _status(capsys, ["nope"])
+    assert (status, out) == (2, "") and err.startswith("error: unknown experiment 'nope'") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", sorted(n for n in EXPERIMENTS if n != "results"))
+def test_every_experiment_has_the_package_s_shape_and_refuses_an_unknown_flag(tmp_path, capsys, name):
+    module = harness.load(name)
+    for function in ("parser", "run", "report"):
+        assert callable(getattr(module, function)), function
+    assert hasattr(module, "Result") and hasattr(module, "write") == (EXPERIMENTS[name].out is not None)
+    out_flag = ["--out", str(tmp_path / "o")] if EXPERIMENTS[name].out is not None else []
+    status, out, err = _status(capsys, [name, *out_flag, "--bogus"])
+    assert (status, out) == (2, "") and err == "error: unrecognized arguments: --bogus\n"
+    assert not (tmp_path / "o").exists()
 
 
 def test_help_is_usage_on_stdout_and_status_0(capsys):

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.run import main as run_main
+from experiments import search_vtrain
 from experiments.search_vtrain import group_runs, megatron_space, score, search_group, write_candidates
 from experiments.vtrain import DATA, Run, load_runs, predict_run, split_runs
+from sim.core.errors import SpecError
 from sim.search.cli import main as search_main
 from sim.search.search import run_search
 
@@ -89,7 +90,7 @@ def test_a_search_over_the_held_out_settings_alone_ranks_them_in_the_same_order(
     assert alone == [s for s in whole if s in set(alone)]
 
 
-def test_the_candidates_file_through_sim_search_picks_what_the_experiment_picks(tmp_path, capsys):
+def test_the_candidates_file_through_sim_search_picks_what_the_experiment_picks(tmp_path):
     group = _group(12, 2048, 4, 4)
     settings = [_setting(run) for run in group]
     write_candidates(settings, tmp_path / "candidates.csv")
@@ -110,16 +111,28 @@ def test_the_candidates_file_through_sim_search_picks_what_the_experiment_picks(
     assert _ranked(run_search(ours.problem)) == _ranked(ours)
 
 
-def test_quick_prints_the_summary_and_writes_one_row_per_group(tmp_path, capsys):
-    assert run_main(["search_vtrain", "--quick", "--out", str(tmp_path / "q")]) == 0
-    out = capsys.readouterr().out
-    assert "all runs: 12 groups" in out and "held-out runs:" in out and "split by" in out
-    rows = list(csv.DictReader((tmp_path / "q" / "search_vtrain.csv").open()))
+def test_quick_searches_twelve_groups_and_writes_one_row_per_group(tmp_path):
+    result = search_vtrain.run(quick=True)
+    assert len(result.groups) == 12 and result.shipped and result.quick
+    assert any(g.held_out is not None for g in result.groups)
+    for group in result.groups:
+        repeats: dict[tuple[int, int, int, int], list[float]] = {}
+        for r in group.runs:
+            repeats.setdefault(_setting(r), []).append(r.measured_s)
+        measured = {s: sum(times) / len(times) for s, times in repeats.items()}
+        if group.all.regret is not None:  # the pick's measured time over the best's, by brute force over the group
+            assert group.all.best == min(measured, key=lambda s: (measured[s], s))
+            assert group.all.regret == pytest.approx(measured[group.all.pick] / min(measured.values()) - 1,
+                                                     abs=1e-12)
+            assert group.all.regret >= 0
+    files = search_vtrain.write(result, tmp_path)
+    assert files == [tmp_path / "search_vtrain.csv", tmp_path / "search_vtrain.png"]
+    rows = list(csv.DictReader(files[0].open()))
     assert len(rows) == 12
     for row in rows:
         regret = float(row["pick_measured_s"]) / float(row["best_measured_s"]) - 1
         assert float(row["regret"]) == pytest.approx(regret, abs=1e-12) and regret >= 0
-    assert (tmp_path / "q" / "search_vtrain.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert files[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def _write_runs(path: Path, rows: list[str]) -> Path:
@@ -127,39 +140,33 @@ def _write_runs(path: Path, rows: list[str]) -> Path:
     return path
 
 
-def test_another_file_is_all_held_out_with_repeats_averaged_and_single_groups_apart(tmp_path, capsys):
+def test_another_file_is_all_held_out_with_repeats_averaged_and_single_groups_apart(tmp_path):
     rows = ["2,8,4,1024,16,12,1024,1,1,2,100", "2,8,4,1024,16,12,1024,1,2,1,90",
             "2,8,4,1024,16,12,1024,2,1,1,120", "2,8,4,1024,16,12,1024,1,2,1,100",  # tp1 dp2 pp1 again: mean 95
             "2,16,8,1024,16,12,1024,1,2,1,150"]  # a group of one
     data = _write_runs(tmp_path / "runs.csv", rows)
-    assert run_main(["search_vtrain", "--data", str(data), "--out", str(tmp_path / "o")]) == 0
-    out = capsys.readouterr().out
-    assert "all held out" in out
-    assert "all runs: 2 groups (1 with one configuration, not ranked)" in out
-    first = list(csv.DictReader((tmp_path / "o" / "search_vtrain.csv").open()))[0]
+    result = search_vtrain.run(data=data)
+    assert not result.shipped and len(result.groups) == 2
+    first, single = result.groups
+    assert (first.all.configurations, single.all.configurations) == (3, 1) and single.all.regret is None
     measured = {(1, 1, 2, 4): 0.100, (1, 2, 1, 4): 0.095, (2, 1, 1, 4): 0.120}
     runs = load_runs(data)[:3]
     pick = min((_setting(r) for r in runs), key=lambda s: predict_run(next(r for r in runs if _setting(r) == s)))
-    assert first["pick"] == "tp{} dp{} pp{} b{}".format(*pick)
-    assert float(first["pick_measured_s"]) == pytest.approx(measured[pick], abs=1e-12)
-    assert (first["best"], float(first["best_measured_s"])) == ("tp1 dp2 pp1 b4", pytest.approx(0.095, abs=1e-12))
-    assert float(first["regret"]) == pytest.approx(measured[pick] / 0.095 - 1, abs=1e-12)
-    assert first["held_out_regret"] == first["regret"]
+    assert first.all.pick == pick
+    assert (first.all.best, first.all.regret) == ((1, 2, 1, 4), pytest.approx(measured[pick] / 0.095 - 1, abs=1e-12))
+    assert first.held_out == first.all  # every run of another file is held out
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--workers", "0"], "error: --workers must be an integer >= 1, got 0"),
-    (["--workers", "two"], "error: argument --workers: invalid int value: 'two'"),
-    (["--data", "{tmp}/bad.csv"], "does not have vTrain's columns"),
-    (["--data", "{tmp}/partial.csv"], "error: a run with TP 1 × DP 1 × PP 2 on 4 GPUs: the search uses every device"),
-    (["--data", "{tmp}/missing.csv"], "missing.csv"),
+@pytest.mark.parametrize(("options", "message"), [
+    ({"workers": 0}, "--workers must be an integer >= 1, got 0"),
+    ({"data": "{tmp}/bad.csv"}, "does not have vTrain's columns"),
+    ({"data": "{tmp}/partial.csv"}, "a run with TP 1 × DP 1 × PP 2 on 4 GPUs: the search uses every device"),
 ])
-def test_bad_input_is_one_error_line_and_status_2_with_nothing_written(tmp_path, capsys, argv, message):
+def test_bad_input_is_refused(tmp_path, options, message):
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     _write_runs(tmp_path / "partial.csv", ["4,8,4,1024,16,12,1024,1,1,2,100", "4,8,4,1024,16,12,1024,1,4,1,90"])
-    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    with pytest.raises(SystemExit) as info:
-        run_main(["search_vtrain", *argv, "--out", str(tmp_path / "o")])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err
-    assert not (tmp_path / "o").exists()
+    options = {k: Path(v.replace("{tmp}", str(tmp_path))) if k == "data" else v for k, v in options.items()}
+    with pytest.raises(SpecError, match=message):
+        search_vtrain.run(**options)
+    with pytest.raises(FileNotFoundError):
+        search_vtrain.run(data=tmp_path / "missing.csv")

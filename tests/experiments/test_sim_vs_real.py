@@ -1,9 +1,10 @@
-"""experiments.run: the registry CLI and sim_vs_real's summary and table (the full run is a benchmark, not a test)."""
+"""experiments.sim_vs_real: its summary and table, its calibration retried while unsteady, and bad input (the full
+run is a benchmark, not a test)."""
 
 import pytest
 
+from experiments import sim_vs_real
 from experiments.host_load import CpuSnapshot, foreign_cores, snapshot
-from experiments.run import EXPERIMENTS, main
 from experiments.sim_vs_real import (
     BUSY_CORES,
     TARGET_MAX,
@@ -13,6 +14,7 @@ from experiments.sim_vs_real import (
     spread,
     summarize,
 )
+from sim.core.errors import SpecError
 
 
 def _row(schedule, m, predicted, measured):
@@ -87,28 +89,18 @@ def test_snapshot_reads_the_busy_fields_of_proc_stat(tmp_path):
     assert snapshot(tmp_path / "missing").host_busy_s is None
 
 
-def test_list_and_unknown_experiment(capsys):
-    assert main(["list"]) == 0
-    assert "sim_vs_real" in capsys.readouterr().out and "sim_vs_real" in EXPERIMENTS
-    with pytest.raises(SystemExit) as info:
-        main(["nope"])
-    assert info.value.code == 2 and "unknown experiment 'nope'" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("argv,message", [
-    (["--microbatches", "4,x"], "comma-separated positive integers"),
-    (["--microbatches", "0"], "comma-separated positive integers"),
-    (["--iterations", "0"], "--iterations must be >= 1"),
-    (["--calibrate-iterations", "0"], "--calibrate-iterations must be >= 1"),
-    (["--wait-idle", "-1"], "--wait-idle must be >= 0 seconds, got -1.0"),
-    (["--bogus"], "unrecognized arguments"),
+@pytest.mark.parametrize("options,message", [
+    ({"microbatches": "4,x"}, "comma-separated positive integers"),
+    ({"microbatches": "0"}, "comma-separated positive integers"),
+    ({"schedules": "gpipe,nope"}, "unknown case(s) ['nope']"),
+    ({"iterations": 0}, "--iterations must be >= 1"),
+    ({"calibrate_iterations": 0}, "--calibrate-iterations must be >= 1"),
+    ({"wait_idle": -1.0}, "--wait-idle must be >= 0 seconds, got -1.0"),
 ])
-def test_sim_vs_real_rejects_bad_options(tmp_path, capsys, argv, message):
-    with pytest.raises(SystemExit) as info:
-        main(["sim_vs_real", "--out", str(tmp_path / "out"), *argv])
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err
+def test_bad_options_are_refused_before_any_run(tmp_path, options, message):
+    with pytest.raises(SpecError) as caught:
+        sim_vs_real.run(out=tmp_path, **options)
+    assert message in str(caught.value) and list(tmp_path.iterdir()) == []
 
 
 class _FakeHost:
@@ -156,7 +148,7 @@ def test_wait_until_idle_returns_at_once_where_the_host_time_is_unknown(tmp_path
     ([(0.01, 0.2), (0.01, 0.05), (0.01, 0.4)], 3, 2),  # never steady: the run that drifted least is kept
     ([(0.01, 0.2), (0.9, 0.01), (0.9, 0.02)], 3, 1),  # ... and one that had the host to itself before any that did not
 ])
-def test_an_unsteady_calibration_is_run_again(tmp_path, monkeypatch, capsys, runs, expected, kept):
+def test_an_unsteady_calibration_is_run_again(tmp_path, monkeypatch, runs, expected, kept):
     import json
 
     import experiments.sim_vs_real as svr
@@ -173,7 +165,8 @@ def test_an_unsteady_calibration_is_run_again(tmp_path, monkeypatch, capsys, run
 
     monkeypatch.setattr(svr, "_simulate", lambda *args: (tmp_path / "plan.json", 0.0))
     monkeypatch.setattr(svr, "_measure", measure)
-    busy, tries = svr._calibrate(tmp_path, "calibration", "gpt:layers=2", 6, 2, 9, 2, 0.0)
+    said = []
+    busy, tries = svr._calibrate(tmp_path, "calibration", "gpt:layers=2", 6, 2, 9, 2, 0.0, said.append)
     assert tries == expected and busy == runs[kept - 1][0]
     assert json.loads((tmp_path / "calibration.json").read_text())["run"] == kept
-    assert capsys.readouterr().out.count("calibrating again") == expected - 1
+    assert sum("calibrating again" in line for line in said) == expected - 1

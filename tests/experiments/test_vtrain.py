@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from experiments.run import main as run_main
+from experiments import vtrain
 from experiments.vtrain import (
     DATA,
     NICS_PER_SERVER,
@@ -64,7 +64,7 @@ def test_a_malformed_file_is_refused_by_name(tmp_path):
         load_runs(bad)
 
 
-def test_a_run_is_predicted_as_sim_run_predicts_its_plan(tmp_path, capsys):
+def test_a_run_is_predicted_as_sim_run_predicts_its_plan(tmp_path):
     run = Run(gpus=8, global_batch=32, microbatch=4, hidden=1024, heads=16, layers=24, seq=1024, tp=2, dp=2, pp=2,
               measured_s=0.2197)
     assert sim_main(["--topology", "8xA100", "--model", run.model, "--tp", "2", "--dp", "2", "--pp", "2",
@@ -75,16 +75,20 @@ def test_a_run_is_predicted_as_sim_run_predicts_its_plan(tmp_path, capsys):
     assert predict_run(run) == metrics["iteration_time_s"]
 
 
-def test_quick_writes_every_run_with_its_split_and_error(tmp_path, capsys):
-    assert run_main(["vtrain", "--quick", "--out", str(tmp_path / "v")]) == 0
-    out = capsys.readouterr().out
-    assert "held-out over" in out and "ranking" in out
-    rows = list(csv.DictReader((tmp_path / "v" / "vtrain.csv").open()))
-    assert len(rows) == 48 and {row["split"] for row in rows} == {"fit", "held-out"}
-    for row in rows[:3]:
-        assert float(row["error"]) == pytest.approx(float(row["predicted_s"]) / float(row["measured_s"]) - 1,
-                                                    abs=1e-6)
-    assert (tmp_path / "v" / "vtrain.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_quick_predicts_a_seeded_sample_and_writes_every_run_with_its_split_and_error(tmp_path):
+    result = vtrain.run(quick=True)
+    assert len(result.runs) == 48 and set(result.halves) == {"fit", "held-out"} and result.fitted is None
+    everything, split = load_runs(DATA), split_runs(load_runs(DATA), 0)
+    for one, half, predicted in list(zip(result.runs, result.halves, result.predicted))[:3]:
+        assert half == split[everything.index(one)]  # the sample keeps each run's half of the whole file's split
+        assert predicted == predict_run(one)
+    assert result.errors == tuple(p / one.measured_s - 1 for p, one in zip(result.predicted, result.runs))
+    files = vtrain.write(result, tmp_path)
+    assert files == [tmp_path / "vtrain.csv", tmp_path / "vtrain.png"]
+    rows = list(csv.DictReader(files[0].open()))
+    assert [(row["split"], float(row["predicted_s"]), float(row["error"])) for row in rows] == [
+        (half, p, pytest.approx(e, abs=1e-6)) for half, p, e in zip(result.halves, result.predicted, result.errors)]
+    assert files[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 MULTI = DATA.parent / "ground_truth_multi.csv"
@@ -121,11 +125,9 @@ def test_a_fitted_kernel_model_round_trips_through_its_yaml():
     assert set(FITTED) < {name for name in model.__dataclass_fields__ if name != "source"}
 
 
-def test_fit_refuses_another_data_file(tmp_path, capsys):
-    with pytest.raises(SystemExit) as info:
-        run_main(["vtrain", "--fit", "--data", str(MULTI), "--out", str(tmp_path / "v")])
-    assert info.value.code == 2 and "error: --fit fits on the shipped" in capsys.readouterr().err
-    assert not (tmp_path / "v").exists()
+def test_fit_refuses_another_data_file():
+    with pytest.raises(SpecError, match="--fit fits on the shipped"):
+        vtrain.run(fit=True, data=MULTI)
 
 
 def test_the_fit_predicts_fit_half_runs_only_and_is_reproducible():
