@@ -57,8 +57,8 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run csp_prefetch [--problems N] [--seed S]``."""
     parser = CliParser(prog="python -m experiments.run csp_prefetch", description=__doc__.split("\n")[0])
-    parser.add_argument("--problems", type=int, default=3000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--problems", type=int, default=3000, help="random CSP problems to compare on (default 3000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the problems' generator (default 0)")
     return parser
 
 

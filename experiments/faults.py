@@ -234,7 +234,7 @@ def write(result: Result, out: Path) -> list[Path]:
 def parser() -> CliParser:
     """``python -m experiments.run faults [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run faults", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/faults")
+    parser.add_argument("--out", default="runs/faults", help="output directory (default runs/faults)")
     return parser
 
 

@@ -82,7 +82,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run faults_real [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run faults_real", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/faults_real")
+    parser.add_argument("--out", default="runs/faults_real", help="output directory (default runs/faults_real)")
     return parser
 
 

@@ -251,7 +251,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run gpipe_scaling [--quick] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run gpipe_scaling", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/gpipe_scaling")
+    parser.add_argument("--out", default="runs/gpipe_scaling", help="output directory (default runs/gpipe_scaling)")
     parser.add_argument("--quick", action="store_true", help="K = 2 and 4 only (CI)")
     return parser
 

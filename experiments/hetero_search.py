@@ -320,7 +320,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run hetero_search [--quick] [--workers N] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run hetero_search", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/hetero_search")
+    parser.add_argument("--out", default="runs/hetero_search", help="output directory (default runs/hetero_search)")
     parser.add_argument("--quick", action="store_true", help="two clusters, a 12-layer GPT, a narrower space (CI)")
     parser.add_argument("--workers", type=int, default=2, metavar="N",
                         help="evaluation processes of each search (default 2)")

@@ -275,7 +275,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run megatron_bridge [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run megatron_bridge", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/megatron_bridge")
+    parser.add_argument("--out", default="runs/megatron_bridge", help="output directory (default runs/megatron_bridge)")
     return parser
 
 

@@ -222,7 +222,8 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run megatron_interleaved [--quick] [--cases ...] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run megatron_interleaved", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/megatron_interleaved")
+    parser.add_argument("--out", default="runs/megatron_interleaved",
+                        help="output directory (default runs/megatron_interleaved)")
     parser.add_argument("--quick", action="store_true", help="p = 4 only (CI)")
     add_cases_flag(parser, CASES)
     return parser

@@ -296,7 +296,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run memory [--quick] [--stages 4,8] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run memory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/memory")
+    parser.add_argument("--out", default="runs/memory", help="output directory (default runs/memory)")
     parser.add_argument("--quick", action="store_true", help="p = 4 only and the GPT at m = 8 (CI)")
     parser.add_argument("--stages", help="comma-separated pipeline depths of the uniform part (default 4,8)")
     return parser

@@ -201,7 +201,7 @@ def _layers_csv(layers: list[dict[str, Any]]) -> str:
 def parser() -> CliParser:
     """``python -m experiments.run memory_real [options]``."""
     parser = CliParser(prog="python -m experiments.run memory_real", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/memory_real")
+    parser.add_argument("--out", default="runs/memory_real", help="output directory (default runs/memory_real)")
     parser.add_argument("--ranks", type=int, default=2, help="CPU ranks, 2 to 4 (default 2)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"gpt spec (default {DEFAULT_MODEL})")
     parser.add_argument("--microbatches", type=int, default=4, help="per replica (default 4)")

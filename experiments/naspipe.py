@@ -140,18 +140,18 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run naspipe [options]``."""
     parser = CliParser(prog="python -m experiments.run naspipe", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="runs/naspipe")
-    parser.add_argument("--topology", default="8xV100")
-    parser.add_argument("--spaces", default="c1,c2,c3")
-    parser.add_argument("--subnets", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/naspipe", help="output directory (default runs/naspipe)")
+    parser.add_argument("--topology", default="8xV100", help="the cluster simulated (default 8xV100, NASPipe's)")
+    parser.add_argument("--spaces", default="c1,c2,c3", help="supernet spaces, comma-separated (default c1,c2,c3)")
+    parser.add_argument("--subnets", type=int, default=64, help="subnets trained in sequence (default 64)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the subnet sampler (default 0)")
     parser.add_argument("--lookahead", type=int, default=30, help="most subnets in flight under CSP (NASPipe: 30)")
     parser.add_argument("--minibatch", type=int, default=32, help="samples per subnet (32 x 128 tokens, about "
                         "NASPipe's 3840-token batches)")
     parser.add_argument("--microbatches", type=int, default=8, help="microbatches per subnet for gpipe and 1f1b")
     parser.add_argument("--budget-factor", type=float, default=1.25,
                         help="device parameter budget in units of the largest subnet's bytes on a stage")
-    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--no-plot", action="store_true", help="skip the figure")
     return parser
 
 

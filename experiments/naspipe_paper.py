@@ -260,7 +260,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run naspipe_paper [options]``."""
     parser = CliParser(prog="python -m experiments.run naspipe_paper", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/naspipe_paper")
+    parser.add_argument("--out", default="runs/naspipe_paper", help="output directory (default runs/naspipe_paper)")
     parser.add_argument("--quick", action="store_true", help="4 GPUs, 8 subnets (CI)")
     parser.add_argument("--spaces", default="c1,c2,c3", help="of c1, c2, c3 (the artifact's GPipe runs)")
     parser.add_argument("--gpus", default="4,8", help="GPU counts (the sample: 4; the paper's Figure 5: 8)")

@@ -213,7 +213,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run partime [--quick] [--rounds N] [--no-real] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run partime", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/partime")
+    parser.add_argument("--out", default="runs/partime", help="output directory (default runs/partime)")
     parser.add_argument("--quick", action="store_true", help="basic configuration on 1, 2, 4 stages; one small "
                         "real round (CI)")
     parser.add_argument("--rounds", type=int, default=3, help="real rounds (default 3; --quick: 1)")

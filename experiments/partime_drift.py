@@ -358,7 +358,7 @@ def parser() -> CliParser:
     """``python -m experiments.run partime_drift [--quick] [--seed S] [--frames T] [--repeats R] [--lr RATES]
     [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run partime_drift", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/partime_drift")
+    parser.add_argument("--out", default="runs/partime_drift", help="output directory (default runs/partime_drift)")
     parser.add_argument("--quick", action="store_true", help="1 and 2 stages, 60 frames of 16 x 16, one seed (CI)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first repetition's stream and weights")
     parser.add_argument("--frames", type=int, default=None, metavar="T",

@@ -278,7 +278,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run pipedream [--quick] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run pipedream", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/pipedream")
+    parser.add_argument("--out", default="runs/pipedream", help="output directory (default runs/pipedream)")
     parser.add_argument("--quick", action="store_true", help="p in {2, 4} and VGG-16 on A and B only (CI)")
     return parser
 

@@ -358,7 +358,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run pipedream_vs_dp [--quick] [--models ...] [--clusters ...] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run pipedream_vs_dp", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="runs/pipedream_vs_dp")
+    parser.add_argument("--out", default="runs/pipedream_vs_dp", help="output directory (default runs/pipedream_vs_dp)")
     parser.add_argument("--models", help=f"comma-separated, of {', '.join(MODELS)} (default all; --quick: "
                         f"{','.join(QUICK_MODELS)})")
     parser.add_argument("--clusters", help=f"comma-separated, of {', '.join(CLUSTERS)} (default all; --quick: "

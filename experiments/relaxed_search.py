@@ -328,7 +328,7 @@ def parser() -> CliParser:
     """``python -m experiments.run relaxed_search [--quick] [--problems N] [--seed S] [--brute-limit N]
     [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run relaxed_search", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/relaxed_search")
+    parser.add_argument("--out", default="runs/relaxed_search", help="output directory (default runs/relaxed_search)")
     parser.add_argument("--quick", action="store_true", help="two small problems on 4 devices (CI)")
     parser.add_argument("--problems", type=int, default=16, metavar="N", help="problems in the suite (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the suite, the relaxation and the annealing")

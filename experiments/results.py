@@ -124,15 +124,20 @@ def _relative(path: Path, start: Path) -> str:
     return os.path.relpath(path, start)
 
 
+def parser() -> CliParser:
+    """The command line of ``experiments.run results``."""
+    found = CliParser(prog="python -m experiments.run results", description=__doc__.split("\n\n")[0])
+    found.add_argument("--out", default="runs/results", help="where the experiments write (default runs/results)")
+    found.add_argument("--page", default="docs/results.md", help="the page to write (default docs/results.md)")
+    found.add_argument("--only", help="comma-separated experiment names (default: all)")
+    found.add_argument("--quick", action="store_true", help="pass --quick to the experiments that take it")
+    return found
+
+
 def main(argv: list[str], registry: dict[str, tuple[str, bool]]) -> int:
     """The command; ``registry``: every experiment's name, description and whether it writes files (takes ``--out``),
     in the registry's order (``experiments.run`` passes its own, so this module does not import the command)."""
-    parser = CliParser(prog="python -m experiments.run results", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/results", help="where the experiments write (default runs/results)")
-    parser.add_argument("--page", default="docs/results.md", help="the page to write (default docs/results.md)")
-    parser.add_argument("--only", help="comma-separated experiment names (default: all)")
-    parser.add_argument("--quick", action="store_true", help="pass --quick to the experiments that take it")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     names = [n for n in registry if n != NAME]
     if args.only is not None:
         wanted = [n for n in args.only.split(",") if n]

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sim.core.cli import CliParser
-from sim.core.errors import fail, run_cli
+from sim.core.errors import did_you_mean, fail, run_cli
 from sim.core.fileio import prepare_output_dir
 
-__all__ = ["EXPERIMENTS", "Experiment", "main"]
+__all__ = ["EXPERIMENTS", "Experiment", "main", "make_parser"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,8 @@ EXPERIMENTS: dict[str, Experiment] = {
 }
 
 
-def _parser() -> CliParser:
+def make_parser() -> CliParser:
+    """The ``experiments.run`` argument parser (each experiment's own options: ``NAME --help``)."""
     parser = CliParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0],
                        epilog=f"experiments: {', '.join(sorted(EXPERIMENTS))}; NAME --help shows its options")
     parser.add_argument("name", help="experiment name, or 'list'")
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         if argv[:1] in (["-h"], ["--help"]):
-            _parser().print_help()
+            make_parser().print_help()
             return 0
         if not argv:
             fail(f"name an experiment ({', '.join(sorted(EXPERIMENTS))}) or 'list': python -m experiments.run NAME")
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{experiment.name:<14} {experiment.description}")
             return 0
         if name not in EXPERIMENTS:
-            fail(f"unknown experiment {name!r} (known: {', '.join(sorted(EXPERIMENTS))})")
+            fail(f"unknown experiment {name!r}{did_you_mean(name, EXPERIMENTS)} (known: "
+                 f"{', '.join(sorted(EXPERIMENTS))})")
         experiment = EXPERIMENTS[name]
         return experiment.main(_with_checked_out(experiment, rest))
 

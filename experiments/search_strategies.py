@@ -142,7 +142,8 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run search_strategies [--quick] [--problems N] [--seed S] [--workers N] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run search_strategies", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/search_strategies")
+    parser.add_argument("--out", default="runs/search_strategies",
+                        help="output directory (default runs/search_strategies)")
     parser.add_argument("--quick", action="store_true", help="two small problems (CI)")
     parser.add_argument("--problems", type=int, default=7, metavar="N", help="problems in the suite (default 7)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the suite and of every strategy")

@@ -260,7 +260,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run search_vtrain [--quick] [--data CSV] [--workers N] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run search_vtrain", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/search_vtrain")
+    parser.add_argument("--out", default="runs/search_vtrain", help="output directory (default runs/search_vtrain)")
     parser.add_argument("--data", type=Path, default=DATA, help="a CSV with vTrain's columns (default: the 1,440 "
                         "single-node runs shipped in experiments/data/vtrain)")
     parser.add_argument("--quick", action="store_true", help=f"a seeded sample of {QUICK_GROUPS} groups")

@@ -436,7 +436,7 @@ def parser() -> CliParser:
     """``python -m experiments.run second_opinion [--quick] [--rows ...] [--workers N] [--time-budget S] [--out
     DIR]``."""
     parser = CliParser(prog="python -m experiments.run second_opinion", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/second_opinion")
+    parser.add_argument("--out", default="runs/second_opinion", help="output directory (default runs/second_opinion)")
     parser.add_argument("--quick", action="store_true", help=f"rows {', '.join(QUICK_ROWS)} only (CI)")
     parser.add_argument("--rows", help="comma-separated SOURCE:ID rows to search (default: every row)")
     parser.add_argument("--workers", type=int, default=2, help="search processes (default 2)")

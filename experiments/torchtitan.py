@@ -250,7 +250,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run torchtitan [--seed S] [--fit] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run torchtitan", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/torchtitan")
+    parser.add_argument("--out", default="runs/torchtitan", help="output directory (default runs/torchtitan)")
     parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the fit / held-out split (default {SEED}, "
                         "the split the catalog's figures were fitted on)")
     parser.add_argument("--fit", action="store_true", help=f"fit {DEVICE}'s three unpublished figures on the fit "

@@ -264,7 +264,7 @@ def parser() -> CliParser:
     """``python -m experiments.run vtrain [--quick] [--data CSV] [--seed S] [--kernel-model YAML] [--fit]
     [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run vtrain", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/vtrain")
+    parser.add_argument("--out", default="runs/vtrain", help="output directory (default runs/vtrain)")
     parser.add_argument("--data", type=Path, default=DATA, help="a CSV with vTrain's columns (default: the 1,440 "
                         "single-node runs shipped in experiments/data/vtrain)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fit / held-out split (default 0)")

@@ -66,7 +66,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run zeno [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run zeno", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/zeno")
+    parser.add_argument("--out", default="runs/zeno", help="output directory (default runs/zeno)")
     return parser
 
 

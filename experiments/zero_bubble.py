@@ -207,7 +207,7 @@ class Result:
 def parser() -> CliParser:
     """``python -m experiments.run zero_bubble [--quick] [--cases ...] [--out DIR]``."""
     parser = CliParser(prog="python -m experiments.run zero_bubble", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/zero_bubble")
+    parser.add_argument("--out", default="runs/zero_bubble", help="output directory (default runs/zero_bubble)")
     parser.add_argument("--quick", action="store_true", help="p in {2, 4} only (CI)")
     add_cases_flag(parser, CASES)
     return parser

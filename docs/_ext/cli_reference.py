@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["COMMANDS", "Command", "render", "render_all", "write_reference"]
+__all__ = ["COMMANDS", "Command", "all_commands", "experiment_commands", "render", "render_all", "write_reference"]
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,30 @@ COMMANDS: tuple[Command, ...] = (
     Command("executor.run", "executor.run:make_parser", "run a plan.json on real devices and compare with the "
             "prediction"),
     Command("profiles.measure", "profiles.measure:make_parser", "measure a layer profile on this machine's device"),
-    Command("experiments.run", "experiments.run:_parser", "reproduce a published result or one of our own claims"),
+    Command("experiments.run", "experiments.run:make_parser", "reproduce a published result or one of our own claims; "
+            "each experiment's own options follow"),
     Command("sim.bench", "sim.bench:make_parser", "time the engine, the partition and the search against baselines"),
     Command("sim.bench_memory", "sim.bench_memory:make_parser", "peak memory and time per op as plans grow"),
 )
 
 
+def experiment_commands() -> tuple[Command, ...]:
+    """``python -m experiments.run NAME`` for every registered experiment, each with its module's ``parser``
+    (the convention of :mod:`experiments`), in the registry's order."""
+    from experiments.run import EXPERIMENTS
+
+    return tuple(Command(f"experiments.run {name}", f"experiments.{name}:parser", entry.description)
+                 for name, entry in EXPERIMENTS.items())
+
+
+def all_commands() -> tuple[Command, ...]:
+    """:data:`COMMANDS`, then every experiment's."""
+    return COMMANDS + experiment_commands()
+
+
 def _label(command: Command) -> str:
     """The page's target name of ``command``'s section."""
-    return command.module.replace(".", "-").replace("_", "-")
+    return command.module.replace(".", "-").replace("_", "-").replace(" ", "-")
 
 
 def _default(action: argparse.Action) -> str:
@@ -112,7 +127,9 @@ def render_all() -> str:
             "Generated from each command's own argument parser when this site is built (`docs/_ext/cli_reference.py`): "
             "what `--help` prints, as tables. Bad input to any command is one `error: ...` line and exit status 2.", ""]
     index = [f"- {{ref}}`python -m {c.module} <cli-{_label(c)}>`: {c.summary}" for c in COMMANDS]
-    return "\n".join(head + index + [""] + [render(command) for command in COMMANDS])
+    experiments = ["", "Each experiment's options (`python -m experiments.run NAME --help`):", ""]
+    experiments += [f"- {{ref}}`{c.module.split()[-1]} <cli-{_label(c)}>`" for c in experiment_commands()]
+    return "\n".join(head + index + experiments + [""] + [render(command) for command in all_commands()])
 
 
 def write_reference(path: Path) -> None:

@@ -45,12 +45,18 @@ def command_modules() -> set[str]:
     return found - set(INTERNAL_ENTRY_POINTS)
 
 
-def test_every_command_is_in_the_reference():
-    listed = {command.module for command in cli_reference.COMMANDS}
-    assert command_modules() == listed
+def test_every_command_and_every_experiment_is_in_the_reference():
+    from experiments.run import EXPERIMENTS
+
+    assert command_modules() == {command.module for command in cli_reference.COMMANDS}
+    assert {command.module for command in cli_reference.experiment_commands()} == {
+        f"experiments.run {name}" for name in EXPERIMENTS}
+    page = cli_reference.render_all()
+    for command in cli_reference.all_commands():
+        assert f"## `python -m {command.module}`" in page
 
 
-@pytest.mark.parametrize("command", cli_reference.COMMANDS, ids=lambda c: c.module)
+@pytest.mark.parametrize("command", cli_reference.all_commands(), ids=lambda c: c.module)
 def test_every_flag_is_on_the_page_with_what_it_does(command):
     page = cli_reference.render(command)
     parser = command.make_parser()
