@@ -3,6 +3,7 @@ launch by the user's own ``torchrun``, the cnn model, the default thread count, 
 and plan errors at the command line."""
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -141,7 +142,12 @@ def test_a_launch_by_torchrun_itself_trains_like_the_local_launch(local_run):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS),
                "-m", "executor.run", "--plan", str(local_run.plan), "--out", str(out), "--iterations", "2",
                "--warmup", "0", "--optimizer", "sgd", "--save-state", str(state), "--no-gantt"]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    # torchrun's own agent keeps its per-worker folders in the temporary directory and leaves them there (our
+    # launcher gives it one it removes): a temporary directory of the test's own keeps the machine's clean.
+    scratch = local_run.tmp / "torchrun-tmp"
+    scratch.mkdir()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "TMPDIR": str(scratch)})
     assert result.returncode == 0, result.stderr
     for name in ("trace.json", "metrics.json", "compare.json"):
         assert (out / name).is_file(), name
