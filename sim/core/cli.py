@@ -24,6 +24,13 @@ class CliParser(argparse.ArgumentParser):
     """argparse with the house error format: one ``error: ...`` line, exit status 2 (never argparse's usage dump)."""
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        """One ``error:`` line, status 2; an unknown flag names the command's closest flags."""
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            flags = [option for option in self._option_string_actions if option.startswith("--")]
+            unknown = [word.split("=")[0] for word in message.removeprefix(prefix).split() if word.startswith("-")]
+            if len(unknown) == 1:
+                message += did_you_mean(unknown[0], flags, prefix="--")
         fail(message)
 
     def _check_value(self, action: argparse.Action, value: object) -> None:

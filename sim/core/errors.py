@@ -64,13 +64,17 @@ class OutputError(OSError):
     handles those still does; the CLIs print ``error: cannot write '<file>': <why>``."""
 
 
-def did_you_mean(name: object, valid: Iterable[str], *, n: int = 3, cutoff: float = 0.5) -> str:
+def did_you_mean(name: object, valid: Iterable[str], *, n: int = 3, cutoff: float = 0.5, prefix: str = "") -> str:
     """``"; did you mean a, b?"`` naming the valid names closest to ``name`` (case-insensitive, by
     :func:`difflib.get_close_matches`), or ``""`` when none is close: what an error about an unknown name adds after
-    the name, so that every command suggests alike."""
-    by_lower = {str(v).lower(): str(v) for v in valid}
-    close = difflib.get_close_matches(str(name).strip().lower(), list(by_lower), n=n, cutoff=cutoff)
-    return f"; did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
+    the name, so that every command suggests alike. A ``prefix`` every name shares (``--`` of a flag) is left out of
+    the likeness, which it would otherwise inflate."""
+    def bare(text: str) -> str:
+        return text.strip().lower().removeprefix(prefix)
+
+    by_bare = {bare(str(v)): str(v) for v in valid}
+    close = difflib.get_close_matches(bare(str(name)), list(by_bare), n=n, cutoff=cutoff)
+    return f"; did you mean {', '.join(by_bare[c] for c in close)}?" if close else ""
 
 
 def fail(message: str, status: int = 2) -> NoReturn:

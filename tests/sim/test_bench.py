@@ -77,4 +77,5 @@ def test_an_unknown_flag_is_one_error_line_not_argparse_usage(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--parition"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err == "error: unrecognized arguments: --parition\n"
+    assert capsys.readouterr().err == ("error: unrecognized arguments: --parition; did you mean --partition, "
+                                       "--partition-stages, --partition-layers?\n")
