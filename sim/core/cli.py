@@ -30,7 +30,7 @@ class CliParser(argparse.ArgumentParser):
             flags = [option for option in self._option_string_actions if option.startswith("--")]
             unknown = [word.split("=")[0] for word in message.removeprefix(prefix).split() if word.startswith("-")]
             if len(unknown) == 1:
-                message += did_you_mean(unknown[0], flags, prefix="--")
+                message += did_you_mean(unknown[0], flags, prefix="--", cutoff=0.6)
         fail(message)
 
     def _check_value(self, action: argparse.Action, value: object) -> None:

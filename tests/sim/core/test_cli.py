@@ -17,10 +17,8 @@ def _parser() -> CliParser:
 
 @pytest.mark.parametrize(("argv", "line"), [
     # the closest first (difflib's likeness, the shared "--" left out of it)
-    (["--microbatchs", "4"], "error: unrecognized arguments: --microbatchs 4; did you mean --microbatches, "
-                             "--global-batch?\n"),
-    (["--global_batch=8"], "error: unrecognized arguments: --global_batch=8; did you mean --global-batch, "
-                           "--microbatches?\n"),
+    (["--microbatchs", "4"], "error: unrecognized arguments: --microbatchs 4; did you mean --microbatches?\n"),
+    (["--global_batch=8"], "error: unrecognized arguments: --global_batch=8; did you mean --global-batch?\n"),
     (["--zzz"], "error: unrecognized arguments: --zzz\n"),  # nothing close: nothing suggested
     (["--schedule", "1fb1"], "error: argument --schedule: invalid choice: '1fb1'; did you mean 1f1b, zb1p? "
                              "(choose from 1f1b, gpipe, zb1p)\n"),
