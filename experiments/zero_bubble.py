@@ -9,7 +9,8 @@ slots. With uniform stages and free links, in the paper's time-domain notation (
     ZB-H1:  iteration = m·(T_F + T_B + T_W) + (p − 1)·(T_F + T_B − T_W),  bubble ÷ ideal = (p − 1)/(3m) at
             T_F = T_B = T_W
 
-(the repository's README table, "ZB-1P"), at the same peak activation memory on the first stage (p microbatches).
+(``zb1p`` in the table of ``docs/guides/schedules.md``), at the same peak activation memory on the first stage
+(p microbatches).
 Published: ZB-H1 "outperforms the 1F1B schedule up to 23% in throughput under a similar memory limit", 31 % when
 the memory constraint is relaxed (ZB-H2; arXiv abstract).
 
