@@ -2,7 +2,7 @@
 reference target, page outside the table of contents or malformed docstring, and this test runs that build.
 
 It is the README's documentation command (with a fresh environment, ``-E``, so that nothing is taken from an earlier
-build), about 30 s on 2 cores: the one long test of the docs."""
+build, and ``-j auto``), about 27 s on 2 cores: the one long test of the docs."""
 
 from __future__ import annotations
 
