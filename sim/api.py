@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import SpecError, did_you_mean
-from sim.core.fileio import prepare_output_dir, read_text, write_text_atomic, write_text_chunks_atomic
+from sim.core.fileio import prepare_output_dir, read_text
 from sim.cost.profile import load_profile
 from sim.ir.plan import Plan
-from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.ir.trace import Trace
 from sim.plan.build import BuiltPlan, build_plan
 from sim.plan.inputs import PlanInputs
@@ -157,14 +156,11 @@ class Simulation:
         Raises:
             SpecError: ``out`` cannot be made or written in.
         """
-        from sim.report.outputs import write_run_outputs
+        from sim.report.outputs import plan_title, write_plan_files, write_run_outputs
 
         folder = prepare_output_dir(out, "out")
-        write_text_chunks_atomic(self.plan.iter_dumps(), folder / "plan.json")
-        write_text_atomic(dumps_schedule_csv(self.plan.programs), folder / "schedule.csv")
-        title = f"{self.plan.schedule} · {self.plan.model} · {self.plan.topology} · m={self.plan.num_microbatches}"
-        return ["plan.json", "schedule.csv",
-                *write_run_outputs(folder, self.trace, self.metrics, title=title, gantt=gantt)]
+        return [*write_plan_files(folder, self.plan),
+                *write_run_outputs(folder, self.trace, self.metrics, title=plan_title(self.plan), gantt=gantt)]
 
 
 def simulate(planned: BuiltPlan | Plan | str | Path, *, profile: str | Path | None = None,

@@ -19,18 +19,17 @@ from pathlib import Path
 
 from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
-from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_atomic, write_text_chunks_atomic
+from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_chunks_atomic
 from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.faults.report import FaultOptions, FaultReport, fault_report
-from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.models import build_model
 from sim.models.routing import BALANCED, parse_routing
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs, format_builtin_lists
 from sim.plan.memory_fit import memory_remedies, memory_report
 from sim.predict import predict
-from sim.report.outputs import format_summary, write_run_outputs
+from sim.report.outputs import format_summary, plan_title, write_plan_files, write_run_outputs
 from sim.report.stream import format_stream_summary
 from sim.schedules import SCHEDULES
 
@@ -273,14 +272,8 @@ def _run(argv: list[str] | None) -> int:
         metrics = {**metrics, "faults": faults.metrics}
     out = Path(args.out)
     prepare_output_dir(out, "--out")
-    write_text_chunks_atomic(plan.iter_dumps(), out / "plan.json")
-    write_text_atomic(dumps_schedule_csv(plan.programs), out / "schedule.csv")
-    layout = plan.layout
-    shape = (f" · TP{layout.tp}{f'×CP{layout.cp}' if layout.cp > 1 else ''}×DP{layout.dp}×PP{layout.pp}"
-             if plan.parallel is not None else "")
-    title = (f"{plan.schedule}{f' v={chunks}' if chunks else ''}"
-             f"{' + selective recompute' if recompute == 'selective' else ' + recompute' if recompute else ''} · "
-             f"{plan.model} · {plan.topology}{shape} · m={plan.num_microbatches}")
+    write_plan_files(out, plan)
+    title = plan_title(plan)
     charts = {} if faults is None else {"long_run.png": lambda: faults.chart_png(
         f"{title} · {faults.run.iterations:,} iterations, job MTBF {faults.run.mtbf_s / 3600:.3g} h, seed {args.seed}")}
     names = write_run_outputs(out, prediction.trace, metrics, title=title, gantt=not args.no_gantt, charts=charts)

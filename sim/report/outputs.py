@@ -12,13 +12,41 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sim.core.fileio import prepare_output_dir, write_bytes_atomic, write_json_atomic
+from sim.core.fileio import (
+    prepare_output_dir,
+    write_bytes_atomic,
+    write_json_atomic,
+    write_text_atomic,
+    write_text_chunks_atomic,
+)
 from sim.core.output_set import all_or_none
+from sim.ir.plan import Plan
+from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.ir.trace import Trace
 from sim.report.chrome_trace import write_chrome_trace
 from sim.report.metrics import rank_label
 
 __all__ = ["write_run_outputs", "format_summary"]
+
+
+def plan_title(plan: Plan) -> str:
+    """The title of a simulated plan's Gantt chart: schedule (chunks, recomputation) · model · topology (its tensor ×
+    context × data × pipeline layout) · microbatches."""
+    chunks, recompute = plan.option("chunks"), plan.option("recompute")
+    layout = plan.layout
+    shape = (f" · TP{layout.tp}{f'×CP{layout.cp}' if layout.cp > 1 else ''}×DP{layout.dp}×PP{layout.pp}"
+             if plan.parallel is not None else "")
+    return (f"{plan.schedule}{f' v={chunks}' if chunks else ''}"
+            f"{' + selective recompute' if recompute == 'selective' else ' + recompute' if recompute else ''} · "
+            f"{plan.model} · {plan.topology}{shape} · m={plan.num_microbatches}")
+
+
+def write_plan_files(out_dir: Path, plan: Plan) -> list[str]:
+    """Write ``plan.json`` (what the executor runs) and ``schedule.csv`` (its compute-only view) of ``plan`` into the
+    existing directory ``out_dir``; returns the file names."""
+    write_text_chunks_atomic(plan.iter_dumps(), out_dir / "plan.json")
+    write_text_atomic(dumps_schedule_csv(plan.programs), out_dir / "schedule.csv")
+    return ["plan.json", "schedule.csv"]
 
 
 def write_run_outputs(out_dir: Path, trace: Trace, metrics: dict[str, Any], *, title: str,

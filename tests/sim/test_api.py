@@ -22,7 +22,7 @@ def test_a_simulation_writes_what_sim_run_writes_byte_for_byte(tmp_path, capsys)
                     "--tp", "2", "--pp", "2", "--out", str(tmp_path / "cli")]) == 0
     capsys.readouterr()
     assert names == ["plan.json", "schedule.csv", "metrics.json", "trace.json", "gantt.png"]
-    for name in ("plan.json", "schedule.csv", "metrics.json", "trace.json"):
+    for name in names:
         assert (tmp_path / "api" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes(), name
 
 
