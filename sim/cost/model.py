@@ -467,8 +467,12 @@ class CostModel:
         forward to the backward of the last microbatch in flight; 0 otherwise."""
         if self.layout.zero != 3 or self.layout.reshard_after_forward:
             return 0
-        start, end, device = self._sized[vstage]
-        return sum(self.oracle.memory.param_bytes(i, i + 1, device) for i in range(start, end))
+        key = ("held gathered", vstage)
+        found = self._sizes.get(key)
+        if found is None:  # the engine asks for every op of the stage
+            start, end, device = self._sized[vstage]
+            found = self._sizes[key] = sum(self.oracle.memory.param_bytes(i, i + 1, device) for i in range(start, end))
+        return found
 
     def _gathered(self, vstage: int) -> tuple[int, int]:
         """Under ZeRO-3, what a forward and a backward of ``vstage`` gather on top of their workspace, bytes (the
