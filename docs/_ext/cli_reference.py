@@ -75,7 +75,8 @@ def _label(command: Command) -> str:
 
 def _default(action: argparse.Action) -> str:
     """An option's default as the reference shows it: blank when there is none to speak of."""
-    if action.default in (None, argparse.SUPPRESS, False) or action.nargs == 0 and action.default is False:
+    # by identity: a default of 0 (``--zero``, ``--seed``) equals False but is worth showing
+    if action.default is None or action.default is False or action.default is argparse.SUPPRESS:
         return ""
     if isinstance(action.default, (list, tuple)):
         return ",".join(str(item) for item in action.default) if action.default else ""

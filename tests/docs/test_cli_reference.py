@@ -73,6 +73,8 @@ def planted_parser() -> argparse.ArgumentParser:
     """A command's parser with one flag the reference has never seen."""
     parser = argparse.ArgumentParser(prog="python -m planted", description="A planted command.")
     parser.add_argument("--planted-flag", default=3, help="what it does")
+    parser.add_argument("--planted-zero", type=int, default=0, help="a default that equals False")
+    parser.add_argument("--planted-switch", action="store_true", help="no default to show")
     return parser
 
 
@@ -82,3 +84,5 @@ def test_the_page_is_the_parsers_text():
     page = cli_reference.render(command)
     assert page.startswith("(cli-planted)=\n## `python -m planted`")
     assert "| `--planted-flag PLANTED_FLAG` | 3 | what it does |" in page
+    assert "| `--planted-zero PLANTED_ZERO` | 0 | a default that equals False |" in page
+    assert "| `--planted-switch` |  | no default to show |" in page
