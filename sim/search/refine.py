@@ -75,7 +75,7 @@ def refine(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence
     known: dict[Candidate, Bound] = {c: b for c, b in zip(candidates, bounds) if b is not None}
     if method == "relaxation":
         _relax_best_layouts(screener, known, deadline)
-        return _added(candidates, known)
+        return _added(screener, candidates, known)
     # Each layout's starts (its best listed plan; on a mixed cluster also the joint program's) and its best bound.
     starts: dict[Candidate, list[tuple[float, Candidate]]] = {}
     for candidate, bound in known.items():
@@ -118,7 +118,7 @@ def refine(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence
             if deadline is not None and time.time() >= deadline:
                 break
             _descend(screener, start, known, deadline)
-    return _added(candidates, known)
+    return _added(screener, candidates, known)
 
 
 def _relaxed_plan(screener: Screener, layout: Candidate) -> Candidate | None:
@@ -130,11 +130,28 @@ def _relaxed_plan(screener: Screener, layout: Candidate) -> Candidate | None:
         return None
 
 
-def _added(candidates: Sequence[Candidate], known: dict[Candidate, Bound]) -> tuple[list[Candidate], list[Bound]]:
-    """The plans of ``known`` not listed that may fit, in the order they were bounded."""
+def _added(screener: Screener, candidates: Sequence[Candidate],
+           known: dict[Candidate, Bound]) -> tuple[list[Candidate], list[Bound]]:
+    """The plans of ``known`` not listed that may fit, in the order they were bounded: a plan that is a listed one
+    spelled out (the balanced partition's own layer counts on the same devices, as the descent writes its start) is
+    the listed plan, not a second one."""
     listed = set(candidates)
-    added = [(c, b) for c, b in known.items() if c not in listed and b.fits and b.time_s < math.inf]
+    added = [(c, b) for c, b in known.items() if c not in listed and b.fits and b.time_s < math.inf
+             and not _spells_out_listed(screener, c, listed)]
     return [c for c, _ in added], [b for _, b in added]
+
+
+def _spells_out_listed(screener: Screener, candidate: Candidate, listed: set[Candidate]) -> bool:
+    """Whether ``candidate``'s explicit layer counts are those the balanced partition gives the same plan, which is
+    listed."""
+    twin = replace(candidate, partition="balanced")
+    if candidate.partition == "balanced" or twin not in listed:
+        return False
+    try:
+        counts, _ = screener.shape(twin)
+    except SpecError:
+        return False
+    return ",".join(map(str, counts)) == candidate.partition
 
 
 def _best_layouts(known: dict[Candidate, Bound]) -> list[Candidate]:

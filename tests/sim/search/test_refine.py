@@ -3,6 +3,8 @@ clusters with few microbatches, where the balanced partition is not the engine's
 the best plan over every partition and every placement (each simulated by the engine) within 1 %; what it adds are
 plans outside the listed space, each with the screen's own bound."""
 
+from dataclasses import replace
+
 import pytest
 
 from sim.hw.topology import Topology
@@ -41,9 +43,14 @@ def test_it_adds_only_unlisted_plans_that_may_fit_each_with_its_own_bound():
     assert added and len(added) == len(added_bounds) == len(set(added))
     assert not set(added) & set(candidates)
     fresh = Screener(problem, topology)
+    listed = set(candidates)
     for candidate, bound in zip(added, added_bounds):
         assert bound.fits and bound == fresh.bound(candidate)
         assert candidate.partition != "balanced" and candidate.pp > 1
+        # Not a listed plan spelled out: the balanced partition's own counts on the same devices are that plan.
+        twin = replace(candidate, partition="balanced")
+        if twin in listed:
+            assert ",".join(map(str, fresh.shape(twin)[0])) != candidate.partition, candidate.label()
     # Deterministic: the same inputs, the same plans in the same order.
     again = refine(Screener(problem, topology), candidates, screen_all(Screener(problem, topology), candidates))
     assert again == (added, added_bounds)
