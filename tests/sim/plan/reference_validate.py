@@ -1,195 +1,259 @@
-"""The plan checks as they were before they were made linear in memory: dicts keyed by (kind, vstage, mb) tuples and
-by op id, every id materialised. Kept as the oracle the tests compare ``sim.plan.validate`` with: same verdict, same
-first problem, same message, on plans broken at random.
+"""An oracle for the plan checks, written from the plan IR's definitions and not from ``sim.plan.validate``.
+
+Where each rule comes from:
+
+* ``sim.ir.plan`` and ``docs/concepts/plan-ir.md``: an op is ``(kind, vstage, mb)``, its string is its id and is
+  unique within a plan; a virtual stage lives on exactly one rank (``Placement.vstage_to_rank``); a plan has one
+  program per rank.
+* ``sim.ir.ops``: L0 kinds are those ``OP_SEMANTICS`` marks ``scheduled``; every (vstage, mb) has one forward and a
+  backward that is either one full B or one input-gradient I with one weight-gradient W, and at most one
+  recomputation R, which rebuilds the forward's activations right before the backward; ``SEND_F`` of vstage v sends
+  its forward output to v + 1's rank, ``SEND_B`` of v its input gradient to v - 1's rank, and a RECV names the
+  receiving vstage; ``peer`` is the other rank of a SEND/RECV and ``pair`` the id they share; every ``deps`` entry is
+  an op's id.
+* ``sim.engine.simpy_engine`` (the engine's semantics, which the dry run shares): a rank walks its program in order;
+  an op whose kind ``blocks`` holds the walker until it finishes, and starts once the walker reaches it and its deps
+  are done; an issued op (``blocks`` false) is issued when the walker reaches it; a transfer happens once its SEND
+  and RECV are both issued and the SEND's deps are done, and completes both; a copy or data-parallel collective
+  completes once issued and its deps are done. Point-to-point transports match the messages between two ranks in
+  the order they were posted (``sim.plan.validate.validate_l1``'s docstring states that rule).
+
+Its design differs from the validator's on purpose, so that the two agreeing means something: it lists every rule a
+plan breaks (:class:`Violation`, tagged with the rule) instead of stopping at the first; the L0 rules are stated
+over the ops of each (vstage, mb) gathered in one place; the channel rule compares each message's rank among its
+sender's posts with its rank among its receiver's; and deadlock freedom is an event replay over an explicit graph:
+each op's completion is an event with the events it waits for (the walker, its deps, the other side of its
+message), an event fires as soon as everything it waits for has fired, and the plan deadlocks exactly when some
+event never fires. Plain dicts and lists, for the tests' small plans.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass
 
-from sim.core.errors import SpecError
-from sim.ir.plan import COPY_KINDS, RECV_KINDS, SCHEDULED_KINDS, SEND_KINDS, Op, OpKind, Plan
-from sim.plan.validate import PlanError, _describe_wait
+from sim.ir.ops import OP_SEMANTICS, Action, Op, OpKind
+from sim.ir.plan import Plan
 
-__all__ = ["reference_validate"]
+__all__ = ["Violation", "RULES", "reference_violations", "reference_accepts"]
+
+# --- the rules, one tag each ---------------------------------------------------------------------------------------
+RANK_COUNT = "rank-count"  # one program per rank the placement places a vstage on (0 .. highest)
+VSTAGE_RANGE = "vstage-range"  # a compute op's vstage exists
+MICROBATCH_RANGE = "microbatch-range"  # a compute op names one of the iteration's microbatches
+PLACEMENT = "placement"  # a compute op runs on the rank its vstage is placed on
+ONCE = "once"  # no (kind, vstage, mb) compute op twice
+FORWARD = "forward"  # every (vstage, mb) has its forward
+BACKWARD = "backward"  # ... and one backward: a full B, or an I with its W, not both
+COMPUTE_ORDER = "compute-order"  # on the rank: F, then R, then B or I, then W
+UNIQUE_ID = "unique-id"  # L1: an id names one op
+DEP_EXISTS = "dep-exists"  # L1: every dep is the id of an op in the plan
+ENDPOINT = "endpoint"  # L1: a SEND/RECV has a pair id and a peer that is another rank of the plan
+MATCHED = "matched"  # L1: every SEND has exactly one RECV with its pair id, and the reverse; their peers agree
+SAME_MESSAGE = "same-message"  # L1: a pair's RECV receives what its SEND sends (F to v + 1, B to v - 1, same mb)
+CHANNEL_ORDER = "channel-order"  # L1: the k-th send posted from a to b is the k-th receive b posts from a
+NO_DEADLOCK = "no-deadlock"  # L1: the untimed replay completes every op
+
+#: Every rule, L0's first.
+RULES = (RANK_COUNT, VSTAGE_RANGE, MICROBATCH_RANGE, PLACEMENT, ONCE, FORWARD, BACKWARD, COMPUTE_ORDER, UNIQUE_ID,
+         DEP_EXISTS, ENDPOINT, MATCHED, SAME_MESSAGE, CHANNEL_ORDER, NO_DEADLOCK)
+
+#: Within one (vstage, mb), each kind must come before these on its rank (an op that is absent constrains nothing).
+_MUST_PRECEDE = {
+    OpKind.F: (OpKind.R, OpKind.B, OpKind.I, OpKind.W),
+    OpKind.R: (OpKind.B, OpKind.I, OpKind.W),
+    OpKind.I: (OpKind.W,),
+}
+
+#: Which receive a send's message is for: its kind and the receiving vstage's offset from the sending one.
+_RECEIVED_AS = {OpKind.SEND_F: (OpKind.RECV_F, +1), OpKind.SEND_B: (OpKind.RECV_B, -1)}
 
 
-def reference_validate(plan: Plan) -> None:
-    """Every check that applies to the plan's level, in the order ``sim.plan.validate.validate`` runs them."""
-    reference_l0(plan)
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: its tag (one of :data:`RULES`) and the ops it concerns, in words."""
+
+    rule: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """An op and where it stands: its rank and its position in that rank's program."""
+
+    op: Op
+    rank: int
+    pos: int
+
+
+def reference_accepts(plan: Plan) -> bool:
+    """Whether the plan breaks none of the rules of its level."""
+    return not reference_violations(plan)
+
+
+def reference_violations(plan: Plan) -> list[Violation]:
+    """Every rule the plan breaks: the L0 rules at both levels, the L1 ones on a lowered plan. The replay needs
+    the message structure sound, so it runs only where no L1 rule before it is broken."""
+    placed = [_Placed(op, rank, pos) for rank, program in enumerate(plan.programs) for pos, op in enumerate(program)]
+    found = _compute_violations(plan, placed)
     if plan.level == "L1":
-        reference_l1(plan)
-        reference_deadlock(plan)
+        structure = _message_violations(plan, placed)
+        found += structure
+        if not structure:
+            found += [Violation(NO_DEADLOCK, f"{op_id} never completes") for op_id in _never_completing(plan)]
+    return found
 
 
-def _index(plan: Plan) -> dict[str, tuple[int, int]]:
-    index: dict[str, tuple[int, int]] = {}
-    for rank, program in enumerate(plan.programs):
-        for pos, op in enumerate(program):
-            if op.id in index:
-                raise SpecError(f"op {op.id} appears twice (rank {index[op.id][0]} and rank {rank})")
-            index[op.id] = (rank, pos)
-    return index
+# --- L0: the compute ops of each (vstage, mb) ----------------------------------------------------------------------
 
 
-def reference_l0(plan: Plan) -> None:
-    """Placement, counts and local order of the compute ops.
-
-    For every (vstage, mb): exactly one F, and either one B or one I with one W; at most one R, after the F and
-    before the backward. Each op sits on the rank its vstage is placed on, and on that rank F comes before R, R
-    before B/I, I before W. Communication and optimizer ops are ignored here (they belong to L1).
-    """
-    to_rank = plan.placement.vstage_to_rank
-    if plan.num_ranks != max(to_rank, default=-1) + 1:
-        raise PlanError(f"plan has {plan.num_ranks} rank programs but places vstages on ranks {sorted(set(to_rank))}")
-    counts: Counter[tuple[OpKind, int, int]] = Counter()
-    position: dict[tuple[OpKind, int, int], int] = {}
-    for rank, program in enumerate(plan.programs):
-        for pos, op in enumerate(program):
-            if op.kind not in SCHEDULED_KINDS:
-                continue
-            if not 0 <= op.vstage < plan.num_vstages:
-                raise PlanError(f"op {op.id} on rank {rank}: vstage {op.vstage} outside 0..{plan.num_vstages - 1}")
-            if op.mb is None or not 0 <= op.mb < plan.num_microbatches:
-                raise PlanError(
-                    f"op {op.id} on rank {rank}: microbatch {op.mb} outside 0..{plan.num_microbatches - 1}"
-                )
-            if to_rank[op.vstage] != rank:
-                raise PlanError(f"op {op.id} is on rank {rank} but vstage {op.vstage} is placed on rank "
-                                f"{to_rank[op.vstage]}")
-            key = (op.kind, op.vstage, op.mb)
-            counts[key] += 1
-            if counts[key] > 1:
-                raise PlanError(f"op {op.id} appears twice on rank {rank}")
-            position[key] = pos
-    for v in range(plan.num_vstages):
-        for mb in range(plan.num_microbatches):
-            name = f"(vstage {v}, microbatch {mb})"
-            f, b, i, w, r = (counts[(k, v, mb)] for k in (OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.R))
-            if f != 1:
-                raise PlanError(f"{name} has no forward {Op(OpKind.F, v, mb)}")
-            if b + i == 0:
-                raise PlanError(f"{name} has no backward ({Op(OpKind.B, v, mb)} or {Op(OpKind.I, v, mb)})")
-            if b and (i or w):
-                raise PlanError(f"{name} has both a full backward B and a split backward I/W")
-            if i != w:
-                raise PlanError(f"{name} has {i} input-gradient op(s) I but {w} weight-gradient op(s) W")
-            backward = OpKind.B if b else OpKind.I
-            order = [OpKind.F] + ([OpKind.R] if r else []) + [backward] + ([OpKind.W] if w else [])
-            for before, after in zip(order, order[1:]):
-                if position[(before, v, mb)] > position[(after, v, mb)]:
-                    raise PlanError(f"{Op(after, v, mb)} comes before {Op(before, v, mb)} on rank {to_rank[v]}")
-
-
-def reference_l1(plan: Plan) -> None:
-    """Pairing of sends and receives, existence of every dep, and consistent message order per channel.
-
-    Point-to-point transports (gloo, NCCL) match messages between two ranks in the order they were posted, so the
-    sends from rank a to rank b must appear in a's program in the same order as the matching receives in b's.
-    """
-    index = _index(plan)
-    sends: dict[int, tuple[int, Op]] = {}
-    recvs: dict[int, tuple[int, Op]] = {}
-    for rank, program in enumerate(plan.programs):
-        for op in program:
-            for dep in op.deps:
-                if dep not in index:
-                    raise PlanError(f"op {op.id} on rank {rank} depends on {dep}, which is in no program")
-            if op.kind in SEND_KINDS or op.kind in RECV_KINDS:
-                if op.pair is None or op.peer is None:
-                    raise PlanError(f"{op.id} on rank {rank} has no pair id or peer")
-                if not 0 <= op.peer < plan.num_ranks or op.peer == rank:
-                    raise PlanError(f"{op.id} on rank {rank} names peer {op.peer}")
-                table = sends if op.kind in SEND_KINDS else recvs
-                if op.pair in table:
-                    raise PlanError(f"pair id {op.pair} used by both {table[op.pair][1].id} and {op.id}")
-                table[op.pair] = (rank, op)
-    for pair_id, (src, send) in sends.items():
-        if pair_id not in recvs:
-            raise PlanError(f"{send.id} on rank {src} (pair {pair_id}) has no matching receive")
-        dst, recv = recvs[pair_id]
-        if send.peer != dst or recv.peer != src:
-            raise PlanError(f"{send.id} (rank {src} → {send.peer}) and {recv.id} (rank {dst} ← {recv.peer}) disagree")
-    for pair_id, (dst, recv) in recvs.items():
-        if pair_id not in sends:
-            raise PlanError(f"{recv.id} on rank {dst} (pair {pair_id}) has no matching send")
-    channel_sends: dict[tuple[int, int], list[int]] = defaultdict(list)
-    channel_recvs: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for rank, program in enumerate(plan.programs):
-        for op in program:
-            if op.kind in SEND_KINDS:
-                channel_sends[(rank, op.peer)].append(op.pair)
-            elif op.kind in RECV_KINDS:
-                channel_recvs[(op.peer, rank)].append(op.pair)
-    for (src, dst), order in channel_sends.items():
-        if order != channel_recvs[(src, dst)]:
-            first = next(k for k, (a, b) in enumerate(zip(order, channel_recvs[(src, dst)])) if a != b)
-            raise PlanError(
-                f"messages on channel rank {src} → rank {dst} are sent in a different order than received: "
-                f"send #{first} is {sends[order[first]][1].id} but receive #{first} is "
-                f"{recvs[channel_recvs[(src, dst)][first]][1].id}"
-            )
-
-
-def reference_deadlock(plan: Plan) -> None:
-    """Dry-run the L1 plan with zero-duration ops and raise :class:`PlanError` if it cannot finish.
-
-    The semantics are the engine's (DESIGN §6): each rank walks its program in order; SEND/RECV and PREFETCH/EVICT
-    are issued without blocking the rank; a transfer happens once its SEND and RECV are both issued and the SEND's
-    deps are done, a copy once its deps are done; any other op blocks the rank until its deps are done.
-    """
-    index = _index(plan)
-    done: set[str] = set()
-    issued: set[str] = set()
-    pointer = [0] * plan.num_ranks
-    pending_sends: dict[int, Op] = {}
-    issued_recvs: dict[int, Op] = {}
-    issued_copies: list[Op] = []
-    progress = True
-    while progress:
-        progress = False
-        for rank, program in enumerate(plan.programs):
-            while pointer[rank] < len(program):
-                op = program[pointer[rank]]
-                if op.kind in SEND_KINDS:
-                    pending_sends[op.pair] = op
-                elif op.kind in RECV_KINDS:
-                    issued_recvs[op.pair] = op
-                elif op.kind in COPY_KINDS:
-                    issued_copies.append(op)
-                elif not all(dep in done for dep in op.deps):
-                    break
-                else:
-                    done.add(op.id)
-                issued.add(op.id)
-                pointer[rank] += 1
-                progress = True
-        for pair_id in sorted(pending_sends):
-            send = pending_sends[pair_id]
-            if pair_id in issued_recvs and all(dep in done for dep in send.deps):
-                done.update((send.id, issued_recvs.pop(pair_id).id))
-                del pending_sends[pair_id]
-                progress = True
-        for copy in [c for c in issued_copies if all(dep in done for dep in c.deps)]:
-            done.add(copy.id)
-            issued_copies.remove(copy)
-            progress = True
-    if len(done) == len(index):
-        return
-    lines = ["plan deadlocks: no rank can make progress"]
-    for rank, program in enumerate(plan.programs):
-        pos = pointer[rank]
-        if pos >= len(program):
-            lines.append(f"  rank {rank}: finished")
+def _compute_violations(plan: Plan, placed: list[_Placed]) -> list[Violation]:
+    found: list[Violation] = []
+    home = plan.placement.vstage_to_rank
+    ranks_placed = max(home) + 1 if home else 0
+    if plan.num_ranks != ranks_placed:
+        found.append(Violation(RANK_COUNT, f"{plan.num_ranks} programs for the {ranks_placed} ranks placed"))
+    cells: dict[tuple[int, int], dict[OpKind, list[_Placed]]] = defaultdict(lambda: defaultdict(list))
+    for at in placed:
+        op = at.op
+        if not OP_SEMANTICS[op.kind].scheduled:
+            continue  # sends, receives, collectives, copies and updates are the lowering's, checked in L1
+        if op.vstage not in range(plan.num_vstages):
+            found.append(Violation(VSTAGE_RANGE, f"{op} names vstage {op.vstage} of {plan.num_vstages}"))
             continue
-        op = program[pos]
-        shown = [o.id for o in program[max(0, pos - 3):pos]] + [f">>{op.id}<<"]
-        shown += [o.id for o in program[pos + 1:pos + 3]]
-        why = ", ".join(_describe_wait(plan, dep, issued) for dep in op.deps if dep not in done)
-        lines.append(f"  rank {rank}: {' '.join(shown)}  waits for {why}")
-    unmatched = [f"{op.id}→rank {op.peer}" for op in pending_sends.values()]
-    if unmatched:
-        lines.append(f"  sends waiting for their receive: {', '.join(sorted(unmatched))}")
-    raise PlanError("\n".join(lines))
+        if op.mb is None or op.mb not in range(plan.num_microbatches):
+            found.append(Violation(MICROBATCH_RANGE, f"{op} names microbatch {op.mb} of {plan.num_microbatches}"))
+            continue
+        if home[op.vstage] != at.rank:
+            found.append(Violation(PLACEMENT, f"{op} on rank {at.rank}, its vstage on rank {home[op.vstage]}"))
+        cells[(op.vstage, op.mb)][op.kind].append(at)
+    for vstage in range(plan.num_vstages):
+        for mb in range(plan.num_microbatches):
+            found += _cell_violations(vstage, mb, cells.get((vstage, mb), {}))
+    return found
 
 
+def _cell_violations(vstage: int, mb: int, ops: dict[OpKind, list[_Placed]]) -> list[Violation]:
+    """The rules of one (vstage, mb), given its compute ops by kind."""
+    found = [Violation(ONCE, f"{copies[0].op} {len(copies)} times") for copies in ops.values() if len(copies) > 1]
+    has = {kind: bool(ops.get(kind)) for kind in (OpKind.F, OpKind.B, OpKind.I, OpKind.W)}
+    cell = f"vstage {vstage} microbatch {mb}"
+    if not has[OpKind.F]:
+        found.append(Violation(FORWARD, f"{cell} has no F"))
+    full_only = has[OpKind.B] and not has[OpKind.I] and not has[OpKind.W]
+    split_only = not has[OpKind.B] and has[OpKind.I] and has[OpKind.W]
+    if not (full_only or split_only):
+        found.append(Violation(BACKWARD, f"{cell}: B {has[OpKind.B]}, I {has[OpKind.I]}, W {has[OpKind.W]}"))
+    for first, thens in _MUST_PRECEDE.items():
+        for earlier in ops.get(first, ()):
+            for then in thens:
+                for later in ops.get(then, ()):
+                    if earlier.rank == later.rank and earlier.pos > later.pos:
+                        found.append(Violation(COMPUTE_ORDER, f"{later.op} before {earlier.op}"))
+    return found
+
+
+# --- L1: ids, deps and the messages -------------------------------------------------------------------------------
+
+
+def _message_violations(plan: Plan, placed: list[_Placed]) -> list[Violation]:
+    found: list[Violation] = []
+    id_count = Counter(str(at.op) for at in placed)
+    found += [Violation(UNIQUE_ID, f"{name} {count} times") for name, count in id_count.items() if count > 1]
+    for at in placed:
+        found += [Violation(DEP_EXISTS, f"{at.op} waits for {dep}") for dep in at.op.deps if dep not in id_count]
+
+    # Each endpoint, under its pair id, and its ordinal on its channel (sender rank, receiver rank) among the
+    # endpoints of its side, counted in program order.
+    sends: dict[int, list[tuple[_Placed, int]]] = defaultdict(list)
+    recvs: dict[int, list[tuple[_Placed, int]]] = defaultdict(list)
+    posted: Counter[tuple[str, int, int]] = Counter()
+    for at in placed:  # rank by rank, each in program order
+        action = OP_SEMANTICS[at.op.kind].action
+        if action not in (Action.SEND, Action.RECV):
+            continue
+        op = at.op
+        if op.pair is None or op.peer is None or op.peer not in range(plan.num_ranks) or op.peer == at.rank:
+            found.append(Violation(ENDPOINT, f"{op} on rank {at.rank}: pair {op.pair}, peer {op.peer}"))
+            continue
+        channel = (at.rank, op.peer) if action is Action.SEND else (op.peer, at.rank)
+        key = (action.value, *channel)
+        (sends if action is Action.SEND else recvs)[op.pair].append((at, posted[key]))
+        posted[key] += 1
+
+    for pair in sorted(set(sends) | set(recvs)):
+        if len(sends[pair]) != 1 or len(recvs[pair]) != 1:
+            names = [str(at.op) for at, _ in sends[pair] + recvs[pair]]
+            found.append(Violation(MATCHED, f"pair {pair} has sends and receives {names}"))
+            continue
+        (send, send_ordinal), (recv, recv_ordinal) = sends[pair][0], recvs[pair][0]
+        if send.op.peer != recv.rank or recv.op.peer != send.rank:
+            found.append(Violation(MATCHED, f"{send.op} on rank {send.rank} → {send.op.peer}, {recv.op} on rank "
+                                            f"{recv.rank} ← {recv.op.peer}"))
+            continue
+        expected = _receive_of(send.op)
+        if expected is None or (recv.op.kind, recv.op.vstage, recv.op.mb) != expected:
+            found.append(Violation(SAME_MESSAGE, f"{send.op} is received by {recv.op}"))
+        if send_ordinal != recv_ordinal:
+            found.append(Violation(CHANNEL_ORDER, f"{send.op} is send #{send_ordinal} from rank {send.rank} to "
+                                                  f"{recv.rank}, {recv.op} receive #{recv_ordinal}"))
+    return found
+
+
+def _receive_of(send: Op) -> tuple[OpKind, int, int | None] | None:
+    """The (kind, vstage, mb) of the receive of ``send``'s message."""
+    if send.kind not in _RECEIVED_AS:
+        return None
+    kind, offset = _RECEIVED_AS[send.kind]
+    return kind, send.vstage + offset, send.mb
+
+
+# --- the replay ----------------------------------------------------------------------------------------------------
+
+
+def _never_completing(plan: Plan) -> list[str]:
+    """The ids of the ops an untimed replay of the plan never completes (none: it runs to the end).
+
+    Every op's completion is an event. It waits for its rank's walker to reach the op, which is the completion of
+    the last blocking op before it in the program (none for the first); then, by the op's action: a RECV completes
+    with its transfer, so waits for its SEND; a SEND waits also for its deps and for the walker of the RECV's rank
+    reaching the RECV (a rendezvous); any other op waits also for its deps. Requires the message rules to hold.
+    """
+    walker_at: dict[str, str | None] = {}
+    for program in plan.programs:
+        last_blocking = None
+        for op in program:
+            walker_at[op.id] = last_blocking
+            if OP_SEMANTICS[op.kind].blocks:
+                last_blocking = op.id
+    by_pair: dict[tuple[Action, int], str] = {}
+    for program in plan.programs:
+        for op in program:
+            action = OP_SEMANTICS[op.kind].action
+            if action in (Action.SEND, Action.RECV):
+                by_pair[(action, op.pair)] = op.id
+
+    waits_for: dict[str, set[str]] = {}
+    for program in plan.programs:
+        for op in program:
+            action = OP_SEMANTICS[op.kind].action
+            if action is Action.RECV:
+                before = {by_pair[(Action.SEND, op.pair)]}
+            else:
+                before = {walker_at[op.id], *op.deps}
+                if action is Action.SEND:
+                    before.add(walker_at[by_pair[(Action.RECV, op.pair)]])
+            waits_for[op.id] = before - {None}
+
+    unmet = {name: len(before) for name, before in waits_for.items()}
+    woken_by: dict[str, list[str]] = defaultdict(list)
+    for name, before in waits_for.items():
+        for event in before:
+            woken_by[event].append(name)
+    ready = deque(name for name, count in unmet.items() if count == 0)
+    while ready:
+        for waiter in woken_by[ready.popleft()]:
+            unmet[waiter] -= 1
+            if unmet[waiter] == 0:
+                ready.append(waiter)
+    return [name for name, count in unmet.items() if count > 0]
