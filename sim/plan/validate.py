@@ -148,8 +148,8 @@ def validate_l1(plan: Plan) -> None:
     sends from rank a to rank b must appear in a's program in the same order as the matching receives in b's.
 
     One pass with small tables decides whether the plan passes (ids unique, every dep an op, SEND/RECV fields
-    sane, each channel's sends and receives the same pairs in the same order, which implies that every send has its
-    receive with agreeing peers and vice versa); only a failing plan is walked again to name its first problem. No
+    sane, each channel's sends and receives the same pairs in the same order, each pair's receive that of its send's
+    message, which implies that every send has its receive with agreeing peers and vice versa); only a failing plan is walked again to name its first problem. No
     id → position index is built or cached on the plan (that took ~170 bytes per op for as long as the plan lived).
     """
     if not _l1_holds(plan):
@@ -167,6 +167,12 @@ def _l1_holds(plan: Plan) -> bool:
     received: set[int] = set()
     channel_sends: dict[tuple[int, int], list[int]] = defaultdict(list)
     channel_recvs: dict[tuple[int, int], list[int]] = defaultdict(list)
+    # A message's code: vstages -1 .. num_vstages (a send off either end) and mb None .. num_mbs, forward or backward.
+    span = (num_vstages + 2) * (num_mbs + 2) * 2
+
+    def message(kind: OpKind, vstage: int, mb: int | None) -> int:
+        return ((vstage + 1) * (num_mbs + 2) + (0 if mb is None else mb + 1)) * 2 + (kind is OpKind.RECV_B)
+
     for rank, program in enumerate(plan.programs):
         for op in program:
             vstage, mb = op.vstage, op.mb
@@ -190,13 +196,22 @@ def _l1_holds(plan: Plan) -> bool:
                 if pair in table:
                     return False
                 table.add(pair)
+                # Each channel entry is the pair id and the message as received (kind, vstage, mb) in one int, so
+                # equal channels also mean every pair joins a send with the receive of its own message.
                 if is_send:
-                    channel_sends[(rank, peer)].append(pair)
+                    received_as, step = _RECEIVED_AS[op.kind]
+                    channel_sends[(rank, peer)].append(pair * span + message(received_as, vstage + step, mb))
                 else:
-                    channel_recvs[(peer, rank)].append(pair)
+                    channel_recvs[(peer, rank)].append(pair * span + message(op.kind, vstage, mb))
     if wanted:
         return False
     return all(channel_sends.get(key) == channel_recvs.get(key) for key in channel_sends.keys() | channel_recvs.keys())
+
+
+#: What a send's message is received as (``sim.ir.ops``): a forward output by the next vstage's RECV_F, an input
+#: gradient by the previous vstage's RECV_B, both of the same microbatch. A pair joining other ops would feed one
+#: microbatch's stage with another's tensor.
+_RECEIVED_AS = {OpKind.SEND_F: (OpKind.RECV_F, +1), OpKind.SEND_B: (OpKind.RECV_B, -1)}
 
 
 def _raise_l1_problem(plan: Plan) -> None:
@@ -224,6 +239,10 @@ def _raise_l1_problem(plan: Plan) -> None:
         dst, recv = recvs[pair_id]
         if send.peer != dst or recv.peer != src:
             raise PlanError(f"{send.id} (rank {src} → {send.peer}) and {recv.id} (rank {dst} ← {recv.peer}) disagree")
+        carried = _RECEIVED_AS[send.kind]
+        if (recv.kind, recv.vstage, recv.mb) != (carried[0], send.vstage + carried[1], send.mb):
+            raise PlanError(f"{send.id} and {recv.id} share pair id {pair_id}, but {send.id}'s message is received as "
+                            f"{op_id(carried[0], send.vstage + carried[1], send.mb)}")
     for pair_id, (dst, recv) in recvs.items():
         if pair_id not in sends:
             raise PlanError(f"{recv.id} on rank {dst} (pair {pair_id}) has no matching send")

@@ -225,9 +225,7 @@ def test_every_rule_of_the_oracle_has_a_plant():
     assert {rule for rules, _ in PLANTS.values() for rule in rules.split()} == set(RULES)
 
 
-# The same-message plants are left out: validate pairs a send with a receive by pair id and peers alone, and passes
-# a plan whose pair joins one microbatch's send with another's receive (the oracle's rule alone catches it).
-@pytest.mark.parametrize("name", sorted(set(PLANTS) - {"receives renamed", "send pairs swapped"}))
+@pytest.mark.parametrize("name", sorted(PLANTS))
 def test_validate_rejects_each_plant(name):
     with pytest.raises(SpecError):  # PlanError, or SpecError for an id that appears twice
         validate(PLANTS[name][1]())
