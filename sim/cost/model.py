@@ -27,8 +27,8 @@ from sim.cost.precision import narrow_format
 from sim.cost.profile import MeasuredProfile
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology
-from sim.ir.parallel import Parallelism
 from sim.ir.ops import OP_SEMANTICS, SPLIT_BACKWARD_KINDS
+from sim.ir.parallel import Parallelism
 from sim.ir.plan import DP_KINDS, EP_KINDS, OpKind, Placement, Plan
 from sim.models import build_model
 from sim.models.graph import LayerGraph

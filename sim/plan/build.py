@@ -18,8 +18,8 @@ from sim.cost.oracle import CostOracle
 from sim.cost.precision import check_precision
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
-from sim.ir.parallel import Parallelism
 from sim.ir.ops import INPUT_GRADIENT_KINDS
+from sim.ir.parallel import Parallelism
 from sim.ir.plan import Op, OpKind, Placement, Plan
 from sim.ir.schedule_csv import load_schedule_csv
 from sim.ir.weight_versions import VERTICAL_SYNC_OPTION

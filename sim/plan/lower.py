@@ -136,8 +136,8 @@ def add_send_recv(plan: Plan) -> Plan:
             kind, v, mb = op.kind, op.vstage, op.mb
             assert mb is not None, f"L0 op {op.id} without a microbatch"
             following = program[pos + 1] if pos + 1 < len(program) else None
-            if (kind is R and rebuilds_in_backward and v < last and following is not None and following.kind in INPUT_GRADIENT_KINDS
-                    and following.vstage == v and following.mb == mb):
+            if (kind is R and rebuilds_in_backward and v < last and following is not None
+                    and following.kind in INPUT_GRADIENT_KINDS and following.vstage == v and following.mb == mb):
                 # An R right before its backward rebuilds one layer at a time inside that backward (Megatron's
                 # uniform recomputation, torchtitan's per-block AC: each layer re-runs when autograd reaches it),
                 # so it cannot start before the output gradient is there: it waits for it like the backward does.
