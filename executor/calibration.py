@@ -90,9 +90,9 @@ def in_place_p2p(plan, costs: CostModel, measured, sweep) -> tuple[float, float]
     ratios = []
     for trace in measured:
         for span in trace.spans:
-            if span.kind in ("RECV_F", "RECV_B"):
+            if span.kind in _RECEIVES:
                 # RECV_F of v carries v's input; RECV_B of v carries the gradient of v's output (v + 1's input).
-                vstage = span.vstage if span.kind == "RECV_F" else span.vstage + 1
+                vstage = span.vstage if span.kind == OpKind.RECV_F.value else span.vstage + 1
                 ratios.append(costs.message_bytes(OpKind(span.kind), span.vstage) / real[starts[vstage]].nbytes)
     if not ratios:
         return None
@@ -163,7 +163,7 @@ def dispatch_time(measured: Sequence[Trace]) -> float:
         for span in trace.spans:
             if span.stream == "compute":
                 compute[span.rank].append(span)
-            elif span.kind in (OpKind.RECV_F.value, OpKind.RECV_B.value):
+            elif span.kind in _RECEIVES:
                 received[span.rank].append(span.end)
         for rank, spans in compute.items():
             spans.sort(key=lambda span: span.start)
