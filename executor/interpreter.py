@@ -340,8 +340,9 @@ class RankInterpreter:
         compute_s = max(0.0, rebuilt.rebuild_s - rebuilt.rebuild_collective_s) * self.slowdown
         recompute = self.records[op_id(OpKind.R, op.vstage, op.mb)]
         recompute[1] = start + compute_s
-        collectives = next((self.records[key] for key in (op_id(kind, op.vstage, op.mb) for kind in _AFTER_RECOMPUTE)
-                            if self.records.get(key)), None)
+        collectives = None
+        for kind in _AFTER_RECOMPUTE:  # its TP op, else its EP op
+            collectives = collectives or self.records.get(op_id(kind, op.vstage, op.mb))
         if collectives is not None:
             collectives[0], collectives[1] = recompute[1], recompute[1] + rebuilt.rebuild_collective_s
             return collectives[1]
