@@ -38,6 +38,7 @@ from sim.cost.oracle import CostOracle
 from sim.cost.p2p_fit import fit_latency_bandwidth
 from sim.cost.profile import profile_document
 from sim.hw.catalog import get_device
+from sim.ir.ops import OP_SEMANTICS, RECV_KINDS
 from sim.ir.plan import OpKind, Plan
 from sim.ir.trace import Span, Trace
 from sim.models.graph import LayerGraph
@@ -45,6 +46,13 @@ from sim.models.graph import LayerGraph
 __all__ = ["stage_medians", "stage_stability", "dispatch_time", "calibrated_profile", "device_catalog_id",
            "profile_device", "in_place_p2p", "posting_order_latencies", "P2P_METHOD", "MIN_STABLE_ITERATIONS",
            "MAX_HALF_DRIFT"]
+
+# The kinds whose measured medians calibrate the profile's per-layer costs: F its forward, B its backward, OPT_STEP
+# its optimizer step (the fields fwd, bwd and opt of ``sim.cost.oracle.LayerCosts``), the first two required of every
+# stage; spans carry kinds spelt. Not the op table's to say: it is what a profile has fields for.
+_REQUIRED = (OpKind.F.value, OpKind.B.value)
+_CALIBRATED = frozenset((*_REQUIRED, OpKind.OPT_STEP.value))
+_RECEIVES = frozenset(kind.value for kind in RECV_KINDS)
 
 #: A calibration over fewer measured iterations warns. The optimizer step runs once per iteration, so its median is
 #: over this many samples only; and a short run is more likely to fall entirely into a burst of load from another
@@ -82,9 +90,9 @@ def in_place_p2p(plan, costs: CostModel, measured, sweep) -> tuple[float, float]
     ratios = []
     for trace in measured:
         for span in trace.spans:
-            if span.kind in ("RECV_F", "RECV_B"):
+            if span.kind in _RECEIVES:
                 # RECV_F of v carries v's input; RECV_B of v carries the gradient of v's output (v + 1's input).
-                vstage = span.vstage if span.kind == "RECV_F" else span.vstage + 1
+                vstage = span.vstage if span.kind == OpKind.RECV_F.value else span.vstage + 1
                 ratios.append(costs.message_bytes(OpKind(span.kind), span.vstage) / real[starts[vstage]].nbytes)
     if not ratios:
         return None
@@ -124,13 +132,14 @@ def posting_order_latencies(costs: CostModel, measured: Sequence[Trace], bandwid
             if span.stream == "compute":
                 compute[span.rank].append(span.end)
         for span in trace.spans:
-            if span.kind not in (OpKind.RECV_F.value, OpKind.RECV_B.value):
+            if span.kind not in _RECEIVES:
                 continue
-            if span.kind == OpKind.RECV_F.value:
-                produced = ends.get((OpKind.F.value, span.vstage - 1, span.mb))
-            else:  # the gradient of v + 1's input: its B, or its I under zero-bubble schedules
-                produced = ends.get((OpKind.B.value, span.vstage + 1, span.mb),
-                                    ends.get((OpKind.I.value, span.vstage + 1, span.mb)))
+            # What the message carries was made by the sender's F (the previous vstage's), or its B or I (the next
+            # vstage's input gradient; I under zero-bubble schedules): the first of those the trace has.
+            sender = span.vstage - 1 if span.kind == OpKind.RECV_F.value else span.vstage + 1
+            produced = next((ends[key] for key in ((source.value, sender, span.mb)
+                                                   for source in OP_SEMANTICS[OpKind(span.kind)].follows)
+                             if key in ends), None)
             latency = span.duration - costs.message_bytes(OpKind(span.kind), span.vstage) / bandwidth
             samples["all"].append(latency)
             if produced is None:
@@ -154,7 +163,7 @@ def dispatch_time(measured: Sequence[Trace]) -> float:
         for span in trace.spans:
             if span.stream == "compute":
                 compute[span.rank].append(span)
-            elif span.kind in (OpKind.RECV_F.value, OpKind.RECV_B.value):
+            elif span.kind in _RECEIVES:
                 received[span.rank].append(span.end)
         for rank, spans in compute.items():
             spans.sort(key=lambda span: span.start)
@@ -177,7 +186,7 @@ def stage_stability(measured: Sequence[Trace]) -> dict[str, Any]:
         samples: dict[tuple[int, str], list[float]] = defaultdict(list)
         for trace in traces:
             for span in trace.spans:
-                if span.kind in (OpKind.F.value, OpKind.B.value, OpKind.OPT_STEP.value):
+                if span.kind in _CALIBRATED:
                     samples[(span.vstage, span.kind)].append(span.duration)
         return samples
 
@@ -206,10 +215,9 @@ def stage_stability(measured: Sequence[Trace]) -> dict[str, Any]:
 def stage_medians(measured: Sequence[Trace]) -> dict[tuple[int, str], float]:
     """Median duration of each (vstage, kind) over all microbatches and iterations, for F, B and OPT_STEP, s."""
     samples: dict[tuple[int, str], list[float]] = defaultdict(list)
-    wanted = {OpKind.F.value, OpKind.B.value, OpKind.OPT_STEP.value}
     for trace in measured:
         for span in trace.spans:
-            if span.kind in wanted:
+            if span.kind in _CALIBRATED:
                 samples[(span.vstage, span.kind)].append(span.duration)
     return {key: statistics.median(values) for key, values in sorted(samples.items())}
 
@@ -284,12 +292,12 @@ def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians:
     medians = {key: value + dispatch if value > 0 else value for key, value in medians.items()}
     layers: list[dict[str, Any]] = []
     for v, (start, end) in enumerate(plan.placement.vstage_layers):
-        for kind in ("F", "B"):
+        for kind in _REQUIRED:
             if (v, kind) not in medians:
                 raise SpecError(f"cannot calibrate: no measured {kind} for stage {v}")
-        fwd = _split(medians[(v, "F")], base.fwd[start:end])
-        bwd = _split(medians[(v, "B")], base.bwd[start:end])
-        opt = _split(medians.get((v, "OPT_STEP"), 0.0), base.opt[start:end])
+        fwd = _split(medians[(v, OpKind.F.value)], base.fwd[start:end])
+        bwd = _split(medians[(v, OpKind.B.value)], base.bwd[start:end])
+        opt = _split(medians.get((v, OpKind.OPT_STEP.value), 0.0), base.opt[start:end])
         for i in range(start, end):
             layers.append({"name": graph.layers[i].name, "fwd_s": fwd[i - start], "bwd_s": bwd[i - start],
                            "opt_s": opt[i - start]})

@@ -62,7 +62,18 @@ from executor.nn.stages import Stage, TensorSpec
 from executor.recompute import Layer, RebuildTime, checkpointed_forward, rebuild_and_backward
 from executor.slowdown import stretch
 from executor.stash import StashedWeights
-from sim.ir.ops import DP_KINDS, EP_KINDS, OP_SEMANTICS, TP_KINDS, Action, Op, OpKind, op_id
+from sim.ir.ops import (
+    DP_KINDS,
+    EP_KINDS,
+    INPUT_GRADIENT_KINDS,
+    OP_SEMANTICS,
+    TP_KINDS,
+    Action,
+    Op,
+    OpKind,
+    collective_after,
+    op_id,
+)
 from sim.ir.plan import Plan
 from sim.plan.validate import PlanError
 
@@ -84,11 +95,12 @@ HANDLER_OF: dict[OpKind, str] = {
 }
 #: The op kinds this interpreter can run (those with a method in :data:`HANDLER_OF`).
 HANDLED_KINDS = frozenset(HANDLER_OF)
-#: The compute kinds whose model-parallel collectives each TP or EP kind reports.
-_COLLECTIVE_SOURCE = {OpKind.TP_F: (OpKind.F,), OpKind.TP_R: (OpKind.R,), OpKind.TP_B: (OpKind.B, OpKind.I),
-                      OpKind.EP_F: (OpKind.F,), OpKind.EP_R: (OpKind.R,), OpKind.EP_B: (OpKind.B, OpKind.I)}
 #: The op kinds that report collectives run inside the compute op before them.
 _INSIDE_KINDS = TP_KINDS | EP_KINDS
+#: The compute kinds whose model-parallel collectives each TP or EP kind reports (``OpSemantics.follows``).
+_COLLECTIVE_SOURCE = {kind: OP_SEMANTICS[kind].follows for kind in _INSIDE_KINDS}
+#: The collectives a recompute's rebuild runs, which the interpreter draws after the R: its TP and its EP kind.
+_AFTER_RECOMPUTE = tuple(collective_after(action)[OpKind.R] for action in (Action.TP_COLLECTIVE, Action.EP_COLLECTIVE))
 
 
 def check_supported(plan: Plan) -> None:
@@ -237,7 +249,7 @@ class RankInterpreter:
                 continue
             following = self.program[pos + 1:pos + 3]
             backward = next((o for o in following if o.kind not in _INSIDE_KINDS), None)
-            if backward is None or backward.kind not in (OpKind.B, OpKind.I) or (
+            if backward is None or backward.kind not in INPUT_GRADIENT_KINDS or (
                     backward.vstage, backward.mb) != (op.vstage, op.mb):
                 raise PlanError(f"rank {self.rank}: {op.id} must come right before the backward (B or I) of "
                                 f"vstage {op.vstage} microbatch {op.mb}")
@@ -328,8 +340,9 @@ class RankInterpreter:
         compute_s = max(0.0, rebuilt.rebuild_s - rebuilt.rebuild_collective_s) * self.slowdown
         recompute = self.records[op_id(OpKind.R, op.vstage, op.mb)]
         recompute[1] = start + compute_s
-        collectives = self.records.get(op_id(OpKind.TP_R, op.vstage, op.mb)) or self.records.get(
-            op_id(OpKind.EP_R, op.vstage, op.mb))
+        collectives = None
+        for kind in _AFTER_RECOMPUTE:  # its TP op, else its EP op
+            collectives = collectives or self.records.get(op_id(kind, op.vstage, op.mb))
         if collectives is not None:
             collectives[0], collectives[1] = recompute[1], recompute[1] + rebuilt.rebuild_collective_s
             return collectives[1]

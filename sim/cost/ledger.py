@@ -5,10 +5,23 @@ peaks (``sim.search.critical_path``), the search's memory screen (``sim.search.p
 memory behaviour is its kind's :class:`~sim.ir.ops.MemoryEffect` and workspace flag (``sim.ir.ops.OP_SEMANTICS``);
 the byte counts are the plan's cost view's (``sim.cost.model.CostModel``, which asks the oracle). A kind with an
 effect this ledger has no rule for cannot reach it: :data:`RULES` covers every effect and a test holds it to that.
-NASPipe's CSP runs (``sim.csp``) are the one exception: their ops are decided online and their copies move single
-layer keys of varying size, which a ledger of per-stage sizes over fixed programs cannot express, so
-``sim.csp.simulate`` counts their memory itself by the same rules (training state resident, a subnet's activations
-from its forward's start to its backward's end, a copied-in key's state while it is resident).
+
+NASPipe's CSP runs (``sim.csp``) are the one exception. Their spans are op kinds of the plan's vocabulary, drawn on
+the streams ``OP_SEMANTICS`` gives them, but their memory is counted by ``sim.csp.simulate`` (``_hold``), not here:
+
+* what is counted: per stage, what stays resident all run (``StageMemoryModel.static_bytes``: the training state of
+  the layers every subnet shares, and of every candidate when no budget moves them), plus
+  each subnet's activations from its forward's start (after any copy it waited for) to its backward's end, an amount
+  per (subnet, stage) (``activation_bytes[subnet][stage]``), plus, under a parameter budget, the training state of
+  the layer keys resident at that moment (``StageMemory.used`` × ``state_per_param_byte``);
+* when: the peak is read only when a subnet's activations are taken or freed, so a key copied in and written back
+  between two such moments does not raise it, and no op holds a workspace.
+
+Why not here: this ledger charges per-vstage sizes (one activation size per stage) to the ops of fixed programs,
+whereas a CSP stage's activations differ per subnet and its copies move single layer keys of varying size, decided
+online (``sim.csp.memory``). Charging CSP's PREFETCH and EVICT as ``LOAD_WEIGHTS``/``UNLOAD_WEIGHTS`` of a whole
+stage, reading the peak at every op and adding the F and B workspace would give different peaks, so moving CSP onto
+this ledger would change its ``metrics.json``; it stays apart, and a test keeps its kinds to the op table.
 
 What a device holds, per rank of the plan (all bytes):
 

@@ -2,9 +2,9 @@
 
 :class:`CostModel` answers in the engine's terms (an op kind of a vstage, a SEND of a vstage, a stage's memory) and
 asks :class:`sim.cost.oracle.CostOracle` for every number, so a simulated plan, a partition and a prediction can
-never cost the same thing two ways. The zero-bubble split charges half a backward to I and half to W (for matmul
-layers the input-gradient and weight-gradient products each cost one forward; Qi et al., arXiv 2401.10241 §2), and
-a recompute R costs one forward.
+never cost the same thing two ways. The zero-bubble split charges I and W each its share of a backward, the op
+table's ``backward_share`` (half each: for matmul layers the input-gradient and weight-gradient products each cost
+one forward; Qi et al., ICLR 2024, arXiv 2401.10241 §2), and a recompute R costs one forward.
 
 Under tensor and data parallelism a cost view belongs to one replica of the pipeline (its devices are
 ``layout.device(p, replica, 0)``), and its messages and collectives are costed with every symmetric instance that
@@ -27,8 +27,9 @@ from sim.cost.precision import narrow_format
 from sim.cost.profile import MeasuredProfile
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology
+from sim.ir.ops import OP_SEMANTICS, SPLIT_BACKWARD_KINDS
 from sim.ir.parallel import Parallelism
-from sim.ir.plan import EP_KINDS, OpKind, Placement, Plan
+from sim.ir.plan import DP_KINDS, EP_KINDS, OpKind, Placement, Plan
 from sim.models import build_model
 from sim.models.graph import LayerGraph
 from sim.models.routing import BALANCED, Routing, parse_routing
@@ -181,8 +182,8 @@ class CostModel:
             forward = f_total + (self.oracle.microbatch_overhead_s(device) if first else 0.0)
             stepped.add(rank)
             # A recomputation re-runs the forward inside the backward, with the parameters the backward gathers.
-            self._times.append({OpKind.F: forward, OpKind.B: b, OpKind.I: b / 2, OpKind.W: b / 2, OpKind.R: f,
-                                OpKind.OPT_STEP: step})
+            split = {part: b * share for part, share in SPLIT_BACKWARD_KINDS.items()}  # I and W: module docstring
+            self._times.append({OpKind.F: forward, OpKind.B: b, **split, OpKind.R: f, OpKind.OPT_STEP: step})
 
     def _fsdp_collectives(self, name: str, pipeline_rank: int, start: int, end: int,
                           device: DeviceSpec) -> list[float]:
@@ -212,7 +213,7 @@ class CostModel:
     def message_bytes(self, kind: OpKind, vstage: int) -> int:
         """Bytes of one SEND/RECV: the activation leaving ``vstage`` forward, or the gradient leaving it backward."""
         start, end = self.placement.vstage_layers[vstage]
-        if kind in (OpKind.SEND_F, OpKind.RECV_F):
+        if OpKind.F in OP_SEMANTICS[kind].follows:  # SEND_F, RECV_F: the forward's activation
             cut = end if kind is OpKind.SEND_F else start
         else:
             cut = start if kind is OpKind.SEND_B else end
@@ -343,7 +344,7 @@ class CostModel:
         # What follows depends on the topology and the collectives' groups and buffers alone: kept in the topology's
         # memo, for every view of a search that asks the same op of the same groups.
         memo = self.topology.cost_memo
-        if kind in (OpKind.REDUCE_GRAD, OpKind.GATHER_PARAMS):
+        if kind in DP_KINDS:
             collectives = tuple(self._data_parallel(kind, vstage))
             found = memo.get(("data-parallel op", collectives))
             if found is None:

@@ -19,7 +19,8 @@ training loop of NASPipe's ``main_with_runtime.py``, ``shared/reference/schedule
   ``update_s[b][s]`` (NASPipe calls ``optimizer.step()`` right after ``run_backward()``); only then is ``b``
   finished there. The input gradient is sent to stage ``s - 1`` as soon as B ends, overlapping the update.
 * Activations go ``s → s + 1`` and gradients ``s → s - 1``, each taking ``transfer_s(src, dst, subnet, kind)``
-  seconds (``kind`` is ``"F"`` or ``"B"``). Transfers do not contend with each other or with compute.
+  seconds (``kind`` is ``"F"`` or ``"B"``, the spelling of the op kind whose output moves). Transfers do not contend
+  with each other or with compute.
 
 Stall statistics: a stage is *blocked* while it idles with forward inputs on hand that CSP forbids; a blocked
 decision is one where :func:`csp_pick` returned ``None`` with a non-empty ``arrived`` and no backward ready.
@@ -103,6 +104,7 @@ from sim.csp.problem import (
     StageStalls,
 )
 from sim.csp.rules import causal_deps, conflicts, csp_pick, wait_list
+from sim.ir.ops import OpKind, message_kinds, stream_of
 from sim.ir.trace import Span, Trace
 
 __all__ = ["CspProblem", "CspResult", "Decision", "PREFETCH_POLICIES", "StageCopies", "StageStalls", "SHARING",
@@ -171,10 +173,11 @@ class _Run:
             self.st[0].upper = b + 1
             self._notify(0)
 
-    def _span(self, kind: str, stage: int, b: int, start: float, **comm: Any) -> None:
-        stream = ("send" if kind.startswith("SEND") else "recv" if kind.startswith("RECV") else
-                  {"PREFETCH": "h2d", "EVICT": "d2h"}.get(kind, "compute"))
-        self.spans.append(Span(f"{stage}{kind}{b}", kind, stage, stream, start, self.env.now, stage, b, **comm))
+    def _span(self, kind: OpKind, stage: int, b: int, start: float, **comm: Any) -> None:
+        """Record an op of the plan's vocabulary on its kind's stream (``sim.ir.ops.OP_SEMANTICS``), the subnet as
+        its microbatch."""
+        self.spans.append(Span(f"{stage}{kind.value}{b}", kind.value, stage, stream_of(kind), start, self.env.now,
+                               stage, b, **comm))
 
     def _end_stall(self, stage: int) -> None:
         since = self.blocked_since[stage]
@@ -196,14 +199,14 @@ class _Run:
                 seconds = self.pb.copy_time("d2h", s, memory.nbytes(plan.victims))
                 if seconds > 0:
                     yield self.env.timeout(seconds)
-                self._span("EVICT", s, plan.subnet, start)
+                self._span(OpKind.EVICT, s, plan.subnet, start)
             memory.evicted(plan)
         memory.copying(plan)
         start = self.env.now
         seconds = self.pb.copy_time("h2d", s, memory.nbytes(plan.missing))
         if seconds > 0:
             yield self.env.timeout(seconds)
-        self._span("PREFETCH", s, plan.subnet, start)
+        self._span(OpKind.PREFETCH, s, plan.subnet, start)
         memory.copied(plan)
 
     def _demand(self, s: int, b: int) -> _Proc:
@@ -283,24 +286,24 @@ class _Run:
         self._hold(s, b, +1)
         if self.pb.fwd_s[b][s] > 0:
             yield self.env.timeout(self.pb.fwd_s[b][s])
-        self._span("F", s, b, start)
+        self._span(OpKind.F, s, b, start)
         if s == self.pb.num_stages - 1:
             self.st[s].grads.append(b)  # the last stage's F includes the loss
         else:
-            self.env.process(self._transfer(s, s + 1, b, "F"))
+            self.env.process(self._transfer(s, s + 1, b, OpKind.F))
 
     def _backward(self, s: int, b: int) -> _Proc:
         start = self.env.now
         if self.pb.bwd_s[b][s] > 0:
             yield self.env.timeout(self.pb.bwd_s[b][s])
-        self._span("B", s, b, start)
+        self._span(OpKind.B, s, b, start)
         self._hold(s, b, -1)
         if s > 0:
-            self.env.process(self._transfer(s, s - 1, b, "B"))
+            self.env.process(self._transfer(s, s - 1, b, OpKind.B))
         start = self.env.now
         if self.pb.update_s[b][s] > 0:
             yield self.env.timeout(self.pb.update_s[b][s])
-        self._span("OPT_STEP", s, b, start)
+        self._span(OpKind.OPT_STEP, s, b, start)
         self.st[s].finished.add(b)
         if self.mem:
             self.memory[s].finish(b)
@@ -320,13 +323,15 @@ class _Run:
         keys = int(self.memory[s].used * model.state_per_param_byte) if self.mem else 0
         self.peak_memory[s] = max(self.peak_memory[s], self.in_use[s] + keys)
 
-    def _transfer(self, src: int, dst: int, b: int, kind: str) -> _Proc:
+    def _transfer(self, src: int, dst: int, b: int, source: OpKind) -> _Proc:
+        """Move the output of ``source`` (F: the activation; B: the input gradient) from ``src`` to ``dst``."""
         pair, self.pairs = self.pairs, self.pairs + 1
         start = self.env.now
-        yield self.env.timeout(self.pb.transfer_time(src, dst, b, kind))
-        self._span(f"SEND_{kind}", src, b, start, pair=pair, peer=dst)
-        self._span(f"RECV_{kind}", dst, b, start, pair=pair, peer=src)
-        if kind == "F":
+        yield self.env.timeout(self.pb.transfer_time(src, dst, b, source.value))
+        send, recv = message_kinds(source)
+        self._span(send, src, b, start, pair=pair, peer=dst)
+        self._span(recv, dst, b, start, pair=pair, peer=src)
+        if source is OpKind.F:
             self.st[dst].arrived.append(b)
             self.st[dst].upper = max(self.st[dst].upper, b + 1)
         else:

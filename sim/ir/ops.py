@@ -17,7 +17,8 @@ from sim.core.errors import SpecError
 
 __all__ = ["OpKind", "Op", "Action", "MemoryEffect", "OpSemantics", "OP_SEMANTICS", "kinds_of", "handled_kinds",
            "SCHEDULED_KINDS", "COMPUTE_KINDS", "SEND_KINDS", "RECV_KINDS", "COPY_KINDS", "TP_KINDS", "EP_KINDS",
-           "DP_KINDS", "stream_of", "op_id"]
+           "DP_KINDS", "INPUT_GRADIENT_KINDS", "WEIGHT_GRADIENT_KINDS", "SPLIT_BACKWARD_KINDS", "collective_after",
+           "message_kinds", "stream_of", "op_id"]
 
 
 class OpKind(StrEnum):
@@ -111,6 +112,20 @@ class OpSemantics:
         backward: it is part of a backward pass (B, I, W): its workspace is the backward's, and it writes weight
             gradients, whose buffers exist from the first such op after an update where they are not kept for the
             whole run.
+        input_gradient: it makes the stage's input gradient, which SEND_B carries to the previous vstage and which
+            the previous vstage's backward waits for (B; I under a split backward). A recompute runs right before
+            such an op, and its tensor- and expert-parallel collectives follow it (TP_B, EP_B).
+        weight_gradient: it completes the stage's weight gradients, which the gradient reduction and the update wait
+            for (B; W under a split backward).
+        follows: the compute kinds this op carries on from, right after one of them of the same (vstage, mb): a
+            tensor- or expert-parallel kind reports the collectives run inside that op (TP_F and EP_F after F,
+            TP_B and EP_B after B or I, TP_R and EP_R after R); a SEND or RECV moves that op's output (``_F``: the
+            F's activation; ``_B``: the input gradient of B or I) to the next or previous vstage. Empty otherwise.
+        backward_share: for a part of a split backward (I, W), the fraction of the full backward's (B's) time it
+            takes; ``None`` otherwise. Zero bubble (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §2)
+            splits B into I (the input gradient) and W (the weight gradient) and takes them as equally long: for a
+            matmul layer each is one GEMM of the forward's size (``dX = dY·Wᵀ``, ``dW = Xᵀ·dY``), so the shares
+            are 1/2 each and sum to 1.
     """
 
     action: Action
@@ -120,6 +135,10 @@ class OpSemantics:
     memory: MemoryEffect
     workspace: bool
     backward: bool = False
+    input_gradient: bool = False
+    weight_gradient: bool = False
+    follows: tuple[OpKind, ...] = ()
+    backward_share: float | None = None
 
     @property
     def compute(self) -> bool:
@@ -127,39 +146,53 @@ class OpSemantics:
         return self.action is Action.COMPUTE
 
 
-def _compute(memory: MemoryEffect, *, scheduled: bool = True, workspace: bool = True,
-             backward: bool = False) -> OpSemantics:
-    return OpSemantics(Action.COMPUTE, "compute", True, scheduled, memory, workspace, backward)
+def _compute(memory: MemoryEffect, *, scheduled: bool = True, workspace: bool = True, backward: bool = False,
+             input_gradient: bool = False, weight_gradient: bool = False,
+             backward_share: float | None = None) -> OpSemantics:
+    return OpSemantics(Action.COMPUTE, "compute", True, scheduled, memory, workspace, backward, input_gradient,
+                       weight_gradient, backward_share=backward_share)
 
 
-def _issued(action: Action, stream: str, memory: MemoryEffect = MemoryEffect.NONE) -> OpSemantics:
-    return OpSemantics(action, stream, False, False, memory, False)
+def _issued(action: Action, stream: str, memory: MemoryEffect = MemoryEffect.NONE, *,
+            follows: tuple[OpKind, ...] = ()) -> OpSemantics:
+    return OpSemantics(action, stream, False, False, memory, False, follows=follows)
 
 
-_TP = OpSemantics(Action.TP_COLLECTIVE, "tp", True, False, MemoryEffect.NONE, False)
-_EP = OpSemantics(Action.EP_COLLECTIVE, "ep", True, False, MemoryEffect.NONE, False)
+def _tp(*follows: OpKind) -> OpSemantics:
+    return OpSemantics(Action.TP_COLLECTIVE, "tp", True, False, MemoryEffect.NONE, False, follows=follows)
+
+
+def _ep(*follows: OpKind) -> OpSemantics:
+    return OpSemantics(Action.EP_COLLECTIVE, "ep", True, False, MemoryEffect.NONE, False, follows=follows)
+
+
+#: The input-gradient half of zero bubble's split backward and the weight-gradient half: equal (OpSemantics'
+#: ``backward_share``).
+_HALF_A_BACKWARD = 0.5
 
 #: The semantics of every op kind. A new kind is added here (and to :class:`OpKind`); a consumer that has no
 #: handler for its action refuses it by name.
 OP_SEMANTICS: dict[OpKind, OpSemantics] = {
     OpKind.F: _compute(MemoryEffect.KEEP_ACTIVATIONS),
-    OpKind.B: _compute(MemoryEffect.RELEASE_ACTIVATIONS, backward=True),
-    OpKind.I: _compute(MemoryEffect.DEFER_WEIGHT_GRADIENTS, backward=True),
-    OpKind.W: _compute(MemoryEffect.RELEASE_DEFERRED, backward=True),
+    OpKind.B: _compute(MemoryEffect.RELEASE_ACTIVATIONS, backward=True, input_gradient=True, weight_gradient=True),
+    OpKind.I: _compute(MemoryEffect.DEFER_WEIGHT_GRADIENTS, backward=True, input_gradient=True,
+                       backward_share=_HALF_A_BACKWARD),
+    OpKind.W: _compute(MemoryEffect.RELEASE_DEFERRED, backward=True, weight_gradient=True,
+                       backward_share=_HALF_A_BACKWARD),
     OpKind.R: _compute(MemoryEffect.REBUILD_ACTIVATIONS),
     OpKind.OPT_STEP: _compute(MemoryEffect.UPDATE_WEIGHTS, scheduled=False, workspace=False),
-    OpKind.SEND_F: _issued(Action.SEND, "send"),
-    OpKind.SEND_B: _issued(Action.SEND, "send"),
-    OpKind.RECV_F: _issued(Action.RECV, "recv"),
-    OpKind.RECV_B: _issued(Action.RECV, "recv"),
+    OpKind.SEND_F: _issued(Action.SEND, "send", follows=(OpKind.F,)),
+    OpKind.SEND_B: _issued(Action.SEND, "send", follows=(OpKind.B, OpKind.I)),
+    OpKind.RECV_F: _issued(Action.RECV, "recv", follows=(OpKind.F,)),
+    OpKind.RECV_B: _issued(Action.RECV, "recv", follows=(OpKind.B, OpKind.I)),
     OpKind.PREFETCH: _issued(Action.HOST_COPY, "h2d", MemoryEffect.LOAD_WEIGHTS),
     OpKind.EVICT: _issued(Action.HOST_COPY, "d2h", MemoryEffect.UNLOAD_WEIGHTS),
-    OpKind.TP_F: _TP,
-    OpKind.TP_B: _TP,
-    OpKind.TP_R: _TP,
-    OpKind.EP_F: _EP,
-    OpKind.EP_B: _EP,
-    OpKind.EP_R: _EP,
+    OpKind.TP_F: _tp(OpKind.F),
+    OpKind.TP_B: _tp(OpKind.B, OpKind.I),
+    OpKind.TP_R: _tp(OpKind.R),
+    OpKind.EP_F: _ep(OpKind.F),
+    OpKind.EP_B: _ep(OpKind.B, OpKind.I),
+    OpKind.EP_R: _ep(OpKind.R),
     OpKind.REDUCE_GRAD: _issued(Action.DP_COLLECTIVE, "collective", MemoryEffect.HOLD_REDUCTION_BUFFER),
     OpKind.GATHER_PARAMS: _issued(Action.DP_COLLECTIVE, "collective"),
 }
@@ -197,6 +230,36 @@ TP_KINDS = kinds_of(Action.TP_COLLECTIVE)
 EP_KINDS = kinds_of(Action.EP_COLLECTIVE)
 #: Collectives across data-parallel replicas: issued without blocking the rank, on the ``collective`` stream.
 DP_KINDS = kinds_of(Action.DP_COLLECTIVE)
+#: The backward ops that make a stage's input gradient: B, I.
+INPUT_GRADIENT_KINDS = frozenset(kind for kind, semantics in OP_SEMANTICS.items() if semantics.input_gradient)
+#: The ops that complete a stage's weight gradients: B, W.
+WEIGHT_GRADIENT_KINDS = frozenset(kind for kind, semantics in OP_SEMANTICS.items() if semantics.weight_gradient)
+#: The parts of a split backward, each with its share of the full backward's time: I and W, 1/2 each.
+SPLIT_BACKWARD_KINDS = {kind: semantics.backward_share for kind, semantics in OP_SEMANTICS.items()
+                        if semantics.backward_share is not None}
+
+
+def collective_after(action: Action) -> dict[OpKind, OpKind]:
+    """For the tensor- (``Action.TP_COLLECTIVE``) or expert-parallel (``Action.EP_COLLECTIVE``) collectives: each
+    compute kind they follow, mapped to the collective kind that runs right after it (F → TP_F, B and I → TP_B,
+    R → TP_R; :attr:`OpSemantics.follows`)."""
+    return {source: kind for kind, semantics in OP_SEMANTICS.items() if semantics.action is action
+            for source in semantics.follows}
+
+
+def message_kinds(source: OpKind) -> tuple[OpKind, OpKind]:
+    """The SEND and the RECV kind that move ``source``'s output between vstages (F → SEND_F, RECV_F; B or I →
+    SEND_B, RECV_B; :attr:`OpSemantics.follows`).
+
+    Raises:
+        KeyError: no message carries ``source``'s output.
+    """
+    send, recv = (tuple(kind for kind, semantics in OP_SEMANTICS.items()
+                        if semantics.action is action and source in semantics.follows)
+                  for action in (Action.SEND, Action.RECV))
+    if len(send) != 1 or len(recv) != 1:
+        raise KeyError(f"no single message carries {source.value}'s output")
+    return send[0], recv[0]
 
 
 def stream_of(kind: OpKind) -> str:

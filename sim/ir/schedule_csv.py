@@ -18,13 +18,13 @@ import re
 
 from sim.core.errors import SpecError
 from sim.core.fileio import read_text
-from sim.ir.plan import SCHEDULED_KINDS, Op, OpKind
+from sim.ir.plan import RECV_KINDS, SCHEDULED_KINDS, SEND_KINDS, Op, OpKind
 
 __all__ = ["dumps_schedule_csv", "load_schedule_csv"]
 
 # Actions of a ``compute_comms`` CSV that are not part of the compute-only schedule: point-to-point and gradient
 # reduction (our lowering inserts its own), and FSDP's UNSHARD/RESHARD, which PyTorch's runtime schedules emit.
-_LOWERED_KINDS = frozenset({OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F, OpKind.RECV_B})
+_LOWERED_KINDS = SEND_KINDS | RECV_KINDS
 _RUNTIME_ONLY = re.compile(r"^\d+(UNSHARD|RESHARD|REDUCE_GRAD)$")
 # DualPipeV's composite cell ``(0F7;7B3)OVERLAP_F_B``: a forward of one stage overlapped with a backward of another.
 _OVERLAP = re.compile(r"^\((?P<subs>[^()]+)\)OVERLAP_F_B$")

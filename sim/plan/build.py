@@ -18,6 +18,7 @@ from sim.cost.oracle import CostOracle
 from sim.cost.precision import check_precision
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
+from sim.ir.ops import INPUT_GRADIENT_KINDS
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import Op, OpKind, Placement, Plan
 from sim.ir.schedule_csv import load_schedule_csv
@@ -155,7 +156,7 @@ def _programs_from_file(inputs: PlanInputs, graph: LayerGraph, topology: Topolog
     # The file itself is bounded (sim.core.fileio.INPUT_LIMITS); its lowered plan and sizes are checked here.
     compute = sum(len(program) for program in programs)
     if inputs.recompute_mode == "full":
-        compute += sum(op.kind in (OpKind.B, OpKind.I) for program in programs for op in program)
+        compute += sum(op.kind in INPUT_GRADIENT_KINDS for program in programs for op in program)
     # Under tensor parallelism each compute op is followed by its collective: at most twice the ops.
     check_plan_size(graph, inferred, inputs.microbatch_size, vstage_to_rank,
                     compute * (2 if layout.tp > 1 else 1) / (len(vstage_to_rank) * inferred), False)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sim.ir.ops import op_id
-from sim.ir.plan import Op, OpKind, Plan
+from sim.ir.ops import INPUT_GRADIENT_KINDS, WEIGHT_GRADIENT_KINDS, op_id
+from sim.ir.plan import RECV_KINDS, SEND_KINDS, Op, OpKind, Plan
 from sim.ir.weight_versions import add_stash_optimizer_steps
 
 __all__ = ["lower", "add_recompute", "add_send_recv", "order_receives", "add_optimizer_steps"]
@@ -48,16 +48,16 @@ def order_receives(plan: Plan) -> Plan:
     sends: dict[tuple[int, int], list[int]] = {}  # (src, dst) -> pair ids in the sender's posting order
     for src, program in enumerate(plan.programs):
         for op in program:
-            if op.kind in (OpKind.SEND_F, OpKind.SEND_B):
+            if op.kind in SEND_KINDS:
                 sends.setdefault((src, op.peer), []).append(op.pair)  # type: ignore[arg-type]
     programs = []
     for rank, program in enumerate(plan.programs):
-        recv_of = {op.pair: op for op in program if op.kind in (OpKind.RECV_F, OpKind.RECV_B)}
+        recv_of = {op.pair: op for op in program if op.kind in RECV_KINDS}
         position = {pair: i for (_, dst), pairs in sends.items() if dst == rank for i, pair in enumerate(pairs)}
         posted_upto: dict[int, int] = {}  # src -> how many of its messages to this rank are posted
         out: list[Op] = []
         for op in program:
-            if op.kind not in (OpKind.RECV_F, OpKind.RECV_B):
+            if op.kind not in RECV_KINDS:
                 out.append(op)
                 continue
             src, index = op.peer, position[op.pair]  # type: ignore[index]
@@ -88,7 +88,7 @@ def add_recompute(plan: Plan) -> Plan:
     for program in plan.programs:
         out: list[Op] = []
         for op in program:
-            if op.kind in (OpKind.B, OpKind.I) and (op.vstage, op.mb) not in have:
+            if op.kind in INPUT_GRADIENT_KINDS and (op.vstage, op.mb) not in have:
                 out.append(Op(OpKind.R, op.vstage, op.mb))
             out.append(op)
         programs.append(tuple(out))
@@ -136,8 +136,8 @@ def add_send_recv(plan: Plan) -> Plan:
             kind, v, mb = op.kind, op.vstage, op.mb
             assert mb is not None, f"L0 op {op.id} without a microbatch"
             following = program[pos + 1] if pos + 1 < len(program) else None
-            if (kind is R and rebuilds_in_backward and v < last and following is not None and following.kind in (B, I)
-                    and following.vstage == v and following.mb == mb):
+            if (kind is R and rebuilds_in_backward and v < last and following is not None
+                    and following.kind in INPUT_GRADIENT_KINDS and following.vstage == v and following.mb == mb):
                 # An R right before its backward rebuilds one layer at a time inside that backward (Megatron's
                 # uniform recomputation, torchtitan's per-block AC: each layer re-runs when autograd reaches it),
                 # so it cannot start before the output gradient is there: it waits for it like the backward does.
@@ -174,7 +174,7 @@ def add_optimizer_steps(plan: Plan) -> Plan:
     for program in plan.programs:
         last_grad: dict[int, int] = {}
         for pos, op in enumerate(program):
-            if op.kind in (OpKind.B, OpKind.W):
+            if op.kind in WEIGHT_GRADIENT_KINDS:
                 last_grad[op.vstage] = pos
         # A SEND_B right after the last B still belongs before the step, so the gradient leaves as early as possible.
         insert_after: dict[int, list[int]] = {}

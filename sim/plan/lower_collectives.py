@@ -34,14 +34,15 @@ once, here:
 from __future__ import annotations
 
 from sim.core.errors import SpecError
-from sim.ir.ops import op_id
+from sim.ir.ops import WEIGHT_GRADIENT_KINDS, Action, collective_after, op_id
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import Op, OpKind, Plan
 
 __all__ = ["add_collectives", "check_data_parallel"]
 
-_TP_AFTER = {OpKind.F: OpKind.TP_F, OpKind.R: OpKind.TP_R, OpKind.B: OpKind.TP_B, OpKind.I: OpKind.TP_B}
-_EP_AFTER = {OpKind.F: OpKind.EP_F, OpKind.R: OpKind.EP_R, OpKind.B: OpKind.EP_B, OpKind.I: OpKind.EP_B}
+# Which collective kind follows each compute kind, from the op table (``OpSemantics.follows``).
+_TP_AFTER = collective_after(Action.TP_COLLECTIVE)
+_EP_AFTER = collective_after(Action.EP_COLLECTIVE)
 
 
 def add_collectives(plan: Plan) -> Plan:
@@ -146,7 +147,7 @@ def _add_data_parallel(plan: Plan, zero: int, overlap: bool) -> Plan:
         # the same true for the executor, which issues collectives asynchronously.
         # (A weight gradient is complete when its B or W ends: the tensor-parallel collective after a B reduces the
         # input gradient only.)
-        last_grad = {op.vstage: op_id(op.kind, op.vstage, op.mb) for op in body if op.kind in (OpKind.B, OpKind.W)}
+        last_grad = {op.vstage: op_id(op.kind, op.vstage, op.mb) for op in body if op.kind in WEIGHT_GRADIENT_KINDS}
         tail = [Op(op.kind, op.vstage, deps=(last_grad[op.vstage],)) if op.kind is OpKind.REDUCE_GRAD else op
                 for op in tail]
         programs.append(tuple(body + tail))
@@ -162,7 +163,7 @@ def _add_stash_reductions(plan: Plan) -> Plan:
         out: list[Op] = []
         producer: dict[tuple[int, int | None], str] = {}
         for op in program:
-            if op.kind in (OpKind.B, OpKind.W):
+            if op.kind in WEIGHT_GRADIENT_KINDS:
                 producer[(op.vstage, op.mb)] = op_id(op.kind, op.vstage, op.mb)
             if op.kind is OpKind.OPT_STEP:
                 reduce = Op(OpKind.REDUCE_GRAD, op.vstage, op.mb, deps=(producer[(op.vstage, op.mb)],))
@@ -188,7 +189,7 @@ def _reduce_each_microbatch(body: list[Op]) -> tuple[list[Op], dict[int, tuple[s
     """ZeRO-2: a REDUCE_GRAD of (vstage, mb) right after the last op that makes that microbatch's weight gradients
     of the vstage (its B, or its W when split; after its TP collective), waiting for it; and, per vstage, the ids of
     its reductions."""
-    last = {(op.vstage, op.mb): i for i, op in enumerate(body) if op.kind in (OpKind.B, OpKind.W)}
+    last = {(op.vstage, op.mb): i for i, op in enumerate(body) if op.kind in WEIGHT_GRADIENT_KINDS}
     after = {_after_collective(body, i): body[i] for i in last.values()}
     out: list[Op] = []
     reductions: dict[int, tuple[str, ...]] = {}
@@ -205,7 +206,7 @@ def _reduce_each_microbatch(body: list[Op]) -> tuple[list[Op], dict[int, tuple[s
 def _reduce_after_last_backward(body: list[Op]) -> list[Op]:
     """A REDUCE_GRAD right after the last op that produces each vstage's weight gradients (B, or W when split; after
     its TP collective)."""
-    last = {op.vstage: i for i, op in enumerate(body) if op.kind in (OpKind.B, OpKind.W)}
+    last = {op.vstage: i for i, op in enumerate(body) if op.kind in WEIGHT_GRADIENT_KINDS}
     after = {_after_collective(body, i): body[i] for i in last.values()}
     out: list[Op] = []
     for i, op in enumerate(body):

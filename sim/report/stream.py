@@ -24,11 +24,16 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from sim.ir.ops import COMPUTE_KINDS, WEIGHT_GRADIENT_KINDS, OpKind
 from sim.ir.trace import Trace
 
 __all__ = ["stream_metrics", "real_time", "format_stream_summary"]
 
-_COMPUTE_KINDS = ("F", "B", "R", "OPT_STEP")
+# Spans carry their kind's spelling: the op table's kinds, spelt. A stream plan's compute is F, B, R and OPT_STEP.
+_COMPUTE_KINDS = frozenset(kind.value for kind in COMPUTE_KINDS)
+# What ends a frame's work on a stage: the ops that complete its weight gradients (B), and its update.
+_FRAME_DONE_KINDS = frozenset(kind.value for kind in (*WEIGHT_GRADIENT_KINDS, OpKind.OPT_STEP))
+_FORWARD = OpKind.F.value
 
 
 def stream_metrics(trace: Trace, *, num_stages: int, num_frames: int, fps: float | None) -> dict[str, Any]:
@@ -48,13 +53,13 @@ def stream_metrics(trace: Trace, *, num_stages: int, num_frames: int, fps: float
         if span.stream != "compute" or span.kind not in _COMPUTE_KINDS or span.mb is None:
             continue
         stage, mb = span.vstage, span.mb
-        if span.kind == "F" and stage == 0:
+        if span.kind == _FORWARD and stage == 0:
             first_forward[mb] = span.start
-        if span.kind in ("B", "OPT_STEP"):
+        if span.kind in _FRAME_DONE_KINDS:
             done[mb] = max(done.get(mb, 0.0), span.end)
         # The step a span belongs to: a forward's frame enters stage s at step mb + s, a gradient's at
         # mb + 2(N − 1) − s; the update and a drain's recompute go with the backward they serve.
-        step = mb + stage if span.kind == "F" else mb + 2 * (num_stages - 1) - stage
+        step = mb + stage if span.kind == _FORWARD else mb + 2 * (num_stages - 1) - stage
         if steady_first <= step <= steady_last:
             busy[stage] += span.end - span.start
     arrival = ({f: f / fps for f in range(num_frames)} if fps else dict(first_forward))

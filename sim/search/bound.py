@@ -39,10 +39,14 @@ from dataclasses import dataclass
 
 from sim.cost.ledger import kept_bytes, resident_bytes
 from sim.cost.model import CostModel
-from sim.ir.ops import OpKind
+from sim.ir.ops import Action, OpKind, collective_after
 
 __all__ = ["StageTimes", "stage_times", "time_lower_bound", "memory_lower_bound", "DRAIN_SCHEDULES",
            "IN_FLIGHT"]
+
+# The collective kinds after each compute kind, from the op table (``OpSemantics.follows``).
+_TP_AFTER = collective_after(Action.TP_COLLECTIVE)
+_EP_AFTER = collective_after(Action.EP_COLLECTIVE)
 
 #: Schedules whose every rank runs its last backward (B, or I under a split backward) on its lowest vstage, for the
 #: same microbatch on every rank, after all its forwards and earlier backwards (interleaved: the last
@@ -107,17 +111,16 @@ def stage_times(view: CostModel, *, split_backward: bool, recompute_full: bool, 
     vstages = range(len(to_rank))
     tp, ep = layout.tp > 1, layout.ep * layout.etp > 1
 
-    def collectives(kinds: tuple[OpKind, OpKind], v: int) -> float:
-        tp_kind, ep_kind = kinds
-        return ((view.collective(tp_kind, v).seconds if tp else 0.0)
-                + (view.collective(ep_kind, v).seconds if ep else 0.0))
+    def collectives(source: OpKind, v: int) -> float:
+        """The TP and EP collectives that follow a ``source`` op of ``v`` (the op table's ``follows``), s."""
+        return ((view.collective(_TP_AFTER[source], v).seconds if tp else 0.0)
+                + (view.collective(_EP_AFTER[source], v).seconds if ep else 0.0))
 
     backward_kind = OpKind.I if split_backward else OpKind.B
-    forward = tuple(view.compute_time(OpKind.F, v) + collectives((OpKind.TP_F, OpKind.EP_F), v) for v in vstages)
-    backward = tuple(view.compute_time(backward_kind, v) + collectives((OpKind.TP_B, OpKind.EP_B), v)
-                     for v in vstages)
+    forward = tuple(view.compute_time(OpKind.F, v) + collectives(OpKind.F, v) for v in vstages)
+    backward = tuple(view.compute_time(backward_kind, v) + collectives(backward_kind, v) for v in vstages)
     weight = tuple(view.compute_time(OpKind.W, v) if split_backward else 0.0 for v in vstages)
-    recompute = tuple(view.compute_time(OpKind.R, v) + collectives((OpKind.TP_R, OpKind.EP_R), v)
+    recompute = tuple(view.compute_time(OpKind.R, v) + collectives(OpKind.R, v)
                       if recompute_full else 0.0 for v in vstages)
     send_forward = tuple(view.message(OpKind.SEND_F, v, to_rank[v], to_rank[v + 1]).seconds
                          if v + 1 < len(to_rank) and to_rank[v + 1] != to_rank[v] else 0.0 for v in vstages)

@@ -38,6 +38,7 @@ from sim.cost.ledger import program_order_peaks
 from sim.cost.model import plan_sharding, replica_views
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
+from sim.ir.ops import Action, collective_after
 from sim.ir.plan import OpKind
 from sim.models import build_model
 from sim.models.graph import LayerGraph
@@ -48,6 +49,9 @@ from sim.search.screen import ScheduledPrograms
 from sim.search.space import Candidate, SearchProblem
 
 __all__ = ["estimate_all", "FILL", "OVER_MEMORY"]
+
+# The tensor-parallel collective after each compute kind (the op table's ``follows``).
+_TP_AFTER = collective_after(Action.TP_COLLECTIVE)
 
 #: Added to the estimate of a plan the memory screen says will not fit, so that it sorts after every one that will, s.
 OVER_MEMORY = 1e9
@@ -131,8 +135,9 @@ class _Screen:
                 if recompute_full:
                     work += view.compute_time(OpKind.R, vstage)
                 if layout.tp > 1:
-                    work += sum(view.collective(kind, vstage).seconds for kind in (OpKind.TP_F, OpKind.TP_B)) + (
-                        view.collective(OpKind.TP_R, vstage).seconds if recompute_full else 0.0)
+                    work += (view.collective(_TP_AFTER[OpKind.F], vstage).seconds
+                             + view.collective(_TP_AFTER[OpKind.B], vstage).seconds) + (
+                        view.collective(_TP_AFTER[OpKind.R], vstage).seconds if recompute_full else 0.0)
                 if vstage + 1 < len(vstage_to_rank) and vstage_to_rank[vstage + 1] != rank:
                     work += view.message(OpKind.SEND_F, vstage, rank, vstage_to_rank[vstage + 1]).seconds
                 if vstage > 0 and vstage_to_rank[vstage - 1] != rank:
