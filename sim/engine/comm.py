@@ -88,7 +88,8 @@ class Communication:
         plan: the plan being simulated.
         views: one cost view per simulated replica (simulated rank ``i · P + p`` is view i's pipeline rank p).
         suffix: the suffix of each simulated replica's op ids in the run's tables (replica 0's is empty).
-        wait_deps: the run's ``wait_deps(op, suffix)``, a process that returns once every dep of ``op`` is done.
+        done_event: the run's ``done_event(key)``: the event to wait on until the op whose id (with its replica's
+            suffix) is ``key`` is done, or ``None`` when it is done already.
         finish: the run's ``finish(op, rank, start)``: records the op's span from ``start`` (s) to now, marks it done.
         take: the run's ``take(rank, op)``: applies the memory ledger's start of ``op`` (what a PREFETCH's buffer
             allocates from the moment its copy can start).
@@ -105,13 +106,14 @@ class Communication:
     """
 
     def __init__(self, env: simpy.Environment, plan: Plan, views: tuple[CostModel, ...], suffix: list[str], *,
-                 wait_deps: Callable[[Op, str], Generator[simpy.Event, Any, None]],
+                 done_event: Callable[[str], simpy.Event | None],
                  finish: Callable[[Op, int, float], None], take: Callable[[int, Op], None],
                  release: Callable[[int, Op], None], grad_windows: dict[str, tuple[float, float]]) -> None:
         self.env, self.plan, self.views, self.suffix = env, plan, views, suffix
-        self._wait_deps, self._finish, self._take, self._release = wait_deps, finish, take, release
+        self._done_event, self._finish, self._take, self._release = done_event, finish, take, release
         self.grad_windows = grad_windows
-        self.instances = len(views) * plan.num_ranks
+        self.pipeline = plan.num_ranks  # a property of the plan, read once per op
+        self.instances = len(views) * self.pipeline
         self.links: dict[tuple[str, str], Link] = {}
         self.link_bytes: dict[tuple[str, str], int] = {}
         self.issued: dict[int, simpy.Event] = {}  # pair -> "RECV issued" event (its value: the RECV), until used
@@ -166,7 +168,7 @@ class Communication:
         (data-parallel collectives queue in a lane of their own, ``sim.engine.comm``). A link only one rank's TP ops
         hold is never contended (they run one at a time on that rank's compute stream), so its resource would change
         nothing and cost a SimPy request per op."""
-        plan, views, pipeline = self.plan, self.views, self.plan.num_ranks
+        plan, views, pipeline = self.plan, self.views, self.pipeline
         tp_keys: dict[tuple[int, OpKind, int], tuple[tuple[str, str], ...]] = {}
         holders: dict[tuple[str, str], set[int]] = {}
         other: set[tuple[str, str]] = set()
@@ -185,9 +187,16 @@ class Communication:
         shared = {key for key, ranks in holders.items() if len(ranks) > 1} | other
         return {op: tuple(key for key in keys if key in shared) for op, keys in tp_keys.items()}
 
+    def _wait_deps(self, op: Op, suffix: str) -> _Proc:
+        """Wait until every dep of ``op`` (in the replica whose op ids end in ``suffix``) is done."""
+        for dep in op.deps:
+            event = self._done_event(dep + suffix if suffix else dep)
+            if event is not None:
+                yield event
+
     def _pair_key(self, rank: int, pair: int) -> int:
         """The engine's key of a SEND/RECV pair of simulated rank ``rank``: pair ids repeat in every replica."""
-        return pair * len(self.views) + rank // self.plan.num_ranks
+        return pair * len(self.views) + rank // self.pipeline
 
     def _take_links(self, keys: tuple, share: object = None) -> Generator[simpy.Event, Any, list[Link]]:
         """Request the links ``keys`` one after another, in their (global) order; returns them once all are granted."""
@@ -225,26 +234,45 @@ class Communication:
         return start
 
     def _transfer(self, src: int, send: Op) -> _Proc:
-        pipeline = self.plan.num_ranks
-        yield from self._wait_deps(send, self.suffix[src // pipeline])
-        key = self._pair_key(src, send.pair)  # type: ignore[arg-type]
-        event = self.issued.get(key)
-        if event is None:
-            event = self.issued[key] = self.env.event()
-        dst, recv = yield event  # a processed event resumes at once, as in a plain ``yield``
-        del self.issued[key]
+        # The message's whole life in one generator (its deps, the rendezvous, its links, its hold): a nested generator
+        # per step (``_wait_deps``, ``hold_links``, ``_take_links``) costs a measurable share of a run, and every
+        # SimPy event is the one those steps yield, in the same order.
+        env, pipeline, done_event = self.env, self.pipeline, self._done_event
         view = src // pipeline
+        suffix = self.suffix[view]
+        for dep in send.deps:
+            event = done_event(dep + suffix if suffix else dep)
+            if event is not None:
+                yield event
+        key = self._pair_key(src, send.pair)  # type: ignore[arg-type]
+        issued = self.issued
+        event = issued.get(key)
+        if event is None:
+            event = issued[key] = env.event()
+        dst, recv = yield event  # a processed event resumes at once, as in a plain ``yield``
+        del issued[key]
         cost = self.views[view].message(send.kind, send.vstage, src % pipeline, dst % pipeline)
-        share = self.share[view]
-        start = yield from self.hold_links(cost.held_links, cost.seconds,
-                                            cost.bytes_per_link if self.counts_bytes[view] else (),
-                                            share and (share, send.kind, send.vstage, send.mb))
+        seconds, held = cost.seconds, []
+        if seconds > 0:  # self.hold_links, inlined
+            share = self.share[view]
+            share = share and (share, send.kind, send.vstage, send.mb)
+            links = self.links
+            for link_key in cost.held_links:
+                link = links.get(link_key)
+                if link is None:
+                    link = links[link_key] = Link(env)
+                yield link.request(share)
+                held.append(link)
+        start = env.now
+        if seconds > 0:
+            yield env.timeout(seconds)
+        self._give_back(held, cost.bytes_per_link if self.counts_bytes[view] else ())
         self._finish(send, src, start)
         self._finish(recv, dst, start)
 
     def _run_collective(self, rank: int, op: Op) -> _Proc:
         """A data-parallel collective: it starts when every simulated replica has issued it and its deps are done."""
-        pipeline = self.plan.num_ranks
+        pipeline = self.pipeline
         yield from self._wait_deps(op, self.suffix[rank // pipeline])
         collective_id = op_id(op.kind, op.vstage, op.mb)
         members = self.arrived.setdefault(collective_id, [])
@@ -275,7 +303,7 @@ class Communication:
         moment the backward ends, and the last bucket needs T_b after they are granted.
         """
         buckets, bucket_s = self.views[0].gradient_buckets(op.vstage)
-        pipeline = self.plan.num_ranks
+        pipeline = self.pipeline
         windows = [self.grad_windows[op.deps[0] + self.suffix[member // pipeline]] for member in members]
         ready = [max(begin + k * (end - begin) / buckets for begin, end in windows) for k in range(1, buckets + 1)]
         finish = max(at + (buckets - k) * bucket_s for k, at in enumerate(ready))
@@ -288,7 +316,7 @@ class Communication:
 
     def _host_copy(self, rank: int, op: Op) -> _Proc:
         """A PREFETCH or EVICT: the copy holds the rank's PCIe path in its direction for the oracle's copy time."""
-        pipeline = self.plan.num_ranks
+        pipeline = self.pipeline
         yield from self._wait_deps(op, self.suffix[rank // pipeline])
         cost = self.views[rank // pipeline].host_copy(op.kind, op.vstage, rank % pipeline)
         self._take(rank, op)  # a PREFETCH's destination buffer exists from the moment the copy can start
