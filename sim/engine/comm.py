@@ -30,12 +30,13 @@ _DP_LANE = "collective"
 
 
 class Link:
-    """A link as a mutex with a FIFO of waiters: SimPy's ``Resource(capacity=1)`` event for event, at a fraction of
+    """A link as a mutex with a FIFO of waiters: SimPy's ``Resource(capacity=1)`` grant for grant, at a fraction of
     its cost (it is taken several times per message).
 
     A request is granted at once when the link is free and nobody queues before it; a release frees the link now
     and grants the next waiter when its own release event is processed, as SimPy's Release does, so the order and
-    the time of every grant, and the trace, are what the SimPy resource gave.
+    the time of every grant, and the trace, are what the SimPy resource gave (a test replays random requests on
+    both). A release that finds nobody waiting schedules no event (:meth:`release` says why that changes nothing).
 
     One exception makes simulating identical replicas one by one equal to simulating one for all: requests with the
     same ``share`` key (not ``None``) are copies of one op in replicas whose durations already count each other's
@@ -59,9 +60,14 @@ class Link:
         return event
 
     def release(self) -> None:
-        """Free the link (once its last holder is done); the next waiter gets it when the release is processed."""
+        """Free the link (once its last holder is done); the next waiter gets it when the release is processed.
+
+        With nobody waiting, no release event is scheduled: it could grant nothing. A request made before it would
+        be processed finds the link free and is granted at once, so for its processing to find a waiter, a holder
+        granted after this release would have to release before it; but such a holder resumes only once its grant,
+        scheduled after this release, is processed. Leaving the event out keeps every other event's order."""
         self.holders -= 1
-        if self.holders:
+        if self.holders or not self.waiting:
             return
         event = self.env.event()
         event.callbacks.append(self._grant)
