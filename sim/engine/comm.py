@@ -18,7 +18,7 @@ from typing import Any
 import simpy
 
 from sim.cost.model import CostModel
-from sim.ir.ops import EP_KINDS, TP_KINDS, Op, OpKind, op_id
+from sim.ir.ops import COPY_KINDS, EP_KINDS, SEND_KINDS, TP_KINDS, Op, OpKind, op_id
 from sim.ir.plan import Plan
 
 __all__ = ["Communication", "Link"]
@@ -27,6 +27,10 @@ _Proc = Generator[simpy.Event, Any, None]
 
 #: The lane of a link that data-parallel collectives queue in (``_run_collective``).
 _DP_LANE = "collective"
+#: Collectives that run on a rank's compute stream, holding their group's links (``_tp_links_to_hold``).
+_RANK_COLLECTIVE_KINDS = TP_KINDS | EP_KINDS
+#: Ops that move bytes over links of their own: transfers (costed on the SEND) and host copies.
+_MOVER_KINDS = SEND_KINDS | COPY_KINDS
 
 
 class Link:
@@ -177,19 +181,26 @@ class Communication:
         plan, views, pipeline = self.plan, self.views, self.pipeline
         tp_keys: dict[tuple[int, OpKind, int], tuple[tuple[str, str], ...]] = {}
         holders: dict[tuple[str, str], set[int]] = {}
-        other: set[tuple[str, str]] = set()
+        movers: list[tuple[int, Op]] = []  # transfers and copies: their links matter only where a TP op holds links
         for rank in range(self.instances):
             view, program = views[rank // pipeline], plan.programs[rank % pipeline]
             for op in program:
                 kind = op.kind
-                if kind in TP_KINDS or kind in EP_KINDS:
+                if kind in _RANK_COLLECTIVE_KINDS:
                     keys = tp_keys[(rank, kind, op.vstage)] = view.collective(kind, op.vstage).held_links
                     for key in keys:
                         holders.setdefault(key, set()).add(rank)
-                elif kind is OpKind.SEND_F or kind is OpKind.SEND_B:
-                    other.update(view.message(kind, op.vstage, rank % pipeline, op.peer).held_links)  # type: ignore[arg-type]
-                elif kind is OpKind.PREFETCH or kind is OpKind.EVICT:
-                    other.update(view.host_copy(kind, op.vstage, rank % pipeline).held_links)
+                elif kind in _MOVER_KINDS:
+                    movers.append((rank, op))
+        if not tp_keys:
+            return {}
+        other: set[tuple[str, str]] = set()
+        for rank, op in movers:
+            view = views[rank // pipeline]
+            if op.kind in SEND_KINDS:
+                other.update(view.message(op.kind, op.vstage, rank % pipeline, op.peer).held_links)  # type: ignore[arg-type]
+            else:
+                other.update(view.host_copy(op.kind, op.vstage, rank % pipeline).held_links)
         shared = {key for key, ranks in holders.items() if len(ranks) > 1} | other
         return {op: tuple(key for key in keys if key in shared) for op, keys in tp_keys.items()}
 
