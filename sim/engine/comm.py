@@ -55,7 +55,12 @@ class Link:
     def request(self, share: object = None) -> simpy.Event:
         """An event that succeeds when the link is this caller's (or shared with copies of the same op)."""
         event = self.env.event()
-        if share is not None and self.holders and share == self.share:
+        if not self.holders:
+            if not self.waiting:  # free, nobody queued: granted now (what _grant would do, without the queue)
+                self.holders, self.share = 1, share
+                event.succeed()
+                return event
+        elif share is not None and share == self.share:
             self.holders += 1
             event.succeed()
             return event
