@@ -131,21 +131,31 @@ class MemoryLedger:
 
     def __init__(self, plan: Plan, sizes: StageSizes) -> None:
         self.plan, self.sizes = plan, sizes
-        missing = {OP_SEMANTICS[op.kind].memory for program in plan.programs for op in program} - RULES.keys()
+        self._effect = {kind: semantics.memory for kind, semantics in OP_SEMANTICS.items()}
+        effects = {self._effect[kind] for kind in {op.kind for program in plan.programs for op in program}}
+        missing = effects - RULES.keys()
         if missing:
             raise KeyError(f"the memory ledger has no rule for effect(s) {', '.join(sorted(missing))}")
         self._start_rule = {kind: getattr(self, RULES[semantics.memory]) for kind, semantics in OP_SEMANTICS.items()}
         self._workspace = {kind for kind, semantics in OP_SEMANTICS.items() if semantics.workspace}
         self._backward = {kind for kind, semantics in OP_SEMANTICS.items() if semantics.backward}
+        # Byte counts that depend only on the op's kind and stage and the flags in their keys, asked of the cost view
+        # once per run rather than once per op (a replay asks for every op).
+        self._workspace_memo: dict[tuple[OpKind, int, int, bool], int] = {}
+        self._kept_memo: dict[tuple[int, bool], int] = {}  # (vstage, recomputed) -> what its forward keeps
+        self._held_memo: dict[tuple[int, bool], int] = {}  # (vstage, recomputed) -> what its last backward frees
+        self._per_step_memo: dict[int, bool] = {}  # vstage -> whether its gradients live per step
         # vstage -> bytes of its per-step gradient buffers that exist now (all of them, or an I's share)
         self.gradients_held: dict[int, int] = {}
         self.deferred: dict[tuple[int, int | None], int] = {}  # (vstage, mb) -> bytes its I kept for its W
         self.reductions: dict[int, int] = {}  # vstage -> bytes its issued gradient reduction holds
         self.workspaces: dict[tuple[OpKind, int, int | None], int] = {}  # running op -> the workspace it took
-        self.offloaded = {op.vstage for program in plan.programs for op in program
-                          if OP_SEMANTICS[op.kind].memory is MemoryEffect.LOAD_WEIGHTS}
-        self.recomputed = {(op.vstage, op.mb) for program in plan.programs for op in program
-                           if OP_SEMANTICS[op.kind].memory is MemoryEffect.REBUILD_ACTIVATIONS}
+        self.offloaded = ({op.vstage for program in plan.programs for op in program
+                           if self._effect[op.kind] is MemoryEffect.LOAD_WEIGHTS}
+                          if MemoryEffect.LOAD_WEIGHTS in effects else set())
+        self.recomputed = ({(op.vstage, op.mb) for program in plan.programs for op in program
+                            if self._effect[op.kind] is MemoryEffect.REBUILD_ACTIVATIONS}
+                           if MemoryEffect.REBUILD_ACTIVATIONS in effects else set())
         self.stream = plan.weight_policy == "stream"
         self.held: dict[int, int] = {}  # stream: vstage -> activation bytes of its current frame
         self.in_flight: dict[int, int] = {}  # ZeRO-3 kept gathered: vstage -> microbatches between F and backward
@@ -167,11 +177,12 @@ class MemoryLedger:
 
     def start(self, op: Op) -> tuple[int, int]:
         """``(released, allocated)`` bytes when ``op`` starts: ``released`` is freed first, then ``allocated`` taken."""
-        released, kept = self._start_rule[op.kind](op)
-        gradients = self._new_gradients(op)
-        workspace = self._workspace_of(op, new_gradients=gradients)
+        kind = op.kind
+        released, kept = self._start_rule[kind](op)
+        gradients = self._new_gradients(op) if kind in self._backward else 0
+        workspace = self._workspace_of(op, new_gradients=gradients) if kind in self._workspace else 0
         if workspace:
-            self.workspaces[(op.kind, op.vstage, op.mb)] = workspace
+            self.workspaces[(kind, op.vstage, op.mb)] = workspace
         return released, workspace + kept + gradients
 
     def end(self, op: Op) -> int:
@@ -179,8 +190,10 @@ class MemoryLedger:
         more than it frees (an I whose weight-gradient inputs outweigh the activations it drops): the caller then
         allocates, and checks its peak."""
         kind, vstage, sizes = op.kind, op.vstage, self.sizes
-        freed = self.workspaces.pop((kind, vstage, op.mb), 0)
-        effect = OP_SEMANTICS[kind].memory
+        freed = self.workspaces.pop((kind, vstage, op.mb), 0) if self.workspaces else 0
+        effect = self._effect[kind]
+        if effect is MemoryEffect.NONE:
+            return freed
         if effect is MemoryEffect.RELEASE_ACTIVATIONS:
             freed += self.held.pop(vstage, 0) if self.stream else self._held_until_backward(vstage, op.mb)
             freed += self._release_kept(vstage)
@@ -199,17 +212,26 @@ class MemoryLedger:
         return freed
 
     def _workspace_of(self, op: Op, *, new_gradients: int) -> int:
-        """The transient bytes ``op`` holds while it runs: the backward's for B, I and W (a B's layer by layer, with
-        the gradient buffers it makes; a recomputed one holds a single rebuilt layer, so its layers' largest
-        transient), else the forward's. A B's may be negative: its peak is below the level it starts from. An I or
-        W that makes ``new_gradients`` bytes of gradient buffers makes them from the temporaries its measured
-        transient already holds, so those are not counted twice."""
+        """The transient bytes ``op`` (a kind with a workspace) holds while it runs; asked of the cost view once per
+        kind, stage, gradient bytes made and recomputation (:meth:`_workspace_bytes`)."""
         kind, vstage = op.kind, op.vstage
-        if kind not in self._workspace:
-            return 0
-        gathered = self.sizes.gathered_bytes(vstage, kind in self._backward)
-        if kind in self._backward:
-            if kind is OpKind.B and not self.stream and (vstage, op.mb) not in self.recomputed:
+        recomputed = kind is OpKind.B and (vstage, op.mb) in self.recomputed
+        key = (kind, vstage, new_gradients, recomputed)
+        found = self._workspace_memo.get(key)
+        if found is None:
+            found = self._workspace_memo[key] = self._workspace_bytes(kind, vstage, new_gradients, recomputed)
+        return found
+
+    def _workspace_bytes(self, kind: OpKind, vstage: int, new_gradients: int, recomputed: bool) -> int:
+        """The transient bytes an op of ``kind`` (one with a workspace) of ``vstage`` holds while it runs: the
+        backward's for B, I and W (a B's layer by layer, with the gradient buffers it makes; a ``recomputed`` one
+        holds a single rebuilt layer, so its layers' largest transient), else the forward's. A B's may be negative:
+        its peak is below the level it starts from. An I or W that makes ``new_gradients`` bytes of gradient buffers
+        makes them from the temporaries its measured transient already holds, so those are not counted twice."""
+        backward = kind in self._backward
+        gathered = self.sizes.gathered_bytes(vstage, backward)
+        if backward:
+            if kind is OpKind.B and not self.stream and not recomputed:
                 return self.sizes.backward_peak_bytes(vstage, new_gradients > 0) + gathered
             transient = (self.sizes.input_backward_bytes(vstage) if kind is OpKind.I
                          else self.sizes.weight_backward_bytes(vstage) if kind is OpKind.W
@@ -222,7 +244,12 @@ class MemoryLedger:
         its last update makes them, except that under a split backward the I makes only those of the parameters
         outside the weight GEMMs and the W the GEMMs' (``deferred_gradient_bytes``)."""
         vstage, sizes = op.vstage, self.sizes
-        if op.kind not in self._backward or not sizes.gradients_per_step(vstage):
+        if op.kind not in self._backward:
+            return 0
+        per_step = self._per_step_memo.get(vstage)
+        if per_step is None:
+            per_step = self._per_step_memo[vstage] = sizes.gradients_per_step(vstage)
+        if not per_step:
             return 0
         total, held = sizes.gradient_bytes(vstage), self.gradients_held.get(vstage, 0)
         wanted = total - sizes.deferred_gradient_bytes(vstage) if op.kind is OpKind.I else total
@@ -240,7 +267,11 @@ class MemoryLedger:
         if self.stream:
             return self._replace_frame(op.vstage)
         gathered = self._gather_kept(op.vstage)
-        return 0, kept_bytes(self.sizes, op.vstage, recomputed=(op.vstage, op.mb) in self.recomputed) + gathered
+        key = (op.vstage, (op.vstage, op.mb) in self.recomputed)
+        kept = self._kept_memo.get(key)
+        if kept is None:
+            kept = self._kept_memo[key] = kept_bytes(self.sizes, op.vstage, recomputed=key[1])
+        return 0, kept + gathered
 
     def _gather_kept(self, vstage: int) -> int:
         """ZeRO-3 without resharding after the forward: the stage's gathered parameters, taken by the forward that
@@ -298,10 +329,13 @@ class MemoryLedger:
     def _held_until_backward(self, vstage: int, mb: int | None) -> int:
         """What a microbatch's last backward op frees: its activations, or under recomputation its checkpoint and
         the layer it rebuilt."""
-        sizes = self.sizes
-        if (vstage, mb) in self.recomputed:
-            return sizes.checkpoint_bytes(vstage) + sizes.rebuilt_bytes(vstage)
-        return sizes.activation_bytes(vstage)
+        key = (vstage, (vstage, mb) in self.recomputed)
+        held = self._held_memo.get(key)
+        if held is None:
+            sizes = self.sizes
+            held = self._held_memo[key] = (sizes.checkpoint_bytes(vstage) + sizes.rebuilt_bytes(vstage) if key[1]
+                                           else sizes.activation_bytes(vstage))
+        return held
 
 
 def resident_bytes(sizes: StageSizes, vstages: Sequence[int], *, stashing: bool = False) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import simpy
 
 from sim.cost.model import CostModel
-from sim.ir.ops import EP_KINDS, TP_KINDS, Op, OpKind, op_id
+from sim.ir.ops import COPY_KINDS, EP_KINDS, SEND_KINDS, TP_KINDS, Op, OpKind, op_id
 from sim.ir.plan import Plan
 
 __all__ = ["Communication", "Link"]
@@ -27,15 +27,20 @@ _Proc = Generator[simpy.Event, Any, None]
 
 #: The lane of a link that data-parallel collectives queue in (``_run_collective``).
 _DP_LANE = "collective"
+#: Collectives that run on a rank's compute stream, holding their group's links (``_tp_links_to_hold``).
+_RANK_COLLECTIVE_KINDS = TP_KINDS | EP_KINDS
+#: Ops that move bytes over links of their own: transfers (costed on the SEND) and host copies.
+_MOVER_KINDS = SEND_KINDS | COPY_KINDS
 
 
 class Link:
-    """A link as a mutex with a FIFO of waiters: SimPy's ``Resource(capacity=1)`` event for event, at a fraction of
+    """A link as a mutex with a FIFO of waiters: SimPy's ``Resource(capacity=1)`` grant for grant, at a fraction of
     its cost (it is taken several times per message).
 
     A request is granted at once when the link is free and nobody queues before it; a release frees the link now
     and grants the next waiter when its own release event is processed, as SimPy's Release does, so the order and
-    the time of every grant, and the trace, are what the SimPy resource gave.
+    the time of every grant, and the trace, are what the SimPy resource gave (a test replays random requests on
+    both). A release that finds nobody waiting schedules no event (:meth:`release` says why that changes nothing).
 
     One exception makes simulating identical replicas one by one equal to simulating one for all: requests with the
     same ``share`` key (not ``None``) are copies of one op in replicas whose durations already count each other's
@@ -50,7 +55,12 @@ class Link:
     def request(self, share: object = None) -> simpy.Event:
         """An event that succeeds when the link is this caller's (or shared with copies of the same op)."""
         event = self.env.event()
-        if share is not None and self.holders and share == self.share:
+        if not self.holders:
+            if not self.waiting:  # free, nobody queued: granted now (what _grant would do, without the queue)
+                self.holders, self.share = 1, share
+                event.succeed()
+                return event
+        elif share is not None and share == self.share:
             self.holders += 1
             event.succeed()
             return event
@@ -59,9 +69,14 @@ class Link:
         return event
 
     def release(self) -> None:
-        """Free the link (once its last holder is done); the next waiter gets it when the release is processed."""
+        """Free the link (once its last holder is done); the next waiter gets it when the release is processed.
+
+        With nobody waiting, no release event is scheduled: it could grant nothing. A request made before it would
+        be processed finds the link free and is granted at once, so for its processing to find a waiter, a holder
+        granted after this release would have to release before it; but such a holder resumes only once its grant,
+        scheduled after this release, is processed. Leaving the event out keeps every other event's order."""
         self.holders -= 1
-        if self.holders:
+        if self.holders or not self.waiting:
             return
         event = self.env.event()
         event.callbacks.append(self._grant)
@@ -88,7 +103,8 @@ class Communication:
         plan: the plan being simulated.
         views: one cost view per simulated replica (simulated rank ``i · P + p`` is view i's pipeline rank p).
         suffix: the suffix of each simulated replica's op ids in the run's tables (replica 0's is empty).
-        wait_deps: the run's ``wait_deps(op, suffix)``, a process that returns once every dep of ``op`` is done.
+        done_event: the run's ``done_event(key)``: the event to wait on until the op whose id (with its replica's
+            suffix) is ``key`` is done, or ``None`` when it is done already.
         finish: the run's ``finish(op, rank, start)``: records the op's span from ``start`` (s) to now, marks it done.
         take: the run's ``take(rank, op)``: applies the memory ledger's start of ``op`` (what a PREFETCH's buffer
             allocates from the moment its copy can start).
@@ -105,13 +121,14 @@ class Communication:
     """
 
     def __init__(self, env: simpy.Environment, plan: Plan, views: tuple[CostModel, ...], suffix: list[str], *,
-                 wait_deps: Callable[[Op, str], Generator[simpy.Event, Any, None]],
+                 done_event: Callable[[str], simpy.Event | None],
                  finish: Callable[[Op, int, float], None], take: Callable[[int, Op], None],
                  release: Callable[[int, Op], None], grad_windows: dict[str, tuple[float, float]]) -> None:
         self.env, self.plan, self.views, self.suffix = env, plan, views, suffix
-        self._wait_deps, self._finish, self._take, self._release = wait_deps, finish, take, release
+        self._done_event, self._finish, self._take, self._release = done_event, finish, take, release
         self.grad_windows = grad_windows
-        self.instances = len(views) * plan.num_ranks
+        self.pipeline = plan.num_ranks  # a property of the plan, read once per op
+        self.instances = len(views) * self.pipeline
         self.links: dict[tuple[str, str], Link] = {}
         self.link_bytes: dict[tuple[str, str], int] = {}
         self.issued: dict[int, simpy.Event] = {}  # pair -> "RECV issued" event (its value: the RECV), until used
@@ -166,28 +183,42 @@ class Communication:
         (data-parallel collectives queue in a lane of their own, ``sim.engine.comm``). A link only one rank's TP ops
         hold is never contended (they run one at a time on that rank's compute stream), so its resource would change
         nothing and cost a SimPy request per op."""
-        plan, views, pipeline = self.plan, self.views, self.plan.num_ranks
+        plan, views, pipeline = self.plan, self.views, self.pipeline
         tp_keys: dict[tuple[int, OpKind, int], tuple[tuple[str, str], ...]] = {}
         holders: dict[tuple[str, str], set[int]] = {}
-        other: set[tuple[str, str]] = set()
+        movers: list[tuple[int, Op]] = []  # transfers and copies: their links matter only where a TP op holds links
         for rank in range(self.instances):
             view, program = views[rank // pipeline], plan.programs[rank % pipeline]
             for op in program:
                 kind = op.kind
-                if kind in TP_KINDS or kind in EP_KINDS:
+                if kind in _RANK_COLLECTIVE_KINDS:
                     keys = tp_keys[(rank, kind, op.vstage)] = view.collective(kind, op.vstage).held_links
                     for key in keys:
                         holders.setdefault(key, set()).add(rank)
-                elif kind is OpKind.SEND_F or kind is OpKind.SEND_B:
-                    other.update(view.message(kind, op.vstage, rank % pipeline, op.peer).held_links)  # type: ignore[arg-type]
-                elif kind is OpKind.PREFETCH or kind is OpKind.EVICT:
-                    other.update(view.host_copy(kind, op.vstage, rank % pipeline).held_links)
+                elif kind in _MOVER_KINDS:
+                    movers.append((rank, op))
+        if not tp_keys:
+            return {}
+        other: set[tuple[str, str]] = set()
+        for rank, op in movers:
+            view = views[rank // pipeline]
+            if op.kind in SEND_KINDS:
+                other.update(view.message(op.kind, op.vstage, rank % pipeline, op.peer).held_links)  # type: ignore[arg-type]
+            else:
+                other.update(view.host_copy(op.kind, op.vstage, rank % pipeline).held_links)
         shared = {key for key, ranks in holders.items() if len(ranks) > 1} | other
         return {op: tuple(key for key in keys if key in shared) for op, keys in tp_keys.items()}
 
+    def _wait_deps(self, op: Op, suffix: str) -> _Proc:
+        """Wait until every dep of ``op`` (in the replica whose op ids end in ``suffix``) is done."""
+        for dep in op.deps:
+            event = self._done_event(dep + suffix if suffix else dep)
+            if event is not None:
+                yield event
+
     def _pair_key(self, rank: int, pair: int) -> int:
         """The engine's key of a SEND/RECV pair of simulated rank ``rank``: pair ids repeat in every replica."""
-        return pair * len(self.views) + rank // self.plan.num_ranks
+        return pair * len(self.views) + rank // self.pipeline
 
     def _take_links(self, keys: tuple, share: object = None) -> Generator[simpy.Event, Any, list[Link]]:
         """Request the links ``keys`` one after another, in their (global) order; returns them once all are granted."""
@@ -225,26 +256,45 @@ class Communication:
         return start
 
     def _transfer(self, src: int, send: Op) -> _Proc:
-        pipeline = self.plan.num_ranks
-        yield from self._wait_deps(send, self.suffix[src // pipeline])
-        key = self._pair_key(src, send.pair)  # type: ignore[arg-type]
-        event = self.issued.get(key)
-        if event is None:
-            event = self.issued[key] = self.env.event()
-        dst, recv = yield event  # a processed event resumes at once, as in a plain ``yield``
-        del self.issued[key]
+        # The message's whole life in one generator (its deps, the rendezvous, its links, its hold): a nested generator
+        # per step (``_wait_deps``, ``hold_links``, ``_take_links``) costs a measurable share of a run, and every
+        # SimPy event is the one those steps yield, in the same order.
+        env, pipeline, done_event = self.env, self.pipeline, self._done_event
         view = src // pipeline
+        suffix = self.suffix[view]
+        for dep in send.deps:
+            event = done_event(dep + suffix if suffix else dep)
+            if event is not None:
+                yield event
+        key = self._pair_key(src, send.pair)  # type: ignore[arg-type]
+        issued = self.issued
+        event = issued.get(key)
+        if event is None:
+            event = issued[key] = env.event()
+        dst, recv = yield event  # a processed event resumes at once, as in a plain ``yield``
+        del issued[key]
         cost = self.views[view].message(send.kind, send.vstage, src % pipeline, dst % pipeline)
-        share = self.share[view]
-        start = yield from self.hold_links(cost.held_links, cost.seconds,
-                                            cost.bytes_per_link if self.counts_bytes[view] else (),
-                                            share and (share, send.kind, send.vstage, send.mb))
+        seconds, held = cost.seconds, []
+        if seconds > 0:  # self.hold_links, inlined
+            share = self.share[view]
+            share = share and (share, send.kind, send.vstage, send.mb)
+            links = self.links
+            for link_key in cost.held_links:
+                link = links.get(link_key)
+                if link is None:
+                    link = links[link_key] = Link(env)
+                yield link.request(share)
+                held.append(link)
+        start = env.now
+        if seconds > 0:
+            yield env.timeout(seconds)
+        self._give_back(held, cost.bytes_per_link if self.counts_bytes[view] else ())
         self._finish(send, src, start)
         self._finish(recv, dst, start)
 
     def _run_collective(self, rank: int, op: Op) -> _Proc:
         """A data-parallel collective: it starts when every simulated replica has issued it and its deps are done."""
-        pipeline = self.plan.num_ranks
+        pipeline = self.pipeline
         yield from self._wait_deps(op, self.suffix[rank // pipeline])
         collective_id = op_id(op.kind, op.vstage, op.mb)
         members = self.arrived.setdefault(collective_id, [])
@@ -275,7 +325,7 @@ class Communication:
         moment the backward ends, and the last bucket needs T_b after they are granted.
         """
         buckets, bucket_s = self.views[0].gradient_buckets(op.vstage)
-        pipeline = self.plan.num_ranks
+        pipeline = self.pipeline
         windows = [self.grad_windows[op.deps[0] + self.suffix[member // pipeline]] for member in members]
         ready = [max(begin + k * (end - begin) / buckets for begin, end in windows) for k in range(1, buckets + 1)]
         finish = max(at + (buckets - k) * bucket_s for k, at in enumerate(ready))
@@ -288,7 +338,7 @@ class Communication:
 
     def _host_copy(self, rank: int, op: Op) -> _Proc:
         """A PREFETCH or EVICT: the copy holds the rank's PCIe path in its direction for the oracle's copy time."""
-        pipeline = self.plan.num_ranks
+        pipeline = self.pipeline
         yield from self._wait_deps(op, self.suffix[rank // pipeline])
         cost = self.views[rank // pipeline].host_copy(op.kind, op.vstage, rank % pipeline)
         self._take(rank, op)  # a PREFETCH's destination buffer exists from the moment the copy can start

@@ -46,7 +46,7 @@ from sim.cost.model import CostModel
 from sim.engine.comm import Communication
 from sim.engine.perturbation import NONE, Perturbation
 from sim.hw.topology import Topology
-from sim.ir.ops import OP_SEMANTICS, Action, MemoryEffect, handled_kinds, op_id, stream_of
+from sim.ir.ops import OP_SEMANTICS, Action, MemoryEffect, handled_kinds, op_id
 from sim.ir.plan import Op, OpKind, Plan
 from sim.ir.trace import Span, Trace
 from sim.plan.validate import PlanError
@@ -89,6 +89,10 @@ _HOLDS_ON_ISSUE = {kind: semantics.memory is MemoryEffect.HOLD_REDUCTION_BUFFER
 _ISSUERS = {Action.SEND: "send", Action.RECV: "recv", Action.HOST_COPY: "copy", Action.DP_COLLECTIVE: "collective"}
 #: Suffix of a simulated replica's op ids in the engine's tables (replica 0's ids are the plan's own).
 _NO_SUFFIX = ""
+#: Each kind's span fields, read once per op by ``_Run._finish``: its spelling (``kind.value`` is an enum property
+#: call) and its stream (``sim.ir.ops.stream_of``, without a function call).
+_KIND_TEXT = {kind: kind.value for kind in OP_SEMANTICS}
+_STREAM = {kind: semantics.stream for kind, semantics in OP_SEMANTICS.items()}
 
 
 class _Run:
@@ -106,7 +110,8 @@ class _Run:
                  perturbation: Perturbation = NONE) -> None:
         self.plan, self.topology, self.check_memory = plan, topology, check_memory
         self.views = costs  # one cost view per simulated replica
-        pipeline = plan.num_ranks
+        #: Pipeline ranks of the plan (``plan.num_ranks``, a property, read once per op).
+        self.pipeline = pipeline = plan.num_ranks
         #: Simulated ranks (trace ranks): replica i's pipeline rank p is ``i * pipeline + p``.
         self.instances = len(costs) * pipeline
         self.suffix = [_NO_SUFFIX] + [f"@{i}" for i in range(1, len(costs))]
@@ -133,7 +138,7 @@ class _Run:
                                if plan.layout.grad_overlap else set())
         self.tp_runs: dict[tuple[int, OpKind, int], int] = {}  # (view, kind, vstage) -> TP ops run
         self.comm = Communication(self.env, plan, costs, self.suffix,
-                                  wait_deps=self._wait_deps, finish=self._finish, take=self._take,
+                                  done_event=self._done_event, finish=self._finish, take=self._take,
                                   release=self._release, grad_windows=self.grad_windows)
         self.issuers: dict[OpKind, Callable[[int, Op], None]] = {
             kind: getattr(self.comm, _ISSUERS[action]) for kind, action in _ACTION.items() if action in _ISSUERS}
@@ -159,14 +164,19 @@ class _Run:
     def _allocate(self, rank: int, nbytes: int, op: Op) -> None:
         self.memory[rank] += nbytes
         if self.memory[rank] > self.peak[rank]:
-            self.peak[rank] = self.memory[rank]
-            if self.check_memory and self.memory[rank] > self.capacity[rank]:
-                device = self.topology.devices[self.device_index[rank]].name
-                raise OutOfMemoryError(
-                    f"out of memory on rank {self.device_index[rank]} ({device}) at t={self.env.now * 1e3:.3f} ms "
-                    f"during {op.id}: "
-                    f"needs {self.memory[rank] / 1e9:.2f} GB > {self.capacity[rank] / 1e9:.2f} GB"
-                )
+            self._new_peak(rank, op)
+
+    def _new_peak(self, rank: int, op: Op) -> None:
+        """Rank ``rank``'s memory has just risen above its peak during ``op``: a new peak, and out of memory when it
+        exceeds the device's capacity (and memory is checked)."""
+        self.peak[rank] = self.memory[rank]
+        if self.check_memory and self.memory[rank] > self.capacity[rank]:
+            device = self.topology.devices[self.device_index[rank]].name
+            raise OutOfMemoryError(
+                f"out of memory on rank {self.device_index[rank]} ({device}) at t={self.env.now * 1e3:.3f} ms "
+                f"during {op.id}: "
+                f"needs {self.memory[rank] / 1e9:.2f} GB > {self.capacity[rank] / 1e9:.2f} GB"
+            )
 
     # --- done events -----------------------------------------------------------------------------------------------
 
@@ -183,14 +193,15 @@ class _Run:
 
     def _finish(self, op: Op, rank: int, start: float, stream: str | None = None) -> None:
         """Record ``op``'s span and trigger its done event (created here when nothing waits for it yet)."""
-        kind = op.kind
-        this_id = op_id(kind, op.vstage, op.mb)
-        pipeline = self.plan.num_ranks
+        kind, vstage, mb, now = op.kind, op.vstage, op.mb, self.env.now
+        this_id = op_id(kind, vstage, mb)
+        pipeline = self.pipeline
         key = this_id if rank < pipeline else this_id + self.suffix[rank // pipeline]
-        self.spans.append(Span(this_id, kind.value, rank, stream or stream_of(kind), start, self.env.now, op.vstage,
-                               op.mb, op.pair, None if op.peer is None else op.peer + rank - rank % pipeline))
+        peer = op.peer
+        self.spans.append(Span(this_id, _KIND_TEXT[kind], rank, stream or _STREAM[kind], start, now, vstage, mb,
+                               op.pair, None if peer is None else peer + rank - rank % pipeline))
         if key in self.grad_producers:
-            self.grad_windows[key] = (start, self.env.now)
+            self.grad_windows[key] = (start, now)
         event = self.events.get(key)
         if event is None:
             event = self.events[key] = self.env.event()
@@ -212,72 +223,84 @@ class _Run:
     # --- handlers --------------------------------------------------------------------------------------------------
 
     def _walk(self, rank: int) -> _Proc:
+        # Everything read per op is bound once here: an attribute lookup per op is a measurable share of a run.
+        env, events, finished, timeout = self.env, self.events, self.finished, self.env.timeout
         issuers, position, arrivals, actions = self.issuers, self.position, self.arrivals, _ACTION
-        holds_on_issue = _HOLDS_ON_ISSUE
-        pipeline = self.plan.num_ranks
-        suffix = self.suffix[rank // pipeline]
-        for pos, op in enumerate(self.plan.programs[rank % pipeline]):
+        holds_on_issue, finish = _HOLDS_ON_ISSUE, self._finish
+        pipeline = self.pipeline
+        replica = rank // pipeline
+        suffix, view, ledger = self.suffix[replica], self.views[replica], self.ledgers[replica]
+        compute_time, start_of, end_of = view.compute_time, ledger.start, ledger.end
+        memory, peak, slow, noise = self.memory, self.peak, self.slow[rank], self.noise[rank]
+        program = self.plan.programs[rank % pipeline]
+        for pos, op in enumerate(program):
             position[rank] = pos
             kind = op.kind
             action = actions[kind]
             if action is Action.COMPUTE:
                 if arrivals and kind is OpKind.F:
                     due = arrivals.get(op.id)
-                    if due is not None and due > self.env.now:
-                        yield self.env.timeout(due - self.env.now)
-                for dep in op.deps:
-                    event = self._done_event(dep + suffix if suffix else dep)
-                    if event is not None:
-                        yield event
-                start, duration = self._start_compute(rank, op)
+                    if due is not None and due > env.now:
+                        yield timeout(due - env.now)
+                for dep in op.deps:  # self._done_event, inlined
+                    key = dep + suffix if suffix else dep
+                    event = events.get(key)
+                    if event is None:
+                        if key in finished:
+                            continue
+                        event = events[key] = env.event()
+                    yield event
+                # The ledger's start (self._take): free what it releases, then allocate and check the peak.
+                released, allocated = start_of(op)
+                held = memory[rank] - released + allocated
+                memory[rank] = held
+                if held > peak[rank]:
+                    self._new_peak(rank, op)
+                start = env.now
+                duration = compute_time(kind, op.vstage)
+                for factor, begin, end in slow:
+                    if begin <= start < end:
+                        duration *= factor
+                        self.slowed.append((rank, op.id))
+                if noise is not None:
+                    duration *= float(noise[pos])
                 if duration > 0:
-                    yield self.env.timeout(duration)
-                self._release(rank, op)
-                self._finish(op, rank, start)
+                    yield timeout(duration)
+                freed = end_of(op)  # self._release
+                if freed >= 0:
+                    memory[rank] -= freed
+                else:  # it leaves more than it frees (an I keeping its W's inputs): a new high may be reached
+                    self._allocate(rank, -freed, op)
+                finish(op, rank, start)
             elif action is Action.TP_COLLECTIVE or action is Action.EP_COLLECTIVE:
                 # Tensor-parallel collectives and expert-parallel all-to-alls: the compute stream waits for them
                 # (Megatron's f/g operators; its synchronous token dispatcher). The bytes they put on links are counted
                 # once per op kind at the end (tp_runs), not per op.
                 if op.deps:
                     yield from self._wait_deps(op, suffix)
-                duration = self.views[rank // pipeline].collective(kind, op.vstage).seconds
+                duration = view.collective(kind, op.vstage).seconds
                 keys = self.comm.tp_links[(rank, kind, op.vstage)]
                 if keys:
-                    share = self.comm.share[rank // pipeline]
+                    share = self.comm.share[replica]
                     start = yield from self.comm.hold_links(keys, duration, (),
                                                             share and (share, kind, op.vstage, op.mb))
                 else:
-                    start = self.env.now
+                    start = env.now
                     if duration > 0:
-                        yield self.env.timeout(duration)
-                run = (rank // pipeline, kind, op.vstage)
+                        yield timeout(duration)
+                run = (replica, kind, op.vstage)
                 self.tp_runs[run] = self.tp_runs.get(run, 0) + 1
-                self._finish(op, rank, start)
+                finish(op, rank, start)
             else:
                 if holds_on_issue[kind]:  # a reduction's buffer exists from the moment it is issued
                     self._take(rank, op)
                 issuers[kind](rank, op)
-        position[rank] = len(self.plan.programs[rank % pipeline])
-
-    def _start_compute(self, rank: int, op: Op) -> tuple[float, float]:
-        """Take what a compute op holds while it runs and keeps after (the ledger's start); returns its start and
-        duration (s)."""
-        self._take(rank, op)
-        now = self.env.now
-        duration = self.views[rank // self.plan.num_ranks].compute_time(op.kind, op.vstage)
-        for factor, start, end in self.slow[rank]:
-            if start <= now < end:
-                duration *= factor
-                self.slowed.append((rank, op.id))
-        noise = self.noise[rank]
-        if noise is not None:
-            duration *= float(noise[self.position[rank]])
-        return now, duration
+        position[rank] = len(program)
 
     def _release(self, rank: int, op: Op) -> None:
         """Free what the ledger says the op frees when it ends (its workspace; a microbatch's activations after its
         last backward op; an EVICT's weights)."""
-        freed = self.ledgers[rank // self.plan.num_ranks].end(op)
+        freed = self.ledgers[rank // self.pipeline].end(op)
         if freed >= 0:
             self.memory[rank] -= freed
         else:  # it leaves more than it frees (an I keeping its W's inputs): a new high may be reached
@@ -285,7 +308,7 @@ class _Run:
 
     def _take(self, rank: int, op: Op) -> None:
         """Apply the ledger's start of ``op`` on simulated rank ``rank``: free what it releases, then allocate."""
-        released, allocated = self.ledgers[rank // self.plan.num_ranks].start(op)
+        released, allocated = self.ledgers[rank // self.pipeline].start(op)
         self.memory[rank] -= released
         self._allocate(rank, allocated, op)
 

@@ -78,8 +78,13 @@ def canonical_order(spans: Iterable[Span]) -> list[Span]:
 _START = attrgetter("start")
 
 
+#: Each stream's place in :data:`STREAMS` (a dict lookup where ``STREAMS.index`` scans the tuple); an unknown one
+#: sorts last, and :class:`Trace` refuses it by name.
+_STREAM_INDEX = {stream: index for index, stream in enumerate(STREAMS)}
+
+
 def _span_key(span: Span) -> tuple:
-    return (span.start, span.rank, STREAMS.index(span.stream), span.end, span.op)
+    return (span.start, span.rank, _STREAM_INDEX.get(span.stream, len(STREAMS)), span.end, span.op)
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ class Trace:
         for span in self.spans:
             if not 0 <= span.rank < len(self.devices):
                 raise ValueError(f"span {span.op} has rank {span.rank} outside 0..{len(self.devices) - 1}")
-            if span.stream not in STREAMS:
+            if span.stream not in _STREAM_INDEX:
                 raise ValueError(f"span {span.op} has unknown stream {span.stream!r}")
             if span.end < span.start:
                 raise ValueError(f"span {span.op} ends before it starts ({span.start} > {span.end})")

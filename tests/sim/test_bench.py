@@ -1,4 +1,5 @@
-"""``python -m sim.bench --partition``: its baseline is the balanced partition's reference DP, and it reports."""
+"""``python -m sim.bench``: the engine's baseline replays the same ops; ``--partition``'s baseline is the balanced
+partition's reference DP; each reports."""
 
 import re
 
@@ -71,6 +72,38 @@ def test_search_rates_are_measured_on_agreeing_evaluators():
     assert report.agreed and report.ops > 1000
     assert report.engine_per_s > 0 and report.fast_per_s > 0 and report.batched_per_s > 0
     assert (report.engine_candidates, report.fast_candidates, report.batched_candidates) == (2, 3, 20)
+
+
+@pytest.mark.parametrize("model, topology, schedule", [
+    ("uniform:layers=4", "2xideal", "gpipe"), ("uniform:layers=8", "4xideal", "1f1b"),
+    ("uniform:layers=8", "4xideal", "zb1p"),
+])
+def test_the_bare_replay_replays_the_engines_ops(model, topology, schedule):
+    # On ideal devices every transfer has a link of its own at a time, so nothing the bare replay leaves out (links,
+    # memory) changes a time: replaying the same ops and deps with the engine's durations ends when the engine does.
+    from sim.bench import bare_replay
+    from sim.engine.simpy_engine import simulate
+    from sim.plan.build import build_plan
+    from sim.plan.inputs import PlanInputs
+
+    built = build_plan(PlanInputs(model, topology, schedule, 6))
+    trace = simulate(built.plan, built.costs, built.topology).trace
+    durations = {span.op: 0.0 if span.stream == "recv" else span.duration for span in trace.spans}
+    streams = {span.op: span.stream for span in trace.spans}
+    assert len(durations) == sum(len(program) for program in built.plan.programs)
+    assert bare_replay(built.plan, durations, streams) == trace.makespan
+
+
+def test_engine_bench_prints_cpu_and_wall_times_and_the_cpu_ratio(capsys):
+    assert main(["--topology", "2xideal", "--model", "uniform:layers=4", "--microbatches", "4", "--repeats", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # Each of the 2 ranks: 4 F, 4 B, 4 SENDs and 4 RECVs, an optimizer step.
+    assert lines[0].startswith("plan: 1f1b on 2xideal, uniform:") and lines[0].endswith(f", m=4: {2 * 17} ops")
+    for line, name in zip(lines[1:3], ("engine    ", "bare SimPy")):
+        assert re.match(rf"{name}\s+\d+\.\d ms CPU \(\d+\.\d ms wall\)\s+\d+ ops/s\s+makespan \d+\.\d{{3}} ms", line)
+    assert re.fullmatch(r"wall-time ratio: \d+\.\d\d \(on a shared machine, read the CPU time's\)", lines[3])
+    assert re.fullmatch(r"ratio: \d+\.\d\d", lines[4])
+    assert len(lines) == 5
 
 
 def test_an_unknown_flag_is_one_error_line_not_argparse_usage(capsys):
