@@ -151,10 +151,10 @@ def make_parser() -> argparse.ArgumentParser:
                         help="seed of the CSP subnet sampler and of a long run's failures (default 0)")
     slow = parser.add_argument_group("stragglers (sim.engine.perturbation)")
     slow.add_argument("--straggler", action="append", metavar="DEVICE:FACTOR[@START-END] or LINK:FACTOR",
-                      help="device DEVICE's compute ops take FACTOR times their cost, always or when they start "
-                      "between START and END seconds of the iteration; or the links of a type (e.g. ib-ndr) or of a "
-                      "device (gpu5) carry FACTOR times slower (repeatable); the summary compares the iteration with "
-                      "the one without")
+                      help="device DEVICE's compute ops (DEVICE its rank or its name in the device table: 5 or "
+                      "gpu5) take FACTOR times their cost, always or when they start between START and END seconds of "
+                      "the iteration; or the links of a type (e.g. ib-ndr) or of a device (gpu5-links) carry FACTOR "
+                      "times slower (repeatable); the summary compares the iteration with the one without")
     slow.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA",
                       help="multiply every compute op's cost by a seeded lognormal factor of mean 1 and shape SIGMA "
                       "(0 to 1; --seed seeds it)")
