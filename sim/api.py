@@ -123,6 +123,19 @@ class Simulation:
         """The share of device-time the compute streams are idle."""
         return float(self.metrics["bubble_fraction"])
 
+    def __repr__(self) -> str:
+        """A few lines: the plan (schedule, model, topology, layout, microbatches), the iteration, the fullest device
+        and the size of the trace (the dataclass's own repr printed every op: hundreds of kilobytes)."""
+        from sim.report.outputs import plan_title
+
+        fullest = max(self.devices(), key=lambda row: row["peak_memory_bytes"] / row["memory_capacity_bytes"])
+        return (f"Simulation({plan_title(self.plan)}\n"
+                f"  iteration {self.iteration_time_s * 1e3:.3f} ms, {self.throughput_samples_per_s:,.1f} samples/s, "
+                f"bubble {self.bubble_fraction:.1%}\n"
+                f"  fullest device: rank {fullest['rank']}, {fullest['peak_memory_bytes'] / 1e9:.2f} of "
+                f"{fullest['memory_capacity_bytes'] / 1e9:.2f} GB\n"
+                f"  {len(self.metrics['devices']):,} ranks simulated, {len(self.trace.spans):,} ops)")
+
     def devices(self) -> list[dict[str, Any]]:
         """One row per simulated rank: ``rank``, ``device``, ``busy_s``, ``bubble_fraction``, ``peak_memory_bytes``,
         ``memory_capacity_bytes`` (and ``device_rank`` under tensor or data parallelism)."""
@@ -189,6 +202,19 @@ class Search:
     """
 
     result: SearchResult
+
+    def __repr__(self) -> str:
+        """A few lines: the problem, the strategy, how many plans were costed and feasible, and the best (the
+        dataclass's own repr printed every evaluation: hundreds of kilobytes)."""
+        result, problem = self.result, self.result.problem
+        feasible = sum(e.feasible for e in result.evaluations)
+        best = result.best
+        pick = (f"best: {best.candidate.label()}, {best.iteration_time_s * 1e3:.3f} ms, "
+                f"{best.throughput_samples_per_s:,.1f} samples/s" if best is not None else "no feasible plan")
+        return (f"Search({problem.model} on {problem.topology}, global batch {problem.global_batch}\n"
+                f"  strategy {result.strategy}: {len(result.evaluations):,} of {result.space_size:,} plans costed, "
+                f"{feasible:,} feasible, {result.elapsed_s:.1f} s{', stopped by its budget' * result.stopped_by_budget}"
+                f"\n  {pick})")
 
     def rows(self, *, feasible_only: bool = True) -> list[dict[str, Any]]:
         """One row per plan costed, fastest first (the infeasible ones after, in the space's order, each with its

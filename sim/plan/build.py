@@ -40,7 +40,7 @@ __all__ = ["BuiltPlan", "build_plan", "place_layers", "inputs_oracle", "partitio
 _Options = tuple[tuple[str, int | float | bool], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class BuiltPlan:
     """A validated L1 plan and everything needed to simulate it."""
 
@@ -49,6 +49,12 @@ class BuiltPlan:
     topology: Topology
     costs: CostModel
     profile: MeasuredProfile | None
+
+    def __repr__(self) -> str:
+        """Two lines: the plan's own repr and the model one device holds (the default repr printed every op, layer
+        and link)."""
+        profile = ", costed from a measured profile" if self.profile is not None else ""
+        return f"BuiltPlan({self.plan!r}\n  model on one device: {self.graph.summary()}{profile})"
 
 
 @dataclass(frozen=True)

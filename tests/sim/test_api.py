@@ -90,3 +90,32 @@ def test_no_feasible_plan_says_why():
     assert found.result.best is None
     with pytest.raises(SpecError, match="none of the .* plans costed is feasible"):
         found.best_plan()
+
+
+def test_reprs_are_a_few_lines_naming_what_matters():
+    """The dataclasses' own reprs printed every op (a search's 388 KB, a 16k-GPU plan's 7.1 MB); these are a few
+    lines whatever the size, with the figures the results hold."""
+    built = api.plan("gpt:layers=8,hidden=1024,heads=16,seq=512", "4x8xA100", schedule="1f1b", microbatches=64,
+                     tp=2, dp=2, pp=8)
+    ops = sum(len(program) for program in built.plan.programs)
+    assert ops > 2000
+    text = repr(built)
+    assert len(text) < 500 and text.count("\n") == 1
+    for needle in ("1f1b L1", "gpt:", "4x8xA100", "TP 2 × DP 2 × PP 8 = 32 devices", "64 microbatches",
+                   f"{ops:,} ops on 8 ranks", built.graph.summary()):
+        assert needle in text
+    assert repr(built.plan) in text
+    run = api.simulate(built)
+    text = repr(run)
+    assert len(text) < 500 and text.count("\n") == 3
+    for needle in ("4x8xA100", "TP2×DP2×PP8", f"iteration {run.iteration_time_s * 1e3:.3f} ms",
+                   f"{run.throughput_samples_per_s:,.1f} samples/s", f"{len(run.trace.spans):,} ops"):
+        assert needle in text
+    found = api.search(MODEL, TOPOLOGY, 8, strategy="exhaustive", schedules=("1f1b",), zero=(0,))
+    text = repr(found)
+    best = found.result.best
+    assert len(text) < 500 and text.count("\n") == 2
+    for needle in (MODEL, TOPOLOGY, "global batch 8", "strategy exhaustive",
+                   f"{len(found.result.evaluations)} of {found.result.space_size} plans costed",
+                   f"best: {best.candidate.label()}, {best.iteration_time_s * 1e3:.3f} ms"):
+        assert needle in text
