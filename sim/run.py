@@ -27,7 +27,7 @@ from sim.models import build_model
 from sim.models.routing import BALANCED, parse_routing
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs, format_builtin_lists
-from sim.plan.memory_fit import memory_remedies, memory_report
+from sim.plan.memory_fit import out_of_memory_message
 from sim.predict import predict
 from sim.report.outputs import format_summary, plan_title, write_plan_files, write_run_outputs
 from sim.report.stream import format_stream_summary
@@ -348,31 +348,11 @@ def _long_run(options: FaultOptions, metrics: dict, plan, topology) -> FaultRepo
 
 
 def _check_memory(inputs: PlanInputs, built) -> None:
-    """Refuse a plan whose peak memory exceeds a device's, saying by how much and which flags would make it fit.
-
-    Plans with host copies (PREFETCH/EVICT) are left to the engine, whose timeline decides their peak.
-    """
-    try:
-        report = memory_report(built)
-    except ValueError:
-        return
-    if report.fits:
-        return
-    gb = 1e9
-    rank = report.worst
-    head = (f"out of memory: rank {rank} ({report.device}) peaks at {report.peaks[rank] / gb:.2f} GB, "
-            f"{report.over_bytes / gb:.2f} GB over its {report.capacities[rank] / gb:.2f} GB (its training state "
-            f"alone is {report.state_bytes / gb:.2f} GB)")
-    remedies = memory_remedies(inputs, built)
-    if remedies:
-        options = [" ".join(f"{FLAGS[name]} {value}" for name, value in remedy.changes if value is not None)
-                   + f" ({remedy.peak_bytes / gb:.2f} of {remedy.capacity_bytes / gb:.2f} GB)"
-                   for remedy in remedies[:3]]
-        advice = "these would fit: " + "; ".join(options)
-    else:
-        advice = ("neither recomputation, ZeRO-1, more tensor or pipeline parallelism nor smaller microbatches "
-                  "would fit it: more or larger devices are needed")
-    raise SpecError(f"{head}; {advice} (--ignore-memory simulates it anyway)")
+    """Refuse a plan whose peak memory exceeds a device's, saying by how much and which flags would make it fit
+    (:func:`sim.plan.memory_fit.out_of_memory_message`; plans with host copies are left to the engine)."""
+    message = out_of_memory_message(inputs, built, lambda name, value: f"{FLAGS[name]} {value}", "--ignore-memory")
+    if message is not None:
+        raise SpecError(message)
 
 
 def _device_list(text: str) -> tuple[int, ...]:
