@@ -107,7 +107,7 @@ def test_gpu5_slows_device_5s_compute_and_gpu5_links_its_links(tmp_path):
     # The two spellings of device 1 give byte-identical outputs, and that is the compute straggler (its links
     # untouched: no link is named in the metrics); gpuN-links slows the links instead (compute untouched: no op
     # slowed), and it is the topology's own slowing of that device's links.
-    by_rank = _time(tmp_path, "2xcpu", "--straggler", "1:2.5", name="rank")
+    _time(tmp_path, "2xcpu", "--straggler", "1:2.5", name="rank")
     by_name = _time(tmp_path, "2xcpu", "--straggler", "gpu1:2.5", name="name")
     for file in ("metrics.json", "trace.json", "plan.json"):
         assert (tmp_path / "rank" / file).read_bytes() == (tmp_path / "name" / file).read_bytes()
