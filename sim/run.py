@@ -23,7 +23,7 @@ from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_ch
 from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.faults.report import FaultOptions, FaultReport, fault_report
-from sim.models import build_model
+from sim.models import MODELS, build_model
 from sim.models.routing import BALANCED, parse_routing
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs, format_builtin_lists
@@ -93,7 +93,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "a CUDA graph (no per-op launch or framework overhead; one launch per step)")
     parser.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch (default 1)")
     par = parser.add_argument_group("tensor, data and pipeline parallelism")
-    par.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (Megatron-LM; gpt models; default 1)")
+    sharded = ", ".join(name for name, entry in MODELS.items() if entry.build_shard is not None)
+    par.add_argument("--tp", type=int, default=1,
+                     help=f"tensor-parallel degree (Megatron-LM; the {sharded} families and their presets; default 1)")
     par.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
     par.add_argument("--pp", type=int, help="pipeline ranks (default: the devices left, devices / (tp · dp))")
     par.add_argument("--global-batch", type=int, metavar="G",
