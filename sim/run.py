@@ -93,7 +93,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "a CUDA graph (no per-op launch or framework overhead; one launch per step)")
     parser.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch (default 1)")
     par = parser.add_argument_group("tensor, data and pipeline parallelism")
-    sharded = ", ".join(name for name, entry in MODELS.items() if entry.build_shard is not None)
+    *others, last = [name for name, entry in MODELS.items() if entry.build_shard is not None]
+    sharded = f"{', '.join(others)} and {last}" if others else last
     par.add_argument("--tp", type=int, default=1,
                      help=f"tensor-parallel degree (Megatron-LM; the {sharded} families and their presets; default 1)")
     par.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
