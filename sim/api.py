@@ -19,12 +19,17 @@ Example::
     run.iteration_time_s, run.devices()        # seconds; one dict per device
     run.gantt()                                 # the timeline
 
-Bad arguments raise :class:`sim.core.errors.SpecError` with the same message the commands print after ``error:``.
+Bad arguments raise :class:`sim.core.errors.SpecError` with the same message the commands print after ``error:``; a
+plan that does not fit its devices' memory raises :class:`sim.engine.simpy_engine.OutOfMemoryError` (a ``SpecError``)
+naming the settings that would make it fit, as ``sim.run`` names its flags. A setting is taken as the command's flag
+reads it: ``zero="1"`` is ``zero=1``, and a search choice given once (``zero=1``, ``schedules="1f1b"``) or as the
+command's list (``zero="0,1"``) is that tuple.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,15 +37,18 @@ from typing import Any
 from sim.core.errors import SpecError, did_you_mean
 from sim.core.fileio import prepare_output_dir, read_text
 from sim.cost.profile import load_profile
+from sim.engine.simpy_engine import OutOfMemoryError
 from sim.ir.plan import Plan
 from sim.ir.trace import Trace
 from sim.plan.build import BuiltPlan, build_plan
 from sim.plan.inputs import PlanInputs
+from sim.plan.memory_fit import out_of_memory_message
 from sim.predict import Prediction, predict, predict_built
 from sim.search.search import SearchResult, run_search
 from sim.search.space import SearchProblem, SearchSpace
 
-__all__ = ["plan", "load_plan", "simulate", "search", "Simulation", "Search", "PLAN_SETTINGS", "SPACE_SETTINGS"]
+__all__ = ["plan", "load_plan", "simulate", "search", "Simulation", "Search", "OutOfMemoryError", "PLAN_SETTINGS",
+           "SPACE_SETTINGS"]
 
 #: The settings :func:`plan` takes beside the model and topology: the fields of :class:`sim.plan.inputs.PlanInputs`
 #: (each documented there; ``sim.run``'s flags by the same names).
@@ -57,6 +65,53 @@ def _unknown(given: dict[str, Any], valid: tuple[str, ...], what: str) -> None:
             raise SpecError(f"{name!r} is not a {what}{did_you_mean(name, valid)} (valid: {', '.join(valid)})")
 
 
+def _keyword(name: str, value: object) -> str:
+    """One change of a memory remedy as the keyword argument that makes it (``tp=4``, ``recompute='full'``)."""
+    return f"{name}={value!r}"
+
+
+def _whole_number(text: str) -> int | None:
+    """``text`` as the integer a command's ``type=int`` flag reads from it, or ``None``."""
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _plan_setting(name: str, value: Any, hint: Any) -> Any:
+    """A :func:`plan` setting as :class:`PlanInputs` holds it: a number written as text for an integer setting
+    (``zero="1"``) read as ``sim.run``'s flag reads it; a list as a tuple; anything else as given (checked there)."""
+    if isinstance(value, str) and (hint is int or int in typing.get_args(hint)):
+        number = _whole_number(value)
+        return value if number is None else number
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _space_setting(name: str, value: Any, hint: Any) -> Any:
+    """A :func:`search` choice as :class:`SearchSpace` holds it, a tuple: a list as a tuple, one choice as a tuple of
+    it (``zero=1``), a comma-separated text as ``sim.search`` reads its flag (``zero="0,1"``, ``schedules="1f1b"``).
+
+    Raises:
+        SpecError: a choice of the wrong type (the message names the type wanted and gives an example).
+    """
+    element = typing.get_args(hint)[0] if typing.get_origin(hint) is tuple else None
+    if element not in (int, str, bool):
+        return tuple(value) if isinstance(value, list) else value  # placements (a bool), settings (tuples)
+    if isinstance(value, str):
+        parts = [part.strip() for part in value.split(",")]
+        value = tuple(_whole_number(part) if element is int and _whole_number(part) is not None else part
+                      for part in parts)
+    elif isinstance(value, list | tuple):
+        value = tuple(value)
+    else:
+        value = (value,)
+    if not all(type(choice) is element for choice in value):
+        example = getattr(SearchSpace(), name) or {int: (1, 2), str: ("a", "b"), bool: (False, True)}[element]
+        raise SpecError(f"search space setting {name} takes a tuple of {element.__name__} (e.g. {name}={example!r}, "
+                        f"or one {element.__name__}), got {value!r}")
+    return value
+
+
 def plan(model: str, topology: str, **settings: Any) -> BuiltPlan:
     """Build and validate a plan: ``model`` (e.g. ``"llama3.1-8b,seq=8192"``) on ``topology`` (e.g. ``"8xH100"``),
     with any of :data:`PLAN_SETTINGS` (``schedule="1f1b"``, ``microbatches=16``, ``tp=2``, ``zero=1``, ...).
@@ -69,8 +124,8 @@ def plan(model: str, topology: str, **settings: Any) -> BuiltPlan:
         SpecError: an unknown setting, or what ``sim.run`` refuses (an invalid model, topology or layout).
     """
     _unknown(settings, PLAN_SETTINGS, "plan setting")
-    if isinstance(settings.get("devices"), list):
-        settings["devices"] = tuple(settings["devices"])
+    hints = typing.get_type_hints(PlanInputs)
+    settings = {name: _plan_setting(name, value, hints[name]) for name, value in settings.items()}
     return build_plan(PlanInputs(model=model, topology=topology, **settings))
 
 
@@ -123,6 +178,19 @@ class Simulation:
         """The share of device-time the compute streams are idle."""
         return float(self.metrics["bubble_fraction"])
 
+    def __repr__(self) -> str:
+        """A few lines: the plan (schedule, model, topology, layout, microbatches), the iteration, the fullest device
+        and the size of the trace (the dataclass's own repr printed every op: hundreds of kilobytes)."""
+        from sim.report.outputs import plan_title
+
+        fullest = max(self.devices(), key=lambda row: row["peak_memory_bytes"] / row["memory_capacity_bytes"])
+        return (f"Simulation({plan_title(self.plan)}\n"
+                f"  iteration {self.iteration_time_s * 1e3:.3f} ms, {self.throughput_samples_per_s:,.1f} samples/s, "
+                f"bubble {self.bubble_fraction:.1%}\n"
+                f"  fullest device: rank {fullest['rank']}, {fullest['peak_memory_bytes'] / 1e9:.2f} of "
+                f"{fullest['memory_capacity_bytes'] / 1e9:.2f} GB\n"
+                f"  {len(self.metrics['devices']):,} ranks simulated, {len(self.trace.spans):,} ops)")
+
     def devices(self) -> list[dict[str, Any]]:
         """One row per simulated rank: ``rank``, ``device``, ``busy_s``, ``bubble_fraction``, ``peak_memory_bytes``,
         ``memory_capacity_bytes`` (and ``device_rank`` under tensor or data parallelism)."""
@@ -169,15 +237,25 @@ def simulate(planned: BuiltPlan | Plan | str | Path, *, profile: str | Path | No
     path; with a measured ``profile`` (a path; a built plan keeps the one it was built with).
 
     Raises:
-        SpecError: the plan or profile is invalid, or (``check_memory``) a device runs out of memory.
+        SpecError: the plan or profile is invalid.
+        OutOfMemoryError: (``check_memory``) a device runs out of memory; for a built plan the message names the
+            settings of :func:`plan` that would make it fit, as ``sim.run`` names its flags.
     """
     if isinstance(planned, BuiltPlan):
         if profile is not None:
             raise SpecError("a built plan is simulated with the profile it was built with; pass profile= to plan()")
+        if check_memory:  # before simulating, as sim.run refuses it: the same text, the settings spelt for Python
+            message = out_of_memory_message(planned.inputs, planned, _keyword, "check_memory=False")
+            if message is not None:
+                raise OutOfMemoryError(message)
         return Simulation(predict_built(planned, check_memory=check_memory))
     written = load_plan(planned) if isinstance(planned, (str, Path)) else planned
     measured = load_profile(str(profile)) if profile is not None else None
-    return Simulation(predict(written, measured, check_memory=check_memory))
+    try:
+        return Simulation(predict(written, measured, check_memory=check_memory))
+    except OutOfMemoryError as exc:  # a plan read back has no settings to change: say what can still be done
+        raise OutOfMemoryError(f"{exc} (check_memory=False simulates it anyway; a plan built by plan() is told "
+                               f"which settings would fit it)") from None
 
 
 @dataclass(frozen=True)
@@ -189,6 +267,19 @@ class Search:
     """
 
     result: SearchResult
+
+    def __repr__(self) -> str:
+        """A few lines: the problem, the strategy, how many plans were costed and feasible, and the best (the
+        dataclass's own repr printed every evaluation: hundreds of kilobytes)."""
+        result, problem = self.result, self.result.problem
+        feasible = sum(e.feasible for e in result.evaluations)
+        best = result.best
+        pick = (f"best: {best.candidate.label()}, {best.iteration_time_s * 1e3:.3f} ms, "
+                f"{best.throughput_samples_per_s:,.1f} samples/s" if best is not None else "no feasible plan")
+        return (f"Search({problem.model} on {problem.topology}, global batch {problem.global_batch}\n"
+                f"  strategy {result.strategy}: {len(result.evaluations):,} of {result.space_size:,} plans costed, "
+                f"{feasible:,} feasible, {result.elapsed_s:.1f} s{', stopped by its budget' * result.stopped_by_budget}"
+                f"\n  {pick})")
 
     def rows(self, *, feasible_only: bool = True) -> list[dict[str, Any]]:
         """One row per plan costed, fastest first (the infeasible ones after, in the space's order, each with its
@@ -239,7 +330,8 @@ def search(model: str, topology: str, global_batch: int, *, strategy: str = "exh
         SpecError: an unknown strategy or space setting, or a problem ``sim.search`` refuses.
     """
     _unknown(space, SPACE_SETTINGS, "search space setting")
-    choices = {name: tuple(value) if isinstance(value, list) else value for name, value in space.items()}
+    hints = typing.get_type_hints(SearchSpace)
+    choices = {name: _space_setting(name, value, hints[name]) for name, value in space.items()}
     problem = SearchProblem(model, topology, global_batch, memory_limit_bytes=memory_limit_bytes,
                             space=SearchSpace(**choices), profile=profile)
     return Search(run_search(problem, strategy=strategy, workers=workers, time_budget_s=time_budget_s, seed=seed))

@@ -23,11 +23,11 @@ from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_ch
 from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.faults.report import FaultOptions, FaultReport, fault_report
-from sim.models import build_model
+from sim.models import MODELS, build_model
 from sim.models.routing import BALANCED, parse_routing
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs, format_builtin_lists
-from sim.plan.memory_fit import memory_remedies, memory_report
+from sim.plan.memory_fit import out_of_memory_message
 from sim.predict import predict
 from sim.report.outputs import format_summary, plan_title, write_plan_files, write_run_outputs
 from sim.report.stream import format_stream_summary
@@ -93,7 +93,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "a CUDA graph (no per-op launch or framework overhead; one launch per step)")
     parser.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch (default 1)")
     par = parser.add_argument_group("tensor, data and pipeline parallelism")
-    par.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (Megatron-LM; gpt models; default 1)")
+    *others, last = [name for name, entry in MODELS.items() if entry.build_shard is not None]
+    sharded = f"{', '.join(others)} and {last}" if others else last
+    par.add_argument("--tp", type=int, default=1,
+                     help=f"tensor-parallel degree (Megatron-LM; the {sharded} families and their presets; default 1)")
     par.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
     par.add_argument("--pp", type=int, help="pipeline ranks (default: the devices left, devices / (tp · dp))")
     par.add_argument("--global-batch", type=int, metavar="G",
@@ -151,10 +154,10 @@ def make_parser() -> argparse.ArgumentParser:
                         help="seed of the CSP subnet sampler and of a long run's failures (default 0)")
     slow = parser.add_argument_group("stragglers (sim.engine.perturbation)")
     slow.add_argument("--straggler", action="append", metavar="DEVICE:FACTOR[@START-END] or LINK:FACTOR",
-                      help="device DEVICE's compute ops take FACTOR times their cost, always or when they start "
-                      "between START and END seconds of the iteration; or the links of a type (e.g. ib-ndr) or of a "
-                      "device (gpu5) carry FACTOR times slower (repeatable); the summary compares the iteration with "
-                      "the one without")
+                      help="device DEVICE's compute ops (DEVICE its rank or its name in the device table: 5 or "
+                      "gpu5) take FACTOR times their cost, always or when they start between START and END seconds of "
+                      "the iteration; or the links of a type (e.g. ib-ndr) or of a device (gpu5-links) carry FACTOR "
+                      "times slower (repeatable); the summary compares the iteration with the one without")
     slow.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA",
                       help="multiply every compute op's cost by a seeded lognormal factor of mean 1 and shape SIGMA "
                       "(0 to 1; --seed seeds it)")
@@ -348,31 +351,11 @@ def _long_run(options: FaultOptions, metrics: dict, plan, topology) -> FaultRepo
 
 
 def _check_memory(inputs: PlanInputs, built) -> None:
-    """Refuse a plan whose peak memory exceeds a device's, saying by how much and which flags would make it fit.
-
-    Plans with host copies (PREFETCH/EVICT) are left to the engine, whose timeline decides their peak.
-    """
-    try:
-        report = memory_report(built)
-    except ValueError:
-        return
-    if report.fits:
-        return
-    gb = 1e9
-    rank = report.worst
-    head = (f"out of memory: rank {rank} ({report.device}) peaks at {report.peaks[rank] / gb:.2f} GB, "
-            f"{report.over_bytes / gb:.2f} GB over its {report.capacities[rank] / gb:.2f} GB (its training state "
-            f"alone is {report.state_bytes / gb:.2f} GB)")
-    remedies = memory_remedies(inputs, built)
-    if remedies:
-        options = [" ".join(f"{FLAGS[name]} {value}" for name, value in remedy.changes if value is not None)
-                   + f" ({remedy.peak_bytes / gb:.2f} of {remedy.capacity_bytes / gb:.2f} GB)"
-                   for remedy in remedies[:3]]
-        advice = "these would fit: " + "; ".join(options)
-    else:
-        advice = ("neither recomputation, ZeRO-1, more tensor or pipeline parallelism nor smaller microbatches "
-                  "would fit it: more or larger devices are needed")
-    raise SpecError(f"{head}; {advice} (--ignore-memory simulates it anyway)")
+    """Refuse a plan whose peak memory exceeds a device's, saying by how much and which flags would make it fit
+    (:func:`sim.plan.memory_fit.out_of_memory_message`; plans with host copies are left to the engine)."""
+    message = out_of_memory_message(inputs, built, lambda name, value: f"{FLAGS[name]} {value}", "--ignore-memory")
+    if message is not None:
+        raise SpecError(message)
 
 
 def _device_list(text: str) -> tuple[int, ...]:

@@ -16,11 +16,18 @@ from collections.abc import Sequence
 from sim.faults.failure_mix import FailureMix
 from sim.faults.long_run import Failure, LongRun
 from sim.report.png import figure_png
+from sim.report.titles import wrap_title
 
 __all__ = ["long_run_png"]
 
 #: One colour per cause category, in the order categories first appear in the mix.
 _PALETTE = ("#d62728", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+_TITLE_PT = 9.0  # the title's font size, points
+_TITLE_LINES = 4  # at most this many title lines (the last ends in "…" if more were needed)
+# The share of the figure's width a title line may take: the title is centred on the axes, which the y label shifts
+# right of the figure's centre by a few per cent.
+_TITLE_ROOM = 0.9
 
 
 def long_run_png(run: LongRun, trail: Sequence[tuple[float, float]], failures: Sequence[Failure], mix: FailureMix,
@@ -39,6 +46,7 @@ def long_run_png(run: LongRun, trail: Sequence[tuple[float, float]], failures: S
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.font_manager import FontProperties
 
     categories = list(dict.fromkeys(cause.category for cause in mix.causes))
     colour = {category: _PALETTE[i % len(_PALETTE)] for i, category in enumerate(categories)}
@@ -73,7 +81,14 @@ def long_run_png(run: LongRun, trail: Sequence[tuple[float, float]], failures: S
     ax.set_ylabel("iterations trained")
     ax.set_xlim(left=0.0)
     ax.set_ylim(bottom=0.0)
-    ax.set_title(title, fontsize=9, wrap=True)
+    # Wrapped as the Gantt chart's title is (matplotlib's own wrap=True wraps to the figure before tight_layout has
+    # placed the axes, and left the title clipped); plain text, so a '$' in a model's name is no formula.
+    renderer = fig.canvas.get_renderer()
+    font = FontProperties(size=_TITLE_PT)
+    room = _TITLE_ROOM * fig.get_figwidth() * fig.dpi
+    lines = wrap_title(title, lambda text: renderer.get_text_width_height_descent(text, font, ismath=False)[0] <= room,
+                       _TITLE_LINES)
+    ax.set_title("\n".join(lines), fontsize=_TITLE_PT, parse_math=False)
     ax.grid(True, linewidth=0.3, alpha=0.5)
     ax.legend(loc="upper left", fontsize=8, frameon=False)
     fig.tight_layout()

@@ -271,7 +271,8 @@ class Topology:
 
     def with_slowed_links(self, selector: str, factor: float) -> Topology:
         """This topology with the links ``selector`` names ``factor`` times slower (bandwidth divided by it): every
-        link of a type (``nvswitch-h100``), or every link into and out of one device (``gpu5``). The spec string
+        link of a type (``nvswitch-h100``), or every link into and out of one device (its node, ``gpu5``; the command
+        line spells it ``gpu5-links``, ``gpu5`` being the device's compute there). The spec string
         stays (a plan records it); the graph is new, so a cost oracle must be built for the result.
 
         Raises:
@@ -288,9 +289,10 @@ class Topology:
                 graph[src][dst]["link"] = Link(link.src, link.dst, slowed)
                 hits += 1
         if not hits:
+            last = self.num_ranks - 1
             raise SpecError(f"--straggler {selector}:{factor:g}: no link of {self.spec} is {selector!r}; name a link "
-                            f"type ({', '.join(self.link_names())}) or a device's links "
-                            f"(gpu0..gpu{self.num_ranks - 1})")
+                            f"type ({', '.join(self.link_names())}), a device's links (gpu0-links..gpu{last}-links) "
+                            f"or a device's compute (0..{last} or gpu0..gpu{last})")
         return Topology(self.spec, self.devices, self.node_of_rank, graph, self.nodes)
 
     def links(self) -> tuple[Link, ...]:

@@ -104,7 +104,7 @@ class Placement:
         return tuple(end - start for start, end in self.vstage_layers)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Plan:
     """Everything needed to simulate or execute one training iteration.
 
@@ -140,6 +140,14 @@ class Plan:
     parallel: Parallelism | None = None
     format_version: int = FORMAT_VERSION
     _index: dict[str, tuple[int, int]] = field(default=None, init=False, repr=False, compare=False)  # type: ignore
+
+    def __repr__(self) -> str:
+        """One line: schedule, level, model, topology, layout, batch and size; the programs themselves are
+        :meth:`dumps`' (a 16k-device plan's default dataclass repr ran to megabytes)."""
+        ops = sum(len(program) for program in self.programs)
+        return (f"Plan({self.schedule} {self.level}: {self.model} on {self.topology}, {self.layout.describe()}, "
+                f"{self.num_microbatches} microbatches × {self.microbatch_size}, {ops:,} ops on {self.num_ranks:,} "
+                f"ranks)")
 
     def __post_init__(self) -> None:
         if self.level not in ("L0", "L1"):

@@ -70,8 +70,8 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     Raises:
         SpecError: an unknown model name (the message lists the known ones), an unknown key, a non-numeric,
             zero or negative size, or a model-specific constraint (``heads`` divides ``hidden``, odd ``kernel``);
-            a sharding that changes the model (``tp > 1`` or selective recomputation) for a model other than gpt;
-            ``tp`` not dividing gpt's ``heads``, or its ``seq`` under sequence parallelism.
+            a sharding that changes the model (``tp > 1`` or selective recomputation) for a family other than gpt,
+            llama and moe; ``tp`` not dividing gpt's ``heads``, or its ``seq`` under sequence parallelism.
     """
     spec = hf_config.resolve_config_spec(spec) or spec
     name, raw = parse_spec(spec)

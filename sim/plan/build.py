@@ -41,15 +41,23 @@ __all__ = ["BuiltPlan", "build_plan", "place_layers", "inputs_oracle", "partitio
 _Options = tuple[tuple[str, int | float | bool], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class BuiltPlan:
-    """A validated L1 plan and everything needed to simulate it."""
+    """A validated L1 plan, everything needed to simulate it, and the inputs it was built from (what a memory
+    remedy changes: :mod:`sim.plan.memory_fit`)."""
 
     plan: Plan
     graph: LayerGraph
     topology: Topology
     costs: CostModel
     profile: MeasuredProfile | None
+    inputs: PlanInputs
+
+    def __repr__(self) -> str:
+        """Two lines: the plan's own repr and the model one device holds (the default repr printed every op, layer
+        and link)."""
+        profile = ", costed from a measured profile" if self.profile is not None else ""
+        return f"BuiltPlan({self.plan!r}\n  model on one device: {self.graph.summary()}{profile})"
 
 
 @dataclass(frozen=True)
@@ -118,7 +126,7 @@ def build_plan(inputs: PlanInputs, topology: Topology | None = None) -> BuiltPla
     validate(plan)
     costs = CostModel(graph, topology, placement, inputs.microbatch_size, profile, oracle=oracle, layout=l0.layout,
                       concurrent=tuple(range(l0.layout.data_ranks)))
-    return BuiltPlan(plan, graph, topology, costs, profile)
+    return BuiltPlan(plan, graph, topology, costs, profile, inputs)
 
 
 def _check_inputs(inputs: PlanInputs) -> None:

@@ -15,11 +15,13 @@ whose peak fits:
 * 1F1B instead of GPipe (p − r microbatches in flight instead of m).
 
 Each remedy is a set of :class:`~sim.plan.inputs.PlanInputs` changes, described in the library's own terms
-(``recompute="full"``, ``tp=4``); the command line translates them into flags.
+(``recompute="full"``, ``tp=4``). :func:`out_of_memory_message` is the one text of the refusal, its changes spelt by
+the caller: ``sim.run`` writes them as flags (``--tp 4``), :mod:`sim.api` as keyword arguments (``tp=4``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
@@ -28,7 +30,7 @@ from sim.cost.model import replica_views
 from sim.plan.build import BuiltPlan, build_plan
 from sim.plan.inputs import PlanInputs
 
-__all__ = ["MemoryReport", "Remedy", "memory_report", "memory_remedies"]
+__all__ = ["MemoryReport", "Remedy", "memory_report", "memory_remedies", "out_of_memory_message"]
 
 
 @dataclass(frozen=True)
@@ -153,3 +155,38 @@ def _fitting(inputs: PlanInputs, built: BuiltPlan, candidates: list[tuple[tuple[
             worst = max(range(len(report.peaks)), key=lambda r: report.peaks[r] / report.capacities[r])
             fitting.append(Remedy(changes, report.peaks[worst], report.capacities[worst]))
     return fitting
+
+
+def out_of_memory_message(inputs: PlanInputs, built: BuiltPlan, spell: Callable[[str, object], str],
+                          anyway: str) -> str | None:
+    """Why ``built`` (built from ``inputs``) does not fit, and what would make it fit, in one line; ``None`` when it
+    fits, or when it has host copies (their peak is the engine's timeline's to decide).
+
+    Args:
+        inputs: what ``built`` was built from.
+        built: the plan.
+        spell: writes one change of a remedy, ``(field of PlanInputs, value) -> text``: ``--tp 4`` for a command,
+            ``tp=4`` for Python.
+        anyway: how to simulate it regardless (``--ignore-memory``, ``check_memory=False``).
+    """
+    try:
+        report = memory_report(built)
+    except ValueError:
+        return None
+    if report.fits:
+        return None
+    gb = 1e9
+    rank = report.worst
+    head = (f"out of memory: rank {rank} ({report.device}) peaks at {report.peaks[rank] / gb:.2f} GB, "
+            f"{report.over_bytes / gb:.2f} GB over its {report.capacities[rank] / gb:.2f} GB (its training state "
+            f"alone is {report.state_bytes / gb:.2f} GB)")
+    remedies = memory_remedies(inputs, built)
+    if remedies:
+        options = [" ".join(spell(name, value) for name, value in remedy.changes if value is not None)
+                   + f" ({remedy.peak_bytes / gb:.2f} of {remedy.capacity_bytes / gb:.2f} GB)"
+                   for remedy in remedies[:3]]
+        advice = "these would fit: " + "; ".join(options)
+    else:
+        advice = ("neither recomputation, ZeRO-1, more tensor or pipeline parallelism nor smaller microbatches "
+                  "would fit it: more or larger devices are needed")
+    return f"{head}; {advice} ({anyway} simulates it anyway)"

@@ -21,9 +21,7 @@ and the figure is rendered with the Agg canvas directly: no pyplot, no change to
 from __future__ import annotations
 
 import os
-import re
 from collections import defaultdict
-from collections.abc import Callable
 from io import BytesIO
 from typing import Any
 
@@ -31,6 +29,7 @@ from sim.core.fileio import write_bytes_atomic
 from sim.ir.trace import STREAMS, Span, Trace
 from sim.report.gantt_layout import DPI, MAX_HEIGHT_PX, MIN_BOX_PX, RANK_PT, GanttGeometry, layout_gantt
 from sim.report.metrics import rank_label
+from sim.report.titles import wrap_title
 
 __all__ = ["KIND_COLORS", "FALLBACK_COLOR", "draw_gantt", "gantt_figure", "kind_color"]
 
@@ -172,7 +171,7 @@ def _figure(trace: Trace, title: str = "") -> tuple[Any, GanttGeometry]:
     room = 2 * min(centre, width - centre) - 8
     line_px = _TITLE_PT * 1.2 * DPI / 72  # matplotlib's line spacing, 1.2 times the font size
     most_lines = 1 + max(0, int((MAX_HEIGHT_PX - height) // line_px))  # the height bound holds with the title too
-    title_lines = _wrap_title(title, lambda text: text_width(text, _TITLE_PT) <= room, most_lines)
+    title_lines = wrap_title(title, lambda text: text_width(text, _TITLE_PT) <= room, most_lines)
     height += round((len(title_lines) - 1) * line_px)
     fig.set_size_inches(width / DPI, height / DPI)
     ax = fig.add_axes((geom.left_px / width, geom.bottom_px / height, plot_w / width, geom.plot_h_px / height))
@@ -242,36 +241,6 @@ def _figure(trace: Trace, title: str = "") -> tuple[Any, GanttGeometry]:
         fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, (12.0 + notes_h) / height),
                    ncol=geom.legend_ncol, frameon=False, fontsize=RANK_PT, handlelength=1.6, columnspacing=1.6)
     return fig, geom
-
-
-def _wrap_title(title: str, fits: Callable[[str], bool], most_lines: int) -> list[str]:
-    """``title`` in lines that each ``fits``, broken after its " · " separators, commas or spaces where possible, else
-    inside a word; at most ``most_lines`` (the last then ends in "…"). Greedy: each line takes as much as fits."""
-    pieces = re.findall(r".+?(?: · |,|\s|$)", title)  # each piece ends at a place to break
-    lines: list[str] = []
-    line = ""
-    for piece in pieces:
-        if len(lines) > most_lines:
-            break  # enough to know it is cut short: measuring the rest would be wasted
-        if fits((line + piece).rstrip()):
-            line += piece
-            continue
-        if line:
-            lines.append(line.rstrip())
-        line = ""
-        for char in piece:  # a piece too long for a line alone is broken inside it
-            if line and not fits((line + char).rstrip()):
-                lines.append(line.rstrip())
-                line = ""
-            line += char
-    if line.strip() or not lines:
-        lines.append(line.rstrip())
-    if len(lines) > most_lines:
-        last = lines[most_lines - 1]
-        while last and not fits(last + "…"):
-            last = last[:-1]
-        lines = [*lines[:most_lines - 1], last + "…"]
-    return lines
 
 
 def gantt_figure(trace: Trace, *, title: str = "") -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import sys
 
 import pytest
@@ -90,3 +92,82 @@ def test_no_feasible_plan_says_why():
     assert found.result.best is None
     with pytest.raises(SpecError, match="none of the .* plans costed is feasible"):
         found.best_plan()
+
+
+def test_out_of_memory_names_the_settings_that_fit_as_sim_run_names_its_flags(tmp_path, capsys):
+    """The CLI's refusal is the oracle: the same head and the same remedies (their figures), each change spelt as a
+    keyword of plan() instead of a flag; the first remedy, passed back to plan(), simulates (the engine decides)."""
+    settings = {"schedule": "1f1b", "global_batch": 64, "dp": 8}
+    model, topology = "gpt:layers=32,hidden=4096,seq=8192", "8xA100"
+    with pytest.raises(api.OutOfMemoryError) as info:
+        api.simulate(api.plan(model, topology, **settings))
+    message = str(info.value)
+    with pytest.raises(SystemExit):
+        sim_run(["--topology", topology, "--model", model, "--schedule", "1f1b", "--global-batch", "64", "--dp", "8",
+                 "--out", str(tmp_path / "out")])
+    cli = capsys.readouterr().err.removeprefix("error: ").strip()
+    head, remedies = message.split("; these would fit: ")
+    cli_head, cli_remedies = cli.split("; these would fit: ")
+    assert head == cli_head and "--" not in remedies
+    figures = re.compile(r"\(\d+\.\d\d of \d+\.\d\d GB\)")
+    assert figures.findall(remedies) == figures.findall(cli_remedies) != []
+    assert remedies.endswith("(check_memory=False simulates it anyway)")
+    first = dict((name, ast.literal_eval(value)) for name, value in
+                 (change.split("=", 1) for change in remedies.split(" (")[0].split()))
+    assert set(first) <= set(api.PLAN_SETTINGS) and first
+    fixed = api.simulate(api.plan(model, topology, **{**settings, **first}))
+    assert max(row["peak_memory_bytes"] for row in fixed.devices()) <= 80e9
+
+
+def test_a_read_back_plan_out_of_memory_says_how_to_simulate_it_anyway(tmp_path):
+    built = api.plan("gpt:layers=32,hidden=4096,seq=8192", "8xA100", global_batch=64, dp=8)
+    api.simulate(built, check_memory=False).write(tmp_path, gantt=False)
+    with pytest.raises(api.OutOfMemoryError, match=r"needs .* GB > 80\.00 GB .*check_memory=False simulates it"):
+        api.simulate(tmp_path / "plan.json")
+
+
+def test_settings_are_read_as_the_commands_read_their_flags():
+    # sim.run --zero 1 reads "1" as 1; sim.search --zero 0,1 as (0, 1); one choice is a tuple of one.
+    assert api.plan(MODEL, TOPOLOGY, microbatches=2, dp=4, zero="1").plan.layout.zero == 1
+    assert api.plan(MODEL, TOPOLOGY, microbatches=2, dp=4, zero="1").plan == api.plan(
+        MODEL, TOPOLOGY, microbatches=2, dp=4, zero=1).plan
+    for given, space in ((1, (1,)), ("1", (1,)), ("0,1", (0, 1)), ([0, 3], (0, 3))):
+        found = api.search(MODEL, TOPOLOGY, 8, strategy="screen", schedules="1f1b", zero=given)
+        assert found.result.problem.space.zero == space
+        assert found.result.problem.space.schedules == ("1f1b",)
+
+
+@pytest.mark.parametrize("given", [("a",), "x", 1.5, (True,)])
+def test_a_choice_of_the_wrong_type_says_a_tuple_is_wanted(given):
+    with pytest.raises(SpecError) as info:
+        api.search(MODEL, TOPOLOGY, 8, zero=given)
+    assert str(info.value).startswith("search space setting zero takes a tuple of int (e.g. zero=(0, 1), or one int)")
+
+
+def test_reprs_are_a_few_lines_naming_what_matters():
+    """The dataclasses' own reprs printed every op (a search's 388 KB, a 16k-GPU plan's 7.1 MB); these are a few
+    lines whatever the size, with the figures the results hold."""
+    built = api.plan("gpt:layers=8,hidden=1024,heads=16,seq=512", "4x8xA100", schedule="1f1b", microbatches=64,
+                     tp=2, dp=2, pp=8)
+    ops = sum(len(program) for program in built.plan.programs)
+    assert ops > 2000
+    text = repr(built)
+    assert len(text) < 500 and text.count("\n") == 1
+    for needle in ("1f1b L1", "gpt:", "4x8xA100", "TP 2 × DP 2 × PP 8 = 32 devices", "64 microbatches",
+                   f"{ops:,} ops on 8 ranks", built.graph.summary()):
+        assert needle in text
+    assert repr(built.plan) in text
+    run = api.simulate(built)
+    text = repr(run)
+    assert len(text) < 500 and text.count("\n") == 3
+    for needle in ("4x8xA100", "TP2×DP2×PP8", f"iteration {run.iteration_time_s * 1e3:.3f} ms",
+                   f"{run.throughput_samples_per_s:,.1f} samples/s", f"{len(run.trace.spans):,} ops"):
+        assert needle in text
+    found = api.search(MODEL, TOPOLOGY, 8, strategy="exhaustive", schedules=("1f1b",), zero=(0,))
+    text = repr(found)
+    best = found.result.best
+    assert len(text) < 500 and text.count("\n") == 2
+    for needle in (MODEL, TOPOLOGY, "global batch 8", "strategy exhaustive",
+                   f"{len(found.result.evaluations)} of {found.result.space_size} plans costed",
+                   f"best: {best.candidate.label()}, {best.iteration_time_s * 1e3:.3f} ms"):
+        assert needle in text

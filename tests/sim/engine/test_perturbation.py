@@ -1,6 +1,7 @@
 """Stragglers and jitter (``sim.engine.perturbation``): a straggler costs what a topology file's slowed device costs
 (an independent path to the same cost), its window bounds what it slows, a slow tensor shard slows its group, a slow
-replica slows the iteration as replica 0 would, jitter is seeded, and bad flags are one error line."""
+replica slows the iteration as replica 0 would, jitter is seeded, a device is named by its rank or its table name
+(``gpu5``) and its links apart (``gpu5-links``), and bad flags are one error line."""
 
 import json
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from sim.core.errors import SpecError
-from sim.engine.perturbation import Perturbation, Straggler, parse_straggler
+from sim.engine.perturbation import STRAGGLER_FORMS, Perturbation, SlowLink, Straggler, parse_straggler
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
@@ -74,14 +75,64 @@ def test_jitter_is_seeded_with_mean_one(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("3", "DEVICE:FACTOR or DEVICE:FACTOR@START-END"), ("9:2", "device 9 outside 0..1"),
-    ("1:0", "the factor must be a number in"), ("1:2@0.5-0.1", "0 <= START < END"), ("1:2@x", "DEVICE:FACTOR")])
+    ("3", "is none of its forms"), ("9:2", "device 9 outside 0..1"), ("gpu9:2", "device 9 outside 0..1"),
+    ("gpu9-links:2", "device 9 outside 0..1"), ("1:0", "the factor must be a number in"),
+    ("1:2@0.5-0.1", "0 <= START < END"), ("1:2@x", "is none of its forms"),
+    ("gpu1-links:2@0-1", "a slow link has no window"), ("gpu1-links:0.5", "a link's factor must be a number in")])
 def test_bad_stragglers_are_refused_by_value(text, message):
     with pytest.raises(SpecError, match=message):
         parse_straggler(text, 2)
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("5:1.5", Straggler(5, 1.5)), ("gpu5:1.5", Straggler(5, 1.5)), ("GPU5:1.5", Straggler(5, 1.5)),
+    (" gpu5 : 2@0.1-0.4", Straggler(5, 2.0, 0.1, 0.4)), ("gpu5-links:2", SlowLink("gpu5", 2.0)),
+    ("ib-ndr-x8:2", SlowLink("ib-ndr-x8", 2.0))])
+def test_a_device_is_named_by_its_rank_or_its_table_name_and_its_links_apart(text, expected):
+    # gpu5 is what the device table calls device 5, so it means the device (its compute), as 5 does; its links are
+    # spelt gpu5-links, never by the bare name.
+    assert parse_straggler(text, 16) == expected
+
+
+@pytest.mark.parametrize("text", ["gpu5link:2", "gpu-5:2", "gpu5-link:2", "gpus:2", "gpu:2", "gpu5-links-x:2"])
+def test_a_name_between_a_device_and_its_links_is_refused_naming_the_forms(text):
+    with pytest.raises(SpecError) as info:
+        parse_straggler(text, 16)
+    assert str(info.value) == f"--straggler {text!r} is none of its forms: {STRAGGLER_FORMS}"
+    for form in ("gpu5:1.5", "5:1.5", "gpu5-links:2", "LINK:FACTOR"):
+        assert form in str(info.value)
+
+
+def test_gpu5_slows_device_5s_compute_and_gpu5_links_its_links(tmp_path):
+    # The two spellings of device 1 give byte-identical outputs, and that is the compute straggler (its links
+    # untouched: no link is named in the metrics); gpuN-links slows the links instead (compute untouched: no op
+    # slowed), and it is the topology's own slowing of that device's links.
+    _time(tmp_path, "2xcpu", "--straggler", "1:2.5", name="rank")
+    by_name = _time(tmp_path, "2xcpu", "--straggler", "gpu1:2.5", name="name")
+    for file in ("metrics.json", "trace.json", "plan.json"):
+        assert (tmp_path / "rank" / file).read_bytes() == (tmp_path / "name" / file).read_bytes()
+    assert by_name["perturbation"]["slowed_ops"] > 0 and by_name["perturbation"]["links"] == []
+    links = _time(tmp_path, "2xcpu", "--straggler", "gpu1-links:4", name="links")
+    assert links["perturbation"]["slowed_ops"] == 0
+    assert links["perturbation"]["links"] == [{"links": "gpu1", "factor": 4.0}]
+    from dataclasses import replace
+
+    from sim.hw.topology import Topology
+
+    topology = Topology.parse("8xA100")
+    slowed = Perturbation(links=(parse_straggler("gpu5-links:4", 8),)).topology(topology)
+    touched = 0
+    for src, dst, link in topology.graph.edges(data="link"):
+        ours = "gpu5" in (src, dst)
+        touched += ours
+        assert slowed.graph[src][dst]["link"].spec == (replace(link.spec, bandwidth=link.spec.bandwidth / 4) if ours
+                                                       else link.spec)
+    assert touched > 0
+
+
 @pytest.mark.parametrize("flags, needle", [(["--straggler", "5:2"], "device 5 outside 0..1"),
+                                           (["--straggler", "gpu1link:2"], "is none of its forms"),
+                                           (["--straggler", "nvlink:2"], "gpu0-links..gpu1-links"),
                                            (["--jitter", "2"], "--jitter must be a number from 0 to 1")])
 def test_bad_straggler_flags_are_one_error_line(tmp_path, capsys, flags, needle):
     with pytest.raises(SystemExit) as info:
