@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass
 
 from sim.search.evaluate import Evaluation, evaluate
 from sim.search.space import Candidate, SearchProblem
+from sim.search.stopping import expired
 
 __all__ = ["anneal_chain", "polish", "ChainResult", "START_TEMPERATURE", "END_TEMPERATURE", "CHOICES", "JUMP"]
 
@@ -98,7 +98,7 @@ def anneal_chain(problem: SearchProblem, candidates: Sequence[Candidate], evalua
     current = None
     # Start at a feasible candidate: draw until one is (each draw is one of the budget's evaluations).
     def out_of_time() -> bool:
-        return deadline is not None and time.time() >= deadline
+        return expired(deadline)
 
     if start is not None and look(start).feasible:
         current = start
@@ -142,7 +142,7 @@ def polish(problem: SearchProblem, candidates: Sequence[Candidate], seen: dict[i
     while True:
         around = sorted({n for name in CHOICES for n in neighbours.of(current, name)})
         for index in around:
-            if deadline is not None and time.time() >= deadline:
+            if expired(deadline):
                 return costed
             if index not in seen:
                 seen[index] = cost(problem, candidates[index])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 
 from sim.core.cli import CliParser, parse_byte_size
@@ -34,6 +35,7 @@ from sim.search.search import STRATEGIES, SearchResult, run_search
 from sim.search.search_outputs import format_table, why_no_plan, write_search_outputs
 from sim.search.settings import load_settings
 from sim.search.space import DEFAULT_SCHEDULES, MODEL_PRECISION, RECOMPUTE_MODES, SearchProblem, SearchSpace
+from sim.search.stopping import stop_on_interrupt
 
 __all__ = ["main", "make_parser", "FLAGS"]
 
@@ -91,9 +93,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory-limit", type=parse_byte_size, metavar="BYTES",
                         help="cap on each device's memory, e.g. 40GB (default: each device's own)")
     parser.add_argument("--time-budget", type=float, metavar="SECONDS",
-                        help="stop costing plans after this long and rank what was costed (default: no limit)")
-    parser.add_argument("--strategy", choices=STRATEGIES, default="exhaustive",
-                        help="search strategy (screen: every plan bounded, the best layouts' partition and "
+                        help="answer within this many seconds of the command's start (plus at most about 2 s): "
+                        "the best plan found by then, ranked and written (default: no limit)")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="auto",
+                        help="search strategy (auto, the default: exhaustive where simulating the whole space takes "
+                        "seconds, the screen otherwise, saying which; screen: every plan bounded, the best layouts' "
+                        "partition and "
                         "placement refined, the best simulated until the pick is proven within 1 %%; for large spaces. "
                         "relaxed: the same with the differentiable relaxation's partition and placement)")
     parser.add_argument("--evaluations", type=int, metavar="N",
@@ -180,6 +185,7 @@ class _Progress:
 
 
 def _run(argv: list[str] | None) -> int:
+    started = time.monotonic()
     args = make_parser().parse_args(argv)
     lists = format_builtin_lists(args.model, args.topology)
     if lists is not None:
@@ -208,9 +214,11 @@ def _run(argv: list[str] | None) -> int:
     out = prepare_output_dir(args.out, "--out", create=False)  # a bad --out is refused before the search, not after
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
     try:
-        result = run_search(problem, strategy=args.strategy, workers=args.workers, time_budget_s=args.time_budget,
-                            seed=args.seed, progress=progress, on_space=progress.start,
-                            evaluations=args.evaluations, chains=args.chains, ray_address=args.ray)
+        with stop_on_interrupt("stopping: ranking and writing what was found (Ctrl-C again to abandon it)"):
+            result = run_search(problem, strategy=args.strategy, workers=args.workers,
+                                time_budget_s=_search_budget(args.time_budget, started), seed=args.seed,
+                                progress=progress, on_space=progress.start, evaluations=args.evaluations,
+                                chains=args.chains, ray_address=args.ray)
     finally:
         progress.close()
     prepare_output_dir(out, "--out")
@@ -224,21 +232,44 @@ def _run(argv: list[str] | None) -> int:
         print("the best plan again: python -m sim.run " + shlex.join([*best.candidate.run_flags(problem), *slowed])
               + " --out DIR")
     print(f"wrote {out}/{{{', '.join(names)}}}")
+    if result.interrupted:  # the files hold what was found; the status says it was cut short (128 + SIGINT)
+        return 130
     if best is None:  # a result, not bad input: status 1, the files kept; the line says why and how near it came
         print(f"error: {why_no_plan(result)}", file=sys.stderr)
         return 1
     return 0
 
 
+#: What a budget keeps back for ranking the plans and writing the files after the search, s.
+OUTPUT_RESERVE_S = 1.0
+
+
+def _search_budget(budget_s: float | None, started: float) -> float | None:
+    """The search's share of ``--time-budget``: the budget counts from the command's start (parsing, listing the
+    space and writing the files included), so the search gets what is left less :data:`OUTPUT_RESERVE_S`.
+
+    Raises:
+        SpecError: a budget that is not a positive number of seconds.
+    """
+    if budget_s is None:
+        return None
+    if not budget_s > 0 or budget_s == float("inf"):
+        raise SpecError(f"--time-budget must be a positive number of seconds, got {budget_s}")
+    return max(budget_s - (time.monotonic() - started) - OUTPUT_RESERVE_S, 0.05)
+
+
 def _summary(result: SearchResult, top: int) -> str:
     problem = result.problem
-    budget = ', stopped by --time-budget' if result.stopped_by_budget else ''
+    budget = (', stopped by Ctrl-C' if result.interrupted
+              else ', stopped by --time-budget' if result.stopped_by_budget else '')
     covered = (f"{len(result.evaluations):,} of {result.space_size:,} plans costed ({result.coverage:.1%} of the "
                f"space{budget})")
     if result.screen is not None:  # its evaluations include the plans the screen alone proved infeasible
         covered = f"{result.screen.simulated:,} of {result.space_size:,} plans simulated{budget}"
     head = (f"search ({result.strategy}, seed {result.seed}): {problem.model} on {problem.topology}, global batch "
             f"{problem.global_batch}; {covered} in {result.elapsed_s:.1f} s; {len(result.ranked):,} feasible")
+    if result.chosen_by_auto:
+        head += f"\n--strategy auto chose {result.strategy}: {result.chosen_by_auto}"
     if problem.perturbation:
         head += f"\nevery plan simulated with {problem.perturbation.describe()}"
     if result.screen is not None:

@@ -4,7 +4,10 @@
 covered a uniform sample of the list, not its first corner) and returns the evaluations in the list's own order,
 so the result does not depend on the number of workers or on which finished first. Workers are started by
 ``spawn`` (no state forked from the caller) and die with the process that started them
-(:func:`sim.core.lifetime.die_with_parent`); Ctrl-C reaches the caller only, which stops the pool.
+(:func:`sim.core.lifetime.die_with_parent`); Ctrl-C reaches the caller only. Once the budget is spent or the caller
+asks the search to stop (:mod:`sim.search.stopping`), no more work is handed out and the tasks still running are
+abandoned with their workers, so the search answers within a fraction of a second of either; what finished is
+kept.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from sim.core.lifetime import die_with_parent
 from sim.search.evaluate import Evaluation, evaluate
 from sim.search.ray_pool import ray_chunks, ray_map, ray_session
 from sim.search.space import Candidate, SearchProblem
+from sim.search.stopping import interrupted, share_with_worker, shared_flag
 
-__all__ = ["Evaluated", "evaluate_all", "map_tasks", "CHUNK"]
+__all__ = ["Evaluated", "evaluate_all", "map_tasks", "CHUNK", "POLL_S"]
 
 #: Candidates a worker costs per task: enough to make the pickling between processes negligible, few enough that a
 #: time budget stops within a few evaluations.
@@ -54,9 +58,10 @@ def _evaluate_chunk(problem: SearchProblem, chunk: Sequence[tuple[int, Candidate
     return [(index, evaluate(problem, candidate)) for index, candidate in chunk]
 
 
-def _worker_start(parent: int) -> None:
+def _worker_start(parent: int, stop_flag: object) -> None:
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller handles Ctrl-C and stops the pool
+    share_with_worker(stop_flag)  # ...through this flag, which the worker's own stages read (stopping.expired)
 
 
 def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, workers: int = 1,
@@ -88,7 +93,7 @@ def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, wor
     start = time.monotonic()
 
     def out_of_time() -> bool:
-        return time_budget_s is not None and time.monotonic() - start >= time_budget_s
+        return interrupted() or (time_budget_s is not None and time.monotonic() - start >= time_budget_s)
 
     results: dict[int, Evaluation] = {}
 
@@ -103,11 +108,11 @@ def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, wor
         with ray_session(ray_address) as ray:
             stopped = ray_chunks(ray, _evaluate_chunk, problem, chunks, take, out_of_time)
     elif workers == 1 or len(chunks) <= 1:
-        for chunk in chunks:
+        for index, candidate in (pair for chunk in chunks for pair in chunk):  # one by one: a stop is heard sooner
             if out_of_time():
                 stopped = True
                 break
-            take(_evaluate_chunk(problem, chunk))
+            take([(index, evaluate(problem, candidate))])
     else:
         stopped = _run_pool(problem, chunks, workers, out_of_time, take)
     ordered = tuple(results[i] for i in sorted(results))
@@ -119,7 +124,7 @@ def _spawned_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     """A pool of ``workers`` spawned processes that die with this one (:func:`_worker_start`); on any exception
     (Ctrl-C included) its queued tasks are dropped and its processes stopped before the exception goes on."""
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_start, initargs=(os.getpid(),))
+                               initializer=_worker_start, initargs=(os.getpid(), shared_flag()))
     try:
         yield pool
     except BaseException:
@@ -134,38 +139,42 @@ def _check_workers(workers: object) -> None:
         raise SpecError(f"{{workers}} must be an integer >= 1, got {workers!r}", "workers")
 
 
+class _Abandoned(Exception):
+    """The budget ran out or the caller asked to stop while tasks were running: the pool is stopped without them."""
+
+
+#: How often the caller looks at the clock and the stop flag while its workers compute, s.
+POLL_S = 0.1
+
+
 def _run_pool(problem: SearchProblem, chunks: list, workers: int, out_of_time: Callable[[], bool],
               take: Callable[[list[tuple[int, Evaluation]]], None]) -> bool:
     """Cost ``chunks`` in a pool of ``workers`` processes, keeping two tasks per worker in flight; whether the time
-    budget stopped it."""
-    stopped = False
-    with _spawned_pool(workers) as pool:
-        pending: set[Future] = set()
-        queue = iter(chunks)
-        for chunk in queue:
-            pending.add(pool.submit(_evaluate_chunk, problem, chunk))
-            if len(pending) >= 2 * workers:
-                break
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                take(future.result())
-            if out_of_time():
-                for future in pending:
-                    future.cancel()
-                # Tasks already running finish (a few evaluations); their results are kept.
-                done_late = [future for future in pending if not future.cancelled()]
-                for future in done_late:
-                    take(future.result())
-                # Stopped only if a chunk went uncosted (cancelled, or never handed out): when the last chunks were
-                # all running already, everything was costed and the budget stopped nothing.
-                stopped = len(done_late) < len(pending) or next(queue, None) is not None
-                break
+    budget (or a request to stop) ended it before every chunk was costed. Tasks still running then are abandoned:
+    waiting for them would overrun the budget by a chunk's evaluations."""
+    queue = iter(chunks)
+    try:
+        with _spawned_pool(workers) as pool:
+            pending: set[Future] = set()
             for chunk in queue:
                 pending.add(pool.submit(_evaluate_chunk, problem, chunk))
                 if len(pending) >= 2 * workers:
                     break
-    return stopped
+            while pending:
+                done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+                for future in done:
+                    take(future.result())
+                if out_of_time():
+                    if pending or next(queue, None) is not None:
+                        raise _Abandoned
+                    return False  # everything was costed: the budget stopped nothing
+                for chunk in queue:
+                    pending.add(pool.submit(_evaluate_chunk, problem, chunk))
+                    if len(pending) >= 2 * workers:
+                        break
+    except _Abandoned:
+        return True
+    return False
 
 
 def map_tasks(function: Callable, tasks: Sequence[tuple], workers: int, ray_address: str | None = None) -> list:

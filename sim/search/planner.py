@@ -29,7 +29,6 @@ of it, in a seeded random order (at 512 GPUs an estimate takes about 0.1 s, so a
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -47,6 +46,7 @@ from sim.plan.layout import plan_layout, plan_microbatches
 from sim.schedules import SCHEDULES
 from sim.search.screen import ScheduledPrograms
 from sim.search.space import Candidate, SearchProblem
+from sim.search.stopping import expired
 
 __all__ = ["estimate_all", "FILL", "OVER_MEMORY"]
 
@@ -168,7 +168,7 @@ def estimate_all(problem: SearchProblem, topology: Topology, candidates: Sequenc
     if deadline is not None:
         random.Random(seed).shuffle(order)
     for index in order:
-        if deadline is not None and time.time() >= deadline:
+        if expired(deadline):
             break
         try:
             found[index] = screen.estimate(candidates[index])

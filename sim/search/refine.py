@@ -26,7 +26,6 @@ brute-force check in ``sim.bench --search`` (``sim.search.joint_check``) and ``t
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -37,6 +36,7 @@ from sim.search.placement import swapped_placements
 from sim.search.relaxed.relaxation import relax
 from sim.search.screen import Bound, Screener
 from sim.search.space import Candidate
+from sim.search.stopping import expired
 
 __all__ = ["refine", "METHODS", "REFINE_WINDOW", "MAX_LAYOUTS", "MAX_STEPS"]
 
@@ -87,7 +87,7 @@ def refine(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence
     if mixed:
         answers: dict[Candidate, Candidate | None] = {}  # the program does not depend on the schedule
         for key in sorted(starts):
-            if deadline is not None and time.time() >= deadline:
+            if expired(deadline):
                 break
             common = replace(key, schedule="1f1b")
             if common not in answers:
@@ -108,14 +108,14 @@ def refine(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence
         if time_s > lowest * (1 + REFINE_WINDOW):
             break
         layout_starts = [start for _, start in sorted(starts[key])]
-        if mixed and (deadline is None or time.time() < deadline):
+        if mixed and not expired(deadline):
             # The relaxation's plan lands in other basins of the bound than the balanced or the program's plan on
             # mixed clusters (experiments.run search_strategies: 7 % faster on two of seven there).
             relaxed = _relaxed_plan(screener, key)
             if relaxed is not None:
                 layout_starts.append(relaxed)
         for start in layout_starts:
-            if deadline is not None and time.time() >= deadline:
+            if expired(deadline):
                 break
             _descend(screener, start, known, deadline)
     return _added(screener, candidates, known)
@@ -171,7 +171,7 @@ def _relax_best_layouts(screener: Screener, known: dict[Candidate, Bound], deadl
     """The relaxation's plan of each of the best layouts, bounded into ``known`` (layouts its surrogate cannot
     describe are left as listed)."""
     for candidate in _best_layouts(known):
-        if deadline is not None and time.time() >= deadline:
+        if expired(deadline):
             return
         relaxed = _relaxed_plan(screener, _layout_key(candidate))
         if relaxed is not None and relaxed not in known:
@@ -215,7 +215,7 @@ def _descend(screener: Screener, start: Candidate, known: dict[Candidate, Bound]
     if not here.fits:
         return
     for _ in range(MAX_STEPS):
-        if deadline is not None and time.time() >= deadline:
+        if expired(deadline):
             return
         step: tuple[float, Candidate] | None = None
         for neighbour in _neighbours(screener, current):

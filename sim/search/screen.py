@@ -46,6 +46,7 @@ from sim.search.bound import memory_lower_bound, stage_times, time_lower_bound
 from sim.search.driver import evaluate_all, map_tasks
 from sim.search.evaluate import Evaluation, memory_verdict
 from sim.search.space import Candidate, SearchProblem
+from sim.search.stopping import expired, interrupted
 
 __all__ = ["Bound", "ScreenSummary", "Screener", "ScheduledPrograms", "screen_all", "screen_in_parallel", "prove",
            "summary", "DEFAULT_GAP", "MIN_SIMULATED"]
@@ -66,12 +67,15 @@ class Bound:
         fits: False when it is infeasible: it breaks a rule, or its memory bound exceeds a device's capacity.
         reason: why it is infeasible ("" when it may be feasible).
         breaks_rule: it breaks a rule of the model, schedule or batch (its plan cannot be built).
+        peak_bytes: lower bound on the peak memory of its fullest device, bytes (0 where the screen did not size it:
+            a rule broken, or the average training state over every device).
     """
 
     time_s: float
     fits: bool
     reason: str = ""
     breaks_rule: bool = False
+    peak_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,14 +172,15 @@ class Screener:
                 names.append(device.name)
         _, reason = memory_verdict(tuple(peaks), capacities, names, views[0].layout.pp,
                                    self.problem.memory_limit_bytes)
+        peak_bytes = int(max(peaks, default=0))
         if reason:
-            return Bound(math.inf, False, reason.replace("needs", "needs at least", 1))
+            return Bound(math.inf, False, reason.replace("needs", "needs at least", 1), peak_bytes=peak_bytes)
         updates = microbatches if stashing else 1
         time_s = max(time_lower_bound(candidate.schedule, microbatches, view.placement.vstage_to_rank,
                                       stage_times(view, split_backward=entry.split_backward,
                                                   recompute_full=recompute_full, updates=updates))
                      for view in views)
-        return Bound(time_s, True)
+        return Bound(time_s, True, peak_bytes=peak_bytes)
 
     def memory_verdict(self, candidate: Candidate) -> str:
         """Why ``candidate`` does not fit in memory, "" when it does: its exact peaks, the memory ledger replayed
@@ -286,7 +291,7 @@ def screen_all(screener: Screener, candidates: Sequence[Candidate], *,
     gc.disable()
     try:
         for candidate in candidates:
-            if deadline is not None and time.time() >= deadline:
+            if expired(deadline):
                 found.extend([None] * (len(candidates) - len(found)))
                 break
             found.append(screener.bound(candidate))
@@ -318,10 +323,12 @@ def screen_in_parallel(screener: Screener, candidates: Sequence[Candidate], *, w
 def prove(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[Bound | None], *,
           workers: int = 1, gap: float = DEFAULT_GAP, deadline: float | None = None, seed: int = 0,
           progress: Callable[[Evaluation], None] | None = None,
-          ray_address: str | None = None) -> tuple[list[Evaluation], float, bool]:
+          ray_address: str | None = None, grace_s: float = 0.0) -> tuple[list[Evaluation], float, bool]:
     """Simulate the candidates that may fit in order of their bound until the best is proven within ``gap`` of every
     candidate left (module docstring), and at least :data:`MIN_SIMULATED` of them. A candidate whose exact peaks
-    (:meth:`Screener.memory_verdict`) do not fit is refused without simulating it.
+    (:meth:`Screener.memory_verdict`) do not fit is refused without simulating it. Past the deadline, while no
+    simulated plan fits, the best bounds are still simulated one at a time for up to ``grace_s`` seconds, so that a
+    budget the screen used up still ends with a plan (never after Ctrl-C).
 
     Returns:
         The evaluations (in the order made), the lowest bound left unsimulated (s; ``inf`` when none), and whether
@@ -333,15 +340,19 @@ def prove(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[
     best = math.inf
     position = simulated = 0
     batch = max(1, workers) * 2
-    while position < len(order):
-        lowest = order[position][0]
+    # Handed out but not costed (a round the deadline cut short): ahead of the rest, their bounds being lower.
+    waiting: list[tuple[float, Candidate]] = []
+    while waiting or position < len(order):
+        lowest = waiting[0][0] if waiting else order[position][0]
         if best <= lowest * (1 + gap) and simulated >= MIN_SIMULATED:
             return done, lowest, False
         left = None if deadline is None else deadline - time.time()
-        if left is not None and left <= 0:
+        late = interrupted() or (left is not None and left <= 0)
+        if late and (best < math.inf or interrupted() or left <= -grace_s):  # type: ignore[operator]
             return done, lowest, True
-        chunk: list[tuple[float, Candidate]] = []  # (bound, candidate) to simulate
-        while position < len(order) and len(chunk) < batch:
+        size = 1 if late else batch
+        chunk, waiting = waiting[:size], waiting[size:]  # (bound, candidate) to simulate
+        while position < len(order) and len(chunk) < size:
             bound, index = order[position]
             position += 1
             reason = screener.memory_verdict(candidates[index])
@@ -353,16 +364,16 @@ def prove(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[
                 chunk.append((bound, candidates[index]))
         if not chunk:
             continue
-        result = evaluate_all(problem, [c for _, c in chunk], workers=workers, time_budget_s=left, seed=seed,
-                              progress=progress, in_order=True, ray_address=ray_address)
+        if late:  # the grace: one plan, in this process, whatever the budget says
+            result = evaluate_all(problem, [chunk[0][1]], seed=seed, progress=progress, in_order=True)
+        else:
+            result = evaluate_all(problem, [c for _, c in chunk], workers=workers, time_budget_s=left, seed=seed,
+                                  progress=progress, in_order=True, ray_address=ray_address)
         done.extend(result.evaluations)
         simulated += len(result.evaluations)
         best = min([best] + [e.iteration_time_s for e in result.evaluations if e.feasible])  # type: ignore[list-item]
-        if result.stopped_by_budget:
-            costed = {e.candidate for e in result.evaluations}
-            rest = [bound for bound, c in chunk if c not in costed] + ([order[position][0]]
-                                                                       if position < len(order) else [])
-            return done, min(rest, default=math.inf), True
+        costed = {e.candidate for e in result.evaluations}
+        waiting = [(bound, c) for bound, c in chunk if c not in costed] + waiting
     return done, math.inf, False
 
 

@@ -2,6 +2,9 @@
 
 Strategies (``--strategy``):
 
+* ``auto`` (the default): ``exhaustive`` where simulating the whole space is estimated to take at most
+  :data:`AUTO_EXHAUSTIVE_S` on the workers given (:func:`auto_strategy`), ``screen`` otherwise; the result says which
+  it chose and why.
 * ``exhaustive``: cost every candidate of the space (brute force; the oracle the other strategies are measured
   against). Under ``--time-budget`` it costs a seeded uniform sample of the space and says how much it covered.
 * ``alpa``: the same over the candidates that honour Alpa's assumption (:mod:`sim.search.alpa`): each stage inside
@@ -34,14 +37,16 @@ same inputs give the same ranking.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError, did_you_mean
 from sim.hw.topology import Topology
 from sim.models import build_model
+from sim.schedules import SCHEDULES
 from sim.search.alpa import honours_alpa_assumption
 from sim.search.anneal import anneal_chain, polish
 from sim.search.dp import joint_candidates
@@ -52,11 +57,25 @@ from sim.search.ray_pool import ray_session
 from sim.search.refine import refine
 from sim.search.screen import Screener, ScreenSummary, prove, screen_in_parallel
 from sim.search.screen import summary as screen_summary
-from sim.search.space import SearchProblem, enumerate_candidates
+from sim.search.space import Candidate, SearchProblem, enumerate_candidates
+from sim.search.stopping import interrupted
 
-__all__ = ["SearchResult", "run_search", "STRATEGIES", "check_problem"]
+__all__ = ["SearchResult", "run_search", "STRATEGIES", "check_problem", "auto_strategy", "AUTO_EXHAUSTIVE_S"]
 
-STRATEGIES = ("exhaustive", "alpa", "anneal", "planner", "dp", "screen", "relaxed")
+STRATEGIES = ("auto", "exhaustive", "alpa", "anneal", "planner", "dp", "screen", "relaxed")
+#: ``auto`` simulates the whole space when that is estimated to take at most this long, s (a person waits seconds).
+AUTO_EXHAUSTIVE_S = 10.0
+#: The estimate's terms, one core's CPU time on the shared 2-core development machine (2026-12-07, an exhaustive
+#: search of GPT spaces of 540 and 1,413 plans: 5.6 s and 24.5 s): building and costing a plan, s, and each compute op
+#: of one replica's programs in the engine, s.
+AUTO_PLAN_S = 4.3e-3
+AUTO_OP_S = 9.1e-5
+#: The share of a time budget the screen and its refinement may use; the proof has the rest (and at least the best
+#: bound simulated), so a budget that ends the screen still answers with a simulated plan.
+SCREEN_BUDGET_SHARE = 0.8
+#: Past its deadline, the proof still simulates the best bounds one at a time for up to this long while no plan that
+#: fits has been simulated, s (a budget is the answer's time plus at most a couple of seconds).
+PROOF_GRACE_S = 1.5
 #: Independent annealing chains (each seeded from the search's seed and its index; spread over the workers).
 DEFAULT_CHAINS = 4
 
@@ -74,6 +93,10 @@ class SearchResult:
         elapsed_s: wall-clock time of the search, s.
         seed: the seed of its random choices.
         screen: what the screen and its proof covered (``screen`` strategy only).
+        bounded: ``(peak_bytes, time_s)`` lower bounds of every plan the screen bounded that may fit and the engine
+            did not simulate (bytes, s), for the chart (``screen`` and ``relaxed`` only).
+        chosen_by_auto: why ``auto`` chose ``strategy`` ("" when the strategy was named).
+        interrupted: Ctrl-C stopped the search (:mod:`sim.search.stopping`); what it had found is kept.
     """
 
     problem: SearchProblem
@@ -84,6 +107,9 @@ class SearchResult:
     elapsed_s: float
     seed: int
     screen: ScreenSummary | None = None
+    bounded: tuple[tuple[int, float], ...] = ()
+    chosen_by_auto: str = ""
+    interrupted: bool = False
 
     @property
     def ranked(self) -> tuple[Evaluation, ...]:
@@ -121,7 +147,31 @@ def check_problem(problem: SearchProblem) -> Topology:
     return topology
 
 
-def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers: int = 1,
+def auto_strategy(problem: SearchProblem, candidates: list[Candidate], workers: int = 1) -> tuple[str, str]:
+    """What ``auto`` runs on ``candidates``, and why: ``exhaustive`` where simulating every plan is estimated at most
+    :data:`AUTO_EXHAUSTIVE_S` on ``workers`` processes (:data:`AUTO_PLAN_S` per plan and :data:`AUTO_OP_S` per
+    compute op of one replica: microbatches x stages x forward and backward), the ``screen`` otherwise."""
+    ops = 0
+    for candidate in candidates:
+        stages = candidate.pp * (candidate.chunks if SCHEDULES[candidate.schedule].chunked else 1)
+        ops += 2 * stages * math.ceil(candidate.microbatches(problem.global_batch))
+    estimate_s = (AUTO_PLAN_S * len(candidates) + AUTO_OP_S * ops) / max(1, workers)
+    if estimate_s <= AUTO_EXHAUSTIVE_S:
+        return "exhaustive", (f"simulating all {len(candidates):,} plans takes about {estimate_s:.0f} s, at most "
+                              f"{AUTO_EXHAUSTIVE_S:.0f} s")
+    return "screen", (f"simulating all {len(candidates):,} plans would take about {_duration(estimate_s)}; the screen "
+                      f"bounds them all and simulates the best until the pick is proven")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def run_search(problem: SearchProblem, *, strategy: str = "auto", workers: int = 1,
                time_budget_s: float | None = None, seed: int = 0,
                progress: Callable[[Evaluation], None] | None = None,
                on_space: Callable[[int], None] | None = None, evaluations: int | None = None,
@@ -130,7 +180,7 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
 
     Args:
         problem: model, cluster, global batch and space.
-        strategy: one of :data:`STRATEGIES`.
+        strategy: one of :data:`STRATEGIES` (``auto``: :func:`auto_strategy`).
         workers: evaluation processes.
         time_budget_s: wall-clock budget, s (``None``: none).
         seed: seed of every random choice (the evaluation order).
@@ -152,6 +202,18 @@ def run_search(problem: SearchProblem, *, strategy: str = "exhaustive", workers:
         candidates = [c for c in candidates if honours_alpa_assumption(c, topology)]
     if on_space is not None:
         on_space(len(candidates))
+    chosen = ""
+    if strategy == "auto":
+        strategy, chosen = auto_strategy(problem, candidates, workers)
+    result = _run_strategy(problem, topology, candidates, strategy, workers, time_budget_s, seed, progress,
+                           evaluations, chains, ray_address)
+    return replace(result, chosen_by_auto=chosen, interrupted=interrupted())
+
+
+def _run_strategy(problem: SearchProblem, topology: Topology, candidates: list[Candidate], strategy: str,
+                  workers: int, time_budget_s: float | None, seed: int,
+                  progress: Callable[[Evaluation], None] | None, evaluations: int | None, chains: int,
+                  ray_address: str | None) -> SearchResult:
     if strategy == "anneal":
         return _anneal(problem, topology, candidates, workers, seed, progress, evaluations, chains, time_budget_s,
                        ray_address)
@@ -186,16 +248,20 @@ def _screen_in_session(problem: SearchProblem, topology: Topology, candidates: l
                        progress: Callable[[Evaluation], None] | None, time_budget_s: float | None,
                        ray_address: str | None, strategy: str) -> SearchResult:
     start = time.monotonic()
-    deadline = None if time_budget_s is None else time.time() + time_budget_s  # wall clock: workers read it too
+    # Wall-clock deadlines, which the workers read too: the screen's share of the budget, then the whole.
+    deadline = None if time_budget_s is None else time.time() + time_budget_s
+    screen_deadline = None if time_budget_s is None else time.time() + SCREEN_BUDGET_SHARE * time_budget_s
     screener = Screener(problem, topology)
-    bounds = screen_in_parallel(screener, candidates, workers=workers, deadline=deadline, ray_address=ray_address)
+    bounds = screen_in_parallel(screener, candidates, workers=workers, deadline=screen_deadline,
+                                ray_address=ray_address)
     # The best layouts' partition and placement refined on the bound (sim.search.refine): plans added, none removed.
-    refined, refined_bounds = refine(screener, candidates, bounds, deadline=deadline,
+    refined, refined_bounds = refine(screener, candidates, bounds, deadline=screen_deadline,
                                      method="relaxation" if strategy == "relaxed" else "descent")
     screened_at = time.monotonic()
     every_candidate = [*candidates, *refined]
     proved, lowest, stopped = prove(screener, every_candidate, [*bounds, *refined_bounds], workers=workers,
-                                    deadline=deadline, seed=seed, progress=progress, ray_address=ray_address)
+                                    deadline=deadline, seed=seed, progress=progress, ray_address=ray_address,
+                                    grace_s=PROOF_GRACE_S)
     index_of = {candidate: i for i, candidate in enumerate(every_candidate)}
     # The infeasible candidates the screen found say why, as an evaluation would.
     reached = {e.candidate for e in proved}
@@ -203,8 +269,11 @@ def _screen_in_session(problem: SearchProblem, topology: Topology, candidates: l
                if b is not None and not b.fits and c not in reached]
     every = tuple(sorted([*proved, *refused], key=lambda e: index_of[e.candidate]))
     summary = screen_summary(bounds, proved, lowest, screened_at - start, refined=len(refined))
+    bounded = tuple((b.peak_bytes, b.time_s) for c, b in zip(every_candidate, [*bounds, *refined_bounds])
+                    if b is not None and b.fits and b.time_s < math.inf and c not in reached)
     return SearchResult(problem, strategy, len(candidates), every,
-                        stopped or summary.screened < len(candidates), time.monotonic() - start, seed, summary)
+                        stopped or summary.screened < len(candidates), time.monotonic() - start, seed, summary,
+                        bounded)
 
 
 def _anneal(problem: SearchProblem, topology: Topology, candidates: list, workers: int, seed: int,

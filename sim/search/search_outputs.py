@@ -21,7 +21,7 @@ from sim.search.search import SearchResult
 from sim.search.space import MODEL_PRECISION, Candidate
 
 __all__ = ["format_table", "why_no_plan", "candidates_csv", "search_json", "pareto_png", "pareto_front",
-           "write_search_outputs", "SEARCH_FORMAT_VERSION"]
+           "write_search_outputs", "SEARCH_FORMAT_VERSION", "plot_title"]
 
 SEARCH_FORMAT_VERSION = 1
 _COLUMNS = ("rank", "TP", "DP", "PP", "b", "m", "schedule", "recompute", "SP", "ZeRO", "partition", "placement",
@@ -76,10 +76,16 @@ def why_no_plan(result: SearchResult) -> str:
     was simulated (a rule broken everywhere, or the screen's bounds), the most common reason.
     """
     evaluations = result.evaluations
+    cut = "Ctrl-C" if result.interrupted else "the time budget" if result.stopped_by_budget else ""
     if not evaluations:
-        if result.stopped_by_budget:
-            return "the time budget ended the search before any plan was costed; give --time-budget more seconds"
+        if cut:
+            return f"{cut} ended the search before any plan was costed; give --time-budget more seconds"
         return f"the space has no plan to cost ({result.space_size} candidates)"
+    if cut:  # the plans left might fit: say what stopped it, not why the ones reached failed
+        reached = (f"{result.screen.screened:,} of {result.space_size:,} plans bounded" if result.screen is not None
+                   else f"{len(evaluations):,} of {result.space_size:,} plans costed")
+        return (f"{cut} ended the search before a plan that fits was simulated ({reached}); "
+                "give --time-budget more seconds")
     over = [e for e in evaluations if e.reason.startswith("out of memory")]
     counts = [f"{len(over):,} out of memory"] if over else []
     if len(over) < len(evaluations):
@@ -172,16 +178,23 @@ def pareto_front(evaluations: tuple[Evaluation, ...]) -> tuple[Evaluation, ...]:
 
 
 def pareto_png(result: SearchResult) -> bytes:
-    """Iteration time against peak memory of every simulated candidate: feasible ones, those over the memory limit
-    (crosses), the Pareto front and the best plan."""
+    """Iteration time against peak memory of every plan costed: the simulated ones (feasible, or over the memory
+    limit as crosses), the Pareto front of the feasible and the best plan, and behind them, in grey, the lower bounds
+    of the plans the screen bounded but the engine did not simulate (each such plan lies above and right of its
+    point: it can be no faster and need no less memory)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     simulated = [e for e in result.evaluations if e.iteration_time_s is not None]
     fig, ax = plt.subplots(figsize=(7.0, 4.6), dpi=120)
-    for feasible, style in ((True, dict(marker="o", s=14, color="#7f9fbf", label="feasible")),
-                            (False, dict(marker="x", s=14, color="#d08080", label="over the memory limit"))):
+    if result.bounded:
+        ax.scatter([peak / 1e9 for peak, _ in result.bounded], [time_s for _, time_s in result.bounded], marker=".",
+                   s=3, color="#c8c8c8", linewidths=0, rasterized=True,
+                   label=f"lower bounds, not simulated ({len(result.bounded):,})")
+    for feasible, style in ((True, dict(marker="o", s=14, color="#7f9fbf", label="simulated, fits")),
+                            (False, dict(marker="x", s=14, color="#d08080", label="simulated, over the memory limit"))):
         points = [e for e in simulated if e.feasible is feasible]
         if points:
             ax.scatter([e.max_peak_memory_bytes / 1e9 for e in points], [e.iteration_time_s for e in points],
@@ -194,18 +207,32 @@ def pareto_png(result: SearchResult) -> bytes:
     if best is not None:
         ax.scatter([best.max_peak_memory_bytes / 1e9], [best.iteration_time_s], marker="*", s=160, color="#e0a000",
                    edgecolor="black", zorder=5, label=f"best: {best.candidate.label()}")
-    if simulated:
+    if simulated or result.bounded:
         ax.set_yscale("log")
+        # Plain numbers on the log axis (matplotlib's default writes a narrow range's ticks as 3.525x10^1).
+        plain = FuncFormatter(lambda value, _: f"{value:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel("peak memory of the fullest device (GB)")
-    ax.set_ylabel("simulated iteration time (s)")
-    problem = result.problem
-    ax.set_title(f"{problem.model}\non {problem.topology}, global batch {problem.global_batch}: "
-                 f"{len(result.evaluations):,} of {result.space_size:,} plans costed", fontsize=9)
+    ax.set_ylabel("iteration time (s)")
+    ax.set_title(plot_title(result), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    if simulated:
+    if simulated or result.bounded:
         ax.legend(loc="upper right", fontsize=7)
     fig.tight_layout()
     return figure_png(fig)
+
+
+def plot_title(result: SearchResult) -> str:
+    """The chart's title: the problem, and what it shows of the space (simulated and bounded counted apart)."""
+    problem = result.problem
+    simulated = sum(1 for e in result.evaluations if e.iteration_time_s is not None)
+    if result.screen is not None:
+        shown = (f"{simulated:,} plans simulated, {len(result.bounded):,} more bounded, of {result.space_size:,} "
+                 f"({result.screen.screened:,} screened)")
+    else:
+        shown = f"{simulated:,} of {result.space_size:,} plans simulated"
+    return f"{problem.model}\non {problem.topology}, global batch {problem.global_batch}: {shown}"
 
 
 def write_search_outputs(out: Path, result: SearchResult) -> list[str]:
