@@ -111,6 +111,15 @@ class SearchResult:
     chosen_by_auto: str = ""
     interrupted: bool = False
 
+    def __repr__(self) -> str:
+        """A few lines, not every evaluation (a screened space's result holds tens of thousands)."""
+        best = self.best
+        pick = "none feasible" if best is None else f"best {best.candidate.label()} {best.iteration_time_s:.4g} s"
+        stopped = ", interrupted" if self.interrupted else ", stopped by its budget" if self.stopped_by_budget else ""
+        return (f"SearchResult({self.strategy}: {self.problem.model} on {self.problem.topology}, global batch "
+                f"{self.problem.global_batch}; {len(self.evaluations):,} of {self.space_size:,} plans costed, "
+                f"{len(self.ranked):,} feasible, {pick}{stopped})")
+
     @property
     def ranked(self) -> tuple[Evaluation, ...]:
         """Feasible evaluations, fastest first."""

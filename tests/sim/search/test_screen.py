@@ -80,3 +80,53 @@ def test_the_screen_spread_over_workers_gives_the_same_bounds():
     candidates = enumerate_candidates(problem, topology.num_ranks, topology)
     alone = screen_all(Screener(problem, topology), candidates)
     assert screen_in_parallel(Screener(problem, topology), candidates, workers=2) == alone
+
+
+def _screened(problem):
+    from sim.hw.topology import Topology
+    from sim.search.screen import Screener, screen_all
+
+    topology = Topology.parse(problem.topology)
+    from sim.search.space import enumerate_candidates
+    candidates = enumerate_candidates(problem, topology.num_ranks, topology)
+    screener = Screener(problem, topology)
+    return screener, candidates, screen_all(screener, candidates)
+
+
+def test_past_its_deadline_the_proof_still_simulates_the_best_bounds_until_one_fits():
+    import time
+
+    from sim.search import stopping
+    from sim.search.screen import prove
+
+    problem = suite(1, seed=3)[0]
+    screener, candidates, bounds = _screened(problem)
+    done, _, stopped = prove(screener, candidates, bounds, deadline=time.time() - 0.01, grace_s=60.0)
+    simulated = [e for e in done if e.iteration_time_s is not None]
+    # One at a time in the order of the bounds, the last the first that fits: a budget the screen used up still
+    # answers with a plan.
+    assert stopped and simulated and simulated[-1].feasible and not any(e.feasible for e in simulated[:-1])
+    lowest = min(b.time_s for b in bounds if b is not None and b.fits)
+    first = next(c for c, b in zip(candidates, bounds) if b is not None and b.fits and b.time_s == lowest)
+    assert done[0].candidate == first
+    # Without the grace, or after Ctrl-C, nothing is simulated past the deadline.
+    assert prove(screener, candidates, bounds, deadline=time.time() - 0.01)[0] == []
+    stopping.request_stop()
+    try:
+        assert prove(screener, candidates, bounds, grace_s=60.0)[0] == []
+    finally:
+        stopping.clear()
+
+
+def test_the_chart_gets_every_bound_the_engine_did_not_simulate():
+    from sim.search.refine import refine
+
+    problem = suite(3, seed=29)[1]
+    result = run_search(problem, strategy="screen")
+    screener, candidates, bounds = _screened(problem)
+    refined, refined_bounds = refine(screener, candidates, bounds)
+    reached = {e.candidate for e in result.evaluations}
+    expected = sorted((b.peak_bytes, b.time_s) for c, b in zip([*candidates, *refined], [*bounds, *refined_bounds])
+                      if b.fits and c not in reached)
+    assert sorted(result.bounded) == expected and expected
+    assert all(peak > 0 and 0 < time_s < math.inf for peak, time_s in result.bounded)

@@ -106,3 +106,51 @@ def test_a_bad_problem_is_one_error(change, needle):
 def test_an_unknown_strategy_is_refused():
     with pytest.raises(SpecError, match="^strategy must be one of .*, got 'genetic'"):
         run_search(problem(), strategy="genetic")
+
+
+def test_auto_simulates_a_small_space_whole_and_says_why():
+    from sim.search.search import AUTO_OP_S, AUTO_PLAN_S
+
+    p = problem()
+    candidates = enumerate_candidates(p, 4)
+    # The estimate in closed form: a plan's build plus each compute op of one replica (F and B per stage and
+    # microbatch), here far under the threshold.
+    ops = sum(2 * c.pp * (c.chunks if c.schedule == "interleaved" else 1) * (8 // (c.dp * c.microbatch_size))
+              for c in candidates)
+    estimate = AUTO_PLAN_S * len(candidates) + AUTO_OP_S * ops
+    result = run_search(p)
+    assert result.strategy == "exhaustive" and result.screen is None
+    assert result.chosen_by_auto == (f"simulating all {len(candidates):,} plans takes about {estimate:.0f} s, at "
+                                     f"most 10 s")
+    assert result.evaluations == run_search(p, strategy="exhaustive").evaluations
+    assert run_search(p, strategy="exhaustive").chosen_by_auto == ""
+
+
+def test_auto_screens_a_space_too_large_to_simulate_in_seconds():
+    from sim.search.search import auto_strategy
+
+    p = SearchProblem("gpt:layers=24,hidden=2048,heads=16,seq=1024", "8xA100", 64)
+    candidates = enumerate_candidates(p, 8)
+    name, why = auto_strategy(p, candidates)
+    assert name == "screen" and why.startswith(f"simulating all {len(candidates):,} plans would take about")
+    # More workers share the estimate: enough of them bring it under the threshold.
+    assert auto_strategy(p, candidates, workers=64)[0] == "exhaustive"
+
+
+def test_a_request_to_stop_ends_the_search_with_what_it_has():
+    from sim.search import stopping
+
+    stopping.request_stop()
+    try:
+        result = run_search(problem(), strategy="screen")
+    finally:
+        stopping.clear()
+    assert result.interrupted and result.stopped_by_budget and result.best is None
+    assert not run_search(problem(), strategy="screen").interrupted
+
+
+def test_a_search_result_prints_in_one_line():
+    result = run_search(problem())
+    text = repr(result)
+    assert len(text) < 400 and "\n" not in text and f"{len(result.evaluations):,} of {result.space_size:,}" in text
+    assert result.best.candidate.label() in text
