@@ -149,8 +149,9 @@ def validate_l1(plan: Plan) -> None:
 
     One pass with small tables decides whether the plan passes (ids unique, every dep an op, SEND/RECV fields
     sane, each channel's sends and receives the same pairs in the same order, each pair's receive that of its send's
-    message, which implies that every send has its receive with agreeing peers and vice versa); only a failing plan is walked again to name its first problem. No
-    id → position index is built or cached on the plan (that took ~170 bytes per op for as long as the plan lived).
+    message, which implies that every send has its receive with agreeing peers and vice versa); only a failing plan
+    is walked again to name its first problem. No id → position index is built or cached on the plan (that took ~170
+    bytes per op for as long as the plan lived).
     """
     if not _l1_holds(plan):
         _raise_l1_problem(plan)

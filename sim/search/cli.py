@@ -29,6 +29,7 @@ from sim.hw.topology import Topology
 from sim.ir.parallel import RANK_ORDERS
 from sim.plan.inputs import format_builtin_lists
 from sim.plan.partition import PARTITION_RULES
+from sim.report.png import load_matplotlib_in_background
 from sim.schedules import SCHEDULES
 from sim.search.evaluate import Evaluation, build_candidate_plan
 from sim.search.search import STRATEGIES, SearchResult, run_search
@@ -213,6 +214,7 @@ def _run(argv: list[str] | None) -> int:
         perturbation=_perturbation(args.straggler or (), args.topology))
     out = prepare_output_dir(args.out, "--out", create=False)  # a bad --out is refused before the search, not after
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
+    load_matplotlib_in_background()  # the chart at the end waits for nothing, even right after a Ctrl-C
     try:
         with stop_on_interrupt("stopping: ranking and writing what was found (Ctrl-C again to abandon it)"):
             result = run_search(problem, strategy=args.strategy, workers=args.workers,

@@ -126,12 +126,39 @@ def _spawned_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_worker_start, initargs=(os.getpid(), shared_flag()))
     try:
+        _start_workers(pool, workers)
         yield pool
     except BaseException:
+        # The processes first: shutdown forgets them (ProcessPoolExecutor sets _processes to None), and those still
+        # computing would finish their tasks before the interpreter, which joins them, could exit.
+        processes = _processes_of(pool)
         pool.shutdown(wait=False, cancel_futures=True)
-        _stop_workers(pool)
+        _stop_workers(processes)
         raise
     pool.shutdown(wait=True)
+
+
+def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
+    """Start all of ``pool``'s workers now, with SIGINT ignored meanwhile. A spawn pool starts a worker per submission
+    until it has them all; a process started while this one ignores SIGINT ignores it from its first instruction
+    (Python keeps an ignored SIGINT), so a terminal's Ctrl-C, which reaches the whole process group, cannot kill a
+    worker still importing its modules (with a traceback) before its initializer ignores it. One window of a few
+    milliseconds, at the pool's start, instead of one per submission: a Ctrl-C that lands in it is not heard."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signal handlers are the main thread's, and so is Ctrl-C
+        previous = None
+    try:
+        for _ in range(workers):
+            pool.submit(os.getpid)  # a task that does nothing: each submission starts one more worker
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _processes_of(pool: ProcessPoolExecutor) -> list:
+    """The pool's worker processes (a private attribute of the standard library's pool, read defensively)."""
+    return list((getattr(pool, "_processes", None) or {}).values())
 
 
 def _check_workers(workers: object) -> None:
@@ -196,15 +223,14 @@ def map_tasks(function: Callable, tasks: Sequence[tuple], workers: int, ray_addr
         return [future.result() for future in futures]
 
 
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Terminate the pool's processes now (Ctrl-C, an error): nothing is left running behind the command."""
-    processes = getattr(pool, "_processes", None) or {}
-    for process in list(processes.values()):
+def _stop_workers(processes: list) -> None:
+    """Terminate ``processes`` now (Ctrl-C, a spent budget, an error): nothing is left running behind the command."""
+    for process in processes:
         if process.is_alive():
             process.terminate()
-    for process in list(processes.values()):
+    for process in processes:
         process.join(timeout=5)
     if sys.platform.startswith("linux"):
-        for process in list(processes.values()):
+        for process in processes:
             if process.is_alive():
                 process.kill()
