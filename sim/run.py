@@ -30,7 +30,7 @@ from sim.plan.inputs import PlanInputs, format_builtin_lists
 from sim.plan.memory_fit import out_of_memory_message
 from sim.predict import predict
 from sim.report.outputs import format_summary, plan_title, write_plan_files, write_run_outputs
-from sim.report.stream import format_stream_summary
+from sim.report.partime import format_partime_summary
 from sim.schedules import SCHEDULES
 
 __all__ = ["main", "make_parser", "FLAGS"]
@@ -292,7 +292,7 @@ def _run(argv: list[str] | None) -> int:
         print(f"routing           {spread}: {routing['slowdown_vs_balanced']:.2f}x the iteration time of balanced "
               f"dropless routing ({routing['balanced_iteration_time_s'] * 1e3:.3f} ms)")
     if "stream" in metrics:
-        print(format_stream_summary(metrics["stream"]))
+        print(format_partime_summary(metrics["stream"]))
     if faults is not None:
         print(faults.summary())
     print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")
