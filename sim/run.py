@@ -22,7 +22,7 @@ from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_chunks_atomic
 from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
-from sim.faults.report import FaultOptions, FaultReport, fault_report
+from sim.faults.options import FaultOptions, FaultPrediction, predict_faults
 from sim.models import MODELS, build_model
 from sim.models.routing import BALANCED, parse_routing
 from sim.plan.build import build_plan
@@ -332,7 +332,7 @@ def _without_perturbation(built, metrics: dict, perturbation: Perturbation, chec
 
 
 def _fault_options(args: argparse.Namespace) -> FaultOptions:
-    """The long-run flags as :class:`sim.faults.report.FaultOptions` (checked there)."""
+    """The long-run flags as :class:`sim.faults.options.FaultOptions` (checked there)."""
     storage = None if args.storage_bandwidth is None else args.storage_bandwidth * 1e9
     return FaultOptions(train_hours=args.train_hours, iterations=args.iterations, mtbf_hours=args.mtbf,
                         mtbf_scope=args.mtbf_scope, failure_mix=args.failure_mix,
@@ -341,13 +341,13 @@ def _fault_options(args: argparse.Namespace) -> FaultOptions:
                         seed=args.seed, trials=args.fault_trials)
 
 
-def _long_run(options: FaultOptions, metrics: dict, plan, topology) -> FaultReport | None:
-    """The long run with failures the flags ask for (``sim.faults.report``), or ``None``."""
+def _long_run(options: FaultOptions, metrics: dict, plan, topology) -> FaultPrediction | None:
+    """The long run with failures the flags ask for (``sim.faults.options``), or ``None``."""
     if not options.requested:
         return None
     tokens = metrics.get("tokens_per_iteration") or 0
-    return fault_report(options, iteration_s=metrics["iteration_time_s"], tokens_per_iteration=int(tokens),
-                        model=build_model(plan.model), topology=topology)
+    return predict_faults(options, iteration_s=metrics["iteration_time_s"], tokens_per_iteration=int(tokens),
+                          model=build_model(plan.model), topology=topology)
 
 
 def _check_memory(inputs: PlanInputs, built) -> None:
