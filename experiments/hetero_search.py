@@ -46,7 +46,7 @@ from pathlib import Path
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
-from sim.hw.nodes import check_shape, default_shape
+from sim.hw.node_shapes import check_shape, default_shape
 from sim.hw.topology import Topology
 from sim.report.png import figure_png
 from sim.search.evaluate import Evaluation, evaluate
@@ -126,7 +126,7 @@ def stand_in(topology: Topology) -> tuple[str, str]:
         except SpecError:
             intra = default_shape(device, server.count).intra  # this device cannot be wired so
         lines.append(f"  - {{device: {device.name}, count: {server.count}, intra: {intra}}}")
-    lines.append(f"network: {topology.nodes[0].network.name}")  # every server's port after sim.hw.nodes.unify_network
+    lines.append(f"network: {topology.nodes[0].network.name}")  # every server's port after sim.hw.servers.unify_network
     nics = {server.nics for server in topology.nodes}
     if len(nics) == 1:
         lines.append(f"nics_per_node: {nics.pop()}")
