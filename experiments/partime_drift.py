@@ -51,9 +51,9 @@ from executor.nn.optim import make_optimizer
 from executor.nn.stages import build_stage, loss_fn
 from executor.partime.partime_reference import exact_online_sgd, partime
 from executor.partime.video import VideoSpec, frame
+from experiments.harness import write_csv_png
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.report.png import figure_png
 
 __all__ = ["Setup", "Run", "Result", "FULL", "QUICK", "run_all", "summarise", "parser", "run", "report", "write"]
@@ -415,6 +415,5 @@ def report(result: Result) -> str:
 
 def write(result: Result, out: Path) -> list[Path]:
     """``partime_drift.csv`` (every frame of every run) and ``partime_drift.png`` in ``out``."""
-    write_text_atomic(_csv(list(result.runs), result.seed), out / "partime_drift.csv")
-    write_bytes_atomic(out / "partime_drift.png", _plot(result.setup, list(result.runs)))
-    return [out / "partime_drift.csv", out / "partime_drift.png"]
+    runs = list(result.runs)
+    return write_csv_png(out, "partime_drift", _csv(runs, result.seed), _plot(result.setup, runs))

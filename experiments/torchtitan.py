@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.harness import write_csv_png
 from experiments.published_rows import RowResult
 from experiments.scatter import accuracy_scatter_png, error_stats
 from experiments.torchtitan_fit import DEVICE, FIGURES, fit_figures, log_error, split_rows, with_figures
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.hw.catalog import get_device
 from sim.hw.topology import Topology
 from sim.plan.build import build_plan
@@ -296,6 +296,4 @@ def write(result: Result, out: Path) -> list[Path]:
                          int(row.float8), int(row.compiled), row.recompute, repr(row.tokens_per_s_per_gpu),
                          f"{r.predicted:.3f}", f"{r.error:.6f}", f"{r.peak_memory_bytes / 1e9:.3f}",
                          "; ".join(r.unmodelled)])
-    write_text_atomic(text.getvalue(), out / "torchtitan.csv")
-    write_bytes_atomic(out / "torchtitan.png", _plot(results, split))
-    return [out / "torchtitan.csv", out / "torchtitan.png"]
+    return write_csv_png(out, "torchtitan", text.getvalue(), _plot(results, split))
