@@ -9,7 +9,7 @@ What a shard holds (:func:`capture`): the process's vstages' parameters (under Z
 owns, which are the parameters), every vstage optimizer's state (Adam's moments and step counts; a ZeRO slice's
 values), torch's global RNG states, and the iteration to run next, which is also the data position: a process's
 microbatches are a pure function of the data seed and the iteration (``executor.parallel.microbatch_index``,
-``executor.stream.video``), and the pipeline drains at every iteration's end, so nothing else carries over.
+``executor.partime.video``), and the pipeline drains at every iteration's end, so nothing else carries over.
 
 Layout and atomicity::
 

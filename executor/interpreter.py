@@ -24,7 +24,7 @@ describe the same thing:
 * OPT_STEP steps the vstage's own optimizer and clears its gradients: once per iteration under the flush policy
   (GPipe, 1F1B); after every microbatch under weight stashing (async PipeDream, ``executor.stash``), where F and its
   backward run on the weight version stashed for the microbatch and the update lands on the latest weights; and
-  after every backward in a PARTIME stream (``executor.stream.stream_interpreter``), whose backward runs through the
+  after every backward in a PARTIME stream (``executor.partime.partime_interpreter``), whose backward runs through the
   stage's current forward rather than the frame's own.
 * 3D plans (``executor.parallel``): every process of pipeline rank p runs ``plan.programs[p]``, and a SEND/RECV's
   ``peer`` (a pipeline rank) is the process of that pipeline rank in the same replica and tensor shard.
@@ -463,7 +463,7 @@ class RankInterpreter:
 
     def _forward_of(self, v: int, mb: int) -> tuple[int, int]:
         """Whose forward the backward of (v, mb) runs through: its own (a stream's:
-        ``executor.stream.stream_interpreter``)."""
+        ``executor.partime.partime_interpreter``)."""
         return v, mb
 
     def _incoming(self, kind: OpKind, producer: int, mb: int, op: Op) -> Tensor:

@@ -39,9 +39,9 @@ from executor.nn.context_parallel import ContextParallel, local_tokens
 from executor.nn.stages import boundary_specs, synthetic_batch
 from executor.options import RunOptions, host_cores
 from executor.parallel import Place, ProcessModel, build_process, make_groups, microbatch_index, save_state
+from executor.partime.partime_interpreter import PartimeInterpreter, partime_frames
 from executor.pingpong import round_trip_times
 from executor.restart import after_restart, die_if_failing, note_start, restart_count, restart_record
-from executor.stream.stream_interpreter import StreamInterpreter, stream_frames
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
@@ -193,8 +193,8 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     boundary = {v: specs[start] for v, (start, _) in enumerate(plan.placement.vstage_layers)}
     fail_at = options.inject_failure[1] if options.inject_failure and options.inject_failure[0] == rank else None
     # A stream plan (PARTIME) runs its backward through each stage's current forward
-    # (executor.stream.stream_interpreter).
-    interpreter_class = StreamInterpreter if plan.weight_policy == "stream" else RankInterpreter
+    # (executor.partime.partime_interpreter).
+    interpreter_class = PartimeInterpreter if plan.weight_policy == "stream" else RankInterpreter
     interpreter = interpreter_class(plan, place.pp, model.stages, model.optimizers, model.loss, boundary,
                                     device=device, fail_at=fail_at, peer_of=place.peer, tp_comm=model.tp_comm,
                                     ep_comm=model.ep_comm, data_parallel=model.data_parallel,
@@ -223,7 +223,7 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
             if not (first or last):
                 batches = []
             elif plan.weight_policy == "stream":  # frames of a seeded video, the iterations one continuing stream
-                batches = stream_frames(plan, options.data_seed, iteration)
+                batches = partime_frames(plan, options.data_seed, iteration)
             else:
                 batches = [synthetic_batch(plan.model, plan.microbatch_size, seed=options.data_seed,
                                            index=microbatch_index(iteration, j, m, place.dp // cp, replicas))

@@ -45,7 +45,7 @@ from sim.hw.topology import Topology
 from sim.predict import predict
 from sim.report.metrics import compute_metrics, plan_header
 from sim.report.outputs import format_summary, write_run_outputs
-from sim.report.stream import format_stream_summary, stream_metrics
+from sim.report.partime import format_partime_summary, partime_metrics
 
 __all__ = ["finish_run", "prediction_profile", "restart_line"]
 
@@ -113,8 +113,8 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
     # Against the peaks of the devices the plan names, as the prediction's; a run on other hardware is warned of above.
     metrics.update(training_rates(plan, topology, metrics["iteration_time_s"]))
     if plan.weight_policy == "stream":  # PARTIME: step time and latency, measured beside predicted
-        metrics["stream"] = stream_metrics(median_trace, num_stages=plan.num_vstages,
-                                           num_frames=plan.num_microbatches, fps=plan.option("fps"))
+        metrics["stream"] = partime_metrics(median_trace, num_stages=plan.num_vstages,
+                                            num_frames=plan.num_microbatches, fps=plan.option("fps"))
         compare["stream"] = {key: {"predicted": prediction.metrics["stream"].get(key),
                                    "measured": metrics["stream"].get(key)}
                              for key in ("step_time_s", "steady_latency_s", "stage_step_time_s")}
@@ -161,7 +161,7 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
 
     print(format_summary(metrics))
     if "stream" in metrics:
-        print("measured " + format_stream_summary(metrics["stream"]))
+        print("measured " + format_partime_summary(metrics["stream"]))
     if options.slowdown:
         print(f"emulated slowdown: {describe_slowdown(options.slowdown)} (compute ops stretched by sleeping; the "
               f"prediction is the plan's own)")

@@ -32,9 +32,9 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from experiments.harness import write_csv_png
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.engine.perturbation import Perturbation, Straggler
 from sim.faults.checkpoint import checkpoint_cost
 from sim.faults.failure_mix import builtin_mix, job_mtbf_s
@@ -226,9 +226,7 @@ def write(result: Result, out: Path) -> list[Path]:
     for r in rows:
         writer.writerow([f"{getattr(r, f):.6g}" if isinstance(getattr(r, f), float) else getattr(r, f)
                          for f in fields])
-    write_text_atomic(buffer.getvalue(), out / "faults.csv")
-    write_bytes_atomic(out / "faults.png", _plot(rows))
-    return [out / "faults.csv", out / "faults.png"]
+    return write_csv_png(out, "faults", buffer.getvalue(), _plot(rows))
 
 
 def parser() -> CliParser:

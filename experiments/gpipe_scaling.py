@@ -38,8 +38,8 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.harness import write_csv_png
 from sim.core.cli import CliParser
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
@@ -271,6 +271,4 @@ def report(result: Result) -> str:
 def write(result: Result, out: Path) -> list[Path]:
     """``gpipe_scaling.csv`` and ``gpipe_scaling.png`` in ``out``."""
     points = list(result.points)
-    write_text_atomic(_csv(points), out / "gpipe_scaling.csv")
-    write_bytes_atomic(out / "gpipe_scaling.png", _plot(points))
-    return [out / "gpipe_scaling.csv", out / "gpipe_scaling.png"]
+    return write_csv_png(out, "gpipe_scaling", _csv(points), _plot(points))

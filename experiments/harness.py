@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["Ran", "load", "execute", "wrote_line"]
+from sim.core.fileio import write_bytes_atomic, write_text_atomic
+
+__all__ = ["Ran", "load", "execute", "wrote_line", "write_csv_png"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,14 @@ class Ran:
 def load(name: str) -> ModuleType:
     """The module of experiment ``name``, imported now (some import torch, which the others should not pay for)."""
     return importlib.import_module(f"experiments.{name}")
+
+
+def write_csv_png(out: Path, name: str, table: str, png: bytes) -> list[Path]:
+    """The write step most experiments have: ``name.csv`` (``table``) and ``name.png`` in ``out``, in that order;
+    the paths written."""
+    write_text_atomic(table, out / f"{name}.csv")
+    write_bytes_atomic(out / f"{name}.png", png)
+    return [out / f"{name}.csv", out / f"{name}.png"]
 
 
 def wrote_line(module: ModuleType, out: Path, files: Sequence[Path]) -> str:

@@ -43,10 +43,11 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from experiments.harness import write_csv_png
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
-from sim.hw.nodes import check_shape, default_shape
+from sim.core.fileio import write_text_atomic
+from sim.hw.node_shapes import check_shape, default_shape
 from sim.hw.topology import Topology
 from sim.report.png import figure_png
 from sim.search.evaluate import Evaluation, evaluate
@@ -126,7 +127,7 @@ def stand_in(topology: Topology) -> tuple[str, str]:
         except SpecError:
             intra = default_shape(device, server.count).intra  # this device cannot be wired so
         lines.append(f"  - {{device: {device.name}, count: {server.count}, intra: {intra}}}")
-    lines.append(f"network: {topology.nodes[0].network.name}")  # every server's port after sim.hw.nodes.unify_network
+    lines.append(f"network: {topology.nodes[0].network.name}")  # every server's port after sim.hw.servers.unify_network
     nics = {server.nics for server in topology.nodes}
     if len(nics) == 1:
         lines.append(f"nics_per_node: {nics.pop()}")
@@ -356,9 +357,7 @@ def write(result: Result, out: Path) -> list[Path]:
     """``hetero_search.csv`` (one row per cluster and plan) and ``hetero_search.png`` in ``out`` (``run`` wrote the
     topology files there)."""
     done = list(result.comparisons)
-    write_text_atomic(_csv(done), out / "hetero_search.csv")
-    write_bytes_atomic(out / "hetero_search.png", _plot(done))
-    return [out / "hetero_search.csv", out / "hetero_search.png"]
+    return write_csv_png(out, "hetero_search", _csv(done), _plot(done))
 
 
 def wrote(out: Path, files: list[Path]) -> str:

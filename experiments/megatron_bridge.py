@@ -41,6 +41,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.published_rows import RowResult
 from experiments.scatter import accuracy_scatter_png, error_stats
 from sim.core.cli import CliParser
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
@@ -48,7 +49,7 @@ from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
-__all__ = ["DATA", "Row", "RowResult", "Result", "load_rows", "expressible", "plan_inputs", "predict_row", "newest",
+__all__ = ["DATA", "Row", "Result", "load_rows", "expressible", "plan_inputs", "predict_row", "newest",
            "summary", "parser", "run", "report", "write"]
 
 DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
@@ -109,25 +110,10 @@ class Row:
         return (self.system, self.model, self.gpus, self.precision, self.variant, self.gbs, self.mbs, self.seq,
                 self.fsdp, self.tp, self.pp, self.cp, self.vp, self.ep)
 
-
-@dataclass(frozen=True)
-class RowResult:
-    """A row's prediction (tokens/s per GPU), its predicted peak memory (bytes, max over devices) and what of its
-    configuration is assumed or unmodelled."""
-
-    row: Row
-    predicted: float
-    peak_memory_bytes: float
-    unmodelled: tuple[str, ...]
-
-    @property
-    def error(self) -> float:
-        """predicted / published − 1."""
-        return self.predicted / self.row.tokens_per_s_per_gpu - 1
-
     @property
     def moe(self) -> bool:
-        return MODELS[self.row.model] in MOE_MODELS
+        """Whether the published model is a mixture of experts (:data:`MOE_MODELS`)."""
+        return MODELS[self.model] in MOE_MODELS
 
 
 def _count(text: str) -> int:
@@ -196,7 +182,7 @@ def unmodelled(row: Row) -> tuple[str, ...]:
     return tuple(missing)
 
 
-def predict_row(row: Row) -> RowResult:
+def predict_row(row: Row) -> RowResult[Row]:
     """``row``'s prediction through ``build_plan`` and ``predict`` (memory reported, not enforced)."""
     prediction = predict_built(build_plan(plan_inputs(row)), check_memory=False)
     metrics = prediction.metrics
@@ -216,14 +202,14 @@ def newest(rows: list[Row]) -> list[bool]:
     return [_version(row.container) == latest[row.config] for row in rows]
 
 
-def summary(results: list[RowResult]) -> dict[str, dict[str, float]]:
+def summary(results: list[RowResult[Row]]) -> dict[str, dict[str, float]]:
     """Median and max |error| and the row count, for dense and MoE rows apart and together."""
-    return {"dense": error_stats([abs(r.error) for r in results if not r.moe]),
-            "moe": error_stats([abs(r.error) for r in results if r.moe]),
+    return {"dense": error_stats([abs(r.error) for r in results if not r.row.moe]),
+            "moe": error_stats([abs(r.error) for r in results if r.row.moe]),
             "all": error_stats([abs(r.error) for r in results])}
 
 
-def _families(results: list[RowResult]) -> list[str]:
+def _families(results: list[RowResult[Row]]) -> list[str]:
     lines = []
     for model in sorted({r.row.model for r in results}):
         for system in sorted({r.row.system for r in results if r.row.model == model}):
@@ -233,7 +219,7 @@ def _families(results: list[RowResult]) -> list[str]:
     return lines
 
 
-def _table(results: list[RowResult], current: list[bool]) -> list[str]:
+def _table(results: list[RowResult[Row]], current: list[bool]) -> list[str]:
     lines = [f"{'line':>4} {'container':<9} {'system':<9} {'model':<21} {'GPUs':>4} {'prec':<6} "
              f"{'TP×PP×CP×VP×EP':<15} {'FSDP':>4} {'gbs':>5} {'mbs':>3} {'published':>9} {'predicted':>9} "
              f"{'error':>7} {'peak GB':>7}  newest"]
@@ -247,12 +233,12 @@ def _table(results: list[RowResult], current: list[bool]) -> list[str]:
     return lines
 
 
-def _plot(results: list[RowResult]) -> bytes:
+def _plot(results: list[RowResult[Row]]) -> bytes:
     xs = [r.row.tokens_per_s_per_gpu for r in results]
     ys = [r.predicted for r in results]
     series = []
     for moe, color, label in ((False, "#117733", "dense"), (True, "#CC6677", "mixture of experts")):
-        pick = [r for r in results if r.moe == moe]
+        pick = [r for r in results if r.row.moe == moe]
         series.append(([r.row.tokens_per_s_per_gpu for r in pick], [r.predicted for r in pick], color,
                        f"{label} ({len(pick)})"))
     return accuracy_scatter_png(series, low=min(xs + ys) * 0.7, high=max(xs + ys) * 1.4,
@@ -267,7 +253,7 @@ class Result:
     its configuration or superseded (``current``); the others with the reason they are not expressible."""
 
     rows: tuple[Row, ...]
-    results: tuple[RowResult, ...]
+    results: tuple[RowResult[Row], ...]
     current: tuple[bool, ...]
     refused: tuple[tuple[Row, str], ...]
 

@@ -36,9 +36,9 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.schedule_cases import GPT, Case, add_cases_flag, chosen_cases
+from experiments.harness import write_csv_png
+from experiments.schedule_cases import GPT, Case, GridResult, chosen_cases, grid_parser
 from sim.core.cli import CliParser
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.ir.plan import OpKind
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
@@ -211,22 +211,13 @@ def _plot(rows: list[Row]) -> bytes:
     return figure_png(fig, dpi=110)
 
 
-@dataclass(frozen=True)
-class Result:
-    """The cases asked for and every simulated row of the grid, in its order (case, p, m, then the schedules)."""
-
-    cases: tuple[Case, ...]
-    rows: tuple[Row, ...]
+#: The experiment's result: the cases asked for and their grid of :class:`Row`.
+Result = GridResult
 
 
 def parser() -> CliParser:
     """``python -m experiments.run megatron_interleaved [--quick] [--cases ...] [--out DIR]``."""
-    parser = CliParser(prog="python -m experiments.run megatron_interleaved", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/megatron_interleaved",
-                        help="output directory (default runs/megatron_interleaved)")
-    parser.add_argument("--quick", action="store_true", help="p = 4 only (CI)")
-    add_cases_flag(parser, CASES)
-    return parser
+    return grid_parser("megatron_interleaved", __doc__.split("\n\n")[0], CASES, "p = 4 only (CI)")
 
 
 def run(*, quick: bool = False, cases: tuple[str, ...] = tuple(c.key for c in CASES)) -> Result:
@@ -244,6 +235,4 @@ def report(result: Result) -> str:
 def write(result: Result, out: Path) -> list[Path]:
     """``megatron_interleaved.csv`` and ``megatron_interleaved.png`` in ``out``."""
     rows = list(result.rows)
-    write_text_atomic(_csv(rows), out / "megatron_interleaved.csv")
-    write_bytes_atomic(out / "megatron_interleaved.png", _plot(rows))
-    return [out / "megatron_interleaved.csv", out / "megatron_interleaved.png"]
+    return write_csv_png(out, "megatron_interleaved", _csv(rows), _plot(rows))

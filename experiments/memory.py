@@ -45,9 +45,9 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.harness import write_csv_png
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
@@ -321,6 +321,4 @@ def write(result: Result, out: Path) -> list[Path]:
     """``memory.csv`` (every row) and ``memory.png`` in ``out``."""
     uniform, gpt = list(result.uniform), list(result.gpt)
     png = _plot(uniform, gpt)
-    write_text_atomic(to_csv(uniform + gpt), out / "memory.csv")
-    write_bytes_atomic(out / "memory.png", png)
-    return [out / "memory.csv", out / "memory.png"]
+    return write_csv_png(out, "memory", to_csv(uniform + gpt), png)

@@ -39,9 +39,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from experiments import naspipe
+from experiments.harness import write_csv_png
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.report.png import figure_png
 
 __all__ = ["ARTIFACT", "NASPIPE_BATCH", "NASPIPE_SEQ", "GPIPE_SEQ", "ArtifactRun", "artifact_ratio",
@@ -311,6 +311,4 @@ def report(result: Result) -> str:
 def write(result: Result, out: Path) -> list[Path]:
     """``naspipe_paper.csv`` (one row per GPU count and space) and ``naspipe_paper.png`` in ``out``."""
     rows = list(result.rows)
-    write_text_atomic(_csv([_record(r) for r in rows]), out / "naspipe_paper.csv")
-    write_bytes_atomic(out / "naspipe_paper.png", _plot(rows))
-    return [out / "naspipe_paper.csv", out / "naspipe_paper.png"]
+    return write_csv_png(out, "naspipe_paper", _csv([_record(r) for r in rows]), _plot(rows))

@@ -8,7 +8,7 @@ graphs. Input resolutions 256 and 1024 (PARTIME's released scripts feed 3 x 256 
 
 **Simulated.** Every (configuration, resolution, stage count N, eager or captured) is ``sim.run --schedule stream``'s
 plan on the first N devices of the node (balanced partition), costed by the one prediction path: its steady-state
-step time (:mod:`sim.report.stream`) over :data:`FRAMES` frames. Eager steps pay the catalog's per-op overhead
+step time (:mod:`sim.report.partime`) over :data:`FRAMES` frames. Eager steps pay the catalog's per-op overhead
 (``launch_overhead_us``, an assumed 5 µs per kernel: ``profiles/hardware/devices.yaml`` says why), captured ones
 (``--cuda-graphs``) one launch per step. Speed-up = step time on one stage ÷ step time on N (frames per second
 gained). The authors' five findings are checked against the table with the thresholds of :data:`CLAIMS`, fixed

@@ -2,7 +2,7 @@
 an abrupt scene cut, for 1, 2, 4 and 8 pipeline stages.
 
 PARTIME updates every stage at every step with the gradient that has just arrived, computed through the stage's
-*current* input although it came from a frame 2(N-1-s) steps older (:mod:`executor.stream.partime_reference`, the rule
+*current* input although it came from a frame 2(N-1-s) steps older (:mod:`executor.partime.partime_reference`, the rule
 the executor reproduces bitwise). Two things differ from exact online SGD: the gradient is paired with another frame's
 input (harmless while consecutive frames are alike, wrong across a cut) and it was computed with weights up to 2(N-1-s)
 updates old (delayed SGD, which tolerates a smaller learning rate as the delay grows).
@@ -12,7 +12,7 @@ layers built by :func:`executor.nn.stages.build_stage` and split evenly into N s
 (:func:`executor.nn.optim.make_optimizer`, bitwise ``torch.optim.SGD``) at each rate of ``--lr``: 0.5, where exact
 online SGD learns the stream well (online loss from about 0.3 to 0.03-0.09 over the last 100 of 800 frames, by seed;
 at 1.0 its ReLUs die and the loss stays near 0.27 on seed 0), and 0.05, where it learns slowly (to 0.06-0.11) but
-every stage count stays finite. The stream (:class:`executor.stream.video.StreamSpec`, the same
+every stage count stays finite. The stream (:class:`executor.partime.video.VideoSpec`, the same
 size and features) drifts by 0.02 rad per frame and cuts to another scene at frame T // 2: the frames before the cut
 are the drifting stream, those after it the abrupt change. Each of ``--repeats`` repetitions r uses seed
 ``--seed + r`` for the stream and the weights; exact SGD and every N start from the same weights.
@@ -49,11 +49,11 @@ import torch
 
 from executor.nn.optim import make_optimizer
 from executor.nn.stages import build_stage, loss_fn
-from executor.stream.partime_reference import exact_online_sgd, partime
-from executor.stream.video import StreamSpec, frame
+from executor.partime.partime_reference import exact_online_sgd, partime
+from executor.partime.video import VideoSpec, frame
+from experiments.harness import write_csv_png
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.report.png import figure_png
 
 __all__ = ["Setup", "Run", "Result", "FULL", "QUICK", "run_all", "summarise", "parser", "run", "report", "write"]
@@ -166,7 +166,7 @@ def run_all(setup: Setup, seed: int, progress: Callable[[str], None] = lambda _:
     loss = loss_fn(setup.model)
     runs = []
     for r in range(setup.repeats):
-        spec = StreamSpec(size=setup.size, features=FEATURES, seed=seed + r, drift=DRIFT, cut_at=setup.cut)
+        spec = VideoSpec(size=setup.size, features=FEATURES, seed=seed + r, drift=DRIFT, cut_at=setup.cut)
         made = [frame(spec, f) for f in range(setup.frames)]  # made once, shared by every run of the repetition
         for lr in setup.lrs:
             def sgd(stage: torch.nn.Module, lr: float = lr):
@@ -415,6 +415,5 @@ def report(result: Result) -> str:
 
 def write(result: Result, out: Path) -> list[Path]:
     """``partime_drift.csv`` (every frame of every run) and ``partime_drift.png`` in ``out``."""
-    write_text_atomic(_csv(list(result.runs), result.seed), out / "partime_drift.csv")
-    write_bytes_atomic(out / "partime_drift.png", _plot(result.setup, list(result.runs)))
-    return [out / "partime_drift.csv", out / "partime_drift.png"]
+    runs = list(result.runs)
+    return write_csv_png(out, "partime_drift", _csv(runs, result.seed), _plot(result.setup, runs))

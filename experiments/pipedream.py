@@ -33,8 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from experiments import memory, pipedream_vs_dp
+from experiments.harness import write_csv_png
 from sim.core.cli import CliParser
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.hw.topology import Topology
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
@@ -301,6 +301,4 @@ def report(result: Result) -> str:
 def write(result: Result, out: Path) -> list[Path]:
     """``pipedream.csv`` (long form, one row per measured quantity) and ``pipedream.png`` in ``out``."""
     parts = list(result.steady), list(result.memory), list(result.throughput)
-    write_text_atomic(_csv(*parts), out / "pipedream.csv")
-    write_bytes_atomic(out / "pipedream.png", _plot(*parts))
-    return [out / "pipedream.csv", out / "pipedream.png"]
+    return write_csv_png(out, "pipedream", _csv(*parts), _plot(*parts))

@@ -39,9 +39,9 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 from pathlib import Path
 
+from experiments.harness import write_csv_png
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.hw.topology import Topology
 from sim.plan.layout import plan_layout
 from sim.report.png import figure_png
@@ -369,6 +369,4 @@ def report(result: Result) -> str:
 def write(result: Result, out: Path) -> list[Path]:
     """``relaxed_search.csv`` (one row per problem and method) and ``relaxed_search.png`` in ``out``."""
     done = list(result.done)
-    write_text_atomic(_csv(done), out / "relaxed_search.csv")
-    write_bytes_atomic(out / "relaxed_search.png", _plot(done))
-    return [out / "relaxed_search.csv", out / "relaxed_search.png"]
+    return write_csv_png(out, "relaxed_search", _csv(done), _plot(done))

@@ -35,10 +35,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.harness import write_csv_png
 from experiments.vtrain import DATA, Run, load_runs, spearman, split_runs, topology_of
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
+from sim.core.fileio import write_text_atomic
 from sim.report.png import figure_png
 from sim.search.search import SearchResult, run_search
 from sim.search.settings import Setting, load_settings
@@ -322,6 +323,4 @@ def report(result: Result) -> str:
 def write(result: Result, out: Path) -> list[Path]:
     """``search_vtrain.csv`` (one row per group) and ``search_vtrain.png`` in ``out``."""
     done = list(result.groups)
-    write_text_atomic(_csv(done), out / "search_vtrain.csv")
-    write_bytes_atomic(out / "search_vtrain.png", _plot(done, result.data))
-    return [out / "search_vtrain.csv", out / "search_vtrain.png"]
+    return write_csv_png(out, "search_vtrain", _csv(done), _plot(done, result.data))

@@ -25,18 +25,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.harness import write_csv_png
+from experiments.published_rows import RowResult
 from experiments.scatter import accuracy_scatter_png, error_stats
 from experiments.torchtitan_fit import DEVICE, FIGURES, fit_figures, log_error, split_rows, with_figures
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.hw.catalog import get_device
 from sim.hw.topology import Topology
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
-__all__ = ["DATA", "Row", "RowResult", "Result", "load_rows", "plan_inputs", "predict_row", "evaluate", "halves",
+__all__ = ["DATA", "Row", "Result", "load_rows", "plan_inputs", "predict_row", "evaluate", "halves",
            "summary", "parser", "run", "report", "write", "SEED"]
 
 DATA = Path(__file__).parent / "data" / "torchtitan" / "benchmarks.csv"
@@ -75,22 +76,6 @@ class Row:
     recompute: str
     fsdp_float8_gather: bool
     tokens_per_s_per_gpu: float
-
-
-@dataclass(frozen=True)
-class RowResult:
-    """A row, its prediction (tokens/s per GPU), the predicted peak memory (bytes, max over devices) and what of
-    its configuration the simulator does not model."""
-
-    row: Row
-    predicted: float
-    peak_memory_bytes: float
-    unmodelled: tuple[str, ...]
-
-    @property
-    def error(self) -> float:
-        """predicted / published − 1."""
-        return self.predicted / self.row.tokens_per_s_per_gpu - 1
 
 
 def load_rows(path: Path = DATA) -> list[Row]:
@@ -148,7 +133,7 @@ def unmodelled(row: Row) -> tuple[str, ...]:
     return tuple(missing)
 
 
-def predict_row(row: Row, topology: Topology | None = None) -> RowResult:
+def predict_row(row: Row, topology: Topology | None = None) -> RowResult[Row]:
     """``row``'s prediction through ``build_plan`` and ``predict`` (memory not enforced: a published run that the
     ledger says does not fit is still timed, and its predicted peak reported), on ``topology`` where given (the
     row's topology with trial device figures, :mod:`experiments.torchtitan_fit`)."""
@@ -159,12 +144,12 @@ def predict_row(row: Row, topology: Topology | None = None) -> RowResult:
     return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row))
 
 
-def evaluate(path: Path = DATA) -> list[RowResult]:
+def evaluate(path: Path = DATA) -> list[RowResult[Row]]:
     """Every current row of ``path`` predicted, in file order."""
     return [predict_row(row) for row in load_rows(path)]
 
 
-def _fully_modelled(result: RowResult) -> bool:
+def _fully_modelled(result: RowResult[Row]) -> bool:
     return not set(result.unmodelled) - {UNSTATED_PP}
 
 
@@ -194,7 +179,7 @@ def fit(rows: list[Row], split: list[str],
     return fit_figures(objective, {name: getattr(device, name) for name in FIGURES}, trial)
 
 
-def summary(results: list[RowResult], split: list[str]) -> dict[str, dict[str, float]]:
+def summary(results: list[RowResult[Row]], split: list[str]) -> dict[str, dict[str, float]]:
     """Median and max |error| and the row count of: every row, the held-out half's fully modelled rows (what the
     fitted figures are judged on), the fit half, and every held-out row."""
     pairs = list(zip(results, split, strict=True))
@@ -207,7 +192,7 @@ def summary(results: list[RowResult], split: list[str]) -> dict[str, dict[str, f
     }
 
 
-def _table(results: list[RowResult], split: list[str]) -> list[str]:
+def _table(results: list[RowResult[Row]], split: list[str]) -> list[str]:
     lines = [f"{'row':<13} {'half':<8} {'model':<14} {'GPUs':>5} {'FSDP×TP×PP×CP':<14} {'seq':>6} {'f8':<3} "
              f"{'cmp':<3} {'AC':<4} {'published':>9} {'predicted':>9} {'error':>7} {'peak GB':>7}  unmodelled"]
     for r, half in zip(results, split, strict=True):
@@ -220,7 +205,7 @@ def _table(results: list[RowResult], split: list[str]) -> list[str]:
     return lines
 
 
-def _plot(results: list[RowResult], split: list[str]) -> bytes:
+def _plot(results: list[RowResult[Row]], split: list[str]) -> bytes:
     xs = [r.row.tokens_per_s_per_gpu for r in results]
     ys = [r.predicted for r in results]
     groups = (("fit", True, "#88CCEE", "fit half"), ("held-out", True, "#117733", "held out, fully modelled"),
@@ -241,7 +226,7 @@ class Result:
     figures fitted (name → value, the catalog's units) and the fit half's mean |log error| (else ``None``)."""
 
     seed: int
-    results: tuple[RowResult, ...]
+    results: tuple[RowResult[Row], ...]
     split: tuple[str, ...]
     fitted: dict[str, float] | None = None
     fit_error: float | None = None
@@ -311,6 +296,4 @@ def write(result: Result, out: Path) -> list[Path]:
                          int(row.float8), int(row.compiled), row.recompute, repr(row.tokens_per_s_per_gpu),
                          f"{r.predicted:.3f}", f"{r.error:.6f}", f"{r.peak_memory_bytes / 1e9:.3f}",
                          "; ".join(r.unmodelled)])
-    write_text_atomic(text.getvalue(), out / "torchtitan.csv")
-    write_bytes_atomic(out / "torchtitan.png", _plot(results, split))
-    return [out / "torchtitan.csv", out / "torchtitan.png"]
+    return write_csv_png(out, "torchtitan", text.getvalue(), _plot(results, split))

@@ -35,9 +35,9 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.schedule_cases import GPT, Case, add_cases_flag, chosen_cases
+from experiments.harness import write_csv_png
+from experiments.schedule_cases import GPT, Case, GridResult, chosen_cases, grid_parser
 from sim.core.cli import CliParser
-from sim.core.fileio import write_bytes_atomic, write_text_atomic
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
@@ -197,21 +197,13 @@ def _plot(rows: list[Row]) -> bytes:
     return figure_png(fig, dpi=110)
 
 
-@dataclass(frozen=True)
-class Result:
-    """The cases asked for and every simulated row of the grid, in its order (case, p, m, then the schedules)."""
-
-    cases: tuple[Case, ...]
-    rows: tuple[Row, ...]
+#: The experiment's result: the cases asked for and their grid of :class:`Row`.
+Result = GridResult
 
 
 def parser() -> CliParser:
     """``python -m experiments.run zero_bubble [--quick] [--cases ...] [--out DIR]``."""
-    parser = CliParser(prog="python -m experiments.run zero_bubble", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/zero_bubble", help="output directory (default runs/zero_bubble)")
-    parser.add_argument("--quick", action="store_true", help="p in {2, 4} only (CI)")
-    add_cases_flag(parser, CASES)
-    return parser
+    return grid_parser("zero_bubble", __doc__.split("\n\n")[0], CASES, "p in {2, 4} only (CI)")
 
 
 def run(*, quick: bool = False, cases: tuple[str, ...] = tuple(c.key for c in CASES)) -> Result:
@@ -229,6 +221,4 @@ def report(result: Result) -> str:
 def write(result: Result, out: Path) -> list[Path]:
     """``zero_bubble.csv`` and ``zero_bubble.png`` in ``out``."""
     rows = list(result.rows)
-    write_text_atomic(_csv(rows), out / "zero_bubble.csv")
-    write_bytes_atomic(out / "zero_bubble.png", _plot(rows))
-    return [out / "zero_bubble.csv", out / "zero_bubble.png"]
+    return write_csv_png(out, "zero_bubble", _csv(rows), _plot(rows))

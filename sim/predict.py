@@ -37,7 +37,7 @@ from sim.ir.plan import Plan
 from sim.ir.trace import Trace
 from sim.plan.build import BuiltPlan
 from sim.report.metrics import compute_metrics, plan_header
-from sim.report.stream import real_time, stream_metrics
+from sim.report.partime import partime_metrics, real_time
 
 __all__ = ["Prediction", "predict", "predict_built", "describe_cost_source"]
 
@@ -169,15 +169,15 @@ def predict_built(built: BuiltPlan, *, check_memory: bool = True, simulate_all: 
 
 
 def _stream(plan: Plan, trace: Trace, views: tuple, topology: Topology, check_memory: bool) -> dict[str, Any]:
-    """The stream metrics of a PARTIME plan (``sim.report.stream``); with a live source (option ``fps``) also the
+    """The stream metrics of a PARTIME plan (``sim.report.partime``); with a live source (option ``fps``) also the
     same plan simulated unpaced, whose step time is the sustainable rate that real time is judged against."""
     fps = plan.option("fps")
-    found = stream_metrics(trace, num_stages=plan.num_vstages, num_frames=plan.num_microbatches, fps=fps)
+    found = partime_metrics(trace, num_stages=plan.num_vstages, num_frames=plan.num_microbatches, fps=fps)
     if fps:
         unpaced_plan = replace(plan, options=tuple(item for item in plan.options if item[0] != "fps"))
         unpaced = simulate(unpaced_plan, views, topology, check_memory=check_memory).trace
-        found["real_time"] = real_time(found, stream_metrics(unpaced, num_stages=plan.num_vstages,
-                                                             num_frames=plan.num_microbatches, fps=None))
+        found["real_time"] = real_time(found, partime_metrics(unpaced, num_stages=plan.num_vstages,
+                                                              num_frames=plan.num_microbatches, fps=None))
     return found
 
 

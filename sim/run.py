@@ -22,7 +22,7 @@ from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_chunks_atomic
 from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
-from sim.faults.report import FaultOptions, FaultReport, fault_report
+from sim.faults.options import FaultOptions, FaultPrediction, predict_faults
 from sim.models import MODELS, build_model
 from sim.models.routing import BALANCED, parse_routing
 from sim.plan.build import build_plan
@@ -30,7 +30,7 @@ from sim.plan.inputs import PlanInputs, format_builtin_lists
 from sim.plan.memory_fit import out_of_memory_message
 from sim.predict import predict
 from sim.report.outputs import format_summary, plan_title, write_plan_files, write_run_outputs
-from sim.report.stream import format_stream_summary
+from sim.report.partime import format_partime_summary
 from sim.schedules import SCHEDULES
 
 __all__ = ["main", "make_parser", "FLAGS"]
@@ -292,7 +292,7 @@ def _run(argv: list[str] | None) -> int:
         print(f"routing           {spread}: {routing['slowdown_vs_balanced']:.2f}x the iteration time of balanced "
               f"dropless routing ({routing['balanced_iteration_time_s'] * 1e3:.3f} ms)")
     if "stream" in metrics:
-        print(format_stream_summary(metrics["stream"]))
+        print(format_partime_summary(metrics["stream"]))
     if faults is not None:
         print(faults.summary())
     print(f"wrote {out}/{{{', '.join(['plan.json', 'schedule.csv', *names])}}}")
@@ -332,7 +332,7 @@ def _without_perturbation(built, metrics: dict, perturbation: Perturbation, chec
 
 
 def _fault_options(args: argparse.Namespace) -> FaultOptions:
-    """The long-run flags as :class:`sim.faults.report.FaultOptions` (checked there)."""
+    """The long-run flags as :class:`sim.faults.options.FaultOptions` (checked there)."""
     storage = None if args.storage_bandwidth is None else args.storage_bandwidth * 1e9
     return FaultOptions(train_hours=args.train_hours, iterations=args.iterations, mtbf_hours=args.mtbf,
                         mtbf_scope=args.mtbf_scope, failure_mix=args.failure_mix,
@@ -341,13 +341,13 @@ def _fault_options(args: argparse.Namespace) -> FaultOptions:
                         seed=args.seed, trials=args.fault_trials)
 
 
-def _long_run(options: FaultOptions, metrics: dict, plan, topology) -> FaultReport | None:
-    """The long run with failures the flags ask for (``sim.faults.report``), or ``None``."""
+def _long_run(options: FaultOptions, metrics: dict, plan, topology) -> FaultPrediction | None:
+    """The long run with failures the flags ask for (``sim.faults.options``), or ``None``."""
     if not options.requested:
         return None
     tokens = metrics.get("tokens_per_iteration") or 0
-    return fault_report(options, iteration_s=metrics["iteration_time_s"], tokens_per_iteration=int(tokens),
-                        model=build_model(plan.model), topology=topology)
+    return predict_faults(options, iteration_s=metrics["iteration_time_s"], tokens_per_iteration=int(tokens),
+                          model=build_model(plan.model), topology=topology)
 
 
 def _check_memory(inputs: PlanInputs, built) -> None:

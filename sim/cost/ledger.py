@@ -64,11 +64,11 @@ What a device holds, per rank of the plan (all bytes):
   backward the I makes those of the parameters outside the weight GEMMs, the W the GEMMs'.
 
 An op's effect at its start is ``(released, allocated)``: ``released`` bytes are freed first (a retired weight
-version, a stream frame being replaced), then ``allocated`` bytes are taken, so a peak is read after the allocation.
+version, a PARTIME frame being replaced), then ``allocated`` bytes are taken, so a peak is read after the allocation.
 At its end it frees ``freed`` bytes. Messages, collectives and TP ops allocate nothing here (their buffers are not
 modelled yet).
 
-The ledger is stateful (stash versions and stream frames are counted as they go): use one per replay.
+The ledger is stateful (stash versions and PARTIME frames are counted as they go): use one per replay.
 """
 
 from __future__ import annotations
@@ -156,8 +156,8 @@ class MemoryLedger:
         self.recomputed = ({(op.vstage, op.mb) for program in plan.programs for op in program
                             if self._effect[op.kind] is MemoryEffect.REBUILD_ACTIVATIONS}
                            if MemoryEffect.REBUILD_ACTIVATIONS in effects else set())
-        self.stream = plan.weight_policy == "stream"
-        self.held: dict[int, int] = {}  # stream: vstage -> activation bytes of its current frame
+        self.is_partime = plan.weight_policy == "stream"
+        self.held: dict[int, int] = {}  # PARTIME: vstage -> activation bytes of its current frame
         self.in_flight: dict[int, int] = {}  # ZeRO-3 kept gathered: vstage -> microbatches between F and backward
         # Weight stashing: (vstage, version) -> microbatches still to run on it; the updates each vstage has made.
         self.versions = weight_versions(plan) if plan.weight_policy == "stash" else {}
@@ -195,7 +195,7 @@ class MemoryLedger:
         if effect is MemoryEffect.NONE:
             return freed
         if effect is MemoryEffect.RELEASE_ACTIVATIONS:
-            freed += self.held.pop(vstage, 0) if self.stream else self._held_until_backward(vstage, op.mb)
+            freed += self.held.pop(vstage, 0) if self.is_partime else self._held_until_backward(vstage, op.mb)
             freed += self._release_kept(vstage)
         elif effect is MemoryEffect.DEFER_WEIGHT_GRADIENTS:
             held = self._held_until_backward(vstage, op.mb)
@@ -231,7 +231,7 @@ class MemoryLedger:
         backward = kind in self._backward
         gathered = self.sizes.gathered_bytes(vstage, backward)
         if backward:
-            if kind is OpKind.B and not self.stream and not recomputed:
+            if kind is OpKind.B and not self.is_partime and not recomputed:
                 return self.sizes.backward_peak_bytes(vstage, new_gradients > 0) + gathered
             transient = (self.sizes.input_backward_bytes(vstage) if kind is OpKind.I
                          else self.sizes.weight_backward_bytes(vstage) if kind is OpKind.W
@@ -264,7 +264,7 @@ class MemoryLedger:
         return 0, 0
 
     def _keep(self, op: Op) -> tuple[int, int]:
-        if self.stream:
+        if self.is_partime:
             return self._replace_frame(op.vstage)
         gathered = self._gather_kept(op.vstage)
         key = (op.vstage, (op.vstage, op.mb) in self.recomputed)
@@ -293,7 +293,7 @@ class MemoryLedger:
         return self.sizes.held_gathered_bytes(vstage)
 
     def _rebuild(self, op: Op) -> tuple[int, int]:
-        if self.stream:  # the drain's recompute: a whole frame again
+        if self.is_partime:  # the drain's recompute: a whole frame again
             return self._replace_frame(op.vstage)
         return 0, self.sizes.rebuilt_bytes(op.vstage)
 
@@ -319,7 +319,7 @@ class MemoryLedger:
         return 0, self.sizes.param_bytes(op.vstage)
 
     def _replace_frame(self, vstage: int) -> tuple[int, int]:
-        """A stream's forward (or the drain's recompute) replaces the stage's frame: a warm-up forward that no
+        """A PARTIME stage's forward (or the drain's recompute) replaces the stage's frame: a warm-up forward that no
         gradient came back for is dropped."""
         kept = self.sizes.activation_bytes(vstage)
         released = self.held.get(vstage, 0)

@@ -3,7 +3,7 @@
 Reading a topology goes one way: :mod:`sim.hw.grammar` parses the text (a compact spec or a YAML file) into a
 :class:`ClusterDescription`, checking its syntax, its counts and its names (devices and links are looked up in the
 catalog); :mod:`sim.hw.servers` turns the description into the servers it describes (each one's wiring and NIC ports,
-one fabric for all, the slowed devices); :mod:`sim.hw.nodes` builds their link graph. Nothing in the description is
+one fabric for all, the slowed devices); :mod:`sim.hw.link_graph` builds their link graph. Nothing in the description is
 derived from another field, so the description is exactly what was written, and ``repeat`` keeps identical servers
 as one entry however many there are.
 

@@ -9,9 +9,9 @@ Grammar (DESIGN §5; case-insensitive device and preset names, ``x`` or ``X`` as
             | PRESET | M "x" PRESET                             dgx-a100, 2xdgx-h100, 8xcray-ex-gh200
 
 Each term is one server or several; ranks are numbered term by term, server by server. A server's wiring and NICs
-are those of the real system (:func:`sim.hw.nodes.default_shape`, applied by :mod:`sim.hw.servers`); a heterogeneous
-spec (``A+B``) joins all servers by one fabric running at the slowest server's NIC port speed, each server keeping its
-port count.
+are those of the real system (:func:`sim.hw.node_shapes.default_shape`, applied by :mod:`sim.hw.servers`); a
+heterogeneous spec (``A+B``) joins all servers by one fabric running at the slowest server's NIC port speed, each
+server keeping its port count.
 
 Reading checks what the text alone decides: its syntax, its counts, its device, preset and link names (looked up in the
 catalog) and the ranks a file's ``slowdown:`` names; whether a server of that many devices can be wired is
@@ -124,8 +124,8 @@ PRESETS: dict[str, Preset] = {
                "vllm-mori-distributed.html)"),
         Preset("l40s-pcie8", "l40s-48gb", 8, "pcie", "roce-200g", 2,
                "PCIe server: 8 x L40S 48 GB (no NVLink), 2 x 200 GbE RoCE [network assumed]",
-               "8 GPUs is the PCIe box limit of sim.hw.nodes (hardware.md §2.2); L40S has no NVLink and runs on PCIe "
-               "4.0 x16 (devices.yaml l40s-48gb); network 2 x 200 GbE RoCE [assumed], see nodes._NETWORK"),
+               "8 GPUs is the PCIe box limit of sim.hw.node_shapes (hardware.md §2.2); L40S has no NVLink and runs on "
+               "PCIe 4.0 x16 (devices.yaml l40s-48gb); network 2 x 200 GbE RoCE [assumed], see node_shapes._NETWORK"),
     )
 }  # fmt: skip
 

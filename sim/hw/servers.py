@@ -1,19 +1,20 @@
 """From a topology's description to its servers: each group's wiring and NIC ports, one fabric, the slowed devices.
 
 The second of the three steps of :meth:`sim.hw.topology.Topology.parse` (the text is read by :mod:`sim.hw.grammar`,
-the servers' link graph built by :func:`sim.hw.nodes.build_graph`). For each
+the servers' link graph built by :func:`sim.hw.link_graph.build_graph`). For each
 :class:`~sim.hw.description.ServerGroup`, in rank order:
 
-* its server is the one a real system of ``count`` × ``device`` is (:func:`sim.hw.nodes.default_shape`: the wiring,
-  unless the group asks for one, and the NIC ports), a preset's with the preset's own ports; a server that cannot be
-  built (too many devices for any wiring of them, a wiring the device cannot have) is an error naming the group;
+* its server is the one a real system of ``count`` × ``device`` is (:func:`sim.hw.node_shapes.default_shape`: the
+  wiring, unless the group asks for one, and the NIC ports), a preset's with the preset's own ports; a server that
+  cannot be built (too many devices for any wiring of them, a wiring the device cannot have) is an error naming the
+  group;
 * ``repeat`` copies of it follow one another;
 * a compact ``NxDEVICE`` of a rack-scale device (GB200 and GB300 NVL72) larger than one NVLink domain is N GPUs in
-  domains of 72, the last one partial (:data:`sim.hw.nodes.RACK_SCALE`).
+  domains of 72, the last one partial (:data:`sim.hw.node_shapes.RACK_SCALE`).
 
 Then every server gets the same NIC port type, the description's ``network`` or the slowest of their own
-(:func:`sim.hw.nodes.unify_network`: a heterogeneous cluster shares one fabric), and the ranks of ``slowdown`` get a
-device that many times slower (:attr:`sim.hw.nodes.NodeShape.slowdown`).
+(:func:`unify_network`: a heterogeneous cluster shares one fabric), and the ranks of ``slowdown`` get a
+device that many times slower (:attr:`sim.hw.node_shapes.NodeShape.slowdown`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sim.core.errors import SpecError
+from sim.hw.catalog import LinkSpec
 from sim.hw.description import ClusterDescription, ServerGroup
-from sim.hw.nodes import RACK_SCALE, NodeShape, default_shape, max_gpus_per_node, unify_network
+from sim.hw.node_shapes import RACK_SCALE, NodeShape, default_shape, max_gpus_per_node
 
-__all__ = ["server_shapes"]
+__all__ = ["server_shapes", "unify_network"]
 
 
 def server_shapes(description: ClusterDescription) -> list[NodeShape]:
@@ -79,3 +81,22 @@ def _slow_down(shapes: list[NodeShape], factors: dict[int, float]) -> list[NodeS
         first += shape.count
         slowed.append(replace(shape, slowdown=own) if any(f != 1.0 for f in own) else shape)
     return slowed
+
+
+def unify_network(shapes: list[NodeShape], network: LinkSpec | None = None, nics: int | None = None) -> list[NodeShape]:
+    """Give every server the same NIC port type, by default the slowest of their own (fabric speed).
+
+    A heterogeneous cluster shares one fabric, so it runs every port at the speed of the slowest server's NICs
+    (lowest effective bandwidth; ties: higher latency, then name). Each server keeps its own port count unless
+    ``nics`` is given.
+
+    Raises:
+        SpecError: ``nics`` differs from the GPU count of a server whose GPUs have one NIC each (a GH200 node).
+    """
+    if network is None:
+        network = min((s.network for s in shapes), key=lambda link: (link.bandwidth, -link.latency, link.name))
+    for s in shapes:
+        if nics is not None and s.nic_per_gpu and nics != s.count:
+            raise SpecError(f"nics_per_node {nics} does not fit a server of {s.count} x {s.device.name}: each of its "
+                            f"GPUs has its own NIC, so it has {s.count}")
+    return [replace(s, network=network, nics=s.nics if nics is None else nics) for s in shapes]

@@ -4,14 +4,14 @@
 ``4xideal``, or a YAML file; grammar and file schema in :mod:`sim.hw.grammar`) into a frozen object whose
 ``str()`` is ``spec`` again, in three steps that each go one way: the text is read into a description
 (:mod:`sim.hw.grammar`, :class:`~sim.hw.description.ClusterDescription`), the description into its servers
-(:mod:`sim.hw.servers`), and the servers into their link graph (:mod:`sim.hw.nodes`): a
+(:mod:`sim.hw.servers`), and the servers into their link graph (:mod:`sim.hw.link_graph`): a
 ``networkx.DiGraph`` of GPUs, host memories, NVSwitches, NICs and the network fabric, with one directed
 :class:`Link` per edge (attribute ``"link"``).
 
 Routing. A message from rank a to rank b follows the cheapest path by the reference cost
 ``Σ (latency + 1 MiB / bandwidth)`` over its hops (s), ties broken by fewer hops, then by the lexicographically
 smaller sequence of node names. A GPU is an endpoint only, never an intermediate hop, and so is any graph node with
-attribute ``transit=False`` (the Grace host memory of a GH200 server, :mod:`sim.hw.nodes`). Paths are computed once
+attribute ``transit=False`` (the Grace host memory of a GH200 server, :mod:`sim.hw.link_graph`). Paths are computed once
 per source (Dijkstra) and cached, so :meth:`Topology.path` is a dictionary lookup after the first call.
 
 Transfer model. A message is cut-through: it occupies every link of its path for its whole duration, and that
@@ -38,7 +38,8 @@ import networkx as nx
 from sim.core.errors import SpecError
 from sim.hw.catalog import DeviceSpec
 from sim.hw.grammar import format_topology_list, parse_description
-from sim.hw.nodes import DGX1_NVLINK_PAIRS, Link, NodeShape, build_graph, mesh_link
+from sim.hw.link_graph import Link, build_graph
+from sim.hw.node_shapes import DGX1_NVLINK_PAIRS, NodeShape, mesh_link
 from sim.hw.servers import server_shapes
 
 __all__ = ["Link", "Topology", "format_topology_list", "message_time", "REFERENCE_BYTES"]
@@ -59,7 +60,7 @@ def _hop_cost(link: Link) -> float:
     return link.spec.latency + REFERENCE_BYTES / link.spec.bandwidth
 
 
-#: The graph node where servers meet (:mod:`sim.hw.nodes`).
+#: The graph node where servers meet (:mod:`sim.hw.link_graph`).
 _FABRIC = "fabric"
 
 
@@ -203,10 +204,10 @@ class Topology:
     def _route(self, src: str, dst: str) -> tuple[Link, ...]:
         """The cheapest path from ``src`` to ``dst`` (:meth:`_tree`'s order).
 
-        Servers meet only at the ``fabric`` node (:mod:`sim.hw.nodes`): every path from one server to another crosses
-        it once. So the cheapest path is the better of the one that stays on ``src``'s side (a tree that stops at the
-        fabric, a server's few nodes) and the cheapest path to the fabric followed by the fabric's cheapest path to
-        ``dst`` (one tree for the whole cluster). Each part is the cheapest of its own (cost, then hops, then names),
+        Servers meet only at the ``fabric`` node (:mod:`sim.hw.link_graph`): every path from one server to another
+        crosses it once. So the cheapest path is the better of the one that stays on ``src``'s side (a tree that stops
+        at the fabric, a server's few nodes) and the cheapest path to the fabric followed by the fabric's cheapest path
+        to ``dst`` (one tree for the whole cluster). Each part is the cheapest of its own (cost, then hops, then names),
         so their concatenation is the cheapest crossing path, labelled as one search would label it; without this,
         every source would search the whole cluster (16,384 GPUs: hours).
         """

@@ -70,6 +70,7 @@ from dataclasses import dataclass, replace
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
 from sim.models.graph import LayerGraph, MixturePart, MlaPart, TransformerPart, canonical_spec
+from sim.models.llama import DecoderShape
 from sim.models.routing import capped_shares, expert_shares, rank_loads, slowest_rank
 from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, collective_layer, padded_vocab
 
@@ -122,29 +123,20 @@ _MAY_BE_ZERO = ("head_dim", "window", "q_lora", "kv_lora", "rope_dim", "v_dim", 
                 "swiglu_clamp", *_FLAGS)
 
 
-@dataclass(frozen=True)
-class MoeShape:
-    """The shapes of a mixture-of-experts decoder (module docstring's notation and keys)."""
+@dataclass(frozen=True, kw_only=True)
+class MoeShape(DecoderShape):
+    """The shapes of a mixture-of-experts decoder (module docstring's notation and keys): a Llama-family decoder's
+    (:class:`~sim.models.llama.DecoderShape`: ``ffn`` is the dense layers' SwiGLU width, ``window`` applies to the
+    layers :func:`is_windowed_layer` names, so ``keys_seen`` is a windowed layer's) and the mixture's, attention's and
+    router's own, given by keyword."""
 
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    seq: int
     experts: int
     topk: int
     expert_ffn: int
     shared_experts: int = 0
     dense_layers: int = 0
-    qkv_bias: bool = False
     o_bias: bool = False
-    qk_norm: bool = False
     sinks: bool = False
-    tied: bool = False
-    window: int = 0
     window_period: int = 1
     q_lora: int = 0
     kv_lora: int = 0

@@ -7,7 +7,7 @@ the same way for candidates they cost without building a whole plan.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
@@ -22,15 +22,20 @@ def plan_is_pipeline_only(layout: Parallelism, topology: Topology) -> bool:
     return layout.is_pure_pipeline and layout.pp == topology.num_ranks
 
 
+#: The :class:`PlanInputs` field of each :class:`Parallelism` field whose flag says it otherwise (``--rank-order``).
+_INPUT_NAMES = {"order": "rank_order"}
+#: The layout's fields taken as asked: all but ``pp`` (``None`` in the inputs: the devices left) and ``devices``
+#: (checked against the layout's width first). Derived from :class:`Parallelism`, so a layout field the inputs do not
+#: carry fails here at once rather than being left at its default.
+_ASKED = tuple(item.name for item in fields(Parallelism) if item.name not in ("pp", "devices"))
+
+
 def plan_layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
     """The tensor × data × pipeline layout the user asked for, checked against the topology's device count."""
     devices = topology.num_ranks
     # The layout checks its own fields (one line naming the flag and value) before they are multiplied here.
-    asked = Parallelism(tp=inputs.tp, dp=inputs.dp, pp=1 if inputs.pp is None else inputs.pp, cp=inputs.cp,
-                        cp_comm=inputs.cp_comm,
-                        order=inputs.rank_order, sequence_parallel=inputs.sequence_parallel, zero=inputs.zero,
-                        reshard_after_forward=inputs.reshard_after_forward, dp_replicate=inputs.dp_replicate,
-                        grad_overlap=inputs.grad_overlap, ep=inputs.ep, etp=inputs.etp)
+    asked = Parallelism(pp=1 if inputs.pp is None else inputs.pp,
+                        **{name: getattr(inputs, _INPUT_NAMES.get(name, name)) for name in _ASKED})
     width = asked.tp * asked.data_ranks  # devices of one pipeline stage
     named = f"--tp {asked.tp} × --dp {asked.dp}" + (f" × --cp {asked.cp}" if asked.cp > 1 else "")
     if inputs.devices and len(inputs.devices) != width * (inputs.pp or 1) and inputs.pp is not None:

@@ -129,7 +129,7 @@ def add_send_recv(plan: Plan) -> Plan:
         out: list[Op] = []
         append = out.append
         # (vstage, mb) whose output gradient an R right before the backward already waited for (see below).
-        # A stream's R is its drain step's forward of the stage's current input (``sim.schedules.stream``), not a
+        # A stream's R is its drain step's forward of the stage's current input (``sim.schedules.partime``), not a
         # rebuild for a backward: it runs on program order as before.
         gradient_of: dict[tuple[int, int], str] = {}
         for pos, op in enumerate(program):

@@ -15,8 +15,8 @@ from sim.ir.plan import Op
 from sim.schedules.gpipe import gpipe
 from sim.schedules.interleaved import check_interleaved, interleaved, loop_placement
 from sim.schedules.one_f_one_b import one_f_one_b
+from sim.schedules.partime import partime
 from sim.schedules.pipedream import pipedream
-from sim.schedules.stream import stream
 from sim.schedules.zero_bubble import zb1p
 
 __all__ = ["ScheduleEntry", "SCHEDULES", "get_schedule", "PLACEMENTS"]
@@ -106,7 +106,7 @@ SCHEDULES: dict[str, ScheduleEntry] = {
         ),
         ScheduleEntry(
             "stream", "PARTIME online learning on a stream: --frames frames, one per step, each stage's forward of its "
-            "newest input and backward of the arriving gradient, an update every step", "stream", stream,
+            "newest input and backward of the arriving gradient, an update every step", "stream", partime,
         ),
         ScheduleEntry(
             "zb1p", "Zero Bubble ZB-H1: backward split into I and W, W deferred into 1F1B's bubbles", "flush", zb1p,

@@ -67,4 +67,4 @@ def test_a_rows_prediction_is_sim_runs(line, tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert result.predicted == metrics["tokens_per_s_per_device"]
     assert result.error == pytest.approx(result.predicted / row.tokens_per_s_per_gpu - 1)
-    assert result.moe == (line == 9)
+    assert result.row.moe == (line == 9)

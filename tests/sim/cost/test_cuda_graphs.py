@@ -13,7 +13,7 @@ from sim.predict import predict, predict_built
 MODEL = "cnn:layers=10,features=16,kernel=5,size=64"
 
 
-def stream_metrics(cuda_graphs: bool, topology: str = "4xV100"):
+def partime_metrics(cuda_graphs: bool, topology: str = "4xV100"):
     built = build_plan(PlanInputs(model=MODEL, topology=topology, schedule="stream", microbatches=24,
                                   partition="3,2,2,3", cuda_graphs=cuda_graphs))
     prediction = predict_built(built)
@@ -21,8 +21,8 @@ def stream_metrics(cuda_graphs: bool, topology: str = "4xV100"):
 
 
 def test_a_captured_step_saves_all_but_one_launch_per_stage():
-    built, eager = stream_metrics(False)
-    captured_built, captured = stream_metrics(True)
+    built, eager = partime_metrics(False)
+    captured_built, captured = partime_metrics(True)
     assert built.plan.placement.layer_counts() == captured_built.plan.placement.layer_counts()
     launch = get_device("V100").launch_overhead_s
     assert launch > 0
@@ -33,7 +33,7 @@ def test_a_captured_step_saves_all_but_one_launch_per_stage():
 
 
 def test_the_plan_records_it_and_the_prediction_path_costs_it_from_the_plan():
-    built, captured = stream_metrics(True)
+    built, captured = partime_metrics(True)
     again = predict(built.plan)  # the oracle rebuilt from plan.json alone (sim.cost.model.plan_oracle)
     assert again.metrics["stream"]["stage_step_time_s"] == captured["stage_step_time_s"]
 

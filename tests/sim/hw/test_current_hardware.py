@@ -18,7 +18,7 @@ import yaml
 from sim.core.errors import SpecError
 from sim.hw.catalog import get_device, get_link, list_devices
 from sim.hw.grammar import PRESETS
-from sim.hw.nodes import max_gpus_per_node
+from sim.hw.node_shapes import max_gpus_per_node
 from sim.hw.topology import Topology, format_topology_list
 
 _DATA = files("profiles") / "hardware"

@@ -1,5 +1,5 @@
 """Reading a topology goes one way: the text into a description (sim.hw.grammar), the description into servers
-(sim.hw.servers), the servers into a graph (sim.hw.nodes). Oracles: the specs' own words, and Topology.parse."""
+(sim.hw.servers), the servers into a graph (sim.hw.link_graph). Oracles: the specs' own words, and Topology.parse."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from sim.core.errors import SpecError
 from sim.hw.catalog import get_device, get_link
 from sim.hw.description import ClusterDescription, ServerGroup
 from sim.hw.grammar import load_topology_yaml, parse_description
-from sim.hw.nodes import build_graph
+from sim.hw.link_graph import build_graph
 from sim.hw.servers import server_shapes
 from sim.hw.topology import Topology
 

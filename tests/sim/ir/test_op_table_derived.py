@@ -34,7 +34,7 @@ _SPELLINGS = frozenset(kind.value for kind in OpKind)
 #: The literal lists of kinds allowed outside sim/ir, each with why the table cannot say it:
 #: (path, the literal as ``ast.unparse`` writes it) -> reason.
 ALLOWED = {
-    ("sim/schedules/stream.py", "(OpKind.B, OpKind.R)"):
+    ("sim/schedules/partime.py", "(OpKind.B, OpKind.R)"):
         "the ops of a PARTIME stream that work on the frame the stage's last forward left: its drain R is a "
         "forward of that frame, not a rebuild, so no kind property of the table picks them; the generator's own",
     ("executor/calibration.py", "(OpKind.F.value, OpKind.B.value)"):

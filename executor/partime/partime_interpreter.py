@@ -1,10 +1,10 @@
-"""Running a PARTIME stream plan for real (``weight_policy = "stream"``; ``sim.schedules.stream``).
+"""Running a PARTIME stream plan for real (``weight_policy = "stream"``; ``sim.schedules.partime``).
 
-:class:`StreamInterpreter` is the interpreter with PARTIME's three differences:
+:class:`PartimeInterpreter` is the interpreter with PARTIME's three differences:
 
 * **The backward runs through the stage's current forward.** B(v, g) carries the gradient of frame g, produced by
   stage v + 1 at the step before; it back-propagates through the graph of the newest forward of stage v, frame
-  :func:`sim.schedules.stream.stream_inputs` names (the function the simulator uses too). A forward no gradient came
+  :func:`sim.schedules.partime.partime_inputs` names (the function the simulator uses too). A forward no gradient came
   for (a warm-up step's) is dropped when the next forward comes: a stage keeps one frame.
 * **The drain recomputes.** After the last frame, a B with no forward in its step runs through a new forward of the
   stage's last input under the weights as they are now: R(v, g) re-runs it (the autograd graph of the old forward
@@ -12,10 +12,10 @@
 * **An update after every backward, with the loss as is.** Each frame is a step of online SGD: the last stage
   back-propagates its frame's loss undivided, and OPT_STEP follows every B.
 
-The weights after every step are those of :func:`executor.stream.partime_reference.partime` on the same frames, bitwise
-(``tests/executor/stream/test_stream_run.py``). :func:`stream_frames` makes the frames: ``cnn`` models read the seeded
-smooth video of :mod:`executor.stream.video` (iteration k continues the stream at frame k · T, so a run of several
-iterations is one stream), other models a seeded synthetic batch per frame.
+The weights after every step are those of :func:`executor.partime.partime_reference.partime` on the same frames,
+bitwise (``tests/executor/partime/test_partime_run.py``). :func:`partime_frames` makes the frames: ``cnn`` models read
+the seeded smooth video of :mod:`executor.partime.video` (iteration k continues the stream at frame k · T, so a run of
+several iterations is one stream), other models a seeded synthetic batch per frame.
 """
 
 from __future__ import annotations
@@ -28,26 +28,26 @@ from torch import Tensor
 
 from executor.interpreter import RankInterpreter
 from executor.nn.stages import synthetic_batch
-from executor.stream.video import StreamSpec, frame
+from executor.partime.video import VideoSpec, frame
 from sim.core.errors import SpecError
 from sim.core.spec import parse_spec
 from sim.ir.plan import Op, OpKind, Plan
 from sim.models import build_model
-from sim.schedules.stream import stream_inputs
+from sim.schedules.partime import partime_inputs
 
-__all__ = ["StreamInterpreter", "stream_frames", "stream_spec", "STREAM_DRIFT"]
+__all__ = ["PartimeInterpreter", "partime_frames", "video_spec", "VIDEO_DRIFT"]
 
 #: Phase advance of the synthetic video per frame, radians (the source's default: consecutive frames differ by
 #: about 5 %, a slowly moving scene).
-STREAM_DRIFT = 0.05
+VIDEO_DRIFT = 0.05
 
 
-class StreamInterpreter(RankInterpreter):
+class PartimeInterpreter(RankInterpreter):
     """One rank of a stream plan (module docstring); the arguments are :class:`RankInterpreter`'s."""
 
     def __init__(self, plan: Plan, rank: int, *args: Any, **kwargs: Any) -> None:
         super().__init__(plan, rank, *args, **kwargs)
-        self.current_of = stream_inputs(plan)
+        self.current_of = partime_inputs(plan)
         self.loss_scale = 1
         self.last_input: dict[int, Tensor] = {}
         self.fps = plan.option("fps")
@@ -90,7 +90,7 @@ class StreamInterpreter(RankInterpreter):
         return v, self.current_of[(v, mb)]
 
 
-def stream_spec(plan: Plan, seed: int) -> StreamSpec | None:
+def video_spec(plan: Plan, seed: int) -> VideoSpec | None:
     """The synthetic video of a ``cnn`` stream plan (frames of its size, targets of its features), else ``None``.
 
     Raises:
@@ -102,13 +102,13 @@ def stream_spec(plan: Plan, seed: int) -> StreamSpec | None:
     if plan.microbatch_size != 1:
         raise SpecError(f"a cnn stream learns from one frame at a time; --microbatch-size {plan.microbatch_size} "
                         f"would make each frame a batch")
-    return StreamSpec(size=int(values["size"]), features=int(values["features"]), seed=seed, drift=STREAM_DRIFT)
+    return VideoSpec(size=int(values["size"]), features=int(values["features"]), seed=seed, drift=VIDEO_DRIFT)
 
 
-def stream_frames(plan: Plan, seed: int, iteration: int) -> list[tuple[Tensor, Tensor]]:
+def partime_frames(plan: Plan, seed: int, iteration: int) -> list[tuple[Tensor, Tensor]]:
     """The frames of ``iteration``: frames ``iteration · T .. (iteration + 1) · T − 1`` of the stream, each
     ``(input, target)`` on the CPU."""
-    spec = stream_spec(plan, seed)
+    spec = video_spec(plan, seed)
     first = iteration * plan.num_microbatches
     if spec is None:
         return [synthetic_batch(plan.model, plan.microbatch_size, seed=seed, index=first + j)

@@ -9,7 +9,7 @@ from sim.ir.plan import OpKind
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.schedules import SCHEDULES
-from sim.schedules.stream import stream, stream_inputs, stream_steps
+from sim.schedules.partime import partime, partime_inputs, partime_steps
 
 
 def text(programs) -> list[str]:
@@ -17,21 +17,21 @@ def text(programs) -> list[str]:
 
 
 def test_two_stages_three_frames_is_the_docstring_picture():
-    assert text(stream(2, 3)) == [
+    assert text(partime(2, 3)) == [
         "0F0 0F1 0F2 0B0 0R1 0B1 0R2 0B2",
         "1F0 1B0 1F1 1B1 1F2 1B2",
     ]
 
 
 def test_one_stage_is_plain_online_sgd_order():
-    assert text(stream(1, 4)) == ["0F0 0B0 0F1 0B1 0F2 0B2 0F3 0B3"]
+    assert text(partime(1, 4)) == ["0F0 0B0 0F1 0B1 0F2 0B2 0F3 0B3"]
 
 
 @settings(max_examples=60, deadline=None)
 @given(stages=st.integers(1, 6), frames=st.integers(1, 20))
 def test_counts_and_the_current_input_of_every_backward(stages, frames):
-    programs = stream(stages, frames)
-    assert stream_steps(stages, frames) == frames + 2 * (stages - 1)
+    programs = partime(stages, frames)
+    assert partime_steps(stages, frames) == frames + 2 * (stages - 1)
     for stage, program in enumerate(programs):
         kinds = [op.kind for op in program]
         assert kinds.count(OpKind.F) == frames and kinds.count(OpKind.B) == frames
@@ -41,7 +41,7 @@ def test_counts_and_the_current_input_of_every_backward(stages, frames):
         assert [op.mb for op in program if op.kind is OpKind.R] == drained
     plan = build_plan(PlanInputs(model=f"uniform:layers={stages}", topology=f"{stages}xideal", schedule="stream",
                                  microbatches=frames)).plan
-    inputs = stream_inputs(plan)
+    inputs = partime_inputs(plan)
     for stage in range(stages):
         for g in range(frames):
             # Closed form: the stage's current frame when the gradient of g arrives, or its last frame in the drain.

@@ -1,5 +1,5 @@
 """A PARTIME stream plan run by ``executor.run`` on gloo ranks ends with bitwise the weights of the single-process
-reference of PARTIME's rule (``executor.stream.partime_reference.partime``) on the same frames: every stage's forward
+reference of PARTIME's rule (``executor.partime.partime_reference.partime``) on the same frames: every stage's forward
 of its newest frame, the backward of the arriving gradient through it, an SGD step after each backward, the drain's
 recompute. And its losses are the reference's online losses."""
 
@@ -12,9 +12,9 @@ import torch
 
 from executor.nn.optim import make_optimizer
 from executor.nn.stages import build_stage, loss_fn
-from executor.stream.partime_reference import partime
-from executor.stream.stream_interpreter import STREAM_DRIFT
-from executor.stream.video import StreamSpec, frame
+from executor.partime.partime_interpreter import VIDEO_DRIFT
+from executor.partime.partime_reference import partime
+from executor.partime.video import VideoSpec, frame
 from sim.ir.plan import Plan
 from tests.executor.runs import execute, sim_plan
 
@@ -25,7 +25,7 @@ LR = 0.05
 def reference(plan: Plan, iterations: int, data_seed: int = 0):
     """The reference over ``iterations`` segments of the stream, each a T-frame plan run to its end."""
     stages = [build_stage(MODEL, start, end, seed=0) for start, end in plan.placement.vstage_layers]
-    spec = StreamSpec(size=16, features=4, seed=data_seed, drift=STREAM_DRIFT)
+    spec = VideoSpec(size=16, features=4, seed=data_seed, drift=VIDEO_DRIFT)
     frames_per_plan = plan.num_microbatches
     losses = []
     for k in range(iterations):

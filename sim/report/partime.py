@@ -1,7 +1,7 @@
 """What a stream run (PARTIME, ``--schedule stream``) is judged by: per-frame latency, the pipeline's step time and
 throughput, each stage's time per step, and, for a live source, whether real time holds.
 
-Definitions (``sim.schedules.stream``: frame f enters stage 0 at step f, stage s runs frame ``t − s`` and the
+Definitions (``sim.schedules.partime``: frame f enters stage 0 at step f, stage s runs frame ``t − s`` and the
 gradient of frame ``t − 2(N − 1) + s`` at step t):
 
 * **frame in**: f / fps with a live source (``--fps``), else the start of frame f's first forward (a source that
@@ -27,7 +27,7 @@ from typing import Any
 from sim.ir.ops import COMPUTE_KINDS, WEIGHT_GRADIENT_KINDS, OpKind
 from sim.ir.trace import Trace
 
-__all__ = ["stream_metrics", "real_time", "format_stream_summary"]
+__all__ = ["partime_metrics", "real_time", "format_partime_summary"]
 
 # Spans carry their kind's spelling: the op table's kinds, spelt. A stream plan's compute is F, B, R and OPT_STEP.
 _COMPUTE_KINDS = frozenset(kind.value for kind in COMPUTE_KINDS)
@@ -36,7 +36,7 @@ _FRAME_DONE_KINDS = frozenset(kind.value for kind in (*WEIGHT_GRADIENT_KINDS, Op
 _FORWARD = OpKind.F.value
 
 
-def stream_metrics(trace: Trace, *, num_stages: int, num_frames: int, fps: float | None) -> dict[str, Any]:
+def partime_metrics(trace: Trace, *, num_stages: int, num_frames: int, fps: float | None) -> dict[str, Any]:
     """The ``stream`` object of a stream plan's ``metrics.json`` (module docstring), times in s.
 
     Args:
@@ -111,7 +111,7 @@ def real_time(paced: dict[str, Any], unpaced: dict[str, Any]) -> dict[str, Any] 
     return verdict
 
 
-def format_stream_summary(stream: dict[str, Any]) -> str:
+def format_partime_summary(stream: dict[str, Any]) -> str:
     """The lines ``sim.run`` and ``executor.run`` print for a stream run."""
     lines = [f"stream: {stream['frames']} frames on {stream['stages']} stages"
              + (f", source at {stream['fps']:g} frames/s (frames queue when the pipeline is slower)"

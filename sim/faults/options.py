@@ -1,5 +1,6 @@
-"""A plan's simulated iteration turned into a long run with failures: the ``sim.run`` options that ask for it, the
-checkpoint interval swept, and the ``faults`` object of ``metrics.json``.
+"""The ``sim.run`` options that ask for a long run with failures, and what they predict from a plan's simulated
+iteration: the checkpoint interval swept, the seeded and expected runs, and the ``faults`` object of ``metrics.json``
+(:class:`FaultPrediction`; drawn by :mod:`sim.faults.chart`).
 
 ``sim.run --train-hours H`` (or ``--iterations N``) predicts a run of that much failure-free training (H hours of
 iterations, or N iterations) on the plan's devices, failing as ``--mtbf`` and ``--failure-mix`` say, checkpointing
@@ -32,7 +33,7 @@ from sim.faults.long_run import LongRun, LongRunResult, check_finishes, expected
 from sim.hw.topology import Topology
 from sim.models.graph import LayerGraph
 
-__all__ = ["FaultOptions", "FaultReport", "fault_report", "SWEEP_POINTS", "DEFAULT_RESTART_MINUTES",
+__all__ = ["FaultOptions", "FaultPrediction", "predict_faults", "SWEEP_POINTS", "DEFAULT_RESTART_MINUTES",
            "MAX_ITERATIONS"]
 
 #: Intervals the sweep tries, log-spaced from 1/16 to 16 times Young's.
@@ -102,7 +103,7 @@ class FaultOptions:
 
 
 @dataclass(frozen=True)
-class FaultReport:
+class FaultPrediction:
     """A long run's prediction.
 
     Attributes:
@@ -191,8 +192,8 @@ def _check(options: FaultOptions) -> None:
         raise SpecError(f"--fault-trials must be in 1..1000, got {options.trials}")
 
 
-def fault_report(options: FaultOptions, *, iteration_s: float, tokens_per_iteration: int, model: LayerGraph,
-                 topology: Topology) -> FaultReport:
+def predict_faults(options: FaultOptions, *, iteration_s: float, tokens_per_iteration: int, model: LayerGraph,
+                   topology: Topology) -> FaultPrediction:
     """Predict the long run ``options`` asks for, of iterations of ``iteration_s`` seconds training
     ``tokens_per_iteration`` tokens each, of the whole (unsharded) ``model`` on every device of ``topology``.
 
@@ -226,7 +227,7 @@ def fault_report(options: FaultOptions, *, iteration_s: float, tokens_per_iterat
     metrics = _metrics(run, seeded, expected, sweep, best_every, mix, device_mtbf_s, tokens_per_iteration, options,
                        young)
     metrics["failure_free_wall_time_s"] = failure_free
-    return FaultReport(run, seeded, expected, tuple(sweep), best_every, mix, device_mtbf_s, tokens_per_iteration,
+    return FaultPrediction(run, seeded, expected, tuple(sweep), best_every, mix, device_mtbf_s, tokens_per_iteration,
                        metrics, tuple(trail), failure_free)
 
 

@@ -1,4 +1,4 @@
-"""executor.stream.partime_reference: PARTIME's rule against a hand-computed two-stage case, the lag of each stage's
+"""executor.partime.partime_reference: PARTIME's rule against a hand-computed two-stage case, the lag of each stage's
 gradient, delayed gradient descent on a constant stream, its step and op counts, and bit-equality with exact online SGD
 for one stage."""
 
@@ -9,8 +9,8 @@ from torch import nn
 
 from executor.nn.optim import SGD
 from executor.nn.stages import build_stage, loss_fn
-from executor.stream.partime_reference import exact_online_sgd, partime, recomputes_of, steps_of
-from executor.stream.video import StreamSpec, frame
+from executor.partime.partime_reference import exact_online_sgd, partime, recomputes_of, steps_of
+from executor.partime.video import VideoSpec, frame
 from sim.core.errors import SpecError
 
 
@@ -157,7 +157,7 @@ SPEC = "cnn:layers=3,features=4,kernel=3,size=8"
 
 
 def test_one_stage_is_exact_online_sgd_bit_for_bit(one_thread):
-    stream = StreamSpec(size=8, features=4, seed=1, drift=0.1, cut_at=4)
+    stream = VideoSpec(size=8, features=4, seed=1, drift=0.1, cut_at=4)
     after = {"partime": [], "exact": []}
     runs = {}
     for name, run in (("partime", partime), ("exact", exact_online_sgd)):
@@ -174,7 +174,7 @@ def test_one_stage_is_exact_online_sgd_bit_for_bit(one_thread):
 
 def test_more_stages_are_not_exact_online_sgd(one_thread):
     # the same layers split in two: exact online SGD does not depend on the split, PARTIME does
-    stream = StreamSpec(size=8, features=4, seed=1, drift=0.1)
+    stream = VideoSpec(size=8, features=4, seed=1, drift=0.1)
     exact = exact_online_sgd([build_stage(SPEC, 0, 3, seed=2)], _sgd(0.05), lambda f: frame(stream, f), 6,
                              loss_fn(SPEC))
     split = [build_stage(SPEC, 0, 1, seed=2), build_stage(SPEC, 1, 3, seed=2)]

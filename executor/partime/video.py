@@ -3,7 +3,8 @@
 PARTIME (Meloni et al., ICMLA 2022) learns from a live source one frame at a time and bets that consecutive frames
 differ little. This module makes such a source without a camera: a smoothly moving image and, per pixel, a target
 the network can learn, computed for any frame index alone, so every rank of a pipeline (and the single-process
-reference, :mod:`executor.stream.partime_reference`) makes bitwise the same frame f without making the frames before it.
+reference, :mod:`executor.partime.partime_reference`) makes bitwise the same frame f without making the frames before
+it.
 
 The scene. Each of the 3 input channels is a sum of :data:`WAVES` plane waves over the S x S pixel grid::
 
@@ -42,7 +43,7 @@ from torch import Tensor
 from executor.nn.seeds import derive_seed
 from sim.core.errors import SpecError
 
-__all__ = ["StreamSpec", "frame", "scene_of", "WAVES", "IN_CHANNELS", "MAX_FRAME_ELEMENTS"]
+__all__ = ["VideoSpec", "frame", "scene_of", "WAVES", "IN_CHANNELS", "MAX_FRAME_ELEMENTS"]
 
 IN_CHANNELS = 3  # RGB, as the cnn model's first layer expects
 WAVES = 4  # plane waves per channel: enough for a textured image, few enough to stay smooth
@@ -56,7 +57,7 @@ def _is_int(value: object) -> bool:
 
 
 @dataclass(frozen=True)
-class StreamSpec:
+class VideoSpec:
     """A synthetic stream.
 
     Attributes:
@@ -94,12 +95,12 @@ class StreamSpec:
                             f"{elements} elements exceeds the limit of {MAX_FRAME_ELEMENTS}")
 
 
-def scene_of(spec: StreamSpec, f: int) -> int:
+def scene_of(spec: VideoSpec, f: int) -> int:
     """The scene frame ``f`` shows: 0, or 1 from ``spec.cut_at`` on."""
     return 0 if spec.cut_at is None or f < spec.cut_at else 1
 
 
-def _scene_image(spec: StreamSpec, scene: int, f: int) -> Tensor:
+def _scene_image(spec: VideoSpec, scene: int, f: int) -> Tensor:
     """x of frame ``f`` in ``scene``: (3, S, S) float64 (module docstring's sum of plane waves)."""
     g = torch.Generator(device="cpu").manual_seed(derive_seed("stream-scene", spec.seed, scene))
     shape = (IN_CHANNELS, WAVES)
@@ -143,7 +144,7 @@ def _convolve(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return out
 
 
-def _teacher(spec: StreamSpec) -> tuple[Tensor, Tensor]:
+def _teacher(spec: VideoSpec) -> tuple[Tensor, Tensor]:
     """The teacher's 3 -> C 3x3 weights (C, 3, 3, 3) and bias (C,), float64, from the stream's seed alone."""
     g = torch.Generator(device="cpu").manual_seed(derive_seed("stream-teacher", spec.seed, 0))
     fan_in = IN_CHANNELS * 9
@@ -152,7 +153,7 @@ def _teacher(spec: StreamSpec) -> tuple[Tensor, Tensor]:
     return weight, bias
 
 
-def frame(spec: StreamSpec, f: int) -> tuple[Tensor, Tensor]:
+def frame(spec: VideoSpec, f: int) -> tuple[Tensor, Tensor]:
     """Frame ``f`` of the stream and its target.
 
     Args:

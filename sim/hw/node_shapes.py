@@ -1,59 +1,46 @@
-"""Server (node) shapes and how a list of them becomes the link graph of a :class:`sim.hw.topology.Topology`.
+"""What one server (node) of each device is: its wiring, its NVLink domain and its network ports, as real systems
+have them.
 
 A :class:`NodeShape` says what one server holds: ``count`` GPUs of one device, how they are wired to each other
-(``intra``), and its network ports. :func:`default_shape` picks the wiring a real server of that device has, and
-:func:`build_graph` turns shapes into a ``networkx.DiGraph`` whose edges carry one directed :class:`Link` each.
-
-Graph nodes: ``gpu{r}`` (rank r), ``host{n}`` (host memory and PCIe root of server n), ``nvswitch{n}``, ``nic{n}``
-(the aggregated NIC ports of server n), ``nic{n}.{i}`` (the own NIC of the i-th GPU of server n, where each GPU has
-one) and ``fabric`` (the non-blocking network between servers). Every physical link is full duplex and appears as two
-:class:`Link` objects, one per direction. A graph node with attribute ``transit=False`` is an endpoint that routes
-never cross (:mod:`sim.hw.topology`): the host of a GH200 server, whose GPUs reach their Grace CPU memory over
-NVLink-C2C; peer traffic there takes the NVLink mesh (NCCL does), not a detour through host memory.
+(``intra``), and its network ports. :func:`default_shape` picks the wiring and ports a real server of that device
+has; :mod:`sim.hw.servers` applies it to each group of a topology's description, and :mod:`sim.hw.link_graph` turns
+the servers into their link graph.
 
 Intra-node wiring (``intra``):
 
 * ``cube-mesh``: the DGX-1 V100 hybrid cube-mesh, restricted to GPUs 0..count-1, with the exact NVLink pairs of
-  hardware.md §2.2 (two-link pairs ``nvlink2-x2``, one-link pairs ``nvlink2-x1``); other pairs meet at the host.
-* ``nvswitch``: every GPU has one link of its generation's NVSwitch type to ``nvswitch{n}`` (DGX-2, DGX A100/H100/H200,
-  DGX B200).
-* ``pcie``: no GPU-to-GPU link; GPUs meet at ``host{n}`` over their PCIe links (PCIe cards such as the L40S).
-* ``full-mesh``: every GPU pair has its own direct link of the device's mesh type: 6 x NVLink 4 between the four GH200
-  of an HPE Cray EX node, one Infinity Fabric link between the eight MI300X of an AMD platform, ``ideal`` for the ideal
-  device.
+  hardware.md §2.2 (:data:`DGX1_NVLINK_PAIRS`: two-link pairs ``nvlink2-x2``, one-link pairs ``nvlink2-x1``); other
+  pairs meet at the host.
+* ``nvswitch``: every GPU has one link of its generation's NVSwitch type (:func:`switch_link`) to the server's
+  NVSwitch (DGX-2, DGX A100/H100/H200, DGX B200).
+* ``pcie``: no GPU-to-GPU link; GPUs meet at the host over their PCIe links (PCIe cards such as the L40S).
+* ``full-mesh``: every GPU pair has its own direct link of the device's mesh type (:func:`mesh_link`): 6 x NVLink 4
+  between the four GH200 of an HPE Cray EX node, one Infinity Fabric link between the eight MI300X of an AMD
+  platform, ``ideal`` for the ideal device.
 
-Every GPU also has its device's ``host_link`` (PCIe x16, or NVLink-C2C on a GH200) to ``host{n}``. Between servers,
-each GPU reaches ``nic{n}`` over a second link of its ``host_link`` type (GPUDirect RDMA through the PCIe switch; the
-model does not make network traffic share bandwidth with host copies), and ``nic{n}`` reaches ``fabric`` over one link
-whose bandwidth is the NIC port bandwidth × the number of ports (:func:`aggregate`). Where the source says each GPU
-has its own NIC and the host link is faster than the port (GH200: one Slingshot-11 NIC per superchip), GPU i has its
-own ``nic{n}.{i}`` with one port instead, so one GPU's message cannot use its neighbours' NICs: on an Alps GH200 node a
-single GPU pair across nodes moved 22.9 GB/s and four pairs 92.6 GB/s (the sources in ``links.yaml``).
+Between servers a server has ``nics`` ports of its ``network`` link type; where the source says each GPU has its own
+NIC and the host link is faster than the port (GH200, GB200, GB300), ``nic_per_gpu`` gives GPU i its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from itertools import combinations
-
-import networkx as nx
+from dataclasses import dataclass
 
 from sim.core.errors import SpecError
-from sim.hw.catalog import DeviceSpec, LinkSpec, get_link, slowed_device
-from sim.hw.description import MAX_RANKS
+from sim.hw.catalog import DeviceSpec, LinkSpec, get_link
 
 __all__ = [
-    "Link",
     "NodeShape",
     "INTRA_KINDS",
     "DGX1_NVLINK_PAIRS",
+    "RACK_SCALE",
+    "C2C_HOSTED",
+    "IDEAL_MAX",
     "mesh_link",
+    "switch_link",
     "default_shape",
     "max_gpus_per_node",
     "check_shape",
-    "aggregate",
-    "unify_network",
-    "build_graph",
 ]
 
 INTRA_KINDS = ("cube-mesh", "nvswitch", "pcie", "full-mesh")
@@ -67,7 +54,7 @@ DGX1_NVLINK_PAIRS: dict[tuple[int, int], int] = {
 
 _V100_SXM2 = ("v100-sxm2-16gb", "v100-sxm2-32gb")
 _CUBE_MESH_MAX = 8  # the DGX-1 has 8 GPUs
-_IDEAL_MAX = 256  # a full mesh has n(n-1) directed links; bounded to keep the graph small
+IDEAL_MAX = 256  # a full mesh has n(n-1) directed links; bounded to keep the graph small
 
 # device → (link type of every GPU pair, most GPUs) of a full mesh:
 # - GH200: an HPE Cray EX node holds 4 superchips, each pair joined by 6 NVLink 4 links ('GPU All2all: 3x6 NVLink',
@@ -79,14 +66,14 @@ _IDEAL_MAX = 256  # a full mesh has n(n-1) directed links; bounded to keep the g
 #   every neighbour pair of the simplification has the one link the board gives it];
 # - ideal: every pair on an ideal link.
 _MESH: dict[str, tuple[str, int]] = {
-    "ideal": ("ideal", _IDEAL_MAX),
+    "ideal": ("ideal", IDEAL_MAX),
     "tpu-v3-core": ("ici-tpu-v3", 8),
     "gh200-96gb": ("nvlink4-x6", 4),
     "mi300x-192gb": ("xgmi-mi300x", 8),
 }
-# GPUs whose host link is NVLink-C2C to their own Grace CPU: no PCIe path joins two of them, and their host is not a
-# transit node (module docstring).
-_C2C_HOSTED = frozenset({"gh200-96gb"})
+#: GPUs whose host link is NVLink-C2C to their own Grace CPU: no PCIe path joins two of them, and their host is not a
+#: transit node of the link graph (:mod:`sim.hw.link_graph`).
+C2C_HOSTED = frozenset({"gh200-96gb"})
 # GPUs with their own NIC each, where the source says so and it matters (host link faster than the port, see the
 # module docstring): GH200, 'four Grace-Hopper modules and four corresponding network interface cards' (CSCS Alps
 # hardware page, docs/alps/hardware.md in eth-cscs/cscs-docs).
@@ -171,21 +158,6 @@ _DGX2_NICS = 8  # DGX-2H: '8 InfiniBand adapters per server' (hardware.md §2.2,
 
 
 @dataclass(frozen=True)
-class Link:
-    """One directed link instance (a full-duplex link is two of these, one per direction).
-
-    Attributes:
-        src: graph node the data leaves, e.g. ``"gpu0"``, ``"host1"``, ``"nic0"``.
-        dst: graph node the data enters.
-        spec: the link type (bandwidth in bytes/s, latency in s).
-    """
-
-    src: str
-    dst: str
-    spec: LinkSpec
-
-
-@dataclass(frozen=True)
 class NodeShape:
     """One server: ``count`` GPUs of ``device``, wired by ``intra``, with ``nics`` ports of ``network``.
 
@@ -223,7 +195,7 @@ def _max_gpus(device: DeviceSpec, intra: str) -> int:
     if intra == "nvswitch":
         return _SWITCH.get(device.name, ("", 0))[1]
     if intra == "pcie":
-        if device.name in _C2C_HOSTED:
+        if device.name in C2C_HOSTED:
             return 0
         return _CPU_MAX if device.name == "cpu" else _PCIE_MAX
     return 0
@@ -238,6 +210,17 @@ def mesh_link(device: DeviceSpec) -> LinkSpec:
     if device.name not in _MESH:
         raise SpecError(f"{device.name} cannot be wired as 'full-mesh'")
     return get_link(_MESH[device.name][0])
+
+
+def switch_link(device: DeviceSpec) -> LinkSpec:
+    """The link type joining each GPU of an ``nvswitch`` server of ``device`` to its NVSwitch.
+
+    Raises:
+        SpecError: ``device`` has no NVSwitch server.
+    """
+    if device.name not in _SWITCH:
+        raise SpecError(f"{device.name} cannot be wired as 'nvswitch'")
+    return get_link(_SWITCH[device.name][0])
 
 
 def max_gpus_per_node(device: DeviceSpec) -> int:
@@ -289,92 +272,3 @@ def default_shape(device: DeviceSpec, count: int, intra: str | None = None) -> N
         nics = count  # one NIC per GPU: a server of 2 of the 4 superchips has 2
     return NodeShape(device=device, count=count, intra=intra, network=get_link(network), nics=nics,
                      nic_per_gpu=per_gpu)
-
-
-def aggregate(link: LinkSpec, count: int) -> LinkSpec:
-    """``count`` parallel ports of ``link`` as one link: ``count`` × the bandwidths, the same latency (s)."""
-    if count == 1:
-        return link
-    return LinkSpec(
-        name=f"{link.name}-x{count}",
-        bandwidth=link.bandwidth * count,
-        latency=link.latency,
-        spec_bandwidth=link.spec_bandwidth * count,
-        source=f"{count} x {link.name} ports as one link [derived]; {link.source}",
-    )
-
-
-def unify_network(shapes: list[NodeShape], network: LinkSpec | None = None, nics: int | None = None) -> list[NodeShape]:
-    """Give every server the same NIC port type, by default the slowest of their own (fabric speed).
-
-    A heterogeneous cluster shares one fabric, so it runs every port at the speed of the slowest server's NICs
-    (lowest effective bandwidth; ties: higher latency, then name). Each server keeps its own port count unless
-    ``nics`` is given.
-
-    Raises:
-        SpecError: ``nics`` differs from the GPU count of a server whose GPUs have one NIC each (a GH200 node).
-    """
-    if network is None:
-        network = min((s.network for s in shapes), key=lambda link: (link.bandwidth, -link.latency, link.name))
-    for s in shapes:
-        if nics is not None and s.nic_per_gpu and nics != s.count:
-            raise SpecError(f"nics_per_node {nics} does not fit a server of {s.count} x {s.device.name}: each of its "
-                            f"GPUs has its own NIC, so it has {s.count}")
-    return [replace(s, network=network, nics=s.nics if nics is None else nics) for s in shapes]
-
-
-def _add_duplex(graph: nx.DiGraph, a: str, b: str, spec: LinkSpec) -> None:
-    graph.add_edge(a, b, link=Link(a, b, spec))
-    graph.add_edge(b, a, link=Link(b, a, spec))
-
-
-def build_graph(shapes: list[NodeShape]) -> tuple[nx.DiGraph, tuple[DeviceSpec, ...], tuple[int, ...]]:
-    """The link graph of servers ``shapes`` (ranks numbered server by server).
-
-    Returns:
-        ``(graph, device of each rank, server of each rank)``; each edge has attribute ``link`` (a :class:`Link`).
-    """
-    devices = tuple(slowed_device(s.device, s.slowdown[i]) if s.slowdown else s.device
-                    for s in shapes for i in range(s.count))
-    node_of_rank = tuple(n for n, s in enumerate(shapes) for _ in range(s.count))
-    all_ideal = all(s.device.name == "ideal" for s in shapes)
-    limit = _IDEAL_MAX if all_ideal else MAX_RANKS
-    if len(devices) > limit:
-        raise SpecError(f"at most {limit} ranks are supported here, got {len(devices)}")
-    graph = nx.DiGraph()
-    graph.add_nodes_from(f"gpu{r}" for r in range(len(devices)))
-    ideal = get_link("ideal")
-    first = 0
-    for n, shape in enumerate(shapes):
-        ranks = range(first, first + shape.count)
-        first += shape.count
-        host_link = get_link(shape.device.host_link)
-        for r in ranks:
-            _add_duplex(graph, f"gpu{r}", f"host{n}", host_link)
-        if shape.device.name in _C2C_HOSTED:
-            graph.nodes[f"host{n}"]["transit"] = False
-        if shape.intra == "cube-mesh":
-            for (i, j), links in DGX1_NVLINK_PAIRS.items():
-                if i < shape.count and j < shape.count:
-                    _add_duplex(graph, f"gpu{ranks[i]}", f"gpu{ranks[j]}", get_link(f"nvlink2-x{links}"))
-        elif shape.intra == "nvswitch":
-            switch = get_link(_SWITCH[shape.device.name][0])
-            for r in ranks:
-                _add_duplex(graph, f"gpu{r}", f"nvswitch{n}", switch)
-        elif shape.intra == "full-mesh" and not all_ideal:
-            pair = mesh_link(shape.device)
-            for a, b in combinations(ranks, 2):
-                _add_duplex(graph, f"gpu{a}", f"gpu{b}", pair)
-        if len(shapes) > 1 and not all_ideal:
-            if shape.nic_per_gpu:  # nics == count (unify_network refuses anything else)
-                for i, r in enumerate(ranks):
-                    _add_duplex(graph, f"gpu{r}", f"nic{n}.{i}", host_link)
-                    _add_duplex(graph, f"nic{n}.{i}", "fabric", shape.network)
-            else:
-                for r in ranks:
-                    _add_duplex(graph, f"gpu{r}", f"nic{n}", host_link)
-                _add_duplex(graph, f"nic{n}", "fabric", aggregate(shape.network, shape.nics))
-    if all_ideal:  # every pair of ranks, across servers too, has its own ideal link
-        for a, b in combinations(range(len(devices)), 2):
-            _add_duplex(graph, f"gpu{a}", f"gpu{b}", ideal)
-    return graph, devices, node_of_rank

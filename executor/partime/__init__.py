@@ -1,4 +1,4 @@
 """PARTIME's online learning from a stream on real ranks: the interpreter's three differences
-(``stream_interpreter``), the seeded synthetic video it learns from (``video``) and the single-process rule every
+(``partime_interpreter``), the seeded synthetic video it learns from (``video``) and the single-process rule every
 stage's weights must equal bitwise (``partime_reference``).
 """

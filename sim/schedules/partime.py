@@ -18,7 +18,7 @@ the lowering, ``weight_policy = "stream"``). A warm-up step runs F alone (no gra
 ends after T frames; so that every frame's gradient reaches every stage, the plan drains: a drain step has B
 without a new input, and the stage's current input is its last one, whose forward the weights have changed since,
 so the step first recomputes it, ``R(s, g)`` (labelled like the B it serves). The drain is an artefact of a finite
-plan; a live stream never reaches it. Which forward each B and R runs through is :func:`stream_inputs`, which the
+plan; a live stream never reaches it. Which forward each B and R runs through is :func:`partime_inputs`, which the
 simulator (activation memory: one frame per stage) and the executor both use.
 
 ::
@@ -33,15 +33,15 @@ from __future__ import annotations
 
 from sim.ir.plan import Op, OpKind, Plan
 
-__all__ = ["stream", "stream_inputs", "stream_steps"]
+__all__ = ["partime", "partime_inputs", "partime_steps"]
 
 
-def stream_steps(num_stages: int, num_frames: int) -> int:
+def partime_steps(num_stages: int, num_frames: int) -> int:
     """Steps of a stream plan: the T frames plus the 2(N − 1) steps that bring the last frame's gradient back."""
     return num_frames + 2 * (num_stages - 1)
 
 
-def stream(num_stages: int, num_frames: int) -> tuple[tuple[Op, ...], ...]:
+def partime(num_stages: int, num_frames: int) -> tuple[tuple[Op, ...], ...]:
     """L0 programs of PARTIME's stream over ``num_frames`` frames (module docstring); the updates come with lowering.
 
     Args:
@@ -56,7 +56,7 @@ def stream(num_stages: int, num_frames: int) -> tuple[tuple[Op, ...], ...]:
     programs = []
     for stage in range(num_stages):
         ops: list[Op] = []
-        for step in range(stream_steps(num_stages, num_frames)):
+        for step in range(partime_steps(num_stages, num_frames)):
             frame = step - stage
             gradient = step - 2 * (num_stages - 1) + stage
             if 0 <= frame < num_frames:
@@ -69,7 +69,7 @@ def stream(num_stages: int, num_frames: int) -> tuple[tuple[Op, ...], ...]:
     return tuple(programs)
 
 
-def stream_inputs(plan: Plan) -> dict[tuple[int, int], int]:
+def partime_inputs(plan: Plan) -> dict[tuple[int, int], int]:
     """For each B and R ``(vstage, frame)`` of a stream plan, the frame whose forward it runs through: the latest F of
     that vstage before it in program order (the stage's current input).
 

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from sim.core.errors import SpecError
 
-__all__ = ["OptimizerLike", "StreamResult", "partime", "exact_online_sgd", "steps_of", "recomputes_of"]
+__all__ = ["OptimizerLike", "PartimeResult", "partime", "exact_online_sgd", "steps_of", "recomputes_of"]
 
 
 class OptimizerLike(Protocol):
@@ -68,7 +68,7 @@ OnStep = Callable[[int, Sequence[nn.Module]], None]
 
 
 @dataclass(frozen=True)
-class StreamResult:
+class PartimeResult:
     """What an online run did.
 
     Attributes:
@@ -106,7 +106,7 @@ def _check(stages: Sequence[nn.Module], num_frames: int) -> None:
 
 
 def partime(stages: Sequence[nn.Module], make_optimizer: Callable[[nn.Module], OptimizerLike], frames: Frames,
-            num_frames: int, loss: Loss, *, on_step: OnStep | None = None) -> StreamResult:
+            num_frames: int, loss: Loss, *, on_step: OnStep | None = None) -> PartimeResult:
     """Run PARTIME's rule (module docstring) on ``stages`` over frames ``0 .. num_frames - 1``, in place.
 
     Args:
@@ -183,12 +183,12 @@ def partime(stages: Sequence[nn.Module], make_optimizer: Callable[[nn.Module], O
         outputs, gradients = new_outputs, new_gradients
         if on_step is not None:
             on_step(t, stages)
-    return StreamResult(tuple(losses), steps, tuple(forwards), tuple(backwards), tuple(recomputes))
+    return PartimeResult(tuple(losses), steps, tuple(forwards), tuple(backwards), tuple(recomputes))
 
 
 def exact_online_sgd(stages: Sequence[nn.Module], make_optimizer: Callable[[nn.Module], OptimizerLike],
                      frames: Frames, num_frames: int, loss: Loss, *,
-                     on_step: OnStep | None = None) -> StreamResult:
+                     on_step: OnStep | None = None) -> PartimeResult:
     """Sequential online SGD, the baseline PARTIME approximates: per frame, forward through every stage, loss,
     backward, update every stage (module docstring). Arguments, result and errors as :func:`partime`; ``on_step``
     is called with ``(f, stages)`` after frame f's updates."""
@@ -209,4 +209,4 @@ def exact_online_sgd(stages: Sequence[nn.Module], make_optimizer: Callable[[nn.M
         if on_step is not None:
             on_step(f, stages)
     ones = (num_frames,) * n
-    return StreamResult(tuple(losses), num_frames, ones, ones, (0,) * n)
+    return PartimeResult(tuple(losses), num_frames, ones, ones, (0,) * n)
