@@ -8,6 +8,7 @@ copy with a planted violation of each rule and assert that it is caught: a rule 
 from __future__ import annotations
 
 import ast
+import functools
 import shutil
 import subprocess
 import sys
@@ -93,23 +94,43 @@ def over_the_limit(lengths: dict[str, int]) -> dict[str, int]:
     return {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES}
 
 
+@functools.cache
+def import_statements(source: str) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+    """Every import statement of a module's source, inside functions too, as ``(level, module, names)``: level -1
+    for ``import a, b`` (module ``""``), else the ``from`` statement's level (0 absolute, 1 for ``from .``, ...).
+
+    Cached by the source text: a tree scan is mostly this parse, and the planted-violation tests scan copies of the
+    tree in which every module but the planted one has the text already parsed (the planted one is parsed anew).
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.append((-1, "", tuple(alias.name for alias in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module or "", tuple(alias.name for alias in node.names)))
+    return tuple(found)
+
+
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """Absolute names this module imports: project modules where they resolve to one, else the top-level name."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            for alias in node.names:
-                candidate = f"{base}.{alias.name}"
-                found.add(candidate if candidate in modules else base)
+    try:
+        statements = import_statements(path.read_text())
+    except SyntaxError as error:  # the cache is by text alone: name the file here
+        error.filename = str(path)
+        raise
+    for level, base, names in statements:
+        if level < 0:
+            found.update(names)
+            continue
+        if level:
+            anchor = package.split(".")
+            anchor = anchor[: len(anchor) - level + 1]
+            base = ".".join([*anchor, base] if base else anchor)
+        for alias in names:
+            candidate = f"{base}.{alias}"
+            found.add(candidate if candidate in modules else base)
     return found
 
 

@@ -4,11 +4,13 @@ import json
 import multiprocessing
 import re
 import time
+import types
 
 import pytest
 import torch
 
 import profiles.layer_inputs as layer_inputs
+import profiles.layer_timing as layer_timing
 from executor.nn.stages import build_layers
 from executor.provenance import catalog_id_for_gpu, cpu_model, software_versions
 from profiles.layer_timing import median_time_s, time_layers
@@ -37,12 +39,20 @@ def restore_threads():
 # --- the timing helper ----------------------------------------------------------------------------------------------
 
 
-def test_median_skips_the_warmup_runs_and_does_not_time_the_setup():
+def test_median_skips_the_warmup_runs_and_does_not_time_the_setup(monkeypatch):
+    # A clock that only the calls move (real sleeps were read up to 5 ms late on a loaded machine): each run takes
+    # its duration, each setup 0.03 s.
+    now = [0.0]
+
+    def advance(seconds: float) -> None:
+        now[0] += seconds
+
+    monkeypatch.setattr(layer_timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     durations = iter([0.2, 0.001, 0.010, 0.002])  # one slow warm-up run, then three timed ones
-    median = median_time_s(lambda _: time.sleep(next(durations)), warmup=1, repeats=3, sync=lambda: None,
-                           setup=lambda: time.sleep(0.03))
-    # 0.002 is the median of the timed runs only; counting the warm-up gives >= 0.006, timing the setup >= 0.03.
-    assert 0.002 <= median < 0.005
+    median = median_time_s(lambda _: advance(next(durations)), warmup=1, repeats=3, sync=lambda: None,
+                           setup=lambda: advance(0.03))
+    # 0.002 is the median of the timed runs only; counting the warm-up gives 0.006, timing the setup 0.032.
+    assert median == pytest.approx(0.002, abs=1e-12)
 
 
 def test_median_passes_the_setup_result_to_the_run():
