@@ -24,11 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.core.errors import SpecError
-from sim.cost.model import plan_sharding, replica_views
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
-from sim.models import build_model
 from sim.plan.build import build_plan, place_layers
 from sim.plan.layout import plan_layout, plan_microbatches
 from sim.search.critical_path import CompiledPlan, NotCompilable, compile_plan
@@ -78,19 +76,15 @@ class FastEvaluator:
             structure = self.structures.get(key)
             if structure is None:
                 built = build_plan(inputs)
-                views = replica_views(built.graph, built.topology, built.plan.placement, built.plan.microbatch_size,
-                                      built.profile, oracle=built.costs.oracle, layout=built.plan.layout)
+                views = built.views()
                 structure = self.structures[key] = _compile(built.plan, len(views))
                 if structure.compiled is None:
                     return evaluate(problem, candidate)
             elif structure.compiled is None:
                 return evaluate(problem, candidate)
             else:
-                graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
-                oracle, placement = place_layers(inputs, graph, self.profile, self.topology, layout,
-                                                 structure.vstage_to_rank)
-                views = replica_views(graph, self.topology, placement, inputs.microbatch_size, self.profile,
-                                      oracle=oracle, layout=layout)
+                costs, placement = place_layers(inputs, self.profile, self.topology, layout, structure.vstage_to_rank)
+                views = costs.views(placement)
             compiled = structure.compiled
             if len(views) != compiled.num_views:  # replicas alike or not depends on the candidate's layout
                 return evaluate(problem, candidate)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.cost.model import replica_views
 from sim.plan.build import build_plan
 from sim.search.critical_path import compile_plan
 from sim.search.evaluate import evaluate
@@ -88,8 +87,7 @@ def measure_rates(engine_candidates: int = 4, fast_candidates: int = 40, batch: 
     agreed = all(q.peak_memory_bytes == s.peak_memory_bytes and (
         q.iteration_time_s == s.iteration_time_s if q.method == EXACT else q.iteration_time_s <= s.iteration_time_s)
         for q, s in zip(quick, slow))
-    views = replica_views(built.graph, built.topology, built.plan.placement, built.plan.microbatch_size, None,
-                          oracle=built.costs.oracle, layout=built.plan.layout)
+    views = built.views()
     compiled = compile_plan(built.plan, len(views))
     base = compiled.slot_values(views)
     vectors = base[:, None] * np.random.default_rng(seed).uniform(0.8, 1.25, size=(len(base), batch))
