@@ -265,7 +265,7 @@ def screen_all(screener: Screener, candidates: Sequence[Candidate], *,
     found: list[Bound | None] = []
     # The screen allocates millions of small objects that form no cycles (memo keys, cost tuples), and each batch of
     # them sets off the cyclic collector over every memo kept so far: 12-15 % of the Llama 3.1 70B screen's time
-    # (sim.search.scale; 21-22 s against 18-19 s, the same peak RSS). Reference counting still frees them; the
+    # (sim.bench.scale; 21-22 s against 18-19 s, the same peak RSS). Reference counting still frees them; the
     # collector runs again as before once the screen ends.
     collecting = gc.isenabled()
     gc.disable()

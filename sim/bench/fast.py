@@ -1,5 +1,5 @@
 """Costing candidates fast: each plan structure built and compiled once, each candidate's costs through the same
-functions ``build_plan`` uses, its time by the longest path (:mod:`sim.search.critical_path`).
+functions ``build_plan`` uses, its time by the longest path (:mod:`sim.bench.critical_path`).
 
 Candidates that differ only in sizes (tensor and data degrees, microbatch size, partition, rank order, sequence
 parallelism) share a plan structure: the same ops, in the same order, with the same waits. A
@@ -13,7 +13,7 @@ plans) unless two ops would have held one link at once; then the time is a lower
 lower bound"``), which a caller must re-cost with the engine (:func:`sim.search.evaluate.evaluate`) whenever it could
 beat the best time found. Peak memory is exact either way.
 
-Who uses it: ``python -m sim.bench --search`` (:mod:`sim.search.rate`, which times it and checks every result against
+Who uses it: ``python -m sim.bench --search`` (:mod:`sim.bench.rate`, which times it and checks every result against
 the engine's) and the brute force of ``experiments.run relaxed_search``, over up to ``--brute-limit`` partitions and
 placements per problem. :func:`sim.search.search.run_search` does not: each of its strategies costs candidates by the
 one prediction path (:func:`sim.search.evaluate.evaluate`).
@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.bench.critical_path import CompiledPlan, NotCompilable, compile_plan
 from sim.core.errors import SpecError
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
 from sim.plan.build import build_plan, place_layers
 from sim.plan.layout import plan_layout, plan_microbatches
-from sim.search.critical_path import CompiledPlan, NotCompilable, compile_plan
 from sim.search.evaluate import Evaluation, evaluate, memory_verdict
 from sim.search.space import Candidate, SearchProblem
 

@@ -6,10 +6,10 @@ random partitions (each stage's layer count moved by up to 3 from the uniform sp
 Three figures, all timed in this process on one core:
 
 * **engine**: :func:`sim.search.evaluate.evaluate` per candidate (build the plan, simulate it with SimPy);
-* **fast, per candidate**: :class:`sim.search.fast.FastEvaluator` (the structure compiled once, each candidate's
+* **fast, per candidate**: :class:`sim.bench.fast.FastEvaluator` (the structure compiled once, each candidate's
   oracle, partition, cost vector, longest path, contention check and peak memory);
 * **fast, batched**: the compiled structure's longest path over many cost vectors at once
-  (:meth:`sim.search.critical_path.CompiledPlan.makespan` on a (slots × K) array), the part that grows with the
+  (:meth:`sim.bench.critical_path.CompiledPlan.makespan` on a (slots × K) array), the part that grows with the
   candidates once their cost vectors are known. Target: at least 1,000 candidates per second.
 
 Every fast result is checked against the engine's on the candidates both cost (exact where uncontended, a lower
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.bench.critical_path import compile_plan
+from sim.bench.fast import EXACT, FastEvaluator
 from sim.plan.build import build_plan
-from sim.search.critical_path import compile_plan
 from sim.search.evaluate import evaluate
-from sim.search.fast import EXACT, FastEvaluator
 from sim.search.space import Candidate, SearchProblem, SearchSpace
 
 __all__ = ["RateReport", "measure_rates", "RATE_PROBLEM", "RATE_LAYOUT"]
