@@ -18,7 +18,7 @@ two device models, which device block serves each stage. Every plan is costed by
   costs all of it and it is the best of those plans);
 * **brute force**: every composition of the layers into the stages, in every distinct placement of the device kinds,
   when there are at most ``--brute-limit`` of them, costed by the search's fast evaluator
-  (:class:`sim.search.fast.FastEvaluator`; exact, or a lower bound that the engine re-costs whenever it could win),
+  (:class:`sim.bench.fast.FastEvaluator`; exact, or a lower bound that the engine re-costs whenever it could win),
   the best re-costed by ``evaluate``.
 
 Prints a table (time per method, relative to the best any method found) and a summary of how often the relaxation
@@ -40,13 +40,13 @@ from itertools import combinations
 from pathlib import Path
 
 from experiments.harness import write_csv_png
+from sim.bench.fast import EXACT, FastEvaluator
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
 from sim.plan.layout import plan_layout
 from sim.report.png import figure_png
 from sim.search.evaluate import Evaluation, evaluate
-from sim.search.fast import EXACT, FastEvaluator
 from sim.search.placement import stage_placements
 from sim.search.relaxed.relaxation import RelaxedConfig, relax
 from sim.search.relaxed.surrogate import layout_blocks

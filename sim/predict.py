@@ -13,18 +13,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.core.errors import SpecError
-from sim.cost.compiled import check_compile
-from sim.cost.model import (
-    CostModel,
-    check_expert_layout,
-    plan_graph,
-    plan_oracle,
-    plan_state_shards,
-    replica_views,
-)
+from sim.cost.model import CostModel, plan_state_shards
 from sim.cost.model_flops import training_rates
 from sim.cost.oracle import CostOracle
-from sim.cost.precision import check_precision, narrow_format
+from sim.cost.plan_costs import PlanCosts, written_plan_costs
+from sim.cost.precision import narrow_format
 from sim.cost.profile import MeasuredProfile
 from sim.csp.csp_metrics import csp_metrics
 from sim.csp.csp_plan import check_csp_plan, csp_problem
@@ -107,13 +100,8 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
     layout = plan.layout
     precision, compiled = plan.option("precision"), plan.option("compile", False) is True
     if oracle is None:
-        graph = plan_graph(plan)
-        check_precision(precision, graph, [topology.devices[d] for d in layout.device_ranks])
-        check_compile(compiled, graph, [topology.devices[d] for d in layout.device_ranks])
-        check_expert_layout(graph, layout)
-        oracle = plan_oracle(graph, plan.microbatch_size, profile, topology, layout,
-                             cuda_graphs=bool(plan.option("cuda_graphs", False)), precision=precision,
-                             compiled=compiled)
+        costs = written_plan_costs(plan, topology, profile)
+        oracle = costs.oracle
     elif (oracle.graph.spec, oracle.microbatch_size, oracle.profile, oracle.topology, oracle.shards,
           oracle.cuda_graphs, oracle.narrow, oracle.compiled) != (
             plan.model, plan.microbatch_size, profile, topology, plan_state_shards(layout),
@@ -121,11 +109,12 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         raise ValueError(f"the cost oracle is for {oracle.graph.spec} at {oracle.microbatch_size} sample(s) per "
                          f"microbatch, not this plan's {plan.model} at {plan.microbatch_size}, or for another "
                          f"profile, topology or ZeRO sharding")
+    else:
+        costs = PlanCosts(oracle.graph, oracle, layout)
     if perturbation and plan.weight_policy in ("csp", "stream"):
         raise SpecError(f"--straggler and --jitter slow a fixed schedule's iteration; a {plan.weight_policy} plan is "
                         f"not modelled with them")
-    views = replica_views(oracle.graph, topology, plan.placement, plan.microbatch_size, profile, oracle=oracle,
-                          layout=layout, simulate_all=simulate_all or bool(perturbation.stragglers))
+    views = costs.views(plan.placement, simulate_all=simulate_all or bool(perturbation.stragglers))
     result = simulate(plan, views, topology, check_memory=check_memory, perturbation=perturbation)
     cost_source = describe_cost_source(oracle, plan.num_ranks)
     devices = [view.device_index_of(p) for view in views for p in range(plan.num_ranks)]

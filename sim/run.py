@@ -24,7 +24,7 @@ from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.faults.options import FaultOptions, FaultPrediction, predict_faults
 from sim.models import MODELS, build_model
-from sim.models.routing import BALANCED, parse_routing
+from sim.models.routing import BALANCED, CAPACITY_FACTOR_HELP, ROUTING_HELP, parse_routing
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs, format_builtin_lists
 from sim.plan.memory_fit import out_of_memory_message
@@ -119,13 +119,8 @@ def make_parser() -> argparse.ArgumentParser:
                      "exchange tokens by all-to-all (default 1)")
     par.add_argument("--etp", type=int, default=1, metavar="T",
                      help="expert tensor parallelism: each expert's width split over T devices (default 1)")
-    par.add_argument("--routing", default="balanced", metavar="ROUTING",
-                     help="how tokens spread over experts: balanced (default; what published benchmarks force), "
-                     "skew:S[:SEED] (Zipf-like, exponent S, seeded), or trace:FILE (JSON {\"counts\": [...]} of "
-                     "measured tokens per expert, one list or one per MoE layer)")
-    par.add_argument("--capacity-factor", type=float, default=0.0, metavar="C",
-                     help="each expert computes at most C times its balanced share of the tokens, the rest dropped "
-                     "(default 0: dropless)")
+    par.add_argument("--routing", default="balanced", metavar="ROUTING", help=ROUTING_HELP)
+    par.add_argument("--capacity-factor", type=float, default=0.0, metavar="C", help=CAPACITY_FACTOR_HELP)
     par.add_argument("--sequence-parallel", action="store_true",
                      help="Megatron's sequence parallelism: reduce-scatter + all-gather, norms and dropout sharded")
     par.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],

@@ -259,6 +259,7 @@ PLANTED = [
     ("sim.report.metrics", "from sim.hw.topology import Topology", "reports import only the IR"),
     ("sim.core.fileio", "import sim", "public face"),
     ("sim.engine.simpy_engine", "from sim.run import main", "command module sim.run"),
+    ("sim.search.screen", "from sim.bench.fast import FastEvaluator", "imports inside sim go down the floors"),
     ("executor.nn.optim", "from executor.rank_process import worker_main", "import cycle"),
 ]
 

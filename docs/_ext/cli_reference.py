@@ -49,7 +49,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("profiles.measure", "profiles.measure:make_parser", "measure a layer profile on this machine's device"),
     Command("experiments.run", "experiments.run:make_parser", "reproduce a published result or one of our own claims; "
             "each experiment's own options follow"),
-    Command("sim.bench", "sim.bench:make_parser", "time the engine, the partition and the search against baselines"),
+    Command("sim.bench", "sim.bench.cli:make_parser",
+            "time the engine, the partition and the search against baselines"),
     Command("sim.bench_memory", "sim.bench_memory:make_parser", "peak memory and time per op as plans grow"),
 )
 

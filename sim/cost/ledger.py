@@ -1,7 +1,7 @@
 """The memory ledger: what each op of a plan allocates and frees on its device, in bytes (DESIGN §6).
 
 Every consumer that needs a device's memory asks this module: the SimPy engine's timeline, the fast evaluator's
-peaks (``sim.search.critical_path``), the search's memory screen (``sim.search.planner``) and the experiments. An op's
+peaks (``sim.bench.critical_path``), the search's memory screen (``sim.search.planner``) and the experiments. An op's
 memory behaviour is its kind's :class:`~sim.ir.ops.MemoryEffect` and workspace flag (``sim.ir.ops.OP_SEMANTICS``);
 the byte counts are the plan's cost view's (``sim.cost.model.CostModel``, which asks the oracle). A kind with an
 effect this ledger has no rule for cannot reach it: :data:`RULES` covers every effect and a test holds it to that.

@@ -30,12 +30,11 @@ from sim.hw.topology import Topology
 from sim.ir.ops import OP_SEMANTICS, SPLIT_BACKWARD_KINDS
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import DP_KINDS, EP_KINDS, OpKind, Placement, Plan
-from sim.models import build_model
 from sim.models.graph import LayerGraph
 from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import Sharding
 
-__all__ = ["CostModel", "replica_views", "plan_sharding", "plan_graph", "plan_oracle",
+__all__ = ["CostModel", "replica_views", "plan_sharding", "plan_oracle",
            "GRADIENT_BUCKET_BYTES"]
 
 #: Gradient bytes per bucket when the data-parallel reduction overlaps the backward: PyTorch DDP's default
@@ -91,21 +90,16 @@ def plan_recompute(plan: Plan) -> str:
     return "selective" if value == "selective" else "full" if value else "none"
 
 
-def plan_graph(plan: Plan) -> LayerGraph:
-    """The model of ``plan`` as one device holds it: its tensor-parallel shard, with the plan's recomputation."""
-    return build_model(plan.model, plan_sharding(plan.layout, plan_recompute(plan), *plan_routing(plan)))
-
-
 def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None, topology: Topology,
                 layout: Parallelism, *, cuda_graphs: bool = False, kernel_model: KernelModel | None = None,
                 precision: str | None = None, compiled: bool = False) -> CostOracle:
-    """The cost oracle of a plan: ``graph`` (what one device holds, :func:`plan_graph` for a written plan) at
+    """The cost oracle of a plan: ``graph`` (what one device holds, :func:`sim.cost.plan_costs.sharded_graph`) at
     ``microbatch_size`` samples per microbatch, with ``profile``, on ``topology``, with the training state split
     across the data-parallel replicas as ``layout.zero``'s stage splits it, a stream's CUDA graphs, and ``kernel_model``
     (default: the built-in constants; a written plan records none), in ``precision`` (``None``: the model's own;
     ``"fp8"``, ``"mxfp8"``, ``"nvfp4"``: low-precision linears, :mod:`sim.cost.precision`), with its blocks under
-    ``torch.compile`` where ``compiled`` (:mod:`sim.cost.compiled`). ``build_plan`` makes its plan's oracle here, and
-    ``sim.predict`` makes a written plan's, so the two are the same oracle."""
+    ``torch.compile`` where ``compiled`` (:mod:`sim.cost.compiled`). Asked by :func:`sim.cost.plan_costs.plan_costs`
+    alone, for a built plan and a written one alike."""
     return CostOracle(graph, microbatch_size, profile, topology, cuda_graphs=cuda_graphs,
                       shards=plan_state_shards(layout), kernel_model=kernel_model,
                       narrow=narrow_format(precision), compiled=compiled,

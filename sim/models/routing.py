@@ -31,7 +31,16 @@ from sim.core.errors import SpecError
 from sim.core.fileio import read_text
 
 __all__ = ["ROUTINGS", "Routing", "BALANCED", "parse_routing", "expert_shares", "routable_shares", "rank_loads",
-           "slowest_rank", "capped_shares", "dropped_fraction", "MAX_TRACE_EXPERTS"]
+           "slowest_rank", "capped_shares", "dropped_fraction", "MAX_TRACE_EXPERTS", "ROUTING_HELP",
+           "CAPACITY_FACTOR_HELP"]
+
+#: The help of ``--routing`` in every command that takes it (``sim.run``, ``sim.search``).
+ROUTING_HELP = ("how tokens spread over experts: balanced (default; what published benchmarks force), skew:S[:SEED] "
+                "(Zipf-like, exponent S, seeded), or trace:FILE (JSON {\"counts\": [...]} of measured tokens per "
+                "expert, one list or one per MoE layer)")
+#: The help of ``--capacity-factor`` in every command that takes it.
+CAPACITY_FACTOR_HELP = ("each expert computes at most C times its balanced share of the tokens, the rest dropped "
+                        "(default 0: dropless)")
 
 #: The spreads ``--routing`` names.
 ROUTINGS = ("balanced", "skew", "trace")

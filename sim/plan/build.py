@@ -12,10 +12,9 @@ import math
 from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
-from sim.cost.compiled import check_compile
-from sim.cost.model import CostModel, check_expert_layout, plan_oracle, plan_sharding
+from sim.cost.model import CostModel
 from sim.cost.oracle import CostOracle
-from sim.cost.precision import check_precision
+from sim.cost.plan_costs import PlanCosts, check_graph, plan_costs, sharded_graph
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
 from sim.ir.ops import INPUT_GRADIENT_KINDS
@@ -23,7 +22,6 @@ from sim.ir.parallel import Parallelism
 from sim.ir.plan import Op, OpKind, Placement, Plan
 from sim.ir.schedule_csv import load_schedule_csv
 from sim.ir.weight_versions import VERTICAL_SYNC_OPTION
-from sim.models import build_model
 from sim.models.graph import LayerGraph
 from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.plan.inputs import PlanInputs
@@ -35,7 +33,7 @@ from sim.plan.partition import counts_to_ranges, parse_partition
 from sim.plan.validate import validate, validate_l0
 from sim.schedules import get_schedule
 
-__all__ = ["BuiltPlan", "build_plan", "place_layers", "inputs_oracle", "partition_layers"]
+__all__ = ["BuiltPlan", "build_plan", "place_layers", "inputs_graph", "inputs_costs", "partition_layers"]
 
 #: Options of a plan's generator: (name, value) pairs, recorded in the plan's options.
 _Options = tuple[tuple[str, int | float | bool], ...]
@@ -58,6 +56,12 @@ class BuiltPlan:
         and link)."""
         profile = ", costed from a measured profile" if self.profile is not None else ""
         return f"BuiltPlan({self.plan!r}\n  model on one device: {self.graph.summary()}{profile})"
+
+    def views(self, *, simulate_all: bool = False) -> tuple[CostModel, ...]:
+        """The cost views the engine simulates for this plan: one when its replicas are identical, else one per
+        replica (``simulate_all``: one per replica in any case; :meth:`sim.cost.plan_costs.PlanCosts.views`)."""
+        return PlanCosts(self.graph, self.costs.oracle, self.plan.layout).views(self.plan.placement,
+                                                                                  simulate_all=simulate_all)
 
 
 @dataclass(frozen=True)
@@ -108,10 +112,8 @@ def build_plan(inputs: PlanInputs, topology: Topology | None = None) -> BuiltPla
         raise SpecError(f"a measured profile times whole layers on one device; {{tp}} {layout.tp} splits them "
                         f"({{profile}} {inputs.profile})", "tp", "profile")
     routing = parse_routing(inputs.routing)
-    graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode, routing, inputs.capacity_factor))
-    check_precision(inputs.precision, graph, [topology.devices[d] for d in layout.device_ranks])
-    check_compile(inputs.compiled, graph, [topology.devices[d] for d in layout.device_ranks])
-    check_expert_layout(graph, layout)
+    graph = inputs_graph(inputs, layout)
+    check_graph(graph, layout, topology, precision=inputs.precision, compiled=inputs.compiled)
     profile = load_profile(inputs.profile) if inputs.profile else None
     if inputs.schedule_file:
         l0 = _programs_from_file(inputs, graph, topology, layout, microbatches)
@@ -121,12 +123,10 @@ def build_plan(inputs: PlanInputs, topology: Topology | None = None) -> BuiltPla
         raise SpecError(f"{{recompute}} {inputs.recompute_mode} does not apply to {{schedule}} stream: a stage keeps "
                         f"one frame's activations, and recomputes only when the stream has ended (the drain)",
                         "recompute", "schedule")
-    oracle, placement = place_layers(inputs, graph, profile, topology, l0.layout, l0.vstage_to_rank)
+    costs, placement = place_layers(inputs, profile, topology, l0.layout, l0.vstage_to_rank)
     plan = add_collectives(lower(_l0_plan(inputs, graph, topology, l0, placement, routing)))
     validate(plan)
-    costs = CostModel(graph, topology, placement, inputs.microbatch_size, profile, oracle=oracle, layout=l0.layout,
-                      concurrent=tuple(range(l0.layout.data_ranks)))
-    return BuiltPlan(plan, graph, topology, costs, profile, inputs)
+    return BuiltPlan(plan, graph, topology, costs.first_view(placement), profile, inputs)
 
 
 def _check_inputs(inputs: PlanInputs) -> None:
@@ -291,25 +291,34 @@ def _check_cuda_graphs(inputs: PlanInputs, schedule: str, topology: Topology, la
                         "cuda_graphs")
 
 
-def place_layers(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
-                 layout: Parallelism, vstage_to_rank: tuple[int, ...]) -> tuple[CostOracle, Placement]:
-    """The cost oracle of a plan (its microbatch size, ZeRO sharding, profile, kernel model) and where its layers
-    go: the partition rule resolved on the first replica's devices (tensor shard 0 of each group stands for it).
-    ``build_plan`` calls it, and so does the search's fast evaluator for plans of a structure it has built once.
+def place_layers(inputs: PlanInputs, profile: MeasuredProfile | None, topology: Topology, layout: Parallelism,
+                 vstage_to_rank: tuple[int, ...]) -> tuple[PlanCosts, Placement]:
+    """The costs of a plan (:func:`inputs_costs`) and where its layers go: the partition rule resolved on the first
+    replica's devices (tensor shard 0 of each group stands for it). ``build_plan`` calls it, and so do the search's
+    strategies for the plans they cost without building them.
 
     Raises:
         SpecError: the partition does not fit (see :func:`sim.plan.partition.parse_partition`).
     """
-    oracle = inputs_oracle(inputs, graph, profile, topology, layout)
-    return oracle, partition_layers(inputs, oracle, layout, vstage_to_rank)
+    costs = inputs_costs(inputs, profile, topology, layout)
+    return costs, partition_layers(inputs, costs.oracle, layout, vstage_to_rank)
 
 
-def inputs_oracle(inputs: PlanInputs, graph: LayerGraph, profile: MeasuredProfile | None, topology: Topology,
-                  layout: Parallelism) -> CostOracle:
-    """The cost oracle of a plan with these inputs (:func:`sim.cost.model.plan_oracle` with the inputs' microbatch
-    size, CUDA graphs, kernel model, precision and compilation)."""
-    return plan_oracle(graph, inputs.microbatch_size, profile, topology, layout, cuda_graphs=inputs.cuda_graphs,
-                       kernel_model=inputs.kernel_model, precision=inputs.precision, compiled=inputs.compiled)
+def inputs_graph(inputs: PlanInputs, layout: Parallelism) -> LayerGraph:
+    """The model as one device of ``layout`` holds it under these inputs: their recomputation, routing and capacity
+    factor (:func:`sim.cost.plan_costs.sharded_graph`)."""
+    return sharded_graph(inputs.model, layout, inputs.recompute_mode, parse_routing(inputs.routing),
+                         inputs.capacity_factor)
+
+
+def inputs_costs(inputs: PlanInputs, profile: MeasuredProfile | None, topology: Topology,
+                 layout: Parallelism) -> PlanCosts:
+    """The costs of a plan of ``layout`` with these inputs (:func:`sim.cost.plan_costs.plan_costs` with the model
+    shard of :func:`inputs_graph` and the inputs' microbatch size, CUDA graphs, kernel model, precision and
+    compilation), kept with the topology; ``profile`` is ``inputs.profile`` loaded."""
+    return plan_costs(inputs_graph(inputs, layout), topology, layout, inputs.microbatch_size, profile,
+                      precision=inputs.precision, cuda_graphs=inputs.cuda_graphs, kernel_model=inputs.kernel_model,
+                      compiled=inputs.compiled)
 
 
 def partition_layers(inputs: PlanInputs, oracle: CostOracle, layout: Parallelism,

@@ -1,8 +1,8 @@
 """The tensor × data × pipeline layout and the microbatch count a plan's inputs ask for, checked against the
 topology: where :class:`~sim.plan.inputs.PlanInputs`' flags become a :class:`~sim.ir.parallel.Parallelism`.
 
-``build_plan`` derives both first; the search's fast paths (``sim.search.fast``, ``planner``, ``dp``) derive them
-the same way for candidates they cost without building a whole plan.
+``build_plan`` derives both first; the search's screen, planner and dp (and the bench's ``sim.bench.fast``) derive
+them the same way for candidates they cost without building a whole plan.
 """
 
 from __future__ import annotations

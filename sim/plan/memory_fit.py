@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.cost.ledger import program_order_peaks
-from sim.cost.model import replica_views
 from sim.plan.build import BuiltPlan, build_plan
 from sim.plan.inputs import PlanInputs
 
@@ -83,9 +82,8 @@ def memory_report(built: BuiltPlan) -> MemoryReport:
     Raises:
         ValueError: the plan has host copies (their memory depends on when the copies run: simulate it).
     """
-    plan, oracle = built.plan, built.costs.oracle
-    views = replica_views(oracle.graph, built.topology, plan.placement, plan.microbatch_size, built.profile,
-                          oracle=oracle, layout=plan.layout)
+    plan = built.plan
+    views = built.views()
     peaks = program_order_peaks(plan, views)
     devices = [built.topology.devices[view.device_index_of(p)] for view in views for p in range(plan.num_ranks)]
     capacities = tuple(device.memory_bytes for device in devices)

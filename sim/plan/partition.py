@@ -20,7 +20,7 @@ The DP is defined as O(p · n²) steps (``best[s][j]``, ``cut[s][j]``; the refer
 threshold tests and the same DP on the narrow band of stage ends that can matter. ``python -m sim.bench
 --partition`` times it: 10,000 layers on 64 stages in about 0.2 s (``uniform:layers=10000`` on ``64xideal``,
 ``gpt:layers=10000`` on ``8x8xA100``), where the reference DP would need about 9 hours; hundreds of times faster
-already at 400 layers on 8 stages (the figures are in :mod:`sim.bench`).
+already at 400 layers on 8 stages (the figures are in :mod:`sim.bench.cli`).
 """
 
 from __future__ import annotations

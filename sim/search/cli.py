@@ -27,6 +27,7 @@ from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.hw.topology import Topology
 from sim.ir.parallel import RANK_ORDERS
+from sim.models.routing import CAPACITY_FACTOR_HELP, ROUTING_HELP
 from sim.plan.inputs import format_builtin_lists
 from sim.plan.partition import PARTITION_RULES
 from sim.report.png import load_matplotlib_in_background
@@ -44,7 +45,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: a library error about one as the flag the user typed).
 FLAGS = {"global_batch": "--global-batch", "memory_limit_bytes": "--memory-limit", "time_budget_s": "--time-budget",
          "strategy": "--strategy", "evaluations": "--evaluations", "chains": "--chains", "workers": "--workers",
-         "ray": "--ray"}
+         "ray": "--ray", "routing": "--routing", "capacity_factor": "--capacity-factor"}
 
 
 def _listed(kind, allowed=None, name=""):
@@ -155,6 +156,8 @@ def make_parser() -> argparse.ArgumentParser:
                         help="rank the plans with this slow device or slow links, as sim.run --straggler simulates "
                         "them (repeatable): which plan hides it best")
     parser.add_argument("--profile", help="measured profile JSON replacing the catalog's costs")
+    parser.add_argument("--routing", default="balanced", metavar="ROUTING", help=ROUTING_HELP + "; every plan")
+    parser.add_argument("--capacity-factor", type=float, default=0.0, metavar="C", help=CAPACITY_FACTOR_HELP)
     return parser
 
 
@@ -211,7 +214,8 @@ def _run(argv: list[str] | None) -> int:
                           zero=args.zero, rank_orders=orders, partitions=args.partitions,
                           settings=settings, cp=args.cp, cp_comms=args.cp_comm, dp_replicate=args.dp_replicate,
                           precisions=args.precision, compile=args.compile, ep=args.ep, etp=args.etp),
-        perturbation=_perturbation(args.straggler or (), args.topology))
+        perturbation=_perturbation(args.straggler or (), args.topology), routing=args.routing,
+        capacity_factor=args.capacity_factor)
     out = prepare_output_dir(args.out, "--out", create=False)  # a bad --out is refused before the search, not after
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
     load_matplotlib_in_background()  # the chart at the end waits for nothing, even right after a Ctrl-C
@@ -274,6 +278,9 @@ def _summary(result: SearchResult, top: int) -> str:
         head += f"\n--strategy auto chose {result.strategy}: {result.chosen_by_auto}"
     if problem.perturbation:
         head += f"\nevery plan simulated with {problem.perturbation.describe()}"
+    if problem.routing != "balanced" or problem.capacity_factor:
+        head += f"\nevery plan routed {problem.routing}" + (
+            f", capacity factor {problem.capacity_factor:g}" if problem.capacity_factor else "")
     if result.screen is not None:
         head += "\n" + _screen_line(result)
     if result.best is None:

@@ -49,12 +49,11 @@ from math import prod
 import numpy as np
 
 from sim.core.errors import SpecError
-from sim.cost.model import plan_oracle, plan_sharding
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
-from sim.models import build_model
+from sim.plan.build import inputs_costs
 from sim.plan.layout import plan_layout, plan_microbatches
 from sim.schedules import SCHEDULES
 from sim.search.placement import realise
@@ -287,11 +286,8 @@ def _answer(problem: SearchProblem, topology: Topology, profile, candidate: Cand
     try:
         inputs = replace(candidate, devices=()).plan_inputs(problem)
         layout = plan_layout(inputs, topology)
-        graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
+        oracle = inputs_costs(inputs, profile, topology, layout).oracle
         microbatches = plan_microbatches(inputs, layout)
-        oracle = plan_oracle(graph, inputs.microbatch_size, profile, topology, layout,
-                             cuda_graphs=inputs.cuda_graphs, kernel_model=inputs.kernel_model,
-                             precision=inputs.precision, compiled=inputs.compiled)
         return joint_partition(oracle, layout, topology, microbatches)
     except SpecError:
         return None

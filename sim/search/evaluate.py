@@ -38,7 +38,7 @@ class Evaluation:
         memory_capacity_bytes: what each of those ranks may use: its device's memory, or the search's limit (None:
             unlimited, the ideal device).
         method: how the time was obtained: ``"engine"`` (the one prediction path, :func:`sim.predict.predict`),
-            ``"critical path"`` (:mod:`sim.search.fast`, equal to the engine's) or ``"critical path, lower bound"``
+            ``"critical path"`` (:mod:`sim.bench.fast`, equal to the engine's) or ``"critical path, lower bound"``
             (a link would be contended: the engine's time is at least this).
     """
 

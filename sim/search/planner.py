@@ -9,21 +9,20 @@ screens the search space without building any plan:
                + the slowest stage's data-parallel collectives and optimizer step
 
 where a rank's work per microbatch is the sum over its virtual stages of every op the engine would run for one
-microbatch (F, B, the recomputed F under full recomputation, the tensor-parallel collectives, its sends), each
-costed by the plan's own cost view (:class:`sim.cost.model.CostModel`, so by the one cost oracle), for the partition
-and placement :func:`sim.plan.build.place_layers` gives (the balanced partition is itself PipeDream's dynamic
+microbatch (F, B, the recomputed F under full recomputation, the tensor-parallel collectives, its sends), each costed by
+the plan's own cost view (:class:`sim.cost.model.CostModel`, so by the one cost oracle), for the partition and placement
+``build_plan`` gives (:func:`sim.plan.build.partition_layers`; the balanced partition is itself PipeDream's dynamic
 program, on each stage's own device). ``fill`` is the schedule's warm-up and cool-down in stage times: ``p − 1`` for
 gpipe and 1f1b (bubble (p−1)/(m+p−1)), the same in chunk times for interleaved (bubble ÷ v), a third of it for zb1p
-(ZB-H1 fills two thirds of 1F1B's bubble with deferred weight gradients, Qi et al. 2024 §3). A memory screen puts
-the plans that will not fit behind the others: the schedule's own programs (its L0 ops, with the R ops of full
-recomputation and the per-microbatch updates of weight stashing) replayed through the memory ledger
+(ZB-H1 fills two thirds of 1F1B's bubble with deferred weight gradients, Qi et al. 2024 §3). A memory screen puts the
+plans that will not fit behind the others: the schedule's own programs (its L0 ops, with the R ops of full recomputation
+and the per-microbatch updates of weight stashing) replayed through the memory ledger
 (:func:`sim.cost.ledger.program_order_peaks`), which gives the engine's peak exactly, without sends, receives or times
-(a property test holds it to the engine). The time estimate knows no contention: it only orders the candidates;
-every number the search reports is the simulator's. The
-planner costs candidates with the simulator in the estimate's order, best first, until ``evaluations`` are costed
-or the time budget ends, so a budget is spent where the plans are good. Under a time budget the estimates get half
-of it, in a seeded random order (at 512 GPUs an estimate takes about 0.1 s, so a minute estimates a few hundred of
-18,507 candidates: the screen then only orders a sample).
+(a property test holds it to the engine). The time estimate knows no contention: it only orders the candidates; every
+number the search reports is the simulator's. The planner costs candidates with the simulator in the estimate's order,
+best first, until ``evaluations`` are costed or the time budget ends, so a budget is spent where the plans are good.
+Under a time budget the estimates get half of it, in a seeded random order (at 512 GPUs an estimate takes about 0.1 s,
+so a minute estimates a few hundred of 18,507 candidates: the screen then only orders a sample).
 """
 
 from __future__ import annotations
@@ -34,14 +33,11 @@ from dataclasses import replace
 
 from sim.core.errors import SpecError
 from sim.cost.ledger import program_order_peaks
-from sim.cost.model import plan_sharding, replica_views
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
 from sim.ir.ops import Action, collective_after
 from sim.ir.plan import OpKind
-from sim.models import build_model
-from sim.models.graph import LayerGraph
-from sim.plan.build import place_layers
+from sim.plan.build import inputs_costs, partition_layers
 from sim.plan.layout import plan_layout, plan_microbatches
 from sim.schedules import SCHEDULES
 from sim.search.screen import ScheduledPrograms
@@ -60,14 +56,13 @@ FILL = {"gpipe": 1.0, "1f1b": 1.0, "interleaved": 1.0, "zb1p": 1.0 / 3.0, "piped
 
 
 class _Screen:
-    """The estimates of one problem, keeping what its candidates share: the profile (read once), the model shard per
-    (TP, sequence parallelism, recompute), and the per-rank work of each candidate up to its schedule when that
-    runs one stage per rank (those schedules differ only in their fill)."""
+    """The estimates of one problem, keeping what its candidates share: the profile (read once), the costs of each
+    layout (kept with the topology, :mod:`sim.cost.plan_costs`), and the per-rank work of each candidate up to its
+    schedule when that runs one stage per rank (those schedules differ only in their fill)."""
 
     def __init__(self, problem: SearchProblem, topology: Topology) -> None:
         self.problem, self.topology = problem, topology
         self.profile = load_profile(problem.profile) if problem.profile else None
-        self.graphs: dict[tuple, LayerGraph] = {}
         self.works: dict[Candidate, tuple] = {}
         self.programs = ScheduledPrograms()
 
@@ -113,14 +108,11 @@ class _Screen:
         entry = SCHEDULES[candidate.schedule]
         vstage_to_rank = (entry.vstage_to_rank(layout.pp, candidate.chunks) if entry.chunked
                           else tuple(range(layout.pp)))
-        key = (candidate.tp, candidate.sequence_parallel, inputs.recompute_mode, candidate.cp)
-        graph = self.graphs.get(key)
-        if graph is None:
-            graph = self.graphs[key] = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
-        if len(vstage_to_rank) > len(graph):
+        costs = inputs_costs(inputs, profile, topology, layout)
+        if len(vstage_to_rank) > len(costs.graph):
             raise SpecError("more stages than layers")
-        oracle, placement = place_layers(inputs, graph, profile, topology, layout, vstage_to_rank)
-        views = replica_views(graph, topology, placement, inputs.microbatch_size, profile, oracle=oracle, layout=layout)
+        placement = partition_layers(inputs, costs.oracle, layout, vstage_to_rank)
+        views = costs.views(placement)
         recompute_full = inputs.recompute_mode == "full"
         worst_rank = worst_vstage = tail = 0.0
         limit = problem.memory_limit_bytes

@@ -20,7 +20,7 @@ neighbouring stages, and the device kinds of two neighbouring stages exchanged
 candidates (explicit layer counts and device order, as ``--partition 5,7,6,6`` plans), so the proof simulates them
 in the order of their bounds with the rest, and its gap covers them: the refinement only adds plans; what the proof
 says of the listed ones is unchanged. It is a local search on a bound, not an exact one: its figure of merit is the
-brute-force check in ``sim.bench --search`` (``sim.search.joint_check``) and ``tests/sim/search/test_refine.py``.
+brute-force check in ``sim.bench --search`` (``sim.bench.joint_check``) and ``tests/sim/search/test_refine.py``.
 """
 
 from __future__ import annotations

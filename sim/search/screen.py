@@ -2,9 +2,9 @@
 bounds until the pick is proven.
 
 1. **Screen.** Each candidate's per-stage costs come from the cost views its plan would have (the same functions
-   ``build_plan`` uses: :func:`sim.plan.build.place_layers`, :func:`sim.cost.model.replica_views`, so the one cost
-   oracle), without building, lowering or simulating the plan; :mod:`sim.search.bound` turns them into a proven lower
-   bound on the iteration time and on each rank's peak memory. A candidate whose memory bound exceeds a device's
+   ``build_plan`` uses: :func:`sim.plan.build.inputs_costs` and its partition, so the one cost oracle), without
+   building, lowering or simulating the plan; :mod:`sim.search.bound` turns them into a proven lower bound on the
+   iteration time and on each rank's peak memory. A candidate whose memory bound exceeds a device's
    capacity cannot fit (pruned, with the reason); one that breaks a rule of the model, schedule or batch is
    infeasible as :func:`sim.search.evaluate.evaluate` would say. What candidates share is computed once: the model
    shard per sharding, the cost views per layout, microbatch size, partition and placement (the one-stage-per-rank
@@ -29,15 +29,13 @@ from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.cost.ledger import program_order_peaks
-from sim.cost.model import CostModel, plan_sharding, plan_state_shards, replica_views
+from sim.cost.model import CostModel
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import Placement, Plan
-from sim.models import build_model
-from sim.models.graph import LayerGraph
-from sim.plan.build import inputs_oracle, partition_layers
+from sim.plan.build import inputs_costs, partition_layers
 from sim.plan.layout import plan_layout, plan_microbatches
 from sim.plan.lower import add_recompute, lower
 from sim.plan.lower_collectives import add_collectives, check_data_parallel
@@ -142,11 +140,9 @@ class Screener:
     def __init__(self, problem: SearchProblem, topology: Topology) -> None:
         self.problem, self.topology = problem, topology
         self.profile: MeasuredProfile | None = load_profile(problem.profile) if problem.profile else None
-        self.graphs: dict[tuple, LayerGraph] = {}
         self.views: dict[Candidate, tuple[tuple[CostModel, ...], int]] = {}
         self.programs = ScheduledPrograms()
         self.layouts: dict[Parallelism, Parallelism] = {}
-        self.oracles: dict[tuple, CostOracle] = {}
         #: The most memory a device of each layout has, bytes (the problem's limit where lower).
         self.largest_capacity: dict[Parallelism, int] = {}
 
@@ -229,25 +225,14 @@ class Screener:
             return found
         vstage_to_rank = (entry.vstage_to_rank(layout.pp, candidate.chunks) if entry.chunked
                           else tuple(range(layout.pp)))
-        sharding = plan_sharding(layout, inputs.recompute_mode)
-        key = (inputs.model, sharding)
-        graph = self.graphs.get(key)
-        if graph is None:
-            graph = self.graphs[key] = build_model(inputs.model, sharding)
-        if len(vstage_to_rank) > len(graph):
-            raise SpecError(f"{len(vstage_to_rank)} stages for {len(graph)} layers: more stages than layers")
         # Candidates with the same shard, microbatch size, state sharding and precision share one oracle, and so
-        # its per-device layer costs and prefix sums (plan_oracle's arguments, all of them).
-        oracle_key = (key, inputs.microbatch_size, plan_state_shards(layout),
-                      layout if layout.cp > 1 else None, inputs.cuda_graphs, inputs.kernel_model, inputs.precision,
-                      inputs.compiled)
-        oracle = self.oracles.get(oracle_key)
-        if oracle is None:
-            oracle = self.oracles[oracle_key] = inputs_oracle(inputs, graph, self.profile, self.topology, layout)
-        self._check_average_state(oracle, layout)
-        placement = partition_layers(inputs, oracle, layout, vstage_to_rank)
-        views = replica_views(graph, self.topology, placement, inputs.microbatch_size, self.profile, oracle=oracle,
-                              layout=layout)
+        # its per-device layer costs and prefix sums (sim.cost.plan_costs keeps it with the topology).
+        costs = inputs_costs(inputs, self.profile, self.topology, layout)
+        if len(vstage_to_rank) > len(costs.graph):
+            raise SpecError(f"{len(vstage_to_rank)} stages for {len(costs.graph)} layers: more stages than layers")
+        self._check_average_state(costs.oracle, layout)
+        placement = partition_layers(inputs, costs.oracle, layout, vstage_to_rank)
+        views = costs.views(placement)
         found = self.views[shared] = (views, microbatches)
         return found
 
@@ -285,7 +270,7 @@ def screen_all(screener: Screener, candidates: Sequence[Candidate], *,
     found: list[Bound | None] = []
     # The screen allocates millions of small objects that form no cycles (memo keys, cost tuples), and each batch of
     # them sets off the cyclic collector over every memo kept so far: 12-15 % of the Llama 3.1 70B screen's time
-    # (sim.search.scale; 21-22 s against 18-19 s, the same peak RSS). Reference counting still frees them; the
+    # (sim.bench.scale; 21-22 s against 18-19 s, the same peak RSS). Reference counting still frees them; the
     # collector runs again as before once the screen ends.
     collecting = gc.isenabled()
     gc.disable()

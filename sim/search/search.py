@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 from sim.core.errors import SpecError, did_you_mean
 from sim.hw.topology import Topology
 from sim.models import build_model
+from sim.models.routing import parse_routing
 from sim.schedules import SCHEDULES
 from sim.search.alpa import honours_alpa_assumption
 from sim.search.anneal import anneal_chain, polish
@@ -143,7 +144,7 @@ def check_problem(problem: SearchProblem) -> Topology:
     topology.
 
     Raises:
-        SpecError: bad model or topology spec, or a global batch < 1.
+        SpecError: bad model, topology or routing spec, a global batch < 1, or a negative capacity factor.
     """
     if isinstance(problem.global_batch, bool) or not isinstance(problem.global_batch, int) \
             or problem.global_batch < 1:
@@ -151,8 +152,12 @@ def check_problem(problem: SearchProblem) -> Topology:
     if problem.memory_limit_bytes is not None and problem.memory_limit_bytes <= 0:
         raise SpecError(f"{{memory_limit_bytes}} must be > 0 bytes, got {problem.memory_limit_bytes}",
                         "memory_limit_bytes")
+    factor = problem.capacity_factor
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not math.isfinite(factor) or factor < 0:
+        raise SpecError(f"{{capacity_factor}} must be a number >= 0 (0: dropless), got {factor!r}", "capacity_factor")
     topology = Topology.parse(problem.topology)
     build_model(problem.model)
+    parse_routing(problem.routing)
     return topology
 
 

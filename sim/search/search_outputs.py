@@ -128,7 +128,10 @@ def search_json(result: SearchResult) -> dict[str, Any]:
         "problem": {"model": problem.model, "topology": problem.topology, "global_batch": problem.global_batch,
                     "memory_limit_bytes": problem.memory_limit_bytes, "profile": problem.profile,
                     "perturbation": problem.perturbation.describe() or None,
-                    "space": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(problem.space).items()}},
+                    "space": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(problem.space).items()},
+                    # A mixture's routing, where it is not balanced and dropless (as a plan's options record it).
+                    **({"routing": problem.routing} if problem.routing != "balanced" else {}),
+                    **({"capacity_factor": problem.capacity_factor} if problem.capacity_factor else {})},
         "strategy": result.strategy,
         "seed": result.seed,
         "space_size": result.space_size,

@@ -106,6 +106,9 @@ class SearchProblem:
         kernel_model: the GPU kernel model's constants (``None``: the built-in ones).
         perturbation: stragglers, slow links and jitter every candidate is simulated under (``sim.search
             --straggler``; :mod:`sim.engine.perturbation`): which plan hides them best.
+        routing: how a mixture's tokens spread over its experts in every candidate (``balanced``, ``skew:S[:SEED]``,
+            ``trace:FILE``; :mod:`sim.models.routing`).
+        capacity_factor: tokens an expert computes at most, as a multiple of its balanced share (0: dropless).
     """
 
     model: str
@@ -116,6 +119,8 @@ class SearchProblem:
     profile: str | None = None
     kernel_model: KernelModel | None = None
     perturbation: Perturbation = NONE
+    routing: str = "balanced"
+    capacity_factor: float = 0.0
 
 
 @dataclass(frozen=True, order=True)
@@ -156,7 +161,7 @@ class Candidate:
             sequence_parallel=self.sequence_parallel, zero=self.zero, kernel_model=problem.kernel_model,
             devices=self.devices, cp=self.cp, cp_comm=self.cp_comm, dp_replicate=self.dp_replicate,
             precision=None if self.precision == MODEL_PRECISION else self.precision, compiled=self.compiled,
-            ep=self.ep, etp=self.etp)
+            ep=self.ep, etp=self.etp, routing=problem.routing, capacity_factor=problem.capacity_factor)
 
     def label(self) -> str:
         """A short name: ``tp2 dp2 pp2 b4 interleaved(v=2) full sp zero1 [dp-tp-pp]``."""
@@ -212,6 +217,10 @@ class Candidate:
             flags += ["--ep", str(self.ep)]
         if self.etp > 1:
             flags += ["--etp", str(self.etp)]
+        if problem.routing != "balanced":
+            flags += ["--routing", problem.routing]
+        if problem.capacity_factor:
+            flags += ["--capacity-factor", f"{problem.capacity_factor:g}"]
         if self.rank_order != DEFAULT_RANK_ORDER:
             flags += ["--rank-order", self.rank_order]
         if self.partition != "balanced":

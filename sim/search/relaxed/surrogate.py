@@ -57,12 +57,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sim.core.errors import SpecError
-from sim.cost.model import plan_sharding
 from sim.cost.profile import load_profile
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
-from sim.models import build_model
-from sim.plan.build import place_layers
+from sim.plan.build import inputs_graph, place_layers
 from sim.plan.layout import plan_layout, plan_microbatches
 from sim.schedules import SCHEDULES
 from sim.search.placement import realise
@@ -163,7 +161,7 @@ class Surrogate:
         microbatches = plan_microbatches(inputs, parallel)
         entry = SCHEDULES[layout.schedule]
         to_rank = entry.vstage_to_rank(parallel.pp, layout.chunks) if entry.chunked else tuple(range(parallel.pp))
-        graph = build_model(inputs.model, plan_sharding(parallel, inputs.recompute_mode))
+        graph = inputs_graph(inputs, parallel)
         n, stages = len(graph), len(to_rank)
         if stages < 2:
             raise SpecError(f"a relaxation needs at least two stages to balance, the layout {layout.label()} has 1")
@@ -175,7 +173,7 @@ class Surrogate:
             raise SpecError(f"the relaxation's tables need {stages * kinds * kinds * (n + 1):,} cells, more than "
                             f"{MAX_TABLE_CELLS:,}: {stages} stages, {kinds} device kinds, {n} layers")
         profile = load_profile(problem.profile) if problem.profile else None
-        self.oracle, _ = place_layers(inputs, graph, profile, topology, parallel, to_rank)
+        self.oracle = place_layers(inputs, profile, topology, parallel, to_rank)[0].oracle
         self.layout, self.parallel, self.n, self.to_rank = layout, parallel, n, np.array(to_rank)
         self.microbatches = int(microbatches if microbatches is not None else 8)
         self.fill = FILL.get(layout.schedule, 1.0) / (layout.chunks if entry.chunked else 1)

@@ -5,6 +5,7 @@ handler for (a planted violation), instead of skipping the op."""
 import pytest
 
 from executor import interpreter
+from sim.bench.critical_path import NotCompilable, compile_plan
 from sim.engine import simpy_engine
 from sim.hw.topology import Topology
 from sim.ir.ops import (
@@ -25,7 +26,6 @@ from sim.ir.ops import (
 from sim.plan import validate
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
-from sim.search.critical_path import NotCompilable, compile_plan
 
 
 def test_every_kind_has_semantics_and_every_action_one_walk_rule():
@@ -100,7 +100,7 @@ def test_planted_deadlock_check_without_a_rule_refuses_the_kind_by_name(monkeypa
 
 
 def test_planted_fast_evaluator_without_a_rule_refuses_the_kind(monkeypatch):
-    from sim.search import critical_path
+    from sim.bench import critical_path
 
     plan = _plan_with_tp_and_dp()
     compile_plan(plan)  # compiles as it stands

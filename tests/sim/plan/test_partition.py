@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.bench import reference_dp, reference_stage_cost
+from sim.bench.reference_partition import reference_dp, reference_stage_cost
 from sim.core.errors import SpecError
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import LayerTiming, MeasuredProfile

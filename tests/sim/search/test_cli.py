@@ -82,6 +82,8 @@ BAD = [
     (["--memory-limit", "0"], "got 0"),
     (["--model", "gpt:layers=x"], "layers"),
     (["--chunks", "1"], "chunks cannot include 1"),
+    (["--routing", "zipf"], "zipf"),
+    (["--capacity-factor", "-1"], "--capacity-factor"),
 ]
 
 
@@ -152,3 +154,21 @@ def test_missing_flags_are_named_in_one_line(capsys):
         main(["--model", MODEL, "--global-batch", "8"])
     assert info.value.code == 2
     assert capsys.readouterr().err.startswith("error: --topology and --out are required (e.g. --topology 8xA100 ")
+
+
+def test_a_routed_search_records_its_routing_and_its_plan_is_the_one_sim_run_builds(tmp_path, capsys):
+    """``--routing`` and ``--capacity-factor`` apply to every plan: the best plan's file is the one ``sim.run`` writes
+    from the printed flags (which carry them), and ``search.json`` records them."""
+    moe = ("moe:layers=4,experts=8,hidden=256,expert_ffn=256,ffn=512,heads=4,kv_heads=2,head_dim=64,seq=64,topk=2,"
+           "vocab=500")
+    args = ["--topology", "4xA100", "--model", moe, "--global-batch", "8", "--no-progress", "--schedules", "1f1b",
+            "--ep", "2", "--zero", "0", "--routing", "skew:1.2:4", "--capacity-factor", "1.5"]
+    assert main([*args, "--out", str(tmp_path / "search")]) == 0
+    printed = capsys.readouterr().out
+    assert "every plan routed skew:1.2:4, capacity factor 1.5" in printed
+    record = json.loads((tmp_path / "search" / "search.json").read_text())
+    assert (record["problem"]["routing"], record["problem"]["capacity_factor"]) == ("skew:1.2:4", 1.5)
+    again = printed.split("the best plan again: python -m sim.run ")[1].split(" --out DIR")[0].split()
+    assert again[again.index("--routing") + 1] == "skew:1.2:4" and again[again.index("--capacity-factor") + 1] == "1.5"
+    assert sim_run([*again, "--no-gantt", "--out", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "search" / "plan.json").read_text() == (tmp_path / "run" / "plan.json").read_text()

@@ -94,6 +94,18 @@ def test_the_memory_screen_is_the_engines_peak_on_random_plans_of_every_schedule
     assert {c.recompute for c in checked} == set(space.recompute)
 
 
+def test_the_memory_screen_is_the_engines_peak_for_a_mixture_over_expert_degrees_and_a_skewed_routing():
+    """Oracle: the engine's peak, as above, for a mixture whose candidates differ in their expert-parallel degree
+    under a skewed routing: each costed on its own shard (the planner once kept one shard per tensor degree,
+    sequence parallelism, recomputation and context degree, so an ep=2 plan was costed with ep=1's experts, and
+    every shard balanced)."""
+    space = SearchSpace(schedules=("1f1b", "gpipe"), ep=(1, 2, 4), zero=(0, 1), microbatch_sizes=(1, 2))
+    problem = SearchProblem("moe:layers=4,experts=8,hidden=512,expert_ffn=512,ffn=1024,heads=8,kv_heads=2,"
+                            "head_dim=64,seq=256,topk=2,vocab=4000", "8xA100", 16, space=space, routing="skew:1.5")
+    checked = _screen_equals_engine(problem, seed=5, count=16)
+    assert {c.ep for c in checked} == {1, 2, 4}
+
+
 def test_the_memory_screen_holds_data_parallel_buffers_as_the_engine_does(tmp_path):
     """Oracle: the engine's peak, as above, where a profile says the framework reduces a flat copy of the gradients
     and they live per step (``executor.data_parallel``): the copy is held from each REDUCE_GRAD's issue to its update,

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from sim.bench.joint_check import brute_force_best
 from sim.hw.topology import Topology
-from sim.search.joint_check import brute_force_best
 from sim.search.refine import refine
 from sim.search.screen import Screener, screen_all
 from sim.search.search import run_search
@@ -59,8 +59,8 @@ def test_it_adds_only_unlisted_plans_that_may_fit_each_with_its_own_bound():
 def test_the_brute_force_lists_every_partition_on_every_placement():
     from math import comb
 
+    from sim.bench.joint_check import brute_force_plans
     from sim.models import build_model
-    from sim.search.joint_check import brute_force_plans
 
     # 8 layers on 1xT4+3xA100: 3 one-stage layouts (TP 1, 2, 4); at PP 2 two layouts (TP 1 x DP 2, TP 2 x DP 1),
     # each with blocks {T4, A100} and {A100, A100}: 2 placements; at PP 4 one layout, the T4 on any of 4 stages.

@@ -130,3 +130,39 @@ def test_the_chart_gets_every_bound_the_engine_did_not_simulate():
                       if b.fits and c not in reached)
     assert sorted(result.bounded) == expected and expected
     assert all(peak > 0 and 0 < time_s < math.inf for peak, time_s in result.bounded)
+
+
+def test_the_screen_bounds_a_skewed_routing_with_the_costs_its_built_plan_has():
+    """A mixture searched under a skewed routing: the screen's bound of each candidate is the bound of the cost views
+    of the plan ``build_plan`` makes of it (one assembly, routing included), and is above the balanced routing's
+    (the slowest expert-parallel rank receives more tokens). The screen once built every shard balanced."""
+    from dataclasses import replace
+
+    from sim.hw.topology import Topology
+    from sim.plan.build import build_plan
+    from sim.schedules import SCHEDULES
+    from sim.search.bound import stage_times, time_lower_bound
+    from sim.search.screen import Screener
+    from sim.search.space import enumerate_candidates
+
+    model = ("moe:layers=4,experts=8,hidden=512,expert_ffn=512,ffn=1024,heads=8,kv_heads=2,head_dim=64,seq=256,"
+             "topk=2,vocab=4000")
+    skewed = SearchProblem(model, "4xA100", 8, space=SearchSpace(schedules=("1f1b", "zb1p"), ep=(2,), zero=(0,)),
+                           routing="skew:1.5")
+    topology = Topology.parse(skewed.topology)
+    screener, balanced = Screener(skewed, topology), Screener(replace(skewed, routing="balanced"), topology)
+    checked = 0
+    for candidate in enumerate_candidates(skewed, topology.num_ranks, topology):
+        bound = screener.bound(candidate)
+        if not bound.fits:
+            continue
+        built = build_plan(candidate.plan_inputs(skewed))
+        plan, entry = built.plan, SCHEDULES[candidate.schedule]
+        expected = max(time_lower_bound(plan.schedule, plan.num_microbatches, plan.placement.vstage_to_rank,
+                                        stage_times(view, split_backward=entry.split_backward,
+                                                    recompute_full=candidate.recompute == "full"))
+                       for view in built.views())
+        assert bound.time_s == expected, candidate
+        assert bound.time_s > balanced.bound(candidate).time_s, candidate
+        checked += 1
+    assert checked >= 2

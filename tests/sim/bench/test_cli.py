@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from sim.bench import main, reference_balanced_counts
+from sim.bench.cli import main
+from sim.bench.reference_partition import reference_balanced_counts
 from sim.cost.oracle import CostOracle
 from sim.hw.topology import Topology
 from sim.models import build_model
@@ -51,7 +52,7 @@ def test_bad_partition_bench_arguments_are_one_error_line(capsys, flag, value, m
 def test_3d_bench_times_the_plan_and_checks_the_symmetry(capsys):
     from argparse import Namespace
 
-    from sim.bench import _run_3d
+    from sim.bench.cli import _run_3d
     from sim.plan.inputs import PlanInputs
 
     small = PlanInputs(model="gpt:layers=8,hidden=512,heads=8,seq=128,vocab=1024", topology="2x8xA100",
@@ -66,7 +67,7 @@ def test_3d_bench_times_the_plan_and_checks_the_symmetry(capsys):
 
 
 def test_search_rates_are_measured_on_agreeing_evaluators():
-    from sim.search.rate import measure_rates
+    from sim.bench.rate import measure_rates
 
     report = measure_rates(engine_candidates=2, fast_candidates=3, batch=20)
     assert report.agreed and report.ops > 1000

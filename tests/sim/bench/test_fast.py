@@ -4,8 +4,8 @@ it says a link is contended."""
 
 import pytest
 
+from sim.bench.fast import ENGINE, EXACT, LOWER_BOUND, FastEvaluator
 from sim.search.evaluate import evaluate
-from sim.search.fast import ENGINE, EXACT, LOWER_BOUND, FastEvaluator
 from sim.search.space import SearchProblem, SearchSpace, enumerate_candidates
 
 MODEL = "gpt:layers=8,hidden=512,heads=8,seq=256,vocab=1000"

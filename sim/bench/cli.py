@@ -25,9 +25,10 @@ walkers, links, memory ledger and trace cost no more than a tenth more than a ba
 * **10,000 layers on 64 stages** — ``uniform:layers=10000`` on ``64xideal`` and ``gpt:layers=10000`` on
   ``8x8xA100``, each with the time to build the model graph and the oracle's per-device layer costs (which any
   partitioner needs) reported apart from the partition itself. Target: under 1 s for the partition.
-* **baseline** — the dynamic program it used to be (:func:`reference_balanced_counts`, O(p·n²) steps of Python)
-  against the current one on ``uniform:layers=400`` over ``8xideal``, in the same run, checking that they return
-  the same partition (exit status 1 if not). The last line ``ratio: X`` is the old time ÷ the new. (The old DP
+* **baseline** — the dynamic program it used to be (O(p·n²) steps of Python,
+  :func:`sim.bench.reference_partition.reference_balanced_counts`) against the current one on
+  ``uniform:layers=400`` over ``8xideal``, in the same run, checking that they return the same partition (exit
+  status 1 if not). The last line ``ratio: X`` is the old time ÷ the new. (The old DP
   takes 85 s at 1,000 layers on 16 stages here, about 10 µs a step; 10,000 layers on 64 stages are 3.2·10⁹
   steps, about 9 hours.)
 
@@ -48,12 +49,12 @@ against the whole-cluster search timed from 16 GPUs and scaled to the plan's sou
 compared with the search's); last line ``ratio: X`` = the scaled whole-cluster searches' time ÷ the joined routes'.
 
 ``python -m sim.bench --search`` prints the search's figures of issue #27 (about 8 minutes): the evaluators'
-candidates per second at 64 GPUs (:mod:`sim.search.rate`: the engine, the fast evaluator per candidate, and the
+candidates per second at 64 GPUs (:mod:`sim.bench.rate`: the engine, the fast evaluator per candidate, and the
 longest path over a batch of cost vectors); joint partition and placement on small mixed clusters beside brute force
-over every partition and placement (:mod:`sim.search.joint_check`, target within 1 %); then what ``--screen`` prints.
+over every partition and placement (:mod:`sim.bench.joint_check`, target within 1 %); then what ``--screen`` prints.
 Last line ``ratio: X`` as ``--screen``'s.
 
-``python -m sim.bench --screen`` runs the screen strategy on issue #27's cluster-scale spaces (:mod:`sim.search.scale`:
+``python -m sim.bench --screen`` runs the screen strategy on issue #27's cluster-scale spaces (:mod:`sim.bench.scale`:
 GPT 175B-class on 512 A100s, Llama 3.1 70B with CP, ZeRO and FP8 on 512 H100s, Llama 3.1 405B on 16,384 H100s): the
 screen alone on one core, the whole search with two workers, the proven gap and the pick; last line ``ratio: X`` =
 (the engine on every buildable plan at the proof's pace) ÷ (the whole screened search), the smallest of the three.
@@ -74,14 +75,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import math
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
 import simpy
 
+from sim.bench.reference_partition import reference_balanced_counts
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError, run_cli
 from sim.cost.oracle import CostOracle
@@ -94,7 +94,7 @@ from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.plan.partition import balanced_counts
 
-__all__ = ["bare_replay", "reference_balanced_counts", "reference_dp", "reference_stage_cost", "main"]
+__all__ = ["bare_replay", "main", "make_parser"]
 
 
 def bare_replay(plan: Plan, durations: dict[str, float], streams: dict[str, str]) -> float:
@@ -154,55 +154,6 @@ def _seconds(fn: Callable[[], object]) -> tuple[float, object]:
     start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result
-
-
-def reference_stage_cost(oracle: CostOracle, ranks: tuple[int, ...], stage: int, start: int, end: int) -> float:
-    """The stage cost the old dynamic program used, s: compute of layers [start, end) on the stage's rank, plus its
-    output to the next stage's rank and its input gradient to the previous one, added in that order."""
-    n, p = len(oracle.graph), len(ranks)
-    time = oracle.stage_compute_s(ranks[stage], start, end)
-    if end < n and stage + 1 < p:
-        time += oracle.transfer_time(oracle.boundary_bytes(end), ranks[stage], ranks[stage + 1])
-    if start > 0 and stage > 0:
-        time += oracle.transfer_time(oracle.boundary_bytes(start), ranks[stage], ranks[stage - 1])
-    return time
-
-
-def reference_dp(oracle: CostOracle, num_stages: int, vstage_to_rank: tuple[int, ...] | None = None
-                 ) -> tuple[tuple[int, ...], list[list[float]], Callable[[int, int, int], float]]:
-    """The O(p·n²) dynamic program ``balanced_counts`` was, kept as the benchmark's baseline and the tests' oracle.
-
-    Returns:
-        ``(counts, best, cost)``: the partition, ``best[s][j]`` the smallest slowest-stage time (s) of stages 0..s
-        over layers [0, j), and the stage cost ``cost(s, i, j)`` (:func:`reference_stage_cost`) it used.
-    """
-    n = len(oracle.graph)
-    ranks = tuple(range(num_stages)) if vstage_to_rank is None else vstage_to_rank
-
-    def cost(s: int, i: int, j: int) -> float:
-        return reference_stage_cost(oracle, ranks, s, i, j)
-
-    best = [[math.inf] * (n + 1) for _ in range(num_stages)]
-    cut = [[0] * (n + 1) for _ in range(num_stages)]
-    for j in range(1, n - num_stages + 2):
-        best[0][j] = cost(0, 0, j)
-    for s in range(1, num_stages):
-        for j in range(s + 1, n - (num_stages - s - 1) + 1):
-            for i in range(s, j):
-                candidate = max(best[s - 1][i], cost(s, i, j))
-                if candidate < best[s][j]:
-                    best[s][j], cut[s][j] = candidate, i
-    counts, end = [], n
-    for s in range(num_stages - 1, 0, -1):
-        counts.append(end - cut[s][end])
-        end = cut[s][end]
-    counts.append(end)
-    return tuple(reversed(counts)), best, cost
-
-
-def reference_balanced_counts(oracle: CostOracle, num_stages: int) -> tuple[int, ...]:
-    """The old dynamic program's partition, stage s on rank s (:func:`reference_dp`)."""
-    return reference_dp(oracle, num_stages)[0]
 
 
 def _time_partition(model: str, topology: str, stages: int, repeats: int) -> tuple[float, float, float, tuple]:
@@ -314,8 +265,8 @@ def _run_cluster(inputs: PlanInputs = PLAN_16K, sources: int = 16) -> int:
 
 
 def _run_search() -> int:
-    """Candidates per second of the search's evaluators (``sim.search.rate``); ratio = fast per candidate ÷ engine."""
-    from sim.search.rate import RATE_LAYOUT, RATE_PROBLEM, measure_rates
+    """Candidates per second of the search's evaluators (``sim.bench.rate``); ratio = fast per candidate ÷ engine."""
+    from sim.bench.rate import RATE_LAYOUT, RATE_PROBLEM, measure_rates
 
     report = measure_rates()
     print(f"{RATE_LAYOUT.label()} of {RATE_PROBLEM.model} on {RATE_PROBLEM.topology}, partitions varied: "
@@ -333,8 +284,8 @@ def _run_search() -> int:
 
 def _run_joint_check() -> bool:
     """The screened search beside brute force over every partition and placement on small mixed clusters
-    (``sim.search.joint_check``); whether every case is within the target."""
-    from sim.search.joint_check import TARGET, check_joint, joint_suite
+    (``sim.bench.joint_check``); whether every case is within the target."""
+    from sim.bench.joint_check import TARGET, check_joint, joint_suite
 
     print(f"joint partition and placement on mixed clusters, the screened pick beside brute force over every "
           f"partition and placement (target: within {TARGET:.0%}):")
@@ -352,9 +303,9 @@ def _run_joint_check() -> bool:
 
 
 def _run_screen() -> int:
-    """The screen strategy on the cluster-scale spaces (``sim.search.scale``); ratio = the engine on every buildable
+    """The screen strategy on the cluster-scale spaces (``sim.bench.scale``); ratio = the engine on every buildable
     plan at the proof's pace ÷ the whole screened search."""
-    from sim.search.scale import SCALE_PROBLEMS, measure_scale
+    from sim.bench.scale import SCALE_PROBLEMS, measure_scale
 
     ratios = []
     for name, (problem, target) in SCALE_PROBLEMS.items():
@@ -387,7 +338,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help="issue #27's search figures: evaluator rates, joint placement vs brute force, the screen "
                         "(module docstring; about 8 minutes)")
     parser.add_argument("--screen", action="store_true",
-                        help="the screen strategy on 512- and 16,384-GPU spaces (sim.search.scale; about 5 minutes)")
+                        help="the screen strategy on 512- and 16,384-GPU spaces (sim.bench.scale; about 5 minutes)")
     parser.add_argument("--cluster", action="store_true",
                         help="time a 16,384-GPU Llama 3.1 405B plan and its routes (module docstring)")
     parser.add_argument("--baseline-layers", type=int, default=400, help="--partition: the baseline's layers")
@@ -450,6 +401,3 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     return run_cli(lambda: _run(argv))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

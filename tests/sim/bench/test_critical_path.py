@@ -6,11 +6,11 @@ import random
 import numpy as np
 import pytest
 
+from sim.bench.critical_path import NotCompilable, compile_plan
 from sim.core.errors import SpecError
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
-from sim.search.critical_path import NotCompilable, compile_plan
 from tests.sim.search.random_plans import MODEL, engine_views, random_plan_inputs
 
 

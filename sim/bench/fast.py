@@ -1,5 +1,5 @@
 """Costing candidates fast: each plan structure built and compiled once, each candidate's costs through the same
-functions ``build_plan`` uses, its time by the longest path (:mod:`sim.search.critical_path`).
+functions ``build_plan`` uses, its time by the longest path (:mod:`sim.bench.critical_path`).
 
 Candidates that differ only in sizes (tensor and data degrees, microbatch size, partition, rank order, sequence
 parallelism) share a plan structure: the same ops, in the same order, with the same waits. A
@@ -13,7 +13,7 @@ plans) unless two ops would have held one link at once; then the time is a lower
 lower bound"``), which a caller must re-cost with the engine (:func:`sim.search.evaluate.evaluate`) whenever it could
 beat the best time found. Peak memory is exact either way.
 
-Who uses it: ``python -m sim.bench --search`` (:mod:`sim.search.rate`, which times it and checks every result against
+Who uses it: ``python -m sim.bench --search`` (:mod:`sim.bench.rate`, which times it and checks every result against
 the engine's) and the brute force of ``experiments.run relaxed_search``, over up to ``--brute-limit`` partitions and
 placements per problem. :func:`sim.search.search.run_search` does not: each of its strategies costs candidates by the
 one prediction path (:func:`sim.search.evaluate.evaluate`).
@@ -23,15 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.bench.critical_path import CompiledPlan, NotCompilable, compile_plan
 from sim.core.errors import SpecError
-from sim.cost.model import plan_sharding, replica_views
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
-from sim.models import build_model
 from sim.plan.build import build_plan, place_layers
 from sim.plan.layout import plan_layout, plan_microbatches
-from sim.search.critical_path import CompiledPlan, NotCompilable, compile_plan
 from sim.search.evaluate import Evaluation, evaluate, memory_verdict
 from sim.search.space import Candidate, SearchProblem
 
@@ -78,19 +76,15 @@ class FastEvaluator:
             structure = self.structures.get(key)
             if structure is None:
                 built = build_plan(inputs)
-                views = replica_views(built.graph, built.topology, built.plan.placement, built.plan.microbatch_size,
-                                      built.profile, oracle=built.costs.oracle, layout=built.plan.layout)
+                views = built.views()
                 structure = self.structures[key] = _compile(built.plan, len(views))
                 if structure.compiled is None:
                     return evaluate(problem, candidate)
             elif structure.compiled is None:
                 return evaluate(problem, candidate)
             else:
-                graph = build_model(inputs.model, plan_sharding(layout, inputs.recompute_mode))
-                oracle, placement = place_layers(inputs, graph, self.profile, self.topology, layout,
-                                                 structure.vstage_to_rank)
-                views = replica_views(graph, self.topology, placement, inputs.microbatch_size, self.profile,
-                                      oracle=oracle, layout=layout)
+                costs, placement = place_layers(inputs, self.profile, self.topology, layout, structure.vstage_to_rank)
+                views = costs.views(placement)
             compiled = structure.compiled
             if len(views) != compiled.num_views:  # replicas alike or not depends on the candidate's layout
                 return evaluate(problem, candidate)

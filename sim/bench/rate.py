@@ -6,10 +6,10 @@ random partitions (each stage's layer count moved by up to 3 from the uniform sp
 Three figures, all timed in this process on one core:
 
 * **engine**: :func:`sim.search.evaluate.evaluate` per candidate (build the plan, simulate it with SimPy);
-* **fast, per candidate**: :class:`sim.search.fast.FastEvaluator` (the structure compiled once, each candidate's
+* **fast, per candidate**: :class:`sim.bench.fast.FastEvaluator` (the structure compiled once, each candidate's
   oracle, partition, cost vector, longest path, contention check and peak memory);
 * **fast, batched**: the compiled structure's longest path over many cost vectors at once
-  (:meth:`sim.search.critical_path.CompiledPlan.makespan` on a (slots × K) array), the part that grows with the
+  (:meth:`sim.bench.critical_path.CompiledPlan.makespan` on a (slots × K) array), the part that grows with the
   candidates once their cost vectors are known. Target: at least 1,000 candidates per second.
 
 Every fast result is checked against the engine's on the candidates both cost (exact where uncontended, a lower
@@ -24,11 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.cost.model import replica_views
+from sim.bench.critical_path import compile_plan
+from sim.bench.fast import EXACT, FastEvaluator
 from sim.plan.build import build_plan
-from sim.search.critical_path import compile_plan
 from sim.search.evaluate import evaluate
-from sim.search.fast import EXACT, FastEvaluator
 from sim.search.space import Candidate, SearchProblem, SearchSpace
 
 __all__ = ["RateReport", "measure_rates", "RATE_PROBLEM", "RATE_LAYOUT"]
@@ -88,8 +87,7 @@ def measure_rates(engine_candidates: int = 4, fast_candidates: int = 40, batch: 
     agreed = all(q.peak_memory_bytes == s.peak_memory_bytes and (
         q.iteration_time_s == s.iteration_time_s if q.method == EXACT else q.iteration_time_s <= s.iteration_time_s)
         for q, s in zip(quick, slow))
-    views = replica_views(built.graph, built.topology, built.plan.placement, built.plan.microbatch_size, None,
-                          oracle=built.costs.oracle, layout=built.plan.layout)
+    views = built.views()
     compiled = compile_plan(built.plan, len(views))
     base = compiled.slot_values(views)
     vectors = base[:, None] * np.random.default_rng(seed).uniform(0.8, 1.25, size=(len(base), batch))
