@@ -33,7 +33,7 @@ from typing import Any
 
 from executor.provenance import catalog_id_for_gpu
 from sim.core.errors import SpecError
-from sim.cost.model import CostModel
+from sim.cost.cost_view import CostView
 from sim.cost.oracle import CostOracle
 from sim.cost.p2p_fit import fit_latency_bandwidth
 from sim.cost.profile import profile_document
@@ -76,7 +76,7 @@ P2P_METHOD = (
 )
 
 
-def in_place_p2p(plan, costs: CostModel, measured, sweep) -> tuple[float, float] | None:
+def in_place_p2p(plan, costs: CostView, measured, sweep) -> tuple[float, float] | None:
     """``(latency s, bandwidth in graph bytes/s)`` for the calibrated profile (see :data:`P2P_METHOD`)."""
     from executor.nn.stages import boundary_specs
 
@@ -102,7 +102,7 @@ def in_place_p2p(plan, costs: CostModel, measured, sweep) -> tuple[float, float]
     return max(0.0, chosen["latency_s"]), graph_bandwidth
 
 
-def posting_order_latencies(costs: CostModel, measured: Sequence[Trace], bandwidth: float) -> dict[str, Any]:
+def posting_order_latencies(costs: CostView, measured: Sequence[Trace], bandwidth: float) -> dict[str, Any]:
     """The run's message latencies split by which side posted last.
 
     A transfer's measured span starts when both sides had posted (``executor.measured``). If the receiver posted
@@ -260,7 +260,7 @@ def profile_device(measured_names: Sequence[str]) -> str:
     return kinds[0]
 
 
-def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostModel, medians: dict[tuple[int, str], float], *,
+def calibrated_profile(plan: Plan, graph: LayerGraph, prior: CostView, medians: dict[tuple[int, str], float], *,
                        device: str, p2p: tuple[float, float] | None, machine: dict[str, Any],
                        software: dict[str, Any], iterations: int,
                        measured: Sequence[Trace] | None = None) -> dict[str, Any]:

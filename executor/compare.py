@@ -112,7 +112,7 @@ def memory_report(plan: Plan, predicted_peaks: Sequence[int], measured_peaks: Se
     Args:
         plan: the plan that ran.
         predicted_peaks: the prediction's ``peak_memory_bytes``, one per simulated rank: the pipeline ranks of one
-            replica, or of every replica when they were simulated one by one (``sim.cost.model.replica_views``).
+            replica, or of every replica when they were simulated one by one (``sim.cost.cost_view.replica_views``).
         measured_peaks: per process (global rank), its measured peak, or ``None`` where it was not measured.
         method: how the peaks were measured (``executor.memory``), or ``None``.
 

@@ -151,7 +151,7 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
                                         measured=measured)
         if sweep:
             # With no fit (too noisy) the profile still keeps the sweep, so the reason can be inspected, but has no
-            # latency or bandwidth: sim.cost.model then keeps the topology's link model for transfers.
+            # latency or bandwidth: sim.cost.cost_view then keeps the topology's link model for transfers.
             calibrated.setdefault("p2p", {}).update({"sweep_sizes_bytes": list(sweep[0]),
                                                      "sweep_one_way_s": list(sweep[1]), "method": P2P_METHOD})
         target = Path(options.calibrate_out)

@@ -10,7 +10,7 @@ averaged; the same replica and Zeno dropping the lowest-scored of the four each 
 What Zeno costs per step: measured, the mean ``REDUCE_GRAD`` span with Zeno against with the mean (``compare.json``;
 Zeno's span holds the all-gather and the scoring); simulated, the plan's all-reduce against an all-gather of the four
 gradients plus five forward passes of the model on a microbatch, both from the plan's cost model (the one cost
-oracle: ``sim.cost.model.CostModel``).
+oracle: ``sim.cost.cost_view.CostView``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def simulated_cost(plan: Plan) -> dict[str, float]:
     gradients = costs.param_bytes(0)
     zeno = (costs.oracle.collective("all_gather", group, layout.dp * gradients).seconds
             + (layout.dp + 1) * costs.compute_time(OpKind.F, 0))
-    return {"mean_s": costs.collective(OpKind.REDUCE_GRAD, 0).seconds, "zeno_s": zeno}
+    return {"mean_s": costs.collective_op(OpKind.REDUCE_GRAD, 0).seconds, "zeno_s": zeno}
 
 
 @dataclass(frozen=True)

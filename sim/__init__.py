@@ -32,7 +32,7 @@ _EXPORTS = {
     "Topology": "sim.hw.topology",
     "Layer": "sim.models.graph", "LayerGraph": "sim.models.graph", "build_model": "sim.models",
     "Sharding": "sim.models.sharding", "collective_cost": "sim.cost.collectives",
-    "CostOracle": "sim.cost.oracle", "CostModel": "sim.cost.model", "MeasuredProfile": "sim.cost.profile",
+    "CostOracle": "sim.cost.oracle", "CostView": "sim.cost.cost_view", "MeasuredProfile": "sim.cost.profile",
     "load_profile": "sim.cost.profile",
     "PlanInputs": "sim.plan.inputs", "BuiltPlan": "sim.plan.build", "build_plan": "sim.plan.build",
     "SimResult": "sim.engine.simpy_engine", "simulate": "sim.engine.simpy_engine",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.core.errors import SpecError
-from sim.cost.model import CostModel, plan_state_shards
+from sim.cost.cost_view import CostView, plan_state_shards
 from sim.cost.model_flops import training_rates
 from sim.cost.oracle import CostOracle
 from sim.cost.plan_costs import PlanCosts, written_plan_costs
@@ -59,7 +59,7 @@ class Prediction:
     link_bytes: tuple[tuple[tuple[str, str], int], ...]
     cost_source: str
     metrics: dict[str, Any]
-    costs: CostModel | None = None
+    costs: CostView | None = None
     csp: CspResult | None = None
 
 

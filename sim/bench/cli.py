@@ -38,7 +38,7 @@ with recomputation: the seconds to build it (``sim.plan.build``) and to predict 
 collective costs, the engine), target under 5 s on one core (the process's CPU time is printed too, the figure to
 read on a shared machine, where wall time includes waiting for a core); then, once, the same prediction with every
 replica simulated (``simulate_all``), and whether the two iteration times agree (the symmetry argument of
-``sim.cost.model.replica_views``). Last line ``ratio: X`` = the full simulation's time ÷ the symmetric one's.
+``sim.cost.cost_view.replica_views``). Last line ``ratio: X`` = the full simulation's time ÷ the symmetric one's.
 
 ``python -m sim.bench --cluster`` times Llama 3's scale: ``2048x8xH100`` (16,384 GPUs), ``llama3.1-405b`` at 8,192
 tokens, TP 8 × DP 128 × PP 16 with ZeRO-3, interleaved 1F1B with 2 stages per rank, global batch 2,048: building

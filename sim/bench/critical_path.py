@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.cost.cost_view import CostView
 from sim.cost.ledger import program_order_peaks
-from sim.cost.model import CostModel
 from sim.ir.ops import OP_SEMANTICS, Action, OpKind, op_id
 from sim.ir.plan import Plan
 
@@ -90,7 +90,7 @@ class CompiledPlan:
             self.levels.append((nodes, matrix))
         self.num_nodes = len(preds)
 
-    def slot_values(self, views: tuple[CostModel, ...]) -> np.ndarray:
+    def slot_values(self, views: tuple[CostView, ...]) -> np.ndarray:
         """The duration of every slot under ``views`` (one cost view per simulated replica), s."""
         values = np.empty(len(self.slots))
         for index, slot in enumerate(self.slots):
@@ -100,7 +100,7 @@ class CompiledPlan:
             elif slot.what == "message":
                 values[index] = view.message(slot.kind, slot.vstage, slot.src, slot.dst).seconds
             else:
-                values[index] = view.collective(slot.kind, slot.vstage).seconds
+                values[index] = view.collective_op(slot.kind, slot.vstage).seconds
         return values
 
     def times(self, slot_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -129,7 +129,7 @@ class CompiledPlan:
         """The iteration time, s, for ``slot_values`` (see :meth:`times`): one per cost vector."""
         return self.span(*self.times(slot_values))
 
-    def contended(self, views: tuple[CostModel, ...], starts: np.ndarray, ends: np.ndarray) -> bool:
+    def contended(self, views: tuple[CostView, ...], starts: np.ndarray, ends: np.ndarray) -> bool:
         """Whether two ops would hold one link at overlapping times, given the :meth:`times` of one cost vector
         under ``views``: then the engine queues one of them and the longest path is a lower bound, not the
         engine's time."""
@@ -142,9 +142,9 @@ class CompiledPlan:
             if slot.what == "message":
                 keys = view.message(slot.kind, slot.vstage, slot.src, slot.dst).held_links
             elif slot.what == "collective" and _ACTION[slot.kind] in _MODEL_PARALLEL:
-                keys = view.collective(slot.kind, slot.vstage).held_links
+                keys = view.collective_op(slot.kind, slot.vstage).held_links
             elif slot.what == "collective":  # data-parallel collectives queue in a lane of their own
-                keys = tuple(("collective", key) for key in views[0].collective(slot.kind, slot.vstage).held_links)
+                keys = tuple(("collective", key) for key in views[0].collective_op(slot.kind, slot.vstage).held_links)
             else:
                 continue
             for key in keys:
@@ -155,7 +155,7 @@ class CompiledPlan:
                 return True
         return False
 
-    def peak_memory(self, views: tuple[CostModel, ...]) -> tuple[int, ...]:
+    def peak_memory(self, views: tuple[CostView, ...]) -> tuple[int, ...]:
         """Highest memory in use on each simulated rank, bytes: the memory ledger replayed in program order
         (:func:`sim.cost.ledger.program_order_peaks`), which is the engine's peak for every plan this module
         compiles."""
@@ -163,7 +163,8 @@ class CompiledPlan:
 
 
 def compile_plan(plan: Plan, num_views: int = 1) -> CompiledPlan:
-    """Compile a lowered plan simulated with ``num_views`` cost views (replicas; see ``sim.cost.model.replica_views``).
+    """Compile a lowered plan simulated with ``num_views`` cost views (replicas; see
+    ``sim.cost.cost_view.replica_views``).
 
     Raises:
         NotCompilable: weight stashing, PREFETCH/EVICT, overlapped gradient reduction, or an op kind this module does

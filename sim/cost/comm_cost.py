@@ -1,5 +1,5 @@
 """What one communication op of a plan costs in a cost view (:class:`CommCost`), and the cost of collectives run
-one after another (:func:`sequential_cost`): the numbers :class:`sim.cost.model.CostModel` hands the engine and
+one after another (:func:`sequential_cost`): the numbers :class:`sim.cost.cost_view.CostView` hands the engine and
 the search, apart from the view that asks the oracle for them."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every consumer that needs a device's memory asks this module: the SimPy engine's timeline, the fast evaluator's
 peaks (``sim.bench.critical_path``), the search's memory screen (``sim.search.planner``) and the experiments. An op's
 memory behaviour is its kind's :class:`~sim.ir.ops.MemoryEffect` and workspace flag (``sim.ir.ops.OP_SEMANTICS``);
-the byte counts are the plan's cost view's (``sim.cost.model.CostModel``, which asks the oracle). A kind with an
+the byte counts are the plan's cost view's (``sim.cost.cost_view.CostView``, which asks the oracle). A kind with an
 effect this ledger has no rule for cannot reach it: :data:`RULES` covers every effect and a test holds it to that.
 
 NASPipe's CSP runs (``sim.csp``) are the one exception. Their spans are op kinds of the plan's vocabulary, drawn on
@@ -84,7 +84,7 @@ __all__ = ["StageSizes", "MemoryLedger", "RULES", "program_order_peaks", "reside
 
 
 class StageSizes(Protocol):
-    """The per-vstage sizes a ledger reads (bytes): :class:`sim.cost.model.CostModel` provides them."""
+    """The per-vstage sizes a ledger reads (bytes): :class:`sim.cost.cost_view.CostView` provides them."""
 
     def state_bytes(self, vstage: int) -> int: ...
     def param_bytes(self, vstage: int) -> int: ...

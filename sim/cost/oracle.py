@@ -1,7 +1,7 @@
 """The one cost oracle: seconds and bytes of layers, stages and messages of one model on one topology (DESIGN §5).
 
 Every consumer asks this object and nothing else: the partitioner (a candidate stage's time), the plan's cost view
-that the SimPy engine reads (:class:`sim.cost.model.CostModel`), NASPipe's CSP (each subnet's layers on each stage,
+that the SimPy engine reads (:class:`sim.cost.cost_view.CostView`), NASPipe's CSP (each subnet's layers on each stage,
 host↔device copies), the executor's prediction and its calibration prior. So a profile's measured times and its
 measured point-to-point fit apply everywhere they apply, or nowhere.
 
@@ -340,16 +340,18 @@ class CostOracle:
                                                           "p2p", "ring", ((src_rank, dst_rank),))
         return seconds
 
-    def collective(self, kind: str, groups: tuple[tuple[int, ...], ...], nbytes: int,
+    def collective(self, name: str, groups: tuple[tuple[int, ...], ...], nbytes: int,
                    algorithm: str = "auto") -> CollectiveCost:
-        """Cost of one collective (``sim.cost.collectives``) run at once by every group of ``groups`` (device
-        ranks), each member contributing ``nbytes``, by ``algorithm`` (``auto``: the fastest); cached, since a plan
-        asks the same few many times."""
-        key = ("nccl collective", kind, groups, nbytes, algorithm)
+        """Cost of one NCCL collective ``name`` (``all_reduce``, ``all_gather``, ...: ``sim.cost.collectives``) run at
+        once by every group of ``groups`` (device ranks), each member contributing ``nbytes``, by ``algorithm``
+        (``auto``: the fastest); cached, since a plan asks the same few many times. (A plan's collective op, an
+        :class:`~sim.ir.ops.OpKind`, is costed by its cost view's :meth:`~sim.cost.cost_view.CostView.collective_op`,
+        which asks this for each of the op's collectives.)"""
+        key = ("nccl collective", name, groups, nbytes, algorithm)
         cost = self._collectives.get(key)
         if cost is None:
-            cost = collective_cost(self.topology, kind, groups, nbytes, algorithm)
-            seconds = self._nccl(cost.seconds, kind, cost.algorithm, tuple(g for g in groups if len(g) > 1))
+            cost = collective_cost(self.topology, name, groups, nbytes, algorithm)
+            seconds = self._nccl(cost.seconds, name, cost.algorithm, tuple(g for g in groups if len(g) > 1))
             if seconds != cost.seconds:
                 cost = replace(cost, seconds=seconds)
             self._collectives[key] = cost

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sim.cost.compiled import check_compile
-from sim.cost.gpu_time import KernelModel
-from sim.cost.model import (
-    CostModel,
+from sim.cost.cost_view import (
+    CostView,
     check_expert_layout,
     plan_oracle,
     plan_recompute,
@@ -31,6 +30,7 @@ from sim.cost.model import (
     plan_state_shards,
     replica_views,
 )
+from sim.cost.gpu_time import KernelModel
 from sim.cost.oracle import CostOracle
 from sim.cost.precision import check_precision
 from sim.cost.profile import MeasuredProfile
@@ -63,9 +63,9 @@ class PlanCosts:
     oracle: CostOracle
     layout: Parallelism
 
-    def views(self, placement: Placement, *, simulate_all: bool = False) -> tuple[CostModel, ...]:
+    def views(self, placement: Placement, *, simulate_all: bool = False) -> tuple[CostView, ...]:
         """The cost views the engine simulates for ``placement``: one when the replicas are identical, else one per
-        replica (:func:`sim.cost.model.replica_views`; ``simulate_all``: one per replica in any case).
+        replica (:func:`sim.cost.cost_view.replica_views`; ``simulate_all``: one per replica in any case).
 
         Raises:
             SpecError: a tensor-parallel group mixes device models.
@@ -74,11 +74,11 @@ class PlanCosts:
         return replica_views(self.graph, oracle.topology, placement, oracle.microbatch_size, oracle.profile,
                              oracle=oracle, layout=self.layout, simulate_all=simulate_all)
 
-    def first_view(self, placement: Placement) -> CostModel:
+    def first_view(self, placement: Placement) -> CostView:
         """The view of the first replica, costed with every replica running at once (what a built plan keeps,
         ``sim.plan.build.BuiltPlan.costs``; the engine's view when the replicas are identical)."""
         oracle = self.oracle
-        return CostModel(self.graph, oracle.topology, placement, oracle.microbatch_size, oracle.profile,
+        return CostView(self.graph, oracle.topology, placement, oracle.microbatch_size, oracle.profile,
                          oracle=oracle, layout=self.layout, concurrent=tuple(range(self.layout.data_ranks)))
 
 
@@ -102,7 +102,7 @@ def check_graph(graph: LayerGraph, layout: Parallelism, topology: Topology, *, p
                 compiled: bool) -> None:
     """The rules a plan's model shard must meet on its devices before it is costed: the precision and compilation
     the devices and model take (:func:`sim.cost.precision.check_precision`, :func:`sim.cost.compiled.check_compile`),
-    and a layout the expert model covers (:func:`sim.cost.model.check_expert_layout`).
+    and a layout the expert model covers (:func:`sim.cost.cost_view.check_expert_layout`).
 
     Raises:
         SpecError: naming the flag and what would be valid.
@@ -119,7 +119,7 @@ def plan_costs(graph: LayerGraph, topology: Topology, layout: Parallelism, micro
     """The costs of a plan of ``layout`` whose devices hold ``graph`` (:func:`sharded_graph`), at ``microbatch_size``
     samples per microbatch on ``topology``, with ``profile``'s measured costs where they apply, in ``precision``
     (``None``: the model's own), under a stream's CUDA graphs, the GPU ``kernel_model`` (``None``: the built-in
-    constants) and ``torch.compile`` where ``compiled`` (:func:`sim.cost.model.plan_oracle`).
+    constants) and ``torch.compile`` where ``compiled`` (:func:`sim.cost.cost_view.plan_oracle`).
 
     The oracle is kept in ``topology.cost_memo``, shared by every layout with the same state sharding (and, under
     context parallelism, the same context-parallel groups).

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.core.errors import SpecError
-from sim.cost.model import CostModel
+from sim.cost.cost_view import CostView
 from sim.csp.csp_plan import CspInputs, build_csp_problem
 from sim.csp.problem import CspProblem
 from sim.csp.simulate import simulate_csp
@@ -112,7 +112,7 @@ def flush_baseline(inputs: CspInputs, schedule: str, microbatches: int) -> Basel
         if choice not in cache:
             sub = LayerGraph(graph.spec, subnet_layer_costs(supernet, choice), dtype_bytes=graph.dtype_bytes,
                              input_bytes=graph.input_bytes)
-            result = simulate(built.plan, CostModel(sub, topology, placement, size), topology, check_memory=False)
+            result = simulate(built.plan, CostView(sub, topology, placement, size), topology, check_memory=False)
             cache[choice] = result.trace.makespan
         total += cache[choice]
     resident = stage_supernet_bytes(supernet, stage_layers)

@@ -17,7 +17,7 @@ from typing import Any
 
 import simpy
 
-from sim.cost.model import CostModel
+from sim.cost.cost_view import CostView
 from sim.ir.ops import COPY_KINDS, EP_KINDS, SEND_KINDS, TP_KINDS, Op, OpKind, op_id
 from sim.ir.plan import Plan
 
@@ -120,7 +120,7 @@ class Communication:
         tp_links: the links each TP op of each simulated rank holds while it runs (:meth:`_tp_links_to_hold`).
     """
 
-    def __init__(self, env: simpy.Environment, plan: Plan, views: tuple[CostModel, ...], suffix: list[str], *,
+    def __init__(self, env: simpy.Environment, plan: Plan, views: tuple[CostView, ...], suffix: list[str], *,
                  done_event: Callable[[str], simpy.Event | None],
                  finish: Callable[[Op, int, float], None], take: Callable[[int, Op], None],
                  release: Callable[[int, Op], None], grad_windows: dict[str, tuple[float, float]]) -> None:
@@ -174,7 +174,7 @@ class Communication:
         for (view, kind, vstage), runs in sorted(tp_runs.items()):
             if not self.counts_bytes[view]:
                 continue
-            for key, nbytes in self.views[view].collective(kind, vstage).bytes_per_link:
+            for key, nbytes in self.views[view].collective_op(kind, vstage).bytes_per_link:
                 link_bytes[key] = link_bytes.get(key, 0) + nbytes * runs
         return tuple(sorted(link_bytes.items()))
 
@@ -192,7 +192,7 @@ class Communication:
             for op in program:
                 kind = op.kind
                 if kind in _RANK_COLLECTIVE_KINDS:
-                    keys = tp_keys[(rank, kind, op.vstage)] = view.collective(kind, op.vstage).held_links
+                    keys = tp_keys[(rank, kind, op.vstage)] = view.collective_op(kind, op.vstage).held_links
                     for key in keys:
                         holders.setdefault(key, set()).add(rank)
                 elif kind in _MOVER_KINDS:
@@ -246,7 +246,7 @@ class Communication:
 
         Links are taken in one global order, so two messages can never each hold a link the other waits for. The
         engine holds the simulated instance's own links only; the symmetric instances it stands for share links
-        through the op's duration (``sim.cost.model``).
+        through the op's duration (``sim.cost.cost_view``).
         """
         held = (yield from self._take_links(keys, share)) if duration > 0 else []
         start = self.env.now
@@ -302,7 +302,7 @@ class Communication:
         if len(members) < len(self.views):
             return  # the last replica to arrive runs it for all
         del self.arrived[collective_id]
-        cost = self.views[0].collective(op.kind, op.vstage)
+        cost = self.views[0].collective_op(op.kind, op.vstage)
         # Data-parallel reductions queue for their links against each other only (their own lane of each link):
         # they are one op for every replica, while messages are per replica, and a reduction that held a message's
         # link would make simulating the replicas one by one differ from one standing for all, by the order of ties.

@@ -7,13 +7,13 @@ Semantics, shared with the dry run in ``sim.plan.validate`` and with the executo
 * SEND and RECV are issued without blocking the walker (the ``isend``/``irecv`` of the executor). A transfer starts
   once both sides are issued and the SEND's deps are done (a rendezvous, as point-to-point transports do), occupies
   every link on its path for ``Σ latency + bytes / min bandwidth`` — the closed form of ``Topology.transfer_time``,
-  or a measured profile's fit (``CostModel.message``) — and completes both ops. Links are mutexes that grant
+  or a measured profile's fit (``CostView.message``) — and completes both ops. Links are mutexes that grant
   in FIFO order (``sim.engine.comm.Link``), so transfers that share a link wait for each other; a transfer takes its
   links in one global order, so two transfers can never hold one link each and wait on the other.
 * PREFETCH and EVICT are issued without blocking the walker too. They copy a stage's weights host → device or
   device → host over the rank's PCIe path, whose directed links are the H2D and D2H copy engines, so copies
   overlap compute and contend only with other copies (and transfers) on the same links. A copy takes the cost
-  oracle's time (``CostModel.host_copy``: the link model, or a measured profile's copy bandwidth on its device).
+  oracle's time (``CostView.host_copy``: the link model, or a measured profile's copy bandwidth on its device).
 * Memory per device is the memory ledger's (``sim.cost.ledger``): what each op allocates when it starts and frees
   when it ends, applied at the simulated times (the training state from the start; a microbatch's activations from
   its F to its last backward op, only the checkpoint under recomputation plus one rebuilt layer from its R; weight
@@ -26,7 +26,7 @@ Semantics, shared with the dry run in ``sim.plan.validate`` and with the executo
   GATHER_PARAMS) is issued without blocking, and starts once every simulated replica has issued it and its deps are
   done; it holds the links of all its groups. Identical replicas are simulated once: the engine runs one walker per
   pipeline rank of each replica it is given a cost view for (``costs``), and a view's messages and collectives are
-  costed with the replicas it stands for running at the same moment (``CostModel.concurrent``). By symmetry that is
+  costed with the replicas it stands for running at the same moment (``CostView.concurrent``). By symmetry that is
   exact; simulating every replica gives the same times when replicas share no link (a test checks it).
 
 The plan is never mutated; ties are broken by SimPy's event ids, so the same inputs give the same trace.
@@ -41,8 +41,8 @@ from typing import Any
 import simpy
 
 from sim.core.errors import SpecError
+from sim.cost.cost_view import CostView
 from sim.cost.ledger import MemoryLedger
-from sim.cost.model import CostModel
 from sim.engine.comm import Communication
 from sim.engine.perturbation import NONE, Perturbation
 from sim.hw.topology import Topology
@@ -106,7 +106,7 @@ class _Run:
     when it is triggered, not when it is created), so the order of ties, and with it every trace, is unchanged.
     """
 
-    def __init__(self, plan: Plan, costs: tuple[CostModel, ...], topology: Topology, check_memory: bool,
+    def __init__(self, plan: Plan, costs: tuple[CostView, ...], topology: Topology, check_memory: bool,
                  perturbation: Perturbation = NONE) -> None:
         self.plan, self.topology, self.check_memory = plan, topology, check_memory
         self.views = costs  # one cost view per simulated replica
@@ -278,7 +278,7 @@ class _Run:
                 # once per op kind at the end (tp_runs), not per op.
                 if op.deps:
                     yield from self._wait_deps(op, suffix)
-                duration = view.collective(kind, op.vstage).seconds
+                duration = view.collective_op(kind, op.vstage).seconds
                 keys = self.comm.tp_links[(rank, kind, op.vstage)]
                 if keys:
                     share = self.comm.share[replica]
@@ -357,15 +357,15 @@ def engine_kinds() -> frozenset[OpKind]:
 HANDLED_KINDS = engine_kinds()
 
 
-def simulate(plan: Plan, costs: CostModel | tuple[CostModel, ...], topology: Topology, *,
+def simulate(plan: Plan, costs: CostView | tuple[CostView, ...], topology: Topology, *,
              check_memory: bool = True, perturbation: Perturbation = NONE) -> SimResult:
     """Simulate one iteration of an L1 plan.
 
     Args:
         plan: a lowered, validated plan.
         costs: durations and sizes of its ops: one cost view, or one per data-parallel replica to simulate (each
-            names its replica and the replicas it stands for; :func:`sim.cost.model.replica_views`). The trace's rank
-            ``i · P + p`` is pipeline rank p of the i-th view.
+            names its replica and the replicas it stands for; :func:`sim.cost.cost_view.replica_views`). The trace's
+            rank ``i · P + p`` is pipeline rank p of the i-th view.
         topology: the devices and links; each view says which device runs each pipeline rank.
         check_memory: raise :class:`OutOfMemoryError` when a device's memory is exceeded (else only report peaks).
         perturbation: stragglers and jitter (``sim.engine.perturbation``); with a straggler, ``costs`` must hold

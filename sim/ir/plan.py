@@ -11,7 +11,7 @@ Levels:
       cross-stream dependency written out in ``deps``.
     * L2 — a trace of L1 ops with times (``sim.ir.trace``).
 
-The plan carries ids only: no tensors, no times. Costs live in ``sim.cost.model``, timings in the trace.
+The plan carries ids only: no tensors, no times. Costs live in ``sim.cost.cost_view``, timings in the trace.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
-from sim.cost.model import CostModel
+from sim.cost.cost_view import CostView
 from sim.cost.oracle import CostOracle
 from sim.cost.plan_costs import PlanCosts, check_graph, plan_costs, sharded_graph
 from sim.cost.profile import MeasuredProfile, load_profile
@@ -47,7 +47,7 @@ class BuiltPlan:
     plan: Plan
     graph: LayerGraph
     topology: Topology
-    costs: CostModel
+    costs: CostView
     profile: MeasuredProfile | None
     inputs: PlanInputs
 
@@ -57,7 +57,7 @@ class BuiltPlan:
         profile = ", costed from a measured profile" if self.profile is not None else ""
         return f"BuiltPlan({self.plan!r}\n  model on one device: {self.graph.summary()}{profile})"
 
-    def views(self, *, simulate_all: bool = False) -> tuple[CostModel, ...]:
+    def views(self, *, simulate_all: bool = False) -> tuple[CostView, ...]:
         """The cost views the engine simulates for this plan: one when its replicas are identical, else one per
         replica (``simulate_all``: one per replica in any case; :meth:`sim.cost.plan_costs.PlanCosts.views`)."""
         return PlanCosts(self.graph, self.costs.oracle, self.plan.layout).views(self.plan.placement,

@@ -5,7 +5,7 @@ The engine (``sim.engine.simpy_engine``) runs each pipeline rank's program on on
 OPT_STEP) and the tensor- and expert-parallel collectives after them (TP_*, EP_*) one after another, each starting
 when the one before it has ended and its dependencies are met; a transfer takes at least its uncontended time
 (links shared with other traffic only make it longer); and an optimizer step waits for its stage's gradient
-reduction. So with the costs of one replica's cost view (:class:`sim.cost.model.CostModel`, the one cost oracle),
+reduction. So with the costs of one replica's cost view (:class:`sim.cost.cost_view.CostView`, the one cost oracle),
 three chains bound the makespan from below, for every plan whatever the contention:
 
 * **Fill and work.** Rank r cannot start before microbatch 0's forward has come through every vstage before its
@@ -37,8 +37,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.cost.cost_view import CostView
 from sim.cost.ledger import kept_bytes, resident_bytes
-from sim.cost.model import CostModel
 from sim.ir.ops import Action, OpKind, collective_after
 
 __all__ = ["StageTimes", "stage_times", "time_lower_bound", "memory_lower_bound", "DRAIN_SCHEDULES",
@@ -97,7 +97,7 @@ class StageTimes:
     updates: int = 1
 
 
-def stage_times(view: CostModel, *, split_backward: bool, recompute_full: bool, updates: int = 1) -> StageTimes:
+def stage_times(view: CostView, *, split_backward: bool, recompute_full: bool, updates: int = 1) -> StageTimes:
     """The :class:`StageTimes` of ``view``'s plan (its placement and layout), from the view's own costs.
 
     Args:
@@ -113,8 +113,8 @@ def stage_times(view: CostModel, *, split_backward: bool, recompute_full: bool, 
 
     def collectives(source: OpKind, v: int) -> float:
         """The TP and EP collectives that follow a ``source`` op of ``v`` (the op table's ``follows``), s."""
-        return ((view.collective(_TP_AFTER[source], v).seconds if tp else 0.0)
-                + (view.collective(_EP_AFTER[source], v).seconds if ep else 0.0))
+        return ((view.collective_op(_TP_AFTER[source], v).seconds if tp else 0.0)
+                + (view.collective_op(_EP_AFTER[source], v).seconds if ep else 0.0))
 
     backward_kind = OpKind.I if split_backward else OpKind.B
     forward = tuple(view.compute_time(OpKind.F, v) + collectives(OpKind.F, v) for v in vstages)
@@ -127,9 +127,9 @@ def stage_times(view: CostModel, *, split_backward: bool, recompute_full: bool, 
     send_backward = tuple(view.message(OpKind.SEND_B, v, to_rank[v], to_rank[v - 1]).seconds
                           if v > 0 and to_rank[v - 1] != to_rank[v] else 0.0 for v in vstages)
     reduces = layout.data_ranks > 1 and layout.zero in (0, 1) and not layout.grad_overlap and updates == 1
-    reduce = tuple(view.collective(OpKind.REDUCE_GRAD, v).seconds if reduces else 0.0 for v in vstages)
+    reduce = tuple(view.collective_op(OpKind.REDUCE_GRAD, v).seconds if reduces else 0.0 for v in vstages)
     gathers = layout.data_ranks > 1 and layout.zero in (1, 2)
-    gather = tuple(view.collective(OpKind.GATHER_PARAMS, v).seconds if gathers else 0.0 for v in vstages)
+    gather = tuple(view.collective_op(OpKind.GATHER_PARAMS, v).seconds if gathers else 0.0 for v in vstages)
     update = tuple(view.compute_time(OpKind.OPT_STEP, v) for v in vstages)
     return StageTimes(forward, backward, weight, recompute, send_forward, send_backward, reduce, update, gather,
                       updates)
@@ -168,7 +168,7 @@ def time_lower_bound(schedule: str, microbatches: int, vstage_to_rank: Sequence[
     return best
 
 
-def memory_lower_bound(view: CostModel, schedule: str, microbatches: int, *, recompute_full: bool,
+def memory_lower_bound(view: CostView, schedule: str, microbatches: int, *, recompute_full: bool,
                        stashing: bool = False) -> tuple[int, ...]:
     """A lower bound on each pipeline rank's peak memory in ``view``'s replica, bytes (module docstring)."""
     placement = view.placement

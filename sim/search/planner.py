@@ -10,7 +10,8 @@ screens the search space without building any plan:
 
 where a rank's work per microbatch is the sum over its virtual stages of every op the engine would run for one
 microbatch (F, B, the recomputed F under full recomputation, the tensor-parallel collectives, its sends), each costed by
-the plan's own cost view (:class:`sim.cost.model.CostModel`, so by the one cost oracle), for the partition and placement
+the plan's own cost view (:class:`sim.cost.cost_view.CostView`, so by the one cost oracle), for the partition and
+placement
 ``build_plan`` gives (:func:`sim.plan.build.partition_layers`; the balanced partition is itself PipeDream's dynamic
 program, on each stage's own device). ``fill`` is the schedule's warm-up and cool-down in stage times: ``p − 1`` for
 gpipe and 1f1b (bubble (p−1)/(m+p−1)), the same in chunk times for interleaved (bubble ÷ v), a third of it for zb1p
@@ -127,9 +128,9 @@ class _Screen:
                 if recompute_full:
                     work += view.compute_time(OpKind.R, vstage)
                 if layout.tp > 1:
-                    work += (view.collective(_TP_AFTER[OpKind.F], vstage).seconds
-                             + view.collective(_TP_AFTER[OpKind.B], vstage).seconds) + (
-                        view.collective(_TP_AFTER[OpKind.R], vstage).seconds if recompute_full else 0.0)
+                    work += (view.collective_op(_TP_AFTER[OpKind.F], vstage).seconds
+                             + view.collective_op(_TP_AFTER[OpKind.B], vstage).seconds) + (
+                        view.collective_op(_TP_AFTER[OpKind.R], vstage).seconds if recompute_full else 0.0)
                 if vstage + 1 < len(vstage_to_rank) and vstage_to_rank[vstage + 1] != rank:
                     work += view.message(OpKind.SEND_F, vstage, rank, vstage_to_rank[vstage + 1]).seconds
                 if vstage > 0 and vstage_to_rank[vstage - 1] != rank:
@@ -140,9 +141,9 @@ class _Screen:
                 # The step waits for the (last) gradient reduction and, under ZeRO-1 and 2, is followed by the
                 # parameters' all-gather; ZeRO-3 does both inside the forward and backward (sim.cost.fsdp).
                 if layout.data_ranks > 1 and layout.zero < 3:
-                    update += view.collective(OpKind.REDUCE_GRAD, vstage).seconds
+                    update += view.collective_op(OpKind.REDUCE_GRAD, vstage).seconds
                     if layout.zero:
-                        update += view.collective(OpKind.GATHER_PARAMS, vstage).seconds
+                        update += view.collective_op(OpKind.GATHER_PARAMS, vstage).seconds
                 tail = max(tail, update)
             worst_rank = max(worst_rank, max(per_rank))
         return (microbatches, layout.pp, worst_rank, worst_vstage, tail,

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
+from sim.cost.cost_view import CostView
 from sim.cost.ledger import program_order_peaks
-from sim.cost.model import CostModel
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
@@ -140,7 +140,7 @@ class Screener:
     def __init__(self, problem: SearchProblem, topology: Topology) -> None:
         self.problem, self.topology = problem, topology
         self.profile: MeasuredProfile | None = load_profile(problem.profile) if problem.profile else None
-        self.views: dict[Candidate, tuple[tuple[CostModel, ...], int]] = {}
+        self.views: dict[Candidate, tuple[tuple[CostView, ...], int]] = {}
         self.programs = ScheduledPrograms()
         self.layouts: dict[Parallelism, Parallelism] = {}
         #: The most memory a device of each layout has, bytes (the problem's limit where lower).
@@ -200,7 +200,7 @@ class Screener:
         views, _ = self._views(candidate)
         return views[0].placement.layer_counts(), views[0].layout
 
-    def _views(self, candidate: Candidate) -> tuple[tuple[CostModel, ...], int]:
+    def _views(self, candidate: Candidate) -> tuple[tuple[CostView, ...], int]:
         """The cost views of ``candidate``'s plan and its microbatch count, shared by the candidates that differ
         only in a one-stage-per-rank schedule; the rules ``build_plan`` checks are checked first, before anything
         is costed.

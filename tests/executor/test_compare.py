@@ -10,7 +10,7 @@ import pytest
 from executor.calibration import calibrated_profile, profile_device, stage_medians
 from executor.compare import compare_report, median_iteration
 from sim.core.errors import SpecError
-from sim.cost.model import CostModel
+from sim.cost.cost_view import CostView
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import load_profile
 from sim.engine.simpy_engine import simulate
@@ -81,7 +81,7 @@ def test_calibrated_profile_reproduces_the_measured_stage_times(tmp_path):
     path.write_text(json.dumps(profile))
     loaded = load_profile(path)
     assert [t.name for t in loaded.layers] == [layer.name for layer in graph.layers]
-    costs = CostModel(graph, topology, plan.placement, plan.microbatch_size, loaded)
+    costs = CostView(graph, topology, plan.placement, plan.microbatch_size, loaded)
     from sim.ir.plan import OpKind
 
     for v in range(2):

@@ -85,7 +85,7 @@ def test_gpipe_rate_on_free_links_is_the_flow_shop_closed_form():
     jobs, forward then backward: sum_s f_s + (p - 1) max_s f_s + sum_s b_s + (p - 1) max_s b_s (the optimizer is
     free at infinite memory bandwidth). The experiment's GPipe rate is p microbatches per iteration over that sum."""
     from experiments.naspipe_paper import GPIPE_SEQ, simulate_space
-    from sim.cost.model import CostModel
+    from sim.cost.cost_view import CostView
     from sim.csp.csp_plan import CspInputs, build_csp_problem
     from sim.ir.ops import OpKind
     from sim.ir.plan import Placement
@@ -102,7 +102,7 @@ def test_gpipe_rate_on_free_links_is_the_flow_shop_closed_form():
     for choice in plan.subnets:
         graph = LayerGraph(supernet.graph.spec, subnet_layer_costs(supernet, choice),
                            dtype_bytes=supernet.graph.dtype_bytes, input_bytes=supernet.graph.input_bytes)
-        costs = CostModel(graph, setup.topology, placement, batch)
+        costs = CostView(graph, setup.topology, placement, batch)
         for kind in (OpKind.F, OpKind.B):
             times = [costs.compute_time(kind, v) for v in range(p)]
             total += sum(times) + (p - 1) * max(times)

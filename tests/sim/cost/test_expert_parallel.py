@@ -126,7 +126,7 @@ def test_expert_state_is_split_over_the_expert_data_parallel_group():
     layout = built.plan.layout
     dense = views.param_bytes(0) - 2 * stage_experts
     alone = views.oracle.collective("reduce_scatter", (layout.dp_group(0, 0),), dense).seconds
-    assert views.collective(OpKind.REDUCE_GRAD, 0).seconds == pytest.approx(alone, rel=1e-12)
+    assert views.collective_op(OpKind.REDUCE_GRAD, 0).seconds == pytest.approx(alone, rel=1e-12)
 
 
 def test_a_written_plan_predicts_what_the_built_one_did_with_its_routing():

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from sim.core.errors import SpecError
-from sim.cost.model import CostModel
+from sim.cost.cost_view import CostView
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import LayerTiming, MeasuredProfile, load_profile, profile_document
 from sim.engine.simpy_engine import simulate
@@ -47,7 +47,7 @@ def test_the_engine_copies_for_the_oracles_time():
     plan = Plan("file", "L1", graph.spec, "1xV100", 1, 1, "flush", placement, (program,))
     validate(plan)
     profile = _profile(topology, h2d_bandwidth=H2D, d2h_bandwidth=D2H)
-    spans = {s.op: s for s in simulate(plan, CostModel(graph, topology, placement, 1, profile), topology).trace.spans}
+    spans = {s.op: s for s in simulate(plan, CostView(graph, topology, placement, 1, profile), topology).trace.spans}
     assert spans["0PREFETCH"].duration == pytest.approx(1e8 / H2D, rel=1e-12)
     assert spans["0EVICT"].duration == pytest.approx(1e8 / D2H, rel=1e-12)
 

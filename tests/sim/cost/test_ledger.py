@@ -7,8 +7,8 @@ import random
 import pytest
 
 from sim.core.errors import SpecError
+from sim.cost.cost_view import replica_views
 from sim.cost.ledger import RULES, MemoryLedger, program_order_peaks
-from sim.cost.model import replica_views
 from sim.engine.simpy_engine import simulate
 from sim.ir.ops import OP_SEMANTICS, MemoryEffect, Op, OpKind
 from sim.models import gpt

@@ -3,7 +3,7 @@ and shared where the inputs agree, and the same costs whether a plan is built or
 
 from dataclasses import replace
 
-from sim.cost.model import replica_views
+from sim.cost.cost_view import replica_views
 from sim.cost.plan_costs import plan_costs, sharded_graph, written_plan_costs
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
@@ -52,9 +52,10 @@ def test_a_written_plan_is_costed_as_it_was_built_routing_included():
     (built_view,) = built.views()
     for vstage in range(built.plan.num_vstages):
         for kind in (OpKind.F, OpKind.B, OpKind.EP_F, OpKind.EP_B):
-            cost = view.compute_time if kind in (OpKind.F, OpKind.B) else (lambda k, v: view.collective(k, v).seconds)
+            cost = (view.compute_time if kind in (OpKind.F, OpKind.B)
+                    else (lambda k, v: view.collective_op(k, v).seconds))
             expected = (built_view.compute_time if kind in (OpKind.F, OpKind.B)
-                        else (lambda k, v: built_view.collective(k, v).seconds))
+                        else (lambda k, v: built_view.collective_op(k, v).seconds))
             assert cost(kind, vstage) == expected(kind, vstage)
     balanced = build_plan(replace(inputs, routing="balanced", capacity_factor=0.0))
     assert balanced.graph.layers != built.graph.layers

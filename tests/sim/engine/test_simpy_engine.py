@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.cost.model import CostModel
+from sim.cost.cost_view import CostView
 from sim.engine.simpy_engine import OutOfMemoryError, simulate
 from sim.hw.topology import Topology
 from sim.ir.plan import RECV_KINDS, SEND_KINDS, Op, OpKind, Placement, Plan
@@ -67,7 +67,7 @@ def _hand_plan(programs, layers, vstage_to_rank, topology, act_mb=1.0):
     placement = Placement(counts_to_ranges((1,) * layers), vstage_to_rank)
     plan = Plan("file", "L1", graph.spec, topology, 1, 1, "flush", placement, programs)
     topo = Topology.parse(topology)
-    return plan, CostModel(graph, topo, placement, 1), topo
+    return plan, CostView(graph, topo, placement, 1), topo
 
 
 def _transfer_program(src_vstage, src_rank, dst_rank, pair):
@@ -222,7 +222,7 @@ def test_random_plans_simulate_and_respect_lower_bounds(p, m, schedule, topology
     l0 = Plan(schedule, "L0", "custom", str(topo), m, 1, "flush", placement, entry.build(p, m, chunks))
     plan = lower(add_recompute(l0) if recompute else l0)
     validate(plan)
-    costs = CostModel(graph, topo, placement, 1)
+    costs = CostView(graph, topo, placement, 1)
     trace = simulate(plan, costs, topo, check_memory=False).trace
     makespan = trace.makespan
     for rank in range(p):
@@ -253,7 +253,7 @@ def test_prefetch_and_evict_use_the_pcie_copy_engines():
     topo = Topology.parse("1xV100")
     plan = Plan("file", "L1", graph.spec, "1xV100", 1, 1, "flush", placement, (program,))
     validate(plan)
-    result = simulate(plan, CostModel(graph, topo, placement, 1), topo)
+    result = simulate(plan, CostView(graph, topo, placement, 1), topo)
     spans = {s.op: s for s in result.trace.spans}
 
     def closed_form(path):

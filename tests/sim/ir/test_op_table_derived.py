@@ -175,5 +175,5 @@ def test_the_cost_view_and_the_bound_charge_the_table_split_and_collectives():
         # the bound's drain-chain backward is the I and the collectives the table puts after an I
         after_i = [collective_after(action)[OpKind.I] for action in (Action.TP_COLLECTIVE, Action.EP_COLLECTIVE)]
         assert times.backward_s[v] == pytest.approx(
-            view.compute_time(OpKind.I, v) + sum(view.collective(kind, v).seconds for kind in after_i), rel=1e-12)
+            view.compute_time(OpKind.I, v) + sum(view.collective_op(kind, v).seconds for kind in after_i), rel=1e-12)
         assert times.weight_backward_s[v] == view.compute_time(OpKind.W, v)

@@ -1,7 +1,7 @@
 """ZB-H1 (``zb1p``, Qi et al., arXiv 2401.10241 §3.1) against a hand-written schedule and its closed forms.
 
 Units: ``uniform:fwd_ms=1,bwd_ms=2`` with one layer per stage gives F = 1 ms and, the backward split in halves
-(``sim.cost.model``), I = W = 1 ms: one time unit is 1 ms. ``Nxideal`` links are free.
+(``sim.cost.cost_view``), I = W = 1 ms: one time unit is 1 ms. ``Nxideal`` links are free.
 """
 
 import pytest

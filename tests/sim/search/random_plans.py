@@ -4,7 +4,7 @@
 import random
 from dataclasses import replace
 
-from sim.cost.model import replica_views
+from sim.cost.cost_view import replica_views
 from sim.plan.inputs import PlanInputs
 
 MODEL = "gpt:layers=8,hidden=512,heads=8,seq=256,vocab=1000"

@@ -146,7 +146,7 @@ def test_with_the_update_amortised_it_equals_brute_force_over_partitions_and_pla
                                                                                         microbatches):
     # The brute force costs each plan through the plan's own cost view (the engine's numbers): per stage, the
     # partition's compute and messages plus (optimizer step + gradient reduction) / m, the slowest stage counting.
-    from sim.cost.model import plan_sharding, replica_views
+    from sim.cost.cost_view import plan_sharding, replica_views
     from sim.ir.plan import OpKind, Placement
     from sim.plan.partition import counts_to_ranges
 
@@ -163,7 +163,7 @@ def test_with_the_update_amortised_it_equals_brute_force_over_partitions_and_pla
             (view, *_) = replica_views(graph, cluster, placement, 2, oracle=oracle, layout=placed)
             stages = stage_time(oracle, counts, ranks)
             updates = [view.compute_time(OpKind.OPT_STEP, s) + (
-                view.collective(OpKind.REDUCE_GRAD, s).seconds + (view.collective(OpKind.GATHER_PARAMS, s).seconds
+                view.collective_op(OpKind.REDUCE_GRAD, s).seconds + (view.collective_op(OpKind.GATHER_PARAMS, s).seconds
                                                              if layout.zero else 0.0) if layout.dp > 1 else 0.0)
                        for s in range(layout.pp)]
             best = min(best, max(c + u / microbatches for c, u in zip(stages, updates)))

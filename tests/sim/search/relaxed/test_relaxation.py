@@ -96,7 +96,7 @@ def test_with_tensor_parallelism_a_stage_costs_what_the_plans_cost_view_says():
         kinds = ("F", "B", "R") if extra else ("F", "B")
         for v, (start, end) in enumerate(((0, 5), (5, 12))):
             k = surrogate.blocks.own[v]
-            view = sum(costs.compute_time(OpKind[kind], v) + costs.collective(OpKind[f"TP_{kind}"], v).seconds
+            view = sum(costs.compute_time(OpKind[kind], v) + costs.collective_op(OpKind[f"TP_{kind}"], v).seconds
                        for kind in kinds)
             mine = surrogate.F[v, k, end] - surrogate.F[v, k, start] + surrogate.M[v, k]
             assert mine == pytest.approx(view, rel=1e-12)

@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 
 from sim.core.errors import SpecError
+from sim.cost.cost_view import CostView
 from sim.cost.gpu_time import default_kernel_model, optimizer_seconds, transformer_layer_seconds
 from sim.cost.kernels.vocab import embedding_kernels
 from sim.cost.memory_sizes import state_bytes_per_param
-from sim.cost.model import CostModel
 from sim.cost.oracle import CostOracle
 from sim.cost.profile import load_profile
 from sim.hw.catalog import get_device
@@ -152,7 +152,7 @@ def test_profile_for_another_model_is_rejected(tmp_path):
 def test_cost_model_sums_stage_layers_and_sizes_messages():
     graph = build_model("uniform:layers=4,fwd_ms=1,bwd_ms=2,act_mb=3,param_mb=1")
     placement = Placement(((0, 1), (1, 4)), (0, 1))
-    costs = CostModel(graph, Topology.parse("2xideal"), placement, microbatch_size=2)
+    costs = CostView(graph, Topology.parse("2xideal"), placement, microbatch_size=2)
     assert costs.compute_time(OpKind.F, 1) == pytest.approx(6e-3)
     assert costs.compute_time(OpKind.B, 1) == pytest.approx(12e-3)
     assert costs.compute_time(OpKind.I, 1) == costs.compute_time(OpKind.W, 1) == pytest.approx(6e-3)
@@ -167,14 +167,14 @@ def test_profile_p2p_fit_replaces_link_model_between_its_devices(tmp_path):
     path = _profile(tmp_path, graph, device="cpu", p2p={"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9})
     topology = Topology.parse("2xcpu")
     placement = Placement(((0, 2), (2, 4)), (0, 1))
-    costs = CostModel(graph, topology, placement, microbatch_size=2, profile=load_profile(path))
+    costs = CostView(graph, topology, placement, microbatch_size=2, profile=load_profile(path))
     assert costs.oracle.transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
     assert costs.oracle.transfer_time(10**6, 1, 1) == 0.0
-    plain = CostModel(graph, topology, placement, microbatch_size=2)
+    plain = CostView(graph, topology, placement, microbatch_size=2)
     assert plain.oracle.transfer_time(10**6, 0, 1) == topology.transfer_time(10**6, 0, 1)
     # A profile measured on another device leaves the link model alone.
     other = _profile(tmp_path, graph, device="v100-sxm2-32gb", p2p={"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9})
-    assert CostModel(graph, topology, placement, 2, load_profile(other)).oracle.transfer_time(10**6, 0, 1) == \
+    assert CostView(graph, topology, placement, 2, load_profile(other)).oracle.transfer_time(10**6, 0, 1) == \
         topology.transfer_time(10**6, 0, 1)
 
 
@@ -188,11 +188,11 @@ def test_profile_p2p_from_host_loopback_is_not_used_for_gpu_links(tmp_path):
     host = load_profile(_profile(tmp_path, graph, device=device, p2p={**fit, "device": "cpu"}))
     assert host.p2p_latency_s is None and host.p2p_bandwidth is None
     # The link model, as one NCCL message between GPUs of an NVLink server (one step, the cheapest protocol).
-    oracle = CostModel(graph, topology, placement, 2, host).oracle
+    oracle = CostView(graph, topology, placement, 2, host).oracle
     assert oracle.transfer_time(10**6, 0, 1) == pytest.approx(
         nccl_call_s(topology.transfer_time(10**6, 0, 1), 1, "nvlink"), rel=1e-12)
     gpu = load_profile(_profile(tmp_path, graph, device=device, p2p={**fit, "device": "cuda"}))
-    assert CostModel(graph, topology, placement, 2, gpu).oracle.transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
+    assert CostView(graph, topology, placement, 2, gpu).oracle.transfer_time(10**6, 0, 1) == pytest.approx(1e-4 + 1e-3)
 
 
 def test_cost_model_names_the_ranks_its_profile_applies_to(tmp_path):
@@ -203,7 +203,7 @@ def test_cost_model_names_the_ranks_its_profile_applies_to(tmp_path):
     v100 = topology.devices[0].name
     placement = Placement(tuple((i, i + 1) for i in range(6)), tuple(range(6)))
     fit = {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9}
-    costs = CostModel(graph, topology, placement, 2, load_profile(_profile(tmp_path, graph, device=v100, p2p=fit)))
+    costs = CostView(graph, topology, placement, 2, load_profile(_profile(tmp_path, graph, device=v100, p2p=fit)))
     assert costs.profiled_ranks() == (0, 1, 4, 5)
     assert costs.profiled_ranks(4) == (0, 1) and costs.profiled_ranks(1) == (0,)
     assert costs.uses_measured_p2p() and costs.uses_measured_p2p(2) and not costs.uses_measured_p2p(1)
@@ -219,7 +219,7 @@ def test_cost_model_names_the_ranks_its_profile_applies_to(tmp_path):
     # V100 to A100, another server: the link model as one NCCL message over the network.
     assert costs.oracle.transfer_time(10**6, 1, 2) == pytest.approx(
         nccl_call_s(topology.transfer_time(10**6, 1, 2), 1, "net"), rel=1e-12)
-    no_fit = CostModel(graph, topology, placement, 2, load_profile(_profile(tmp_path, graph, device=v100)))
+    no_fit = CostView(graph, topology, placement, 2, load_profile(_profile(tmp_path, graph, device=v100)))
     assert no_fit.profiled_ranks() == (0, 1, 4, 5) and not no_fit.uses_measured_p2p()
-    roofline = CostModel(graph, topology, placement, 2)
+    roofline = CostView(graph, topology, placement, 2)
     assert roofline.profiled_ranks() == () and not roofline.uses_measured_p2p()

@@ -1,6 +1,6 @@
 """A plan's view of the cost oracle: per virtual stage durations (s) and sizes (bytes), what the engines read.
 
-:class:`CostModel` answers in the engine's terms (an op kind of a vstage, a SEND of a vstage, a stage's memory) and
+:class:`CostView` answers in the engine's terms (an op kind of a vstage, a SEND of a vstage, a stage's memory) and
 asks :class:`sim.cost.oracle.CostOracle` for every number, so a simulated plan, a partition and a prediction can
 never cost the same thing two ways. The zero-bubble split charges I and W each its share of a backward, the op
 table's ``backward_share`` (half each: for matmul layers the input-gradient and weight-gradient products each cost
@@ -34,14 +34,14 @@ from sim.models.graph import LayerGraph
 from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import Sharding
 
-__all__ = ["CostModel", "replica_views", "plan_sharding", "plan_oracle",
+__all__ = ["CostView", "replica_views", "plan_sharding", "plan_oracle",
            "GRADIENT_BUCKET_BYTES"]
 
 #: Gradient bytes per bucket when the data-parallel reduction overlaps the backward: PyTorch DDP's default
 #: ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel documentation), 25 MiB.
 GRADIENT_BUCKET_BYTES = 25 * 2**20
 
-#: A memo's marker for a quantity not asked yet (a size may be ``None``: :meth:`CostModel.deferred_bytes`).
+#: A memo's marker for a quantity not asked yet (a size may be ``None``: :meth:`CostView.deferred_bytes`).
 _MISSING = object()
 
 def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
@@ -107,7 +107,7 @@ def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfil
                       cp_comm=layout.cp_comm)
 
 
-class CostModel:
+class CostView:
     """Durations and sizes of the ops of one plan: a model partitioned onto a topology.
 
     Args:
@@ -234,7 +234,7 @@ class CostModel:
             cost = self._messages[key] = CommCost(nbytes, seconds, own, ((link_bytes, 1),))
         return cost
 
-    def collective(self, kind: OpKind, vstage: int) -> CommCost:
+    def collective_op(self, kind: OpKind, vstage: int) -> CommCost:
         """The cost of a collective op of ``vstage`` (TP_F, TP_B, TP_R, REDUCE_GRAD, GATHER_PARAMS), with every
         concurrent group of it running at once (as :meth:`message`; a TP op holds its own group's links, a
         data-parallel collective, which is one op of every replica, all of its groups').
@@ -501,7 +501,7 @@ class CostModel:
 
 def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, microbatch_size: int,
                   profile: MeasuredProfile | None = None, *, oracle: CostOracle | None = None,
-                  layout: Parallelism | None = None, simulate_all: bool = False) -> tuple[CostModel, ...]:
+                  layout: Parallelism | None = None, simulate_all: bool = False) -> tuple[CostView, ...]:
     """The cost views the engine needs for a plan: one when its data-parallel replicas are identical, else one per
     replica.
 
@@ -527,11 +527,11 @@ def replica_views(graph: LayerGraph, topology: Topology, placement: Placement, m
                                                   for d in range(1, layout.data_ranks))
     everyone = tuple(range(layout.data_ranks))
     if identical and not simulate_all:
-        return (CostModel(graph, topology, placement, microbatch_size, profile, oracle=oracle, layout=layout,
+        return (CostView(graph, topology, placement, microbatch_size, profile, oracle=oracle, layout=layout,
                           replica=0, concurrent=everyone),)
     # Identical replicas simulated one by one still send and reduce at the same moments, so each is costed with all
     # of them (and the engine lets their copies of one op share links); different replicas are costed alone.
-    return tuple(CostModel(graph, topology, placement, microbatch_size, profile, oracle=oracle, layout=layout,
+    return tuple(CostView(graph, topology, placement, microbatch_size, profile, oracle=oracle, layout=layout,
                            replica=d, concurrent=everyone if identical else (d,)) for d in everyone)
 
 
