@@ -139,21 +139,17 @@ def _spawned_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
 
 
 def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
-    """Start all of ``pool``'s workers now, with SIGINT ignored meanwhile. A spawn pool starts a worker per submission
-    until it has them all; a process started while this one ignores SIGINT ignores it from its first instruction
-    (Python keeps an ignored SIGINT), so a terminal's Ctrl-C, which reaches the whole process group, cannot kill a
-    worker still importing its modules (with a traceback) before its initializer ignores it. One window of a few
-    milliseconds, at the pool's start, instead of one per submission: a Ctrl-C that lands in it is not heard."""
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: signal handlers are the main thread's, and so is Ctrl-C
-        previous = None
+    """Start all of ``pool``'s workers now, with SIGINT blocked in this thread meanwhile. A spawn pool starts a worker
+    per submission until it has them all, and a process inherits the signal mask of the thread that starts it, so
+    the workers begin with SIGINT blocked: a terminal's Ctrl-C, which reaches the whole process group, cannot kill one
+    still importing its modules (with a traceback) before its initializer ignores it. Blocked, not ignored, here: a
+    Ctrl-C pressed while the workers start stays pending and is heard as soon as they have (an ignored one was lost)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         for _ in range(workers):
             pool.submit(os.getpid)  # a task that does nothing: each submission starts one more worker
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _processes_of(pool: ProcessPoolExecutor) -> list:

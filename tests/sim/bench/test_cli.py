@@ -82,7 +82,7 @@ def test_search_rates_are_measured_on_agreeing_evaluators():
 def test_the_bare_replay_replays_the_engines_ops(model, topology, schedule):
     # On ideal devices every transfer has a link of its own at a time, so nothing the bare replay leaves out (links,
     # memory) changes a time: replaying the same ops and deps with the engine's durations ends when the engine does.
-    from sim.bench import bare_replay
+    from sim.bench.cli import bare_replay
     from sim.engine.simpy_engine import simulate
     from sim.plan.build import build_plan
     from sim.plan.inputs import PlanInputs
