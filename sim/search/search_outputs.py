@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +106,18 @@ def why_no_plan(result: SearchResult) -> str:
     return f"{head}; {'the most common reason' if count > 1 else 'the first'}: {reason}{tail}"
 
 
+#: A candidate's field names, in order.
+_CANDIDATE_FIELDS = tuple(field.name for field in fields(Candidate))
+
+
+def _fields(candidate: Candidate) -> dict[str, Any]:
+    """``asdict(candidate)`` without its deep copy (a candidate's fields are numbers, strings and a tuple of ints):
+    a screened search writes tens of thousands of them, and the copy was half of writing the files."""
+    return {name: getattr(candidate, name) for name in _CANDIDATE_FIELDS}
+
+
 def _evaluation_record(e: Evaluation) -> dict[str, Any]:
-    candidate = {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(e.candidate).items()}
+    candidate = {key: list(value) if isinstance(value, tuple) else value for key, value in _fields(e.candidate).items()}
     record: dict[str, Any] = {"candidate": candidate, "label": e.candidate.label(), "feasible": e.feasible}
     if not e.feasible:
         record["reason"] = e.reason
@@ -158,7 +168,7 @@ def candidates_csv(result: SearchResult) -> str:
     writer.writerow([*fields, "microbatches", "feasible", "iteration_time_s", "throughput_samples_per_s",
                      "max_peak_memory_bytes", "layer_counts", "peak_memory_bytes", "reason"])
     for e in result.evaluations:
-        c = asdict(e.candidate)
+        c = _fields(e.candidate)
         simulated = e.iteration_time_s is not None
         c["devices"] = ";".join(map(str, c["devices"]))
         writer.writerow([*(c[f] for f in fields), e.microbatches or "", e.feasible,
