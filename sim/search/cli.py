@@ -188,8 +188,7 @@ class _Progress:
             self.bar.close()
 
 
-def _run(argv: list[str] | None) -> int:
-    started = time.monotonic()
+def _run(argv: list[str] | None, started: float) -> int:
     args = make_parser().parse_args(argv)
     lists = format_builtin_lists(args.model, args.topology)
     if lists is not None:
@@ -246,13 +245,17 @@ def _run(argv: list[str] | None) -> int:
     return 0
 
 
-#: What a budget keeps back for ranking the plans and writing the files after the search, s.
+#: What a budget keeps back for ranking the plans, writing the files and exiting: this many seconds and this share
+#: of what is left (measured on the 2-core machine, 2026-12-07: writing a screened search's 23,753 records and chart
+#: takes 1.2 s; a worker's candidate in progress when the screen's deadline passes, up to 2 s).
 OUTPUT_RESERVE_S = 1.0
+OUTPUT_RESERVE_SHARE = 0.15
 
 
 def _search_budget(budget_s: float | None, started: float) -> float | None:
-    """The search's share of ``--time-budget``: the budget counts from the command's start (parsing, listing the
-    space and writing the files included), so the search gets what is left less :data:`OUTPUT_RESERVE_S`.
+    """The search's share of ``--time-budget``: the budget counts from the command's start (imports, parsing,
+    listing the space and writing the files included), so the search gets what is left less
+    :data:`OUTPUT_RESERVE_SHARE` of it and :data:`OUTPUT_RESERVE_S`.
 
     Raises:
         SpecError: a budget that is not a positive number of seconds.
@@ -261,7 +264,8 @@ def _search_budget(budget_s: float | None, started: float) -> float | None:
         return None
     if not budget_s > 0 or budget_s == float("inf"):
         raise SpecError(f"--time-budget must be a positive number of seconds, got {budget_s}")
-    return max(budget_s - (time.monotonic() - started) - OUTPUT_RESERVE_S, 0.05)
+    left = budget_s - (time.monotonic() - started)
+    return max(left * (1 - OUTPUT_RESERVE_SHARE) - OUTPUT_RESERVE_S, 0.05)
 
 
 def _summary(result: SearchResult, top: int) -> str:
@@ -307,6 +311,8 @@ def _screen_line(result: SearchResult) -> str:
     return line + f"no plan left can be more than {screen.gap:.2%} faster than the pick {left}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (1 when no plan is feasible)."""
-    return run_cli(lambda: _run(argv), FLAGS)
+def main(argv: list[str] | None = None, *, started: float | None = None) -> int:
+    """Entry point; returns the exit status (1 when no plan is feasible, 130 after Ctrl-C). ``started``: when the
+    command started (``time.monotonic()``; default now), from which ``--time-budget`` counts."""
+    started = time.monotonic() if started is None else started
+    return run_cli(lambda: _run(argv, started), FLAGS)

@@ -78,6 +78,8 @@ BAD = [
     (["--top", "0"], "got 0"),
     (["--schedules", "1f1b,bogus"], "'bogus'"),
     (["--time-budget", "0"], "got 0"),
+    (["--time-budget", "-3"], "got -3"),
+    (["--time-budget", "inf"], "got inf"),
     (["--memory-limit", "junk"], "'junk'"),
     (["--memory-limit", "0"], "got 0"),
     (["--model", "gpt:layers=x"], "layers"),
@@ -172,3 +174,16 @@ def test_a_routed_search_records_its_routing_and_its_plan_is_the_one_sim_run_bui
     assert again[again.index("--routing") + 1] == "skew:1.2:4" and again[again.index("--capacity-factor") + 1] == "1.5"
     assert sim_run([*again, "--no-gantt", "--out", str(tmp_path / "run")]) == 0
     assert (tmp_path / "search" / "plan.json").read_text() == (tmp_path / "run" / "plan.json").read_text()
+
+
+def test_a_budget_counts_from_the_commands_start_and_keeps_back_the_outputs_share():
+    import time
+
+    from sim.search.cli import OUTPUT_RESERVE_S, OUTPUT_RESERVE_SHARE, _search_budget
+
+    now = time.monotonic()
+    # 40 s asked, 4 s already gone (imports, listing the space): the search gets the rest less the outputs' share.
+    assert _search_budget(40.0, now - 4.0) == pytest.approx(36.0 * (1 - OUTPUT_RESERVE_SHARE) - OUTPUT_RESERVE_S,
+                                                            abs=0.05)
+    assert _search_budget(None, now) is None
+    assert _search_budget(1.0, now - 5.0) == 0.05  # spent before the search: it still gets a moment, then the grace
