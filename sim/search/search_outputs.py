@@ -16,6 +16,7 @@ from typing import Any
 
 from sim.core.fileio import write_bytes_atomic, write_json_atomic, write_text_atomic
 from sim.report.png import figure_png
+from sim.report.titles import wrap_title
 from sim.search.evaluate import Evaluation
 from sim.search.search import SearchResult
 from sim.search.space import MODEL_PRECISION, Candidate
@@ -198,6 +199,7 @@ def pareto_png(result: SearchResult) -> bytes:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.font_manager import FontProperties
     from matplotlib.ticker import FuncFormatter
 
     simulated = [e for e in result.evaluations if e.iteration_time_s is not None]
@@ -228,7 +230,13 @@ def pareto_png(result: SearchResult) -> bytes:
         ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel("peak memory of the fullest device (GB)")
     ax.set_ylabel("iteration time (s)")
-    ax.set_title(plot_title(result), fontsize=9)
+    # Wrapped to the figure as the other charts' titles are (a long model spec or count ran off the right edge).
+    renderer = fig.canvas.get_renderer()
+    font = FontProperties(size=9)
+    room = 0.95 * fig.get_figwidth() * fig.dpi
+    lines = [line for part in plot_title(result).split("\n") for line in wrap_title(
+        part, lambda text: renderer.get_text_width_height_descent(text, font, ismath=False)[0] <= room, 2)]
+    ax.set_title("\n".join(lines), fontsize=9, parse_math=False)
     ax.grid(True, which="both", alpha=0.3)
     if simulated or result.bounded:
         ax.legend(loc="upper right", fontsize=7)
