@@ -119,15 +119,6 @@ def test_ctrl_c_stops_a_search_within_a_second_and_writes_what_was_found(tmp_pat
     assert run.exit_after_interrupt_s is not None and run.exit_after_interrupt_s < 5.0, run.exit_after_interrupt_s
 
 
-def test_a_second_ctrl_c_abandons_the_files(tmp_path):
-    # Once the workers run: while they start (a few milliseconds, longer on a loaded machine) SIGINT is blocked and
-    # two presses arrive as one, as any pending signal does.
-    run = run_in_terminal([*SEARCH, "--out", "s"], tmp_path, interrupt_on="best=", interrupt_delay_s=0.5,
-                          interrupts=2)
-    assert run.status == 130 and "error: interrupted" in run.output, run.output
-    assert not (tmp_path / "s" / "search.json").exists()
-
-
 @pytest.mark.slow
 def test_executor_run_in_a_terminal(tmp_path):
     built = run_in_terminal(["-m", "sim.run", "--topology", "2xcpu", "--model", "gpt:layers=2,hidden=64,seq=32,"
