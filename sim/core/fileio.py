@@ -24,7 +24,7 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -297,3 +297,22 @@ def write_text_chunks_atomic(chunks: Iterable[str], path: str | os.PathLike) -> 
 def write_json_atomic(data: Any, path: str | os.PathLike) -> None:
     """Write canonical JSON (sorted keys, one-space indent, trailing newline) to ``path`` atomically."""
     write_text_atomic(json.dumps(data, sort_keys=True, indent=1) + "\n", path)
+
+
+def json_with_record_lines(data: Mapping[str, Any], records_key: str) -> str:
+    """``data`` as canonical JSON (sorted keys, one-space indent, trailing newline), except that the list under
+    ``records_key`` holds one record per line, each compact with sorted keys.
+
+    For files with tens of thousands of records (a search's candidates): an indented encoding makes ``json`` use its
+    pure-Python encoder, about ten times slower than the C one that a compact record gets, and a record a line is as
+    easy to read and to diff. The text parses to the same value as :func:`write_json_atomic` writes.
+    """
+    fields = []
+    for key in sorted(data):
+        if key == records_key:
+            rows = ",\n".join("  " + json.dumps(record, sort_keys=True) for record in data[key])
+            value = f"[\n{rows}\n ]" if rows else "[]"
+        else:  # JSON strings escape newlines, so every newline here is the layout's: indent it one level
+            value = json.dumps(data[key], sort_keys=True, indent=1).replace("\n", "\n ")
+        fields.append(f" {json.dumps(key)}: {value}")
+    return "{\n" + ",\n".join(fields) + "\n}\n" if fields else "{}\n"

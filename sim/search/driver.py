@@ -135,7 +135,11 @@ def _spawned_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
         pool.shutdown(wait=False, cancel_futures=True)
         _stop_workers(processes)
         raise
-    pool.shutdown(wait=True)
+    # Every task has answered; the workers hold only their memos, which a graceful exit would spend tenths of a
+    # second freeing object by object (0.3-0.4 s after the screen's slices, measured after a Ctrl-C): stop them.
+    processes = _processes_of(pool)
+    pool.shutdown(wait=False, cancel_futures=True)
+    _stop_workers(processes)
 
 
 def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:

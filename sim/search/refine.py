@@ -72,6 +72,8 @@ def refine(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence
     """
     if method not in METHODS:
         raise SpecError(f"{{method}} must be one of {', '.join(METHODS)}, got {method!r}", "method")
+    if expired(deadline):  # after a Ctrl-C, not even the index of the bounds (0.1-0.2 s on 20,000 of them)
+        return [], []
     known: dict[Candidate, Bound] = {c: b for c, b in zip(candidates, bounds) if b is not None}
     if method == "relaxation":
         _relax_best_layouts(screener, known, deadline)

@@ -289,6 +289,8 @@ def screen_all(screener: Screener, candidates: Sequence[Candidate], *,
 def _screen_slice(problem: SearchProblem, candidates: Sequence[Candidate],
                   deadline: float | None) -> list[Bound | None]:
     """One worker's share of :func:`screen_in_parallel`: a screener of its own over a contiguous slice."""
+    if expired(deadline):  # a slice that starts after a Ctrl-C or the deadline costs no screener's set-up
+        return [None] * len(candidates)
     return screen_all(Screener(problem, Topology.parse(problem.topology)), candidates, deadline=deadline)
 
 

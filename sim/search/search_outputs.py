@@ -1,8 +1,8 @@
 """What a search writes and prints: the ranked table, ``candidates.csv``, ``search.json`` and ``pareto.png``.
 
 ``search.json`` holds the problem, the strategy, how much of the space was costed and every evaluated candidate
-(its ``iteration_time_s``, or ``feasible: false`` and why). It holds no wall-clock time, so that the same inputs
-give the same bytes (the printed summary says how long the search took).
+(its ``iteration_time_s``, or ``feasible: false`` and why), one candidate a line. It holds no wall-clock time, so
+that the same inputs give the same bytes (the printed summary says how long the search took).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from sim.core.fileio import write_bytes_atomic, write_json_atomic, write_text_atomic
+from sim.core.fileio import json_with_record_lines, write_bytes_atomic, write_text_atomic
 from sim.report.png import figure_png
 from sim.report.titles import wrap_title
 from sim.search.evaluate import Evaluation
@@ -118,7 +118,8 @@ def _fields(candidate: Candidate) -> dict[str, Any]:
 
 
 def _evaluation_record(e: Evaluation) -> dict[str, Any]:
-    candidate = {key: list(value) if isinstance(value, tuple) else value for key, value in _fields(e.candidate).items()}
+    candidate = _fields(e.candidate)
+    candidate["devices"] = list(candidate["devices"])  # the one tuple field, as the list JSON reads back
     record: dict[str, Any] = {"candidate": candidate, "label": e.candidate.label(), "feasible": e.feasible}
     if not e.feasible:
         record["reason"] = e.reason
@@ -259,6 +260,6 @@ def plot_title(result: SearchResult) -> str:
 def write_search_outputs(out: Path, result: SearchResult) -> list[str]:
     """Write ``candidates.csv``, ``search.json`` and ``pareto.png`` into ``out``; their names."""
     write_text_atomic(candidates_csv(result), out / "candidates.csv")
-    write_json_atomic(search_json(result), out / "search.json")
+    write_text_atomic(json_with_record_lines(search_json(result), "candidates"), out / "search.json")
     write_bytes_atomic(out / "pareto.png", pareto_png(result))
     return ["candidates.csv", "search.json", "pareto.png"]

@@ -7,12 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import json
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sim.core.errors import OutputError, SpecError
 from sim.core.fileio import (
     INPUT_LIMITS,
     check_output_file,
+    json_with_record_lines,
     prepare_output_dir,
     read_text,
     write_bytes_atomic,
@@ -154,3 +159,25 @@ def test_a_write_refused_by_the_file_system_leaves_neither_the_file_nor_its_temp
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.stdout == f"{here}/big.json: {os.strerror(errno.EFBIG)}\n", result.stderr
     assert sorted(os.listdir(here)) == ["f"]
+
+
+# --- JSON with a record a line ----------------------------------------------------------------------------------------
+
+_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12)
+
+
+@given(head=st.dictionaries(st.text(max_size=6), _VALUES, max_size=5),
+       records=st.lists(st.dictionaries(st.text(max_size=6), _VALUES, max_size=4), max_size=6))
+def test_a_record_a_line_parses_to_what_the_canonical_encoding_does(head, records):
+    """The oracle is ``json`` itself: the same value as the indented canonical text, one line per record, and with no
+    records exactly the canonical text."""
+    data = {**head, "records": records}
+    text = json_with_record_lines(data, "records")
+    assert json.loads(text) == json.loads(json.dumps(data, sort_keys=True, indent=1))
+    lines = {line.rstrip(",") for line in text.splitlines()}
+    for record in records:  # each record is one line of the file, compact with sorted keys
+        assert "  " + json.dumps(record, sort_keys=True) in lines
+    empty = {**head, "records": []}
+    assert json_with_record_lines(empty, "records") == json.dumps(empty, sort_keys=True, indent=1) + "\n"
