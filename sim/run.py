@@ -131,7 +131,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--precision", choices=list(PRECISIONS), default=None,
                         help="training precision (default: the model's own: fp16 gpt, bf16 llama and moe, fp32 "
                         "cnn/vgg16); fp8 runs a llama or moe block's linears on FP8 with per-tensor scaling (torchao's "
-                        "Float8Linear, Transformer Engine's current scaling), mxfp8 and nvfp4 block-scaled (Blackwell)")
+                        "Float8Linear, Transformer Engine's current scaling), fp8-rowwise with a scale per row (torchao's "
+                        "rowwise recipe), mxfp8 and nvfp4 block-scaled (Blackwell)")
     parser.add_argument("--compile", dest="compiled", action="store_true",
                         help="run a llama or moe model's blocks with their elementwise work fused (torch.compile, as "
                         "torchtitan does; Transformer Engine's fused kernels): the norms, SwiGLU, residual adds and "

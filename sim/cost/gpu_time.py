@@ -136,7 +136,7 @@ def kernel_seconds(kernel: Kernel, device: DeviceSpec, model: KernelModel) -> fl
     throughput = device.peak_flops * device.matmul_efficiency  # FLOP/s
     if kernel.narrow is not None:  # narrow operands run on their tensor cores, at their measured ceiling
         throughput = (device.fp4_throughput if kernel.narrow.tensor_cores == "fp4" else
-                      device.peak_fp8_flops * device.fp8_matmul_efficiency)
+                      device.peak_fp8_flops * device.fp8_matmul_efficiency) * kernel.narrow.gemm_share
     if kernel.kind == "gemm" and kernel.gemm is not None:
         m, n, k = kernel.gemm
         units = max(device.compute_units, 1)

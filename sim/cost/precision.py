@@ -7,6 +7,12 @@
   (torchao's ``Float8Linear`` with dynamic scaling, as torchtitan's float8 converter does; Transformer Engine's
   current scaling, Megatron-Bridge's "FP8-CS"): FP8 GEMMs at the device's FP8 peak and measured FP8 ceiling, and
   the casts and transposes that feed them as kernels (:func:`sim.cost.kernels.block.linear_kernels`).
+* ``fp8-rowwise``: as ``fp8`` with one scale per row of each operand (torchao's ``rowwise`` recipe, torchtitan's
+  ``float8.recipe_name = "rowwise"``): two cast passes per operand, since a row's scale needs the whole row and each
+  GEMM reads its operands along its own reduction axis (:func:`sim.cost.kernels.block.rowwise_cast_kernels`, from
+  torchao's roofline), and PyTorch's rowwise-scaled GEMM (a CUTLASS kernel) at
+  :data:`sim.cost.kernels.record.ROWWISE_GEMM_SHARE` of the tensorwise (cuBLAS) one's speed. Every linear of a block
+  is converted, as torchtitan did before torchao's per-recipe filter of small linears (pytorch/ao pull request 2410).
 * ``mxfp8``: the same linears in MXFP8 (OCP Microscaling v1.0: 32-value blocks with a power-of-two scale), at the
   FP8 rate; block-scaled casts (no amax pass, both orders written with their scales). Blackwell's tensor cores
   multiply block-scaled operands; earlier GPUs do not (Transformer Engine's MXFP8 recipe needs compute capability
@@ -14,7 +20,7 @@
 * ``nvfp4``: the linears in NVFP4 (16-value blocks with an E4M3 scale; NVIDIA, arXiv 2509.25149), at the device's FP4
   peak with the FP8 ceiling's efficiency [assumed: no FP4 GEMM ceiling was found]. Needs an FP4 peak.
 
-In all three, attention and the LM head stay in bf16, and weights, activations and optimizer state keep their bf16
+In all four, attention and the LM head stay in bf16, and weights, activations and optimizer state keep their bf16
 sizes (the casts are transient). A recipe that keeps some layers in bf16 (NVFP4 pre-training keeps the last few) is
 not modelled: every block's linears are narrow.
 
@@ -37,7 +43,7 @@ from sim.models.graph import LayerGraph
 __all__ = ["PRECISIONS", "NARROW_PRECISIONS", "check_precision", "fp8_devices", "narrow_format"]
 
 #: The precisions ``--precision`` takes.
-PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
+PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "fp8-rowwise", "mxfp8", "nvfp4")
 #: Those that run the linears on low-precision operands.
 NARROW_PRECISIONS = tuple(NARROW_FORMATS)
 
@@ -80,7 +86,7 @@ def check_precision(precision: str | None, graph: LayerGraph, devices: Iterable[
         if without:
             raise SpecError(f"{{precision}} {precision} needs FP8 tensor cores; {', '.join(without)} has none in the "
                             f"catalog (devices with FP8: {', '.join(fp8_devices())})", "precision")
-        if precision != "fp8":
+        if NARROW_FORMATS[precision].block_scaled:
             older = sorted({device.name for device in devices if device.peak_fp4_flops <= 0})
             if older:
                 blackwell = ", ".join(d.name for d in list_devices() if d.peak_fp4_flops > 0)

@@ -10,6 +10,7 @@ from sim.cost.kernels.elementwise import dropout_add, layer_norm, residual_grad_
 from sim.cost.kernels.record import ADD_FLOPS, FP8_BYTES, GELU_FLOPS, Kernel, Narrow, check, gemm, mem
 
 __all__ = ["block_kernels", "block_parameters", "layer_step_kernels", "linear_kernels", "cast_kernel",
+           "rowwise_cast_kernels",
            "RECOMPUTE_MODES"]
 
 #: What ``layer_step_kernels`` may recompute: nothing, the attention core (selective), or the whole block (full).
@@ -34,14 +35,21 @@ def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backw
     their own (two one-byte writes per cast value). Block-scaled formats (MXFP8, NVFP4; Transformer Engine's
     quantizers): one pass per operand, no amax pass (each block's scale comes from its own values), writing both the
     row-wise and the column-wise blocks the forward and backward GEMMs read (the scales along the reduction axis
-    differ per order), values and scales. ``cast_input`` False: the input's cast is another linear's (an identical
+    differ per order), values and scales. Rowwise FP8 (torchao's ``rowwise`` recipe): two passes per operand, compiled
+    or not (:func:`rowwise_cast_kernels`), and the GEMMs at the format's ``gemm_share``. ``cast_input`` False: the input's cast is another linear's (an identical
     cast of the same tensor is made once: q, k and v share theirs, as do the gate and up projections)."""
-    if not backward:
+    if narrow is not None and narrow.rowwise:
+        roles = ((["input"] if cast_input else []) + ["weight"]) if not backward else ["weight", "grad"]
+        sizes = {"input": tokens * n_in, "weight": n_in * n_out, "grad": tokens * n_out}
+        casts = [kernel for role in roles for kernel in rowwise_cast_kernels(name, role, sizes[role], db, backward)]
+    elif not backward:
         casts = ([cast_kernel(name + "_cast_input", tokens * n_in, db, narrow, compiled)] if cast_input else []) \
             + [cast_kernel(name + "_cast_weight", n_in * n_out, db, narrow, compiled)] if narrow else []
+    else:
+        casts = [cast_kernel(name + "_cast_grad", tokens * n_out, db, narrow, compiled)] if narrow else []
+    if not backward:
         return [*casts, gemm(name, tokens, n_out, n_in, db, bias=fused_bias, narrow=narrow)]
-    casts = [cast_kernel(name + "_cast_grad", tokens * n_out, db, narrow, compiled)] if narrow else []
-    if narrow and not narrow.block_scaled and not compiled:
+    if narrow and not narrow.block_scaled and not narrow.rowwise and not compiled:
         casts += [mem(f"{name}_transpose_{what}", "elementwise", count, 0, 2 * count * FP8_BYTES)
                   for what, count in (("input", tokens * n_in), ("weight", n_in * n_out), ("grad", tokens * n_out))]
     kernels = [*casts, gemm(name + "_dgrad", tokens, n_in, n_out, db, narrow=narrow),
@@ -50,6 +58,32 @@ def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backw
         kernels.append(mem(name + "_bias_grad", "elementwise", tokens * n_out, ADD_FLOPS,
                            (tokens * n_out + n_out) * db))
     return kernels
+
+
+def rowwise_cast_kernels(name: str, role: str, count: int, db: int, backward: bool) -> list[Kernel]:
+    """The kernels that cast one operand of a linear to rowwise-scaled FP8, in the forward (``backward`` False) or
+    the backward, as torchao's roofline of its ``rowwise`` recipe counts their traffic
+    (``torchao/testing/training/roofline_utils.py``, ``get_tensor_memory_traffic_ovhd_s``, unfused).
+
+    Each GEMM reads its operands scaled along its own reduction axis, so every operand is needed in both major
+    orders with its own row scales, and a row's scale needs the whole row: a cast cannot write the other order's
+    values in the same pass (which tensorwise does, one scale serving both). ``role``:
+
+    * ``input`` (forward) and ``grad`` (backward): one pass reads the value in the training dtype and writes its FP8
+      rows and a transposed copy in the training dtype; a second reads that copy and writes its FP8 rows
+      (``db + 1 + db`` then ``db + 1`` bytes per value);
+    * ``weight``: in the forward one pass (``db + 1`` bytes per value); in the backward a transpose in the training
+      dtype (``2·db``) and its cast (``db + 1``).
+    """
+    if role not in ("input", "grad", "weight"):
+        raise SpecError(f"a rowwise cast is of an input, a weight or a gradient, got {role!r}")
+    if role == "weight":
+        if not backward:
+            return [mem(f"{name}_cast_weight", "elementwise", count, 2, count * (db + FP8_BYTES))]
+        return [mem(f"{name}_transpose_weight", "elementwise", count, 0, count * 2 * db),
+                mem(f"{name}_cast_weight_t", "elementwise", count, 2, count * (db + FP8_BYTES))]
+    return [mem(f"{name}_cast_{role}", "elementwise", count, 2, count * (2 * db + FP8_BYTES)),
+            mem(f"{name}_cast_{role}_t", "elementwise", count, 2, count * (db + FP8_BYTES))]
 
 
 def cast_kernel(name: str, count: int, db: int, narrow: Narrow, both_orders: bool = False) -> Kernel:

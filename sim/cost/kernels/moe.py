@@ -39,7 +39,7 @@ Elementwise work follows :mod:`sim.cost.kernels.pointwise`: eager (one kernel pe
 from __future__ import annotations
 
 from sim.core.errors import SpecError
-from sim.cost.kernels.block import cast_kernel, linear_kernels
+from sim.cost.kernels.block import cast_kernel, linear_kernels, rowwise_cast_kernels
 from sim.cost.kernels.llama import (
     LlamaBlockShape,
     attention_backward,
@@ -167,11 +167,17 @@ def _grouped_linear(name: str, rows: tuple[int, ...], n_in: int, n_out: int, db:
     (:func:`sim.cost.kernels.block.linear_kernels`; Transformer Engine quantizes a grouped linear's inputs and
     weights in both orders at once)."""
     total, experts = sum(rows), sum(1 for r in rows if r)
+    sizes = {"input": total * n_in, "weight": experts * n_in * n_out, "grad": total * n_out}
+    if narrow is not None and narrow.rowwise:  # two passes per operand, as a dense linear's (rowwise_cast_kernels)
+        roles = ("input", "weight") if not backward else ("weight", "grad")
+        casts = [kernel for role in roles for kernel in rowwise_cast_kernels(name, role, sizes[role], db, backward)]
+    elif not backward:
+        casts = [cast_kernel(name + "_cast_input", sizes["input"], db, narrow, True),
+                 cast_kernel(name + "_cast_weight", sizes["weight"], db, narrow, True)] if narrow else []
+    else:
+        casts = [cast_kernel(name + "_cast_grad", sizes["grad"], db, narrow, True)] if narrow else []
     if not backward:
-        casts = [cast_kernel(name + "_cast_input", total * n_in, db, narrow, True),
-                 cast_kernel(name + "_cast_weight", experts * n_in * n_out, db, narrow, True)] if narrow else []
         return [*casts, grouped_gemm(name, rows, n_out, n_in, db, narrow=narrow)]
-    casts = [cast_kernel(name + "_cast_grad", total * n_out, db, narrow, True)] if narrow else []
     return [*casts, grouped_gemm(name + "_dgrad", rows, n_in, n_out, db, narrow=narrow),
             *_weight_grads(name, rows, n_in, n_out, db, narrow)]
 

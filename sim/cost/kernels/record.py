@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from sim.core.errors import SpecError
 
 __all__ = ["Kernel", "KINDS", "MASK_BYTES", "STAT_BYTES", "TOKEN_ID_BYTES", "FP8_BYTES", "LN_FLOPS", "SOFTMAX_FLOPS",
-           "DROPOUT_FLOPS", "GELU_FLOPS", "ADD_FLOPS", "Narrow", "FP8", "MXFP8", "NVFP4", "NARROW_FORMATS", "gemm",
-           "grouped_gemm", "mem", "check"]
+           "DROPOUT_FLOPS", "GELU_FLOPS", "ADD_FLOPS", "Narrow", "FP8", "FP8_ROWWISE", "ROWWISE_GEMM_SHARE", "MXFP8",
+           "NVFP4", "NARROW_FORMATS", "gemm", "grouped_gemm", "mem", "check"]
 
 #: Kernel kinds: how a cost model should treat one.
 KINDS = ("gemm", "attention", "elementwise", "norm", "softmax", "dropout", "loss", "optimizer")
@@ -53,11 +53,15 @@ class Narrow:
     """A low-precision GEMM format: how its operands are stored and scaled and which tensor cores multiply them.
 
     Attributes:
-        name: ``fp8``, ``mxfp8`` or ``nvfp4`` (:data:`NARROW_FORMATS`).
+        name: ``fp8``, ``fp8-rowwise``, ``mxfp8`` or ``nvfp4`` (:data:`NARROW_FORMATS`).
         value_bytes: bytes per operand value (FP8 1, FP4 0.5).
         block: values sharing one scale factor along the reduction axis; 0: one scale per tensor (tensorwise).
         scale_bytes: bytes per block scale (E8M0 or E4M3: 1); 0 when tensorwise.
         tensor_cores: ``fp8`` or ``fp4``: the peak (``DeviceSpec.peak_fp8_flops``/``peak_fp4_flops``) it runs at.
+        rowwise: one scale per row of each operand along the reduction axis (torchao's ``rowwise`` recipe), cast
+            as :func:`sim.cost.kernels.block.rowwise_cast_kernels` says.
+        gemm_share: the share of the format's measured GEMM ceiling (``fp8_matmul_efficiency``) its GEMM kernel
+            reaches; 1 for the kernel the ceiling was measured with.
     """
 
     name: str
@@ -65,6 +69,8 @@ class Narrow:
     block: int
     scale_bytes: int
     tensor_cores: str
+    rowwise: bool = False
+    gemm_share: float = 1.0
 
     @property
     def block_scaled(self) -> bool:
@@ -79,6 +85,14 @@ class Narrow:
 #: Tensorwise FP8 (torchao's Float8Linear with dynamic scaling, Transformer Engine's current scaling "FP8-CS"): one
 #: fp32 scale per tensor from its amax.
 FP8 = Narrow("fp8", FP8_BYTES, 0, 0, "fp8")
+#: The share of the tensorwise FP8 GEMM's speed that PyTorch's rowwise-scaled GEMM reaches on Hopper [assumed]:
+#: ``torch._scaled_mm`` with tensorwise scales calls cuBLAS, with rowwise scales a CUTLASS kernel of PyTorch's own,
+#: and its maintainers measured "most shapes within 90-100% of tensor-wise efficiency, ... a long tail going down to
+#: 50%" (pytorch/pytorch issue 147971, fast accumulation, H100). The lower end of the bulk; not fitted to any run.
+ROWWISE_GEMM_SHARE = 0.9
+#: Rowwise FP8 (torchao's ``Float8Linear`` with the ``rowwise`` recipe, torchtitan's ``float8.recipe_name =
+#: "rowwise"``): an fp32 scale per row of each operand, e4m3 values, on the FP8 tensor cores.
+FP8_ROWWISE = Narrow("fp8-rowwise", FP8_BYTES, 0, 0, "fp8", rowwise=True, gemm_share=ROWWISE_GEMM_SHARE)
 #: MXFP8 (OCP Microscaling Formats v1.0: 32-value blocks, an E8M0 power-of-two scale each), on Blackwell's tensor
 #: cores at the FP8 rate.
 MXFP8 = Narrow("mxfp8", FP8_BYTES, 32, 1, "fp8")
@@ -86,7 +100,7 @@ MXFP8 = Narrow("mxfp8", FP8_BYTES, 32, 1, "fp8")
 #: "Pretraining Large Language Models with NVFP4", arXiv 2509.25149 §2), at the FP4 rate.
 NVFP4 = Narrow("nvfp4", 0.5, 16, 1, "fp4")
 #: The formats by name.
-NARROW_FORMATS = {fmt.name: fmt for fmt in (FP8, MXFP8, NVFP4)}
+NARROW_FORMATS = {fmt.name: fmt for fmt in (FP8, FP8_ROWWISE, MXFP8, NVFP4)}
 
 
 def gemm(name: str, m: int, n: int, k: int, db: int, *, batch: int = 1, bias: bool = False,

@@ -133,3 +133,59 @@ def test_nvfp4_mfu_counts_the_fp4_peak():
     built = build_plan(PlanInputs(LLAMA, "2xB200", "1f1b", microbatches=2, precision="nvfp4"))
     rates = training_rates(built.plan, built.topology, 1.0)
     assert rates["mfu"] == pytest.approx(rates["model_flops_per_iteration"] / (2 * get_device("B200").peak_fp4_flops))
+
+
+# --- Float8 rowwise (torchao's "rowwise" recipe) ---------------------------------------------------------------------
+
+
+def test_a_rowwise_linear_casts_each_operand_in_two_passes_as_torchaos_roofline_counts():
+    """Bytes per value from torchao's roofline of its rowwise recipe (``roofline_utils.py``, unfused, bf16 in,
+    float8 out): input and output gradient 2+1+2 then 2+1; the weight 2+1 forward, a bf16 transpose 2+2 and 2+1
+    backward. Compiled or not alike."""
+    from sim.cost.kernels.record import FP8_ROWWISE
+
+    tokens, n_in, n_out, db = 64, 32, 48, 2
+    for compiled in (False, True):
+        forward = linear_kernels("w", tokens, n_in, n_out, db, False, False, bias_grad=False, narrow=FP8_ROWWISE,
+                                 compiled=compiled)
+        backward = linear_kernels("w", tokens, n_in, n_out, db, True, False, bias_grad=False, narrow=FP8_ROWWISE,
+                                  compiled=compiled)
+        casts = {k.name: k.bytes for k in [*forward, *backward] if k.kind != "gemm"}
+        assert casts == {"w_cast_input": tokens * n_in * 5, "w_cast_input_t": tokens * n_in * 3,
+                         "w_cast_weight": n_in * n_out * 3, "w_transpose_weight": n_in * n_out * 4,
+                         "w_cast_weight_t": n_in * n_out * 3, "w_cast_grad": tokens * n_out * 5,
+                         "w_cast_grad_t": tokens * n_out * 3}
+        assert all(k.narrow is FP8_ROWWISE for k in [*forward, *backward] if k.kind == "gemm")
+    # q, k and v share their input's cast: without it the forward casts the weight alone
+    shared = linear_kernels("k", tokens, n_in, n_out, db, False, False, narrow=FP8_ROWWISE, cast_input=False)
+    assert [k.name for k in shared if k.kind != "gemm"] == ["k_cast_weight"]
+
+
+def test_a_rowwise_gemm_runs_at_its_share_of_the_fp8_ceiling():
+    from sim.cost.kernels.record import FP8_ROWWISE, ROWWISE_GEMM_SHARE
+
+    h100, model = get_device("H100"), default_kernel_model()
+    size = 8192  # compute bound in both
+    tensorwise, rowwise = gemm("g", size, size, size, 2, narrow=FP8), gemm("g", size, size, size, 2, narrow=FP8_ROWWISE)
+    gap = model.kernel_gap_s
+    ratio = (kernel_seconds(rowwise, h100, model) - gap) / (kernel_seconds(tensorwise, h100, model) - gap)
+    assert ratio == pytest.approx(1 / ROWWISE_GEMM_SHARE, rel=1e-12)
+    assert ROWWISE_GEMM_SHARE == 0.9  # pytorch/pytorch issue 147971: "most shapes within 90-100%"
+
+
+def test_rowwise_lies_between_bf16_and_tensorwise_on_large_linears_as_torchao_measured():
+    # torchao's e2e table (Llama3-8b, 8xH100, torchtitan, compile, FSDP2): bf16 6150, tensorwise 7689.5, rowwise 6768
+    # tokens/s: rowwise faster than bf16 and slower than tensorwise. The ordering is the oracle, not the figures.
+    large = "llama:layers=2,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256,seq=4096"
+    bf16, tensorwise, rowwise = (_iteration(large, p)[1] for p in ("bf16", "fp8", "fp8-rowwise"))
+    assert tensorwise < rowwise < bf16
+
+
+@pytest.mark.parametrize("topology, message", [
+    ("2xA100", "fp8-rowwise needs FP8 tensor cores; a100-sxm4-80gb has none"),
+])
+def test_rowwise_needs_fp8_tensor_cores_not_blackwell(topology, message):
+    with pytest.raises(SpecError, match=message):
+        build_plan(PlanInputs(LLAMA, topology, "1f1b", microbatches=2, precision="fp8-rowwise"))
+    built = build_plan(PlanInputs(LLAMA, "2xH100", "1f1b", microbatches=2, precision="fp8-rowwise"))
+    assert dict(built.plan.options)["precision"] == "fp8-rowwise"
