@@ -82,7 +82,8 @@ _PCIE_MAX = 8  # PCIe boxes hold 4-8 GPUs (hardware.md §2.2 'PCIe boxes without
 _CPU_MAX = 64  # executor ranks (processes) on one host; beyond the core count they only oversubscribe it
 
 # device → (NVSwitch link type, most GPUs on one NVSwitch node). DGX-2: 16 V100 on NVSwitch gen1; DGX A100 / H100:
-# 8 GPUs on NVSwitch gen2 / gen3 (hardware.md §2.1-§2.2); DGX H200: 8 GPUs, NVSwitch gen3; DGX B200: 8 GPUs, NVSwitch
+# 8 GPUs on NVSwitch gen2 / gen3 (hardware.md §2.1-§2.2); H800 servers: 8 GPUs on NVSwitch (DeepSeek-V3, arXiv
+# 2412.19437 §3.1: 'Each node in the H800 cluster contains 8 GPUs connected by NVLink and NVSwitch'); DGX H200: 8 GPUs, NVSwitch gen3; DGX B200: 8 GPUs, NVSwitch
 # gen4 (NVIDIA DGX BasePOD reference architecture and DGX B200 user guide, cited in grammar.PRESETS).
 _SWITCH: dict[str, tuple[str, int]] = {
     "v100-sxm2-16gb": ("nvswitch-v100", 16),
@@ -91,6 +92,7 @@ _SWITCH: dict[str, tuple[str, int]] = {
     "a100-sxm4-80gb": ("nvswitch-a100", 8),
     "h100-sxm5-80gb": ("nvswitch-h100", 8),
     "h100-sxm-96gb-hbm2e": ("nvswitch-h100", 8),
+    "h800-sxm5-80gb": ("nvswitch-h800", 8),
     "h200-sxm-141gb": ("nvswitch-h200", 8),
     "b200-sxm-180gb": ("nvswitch-b200", 8),
     "b300-sxm-270gb": ("nvswitch-b200", 8),
@@ -105,6 +107,8 @@ RACK_SCALE = frozenset({"gb200", "gb300"})
 # - V100 SXM2: DGX-1V has 4 × 100 Gb/s InfiniBand (hardware.md §2.2; 8 on a DGX-2, see default_shape);
 # - A100 SXM4: DGX A100 / Selene, 8 × HDR (hardware.md §2.2, Megatron SC'21 §5);
 # - H100 SXM5: DGX H100, 8 × NDR (hardware.md §2.2, stas00 inter-node table);
+# - H800: DeepSeek-V3's cluster, 'cross-node GPUs are fully interconnected with IB' at 50 GB/s each (arXiv 2412.19437
+#   §3.2.2), one 400 Gb/s port per GPU: NDR;
 # - H200, B200: DGX H200 / DGX B200, 8 single-port ConnectX-7 at 400 Gb/s, InfiniBand by default (NDR);
 # - H100 96 GB HBM2e: Meta's Grand Teton hosts, '400 Gbps RDMA' per GPU (torchtitan's benchmark files), RoCE as Meta's
 #   Llama 3 clusters run it (Llama 3 report, arXiv 2407.21783 §3.3.1: 'RDMA over Converged Ethernet (RoCE) fabric');
@@ -132,6 +136,7 @@ _NETWORK: dict[str, tuple[str, int]] = {
     "a100-sxm4-80gb": ("ib-hdr", 8),
     "h100-sxm5-80gb": ("ib-ndr", 8),
     "h100-sxm-96gb-hbm2e": ("roce-400g", 8),
+    "h800-sxm5-80gb": ("ib-ndr", 8),
     "h200-sxm-141gb": ("ib-ndr", 8),
     "b200-sxm-180gb": ("ib-ndr", 8),
     "b300-sxm-270gb": ("ib-xdr", 8),

@@ -23,7 +23,8 @@ from sim.hw.catalog import (
 )
 
 CONTRACT_LINKS = [
-    "nvlink2-x1", "nvlink2-x2", "nvswitch-v100", "nvswitch-a100", "nvswitch-h100", "nvswitch-h200", "nvswitch-b200",
+    "nvlink2-x1", "nvlink2-x2", "nvswitch-v100", "nvswitch-a100", "nvswitch-h100", "nvswitch-h800", "nvswitch-h200",
+    "nvswitch-b200",
     "nvlink-switch-nvl72", "nvlink4-x6", "xgmi-mi300x", "nvlink-c2c", "ici-tpu-v3", "pcie3-x16", "pcie4-x16",
     "pcie5-x16", "pcie6-x16", "ib-edr",
     "ib-hdr", "ib-ndr", "ib-xdr", "slingshot-11", "roce-200g", "roce-400g", "eth-10g", "eth-25g", "eth-100g",
@@ -31,7 +32,7 @@ CONTRACT_LINKS = [
 ]  # fmt: skip
 CONTRACT_DEVICES = [
     "v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "v100-pcie-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb",
-    "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm5-80gb", "h100-pcie-80gb", "t4-16gb", "a10-24gb", "rtx3090-24gb",
+    "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm5-80gb", "h800-sxm5-80gb", "h100-pcie-80gb", "t4-16gb", "a10-24gb", "rtx3090-24gb",
     "rtx4090-24gb", "h200-sxm-141gb", "h100-sxm-96gb-hbm2e", "gh200-96gb", "b200-sxm-180gb", "gb200", "gb300",
     "b300-sxm-270gb", "l40s-48gb",
     "mi300x-192gb", "p100-pcie-16gb",

@@ -19,7 +19,7 @@ from sim.hw.catalog import get_device, list_devices, load_catalog, slowed_device
 
 # Dense FP32 TFLOP/s per catalog device, as its source prints it: hardware.md §1.1 (fp32 column) for the first
 # fourteen; NVIDIA's HGX B200 table (600 over 8 GPUs), the L40S datasheet and AMD's MI300X table for three of the
-# rest; H200, GH200 and the 96 GB HBM2e H100 are the H100 SXM5's die (66.9, rounded to 67 as §1.1 rounds the
+# rest; H200, GH200, H800 and the 96 GB HBM2e H100 are the H100 SXM5's die (66.9, rounded to 67 as §1.1 rounds the
 # H100's; the last [assumed] in devices.yaml, its 500 W clocks unpublished); the P100 PCIe's
 # 9.3 is NVIDIA's launch table as devices.yaml cites it; GB200 90 (glennklockwood's 1,200 W table, VFMA), GB300 80
 # and B300 75 (verda.com's Blackwell Ultra table, 0.080 and 0.075 PFLOPS).
@@ -27,7 +27,7 @@ FP32_TFLOPS = {
     "v100-sxm2-16gb": 15.7, "v100-sxm2-32gb": 15.7, "v100-pcie-16gb": 14.0, "v100-pcie-32gb": 14.0,
     "a100-sxm4-40gb": 19.5, "a100-sxm4-80gb": 19.5, "a100-pcie-40gb": 19.5, "a100-pcie-80gb": 19.5,
     "h100-sxm5-80gb": 67.0, "h100-pcie-80gb": 51.0, "t4-16gb": 8.1, "a10-24gb": 31.2, "rtx3090-24gb": 35.6,
-    "rtx4090-24gb": 82.6, "h200-sxm-141gb": 67.0, "gh200-96gb": 67.0,
+    "rtx4090-24gb": 82.6, "h200-sxm-141gb": 67.0, "gh200-96gb": 67.0, "h800-sxm5-80gb": 67.0,
     "h100-sxm-96gb-hbm2e": 67.0, "b200-sxm-180gb": 600 / 8, "gb200": 90.0, "gb300": 80.0, "b300-sxm-270gb": 75.0,
     "l40s-48gb": 91.6, "mi300x-192gb": 163.4, "p100-pcie-16gb": 9.3,
 }  # fmt: skip
