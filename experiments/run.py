@@ -122,6 +122,10 @@ EXPERIMENTS: dict[str, Experiment] = {
                                   "VP, CP, EP, FSDP; BF16, FP8, MXFP8, NVFP4), each expressible row predicted beside "
                                   "the published tokens/s per GPU, nothing fitted", _command("megatron_bridge"),
                                   out="runs/megatron_bridge"),
+    "deepseek_v3": Experiment("deepseek_v3", "DeepSeek-V3's pre-training on 2,048 H800s (PP 16, EP 64, ZeRO-1, FP8) "
+                              "as its report describes it, predicted beside the 1,543 tokens/s per GPU its 180 K "
+                              "GPU-hours per trillion tokens imply, nothing fitted", _command("deepseek_v3"),
+                              out="runs/deepseek_v3"),
     "second_opinion": Experiment("second_opinion", "for each published torchtitan and Megatron-Bridge row, the "
                                  "search's best plan for the same model, GPUs, global batch and precision beside the "
                                  "published plan: its predicted speed-up and which dimensions moved (predictions, "
