@@ -59,6 +59,7 @@ from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import check_output_file, prepare_output_dir
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
+from sim.plan.lower_collectives import EP_OVERLAP_OPTION
 from sim.plan.validate import check_topology, validate
 
 __all__ = ["main", "make_parser", "load_checked_plan", "choose_backend", "check_output_path", "RUN_OUTPUT_FILES"]
@@ -474,6 +475,16 @@ def _check_cuda_graphs(plan: Plan, backend: str) -> None:
           "prediction's graph launches are not what is measured", file=sys.stderr)
 
 
+def _check_ep_overlap(plan: Plan) -> None:
+    """A plan simulated with ``--ep-overlap`` is refused: the executor runs each expert all-to-all inside its
+    layer's forward or backward, so a run could not do what the prediction assumed (another microbatch's compute
+    beside the exchange, as DualPipe's paired chunks do), and the comparison would mislead."""
+    if plan.option(EP_OVERLAP_OPTION, False):
+        raise SpecError("the plan was simulated with --ep-overlap, and executor.run runs each expert all-to-all inside "
+                        "its layer (no microbatch's compute beside another's exchange); simulate it without "
+                        "--ep-overlap to compare a run")
+
+
 def _check_calibration_device(backend: str, num_ranks: int) -> None:
     """``--calibrate-out`` before a launch on this host: the ranks' devices must make one profile (``compare``)."""
     from executor.calibration import profile_device
@@ -503,6 +514,7 @@ def _run(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = make_parser().parse_args(argv)
     plan, topology = load_checked_plan(args.plan)
+    _check_ep_overlap(plan)
     options = _options(args, plan, topology)
     if args.reference:
         return _run_reference(options, plan)

@@ -40,6 +40,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: be ...``; :func:`sim.core.errors.run_cli`), and a memory remedy is offered as the flags that make it.
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--cp-comm", "order": "--rank-order",
          "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
+         "ep_overlap": "--ep-overlap",
          "zero": "--zero",
          "reshard_after_forward": "--no-reshard-after-forward", "dp_replicate": "--dp-replicate",
          "precision": "--precision", "compiled": "--compile", "compile": "--compile",
@@ -121,6 +122,10 @@ def make_parser() -> argparse.ArgumentParser:
                      help="expert tensor parallelism: each expert's width split over T devices (default 1)")
     par.add_argument("--routing", default="balanced", metavar="ROUTING", help=ROUTING_HELP)
     par.add_argument("--capacity-factor", type=float, default=0.0, metavar="C", help=CAPACITY_FACTOR_HELP)
+    par.add_argument("--ep-overlap", action="store_true",
+                     help="overlap each expert all-to-all with the rank's next compute op (another microbatch's), as "
+                     "DualPipe and Megatron-Core's EP overlap do, instead of holding the compute stream (needs --ep "
+                     "or --etp > 1; simulated only: executor.run refuses it)")
     par.add_argument("--sequence-parallel", action="store_true",
                      help="Megatron's sequence parallelism: reduce-scatter + all-gather, norms and dropout sharded")
     par.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
@@ -237,7 +242,7 @@ def _run(argv: list[str] | None) -> int:
         grad_overlap=args.grad_overlap,
         devices=args.devices, fps=args.fps, cuda_graphs=args.cuda_graphs, precision=args.precision,
         compiled=args.compiled, ep=args.ep, etp=args.etp, routing=args.routing,
-        capacity_factor=args.capacity_factor,
+        capacity_factor=args.capacity_factor, ep_overlap=args.ep_overlap,
     )
     if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
         fault_options.check()  # the long run's flags, before anything is simulated or printed
@@ -379,7 +384,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--tp", args.tp != 1), ("--dp", args.dp != 1), ("--pp", args.pp is not None),
                         ("--cp", args.cp != 1), ("--ep", args.ep != 1), ("--etp", args.etp != 1),
                         ("--routing", args.routing != "balanced"), ("--capacity-factor", args.capacity_factor != 0),
-                        ("--global-batch", args.global_batch is not None), ("--zero", args.zero != 0),
+                        ("--ep-overlap", args.ep_overlap), ("--global-batch", args.global_batch is not None), ("--zero", args.zero != 0),
                         ("--no-reshard-after-forward", not args.reshard_after_forward),
                         ("--dp-replicate", args.dp_replicate != 1), ("--precision", args.precision is not None),
                         ("--compile", args.compiled),

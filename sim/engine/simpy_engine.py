@@ -49,6 +49,7 @@ from sim.hw.topology import Topology
 from sim.ir.ops import OP_SEMANTICS, Action, MemoryEffect, handled_kinds, op_id
 from sim.ir.plan import Op, OpKind, Plan
 from sim.ir.trace import Span, Trace
+from sim.plan.lower_collectives import EP_OVERLAP_OPTION
 from sim.plan.validate import PlanError
 
 __all__ = ["simulate", "SimResult", "OutOfMemoryError", "HANDLED_KINDS"]
@@ -109,6 +110,7 @@ class _Run:
     def __init__(self, plan: Plan, costs: tuple[CostView, ...], topology: Topology, check_memory: bool,
                  perturbation: Perturbation = NONE) -> None:
         self.plan, self.topology, self.check_memory = plan, topology, check_memory
+        self.overlap_ep = bool(plan.option(EP_OVERLAP_OPTION, False))
         self.views = costs  # one cost view per simulated replica
         #: Pipeline ranks of the plan (``plan.num_ranks``, a property, read once per op).
         self.pipeline = pipeline = plan.num_ranks
@@ -272,30 +274,38 @@ class _Run:
                 else:  # it leaves more than it frees (an I keeping its W's inputs): a new high may be reached
                     self._allocate(rank, -freed, op)
                 finish(op, rank, start)
+            elif action is Action.EP_COLLECTIVE and self.overlap_ep:
+                # --ep-overlap: the all-to-alls run beside the rank's next compute op; what needs their tokens has
+                # them in its deps (sim.plan.lower_collectives).
+                env.process(self._model_parallel(rank, op, suffix, replica))
             elif action is Action.TP_COLLECTIVE or action is Action.EP_COLLECTIVE:
                 # Tensor-parallel collectives and expert-parallel all-to-alls: the compute stream waits for them
-                # (Megatron's f/g operators; its synchronous token dispatcher). The bytes they put on links are counted
-                # once per op kind at the end (tp_runs), not per op.
-                if op.deps:
-                    yield from self._wait_deps(op, suffix)
-                duration = view.collective_op(kind, op.vstage).seconds
-                keys = self.comm.tp_links[(rank, kind, op.vstage)]
-                if keys:
-                    share = self.comm.share[replica]
-                    start = yield from self.comm.hold_links(keys, duration, (),
-                                                            share and (share, kind, op.vstage, op.mb))
-                else:
-                    start = env.now
-                    if duration > 0:
-                        yield timeout(duration)
-                run = (replica, kind, op.vstage)
-                self.tp_runs[run] = self.tp_runs.get(run, 0) + 1
-                finish(op, rank, start)
+                # (Megatron's f/g operators; its synchronous token dispatcher).
+                yield from self._model_parallel(rank, op, suffix, replica)
             else:
                 if holds_on_issue[kind]:  # a reduction's buffer exists from the moment it is issued
                     self._take(rank, op)
                 issuers[kind](rank, op)
         position[rank] = len(program)
+
+    def _model_parallel(self, rank: int, op: Op, suffix: str, replica: int) -> _Proc:
+        """Run a TP or EP op of simulated rank ``rank``: wait for its deps, hold its groups' links for its time. The
+        bytes they put on links are counted once per op kind at the end (``tp_runs``), not per op."""
+        env, kind = self.env, op.kind
+        if op.deps:
+            yield from self._wait_deps(op, suffix)
+        duration = self.views[replica].collective_op(kind, op.vstage).seconds
+        keys = self.comm.tp_links[(rank, kind, op.vstage)]
+        if keys:
+            share = self.comm.share[replica]
+            start = yield from self.comm.hold_links(keys, duration, (), share and (share, kind, op.vstage, op.mb))
+        else:
+            start = env.now
+            if duration > 0:
+                yield env.timeout(duration)
+        run = (replica, kind, op.vstage)
+        self.tp_runs[run] = self.tp_runs.get(run, 0) + 1
+        self._finish(op, rank, start)
 
     def _release(self, rank: int, op: Op) -> None:
         """Free what the ledger says the op frees when it ends (its workspace; a microbatch's activations after its

@@ -28,7 +28,7 @@ from sim.plan.inputs import PlanInputs
 from sim.plan.layout import plan_is_pipeline_only, plan_layout, plan_microbatches
 from sim.plan.limits import check_plan_size, compute_ops_per_microbatch
 from sim.plan.lower import add_recompute, lower
-from sim.plan.lower_collectives import add_collectives
+from sim.plan.lower_collectives import EP_OVERLAP_OPTION, add_collectives
 from sim.plan.partition import counts_to_ranges, parse_partition
 from sim.plan.validate import validate, validate_l0
 from sim.schedules import get_schedule
@@ -249,7 +249,8 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
                              + ((("compile", True),) if inputs.compiled else ())
                              + ((("routing", routing.spec()),) if routing != BALANCED else ())
                              + ((("capacity_factor", float(inputs.capacity_factor)),)
-                                if inputs.capacity_factor else ()))),
+                                if inputs.capacity_factor else ())
+                             + (((EP_OVERLAP_OPTION, True),) if _ep_overlap(inputs, l0.layout) else ()))),
     )
     if inputs.recompute_mode == "selective":
         if any(op.kind is OpKind.R for program in programs for op in program):
@@ -261,6 +262,16 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
         plan = add_recompute(plan)  # also records ("recompute", True) in the options
     validate_l0(plan)
     return plan
+
+
+def _ep_overlap(inputs: PlanInputs, layout: Parallelism) -> bool:
+    """Whether the plan overlaps its expert all-to-alls (``--ep-overlap``), refused where there are none."""
+    if not inputs.ep_overlap:
+        return False
+    if layout.ep * layout.etp == 1:
+        raise SpecError("{ep_overlap} overlaps the expert all-to-alls of expert parallelism; it needs --ep > 1 "
+                        f"(or --etp > 1), got {layout.describe()}", "ep_overlap")
+    return True
 
 
 def _placement_from_programs(programs: tuple[tuple[Op, ...], ...], source: str) -> tuple[int, ...]:

@@ -64,6 +64,9 @@ class PlanInputs:
             :mod:`sim.models.routing`).
         capacity_factor: tokens an expert computes at most, as a multiple of its balanced share
             (``--capacity-factor``; 0: dropless).
+        ep_overlap: each expert all-to-all runs beside the next compute op of its rank instead of holding the
+            compute stream (``--ep-overlap``; DualPipe's and Megatron-Core's overlap of one microbatch's dispatch and
+            combine with another's compute; :mod:`sim.plan.lower_collectives`).
     """
 
     model: str
@@ -99,6 +102,7 @@ class PlanInputs:
     etp: int = 1
     routing: str = "balanced"
     capacity_factor: float = 0.0
+    ep_overlap: bool = False
 
     @property
     def recompute_mode(self) -> str:

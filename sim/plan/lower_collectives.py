@@ -7,6 +7,14 @@ once, here:
   TP op, by its expert all-to-alls, ``EP_F``, ``EP_R`` and ``EP_B``: the token dispatch and combine of every MoE
   layer of the stage (Megatron-Core's all-to-all token dispatcher), which the compute stream waits for like the TP
   op; a stage without MoE layers has them at no cost.
+  With ``ep_overlap`` (``--ep-overlap``, the plan option :data:`EP_OVERLAP_OPTION`) an EP op does not hold the
+  compute stream: the rank goes on with its next compute op (another microbatch's, or another vstage's) while the
+  all-to-alls run, as DualPipe overlaps one chunk's dispatch and combine with another chunk's forward or backward
+  (DeepSeek-V3, arXiv 2412.19437 §3.2.1) and Megatron-Core's EP overlap pairs one microbatch's forward with
+  another's backward. What needs the exchanged tokens still waits for them: the SEND and the next vstage (as above)
+  and the same microbatch's later compute ops of the vstage (its recompute and backward), which get the EP op in
+  their deps. The overlap is taken at op granularity (a whole vstage's exchange beside the next op); the SMs the
+  communication kernels occupy meanwhile (DualPipe: 20 of an H800's 132, §3.2.2) are not taken from the compute.
 * **Tensor parallelism** (Megatron-LM, Shoeybi et al., arXiv 1909.08053 §3). Each forward, recompute and
   input-gradient backward of a stage is followed by its tensor-parallel collectives, ``TP_F``, ``TP_R`` and
   ``TP_B``: every all-reduce of its layers (two per transformer block in each direction; reduce-scatter plus
@@ -38,7 +46,10 @@ from sim.ir.ops import WEIGHT_GRADIENT_KINDS, Action, collective_after, op_id
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import Op, OpKind, Plan
 
-__all__ = ["add_collectives", "check_data_parallel"]
+__all__ = ["add_collectives", "check_data_parallel", "EP_OVERLAP_OPTION"]
+
+#: The plan option of ``--ep-overlap`` (module docstring): expert all-to-alls beside the next compute op.
+EP_OVERLAP_OPTION = "ep_overlap"
 
 # Which collective kind follows each compute kind, from the op table (``OpSemantics.follows``).
 _TP_AFTER = collective_after(Action.TP_COLLECTIVE)
@@ -60,7 +71,7 @@ def add_collectives(plan: Plan) -> Plan:
                         split_backward=any(op.kind is OpKind.I for program in plan.programs for op in program))
     after = ([_TP_AFTER] if layout.tp > 1 else []) + ([_EP_AFTER] if layout.ep * layout.etp > 1 else [])
     if after:
-        plan = _add_model_parallel(plan, after)
+        plan = _add_model_parallel(plan, after, overlap_ep=bool(plan.option(EP_OVERLAP_OPTION, False)))
     if layout.data_ranks > 1:
         if plan.weight_policy == "stash":
             return _add_stash_reductions(plan)
@@ -90,10 +101,11 @@ def check_data_parallel(layout: Parallelism, schedule: str, weight_policy: str, 
                         f"gather the layer's parameters once more; use a schedule without I and W")
 
 
-def _add_model_parallel(plan: Plan, after: list[dict[OpKind, OpKind]]) -> Plan:
+def _add_model_parallel(plan: Plan, after: list[dict[OpKind, OpKind]], *, overlap_ep: bool = False) -> Plan:
     """After every F, R, B and I, its model-parallel collectives in order (a TP op, then an EP op: ``after`` maps
     each compute kind to its collective kind, one map per dimension); the ops that consumed the compute op's output
-    wait for the last of them instead."""
+    wait for the last of them instead. With ``overlap_ep`` the later compute ops of the same (vstage, microbatch)
+    wait for its EP ops too, since the engine no longer holds the compute stream for them (module docstring)."""
     renamed: dict[str, str] = {}
     for program in plan.programs:
         for op in program:
@@ -102,14 +114,21 @@ def _add_model_parallel(plan: Plan, after: list[dict[OpKind, OpKind]]) -> Plan:
     programs = []
     for program in plan.programs:
         out: list[Op] = []
+        exchanged: dict[tuple[int, int | None], list[str]] = {}  # (vstage, mb) -> its EP ops so far
         for op in program:
             deps = op.deps
             # A W needs its own I's saved tensors, not the all-reduced input gradient; program order covers it anyway.
             if deps and op.kind is not OpKind.W:
                 deps = tuple(renamed.get(dep, dep) for dep in deps)
+            if overlap_ep and op.kind in after[0]:
+                waiting = [ep for ep in exchanged.get((op.vstage, op.mb), ()) if ep not in deps]
+                deps = (*deps, *waiting) if waiting else deps
             out.append(op if deps is op.deps else Op(op.kind, op.vstage, op.mb, op.peer, op.pair, deps))
             if op.kind in after[0]:
-                out.extend(Op(kinds[op.kind], op.vstage, op.mb) for kinds in after)
+                collectives = [Op(kinds[op.kind], op.vstage, op.mb) for kinds in after]
+                out.extend(collectives)
+                if overlap_ep:
+                    exchanged.setdefault((op.vstage, op.mb), []).append(collectives[-1].id)
         programs.append(tuple(out))
     return plan.with_programs(tuple(programs), level="L1")
 
