@@ -45,6 +45,7 @@ from sim.cost.flows import Carried, LinkKey, Phase, Transfers, evaluate, link_by
 from sim.hw.topology import Topology
 
 __all__ = ["COLLECTIVE_KINDS", "ALGORITHMS", "CollectiveCost", "collective_cost", "all_to_all_cost",
+           "deduplicated_all_to_all_cost", "server_parts",
            "concurrent_transfer"]
 
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
@@ -193,6 +194,66 @@ def all_to_all_cost(topology: Topology, groups: Sequence[Sequence[int]], nbytes:
     seconds, carried = evaluate(routes, [phase], len(members))
     keys, carried_bytes = link_bytes(routes, carried)
     return CollectiveCost(float(seconds), "pairwise", tuple(keys), tuple(zip(keys, carried_bytes, strict=True)))
+
+
+def server_parts(topology: Topology, group: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """``group``'s members split by server (:attr:`sim.hw.topology.Topology.node_of_rank`), servers in order of first
+    appearance, members in ``group``'s order."""
+    parts: dict[int, list[int]] = {}
+    for rank in group:
+        parts.setdefault(topology.node_of_rank[_rank(topology, rank)], []).append(rank)
+    return tuple(tuple(members) for members in parts.values())
+
+
+def deduplicated_all_to_all_cost(topology: Topology, groups: Sequence[Sequence[int]], token_bytes: float,
+                                 topk: int, servers_per_token: float) -> CollectiveCost:
+    """Cost of a mixture's token dispatch (or combine) that sends each token once to every server hosting one of its
+    experts and fans it out inside the server, run at once by every group of ``groups`` (DeepSeek-V3, arXiv
+    2412.19437 §3.2.2: "we first transmit tokens to the GPUs with the same in-node index on their target nodes via
+    IB ... forwarded via NVLink to the specific GPUs that host their target experts"; DeepEP's internode kernels).
+
+    Each member holds ``token_bytes`` of tokens (one copy of each), each token bound for ``topk`` experts on
+    ``servers_per_token`` distinct servers on average (:func:`sim.models.routing.expected_servers`). Two exchanges:
+
+    * across servers, over the *rails* (the members with the same position in their server's part of the group): each
+      member sends ``token_bytes · servers_per_token`` spread evenly over the group's S servers, its own server's
+      share staying put;
+    * inside each server, over its part of the group: the ``token_bytes · topk`` token slots each member receives
+      (as many, balanced, as it sends) forwarded to the members that hold their experts.
+
+    DeepSeek's kernels run both at once (different warps send over IB, forward and receive over NVLink), so the time
+    is the longer of the two; the links carry both. A group inside one server is the second exchange alone, as a
+    plain all-to-all of the ``token_bytes · topk`` slots.
+
+    Raises:
+        ValueError: malformed groups (as :func:`all_to_all_cost`), a group whose servers hold unequal parts of it,
+            or ``servers_per_token`` outside [1, S] or ``topk`` < 1.
+    """
+    members = [g for g in _check_groups(topology, groups) if len(g) > 1]
+    if not members:
+        return CollectiveCost(0.0, "pairwise", (), ())
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"topk must be an integer >= 1, got {topk!r}")
+    split = [server_parts(topology, g) for g in members]
+    servers = len(split[0])
+    if any(len(parts) != servers or len({len(p) for p in parts}) != 1 for parts in split):
+        raise ValueError(f"a deduplicated dispatch needs every group spread evenly over the same number of servers, "
+                         f"got {[[len(p) for p in parts] for parts in split]}")
+    if not 1 <= servers_per_token <= servers:
+        raise ValueError(f"servers_per_token must lie in [1, {servers}], got {servers_per_token!r}")
+    inside = tuple(part for parts in split for part in parts)
+    within = all_to_all_cost(topology, inside, round(token_bytes * topk))
+    if servers == 1:
+        return within
+    per_server = len(split[0][0])
+    rails = tuple(tuple(parts[s][i] for s in range(servers)) for parts in split for i in range(per_server))
+    across = all_to_all_cost(topology, rails, round(token_bytes * servers_per_token))
+    carried: dict[LinkKey, int] = dict(within.bytes_per_link)
+    for key, nbytes in across.bytes_per_link:
+        carried[key] = carried.get(key, 0) + nbytes
+    keys = tuple(sorted(carried))
+    return CollectiveCost(max(within.seconds, across.seconds), "deduplicated", keys,
+                          tuple((key, carried[key]) for key in keys))
 
 
 def _check_nbytes(nbytes: float) -> None:

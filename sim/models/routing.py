@@ -31,7 +31,7 @@ from sim.core.errors import SpecError
 from sim.core.fileio import read_text
 
 __all__ = ["ROUTINGS", "Routing", "BALANCED", "parse_routing", "expert_shares", "routable_shares", "rank_loads",
-           "slowest_rank", "capped_shares", "dropped_fraction", "MAX_TRACE_EXPERTS", "ROUTING_HELP",
+           "slowest_rank", "capped_shares", "dropped_fraction", "expected_servers", "MAX_TRACE_EXPERTS", "ROUTING_HELP",
            "CAPACITY_FACTOR_HELP"]
 
 #: The help of ``--routing`` in every command that takes it (``sim.run``, ``sim.search``).
@@ -219,3 +219,45 @@ def capped_shares(shares: tuple[float, ...], capacity_factor: float) -> tuple[fl
 def dropped_fraction(shares: tuple[float, ...], capacity_factor: float) -> float:
     """The fraction of the slots a capacity factor drops (0 when dropless)."""
     return max(0.0, 1.0 - math.fsum(capped_shares(shares, capacity_factor)))
+
+
+def expected_servers(experts: int, topk: int, servers: int, *, groups: int = 0, group_topk: int = 0) -> float:
+    """The expected number of distinct servers a token's ``topk`` experts lie on, the ``experts`` spread contiguously
+    and evenly over ``servers`` servers (as expert parallelism places blocks of them, :func:`rank_loads`), under
+    balanced routing: the token's experts drawn uniformly without repeats, from all experts, or under group-limited
+    routing (``groups`` contiguous groups of experts, the token first choosing ``group_topk`` of them, then its experts
+    among theirs: DeepSeek-V3's node-limited routing, arXiv 2412.19437 §2.1.2, its config's ``n_group`` and
+    ``topk_group``). Groups must nest in servers or servers in groups.
+
+    A server holding ``x`` of the ``n`` experts a token may choose from is missed with probability
+    C(n − x, k) / C(n, k); the expectation sums the hits over servers (and over how many of a server's groups were
+    chosen, hypergeometrically, when a server holds several groups).
+
+    Raises:
+        SpecError: sizes that do not divide (experts by servers or groups, groups and servers not nested), or
+            ``topk`` larger than the experts it chooses from.
+    """
+    if servers < 1 or experts % servers:
+        raise SpecError(f"{experts} experts do not spread evenly over {servers} servers")
+    per_server = experts // servers
+    if not groups:
+        if topk > experts:
+            raise SpecError(f"topk {topk} exceeds the {experts} experts")
+        return servers * (1 - math.comb(experts - per_server, topk) / math.comb(experts, topk))
+    if experts % groups or not 1 <= group_topk <= groups:
+        raise SpecError(f"group-limited routing needs groups dividing the {experts} experts and 1 <= group_topk <= "
+                        f"groups, got groups {groups}, group_topk {group_topk}")
+    per_group = experts // groups
+    chosen = group_topk * per_group
+    if topk > chosen:
+        raise SpecError(f"topk {topk} exceeds the {chosen} experts of the {group_topk} groups a token may choose")
+    if groups % servers == 0:  # each server holds whole groups: count how many of its groups were chosen
+        held = groups // servers
+        total = math.comb(groups, group_topk)
+        hit = sum(math.comb(held, j) * math.comb(groups - held, group_topk - j) / total
+                  * (1 - math.comb(chosen - j * per_group, topk) / math.comb(chosen, topk))
+                  for j in range(1, min(held, group_topk) + 1))
+        return servers * hit
+    if servers % groups == 0:  # each group spans several servers: the server's group chosen, then one of its experts
+        return servers * (group_topk / groups) * (1 - math.comb(chosen - per_server, topk) / math.comb(chosen, topk))
+    raise SpecError(f"{groups} expert groups and {servers} servers do not nest")

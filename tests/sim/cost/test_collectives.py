@@ -266,3 +266,46 @@ def test_the_route_cache_does_not_outlive_its_topology():
     del topology
     gc.collect()
     assert key not in flows._TABLES
+
+
+# --- the deduplicated dispatch (DeepSeek-V3 §3.2.2) -----------------------------------------------------------------
+
+
+def test_a_deduplicated_dispatch_sends_each_token_once_per_server_and_fans_out_inside():
+    from sim.cost.collectives import all_to_all_cost, deduplicated_all_to_all_cost
+
+    topology = Topology.parse("2x8xH100")
+    group, token_bytes, topk, servers_per_token = tuple(range(16)), 1_000_000, 8, 1.5
+    cost = deduplicated_all_to_all_cost(topology, (group,), token_bytes, topk, servers_per_token)
+    carried = dict(cost.bytes_per_link)
+    # Across servers: each of the 16 members sends servers_per_token copies, spread over 2 servers, its own half
+    # staying home.
+    assert sum(n for (src, dst), n in carried.items() if src == "fabric") == 16 * token_bytes * servers_per_token / 2
+    # Inside each server: topk slots a token, 7 of 8 leaving the GPU, over each GPU's NVSwitch port.
+    into_switch = sum(n for (src, dst), n in carried.items() if dst.startswith("nvswitch"))
+    assert into_switch == 16 * token_bytes * topk * 7 / 8
+    # Both at once: the longer of the two, each costed as the all-to-all over its own groups (built here from the
+    # servers the topology names).
+    by_server = [tuple(r for r in group if topology.node_of_rank[r] == s) for s in (0, 1)]
+    rails = tuple(zip(*by_server))
+    assert cost.seconds == max(all_to_all_cost(topology, rails, round(token_bytes * servers_per_token)).seconds,
+                               all_to_all_cost(topology, tuple(by_server), token_bytes * topk).seconds)
+    assert cost.seconds < all_to_all_cost(topology, (group,), token_bytes * topk).seconds
+
+
+def test_a_deduplicated_dispatch_inside_one_server_is_the_plain_all_to_all():
+    from sim.cost.collectives import all_to_all_cost, deduplicated_all_to_all_cost
+
+    topology = Topology.parse("8xH100")
+    group = tuple(range(8))
+    assert deduplicated_all_to_all_cost(topology, (group,), 1000, 4, 1.0) == all_to_all_cost(topology, (group,), 4000)
+
+
+@pytest.mark.parametrize("group, servers_per_token, message", [
+    ((0, 1, 2, 8), 1.5, "spread evenly"), (tuple(range(16)), 2.5, r"servers_per_token must lie in \[1, 2\]"),
+])
+def test_a_deduplicated_dispatch_refuses_uneven_groups_and_impossible_spreads(group, servers_per_token, message):
+    from sim.cost.collectives import deduplicated_all_to_all_cost
+
+    with pytest.raises(ValueError, match=message):
+        deduplicated_all_to_all_cost(Topology.parse("2x8xH100"), (group,), 1000, 4, servers_per_token)

@@ -105,3 +105,56 @@ def test_bad_trace_files_are_refused(tmp_path):
         path.write_text(content)
         with pytest.raises(SpecError, match=message):
             parse_routing(f"trace:{path}")
+
+
+# --- how many servers a token's experts span ------------------------------------------------------------------------
+
+
+def _servers_by_enumeration(experts, topk, servers, groups=0, group_topk=0):
+    """The oracle: every choice of groups, then every choice of experts among them, equally likely."""
+    import itertools
+
+    per_server = experts // servers
+    if not groups:
+        choices = list(itertools.combinations(range(experts), topk))
+        return sum(len({e // per_server for e in c}) for c in choices) / len(choices)
+    per_group = experts // groups
+    total = 0.0
+    group_choices = list(itertools.combinations(range(groups), group_topk))
+    for chosen in group_choices:
+        allowed = [e for e in range(experts) if e // per_group in chosen]
+        choices = list(itertools.combinations(allowed, topk))
+        total += sum(len({e // per_server for e in c}) for c in choices) / len(choices)
+    return total / len(group_choices)
+
+
+@pytest.mark.parametrize("experts, topk, servers, groups, group_topk", [
+    (8, 2, 4, 0, 0), (12, 3, 3, 0, 0), (16, 4, 8, 8, 4), (16, 3, 4, 8, 4), (16, 4, 2, 8, 3), (16, 2, 8, 4, 2),
+    (24, 4, 6, 12, 5), (8, 8, 2, 0, 0),
+])
+def test_expected_servers_is_the_enumerated_mean(experts, topk, servers, groups, group_topk):
+    from sim.models.routing import expected_servers
+
+    assert expected_servers(experts, topk, servers, groups=groups, group_topk=group_topk) == pytest.approx(
+        _servers_by_enumeration(experts, topk, servers, groups, group_topk), rel=1e-12)
+
+
+def test_deepseek_v3s_group_limit_keeps_a_token_on_fewer_servers():
+    from sim.models.routing import expected_servers
+
+    # 256 experts on 8 servers, top 8; n_group 8, topk_group 4 (its config): at most 4 servers, about 3.6 on average
+    limited, free = expected_servers(256, 8, 8, groups=8, group_topk=4), expected_servers(256, 8, 8)
+    assert 3.5 < limited < 4 < free < 8
+
+
+@pytest.mark.parametrize("args, message", [
+    ((10, 2, 4), "do not spread evenly"), ((16, 2, 4, 6, 2), "groups dividing"), ((16, 9, 2, 8, 2), "exceeds"),
+    ((24, 2, 4, 6, 2), "do not nest"),
+])
+def test_expected_servers_refuses_what_does_not_divide(args, message):
+    from sim.models.routing import expected_servers
+
+    experts, topk, servers, *rest = args
+    groups, group_topk = rest if rest else (0, 0)
+    with pytest.raises(SpecError, match=message):
+        expected_servers(experts, topk, servers, groups=groups, group_topk=group_topk)
