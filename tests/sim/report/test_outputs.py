@@ -46,6 +46,8 @@ def test_no_memory_column_when_no_memory_was_measured(three_d):
     unmeasured = {**metrics, "devices": [{k: v for k, v in d.items() if k != "peak_memory_bytes"}
                                          for d in metrics["devices"]]}
     header, rows = _table(format_summary(unmeasured))
-    assert "memory" not in header and header.endswith("bubble")
+    assert "memory" not in header and header.endswith("bubble  exposed")
     assert all(line == line.rstrip() for line in [header, *rows])
-    assert [row.split()[-1] for row in rows] == [f"{d['bubble_fraction']:.4f}" for d in metrics["devices"]]
+    assert [row.split()[-4] for row in rows] == [f"{d['bubble_fraction'] * 100:.1f}" for d in metrics["devices"]]
+    assert [row.split()[-2] for row in rows] == [f"{sum(d['exposed_comm_fraction'].values()) * 100:.1f}"
+                                                 for d in metrics["devices"]]
