@@ -67,6 +67,11 @@ if _UNSPLIT:  # an action with no kind of communication would be counted as noth
     raise ImportError(f"action(s) {', '.join(_UNSPLIT)} have no communication kind in the time split")
 #: The communication kinds, in counting order (module docstring).
 COMM_KINDS: tuple[str, ...] = tuple(dict.fromkeys(_COMM_OF_ACTION.values()))
+_BLOCKING = {_COMM_OF_ACTION[semantics.action] for semantics in OP_SEMANTICS.values() if semantics.blocks
+             and semantics.action in _COMM_OF_ACTION}
+if set(COMM_KINDS[:len(_BLOCKING)]) != _BLOCKING:  # the counting order's promise: what compute waits for first
+    raise ImportError(f"the time split counts {COMM_KINDS} in that order, but the blocking kinds are "
+                      f"{sorted(_BLOCKING)}")
 _COMPUTE = -1  # a span's class: compute, or the index of its communication kind in COMM_KINDS
 
 
