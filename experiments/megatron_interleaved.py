@@ -24,7 +24,7 @@ For p ∈ {4, 8}, v ∈ {1 (= ``1f1b``), 2, 4} and m ∈ {p, 2p, 4p, 8p}, three 
 * ``v100``: the same GPT on ``{p}xV100`` (DGX-1 cube mesh: 21 GB/s NVLink between neighbours, PCIe where two GPUs
   share no NVLink, which the loop placement's wrap from rank p − 1 to rank 0 crosses at p = 8).
 
-Prints one table per case (time, closed form where exact, gain over 1F1B, bubble, SEND ops and their bytes against
+Prints one table per case (time, closed form where exact, gain over 1F1B, idle share, SEND ops and their bytes against
 2·m·(p·v − 1)), then where interleaving stops paying. Writes ``megatron_interleaved.csv`` and
 ``megatron_interleaved.png``, all or none. ``--quick``: p = 4 only (CI).
 """
@@ -65,7 +65,8 @@ CASES = (Case("ideal", UNIFORM, "ideal", True), Case("a100", GPT, "A100", False)
 
 @dataclass(frozen=True)
 class Row:
-    """One simulated iteration: ``time_s`` (s), bubble fraction (idle share of the ranks' time), SEND ops and the
+    """One simulated iteration: ``time_s`` (s), ``idle_fraction`` (the share of the ranks' time their compute is idle:
+    the pipeline bubble and the exposed point-to-point transfers, which on free links are nothing), SEND ops and the
     bytes they carry (every point-to-point message of the iteration, bytes)."""
 
     case: Case
@@ -73,7 +74,7 @@ class Row:
     v: int
     m: int
     time_s: float
-    bubble_fraction: float
+    idle_fraction: float
     sends: int
     p2p_bytes: int
 
@@ -101,7 +102,7 @@ def simulate(case: Case, p: int, v: int, m: int) -> Row:
     # Messages from the plan itself, each at the cost view's size (the metrics' link bytes count every hop of a
     # path, twice through an NVSwitch, so they are not the bytes sent).
     sends = [op for program in built.plan.programs for op in program if op.kind in (OpKind.SEND_F, OpKind.SEND_B)]
-    return Row(case, p, v, m, metrics["iteration_time_s"], metrics["bubble_fraction"], len(sends),
+    return Row(case, p, v, m, metrics["iteration_time_s"], metrics["idle_fraction"], len(sends),
                sum(built.costs.message_bytes(op.kind, op.vstage) for op in sends))
 
 
@@ -121,7 +122,7 @@ def gain(rows: list[Row], row: Row) -> float:
 
 def _table(rows: list[Row], case: Case) -> list[str]:
     lines = [f"## {case.key}: {case.model} on {{p}}x{case.device}", "",
-             "| p | m | v | schedule | time (ms) | closed form (ms) | gain over 1F1B | closed-form gain | bubble | "
+             "| p | m | v | schedule | time (ms) | closed form (ms) | gain over 1F1B | closed-form gain | idle | "
              "SEND ops (2m(pv-1)) | p2p MB | x 1F1B's bytes |", "|" + "---:|" * 3 + "---|" + "---:|" * 8]
     for row in (r for r in rows if r.case == case):
         base = _baseline(rows, row)
@@ -129,7 +130,7 @@ def _table(rows: list[Row], case: Case) -> list[str]:
         closed_gain = (closed_form_s(row.p, 1, row.m) / closed - 1.0) if closed else None
         lines.append(f"| {row.p} | {row.m} | {row.v} | {row.schedule} | {row.time_s * 1e3:.2f} | "
                      f"{'' if closed is None else f'{closed * 1e3:.2f}'} | {gain(rows, row):+.1%} | "
-                     f"{'' if closed_gain is None else f'{closed_gain:+.1%}'} | {row.bubble_fraction:.3f} | "
+                     f"{'' if closed_gain is None else f'{closed_gain:+.1%}'} | {row.idle_fraction:.3f} | "
                      f"{row.sends} ({closed_sends(row.p, row.v, row.m)}) | {row.p2p_bytes / 1e6:.0f} | "
                      f"{row.p2p_bytes / base.p2p_bytes:.2f} |")
     return lines
@@ -154,7 +155,7 @@ def _verdicts(rows: list[Row]) -> list[str]:
 
 
 FIELDS = ("case", "model", "topology", "p", "v", "m", "schedule", "iteration_time_s", "closed_form_s",
-          "gain_over_1f1b", "closed_form_gain", "bubble_fraction", "send_ops", "closed_form_send_ops", "p2p_bytes",
+          "gain_over_1f1b", "closed_form_gain", "idle_fraction", "send_ops", "closed_form_send_ops", "p2p_bytes",
           "p2p_bytes_over_1f1b", "paper_gain")
 
 
@@ -168,7 +169,7 @@ def _csv(rows: list[Row]) -> str:
         writer.writerow([row.case.key, row.case.model, f"{row.p}x{row.case.device}", row.p, row.v, row.m, row.schedule,
                          repr(row.time_s), "" if closed is None else repr(closed), f"{gain(rows, row):.6f}",
                          "" if closed is None else f"{closed_form_s(row.p, 1, row.m) / closed - 1.0:.6f}",
-                         f"{row.bubble_fraction:.6f}", row.sends, closed_sends(row.p, row.v, row.m), row.p2p_bytes,
+                         f"{row.idle_fraction:.6f}", row.sends, closed_sends(row.p, row.v, row.m), row.p2p_bytes,
                          f"{row.p2p_bytes / base.p2p_bytes:.6f}", PAPER_GAIN])
     return buffer.getvalue()
 

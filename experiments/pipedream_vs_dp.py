@@ -138,13 +138,14 @@ class PlanCase:
 @dataclass(frozen=True)
 class PlanResult:
     """A candidate's simulated iteration: ``time_s`` (s, ``None`` when it did not fit), microbatches, peak memory of
-    the fullest device (bytes), bubble fraction, and ``status`` (``ok`` or why not)."""
+    the fullest device (bytes), idle fraction (the share of device-time compute is idle), and ``status``
+    (``ok`` or why not)."""
 
     candidate: PlanCase
     status: str
     microbatches: int
     time_s: float | None = None
-    bubble_fraction: float | None = None
+    idle_fraction: float | None = None
     peak_memory_bytes: int | None = None
 
 
@@ -194,7 +195,7 @@ def _simulate(model: ModelCase, topology: str, candidate: PlanCase) -> PlanResul
     except OutOfMemoryError as exc:
         return PlanResult(candidate, str(exc).split(" (fewer")[0], m)  # "out of memory on rank ...", no advice
     metrics = prediction.metrics
-    return PlanResult(candidate, "ok", m, metrics["iteration_time_s"], metrics["bubble_fraction"],
+    return PlanResult(candidate, "ok", m, metrics["iteration_time_s"], metrics["idle_fraction"],
                       max(prediction.peak_memory_bytes))
 
 
@@ -230,7 +231,7 @@ SUMMARY_FIELDS = ("model", "model_spec", "cluster", "topology", "global_batch", 
                   "best_rank_order", "best_time_s", "best_samples_per_s", "speedup", "paper_speedup", "paper_note",
                   "plans_tried", "plans_out_of_memory")
 PLAN_FIELDS = ("model", "cluster", "plan", "schedule", "pp", "dp", "rank_order", "grad_overlap", "microbatches",
-               "status", "iteration_time_s", "samples_per_s", "bubble_fraction", "peak_memory_bytes")
+               "status", "iteration_time_s", "samples_per_s", "idle_fraction", "peak_memory_bytes")
 
 
 def _num(value: float | None) -> str:
@@ -264,7 +265,7 @@ def plan_rows(c: Comparison) -> list[dict[str, str]]:
              "rank_order": p.candidate.order, "grad_overlap": str(p.candidate.overlap).lower(),
              "microbatches": str(p.microbatches), "status": p.status,
              "iteration_time_s": _num(p.time_s), "samples_per_s": _num(g / p.time_s if p.time_s else None),
-             "bubble_fraction": _num(p.bubble_fraction),
+             "idle_fraction": _num(p.idle_fraction),
              "peak_memory_bytes": "" if p.peak_memory_bytes is None else str(p.peak_memory_bytes)} for p in c.plans]
 
 

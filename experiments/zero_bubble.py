@@ -62,14 +62,16 @@ CASES = (Case("ideal", UNIFORM, "ideal", True), Case("a100", GPT, "A100", False)
 
 @dataclass(frozen=True)
 class Row:
-    """One simulated iteration: ``time_s`` (s), bubble fraction, and the largest peak memory of a rank (bytes)."""
+    """One simulated iteration: ``time_s`` (s), ``idle_fraction`` (the share of the ranks' time their compute is
+    idle: the pipeline bubble and the exposed point-to-point transfers, which on free links are nothing), and the
+    largest peak memory of a rank (bytes)."""
 
     case: Case
     p: int
     m: int
     schedule: str
     time_s: float
-    bubble_fraction: float
+    idle_fraction: float
     peak_memory_bytes: int
 
 
@@ -90,7 +92,7 @@ def simulate(case: Case, p: int, m: int, schedule: str) -> Row:
     built = build_plan(PlanInputs(case.model, f"{p}x{case.device}", schedule, microbatches=m))
     prediction = predict_built(built)
     metrics = prediction.metrics
-    return Row(case, p, m, schedule, metrics["iteration_time_s"], metrics["bubble_fraction"],
+    return Row(case, p, m, schedule, metrics["iteration_time_s"], metrics["idle_fraction"],
                max(prediction.peak_memory_bytes))
 
 
@@ -114,8 +116,9 @@ def closed_gain(p: int, m: int) -> float:
 
 
 def _bubble_over_ideal(row: Row) -> float:
-    """The simulated bubble ÷ ideal from the bubble fraction f of the total: f / (1 − f)."""
-    return row.bubble_fraction / (1.0 - row.bubble_fraction)
+    """The simulated bubble ÷ ideal from the idle fraction f of the total: f / (1 − f). The idle share, not the
+    pipeline bubble alone, as the page's tables were taken; on the uniform cases' free links the two are equal."""
+    return row.idle_fraction / (1.0 - row.idle_fraction)
 
 
 def _table(rows: list[Row], case: Case) -> list[str]:
@@ -146,7 +149,7 @@ def _summary(rows: list[Row]) -> list[str]:
 
 
 FIELDS = ("case", "model", "topology", "p", "m", "schedule", "iteration_time_s", "closed_form_s", "gain_over_1f1b",
-          "closed_form_gain", "bubble_fraction", "bubble_over_ideal", "closed_form_bubble_over_ideal",
+          "closed_form_gain", "idle_fraction", "bubble_over_ideal", "closed_form_bubble_over_ideal",
           "peak_memory_bytes", "paper_gain")
 
 
@@ -157,7 +160,7 @@ def _csv(rows: list[Row]) -> str:
     for row in rows:
         writer.writerow([row.case.key, row.case.model, f"{row.p}x{row.case.device}", row.p, row.m, row.schedule,
                          repr(row.time_s), repr(closed_form_s(row.schedule, row.p, row.m)) if row.case.exact else "",
-                         f"{gain(rows, row):.6f}", f"{closed_gain(row.p, row.m):.6f}", f"{row.bubble_fraction:.6f}",
+                         f"{gain(rows, row):.6f}", f"{closed_gain(row.p, row.m):.6f}", f"{row.idle_fraction:.6f}",
                          f"{_bubble_over_ideal(row):.6f}", f"{bubble_over_ideal(row.schedule, row.p, row.m):.6f}",
                          row.peak_memory_bytes, PAPER_GAIN])
     return buffer.getvalue()

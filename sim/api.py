@@ -175,24 +175,38 @@ class Simulation:
 
     @property
     def bubble_fraction(self) -> float:
-        """The share of device-time the compute streams are idle."""
+        """The share of device-time spent in the pipeline bubble: no compute and no communication op on a device's
+        streams (``sim.report.metrics``)."""
         return float(self.metrics["bubble_fraction"])
+
+    @property
+    def idle_fraction(self) -> float:
+        """The share of device-time the compute streams are idle: the bubble plus the exposed communication."""
+        return float(self.metrics["idle_fraction"])
+
+    @property
+    def exposed_comm_fraction(self) -> dict[str, float]:
+        """Per communication kind (``tp``, ``ep``, ``pp``, ``dp``, ``host_copy``), the share of device-time it runs
+        while the device computes nothing (``sim.report.metrics``)."""
+        return dict(self.metrics["exposed_comm_fraction"])
 
     def __repr__(self) -> str:
         """A few lines: the plan (schedule, model, topology, layout, microbatches), the iteration, the fullest device
         and the size of the trace (the dataclass's own repr printed every op: hundreds of kilobytes)."""
+        from sim.report.metrics import split_text
         from sim.report.outputs import plan_title
 
         fullest = max(self.devices(), key=lambda row: row["peak_memory_bytes"] / row["memory_capacity_bytes"])
         return (f"Simulation({plan_title(self.plan)}\n"
                 f"  iteration {self.iteration_time_s * 1e3:.3f} ms, {self.throughput_samples_per_s:,.1f} samples/s, "
-                f"bubble {self.bubble_fraction:.1%}\n"
+                f"{split_text(self.metrics)}\n"
                 f"  fullest device: rank {fullest['rank']}, {fullest['peak_memory_bytes'] / 1e9:.2f} of "
                 f"{fullest['memory_capacity_bytes'] / 1e9:.2f} GB\n"
                 f"  {len(self.metrics['devices']):,} ranks simulated, {len(self.trace.spans):,} ops)")
 
     def devices(self) -> list[dict[str, Any]]:
-        """One row per simulated rank: ``rank``, ``device``, ``busy_s``, ``bubble_fraction``, ``peak_memory_bytes``,
+        """One row per simulated rank: ``rank``, ``device``, ``busy_s``, ``idle_fraction``, ``bubble_fraction``,
+        ``exposed_comm_fraction`` (per kind), ``peak_memory_bytes``,
         ``memory_capacity_bytes`` (and ``device_rank`` under tensor or data parallelism)."""
         return [dict(row) for row in self.metrics["devices"]]
 

@@ -24,7 +24,7 @@ from sim.ir.plan import Plan
 from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.ir.trace import Trace
 from sim.report.chrome_trace import write_chrome_trace
-from sim.report.metrics import rank_label
+from sim.report.metrics import rank_label, split_text
 
 __all__ = ["write_run_outputs", "format_summary"]
 
@@ -65,7 +65,8 @@ def write_run_outputs(out_dir: Path, trace: Trace, metrics: dict[str, Any], *, t
         if gantt:
             from sim.report.gantt import draw_gantt  # matplotlib only when a picture is wanted
 
-            draw_gantt(trace, out_dir / "gantt.png", title=title)
+            # The title says where the devices' time went, so the picture is never read without it.
+            draw_gantt(trace, out_dir / "gantt.png", title=f"{title} · {split_text(metrics)}")
             names.append("gantt.png")
             for name, draw in (charts or {}).items():
                 write_bytes_atomic(out_dir / name, draw())
@@ -85,8 +86,19 @@ def _gb(nbytes: float | None) -> str:
     return "unlimited" if nbytes is None else f"{nbytes / 1e9:.2f} GB"
 
 
+def mfu_text(metrics: dict[str, Any]) -> str:
+    """``metrics``' MFU with the peak it is against, and against the 16-bit peak beside any other: ``16.7 % of FP8
+    peak (33.4 % of BF16 peak)``."""
+    precision = metrics["mfu_peak"]["precision"]
+    text = f"{metrics['mfu'] * 100:.1f} % of {precision.upper()} peak"
+    if precision != "bf16" and metrics.get("mfu_bf16") is not None:
+        text += f" ({metrics['mfu_bf16'] * 100:.1f} % of BF16 peak)"
+    return text
+
+
 def format_summary(metrics: dict[str, Any], *, unit: str = "samples") -> str:
-    """Human summary of ``metrics.json``: iteration time, throughput, bubble, and per-device busy/memory.
+    """Human summary of ``metrics.json``: iteration time, throughput, where the devices' time goes (compute, pipeline
+    bubble, exposed communication by kind), MFU against its named peak, and per-device busy/memory.
 
     ``unit="subnets"`` (a CSP run) reports ``csp.subnets_per_s`` beside the samples/s.
     """
@@ -96,24 +108,26 @@ def format_summary(metrics: dict[str, Any], *, unit: str = "samples") -> str:
     lines = [
         f"{'run time' if unit == 'subnets' else 'iteration time':<18}{metrics['iteration_time_s'] * 1e3:.3f} ms",
         f"throughput        {throughput}",
-        f"bubble fraction   {metrics['bubble_fraction']:.4f}",
+        f"device time       {split_text(metrics)}",
     ]
     if metrics.get("tokens_per_s") is not None:
         lines.append(f"tokens            {metrics['tokens_per_s']:,.0f} tokens/s, "
                      f"{metrics['tokens_per_s_per_device']:,.0f} per device")
     if metrics.get("mfu") is not None:
         lines.append(f"model FLOPs       {_flop(metrics['model_flops_per_iteration'])} per iteration, "
-                     f"MFU {metrics['mfu'] * 100:.1f} %")
+                     f"MFU {mfu_text(metrics)}")
     devices = metrics["devices"]
     # Named as the Gantt chart names them; a measured run without --measure-memory has no memory to show, and then
     # no memory column either, rather than an empty one.
     names = [rank_label(d["rank"], d["device"], d.get("device_rank")) for d in devices]
     width = max([21, *map(len, names)])
     memory = any("peak_memory_bytes" in d for d in devices)
-    header = f"{'per device':<{width + 3}}{'busy':>9}     bubble"  # each heading over its column
+    header = f"{'per device':<{width + 3}}{'busy':>9}     bubble  exposed"  # each heading over its column
     lines.append(header + ("   peak memory / capacity" if memory else ""))
     for name, device in zip(names, devices):
-        line = f"  {name:<{width}} {device['busy_s'] * 1e3:9.3f} ms  {device['bubble_fraction']:.4f}"
+        exposed = sum(device["exposed_comm_fraction"].values())
+        line = (f"  {name:<{width}} {device['busy_s'] * 1e3:9.3f} ms  {device['bubble_fraction'] * 100:5.1f} %"
+                f"  {exposed * 100:5.1f} %")
         if "peak_memory_bytes" in device:
             line += f"   {_gb(device['peak_memory_bytes'])} / {_gb(device.get('memory_capacity_bytes'))}"
         lines.append(line)

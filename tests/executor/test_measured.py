@@ -73,3 +73,21 @@ def test_iteration_times_and_median():
     assert median_iteration([9.0, 5.0, 2.0, 5.0, 7.0], warmup=1) == (1, 5.0)  # of 5, 2, 5, 7; a tie: the earliest
     with pytest.raises(ValueError):
         median_iteration([1.0], warmup=1)
+
+
+def test_a_measured_trace_splits_as_a_simulated_one():
+    # The same definition (sim.report.metrics): worked by hand from the timings above, in ms after the shift.
+    # Rank 0: F 0-10, SEND_F 11-13, RECV_B 44-50, B 50-70, OPT_STEP 70-72: compute 32, p2p 2 + 6, bubble 1 + 31.
+    # Rank 1: RECV_F 11-13, F 13-23, B 23-43, SEND_B 44-50 under OPT_STEP 45-47: compute 32, p2p 2 + 1 + 3,
+    # bubble 11 + 1 + 22.
+    from sim.report.metrics import compute_metrics
+
+    plan = _plan()
+    trace = measured_trace(plan, _reports(plan), [ClockOffset(0, 0), ClockOffset(0, 0)], 0)
+    metrics = compute_metrics(trace, num_microbatches=1, microbatch_size=1)
+    d0, d1 = metrics["devices"]
+    assert (d0["busy_s"], d1["busy_s"]) == pytest.approx((0.032, 0.032))
+    assert (d0["exposed_comm_fraction"]["pp"], d1["exposed_comm_fraction"]["pp"]) == pytest.approx((8 / 72, 6 / 72))
+    assert (d0["bubble_fraction"], d1["bubble_fraction"]) == pytest.approx((32 / 72, 34 / 72))
+    assert metrics["idle_fraction"] == pytest.approx(1 - 64 / 144)
+    assert metrics["bubble_fraction"] == pytest.approx(66 / 144)

@@ -37,8 +37,8 @@ def test_uniform_stages_on_free_links_take_the_closed_form(quick):
         stage = 32 // p * 3e-3
         assert row.time_s == pytest.approx((m + (p - 1) / v) * stage, rel=1e-12)
         assert megatron_interleaved.gain(rows, row) == pytest.approx((m + p - 1) / (m + (p - 1) / v) - 1, abs=1e-6)
-        # the bubble as a fraction of the whole iteration: (p - 1)/(v m + p - 1)
-        assert row.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-6)
+        # the bubble as a fraction of the whole iteration: (p - 1)/(v m + p - 1); on free links all the idle time
+        assert row.idle_fraction == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-6)
 
 
 def test_interleaving_sends_v_times_the_boundaries_each_carrying_one_activation(quick):

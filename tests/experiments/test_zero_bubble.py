@@ -36,7 +36,7 @@ def test_uniform_stages_on_free_links_take_the_closed_forms(quick):
         expected = (m + p - 1) * 3 * t if row.schedule == "1f1b" else 3 * m * t + (p - 1) * t
         assert row.time_s == pytest.approx(expected, rel=1e-12)
         over_ideal = (p - 1) / m if row.schedule == "1f1b" else (p - 1) / (3 * m)
-        assert row.bubble_fraction / (1 - row.bubble_fraction) == pytest.approx(over_ideal, abs=1e-5)
+        assert row.idle_fraction / (1 - row.idle_fraction) == pytest.approx(over_ideal, abs=1e-5)
         assert zero_bubble.gain(rows, row) == pytest.approx((m + p - 1) / (m + (p - 1) / 3) - 1, abs=1e-6)
 
 

@@ -32,15 +32,17 @@ def test_writes_every_output_and_a_summary(tmp_path, capsys):
         assert (tmp_path / name).stat().st_size > 0, name
     assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    for key in ("iteration_time_s", "throughput_samples_per_s", "bubble_fraction"):
+    for key in ("iteration_time_s", "throughput_samples_per_s", "idle_fraction", "bubble_fraction",
+                "exposed_comm_fraction"):
         assert key in metrics
     assert [d["rank"] for d in metrics["devices"]] == [0, 1, 2, 3]
-    assert all({"device", "busy_s", "bubble_fraction", "peak_memory_bytes"} <= set(d) for d in metrics["devices"])
+    assert all({"device", "busy_s", "idle_fraction", "bubble_fraction", "exposed_comm_fraction", "peak_memory_bytes"}
+               <= set(d) for d in metrics["devices"])
     trace = read_chrome_trace(tmp_path / "trace.json")
     assert metrics["iteration_time_s"] == pytest.approx(trace.makespan)
     plan = Plan.loads((tmp_path / "plan.json").read_text())
     assert plan.level == "L1" and plan.num_ranks == 4
-    assert "iteration time" in out.out and "bubble fraction" in out.out and "DGX-1" in out.out
+    assert "iteration time" in out.out and "device time       compute" in out.out and "DGX-1" in out.out
 
 
 def test_summary_and_metrics_say_where_the_costs_come_from(tmp_path, capsys):

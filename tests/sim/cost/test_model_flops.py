@@ -57,3 +57,28 @@ def test_sim_run_reports_them_in_metrics_and_summary(tmp_path, capsys):
     assert "tokens/s" in out and "MFU" in out
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert 0 < metrics["mfu"] < 1 and metrics["tokens_per_iteration"] == 2 * 256
+
+
+@pytest.mark.parametrize("precision, peak", [("bf16", 989e12), ("fp8", 1979e12)])
+def test_mfu_names_its_peak_and_times_it_gives_back_the_model_flops(precision, peak):
+    # H100 SXM dense tensor-core peaks, NVIDIA H100 datasheet: 989 TFLOP/s BF16, 1,979 TFLOP/s FP8. The model FLOPs
+    # are torchtitan's count (test_llama_counts_as_torchtitan_does): 6·(N − table)·T + 12·L·H·Q·T² per sequence,
+    # without the norms' weights, 4 sequences of 4096 tokens.
+    built = build_plan(PlanInputs("llama3.1-8b,seq=4096", "4xH100", "1f1b", microbatches=4, precision=precision))
+    n, table, layers, heads, head_dim, t = 8_030_261_248, 128256 * 4096, 32, 32, 128, 4096
+    flops = 4 * (6 * (n - table) * t + 12 * layers * heads * head_dim * t * t - 6 * (2 * 4096 * layers + 4096) * t)
+    rates = training_rates(built.plan, built.topology, 3.0)
+    assert rates["mfu_peak"] == {"precision": precision, "flop_per_s": 4 * peak}
+    assert rates["mfu"] * rates["mfu_peak"]["flop_per_s"] * 3.0 == pytest.approx(flops, rel=1e-12)
+    # beside it, the same FLOPs against the BF16 peak: the same figure under bf16, twice the fp8 one under fp8
+    assert rates["mfu_bf16"] * 4 * 989e12 * 3.0 == pytest.approx(flops, rel=1e-12)
+    assert rates["mfu_bf16"] / rates["mfu"] == pytest.approx(peak / 989e12, rel=1e-12)
+
+
+def test_the_summary_says_which_peak_the_mfu_is_against():
+    from sim.report.outputs import mfu_text
+
+    assert mfu_text({"mfu": 0.412, "mfu_bf16": 0.824, "mfu_peak": {"precision": "fp8", "flop_per_s": 1.0}}) == \
+        "41.2 % of FP8 peak (82.4 % of BF16 peak)"
+    assert mfu_text({"mfu": 0.412, "mfu_bf16": 0.412, "mfu_peak": {"precision": "bf16", "flop_per_s": 1.0}}) == \
+        "41.2 % of BF16 peak"

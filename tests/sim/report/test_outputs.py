@@ -46,6 +46,25 @@ def test_no_memory_column_when_no_memory_was_measured(three_d):
     unmeasured = {**metrics, "devices": [{k: v for k, v in d.items() if k != "peak_memory_bytes"}
                                          for d in metrics["devices"]]}
     header, rows = _table(format_summary(unmeasured))
-    assert "memory" not in header and header.endswith("bubble")
+    assert "memory" not in header and header.endswith("bubble  exposed")
     assert all(line == line.rstrip() for line in [header, *rows])
-    assert [row.split()[-1] for row in rows] == [f"{d['bubble_fraction']:.4f}" for d in metrics["devices"]]
+    assert [row.split()[-4] for row in rows] == [f"{d['bubble_fraction'] * 100:.1f}" for d in metrics["devices"]]
+    assert [row.split()[-2] for row in rows] == [f"{sum(d['exposed_comm_fraction'].values()) * 100:.1f}"
+                                                 for d in metrics["devices"]]
+
+
+def test_the_summary_and_the_charts_title_give_the_time_split(three_d, tmp_path, monkeypatch):
+    import sim.report.gantt as gantt
+    from sim.report.outputs import write_run_outputs
+
+    trace, metrics = three_d
+    exposed = metrics["exposed_comm_fraction"]
+    assert exposed["tp"] > 0 and exposed["dp"] > 0  # TP 2 × DP 2: both kinds wait somewhere
+    line = next(line for line in format_summary(metrics).splitlines() if line.startswith("device time"))
+    assert f"bubble {metrics['bubble_fraction'] * 100:.1f} %" in line
+    assert f"TP {exposed['tp'] * 100:.1f} %" in line and f"DP {exposed['dp'] * 100:.1f} %" in line
+    assert "EP" not in line  # a kind that was never exposed is left out
+    titles = []
+    monkeypatch.setattr(gantt, "draw_gantt", lambda trace, path, title: titles.append(title))
+    write_run_outputs(tmp_path / "out", trace, metrics, title="plan")
+    assert titles == [f"plan · {line.removeprefix('device time').strip()}"]
