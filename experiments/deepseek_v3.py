@@ -52,13 +52,17 @@ def plan_inputs() -> PlanInputs:
 @dataclass(frozen=True)
 class Result:
     """The prediction beside the report's figure: ``predicted`` and ``published`` in tokens/s per GPU,
-    ``iteration_time_s`` (s), ``bubble_fraction`` (the share of device time not computing), ``peak_memory_bytes``
-    (the fullest device's predicted peak, bytes) and what is left out (``unmodelled``)."""
+    ``iteration_time_s`` (s), of the device time the shares ``idle_fraction`` (not computing), ``bubble_fraction``
+    (nothing running) and ``exposed_ep_fraction`` (an expert all-to-all running and no compute; ``metrics.json``'s
+    split), ``peak_memory_bytes`` (the fullest device's predicted peak, bytes) and what is left out
+    (``unmodelled``)."""
 
     predicted: float
     published: float
     iteration_time_s: float
+    idle_fraction: float
     bubble_fraction: float
+    exposed_ep_fraction: float
     peak_memory_bytes: float
     unmodelled: tuple[str, ...]
 
@@ -81,7 +85,8 @@ def run() -> Result:
     metrics = prediction.metrics
     peak = max(device.get("peak_memory_bytes", 0) for device in metrics["devices"])
     return Result(metrics["tokens_per_s_per_device"], PUBLISHED_TOKENS_PER_S_PER_GPU, metrics["iteration_time_s"],
-                  metrics["bubble_fraction"], peak, UNMODELLED)
+                  metrics["idle_fraction"], metrics["bubble_fraction"], metrics["exposed_comm_fraction"]["ep"], peak,
+                  UNMODELLED)
 
 
 def report(result: Result) -> str:
@@ -93,7 +98,8 @@ def report(result: Result) -> str:
         f"published  {result.published:,.0f} tokens/s per GPU (180 K H800 GPU-hours per trillion tokens, arXiv "
         "2412.19437 Table 1)",
         f"predicted  {result.predicted:,.0f} tokens/s per GPU ({result.error:+.1%}); iteration "
-        f"{result.iteration_time_s:.2f} s, bubble fraction {result.bubble_fraction:.2f}, peak "
+        f"{result.iteration_time_s:.2f} s; of the device time idle {result.idle_fraction:.1%} (bubble "
+        f"{result.bubble_fraction:.1%}, exposed all-to-all {result.exposed_ep_fraction:.1%}); peak "
         f"{result.peak_memory_bytes / 1e9:.1f} GB",
         "unmodelled: " + "; ".join(result.unmodelled),
         "target: within 15 % (issue #39)"])

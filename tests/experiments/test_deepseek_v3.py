@@ -28,4 +28,4 @@ def test_the_prediction_is_its_own_iteration_time_and_says_what_it_leaves_out():
     assert result.predicted == pytest.approx(tokens / result.iteration_time_s / 2048, rel=1e-9)
     assert result.error == pytest.approx(result.predicted / 1543.2098765 - 1, rel=1e-6)
     assert any("DualPipe" in item for item in result.unmodelled)
-    assert 0 < result.bubble_fraction < 1
+    assert 0 < result.bubble_fraction < result.idle_fraction < 1 and result.exposed_ep_fraction > 0
