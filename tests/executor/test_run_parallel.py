@@ -46,6 +46,8 @@ CASES = [
     ("dp2-zero3", 2, ["--dp", "2", "--global-batch", "4", "--zero", "3"], "sgd", 2, 2, 1e-7),
     ("dp2-pp2-zero3-recompute", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--zero", "3", "--recompute",
                                     "--no-reshard-after-forward"], "sgd", 2, 2, 1e-7),
+    ("dp2-pp2-zero3-interleaved", 4, ["--dp", "2", "--pp", "2", "--global-batch", "8", "--zero", "3", "--schedule",
+                                      "interleaved", "--chunks", "2"], "sgd", 2, 4, 1e-7),
     ("dp2-pp2-zero3-resharded", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--zero", "3",
                                     "--fsdp-reshard-after-forward", "always"], "sgd", 2, 2, 1e-7),
     # With --grad-overlap: each stage's reduction is issued right after its last backward (sim.plan.lower_collectives).
