@@ -154,8 +154,9 @@ class Parallelism:
             raise SpecError(f"{{reshard_after_forward}} must be true or false, got {self.reshard_after_forward!r}",
                             "reshard_after_forward")
         if not self.reshard_after_forward and self.zero != 3:
-            raise SpecError("{reshard_after_forward} false keeps gathered parameters between forward and backward; "
-                            "it needs {zero} 3 (parameters split across replicas)", "reshard_after_forward", "zero")
+            raise SpecError("{reshard_after_forward} false (never) keeps gathered parameters between forward and "
+                            "backward; it needs {zero} 3 (parameters split across replicas)", "reshard_after_forward",
+                            "zero")
         if isinstance(self.dp_replicate, bool) or not isinstance(self.dp_replicate, int) or self.dp_replicate < 1:
             raise SpecError(f"{{dp_replicate}} must be an integer >= 1, got {self.dp_replicate!r}", "dp_replicate")
         if self.dp_replicate > 1 and (self.zero != 3 or self.dp % self.dp_replicate):

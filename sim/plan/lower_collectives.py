@@ -37,9 +37,11 @@ once, here:
   update waits for. The sources: ``torch/distributed/pipelining/stage.py`` (``backward_maybe_with_nosync`` sets
   ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` for each microbatch's backward;
   ``_post_backward`` sets them back and runs each FSDP group's ``post_backward``, the reduce-scatter, once), and
-  ``torch/distributed/pipelining/schedules.py`` (``_add_reduce_grad``: a stage's REDUCE_GRAD action right after its
-  last microbatch's backward; ``_add_unshard_reshard``: UNSHARD, the all-gather, issued ahead of a stage's compute
-  for up to three stages). Issuing every vstage's gather at the start is that prefetch for a rank's (at most a
+  ``torch/distributed/pipelining/schedules.py`` (the single-stage schedules, ``Schedule1F1B``, ``ScheduleGPipe``,
+  call ``stage.perform_reduce_grad`` once after their loop, right after the stage's last backward; the runtime of the
+  multi-stage ones runs a REDUCE_GRAD action that ``_add_reduce_grad`` puts right after each stage's last
+  microbatch's backward; ``_add_unshard_reshard``: UNSHARD, the all-gather, issued ahead of a stage's compute for up
+  to three stages, which its FORWARD waits for, ``_assert_unsharded``). Issuing every vstage's gather at the start is that prefetch for a rank's (at most a
   few) vstages; FSDP2 without the runtime's UNSHARD gathers at the first forward's pre-hook instead, later.
 """
 
