@@ -146,3 +146,19 @@ def test_the_command_line_default_is_torchtitans(tmp_path, capsys):
     with pytest.raises(SystemExit) as refused:
         main([*flags, "--fsdp-reshard-after-forward", "sometimes", "--out", str(tmp_path / "c")])
     assert refused.value.code == 2 and "'sometimes'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedule, chunks", [("1f1b", 1), ("interleaved", 2)])
+def test_the_longest_path_evaluator_and_the_program_order_replay_agree_with_the_engine(schedule, chunks):
+    # The benchmarks' evaluator and the ledger's replay read the same ops: a forward waiting for a data-parallel
+    # collective, a reduction after a backward. Exact when no link is wanted twice at once, else a lower bound.
+    from sim.bench.critical_path import compile_plan
+    from sim.cost.ledger import program_order_peaks
+
+    built = _built(schedule=schedule, chunks=chunks, topology="4x2xA100", reshard_after_forward=False)
+    prediction, views = predict_built(built), built.views()
+    compiled = compile_plan(built.plan, len(views))
+    values = compiled.slot_values(views)
+    makespan, engine = compiled.makespan(values), prediction.metrics["iteration_time_s"]
+    assert makespan == engine if not compiled.contended(views, *compiled.times(values)) else makespan <= engine
+    assert compiled.peak_memory(views) == prediction.peak_memory_bytes == program_order_peaks(built.plan, views)
