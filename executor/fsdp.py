@@ -22,6 +22,14 @@ Zhao et al., "PyTorch FSDP", arXiv 2304.11277 §3):
 * **Update.** ``OPT_STEP`` steps the vstage's unit shards with the elementwise optimizer, so each element moves as it
   would in one process; the next forward gathers the new values. The lowering gives ZeRO-3 no ``REDUCE_GRAD`` or
   ``GATHER_PARAMS`` op: the collectives are inside the F and B ops, as the simulator costs them.
+* **Once per step under a pipeline** (``Parallelism.fsdp_gathers_per_step``: ``--pp`` > 1 without resharding after
+  the forward, as torchtitan runs FSDP with PyTorch's pipelining; ``sim.plan.lower_collectives``): the plan's
+  ``GATHER_PARAMS`` of a vstage all-gathers every unit (:meth:`FullyShardedStages.gather`) and its first forward
+  waits for it; the units stay gathered through every microbatch (the hooks find them gathered); each backward
+  accumulates the whole gradients in the parameters' ``.grad`` instead of reduce-scattering them
+  (``set_requires_gradient_sync(False)`` in ``torch/distributed/pipelining/stage.py``); the plan's ``REDUCE_GRAD``
+  after the vstage's last backward reduce-scatters them once into the shards' gradients and frees the gathered
+  parameters (:meth:`FullyShardedStages.reduce`, as ``_post_backward`` does), and the update waits for it.
 
 The collectives are blocking here: the gathers are not prefetched under the previous unit's compute as the simulator
 assumes FSDP does (``sim.cost.fsdp``), so on a slow link a measured F or B holds its gathers in full.
@@ -36,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from executor.data_parallel import flatten_padded
+from executor.data_parallel import _in_turn, _Works, flatten_padded
 from executor.nn.optim import make_optimizer
 
 __all__ = ["FullyShardedUnit", "FullyShardedStages", "ShardedOptimizer"]
@@ -51,9 +59,11 @@ class FullyShardedUnit:
         reshard_after_forward: free the gathered parameters after the forward (FSDP's default).
     """
 
-    def __init__(self, module: nn.Module, group: Any, size: int, rank: int, *, reshard_after_forward: bool) -> None:
+    def __init__(self, module: nn.Module, group: Any, size: int, rank: int, *, reshard_after_forward: bool,
+                 per_step: bool = False) -> None:
         self.module, self.group, self.size, self.rank = module, group, size, rank
         self.reshard_after_forward = reshard_after_forward
+        self.per_step = per_step
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
         self.padded = -(-self.numel // size) * size
@@ -79,6 +89,16 @@ class FullyShardedUnit:
             return
         flat = self.shard.new_empty(self.padded)
         dist.all_gather_single(flat, self.shard.detach(), group=self.group)
+        self._fill(flat)
+
+    def issue_gather(self) -> tuple[Any, Any]:
+        """Issue the all-gather of the shards without waiting: its work handle and what fills the parameters once it
+        has completed (:meth:`FullyShardedStages.gather`)."""
+        flat = self.shard.new_empty(self.padded)
+        work = dist.all_gather_single(flat, self.shard.detach(), group=self.group, async_op=True)
+        return work, lambda: self._fill(flat)
+
+    def _fill(self, flat: Tensor) -> None:
         offset = 0
         with torch.no_grad():
             for param, nbytes in zip(self.params, self.nbytes, strict=True):
@@ -104,6 +124,8 @@ class FullyShardedUnit:
         return grad
 
     def _after_accumulate(self, _param: Tensor) -> None:
+        if self.per_step:  # the whole gradients accumulate in .grad until the step's REDUCE_GRAD
+            return
         self.pending += 1
         if self.pending < len(self.params):
             return
@@ -113,6 +135,20 @@ class FullyShardedUnit:
             param.grad = None
         received = torch.empty_like(self.shard)
         dist.reduce_scatter_single(received, grads, group=self.group)
+        self._take(received)
+
+    def issue_reduce(self) -> tuple[Any, Any]:
+        """Issue the reduce-scatter of the step's accumulated whole gradients without waiting: its work handle and
+        what adds the received slice to the shard's gradient and frees the gathered parameters once it has completed
+        (:meth:`FullyShardedStages.reduce`)."""
+        grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
+        for param in self.params:
+            param.grad = None
+        received = torch.empty_like(self.shard)
+        work = dist.reduce_scatter_single(received, grads, group=self.group, async_op=True)
+        return work, lambda: self._take(received)
+
+    def _take(self, received: Tensor) -> None:
         received.div_(self.size)
         if self.shard.grad is None:
             self.shard.grad = received
@@ -168,13 +204,31 @@ class FullyShardedStages:
         group, size, rank: the data-parallel group, D and this process's index in it.
         reshard_after_forward: FSDP's ``reshard_after_forward``.
         optimizer, lr: the update rule (``executor.nn.optim.make_optimizer``).
+        per_step: gathered and reduce-scattered once per step by the plan's GATHER_PARAMS and REDUCE_GRAD ops
+            (module docstring); the interpreter calls :meth:`gather` and :meth:`reduce` for them.
     """
 
     def __init__(self, stages: Mapping[int, nn.Module], group: Any, size: int, rank: int, *,
-                 reshard_after_forward: bool, optimizer: str, lr: float | None) -> None:
-        self.units = {v: [FullyShardedUnit(layer, group, size, rank, reshard_after_forward=reshard_after_forward)
+                 reshard_after_forward: bool, optimizer: str, lr: float | None, per_step: bool = False) -> None:
+        self.units = {v: [FullyShardedUnit(layer, group, size, rank, reshard_after_forward=reshard_after_forward,
+                                           per_step=per_step)
                           for layer in stage.layers.values()] for v, stage in stages.items()}
         self.optimizers = {v: ShardedOptimizer(units, optimizer, lr) for v, units in self.units.items()}
+
+    def gather(self, v: int) -> tuple[Any, Any]:
+        """GATHER_PARAMS of vstage v: issue every unit's all-gather; their work handle and what fills the parameters
+        once they have completed (the interpreter's data-parallel op protocol, as ``executor.data_parallel``)."""
+        issued = [unit.issue_gather() for unit in self.units[v]]
+        return _Works([work for work, _ in issued]), _in_turn([fill for _, fill in issued])
+
+    def reduce(self, v: int) -> tuple[Any, Any]:
+        """REDUCE_GRAD of vstage v: issue every unit's reduce-scatter of the step's whole gradients; their work handle
+        and what takes the slices into the shards' gradients and frees the gathered parameters."""
+        issued = [unit.issue_reduce() for unit in self.units[v]]
+        return _Works([work for work, _ in issued]), _in_turn([take for _, take in issued])
+
+    def start_at(self, iteration: int) -> None:
+        """A resumed run (``executor.rank_process``): nothing here depends on the iteration."""
 
     def state_dict(self, v: int, stage: nn.Module) -> dict[str, Tensor]:
         """Vstage v's state as ``stage.state_dict()`` would give it unsharded: its buffers and its whole parameters

@@ -39,6 +39,8 @@ describe the same thing:
 * REDUCE_GRAD and GATHER_PARAMS (data parallelism, ``executor.data_parallel``) are issued asynchronously like a
   receive: the OPT_STEP that depends on a REDUCE_GRAD waits for it (its span ends when that wait returns and the
   mean gradient is in place), and a GATHER_PARAMS, which nothing depends on, is waited for at the iteration's end.
+  Under ZeRO-3 gathered once per step (``executor.fsdp``) they are the step's all-gather of a vstage, which its first
+  forward waits for (a dep, like a receive), and its one reduce-scatter, which its OPT_STEP waits for.
 * ``--slowdown``: a slowed process sleeps after each compute op for (factor − 1) × its duration, inside the op's
   span (``executor.slowdown``).
 
@@ -170,8 +172,8 @@ class RankInterpreter:
         tp_comm: the tensor-parallel group's clock (``take_seconds()``), needed when the program has TP ops.
         ep_comm: the expert-parallel group's clock, needed when the program has EP ops (a process has one of the two
             at most: the executor runs expert parallelism in models it does not split by tensor).
-        data_parallel: the process's :class:`executor.data_parallel.DataParallel`, needed for REDUCE_GRAD and
-            GATHER_PARAMS.
+        data_parallel: the process's :class:`executor.data_parallel.DataParallel` (or, under ZeRO-3 gathered once
+            per step, its :class:`executor.fsdp.FullyShardedStages`), needed for REDUCE_GRAD and GATHER_PARAMS.
         slowdown: the factor by which this process stretches its compute ops (``executor.slowdown``; 1: none).
     """
 

@@ -159,7 +159,8 @@ class ProcessModel:
         loss: ``(last stage's output, targets) -> scalar``.
         tp_comm: the tensor-parallel group's clock, or ``None``.
         ep_comm: the expert-parallel group's clock, or ``None``.
-        data_parallel: the :class:`executor.data_parallel.DataParallel`, or ``None``.
+        data_parallel: the :class:`executor.data_parallel.DataParallel`, or under ZeRO-3 gathered once per step the
+            :class:`executor.fsdp.FullyShardedStages` (it runs the plan's GATHER_PARAMS and REDUCE_GRAD), or ``None``.
         fully_sharded: under ZeRO-3, the :class:`executor.fsdp.FullyShardedStages` (``None`` otherwise).
     """
 
@@ -213,9 +214,12 @@ def build_process(plan: Plan, place: Place, groups: ProcessGroups, *, seed: int,
     if layout.data_ranks > 1 and layout.zero == 3:
         from executor.fsdp import FullyShardedStages
 
+        per_step = layout.fsdp_gathers_per_step  # the plan's GATHER_PARAMS and REDUCE_GRAD run through it
         sharded = FullyShardedStages(stages, groups.dp, layout.data_ranks, place.dp,
-                                     reshard_after_forward=layout.reshard_after_forward, optimizer=optimizer, lr=lr)
-        return ProcessModel(stages, sharded.optimizers, loss, comm, fully_sharded=sharded)
+                                     reshard_after_forward=layout.reshard_after_forward, optimizer=optimizer, lr=lr,
+                                     per_step=per_step)
+        return ProcessModel(stages, sharded.optimizers, loss, comm, data_parallel=sharded if per_step else None,
+                            fully_sharded=sharded)
     if layout.data_ranks > 1:
         from executor.data_parallel import DataParallel
 

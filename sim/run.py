@@ -23,6 +23,7 @@ from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_ch
 from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.faults.options import FaultOptions, FaultPrediction, predict_faults
+from sim.ir.parallel import RESHARD_POLICIES
 from sim.models import MODELS, build_model
 from sim.models.routing import BALANCED, CAPACITY_FACTOR_HELP, ROUTING_HELP, parse_routing
 from sim.plan.build import build_plan
@@ -42,7 +43,7 @@ FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--c
          "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
          "ep_overlap": "--ep-overlap",
          "zero": "--zero",
-         "reshard_after_forward": "--no-reshard-after-forward", "dp_replicate": "--dp-replicate",
+         "reshard_after_forward": "--fsdp-reshard-after-forward", "dp_replicate": "--dp-replicate",
          "precision": "--precision", "compiled": "--compile", "compile": "--compile",
          "sequence_parallel": "--sequence-parallel", "grad_overlap": "--grad-overlap", "devices": "--devices",
          "partition": "--partition", "chunks": "--chunks", "recompute": "--recompute",
@@ -145,9 +146,17 @@ def make_parser() -> argparse.ArgumentParser:
     par.add_argument("--dp-replicate", type=int, default=1, metavar="R",
                      help="with --zero 3, HSDP: the --dp replicas form R groups, each sharding the state among its "
                      "dp/R members, the groups all-reducing each layer's gradient shard (default 1: plain FSDP)")
-    par.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
-                     help="with --zero 3, keep each layer's gathered parameters from its forward to its backward "
-                     "(FSDP's reshard_after_forward=False): one gather fewer per microbatch, more memory")
+    par.add_argument("--fsdp-reshard-after-forward", dest="reshard_after_forward", choices=list(RESHARD_POLICIES),
+                     default="default",
+                     help="with --zero 3, torchtitan's parallelism.fsdp_reshard_after_forward: 'always' frees each "
+                     "layer's gathered parameters after its forward and gathers them again for its backward, every "
+                     "microbatch; 'never' keeps them (FSDP's reshard_after_forward=False), and with --pp > 1 gathers "
+                     "each stage once per step before its first forward and reduce-scatters its gradients once "
+                     "after its last backward, as torchtitan and PyTorch's pipelining run it (more memory: every "
+                     "stage's whole parameters and gradients for the step); 'default' (the default) is torchtitan's: "
+                     "'never' under --pp > 1, else 'always'")
+    par.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const",
+                     const="never", default="default", help="the same as --fsdp-reshard-after-forward never")
     par.add_argument("--grad-overlap", action="store_true",
                      help="reduce gradients in 25 MiB buckets while the last backward runs (PyTorch DDP) instead of "
                      "after the backward pass (Megatron's default)")
@@ -384,8 +393,9 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--tp", args.tp != 1), ("--dp", args.dp != 1), ("--pp", args.pp is not None),
                         ("--cp", args.cp != 1), ("--ep", args.ep != 1), ("--etp", args.etp != 1),
                         ("--routing", args.routing != "balanced"), ("--capacity-factor", args.capacity_factor != 0),
-                        ("--ep-overlap", args.ep_overlap), ("--global-batch", args.global_batch is not None), ("--zero", args.zero != 0),
-                        ("--no-reshard-after-forward", not args.reshard_after_forward),
+                        ("--ep-overlap", args.ep_overlap), ("--global-batch", args.global_batch is not None),
+                        ("--zero", args.zero != 0),
+                        ("--fsdp-reshard-after-forward", args.reshard_after_forward != "default"),
                         ("--dp-replicate", args.dp_replicate != 1), ("--precision", args.precision is not None),
                         ("--compile", args.compiled),
                         ("--sequence-parallel", args.sequence_parallel), ("--grad-overlap", args.grad_overlap),

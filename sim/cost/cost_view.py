@@ -168,6 +168,8 @@ class CostView:
                 if layout.dp_replicate > 1:  # HSDP: each gradient shard then all-reduced across the shard groups
                     across = self._fsdp_collectives("all_reduce", rank, start, end, device)
                     scatter = [a + b for a, b in zip(scatter, across)]
+                if layout.fsdp_gathers_per_step:  # gathered and scattered once per step, by ops of their own
+                    gather = scatter = [0.0] * (end - start)
                 f_total = fsdp.forward_seconds(costs.fwd[start:end], gather)
                 b = fsdp.backward_seconds(costs.bwd[start:end], gather if layout.reshard_after_forward else None,
                                           scatter)
@@ -293,6 +295,29 @@ class CostView:
             parts.append((name, expert_groups, experts))
         return parts
 
+    def _fsdp_per_step(self, kind: OpKind, vstage: int) -> list[tuple[str, tuple[tuple[int, ...], ...], int]]:
+        """``(collective, groups, bytes)`` parts of a GATHER_PARAMS or REDUCE_GRAD of ``vstage`` under ZeRO-3 with the
+        parameters kept for the step (``Parallelism.fsdp_gathers_per_step``): each layer (one FSDP unit) in turn, its
+        parameters all-gathered, or its gradients reduce-scattered over the shard groups (and under HSDP the shard
+        all-reduced over the replicate groups), every tensor shard's group at once; the same groups and bytes as
+        :meth:`_fsdp_collectives` costs inside a forward and backward, once per step instead of per microbatch."""
+        layout = self.layout
+        start, end, device = self._sized[vstage]
+        rank = self.placement.vstage_to_rank[vstage]
+        shard = tuple(layout.shard_group(rank, t, g) for t in range(layout.tp) for g in range(layout.dp_replicate))
+        replicate = tuple(layout.replicate_group(rank, t, i) for t in range(layout.tp)
+                          for i in range(layout.dp_shard))
+        memory, parts = self.oracle.memory, []
+        for i in range(start, end):
+            if kind is OpKind.GATHER_PARAMS:
+                parts.append(("all_gather", shard, memory.param_bytes(i, i + 1, device)))
+                continue
+            gradients = memory.gradient_bytes(i, i + 1, device)
+            parts.append(("reduce_scatter", shard, gradients))
+            if layout.dp_replicate > 1:
+                parts.append(("all_reduce", replicate, gradients // layout.dp_shard))
+        return [part for part in parts if part[2] and len(part[1][0]) > 1]
+
     def _expert_exchanges(self, vstage: int) -> CommCost:
         """An EP op of ``vstage``: every MoE layer's token dispatch and combine, each an all-to-all over the stage's
         expert-parallel groups (all of them at once) whose traffic matrix sends each member the tokens routed to its
@@ -339,7 +364,8 @@ class CostView:
         # memo, for every view of a search that asks the same op of the same groups.
         memo = self.topology.cost_memo
         if kind in DP_KINDS:
-            collectives = tuple(self._data_parallel(kind, vstage))
+            collectives = tuple(self._fsdp_per_step(kind, vstage) if layout.zero == 3 else
+                                self._data_parallel(kind, vstage))
             found = memo.get(("data-parallel op", collectives))
             if found is None:
                 parts, held = [], set()
@@ -469,11 +495,24 @@ class CostView:
             found = self._sizes[key] = sum(self.oracle.memory.param_bytes(i, i + 1, device) for i in range(start, end))
         return found
 
+    def held_gradient_bytes(self, vstage: int) -> int:
+        """Under ZeRO-3 gathered for the step (``Parallelism.fsdp_gathers_per_step``), the whole (unsharded) gradient
+        bytes ``vstage`` accumulates over the step's microbatches until their one reduce-scatter; 0 otherwise."""
+        if not self.layout.fsdp_gathers_per_step:
+            return 0
+        key = ("held gradients", vstage)
+        found = self._sizes.get(key)
+        if found is None:
+            start, end, device = self._sized[vstage]
+            found = self._sizes[key] = sum(self.oracle.memory.gradient_bytes(i, i + 1, device)
+                                           for i in range(start, end))
+        return found
+
     def _gathered(self, vstage: int) -> tuple[int, int]:
         """Under ZeRO-3, what a forward and a backward of ``vstage`` gather on top of their workspace, bytes (the
         forward nothing when the parameters stay gathered after it: :meth:`held_gathered_bytes`); ``(0, 0)``
         otherwise."""
-        if self.layout.zero != 3:
+        if self.layout.zero != 3 or self.layout.fsdp_gathers_per_step:  # per step: held all step instead
             return 0, 0
         key = ("gathered", vstage)
         found = self._sizes.get(key)

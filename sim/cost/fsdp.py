@@ -26,6 +26,12 @@ gradients of the layer computing and of the layer before it in backward order, w
 Under ``reshard_after_forward=False`` a stage's gathered parameters stay from a forward until the backward of the
 last microbatch then in flight (``sim.cost.ledger``).
 
+Under a pipeline without resharding after the forward (``Parallelism.fsdp_gathers_per_step``, torchtitan's default
+there) none of this applies: the forward and backward ops carry no collective; each stage's layers are all-gathered
+once per step by a GATHER_PARAMS op and reduce-scattered once by a REDUCE_GRAD op (``sim.plan.lower_collectives``),
+costed layer after layer over the same groups (``sim.cost.cost_view.CostView._fsdp_per_step``), and the ledger holds
+the stage's whole parameters and gradients for the step.
+
 Every function takes per-layer figures in layer order (forward order): seconds, or bytes.
 """
 

@@ -57,6 +57,14 @@ What a device holds, per rank of the plan (all bytes):
   parameters it gathers (a layer's and the prefetched next one's) and, in the backward, the whole gradients being
   made and scattered. Without resharding after the forward, the stage's gathered parameters are taken by a forward
   when no microbatch of the stage is in flight and freed when the backward of the last one in flight ends.
+* **Gathered for the step** (ZeRO-3 under a pipeline without resharding after the forward,
+  ``Parallelism.fsdp_gathers_per_step``, as torchtitan and PyTorch's pipelining run FSDP): each vstage's whole
+  (unsharded) parameters are taken by its first forward of the step, and its whole gradients, accumulated over the
+  microbatches, by its first backward; both stay until its update starts, which waits for their reduce-scatter
+  (the REDUCE_GRAD; FSDP frees them at its end, ``_post_backward``; the update is the first op of the rank's own
+  program after it, which keeps this replay exact). So a rank holds the unsharded parameters of every vstage it runs
+  for the whole step, and their unsharded gradients from the first backward on, on top of its shards: at its peak
+  what ZeRO-1 holds plus the parameter and gradient shards. Its forwards and backwards gather nothing more.
 * **Weight gradients**: part of the resident state where the framework keeps a persistent gradient buffer (Megatron's
   contiguous buffer, DDP's buckets: the model's default). Where the cost source says they live per step (a measured
   profile of the executor, whose optimizer step ends with ``zero_grad(set_to_none=True)``), a stage's gradients are
@@ -101,6 +109,7 @@ class StageSizes(Protocol):
     def deferred_gradient_bytes(self, vstage: int) -> int: ...
     def gradients_per_step(self, vstage: int) -> bool: ...
     def reduction_buffer_bytes(self, vstage: int) -> int: ...
+    def held_gradient_bytes(self, vstage: int) -> int: ...
     def gathered_bytes(self, vstage: int, backward: bool) -> int: ...
     def held_gathered_bytes(self, vstage: int) -> int: ...
 
@@ -159,6 +168,10 @@ class MemoryLedger:
         self.is_partime = plan.weight_policy == "stream"
         self.held: dict[int, int] = {}  # PARTIME: vstage -> activation bytes of its current frame
         self.in_flight: dict[int, int] = {}  # ZeRO-3 kept gathered: vstage -> microbatches between F and backward
+        # ZeRO-3 gathered for the step: vstage -> whole parameter (and, after its first backward, gradient) bytes.
+        self.per_step = plan.layout.fsdp_gathers_per_step
+        self.step_held: dict[int, int] = {}
+        self.step_gradients: set[int] = set()
         # Weight stashing: (vstage, version) -> microbatches still to run on it; the updates each vstage has made.
         self.versions = weight_versions(plan) if plan.weight_policy == "stash" else {}
         self.stash_users: dict[tuple[int, int], int] = {}
@@ -180,6 +193,11 @@ class MemoryLedger:
         kind = op.kind
         released, kept = self._start_rule[kind](op)
         gradients = self._new_gradients(op) if kind in self._backward else 0
+        if self.per_step and kind in self._backward and op.vstage not in self.step_gradients:
+            self.step_gradients.add(op.vstage)  # the step's whole gradients, accumulated until the reduce-scatter
+            whole = self.sizes.held_gradient_bytes(op.vstage)
+            self.step_held[op.vstage] = self.step_held.get(op.vstage, 0) + whole
+            kept += whole
         workspace = self._workspace_of(op, new_gradients=gradients) if kind in self._workspace else 0
         if workspace:
             self.workspaces[(kind, op.vstage, op.mb)] = workspace
@@ -279,6 +297,11 @@ class MemoryLedger:
         held = self.sizes.held_gathered_bytes(vstage)
         if not held:
             return 0
+        if self.per_step:  # gathered once for the step, by its first forward (module docstring)
+            if vstage in self.step_held:
+                return 0
+            self.step_held[vstage] = held
+            return held
         self.in_flight[vstage] = self.in_flight.get(vstage, 0) + 1
         return held if self.in_flight[vstage] == 1 else 0
 
@@ -305,6 +328,9 @@ class MemoryLedger:
 
     def _update(self, op: Op) -> tuple[int, int]:
         reduced = self.reductions.pop(op.vstage, 0)  # the update has waited for its reduction, whose buffer goes
+        if self.step_held:  # and, gathered for the step, the vstage's whole parameters and gradients with it
+            reduced += self.step_held.pop(op.vstage, 0)
+            self.step_gradients.discard(op.vstage)
         if not self.versions or op.mb is None:
             return reduced, 0
         vstage, sizes = op.vstage, self.sizes

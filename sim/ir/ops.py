@@ -48,8 +48,12 @@ class OpKind(StrEnum):
     EP_F = "EP_F"
     EP_B = "EP_B"
     EP_R = "EP_R"
-    REDUCE_GRAD = "REDUCE_GRAD"  # data-parallel gradient all-reduce (reduce-scatter under ZeRO-1) of a vstage
-    GATHER_PARAMS = "GATHER_PARAMS"  # ZeRO-1: all-gather of a vstage's updated parameters after its OPT_STEP
+    # Data-parallel gradient all-reduce of a vstage (reduce-scatter under ZeRO-1 and 2, and under ZeRO-3 gathered
+    # once per step: its one reduce-scatter of the step, Parallelism.fsdp_gathers_per_step).
+    REDUCE_GRAD = "REDUCE_GRAD"
+    # ZeRO-1 and 2: all-gather of a vstage's updated parameters after its OPT_STEP; ZeRO-3 gathered once per step:
+    # the all-gather its first forward waits for.
+    GATHER_PARAMS = "GATHER_PARAMS"
 
 
 class Action(StrEnum):

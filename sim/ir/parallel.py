@@ -49,7 +49,8 @@ from typing import Any
 
 from sim.core.errors import SpecError, did_you_mean
 
-__all__ = ["Parallelism", "PURE_PIPELINE", "RANK_ORDERS", "DEFAULT_RANK_ORDER", "ZERO_STAGES", "CP_COMMS"]
+__all__ = ["Parallelism", "PURE_PIPELINE", "RANK_ORDERS", "DEFAULT_RANK_ORDER", "ZERO_STAGES", "CP_COMMS",
+           "RESHARD_POLICIES", "resolve_reshard_after_forward"]
 
 #: How context-parallel ranks exchange keys and values (``sim.cost.context_parallel`` costs them).
 CP_COMMS = ("ring", "allgather")
@@ -62,6 +63,8 @@ RANK_ORDERS = tuple("-".join(order) for order in permutations(("tp", "dp", "pp")
 #: state split across the replicas, P_os), 2 (the gradients too, P_os+g) and 3 (the parameters too, P_os+g+p:
 #: PyTorch's FSDP).
 ZERO_STAGES = (0, 1, 2, 3)
+#: torchtitan's ``parallelism.fsdp_reshard_after_forward`` values (``torchtitan/config/configs.py``).
+RESHARD_POLICIES = ("default", "always", "never")
 
 _FIELDS = frozenset({"tp", "dp", "pp", "cp", "cp_comm", "order", "sequence_parallel", "zero", "reshard_after_forward",
                      "dp_replicate", "grad_overlap", "devices", "ep", "etp"})
@@ -93,7 +96,9 @@ class Parallelism:
         reshard_after_forward: under ZeRO-3, free each layer's gathered parameters after its forward (FSDP's
             default) and gather them again for the backward; False keeps them from the forward to the backward
             (``reshard_after_forward=False``, as Llama 3 trained), one gather fewer per microbatch for the memory of
-            the stage's whole parameters. Meaningless, and so always True, below ZeRO-3.
+            the stage's whole parameters. Meaningless, and so always True, below ZeRO-3. With a pipeline (``pp`` >
+            1) False means what the frameworks run (:attr:`fsdp_gathers_per_step`): each vstage gathered once per
+            step and its gradients reduce-scattered once per step, by GATHER_PARAMS and REDUCE_GRAD ops.
         dp_replicate: under ZeRO-3, HSDP (hybrid sharding): the D replicas form ``dp_replicate`` groups of
             ``D / dp_replicate`` (with their C sequence parts each) that each shard the state among themselves (the
             shard groups: consecutive data-axis positions, innermost, as torchtitan's mesh nests them), and the
@@ -149,8 +154,9 @@ class Parallelism:
             raise SpecError(f"{{reshard_after_forward}} must be true or false, got {self.reshard_after_forward!r}",
                             "reshard_after_forward")
         if not self.reshard_after_forward and self.zero != 3:
-            raise SpecError("{reshard_after_forward} false keeps gathered parameters between forward and backward; "
-                            "it needs {zero} 3 (parameters split across replicas)", "reshard_after_forward", "zero")
+            raise SpecError("{reshard_after_forward} false (never) keeps gathered parameters between forward and "
+                            "backward; it needs {zero} 3 (parameters split across replicas)", "reshard_after_forward",
+                            "zero")
         if isinstance(self.dp_replicate, bool) or not isinstance(self.dp_replicate, int) or self.dp_replicate < 1:
             raise SpecError(f"{{dp_replicate}} must be an integer >= 1, got {self.dp_replicate!r}", "dp_replicate")
         if self.dp_replicate > 1 and (self.zero != 3 or self.dp % self.dp_replicate):
@@ -191,6 +197,19 @@ class Parallelism:
                                     "devices")
 
     # --- devices ---------------------------------------------------------------------------------------------------
+
+    @property
+    def fsdp_gathers_per_step(self) -> bool:
+        """ZeRO-3 under a pipeline without resharding after the forward, as the frameworks run it: each vstage's
+        parameters all-gathered once per step before its first forward and kept until its gradients, accumulated
+        whole over the step's microbatches, are reduce-scattered once after its last backward (``GATHER_PARAMS`` and
+        ``REDUCE_GRAD`` ops, ``sim.plan.lower_collectives``). torchtitan resolves ``fsdp_reshard_after_forward =
+        "default"`` to no resharding under PP (``torchtitan/distributed/fsdp.py``,
+        ``get_fsdp_reshard_after_forward_policy``), and PyTorch's pipelining turns off FSDP's gradient sync and
+        resharding after backward for every backward but the last (``torch/distributed/pipelining/stage.py``,
+        ``backward_maybe_with_nosync`` and ``_post_backward``). Without a pipeline nothing changes: ZeRO-3 gathers
+        and scatters inside each microbatch's forward and backward (``sim.cost.fsdp``)."""
+        return self.zero == 3 and self.pp > 1 and not self.reshard_after_forward and self.data_ranks > 1
 
     @property
     def world_size(self) -> int:
@@ -441,3 +460,20 @@ class Parallelism:
 
 #: The layout of a plan without tensor or data parallelism (``pp`` is filled in by the plan).
 PURE_PIPELINE = Parallelism()
+
+
+def resolve_reshard_after_forward(policy: str, *, zero: int, pp: int) -> bool:
+    """:attr:`Parallelism.reshard_after_forward` for a torchtitan-style policy: ``"always"`` True, ``"never"``
+    False, ``"default"`` as torchtitan resolves it (``torchtitan/distributed/fsdp.py``,
+    ``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``, "to avoid per-microbatch all-gathers") under
+    ZeRO-3, and True (meaningless) below ZeRO-3.
+
+    Raises:
+        SpecError: ``policy`` is none of :data:`RESHARD_POLICIES`.
+    """
+    if policy not in RESHARD_POLICIES:
+        raise SpecError(f"{{reshard_after_forward}} must be one of {', '.join(RESHARD_POLICIES)}, got {policy!r}"
+                        f"{did_you_mean(policy, RESHARD_POLICIES)}", "reshard_after_forward")
+    if policy == "default":
+        return zero != 3 or pp == 1
+    return policy == "always"

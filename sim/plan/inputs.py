@@ -46,8 +46,11 @@ class PlanInputs:
         rank_order: nesting of the ranks, innermost first (``--rank-order``, default Megatron's ``tp-dp-pp``).
         sequence_parallel: Megatron's sequence parallelism (``--sequence-parallel``).
         zero: ZeRO stage, 0 to 3 (``--zero``; 3 is FSDP).
-        reshard_after_forward: under ZeRO-3, gather each layer's parameters again for its backward (the default);
-            False keeps them from forward to backward (``--no-reshard-after-forward``).
+        reshard_after_forward: under ZeRO-3, gather each layer's parameters again for its backward (True, the
+            default); False keeps them from forward to backward, and under a pipeline gathers each vstage once per
+            step (:attr:`sim.ir.parallel.Parallelism.fsdp_gathers_per_step`); or a torchtitan policy, ``"default"``,
+            ``"always"`` or ``"never"`` (``--fsdp-reshard-after-forward``), resolved once the pipeline degree is
+            known (:func:`sim.ir.parallel.resolve_reshard_after_forward`: ``"default"`` keeps them under PP).
         dp_replicate: under ZeRO-3, HSDP's replicate degree (``--dp-replicate``; 1: plain FSDP).
         precision: the training precision (``--precision``, :mod:`sim.cost.precision`); ``None``: the model's own.
         compiled: the blocks under ``torch.compile`` (``--compile``, :mod:`sim.cost.compiled`).
@@ -89,7 +92,7 @@ class PlanInputs:
     rank_order: str = DEFAULT_RANK_ORDER
     sequence_parallel: bool = False
     zero: int = 0
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool | str = True
     dp_replicate: int = 1
     grad_overlap: bool = False
     kernel_model: KernelModel | None = None

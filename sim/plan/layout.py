@@ -11,7 +11,7 @@ from dataclasses import fields, replace
 
 from sim.core.errors import SpecError
 from sim.hw.topology import Topology
-from sim.ir.parallel import Parallelism
+from sim.ir.parallel import Parallelism, resolve_reshard_after_forward
 from sim.plan.inputs import PlanInputs
 
 __all__ = ["plan_layout", "plan_microbatches", "plan_is_pipeline_only"]
@@ -34,8 +34,11 @@ def plan_layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
     """The tensor × data × pipeline layout the user asked for, checked against the topology's device count."""
     devices = topology.num_ranks
     # The layout checks its own fields (one line naming the flag and value) before they are multiplied here.
-    asked = Parallelism(pp=1 if inputs.pp is None else inputs.pp,
-                        **{name: getattr(inputs, _INPUT_NAMES.get(name, name)) for name in _ASKED})
+    given = {name: getattr(inputs, _INPUT_NAMES.get(name, name)) for name in _ASKED}
+    policy = given["reshard_after_forward"]  # a torchtitan policy is resolved once pp is known
+    if isinstance(policy, str):
+        given["reshard_after_forward"] = True
+    asked = Parallelism(pp=1 if inputs.pp is None else inputs.pp, **given)
     width = asked.tp * asked.data_ranks  # devices of one pipeline stage
     named = f"--tp {asked.tp} × --dp {asked.dp}" + (f" × --cp {asked.cp}" if asked.cp > 1 else "")
     if inputs.devices and len(inputs.devices) != width * (inputs.pp or 1) and inputs.pp is not None:
@@ -46,7 +49,9 @@ def plan_layout(inputs: PlanInputs, topology: Topology) -> Parallelism:
     pp = inputs.pp if inputs.pp is not None else devices // width
     if width * pp > devices:
         raise SpecError(f"{named} × --pp {pp} = {width * pp} devices, topology {topology} has {devices}")
-    return replace(asked, pp=pp, devices=tuple(inputs.devices))
+    resolved = (resolve_reshard_after_forward(policy, zero=asked.zero, pp=pp) if isinstance(policy, str)
+                else asked.reshard_after_forward)
+    return replace(asked, pp=pp, devices=tuple(inputs.devices), reshard_after_forward=resolved)
 
 
 def plan_microbatches(inputs: PlanInputs, layout: Parallelism) -> int | None:

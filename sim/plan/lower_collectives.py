@@ -37,6 +37,22 @@ once, here:
 * **ZeRO-3 (FSDP)** gathers each layer's parameters and scatters its gradients inside the forward and backward
   (``sim.cost.fsdp`` costs them there), and the update steps on the local shard: no REDUCE_GRAD or GATHER_PARAMS op.
   A split backward (I and W) is refused: the W would gather the layer's parameters once more, which is not modelled.
+* **ZeRO-3 under a pipeline without resharding after the forward** (``Parallelism.fsdp_gathers_per_step``), as
+  torchtitan and PyTorch's pipelining run it: each vstage's parameters are all-gathered once per step, by a
+  GATHER_PARAMS issued at the start of the rank's program (in the order of the vstages' first forwards) that the
+  vstage's first forward waits for; they stay gathered for every microbatch; the gradients accumulate whole over the
+  microbatches and are reduce-scattered once, by a REDUCE_GRAD right after the vstage's last backward op, which its
+  update waits for. The sources: ``torch/distributed/pipelining/stage.py`` (``backward_maybe_with_nosync`` sets
+  ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` for each microbatch's backward;
+  ``_post_backward`` sets them back and runs each FSDP group's ``post_backward``, the reduce-scatter, once), and
+  ``torch/distributed/pipelining/schedules.py`` (the single-stage schedules, ``Schedule1F1B``, ``ScheduleGPipe``,
+  call ``stage.perform_reduce_grad`` once after their loop, right after the stage's last backward; the runtime of the
+  multi-stage ones runs a REDUCE_GRAD action that ``_add_reduce_grad`` puts right after each stage's last
+  microbatch's backward; ``_add_unshard_reshard``: UNSHARD, the all-gather, issued ahead of a stage's compute for up
+  to three stages, which its FORWARD waits for, ``_assert_unsharded``). Issuing every vstage's gather at the start is that prefetch for a rank's (at most a
+  few) vstages; FSDP2 without the runtime's UNSHARD gathers at the first forward's pre-hook instead, later. Under a
+  pipeline with resharding after the forward the per-microbatch form above stays, though PyTorch's pipelining would
+  defer its reduce-scatters to the step's end there too: not modelled.
 """
 
 from __future__ import annotations
@@ -75,6 +91,8 @@ def add_collectives(plan: Plan) -> Plan:
     if layout.data_ranks > 1:
         if plan.weight_policy == "stash":
             return _add_stash_reductions(plan)
+        if layout.fsdp_gathers_per_step:
+            return _add_fsdp_per_step(plan)
         plan = _add_data_parallel(plan, layout.zero, layout.grad_overlap)
     return plan
 
@@ -170,6 +188,29 @@ def _add_data_parallel(plan: Plan, zero: int, overlap: bool) -> Plan:
         tail = [Op(op.kind, op.vstage, deps=(last_grad[op.vstage],)) if op.kind is OpKind.REDUCE_GRAD else op
                 for op in tail]
         programs.append(tuple(body + tail))
+    return plan.with_programs(tuple(programs), level="L1")
+
+
+def _add_fsdp_per_step(plan: Plan) -> Plan:
+    """ZeRO-3 under a pipeline, parameters kept (module docstring): per vstage a GATHER_PARAMS at the program's
+    start that its first forward waits for, a REDUCE_GRAD (the reduce-scatter) right after its last backward op, and
+    the updates last, each waiting for its vstage's reduction."""
+    programs = []
+    for program in plan.programs:
+        body = [op for op in program if op.kind is not OpKind.OPT_STEP]
+        order = sorted({op.vstage for op in program if op.kind is OpKind.OPT_STEP})[::-1]
+        first_forward: dict[int, int] = {}
+        for i, op in enumerate(body):
+            if op.kind is OpKind.F:
+                first_forward.setdefault(op.vstage, i)
+        gathers = [Op(OpKind.GATHER_PARAMS, v) for v in sorted(first_forward, key=first_forward.__getitem__)]
+        firsts = set(first_forward.values())
+        body = [Op(op.kind, op.vstage, op.mb, op.peer, op.pair, (*op.deps, op_id(OpKind.GATHER_PARAMS, op.vstage,
+                                                                               None)))
+                if i in firsts else op for i, op in enumerate(body)]
+        body = _reduce_after_last_backward(body)
+        tail = [Op(OpKind.OPT_STEP, v, deps=(op_id(OpKind.REDUCE_GRAD, v, None),)) for v in order]
+        programs.append(tuple(gathers + body + tail))
     return plan.with_programs(tuple(programs), level="L1")
 
 

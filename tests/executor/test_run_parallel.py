@@ -40,10 +40,16 @@ CASES = [
     # ZeRO-2 sums the microbatches' reduced slices, not the gradients before one reduction: another order of adds.
     ("dp2-zero2", 2, ["--dp", "2", "--global-batch", "4", "--zero", "2"], "sgd", 2, 2, 1e-7),
     # ZeRO-3 (FSDP): each layer gathered for its forward and backward, its gradients reduce-scattered after it; with
-    # a pipeline, recomputation and kept-gathered parameters too.
+    # a pipeline, recomputation and kept-gathered parameters, each stage gathered and reduce-scattered once per step
+    # (GATHER_PARAMS and REDUCE_GRAD ops, torchtitan's FSDP under PP); and the same pipeline resharding after every
+    # forward (the per-microbatch collectives inside F and B).
     ("dp2-zero3", 2, ["--dp", "2", "--global-batch", "4", "--zero", "3"], "sgd", 2, 2, 1e-7),
     ("dp2-pp2-zero3-recompute", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--zero", "3", "--recompute",
                                     "--no-reshard-after-forward"], "sgd", 2, 2, 1e-7),
+    ("dp2-pp2-zero3-interleaved", 4, ["--dp", "2", "--pp", "2", "--global-batch", "8", "--zero", "3", "--schedule",
+                                      "interleaved", "--chunks", "2"], "sgd", 2, 4, 1e-7),
+    ("dp2-pp2-zero3-resharded", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--zero", "3",
+                                    "--fsdp-reshard-after-forward", "always"], "sgd", 2, 2, 1e-7),
     # With --grad-overlap: each stage's reduction is issued right after its last backward (sim.plan.lower_collectives).
     ("dp2-pp2-overlap", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--grad-overlap"], "adam", 2, 2, None),
     # A device order (--devices, the search's placement): every process finds its coordinates through it.
@@ -97,8 +103,10 @@ def test_a_3d_plan_trains_like_one_process_on_the_global_batch(tmp_path, name, d
     compare = json.loads((out / "compare.json").read_text())
     kinds = {op.kind.value for program in plan.programs for op in program}
     collectives = kinds & {"TP_F", "TP_B", "REDUCE_GRAD", "GATHER_PARAMS"}
-    # ZeRO-3 gathers and scatters inside F and B: no data-parallel op of its own
-    data_parallel = set() if layout.zero == 3 else {"REDUCE_GRAD"} | ({"GATHER_PARAMS"} if layout.zero else set())
+    # ZeRO-3 gathers and scatters inside F and B: no data-parallel op of its own, except under a pipeline without
+    # resharding after the forward, where each stage is gathered and reduce-scattered once per step by its own ops
+    data_parallel = ({"REDUCE_GRAD", "GATHER_PARAMS"} if layout.fsdp_gathers_per_step else set() if layout.zero == 3
+                     else {"REDUCE_GRAD"} | ({"GATHER_PARAMS"} if layout.zero else set()))
     assert collectives == ({"TP_F", "TP_B"} if layout.tp > 1 else set()) | (data_parallel if layout.dp > 1 else set())
     for kind in kinds:
         assert compare["ops"][kind]["predicted_mean_s"] > 0 and compare["ops"][kind]["measured_mean_s"] > 0, kind
