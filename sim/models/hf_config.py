@@ -71,7 +71,9 @@ MOE_ARCHITECTURES: Mapping[str, str] = {
 PRESETS_DIR = Path(__file__).with_name("configs")
 
 #: What a config spec may set besides the config itself.
-_OPTIONS = ("seq", "mtp")  # mtp: a mixture of experts' multi-token-prediction modules, overriding the config's
+_OPTIONS = ("seq",)
+#: A mixture of experts' options besides: its multi-token-prediction modules, overriding the config's.
+_MOE_OPTIONS = (*_OPTIONS, *moe.OPTIONAL)
 
 
 def preset_names() -> tuple[str, ...]:
@@ -226,7 +228,7 @@ def moe_values(config: Mapping[str, Any], source: str) -> dict[str, int]:
                         f"{', '.join(MOE_ARCHITECTURES)})")
     heads, hidden = _integer(config, "num_attention_heads", source), _integer(config, "hidden_size", source)
     layers = _integer(config, "num_hidden_layers", source)
-    values: dict[str, int] = {key: 0 for key in moe.DEFAULTS}
+    values: dict[str, int] = {key: 0 for key in [*moe.DEFAULTS, *moe.OPTIONAL]}
     values.update(layers=layers, hidden=hidden, heads=heads, window_period=1,
                   kv_heads=_integer(config, "num_key_value_heads", source, default=heads),
                   vocab=_integer(config, "vocab_size", source), seq=int(moe.DEFAULTS["seq"]),
@@ -323,8 +325,9 @@ def resolve_config_spec(spec: str) -> str | None:
     family, values = config_spec_values(config, source)
     for pair in filter(None, (part.strip() for part in options.split(","))):
         key, eq, value = pair.partition("=")
-        if not eq or key.strip() not in _OPTIONS:
-            raise SpecError(f"a model config takes {', '.join(k + '=' for k in _OPTIONS)} only, got {pair!r} in "
+        allowed = _MOE_OPTIONS if family == moe.NAME else _OPTIONS
+        if not eq or key.strip() not in allowed:
+            raise SpecError(f"a model config takes {', '.join(k + '=' for k in allowed)} only, got {pair!r} in "
                             f"{spec!r}")
         try:
             values[key.strip()] = int(value)

@@ -10,6 +10,16 @@ width that every token visits (DeepSeekMoE, Dai et al. 2024, arXiv 2401.06066 §
 ``shared_experts · f_e``, as DeepSeek's code does). The token's output is its experts' outputs weighted by their
 router scores (Shazeer et al. 2017, arXiv 1701.06538 §2; Fedus et al. 2021, arXiv 2101.03961 §2.1).
 
+With ``mtp=1`` (DeepSeek-V3's multi-token prediction, arXiv 2412.19437 §2.2, depth 1) a layer ``mtp`` sits between
+the last block and ``head``: the module's two RMSNorms of the main model's last hidden state and of the next tokens'
+embeddings, the projection of their concatenation from 2h to h, and one more block (index ``layers``, so a MoE block
+past the dense ones); the ``head`` then scores its prediction with the shared output head besides the main one (the
+logits, their FLOPs and the loss twice). Its parameters are the block's, 2h + 2h·h, and the head's own RMSNorm h
+(the token table and output head are shared; a pipeline's last stage would keep a copy of the table, not counted, as
+for tied embeddings). This is Megatron-LM's FLOP count for it (``num_floating_point_operations`` in
+``megatron/training/training.py``: one more layer, the "MTP eh norm + final norm" and "eh proj", the logits
+``(mtp_num_layers + 1)`` times). :func:`total_params` counts the module, :func:`active_params` the main model only.
+
 The attention is one of:
 
 * grouped-query attention (``kv_lora = 0``): a query and g key/value heads of dimension d, q/k/v biases
@@ -87,14 +97,14 @@ from sim.models.llama import DecoderShape
 from sim.models.routing import capped_shares, expert_shares, rank_loads, slowest_rank
 from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, collective_layer, padded_vocab
 
-__all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "MoeShape", "build", "attention_params", "ffn_params",
+__all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "OPTIONAL", "MoeShape", "build", "attention_params", "ffn_params",
            "expert_params", "block_params", "total_params", "active_params", "block_flops_fwd", "is_moe_layer",
            "is_windowed_layer", "block_saved_bytes", "selective_recompute_flops"]
 
 NAME = "moe"
 DESCRIPTION = ("mixture-of-experts decoder (Mixtral, Qwen3-MoE, GPT-OSS, DeepSeek-V3): GQA or latent attention, "
-               "top-k routed SwiGLU experts, shared experts, first dense_layers dense; bf16; defaults = Qwen3-30B-A3B "
-               "at seq 4096")
+               "top-k routed SwiGLU experts, shared experts, first dense_layers dense; mtp=1 adds a multi-token-"
+               "prediction module (DeepSeek-V3); bf16; defaults = Qwen3-30B-A3B at seq 4096")
 DEFAULTS: dict[str, int | float] = {
     "layers": 48,  # Qwen3-30B-A3B (configs/qwen3-30b-a3b.json)
     "hidden": 2048,
@@ -124,8 +134,10 @@ DEFAULTS: dict[str, int | float] = {
     "expert_bias": 0,
     "sigmoid": 0,  # 1: sigmoid router scores (DeepSeek-V3), 0: softmax
     "swiglu_clamp": 0,  # GPT-OSS clamps its SwiGLU's inputs at ±7 and adds 1 to the up projection
-    "mtp": 0,  # multi-token-prediction modules (DeepSeek-V3: 1); 0 is left out of the canonical spec
 }
+#: Keys a spec may give that its canonical form leaves out at their default, so that every spec written before the key
+#: existed keeps its text: ``mtp``, the multi-token-prediction modules (DeepSeek-V3 trains with 1).
+OPTIONAL: dict[str, int] = {"mtp": 0}
 
 DTYPE_BYTES = 2
 TOKEN_ID_BYTES = 8
@@ -318,7 +330,7 @@ def _check(values: dict[str, int], spec: str) -> MoeShape:
     if values["dense_layers"] > values["layers"]:
         raise SpecError(f"dense_layers ({values['dense_layers']}) must be at most layers ({values['layers']}) in "
                         f"{spec!r}")
-    fields = {key: values[key] for key in DEFAULTS if key not in _FLAGS}
+    fields = {key: values[key] for key in [*DEFAULTS, *OPTIONAL] if key not in _FLAGS}
     fields["head_dim"] = values["head_dim"] or h // a
     return MoeShape(**fields, **{flag: bool(values[flag]) for flag in _FLAGS})
 
@@ -326,10 +338,9 @@ def _check(values: dict[str, int], spec: str) -> MoeShape:
 def shape_of(params: SpecParams) -> tuple[MoeShape, str]:
     """Read a ``moe:`` spec's keys (rejecting unknown ones): the shape and the canonical spec."""
     values = {key: params.int(key, int(default), minimum=0 if key in _MAY_BE_ZERO else 1)
-              for key, default in DEFAULTS.items()}
+              for key, default in {**DEFAULTS, **OPTIONAL}.items()}
     params.finish()
-    # mtp=0 is left out so that every spec written before the key existed stays the same text
-    spec = canonical_spec(NAME, {key: value for key, value in values.items() if key != "mtp" or value})
+    spec = canonical_spec(NAME, {key: value for key, value in values.items() if OPTIONAL.get(key) != value})
     return _check(values, spec), spec
 
 

@@ -32,6 +32,11 @@ parts with the keys and queries assembled (one pass over each), the attention ov
 d + r and value dimension v, and the output projection. The down-projections are replicated across the
 tensor-parallel ranks, the rest split by heads.
 
+Under selective recomputation a block's backward starts with what Megatron-Core's ``layernorm``, ``moe_act`` and
+``mla_up_proj`` recompute modules re-run (:func:`selective_recompute_kernels`, :mod:`sim.models.moe`). The
+multi-token-prediction module's block (``mtp``) runs its two input norms, their concatenation and the 2h → h
+projection before the block's own kernels (their backward after).
+
 Elementwise work follows :mod:`sim.cost.kernels.pointwise`: eager (one kernel per op, as a Llama block) or, with
 ``compiled``, fused (Transformer Engine's fused norms, SwiGLU and permutation kernels fuse as inductor does).
 """

@@ -267,3 +267,11 @@ def test_the_mtp_module_is_one_more_block_and_a_second_scoring_by_the_shared_hea
                                "shared_experts=0,sigmoid=0,sinks=0,swiglu_clamp=0,tied=0,topk=2,v_dim=0,vocab=100,"
                                "window=0,window_period=1") and "mtp" not in plain.spec
     assert build_model(graph.spec) == graph
+
+
+def test_a_preset_takes_mtp_only_for_a_mixture():
+    assert "mtp=1" in build_model("deepseek-v3,seq=4096").spec  # the config's num_nextn_predict_layers: 1
+    assert "mtp" not in build_model("deepseek-v3,mtp=0,seq=4096").spec
+    assert "mtp=1" in build_model("qwen3-30b-a3b,mtp=1").spec and "mtp" not in build_model("qwen3-30b-a3b").spec
+    with pytest.raises(SpecError, match="a model config takes seq= only, got 'mtp=1'"):
+        build_model("llama3.1-8b,mtp=1")
