@@ -21,10 +21,10 @@ The mixture-of-experts families read (:func:`moe_values`):
   ``qk_rope_head_dim``, ``v_head_dim``), ``n_routed_experts`` of width ``moe_intermediate_size`` and
   ``n_shared_experts``, the first ``first_k_dense_replace`` layers dense, sigmoid scores with the score-correction
   bias (``topk_method: noaux_tc``), and the multi-token-prediction modules ``num_nextn_predict_layers`` (the moe
-  family's ``mtp``: DeepSeek-V3's config says 1, so its preset trains with the MTP module, as DeepSeek and
-  Megatron-Bridge's default recipe do; ``deepseek-v3,mtp=0`` is the main model alone, DeepSeek's 671 B). Not read: the
-  node-limited routing (``n_group``, ``topk_group``: each token's experts are taken wherever they are, the most the all-to-all
-  can cross the network).
+  family's ``mtp``: DeepSeek-V3's config says 1, so its preset trains with the MTP module, as DeepSeek did (arXiv
+  2412.19437 §2.2) and Megatron-Bridge's DeepSeek-V3 rows do unless marked "w/o MTP"; ``deepseek-v3,mtp=0`` is the
+  main model alone, DeepSeek's 671 B). Not read: the node-limited routing (``n_group``, ``topk_group``: each token's
+  experts are taken wherever they are, the most the all-to-all can cross the network).
 
 Fields read: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads`` (absent: as
 many as the query heads), ``head_dim`` (absent or null: hidden / heads), ``intermediate_size``, ``vocab_size``,
@@ -305,11 +305,12 @@ def config_spec_values(config: Mapping[str, Any], source: str) -> tuple[str, dic
 def resolve_config_spec(spec: str) -> str | None:
     """The ``llama:`` or ``moe:`` spec of a config spec, or ``None`` when ``spec`` is not one.
 
-    A config spec is ``hf:PATH`` or a preset name (``llama3.1-8b``), optionally followed by ``,seq=S`` and, for a mixture
-    of experts, ``,mtp=M`` (a preset also takes ``:seq=S``, the separator of every other model spec).
+    A config spec is ``hf:PATH`` or a preset name (``llama3.1-8b``), optionally followed by ``,seq=S`` and, for a
+    mixture of experts, ``,mtp=M`` (a preset also takes ``:seq=S``, the separator of every other model spec).
 
     Raises:
-        SpecError: an option other than ``seq`` and ``mtp``, or what :func:`read_config` and :func:`config_spec_values` raise.
+        SpecError: an option other than ``seq`` (and a mixture's ``mtp``), or what :func:`read_config` and
+            :func:`config_spec_values` raise.
     """
     text = spec.strip()
     if text.startswith("hf:"):

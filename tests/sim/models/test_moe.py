@@ -186,7 +186,8 @@ def test_a_config_spec_is_a_plain_moe_spec_that_rebuilds_the_same_graph():
 
 #: A small mixture: s = 32 tokens, h = 64, a = 4 query heads and g = 2 key/value heads of d = 16, E = 4 experts of
 #: f_e = 32, k = 2, no QK-norm, no shared expert.
-SMALL = "moe:layers=2,hidden=64,heads=4,kv_heads=2,head_dim=16,ffn=96,vocab=100,seq=32,experts=4,topk=2,expert_ffn=32,qk_norm=0"
+SMALL = ("moe:layers=2,hidden=64,heads=4,kv_heads=2,head_dim=16,ffn=96,vocab=100,seq=32,experts=4,topk=2,expert_ffn=32,"
+         "qk_norm=0")
 #: The same sizes with latent attention: q_lora 24, kv_lora 16, rope 8, v 12.
 SMALL_MLA = ("moe:layers=2,hidden=64,heads=4,head_dim=16,ffn=96,vocab=100,seq=32,experts=4,topk=2,expert_ffn=32,"
              "qk_norm=0,q_lora=24,kv_lora=16,rope_dim=8,v_dim=12")
