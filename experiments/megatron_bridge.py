@@ -30,8 +30,9 @@ configuration, so the rows judged are each configuration's newest; the older one
 their own errors, and not counted.
 
 Not expressible (each listed with its reason): Nemotron 3 (hybrid Mamba layers), Kimi K2 and DeepSeek-V4 Flash (no
-config in the repository), DeepSeek-V3 with its multi-token-prediction module (the default rows; the "w/o MTP" rows
-are predicted), and the "(tokendrop)" rows (their capacity factor is not published).
+config in the repository) and the "(tokendrop)" rows (their capacity factor is not published). DeepSeek-V3's default
+rows train its multi-token-prediction module (the preset follows its config's ``num_nextn_predict_layers: 1``:
+one more block after the last, scored by the shared output head); the "w/o MTP" rows are ``deepseek-v3,mtp=0``.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary
 #: The preset of each published model name the product expresses.
 MODELS = {"LLAMA3_8B": "llama3.1-8b", "LLAMA3_70B": "llama3.1-70b", "LLAMA3.1_405B": "llama3.1-405b",
           "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b", "GPT OSS 120B": "gpt-oss-120b",
-          "DeepSeekV3 (w/o MTP)": "deepseek-v3"}
+          "DeepSeekV3": "deepseek-v3", "DeepSeekV3 (w/o MTP)": "deepseek-v3,mtp=0"}
 #: Why each other published model is not expressed.
 NOT_EXPRESSIBLE = {
     "Nemotron_3_Nano": "hybrid Mamba layers are not modelled",
@@ -66,7 +67,6 @@ NOT_EXPRESSIBLE = {
     "Nemotron_3_5_Lightning": "hybrid Mamba layers are not modelled",
     "Kimi_K2": "no Kimi K2 config in the repository",
     "DeepSeekV4 Flash": "no DeepSeek-V4 config in the repository",
-    "DeepSeekV3": "the multi-token-prediction module (on by default) is not modelled",
     "DeepSeekV3 (tokendrop)": "the capacity factor of the token-dropping runs is not published",
     "Qwen3_30B_a3B (tokendrop)": "the capacity factor of the token-dropping runs is not published",
     "Qwen3_235B_a22B (tokendrop)": "the capacity factor of the token-dropping runs is not published",
@@ -113,7 +113,7 @@ class Row:
     @property
     def moe(self) -> bool:
         """Whether the published model is a mixture of experts (:data:`MOE_MODELS`)."""
-        return MODELS[self.model] in MOE_MODELS
+        return MODELS[self.model].partition(",")[0] in MOE_MODELS
 
 
 def _count(text: str) -> int:

@@ -83,8 +83,10 @@ def make_parser() -> argparse.ArgumentParser:
                         help="pipedream: every stage uses the weight version stage 0 used for the minibatch")
     parser.add_argument("--recompute", nargs="?", const="full", choices=["full", "selective"],
                         help="activation recomputation: full (the default when given alone) keeps only each stage's "
-                        "input and recomputes it before the backward; selective recomputes only the attention core "
-                        "(Megatron-LM, Korthikanti et al. 2022 §5)")
+                        "input and recomputes it before the backward; selective recomputes part of each block inside "
+                        "its backward: gpt the attention core (Megatron-LM, Korthikanti et al. 2022 §5), llama what "
+                        "torchtitan's per-op policy does not keep, moe the norms, the experts' SwiGLU and MLA's "
+                        "up-projections (Megatron-Core's --recompute-modules layernorm moe_act mla_up_proj)")
     parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration (default 8)")
     stream = parser.add_argument_group("stream (PARTIME) options")
     stream.add_argument("--frames", type=int, help="--schedule stream: frames of the stream, one per step (a frame is "

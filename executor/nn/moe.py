@@ -363,8 +363,12 @@ def check_values(values: dict[str, int]) -> None:
     """Refuse, before anything is built, what these modules do not run.
 
     Raises:
-        SpecError: tied embeddings, an odd rotary dimension (rotary embeddings rotate pairs).
+        SpecError: tied embeddings, an odd rotary dimension (rotary embeddings rotate pairs), a multi-token-prediction
+            module (``mtp``: the simulator costs it, these modules do not build it).
     """
+    if values.get("mtp", 0):
+        raise SpecError(f"the executor does not run multi-token prediction (mtp={values['mtp']}): the simulator costs "
+                        f"the module, these modules do not build it; use mtp=0")
     if values["tied"]:
         raise SpecError("the executor does not run tied embeddings (tied=1): the LM head would need the token table "
                         "of another layer")

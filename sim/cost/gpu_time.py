@@ -252,10 +252,11 @@ def _llama_layer_seconds(part: TransformerPart, b: int, device: DeviceSpec, mode
         bwd = _steps(llama_embedding_kernels(b, s, h, vocab, t, backward=True), device, model, t, set())
     else:
         sp = part.sequence_parallel
+        scored = 1 + part.mtp  # the shared output head scores each multi-token-prediction module's output too
         fwd = _steps(llama_head_kernels(b, s, h, vocab, t, backward=False, sequence_parallel=sp), device, model, t,
-                     set(), extra_collectives=3)
+                     set(), extra_collectives=3) * scored
         bwd = _steps(llama_head_kernels(b, s, h, vocab, t, backward=True, sequence_parallel=sp), device, model, t,
-                     set(), extra_collectives=1)
+                     set(), extra_collectives=1) * scored
     return LayerSeconds(sequence_seconds(fwd), sequence_seconds(bwd))
 
 
@@ -269,9 +270,10 @@ def _moe_block_seconds(part: TransformerPart, b: int, device: DeviceSpec, model:
                                 qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window, cp=part.cp,
                                 sequence_parallel=part.sequence_parallel, o_bias=part.o_bias,
                                 value_dim=mla.v_dim if mla else 0)
-    shape = MoeBlockShape(attention, mla, part.moe)
+    shape = MoeBlockShape(attention, mla, part.moe, mtp=bool(part.mtp))
     forward = moe_block_kernels(shape, backward=False, narrow=narrow, compiled=compiled)
-    backward = moe_block_kernels(shape, backward=True, narrow=narrow, compiled=compiled)
+    backward = moe_block_kernels(shape, backward=True, narrow=narrow, compiled=compiled,
+                                 selective_recompute=part.selective)
     exchanges = [(model.host_collective_s, 0.0)] * expert_all_to_alls(part.moe)
     fwd = _with_exchange(_steps(forward, device, model, t, MOE_COLLECTIVE_AFTER), forward, part, exchange, False,
                          MOE_COLLECTIVE_AFTER) + exchanges

@@ -88,8 +88,7 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
                         f"{sharding.describe()}")
     if sharding.changes_model and entry.build_shard is None:
         what = "tensor parallelism" if sharding.tp > 1 else "selective recomputation"
-        names = [known for known, e in MODELS.items() if e.build_shard is not None
-                 and (sharding.tp > 1 or known != moe.NAME)]  # moe refuses selective recomputation itself
+        names = [known for known, e in MODELS.items() if e.build_shard is not None]
         shardable = ", ".join(names[:-1]) + " and " + names[-1]
         raise SpecError(f"{what} is modelled for {shardable} only, got {spec!r} with {sharding.describe()}")
     _check_size(spec, raw)

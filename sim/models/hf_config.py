@@ -20,10 +20,11 @@ The mixture-of-experts families read (:func:`moe_values`):
 * ``DeepseekV3ForCausalLM``: latent attention (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
   ``qk_rope_head_dim``, ``v_head_dim``), ``n_routed_experts`` of width ``moe_intermediate_size`` and
   ``n_shared_experts``, the first ``first_k_dense_replace`` layers dense, sigmoid scores with the score-correction
-  bias (``topk_method: noaux_tc``). Not read: the multi-token-prediction module (``num_nextn_predict_layers``, a
-  training option: the model is the main one, whose 671 B parameters DeepSeek publishes) and the node-limited
-  routing (``n_group``, ``topk_group``: each token's experts are taken wherever they are, the most the all-to-all
-  can cross the network).
+  bias (``topk_method: noaux_tc``), and the multi-token-prediction modules ``num_nextn_predict_layers`` (the moe
+  family's ``mtp``: DeepSeek-V3's config says 1, so its preset trains with the MTP module, as DeepSeek did (arXiv
+  2412.19437 §2.2) and Megatron-Bridge's DeepSeek-V3 rows do unless marked "w/o MTP"; ``deepseek-v3,mtp=0`` is the
+  main model alone, DeepSeek's 671 B). Not read: the node-limited routing (``n_group``, ``topk_group``: each token's
+  experts are taken wherever they are, the most the all-to-all can cross the network).
 
 Fields read: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads`` (absent: as
 many as the query heads), ``head_dim`` (absent or null: hidden / heads), ``intermediate_size``, ``vocab_size``,
@@ -71,6 +72,8 @@ PRESETS_DIR = Path(__file__).with_name("configs")
 
 #: What a config spec may set besides the config itself.
 _OPTIONS = ("seq",)
+#: A mixture of experts' options besides: its multi-token-prediction modules, overriding the config's.
+_MOE_OPTIONS = (*_OPTIONS, *moe.OPTIONAL)
 
 
 def preset_names() -> tuple[str, ...]:
@@ -225,7 +228,7 @@ def moe_values(config: Mapping[str, Any], source: str) -> dict[str, int]:
                         f"{', '.join(MOE_ARCHITECTURES)})")
     heads, hidden = _integer(config, "num_attention_heads", source), _integer(config, "hidden_size", source)
     layers = _integer(config, "num_hidden_layers", source)
-    values: dict[str, int] = {key: 0 for key in moe.DEFAULTS}
+    values: dict[str, int] = {key: 0 for key in [*moe.DEFAULTS, *moe.OPTIONAL]}
     values.update(layers=layers, hidden=hidden, heads=heads, window_period=1,
                   kv_heads=_integer(config, "num_key_value_heads", source, default=heads),
                   vocab=_integer(config, "vocab_size", source), seq=int(moe.DEFAULTS["seq"]),
@@ -285,7 +288,8 @@ def moe_values(config: Mapping[str, Any], source: str) -> dict[str, int]:
                       rope_dim=_integer(config, "qk_rope_head_dim", source),
                       v_dim=_integer(config, "v_head_dim", source),
                       sigmoid=int(config.get("scoring_func", "softmax") == "sigmoid"),
-                      router_bias=int(method == "noaux_tc"))
+                      router_bias=int(method == "noaux_tc"),
+                      mtp=_zero_or_integer(config, "num_nextn_predict_layers", source))
         values["kv_heads"] = heads  # every head has its own keys and values, up-projected from the latent
     return values
 
@@ -301,11 +305,12 @@ def config_spec_values(config: Mapping[str, Any], source: str) -> tuple[str, dic
 def resolve_config_spec(spec: str) -> str | None:
     """The ``llama:`` or ``moe:`` spec of a config spec, or ``None`` when ``spec`` is not one.
 
-    A config spec is ``hf:PATH`` or a preset name (``llama3.1-8b``), optionally followed by ``,seq=S`` (a preset also
-    takes ``:seq=S``, the separator of every other model spec).
+    A config spec is ``hf:PATH`` or a preset name (``llama3.1-8b``), optionally followed by ``,seq=S`` and, for a
+    mixture of experts, ``,mtp=M`` (a preset also takes ``:seq=S``, the separator of every other model spec).
 
     Raises:
-        SpecError: an option other than ``seq``, or what :func:`read_config` and :func:`config_spec_values` raise.
+        SpecError: an option other than ``seq`` (and a mixture's ``mtp``), or what :func:`read_config` and
+            :func:`config_spec_values` raise.
     """
     text = spec.strip()
     if text.startswith("hf:"):
@@ -321,8 +326,9 @@ def resolve_config_spec(spec: str) -> str | None:
     family, values = config_spec_values(config, source)
     for pair in filter(None, (part.strip() for part in options.split(","))):
         key, eq, value = pair.partition("=")
-        if not eq or key.strip() not in _OPTIONS:
-            raise SpecError(f"a model config takes {', '.join(k + '=' for k in _OPTIONS)} only, got {pair!r} in "
+        allowed = _MOE_OPTIONS if family == moe.NAME else _OPTIONS
+        if not eq or key.strip() not in allowed:
+            raise SpecError(f"a model config takes {', '.join(k + '=' for k in allowed)} only, got {pair!r} in "
                             f"{spec!r}")
         try:
             values[key.strip()] = int(value)

@@ -10,6 +10,16 @@ width that every token visits (DeepSeekMoE, Dai et al. 2024, arXiv 2401.06066 §
 ``shared_experts · f_e``, as DeepSeek's code does). The token's output is its experts' outputs weighted by their
 router scores (Shazeer et al. 2017, arXiv 1701.06538 §2; Fedus et al. 2021, arXiv 2101.03961 §2.1).
 
+With ``mtp=1`` (DeepSeek-V3's multi-token prediction, arXiv 2412.19437 §2.2, depth 1) a layer ``mtp`` sits between
+the last block and ``head``: the module's two RMSNorms of the main model's last hidden state and of the next tokens'
+embeddings, the projection of their concatenation from 2h to h, and one more block (index ``layers``, so a MoE block
+past the dense ones); the ``head`` then scores its prediction with the shared output head besides the main one (the
+logits, their FLOPs and the loss twice). Its parameters are the block's, 2h + 2h·h, and the head's own RMSNorm h
+(the token table and output head are shared; a pipeline's last stage would keep a copy of the table, not counted, as
+for tied embeddings). This is Megatron-LM's FLOP count for it (``num_floating_point_operations`` in
+``megatron/training/training.py``: one more layer, the "MTP eh norm + final norm" and "eh proj", the logits
+``(mtp_num_layers + 1)`` times). :func:`total_params` counts the module, :func:`active_params` the main model only.
+
 The attention is one of:
 
 * grouped-query attention (``kv_lora = 0``): a query and g key/value heads of dimension d, q/k/v biases
@@ -56,6 +66,19 @@ gradient reads them), and the shared experts' fused SwiGLU 6s·(shared_experts·
 experts' part is what this device computes (:mod:`sim.models.routing`: the tokens routed to its experts), the rest
 its own tokens'.
 
+Selective recomputation (``--recompute selective``) is Megatron-Core's fine-grained recomputation with the modules its
+MoE guide names for MoE models, ``--recompute-modules layernorm moe_act`` and, with latent attention, ``mla_up_proj``
+(``megatron/core/transformer/moe/README.md``, "Fine-grained Recomputation"; ``recompute_modules`` in
+``transformer_config.py``): output-discarding checkpoints that drop the two block norms' outputs (and their fp32
+statistics), the routed experts' SwiGLU output (the down projection's input, 2f_e per routed token) and, under MLA, the
+up-projections' outputs and the rotary-applied q, k, v, each recomputed at the start of the backward from what the
+block keeps anyway (its input and residual sum, the fc1 output, the latents). Megatron's default module, ``core_attn``,
+is left out: with a fused (flash) attention it saves only the fp32 log-sum-exp, and Megatron itself warns that fused
+attention has no need of it (``transformer_config.py``'s check of ``core_attn``); nor are the dense and shared
+SwiGLUs (``mlp``, ``shared_experts``: whole-module checkpoints). The recomputed FLOPs are MLA's up-projections
+(:func:`selective_recompute_flops`); the norms and the SwiGLU are elementwise (their time is the kernel model's,
+:mod:`sim.cost.kernels.moe`).
+
 Tensor parallelism splits the attention as in Llama (MLA: the down-projections and the latent norms are replicated,
 the up-projections split by heads and the output projection by its input, as Megatron-Core's MLA does) and the dense
 and shared SwiGLUs by their width; the router is replicated. A MoE layer under tensor parallelism needs sequence
@@ -69,19 +92,19 @@ from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
-from sim.models.graph import LayerGraph, MixturePart, MlaPart, TransformerPart, canonical_spec
+from sim.models.graph import Layer, LayerGraph, MixturePart, MlaPart, TransformerPart, canonical_spec
 from sim.models.llama import DecoderShape
 from sim.models.routing import capped_shares, expert_shares, rank_loads, slowest_rank
 from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, collective_layer, padded_vocab
 
-__all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "MoeShape", "build", "attention_params", "ffn_params",
+__all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "OPTIONAL", "MoeShape", "build", "attention_params", "ffn_params",
            "expert_params", "block_params", "total_params", "active_params", "block_flops_fwd", "is_moe_layer",
-           "is_windowed_layer"]
+           "is_windowed_layer", "block_saved_bytes", "selective_recompute_flops"]
 
 NAME = "moe"
 DESCRIPTION = ("mixture-of-experts decoder (Mixtral, Qwen3-MoE, GPT-OSS, DeepSeek-V3): GQA or latent attention, "
-               "top-k routed SwiGLU experts, shared experts, first dense_layers dense; bf16; defaults = Qwen3-30B-A3B "
-               "at seq 4096")
+               "top-k routed SwiGLU experts, shared experts, first dense_layers dense; mtp=1 adds a multi-token-"
+               "prediction module (DeepSeek-V3); bf16; defaults = Qwen3-30B-A3B at seq 4096")
 DEFAULTS: dict[str, int | float] = {
     "layers": 48,  # Qwen3-30B-A3B (configs/qwen3-30b-a3b.json)
     "hidden": 2048,
@@ -112,6 +135,9 @@ DEFAULTS: dict[str, int | float] = {
     "sigmoid": 0,  # 1: sigmoid router scores (DeepSeek-V3), 0: softmax
     "swiglu_clamp": 0,  # GPT-OSS clamps its SwiGLU's inputs at ±7 and adds 1 to the up projection
 }
+#: Keys a spec may give that its canonical form leaves out at their default, so that every spec written before the key
+#: existed keeps its text: ``mtp``, the multi-token-prediction modules (DeepSeek-V3 trains with 1).
+OPTIONAL: dict[str, int] = {"mtp": 0}
 
 DTYPE_BYTES = 2
 TOKEN_ID_BYTES = 8
@@ -120,7 +146,7 @@ INDEX_BYTES = 8  # int64 expert indices of the top-k
 
 _FLAGS = ("qkv_bias", "o_bias", "qk_norm", "sinks", "tied", "router_bias", "expert_bias", "sigmoid")
 _MAY_BE_ZERO = ("head_dim", "window", "q_lora", "kv_lora", "rope_dim", "v_dim", "shared_experts", "dense_layers",
-                "swiglu_clamp", *_FLAGS)
+                "swiglu_clamp", "mtp", *_FLAGS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,6 +172,7 @@ class MoeShape(DecoderShape):
     expert_bias: bool = False
     sigmoid: bool = False
     swiglu_clamp: int = 0
+    mtp: int = 0
 
     @property
     def latent(self) -> bool:
@@ -234,19 +261,30 @@ def _head_params(shape: MoeShape, tp: int = 1) -> int:
     return shape.hidden + (0 if shape.tied else _embed_params(shape, tp))
 
 
+def mtp_params(shape: MoeShape, tp: int = 1, expert_shards: int = 1) -> int:
+    """Parameters of one multi-token-prediction module's shard (module docstring): its block (block index
+    ``layers``: a MoE block past the dense ones), its two input RMSNorms 2h, the projection 2h·h (split by ``tp``) and
+    the output head's RMSNorm h; the token table and the output head are the main model's."""
+    h = shape.hidden
+    return block_params(shape, shape.layers, tp, expert_shards) + 2 * h + 2 * h * h // tp + h
+
+
 def total_params(shape: MoeShape) -> int:
-    """The model's parameters, each tied matrix once."""
+    """The model's parameters, each tied matrix once, the multi-token-prediction modules' included (their token
+    table and output head are the main model's)."""
     blocks = sum(block_params(shape, i) for i in range(shape.layers))
-    return _embed_params(shape) + blocks + _head_params(shape)
+    return _embed_params(shape) + blocks + _head_params(shape) + shape.mtp * mtp_params(shape)
 
 
 def active_params(shape: MoeShape, *, count_embedding: bool = True) -> int:
-    """Parameters one token's forward uses: all but the routed experts it does not visit (module docstring);
+    """Parameters one token's forward through the main model uses: all but the routed experts it does not visit and
+    the multi-token-prediction modules (module docstring; DeepSeek's 37 B activated are the main model's);
     ``count_embedding`` False leaves the token table out (OpenAI's and DeepSeek's convention)."""
     unvisited = (shape.experts - shape.topk) * expert_params(shape) // shape.experts
     moe_layers = shape.layers - shape.dense_layers
     table = _embed_params(shape) if count_embedding or shape.tied else 0
-    return total_params(shape) - moe_layers * unvisited - _embed_params(shape) + table
+    main = total_params(shape) - shape.mtp * mtp_params(shape)
+    return main - moe_layers * unvisited - _embed_params(shape) + table
 
 
 def block_flops_fwd(shape: MoeShape, index: int) -> int:
@@ -286,10 +324,13 @@ def _check(values: dict[str, int], spec: str) -> MoeShape:
             raise SpecError(f"heads ({a}) must divide hidden ({h}) when head_dim is not given, in {spec!r}")
     if values["topk"] > values["experts"]:
         raise SpecError(f"topk ({values['topk']}) must be at most experts ({values['experts']}) in {spec!r}")
+    if values["mtp"] > 1:
+        raise SpecError(f"mtp must be 0 or 1 (DeepSeek-V3's one multi-token-prediction module), got {values['mtp']} "
+                        f"in {spec!r}")
     if values["dense_layers"] > values["layers"]:
         raise SpecError(f"dense_layers ({values['dense_layers']}) must be at most layers ({values['layers']}) in "
                         f"{spec!r}")
-    fields = {key: values[key] for key in DEFAULTS if key not in _FLAGS}
+    fields = {key: values[key] for key in [*DEFAULTS, *OPTIONAL] if key not in _FLAGS}
     fields["head_dim"] = values["head_dim"] or h // a
     return MoeShape(**fields, **{flag: bool(values[flag]) for flag in _FLAGS})
 
@@ -297,9 +338,9 @@ def _check(values: dict[str, int], spec: str) -> MoeShape:
 def shape_of(params: SpecParams) -> tuple[MoeShape, str]:
     """Read a ``moe:`` spec's keys (rejecting unknown ones): the shape and the canonical spec."""
     values = {key: params.int(key, int(default), minimum=0 if key in _MAY_BE_ZERO else 1)
-              for key, default in DEFAULTS.items()}
+              for key, default in {**DEFAULTS, **OPTIONAL}.items()}
     params.finish()
-    spec = canonical_spec(NAME, values)
+    spec = canonical_spec(NAME, {key: value for key, value in values.items() if OPTIONAL.get(key) != value})
     return _check(values, spec), spec
 
 
@@ -320,8 +361,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
 
 def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
     t, c = sharding.tp, sharding.cp
-    if sharding.selective_recompute:
-        raise SpecError(f"selective recomputation is not modelled for the moe family (use none or full), in {spec!r}")
+    selective = sharding.selective_recompute
     sp = sharding.sequence_parallel and t > 1
     heads_split = shape.heads if shape.latent else min(shape.heads, shape.kv_heads)
     if shape.heads % t or heads_split % t or shape.ffn % t or shape.shared_ffn % t:
@@ -352,6 +392,7 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
                   kv_heads=shape.heads if shape.latent else shape.kv_heads, head_dim=shape.head_dim, ffn=shape.ffn,
                   qkv_bias=shape.qkv_bias, qk_norm=shape.qk_norm, cp=c, sequence_parallel=sp, o_bias=shape.o_bias,
                   sinks=shape.sinks, mla=mla)
+    local = replace(shape, seq=s)
     embed = collective_layer(name="embed", kind="embedding", flops_fwd=0.0, flops_bwd=0.0,
                    param_bytes=DTYPE_BYTES * _embed_params(shape, t), activation_bytes=boundary, saved_bytes=boundary,
                    fwd=all_reduce(full) if t > 1 else none, bwd=none,
@@ -370,15 +411,46 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
             name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
             param_bytes=DTYPE_BYTES * block_params(shape, i, t, ep * etp), activation_bytes=boundary,
             expert_param_bytes=DTYPE_BYTES * expert_params(shape, ep * etp) if mixture else 0,
-            saved_bytes=block_saved_bytes(replace(shape, seq=s), i, t, sp, mixture), fwd=comm, bwd=comm,
-            transformer=TransformerPart("block", **{**common, "window": window}, moe=mixture)))
+            saved_bytes=block_saved_bytes(local, i, t, sp, mixture, selective=selective),
+            recompute_flops=float(selective_recompute_flops(local, t)) if selective else 0.0, fwd=comm, bwd=comm,
+            transformer=TransformerPart("block", **{**common, "window": window}, moe=mixture, selective=selective)))
+    if shape.mtp:
+        blocks.append(_mtp_layer(shape, local, sharding, common, boundary, full))
+    scored = 1 + shape.mtp  # predictions the shared output head scores: the main model's and each MTP module's
     head = collective_layer(
-        name="head", kind="head", flops_fwd=float(2 * s * h * vt), flops_bwd=float(4 * s * h * vt),
+        name="head", kind="head", flops_fwd=float(scored * 2 * s * h * vt), flops_bwd=float(scored * 4 * s * h * vt),
         param_bytes=DTYPE_BYTES * _head_params(shape, t), activation_bytes=FP32_BYTES,
-        saved_bytes=full + FP32_BYTES * s + FP32_BYTES * s * vt, workspace_bytes=DTYPE_BYTES * s * vt,
-        fwd=all_reduce(FP32_BYTES * s, times=3) if t > 1 else none, bwd=all_reduce(full) if t > 1 else none,
-        transformer=TransformerPart("head", **common))
+        saved_bytes=scored * (full + FP32_BYTES * s + FP32_BYTES * s * vt), workspace_bytes=DTYPE_BYTES * s * vt,
+        fwd=all_reduce(FP32_BYTES * s, times=3 * scored) if t > 1 else none,
+        bwd=all_reduce(full, times=scored) if t > 1 else none,
+        transformer=TransformerPart("head", **common, mtp=shape.mtp))
     return LayerGraph(spec, [embed, *blocks, head], dtype_bytes=DTYPE_BYTES, input_bytes=TOKEN_ID_BYTES * s)
+
+
+def _mtp_layer(shape: MoeShape, local: MoeShape, sharding: Sharding, common: dict, boundary: int, full: int) -> Layer:
+    """The multi-token-prediction module (DeepSeek-V3, arXiv 2412.19437 §2.2, depth 1) as the layer after the last
+    block: h' = M·[RMSNorm(h); RMSNorm(Emb(t_{i+1}))], then one more block (index ``layers``); its prediction is
+    scored by the shared output head, which the ``head`` layer runs once more. It passes on the main model's last
+    hidden state beside its own (2 × the boundary), and keeps, besides its block's tensors, the next tokens'
+    embeddings 2sh, the concatenated norm outputs 4sh (the projection's input) and the projection's output 2sh
+    (split along the sequence under sequence parallelism), and the norms' fp32 statistics 8s."""
+    t, c, s, h = sharding.tp, sharding.cp, local.seq, shape.hidden
+    index = shape.layers
+    sp = sharding.sequence_parallel and t > 1
+    mixture = _mixture(shape, index - shape.dense_layers, sharding) if is_moe_layer(shape, index) else None
+    flops = (block_flops_fwd(shape, index) + 2 * shape.seq * 2 * h * h) // (t * c)
+    pairs = 1 + (mixture is None or shape.shared_ffn > 0)
+    comm = all_reduce(full, times=pairs) if t > 1 else Collectives()
+    ep_shards = sharding.ep * sharding.etp
+    selective = sharding.selective_recompute
+    inputs = (DTYPE_BYTES * 8 * s * h + FP32_BYTES * 2 * s) // (t if sp else 1)
+    return collective_layer(
+        name="mtp", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
+        param_bytes=DTYPE_BYTES * mtp_params(shape, t, ep_shards), activation_bytes=2 * boundary,
+        expert_param_bytes=DTYPE_BYTES * expert_params(shape, ep_shards) if mixture else 0,
+        saved_bytes=inputs + block_saved_bytes(local, index, t, sp, mixture, selective=selective),
+        recompute_flops=float(selective_recompute_flops(local, t)) if selective else 0.0, fwd=comm, bwd=comm,
+        transformer=TransformerPart("block", **common, moe=mixture, selective=selective, mtp=1))
 
 
 def _mixture(shape: MoeShape, moe_index: int, sharding: Sharding) -> MixturePart:
@@ -396,18 +468,34 @@ def _mixture(shape: MoeShape, moe_index: int, sharding: Sharding) -> MixturePart
                        loads=() if balanced else rank_loads(capped, sharding.ep))
 
 
+def selective_recompute_flops(shape: MoeShape, tp: int = 1) -> int:
+    """FLOPs per sample of ``shape.seq`` tokens that one block's shard re-runs in its backward under selective
+    recomputation (module docstring): latent attention's up-projections, 2s·(q_in·a·(d + r) + kv_lora·a·(d + v))/tp
+    (q_in = ``q_lora``, or h without it); none under grouped-query attention (the norms and the experts' SwiGLU are
+    elementwise, not counted)."""
+    if not shape.latent:
+        return 0
+    a, q_in = shape.heads, shape.q_lora or shape.hidden
+    return 2 * shape.seq * (q_in * a * shape.qk_dim + shape.kv_lora * a * (shape.head_dim + shape.v_dim)) // tp
+
+
 def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_parallel: bool = False,
-                      mixture: MixturePart | None = None) -> int:
+                      mixture: MixturePart | None = None, *, selective: bool = False) -> int:
     """Bytes block ``index``'s shard keeps for its backward per sample of ``shape.seq`` tokens (module docstring):
     between the tensor-parallel regions replicated, or split by ``tp`` under ``sequence_parallel``; the attention's
     heads and the dense and shared SwiGLUs split by ``tp``; the mixture on the rank's tokens (1/``tp`` of them under
     sequence parallelism, all of them without tensor parallelism), its experts' on the tokens ``mixture`` routes to
-    this device (balanced over the whole model's experts when not given)."""
+    this device (balanced over the whole model's experts when not given); under ``selective`` (recomputation) without
+    the two block norms' outputs and statistics, the routed experts' SwiGLU output, and latent attention's q, k, v."""
     s, h, a = shape.seq, shape.hidden, shape.heads
     between = tp if sequence_parallel else 1
     replicated = DTYPE_BYTES * 4 * s * h + FP32_BYTES * 2 * s  # output, two norms' outputs, residual; statistics
+    if selective:  # Megatron-Core's "layernorm": the norms recomputed from their inputs, the output and residual kept
+        replicated = DTYPE_BYTES * 2 * s * h
     q, kv_out = a * shape.qk_dim, (a * (shape.qk_dim + shape.value_dim) if shape.latent
                                    else 2 * shape.kv_heads * shape.head_dim)
+    if selective and shape.latent:  # "mla_up_proj": the up-projections' outputs (q, k, v) recomputed from the latents
+        q = kv_out = 0
     split = DTYPE_BYTES * s * (q + kv_out + a * shape.value_dim) + FP32_BYTES * s * a
     if shape.latent:  # the latents (norm inputs and outputs) and their statistics, replicated across the TP ranks
         replicated += DTYPE_BYTES * 2 * s * (shape.q_lora + shape.kv_lora + shape.rope_dim) + FP32_BYTES * 2 * s
@@ -420,7 +508,8 @@ def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_paralle
     part = mixture or MixturePart(shape.experts, k, shape.expert_ffn)
     received = sum(part.expert_tokens(tokens))  # the tokens this device's experts compute
     kept = (FP32_BYTES * tokens * shape.experts + INDEX_BYTES * tokens * k  # router scores, top-k indices
-            + DTYPE_BYTES * received * (h + 3 * shape.expert_ffn // part.etp)  # experts' input, SwiGLU's three
+            # the experts' input and their SwiGLU's fc1 output and activation ("moe_act" recomputes the activation)
+            + DTYPE_BYTES * received * (h + (2 if selective else 3) * shape.expert_ffn // part.etp)
             + DTYPE_BYTES * tokens * k * h  # the experts' outputs, back at their tokens' device
             + DTYPE_BYTES * 3 * tokens * shape.shared_ffn)
     return replicated // between + split // tp + kept

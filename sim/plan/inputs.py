@@ -33,7 +33,9 @@ class PlanInputs:
         schedule_file: path of a compute-only schedule CSV to use instead of a generator.
         chunks: model chunks (virtual stages) per rank, for schedules that interleave them (``--chunks``).
         recompute: ``"full"`` (or ``True``): recompute every stage's forward before its backward (``--recompute``);
-            ``"selective"``: only the attention core (``--recompute selective``, Korthikanti et al. §5); ``"none"``
+            ``"selective"``: part of each block inside its backward (``--recompute selective``: gpt's attention
+            core, Korthikanti et al. §5; llama's and moe's as :mod:`sim.models.llama` and :mod:`sim.models.moe` say);
+            ``"none"``
             (or ``False``).
         vertical_sync: every stage uses stage 0's weight version per microbatch (``--vertical-sync``, stash only).
         tp: tensor-parallel degree (``--tp``).

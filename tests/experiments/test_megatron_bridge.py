@@ -20,7 +20,7 @@ def test_every_pre_training_row_is_read_and_each_is_expressed_or_refused_with_a_
     assert len(rows) == 210 and {r.system for r in rows} == {"DGX-GB200", "DGX-GB300", "DGX-B300"}
     refused = {r.model: mb.expressible(r) for r in rows if mb.expressible(r) is not None}
     assert refused["Nemotron_3_Super"] == "hybrid Mamba layers are not modelled"
-    assert "multi-token-prediction" in refused["DeepSeekV3"] and "capacity factor" in refused["DeepSeekV3 (tokendrop)"]
+    assert "DeepSeekV3" not in refused and "capacity factor" in refused["DeepSeekV3 (tokendrop)"]
     assert {r.model for r in rows if mb.expressible(r) is None} == set(mb.MODELS)
 
 
@@ -35,6 +35,9 @@ def test_rows_become_their_configuration():
     fsdp = mb.plan_inputs(_row(70))  # Llama 3 70B FSDP 64 on GB300
     assert (fsdp.zero, fsdp.dp, fsdp.topology) == (3, 64, "1x64xGB300")
     assert mb.plan_inputs(_row(11)).topology == "4x64xGB200"  # 256 GPUs: racks of 64
+    # DeepSeek-V3's default rows train the multi-token-prediction module its config names; "w/o MTP" leaves it out
+    assert mb.plan_inputs(_row(2)).model == "deepseek-v3,seq=4096"
+    assert mb.plan_inputs(_row(203)).model == "deepseek-v3,mtp=0,seq=4096"
     b300 = mb.plan_inputs(_row(49))
     assert b300.topology == "1x8xB300"
     assert "precision not defined by the file (costed as fp8)" in mb.unmodelled(_row(70))

@@ -32,11 +32,18 @@ parts with the keys and queries assembled (one pass over each), the attention ov
 d + r and value dimension v, and the output projection. The down-projections are replicated across the
 tensor-parallel ranks, the rest split by heads.
 
+Under selective recomputation a block's backward starts with what Megatron-Core's ``layernorm``, ``moe_act`` and
+``mla_up_proj`` recompute modules re-run (:func:`selective_recompute_kernels`, :mod:`sim.models.moe`). The
+multi-token-prediction module's block (``mtp``) runs its two input norms, their concatenation and the 2h → h
+projection before the block's own kernels (their backward after).
+
 Elementwise work follows :mod:`sim.cost.kernels.pointwise`: eager (one kernel per op, as a Llama block) or, with
 ``compiled``, fused (Transformer Engine's fused norms, SwiGLU and permutation kernels fuse as inductor does).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from sim.core.errors import SpecError
 from sim.cost.kernels.block import cast_kernel, linear_kernels, rowwise_cast_kernels
@@ -53,7 +60,8 @@ from sim.cost.kernels.pointwise import add_kernel, norm_backward_kernels, norm_k
 from sim.cost.kernels.record import ADD_FLOPS, Kernel, Narrow, gemm, grouped_gemm, mem
 from sim.models.graph import MixturePart, MlaPart
 
-__all__ = ["MoeBlockShape", "moe_block_kernels", "MOE_COLLECTIVE_AFTER", "expert_all_to_alls"]
+__all__ = ["MoeBlockShape", "moe_block_kernels", "selective_recompute_kernels", "MOE_COLLECTIVE_AFTER",
+           "expert_all_to_alls"]
 
 #: Kernels after which a tensor-parallel MoE-family block calls a collective: the attention's output projection and a
 #: SwiGLU's down projection (dense, or the shared experts') forward; their first column-parallel inputs' gradients
@@ -73,18 +81,20 @@ class MoeBlockShape:
     ``norm_tokens`` this rank routes (1/t of the sequence under tensor parallelism, which a mixture requires to be
     sequence parallel)."""
 
-    def __init__(self, attention: LlamaBlockShape, mla: MlaPart | None, mixture: MixturePart | None) -> None:
+    def __init__(self, attention: LlamaBlockShape, mla: MlaPart | None, mixture: MixturePart | None, *,
+                 mtp: bool = False) -> None:
         if mixture is not None and attention.t > 1 and attention.norm_tokens == attention.tokens:
             raise SpecError("a mixture under tensor parallelism needs sequence parallelism")
-        self.attention, self.mla, self.mixture = attention, mla, mixture
+        self.attention, self.mla, self.mixture, self.mtp = attention, mla, mixture, mtp
         self.tokens = attention.norm_tokens  # what enters the router on this device
 
 
 def moe_block_kernels(shape: MoeBlockShape, *, backward: bool, dtype_bytes: int = 2, narrow: Narrow | None = None,
-                      compiled: bool = False) -> tuple[Kernel, ...]:
+                      compiled: bool = False, selective_recompute: bool = False) -> tuple[Kernel, ...]:
     """One block's kernels on one device, in execution order (module docstring); ``narrow``: the attention's and
     the experts' linears on low-precision operands (the router stays in the training dtype, as Transformer Engine
-    keeps it)."""
+    keeps it); ``selective_recompute``: the backward starts by re-running what selective recomputation dropped
+    (:func:`selective_recompute_kernels`)."""
     db, a = dtype_bytes, shape.attention
     if not backward:
         attention = (_mla_forward(shape, db, narrow, compiled) if shape.mla else
@@ -93,12 +103,53 @@ def moe_block_kernels(shape: MoeBlockShape, *, backward: bool, dtype_bytes: int 
                *(_mixture_forward(shape, db, narrow, compiled) if shape.mixture else
                  swiglu_forward("", a.tokens, a.h, a.ffn, db, narrow, compiled)),
                add_kernel("ffn_residual_add", a.norm_tokens * a.h, db)]
-        return tuple(attention + ffn)
+        return tuple(_mtp_input(shape, db, narrow, compiled, backward=False) + attention + ffn)
     norm_inputs = 2 if not shape.mixture else 2 + 2 * bool(shape.mixture.shared_ffn)  # linears the norm feeds
     ffn = (_mixture_backward(shape, db, narrow, compiled) if shape.mixture else
            swiglu_backward("", a.tokens, a.h, a.ffn, db, narrow, compiled))
     attention = _mla_backward(shape, db, narrow, compiled) if shape.mla else attention_backward(a, db, narrow, compiled)
-    return tuple([*ffn, *norm_backward("ffn_norm", a, db, compiled, norm_inputs), *attention])
+    recompute = selective_recompute_kernels(shape, db, narrow, compiled) if selective_recompute else []
+    return tuple([*recompute, *ffn, *norm_backward("ffn_norm", a, db, compiled, norm_inputs), *attention,
+                  *_mtp_input(shape, db, narrow, compiled, backward=True)])
+
+
+def selective_recompute_kernels(shape: MoeBlockShape, db: int, narrow: Narrow | None,
+                                compiled: bool) -> list[Kernel]:
+    """What Megatron-Core's output-discarding recomputation (``--recompute-modules layernorm moe_act`` and, under latent
+    attention, ``mla_up_proj``; :mod:`sim.models.moe`) re-runs before a block's backward: the two block norms, the
+    routed experts' SwiGLU, and latent attention's up-projections with the rotary embedding and the query/key
+    assembly; each kernel as the forward runs it, named ``recompute_...``."""
+    a, m = shape.attention, shape.mixture
+    kernels = [*norm_kernels("attention_norm", a.norm_tokens, a.h, db, compiled=compiled),
+               *norm_kernels("ffn_norm", a.norm_tokens, a.h, db, compiled=compiled)]
+    if m is not None:
+        received = sum(m.expert_tokens(shape.tokens))
+        kernels += _expert_activation(received * (m.expert_ffn // m.etp), db, m.swiglu_clamp, backward=False,
+                                      compiled=compiled)
+    if shape.mla is not None:
+        ups = ("q_up", "kv_up", "mla_query_rope", "mla_key_assemble")
+        kernels += [k for k in _mla_forward(shape, db, narrow, compiled) if k.name.startswith(ups)]
+    return [replace(k, name="recompute_" + k.name) for k in kernels]
+
+
+def _mtp_input(shape: MoeBlockShape, db: int, narrow: Narrow | None, compiled: bool, *,
+               backward: bool) -> list[Kernel]:
+    """The multi-token-prediction module's input before its block (DeepSeek-V3, arXiv 2412.19437 §2.2: h' =
+    M·[RMSNorm(h); RMSNorm(Emb(t_next))]): the two norms, their concatenation and the 2h → h projection (split by the
+    tensor-parallel ranks like a column-parallel linear); nothing for another block."""
+    if not shape.mtp:
+        return []
+    a = shape.attention
+    tokens, h = a.tokens, a.h
+    projection = linear_kernels("mtp_eh_proj", tokens, 2 * h, h // a.t, db, backward, False, bias_grad=False,
+                                narrow=narrow, compiled=compiled)
+    concat = mem("mtp_concat" + "_bwd" * backward, "elementwise", 2 * tokens * h, 0, 4 * tokens * h * db)
+    if not backward:
+        return [*norm_kernels("mtp_hnorm", a.norm_tokens, h, db, compiled=compiled),
+                *norm_kernels("mtp_enorm", a.norm_tokens, h, db, compiled=compiled), concat, *projection]
+    return [*projection, concat,
+            *norm_backward_kernels("mtp_hnorm", a.norm_tokens, h, db, compiled=compiled, skip=False),
+            *norm_backward_kernels("mtp_enorm", a.norm_tokens, h, db, compiled=compiled, skip=False)]
 
 
 def expert_all_to_alls(mixture: MixturePart | None) -> int:

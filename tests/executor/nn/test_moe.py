@@ -88,3 +88,13 @@ def test_sinks_join_every_softmax_denominator():
     # sinks of -inf are plain causal attention
     plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(_attend(q, k, v, 0, torch.full((2,), float("-inf"))), plain, rtol=1e-5, atol=1e-6)
+
+
+def test_the_executor_refuses_a_multi_token_prediction_module_by_name():
+    from executor.nn.stages import check_torch_model
+    from sim.core.errors import SpecError
+
+    spec = "moe:layers=2,hidden=32,heads=4,kv_heads=2,head_dim=8,ffn=48,vocab=50,seq=8,experts=4,topk=2,expert_ffn=16"
+    check_torch_model(spec)  # the main model alone runs
+    with pytest.raises(SpecError, match=r"does not run multi-token prediction \(mtp=1\)"):
+        check_torch_model(spec + ",mtp=1")

@@ -33,13 +33,15 @@ def _kernels(part, b=1, backward=False):
                                 qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window,
                                 sequence_parallel=part.sequence_parallel, o_bias=part.o_bias,
                                 value_dim=mla.v_dim if mla else 0)
-    return moe_block_kernels(MoeBlockShape(attention, mla, part.moe), backward=backward, compiled=True)
+    return moe_block_kernels(MoeBlockShape(attention, mla, part.moe, mtp=bool(part.mtp)), backward=backward,
+                             compiled=True, selective_recompute=part.selective and backward)
 
 
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b", "mixtral-8x7b"])
 def test_gemm_flops_are_the_model_flops_less_the_attention_core(name):
     graph = build_model(name + ",seq=4096")
-    for layer in (graph.layers[1], graph.layers[-2]):  # DeepSeek-V3: a dense block and a MoE block
+    # DeepSeek-V3: a dense block, a MoE block and the multi-token-prediction module's (with its 2h → h projection)
+    for layer in (graph.layers[1], graph.layers[-3], graph.layers[-2]):
         part = layer.transformer
         forward = sum(k.flops for k in _kernels(part) if k.kind == "gemm")
         assert forward == pytest.approx(layer.flops_fwd - _attention_model_flops(part, part.seq), rel=1e-12)
@@ -99,3 +101,30 @@ def test_a_capacity_factor_drops_what_exceeds_it():
     rows = capped.transformer.moe.expert_tokens(4096)
     assert max(rows) <= math.ceil(1.25 * 4096 * 2 / 8)
     assert sum(rows) < sum(dropless.expert_tokens(4096)) == 4096 * 2
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v3"])
+def test_selective_recomputation_re_runs_the_norms_the_experts_swiglu_and_mlas_up_projections(name):
+    graph = build_model(name + ",seq=4096", Sharding(selective_recompute=True))
+    plain = build_model(name + ",seq=4096")
+    layer, reference = graph.layers[-3], plain.layers[-3]  # a MoE block
+    backward, before = _kernels(layer.transformer, backward=True), _kernels(reference.transformer, backward=True)
+    recomputed = [k for k in backward if k.name.startswith("recompute_")]
+    assert backward[len(recomputed):] == before  # the backward starts with the recomputation, then is unchanged
+    names = {k.name.removeprefix("recompute_") for k in recomputed}
+    assert {"attention_norm", "ffn_norm"} <= names and any(n.startswith("experts_") for n in names)
+    # the recomputed GEMMs are exactly the layer's recompute FLOPs (MLA's up-projections; none under GQA)
+    assert sum(k.flops for k in recomputed if k.kind == "gemm") == pytest.approx(layer.recompute_flops, rel=1e-12)
+    assert (layer.recompute_flops > 0) is (name == "deepseek-v3")
+    selective = transformer_layer_seconds(layer.transformer, 1, H100, MODEL)
+    full = transformer_layer_seconds(reference.transformer, 1, H100, MODEL)
+    assert selective.fwd == full.fwd and selective.bwd > full.bwd
+
+
+def test_the_shared_head_scoring_the_mtp_prediction_costs_a_second_head_pass():
+    with_mtp, main = build_model("deepseek-v3,seq=4096"), build_model("deepseek-v3,mtp=0,seq=4096")
+    twice = transformer_layer_seconds(with_mtp.layers[-1].transformer, 1, H100, MODEL)
+    once = transformer_layer_seconds(main.layers[-1].transformer, 1, H100, MODEL)
+    # the head's kernels run twice in a row: twice the device time, less the host time the second pass hides
+    for got, alone in ((twice.fwd, once.fwd), (twice.bwd, once.bwd)):
+        assert 1.9 * alone < got <= 2 * alone * (1 + 1e-12)

@@ -30,7 +30,7 @@ EXACT_TOTALS = {
     "mixtral-8x7b": 46_702_792_704,
     "qwen3-30b-a3b": 30_532_122_624,
     "gpt-oss-120b": 116_829_156_672,
-    "deepseek-v3": 671_026_419_200,
+    "deepseek-v3,mtp=0": 671_026_419_200,
 }
 
 #: Published counts, billions, to the digits published: Mistral's announcement (46.7 B total, 12.9 B per token);
@@ -42,7 +42,7 @@ PUBLISHED = {  # name: (total, active, digits, the token table counted as active
     "qwen3-30b-a3b": (30.5, 3.3, 1, True),
     "qwen3-235b-a22b": (235, 22, 0, True),
     "gpt-oss-120b": (116.83, 5.13, 2, False),
-    "deepseek-v3": (671, 36.6, 1, False),
+    "deepseek-v3,mtp=0": (671, 36.6, 1, False),
 }
 
 
@@ -140,7 +140,7 @@ def test_a_tensor_parallel_shard_splits_what_megatron_splits(name, tp):
      "sinks is modelled for grouped-query attention"),
     ("moe", Sharding(tp=2), "needs sequence parallelism"),
     ("moe", Sharding(tp=3, sequence_parallel=True), "tp=3 must divide heads=32"),
-    ("moe", Sharding(selective_recompute=True), "selective recomputation is not modelled for the moe family"),
+    ("moe:mtp=2", Sharding(), "mtp must be 0 or 1"),
     ("moe:window=128", Sharding(cp=2), "no sliding window"),
     ("moe:sigmoid=2", Sharding(), "sigmoid must be 0 or 1"),
 ])
@@ -180,3 +180,99 @@ def test_first_dense_layers_and_gpt_oss_patterns_are_read(tmp_path):
 def test_a_config_spec_is_a_plain_moe_spec_that_rebuilds_the_same_graph():
     graph = build_model("deepseek-v3,seq=4096")
     assert graph.spec.startswith("moe:") and build_model(graph.spec) == graph
+
+
+# --- selective recomputation (Megatron-Core's layernorm, moe_act and mla_up_proj recompute modules) ---------------
+
+#: A small mixture: s = 32 tokens, h = 64, a = 4 query heads and g = 2 key/value heads of d = 16, E = 4 experts of
+#: f_e = 32, k = 2, no QK-norm, no shared expert.
+SMALL = ("moe:layers=2,hidden=64,heads=4,kv_heads=2,head_dim=16,ffn=96,vocab=100,seq=32,experts=4,topk=2,expert_ffn=32,"
+         "qk_norm=0")
+#: The same sizes with latent attention: q_lora 24, kv_lora 16, rope 8, v 12.
+SMALL_MLA = ("moe:layers=2,hidden=64,heads=4,head_dim=16,ffn=96,vocab=100,seq=32,experts=4,topk=2,expert_ffn=32,"
+             "qk_norm=0,q_lora=24,kv_lora=16,rope_dim=8,v_dim=12")
+
+
+def test_selective_recomputation_keeps_a_mixture_blocks_tensors_by_hand():
+    s, h, a, g, d, e, k, f = 32, 64, 4, 2, 16, 4, 2, 32
+    # Kept without recomputation (bf16 2 bytes, fp32 4, int64 8): output, two norms' outputs, residual 2·4sh and the
+    # norms' statistics 4·2s; q 2s·a·d, k and v 2·2s·g·d, the attention output 2s·a·d, its log-sum-exp 4s·a; the
+    # router's scores 4sE and indices 8sk; the s·k routed tokens' input h, fc1 output 2f and activation f; the
+    # experts' outputs back at their tokens 2ksh.
+    attention = 2 * s * a * d + 2 * 2 * s * g * d + 2 * s * a * d + 4 * s * a
+    mixture = 4 * s * e + 8 * s * k + 2 * s * k * (h + 3 * f) + 2 * k * s * h
+    none = 2 * 4 * s * h + 4 * 2 * s + attention + mixture
+    # Selective: the norms' outputs and statistics (2·2sh + 4·2s) and the activation (2·s·k·f) are recomputed.
+    selective = 2 * 2 * s * h + attention + mixture - 2 * s * k * f
+    plain = build_model(SMALL)
+    chosen = build_model(SMALL, Sharding(selective_recompute=True))
+    assert [layer.saved_bytes for layer in plain.layers[1:3]] == [none, none]
+    assert [layer.saved_bytes for layer in chosen.layers[1:3]] == [selective, selective]
+    # Grouped-query attention: only elementwise work is re-run, no FLOPs; the forward and backward are unchanged.
+    assert all(layer.recompute_flops == 0 for layer in chosen.layers)
+    assert [lay.flops_bwd for lay in chosen.layers] == [lay.flops_bwd for lay in plain.layers]
+    assert chosen.layers[1].transformer.selective and not plain.layers[1].transformer.selective
+
+
+def test_selective_recomputation_under_latent_attention_re_runs_the_up_projections():
+    s, h, a, d, r, v, ql, kl, k, f = 32, 64, 4, 16, 8, 12, 24, 16, 2, 32
+    plain = build_model(SMALL_MLA)
+    chosen = build_model(SMALL_MLA, Sharding(selective_recompute=True))
+    # mla_up_proj drops q (a·(d + r)) and the assembled k and v (a·(d + r) + a·v), bf16, on top of the norms and the
+    # experts' activation.
+    dropped = 2 * 2 * s * h + 4 * 2 * s + 2 * s * a * (d + r) + 2 * s * a * (d + r + v) + 2 * s * k * f
+    assert plain.layers[1].saved_bytes - chosen.layers[1].saved_bytes == dropped
+    # the two up-projections re-run: 2s·(q_lora·a·(d + r) + kv_lora·a·(d + v))
+    assert chosen.layers[1].recompute_flops == 2 * s * (ql * a * (d + r) + kl * a * (d + v))
+    # under tensor parallelism by heads the shard re-runs its half
+    half = build_model(SMALL_MLA, Sharding(tp=2, sequence_parallel=True, selective_recompute=True))
+    assert half.layers[1].recompute_flops == chosen.layers[1].recompute_flops / 2
+
+
+# --- multi-token prediction (DeepSeek-V3 §2.2, depth 1) -----------------------------------------------------------
+
+def test_the_mtp_module_of_deepseek_v3_counted_by_hand_from_its_config():
+    c = preset_config("deepseek-v3")
+    assert c["num_nextn_predict_layers"] == 1
+    h, a, v = c["hidden_size"], c["num_attention_heads"], c["vocab_size"]
+    qk = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+    attention = (h * c["q_lora_rank"] + c["q_lora_rank"] + c["q_lora_rank"] * a * qk  # query down, norm, up
+                 + h * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) + c["kv_lora_rank"]  # key/value down, norm
+                 + c["kv_lora_rank"] * a * (c["qk_nope_head_dim"] + c["v_head_dim"])  # key/value up
+                 + a * c["v_head_dim"] * h + h)  # output projection, input norm
+    ffn = (h + h * c["n_routed_experts"] + c["n_routed_experts"]  # norm, router and its score-correction bias
+           + (c["n_routed_experts"] + c["n_shared_experts"]) * 3 * h * c["moe_intermediate_size"])
+    module = attention + ffn + 2 * h + 2 * h * h + h  # enorm, hnorm, eh_proj (2h → h), shared_head.norm
+    with_mtp, main = build_model("deepseek-v3"), build_model("deepseek-v3,mtp=0")
+    assert with_mtp.total_params - main.total_params == module
+    assert main.total_params == 671_026_419_200  # the main model, as before
+    # DeepSeek's README_WEIGHTS.md: 685 B on HuggingFace = 671 B main model + 14 B MTP module, whose stored weights
+    # hold their own copies of the token table and the output head (V·h each).
+    stored = module + 2 * v * h
+    assert abs(stored / 1e9 - 14) < 0.6 and abs((main.total_params + stored) / 1e9 - 685) < 0.6
+
+
+def test_the_mtp_module_is_one_more_block_and_a_second_scoring_by_the_shared_head():
+    spec = SMALL + ",mtp=1"
+    s, h, v = 32, 64, 100
+    plain, graph = build_model(SMALL), build_model(spec)
+    assert [layer.name for layer in graph.layers] == ["embed", "block0", "block1", "mtp", "head"]
+    mtp, block = graph.layers[3], plain.layers[2]
+    assert mtp.flops_fwd == block.flops_fwd + 2 * s * 2 * h * h  # the block and the 2h → h projection
+    assert mtp.flops_bwd == 2 * mtp.flops_fwd
+    assert mtp.param_bytes == block.param_bytes + 2 * (2 * h + 2 * h * h + h)
+    assert mtp.activation_bytes == 2 * block.activation_bytes  # the main hidden state passes on beside its own
+    assert graph.layers[-1].flops_fwd == 2 * plain.layers[-1].flops_fwd == 2 * 2 * s * h * v
+    assert graph.layers[-1].param_bytes == plain.layers[-1].param_bytes  # the output head is shared
+    assert graph.spec.endswith("mtp=1,o_bias=0,q_lora=0,qk_norm=0,qkv_bias=0,rope_dim=0,router_bias=0,seq=32,"
+                               "shared_experts=0,sigmoid=0,sinks=0,swiglu_clamp=0,tied=0,topk=2,v_dim=0,vocab=100,"
+                               "window=0,window_period=1") and "mtp" not in plain.spec
+    assert build_model(graph.spec) == graph
+
+
+def test_a_preset_takes_mtp_only_for_a_mixture():
+    assert "mtp=1" in build_model("deepseek-v3,seq=4096").spec  # the config's num_nextn_predict_layers: 1
+    assert "mtp" not in build_model("deepseek-v3,mtp=0,seq=4096").spec
+    assert "mtp=1" in build_model("qwen3-30b-a3b,mtp=1").spec and "mtp" not in build_model("qwen3-30b-a3b").spec
+    with pytest.raises(SpecError, match="a model config takes seq= only, got 'mtp=1'"):
+        build_model("llama3.1-8b,mtp=1")

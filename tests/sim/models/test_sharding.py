@@ -214,7 +214,7 @@ def test_bad_sharding_is_rejected(kw, shown):
     [
         ("cnn", Sharding(tp=2), "tensor parallelism is modelled for gpt, llama and moe only, got 'cnn'"),
         ("uniform:layers=2", Sharding(selective_recompute=True),
-         "selective recomputation is modelled for gpt and llama only"),
+         "selective recomputation is modelled for gpt, llama and moe only"),
         ("supernet", Sharding(tp=2, sequence_parallel=True), "gpt, llama and moe only, got 'supernet'"),
         (gpt(64, 48, 6), Sharding(tp=4), "tp=4 must divide heads=6"),
         (gpt(30, 64, 8), Sharding(tp=4, sequence_parallel=True), "tp=4 must divide seq=30"),
