@@ -4,7 +4,7 @@ The published run (DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv 2412.19437
 NVLink and NVSwitch, InfiniBand between servers (§3.1); 16-way pipeline parallelism with the DualPipe schedule, 64-way
 expert parallelism over 8 servers and ZeRO-1 data parallelism, no tensor parallelism (§3.2); FP8 mixed precision
 (§3.3); sequences of 4,096 tokens and a batch of 15,360 sequences after the first 469 B tokens (§4.2); one
-multi-token-prediction module (§2.2). Its cost: 180 K H800 GPU-hours per trillion tokens (§1, Table 1), that is
+multi-token-prediction module (§2.2; the preset follows its config's ``num_nextn_predict_layers``). Its cost: 180 K H800 GPU-hours per trillion tokens (§1, Table 1), that is
 10¹² / (180,000 · 3,600) = 1,543 tokens/s per GPU.
 
 The prediction goes through the one prediction path (``build_plan``, ``predict_built``) with what the simulator can
@@ -13,9 +13,9 @@ express of that run, and names the rest in ``unmodelled``: ZB1P with ``--ep-over
 all-to-all with another chunk's compute, §3.2.1, which ``--ep-overlap`` models at op granularity; its two pipelines
 in opposite directions are not modelled, nor the 20 SMs its communication takes from the compute, §3.2.2);
 tensorwise FP8 for DeepSeek's fine-grained tiles and blocks (§3.3.2); balanced routing over all 64 expert-parallel
-ranks for the node-limited routing that sends each token to at most 4 servers (§2.1.2); no recomputation for the
-recomputation of RMSNorm and the MLA up-projections alone (§3.3.3); the multi-token-prediction module, not costed;
-and the microbatch size, which the report does
+ranks for the node-limited routing that sends each token to at most 4 servers (§2.1.2); selective recomputation
+(Megatron-Core's layernorm, moe_act and mla_up_proj modules) for the recomputation of RMSNorm and the MLA
+up-projections (§3.3.3), which keeps the experts' SwiGLU outputs; and the microbatch size, which the report does
 not state (one sequence). Memory is not enforced (a published run is timed even where the ledger says it would not
 fit; its predicted peak is reported). Nothing is fitted.
 """
@@ -39,14 +39,15 @@ PUBLISHED_TOKENS_PER_S_PER_GPU = 1e12 / (180_000 * 3_600)
 #: What of the published run the prediction leaves out (module docstring).
 UNMODELLED = ("DualPipe's two directions (costed as ZB1P with the all-to-alls overlapped)", "fine-grained FP8 (costed as tensorwise)",
               "node-limited routing (costed as balanced over 64 ranks)",
-              "recomputation of RMSNorm and MLA up-projections (costed as none)",
-              "the multi-token-prediction module (not costed)", "microbatch size not published (1)")
+              "recomputation of RMSNorm and MLA up-projections (costed as selective, which also recomputes the "
+              "experts' SwiGLU)", "microbatch size not published (1)")
 
 
 def plan_inputs() -> PlanInputs:
     """The published run as ``sim.run`` inputs (module docstring)."""
     return PlanInputs(model="deepseek-v3,seq=4096", topology="256x8xH800", schedule="zb1p", pp=16, dp=128, ep=64,
-                      zero=1, precision="fp8", global_batch=15_360, microbatch_size=1, ep_overlap=True)
+                      zero=1, precision="fp8", global_batch=15_360, microbatch_size=1, ep_overlap=True,
+                      recompute="selective")
 
 
 @dataclass(frozen=True)
