@@ -8,12 +8,13 @@ multi-token-prediction module (§2.2; the preset follows its config's ``num_next
 10¹² / (180,000 · 3,600) = 1,543 tokens/s per GPU.
 
 The prediction goes through the one prediction path (``build_plan``, ``predict_built``) with what the simulator can
-express of that run, and names the rest in ``unmodelled``: ZB1P with ``--ep-overlap`` stands in for DualPipe
+express of that run: the preset's group-limited routing (4 of 8 groups a token, its config's ``n_group`` and
+``topk_group``, §2.1.2) with ``--ep-dispatcher deduplicated`` (each token sent once to each server its experts are
+on, then forwarded inside it, §3.2.2); and names the rest in ``unmodelled``: ZB1P with ``--ep-overlap`` stands in for DualPipe
 (DualPipe splits each backward into its input and weight gradients as zero bubble does and overlaps each chunk's
 all-to-all with another chunk's compute, §3.2.1, which ``--ep-overlap`` models at op granularity; its two pipelines
 in opposite directions are not modelled, nor the 20 SMs its communication takes from the compute, §3.2.2);
-tensorwise FP8 for DeepSeek's fine-grained tiles and blocks (§3.3.2); balanced routing over all 64 expert-parallel
-ranks for the node-limited routing that sends each token to at most 4 servers (§2.1.2); selective recomputation
+tensorwise FP8 for DeepSeek's fine-grained tiles and blocks (§3.3.2); selective recomputation
 (Megatron-Core's layernorm, moe_act and mla_up_proj modules) for the recomputation of RMSNorm and the MLA
 up-projections (§3.3.3), which keeps the experts' SwiGLU outputs; and the microbatch size, which the report does
 not state (one sequence). Memory is not enforced (a published run is timed even where the ledger says it would not
@@ -38,7 +39,6 @@ __all__ = ["PUBLISHED_TOKENS_PER_S_PER_GPU", "Result", "parser", "run", "report"
 PUBLISHED_TOKENS_PER_S_PER_GPU = 1e12 / (180_000 * 3_600)
 #: What of the published run the prediction leaves out (module docstring).
 UNMODELLED = ("DualPipe's two directions (costed as ZB1P with the all-to-alls overlapped)", "fine-grained FP8 (costed as tensorwise)",
-              "node-limited routing (costed as balanced over 64 ranks)",
               "recomputation of RMSNorm and MLA up-projections (costed as selective, which also recomputes the "
               "experts' SwiGLU)", "microbatch size not published (1)")
 
@@ -47,7 +47,7 @@ def plan_inputs() -> PlanInputs:
     """The published run as ``sim.run`` inputs (module docstring)."""
     return PlanInputs(model="deepseek-v3,seq=4096", topology="256x8xH800", schedule="zb1p", pp=16, dp=128, ep=64,
                       zero=1, precision="fp8", global_batch=15_360, microbatch_size=1, ep_overlap=True,
-                      recompute="selective")
+                      recompute="selective", ep_dispatcher="deduplicated")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from sim.faults.options import FaultOptions, FaultPrediction, predict_faults
 from sim.ir.parallel import RESHARD_POLICIES
 from sim.models import MODELS, build_model
 from sim.models.routing import BALANCED, CAPACITY_FACTOR_HELP, ROUTING_HELP, parse_routing
+from sim.models.sharding import DISPATCHERS
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs, format_builtin_lists
 from sim.plan.memory_fit import out_of_memory_message
@@ -41,7 +42,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: be ...``; :func:`sim.core.errors.run_cli`), and a memory remedy is offered as the flags that make it.
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--cp-comm", "order": "--rank-order",
          "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
-         "ep_overlap": "--ep-overlap",
+         "ep_overlap": "--ep-overlap", "ep_dispatcher": "--ep-dispatcher",
          "zero": "--zero",
          "reshard_after_forward": "--fsdp-reshard-after-forward", "dp_replicate": "--dp-replicate",
          "precision": "--precision", "compiled": "--compile", "compile": "--compile",
@@ -125,6 +126,10 @@ def make_parser() -> argparse.ArgumentParser:
                      help="expert tensor parallelism: each expert's width split over T devices (default 1)")
     par.add_argument("--routing", default="balanced", metavar="ROUTING", help=ROUTING_HELP)
     par.add_argument("--capacity-factor", type=float, default=0.0, metavar="C", help=CAPACITY_FACTOR_HELP)
+    par.add_argument("--ep-dispatcher", choices=list(DISPATCHERS), default=DISPATCHERS[0],
+                     help="how expert-parallel ranks exchange tokens: all-to-all (default; Megatron-Core's all-to-all "
+                     "dispatcher: each token copy straight to its expert's rank) or deduplicated (DeepEP's and "
+                     "DeepSeek-V3's: each token once to each server its experts are on, then to them inside it)")
     par.add_argument("--ep-overlap", action="store_true",
                      help="overlap each expert all-to-all with the rank's next compute op (another microbatch's), as "
                      "DualPipe and Megatron-Core's EP overlap do, instead of holding the compute stream (needs --ep "
@@ -253,7 +258,7 @@ def _run(argv: list[str] | None) -> int:
         grad_overlap=args.grad_overlap,
         devices=args.devices, fps=args.fps, cuda_graphs=args.cuda_graphs, precision=args.precision,
         compiled=args.compiled, ep=args.ep, etp=args.etp, routing=args.routing,
-        capacity_factor=args.capacity_factor, ep_overlap=args.ep_overlap,
+        capacity_factor=args.capacity_factor, ep_overlap=args.ep_overlap, ep_dispatcher=args.ep_dispatcher,
     )
     if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
         fault_options.check()  # the long run's flags, before anything is simulated or printed
@@ -395,7 +400,8 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--tp", args.tp != 1), ("--dp", args.dp != 1), ("--pp", args.pp is not None),
                         ("--cp", args.cp != 1), ("--ep", args.ep != 1), ("--etp", args.etp != 1),
                         ("--routing", args.routing != "balanced"), ("--capacity-factor", args.capacity_factor != 0),
-                        ("--ep-overlap", args.ep_overlap), ("--global-batch", args.global_batch is not None),
+                        ("--ep-overlap", args.ep_overlap), ("--ep-dispatcher", args.ep_dispatcher != DISPATCHERS[0]),
+                        ("--global-batch", args.global_batch is not None),
                         ("--zero", args.zero != 0),
                         ("--fsdp-reshard-after-forward", args.reshard_after_forward != "default"),
                         ("--dp-replicate", args.dp_replicate != 1), ("--precision", args.precision is not None),

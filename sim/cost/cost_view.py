@@ -18,7 +18,7 @@ from typing import Any
 
 from sim.core.errors import SpecError
 from sim.cost import fsdp
-from sim.cost.collectives import CollectiveCost
+from sim.cost.collectives import CollectiveCost, server_parts
 from sim.cost.comm_cost import CommCost, sequential_cost
 from sim.cost.gpu_time import KernelModel
 from sim.cost.memory_sizes import StateShards
@@ -30,11 +30,11 @@ from sim.hw.topology import Topology
 from sim.ir.ops import OP_SEMANTICS, SPLIT_BACKWARD_KINDS
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import DP_KINDS, EP_KINDS, OpKind, Placement, Plan
-from sim.models.graph import LayerGraph
-from sim.models.routing import BALANCED, Routing, parse_routing
+from sim.models.graph import LayerGraph, MixturePart
+from sim.models.routing import BALANCED, Routing, expected_servers, parse_routing
 from sim.models.sharding import Sharding
 
-__all__ = ["CostView", "replica_views", "plan_sharding", "plan_oracle",
+__all__ = ["CostView", "replica_views", "plan_sharding", "plan_oracle", "plan_dispatcher", "EP_DISPATCHER_OPTION",
            "GRADIENT_BUCKET_BYTES"]
 
 #: Gradient bytes per bucket when the data-parallel reduction overlaps the backward: PyTorch DDP's default
@@ -45,13 +45,14 @@ GRADIENT_BUCKET_BYTES = 25 * 2**20
 _MISSING = object()
 
 def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
-                  capacity_factor: float = 0.0) -> Sharding:
+                  capacity_factor: float = 0.0, dispatcher: str = "all-to-all") -> Sharding:
     """What one device holds of the model under ``layout`` with recomputation ``recompute`` (``"none"``, ``"full"``
     or ``"selective"``): its tensor-parallel shard, sequence parallel or not, selectively recomputed or not, its
-    share of the experts under ``routing`` and ``capacity_factor`` (:mod:`sim.models.routing`)."""
+    share of the experts under ``routing`` and ``capacity_factor`` (:mod:`sim.models.routing`), exchanged by
+    ``dispatcher`` (:data:`sim.models.sharding.DISPATCHERS`)."""
     return Sharding(tp=layout.tp, sequence_parallel=layout.sequence_parallel,
                     selective_recompute=recompute == "selective", cp=layout.cp, ep=layout.ep, etp=layout.etp,
-                    routing=routing, capacity_factor=capacity_factor)
+                    routing=routing, capacity_factor=capacity_factor, dispatcher=dispatcher)
 
 
 def check_expert_layout(graph: LayerGraph, layout: Parallelism) -> None:
@@ -82,6 +83,15 @@ def plan_routing(plan: Plan) -> tuple[Routing, float]:
     """The plan's routing and capacity factor (options ``routing`` and ``capacity_factor``; balanced and dropless
     when absent)."""
     return parse_routing(str(plan.option("routing", "balanced"))), float(plan.option("capacity_factor", 0.0))
+
+
+#: The plan option of ``--ep-dispatcher`` (recorded when not the default ``all-to-all``).
+EP_DISPATCHER_OPTION = "ep_dispatcher"
+
+
+def plan_dispatcher(plan: Plan) -> str:
+    """The plan's expert token dispatcher (option ``ep_dispatcher``; ``all-to-all`` when absent)."""
+    return str(plan.option(EP_DISPATCHER_OPTION, "all-to-all"))
 
 
 def plan_recompute(plan: Plan) -> str:
@@ -344,7 +354,10 @@ class CostView:
                 continue
             tokens = self.microbatch_size * part.seq // part.cp // (part.tp if part.sequence_parallel else 1)
             nbytes = tokens * mixture.topk * part.hidden * self.graph.dtype_bytes  # each device's token copies
-            if layout.ep > 1:
+            if layout.ep > 1 and mixture.dispatcher == "deduplicated":
+                cost = self._deduplicated(ep_groups, mixture, tokens * part.hidden * self.graph.dtype_bytes)
+                parts.append((cost, 2, nbytes))
+            elif layout.ep > 1:
                 cost = oracle.all_to_all(ep_groups, nbytes, mixture.loads)
                 parts.append((cost, 2, nbytes))  # the dispatch, and the combine back (the same bytes reversed)
             if layout.etp > 1:  # the slowest EP rank's received tokens, gathered over its expert-tensor group
@@ -353,6 +366,25 @@ class CostView:
                 for name in ("all_gather", "reduce_scatter"):
                     parts.append((oracle.collective(name, etp_groups, gathered), 1, gathered))
         return sequential_cost(parts, ())
+
+    def _deduplicated(self, ep_groups: tuple[tuple[int, ...], ...], mixture: MixturePart,
+                      token_bytes: int) -> CollectiveCost:
+        """The deduplicated dispatch (or combine) of one MoE layer over ``ep_groups``
+        (:func:`sim.cost.collectives.deduplicated_all_to_all_cost`): each token sent once to each of the servers its
+        experts lie on, as many on average as :func:`sim.models.routing.expected_servers` says for the mixture's
+        (group-limited) balanced routing, the experts placed in contiguous blocks over the group's servers."""
+        if mixture.loads:
+            raise SpecError("{ep_dispatcher} deduplicated is modelled for balanced dropless routing; use --routing "
+                            "balanced without --capacity-factor", "ep_dispatcher")
+        topology = self.topology
+        servers = len(server_parts(topology, ep_groups[0]))
+        try:
+            spread = expected_servers(mixture.experts, mixture.topk, servers, groups=mixture.groups,
+                                      group_topk=mixture.group_topk)
+        except SpecError as error:
+            raise SpecError(f"{{ep_dispatcher}} deduplicated: {error} (the expert-parallel group spans {servers} "
+                            f"servers)", "ep_dispatcher") from None
+        return self.oracle.deduplicated_all_to_all(ep_groups, token_bytes, mixture.topk, spread)
 
     def _collective_cost(self, kind: OpKind, vstage: int) -> CommCost:
         layout, oracle = self.layout, self.oracle

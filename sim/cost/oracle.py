@@ -49,7 +49,13 @@ from itertools import accumulate
 from typing import Any
 
 from sim.core.errors import SpecError
-from sim.cost.collectives import CollectiveCost, all_to_all_cost, collective_cost, concurrent_transfer
+from sim.cost.collectives import (
+    CollectiveCost,
+    all_to_all_cost,
+    collective_cost,
+    concurrent_transfer,
+    deduplicated_all_to_all_cost,
+)
 from sim.cost.context_parallel import KvExchange, exposed_seconds, kv_exchange
 from sim.cost.gpu_time import KernelModel, default_kernel_model, optimizer_seconds, transformer_layer_seconds
 from sim.cost.kernels.record import Narrow
@@ -366,6 +372,21 @@ class CostOracle:
         cost = self._collectives.get(key)
         if cost is None:
             cost = all_to_all_cost(self.topology, groups, nbytes, shares or None)
+            seconds = self._nccl(cost.seconds, "p2p", cost.algorithm, tuple(g for g in groups if len(g) > 1))
+            if seconds != cost.seconds:
+                cost = replace(cost, seconds=seconds)
+            self._collectives[key] = cost
+        return cost
+
+    def deduplicated_all_to_all(self, groups: tuple[tuple[int, ...], ...], token_bytes: int, topk: int,
+                                servers_per_token: float) -> CollectiveCost:
+        """Cost of a deduplicated token dispatch run at once by every group of ``groups``
+        (:func:`sim.cost.collectives.deduplicated_all_to_all_cost`), with NCCL's point-to-point latency model over
+        the groups as :meth:`all_to_all`'s; cached."""
+        key = ("deduplicated all_to_all", groups, token_bytes, topk, servers_per_token)
+        cost = self._collectives.get(key)
+        if cost is None:
+            cost = deduplicated_all_to_all_cost(self.topology, groups, token_bytes, topk, servers_per_token)
             seconds = self._nccl(cost.seconds, "p2p", cost.algorithm, tuple(g for g in groups if len(g) > 1))
             if seconds != cost.seconds:
                 cost = replace(cost, seconds=seconds)

@@ -58,6 +58,10 @@ class MixturePart:
             by the capacity factor); ``()``: balanced, 1/E each.
         loads: the share of the slots each of the ``ep`` expert-parallel ranks receives (capped likewise; what the
             all-to-all's traffic matrix sends to each); ``()``: balanced, 1/ep each.
+        groups: group-limited routing's groups of contiguous experts (0: none); ``group_topk`` of them per token.
+        group_topk: the groups a token's experts come from (DeepSeek-V3: 4 of 8).
+        dispatcher: how the tokens travel (:data:`sim.models.sharding.DISPATCHERS`): ``all-to-all`` (each token copy
+            to its expert's rank) or ``deduplicated`` (once per server, then inside it).
     """
 
     experts: int
@@ -72,6 +76,9 @@ class MixturePart:
     etp: int = 1
     shares: tuple[float, ...] = ()
     loads: tuple[float, ...] = ()
+    groups: int = 0
+    group_topk: int = 0
+    dispatcher: str = "all-to-all"
 
     @property
     def local_experts(self) -> int:

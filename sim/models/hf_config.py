@@ -23,8 +23,9 @@ The mixture-of-experts families read (:func:`moe_values`):
   bias (``topk_method: noaux_tc``), and the multi-token-prediction modules ``num_nextn_predict_layers`` (the moe
   family's ``mtp``: DeepSeek-V3's config says 1, so its preset trains with the MTP module, as DeepSeek did (arXiv
   2412.19437 §2.2) and Megatron-Bridge's DeepSeek-V3 rows do unless marked "w/o MTP"; ``deepseek-v3,mtp=0`` is the
-  main model alone, DeepSeek's 671 B). Not read: the node-limited routing (``n_group``, ``topk_group``: each token's
-  experts are taken wherever they are, the most the all-to-all can cross the network).
+  main model alone, DeepSeek's 671 B), and the group-limited routing ``n_group``/``topk_group`` (the family's
+  ``groups``/``group_topk``: a token's experts from 4 of 8 groups, arXiv 2412.19437 §2.1.2), which changes what a
+  deduplicated dispatch sends (``--ep-dispatcher deduplicated``) and nothing else.
 
 Fields read: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads`` (absent: as
 many as the query heads), ``head_dim`` (absent or null: hidden / heads), ``intermediate_size``, ``vocab_size``,
@@ -290,6 +291,9 @@ def moe_values(config: Mapping[str, Any], source: str) -> dict[str, int]:
                       sigmoid=int(config.get("scoring_func", "softmax") == "sigmoid"),
                       router_bias=int(method == "noaux_tc"),
                       mtp=_zero_or_integer(config, "num_nextn_predict_layers", source))
+        groups = _zero_or_integer(config, "n_group", source)
+        if groups > 1:  # group-limited routing (a single group limits nothing)
+            values.update(groups=groups, group_topk=_integer(config, "topk_group", source))
         values["kv_heads"] = heads  # every head has its own keys and values, up-projected from the latent
     return values
 

@@ -136,8 +136,11 @@ DEFAULTS: dict[str, int | float] = {
     "swiglu_clamp": 0,  # GPT-OSS clamps its SwiGLU's inputs at ±7 and adds 1 to the up projection
 }
 #: Keys a spec may give that its canonical form leaves out at their default, so that every spec written before the key
-#: existed keeps its text: ``mtp``, the multi-token-prediction modules (DeepSeek-V3 trains with 1).
-OPTIONAL: dict[str, int] = {"mtp": 0}
+#: existed keeps its text: ``mtp``, the multi-token-prediction modules (DeepSeek-V3 trains with 1); ``groups`` and
+#: ``group_topk``, group-limited routing (DeepSeek-V3: a token's experts from 4 of 8 groups of contiguous experts,
+#: arXiv 2412.19437 §2.1.2; 0: none), which limits the servers a token's experts lie on
+#: (:func:`sim.models.routing.expected_servers`).
+OPTIONAL: dict[str, int] = {"mtp": 0, "groups": 0, "group_topk": 0}
 
 DTYPE_BYTES = 2
 TOKEN_ID_BYTES = 8
@@ -146,7 +149,7 @@ INDEX_BYTES = 8  # int64 expert indices of the top-k
 
 _FLAGS = ("qkv_bias", "o_bias", "qk_norm", "sinks", "tied", "router_bias", "expert_bias", "sigmoid")
 _MAY_BE_ZERO = ("head_dim", "window", "q_lora", "kv_lora", "rope_dim", "v_dim", "shared_experts", "dense_layers",
-                "swiglu_clamp", "mtp", *_FLAGS)
+                "swiglu_clamp", "mtp", "groups", "group_topk", *_FLAGS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,6 +176,8 @@ class MoeShape(DecoderShape):
     sigmoid: bool = False
     swiglu_clamp: int = 0
     mtp: int = 0
+    groups: int = 0
+    group_topk: int = 0
 
     @property
     def latent(self) -> bool:
@@ -324,6 +329,12 @@ def _check(values: dict[str, int], spec: str) -> MoeShape:
             raise SpecError(f"heads ({a}) must divide hidden ({h}) when head_dim is not given, in {spec!r}")
     if values["topk"] > values["experts"]:
         raise SpecError(f"topk ({values['topk']}) must be at most experts ({values['experts']}) in {spec!r}")
+    if bool(values["groups"]) != bool(values["group_topk"]) or values["groups"] and (
+            values["experts"] % values["groups"] or values["group_topk"] > values["groups"]
+            or values["topk"] > values["group_topk"] * (values["experts"] // values["groups"])):
+        raise SpecError(f"group-limited routing needs groups dividing experts ({values['experts']}) and 1 <= "
+                        f"group_topk <= groups, their experts at least topk ({values['topk']}); got groups "
+                        f"{values['groups']}, group_topk {values['group_topk']} in {spec!r}")
     if values["mtp"] > 1:
         raise SpecError(f"mtp must be 0 or 1 (DeepSeek-V3's one multi-token-prediction module), got {values['mtp']} "
                         f"in {spec!r}")
@@ -465,7 +476,8 @@ def _mixture(shape: MoeShape, moe_index: int, sharding: Sharding) -> MixturePart
     return MixturePart(shape.experts, shape.topk, shape.expert_ffn, shape.shared_ffn, router_bias=shape.router_bias,
                        expert_bias=shape.expert_bias, sigmoid=shape.sigmoid, swiglu_clamp=shape.swiglu_clamp,
                        ep=sharding.ep, etp=sharding.etp, shares=() if balanced else local,
-                       loads=() if balanced else rank_loads(capped, sharding.ep))
+                       loads=() if balanced else rank_loads(capped, sharding.ep), groups=shape.groups,
+                       group_topk=shape.group_topk, dispatcher=sharding.dispatcher)
 
 
 def selective_recompute_flops(shape: MoeShape, tp: int = 1) -> int:

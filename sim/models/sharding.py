@@ -27,7 +27,10 @@ from dataclasses import dataclass
 from sim.models.graph import Layer
 from sim.models.routing import BALANCED, Routing
 
-__all__ = ["Sharding", "NO_SHARDING", "Collectives", "all_reduce", "lone_gather_or_scatter", "padded_vocab",
+#: The expert token dispatchers ``--ep-dispatcher`` takes (:class:`Sharding`'s ``dispatcher``), the default first.
+DISPATCHERS = ("all-to-all", "deduplicated")
+
+__all__ = ["Sharding", "NO_SHARDING", "DISPATCHERS", "Collectives", "all_reduce", "lone_gather_or_scatter", "padded_vocab",
            "collective_layer"]
 
 
@@ -52,6 +55,10 @@ class Sharding:
             expert-parallel rank that receives the most.
         capacity_factor: each expert computes at most ``capacity_factor · k · T / E`` of the slots, the rest dropped
             (0: dropless).
+        dispatcher: how the expert-parallel ranks exchange tokens (:data:`DISPATCHERS`, ``--ep-dispatcher``):
+            ``all-to-all`` (Megatron-Core's all-to-all token dispatcher: each token copy straight to its expert's
+            rank) or ``deduplicated`` (DeepEP's and DeepSeek-V3's: once per server over the network, then to the
+            experts inside it; :func:`sim.cost.collectives.deduplicated_all_to_all_cost`).
     """
 
     tp: int = 1
@@ -62,6 +69,7 @@ class Sharding:
     etp: int = 1
     routing: Routing = BALANCED
     capacity_factor: float = 0.0
+    dispatcher: str = "all-to-all"
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -77,6 +85,8 @@ class Sharding:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"Sharding.{name} must be True or False, got {value!r}")
+        if self.dispatcher not in DISPATCHERS:
+            raise ValueError(f"Sharding.dispatcher must be one of {', '.join(DISPATCHERS)}, got {self.dispatcher!r}")
 
     @property
     def sequence_shards(self) -> int:

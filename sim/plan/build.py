@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
-from sim.cost.cost_view import CostView
+from sim.cost.cost_view import EP_DISPATCHER_OPTION, CostView
 from sim.cost.oracle import CostOracle
 from sim.cost.plan_costs import PlanCosts, check_graph, plan_costs, sharded_graph
 from sim.cost.profile import MeasuredProfile, load_profile
@@ -24,6 +24,7 @@ from sim.ir.schedule_csv import load_schedule_csv
 from sim.ir.weight_versions import VERTICAL_SYNC_OPTION
 from sim.models.graph import LayerGraph
 from sim.models.routing import BALANCED, Routing, parse_routing
+from sim.models.sharding import DISPATCHERS
 from sim.plan.inputs import PlanInputs
 from sim.plan.layout import plan_is_pipeline_only, plan_layout, plan_microbatches
 from sim.plan.limits import check_plan_size, compute_ops_per_microbatch
@@ -250,7 +251,9 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
                              + ((("routing", routing.spec()),) if routing != BALANCED else ())
                              + ((("capacity_factor", float(inputs.capacity_factor)),)
                                 if inputs.capacity_factor else ())
-                             + (((EP_OVERLAP_OPTION, True),) if _ep_overlap(inputs, l0.layout) else ()))),
+                             + (((EP_OVERLAP_OPTION, True),) if _ep_overlap(inputs, l0.layout) else ())
+                             + (((EP_DISPATCHER_OPTION, inputs.ep_dispatcher),)
+                                if inputs.ep_dispatcher != DISPATCHERS[0] else ()))),
     )
     if inputs.recompute_mode == "selective":
         if any(op.kind is OpKind.R for program in programs for op in program):
@@ -262,6 +265,20 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
         plan = add_recompute(plan)  # also records ("recompute", True) in the options
     validate_l0(plan)
     return plan
+
+
+def _check_dispatcher(inputs: PlanInputs, layout: Parallelism) -> None:
+    """Refuse an unknown ``--ep-dispatcher``, or the deduplicated one without expert parallelism."""
+    if inputs.ep_dispatcher not in DISPATCHERS:
+        raise SpecError(f"{{ep_dispatcher}} must be one of {', '.join(DISPATCHERS)}, got {inputs.ep_dispatcher!r}",
+                        "ep_dispatcher")
+    if inputs.ep_dispatcher != DISPATCHERS[0] and layout.ep == 1:
+        raise SpecError(f"{{ep_dispatcher}} {inputs.ep_dispatcher} is how expert-parallel ranks exchange tokens; it "
+                        f"needs --ep > 1, got {layout.describe()}", "ep_dispatcher")
+    if inputs.ep_dispatcher == "deduplicated" and (parse_routing(inputs.routing) != BALANCED
+                                                   or inputs.capacity_factor):
+        raise SpecError("{ep_dispatcher} deduplicated is modelled for balanced dropless routing; use --routing "
+                        "balanced without --capacity-factor", "ep_dispatcher")
 
 
 def _ep_overlap(inputs: PlanInputs, layout: Parallelism) -> bool:
@@ -316,10 +333,11 @@ def place_layers(inputs: PlanInputs, profile: MeasuredProfile | None, topology: 
 
 
 def inputs_graph(inputs: PlanInputs, layout: Parallelism) -> LayerGraph:
-    """The model as one device of ``layout`` holds it under these inputs: their recomputation, routing and capacity
-    factor (:func:`sim.cost.plan_costs.sharded_graph`)."""
+    """The model as one device of ``layout`` holds it under these inputs: their recomputation, routing, capacity
+    factor and token dispatcher (:func:`sim.cost.plan_costs.sharded_graph`)."""
+    _check_dispatcher(inputs, layout)
     return sharded_graph(inputs.model, layout, inputs.recompute_mode, parse_routing(inputs.routing),
-                         inputs.capacity_factor)
+                         inputs.capacity_factor, inputs.ep_dispatcher)
 
 
 def inputs_costs(inputs: PlanInputs, profile: MeasuredProfile | None, topology: Topology,

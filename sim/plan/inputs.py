@@ -72,6 +72,8 @@ class PlanInputs:
         ep_overlap: each expert all-to-all runs beside the next compute op of its rank instead of holding the
             compute stream (``--ep-overlap``; DualPipe's and Megatron-Core's overlap of one microbatch's dispatch and
             combine with another's compute; :mod:`sim.plan.lower_collectives`).
+        ep_dispatcher: how the expert-parallel ranks exchange tokens (``--ep-dispatcher``, one of
+            :data:`sim.models.sharding.DISPATCHERS`): ``all-to-all`` or ``deduplicated`` (once per server, DeepEP's).
     """
 
     model: str
@@ -108,6 +110,7 @@ class PlanInputs:
     routing: str = "balanced"
     capacity_factor: float = 0.0
     ep_overlap: bool = False
+    ep_dispatcher: str = "all-to-all"
 
     @property
     def recompute_mode(self) -> str:

@@ -20,6 +20,7 @@ def test_the_inputs_are_the_reports_run():
     assert inputs.pp * inputs.dp == 2048
     assert inputs.global_batch == 15_360 and inputs.model == "deepseek-v3,seq=4096"  # §4.2
     assert inputs.precision == "fp8" and inputs.ep_overlap  # DualPipe overlaps the all-to-alls (§3.2.1)
+    assert inputs.ep_dispatcher == "deduplicated"  # once per server over IB, then NVLink (§3.2.2)
 
 
 def test_the_prediction_is_its_own_iteration_time_and_says_what_it_leaves_out():

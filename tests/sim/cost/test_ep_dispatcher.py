@@ -1,0 +1,59 @@
+"""``--ep-dispatcher deduplicated``: the expert exchange sent once per server (DeepSeek-V3 §3.2.2). Oracles: the
+plain all-to-all inside one server (the same time to the bit), a written plan predicting as the built one, the
+group-limited routing read from DeepSeek-V3's config, and refusals."""
+
+import pytest
+
+from sim.core.errors import SpecError
+from sim.ir.plan import Plan
+from sim.models import build_model
+from sim.plan.build import build_plan
+from sim.plan.inputs import PlanInputs
+from sim.predict import predict, predict_built
+
+SMALL = "moe:layers=4,hidden=256,heads=8,kv_heads=2,head_dim=32,ffn=512,vocab=1024,seq=512,experts=16,topk=4," \
+        "expert_ffn=128,qk_norm=0"
+
+
+def _time(topology, dispatcher, model=SMALL, ep=8, **extra):
+    inputs = PlanInputs(model, topology, "1f1b", 4, dp=ep, ep=ep, zero=1, ep_dispatcher=dispatcher, **extra)
+    built = build_plan(inputs)
+    return built, predict_built(built).metrics["iteration_time_s"]
+
+
+def test_inside_one_server_it_is_the_all_to_all():
+    assert _time("8xH100", "deduplicated")[1] == _time("8xH100", "all-to-all")[1]
+
+
+def test_across_servers_it_sends_less_and_a_written_plan_predicts_the_same():
+    built, deduplicated = _time("2x8xH100", "deduplicated", ep=16)
+    _, plain = _time("2x8xH100", "all-to-all", ep=16)
+    assert deduplicated < plain
+    assert built.plan.option("ep_dispatcher") == "deduplicated"
+    again = predict(Plan.loads(built.plan.dumps()))
+    assert again.metrics["iteration_time_s"] == deduplicated
+
+
+def test_group_limited_routing_is_read_from_deepseek_v3s_config_and_checked():
+    graph = build_model("deepseek-v3,seq=4096")
+    mixture = next(layer.transformer.moe for layer in graph.layers if layer.transformer and layer.transformer.moe)
+    assert (mixture.groups, mixture.group_topk) == (8, 4)  # its config's n_group and topk_group
+    limited, _ = _time("2x8xH100", "deduplicated", model=SMALL + ",groups=4,group_topk=1", ep=16)
+    # one group of 4 experts a token: all on one server (2 servers of 8 experts each), against up to 2 without
+    assert predict_built(limited).metrics["iteration_time_s"] < _time("2x8xH100", "deduplicated", ep=16)[1]
+    with pytest.raises(SpecError, match="group-limited routing needs"):
+        build_model(SMALL + ",groups=3,group_topk=1")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"ep": 1}, "needs --ep > 1"), ({"routing": "skew:1.0"}, "balanced dropless routing"),
+])
+def test_what_it_does_not_model_is_refused(extra, message):
+    ep = extra.pop("ep", 16)
+    with pytest.raises(SpecError, match=message):
+        build_plan(PlanInputs(SMALL, "2x8xH100", "1f1b", 4, dp=16, ep=ep, ep_dispatcher="deduplicated", **extra))
+
+
+def test_an_unknown_dispatcher_is_refused_by_name():
+    with pytest.raises(SpecError, match="ep_dispatcher.*all-to-all, deduplicated"):
+        _time("8xH100", "deepep")
