@@ -18,8 +18,8 @@ from typing import Any
 
 from sim.core.errors import SpecError
 from sim.cost import fsdp
-from sim.cost.collectives import CollectiveCost, server_parts
 from sim.cost.comm_cost import CommCost, sequential_cost
+from sim.cost.expert_exchange import expert_exchange_cost
 from sim.cost.gpu_time import KernelModel
 from sim.cost.memory_sizes import StateShards
 from sim.cost.oracle import CostOracle
@@ -30,8 +30,8 @@ from sim.hw.topology import Topology
 from sim.ir.ops import OP_SEMANTICS, SPLIT_BACKWARD_KINDS
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import DP_KINDS, EP_KINDS, OpKind, Placement, Plan
-from sim.models.graph import LayerGraph, MixturePart
-from sim.models.routing import BALANCED, Routing, expected_servers, parse_routing
+from sim.models.graph import LayerGraph
+from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import Sharding
 
 __all__ = ["CostView", "replica_views", "plan_sharding", "plan_oracle", "plan_dispatcher", "EP_DISPATCHER_OPTION",
@@ -328,68 +328,13 @@ class CostView:
                 parts.append(("all_reduce", replicate, gradients // layout.dp_shard))
         return [part for part in parts if part[2] and len(part[1][0]) > 1]
 
-    def _expert_exchanges(self, vstage: int) -> CommCost:
-        """An EP op of ``vstage``: every MoE layer's token dispatch and combine, each an all-to-all over the stage's
-        expert-parallel groups (all of them at once) whose traffic matrix sends each member the tokens routed to its
-        experts (:attr:`sim.models.graph.MixturePart.loads`), and under expert tensor parallelism the all-gather of
-        the received tokens over each expert-tensor group and the reduce-scatter of the experts' outputs.
-
-        The op holds no link in the engine (``held_links`` empty): an expert-parallel group spans data-parallel
-        replicas, so the replicas' EP ops of one microbatch are one exchange, whose time already counts every group's
-        traffic on every link; were each replica's copy to hold the links, the copies would queue behind each other
-        as if they were different traffic. What the exchange does not see is other traffic on the same links at the
-        same moment (pipeline sends, gradient reductions): an optimistic simplification."""
-        layout, oracle = self.layout, self.oracle
-        pipeline_rank = self.placement.vstage_to_rank[vstage]
-        start, end = self.placement.vstage_layers[vstage]
-        ep_groups = tuple(layout.ep_group(pipeline_rank, d, t) for d in range(layout.expert_dp)
-                          for t in range(layout.etp))
-        etp_groups = tuple(layout.etp_group(pipeline_rank, d, e) for d in range(layout.expert_dp)
-                           for e in range(layout.ep))
-        parts: list[tuple[CollectiveCost, int, int]] = []
-        for layer in self.graph.layers[start:end]:
-            part = layer.transformer
-            mixture = part.moe if part is not None else None
-            if mixture is None:
-                continue
-            tokens = self.microbatch_size * part.seq // part.cp // (part.tp if part.sequence_parallel else 1)
-            nbytes = tokens * mixture.topk * part.hidden * self.graph.dtype_bytes  # each device's token copies
-            if layout.ep > 1 and mixture.dispatcher == "deduplicated":
-                cost = self._deduplicated(ep_groups, mixture, tokens * part.hidden * self.graph.dtype_bytes)
-                parts.append((cost, 2, nbytes))
-            elif layout.ep > 1:
-                cost = oracle.all_to_all(ep_groups, nbytes, mixture.loads)
-                parts.append((cost, 2, nbytes))  # the dispatch, and the combine back (the same bytes reversed)
-            if layout.etp > 1:  # the slowest EP rank's received tokens, gathered over its expert-tensor group
-                load = max(mixture.loads) * layout.ep if mixture.loads else 1.0
-                gathered = round(nbytes * load) * layout.etp
-                for name in ("all_gather", "reduce_scatter"):
-                    parts.append((oracle.collective(name, etp_groups, gathered), 1, gathered))
-        return sequential_cost(parts, ())
-
-    def _deduplicated(self, ep_groups: tuple[tuple[int, ...], ...], mixture: MixturePart,
-                      token_bytes: int) -> CollectiveCost:
-        """The deduplicated dispatch (or combine) of one MoE layer over ``ep_groups``
-        (:func:`sim.cost.collectives.deduplicated_all_to_all_cost`): each token sent once to each of the servers its
-        experts lie on, as many on average as :func:`sim.models.routing.expected_servers` says for the mixture's
-        (group-limited) balanced routing, the experts placed in contiguous blocks over the group's servers."""
-        if mixture.loads:
-            raise SpecError("{ep_dispatcher} deduplicated is modelled for balanced dropless routing; use --routing "
-                            "balanced without --capacity-factor", "ep_dispatcher")
-        topology = self.topology
-        servers = len(server_parts(topology, ep_groups[0]))
-        try:
-            spread = expected_servers(mixture.experts, mixture.topk, servers, groups=mixture.groups,
-                                      group_topk=mixture.group_topk)
-        except SpecError as error:
-            raise SpecError(f"{{ep_dispatcher}} deduplicated: {error} (the expert-parallel group spans {servers} "
-                            f"servers)", "ep_dispatcher") from None
-        return self.oracle.deduplicated_all_to_all(ep_groups, token_bytes, mixture.topk, spread)
-
     def _collective_cost(self, kind: OpKind, vstage: int) -> CommCost:
         layout, oracle = self.layout, self.oracle
         if kind in EP_KINDS:  # forward, backward and recompute exchange the same tokens (gradients backward)
-            return self._expert_exchanges(vstage)
+            start, end = self.placement.vstage_layers[vstage]
+            return expert_exchange_cost(self.graph.layers[start:end], self.layout,
+                                        self.placement.vstage_to_rank[vstage], self.oracle, self.microbatch_size,
+                                        self.graph.dtype_bytes)
         pipeline_rank = self.placement.vstage_to_rank[vstage]
         start, end = self.placement.vstage_layers[vstage]
         # What follows depends on the topology and the collectives' groups and buffers alone: kept in the topology's

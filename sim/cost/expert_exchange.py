@@ -1,0 +1,83 @@
+"""What an expert-parallel op costs: every MoE layer's token dispatch and combine of a stage, by the plan's
+dispatcher (:data:`sim.models.sharding.DISPATCHERS`), and under expert tensor parallelism the gathers around the
+experts. :class:`sim.cost.cost_view.CostView` asks here for its EP ops (``EP_F``, ``EP_B``, ``EP_R``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sim.core.errors import SpecError
+from sim.cost.collectives import CollectiveCost, server_parts
+from sim.cost.comm_cost import CommCost, sequential_cost
+from sim.cost.oracle import CostOracle
+from sim.ir.parallel import Parallelism
+from sim.models.graph import Layer, MixturePart
+from sim.models.routing import expected_servers
+
+__all__ = ["expert_exchange_cost"]
+
+
+def expert_exchange_cost(layers: Sequence[Layer], layout: Parallelism, pipeline_rank: int, oracle: CostOracle,
+                         microbatch_size: int, dtype_bytes: int) -> CommCost:
+    """An EP op of the stage holding ``layers`` on ``pipeline_rank``: every MoE layer's token dispatch and combine
+    over the stage's expert-parallel groups (all of them at once), and under expert tensor parallelism the
+    all-gather of the received tokens over each expert-tensor group and the reduce-scatter of the experts' outputs.
+
+    The dispatch is, by the mixture's ``dispatcher``, an all-to-all whose traffic matrix sends each member the tokens
+    routed to its experts (:attr:`sim.models.graph.MixturePart.loads`; Megatron-Core's all-to-all dispatcher), or
+    the deduplicated exchange (:func:`_deduplicated`); the combine sends the same bytes back.
+
+    The op holds no link in the engine (``held_links`` empty): an expert-parallel group spans data-parallel
+    replicas, so the replicas' EP ops of one microbatch are one exchange, whose time already counts every group's
+    traffic on every link; were each replica's copy to hold the links, the copies would queue behind each other as
+    if they were different traffic. What the exchange does not see is other traffic on the same links at the same
+    moment (pipeline sends, gradient reductions): an optimistic simplification.
+    """
+    ep_groups = tuple(layout.ep_group(pipeline_rank, d, t) for d in range(layout.expert_dp)
+                      for t in range(layout.etp))
+    etp_groups = tuple(layout.etp_group(pipeline_rank, d, e) for d in range(layout.expert_dp)
+                       for e in range(layout.ep))
+    parts: list[tuple[CollectiveCost, int, int]] = []
+    for layer in layers:
+        part = layer.transformer
+        mixture = part.moe if part is not None else None
+        if mixture is None:
+            continue
+        tokens = microbatch_size * part.seq // part.cp // (part.tp if part.sequence_parallel else 1)
+        nbytes = tokens * mixture.topk * part.hidden * dtype_bytes  # each device's token copies
+        if layout.ep > 1 and mixture.dispatcher == "deduplicated":
+            cost = _deduplicated(oracle, ep_groups, mixture, tokens * part.hidden * dtype_bytes)
+            parts.append((cost, 2, nbytes))
+        elif layout.ep > 1:
+            cost = oracle.all_to_all(ep_groups, nbytes, mixture.loads)
+            parts.append((cost, 2, nbytes))  # the dispatch, and the combine back (the same bytes reversed)
+        if layout.etp > 1:  # the slowest EP rank's received tokens, gathered over its expert-tensor group
+            load = max(mixture.loads) * layout.ep if mixture.loads else 1.0
+            gathered = round(nbytes * load) * layout.etp
+            for name in ("all_gather", "reduce_scatter"):
+                parts.append((oracle.collective(name, etp_groups, gathered), 1, gathered))
+    return sequential_cost(parts, ())
+
+
+def _deduplicated(oracle: CostOracle, ep_groups: tuple[tuple[int, ...], ...], mixture: MixturePart,
+                  token_bytes: int) -> CollectiveCost:
+    """The deduplicated dispatch (or combine) of one MoE layer over ``ep_groups``
+    (:func:`sim.cost.collectives.deduplicated_all_to_all_cost`): each token sent once to each of the servers its
+    experts lie on, as many on average as :func:`sim.models.routing.expected_servers` says for the mixture's
+    (group-limited) balanced routing, the experts placed in contiguous blocks over the group's servers.
+
+    Raises:
+        SpecError: a skewed or capped routing (modelled for balanced dropless routing only), or expert groups and
+            servers that do not nest.
+    """
+    if mixture.loads:
+        raise SpecError("{ep_dispatcher} deduplicated is modelled for balanced dropless routing; use --routing "
+                        "balanced without --capacity-factor", "ep_dispatcher")
+    servers = len(server_parts(oracle.topology, ep_groups[0]))
+    try:
+        spread = expected_servers(mixture.experts, mixture.topk, servers, groups=mixture.groups,
+                                  group_topk=mixture.group_topk)
+    except SpecError as error:
+        raise SpecError(f"{{ep_dispatcher}} deduplicated: {error} (the expert-parallel group spans {servers} "
+                        f"servers)", "ep_dispatcher") from None
+    return oracle.deduplicated_all_to_all(ep_groups, token_bytes, mixture.topk, spread)
