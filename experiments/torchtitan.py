@@ -10,9 +10,10 @@ pipeline parallelism); ``--tp`` with ``--sequence-parallel`` (torchtitan's TP pl
 parallelism, and with it torchtitan's default of one microbatch per pipeline stage (two stages per rank assumed for
 the interleaved rows, whose split is not stated); ``--recompute selective`` (torchtitan's per-op policy) or
 ``full``; ``--precision fp8`` for Float8 rows (``fp8-rowwise`` for the rows that name the rowwise recipe) and
-``--compile`` for compiled ones. What the simulator does not model is named per row in its ``unmodelled`` column:
-async TP, FSDP's Float8 all-gather and the rowwise GEMM's speed on small shapes (its casts and its bulk speed are
-modelled; the rows stay out of the fit half).
+``--compile`` for compiled ones, ``--fsdp-float8-all-gather`` for the Float8 rows under FSDP that gather in FP8
+(the 405B preset's and the H200 file's). What the simulator does not model is named per row in its ``unmodelled``
+column: async TP and the rowwise GEMM's speed on small shapes (its casts and its bulk speed are modelled; the rows
+stay out of the fit half).
 The device figures come from the catalog; the kernel model's constants from vTrain's A100 fit half. Three figures of
 the Grand Teton H100 no source publishes (its bf16 and FP8 GEMM ceilings and its attention kernel's, under the 500 W
 cap) were fitted on a seeded half of these rows (``--fit``, :mod:`experiments.torchtitan_fit`): the table marks each
@@ -119,7 +120,8 @@ def plan_inputs(row: Row) -> PlanInputs:
         global_batch=row.local_batch * row.fsdp, zero=3 if row.fsdp * row.cp > 1 else 0,
         reshard_after_forward=row.pp == 1 or row.fsdp * row.cp == 1,
         precision=("fp8-rowwise" if row.recipe == "rowwise" else "fp8") if row.float8 else None,
-        compiled=row.compiled)
+        compiled=row.compiled,
+        fsdp_float8_gather=row.float8 and row.fsdp_float8_gather and row.fsdp * row.cp > 1)
 
 
 def unmodelled(row: Row) -> tuple[str, ...]:
@@ -131,8 +133,6 @@ def unmodelled(row: Row) -> tuple[str, ...]:
         # The recipe's casts are modelled; its GEMM's speed only in bulk (sim.cost.kernels.record.ROWWISE_GEMM_SHARE,
         # an assumption): the small linears' tail that torchtitan issue 1207 found (k and v ~40 % slower) is not.
         missing.append("Float8 rowwise GEMM's small-shape tail")
-    if row.float8 and row.fsdp_float8_gather and row.fsdp * row.cp > 1:
-        missing.append("FSDP Float8 all-gather (gathered in bf16)")
     if row.pp > 1:
         missing.append(UNSTATED_PP)
     return tuple(missing)

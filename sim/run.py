@@ -43,6 +43,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--cp-comm", "order": "--rank-order",
          "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
          "ep_overlap": "--ep-overlap", "ep_dispatcher": "--ep-dispatcher",
+         "fsdp_float8_gather": "--fsdp-float8-all-gather",
          "zero": "--zero",
          "reshard_after_forward": "--fsdp-reshard-after-forward", "dp_replicate": "--dp-replicate",
          "precision": "--precision", "compiled": "--compile", "compile": "--compile",
@@ -126,6 +127,10 @@ def make_parser() -> argparse.ArgumentParser:
                      help="expert tensor parallelism: each expert's width split over T devices (default 1)")
     par.add_argument("--routing", default="balanced", metavar="ROUTING", help=ROUTING_HELP)
     par.add_argument("--capacity-factor", type=float, default=0.0, metavar="C", help=CAPACITY_FACTOR_HELP)
+    par.add_argument("--fsdp-float8-all-gather", dest="fsdp_float8_gather", action="store_true",
+                     help="under --zero 3 with --precision fp8, cast the blocks' linear weights to FP8 before FSDP's "
+                     "all-gather and gather them at one byte a parameter (torchtitan's "
+                     "float8.enable_fsdp_float8_all_gather)")
     par.add_argument("--ep-dispatcher", choices=list(DISPATCHERS), default=DISPATCHERS[0],
                      help="how expert-parallel ranks exchange tokens: all-to-all (default; Megatron-Core's all-to-all "
                      "dispatcher: each token copy straight to its expert's rank) or deduplicated (DeepEP's and "
@@ -259,6 +264,7 @@ def _run(argv: list[str] | None) -> int:
         devices=args.devices, fps=args.fps, cuda_graphs=args.cuda_graphs, precision=args.precision,
         compiled=args.compiled, ep=args.ep, etp=args.etp, routing=args.routing,
         capacity_factor=args.capacity_factor, ep_overlap=args.ep_overlap, ep_dispatcher=args.ep_dispatcher,
+        fsdp_float8_gather=args.fsdp_float8_gather,
     )
     if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
         fault_options.check()  # the long run's flags, before anything is simulated or printed
@@ -401,6 +407,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--cp", args.cp != 1), ("--ep", args.ep != 1), ("--etp", args.etp != 1),
                         ("--routing", args.routing != "balanced"), ("--capacity-factor", args.capacity_factor != 0),
                         ("--ep-overlap", args.ep_overlap), ("--ep-dispatcher", args.ep_dispatcher != DISPATCHERS[0]),
+                        ("--fsdp-float8-all-gather", args.fsdp_float8_gather),
                         ("--global-batch", args.global_batch is not None),
                         ("--zero", args.zero != 0),
                         ("--fsdp-reshard-after-forward", args.reshard_after_forward != "default"),

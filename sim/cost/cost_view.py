@@ -207,7 +207,7 @@ class CostView:
         if len(groups[0]) == 1:
             return [0.0] * (end - start)  # a group of one has nothing to exchange
         memory = self.oracle.memory
-        sizes = (memory.param_bytes(i, i + 1, device) if name == "all_gather" else
+        sizes = (self.gather_bytes(i, device) if name == "all_gather" else
                  memory.gradient_bytes(i, i + 1, device) // (layout.dp_shard if name == "all_reduce" else 1)
                  for i in range(start, end))
         return [self.oracle.collective(name, groups, nbytes).seconds if nbytes else 0.0 for nbytes in sizes]
@@ -320,7 +320,7 @@ class CostView:
         memory, parts = self.oracle.memory, []
         for i in range(start, end):
             if kind is OpKind.GATHER_PARAMS:
-                parts.append(("all_gather", shard, memory.param_bytes(i, i + 1, device)))
+                parts.append(("all_gather", shard, self.gather_bytes(i, device)))
                 continue
             gradients = memory.gradient_bytes(i, i + 1, device)
             parts.append(("reduce_scatter", shard, gradients))
@@ -460,6 +460,22 @@ class CostView:
         workspace while it runs (:mod:`sim.cost.fsdp`); 0 otherwise."""
         return self._gathered(vstage)[backward]
 
+    def gather_bytes(self, layer: int, device: DeviceSpec) -> int:
+        """Bytes of layer ``layer``'s parameters as ZeRO-3 gathers and holds them on ``device``: its parameter bytes,
+        or under ``fsdp_float8_gather`` a block's linear weights at one byte a parameter (torchao casts each
+        Float8Linear weight shard to FP8 before the all-gather and its GEMMs read the gathered FP8 weight;
+        torchtitan's ``float8.enable_fsdp_float8_all_gather``). A block's norm weights stay in the training dtype
+        (two of ``hidden`` each; QK-norm's and a latent attention's few are counted at one byte, under 0.1 % of a
+        block); the embedding and the head are not Float8Linear (torchtitan's converter leaves the output layer
+        out)."""
+        full = self.oracle.memory.param_bytes(layer, layer + 1, device)
+        part = self.graph.layers[layer].transformer
+        if not self.layout.fsdp_float8_gather or part is None or part.part != "block":
+            return full
+        dtype = self.graph.dtype_bytes
+        norms = 2 * part.hidden * dtype
+        return norms + (full - norms) // dtype
+
     def held_gathered_bytes(self, vstage: int) -> int:
         """Under ZeRO-3 without resharding after the forward, the gathered parameter bytes ``vstage`` keeps from a
         forward to the backward of the last microbatch in flight; 0 otherwise."""
@@ -469,7 +485,7 @@ class CostView:
         found = self._sizes.get(key)
         if found is None:  # the engine asks for every op of the stage
             start, end, device = self._sized[vstage]
-            found = self._sizes[key] = sum(self.oracle.memory.param_bytes(i, i + 1, device) for i in range(start, end))
+            found = self._sizes[key] = sum(self.gather_bytes(i, device) for i in range(start, end))
         return found
 
     def held_gradient_bytes(self, vstage: int) -> int:
@@ -496,7 +512,7 @@ class CostView:
         if found is None:
             start, end, device = self._sized[vstage]
             memory = self.oracle.memory
-            params = [memory.param_bytes(i, i + 1, device) for i in range(start, end)]
+            params = [self.gather_bytes(i, device) for i in range(start, end)]
             gradients = [memory.gradient_bytes(i, i + 1, device) for i in range(start, end)]
             kept = not self.layout.reshard_after_forward
             found = self._sizes[key] = (0 if kept else fsdp.forward_gathered_bytes(params),

@@ -67,7 +67,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 RESHARD_POLICIES = ("default", "always", "never")
 
 _FIELDS = frozenset({"tp", "dp", "pp", "cp", "cp_comm", "order", "sequence_parallel", "zero", "reshard_after_forward",
-                     "dp_replicate", "grad_overlap", "devices", "ep", "etp"})
+                     "dp_replicate", "grad_overlap", "devices", "ep", "etp", "fsdp_float8_gather"})
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,10 @@ class Parallelism:
         ep: expert-parallel degree E: the devices of a pipeline rank that split each MoE layer's routed experts and
             exchange tokens by all-to-all (module docstring: folded onto the T · D · C devices).
         etp: expert-tensor-parallel degree: the devices that split each expert's width.
+        fsdp_float8_gather: under ZeRO-3 with FP8 linears, each block's linear weights are cast to FP8 before their
+            all-gather and gathered and held at one byte a parameter (torchao's Float8Linear with
+            ``enable_fsdp_float8_all_gather``, torchtitan's ``float8.enable_fsdp_float8_all_gather``;
+            :meth:`sim.cost.cost_view.CostView.gather_bytes`).
     """
 
     tp: int = 1
@@ -128,6 +132,7 @@ class Parallelism:
     devices: tuple[int, ...] = ()
     ep: int = 1
     etp: int = 1
+    fsdp_float8_gather: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp", "pp", "cp", "ep", "etp"):
@@ -157,6 +162,12 @@ class Parallelism:
             raise SpecError("{reshard_after_forward} false (never) keeps gathered parameters between forward and "
                             "backward; it needs {zero} 3 (parameters split across replicas)", "reshard_after_forward",
                             "zero")
+        if not isinstance(self.fsdp_float8_gather, bool):
+            raise SpecError(f"{{fsdp_float8_gather}} must be true or false, got {self.fsdp_float8_gather!r}",
+                            "fsdp_float8_gather")
+        if self.fsdp_float8_gather and self.zero != 3:
+            raise SpecError("{fsdp_float8_gather} gathers FSDP's parameters in FP8; it needs {zero} 3",
+                            "fsdp_float8_gather", "zero")
         if isinstance(self.dp_replicate, bool) or not isinstance(self.dp_replicate, int) or self.dp_replicate < 1:
             raise SpecError(f"{{dp_replicate}} must be an integer >= 1, got {self.dp_replicate!r}", "dp_replicate")
         if self.dp_replicate > 1 and (self.zero != 3 or self.dp % self.dp_replicate):
@@ -420,6 +431,7 @@ class Parallelism:
                 "grad_overlap": self.grad_overlap,
                 **({"devices": list(self.devices)} if self.devices else {}),
                 **({"ep": self.ep} if self.ep > 1 else {}), **({"etp": self.etp} if self.etp > 1 else {}),
+                **({"fsdp_float8_gather": True} if self.fsdp_float8_gather else {}),
                 "groups": self.groups()}
 
     @classmethod
@@ -436,7 +448,7 @@ class Parallelism:
             value = data.get(key, 0 if key == "zero" else 1)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(f"{source}: parallel.{key} must be an integer, got {value!r}")
-        for key in ("sequence_parallel", "grad_overlap", "reshard_after_forward"):
+        for key in ("sequence_parallel", "grad_overlap", "reshard_after_forward", "fsdp_float8_gather"):
             if not isinstance(data.get(key, key == "reshard_after_forward"), bool):
                 raise SpecError(f"{source}: parallel.{key} must be true or false, got {data[key]!r}")
         devices = data.get("devices", [])
@@ -449,7 +461,8 @@ class Parallelism:
                      reshard_after_forward=data.get("reshard_after_forward", True),
                      dp_replicate=data.get("dp_replicate", 1),
                      grad_overlap=data.get("grad_overlap", False), devices=tuple(devices),
-                     ep=data.get("ep", 1), etp=data.get("etp", 1))
+                     ep=data.get("ep", 1), etp=data.get("etp", 1),
+                     fsdp_float8_gather=data.get("fsdp_float8_gather", False))
         if layout.pp != pp:
             raise SpecError(f"{source}: parallel.pp is {layout.pp} but the plan has {pp} rank programs")
         if "groups" in data and data["groups"] != layout.groups():

@@ -267,6 +267,14 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
     return plan
 
 
+def _check_float8_gather(inputs: PlanInputs) -> None:
+    """Refuse ``--fsdp-float8-all-gather`` without tensorwise FP8 linears (torchao gathers Float8Linear weights in FP8
+    for its tensorwise recipe: the scale of a tensor is known before it is gathered)."""
+    if inputs.fsdp_float8_gather and inputs.precision != "fp8":
+        raise SpecError(f"{{fsdp_float8_gather}} gathers Float8Linear weights in FP8; it needs --precision fp8 "
+                        f"(tensorwise), got {inputs.precision or 'the model precision'}", "fsdp_float8_gather")
+
+
 def _check_dispatcher(inputs: PlanInputs, layout: Parallelism) -> None:
     """Refuse an unknown ``--ep-dispatcher``, or the deduplicated one without expert parallelism."""
     if inputs.ep_dispatcher not in DISPATCHERS:
@@ -336,6 +344,7 @@ def inputs_graph(inputs: PlanInputs, layout: Parallelism) -> LayerGraph:
     """The model as one device of ``layout`` holds it under these inputs: their recomputation, routing, capacity
     factor and token dispatcher (:func:`sim.cost.plan_costs.sharded_graph`)."""
     _check_dispatcher(inputs, layout)
+    _check_float8_gather(inputs)
     return sharded_graph(inputs.model, layout, inputs.recompute_mode, parse_routing(inputs.routing),
                          inputs.capacity_factor, inputs.ep_dispatcher)
 

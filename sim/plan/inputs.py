@@ -72,6 +72,8 @@ class PlanInputs:
         ep_overlap: each expert all-to-all runs beside the next compute op of its rank instead of holding the
             compute stream (``--ep-overlap``; DualPipe's and Megatron-Core's overlap of one microbatch's dispatch and
             combine with another's compute; :mod:`sim.plan.lower_collectives`).
+        fsdp_float8_gather: under ZeRO-3 and ``--precision fp8``, the blocks' linear weights all-gathered in FP8
+            (``--fsdp-float8-all-gather``; :class:`~sim.ir.parallel.Parallelism`'s ``fsdp_float8_gather``).
         ep_dispatcher: how the expert-parallel ranks exchange tokens (``--ep-dispatcher``, one of
             :data:`sim.models.sharding.DISPATCHERS`): ``all-to-all`` or ``deduplicated`` (once per server, DeepEP's).
     """
@@ -111,6 +113,7 @@ class PlanInputs:
     capacity_factor: float = 0.0
     ep_overlap: bool = False
     ep_dispatcher: str = "all-to-all"
+    fsdp_float8_gather: bool = False
 
     @property
     def recompute_mode(self) -> str:
