@@ -1,24 +1,24 @@
 """DeepSeek-V3's pre-training as its report describes it, predicted beside the throughput the report implies.
 
-The published run (DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv 2412.19437): 2,048 H800 GPUs, 8 a server on
-NVLink and NVSwitch, InfiniBand between servers (§3.1); 16-way pipeline parallelism with the DualPipe schedule, 64-way
-expert parallelism over 8 servers and ZeRO-1 data parallelism, no tensor parallelism (§3.2); FP8 mixed precision
-(§3.3); sequences of 4,096 tokens and a batch of 15,360 sequences after the first 469 B tokens (§4.2); one
-multi-token-prediction module (§2.2; the preset follows its config's ``num_nextn_predict_layers``). Its cost: 180 K H800 GPU-hours per trillion tokens (§1, Table 1), that is
-10¹² / (180,000 · 3,600) = 1,543 tokens/s per GPU.
+The published run (DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv 2412.19437): 2,048 H800 GPUs, 8 a server on NVLink
+and NVSwitch, InfiniBand between servers (§3.1); 16-way pipeline parallelism with the DualPipe schedule, 64-way expert
+parallelism over 8 servers and ZeRO-1 data parallelism, no tensor parallelism (§3.2); FP8 mixed precision (§3.3);
+sequences of 4,096 tokens and a batch of 15,360 sequences after the first 469 B tokens (§4.2); one
+multi-token-prediction module (§2.2; the preset follows its config's ``num_nextn_predict_layers``). Its cost: 180 K H800
+GPU-hours per trillion tokens (§1, Table 1), that is 10¹² / (180,000 · 3,600) = 1,543 tokens/s per GPU.
 
 The prediction goes through the one prediction path (``build_plan``, ``predict_built``) with what the simulator can
 express of that run: the preset's group-limited routing (4 of 8 groups a token, its config's ``n_group`` and
-``topk_group``, §2.1.2) with ``--ep-dispatcher deduplicated`` (each token sent once to each server its experts are
-on, then forwarded inside it, §3.2.2); and names the rest in ``unmodelled``: ZB1P with ``--ep-overlap`` stands in for DualPipe
-(DualPipe splits each backward into its input and weight gradients as zero bubble does and overlaps each chunk's
-all-to-all with another chunk's compute, §3.2.1, which ``--ep-overlap`` models at op granularity; its two pipelines
-in opposite directions are not modelled, nor the 20 SMs its communication takes from the compute, §3.2.2);
-tensorwise FP8 for DeepSeek's fine-grained tiles and blocks (§3.3.2); selective recomputation
-(Megatron-Core's layernorm, moe_act and mla_up_proj modules) for the recomputation of RMSNorm and the MLA
-up-projections (§3.3.3), which keeps the experts' SwiGLU outputs; and the microbatch size, which the report does
-not state (one sequence). Memory is not enforced (a published run is timed even where the ledger says it would not
-fit; its predicted peak is reported). Nothing is fitted.
+``topk_group``, §2.1.2) with ``--ep-dispatcher deduplicated`` (each token sent once to each server its experts are on,
+then forwarded inside it, §3.2.2); and names the rest in ``unmodelled``: ZB1P with ``--ep-overlap`` stands in for
+DualPipe (DualPipe splits each backward into its input and weight gradients as zero bubble does and overlaps each
+chunk's all-to-all with another chunk's compute, §3.2.1, which ``--ep-overlap`` models at op granularity; its two
+pipelines in opposite directions are not modelled, nor the 20 SMs its communication takes from the compute, §3.2.2);
+tensorwise FP8 for DeepSeek's fine-grained tiles and blocks (§3.3.2); selective recomputation (Megatron-Core's
+layernorm, moe_act and mla_up_proj modules) for the recomputation of RMSNorm and the MLA up-projections (§3.3.3),
+which also recomputes the experts' SwiGLU; and the microbatch size, which the report does not state (one sequence). Memory is
+not enforced (a published run is timed even where the ledger says it would not fit; its predicted peak is reported).
+Nothing is fitted.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ __all__ = ["PUBLISHED_TOKENS_PER_S_PER_GPU", "Result", "parser", "run", "report"
 #: The report's 180 K H800 GPU-hours per trillion tokens (arXiv 2412.19437 §1, Table 1), as tokens/s per GPU.
 PUBLISHED_TOKENS_PER_S_PER_GPU = 1e12 / (180_000 * 3_600)
 #: What of the published run the prediction leaves out (module docstring).
-UNMODELLED = ("DualPipe's two directions (costed as ZB1P with the all-to-alls overlapped)", "fine-grained FP8 (costed as tensorwise)",
+UNMODELLED = ("DualPipe's two directions (costed as ZB1P with the all-to-alls overlapped)",
+              "fine-grained FP8 (costed as tensorwise)",
               "recomputation of RMSNorm and MLA up-projections (costed as selective, which also recomputes the "
               "experts' SwiGLU)", "microbatch size not published (1)")
 

@@ -12,8 +12,9 @@ the interleaved rows, whose split is not stated); ``--recompute selective`` (tor
 ``full``; ``--precision fp8`` for Float8 rows (``fp8-rowwise`` for the rows that name the rowwise recipe) and
 ``--compile`` for compiled ones, ``--fsdp-float8-all-gather`` for the Float8 rows under FSDP that gather in FP8
 (the 405B preset's and the H200 file's). What the simulator does not model is named per row in its ``unmodelled``
-column: async TP and the rowwise GEMM's speed on small shapes (its casts and its bulk speed are modelled; the rows
-stay out of the fit half).
+column: async TP's transfers competing with the GEMMs (``--async-tp`` is modelled, the rows that name it run with
+it) and the rowwise GEMM's speed on small shapes (its casts and its bulk speed are modelled); those rows stay out of
+the fit half.
 The device figures come from the catalog; the kernel model's constants from vTrain's A100 fit half. Three figures of
 the Grand Teton H100 no source publishes (its bf16 and FP8 GEMM ceilings and its attention kernel's, under the 500 W
 cap) were fitted on a seeded half of these rows (``--fit``, :mod:`experiments.torchtitan_fit`): the table marks each
@@ -121,14 +122,17 @@ def plan_inputs(row: Row) -> PlanInputs:
         reshard_after_forward=row.pp == 1 or row.fsdp * row.cp == 1,
         precision=("fp8-rowwise" if row.recipe == "rowwise" else "fp8") if row.float8 else None,
         compiled=row.compiled,
-        fsdp_float8_gather=row.float8 and row.fsdp_float8_gather and row.fsdp * row.cp > 1)
+        fsdp_float8_gather=row.float8 and row.fsdp_float8_gather and row.fsdp * row.cp > 1,
+        async_tp=row.async_tp and row.tp > 1)
 
 
 def unmodelled(row: Row) -> tuple[str, ...]:
     """What of ``row``'s configuration the prediction leaves out."""
     missing = []
     if row.async_tp:
-        missing.append("async TP")
+        # Modelled (--async-tp), the decomposed GEMMs by the kernel model, but not the chunks' transfers competing
+        # with the GEMMs for memory bandwidth: an optimistic bias, so these rows are judged, not fitted on.
+        missing.append("async TP's transfers' contention with the GEMMs")
     if row.float8 and row.recipe == "rowwise":
         # The recipe's casts are modelled; its GEMM's speed only in bulk (sim.cost.kernels.record.ROWWISE_GEMM_SHARE,
         # an assumption): the small linears' tail that torchtitan issue 1207 found (k and v ~40 % slower) is not.

@@ -43,7 +43,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--cp-comm", "order": "--rank-order",
          "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
          "ep_overlap": "--ep-overlap", "ep_dispatcher": "--ep-dispatcher",
-         "fsdp_float8_gather": "--fsdp-float8-all-gather",
+         "fsdp_float8_gather": "--fsdp-float8-all-gather", "async_tp": "--async-tp",
          "zero": "--zero",
          "reshard_after_forward": "--fsdp-reshard-after-forward", "dp_replicate": "--dp-replicate",
          "precision": "--precision", "compiled": "--compile", "compile": "--compile",
@@ -127,6 +127,10 @@ def make_parser() -> argparse.ArgumentParser:
                      help="expert tensor parallelism: each expert's width split over T devices (default 1)")
     par.add_argument("--routing", default="balanced", metavar="ROUTING", help=ROUTING_HELP)
     par.add_argument("--capacity-factor", type=float, default=0.0, metavar="C", help=CAPACITY_FACTOR_HELP)
+    par.add_argument("--async-tp", dest="async_tp", action="store_true",
+                     help="with --sequence-parallel, run each tensor-parallel all-gather and reduce-scatter decomposed "
+                     "beside the GEMM it feeds or follows (PyTorch's async TP, torchtitan's "
+                     "enable_async_tensor_parallel; llama family; simulated only: executor.run refuses it)")
     par.add_argument("--fsdp-float8-all-gather", dest="fsdp_float8_gather", action="store_true",
                      help="under --zero 3 with --precision fp8, cast the blocks' linear weights to FP8 before FSDP's "
                      "all-gather and gather them at one byte a parameter (torchtitan's "
@@ -149,7 +153,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--precision", choices=list(PRECISIONS), default=None,
                         help="training precision (default: the model's own: fp16 gpt, bf16 llama and moe, fp32 "
                         "cnn/vgg16); fp8 runs a llama or moe block's linears on FP8 with per-tensor scaling (torchao's "
-                        "Float8Linear, Transformer Engine's current scaling), fp8-rowwise with a scale per row (torchao's "
+                        "Float8Linear, Transformer Engine's current scaling), fp8-rowwise with a scale per row "
+                        "(torchao's "
                         "rowwise recipe), mxfp8 and nvfp4 block-scaled (Blackwell)")
     parser.add_argument("--compile", dest="compiled", action="store_true",
                         help="run a llama or moe model's blocks with their elementwise work fused (torch.compile, as "
@@ -264,7 +269,7 @@ def _run(argv: list[str] | None) -> int:
         devices=args.devices, fps=args.fps, cuda_graphs=args.cuda_graphs, precision=args.precision,
         compiled=args.compiled, ep=args.ep, etp=args.etp, routing=args.routing,
         capacity_factor=args.capacity_factor, ep_overlap=args.ep_overlap, ep_dispatcher=args.ep_dispatcher,
-        fsdp_float8_gather=args.fsdp_float8_gather,
+        fsdp_float8_gather=args.fsdp_float8_gather, async_tp=args.async_tp,
     )
     if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
         fault_options.check()  # the long run's flags, before anything is simulated or printed
@@ -407,7 +412,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--cp", args.cp != 1), ("--ep", args.ep != 1), ("--etp", args.etp != 1),
                         ("--routing", args.routing != "balanced"), ("--capacity-factor", args.capacity_factor != 0),
                         ("--ep-overlap", args.ep_overlap), ("--ep-dispatcher", args.ep_dispatcher != DISPATCHERS[0]),
-                        ("--fsdp-float8-all-gather", args.fsdp_float8_gather),
+                        ("--fsdp-float8-all-gather", args.fsdp_float8_gather), ("--async-tp", args.async_tp),
                         ("--global-batch", args.global_batch is not None),
                         ("--zero", args.zero != 0),
                         ("--fsdp-reshard-after-forward", args.reshard_after_forward != "default"),

@@ -14,6 +14,7 @@ not simulate separately because they are identical to this one).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from sim.core.errors import SpecError
@@ -376,7 +377,38 @@ class CostView:
                     # The engine holds the simulated group's own links, for the algorithm costed for all groups.
                     held.update(oracle.collective(name, (own,), each, cost.algorithm).link_keys)
             found = memo[key] = sequential_cost(parts, tuple(sorted(held)))
+        if layout.async_tp:
+            found = replace(found, seconds=found.seconds - self._async_tp_hidden(kind, vstage, groups))
         return found
+
+    def _async_tp_hidden(self, kind: OpKind, vstage: int, groups: tuple[tuple[int, ...], ...]) -> float:
+        """Seconds of a TP op of ``vstage`` that async TP hides under the GEMMs (``Parallelism.async_tp``).
+
+        PyTorch's async TP (``torch.distributed._symmetric_memory``'s ``fused_all_gather_matmul`` and
+        ``fused_matmul_reduce_scatter``; Wang et al., "Overlap Communication with Dependent Computation via
+        Decomposition in Large Deep Learning Models", ASPLOS'23) cuts a collective over t ranks into t chunks and
+        its GEMM into the matching t parts: the local part is computed while the first remote chunk moves, each next
+        part once its chunk has arrived. With the GEMM's t parts taking C' seconds in all and a collective of A, the
+        pair takes ``max(C', A + C'/t)`` where it took ``C + A`` (C: the GEMM whole, which the compute op already
+        counts); the hidden part is the difference (at most A), and what is left (a decomposed GEMM slower than the
+        whole one included: on small GEMMs async TP can cost more than it hides) stays on the TP op. The GEMMs of each collective: :data:`sim.cost.gpu_time.ASYNC_TP_GEMMS`, their
+        parts costed by the kernel model (:func:`sim.cost.gpu_time.async_tp_gemm_seconds`)."""
+        start, end, device = self._sized[vstage]
+        t = self.layout.tp
+        backward = kind is OpKind.TP_B
+        hidden = 0.0
+        for i in range(start, end):
+            layer = self.graph.layers[i]
+            count = layer.tp_comm_bwd_count if backward else layer.tp_comm_fwd_count
+            part = layer.transformer
+            if not count or part is None or part.part != "block":
+                continue
+            each = self.microbatch_size * (layer.tp_comm_bwd_bytes if backward else layer.tp_comm_fwd_bytes) // count
+            for name, whole, chunked in self.oracle.async_tp_gemms(i, device, backward):
+                collective_s = self.oracle.collective(name, groups, each).seconds
+                # At most the collective itself: were the parts faster than the whole, that would be the compute op's.
+                hidden += min(collective_s, whole + collective_s - max(chunked, collective_s + chunked / t))
+        return hidden
 
     def profiled_ranks(self, num_ranks: int | None = None) -> tuple[int, ...]:
         """Ranks whose measured times replace the roofline (:meth:`sim.cost.oracle.CostOracle.profiled_ranks`)."""

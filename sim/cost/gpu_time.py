@@ -53,13 +53,13 @@ from sim.cost.kernels.llama import (
 )
 from sim.cost.kernels.moe import MOE_COLLECTIVE_AFTER, MoeBlockShape, expert_all_to_alls, moe_block_kernels
 from sim.cost.kernels.optimizer import optimizer_kernels
-from sim.cost.kernels.record import Kernel, Narrow
+from sim.cost.kernels.record import Kernel, Narrow, gemm
 from sim.cost.kernels.vocab import embedding_kernels, head_kernels
 from sim.hw.catalog import DeviceSpec, load_yaml
 from sim.models.graph import TransformerPart
 
 __all__ = ["KernelModel", "default_kernel_model", "load_kernel_model", "kernel_seconds", "sequence_seconds",
-           "transformer_layer_seconds", "optimizer_seconds", "LayerSeconds"]
+           "transformer_layer_seconds", "optimizer_seconds", "LayerSeconds", "ASYNC_TP_GEMMS", "async_tp_gemm_seconds"]
 
 
 @dataclass(frozen=True)
@@ -312,3 +312,45 @@ def optimizer_seconds(params: float, device: DeviceSpec, model: KernelModel, dty
         return 0.0
     kernels = optimizer_kernels(count, dtype_bytes=dtype_bytes)
     return sequence_seconds([(model.host_issue_s, kernel_seconds(k, device, model)) for k in kernels])
+
+
+#: The GEMMs a Llama block's tensor-parallel collectives run beside under async TP, per direction, in the order the
+#: block calls the collectives under sequence parallelism (all-gather before the column-parallel projections,
+#: reduce-scatter after the row-parallel one; the backward the mirror: the gathered output gradient feeds the
+#: row-parallel projection's dgrad and wgrad, the column-parallel dgrads' partial sums are reduce-scattered).
+ASYNC_TP_GEMMS = {
+    False: (("all_gather", ("wq", "wk", "wv")), ("reduce_scatter", ("wo",)),
+            ("all_gather", ("w1", "w3")), ("reduce_scatter", ("w2",))),
+    True: (("all_gather", ("w2_dgrad", "w2_wgrad")), ("reduce_scatter", ("w3_dgrad", "w1_dgrad")),
+           ("all_gather", ("wo_dgrad", "wo_wgrad")), ("reduce_scatter", ("wv_dgrad", "wk_dgrad", "wq_dgrad"))),
+}
+
+
+def async_tp_gemm_seconds(part: TransformerPart, b: int, device: DeviceSpec, model: KernelModel,
+                          narrow: Narrow | None, compiled: bool,
+                          backward: bool) -> tuple[tuple[str, float, float], ...]:
+    """Under async TP, each tensor-parallel collective of a Llama block's forward or ``backward`` with the GPU time
+    of the GEMMs it is decomposed with: ``(collective, whole, chunked)``, s, in the block's order
+    (:data:`ASYNC_TP_GEMMS`). ``whole``: the GEMMs as the block runs them; ``chunked``: the same GEMMs cut into
+    ``tp`` parts along the tokens (the rows of a forward or dgrad GEMM, the reduction of a wgrad), each a kernel of
+    its own, so the smaller parts' tile and wave quantisation and launch gaps are this module's kernel model's. Only
+    for a ``llama`` block under sequence parallelism."""
+    if part.part != "block" or part.family != "llama" or not part.sequence_parallel:
+        raise SpecError("async TP is modelled for the llama family's blocks under sequence parallelism")
+    shape = LlamaBlockShape(b, part.seq, part.hidden, part.heads, part.kv_heads, part.head_dim, part.ffn, part.tp,
+                            qkv_bias=part.qkv_bias, qk_norm=part.qk_norm, window=part.window, cp=part.cp,
+                            sequence_parallel=True)
+    kernels = llama_block_kernels(shape, backward=backward, narrow=narrow, compiled=compiled)
+    t, gap = part.tp, model.kernel_gap_s
+    db = 2  # the blocks' training dtype, bf16 (llama_block_kernels' default)
+    whole, chunked = {}, {}
+    for k in kernels:
+        if k.kind != "gemm" or k.gemm is None:
+            continue
+        m, n, depth = k.gemm
+        rows, reduction = (m, -(-depth // t)) if k.name.endswith("_wgrad") else (-(-m // t), depth)
+        part_kernel = gemm(k.name, rows, n, reduction, db, narrow=k.narrow)
+        whole[k.name] = kernel_seconds(k, device, model) - gap
+        chunked[k.name] = t * kernel_seconds(part_kernel, device, model) - gap
+    return tuple((name, sum(whole[g] for g in gemms), sum(chunked[g] for g in gemms))
+                 for name, gemms in ASYNC_TP_GEMMS[backward])

@@ -57,7 +57,13 @@ from sim.cost.collectives import (
     deduplicated_all_to_all_cost,
 )
 from sim.cost.context_parallel import KvExchange, exposed_seconds, kv_exchange
-from sim.cost.gpu_time import KernelModel, default_kernel_model, optimizer_seconds, transformer_layer_seconds
+from sim.cost.gpu_time import (
+    KernelModel,
+    async_tp_gemm_seconds,
+    default_kernel_model,
+    optimizer_seconds,
+    transformer_layer_seconds,
+)
 from sim.cost.kernels.record import Narrow
 from sim.cost.memory_sizes import WHOLE_STATE, MemorySizes, StateShards, layer_input_bytes, state_bytes_per_param
 from sim.cost.nccl import link_class, nccl_seconds
@@ -377,6 +383,25 @@ class CostOracle:
                 cost = replace(cost, seconds=seconds)
             self._collectives[key] = cost
         return cost
+
+    def async_tp_gemms(self, layer: int, device: DeviceSpec,
+                       backward: bool) -> tuple[tuple[str, float, float], ...]:
+        """Under async TP, each tensor-parallel collective of layer ``layer``'s forward or ``backward`` on ``device``
+        with the seconds of the GEMMs it runs beside (:func:`sim.cost.gpu_time.async_tp_gemm_seconds`); cached.
+
+        Raises:
+            SpecError: the layer is not a Llama-family block under sequence parallelism, or ``device`` is not a GPU.
+        """
+        key = ("async tp gemms", layer, device.name, backward)
+        found = self._collectives.get(key)
+        if found is None:
+            part = self.graph.layers[layer].transformer
+            if part is None or not device.is_gpu:
+                raise SpecError("async TP is modelled for the llama family's blocks on GPUs")
+            found = self._collectives[key] = async_tp_gemm_seconds(part, self.microbatch_size, device,
+                                                                  self.kernel_model, self.narrow, self.compiled,
+                                                                  backward)
+        return found
 
     def deduplicated_all_to_all(self, groups: tuple[tuple[int, ...], ...], token_bytes: int, topk: int,
                                 servers_per_token: float) -> CollectiveCost:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from sim.core.errors import SpecError
 from sim.cost.compiled import check_compile
 from sim.cost.cost_view import (
     CostView,
@@ -113,6 +114,11 @@ def check_graph(graph: LayerGraph, layout: Parallelism, topology: Topology, *, p
     check_precision(precision, graph, devices)
     check_compile(compiled, graph, devices)
     check_expert_layout(graph, layout)
+    if layout.async_tp and (any(layer.transformer is not None and layer.transformer.part == "block"
+                                and layer.transformer.family != "llama" for layer in graph.layers)
+                            or not all(device.is_gpu for device in devices)):
+        raise SpecError(f"{{async_tp}} is modelled for the llama family's blocks on GPUs, not {graph.spec} on "
+                        f"{', '.join(sorted({d.name for d in devices}))}", "async_tp")
 
 
 def plan_costs(graph: LayerGraph, topology: Topology, layout: Parallelism, microbatch_size: int,

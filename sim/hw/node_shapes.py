@@ -83,7 +83,8 @@ _CPU_MAX = 64  # executor ranks (processes) on one host; beyond the core count t
 
 # device → (NVSwitch link type, most GPUs on one NVSwitch node). DGX-2: 16 V100 on NVSwitch gen1; DGX A100 / H100:
 # 8 GPUs on NVSwitch gen2 / gen3 (hardware.md §2.1-§2.2); H800 servers: 8 GPUs on NVSwitch (DeepSeek-V3, arXiv
-# 2412.19437 §3.1: 'Each node in the H800 cluster contains 8 GPUs connected by NVLink and NVSwitch'); DGX H200: 8 GPUs, NVSwitch gen3; DGX B200: 8 GPUs, NVSwitch
+# 2412.19437 §3.1: 'Each node in the H800 cluster contains 8 GPUs connected by NVLink and NVSwitch'); DGX H200: 8
+# GPUs, NVSwitch gen3; DGX B200: 8 GPUs, NVSwitch
 # gen4 (NVIDIA DGX BasePOD reference architecture and DGX B200 user guide, cited in grammar.PRESETS).
 _SWITCH: dict[str, tuple[str, int]] = {
     "v100-sxm2-16gb": ("nvswitch-v100", 16),

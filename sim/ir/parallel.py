@@ -67,7 +67,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 RESHARD_POLICIES = ("default", "always", "never")
 
 _FIELDS = frozenset({"tp", "dp", "pp", "cp", "cp_comm", "order", "sequence_parallel", "zero", "reshard_after_forward",
-                     "dp_replicate", "grad_overlap", "devices", "ep", "etp", "fsdp_float8_gather"})
+                     "dp_replicate", "grad_overlap", "devices", "ep", "etp", "fsdp_float8_gather", "async_tp"})
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,9 @@ class Parallelism:
             all-gather and gathered and held at one byte a parameter (torchao's Float8Linear with
             ``enable_fsdp_float8_all_gather``, torchtitan's ``float8.enable_fsdp_float8_all_gather``;
             :meth:`sim.cost.cost_view.CostView.gather_bytes`).
+        async_tp: each tensor-parallel all-gather and reduce-scatter runs decomposed beside the GEMM that consumes or
+            produces it, chunk by chunk (PyTorch's async TP, torchtitan's ``parallelism.enable_async_tensor_parallel``;
+            Wang et al., ASPLOS'23), under sequence parallelism (:meth:`sim.cost.cost_view.CostView.collective_op`).
     """
 
     tp: int = 1
@@ -133,6 +136,7 @@ class Parallelism:
     ep: int = 1
     etp: int = 1
     fsdp_float8_gather: bool = False
+    async_tp: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp", "pp", "cp", "ep", "etp"):
@@ -165,6 +169,11 @@ class Parallelism:
         if not isinstance(self.fsdp_float8_gather, bool):
             raise SpecError(f"{{fsdp_float8_gather}} must be true or false, got {self.fsdp_float8_gather!r}",
                             "fsdp_float8_gather")
+        if not isinstance(self.async_tp, bool):
+            raise SpecError(f"{{async_tp}} must be true or false, got {self.async_tp!r}", "async_tp")
+        if self.async_tp and not self.sequence_parallel:
+            raise SpecError("{async_tp} overlaps sequence parallelism's all-gathers and reduce-scatters with their "
+                            "GEMMs; it needs {sequence_parallel} (and {tp} > 1)", "async_tp", "sequence_parallel", "tp")
         if self.fsdp_float8_gather and self.zero != 3:
             raise SpecError("{fsdp_float8_gather} gathers FSDP's parameters in FP8; it needs {zero} 3",
                             "fsdp_float8_gather", "zero")
@@ -432,6 +441,7 @@ class Parallelism:
                 **({"devices": list(self.devices)} if self.devices else {}),
                 **({"ep": self.ep} if self.ep > 1 else {}), **({"etp": self.etp} if self.etp > 1 else {}),
                 **({"fsdp_float8_gather": True} if self.fsdp_float8_gather else {}),
+                **({"async_tp": True} if self.async_tp else {}),
                 "groups": self.groups()}
 
     @classmethod
@@ -448,7 +458,7 @@ class Parallelism:
             value = data.get(key, 0 if key == "zero" else 1)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(f"{source}: parallel.{key} must be an integer, got {value!r}")
-        for key in ("sequence_parallel", "grad_overlap", "reshard_after_forward", "fsdp_float8_gather"):
+        for key in ("sequence_parallel", "grad_overlap", "reshard_after_forward", "fsdp_float8_gather", "async_tp"):
             if not isinstance(data.get(key, key == "reshard_after_forward"), bool):
                 raise SpecError(f"{source}: parallel.{key} must be true or false, got {data[key]!r}")
         devices = data.get("devices", [])
@@ -462,7 +472,7 @@ class Parallelism:
                      dp_replicate=data.get("dp_replicate", 1),
                      grad_overlap=data.get("grad_overlap", False), devices=tuple(devices),
                      ep=data.get("ep", 1), etp=data.get("etp", 1),
-                     fsdp_float8_gather=data.get("fsdp_float8_gather", False))
+                     fsdp_float8_gather=data.get("fsdp_float8_gather", False), async_tp=data.get("async_tp", False))
         if layout.pp != pp:
             raise SpecError(f"{source}: parallel.pp is {layout.pp} but the plan has {pp} rank programs")
         if "groups" in data and data["groups"] != layout.groups():

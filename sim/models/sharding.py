@@ -30,7 +30,8 @@ from sim.models.routing import BALANCED, Routing
 #: The expert token dispatchers ``--ep-dispatcher`` takes (:class:`Sharding`'s ``dispatcher``), the default first.
 DISPATCHERS = ("all-to-all", "deduplicated")
 
-__all__ = ["Sharding", "NO_SHARDING", "DISPATCHERS", "Collectives", "all_reduce", "lone_gather_or_scatter", "padded_vocab",
+__all__ = ["Sharding", "NO_SHARDING", "DISPATCHERS", "Collectives", "all_reduce", "lone_gather_or_scatter",
+           "padded_vocab",
            "collective_layer"]
 
 

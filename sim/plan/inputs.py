@@ -74,6 +74,8 @@ class PlanInputs:
             combine with another's compute; :mod:`sim.plan.lower_collectives`).
         fsdp_float8_gather: under ZeRO-3 and ``--precision fp8``, the blocks' linear weights all-gathered in FP8
             (``--fsdp-float8-all-gather``; :class:`~sim.ir.parallel.Parallelism`'s ``fsdp_float8_gather``).
+        async_tp: the tensor-parallel collectives decomposed beside their GEMMs (``--async-tp``; PyTorch's async TP;
+            :class:`~sim.ir.parallel.Parallelism`'s ``async_tp``).
         ep_dispatcher: how the expert-parallel ranks exchange tokens (``--ep-dispatcher``, one of
             :data:`sim.models.sharding.DISPATCHERS`): ``all-to-all`` or ``deduplicated`` (once per server, DeepEP's).
     """
@@ -114,6 +116,7 @@ class PlanInputs:
     ep_overlap: bool = False
     ep_dispatcher: str = "all-to-all"
     fsdp_float8_gather: bool = False
+    async_tp: bool = False
 
     @property
     def recompute_mode(self) -> str:

@@ -49,8 +49,9 @@ once, here:
   call ``stage.perform_reduce_grad`` once after their loop, right after the stage's last backward; the runtime of the
   multi-stage ones runs a REDUCE_GRAD action that ``_add_reduce_grad`` puts right after each stage's last
   microbatch's backward; ``_add_unshard_reshard``: UNSHARD, the all-gather, issued ahead of a stage's compute for up
-  to three stages, which its FORWARD waits for, ``_assert_unsharded``). Issuing every vstage's gather at the start is that prefetch for a rank's (at most a
-  few) vstages; FSDP2 without the runtime's UNSHARD gathers at the first forward's pre-hook instead, later. Under a
+  to three stages, which its FORWARD waits for, ``_assert_unsharded``). Issuing every vstage's gather at the start
+  is that prefetch for a rank's (at most a few) vstages; FSDP2 without the runtime's UNSHARD gathers at the first
+  forward's pre-hook instead, later. Under a
   pipeline with resharding after the forward the per-microbatch form above stays, though PyTorch's pipelining would
   defer its reduce-scatters to the step's end there too: not modelled.
 """

@@ -90,8 +90,9 @@ def test_the_published_candidate_carries_the_rows_inputs_and_names_what_it_canno
         8, "allgather", 3, "full", "fp8")
     pipelined = torchtitan.plan_inputs(rows["tt2412_t5_2"])  # PP 8 interleaved: FSDP keeps parameters to backward
     candidate, left = published_candidate(pipelined)
-    # and gathers its Float8 weights in FP8 (the 405B preset's float8 all-gather), which the search does not vary
-    assert left == ("reshard_after_forward=False", "fsdp_float8_gather=True")
+    # and gathers its Float8 weights in FP8 (the 405B preset's float8 all-gather) and runs async TP, which the search
+    # does not vary
+    assert left == ("reshard_after_forward=False", "fsdp_float8_gather=True", "async_tp=True")
     assert (candidate.schedule, candidate.chunks, candidate.pp, candidate.tp) == ("interleaved", 2, 8, 8)
     bridge = next(r for r in megatron_bridge.load_rows() if r.line == 195)  # DeepSeek-V3, EP 32, PP 2, VP 4
     candidate, left = published_candidate(megatron_bridge.plan_inputs(bridge))

@@ -31,7 +31,9 @@ def test_rows_become_torchtitans_configuration():
     plain = torchtitan.plan_inputs(_row("tt2412_t1_1"))
     assert (plain.dp, plain.zero, plain.microbatch_size, plain.recompute, plain.precision, plain.compiled) == \
         (8, 3, 2, "selective", None, False)
-    assert torchtitan.unmodelled(_row("atp_70b_6")) == ("async TP", "Float8 rowwise GEMM's small-shape tail")
+    assert torchtitan.unmodelled(_row("atp_70b_6")) == ("async TP's transfers' contention with the GEMMs",
+                                                        "Float8 rowwise GEMM's small-shape tail")
+    assert torchtitan.plan_inputs(_row("atp_70b_6")).async_tp and not torchtitan.plan_inputs(_row("atp_70b_5")).async_tp
     assert torchtitan.plan_inputs(_row("atp_70b_6")).precision == "fp8-rowwise"
     assert torchtitan.plan_inputs(_row("atp_70b_4")).precision == "fp8"  # the tensorwise twin
     assert torchtitan.plan_inputs(_row("atp_70b_6")).sequence_parallel

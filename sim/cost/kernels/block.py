@@ -36,7 +36,8 @@ def linear_kernels(name: str, tokens: int, n_in: int, n_out: int, db: int, backw
     quantizers): one pass per operand, no amax pass (each block's scale comes from its own values), writing both the
     row-wise and the column-wise blocks the forward and backward GEMMs read (the scales along the reduction axis
     differ per order), values and scales. Rowwise FP8 (torchao's ``rowwise`` recipe): two passes per operand, compiled
-    or not (:func:`rowwise_cast_kernels`), and the GEMMs at the format's ``gemm_share``. ``cast_input`` False: the input's cast is another linear's (an identical
+    or not (:func:`rowwise_cast_kernels`), and the GEMMs at the format's ``gemm_share``. ``cast_input`` False: the
+    input's cast is another linear's (an identical
     cast of the same tensor is made once: q, k and v share theirs, as do the gate and up projections)."""
     if narrow is not None and narrow.rowwise:
         roles = ((["input"] if cast_input else []) + ["weight"]) if not backward else ["weight", "grad"]

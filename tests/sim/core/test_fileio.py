@@ -1,13 +1,12 @@
 """sim.core.fileio: bounded input reads, output paths checked before any work, write errors as one SpecError."""
 
 import errno
+import json
 import os
 import resource
 import subprocess
 import sys
 from pathlib import Path
-
-import json
 
 import pytest
 from hypothesis import given

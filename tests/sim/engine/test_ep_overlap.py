@@ -53,7 +53,8 @@ def test_on_one_stage_the_overlap_saves_every_backward_exchange():
     # pp 1, m = 4: blocking, each microbatch takes f + e + b + e and the gradient reduction (which needs B3's weight
     # gradients only) starts after the last exchange; overlapped, the backward exchange of microbatch i hides behind
     # the forward of i + 1 (its exchange is shorter than a forward here), and the last one behind the reduction
-    # and the update (longer than an exchange here): all four backward exchanges leave the critical path, the forward ones stay.
+    # and the update (longer than an exchange here): all four backward exchanges leave the critical path, the
+    # forward ones stay.
     _, blocking, spans = _spans(False)
     _, overlapped, overlapped_spans = _spans(True)
     exchange = spans[("0EP_B0", 0)].end - spans[("0EP_B0", 0)].start

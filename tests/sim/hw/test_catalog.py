@@ -32,7 +32,8 @@ CONTRACT_LINKS = [
 ]  # fmt: skip
 CONTRACT_DEVICES = [
     "v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "v100-pcie-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb",
-    "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm5-80gb", "h800-sxm5-80gb", "h100-pcie-80gb", "t4-16gb", "a10-24gb", "rtx3090-24gb",
+    "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm5-80gb", "h800-sxm5-80gb", "h100-pcie-80gb", "t4-16gb", "a10-24gb",
+    "rtx3090-24gb",
     "rtx4090-24gb", "h200-sxm-141gb", "h100-sxm-96gb-hbm2e", "gh200-96gb", "b200-sxm-180gb", "gb200", "gb300",
     "b300-sxm-270gb", "l40s-48gb",
     "mi300x-192gb", "p100-pcie-16gb",
