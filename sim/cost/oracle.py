@@ -132,6 +132,7 @@ class CostOracle:
         # it (a search builds one oracle per candidate and asks each the same collectives).
         self._collectives: dict[tuple, Any] = topology.cost_memo if topology is not None else {}
         self._kv_exchanges: dict[TransformerPart, KvExchange] = {}
+        self._async_tp: dict[tuple[int, str, bool], tuple[tuple[str, float, float], ...]] = {}
         self._p2p = None
         if profile is not None and profile.p2p_latency_s is not None and profile.p2p_bandwidth:
             self._p2p = (profile.p2p_latency_s, profile.p2p_bandwidth)
@@ -362,11 +363,8 @@ class CostOracle:
         key = ("nccl collective", name, groups, nbytes, algorithm)
         cost = self._collectives.get(key)
         if cost is None:
-            cost = collective_cost(self.topology, name, groups, nbytes, algorithm)
-            seconds = self._nccl(cost.seconds, name, cost.algorithm, tuple(g for g in groups if len(g) > 1))
-            if seconds != cost.seconds:
-                cost = replace(cost, seconds=seconds)
-            self._collectives[key] = cost
+            cost = self._collectives[key] = self._with_nccl(
+                collective_cost(self.topology, name, groups, nbytes, algorithm), name, groups)
         return cost
 
     def all_to_all(self, groups: tuple[tuple[int, ...], ...], nbytes: int,
@@ -377,12 +375,15 @@ class CostOracle:
         key = ("nccl all_to_all", groups, nbytes, shares)
         cost = self._collectives.get(key)
         if cost is None:
-            cost = all_to_all_cost(self.topology, groups, nbytes, shares or None)
-            seconds = self._nccl(cost.seconds, "p2p", cost.algorithm, tuple(g for g in groups if len(g) > 1))
-            if seconds != cost.seconds:
-                cost = replace(cost, seconds=seconds)
-            self._collectives[key] = cost
+            cost = self._collectives[key] = self._with_nccl(
+                all_to_all_cost(self.topology, groups, nbytes, shares or None), "p2p", groups)
         return cost
+
+    def _with_nccl(self, cost: CollectiveCost, kind: str, groups: tuple[tuple[int, ...], ...]) -> CollectiveCost:
+        """``cost`` with NCCL's protocol latencies of a ``kind`` call over the groups of more than one member
+        (:meth:`_nccl`)."""
+        seconds = self._nccl(cost.seconds, kind, cost.algorithm, tuple(g for g in groups if len(g) > 1))
+        return cost if seconds == cost.seconds else replace(cost, seconds=seconds)
 
     def async_tp_gemms(self, layer: int, device: DeviceSpec,
                        backward: bool) -> tuple[tuple[str, float, float], ...]:
@@ -392,15 +393,14 @@ class CostOracle:
         Raises:
             SpecError: the layer is not a Llama-family block under sequence parallelism, or ``device`` is not a GPU.
         """
-        key = ("async tp gemms", layer, device.name, backward)
-        found = self._collectives.get(key)
+        key = (layer, device.name, backward)  # this oracle's shard, microbatch and precision: not the topology's memo
+        found = self._async_tp.get(key)
         if found is None:
             part = self.graph.layers[layer].transformer
             if part is None or not device.is_gpu:
                 raise SpecError("async TP is modelled for the llama family's blocks on GPUs")
-            found = self._collectives[key] = async_tp_gemm_seconds(part, self.microbatch_size, device,
-                                                                  self.kernel_model, self.narrow, self.compiled,
-                                                                  backward)
+            found = self._async_tp[key] = async_tp_gemm_seconds(part, self.microbatch_size, device, self.kernel_model,
+                                                                self.narrow, self.compiled, backward)
         return found
 
     def deduplicated_all_to_all(self, groups: tuple[tuple[int, ...], ...], token_bytes: int, topk: int,
@@ -411,11 +411,9 @@ class CostOracle:
         key = ("deduplicated all_to_all", groups, token_bytes, topk, servers_per_token)
         cost = self._collectives.get(key)
         if cost is None:
-            cost = deduplicated_all_to_all_cost(self.topology, groups, token_bytes, topk, servers_per_token)
-            seconds = self._nccl(cost.seconds, "p2p", cost.algorithm, tuple(g for g in groups if len(g) > 1))
-            if seconds != cost.seconds:
-                cost = replace(cost, seconds=seconds)
-            self._collectives[key] = cost
+            cost = self._collectives[key] = self._with_nccl(
+                deduplicated_all_to_all_cost(self.topology, groups, token_bytes, topk, servers_per_token), "p2p",
+                groups)
         return cost
 
     def concurrent_transfer(self, pairs: tuple[tuple[int, int], ...],

@@ -91,3 +91,18 @@ def test_the_executor_refuses_such_a_plan(tmp_path, capsys):
     plan = tmp_path / "plan.json"
     plan.write_text(_built(True).plan.dumps())
     assert "sequence parallelism" in refused(capsys, plan, tmp_path / "out")  # which async TP needs
+
+
+def test_the_gemm_times_are_each_oracles_own():
+    # two plans on one topology share its collective memo; their GEMMs differ with the microbatch size, so these
+    # times must not come from it
+    from sim.hw.topology import Topology
+
+    topology = Topology.parse("8xH100")
+    small = build_plan(PlanInputs(SPEC, "8xH100", "1f1b", 2, tp=8, sequence_parallel=True, async_tp=True),
+                       topology).costs
+    large = build_plan(PlanInputs(SPEC, "8xH100", "1f1b", 2, tp=8, sequence_parallel=True, async_tp=True,
+                                  microbatch_size=4), topology).costs
+    device = topology.devices[0]
+    one, four = small.oracle.async_tp_gemms(1, device, False), large.oracle.async_tp_gemms(1, device, False)
+    assert all(b[1] > 3 * a[1] for a, b in zip(one, four, strict=True))  # four times the tokens
