@@ -16,9 +16,9 @@ chunk's all-to-all with another chunk's compute, §3.2.1, which ``--ep-overlap``
 pipelines in opposite directions are not modelled, nor the 20 SMs its communication takes from the compute, §3.2.2);
 tensorwise FP8 for DeepSeek's fine-grained tiles and blocks (§3.3.2); selective recomputation (Megatron-Core's
 layernorm, moe_act and mla_up_proj modules) for the recomputation of RMSNorm and the MLA up-projections (§3.3.3),
-which also recomputes the experts' SwiGLU; and the microbatch size, which the report does not state (one sequence). Memory is
-not enforced (a published run is timed even where the ledger says it would not fit; its predicted peak is reported).
-Nothing is fitted.
+which also recomputes the experts' SwiGLU; and the microbatch size, which the report does not state (one
+sequence). Memory is not enforced (a published run is timed even where the ledger says it would not fit; its
+predicted peak is reported). Nothing is fitted.
 """
 
 from __future__ import annotations

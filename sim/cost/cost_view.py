@@ -14,7 +14,6 @@ not simulate separately because they are identical to this one).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from sim.core.errors import SpecError
@@ -26,6 +25,7 @@ from sim.cost.memory_sizes import StateShards
 from sim.cost.oracle import CostOracle
 from sim.cost.precision import narrow_format
 from sim.cost.profile import MeasuredProfile
+from sim.cost.tensor_parallel_op import tensor_parallel_op_cost
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology
 from sim.ir.ops import OP_SEMANTICS, SPLIT_BACKWARD_KINDS
@@ -336,12 +336,10 @@ class CostView:
             return expert_exchange_cost(self.graph.layers[start:end], self.layout,
                                         self.placement.vstage_to_rank[vstage], self.oracle, self.microbatch_size,
                                         self.graph.dtype_bytes)
-        pipeline_rank = self.placement.vstage_to_rank[vstage]
-        start, end = self.placement.vstage_layers[vstage]
-        # What follows depends on the topology and the collectives' groups and buffers alone: kept in the topology's
-        # memo, for every view of a search that asks the same op of the same groups.
-        memo = self.topology.cost_memo
         if kind in DP_KINDS:
+            # What follows depends on the topology and the collectives' groups and buffers alone: kept in the
+            # topology's memo, for every view of a search that asks the same op of the same groups.
+            memo = self.topology.cost_memo
             collectives = tuple(self._fsdp_per_step(kind, vstage) if layout.zero == 3 else
                                 self._data_parallel(kind, vstage))
             found = memo.get(("data-parallel op", collectives))
@@ -353,62 +351,11 @@ class CostView:
                     held.update(cost.link_keys)
                 found = memo[("data-parallel op", collectives)] = sequential_cost(parts, tuple(sorted(held)))
             return found
-        groups = layout.tp_groups(pipeline_rank, self.concurrent)
-        names = ("reduce_scatter", "all_gather") if layout.sequence_parallel else ("all_reduce",)
-        backward = kind is OpKind.TP_B
-        # Layers with the same collectives are costed once: a stage is mostly identical blocks.
-        buffers: dict[int, int] = {}
-        for layer in self.graph.layers[start:end]:
-            count = layer.tp_comm_bwd_count if backward else layer.tp_comm_fwd_count
-            total = layer.tp_comm_bwd_bytes if backward else layer.tp_comm_fwd_bytes
-            if count:
-                each = self.microbatch_size * total // count
-                buffers[each] = buffers.get(each, 0) + count
+        groups = layout.tp_groups(self.placement.vstage_to_rank[vstage], self.concurrent)
         own = groups[self.concurrent.index(self.replica)]
-        key = ("tensor-parallel op", names, groups, own, tuple(sorted(buffers.items())))
-        found = memo.get(key)
-        if found is None:
-            # Under sequence parallelism a reduce-scatter and an all-gather replace each all-reduce of the same buffer.
-            parts, held = [], set()
-            for each, count in sorted(buffers.items()):
-                for name in names:
-                    cost = oracle.collective(name, groups, each)
-                    parts.append((cost, count, each))
-                    # The engine holds the simulated group's own links, for the algorithm costed for all groups.
-                    held.update(oracle.collective(name, (own,), each, cost.algorithm).link_keys)
-            found = memo[key] = sequential_cost(parts, tuple(sorted(held)))
-        if layout.async_tp:
-            found = replace(found, seconds=found.seconds - self._async_tp_hidden(kind, vstage, groups))
-        return found
-
-    def _async_tp_hidden(self, kind: OpKind, vstage: int, groups: tuple[tuple[int, ...], ...]) -> float:
-        """Seconds of a TP op of ``vstage`` that async TP hides under the GEMMs (``Parallelism.async_tp``).
-
-        PyTorch's async TP (``torch.distributed._symmetric_memory``'s ``fused_all_gather_matmul`` and
-        ``fused_matmul_reduce_scatter``; Wang et al., "Overlap Communication with Dependent Computation via
-        Decomposition in Large Deep Learning Models", ASPLOS'23) cuts a collective over t ranks into t chunks and
-        its GEMM into the matching t parts: the local part is computed while the first remote chunk moves, each next
-        part once its chunk has arrived. With the GEMM's t parts taking C' seconds in all and a collective of A, the
-        pair takes ``max(C', A + C'/t)`` where it took ``C + A`` (C: the GEMM whole, which the compute op already
-        counts); the hidden part is the difference (at most A), and what is left (a decomposed GEMM slower than the
-        whole one included: on small GEMMs async TP can cost more than it hides) stays on the TP op. The GEMMs of each collective: :data:`sim.cost.gpu_time.ASYNC_TP_GEMMS`, their
-        parts costed by the kernel model (:func:`sim.cost.gpu_time.async_tp_gemm_seconds`)."""
         start, end, device = self._sized[vstage]
-        t = self.layout.tp
-        backward = kind is OpKind.TP_B
-        hidden = 0.0
-        for i in range(start, end):
-            layer = self.graph.layers[i]
-            count = layer.tp_comm_bwd_count if backward else layer.tp_comm_fwd_count
-            part = layer.transformer
-            if not count or part is None or part.part != "block":
-                continue
-            each = self.microbatch_size * (layer.tp_comm_bwd_bytes if backward else layer.tp_comm_fwd_bytes) // count
-            for name, whole, chunked in self.oracle.async_tp_gemms(i, device, backward):
-                collective_s = self.oracle.collective(name, groups, each).seconds
-                # At most the collective itself: were the parts faster than the whole, that would be the compute op's.
-                hidden += min(collective_s, whole + collective_s - max(chunked, collective_s + chunked / t))
-        return hidden
+        return tensor_parallel_op_cost(self.graph.layers, start, end, layout, groups, own, oracle, device,
+                                       self.microbatch_size, kind is OpKind.TP_B)
 
     def profiled_ranks(self, num_ranks: int | None = None) -> tuple[int, ...]:
         """Ranks whose measured times replace the roofline (:meth:`sim.cost.oracle.CostOracle.profiled_ranks`)."""
