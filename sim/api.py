@@ -360,6 +360,6 @@ def _frame(rows: list[dict[str, Any]]) -> Any:
     try:
         import pandas
     except ImportError:
-        raise SpecError("a DataFrame needs pandas (pip install pandas); the same rows are plain lists of dicts "
-                        "without it") from None
+        raise SpecError("a DataFrame needs pandas (pip install -e '.[frames]', or pip install pandas); the same rows "
+                        "are plain lists of dicts without it") from None
     return pandas.DataFrame(rows)

@@ -20,11 +20,6 @@ PACKAGES = ("sim", "executor", "profiles", "experiments")
 #: Import names whose distribution is spelt otherwise.
 DISTRIBUTION_OF = {"yaml": "pyyaml"}
 
-#: Imports that are optional on purpose, each guarded where it is imported (an ``ImportError`` turned into one
-#: ``error:`` line naming what to install), with the module that guards it.
-OPTIONAL = {"pandas": "sim/api.py"}
-
-
 def declared_distributions(pyproject: Path) -> set[str]:
     """The distribution names ``pyproject`` declares: its dependencies and every extra's, lower-cased."""
     project = tomllib.loads(pyproject.read_text())["project"]
@@ -58,7 +53,7 @@ def undeclared(root: Path) -> list[str]:
     """The imports under ``root`` that no declared distribution provides, as 'module (file)'."""
     declared = declared_distributions(root / "pyproject.toml")
     return [f"{module} ({where})" for module, where in sorted(imported_third_party(root).items())
-            if DISTRIBUTION_OF.get(module, module).lower() not in declared and OPTIONAL.get(module) != where]
+            if DISTRIBUTION_OF.get(module, module).lower() not in declared]
 
 
 def test_every_imported_package_is_declared():
@@ -74,14 +69,3 @@ def test_an_undeclared_import_is_caught(tmp_path: Path):
         (tmp_path / package).mkdir()
     (tmp_path / "sim" / "bar.py").write_text("def draw():\n    from tqdm import tqdm\n    return tqdm\n")
     assert undeclared(tmp_path) == ["tqdm (sim/bar.py)"]
-
-
-def test_an_optional_import_is_allowed_only_where_it_is_guarded(tmp_path: Path):
-    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
-    for package in PACKAGES:
-        (tmp_path / package).mkdir()
-    (tmp_path / "sim" / "api.py").write_text("import pandas\n")
-    (tmp_path / "sim" / "other.py").write_text("import pandas\n")
-    assert [line for line in undeclared(tmp_path) if "pandas" in line] == []  # setdefault keeps api.py first
-    (tmp_path / "sim" / "api.py").unlink()
-    assert undeclared(tmp_path) == ["pandas (sim/other.py)"]
