@@ -1,55 +1,66 @@
 """Starting the ranks on this host, tying them to the launcher, and reporting how they ended: :func:`run_ranks`.
 
-``executor.run`` re-enters its own module once per rank through :func:`run_ranks`, the one place that knows how:
-PyTorch's elastic launcher (the machinery of ``torchrun --standalone``) with a single-node c10d rendezvous on a free
-port, no restarts by the agent (a failed training step is not retried behind the user's back; ``--max-restarts``
-starts the whole group afresh instead, :func:`run_ranks`), and a 0.1 s monitor interval so that one failing worker
-stops the others promptly.
+``executor.run`` re-enters its own module once per rank through :func:`run_ranks`, the one place that knows how. It
+is this project's own small supervisor (the part of ``torchrun --standalone`` that one host needs): it starts the
+workers, gives each its ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` and a rendezvous file
+(:func:`join_world`: a ``FileStore`` in the run's scratch directory, so that no port is picked and raced for), polls
+them every :data:`MONITOR_INTERVAL_S`, and stops the others as soon as one fails (a failed training step is not
+retried behind the user's back; ``--max-restarts`` starts the whole group afresh instead, :func:`run_ranks`). A
+user's own ``torchrun`` still runs the same worker code across hosts (``env://``).
 
-Lifecycle. torch starts each worker in a POSIX session of its own, so neither a terminal's Ctrl-C nor the death of
-the launcher reaches it by itself. A worker therefore starts through this module (``python -m executor.launch
-MODULE ARGS``), which before anything else (before torch is even imported):
+How a worker starts (``start``). ``"fork"``, the default on the CPU: the launcher imports the rank's code once
+(``preload``: torch and the executor, about 1.7 s of CPU per process) and forks each worker from itself, so that a
+2-rank run imports torch once rather than three times. A fork is only safe from a process with one thread, before
+it has run a torch kernel (the intra-op pool) or touched CUDA: the launcher has done neither, and where it has
+other threads (it was called inside a larger program) it starts workers the other way. ``"exec"``: each worker is a
+fresh interpreter (``python -u -m executor.launch MODULE ARGS``, :func:`worker_command`), which the NCCL backend
+needs, since a CUDA driver initialised in the launcher (``torch.cuda.is_available()``) cannot be used in a fork.
 
-- asks Linux to SIGKILL the worker when its parent dies (``prctl(PR_SET_PDEATHSIG)``, :func:`die_with_launcher`),
-  then checks that its parent is still the launcher that started it (:data:`LAUNCHER_PID_ENV`): a launcher that died
-  before the request was made would otherwise go unnoticed. So ``kill -9`` of the launcher takes its workers with it.
-  Where there is no ``prctl`` (not Linux) the worker goes without, and outlives a killed launcher;
-- restores SIGINT's default action, so that the launcher's stop signal ends the worker at once, even inside a
-  blocking gloo call, rather than raising ``KeyboardInterrupt`` whenever the interpreter next gets control.
+Lifecycle. Each worker leads a POSIX session of its own, so neither a terminal's Ctrl-C nor the death of the
+launcher reaches it by itself. Before anything else a worker:
 
-Until then a SIGINT would find Python's own handler, installed while the interpreter starts: a Ctrl-C in the first
-tenths of a second printed "Fatal Python error: init_sys_streams" and a traceback (CI saw it once). So on POSIX the
-worker starts through ``sh``, which sets SIGINT to *ignored* and replaces itself with Python (``exec``,
-:func:`worker_command`); an ignored SIGINT survives ``exec``, and CPython then leaves it alone instead of installing
-its handler. A SIGINT in that window is lost, and the agent SIGKILLs the worker :data:`SHUTDOWN_TIMEOUT_S` later:
-silent and certain, if slower.
+- asks Linux to SIGKILL it when its parent dies (``prctl(PR_SET_PDEATHSIG)``, :func:`die_with_launcher`), then
+  checks that its parent is still the launcher that started it (:data:`LAUNCHER_PID_ENV`): a launcher that died
+  before the request was made would otherwise go unnoticed. So ``kill -9`` of the launcher takes its workers with
+  it. Where there is no ``prctl`` (not Linux) the worker goes without, and outlives a killed launcher;
+- gives SIGINT (and the other stop signals) their default action, so that the launcher's stop signal ends the
+  worker at once, even inside a blocking gloo call, rather than raising ``KeyboardInterrupt`` whenever the
+  interpreter next gets control.
 
-Ctrl-C or SIGTERM/SIGHUP/SIGQUIT on the launcher: the elastic agent passes the signal on to every worker and
-SIGKILLs any still there after :data:`SHUTDOWN_TIMEOUT_S`; :func:`run_ranks` then prints one line, ``error:
-interrupted`` for SIGINT (``error: stopped by SIGTERM`` and so on otherwise), and returns 128 + the signal's number
-(130 for SIGINT), as a shell reports a command a signal ended.
+A forked worker is born with the stop signals blocked (the launcher blocks them around ``fork``), restores their
+default actions and only then unblocks them: a signal sent in between ends it by the default action, never by the
+launcher's Python handler running in the child. An exec'd worker would otherwise meet Python's own handler,
+installed while the interpreter starts: a Ctrl-C in the first tenths of a second printed "Fatal Python error:
+init_sys_streams" and a traceback (CI saw it once). So on POSIX it starts through ``sh``, which sets SIGINT to
+*ignored* and replaces itself with Python (``exec``, :func:`worker_command`); an ignored SIGINT survives ``exec``,
+and CPython then leaves it alone instead of installing its handler. A SIGINT in that window is lost, and the
+launcher SIGKILLs the worker :data:`SHUTDOWN_TIMEOUT_S` later: silent and certain, if slower.
 
-Scratch files. Everything a run keeps outside ``--out`` (the failure records below, and the per-worker folders
-that torch's agent would otherwise make as ``torchelastic_*`` in the system's temporary directory and never remove)
-lives in one ``pipedejavu-launch-*`` directory there, removed when the run ends, however it ends: on return, on
-Ctrl-C and other stop signals (the agent's exception unwinds through its removal), and when the launcher is killed
-with SIGKILL, by a watcher started beside it (:func:`_remove_when_gone`: ``sh`` reading a pipe whose only writer is the
-launcher, which sees end-of-file when the launcher is gone, whatever killed it).
+Ctrl-C or SIGTERM/SIGHUP/SIGQUIT on the launcher: it passes the signal on to every worker and SIGKILLs any still
+there after :data:`SHUTDOWN_TIMEOUT_S`; :func:`run_ranks` then prints one line, ``error: interrupted`` for SIGINT
+(``error: stopped by SIGTERM`` and so on otherwise), and returns 128 + the signal's number (130 for SIGINT), as a
+shell reports a command a signal ended.
+
+Scratch files. Everything a run keeps outside ``--out`` (the failure records below and the rendezvous files) lives
+in one ``pipedejavu-launch-*`` directory in the system's temporary directory, removed when the run ends, however
+it ends: on return, on Ctrl-C and other stop signals, and when the launcher is killed with SIGKILL, by a watcher
+started beside it (:func:`_remove_when_gone`: ``sh`` reading a pipe whose only writer is the launcher, which sees
+end-of-file when the launcher is gone, whatever killed it; a forked worker closes its inherited copy first).
 
 Failure report. A failing rank records its error (:func:`record_failure`) as JSON in the directory that
-:func:`run_ranks` names in ``FAILURE_DIR_ENV``, and exits; the agent then stops the other workers with SIGTERM.
+:func:`run_ranks` names in ``FAILURE_DIR_ENV``, and exits; the launcher then stops the other workers with SIGTERM.
 :func:`run_ranks` prints the failure that came first as the command's one ``error:`` line and writes every rank's
 story, tracebacks included, to ``errors.log``. Which came first (:func:`order_failures`): a rank that ended without
 a record, by a signal or by an exit that skipped the worker's handler (``rank 1 was killed by signal 9 (SIGKILL)``),
 failed on its own, since a peer's failure reaches the survivors as an exception, which they record; otherwise the
 record with the earliest time (the others are its echoes: a peer's closed connection). Workers that died of the
-agent's SIGTERM are the last resort: they were stopped, not failing.
+launcher's SIGTERM are the last resort: they were stopped, not failing.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-import logging
 import os
 import runpy
 import shutil
@@ -57,60 +68,96 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import uuid
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 from executor.options import FAILURE_DIR_ENV
 from sim.core.lifetime import die_with_parent
 
 __all__ = ["ATTEMPT_ENV", "run_ranks", "launch_local", "worker_command", "die_with_launcher", "leave_worker",
-           "record_failure", "read_failures", "Failure", "order_failures", "report_failures", "describe_exit",
-           "LAUNCHER_PID_ENV", "SHUTDOWN_TIMEOUT_S"]
+           "join_world", "record_failure", "read_failures", "Failure", "order_failures", "report_failures",
+           "describe_exit", "WorkersFailed", "LauncherStopped", "StartMethod", "LAUNCHER_PID_ENV",
+           "RENDEZVOUS_ENV", "SHUTDOWN_TIMEOUT_S", "MONITOR_INTERVAL_S"]
 
 #: Environment variable telling each worker which attempt of the run it belongs to (0 first; ``executor.restart``).
 ATTEMPT_ENV = "PIPEDEJAVU_ATTEMPT"
 
 #: Environment variable holding the launcher's process id, so that a worker can tell that its launcher has died.
 LAUNCHER_PID_ENV = "PIPEDEJAVU_LAUNCHER_PID"
-#: Seconds the agent waits, after passing a stop signal on, before it SIGKILLs a worker that is still there.
+#: Environment variable naming the file of an attempt's rendezvous (a ``FileStore``; absent under ``torchrun``).
+RENDEZVOUS_ENV = "PIPEDEJAVU_RENDEZVOUS"
+#: Seconds the launcher waits, after passing a stop signal on, before it SIGKILLs a worker that is still there.
 SHUTDOWN_TIMEOUT_S = 5
-#: The signals torch's agent handles in the launcher (its default ``signals_to_handle``; Windows lacks the last two).
+#: Seconds between two looks at the workers: how soon a failure or a finished run is seen.
+MONITOR_INTERVAL_S = 0.05
+#: The signals the launcher passes on to its workers (Windows lacks the last two).
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
                       if hasattr(signal, name))
 
+#: How a worker starts: forked from the launcher, which has imported its code (``"fork"``), or as a fresh
+#: interpreter (``"exec"``); see the module docstring.
+StartMethod = Literal["fork", "exec"]
+
+
+class WorkersFailed(Exception):
+    """A worker ended badly; every other worker has been stopped.
+
+    Attributes:
+        exit_codes: how each rank that ended badly ended, by rank (negative: killed by that signal), those the
+            launcher stopped with SIGTERM after the first failure included; a rank that had to be SIGKILLed after
+            :data:`SHUTDOWN_TIMEOUT_S` is left out (it was stopped, and its signal would read as its own failure).
+    """
+
+    def __init__(self, exit_codes: Mapping[int, int]):
+        super().__init__(f"workers failed: {dict(exit_codes)}")
+        self.exit_codes = dict(exit_codes)
+
+
+class LauncherStopped(Exception):
+    """The launcher got a stop signal (``signal``); its workers got it too and have ended."""
+
+    def __init__(self, sig: signal.Signals):
+        super().__init__(f"stopped by {sig.name}")
+        self.signal = sig
+
 
 def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: str | os.PathLike | None,
-              max_restarts: int = 0) -> int:
+              max_restarts: int = 0, start: StartMethod = "fork", preload: Sequence[str] = ()) -> int:
     """Run ``python -u -m module argv`` as ``num_ranks`` ranks on this host, wait for them, and report how it went.
 
     With ``max_restarts`` R the whole group is started again after a rank dies, up to R times, each attempt a fresh
-    elastic launch (a new rendezvous, so no store of the failed attempt is reused) whose workers read their attempt
+    launch (a new rendezvous file, so no store of the failed attempt is reused) whose workers read their attempt
     in :data:`ATTEMPT_ENV` (``executor.restart``); a failed attempt's records are set aside in ``attempt-N/`` of the
     failure directory with a summary, a line says the group restarts, and only a failure of the last attempt is
-    reported. Prints nothing when every rank succeeds
-    (in the end). Otherwise prints exactly one ``error:`` line on stderr (the failure
-    that came first, :func:`order_failures`) and writes every failure to ``errors_log`` (if given; its directory is
-    created). Every worker has stopped when it returns.
+    reported. Prints nothing when every rank succeeds (in the end). Otherwise prints exactly one ``error:`` line on
+    stderr (the failure that came first, :func:`order_failures`) and writes every failure to ``errors_log`` (if
+    given; its directory is created). Every worker has stopped when it returns.
+
+    Args:
+        start: how workers start (:data:`StartMethod`); ``"fork"`` falls back to ``"exec"`` where forking is not
+            safe (:func:`launch_local`).
+        preload: modules imported here before workers are forked, so that no worker imports them again (the
+            worker's own code; ignored when workers are exec'd).
 
     Returns:
         The command's exit status: 0; 2 when the first failure is a rank's rejection of its input (its record says
         status 2); 1 for any other failure; 128 + n when the launcher got signal n (130 for Ctrl-C).
     """
     saved_env = {name: os.environ.get(name) for name in (FAILURE_DIR_ENV, LAUNCHER_PID_ENV, ATTEMPT_ENV)}
-    saved_handlers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
-    try:
-        from torch.distributed.elastic.multiprocessing import SignalException
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    except KeyboardInterrupt:
-        return _stopped(signal.SIGINT)
     watcher: tuple[subprocess.Popen, int] | None = None
     try:
+        if start == "fork":
+            for name in preload:
+                importlib.import_module(name)
         with tempfile.TemporaryDirectory(prefix="pipedejavu-launch-") as scratch:
             watcher = _remove_when_gone(scratch)
-            failures, logs = os.path.join(scratch, "failures"), os.path.join(scratch, "torchelastic")
+            failures = os.path.join(scratch, "failures")
             os.mkdir(failures)
             os.environ[FAILURE_DIR_ENV] = failures
             os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
@@ -118,30 +165,27 @@ def run_ranks(module: str, argv: Sequence[str], num_ranks: int, *, errors_log: s
                 for attempt in range(max_restarts + 1):
                     os.environ[ATTEMPT_ENV] = str(attempt)
                     try:
-                        launch_local(module, argv, num_ranks, log_dir=logs)
+                        launch_local(module, argv, num_ranks, rendezvous=os.path.join(scratch, f"rendezvous-{attempt}"),
+                                     start=start, close_in_workers=() if watcher is None else (watcher[1],))
                         break
-                    except ChildFailedError as exc:
-                        exit_codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
-                        ordered = order_failures(exit_codes, read_failures(failures))
+                    except WorkersFailed as exc:
+                        ordered = order_failures(exc.exit_codes, read_failures(failures))
                         if attempt == max_restarts:
-                            return report_failures(ordered, exit_codes, errors_log)
-                        _set_aside(failures, attempt, ordered, exit_codes)
+                            return report_failures(ordered, exc.exit_codes, errors_log)
+                        _set_aside(failures, attempt, ordered, exc.exit_codes)
                         print(f"restarting every rank (restart {attempt + 1} of at most {max_restarts}) after: "
                               f"{ordered[0].message if ordered else 'a worker failed without reporting why'}",
                               flush=True)
             finally:
-                # The agent leaves its handlers installed; a later signal would raise its exception anywhere.
-                for sig, handler in saved_handlers.items():
-                    signal.signal(sig, handler)
                 for name, value in saved_env.items():
                     if value is None:
                         os.environ.pop(name, None)
                     else:
                         os.environ[name] = value
         return 0
-    except SignalException as exc:  # the agent has passed it on to the workers and stopped them
-        return _stopped(exc.sigval)
-    except KeyboardInterrupt:  # Ctrl-C before the agent's handlers were installed, or after they were restored
+    except LauncherStopped as exc:  # passed on to the workers, which have ended
+        return _stopped(exc.signal)
+    except KeyboardInterrupt:  # Ctrl-C before the launcher's handlers were installed, or after they were restored
         return _stopped(signal.SIGINT)
     finally:
         if watcher is not None:  # the directory is gone by now: let the watcher see end-of-file and leave
@@ -191,40 +235,220 @@ def _set_aside(directory: str, attempt: int, ordered: Sequence[Failure], exit_co
                       aside / "summary.json")
 
 
-def launch_local(module: str, argv: Sequence[str], num_ranks: int, *, log_dir: str | os.PathLike) -> None:
-    """Start ``num_ranks`` workers ``python -u -m module argv`` (through this module's worker entry) and wait.
+def launch_local(module: str, argv: Sequence[str], num_ranks: int, *, rendezvous: str | os.PathLike,
+                 start: StartMethod = "fork", close_in_workers: Sequence[int] = ()) -> None:
+    """Start ``num_ranks`` workers running ``python -m module argv`` on this host and wait for them all.
 
-    The primitive under :func:`run_ranks`, which adds the failure directory and the report. ``log_dir`` is where
-    torch's agent keeps its per-worker folders (created if missing; the caller removes it): without one the agent
-    makes a ``torchelastic_*`` folder in the system's temporary directory on every launch and never removes it.
+    The primitive under :func:`run_ranks`, which adds the failure directory, restarts and the report. Worker r gets
+    ``RANK`` = ``LOCAL_RANK`` = r, ``WORLD_SIZE`` = ``LOCAL_WORLD_SIZE`` = ``num_ranks`` and :data:`RENDEZVOUS_ENV` =
+    ``rendezvous`` (a path that must not exist yet; :func:`join_world`). Call it from the main thread: it installs
+    handlers for the stop signals (restored on return) to pass them on.
+
+    Args:
+        start: ``"fork"`` forks each worker from this process (the caller has imported the worker's code); it falls
+            back to ``"exec"`` where this process runs other threads, whose locks a fork could copy held.
+        close_in_workers: file descriptors a forked worker closes first (the scratch watcher's pipe: see the module
+            docstring); an exec'd worker inherits none.
 
     Raises:
-        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a worker failed; every other worker has
-            been stopped by then.
-        torch.distributed.elastic.multiprocessing.SignalException: the launcher got a stop signal; the workers got
-            it too and have stopped.
+        WorkersFailed: a worker ended badly; every other worker has been stopped by then.
+        LauncherStopped: this process got a stop signal; every worker got it too and has ended.
     """
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    if start == "fork" and not _can_fork():
+        start = "exec"
+    received: list[int] = []
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
+                for sig in _STOP_SIGNALS} if in_main_thread else {}
+    workers: dict[int, _Worker] = {}
+    try:
+        for rank in range(num_ranks):
+            if received:
+                break
+            env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(num_ranks),
+                   "LOCAL_WORLD_SIZE": str(num_ranks), RENDEZVOUS_ENV: os.fspath(rendezvous)}
+            workers[rank] = (_fork_worker(module, argv, env, close_in_workers) if start == "fork"
+                             else _exec_worker(module, argv, env))
+        _watch(workers, received)
+    finally:
+        # Whatever ended the watch (a bug in it included), no worker outlives this call.
+        for worker in workers.values():
+            if worker.poll() is None:
+                worker.send(signal.SIGKILL)
+                worker.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
-    # torchelastic logs every worker failure with a long traceback, and every stop signal; the one report of
-    # run_ranks says it better. Its modules set their loggers' own levels, so the parent's level alone is not enough.
-    for name in [*logging.root.manager.loggerDict, "torch.distributed.elastic"]:
-        if name.startswith("torch.distributed.elastic"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=num_ranks, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-                          shutdown_timeout=SHUTDOWN_TIMEOUT_S, logs_specs=DefaultLogsSpecs(log_dir=os.fspath(log_dir)))
-    entrypoint, args = worker_command(module, argv)
-    elastic_launch(config, entrypoint)(*args)
+
+def _can_fork() -> bool:
+    """Whether a worker may be forked from this process: POSIX, and no thread but this one (the main thread)."""
+    return (hasattr(os, "fork") and threading.active_count() == 1
+            and threading.current_thread() is threading.main_thread())
+
+
+class _Worker:
+    """One started worker: its process id (it leads a session of its own) and how it ended, once it has."""
+
+    def __init__(self, pid: int, process: subprocess.Popen | None = None):
+        self.pid = pid
+        self._process = process  # an exec'd worker's Popen, which must do the reaping; None for a forked one
+        self._exit_code: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code (negative: killed by that signal) once the worker has ended, else ``None``; never blocks."""
+        if self._exit_code is None:
+            if self._process is not None:
+                self._exit_code = self._process.poll()
+            else:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self._exit_code = os.waitstatus_to_exitcode(status)
+        return self._exit_code
+
+    def wait(self) -> int:
+        """Block until the worker has ended; its exit code."""
+        if self._exit_code is None:
+            if self._process is not None:
+                self._exit_code = self._process.wait()
+            else:
+                self._exit_code = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self._exit_code
+
+    def send(self, sig: int) -> None:
+        """Send ``sig`` to the worker's process group (its session), unless it has ended."""
+        if self.poll() is not None:
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _watch(workers: Mapping[int, _Worker], received: list[int]) -> None:
+    """Poll the workers until every one has ended well, one has ended badly, or a stop signal came (``received``,
+    filled by the handlers); stop the others in the last two cases and raise."""
+    ended: dict[int, int] = {}
+    while True:
+        if received:
+            sig = signal.Signals(received[0])
+            _stop(workers, ended, sig)
+            raise LauncherStopped(sig)
+        for rank, worker in workers.items():
+            if rank not in ended and (code := worker.poll()) is not None:
+                ended[rank] = code
+        if any(code != 0 for code in ended.values()):
+            killed = _stop(workers, ended, signal.SIGTERM)
+            raise WorkersFailed({rank: code for rank, code in ended.items() if code != 0 and rank not in killed})
+        if len(ended) == len(workers):
+            return
+        time.sleep(MONITOR_INTERVAL_S)
+
+
+def _stop(workers: Mapping[int, _Worker], ended: dict[int, int], sig: int) -> set[int]:
+    """Send ``sig`` to every worker still running, wait up to :data:`SHUTDOWN_TIMEOUT_S` for them, SIGKILL those
+    still there; records every exit code in ``ended`` and returns the ranks that had to be SIGKILLed."""
+    running = {rank: worker for rank, worker in workers.items() if rank not in ended}
+    for worker in running.values():
+        worker.send(sig)
+    deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+    while running and time.monotonic() < deadline:
+        for rank, worker in list(running.items()):
+            if (code := worker.poll()) is not None:
+                ended[rank] = code
+                del running[rank]
+        if running:
+            time.sleep(MONITOR_INTERVAL_S)
+    for rank, worker in running.items():
+        worker.send(signal.SIGKILL)
+        ended[rank] = worker.wait()
+    return set(running)
+
+
+def _fork_worker(module: str, argv: Sequence[str], env: Mapping[str, str], close_fds: Sequence[int]) -> _Worker:
+    """Fork a worker that runs ``module`` as ``__main__`` with ``argv`` (:func:`_forked_worker_main`)."""
+    sys.stdout.flush()  # or what is buffered here would be written again by the worker
+    sys.stderr.flush()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # the worker unblocks them once they are its own
+    try:
+        pid = os.fork()
+        if pid == 0:
+            _forked_worker_main(module, argv, env, close_fds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return _Worker(pid)
+
+
+def _forked_worker_main(module: str, argv: Sequence[str], env: Mapping[str, str], close_fds: Sequence[int]) -> None:
+    """A forked worker's whole life: its first steps (see the module docstring), ``python -m module argv`` in this
+    process, and the exit with its status; never returns into the launcher's code that forked it."""
+    status = 1
+    try:
+        os.setsid()
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        for fd in close_fds:
+            os.close(fd)
+        os.environ.update(env)
+        die_with_launcher()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        for stream in (sys.stdout, sys.stderr):  # as ``python -u``: a worker's lines reach the terminal as printed
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(line_buffering=True)
+        sys.argv[1:] = list(argv)
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            status = 0
+        except SystemExit as exc:
+            status = _exit_status(exc.code)
+    except BaseException:  # noqa: BLE001 - whatever it is, it ends this worker, never the launcher's stack
+        traceback.print_exc()
+        status = 1
+    finally:
+        leave_worker(status)
+
+
+def _exit_status(code: object) -> int:
+    """The status a ``SystemExit(code)`` gives, as the interpreter computes it (a message is printed, status 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _exec_worker(module: str, argv: Sequence[str], env: Mapping[str, str]) -> _Worker:
+    """Start a worker as a fresh interpreter in a session of its own (:func:`worker_command`)."""
+    program, args = worker_command(module, argv)
+    process = subprocess.Popen([program, *args], env={**os.environ, **env}, start_new_session=True)
+    return _Worker(process.pid, process)
+
+
+def join_world(backend: str, timeout_s: float) -> None:
+    """Initialise ``torch.distributed``'s default process group for this worker.
+
+    Under :func:`run_ranks` through the launcher's rendezvous file (:data:`RENDEZVOUS_ENV`, a ``FileStore``); under
+    a user's ``torchrun`` through ``env://`` (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``).
+    """
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    rendezvous = os.environ.get(RENDEZVOUS_ENV)
+    if rendezvous:
+        world_size = int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(backend, store=dist.FileStore(rendezvous, world_size), rank=int(os.environ["RANK"]),
+                                world_size=world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
 
 
 def worker_command(module: str, argv: Sequence[str]) -> tuple[str, list[str]]:
     """The program and arguments that start one worker: ``python -u -m executor.launch module argv`` (through
     :func:`_worker_entry`), from ``sh`` with SIGINT ignored where there is one (see the module docstring).
 
-    torch's agent runs ``string.Template.safe_substitute`` over every argument; the script's ``$0`` and ``$@`` are not
-    identifiers, so they pass unchanged.
     """
     python = [sys.executable, "-u", "-m", "executor.launch", module, *argv]
     shell = shutil.which("sh") if os.name == "posix" else None
@@ -237,8 +461,8 @@ def die_with_launcher() -> bool:
     """Have the kernel SIGKILL this worker when its launcher dies; returns whether that is armed
     (:func:`sim.core.lifetime.die_with_parent`, checked against the launcher named by :data:`LAUNCHER_PID_ENV`).
 
-    Linux only; elsewhere it returns ``False`` and the worker goes on without. torch's agent starts workers from the
-    launcher's main thread, which lives as long as the launcher.
+    Linux only; elsewhere it returns ``False`` and the worker goes on without. :func:`launch_local` starts workers
+    from the launcher's main thread, which lives as long as the launcher.
     """
     launcher = os.environ.get(LAUNCHER_PID_ENV, "")
     return die_with_parent(int(launcher) if launcher.isdigit() else None)
@@ -330,14 +554,14 @@ def order_failures(exit_codes: Mapping[int, int], records: Sequence[Mapping]) ->
     """Every failure, the one that came first first.
 
     Args:
-        exit_codes: the exit code of each rank that ended badly, by rank (torch's ``ChildFailedError.failures``;
+        exit_codes: the exit code of each rank that ended badly, by rank (:class:`WorkersFailed`'s ``exit_codes``;
             negative: killed by that signal).
         records: the ranks' failure records (:func:`read_failures`).
 
     Order: ranks without a record that did not die of SIGTERM, by rank (a process killed by a signal cannot write a
     record, and a peer's failure reaches a survivor as an exception that it does record, so these failed on their
     own); then the records, earliest first (the first is the cause, the later ones mostly its echoes); then ranks
-    without a record that died of SIGTERM (the agent stops the survivors with it: they did not fail).
+    without a record that died of SIGTERM (the launcher stops the survivors with it: they did not fail).
     """
     recorded = {int(r["rank"]): r for r in records}
     silent = [Failure(rank, describe_exit(rank, code), code) for rank, code in sorted(exit_codes.items())
@@ -358,7 +582,7 @@ def report_failures(failures: Sequence[Failure], exit_codes: Mapping[int, int],
     Returns:
         2 when the first failure is a rank's rejection of its input (status 2), else 1.
     """
-    if not failures:  # not seen: torch raises ChildFailedError for a failed rank; say so rather than nothing
+    if not failures:  # not seen: WorkersFailed names at least one rank; say so rather than nothing
         failures = [Failure(-1, "a worker failed without reporting why", 1)]
     if errors_log is not None:
         lines = []

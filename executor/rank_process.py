@@ -1,8 +1,8 @@
 """One rank of a run: join the process group, build this rank's stages, run the iterations, report to rank 0.
 
-Started by the launcher (``executor.run``) through torchrun's machinery, or directly by a user's ``torchrun`` on
-several hosts; either way the rendezvous has set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-``MASTER_ADDR`` and ``MASTER_PORT``. The plan has been checked before launch, and is checked again here against the
+Started by the launcher (``executor.run`` through ``executor.launch.run_ranks``), or directly by a user's ``torchrun``
+on several hosts; either way ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` are set, and the
+rendezvous is the launcher's file or torchrun's ``MASTER_ADDR`` and ``MASTER_PORT`` (``executor.launch.join_world``). The plan has been checked before launch, and is checked again here against the
 world size (a user's torchrun may start any number of processes). A 3D plan runs ``plan.world_size`` processes, each
 placed, grouped and built by ``executor.parallel``.
 
@@ -13,8 +13,8 @@ of it on the other ranks (a peer's "Connection reset by peer") go only to its lo
 started by a user's ``torchrun`` has no launcher listening, so it prints its own ``error:`` line. Either way the rank
 dies with the process that started it (``executor.launch.die_with_launcher``). Exiting without tearing the process
 group down is deliberate: a clean shutdown would wait on peers that may never answer. The peers then either fail on
-the closed connection or are stopped by torchrun's agent, which terminates the whole group when one worker exits
-non-zero.
+the closed connection or are stopped by the launcher (or torchrun's agent), which terminates the whole group when
+one worker exits non-zero.
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ import sys
 import time
 import traceback
 from dataclasses import replace
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from executor.clock import measure_offsets
 from executor.interpreter import RankInterpreter
-from executor.launch import die_with_launcher, leave_worker, record_failure
+from executor.launch import die_with_launcher, join_world, leave_worker, record_failure
 from executor.measured import RankReport
 from executor.memory import PeakMemory
 from executor.nn.context_parallel import ContextParallel, local_tokens
@@ -180,7 +179,7 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     else:
         device, device_name = torch.device("cpu"), "cpu"
     torch.set_num_threads(_threads(options, local_world_size))
-    dist.init_process_group(options.backend, timeout=timedelta(seconds=options.timeout_s))
+    join_world(options.backend, options.timeout_s)
 
     place = Place.of(plan.layout, rank)  # a pure pipeline: pipeline rank = rank, one replica, one shard
     groups = make_groups(plan.layout, rank)

@@ -1,9 +1,9 @@
 """Crash and come back: a run whose rank dies restarts on its own and continues from its newest checkpoint
 (``executor.run --max-restarts R``), and the injected crash that tests it (``--fail RANK@ITERATION``).
 
-The launcher (``executor.launch.run_ranks``) starts the ranks through PyTorch's elastic launcher; when one dies, the
-agent stops the others, and with ``--max-restarts`` R the launcher starts the whole group again, up to R times, each
-attempt a fresh elastic launch (a new rendezvous: nothing of the failed attempt's stores is reused) whose workers
+The launcher (``executor.launch.run_ranks``) starts the ranks; when one dies, it stops the others, and with
+``--max-restarts`` R it starts the whole group again, up to R times, each attempt a fresh launch (a new rendezvous
+file: nothing of the failed attempt's store is reused) whose workers
 see their attempt in ``PIPEDEJAVU_ATTEMPT``. A restarted worker (:func:`after_restart`) finds the newest complete
 checkpoint in ``--checkpoint-dir`` (``executor.checkpoint``; none: the run's own start) and continues from it to the
 run's end, so the run ends with the parameters of one that never failed. Iterations before the original warm-up's

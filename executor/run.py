@@ -10,8 +10,9 @@ topology has devices, a model with no torch implementation, more ranks than CUDA
 the plan's devices, an unusable ``--out``/``--calibrate-out``/``--save-state`` path (each is checked by creating and
 removing a probe file where it will be written, so nothing is left behind), or a ``--calibrate-out`` that names the
 plan or a file the run writes into ``--out`` is rejected with one ``error: ...`` line and status 2. It then launches
-one process per rank on this host with PyTorch's own launcher (``torch.distributed.launcher.elastic_launch``, the
-machinery of ``torchrun --standalone``), each of which re-enters this module as a worker. Started by ``torchrun``
+one process per rank on this host with the project's launcher (``executor.launch.run_ranks``: what ``torchrun
+--standalone`` does on one host; gloo ranks forked with their code imported, NCCL ranks as fresh interpreters), each
+of which re-enters this module as a worker. Started by ``torchrun``
 itself (e.g. ``torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 -m executor.run --plan ...`` on
 every host), it is already a worker.
 
@@ -68,6 +69,12 @@ __all__ = ["main", "make_parser", "load_checked_plan", "choose_backend", "check_
 FLAGS = {"slowdown": "--slowdown", "calibrate_out": "--calibrate-out"}
 
 #: The files a run writes into ``--out`` (``executor.run_outputs``; ``errors.log`` when a rank fails).
+#: Modules a rank imports beyond this one's own imports: the launcher imports them once before forking its ranks
+#: (``executor.launch.run_ranks``'s ``preload``), so that no rank spends its own CPU on them.
+#: ``torch.fx.experimental.symbolic_shapes`` (with sympy, about 0.45 s) is what ``torch.autograd.backward`` with given
+#: output gradients imports on its first call, in every rank but a pipeline's last.
+RANK_MODULES = ("executor.csp.csp_plan_run", "torch.fx.experimental.symbolic_shapes")
+
 RUN_OUTPUT_FILES = ("plan.json", "metrics.json", "trace.json", "gantt.png", "compare.json", "errors.log")
 
 
@@ -504,8 +511,11 @@ def _launch(options: RunOptions, argv: list[str], num_ranks: int) -> int:
     from executor.launch import run_ranks
 
     os.environ.setdefault("OMP_NUM_THREADS", str(options.threads or 1))
+    # CUDA cannot be used in a process forked after the driver was initialised here (torch.cuda.is_available()):
+    # NCCL ranks start as fresh interpreters; gloo ranks are forked with the rank's code already imported.
     return run_ranks("executor.run", [*argv, "--backend", options.backend], num_ranks,
-                     errors_log=Path(options.out, "errors.log"), max_restarts=options.max_restarts)
+                     errors_log=Path(options.out, "errors.log"), max_restarts=options.max_restarts,
+                     start="exec" if options.backend == "nccl" else "fork", preload=RANK_MODULES)
 
 
 def _run(argv: list[str] | None) -> int:
@@ -520,8 +530,9 @@ def _run(argv: list[str] | None) -> int:
         return _run_reference(options, plan)
     planned = _planned_devices(plan, topology)
     if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        # Started by torchrun: this process is one rank. Its hosts' CUDA devices are not visible from here, so the
-        # count is not checked (the worker fails on a missing device), nor is the calibration device (finish_run).
+        # Started by our launcher or a user's torchrun: this process is one rank. Its hosts' CUDA devices are not
+        # visible from here, so the count is not checked (the worker fails on a missing device), nor is the
+        # calibration device (finish_run).
         backend, warning = choose_backend(args.backend, planned, cuda_available=torch.cuda.is_available())
         if warning and os.environ.get("RANK") == "0" and FAILURE_DIR_ENV not in os.environ:
             print(warning, file=sys.stderr)  # under our own launcher, the launcher has said it already

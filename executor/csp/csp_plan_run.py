@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import replace
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +66,14 @@ def run_csp_plan_rank(options: RunOptions, plan: Plan, rank: int, world_size: in
     """Run this rank's stage of a checked csp plan in an initialised environment; rank 0 writes the outputs."""
     from executor.clock import measure_offsets
     from executor.csp.runner import run_csp_rank
+    from executor.launch import join_world
     from executor.nn.stages import boundary_specs, loss_fn
     from executor.restart import die_if_failing, restart_record
     from sim.csp.csp_plan import check_csp_plan
 
     setup = check_csp_plan(plan)
     torch.set_num_threads(options.threads or 1)
-    dist.init_process_group(options.backend, timeout=timedelta(seconds=options.timeout_s))
+    join_world(options.backend, options.timeout_s)
     stage, optimizer, choose = _stage(plan, *plan.placement.vstage_layers[rank], options)
     earlier_losses = _resume(options, stage, optimizer, rank)
     offsets = measure_offsets(rank, world_size)  # all 0 on one host (one CLOCK_MONOTONIC), estimated otherwise

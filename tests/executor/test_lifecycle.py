@@ -201,7 +201,7 @@ def test_a_failing_rank_stops_every_rank_with_its_error_and_op(tmp_path, plan):
     out, (tmp, env) = tmp_path / "failing-run", _own_tmp(tmp_path)
     result = execute(plan, out, "--inject-failure", "1:1B1", "--iterations", "1", "--warmup", "0", "--no-gantt",
                      "--threads", "1", env=env, timeout=120)
-    assert _left_in(tmp) == []  # neither the failure records' folder nor torch's torchelastic_* ones
+    assert _left_in(tmp) == []  # neither the failure records' folder nor the rendezvous file
     ended = time.time()
     assert result.returncode == 1
     # One line: the failing rank, its op and the op's own exception; rank 0's echo (a closed connection) is not one.

@@ -1,6 +1,6 @@
 """``executor.run`` end to end on CPU with gloo: pipeline training equals single-process training, the outputs and
 input errors (failures and the processes' lifecycle: ``test_lifecycle.py``). Most cases launch real worker processes
-through torch's elastic launcher; the input errors are caught before any launch."""
+through the project's launcher; the input errors are caught before any launch."""
 
 import json
 import re
