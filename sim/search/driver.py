@@ -7,7 +7,9 @@ so the result does not depend on the number of workers or on which finished firs
 (:func:`sim.core.lifetime.die_with_parent`); Ctrl-C reaches the caller only. Once the budget is spent or the caller
 asks the search to stop (:mod:`sim.search.stopping`), no more work is handed out and the tasks still running are
 abandoned with their workers, so the search answers within a fraction of a second of either; what finished is
-kept.
+kept. A caller with several short lists (the screen's proof, round after round) keeps one :func:`evaluation_pool`
+for all of them, so that a worker's start-up is paid once and even a one-plan round runs in a worker, where a stop
+abandons it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from sim.search.ray_pool import ray_chunks, ray_map, ray_session
 from sim.search.space import Candidate, SearchProblem
 from sim.search.stopping import interrupted, share_with_worker, shared_flag
 
-__all__ = ["Evaluated", "evaluate_all", "map_tasks", "CHUNK", "POLL_S"]
+__all__ = ["Evaluated", "EvaluationPool", "evaluate_all", "evaluation_pool", "map_tasks", "CHUNK", "POLL_S"]
 
 #: Candidates a worker costs per task: enough to make the pickling between processes negligible, few enough that a
 #: time budget stops within a few evaluations.
@@ -67,18 +69,20 @@ def _worker_start(parent: int, stop_flag: object) -> None:
 def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, workers: int = 1,
                  time_budget_s: float | None = None, seed: int = 0,
                  progress: Callable[[Evaluation], None] | None = None, in_order: bool = False,
-                 ray_address: str | None = None) -> Evaluated:
+                 ray_address: str | None = None, pool: EvaluationPool | None = None) -> Evaluated:
     """Cost ``candidates`` (see the module docstring).
 
     Args:
         problem: the search problem.
         candidates: what to cost.
-        workers: processes (1: this one).
+        workers: processes (1: this one); ignored when ``pool`` is given.
         time_budget_s: stop handing out work after this many seconds (``None``: cost everything).
         seed: seed of the evaluation order.
         progress: called with each evaluation as it arrives (the progress bar).
         in_order: cost the candidates in the order given (best first, for the planner) instead of a seeded one.
         ray_address: cost them on this Ray cluster instead (:mod:`sim.search.ray_pool`; ``workers`` is then unused).
+        pool: cost them in these workers (:func:`evaluation_pool`), which outlive the call unless it is cut short;
+            even a single candidate goes there, so that a stop abandons it rather than waiting for it.
 
     Raises:
         SpecError: ``workers`` < 1 or ``time_budget_s`` ≤ 0.
@@ -89,7 +93,9 @@ def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, wor
     order = list(range(len(candidates)))
     if not in_order:
         random.Random(seed).shuffle(order)
-    chunks = [[(i, candidates[i]) for i in order[k:k + CHUNK]] for k in range(0, len(order), CHUNK)]
+    # In order (best first): one candidate a task, so that the workers share even a short list and take it in order.
+    size = 1 if in_order else CHUNK
+    chunks = [[(i, candidates[i]) for i in order[k:k + size]] for k in range(0, len(order), size)]
     start = time.monotonic()
 
     def out_of_time() -> bool:
@@ -107,39 +113,68 @@ def evaluate_all(problem: SearchProblem, candidates: Sequence[Candidate], *, wor
     if ray_address is not None:
         with ray_session(ray_address) as ray:
             stopped = ray_chunks(ray, _evaluate_chunk, problem, chunks, take, out_of_time)
-    elif workers == 1 or len(chunks) <= 1:
+    elif pool is None and (workers == 1 or len(chunks) <= 1):
         for index, candidate in (pair for chunk in chunks for pair in chunk):  # one by one: a stop is heard sooner
             if out_of_time():
                 stopped = True
                 break
             take([(index, evaluate(problem, candidate))])
+    elif pool is not None:
+        stopped = _run_pool(problem, chunks, pool, out_of_time, take)
     else:
-        stopped = _run_pool(problem, chunks, workers, out_of_time, take)
+        with evaluation_pool(workers) as own:
+            assert own is not None
+            stopped = _run_pool(problem, chunks, own, out_of_time, take)
     ordered = tuple(results[i] for i in sorted(results))
     return Evaluated(ordered, len(candidates), stopped, time.monotonic() - start)
 
 
-@contextmanager
-def _spawned_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
-    """A pool of ``workers`` spawned processes that die with this one (:func:`_worker_start`); on any exception
-    (Ctrl-C included) its queued tasks are dropped and its processes stopped before the exception goes on."""
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_start, initargs=(os.getpid(), shared_flag()))
-    try:
-        _start_workers(pool, workers)
-        yield pool
-    except BaseException:
+class EvaluationPool:
+    """Spawned worker processes that die with this one (:func:`_worker_start`), started on first use and kept across
+    several :func:`evaluate_all` calls (the proof's rounds: a worker's start-up, about a second of imports, is paid
+    once). Made by :func:`evaluation_pool`, which stops them on leaving; :meth:`stop` stops them at once (a round
+    abandoned with tasks still running), and a later use starts new ones."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._executor: ProcessPoolExecutor | None = None
+
+    def executor(self) -> ProcessPoolExecutor:
+        """The running pool, started now if it is not."""
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(max_workers=self.workers,
+                                                 mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_worker_start, initargs=(os.getpid(), shared_flag()))
+            _start_workers(self._executor, self.workers)
+        return self._executor
+
+    def stop(self) -> None:
+        """Drop the queued tasks and stop the workers now, those computing included."""
+        if self._executor is None:
+            return
         # The processes first: shutdown forgets them (ProcessPoolExecutor sets _processes to None), and those still
-        # computing would finish their tasks before the interpreter, which joins them, could exit.
-        processes = _processes_of(pool)
-        pool.shutdown(wait=False, cancel_futures=True)
+        # computing would finish their tasks before the interpreter, which joins them, could exit. Stopped even when
+        # every task has answered: the workers hold only their memos, which a graceful exit would spend tenths of a
+        # second freeing object by object (0.3-0.4 s after the screen's slices, measured after a Ctrl-C).
+        processes = _processes_of(self._executor)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor = None
         _stop_workers(processes)
-        raise
-    # Every task has answered; the workers hold only their memos, which a graceful exit would spend tenths of a
-    # second freeing object by object (0.3-0.4 s after the screen's slices, measured after a Ctrl-C): stop them.
-    processes = _processes_of(pool)
-    pool.shutdown(wait=False, cancel_futures=True)
-    _stop_workers(processes)
+
+
+@contextmanager
+def evaluation_pool(workers: int) -> Iterator[EvaluationPool | None]:
+    """An :class:`EvaluationPool` of ``workers`` processes for the block (``None`` for one worker: this process),
+    stopped on leaving it, however it is left (Ctrl-C included)."""
+    _check_workers(workers)
+    if workers == 1:
+        yield None
+        return
+    pool = EvaluationPool(workers)
+    try:
+        yield pool
+    finally:
+        pool.stop()
 
 
 def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
@@ -166,41 +201,39 @@ def _check_workers(workers: object) -> None:
         raise SpecError(f"{{workers}} must be an integer >= 1, got {workers!r}", "workers")
 
 
-class _Abandoned(Exception):
-    """The budget ran out or the caller asked to stop while tasks were running: the pool is stopped without them."""
-
-
 #: How often the caller looks at the clock and the stop flag while its workers compute, s.
 POLL_S = 0.1
 
 
-def _run_pool(problem: SearchProblem, chunks: list, workers: int, out_of_time: Callable[[], bool],
+def _run_pool(problem: SearchProblem, chunks: list, pool: EvaluationPool, out_of_time: Callable[[], bool],
               take: Callable[[list[tuple[int, Evaluation]]], None]) -> bool:
-    """Cost ``chunks`` in a pool of ``workers`` processes, keeping two tasks per worker in flight; whether the time
-    budget (or a request to stop) ended it before every chunk was costed. Tasks still running then are abandoned:
+    """Cost ``chunks`` in ``pool``, keeping two tasks per worker in flight; whether the time budget (or a request to
+    stop) ended it before every chunk was costed. Tasks still running then are abandoned with the pool's workers:
     waiting for them would overrun the budget by a chunk's evaluations."""
     queue = iter(chunks)
     try:
-        with _spawned_pool(workers) as pool:
-            pending: set[Future] = set()
+        executor = pool.executor()
+        pending: set[Future] = set()
+        for chunk in queue:
+            pending.add(executor.submit(_evaluate_chunk, problem, chunk))
+            if len(pending) >= 2 * pool.workers:
+                break
+        while pending:
+            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+            for future in done:
+                take(future.result())
+            if out_of_time():
+                if pending or next(queue, None) is not None:
+                    pool.stop()
+                    return True
+                return False  # everything was costed: the budget stopped nothing
             for chunk in queue:
-                pending.add(pool.submit(_evaluate_chunk, problem, chunk))
-                if len(pending) >= 2 * workers:
+                pending.add(executor.submit(_evaluate_chunk, problem, chunk))
+                if len(pending) >= 2 * pool.workers:
                     break
-            while pending:
-                done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
-                for future in done:
-                    take(future.result())
-                if out_of_time():
-                    if pending or next(queue, None) is not None:
-                        raise _Abandoned
-                    return False  # everything was costed: the budget stopped nothing
-                for chunk in queue:
-                    pending.add(pool.submit(_evaluate_chunk, problem, chunk))
-                    if len(pending) >= 2 * workers:
-                        break
-    except _Abandoned:
-        return True
+    except BaseException:
+        pool.stop()
+        raise
     return False
 
 
@@ -218,8 +251,10 @@ def map_tasks(function: Callable, tasks: Sequence[tuple], workers: int, ray_addr
             return ray_map(ray, function, tasks)
     if workers == 1 or len(tasks) <= 1:
         return [function(*task) for task in tasks]
-    with _spawned_pool(min(workers, len(tasks))) as pool:
-        futures = [pool.submit(function, *task) for task in tasks]
+    with evaluation_pool(min(workers, len(tasks))) as pool:
+        assert pool is not None
+        executor = pool.executor()
+        futures = [executor.submit(function, *task) for task in tasks]
         return [future.result() for future in futures]
 
 

@@ -41,7 +41,7 @@ from sim.plan.lower import add_recompute, lower
 from sim.plan.lower_collectives import add_collectives, check_data_parallel
 from sim.schedules import SCHEDULES
 from sim.search.bound import memory_lower_bound, stage_times, time_lower_bound
-from sim.search.driver import evaluate_all, map_tasks
+from sim.search.driver import EvaluationPool, evaluate_all, evaluation_pool, map_tasks
 from sim.search.evaluate import Evaluation, memory_verdict
 from sim.search.space import Candidate, SearchProblem
 from sim.search.stopping import expired, interrupted
@@ -321,6 +321,18 @@ def prove(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[
         The evaluations (in the order made), the lowest bound left unsimulated (s; ``inf`` when none), and whether
         the deadline (``time.time()`` seconds) stopped it first.
     """
+    # One pool for every round (a worker's start-up paid once); a round, even of one plan, runs there, so that Ctrl-C
+    # abandons a simulation in progress instead of waiting for it. Ray keeps its own workers.
+    with evaluation_pool(workers if ray_address is None else 1) as pool:
+        return _prove_rounds(screener, candidates, bounds, workers=workers, gap=gap, deadline=deadline, seed=seed,
+                             progress=progress, ray_address=ray_address, grace_s=grace_s, pool=pool)
+
+
+def _prove_rounds(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[Bound | None], *,
+                  workers: int, gap: float, deadline: float | None, seed: int,
+                  progress: Callable[[Evaluation], None] | None, ray_address: str | None, grace_s: float,
+                  pool: EvaluationPool | None) -> tuple[list[Evaluation], float, bool]:
+    """:func:`prove`'s rounds, simulating in ``pool`` (``None``: this process, or Ray)."""
     problem = screener.problem
     order = sorted((b.time_s, i) for i, b in enumerate(bounds) if b is not None and b.fits and b.time_s < math.inf)
     done: list[Evaluation] = []
@@ -339,7 +351,9 @@ def prove(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[
             return done, lowest, True
         size = 1 if late else batch
         chunk, waiting = waiting[:size], waiting[size:]  # (bound, candidate) to simulate
-        while position < len(order) and len(chunk) < size:
+        # An exact memory verdict takes up to a tenth of a second and the best bounds are often plans that do not
+        # fit: a stop is heard between two verdicts, not after a round's worth of them.
+        while position < len(order) and len(chunk) < size and not (interrupted() or (not late and expired(deadline))):
             bound, index = order[position]
             position += 1
             reason = screener.memory_verdict(candidates[index])
@@ -351,11 +365,11 @@ def prove(screener: Screener, candidates: Sequence[Candidate], bounds: Sequence[
                 chunk.append((bound, candidates[index]))
         if not chunk:
             continue
-        if late:  # the grace: one plan, in this process, whatever the budget says
-            result = evaluate_all(problem, [chunk[0][1]], seed=seed, progress=progress, in_order=True)
+        if late:  # the grace: one plan, whatever the budget says (a Ctrl-C still ends it)
+            result = evaluate_all(problem, [chunk[0][1]], seed=seed, progress=progress, in_order=True, pool=pool)
         else:
             result = evaluate_all(problem, [c for _, c in chunk], workers=workers, time_budget_s=left, seed=seed,
-                                  progress=progress, in_order=True, ray_address=ray_address)
+                                  progress=progress, in_order=True, ray_address=ray_address, pool=pool)
         done.extend(result.evaluations)
         simulated += len(result.evaluations)
         best = min([best] + [e.iteration_time_s for e in result.evaluations if e.feasible])  # type: ignore[list-item]

@@ -146,3 +146,22 @@ def test_a_budget_not_above_zero_is_refused(budget):
 def test_an_empty_list_costs_nothing():
     done = evaluate_all(PROBLEM, [], workers=2)
     assert done.evaluations == () and done.listed == 0 and not done.stopped_by_budget
+
+
+def test_a_pool_kept_across_calls_costs_each_list_as_one_process_does(listed, monkeypatch):
+    candidates, oracle = listed
+    from sim.search.driver import evaluation_pool
+
+    # Nothing may be costed in this process (spawned workers import their own, unpatched, evaluate): even one plan
+    # goes to the pool, so that a stop abandons it instead of waiting for it.
+    monkeypatch.setattr(driver, "evaluate", lambda *args: pytest.fail("costed in the calling process"))
+    with evaluation_pool(2) as pool:
+        assert pool is not None
+        first = evaluate_all(PROBLEM, candidates[:3], in_order=True, pool=pool)
+        workers = pool.executor()._processes.copy()  # started by the first call
+        single = evaluate_all(PROBLEM, candidates[3:4], in_order=True, pool=pool)  # one plan: still in the pool
+        assert pool.executor()._processes == workers  # the same processes served the second call
+    assert first.evaluations == oracle[:3] and single.evaluations == oracle[3:4]
+    assert not any(process.is_alive() for process in workers.values())  # stopped on leaving the block
+    with evaluation_pool(1) as none:
+        assert none is None  # one worker: this process

@@ -166,3 +166,27 @@ def test_the_screen_bounds_a_skewed_routing_with_the_costs_its_built_plan_has():
         assert bound.time_s > balanced.bound(candidate).time_s, candidate
         checked += 1
     assert checked >= 2
+
+
+def test_a_stop_is_heard_between_two_memory_verdicts(monkeypatch):
+    # The best bounds are often plans whose exact peaks do not fit, each verdict up to a tenth of a second: a Ctrl-C
+    # pressed while the proof looks for plans to simulate ends it at the next verdict, not a round later.
+    from sim.search import stopping
+    from sim.search.screen import Screener, prove
+
+    problem = suite(1, seed=3)[0]
+    screener, candidates, bounds = _screened(problem)
+    looked: list = []
+
+    def verdict_then_stop(self, candidate):
+        looked.append(candidate)
+        if len(looked) == 2:
+            stopping.request_stop()
+        return "out of memory (a stand-in verdict)"
+
+    monkeypatch.setattr(Screener, "memory_verdict", verdict_then_stop)
+    try:
+        done, _, stopped = prove(screener, candidates, bounds)
+    finally:
+        stopping.clear()
+    assert stopped and len(looked) == 2 and [e.candidate for e in done] == looked
