@@ -10,7 +10,9 @@ parallelism, which Megatron-Core requires of a mixture under TP and the recipes 
 interleaved --chunks VP`` where VP > 1, else 1F1B), ``--cp``, ``--ep``, DP the GPUs left; FSDP > 0 as ``--zero 3``
 over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer (``--zero 1``, the recipes' default,
 [assumed]: the file does not say); the global batch in microbatches of the row's size; Transformer Engine's fused
-kernels (``--compile``); the precision: BF16 as the model's own, FP8-CS as ``fp8``, FP8-MX and MXFP8 as ``mxfp8``,
+kernels (``--compile``); the expert all-to-alls overlapped with compute (``--ep-overlap``) from the container whose
+performance recipe overlaps them (:data:`EP_OVERLAP_FROM`, read in Megatron-Bridge's history; the full-iteration CUDA
+graphs and fused grouped MLP that came with it are named in ``unmodelled``); the precision: BF16 as the model's own, FP8-CS as ``fp8``, FP8-MX and MXFP8 as ``mxfp8``,
 NVFP4 as ``nvfp4``, and the unqualified "FP8" of 26.02 on and the unlabelled 25.09 rows as ``fp8`` (the file does
 not define them: named in the row's ``unmodelled`` column). Routing is balanced and dropless, as the file says the
 MoE benchmarks force. Activation recomputation is not published: none is modelled (the predicted peak memory is
@@ -25,9 +27,10 @@ Slurm's block topology with segments of 16 nodes allocates NVL72 racks); no publ
 rate, so the runs evidently kept each expert group inside one NVLink domain.
 
 The same configuration is often published by several containers, with throughput that moved as the software did
-(Qwen3-30B-A3B on 8 GB200s: 26,084 tokens/s in 26.02, 39,936 in 26.08). A static model predicts one number per
-configuration, so the rows judged are each configuration's newest; the older ones are listed as superseded, with
-their own errors, and not counted.
+(Qwen3-30B-A3B on 8 GB200s: 26,084 tokens/s in 26.02, 39,936 in 26.08). Where the recipe's change is one the
+product models (the all-to-all overlap), the row's inputs follow its container; the rest of the software is not
+modelled, so the rows judged are each configuration's newest; the older ones are listed as superseded, with their
+own errors, and not counted.
 
 Not expressible (each listed with its reason): Nemotron 3 (hybrid Mamba layers), Kimi K2 and DeepSeek-V4 Flash (no
 config in the repository) and the "(tokendrop)" rows (their capacity factor is not published). DeepSeek-V3's default
@@ -50,8 +53,8 @@ from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
-__all__ = ["DATA", "Row", "Result", "load_rows", "expressible", "plan_inputs", "predict_row", "newest",
-           "summary", "parser", "run", "report", "write"]
+__all__ = ["DATA", "EP_OVERLAP_FROM", "FULL_ITERATION_GRAPHS_FROM", "Row", "Result", "load_rows", "expressible",
+           "ep_overlap", "plan_inputs", "predict_row", "newest", "summary", "parser", "run", "report", "write"]
 
 DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
 
@@ -76,6 +79,25 @@ MOE_MODELS = frozenset({"qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "dee
 #: The product's precision for each published label ("" is 25.09's unlabelled outer variant).
 PRECISIONS = {"BF16": None, "FP8-CS": "fp8", "FP8-MX": "mxfp8", "MXFP8": "mxfp8", "NVFP4": "nvfp4", "FP8": "fp8",
               "": "fp8"}
+#: The first container whose performance recipe overlaps the expert all-to-alls with compute (``moe_a2a_overlap``:
+#: Megatron-Core's ``overlap_moe_expert_parallel_comm`` with ``delay_wgrad_compute``), by published model and system;
+#: read in Megatron-Bridge's history (containers mapped to its release tags by their dates and
+#: ``docs/releases/software-versions.md``: 26.04 = v0.4.0, 26.04.01 = v0.4.2, 26.06 = v0.5.0, 26.06.01 = v0.5.1,
+#: 26.08 = v0.6.0). The overlap came with full-iteration CUDA graphs and the CuTeDSL fused grouped MLP (commits
+#: 8af195c0a, afb5dd47c, 55443cbfb, 5f98743d5, cherry-picked to r0.5.0 on 2026-06-10; for B300 ac4ad89ff and
+#: e80116b22 of v0.5.1), except GPT-OSS on GB200, whose recipe overlapped from 26.04 on with partial graphs
+#: (1513a1026). A pair not listed never overlaps in the published rows (GPT-OSS on B300 through v0.6.0).
+EP_OVERLAP_FROM = {
+    ("DeepSeekV3", "DGX-GB300"): "26.06", ("DeepSeekV3", "DGX-GB200"): "26.06", ("DeepSeekV3", "DGX-B300"): "26.06.01",
+    ("Qwen3_30B_a3B", "DGX-GB300"): "26.06", ("Qwen3_30B_a3B", "DGX-GB200"): "26.06",
+    ("Qwen3_30B_a3B", "DGX-B300"): "26.06",
+    ("Qwen3_235B_a22B", "DGX-GB300"): "26.06", ("Qwen3_235B_a22B", "DGX-GB200"): "26.06",
+    ("Qwen3_235B_a22B", "DGX-B300"): "26.06.01",
+    ("GPT OSS 120B", "DGX-GB300"): "26.06", ("GPT OSS 120B", "DGX-GB200"): "26.04",
+}
+#: The containers from which a recipe that overlaps also captures the whole iteration in CUDA graphs (the same
+#: commits as :data:`EP_OVERLAP_FROM`; GPT-OSS on GB200 only from 26.06).
+FULL_ITERATION_GRAPHS_FROM = {**EP_OVERLAP_FROM, ("GPT OSS 120B", "DGX-GB200"): "26.06"}
 #: GPUs of a job in each NVL72 rack: 16 of its 18 compute trays (module docstring).
 RACK_GPUS = 64
 #: Labels whose format the file does not define.
@@ -151,6 +173,18 @@ def _precision(row: Row) -> str | None:
     return PRECISIONS[row.precision]
 
 
+def _from(table: dict[tuple[str, str], str], row: Row) -> bool:
+    """Whether ``row``'s container is at or after the first one ``table`` names for its model (its base model for
+    DeepSeek-V3's variants) and system."""
+    first = table.get((row.model.split(" (")[0], row.system))
+    return first is not None and _version(row.container) >= _version(first)
+
+
+def ep_overlap(row: Row) -> bool:
+    """Whether ``row``'s recipe overlaps the expert all-to-alls with compute (:data:`EP_OVERLAP_FROM`)."""
+    return _from(EP_OVERLAP_FROM, row)
+
+
 def plan_inputs(row: Row) -> PlanInputs:
     """The ``sim.run`` inputs of ``row`` (module docstring)."""
     dp = row.gpus // (row.tp * row.pp * row.cp)
@@ -166,7 +200,8 @@ def plan_inputs(row: Row) -> PlanInputs:
         schedule="interleaved" if interleaved else "1f1b", chunks=row.vp if interleaved else 1,
         microbatch_size=row.mbs, global_batch=row.gbs, tp=row.tp, pp=row.pp, cp=row.cp, dp=dp, ep=row.ep,
         sequence_parallel=row.tp > 1, zero=3 if row.fsdp > 0 else 1 if dp * row.cp > 1 else 0,
-        cp_comm="allgather" if row.cp > 1 else "ring", precision=_precision(row), compiled=True)
+        cp_comm="allgather" if row.cp > 1 else "ring", precision=_precision(row), compiled=True,
+        ep_overlap=ep_overlap(row))
 
 
 def unmodelled(row: Row) -> tuple[str, ...]:
@@ -177,6 +212,8 @@ def unmodelled(row: Row) -> tuple[str, ...]:
     if row.fsdp == 0 and row.gpus // (row.tp * row.pp) > 1:
         missing.append("distributed optimizer assumed")
     missing.append("recomputation not published")
+    if _from(FULL_ITERATION_GRAPHS_FROM, row):
+        missing.append("full-iteration CUDA graphs and the fused grouped MLP (costed with per-kernel launches)")
     if row.model == "GPT OSS 120B":  # the file's own footnote: "Performance regression in GPT-OSS 120B pre-training"
         missing.append("attention sinks costed as plain FlashAttention (Megatron's sink kernel not published)")
     return tuple(missing)
