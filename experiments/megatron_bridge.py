@@ -11,8 +11,10 @@ interleaved --chunks VP`` where VP > 1, else 1F1B), ``--cp``, ``--ep``, DP the G
 over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer (``--zero 1``, the recipes' default,
 [assumed]: the file does not say); the global batch in microbatches of the row's size; Transformer Engine's fused
 kernels (``--compile``); the expert all-to-alls overlapped with compute (``--ep-overlap``) from the container whose
-performance recipe overlaps them (:data:`EP_OVERLAP_FROM`, read in Megatron-Bridge's history; the full-iteration CUDA
-graphs and fused grouped MLP that came with it are named in ``unmodelled``); the precision: BF16 as the model's own, FP8-CS as ``fp8``, FP8-MX and MXFP8 as ``mxfp8``,
+performance recipe overlaps them (:data:`EP_OVERLAP_FROM`, read in Megatron-Bridge's history) and the step captured
+as one CUDA graph (``--cuda-graphs``) from the container whose recipe captures the full iteration
+(:data:`FULL_ITERATION_GRAPHS_FROM`; the fused grouped MLP, FP8 attention and paged stash that came with it are named
+in ``unmodelled``); the precision: BF16 as the model's own, FP8-CS as ``fp8``, FP8-MX and MXFP8 as ``mxfp8``,
 NVFP4 as ``nvfp4``, and the unqualified "FP8" of 26.02 on and the unlabelled 25.09 rows as ``fp8`` (the file does
 not define them: named in the row's ``unmodelled`` column). Routing is balanced and dropless, as the file says the
 MoE benchmarks force. Activation recomputation is not published: none is modelled (the predicted peak memory is
@@ -28,9 +30,9 @@ rate, so the runs evidently kept each expert group inside one NVLink domain.
 
 The same configuration is often published by several containers, with throughput that moved as the software did
 (Qwen3-30B-A3B on 8 GB200s: 26,084 tokens/s in 26.02, 39,936 in 26.08). Where the recipe's change is one the
-product models (the all-to-all overlap), the row's inputs follow its container; the rest of the software is not
-modelled, so the rows judged are each configuration's newest; the older ones are listed as superseded, with their
-own errors, and not counted.
+product models (the all-to-all overlap, the captured step), the row's inputs follow its container; the rest of the
+software is not modelled, so the rows judged are each configuration's newest; the older ones are listed as
+superseded, with their own errors, and not counted.
 
 Not expressible (each listed with its reason): Nemotron 3 (hybrid Mamba layers), Kimi K2 and DeepSeek-V4 Flash (no
 config in the repository) and the "(tokendrop)" rows (their capacity factor is not published). DeepSeek-V3's default
@@ -201,7 +203,7 @@ def plan_inputs(row: Row) -> PlanInputs:
         microbatch_size=row.mbs, global_batch=row.gbs, tp=row.tp, pp=row.pp, cp=row.cp, dp=dp, ep=row.ep,
         sequence_parallel=row.tp > 1, zero=3 if row.fsdp > 0 else 1 if dp * row.cp > 1 else 0,
         cp_comm="allgather" if row.cp > 1 else "ring", precision=_precision(row), compiled=True,
-        ep_overlap=ep_overlap(row))
+        ep_overlap=ep_overlap(row), cuda_graphs=_from(FULL_ITERATION_GRAPHS_FROM, row))
 
 
 def unmodelled(row: Row) -> tuple[str, ...]:
@@ -213,7 +215,7 @@ def unmodelled(row: Row) -> tuple[str, ...]:
         missing.append("distributed optimizer assumed")
     missing.append("recomputation not published")
     if _from(FULL_ITERATION_GRAPHS_FROM, row):
-        missing.append("full-iteration CUDA graphs and the fused grouped MLP (costed with per-kernel launches)")
+        missing.append("the CuTeDSL fused grouped MLP, FP8 attention and the paged stash's capacity padding")
     if row.model == "GPT OSS 120B":  # the file's own footnote: "Performance regression in GPT-OSS 120B pre-training"
         missing.append("attention sinks costed as plain FlashAttention (Megatron's sink kernel not published)")
     return tuple(missing)

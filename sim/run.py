@@ -95,8 +95,6 @@ def make_parser() -> argparse.ArgumentParser:
                         "a microbatch of --microbatch-size samples; default 8)")
     stream.add_argument("--fps", type=float, help="--schedule stream: a live source's frame rate; says whether real "
                         "time holds (frames queue when the pipeline is slower)")
-    stream.add_argument("--cuda-graphs", action="store_true", help="--schedule stream on GPUs: each step captured as "
-                        "a CUDA graph (no per-op launch or framework overhead; one launch per step)")
     parser.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch (default 1)")
     par = parser.add_argument_group("tensor, data and pipeline parallelism")
     *others, last = [name for name, entry in MODELS.items() if entry.build_shard is not None]
@@ -156,6 +154,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "Float8Linear, Transformer Engine's current scaling), fp8-rowwise with a scale per row "
                         "(torchao's "
                         "rowwise recipe), mxfp8 and nvfp4 block-scaled (Blackwell)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="each step captured as one CUDA graph and replayed (Megatron-Core's full-iteration "
+                        "graphs; PARTIME's captured stream step): no host issue per kernel or collective and no "
+                        "framework overhead per microbatch, one launch per step (GPUs only; not csp)")
     parser.add_argument("--compile", dest="compiled", action="store_true",
                         help="run a llama or moe model's blocks with their elementwise work fused (torch.compile, as "
                         "torchtitan does; Transformer Engine's fused kernels): the norms, SwiGLU, residual adds and "
@@ -417,7 +419,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--zero", args.zero != 0),
                         ("--fsdp-reshard-after-forward", args.reshard_after_forward != "default"),
                         ("--dp-replicate", args.dp_replicate != 1), ("--precision", args.precision is not None),
-                        ("--compile", args.compiled),
+                        ("--compile", args.compiled), ("--cuda-graphs", args.cuda_graphs),
                         ("--sequence-parallel", args.sequence_parallel), ("--grad-overlap", args.grad_overlap),
                         ("--vertical-sync", args.vertical_sync), ("--microbatches", args.microbatches is not None),
                         ("--profile", args.profile is not None)):

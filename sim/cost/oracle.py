@@ -98,9 +98,10 @@ class CostOracle:
             The graph itself is what one device holds: a tensor-parallel shard (``sim.models.build_model``'s
             ``sharding``).
         kernel_model: the software constants of the GPU kernel model (default: the built-in, fitted ones).
-        cuda_graphs: cost a step captured as a CUDA graph (``--cuda-graphs``, PARTIME's cure for per-step
-            overhead): the roofline's per-op overhead (``launch_overhead_us`` of the catalog) and the kernel model's
-            framework overheads per microbatch go, and each optimizer step pays one graph launch instead
+        cuda_graphs: cost a step captured as a CUDA graph (``--cuda-graphs``: PARTIME's cure for per-step overhead,
+            Megatron-Core's full-iteration graphs): the roofline's per-op overhead (``launch_overhead_us`` of the
+            catalog), the kernel model's host issue per kernel (:attr:`issued_kernel_model`) and its framework
+            overheads per microbatch go, and each optimizer step pays one graph launch instead
             (:meth:`step_overhead_s`). What remains is the kernels' own time.
         narrow: the linears of the Llama- and MoE-family blocks run in this low-precision format (``--precision fp8``,
             ``mxfp8`` or ``nvfp4``; :class:`sim.cost.kernels.record.Narrow`), or None.
@@ -148,6 +149,18 @@ class CostOracle:
         if self._kernel_model is None:
             self._kernel_model = default_kernel_model()
         return self._kernel_model
+
+    @property
+    def issued_kernel_model(self) -> KernelModel:
+        """The kernel model as this plan's kernels reach the GPU: issued one by one by the framework's host thread
+        (:attr:`kernel_model` as it is), or, under ``cuda_graphs``, replayed from the captured step with no host work
+        per kernel or collective (``host_issue_s`` and ``host_collective_s`` 0: a graph launch enqueues the whole
+        step; the GPU's own gap between kernels stays). Megatron-Core's ``full_iteration`` graphs capture the whole
+        forward, backward and optimizer step this way."""
+        model = self.kernel_model
+        if not self.cuda_graphs:
+            return model
+        return replace(model, host_issue_s=0.0, host_collective_s=0.0)
 
     def step_overhead_s(self, device: DeviceSpec) -> float:
         """Framework time of one optimizer step on ``device`` outside its kernels, s: the kernel model's where it
@@ -268,7 +281,7 @@ class CostOracle:
                 opt.append(measured[i].opt_s)
                 continue
             if device.is_gpu and layer.transformer is not None:
-                model = self.kernel_model
+                model = self.issued_kernel_model
                 seconds = transformer_layer_seconds(layer.transformer, size, device, model,
                                                     selective_recompute=layer.recompute_flops > 0, narrow=self.narrow,
                                                     compiled=self.compiled,
@@ -399,8 +412,9 @@ class CostOracle:
             part = self.graph.layers[layer].transformer
             if part is None or not device.is_gpu:
                 raise SpecError("async TP is modelled for the llama family's blocks on GPUs")
-            found = self._async_tp[key] = async_tp_gemm_seconds(part, self.microbatch_size, device, self.kernel_model,
-                                                                self.narrow, self.compiled, backward)
+            found = self._async_tp[key] = async_tp_gemm_seconds(part, self.microbatch_size, device,
+                                                                self.issued_kernel_model, self.narrow, self.compiled,
+                                                                backward)
         return found
 
     def deduplicated_all_to_all(self, groups: tuple[tuple[int, ...], ...], token_bytes: int, topk: int,

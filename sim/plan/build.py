@@ -313,11 +313,12 @@ def _placement_from_programs(programs: tuple[tuple[Op, ...], ...], source: str) 
 
 
 def _check_cuda_graphs(inputs: PlanInputs, schedule: str, topology: Topology, layout: Parallelism) -> None:
-    """``--cuda-graphs`` models a captured stream step: a stream, on GPUs, costed by the catalog (a measured profile's
-    times include the eager overheads a graph removes, in a share no profile records)."""
-    if schedule != "stream":
-        raise SpecError(f"{{cuda_graphs}} models PARTIME's captured step, for {{schedule}} stream, not {schedule}",
-                        "cuda_graphs", "schedule")
+    """``--cuda-graphs`` models a captured step (PARTIME's stream step, Megatron-Core's full-iteration graphs): on
+    GPUs, costed by the catalog and the kernel model (a measured profile's times include the eager overheads a graph
+    removes, in a share no profile records), of a schedule fixed before the step starts (CSP decides online)."""
+    if schedule == "csp":
+        raise SpecError("{cuda_graphs} needs a program fixed before the step; csp decides each subnet's stages "
+                        "online (NASPipe), so there is no step to capture", "cuda_graphs", "schedule")
     if inputs.profile:
         raise SpecError(f"{{cuda_graphs}} cannot apply to a measured profile ({inputs.profile}): its times include "
                         f"the per-op overheads a graph removes, in a share it does not record", "cuda_graphs")

@@ -61,8 +61,9 @@ class PlanInputs:
         kernel_model: the GPU kernel model's software constants (default: the built-in, fitted ones).
         fps: ``--schedule stream`` only: the live source's rate, frames/s (``--fps``; ``None``: frames whenever the
             pipeline asks for one).
-        cuda_graphs: ``--schedule stream`` only: each step captured as a CUDA graph (``--cuda-graphs``; costed by
-            :class:`~sim.cost.oracle.CostOracle`'s ``cuda_graphs``), on GPUs and without a measured profile.
+        cuda_graphs: each step captured as a CUDA graph and replayed (``--cuda-graphs``: Megatron-Core's
+            full-iteration graphs, PARTIME's captured stream step; costed by :class:`~sim.cost.oracle.CostOracle`'s
+            ``cuda_graphs``), on GPUs, without a measured profile, for any schedule but csp.
         ep: expert-parallel degree (``--ep``; the moe family): devices of a stage that split its experts.
         etp: expert-tensor-parallel degree (``--etp``): devices that split each expert's width.
         routing: how tokens spread over experts (``--routing``: ``balanced``, ``skew:S[:SEED]``, ``trace:FILE``;

@@ -57,7 +57,7 @@ def test_only_each_configurations_newest_row_is_judged():
     assert 0 < sum(current) < len(rows)
 
 
-def test_the_expert_all_to_alls_overlap_from_the_container_whose_recipe_overlaps_them():
+def test_the_expert_all_to_alls_overlap_and_the_step_is_captured_from_the_container_whose_recipe_does_so():
     rows = {(r.container, r.system, r.model): r for r in mb.load_rows()}
     # DeepSeek-V3 on GB300: the recipe of 26.06 (v0.5.0) on overlaps, that of 26.04.01 (v0.4.2) does not
     assert mb.plan_inputs(rows["26.08", "DGX-GB300", "DeepSeekV3"]).ep_overlap
@@ -67,8 +67,9 @@ def test_the_expert_all_to_alls_overlap_from_the_container_whose_recipe_overlaps
     assert not mb.ep_overlap(rows["26.06", "DGX-B300", "DeepSeekV3"])
     assert not mb.ep_overlap(rows["26.06", "DGX-B300", "GPT OSS 120B"])
     gb200 = rows["26.04.01", "DGX-GB200", "GPT OSS 120B"]
-    assert mb.ep_overlap(gb200) and not any("CUDA graphs" in text for text in mb.unmodelled(gb200))
-    assert any("CUDA graphs" in text for text in mb.unmodelled(rows["26.08", "DGX-GB200", "GPT OSS 120B"]))
+    assert mb.ep_overlap(gb200) and not mb.plan_inputs(gb200).cuda_graphs  # overlapped, partial graphs only
+    assert mb.plan_inputs(rows["26.08", "DGX-GB200", "GPT OSS 120B"]).cuda_graphs
+    assert not mb.plan_inputs(rows["26.04.01", "DGX-GB300", "DeepSeekV3"]).cuda_graphs
     # dense models never
     assert not any(mb.ep_overlap(r) for r in rows.values() if mb.expressible(r) is None and not r.moe)
 
@@ -83,6 +84,7 @@ def test_a_rows_prediction_is_sim_runs(line, tmp_path):
              str(inputs.microbatch_size), "--compile", "--ignore-memory", "--no-gantt", "--out", str(tmp_path)]
     flags += ["--precision", inputs.precision] if inputs.precision else []
     flags += ["--ep-overlap"] if inputs.ep_overlap else []
+    flags += ["--cuda-graphs"] if inputs.cuda_graphs else []
     subprocess.run([sys.executable, "-m", "sim.run", *flags], check=True, capture_output=True)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert result.predicted == metrics["tokens_per_s_per_device"]
