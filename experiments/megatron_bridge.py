@@ -10,15 +10,16 @@ parallelism, which Megatron-Core requires of a mixture under TP and the recipes 
 interleaved --chunks VP`` where VP > 1, else 1F1B), ``--cp``, ``--ep``, DP the GPUs left; FSDP > 0 as ``--zero 3``
 over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer (``--zero 1``, the recipes' default,
 [assumed]: the file does not say); the global batch in microbatches of the row's size; Transformer Engine's fused
-kernels (``--compile``); the expert all-to-alls overlapped with compute (``--ep-overlap``) from the container whose
-performance recipe overlaps them (:data:`EP_OVERLAP_FROM`, read in Megatron-Bridge's history) and the step captured
-as one CUDA graph (``--cuda-graphs``) from the container whose recipe captures the full iteration
-(:data:`FULL_ITERATION_GRAPHS_FROM`; the fused grouped MLP, FP8 attention and paged stash that came with it are named
-in ``unmodelled``); the precision: BF16 as the model's own, FP8-CS as ``fp8``, FP8-MX and MXFP8 as ``mxfp8``,
-NVFP4 as ``nvfp4``, and the unqualified "FP8" of 26.02 on and the unlabelled 25.09 rows as ``fp8`` (the file does
-not define them: named in the row's ``unmodelled`` column). Routing is balanced and dropless, as the file says the
-MoE benchmarks force. Activation recomputation is not published: none is modelled (the predicted peak memory is
-reported; a row the ledger says does not fit is still timed).
+kernels (``--compile``); Transformer Engine's tensor-parallel communication overlap where the recipe keeps it
+(Llama 3 under TP > 1 but in NVFP4, :func:`tp_comm_overlap`) as ``--async-tp``; the expert all-to-alls overlapped
+with compute (``--ep-overlap``) from the container whose performance recipe overlaps them (:data:`EP_OVERLAP_FROM`,
+read in Megatron-Bridge's history) and the step captured as one CUDA graph (``--cuda-graphs``) from the container
+whose recipe captures the full iteration (:data:`FULL_ITERATION_GRAPHS_FROM`; the fused grouped MLP, FP8 attention
+and paged stash that came with it are named in ``unmodelled``); the precision: BF16 as the model's own, FP8-CS as
+``fp8``, FP8-MX and MXFP8 as ``mxfp8``, NVFP4 as ``nvfp4``, and the unqualified "FP8" of 26.02 on and the
+unlabelled 25.09 rows as ``fp8`` (the file does not define them: named in the row's ``unmodelled`` column). Routing
+is balanced and dropless, as the file says the MoE benchmarks force. Activation recomputation is not published:
+none is modelled (the predicted peak memory is reported; a row the ledger says does not fit is still timed).
 
 Racks of 64 [assumed]: the file does not say how the GPUs were allocated. Filled in order as ``NxGB200`` hands
 them out (domains of 72, the last partial), a 256-GPU job with 32 or 64 devices per pipeline stage has a stage whose
@@ -56,7 +57,8 @@ from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
 __all__ = ["DATA", "EP_OVERLAP_FROM", "FULL_ITERATION_GRAPHS_FROM", "Row", "Result", "load_rows", "expressible",
-           "ep_overlap", "plan_inputs", "predict_row", "newest", "summary", "parser", "run", "report", "write"]
+           "ep_overlap", "tp_comm_overlap", "plan_inputs", "predict_row", "newest", "summary", "parser", "run",
+           "report", "write"]
 
 DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
 
@@ -182,6 +184,15 @@ def _from(table: dict[tuple[str, str], str], row: Row) -> bool:
     return first is not None and _version(row.container) >= _version(first)
 
 
+def tp_comm_overlap(row: Row) -> bool:
+    """Whether ``row``'s recipe overlaps its tensor-parallel communication with the GEMMs: Megatron-Bridge's Llama 3
+    70B and 3.1 405B pre-training recipes set ``tp_comm_overlap=True`` (Transformer Engine's userbuffers;
+    ``llama3_70b_pretrain_config``, ``llama31_405b_pretrain_config``) and the performance scripts keep it under TP > 1
+    except in NVFP4 (``tp_comm_overlap = False if precision == "nvfp4"``, read at v0.4.2, v0.5.0 and v0.6.0; the older
+    containers are assumed the same). Costed as async TP's decomposition (``--async-tp``)."""
+    return not row.moe and row.tp > 1 and _precision(row) != "nvfp4"
+
+
 def ep_overlap(row: Row) -> bool:
     """Whether ``row``'s recipe overlaps the expert all-to-alls with compute (:data:`EP_OVERLAP_FROM`)."""
     return _from(EP_OVERLAP_FROM, row)
@@ -203,7 +214,8 @@ def plan_inputs(row: Row) -> PlanInputs:
         microbatch_size=row.mbs, global_batch=row.gbs, tp=row.tp, pp=row.pp, cp=row.cp, dp=dp, ep=row.ep,
         sequence_parallel=row.tp > 1, zero=3 if row.fsdp > 0 else 1 if dp * row.cp > 1 else 0,
         cp_comm="allgather" if row.cp > 1 else "ring", precision=_precision(row), compiled=True,
-        ep_overlap=ep_overlap(row), cuda_graphs=_from(FULL_ITERATION_GRAPHS_FROM, row))
+        ep_overlap=ep_overlap(row), cuda_graphs=_from(FULL_ITERATION_GRAPHS_FROM, row),
+        async_tp=tp_comm_overlap(row))
 
 
 def unmodelled(row: Row) -> tuple[str, ...]:
@@ -214,6 +226,8 @@ def unmodelled(row: Row) -> tuple[str, ...]:
     if row.fsdp == 0 and row.gpus // (row.tp * row.pp) > 1:
         missing.append("distributed optimizer assumed")
     missing.append("recomputation not published")
+    if tp_comm_overlap(row):
+        missing.append("Transformer Engine's TP overlap costed as async TP (the SMs its userbuffers take not modelled)")
     if _from(FULL_ITERATION_GRAPHS_FROM, row):
         missing.append("the CuTeDSL fused grouped MLP, FP8 attention and the paged stash's capacity padding")
     if row.model == "GPT OSS 120B":  # the file's own footnote: "Performance regression in GPT-OSS 120B pre-training"

@@ -74,6 +74,15 @@ def test_the_expert_all_to_alls_overlap_and_the_step_is_captured_from_the_contai
     assert not any(mb.ep_overlap(r) for r in rows.values() if mb.expressible(r) is None and not r.moe)
 
 
+def test_tensor_parallel_communication_overlaps_as_the_llama_recipes_keep_it():
+    rows = {(r.container, r.system, r.model, r.precision): r for r in mb.load_rows()}
+    assert mb.plan_inputs(rows["26.06", "DGX-GB300", "LLAMA3.1_405B", "FP8"]).async_tp  # TP 4
+    assert mb.plan_inputs(rows["26.06", "DGX-GB300", "LLAMA3.1_405B", "MXFP8"]).async_tp  # TP 2, CP 2
+    assert not mb.plan_inputs(rows["26.06", "DGX-GB300", "LLAMA3.1_405B", "NVFP4"]).async_tp  # turned off
+    assert not any(mb.plan_inputs(r).async_tp for r in mb.load_rows()
+                   if mb.expressible(r) is None and (r.tp == 1 or r.moe))
+
+
 @pytest.mark.parametrize("line", [9, 199])  # a mixture with EP on 8 GB200s; Llama 3 8B in FP8-CS
 def test_a_rows_prediction_is_sim_runs(line, tmp_path):
     row = _row(line)
@@ -85,6 +94,7 @@ def test_a_rows_prediction_is_sim_runs(line, tmp_path):
     flags += ["--precision", inputs.precision] if inputs.precision else []
     flags += ["--ep-overlap"] if inputs.ep_overlap else []
     flags += ["--cuda-graphs"] if inputs.cuda_graphs else []
+    flags += ["--async-tp"] if inputs.async_tp else []
     subprocess.run([sys.executable, "-m", "sim.run", *flags], check=True, capture_output=True)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert result.predicted == metrics["tokens_per_s_per_device"]
