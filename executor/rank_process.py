@@ -2,9 +2,10 @@
 
 Started by the launcher (``executor.run`` through ``executor.launch.run_ranks``), or directly by a user's ``torchrun``
 on several hosts; either way ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` are set, and the
-rendezvous is the launcher's file or torchrun's ``MASTER_ADDR`` and ``MASTER_PORT`` (``executor.launch.join_world``). The plan has been checked before launch, and is checked again here against the
-world size (a user's torchrun may start any number of processes). A 3D plan runs ``plan.world_size`` processes, each
-placed, grouped and built by ``executor.parallel``.
+rendezvous is the launcher's file or torchrun's ``MASTER_ADDR`` and ``MASTER_PORT`` (``executor.launch.join_world``).
+The plan has been checked before launch, and is checked again here against the world size (a user's torchrun may
+start any number of processes). A 3D plan runs ``plan.world_size`` processes, each placed, grouped and built by
+``executor.parallel``.
 
 Failure (DESIGN §7): if anything raises, the rank records ``rank R failed at op X: <the op's exception>`` (and its
 traceback) in the failure directory the launcher gave it (``executor.launch.record_failure``), and leaves with

@@ -40,6 +40,11 @@ status 1; every rank's error and traceback (the first failure's echoes on other 
 
 from __future__ import annotations
 
+from sim.core.errors import exit_on_interrupt_while_starting
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below is one line, not a traceback
+    exit_on_interrupt_while_starting()
+
 import argparse
 import math
 import os

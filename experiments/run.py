@@ -15,6 +15,11 @@ line with status 2.
 
 from __future__ import annotations
 
+from sim.core.errors import exit_on_interrupt_while_starting
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below is one line, not a traceback
+    exit_on_interrupt_while_starting()
+
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass

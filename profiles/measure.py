@@ -18,6 +18,11 @@ status 2 and writes nothing; ``--out`` is checked before anything is measured
 
 from __future__ import annotations
 
+from sim.core.errors import exit_on_interrupt_while_starting
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below is one line, not a traceback
+    exit_on_interrupt_while_starting()
+
 import argparse
 import os
 import socket

@@ -12,6 +12,11 @@ and ``--topology list`` print what is built in. Bad input prints one ``error: ..
 
 from __future__ import annotations
 
+from sim.core.errors import exit_on_interrupt_while_starting
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below is one line, not a traceback
+    exit_on_interrupt_while_starting()
+
 import argparse
 import sys
 from dataclasses import replace

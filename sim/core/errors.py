@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import difflib
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import NoReturn, TypeVar
 
 from sim.core.output_set import all_or_none
 
-__all__ = ["SpecError", "OutputError", "fail", "run_cli", "did_you_mean", "INTERRUPTED_STATUS"]
+__all__ = ["SpecError", "OutputError", "fail", "run_cli", "did_you_mean", "exit_on_interrupt_while_starting",
+           "INTERRUPTED_STATUS"]
 
 T = TypeVar("T")
 
@@ -83,12 +85,33 @@ def fail(message: str, status: int = 2) -> NoReturn:
     raise SystemExit(status)
 
 
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    """SIGINT before :func:`run_cli`: the command's one line and its status, now (nothing has been written yet)."""
+    try:
+        sys.stderr.write("error: interrupted\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(INTERRUPTED_STATUS)
+
+
+def exit_on_interrupt_while_starting() -> None:
+    """For a command's ``__main__``, before its heavy imports (torch, SimPy, networkx, matplotlib: one to two seconds):
+    until :func:`run_cli` takes over, Ctrl-C prints ``error: interrupted`` and exits with 130 at once, instead of a
+    ``KeyboardInterrupt`` traceback from inside an import. Only in the main thread (elsewhere it does nothing)."""
+    try:
+        signal.signal(signal.SIGINT, _interrupted_while_starting)
+    except ValueError:  # not the main thread
+        pass
+
+
 def run_cli(main: Callable[[], T], flags: Mapping[str, str] | None = None) -> T:
     """Run a CLI body, turning :class:`SpecError`, :class:`OutputError` (and unreadable or non-UTF-8 files) into one
     ``error:`` line and exit 2, ``KeyboardInterrupt`` into ``error: interrupted`` and exit 130, a closed stdout into one
     line and exit 141; the files the body wrote are kept only if it returns
     (:func:`sim.core.output_set.all_or_none`). ``flags`` maps the library arguments the command sets from its flags
     to those flags (``{"microbatch_size": "--microbatch-size"}``), so that an error speaks of what the user typed."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:  # started: Ctrl-C is KeyboardInterrupt again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with all_or_none(lazy=True):  # recording from the command's prepare_output_dir on
             result = main()

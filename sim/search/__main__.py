@@ -6,6 +6,11 @@ STARTED = time.monotonic()  # before the imports: a --time-budget counts them to
 
 import sys  # noqa: E402
 
+from sim.core.errors import exit_on_interrupt_while_starting  # noqa: E402
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below is one line, not a traceback
+    exit_on_interrupt_while_starting()
+
 from sim.search.cli import main  # noqa: E402
 
 if __name__ == "__main__":

@@ -128,3 +128,54 @@ def test_an_invalid_choice_names_the_closest_choices(capsys):
     assert info.value.code == 2
     assert capsys.readouterr().err == ("error: argument --schedule: invalid choice: '1fb1'; did you mean 1f1b, zb1p? "
                                        "(choose from 1f1b, gpipe, interleaved, pipedream, stream, zb1p, csp)\n")
+
+
+#: Every command's entry module, which must quiet Ctrl-C before its heavy imports.
+COMMAND_MODULES = ("sim/run.py", "sim/search/__main__.py", "sim/bench/__main__.py", "sim/bench_memory.py",
+                   "executor/run.py", "experiments/run.py", "profiles/measure.py")
+
+
+def test_ctrl_c_while_a_command_starts_is_one_line_and_status_130():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    # The signal arrives while the "imports" (a sleep) run, after the guard and before run_cli.
+    code = ("import os, signal, time\n"
+            "from sim.core.errors import exit_on_interrupt_while_starting\n"
+            "exit_on_interrupt_while_starting()\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(30)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[3])
+    assert (done.returncode, done.stderr, done.stdout) == (130, "error: interrupted\n", "")
+
+
+def test_once_run_cli_runs_ctrl_c_is_keyboard_interrupt_again():
+    import signal
+
+    from sim.core.errors import exit_on_interrupt_while_starting
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        exit_on_interrupt_while_starting()
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        assert run_cli(lambda: signal.getsignal(signal.SIGINT)) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize("module", COMMAND_MODULES)
+def test_every_command_quiets_ctrl_c_before_its_heavy_imports(module):
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parents[3] / module).read_text())
+    light = {"__future__", "sys", "time", "sim.core.errors"}
+    for statement in tree.body:
+        if isinstance(statement, ast.If) and "exit_on_interrupt_while_starting" in ast.unparse(statement):
+            return
+        if isinstance(statement, ast.Import | ast.ImportFrom):
+            names = [statement.module] if isinstance(statement, ast.ImportFrom) else [a.name for a in statement.names]
+            assert set(names) <= light, f"{module} imports {names} before quieting Ctrl-C"
+    raise AssertionError(f"{module} never calls exit_on_interrupt_while_starting under __main__")
