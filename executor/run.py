@@ -76,9 +76,12 @@ FLAGS = {"slowdown": "--slowdown", "calibrate_out": "--calibrate-out"}
 #: The files a run writes into ``--out`` (``executor.run_outputs``; ``errors.log`` when a rank fails).
 #: Modules a rank imports beyond this one's own imports: the launcher imports them once before forking its ranks
 #: (``executor.launch.run_ranks``'s ``preload``), so that no rank spends its own CPU on them.
-#: ``torch.fx.experimental.symbolic_shapes`` (with sympy, about 0.45 s) is what ``torch.autograd.backward`` with given
-#: output gradients imports on its first call, in every rank but a pipeline's last.
-RANK_MODULES = ("executor.csp.csp_plan_run", "torch.fx.experimental.symbolic_shapes")
+RANK_MODULES = ("executor.csp.csp_plan_run",)
+#: What ``torch.autograd.backward`` with given output gradients imports on its first call (with sympy, about 0.45 s
+#: of CPU): a rank that runs a virtual stage other than the last one does. Preloaded where two or more ranks would
+#: (:func:`_rank_modules`); for one, the rank's own import costs the same, and a plan without pipeline stages needs
+#: none.
+GRADIENT_BACKWARD_MODULE = "torch.fx.experimental.symbolic_shapes"
 
 RUN_OUTPUT_FILES = ("plan.json", "metrics.json", "trace.json", "gantt.png", "compare.json", "errors.log")
 
@@ -510,7 +513,17 @@ def _check_calibration_device(backend: str, num_ranks: int) -> None:
     profile_device(names)
 
 
-def _launch(options: RunOptions, argv: list[str], num_ranks: int) -> int:
+def _rank_modules(plan: Plan) -> tuple[str, ...]:
+    """What the launcher preloads for ``plan``'s ranks: :data:`RANK_MODULES`, and :data:`GRADIENT_BACKWARD_MODULE`
+    where two or more ranks run a virtual stage whose backward is given its output's gradient (every one but the
+    last; each of the plan's pipeline positions stands for ``world_size / num_ranks`` processes)."""
+    last = plan.num_vstages - 1
+    positions = sum(any(v != last for v in plan.placement.vstages_of(rank)) for rank in range(plan.num_ranks))
+    processes = positions * (plan.world_size // plan.num_ranks)
+    return RANK_MODULES + ((GRADIENT_BACKWARD_MODULE,) if processes >= 2 else ())
+
+
+def _launch(options: RunOptions, argv: list[str], num_ranks: int, preload: tuple[str, ...] = RANK_MODULES) -> int:
     """Start ``num_ranks`` workers on this host and report how they ended (``executor.launch.run_ranks``: one
     ``error:`` line for a failure, every rank's story in ``--out/errors.log``); returns the exit status."""
     from executor.launch import run_ranks
@@ -520,7 +533,7 @@ def _launch(options: RunOptions, argv: list[str], num_ranks: int) -> int:
     # NCCL ranks start as fresh interpreters; gloo ranks are forked with the rank's code already imported.
     return run_ranks("executor.run", [*argv, "--backend", options.backend], num_ranks,
                      errors_log=Path(options.out, "errors.log"), max_restarts=options.max_restarts,
-                     start="exec" if options.backend == "nccl" else "fork", preload=RANK_MODULES)
+                     start="exec" if options.backend == "nccl" else "fork", preload=preload)
 
 
 def _run(argv: list[str] | None) -> int:
@@ -569,7 +582,7 @@ def _run(argv: list[str] | None) -> int:
               + (f"; a checkpoint every {options.checkpoint_every} iterations into {options.checkpoint_dir}"
                  if options.checkpoint_every else ""))
     sys.stdout.flush()
-    return _launch(options, argv, plan.world_size)
+    return _launch(options, argv, plan.world_size, _rank_modules(plan))
 
 
 def _run_reference(options: RunOptions, plan: Plan) -> int:

@@ -250,3 +250,28 @@ def test_world_size_that_does_not_fit_the_plan_is_rejected(tmp_path):
     result = execute(plan, tmp_path / "out", env=env, timeout=60)
     assert result.returncode == 2
     assert "has 2 ranks but the launcher started 3" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_launcher_preloads_sympy_only_where_two_ranks_would_import_it():
+    # Every rank running a virtual stage other than the last calls backward with its output's gradient, which imports
+    # torch's symbolic shapes (sympy): preloaded once for all where that is two or more ranks.
+    from executor.run import GRADIENT_BACKWARD_MODULE, RANK_MODULES, _rank_modules
+    from sim.plan.build import build_plan
+    from sim.plan.inputs import PlanInputs
+    from tests.executor.runs import SPEC, built_plan
+
+    def preloads(plan):
+        return GRADIENT_BACKWARD_MODULE in _rank_modules(plan)
+
+    assert _rank_modules(built_plan("1f1b", "2xcpu", 4))[: len(RANK_MODULES)] == RANK_MODULES
+    assert not preloads(built_plan("1f1b", "2xcpu", 4))  # only rank 0: its own import costs the same
+    assert preloads(built_plan("1f1b", "4xcpu", 4))  # ranks 0-2
+    interleaved = build_plan(PlanInputs(model=SPEC, topology="2xcpu", schedule="interleaved", chunks=2,
+                                        microbatches=4, partition="uniform")).plan
+    assert preloads(interleaved)  # both ranks hold a vstage before the last
+    replicated = build_plan(PlanInputs(model=SPEC, topology="4xcpu", schedule="1f1b", pp=2, dp=2, microbatch_size=1,
+                                       global_batch=4, partition="uniform")).plan
+    assert preloads(replicated)  # stage 0 on two replicas
+    data_parallel = build_plan(PlanInputs(model=SPEC, topology="2xcpu", schedule="1f1b", pp=1, dp=2,
+                                          microbatch_size=1, global_batch=4)).plan
+    assert not preloads(data_parallel)  # one stage: every backward starts from the loss
