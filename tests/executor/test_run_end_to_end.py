@@ -161,6 +161,24 @@ def test_a_launch_by_torchrun_itself_trains_like_the_local_launch(local_run):
     assert read_chrome_trace(out / "trace.json").meta["source"] == "executor"
 
 
+def test_ranks_started_as_fresh_interpreters_train_like_forked_ones(local_run):
+    # The NCCL backend starts its ranks as fresh interpreters (executor.launch's "exec": CUDA cannot live in a fork);
+    # on gloo the same start, through the launcher's rendezvous file, trains bit for bit as the forked ranks did.
+    out, state = local_run.tmp / "exec", local_run.tmp / "exec-state"
+    launcher = ("import sys; from executor.launch import run_ranks; "
+                f"sys.exit(run_ranks('executor.run', sys.argv[1:], {RANKS}, errors_log=None, start='exec'))")
+    command = [sys.executable, "-c", launcher, "--plan", str(local_run.plan), "--out", str(out), "--iterations", "2",
+               "--warmup", "0", "--optimizer", "sgd", "--save-state", str(state), "--no-gantt", "--backend", "gloo"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["measurement"]["losses"] == local_run.metrics["measurement"]["losses"]
+    theirs, ours = merged_state(state, RANKS), merged_state(local_run.state, RANKS)
+    assert sorted(theirs) == sorted(ours)
+    for key, value in ours.items():
+        assert torch.equal(theirs[key], value), key
+
+
 def test_cnn_pipeline_training_equals_single_process_training(tmp_path):
     plan = _plan(tmp_path, "1f1b", RANKS, M, model=CNN)
     out, state = tmp_path / "real", tmp_path / "state"
