@@ -299,6 +299,11 @@ def write_json_atomic(data: Any, path: str | os.PathLike) -> None:
     write_text_atomic(json.dumps(data, sort_keys=True, indent=1) + "\n", path)
 
 
+#: ``json.dumps(x, sort_keys=True)`` as one encoder kept for every call: ``json.dumps`` with a keyword builds a new
+#: encoder each time, a third of a record's time when a search writes tens of thousands.
+_SORTED_COMPACT = json.JSONEncoder(sort_keys=True)
+
+
 def json_with_record_lines(data: Mapping[str, Any], records_key: str) -> str:
     """``data`` as canonical JSON (sorted keys, one-space indent, trailing newline), except that the list under
     ``records_key`` holds one record per line, each compact with sorted keys.
@@ -310,7 +315,7 @@ def json_with_record_lines(data: Mapping[str, Any], records_key: str) -> str:
     fields = []
     for key in sorted(data):
         if key == records_key:
-            rows = ",\n".join("  " + json.dumps(record, sort_keys=True) for record in data[key])
+            rows = ",\n".join("  " + _SORTED_COMPACT.encode(record) for record in data[key])
             value = f"[\n{rows}\n ]" if rows else "[]"
         else:  # JSON strings escape newlines, so every newline here is the layout's: indent it one level
             value = json.dumps(data[key], sort_keys=True, indent=1).replace("\n", "\n ")

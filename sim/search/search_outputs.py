@@ -14,6 +14,8 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sim.core.fileio import json_with_record_lines, write_bytes_atomic, write_text_atomic
 from sim.report.png import figure_png
 from sim.report.titles import wrap_title
@@ -113,8 +115,10 @@ _CANDIDATE_FIELDS = tuple(field.name for field in fields(Candidate))
 
 def _fields(candidate: Candidate) -> dict[str, Any]:
     """``asdict(candidate)`` without its deep copy (a candidate's fields are numbers, strings and a tuple of ints):
-    a screened search writes tens of thousands of them, and the copy was half of writing the files."""
-    return {name: getattr(candidate, name) for name in _CANDIDATE_FIELDS}
+    a screened search writes tens of thousands of them, and the copy was half of writing the files. A frozen
+    dataclass's ``__dict__`` holds exactly its fields, in their order (a test holds it to :data:`_CANDIDATE_FIELDS`),
+    and copying it is half the time of reading the fields one by one."""
+    return dict(vars(candidate))
 
 
 def _evaluation_record(e: Evaluation) -> dict[str, Any]:
@@ -206,9 +210,13 @@ def pareto_png(result: SearchResult) -> bytes:
     simulated = [e for e in result.evaluations if e.iteration_time_s is not None]
     fig, ax = plt.subplots(figsize=(7.0, 4.6), dpi=120)
     if result.bounded:
-        ax.scatter([peak / 1e9 for peak, _ in result.bounded], [time_s for _, time_s in result.bounded], marker=".",
+        # Arrays, not lists: matplotlib turns a list of tens of thousands of floats into a masked array element by
+        # element (0.1 s of a screened search's chart).
+        count = len(result.bounded)
+        ax.scatter(np.fromiter((peak / 1e9 for peak, _ in result.bounded), float, count),
+                   np.fromiter((time_s for _, time_s in result.bounded), float, count), marker=".",
                    s=3, color="#c8c8c8", linewidths=0, rasterized=True,
-                   label=f"lower bounds, not simulated ({len(result.bounded):,})")
+                   label=f"lower bounds, not simulated ({count:,})")
     for feasible, style in ((True, dict(marker="o", s=14, color="#7f9fbf", label="simulated, fits")),
                             (False, dict(marker="x", s=14, color="#d08080", label="simulated, over the memory limit"))):
         points = [e for e in simulated if e.feasible is feasible]

@@ -161,3 +161,16 @@ def test_why_no_plan_names_the_reasons_when_nothing_was_simulated(result):
         "9.00 GB; search.json says why each failed")
     assert why_no_plan(SearchResult(result.problem, "exhaustive", 10, (), True, 0.0, 0)) == (
         "the time budget ended the search before any plan was costed; give --time-budget more seconds")
+
+
+def test_a_candidates_fields_are_read_as_asdict_would_in_field_order(result):
+    # The writers copy a candidate's __dict__ (faster than reading its fields one by one): it must hold exactly the
+    # dataclass's fields, in their order, with asdict's values.
+    from dataclasses import asdict, fields
+
+    from sim.search.search_outputs import _fields
+
+    for evaluation in result.evaluations[:50]:
+        copied = _fields(evaluation.candidate)
+        assert list(copied) == [f.name for f in fields(evaluation.candidate)]
+        assert copied == asdict(evaluation.candidate)
