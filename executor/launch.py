@@ -398,6 +398,9 @@ def _forked_worker_main(module: str, argv: Sequence[str], env: Mapping[str, str]
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(line_buffering=True)
         sys.argv[1:] = list(argv)
+        # As ``python -m`` finds it: not imported yet. A launcher that imported the module by name (a program calling
+        # executor.run.main) would otherwise have runpy warn in every rank that it runs a module already imported.
+        sys.modules.pop(module, None)
         try:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
             status = 0

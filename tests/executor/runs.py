@@ -1,10 +1,10 @@
-"""Helpers shared by the executor tests that start real runs: a plan from ``sim.run``, ``executor.run`` in a fresh
-process (as a user starts it), the saved stage states merged, and the equality with single-process training."""
+"""Helpers shared by the executor tests that start real runs: a plan from ``sim.run``, ``executor.run`` in a process
+of its own (forked from a zygote that has done the imports once), the saved stage states merged, and the equality
+with single-process training."""
 
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from executor.reference import train_reference
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.run import main as sim_main
+from tests.executor.zygote import run_executor
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = "gpt:heads=2,hidden=32,layers=2,seq=8,vocab=50"  # 4 layers: embed, 2 blocks, head
@@ -32,10 +33,11 @@ def sim_plan(out: Path, ranks: int, m: int, *flags: str, model: str = SPEC) -> P
 
 def execute(plan: Path, out: Path, *extra: str, env: dict[str, str] | None = None,
             timeout: float = 180) -> subprocess.CompletedProcess:
-    """``python -m executor.run --plan plan --out out *extra`` in a fresh process; its result, whatever the status."""
-    command = [sys.executable, "-m", "executor.run", "--plan", str(plan), "--out", str(out), *extra]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    """``python -m executor.run --plan plan --out out *extra``, forked from this test process's zygote (a process that
+    has imported torch and the executor once: ``tests/executor/zygote.py``) with ``env`` added to the environment;
+    its result, whatever the status. Its output is captured beside ``out`` (``OUT.captured/``)."""
+    return run_executor(["--plan", str(plan), "--out", str(out), *extra], {**os.environ, **(env or {})},
+                        out.with_name(out.name + ".captured"), timeout)
 
 
 def edited_plan(plan: Path, target: Path, edit: Callable[[dict], object]) -> Path:

@@ -27,7 +27,9 @@ def _launcher(start: str, num_ranks: int, *probe_args: str, errors_log: Path | N
     """``run_ranks`` of the probe in a fresh Python process (one thread, like ``python -m executor.run``), preloading
     :data:`PRELOADED`; its output piped."""
     log = str(errors_log) if errors_log else None
-    code = ("import sys; from executor.launch import run_ranks; "
+    # The probe is imported first, as a program calling executor.run.main has imported executor.run: the forked
+    # workers still run it as a fresh ``python -m`` would, without runpy's warning about a module already imported.
+    code = (f"import sys, {PROBE}; from executor.launch import run_ranks; "
             f"sys.exit(run_ranks({PROBE!r}, sys.argv[1:], {num_ranks}, errors_log={log!r}, start={start!r}, "
             f"preload=({PRELOADED!r},)))")
     return subprocess.Popen([sys.executable, "-c", code, *probe_args], cwd=ROOT, stdout=subprocess.PIPE,
