@@ -8,7 +8,7 @@ start any number of processes). A 3D plan runs ``plan.world_size`` processes, ea
 ``executor.parallel``.
 
 Failure (DESIGN §7): if anything raises, the rank records ``rank R failed at op X: <the op's exception>`` (and its
-traceback) in the failure directory the launcher gave it (``executor.launch.record_failure``), and leaves with
+traceback) in the failure directory the launcher gave it (``executor.failures.record_failure``), and leaves with
 ``os._exit(1)`` at once. The launcher then prints the first failure as the command's one ``error:`` line; the echoes
 of it on the other ranks (a peer's "Connection reset by peer") go only to its log, ``--out/errors.log``. A rank
 started by a user's ``torchrun`` has no launcher listening, so it prints its own ``error:`` line. Either way the rank
@@ -31,8 +31,9 @@ import torch
 import torch.distributed as dist
 
 from executor.clock import measure_offsets
+from executor.failures import record_failure
 from executor.interpreter import RankInterpreter
-from executor.launch import die_with_launcher, join_world, leave_worker, record_failure
+from executor.launch import die_with_launcher, join_world, leave_worker
 from executor.measured import RankReport
 from executor.memory import PeakMemory
 from executor.nn.context_parallel import ContextParallel, local_tokens

@@ -27,9 +27,9 @@ model other than llama, HSDP, data parallelism with weight stashing, and ``--cal
 rank given twice, a factor that is not a finite number from 1 to 1000, and ``--slowdown`` with ``--calibrate-out``
 (the profile would record emulated times) or with a csp plan.
 
-Backend (:func:`choose_backend`) follows the plan's devices, not the host: gloo for a plan on ``cpu``, NCCL for a
-plan on GPUs when CUDA is there. A GPU plan on a host without CUDA runs every rank on the CPU with gloo, after a
-``warning:`` that the measurement describes this CPU; ``--backend`` overrides within those rules.
+Backend (:func:`executor.backend.choose_backend`) follows the plan's devices, not the host: gloo for a plan on
+``cpu``, NCCL for a plan on GPUs when CUDA is there. A GPU plan on a host without CUDA runs every rank on the CPU with
+gloo, after a ``warning:`` that the measurement describes this CPU; ``--backend`` overrides within those rules.
 
 Rank 0 writes ``plan.json``, ``metrics.json``, ``trace.json``, ``gantt.png`` (the median measured iteration, with the
 simulator's own code) and ``compare.json`` into ``--out``. If a rank fails, every rank stops, and this command
@@ -49,10 +49,10 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from executor.backend import check_calibration_device, check_cuda_graphs, choose_backend, planned_devices
 from executor.interpreter import check_supported
 from executor.launch import ATTEMPT_ENV
 from executor.nn.optim import OPTIMIZERS
@@ -68,7 +68,7 @@ from sim.ir.plan import Plan
 from sim.plan.lower_collectives import EP_OVERLAP_OPTION
 from sim.plan.validate import check_topology, validate
 
-__all__ = ["main", "make_parser", "load_checked_plan", "choose_backend", "check_output_path", "RUN_OUTPUT_FILES"]
+__all__ = ["main", "make_parser", "load_checked_plan", "check_output_path", "RUN_OUTPUT_FILES"]
 
 #: Library arguments set from flags, and the flag an error about one is printed as (a plan's own fields are not).
 FLAGS = {"slowdown": "--slowdown", "calibrate_out": "--calibrate-out"}
@@ -423,73 +423,6 @@ def _check_calibrate_out_is_its_own_file(calibrate_out: str, plan: str, out: str
             raise SpecError(f"--calibrate-out {calibrate_out!r} is {what}; name another file")
 
 
-def choose_backend(requested: str | None, planned_devices: Sequence[str], *, cuda_available: bool,
-                   cuda_devices: int | None = None) -> tuple[str, str | None]:
-    """The process-group backend for a plan, and a warning to show first (or ``None``).
-
-    Pure: the caller says what torch sees. The plan's devices decide, not the host (DESIGN §7: gloo on CPU, NCCL on
-    CUDA, one rank per GPU); a rank runs on CUDA exactly when the backend is nccl (``executor.rank_process``):
-
-    - every rank planned on ``cpu``: gloo; nccl is refused.
-    - a rank planned on a GPU, CUDA here: nccl, unless ``--backend gloo`` (which runs every rank on the CPU, with a
-      warning). A plan that also has ``cpu`` ranks gets gloo (NCCL cannot serve them), with the same warning.
-    - a rank planned on a GPU, no CUDA here: gloo on the CPU with a warning that the measurement describes this CPU,
-      not the planned devices; this still checks a GPU plan's correctness (and losses) on any machine. nccl is
-      refused.
-
-    Args:
-        requested: ``--backend``, or ``None`` for the default.
-        planned_devices: the plan's device of each rank (catalog ids, ``topology.devices[r].name``).
-        cuda_available: ``torch.cuda.is_available()``.
-        cuda_devices: CUDA devices on this host, checked against the ranks when nccl is chosen for a launch on this
-            host; ``None`` skips the check (ranks spread over hosts by the user's torchrun).
-
-    Raises:
-        SpecError: nccl asked for a plan with ``cpu`` ranks, or with no CUDA here, or too few CUDA devices.
-    """
-    cpu_ranks = [rank for rank, name in enumerate(planned_devices) if name == "cpu"]
-    gpus = sorted({name for name in planned_devices if name != "cpu"})
-    if requested == "nccl" and cpu_ranks:
-        which = "every rank" if not gpus else f"rank(s) {', '.join(map(str, cpu_ranks))}"
-        raise SpecError(f"--backend nccl: the plan puts {which} on cpu, and NCCL runs on CUDA devices only; "
-                        f"use gloo (the default for cpu plans)")
-    if not gpus:
-        return "gloo", None
-    on_cpu = (f"warning: the plan puts ranks on {', '.join(gpus)}, but every rank will run on this host's CPU with "
-              f"gloo ({{why}}); the measurement describes this CPU, not the planned devices")
-    if requested == "gloo":
-        return "gloo", on_cpu.format(why="--backend gloo")
-    if not cuda_available:
-        if requested == "nccl":
-            raise SpecError("--backend nccl needs CUDA, and torch sees no CUDA device here")
-        return "gloo", on_cpu.format(why="torch sees no CUDA device here")
-    if cpu_ranks:
-        return "gloo", on_cpu.format(why=f"rank(s) {', '.join(map(str, cpu_ranks))} are planned on cpu, which NCCL "
-                                         f"cannot serve")
-    if cuda_devices is not None and cuda_devices < len(planned_devices):
-        raise SpecError(f"the plan has {len(planned_devices)} ranks but this host has {cuda_devices} CUDA device(s) "
-                        f"(one rank per GPU)")
-    return "nccl", None
-
-
-def _planned_devices(plan: Plan, topology: Topology) -> list[str]:
-    # A slowed device (a topology file's slowdown:) runs on its catalog device; --slowdown emulates the rest.
-    return [device.hardware.name for device in topology.devices[: plan.world_size]]
-
-
-def _check_cuda_graphs(plan: Plan, backend: str) -> None:
-    """A plan simulated with ``--cuda-graphs`` (a captured stream step): its capture is not built here, since no
-    machine of this project has had a GPU to build and test it on; on the CPU the step runs eagerly, as said."""
-    if not plan.option("cuda_graphs", False):
-        return
-    if backend == "nccl":
-        raise SpecError("the plan was simulated with --cuda-graphs, and executor.run cannot capture a stream step as a "
-                        "CUDA graph yet (never built or tested on a GPU); simulate it without --cuda-graphs to "
-                        "compare an eager run")
-    print("warning: the plan was simulated with --cuda-graphs; on the CPU (gloo) its steps run eagerly, so the "
-          "prediction's graph launches are not what is measured", file=sys.stderr)
-
-
 def _check_ep_overlap(plan: Plan) -> None:
     """A plan simulated with ``--ep-overlap`` is refused: the executor runs each expert all-to-all inside its
     layer's forward or backward, so a run could not do what the prediction assumed (another microbatch's compute
@@ -498,19 +431,6 @@ def _check_ep_overlap(plan: Plan) -> None:
         raise SpecError("the plan was simulated with --ep-overlap, and executor.run runs each expert all-to-all inside "
                         "its layer (no microbatch's compute beside another's exchange); simulate it without "
                         "--ep-overlap to compare a run")
-
-
-def _check_calibration_device(backend: str, num_ranks: int) -> None:
-    """``--calibrate-out`` before a launch on this host: the ranks' devices must make one profile (``compare``)."""
-    from executor.calibration import profile_device
-
-    if backend == "gloo":
-        names = ["cpu"] * num_ranks
-    else:
-        import torch
-
-        names = [torch.cuda.get_device_name(i) for i in range(num_ranks)]  # rank r runs on cuda:r
-    profile_device(names)
 
 
 def _rank_modules(plan: Plan) -> tuple[str, ...]:
@@ -546,7 +466,7 @@ def _run(argv: list[str] | None) -> int:
     options = _options(args, plan, topology)
     if args.reference:
         return _run_reference(options, plan)
-    planned = _planned_devices(plan, topology)
+    planned = planned_devices(plan, topology)
     if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         # Started by our launcher or a user's torchrun: this process is one rank. Its hosts' CUDA devices are not
         # visible from here, so the count is not checked (the worker fails on a missing device), nor is the
@@ -559,9 +479,9 @@ def _run(argv: list[str] | None) -> int:
     backend, warning = choose_backend(args.backend, planned, cuda_available=cuda,
                                       cuda_devices=torch.cuda.device_count() if cuda else 0)
     options = replace(options, backend=backend)
-    _check_cuda_graphs(plan, backend)
+    check_cuda_graphs(plan, backend)
     if options.calibrate_out:
-        _check_calibration_device(backend, plan.world_size)
+        check_calibration_device(backend, plan.world_size)
     if warning:
         print(warning, file=sys.stderr)
     if plan.weight_policy == "csp":

@@ -101,7 +101,7 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
                                       method)
     if plan.parallel is not None:
         compare["parallel"] = _rows_rule(plan, predicted)
-    # A GPU plan run on this host's CPU was announced before launch (executor.run.choose_backend); this catches the
+    # A GPU plan run on this host's CPU was announced before launch (executor.backend.choose_backend); this catches the
     # rest, e.g. a V100 plan run on A100s.
     if measured_ids != planned_devices and measured_ids != ["cpu"]:
         print(f"warning: the plan was made for {', '.join(planned_devices)} but ran on "

@@ -8,9 +8,10 @@ import re
 import pytest
 import torch
 
+from executor.backend import choose_backend
 from executor.compare import median_iteration
 from executor.reference import train_reference
-from executor.run import check_output_path, choose_backend, load_checked_plan
+from executor.run import check_output_path, load_checked_plan
 from executor.run import main as executor_main
 from sim.core.errors import SpecError
 from sim.ir.plan import Plan
@@ -153,7 +154,7 @@ def test_backend_follows_the_plans_devices(requested, devices, cuda, count, expe
 def test_a_plan_on_a_slowed_cpu_runs_on_the_cpu(tmp_path):
     # A topology file's slowdown: makes rank 1 a slowed copy of cpu; the executor runs it on the cpu (and
     # --slowdown emulates the rest), not as a GPU plan that would ask for CUDA or warn.
-    from executor.run import _planned_devices
+    from executor.backend import planned_devices
     from sim.plan.build import build_plan
     from sim.plan.inputs import PlanInputs
 
@@ -161,7 +162,7 @@ def test_a_plan_on_a_slowed_cpu_runs_on_the_cpu(tmp_path):
     topology.write_text("nodes:\n  - {device: cpu, count: 2}\nslowdown: {1: 2}\n")
     built = build_plan(PlanInputs(SPEC, str(topology), "1f1b", microbatches=2))
     assert built.topology.devices[1].name == "cpu-slowed-2x"
-    planned = _planned_devices(built.plan, built.topology)
+    planned = planned_devices(built.plan, built.topology)
     assert planned == ["cpu", "cpu"]
     assert choose_backend(None, planned, cuda_available=True, cuda_devices=8) == ("gloo", None)
 

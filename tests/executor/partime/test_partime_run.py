@@ -78,7 +78,7 @@ def test_a_live_source_paces_the_first_stage_and_the_compare_has_the_step_times(
 
 
 def test_a_cuda_graphs_plan_is_refused_on_nccl_and_runs_eagerly_with_a_warning_on_gloo(capsys):
-    from executor.run import _check_cuda_graphs
+    from executor.backend import check_cuda_graphs
     from sim.core.errors import SpecError
     from sim.plan.build import build_plan
     from sim.plan.inputs import PlanInputs
@@ -86,8 +86,8 @@ def test_a_cuda_graphs_plan_is_refused_on_nccl_and_runs_eagerly_with_a_warning_o
     plan = build_plan(PlanInputs(model=MODEL, topology="2xV100", schedule="stream", microbatches=4,
                                  cuda_graphs=True)).plan
     with pytest.raises(SpecError, match="cannot capture a stream step as a CUDA graph yet"):
-        _check_cuda_graphs(plan, "nccl")
-    _check_cuda_graphs(plan, "gloo")
+        check_cuda_graphs(plan, "nccl")
+    check_cuda_graphs(plan, "gloo")
     assert "its steps run eagerly" in capsys.readouterr().err
     eager = build_plan(PlanInputs(model=MODEL, topology="2xV100", schedule="stream", microbatches=4)).plan
-    _check_cuda_graphs(eager, "nccl")  # nothing to refuse
+    check_cuda_graphs(eager, "nccl")  # nothing to refuse
