@@ -75,7 +75,7 @@ def check_cuda_graphs(plan: Plan, backend: str) -> None:
     if not plan.option("cuda_graphs", False):
         return
     if backend == "nccl":
-        raise SpecError("the plan was simulated with --cuda-graphs, and executor.run cannot capture a stream step as a "
+        raise SpecError("the plan was simulated with --cuda-graphs, and executor.run cannot capture a step as a "
                         "CUDA graph yet (never built or tested on a GPU); simulate it without --cuda-graphs to "
                         "compare an eager run")
     print("warning: the plan was simulated with --cuda-graphs; on the CPU (gloo) its steps run eagerly, so the "

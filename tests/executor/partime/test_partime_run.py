@@ -85,7 +85,7 @@ def test_a_cuda_graphs_plan_is_refused_on_nccl_and_runs_eagerly_with_a_warning_o
 
     plan = build_plan(PlanInputs(model=MODEL, topology="2xV100", schedule="stream", microbatches=4,
                                  cuda_graphs=True)).plan
-    with pytest.raises(SpecError, match="cannot capture a stream step as a CUDA graph yet"):
+    with pytest.raises(SpecError, match="cannot capture a step as a CUDA graph yet"):
         check_cuda_graphs(plan, "nccl")
     check_cuda_graphs(plan, "gloo")
     assert "its steps run eagerly" in capsys.readouterr().err
