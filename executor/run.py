@@ -443,7 +443,7 @@ def _rank_modules(plan: Plan) -> tuple[str, ...]:
     return RANK_MODULES + ((GRADIENT_BACKWARD_MODULE,) if processes >= 2 else ())
 
 
-def _launch(options: RunOptions, argv: list[str], num_ranks: int, preload: tuple[str, ...] = RANK_MODULES) -> int:
+def _launch(options: RunOptions, argv: list[str], num_ranks: int, preload: tuple[str, ...]) -> int:
     """Start ``num_ranks`` workers on this host and report how they ended (``executor.launch.run_ranks``: one
     ``error:`` line for a failure, every rank's story in ``--out/errors.log``); returns the exit status."""
     from executor.launch import run_ranks

@@ -124,6 +124,7 @@ class CostOracle:
         self.graph, self.microbatch_size, self.profile, self._topology = graph, microbatch_size, profile, topology
         self.shards = shards
         self._kernel_model = kernel_model
+        self._issued_kernel_model: KernelModel | None = None
         self.cuda_graphs = cuda_graphs
         self.narrow = narrow
         self.compiled = compiled
@@ -157,10 +158,11 @@ class CostOracle:
         per kernel or collective (``host_issue_s`` and ``host_collective_s`` 0: a graph launch enqueues the whole
         step; the GPU's own gap between kernels stays). Megatron-Core's ``full_iteration`` graphs capture the whole
         forward, backward and optimizer step this way."""
-        model = self.kernel_model
-        if not self.cuda_graphs:
-            return model
-        return replace(model, host_issue_s=0.0, host_collective_s=0.0)
+        if self._issued_kernel_model is None:
+            model = self.kernel_model
+            self._issued_kernel_model = (replace(model, host_issue_s=0.0, host_collective_s=0.0) if self.cuda_graphs
+                                         else model)
+        return self._issued_kernel_model
 
     def step_overhead_s(self, device: DeviceSpec) -> float:
         """Framework time of one optimizer step on ``device`` outside its kernels, s: the kernel model's where it
