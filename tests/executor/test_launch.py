@@ -4,6 +4,7 @@ its default action, and supervised alike (a failing worker's status reported, th
 Ctrl-C passed on). The launcher runs in a fresh one-thread process, as ``executor.run`` does; a stand-in worker
 (``launch_probe.py``) reports what it found. The end-to-end lifecycle of real runs is in ``test_lifecycle.py``."""
 
+import importlib
 import json
 import os
 import signal
@@ -84,7 +85,7 @@ def test_a_process_running_threads_starts_its_workers_as_fresh_interpreters(tmp_
     # A fork copies only the calling thread: locks another thread holds would stay held in the worker forever. So
     # where this process runs a second thread, "fork" falls back to "exec" (seen here: the worker's parent is this
     # process and it has not imported what this one has).
-    assert "json" in sys.modules
+    importlib.import_module(PRELOADED)  # a forked worker would find it imported; a fresh interpreter does not
     stop = threading.Event()
     helper = threading.Thread(target=stop.wait)
     helper.start()
