@@ -12,17 +12,19 @@ printed.
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import NoReturn, TypeVar
 
 from sim.core.output_set import all_or_none
 
 __all__ = ["SpecError", "OutputError", "fail", "run_cli", "did_you_mean", "exit_on_interrupt_while_starting",
-           "INTERRUPTED_STATUS"]
+           "exit_without_teardown", "INTERRUPTED_STATUS"]
 
 T = TypeVar("T")
 
@@ -102,6 +104,29 @@ def exit_on_interrupt_while_starting() -> None:
         signal.signal(signal.SIGINT, _interrupted_while_starting)
     except ValueError:  # not the main thread
         pass
+
+
+def exit_without_teardown(status: int) -> NoReturn:
+    """For a command's ``__main__`` once its body has returned: end the process with ``status`` as a normal exit
+    would (standard streams flushed, non-daemon threads joined, ``atexit`` handlers run: multiprocessing's and Ray's
+    clean-ups among them), but without the interpreter's teardown, which frees every module's objects one by one.
+    After a large search that teardown alone took 0.15-0.2 s on the 2-core machine (2026-12-07), a fifth of what a
+    Ctrl-C may take; the operating system reclaims the memory at once."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach its reader
+            pass
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # CPython's own call at exit: the registered handlers, last registered first
+    for stream in (sys.stdout, sys.stderr):  # what the handlers printed
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 def run_cli(main: Callable[[], T], flags: Mapping[str, str] | None = None) -> T:

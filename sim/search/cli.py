@@ -170,7 +170,14 @@ class _Progress:
     def start(self, total: int) -> None:
         if self.enabled:
             from tqdm import tqdm
-            self.bar = tqdm(total=total, file=sys.stderr, unit="plan", dynamic_ncols=True, leave=False)
+
+            class Bar(tqdm):
+                """tqdm without its monitor thread, which outlives the bar and would keep the search's files from
+                being made on two cores at once (:func:`sim.core.parallel_outputs.can_fork_safely`); the bar is
+                redrawn at every plan costed, so the monitor's forced refresh of a stale bar is not needed."""
+                monitor_interval = 0
+
+            self.bar = Bar(total=total, file=sys.stderr, unit="plan", dynamic_ncols=True, leave=False)
 
     def __call__(self, evaluation: Evaluation) -> None:
         if self.bar is None:
@@ -287,6 +294,8 @@ def _summary(result: SearchResult, top: int) -> str:
             f", capacity factor {problem.capacity_factor:g}" if problem.capacity_factor else "")
     if result.screen is not None:
         head += "\n" + _screen_line(result)
+    if result.best is None and (result.interrupted or result.stopped_by_budget):  # what stopped it, not a verdict
+        return head + f"\nno feasible plan yet: {why_no_plan(result)}"
     if result.best is None:
         return head + "\nno feasible plan: see search.json for why each failed"
     return head + "\n" + format_table(result, top)
@@ -302,7 +311,9 @@ def _screen_line(result: SearchResult) -> str:
             + "; the engine simulated "
             f"{screen.simulated:,} in order of their bound; ")
     if screen.gap == float("inf"):
-        return line + "nothing proven (the time budget ended the screen, or no simulated plan fits)"
+        cause = ("Ctrl-C stopped it first" if result.interrupted else "the time budget ended it first"
+                 if result.stopped_by_budget else "no simulated plan fits")
+        return line + f"nothing proven ({cause})"
     if screen.lowest_unsimulated_s == float("inf"):
         return line + "every plan that could fit was simulated: the pick is exact"
     left = f"(lowest bound left {screen.lowest_unsimulated_s:.4g} s)"

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
+from sim.core.collector import collector_paused
 from sim.core.errors import SpecError, did_you_mean
 from sim.hw.topology import Topology
 from sim.models import build_model
@@ -273,18 +274,27 @@ def _screen_in_session(problem: SearchProblem, topology: Topology, candidates: l
                                      method="relaxation" if strategy == "relaxed" else "descent")
     screened_at = time.monotonic()
     every_candidate = [*candidates, *refined]
-    proved, lowest, stopped = prove(screener, every_candidate, [*bounds, *refined_bounds], workers=workers,
+    every_bound = [*bounds, *refined_bounds]
+    proved, lowest, stopped = prove(screener, every_candidate, every_bound, workers=workers,
                                     deadline=deadline, seed=seed, progress=progress, ray_address=ray_address,
                                     grace_s=PROOF_GRACE_S)
-    index_of = {candidate: i for i, candidate in enumerate(every_candidate)}
-    # The infeasible candidates the screen found say why, as an evaluation would.
-    reached = {e.candidate for e in proved}
-    refused = [Evaluation(c, False, reason=b.reason) for c, b in zip(candidates, bounds)
-               if b is not None and not b.fits and c not in reached]
-    every = tuple(sorted([*proved, *refused], key=lambda e: index_of[e.candidate]))
-    summary = screen_summary(bounds, proved, lowest, screened_at - start, refined=len(refined))
-    bounded = tuple((b.peak_bytes, b.time_s) for c, b in zip(every_candidate, [*bounds, *refined_bounds])
-                    if b is not None and b.fits and b.time_s < math.inf and c not in reached)
+    with collector_paused():  # tens of thousands of records and no cycle (sim.core.collector)
+        # The proof reaches only plans whose bound fits, so only those are looked up: hashing a candidate hashes the
+        # tuple of its fields, and doing it for every plan of a large space took a tenth of a second after a Ctrl-C.
+        positions: dict[Candidate, list[int]] = {}
+        for i, (candidate, bound) in enumerate(zip(every_candidate, every_bound)):
+            if bound is not None and bound.fits:
+                positions.setdefault(candidate, []).append(i)
+        reached = {i for e in proved for i in positions[e.candidate]}
+        # The infeasible candidates the screen found say why, as an evaluation would; every evaluation in the order
+        # of the space (a plan listed twice, by its last place).
+        refused = [(i, Evaluation(c, False, reason=b.reason)) for i, (c, b) in enumerate(zip(candidates, bounds))
+                   if b is not None and not b.fits]
+        placed = [(positions[e.candidate][-1], e) for e in proved] + refused
+        every = tuple(e for _, e in sorted(placed, key=lambda pair: pair[0]))
+        summary = screen_summary(bounds, proved, lowest, screened_at - start, refined=len(refined))
+        bounded = tuple((b.peak_bytes, b.time_s) for i, b in enumerate(every_bound)
+                        if b is not None and b.fits and b.time_s < math.inf and i not in reached)
     return SearchResult(problem, strategy, len(candidates), every,
                         stopped or summary.screened < len(candidates), time.monotonic() - start, seed, summary,
                         bounded)

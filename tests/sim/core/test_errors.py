@@ -179,3 +179,27 @@ def test_every_command_quiets_ctrl_c_before_its_heavy_imports(module):
             names = [statement.module] if isinstance(statement, ast.ImportFrom) else [a.name for a in statement.names]
             assert set(names) <= light, f"{module} imports {names} before quieting Ctrl-C"
     raise AssertionError(f"{module} never calls exit_on_interrupt_while_starting under __main__")
+
+
+def test_exit_without_teardown_ends_as_a_normal_exit_would():
+    """Buffered output flushed, a non-daemon thread's work finished, atexit handlers run (last registered first),
+    and the status kept; only the interpreter's teardown is skipped."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import atexit, sys, threading, time\n"
+            "from sim.core.errors import exit_without_teardown\n"
+            "atexit.register(lambda: print('registered first, runs last'))\n"
+            "atexit.register(lambda: print('registered last, runs first'))\n"
+            "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+            "sys.stdout.write('buffered, no newline; ')\n"
+            "sys.stderr.write('on stderr')\n"
+            "exit_without_teardown(3)\n"
+            "print('never')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 3
+    assert done.stdout == ("buffered, no newline; thread done\nregistered last, runs first\n"
+                           "registered first, runs last\n")
+    assert done.stderr == "on stderr"

@@ -161,6 +161,10 @@ def test_why_no_plan_names_the_reasons_when_nothing_was_simulated(result):
         "9.00 GB; search.json says why each failed")
     assert why_no_plan(SearchResult(result.problem, "exhaustive", 10, (), True, 0.0, 0)) == (
         "the time budget ended the search before any plan was costed; give --time-budget more seconds")
+    # After Ctrl-C the remedy is time, not a flag.
+    interrupted = SearchResult(result.problem, "exhaustive", 30, tuple(rule), False, 0.0, 0, interrupted=True)
+    assert why_no_plan(interrupted) == (f"Ctrl-C ended the search before a plan that fits was simulated ({len(rule)} "
+                                        "of 30 plans costed); let it run longer")
 
 
 def test_a_candidates_fields_are_read_as_asdict_would_in_field_order(result):
