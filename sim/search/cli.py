@@ -253,10 +253,11 @@ def _run(argv: list[str] | None, started: float) -> int:
 
 
 #: What a budget keeps back for ranking the plans, writing the files and exiting: this many seconds and this share
-#: of what is left (measured on the 2-core machine, 2026-12-07: writing a screened search's 23,753 records and chart
-#: takes 1.2 s; a worker's candidate in progress when the screen's deadline passes, up to 2 s).
-OUTPUT_RESERVE_S = 1.0
-OUTPUT_RESERVE_SHARE = 0.15
+#: of what is left (measured on the 2-core machine, 2026-12-07: ranking and writing a screened search's 23,700
+#: records and chart take 0.4-0.7 s on two cores; a worker's candidate in progress when the screen's deadline passes,
+#: up to 2 s. With 1 s and 15 % the README's search answered budgets of 10 and 15 s in 8.9 and 13.2 s).
+OUTPUT_RESERVE_S = 0.5
+OUTPUT_RESERVE_SHARE = 0.10
 
 
 def _search_budget(budget_s: float | None, started: float) -> float | None:
