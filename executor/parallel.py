@@ -263,7 +263,7 @@ def _route_and_shard_experts(plan: Plan, place: Place, groups: ProcessGroups, st
     if parse_spec(plan.model)[0] != "moe":
         return None, None
     from executor.nn.moe import force_routing
-    from sim.cost.cost_view import plan_routing
+    from sim.cost.cost_view import plan_dispatcher, plan_routing
 
     routing, capacity_factor = plan_routing(plan)
     for stage in stages.values():
@@ -278,7 +278,7 @@ def _route_and_shard_experts(plan: Plan, place: Place, groups: ProcessGroups, st
     expert_dp, ep_rank, _ = layout.expert_coords(place.rank)
     ep_comm = ExpertParallelComm(groups.ep, layout.ep, ep_rank, sync=sync)
     for stage in stages.values():
-        shard_experts(stage, ep_comm)
+        shard_experts(stage, ep_comm, plan_dispatcher(plan))
     return (ReductionGroup(groups.expert_dp, layout.expert_dp, expert_dp), is_expert_parameter), ep_comm
 
 

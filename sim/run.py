@@ -140,8 +140,11 @@ def make_parser() -> argparse.ArgumentParser:
                      "float8.enable_fsdp_float8_all_gather)")
     par.add_argument("--ep-dispatcher", choices=list(DISPATCHERS), default=DISPATCHERS[0],
                      help="how expert-parallel ranks exchange tokens: all-to-all (default; Megatron-Core's all-to-all "
-                     "dispatcher: each token copy straight to its expert's rank) or deduplicated (DeepEP's and "
-                     "DeepSeek-V3's: each token once to each server its experts are on, then to them inside it)")
+                     "dispatcher: each token copy straight to its expert's rank), deduplicated (DeepEP's and "
+                     "DeepSeek-V3's: each token once to each server its experts are on, then to them inside it) or "
+                     "all-gather (Megatron-Core's all-gather dispatcher, Megatron-LM's default: every token, its "
+                     "scores and routing map to every rank of the group, the outputs reduce-scattered back; with "
+                     "--tp 1 and --etp 1)")
     par.add_argument("--ep-overlap", action="store_true",
                      help="overlap each expert all-to-all with the rank's next compute op (another microbatch's), as "
                      "DualPipe and Megatron-Core's EP overlap do, instead of holding the compute stream (needs --ep "

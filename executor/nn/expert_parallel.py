@@ -13,9 +13,16 @@ A mixture with an :class:`ExpertParallelComm` (``executor.nn.moe.Mixture``) rout
    it by the router's score and adds it to the token's output.
 
 The all-to-alls carry autograd (:func:`exchange`): the backward of a dispatch is a combine of the gradients and vice
-versa, so a backward pass runs the same two exchanges in reverse. Every call is timed on the group's clock
-(:class:`executor.nn.collective_clock.CollectiveClock`), which the interpreter reports as the plan's ``EP_F``,
-``EP_B`` and ``EP_R`` spans.
+versa, so a backward pass runs the same two exchanges in reverse.
+
+Under the plan's ``--ep-dispatcher all-gather`` (Megatron-Core's all-gather dispatcher, Megatron-LM's default) the
+mixture instead gathers every process's tokens, their routing map and scores (:func:`gather_rows`), runs its experts
+on the rows routed to them among all of the group's tokens, and reduce-scatters the weighted outputs back to the
+processes the tokens came from (:func:`scatter_sum`): the backward of a gather is a reduce-scatter of the gradients
+and vice versa. Every process of a group holds the same number of tokens (the replicas' microbatches are one shape).
+
+Every call is timed on the group's clock (:class:`executor.nn.collective_clock.CollectiveClock`), which the
+interpreter reports as the plan's ``EP_F``, ``EP_B`` and ``EP_R`` spans.
 
 Where the group comes from: the E_p processes of one pipeline rank that :meth:`sim.ir.parallel.Parallelism.ep_group`
 names (Megatron-Core's parallel folding); the processes that hold the same experts reduce their gradients over the
@@ -32,7 +39,8 @@ from torch import Tensor
 
 from executor.nn.collective_clock import CollectiveClock
 
-__all__ = ["ExpertParallelComm", "exchange", "EXPERT_PARAMETERS", "is_expert_parameter", "merge_expert_shards"]
+__all__ = ["ExpertParallelComm", "exchange", "gather_rows", "scatter_sum", "EXPERT_PARAMETERS",
+           "is_expert_parameter", "merge_expert_shards"]
 
 #: The parameters of ``executor.nn.moe.Mixture`` stacked by expert (dimension 0), which expert parallelism splits.
 EXPERT_PARAMETERS = ("w_gate", "w_up", "w_down", "b_gate_up", "b_down")
@@ -63,6 +71,19 @@ class ExpertParallelComm(CollectiveClock):
                                                   input_split_sizes=send, group=self.group))
         return out
 
+    def all_gather(self, rows: Tensor) -> Tensor:
+        """Every process's ``rows`` (the same shape on each), concatenated in process order along dimension 0."""
+        out = rows.new_empty((self.size * rows.shape[0], *rows.shape[1:]))
+        self.timed(lambda: dist.all_gather_single(out, rows.contiguous(), group=self.group))
+        return out
+
+    def reduce_scatter(self, rows: Tensor) -> Tensor:
+        """The sum over the processes of ``rows`` (the same shape on each, ``size`` equal blocks along dimension 0),
+        this process's block of it."""
+        out = rows.new_empty((rows.shape[0] // self.size, *rows.shape[1:]))
+        self.timed(lambda: dist.reduce_scatter_single(out, rows.contiguous(), group=self.group))
+        return out
+
 
 class _Exchange(torch.autograd.Function):
     """An all-to-all of rows whose backward is the reverse all-to-all of their gradients."""
@@ -81,6 +102,42 @@ class _Exchange(torch.autograd.Function):
 def exchange(rows: Tensor, comm: ExpertParallelComm, send: list[int], receive: list[int]) -> Tensor:
     """Differentiable all-to-all: ``send[q]`` of ``rows`` go to process q, ``receive[q]`` rows come from it."""
     return _Exchange.apply(rows, comm, send, receive)
+
+
+class _Gather(torch.autograd.Function):
+    """An all-gather of rows whose backward reduce-scatters their gradients (each process's rows were used by all)."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, comm: ExpertParallelComm) -> Tensor:  # type: ignore[override]
+        ctx.comm = comm
+        return comm.all_gather(rows)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return ctx.comm.reduce_scatter(grad), None
+
+
+class _ScatterSum(torch.autograd.Function):
+    """A reduce-scatter of rows whose backward all-gathers the gradients (each block's sum read every process's)."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, comm: ExpertParallelComm) -> Tensor:  # type: ignore[override]
+        ctx.comm = comm
+        return comm.reduce_scatter(rows)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return ctx.comm.all_gather(grad), None
+
+
+def gather_rows(rows: Tensor, comm: ExpertParallelComm) -> Tensor:
+    """Differentiable all-gather: every process's ``rows`` in process order."""
+    return _Gather.apply(rows, comm)
+
+
+def scatter_sum(rows: Tensor, comm: ExpertParallelComm) -> Tensor:
+    """Differentiable reduce-scatter: this process's block of the sum of every process's ``rows``."""
+    return _ScatterSum.apply(rows, comm)
 
 
 def merge_expert_shards(shards: list[dict[str, Tensor]]) -> dict[str, Tensor]:

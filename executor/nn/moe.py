@@ -28,8 +28,10 @@ biases and sinks 0, norms 1). Tensor and context parallelism are not run for thi
 
 In a run the executor forces the plan's routing on every mixture (:mod:`executor.nn.forced_routing`: balanced unless
 the plan names a skew or a trace, as the published benchmarks force it, with the plan's capacity factor), and under
-expert parallelism each process keeps a block of the experts and exchanges the tokens by all-to-all
-(:mod:`executor.nn.expert_parallel`). A module built on its own routes by the router's top-k.
+expert parallelism each process keeps a block of the experts and exchanges the tokens by all-to-all, or under the
+plan's all-gather dispatcher gathers every token and reduce-scatters the outputs (:mod:`executor.nn.expert_parallel`;
+a plan's deduplicated dispatcher runs as the all-to-all: the same rows arrive, not sent once per server). A module
+built on its own routes by the router's top-k.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from executor.nn.expert_parallel import EXPERT_PARAMETERS, ExpertParallelComm, exchange
+from executor.nn.expert_parallel import EXPERT_PARAMETERS, ExpertParallelComm, exchange, gather_rows, scatter_sum
 from executor.nn.forced_routing import ForcedRouting, expert_capacity, kept_slots
 from executor.nn.llama import INIT_STD, LlamaEmbedding, LlamaHead, _rotate, rotation, window_mask
 from sim.core.errors import SpecError
@@ -92,6 +94,7 @@ class Mixture(nn.Module):
         self.forced: ForcedRouting | None = None
         self.capacity_factor = 0.0
         self.expert_parallel: ExpertParallelComm | None = None
+        self.gathers = False  # Megatron-Core's all-gather dispatcher instead of the all-to-all (shard_experts)
         self.first_expert = 0
         self.router = nn.Linear(hidden, experts, bias=router_bias)
         self.w_gate = nn.Parameter(torch.empty(experts, hidden, expert_ffn))
@@ -120,9 +123,10 @@ class Mixture(nn.Module):
         self.forced = ForcedRouting(routing, self.moe_index, self.experts, self.topk)
         self.capacity_factor = capacity_factor
 
-    def shard_experts(self, comm: ExpertParallelComm) -> None:
+    def shard_experts(self, comm: ExpertParallelComm, dispatcher: str = "all-to-all") -> None:
         """Keep only expert-parallel rank ``comm.rank``'s block of ``E / comm.size`` experts, and exchange tokens over
-        ``comm`` (``executor.nn.expert_parallel``).
+        ``comm`` (``executor.nn.expert_parallel``) as ``dispatcher`` says (``all-gather``: gathered and
+        reduce-scattered; any other: the all-to-all).
 
         Raises:
             ValueError: E not divisible by the group's size, or experts already sharded.
@@ -138,6 +142,7 @@ class Mixture(nn.Module):
             if whole is not None:
                 setattr(self, name, nn.Parameter(whole.detach()[first:first + local].clone()))
         self.expert_parallel, self.first_expert = comm, first
+        self.gathers = dispatcher == "all-gather"
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(tokens, h) → each token's ``topk`` experts and their weights, (tokens, k) each: the router's highest
@@ -171,7 +176,9 @@ class Mixture(nn.Module):
         chosen, weights = self.route(tokens)
         capacity = expert_capacity(tokens.shape[0], self.topk, self.experts, self.capacity_factor)
         kept = kept_slots(chosen, capacity) if capacity is not None else None
-        if self.expert_parallel is not None:
+        if self.expert_parallel is not None and self.gathers:
+            out = self._gathered(tokens, chosen, weights, kept)
+        elif self.expert_parallel is not None:
             out = self._exchanged(tokens, chosen, weights, kept)
         else:
             out = torch.zeros_like(tokens)
@@ -209,6 +216,29 @@ class Mixture(nn.Module):
         returned = exchange(computed, comm, receive_sizes, send_sizes)
         weighted = returned * weights.reshape(-1)[copies, None]
         return torch.zeros_like(tokens).index_add(0, copies // self.topk, weighted)
+
+
+    def _gathered(self, tokens: Tensor, chosen: Tensor, weights: Tensor, kept: Tensor | None) -> Tensor:
+        """The routed experts' weighted sum under Megatron-Core's all-gather dispatcher: every process's tokens, their
+        routing map and their scores (tokens × experts, dense, as Megatron gathers them) gathered to all; this
+        process's experts run on the rows routed to them among all the group's tokens; their weighted outputs summed
+        over the processes and scattered back to the tokens' own (``executor.nn.expert_parallel``)."""
+        comm = self.expert_parallel
+        assert comm is not None
+        routed = torch.ones_like(chosen, dtype=torch.uint8) if kept is None else kept.to(torch.uint8)
+        routing_map = torch.zeros(tokens.shape[0], self.experts, dtype=torch.uint8,
+                                  device=tokens.device).scatter(1, chosen, routed)
+        scores = torch.zeros(tokens.shape[0], self.experts, dtype=weights.dtype,
+                             device=tokens.device).scatter(1, chosen, weights)
+        every_token, every_score = gather_rows(tokens, comm), gather_rows(scores, comm)
+        every_map = comm.all_gather(routing_map)
+        out = torch.zeros_like(every_token)
+        for e in range(self.experts // comm.size):
+            column = self.first_expert + e
+            rows = every_map[:, column].nonzero(as_tuple=True)[0]
+            if rows.numel():
+                out = out.index_add(0, rows, self.expert(e, every_token[rows]) * every_score[rows, column, None])
+        return scatter_sum(out, comm)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, window: int, sinks: Tensor | None) -> Tensor:
@@ -348,13 +378,13 @@ def force_routing(module: nn.Module, routing: Routing, capacity_factor: float = 
             mixture.force_routing(routing, capacity_factor)
 
 
-def shard_experts(module: nn.Module, comm: ExpertParallelComm) -> int:
+def shard_experts(module: nn.Module, comm: ExpertParallelComm, dispatcher: str = "all-to-all") -> int:
     """Keep expert-parallel rank ``comm.rank``'s block of experts in every mixture inside ``module`` and route through
-    ``comm`` (:meth:`Mixture.shard_experts`); returns how many mixtures were sharded."""
+    ``comm`` by ``dispatcher`` (:meth:`Mixture.shard_experts`); returns how many mixtures were sharded."""
     sharded = 0
     for mixture in module.modules():
         if isinstance(mixture, Mixture):
-            mixture.shard_experts(comm)
+            mixture.shard_experts(comm, dispatcher)
             sharded += 1
     return sharded
 

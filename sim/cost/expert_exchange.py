@@ -25,7 +25,9 @@ def expert_exchange_cost(layers: Sequence[Layer], layout: Parallelism, pipeline_
 
     The dispatch is, by the mixture's ``dispatcher``, an all-to-all whose traffic matrix sends each member the tokens
     routed to its experts (:attr:`sim.models.graph.MixturePart.loads`; Megatron-Core's all-to-all dispatcher), or
-    the deduplicated exchange (:func:`_deduplicated`); the combine sends the same bytes back.
+    the deduplicated exchange (:func:`_deduplicated`); the combine sends the same bytes back. Or it is Megatron-Core's
+    all-gather dispatcher (:func:`_gathered`): every member's tokens, routing map and scores gathered to all, the
+    experts' outputs reduce-scattered back; its volume does not depend on the routing, only on the group's tokens.
 
     The op holds no link in the engine (``held_links`` empty): an expert-parallel group spans data-parallel
     replicas, so the replicas' EP ops of one microbatch are one exchange, whose time already counts every group's
@@ -48,6 +50,8 @@ def expert_exchange_cost(layers: Sequence[Layer], layout: Parallelism, pipeline_
         if layout.ep > 1 and mixture.dispatcher == "deduplicated":
             cost = _deduplicated(oracle, ep_groups, mixture, tokens * part.hidden * dtype_bytes)
             parts.append((cost, 2, nbytes))
+        elif layout.ep > 1 and mixture.dispatcher == "all-gather":
+            parts.extend(_gathered(oracle, ep_groups, tokens, part.hidden, mixture.experts, dtype_bytes))
         elif layout.ep > 1:
             cost = oracle.all_to_all(ep_groups, nbytes, mixture.loads)
             parts.append((cost, 2, nbytes))  # the dispatch, and the combine back (the same bytes reversed)
@@ -57,6 +61,29 @@ def expert_exchange_cost(layers: Sequence[Layer], layout: Parallelism, pipeline_
             for name in ("all_gather", "reduce_scatter"):
                 parts.append((oracle.collective(name, etp_groups, gathered), 1, gathered))
     return sequential_cost(parts, ())
+
+
+#: Bytes of one entry of Megatron-Core's routing map (a bool tensor, tokens × experts) that the all-gather dispatcher
+#: gathers beside the scores.
+_ROUTING_MAP_ENTRY = 1
+
+
+def _gathered(oracle: CostOracle, ep_groups: tuple[tuple[int, ...], ...], tokens: int, hidden: int, experts: int,
+              dtype_bytes: int) -> list[tuple[CollectiveCost, int, int]]:
+    """Megatron-Core's all-gather token dispatcher (``MoEAllGatherTokenDispatcher``, the default of Megatron-LM's
+    ``--moe-token-dispatcher-type``) for one MoE layer over ``ep_groups``: the dispatch gathers every member's
+    ``tokens`` hidden states, their routing map (tokens × experts bools) and their scores (tokens × experts, in the
+    model's precision: ``moe_router_dtype`` unset) to every member, each of which picks the rows routed to its own
+    experts; the combine reduce-scatters the experts' weighted outputs over all the group's tokens back to their
+    members (Megatron-LM ``megatron/core/transformer/moe/token_dispatcher.py``, ``token_dispatch`` and
+    ``token_combine``). A backward pass runs the reverse pair on the gradients (the routing map excepted, a small
+    share this costs alike). Returned as (cost, repeats, bytes) parts of :func:`expert_exchange_cost`."""
+    members = len(ep_groups[0])
+    per_token = hidden * dtype_bytes + experts * (dtype_bytes + _ROUTING_MAP_ENTRY)
+    gathered = members * tokens * per_token  # each member's output: every member's share
+    combined = members * tokens * hidden * dtype_bytes  # each member's buffer: outputs for every token of the group
+    return [(oracle.collective("all_gather", ep_groups, gathered), 1, gathered),
+            (oracle.collective("reduce_scatter", ep_groups, combined), 1, combined)]
 
 
 def _deduplicated(oracle: CostOracle, ep_groups: tuple[tuple[int, ...], ...], mixture: MixturePart,

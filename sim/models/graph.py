@@ -61,7 +61,8 @@ class MixturePart:
         groups: group-limited routing's groups of contiguous experts (0: none); ``group_topk`` of them per token.
         group_topk: the groups a token's experts come from (DeepSeek-V3: 4 of 8).
         dispatcher: how the tokens travel (:data:`sim.models.sharding.DISPATCHERS`): ``all-to-all`` (each token copy
-            to its expert's rank) or ``deduplicated`` (once per server, then inside it).
+            to its expert's rank), ``deduplicated`` (once per server, then inside it) or ``all-gather`` (every token
+            to every rank of the group, the outputs reduce-scattered back).
     """
 
     experts: int

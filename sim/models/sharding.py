@@ -28,7 +28,7 @@ from sim.models.graph import Layer
 from sim.models.routing import BALANCED, Routing
 
 #: The expert token dispatchers ``--ep-dispatcher`` takes (:class:`Sharding`'s ``dispatcher``), the default first.
-DISPATCHERS = ("all-to-all", "deduplicated")
+DISPATCHERS = ("all-to-all", "deduplicated", "all-gather")
 
 __all__ = ["Sharding", "NO_SHARDING", "DISPATCHERS", "Collectives", "all_reduce", "lone_gather_or_scatter",
            "padded_vocab",
@@ -59,7 +59,9 @@ class Sharding:
         dispatcher: how the expert-parallel ranks exchange tokens (:data:`DISPATCHERS`, ``--ep-dispatcher``):
             ``all-to-all`` (Megatron-Core's all-to-all token dispatcher: each token copy straight to its expert's
             rank) or ``deduplicated`` (DeepEP's and DeepSeek-V3's: once per server over the network, then to the
-            experts inside it; :func:`sim.cost.collectives.deduplicated_all_to_all_cost`).
+            experts inside it; :func:`sim.cost.collectives.deduplicated_all_to_all_cost`) or ``all-gather``
+            (Megatron-Core's all-gather dispatcher, Megatron-LM's default: every token to every rank of the group,
+            the experts' outputs reduce-scattered back; :mod:`sim.cost.expert_exchange`).
     """
 
     tp: int = 1

@@ -276,7 +276,9 @@ def _check_float8_gather(inputs: PlanInputs) -> None:
 
 
 def _check_dispatcher(inputs: PlanInputs, layout: Parallelism) -> None:
-    """Refuse an unknown ``--ep-dispatcher``, or the deduplicated one without expert parallelism."""
+    """Refuse an unknown ``--ep-dispatcher``, one without expert parallelism, the deduplicated one under a skewed or
+    capped routing, and the all-gather one beside tensor parallelism (Megatron-Core's gathers over the TP×EP group,
+    which is the expert-parallel group only where TP and ETP are 1)."""
     if inputs.ep_dispatcher not in DISPATCHERS:
         raise SpecError(f"{{ep_dispatcher}} must be one of {', '.join(DISPATCHERS)}, got {inputs.ep_dispatcher!r}",
                         "ep_dispatcher")
@@ -287,6 +289,10 @@ def _check_dispatcher(inputs: PlanInputs, layout: Parallelism) -> None:
                                                    or inputs.capacity_factor):
         raise SpecError("{ep_dispatcher} deduplicated is modelled for balanced dropless routing; use --routing "
                         "balanced without --capacity-factor", "ep_dispatcher")
+    if inputs.ep_dispatcher == "all-gather" and (layout.tp > 1 or layout.etp > 1):
+        raise SpecError(f"{{ep_dispatcher}} all-gather gathers over Megatron-Core's TP×EP group, modelled where that "
+                        f"is the expert-parallel group alone: it needs --tp 1 and --etp 1, got {layout.describe()}",
+                        "ep_dispatcher")
 
 
 def _ep_overlap(inputs: PlanInputs, layout: Parallelism) -> bool:

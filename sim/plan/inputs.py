@@ -78,7 +78,8 @@ class PlanInputs:
         async_tp: the tensor-parallel collectives decomposed beside their GEMMs (``--async-tp``; PyTorch's async TP;
             :class:`~sim.ir.parallel.Parallelism`'s ``async_tp``).
         ep_dispatcher: how the expert-parallel ranks exchange tokens (``--ep-dispatcher``, one of
-            :data:`sim.models.sharding.DISPATCHERS`): ``all-to-all`` or ``deduplicated`` (once per server, DeepEP's).
+            :data:`sim.models.sharding.DISPATCHERS`): ``all-to-all``, ``deduplicated`` (once per server, DeepEP's)
+            or ``all-gather`` (Megatron-Core's all-gather dispatcher).
     """
 
     model: str

@@ -188,7 +188,11 @@ MOE_EP = ("moe:layers=2,hidden=32,heads=4,kv_heads=2,head_dim=8,ffn=48,vocab=50,
     # factor that drops the hot experts' overflow, and DeepSeek-style sigmoid routing with a dense first layer.
     (["--pp", "2", "--dp", "2", "--ep", "2", "--schedule", "zb1p", "--recompute", "--routing", "skew:2:1",
       "--capacity-factor", "1.0"], 4),
-], ids=["dp4-ep2-zero1-skew", "pp2-dp2-ep2-zb1p-recompute-capacity"])
+    # Megatron-Core's all-gather dispatcher: every token gathered, the outputs reduce-scattered; with a capacity factor
+    # (the dropped slots left out of the gathered routing map) and a skew.
+    (["--dp", "2", "--ep", "2", "--ep-dispatcher", "all-gather", "--routing", "skew:1.5:3", "--capacity-factor",
+      "1.0"], 2),
+], ids=["dp4-ep2-zero1-skew", "pp2-dp2-ep2-zb1p-recompute-capacity", "dp2-ep2-all-gather-capacity"])
 def test_a_mixture_with_expert_parallelism_trains_like_one_process(tmp_path, flags, devices):
     spec = MOE_EP if "--pp" not in flags else MOE_EP.replace("layers=2", "layers=3") + ",dense_layers=1,sigmoid=1"
     replicas = int(flags[flags.index("--dp") + 1])

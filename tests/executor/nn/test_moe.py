@@ -98,3 +98,55 @@ def test_the_executor_refuses_a_multi_token_prediction_module_by_name():
     check_torch_model(spec)  # the main model alone runs
     with pytest.raises(SpecError, match=r"does not run multi-token prediction \(mtp=1\)"):
         check_torch_model(spec + ",mtp=1")
+
+
+class _OneProcessGroup:
+    """An expert-parallel group of one process: every collective returns its input; the calls are recorded, so a
+    test sees which dispatcher the mixture ran."""
+
+    size, rank = 1, 0
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def counts(self, send):
+        self.calls.append("counts")
+        return send.clone()
+
+    def all_to_all(self, rows, send, receive):
+        self.calls.append("all_to_all")
+        return rows.clone()
+
+    def all_gather(self, rows):
+        self.calls.append("all_gather")
+        return rows.clone()
+
+    def reduce_scatter(self, rows):
+        self.calls.append("reduce_scatter")
+        return rows.clone()
+
+
+@pytest.mark.parametrize("dispatcher, exchanged", [
+    ("all-to-all", {"counts", "all_to_all"}), ("deduplicated", {"counts", "all_to_all"}),
+    ("all-gather", {"all_gather", "reduce_scatter"})])
+def test_each_dispatcher_runs_its_own_exchange_and_computes_the_unsharded_mixture(dispatcher, exchanged):
+    # Over a group of one process the exchange moves nothing, so the output and the gradients must be the plain
+    # mixture's; the recorded calls show which exchange ran (the deduplicated one runs as the all-to-all). The
+    # all-gather path gathers the tokens, the dense scores and the routing map (three gathers), then reduce-scatters.
+    torch.manual_seed(4)
+    plain = Mixture(16, 4, 2, 8, 0, router_bias=False, expert_bias=False, sigmoid=False, swiglu_clamp=0)
+    plain.init_parameters(torch.Generator().manual_seed(5), 0.02)
+    sharded = Mixture(16, 4, 2, 8, 0, router_bias=False, expert_bias=False, sigmoid=False, swiglu_clamp=0)
+    sharded.load_state_dict(plain.state_dict())
+    group = _OneProcessGroup()
+    sharded.shard_experts(group, dispatcher)  # type: ignore[arg-type]
+    x = torch.randn(2, 5, 16)
+    want, got = plain(x), sharded(x)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    for (name, p), q in zip(sharded.named_parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert set(group.calls) == exchanged
+    if dispatcher == "all-gather":
+        assert group.calls.count("all_gather") >= 3 and group.calls.count("reduce_scatter") >= 1

@@ -55,5 +55,50 @@ def test_what_it_does_not_model_is_refused(extra, message):
 
 
 def test_an_unknown_dispatcher_is_refused_by_name():
-    with pytest.raises(SpecError, match="ep_dispatcher.*all-to-all, deduplicated"):
+    with pytest.raises(SpecError, match="ep_dispatcher.*all-to-all, deduplicated, all-gather"):
         _time("8xH100", "deepep")
+
+
+# --ep-dispatcher all-gather: Megatron-Core's all-gather token dispatcher (Megatron-LM's default).
+
+def _exchange(dispatcher, topology="8xH100", ep=8):
+    """The EP op of pipeline rank 0 under ``dispatcher``, with what it was computed from."""
+    from sim.cost.expert_exchange import expert_exchange_cost
+    from sim.cost.oracle import CostOracle
+    from sim.cost.plan_costs import sharded_graph
+    from sim.hw.topology import Topology
+    from sim.ir.parallel import Parallelism
+    from sim.models.routing import BALANCED
+
+    layout = Parallelism(dp=ep, ep=ep, zero=1)
+    graph = sharded_graph(SMALL, layout, "none", BALANCED, 0.0, dispatcher)
+    oracle = CostOracle(graph, 2, None, Topology.parse(topology))
+    return expert_exchange_cost(graph.layers, layout, 0, oracle, 2, 2), graph, layout, oracle
+
+
+def test_all_gather_costs_the_gather_and_the_reduce_scatter_in_closed_form():
+    cost, graph, layout, oracle = _exchange("all-gather")
+    groups = tuple(layout.ep_group(0, d, 0) for d in range(layout.expert_dp))
+    tokens, hidden, experts, members = 2 * 512, 256, 16, 8  # microbatch 2 of seq 512; SMALL's hidden and experts
+    moe_layers = sum(1 for layer in graph.layers if layer.transformer and layer.transformer.moe)
+    gathered = members * tokens * (hidden * 2 + experts * (2 + 1))  # states, scores (bf16) and the routing map
+    combined = members * tokens * hidden * 2
+    per_layer = (oracle.collective("all_gather", groups, gathered).seconds
+                 + oracle.collective("reduce_scatter", groups, combined).seconds)
+    assert moe_layers == 4
+    assert cost.seconds == pytest.approx(moe_layers * per_layer, rel=1e-12)
+
+
+def test_all_gather_moves_more_than_the_all_to_all_when_few_experts_are_chosen():
+    # topk 4 of 16 experts over 8 ranks: the all-to-all sends each token's 4 copies (7/8 of them away), the gather
+    # brings every rank all 8 ranks' tokens and the combine returns as much: more bytes, so longer.
+    gathered, _, _, _ = _exchange("all-gather")
+    plain, _, _, _ = _exchange("all-to-all")
+    assert gathered.seconds > plain.seconds
+
+
+def test_all_gather_is_refused_beside_tensor_parallelism():
+    with pytest.raises(SpecError, match="needs --tp 1 and --etp 1"):
+        build_plan(PlanInputs(SMALL, "8xH100", "1f1b", 4, tp=2, dp=4, ep=4, ep_dispatcher="all-gather"))
+    built, _ = _time("8xH100", "all-gather")
+    assert built.plan.option("ep_dispatcher") == "all-gather"
