@@ -185,8 +185,9 @@ def make_parser() -> argparse.ArgumentParser:
     par.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const",
                      const="never", default="default", help="the same as --fsdp-reshard-after-forward never")
     par.add_argument("--grad-overlap", action="store_true",
-                     help="reduce gradients in 25 MiB buckets while the last backward runs (PyTorch DDP) instead of "
-                     "after the backward pass (Megatron's default)")
+                     help="reduce gradients in buckets while the last backward runs instead of after the backward "
+                     "pass (Megatron's default without --overlap-grad-reduce): PyTorch DDP's 25 MiB buckets, or "
+                     "under --zero 1 Megatron-Core's, max(40M, 1M x DP) parameters each")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the CSP subnet sampler and of a long run's failures (default 0)")
     slow = parser.add_argument_group("stragglers (sim.engine.perturbation)")

@@ -38,9 +38,17 @@ from sim.models.sharding import Sharding
 __all__ = ["CostView", "replica_views", "plan_sharding", "plan_oracle", "plan_dispatcher", "EP_DISPATCHER_OPTION",
            "GRADIENT_BUCKET_BYTES"]
 
-#: Gradient bytes per bucket when the data-parallel reduction overlaps the backward: PyTorch DDP's default
-#: ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel documentation), 25 MiB.
+#: Gradient bytes per bucket when the data-parallel reduction overlaps the backward without ZeRO: PyTorch DDP's
+#: default ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel documentation), 25 MiB.
 GRADIENT_BUCKET_BYTES = 25 * 2**20
+
+#: Parameters per gradient bucket under ZeRO-1 (Megatron-Core's distributed optimizer) with ``bucket_size`` unset:
+#: ``max(40_000_000, 1_000_000 × the data-parallel group's size)`` (megatron/core/distributed/
+#: distributed_data_parallel.py: "make buckets larger to ensure that chunks used in NCCL ring-reduce implementations
+#: are large enough to remain bandwidth-bound rather than latency-bound"), over the data- and context-parallel
+#: group as its recent versions count it.
+MEGATRON_BUCKET_PARAMS = 40_000_000
+MEGATRON_BUCKET_PARAMS_PER_RANK = 1_000_000
 
 #: A memo's marker for a quantity not asked yet (a size may be ``None``: :meth:`CostView.deferred_bytes`).
 _MISSING = object()
@@ -276,17 +284,29 @@ class CostView:
 
     def gradient_buckets(self, vstage: int) -> tuple[int, float]:
         """``(K, s)``: the buckets ``vstage``'s gradients are reduced in when the reduction overlaps the backward
-        (:data:`GRADIENT_BUCKET_BYTES` each, the last one smaller but costed alike), and the time of one bucket's
+        (:meth:`gradient_bucket_bytes` each, the last one smaller but costed alike), and the time of one bucket's
         reduction with every concurrent group (a stage with experts: each bucket's time the mean over the data-
         and expert-data-parallel reductions, weighted by their bytes)."""
         parts = [part for part in self._data_parallel(OpKind.REDUCE_GRAD, vstage) if part[2]]
         total = sum(nbytes for _, _, nbytes in parts)
-        bucket = min(GRADIENT_BUCKET_BYTES, total)
+        bucket = min(self.gradient_bucket_bytes(), total)
         if not parts:
             return 1, 0.0
         seconds = sum(self.oracle.collective(name, groups, bucket).seconds * nbytes
                       for name, groups, nbytes in parts) / total
         return max(1, -(-total // max(bucket, 1))), seconds
+
+    def gradient_bucket_bytes(self) -> int:
+        """Bytes of one gradient bucket of an overlapped reduction, as the framework whose optimizer the plan names
+        buckets them: PyTorch DDP's 25 MiB without ZeRO (:data:`GRADIENT_BUCKET_BYTES`); under ZeRO-1, Megatron-Core's
+        distributed optimizer, :data:`MEGATRON_BUCKET_PARAMS` or :data:`MEGATRON_BUCKET_PARAMS_PER_RANK` per member
+        of the data-parallel group, whichever is more, of parameters in the model's precision. Small buckets cost a
+        collective's latency each, which at hundreds of replicas outweighs the bytes: 25 MiB buckets over 128
+        replicas made an overlapped reduction slower than one after the backward."""
+        if not self.layout.zero:
+            return GRADIENT_BUCKET_BYTES
+        params = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * self.layout.data_ranks)
+        return params * self.graph.dtype_bytes
 
     def _data_parallel(self, kind: OpKind, vstage: int) -> list[tuple[str, tuple[tuple[int, ...], ...], int]]:
         """``(collective, groups, bytes)`` parts of a REDUCE_GRAD or GATHER_PARAMS of ``vstage``: every tensor shard's

@@ -180,6 +180,23 @@ def test_selective_recompute_on_a_gpu_reruns_the_attention_core_kernels():
     assert none.peak_memory_bytes[0] > selective.peak_memory_bytes[0]
 
 
+def test_overlapped_buckets_are_ddps_without_zero_and_megatrons_under_zero_1():
+    # Without ZeRO, PyTorch DDP's 25 MiB; under ZeRO-1 (Megatron-Core's distributed optimizer with bucket_size unset)
+    # max(40,000,000, 1,000,000 x D) parameters of the model's precision: 40 M parameters at D = 2 and 8, 64 M at 64.
+    def bucket(dp, zero, topology):
+        built = build_plan(PlanInputs("uniform:layers=4,param_mb=25,fwd_ms=20,bwd_ms=40", topology, "1f1b", 2, dp=dp,
+                                      pp=1, zero=zero, grad_overlap=True, global_batch=2 * dp))
+        view = built.views()[0]
+        return view.gradient_bucket_bytes(), built.graph.dtype_bytes, view.gradient_buckets(0)[0]
+
+    assert bucket(2, 0, "2xA100")[0] == 25 * 2**20
+    size, dtype_bytes, count = bucket(2, 1, "2xA100")
+    assert size == 40_000_000 * dtype_bytes
+    assert count == -(-4 * 25 * 10**6 // size)  # 100 MB of gradients, whole buckets
+    assert bucket(8, 1, "8xA100")[0] == 40_000_000 * dtype_bytes
+    assert bucket(64, 1, "8x8xA100")[0] == 64_000_000 * dtype_bytes
+
+
 def test_overlapped_gradient_reduction_streams_behind_the_last_backward():
     # PyTorch DDP: gradients are all-reduced in 25 MiB buckets as the backward makes them. With the backward's
     # gradients ready at an even rate over [b0, b1], bucket k of K is ready at b0 + k(b1 - b0)/K and buckets are
