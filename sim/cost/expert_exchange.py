@@ -77,7 +77,10 @@ def _gathered(oracle: CostOracle, ep_groups: tuple[tuple[int, ...], ...], tokens
     experts; the combine reduce-scatters the experts' weighted outputs over all the group's tokens back to their
     members (Megatron-LM ``megatron/core/transformer/moe/token_dispatcher.py``, ``token_dispatch`` and
     ``token_combine``). A backward pass runs the reverse pair on the gradients (the routing map excepted, a small
-    share this costs alike). Returned as (cost, repeats, bytes) parts of :func:`expert_exchange_cost`."""
+    share this costs alike). The kernels around it are the all-to-all dispatcher's (:mod:`sim.cost.kernels.moe`):
+    Megatron permutes the gathered tokens on the receiving side instead of each token's copies on the sending side,
+    the same rows written, so the permutation is costed alike. Returned as (cost, repeats, bytes) parts of
+    :func:`expert_exchange_cost`."""
     members = len(ep_groups[0])
     per_token = hidden * dtype_bytes + experts * (dtype_bytes + _ROUTING_MAP_ENTRY)
     gathered = members * tokens * per_token  # each member's output: every member's share
