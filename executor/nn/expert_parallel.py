@@ -33,6 +33,8 @@ model's experts (``executor.nn.moe.shard_experts``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -85,59 +87,36 @@ class ExpertParallelComm(CollectiveClock):
         return out
 
 
-class _Exchange(torch.autograd.Function):
-    """An all-to-all of rows whose backward is the reverse all-to-all of their gradients."""
+class _WithAdjoint(torch.autograd.Function):
+    """A collective on rows whose backward is its adjoint on their gradients: an all-to-all's is the reverse
+    all-to-all, an all-gather's a reduce-scatter (each process's rows were used by all), a reduce-scatter's an
+    all-gather (each block's sum read every process's rows)."""
 
     @staticmethod
-    def forward(ctx, rows: Tensor, comm: ExpertParallelComm, send: list[int],  # type: ignore[override]
-                receive: list[int]) -> Tensor:
-        ctx.comm, ctx.send, ctx.receive = comm, send, receive
-        return comm.all_to_all(rows, send, receive)
+    def forward(ctx, rows: Tensor, collective: Callable[[Tensor], Tensor],  # type: ignore[override]
+                adjoint: Callable[[Tensor], Tensor]) -> Tensor:
+        ctx.adjoint = adjoint
+        return collective(rows)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return ctx.comm.all_to_all(grad, ctx.receive, ctx.send), None, None, None
+        return ctx.adjoint(grad), None, None
 
 
 def exchange(rows: Tensor, comm: ExpertParallelComm, send: list[int], receive: list[int]) -> Tensor:
     """Differentiable all-to-all: ``send[q]`` of ``rows`` go to process q, ``receive[q]`` rows come from it."""
-    return _Exchange.apply(rows, comm, send, receive)
-
-
-class _Gather(torch.autograd.Function):
-    """An all-gather of rows whose backward reduce-scatters their gradients (each process's rows were used by all)."""
-
-    @staticmethod
-    def forward(ctx, rows: Tensor, comm: ExpertParallelComm) -> Tensor:  # type: ignore[override]
-        ctx.comm = comm
-        return comm.all_gather(rows)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return ctx.comm.reduce_scatter(grad), None
-
-
-class _ScatterSum(torch.autograd.Function):
-    """A reduce-scatter of rows whose backward all-gathers the gradients (each block's sum read every process's)."""
-
-    @staticmethod
-    def forward(ctx, rows: Tensor, comm: ExpertParallelComm) -> Tensor:  # type: ignore[override]
-        ctx.comm = comm
-        return comm.reduce_scatter(rows)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return ctx.comm.all_gather(grad), None
+    return _WithAdjoint.apply(rows, lambda x: comm.all_to_all(x, send, receive),
+                              lambda g: comm.all_to_all(g, receive, send))
 
 
 def gather_rows(rows: Tensor, comm: ExpertParallelComm) -> Tensor:
     """Differentiable all-gather: every process's ``rows`` in process order."""
-    return _Gather.apply(rows, comm)
+    return _WithAdjoint.apply(rows, comm.all_gather, comm.reduce_scatter)
 
 
 def scatter_sum(rows: Tensor, comm: ExpertParallelComm) -> Tensor:
     """Differentiable reduce-scatter: this process's block of the sum of every process's ``rows``."""
-    return _ScatterSum.apply(rows, comm)
+    return _WithAdjoint.apply(rows, comm.reduce_scatter, comm.all_gather)
 
 
 def merge_expert_shards(shards: list[dict[str, Tensor]]) -> dict[str, Tensor]:

@@ -136,9 +136,6 @@ COMMAND_MODULES = ("sim/run.py", "sim/search/__main__.py", "sim/bench/__main__.p
 
 
 def test_ctrl_c_while_a_command_starts_is_one_line_and_status_130():
-    import subprocess
-    import sys
-    from pathlib import Path
 
     # The signal arrives while the "imports" (a sleep) run, after the guard and before run_cli.
     code = ("import os, signal, time\n"
@@ -146,8 +143,7 @@ def test_ctrl_c_while_a_command_starts_is_one_line_and_status_130():
             "exit_on_interrupt_while_starting()\n"
             "os.kill(os.getpid(), signal.SIGINT)\n"
             "time.sleep(30)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[3])
+    done = _run_python(code)
     assert (done.returncode, done.stderr, done.stdout) == (130, "error: interrupted\n", "")
 
 
@@ -184,9 +180,6 @@ def test_every_command_quiets_ctrl_c_before_its_heavy_imports(module):
 def test_exit_without_teardown_ends_as_a_normal_exit_would():
     """Buffered output flushed, a non-daemon thread's work finished, atexit handlers run (last registered first),
     and the status kept; only the interpreter's teardown is skipped."""
-    import subprocess
-    import sys
-    from pathlib import Path
 
     code = ("import atexit, sys, threading, time\n"
             "from sim.core.errors import exit_without_teardown\n"
@@ -197,9 +190,18 @@ def test_exit_without_teardown_ends_as_a_normal_exit_would():
             "sys.stderr.write('on stderr')\n"
             "exit_without_teardown(3)\n"
             "print('never')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[3])
+    done = _run_python(code)
     assert done.returncode == 3
     assert done.stdout == ("buffered, no newline; thread done\nregistered last, runs first\n"
                            "registered first, runs last\n")
     assert done.stderr == "on stderr"
+
+
+def _run_python(code: str):
+    """``python -c code`` from the repository's root, its output captured as text."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[3])
