@@ -136,7 +136,6 @@ COMMAND_MODULES = ("sim/run.py", "sim/search/__main__.py", "sim/bench/__main__.p
 
 
 def test_ctrl_c_while_a_command_starts_is_one_line_and_status_130():
-
     # The signal arrives while the "imports" (a sleep) run, after the guard and before run_cli.
     code = ("import os, signal, time\n"
             "from sim.core.errors import exit_on_interrupt_while_starting\n"
@@ -180,7 +179,6 @@ def test_every_command_quiets_ctrl_c_before_its_heavy_imports(module):
 def test_exit_without_teardown_ends_as_a_normal_exit_would():
     """Buffered output flushed, a non-daemon thread's work finished, atexit handlers run (last registered first),
     and the status kept; only the interpreter's teardown is skipped."""
-
     code = ("import atexit, sys, threading, time\n"
             "from sim.core.errors import exit_without_teardown\n"
             "atexit.register(lambda: print('registered first, runs last'))\n"
