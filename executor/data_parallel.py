@@ -276,6 +276,16 @@ class DataParallel:
         return _Works(works), _in_turn(completions)
 
 
+    def settle(self) -> None:
+        """ZeRO-1 with the parameter gather at each iteration's start (the plan's ``param_gather_overlap``): gather
+        every vstage's updated slices now, so that the replica holds the parameters the last step made before its
+        state is saved or checkpointed (the next iteration's gather would bring them otherwise)."""
+        for v in sorted(self.buckets):
+            work, done = self.gather(v)
+            work.wait()
+            done()
+
+
 def _in_turn(steps: list[Callable[[], None]]) -> Callable[[], None]:
     """One completion that runs ``steps`` in order."""
     def run() -> None:

@@ -141,13 +141,22 @@ def _resume(options: RunOptions, model: ProcessModel, rank: int) -> int:
     return resumed
 
 
-def _checkpoint_after(options: RunOptions, model: ProcessModel, rank: int, done: int) -> float | None:
+def _settle_parameters(plan: Plan, model: ProcessModel) -> None:
+    """Under the plan's ``param_gather_overlap`` the parameters the last step updated are gathered at the next
+    iteration's start: gather them now, before the state is saved or checkpointed (:meth:`DataParallel.settle`)."""
+    if plan.layout.param_gather_overlap and model.data_parallel is not None:
+        model.data_parallel.settle()
+
+
+def _checkpoint_after(options: RunOptions, plan: Plan, model: ProcessModel, rank: int, done: int) -> float | None:
     """After ``done`` iterations, every ``--checkpoint-every``-th: write this rank's shard; once every rank has,
     rank 0 marks the checkpoint complete (``executor.checkpoint``). Returns the seconds it took (``None``: none due)."""
     if not options.checkpoint_every or done % options.checkpoint_every:
         return None
     started = time.perf_counter()
     from executor.checkpoint import capture, complete, write_shard
+
+    _settle_parameters(plan, model)
 
     assert options.checkpoint_dir is not None
     state = capture(model.stages, model.optimizers, fully_sharded=model.fully_sharded is not None,
@@ -241,7 +250,7 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
                 note_start(options, rank, iteration_spans[0])
             timings.append(tuple((r.op.id, r.start, r.end) for r in records))
             losses.append(tuple(iteration_losses))
-            took = _checkpoint_after(options, model, rank, iteration + 1)
+            took = _checkpoint_after(options, plan, model, rank, iteration + 1)
             if took is not None:
                 checkpoint_times.append(took)
     finished_at = time.time()
@@ -249,6 +258,7 @@ def _run(options: RunOptions, plan: Plan, topology: Topology, rank: int) -> None
     sweep = p2p_sweep(rank, sweep_sizes, device=device) if options.calibrate_out and world_size > 1 else []
 
     if options.save_state:
+        _settle_parameters(plan, model)
         save_state(options.save_state, plan, place, model, groups)
     report = RankReport(rank, device_name, torch.get_num_threads(), tuple(timings), tuple(losses),
                         peak_memory_bytes=memory.peak_bytes, memory_method=memory.method)

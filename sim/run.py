@@ -49,6 +49,7 @@ FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--c
          "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
          "ep_overlap": "--ep-overlap", "ep_dispatcher": "--ep-dispatcher",
          "fsdp_float8_gather": "--fsdp-float8-all-gather", "async_tp": "--async-tp",
+         "param_gather_overlap": "--param-gather-overlap",
          "zero": "--zero",
          "reshard_after_forward": "--fsdp-reshard-after-forward", "dp_replicate": "--dp-replicate",
          "precision": "--precision", "compiled": "--compile", "compile": "--compile",
@@ -184,6 +185,10 @@ def make_parser() -> argparse.ArgumentParser:
                      "'never' under --pp > 1, else 'always'")
     par.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const",
                      const="never", default="default", help="the same as --fsdp-reshard-after-forward never")
+    par.add_argument("--param-gather-overlap", action="store_true",
+                     help="under --zero 1, all-gather the updated parameters ahead of the next forward bucket by "
+                     "bucket instead of after the optimizer step (Megatron's --overlap-param-gather: each bucket's "
+                     "gather waited for where the forward first uses it, which then starts the next)")
     par.add_argument("--grad-overlap", action="store_true",
                      help="reduce gradients in buckets while the last backward runs instead of after the backward "
                      "pass (Megatron's default without --overlap-grad-reduce): PyTorch DDP's 25 MiB buckets, or "
@@ -281,6 +286,7 @@ def _run(argv: list[str] | None) -> int:
         compiled=args.compiled, ep=args.ep, etp=args.etp, routing=args.routing,
         capacity_factor=args.capacity_factor, ep_overlap=args.ep_overlap, ep_dispatcher=args.ep_dispatcher,
         fsdp_float8_gather=args.fsdp_float8_gather, async_tp=args.async_tp,
+        param_gather_overlap=args.param_gather_overlap,
     )
     if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
         fault_options.check()  # the long run's flags, before anything is simulated or printed
@@ -424,6 +430,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--routing", args.routing != "balanced"), ("--capacity-factor", args.capacity_factor != 0),
                         ("--ep-overlap", args.ep_overlap), ("--ep-dispatcher", args.ep_dispatcher != DISPATCHERS[0]),
                         ("--fsdp-float8-all-gather", args.fsdp_float8_gather), ("--async-tp", args.async_tp),
+                        ("--param-gather-overlap", args.param_gather_overlap),
                         ("--global-batch", args.global_batch is not None),
                         ("--zero", args.zero != 0),
                         ("--fsdp-reshard-after-forward", args.reshard_after_forward != "default"),

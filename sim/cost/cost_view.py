@@ -14,6 +14,7 @@ not simulate separately because they are identical to this one).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from sim.core.errors import SpecError
@@ -287,7 +288,23 @@ class CostView:
         (:meth:`gradient_bucket_bytes` each, the last one smaller but costed alike), and the time of one bucket's
         reduction with every concurrent group (a stage with experts: each bucket's time the mean over the data-
         and expert-data-parallel reductions, weighted by their bytes)."""
-        parts = [part for part in self._data_parallel(OpKind.REDUCE_GRAD, vstage) if part[2]]
+        return self._buckets(OpKind.REDUCE_GRAD, vstage)
+
+    def overlapped_gather_s(self, vstage: int) -> float:
+        """Under ``param_gather_overlap``, the seconds of ``vstage``'s parameter all-gather that its first forward
+        cannot hide, s. Megatron-Core gathers the parameters bucket by bucket (the buckets its gradients are reduced
+        in, :meth:`gradient_bucket_bytes`): the forward waits for a bucket's gather where it first uses that
+        bucket's parameters, and the wait dispatches the next bucket's gather (``finish_param_sync`` in
+        ``megatron/core/distributed/param_and_grad_buffer.py``). With K buckets of T seconds each and a forward of f
+        seconds spread evenly over them, the first bucket is waited for whole and each next one for what its gather
+        outlasts the compute of the bucket before it: T + (K − 1)·max(0, T − f/K)."""
+        count, each = self._buckets(OpKind.GATHER_PARAMS, vstage)
+        forward = self.compute_time(OpKind.F, vstage)
+        return each + (count - 1) * max(0.0, each - forward / count)
+
+    def _buckets(self, kind: OpKind, vstage: int) -> tuple[int, float]:
+        """``(K, s)`` of a REDUCE_GRAD or GATHER_PARAMS of ``vstage`` run bucket by bucket: :meth:`gradient_buckets`."""
+        parts = [part for part in self._data_parallel(kind, vstage) if part[2]]
         total = sum(nbytes for _, _, nbytes in parts)
         bucket = min(self.gradient_bucket_bytes(), total)
         if not parts:
@@ -370,6 +387,8 @@ class CostView:
                     parts.append((cost, 1, nbytes))
                     held.update(cost.link_keys)
                 found = memo[("data-parallel op", collectives)] = sequential_cost(parts, tuple(sorted(held)))
+            if kind is OpKind.GATHER_PARAMS and layout.param_gather_overlap:  # the bytes all move; part is exposed
+                return replace(found, seconds=self.overlapped_gather_s(vstage))
             return found
         groups = layout.tp_groups(self.placement.vstage_to_rank[vstage], self.concurrent)
         own = groups[self.concurrent.index(self.replica)]

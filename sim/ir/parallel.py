@@ -67,7 +67,8 @@ ZERO_STAGES = (0, 1, 2, 3)
 RESHARD_POLICIES = ("default", "always", "never")
 
 _FIELDS = frozenset({"tp", "dp", "pp", "cp", "cp_comm", "order", "sequence_parallel", "zero", "reshard_after_forward",
-                     "dp_replicate", "grad_overlap", "devices", "ep", "etp", "fsdp_float8_gather", "async_tp"})
+                     "dp_replicate", "grad_overlap", "devices", "ep", "etp", "fsdp_float8_gather", "async_tp",
+                     "param_gather_overlap"})
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,10 @@ class Parallelism:
         async_tp: each tensor-parallel all-gather and reduce-scatter runs decomposed beside the GEMM that consumes or
             produces it, chunk by chunk (PyTorch's async TP, torchtitan's ``parallelism.enable_async_tensor_parallel``;
             Wang et al., ASPLOS'23), under sequence parallelism (:meth:`sim.cost.cost_view.CostView.collective_op`).
+        param_gather_overlap: under ZeRO-1, the all-gather of the updated parameters runs ahead of the next step's
+            forward bucket by bucket instead of after the optimizer step (Megatron-Core's ``overlap_param_gather``:
+            each bucket's gather waited for by the forward that first uses it, which then starts the next;
+            :meth:`sim.cost.cost_view.CostView.overlapped_gather_s`).
     """
 
     tp: int = 1
@@ -137,6 +142,7 @@ class Parallelism:
     etp: int = 1
     fsdp_float8_gather: bool = False
     async_tp: bool = False
+    param_gather_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp", "pp", "cp", "ep", "etp"):
@@ -174,6 +180,13 @@ class Parallelism:
         if self.async_tp and not self.sequence_parallel:
             raise SpecError("{async_tp} overlaps sequence parallelism's all-gathers and reduce-scatters with their "
                             "GEMMs; it needs {sequence_parallel} (and {tp} > 1)", "async_tp", "sequence_parallel", "tp")
+        if not isinstance(self.param_gather_overlap, bool):
+            raise SpecError(f"{{param_gather_overlap}} must be true or false, got {self.param_gather_overlap!r}",
+                            "param_gather_overlap")
+        if self.param_gather_overlap and self.zero != 1:
+            raise SpecError(f"{{param_gather_overlap}} overlaps the distributed optimizer's parameter all-gather with "
+                            f"the next forward; it needs {{zero}} 1, got {{zero}} {self.zero}", "param_gather_overlap",
+                            "zero")
         if self.fsdp_float8_gather and self.zero != 3:
             raise SpecError("{fsdp_float8_gather} gathers FSDP's parameters in FP8; it needs {zero} 3",
                             "fsdp_float8_gather", "zero")
@@ -419,6 +432,8 @@ class Parallelism:
                           + (f", HSDP {self.dp_replicate} × {self.dp_shard}" if self.dp_replicate > 1 else ""))
         if self.grad_overlap:
             extras.append("gradient reduction overlapped")
+        if self.param_gather_overlap:
+            extras.append("parameter gather overlapped")
         if self.devices:
             extras.append(f"devices {','.join(map(str, self.devices))}")
         cp = f" × CP {self.cp} ({self.cp_comm})" if self.cp > 1 else ""
@@ -442,6 +457,7 @@ class Parallelism:
                 **({"ep": self.ep} if self.ep > 1 else {}), **({"etp": self.etp} if self.etp > 1 else {}),
                 **({"fsdp_float8_gather": True} if self.fsdp_float8_gather else {}),
                 **({"async_tp": True} if self.async_tp else {}),
+                **({"param_gather_overlap": True} if self.param_gather_overlap else {}),
                 "groups": self.groups()}
 
     @classmethod
@@ -458,7 +474,8 @@ class Parallelism:
             value = data.get(key, 0 if key == "zero" else 1)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(f"{source}: parallel.{key} must be an integer, got {value!r}")
-        for key in ("sequence_parallel", "grad_overlap", "reshard_after_forward", "fsdp_float8_gather", "async_tp"):
+        for key in ("sequence_parallel", "grad_overlap", "reshard_after_forward", "fsdp_float8_gather", "async_tp",
+                    "param_gather_overlap"):
             if not isinstance(data.get(key, key == "reshard_after_forward"), bool):
                 raise SpecError(f"{source}: parallel.{key} must be true or false, got {data[key]!r}")
         devices = data.get("devices", [])
@@ -472,7 +489,8 @@ class Parallelism:
                      dp_replicate=data.get("dp_replicate", 1),
                      grad_overlap=data.get("grad_overlap", False), devices=tuple(devices),
                      ep=data.get("ep", 1), etp=data.get("etp", 1),
-                     fsdp_float8_gather=data.get("fsdp_float8_gather", False), async_tp=data.get("async_tp", False))
+                     fsdp_float8_gather=data.get("fsdp_float8_gather", False), async_tp=data.get("async_tp", False),
+                     param_gather_overlap=data.get("param_gather_overlap", False))
         if layout.pp != pp:
             raise SpecError(f"{source}: parallel.pp is {layout.pp} but the plan has {pp} rank programs")
         if "groups" in data and data["groups"] != layout.groups():

@@ -77,6 +77,8 @@ class PlanInputs:
             (``--fsdp-float8-all-gather``; :class:`~sim.ir.parallel.Parallelism`'s ``fsdp_float8_gather``).
         async_tp: the tensor-parallel collectives decomposed beside their GEMMs (``--async-tp``; PyTorch's async TP;
             :class:`~sim.ir.parallel.Parallelism`'s ``async_tp``).
+        param_gather_overlap: under ZeRO-1 the parameter all-gather runs ahead of the next forward, bucket by bucket
+            (``--param-gather-overlap``; Megatron's ``--overlap-param-gather``).
         ep_dispatcher: how the expert-parallel ranks exchange tokens (``--ep-dispatcher``, one of
             :data:`sim.models.sharding.DISPATCHERS`): ``all-to-all``, ``deduplicated`` (once per server, DeepEP's)
             or ``all-gather`` (Megatron-Core's all-gather dispatcher).
@@ -119,6 +121,7 @@ class PlanInputs:
     ep_dispatcher: str = "all-to-all"
     fsdp_float8_gather: bool = False
     async_tp: bool = False
+    param_gather_overlap: bool = False
 
     @property
     def recompute_mode(self) -> str:

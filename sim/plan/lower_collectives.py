@@ -29,7 +29,12 @@ once, here:
   ``collective`` stream, so a rank with several vstages reduces them back to back while nothing waits.
   With ``grad_overlap`` (PyTorch DDP's bucketed all-reduce; Megatron's ``--overlap-grad-reduce``) each vstage's
   REDUCE_GRAD is issued right after its last backward op instead, and the engine lets its buckets stream behind
-  that op (``sim.engine.comm``); the optimizer steps still come last.
+  that op (``sim.engine.comm``); the optimizer steps still come last. With ``param_gather_overlap`` (ZeRO-1,
+  Megatron-Core's ``overlap_param_gather``) the all-gather of the parameters the last step updated runs ahead of
+  this step's forward instead of after the optimizer step: a GATHER_PARAMS per vstage at the start of the program
+  (in the order of the vstages' first forwards), which the vstage's first forward waits for, costed as the part of
+  the bucket-by-bucket gather that forward cannot hide (:meth:`sim.cost.cost_view.CostView.overlapped_gather_s`).
+  One iteration stands for every one: the gather at its start is the one that followed the previous step.
 * **ZeRO-2** keeps only this replica's share of the gradients, so each microbatch's gradients are reduce-scattered
   as soon as its backward of the vstage has made them (ZeRO §5.2): a REDUCE_GRAD per (vstage, microbatch) right
   after its last backward op, and the update waits for all of them; then the all-gather of the updated parameters,
@@ -95,6 +100,8 @@ def add_collectives(plan: Plan) -> Plan:
         if layout.fsdp_gathers_per_step:
             return _add_fsdp_per_step(plan)
         plan = _add_data_parallel(plan, layout.zero, layout.grad_overlap)
+        if layout.param_gather_overlap:
+            plan = _gather_before_first_forward(plan)
     return plan
 
 
@@ -192,6 +199,31 @@ def _add_data_parallel(plan: Plan, zero: int, overlap: bool) -> Plan:
     return plan.with_programs(tuple(programs), level="L1")
 
 
+def _gather_before_first_forward(plan: Plan) -> Plan:
+    """``param_gather_overlap``: each rank's GATHER_PARAMS ops moved from after its optimizer steps to the start of its
+    program, in the order of the vstages' first forwards, each first forward waiting for its vstage's (module
+    docstring)."""
+    programs = []
+    for program in plan.programs:
+        body = [op for op in program if op.kind is not OpKind.GATHER_PARAMS]
+        gathers = _first_forward_gathers(body)
+        programs.append(tuple(gathers + body))
+    return plan.with_programs(tuple(programs), level="L1")
+
+
+def _first_forward_gathers(body: list[Op]) -> list[Op]:
+    """A GATHER_PARAMS per vstage of ``body`` in the order of their first forwards; ``body``'s first forward of each
+    vstage is given a dependency on it, in place."""
+    first_forward: dict[int, int] = {}
+    for i, op in enumerate(body):
+        if op.kind is OpKind.F:
+            first_forward.setdefault(op.vstage, i)
+    for vstage, i in first_forward.items():
+        op = body[i]
+        body[i] = Op(op.kind, op.vstage, op.mb, op.peer, op.pair, (*op.deps, op_id(OpKind.GATHER_PARAMS, vstage, None)))
+    return [Op(OpKind.GATHER_PARAMS, v) for v in sorted(first_forward, key=first_forward.__getitem__)]
+
+
 def _add_fsdp_per_step(plan: Plan) -> Plan:
     """ZeRO-3 under a pipeline, parameters kept (module docstring): per vstage a GATHER_PARAMS at the program's
     start that its first forward waits for, a REDUCE_GRAD (the reduce-scatter) right after its last backward op, and
@@ -200,15 +232,7 @@ def _add_fsdp_per_step(plan: Plan) -> Plan:
     for program in plan.programs:
         body = [op for op in program if op.kind is not OpKind.OPT_STEP]
         order = sorted({op.vstage for op in program if op.kind is OpKind.OPT_STEP})[::-1]
-        first_forward: dict[int, int] = {}
-        for i, op in enumerate(body):
-            if op.kind is OpKind.F:
-                first_forward.setdefault(op.vstage, i)
-        gathers = [Op(OpKind.GATHER_PARAMS, v) for v in sorted(first_forward, key=first_forward.__getitem__)]
-        firsts = set(first_forward.values())
-        body = [Op(op.kind, op.vstage, op.mb, op.peer, op.pair, (*op.deps, op_id(OpKind.GATHER_PARAMS, op.vstage,
-                                                                               None)))
-                if i in firsts else op for i, op in enumerate(body)]
+        gathers = _first_forward_gathers(body)
         body = _reduce_after_last_backward(body)
         tail = [Op(OpKind.OPT_STEP, v, deps=(op_id(OpKind.REDUCE_GRAD, v, None),)) for v in order]
         programs.append(tuple(gathers + body + tail))

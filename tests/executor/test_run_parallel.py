@@ -50,6 +50,11 @@ CASES = [
                                       "interleaved", "--chunks", "2"], "sgd", 2, 4, 1e-7),
     ("dp2-pp2-zero3-resharded", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--zero", "3",
                                     "--fsdp-reshard-after-forward", "always"], "sgd", 2, 2, 1e-7),
+    # With --param-gather-overlap: the gather of the parameters the last step updated runs at the start of each
+    # iteration, each vstage's first forward waiting for it (and once more after the last step, before the state is
+    # saved).
+    ("dp2-pp2-zero1-param-gather-overlap", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--zero", "1",
+                                               "--param-gather-overlap"], "adam", 2, 2, None),
     # With --grad-overlap: each stage's reduction is issued right after its last backward (sim.plan.lower_collectives).
     ("dp2-pp2-overlap", 4, ["--dp", "2", "--pp", "2", "--global-batch", "4", "--grad-overlap"], "adam", 2, 2, None),
     # A device order (--devices, the search's placement): every process finds its coordinates through it.

@@ -10,6 +10,7 @@ from sim.core.errors import SpecError
 from sim.cost.gpu_time import default_kernel_model, kernel_seconds
 from sim.cost.kernels.block import layer_step_kernels
 from sim.hw.topology import Topology
+from sim.ir.plan import OpKind
 from sim.models import build_model
 from sim.models.sharding import Sharding
 from sim.plan.build import build_plan
@@ -219,3 +220,26 @@ def test_overlapped_gradient_reduction_streams_behind_the_last_backward():
     plain = _predict(**kwargs)[1]
     assert overlapped.metrics["iteration_time_s"] < plain.metrics["iteration_time_s"]
     assert spans["0OPT_STEP"].start == reduce.end
+
+
+def test_an_overlapped_parameter_gather_costs_what_the_first_forward_cannot_hide():
+    # Megatron-Core gathers bucket by bucket, each bucket's wait dispatching the next: K buckets of T seconds under a
+    # forward of f leave T + (K - 1)·max(0, T - f/K) exposed. 1 GB of parameters (4 layers of 250 MB) in buckets of
+    # 40 M parameters over two A100s: several buckets; a plain ZeRO-1 plan's gather (after the step) costs the whole
+    # all-gather.
+    kwargs = dict(model="uniform:layers=4,param_mb=250,fwd_ms=20,bwd_ms=40", topology="2xA100", schedule="1f1b",
+                  microbatches=2, dp=2, pp=1, zero=1, global_batch=4)
+    built = build_plan(PlanInputs(**kwargs, param_gather_overlap=True))
+    view = built.views()[0]
+    total = view.param_bytes(0)
+    bucket = min(view.gradient_bucket_bytes(), total)
+    count = -(-total // bucket)
+    groups = built.plan.layout.dp_groups(0)
+    each = view.oracle.collective("all_gather", groups, bucket).seconds
+    forward = view.compute_time(OpKind.F, 0)
+    assert count > 1
+    assert view.collective_op(OpKind.GATHER_PARAMS, 0).seconds == pytest.approx(
+        each + (count - 1) * max(0.0, each - forward / count), rel=1e-12)
+    plain = build_plan(PlanInputs(**kwargs)).views()[0]
+    assert plain.collective_op(OpKind.GATHER_PARAMS, 0).seconds == pytest.approx(
+        plain.oracle.collective("all_gather", groups, total).seconds, rel=1e-12)

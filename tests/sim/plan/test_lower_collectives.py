@@ -102,3 +102,34 @@ def test_every_flush_schedule_combines_with_tp_and_dp(schedule, chunks, recomput
     assert counts == {kind.value: sum(op.kind is kind for p in plan.programs for op in p) for kind in kinds}
     assert prediction.metrics["throughput_samples_per_s"] == pytest.approx(32 / prediction.metrics[
         "iteration_time_s"], rel=1e-12)
+
+
+def test_an_overlapped_parameter_gather_runs_before_each_vstages_first_forward():
+    # Megatron-Core's overlap_param_gather under ZeRO-1: the gather of what the last step updated leads this step's
+    # forward (one iteration stands for all), instead of following the optimizer step.
+    plan = build_plan(PlanInputs("uniform:layers=2", "8xideal", "1f1b", microbatches=2, dp=2, pp=2, zero=1,
+                                 param_gather_overlap=True)).plan
+    assert _text(plan) == [
+        "0GATHER_PARAMS 0F0<0GATHER_PARAMS> 0SEND_F0<0F0> 0F1 0SEND_F1<0F1> 0RECV_B0<1SEND_B0> 0B0<0RECV_B0> "
+        "0RECV_B1<1SEND_B1> 0B1<0RECV_B1> 0REDUCE_GRAD<0B1> 0OPT_STEP<0REDUCE_GRAD>",
+        "1GATHER_PARAMS 1RECV_F0<0SEND_F0> 1F0<1RECV_F0,1GATHER_PARAMS> 1B0 1SEND_B0<1B0> 1RECV_F1<0SEND_F1> "
+        "1F1<1RECV_F1> 1B1 1SEND_B1<1B1> 1REDUCE_GRAD<1B1> 1OPT_STEP<1REDUCE_GRAD>"]
+    # Interleaved: a rank's two vstages gathered in the order of their first forwards.
+    interleaved = build_plan(PlanInputs("uniform:layers=4", "8xideal", "interleaved", microbatches=4, dp=2, pp=2,
+                                        chunks=2, zero=1, param_gather_overlap=True)).plan
+    first = [op.id for op in interleaved.programs[0][:2]]
+    assert first == ["0GATHER_PARAMS", "2GATHER_PARAMS"]
+    for program in interleaved.programs:
+        forwards = {}
+        for op in program:
+            if op.kind is OpKind.F:
+                forwards.setdefault(op.vstage, op)
+        assert all(f"{v}GATHER_PARAMS" in op.deps for v, op in forwards.items())
+
+
+@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_an_overlapped_parameter_gather_needs_the_distributed_optimizer(zero):
+    with pytest.raises(SpecError, match="param_gather_overlap overlaps the distributed optimizer's parameter "
+                                        "all-gather with the next forward; it needs zero 1"):
+        build_plan(PlanInputs("uniform:layers=2", "8xideal", "1f1b", microbatches=2, dp=2, pp=2, zero=zero,
+                              param_gather_overlap=True))
