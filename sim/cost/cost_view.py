@@ -22,6 +22,7 @@ from sim.cost import fsdp
 from sim.cost.comm_cost import CommCost, sequential_cost
 from sim.cost.expert_exchange import expert_exchange_cost
 from sim.cost.gpu_time import KernelModel
+from sim.cost.gradient_buckets import bucket_bytes, bucketed, exposed_gather_s
 from sim.cost.memory_sizes import StateShards
 from sim.cost.oracle import CostOracle
 from sim.cost.precision import narrow_format
@@ -36,20 +37,8 @@ from sim.models.graph import LayerGraph
 from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import Sharding
 
-__all__ = ["CostView", "replica_views", "plan_sharding", "plan_oracle", "plan_dispatcher", "EP_DISPATCHER_OPTION",
-           "GRADIENT_BUCKET_BYTES"]
+__all__ = ["CostView", "replica_views", "plan_sharding", "plan_oracle", "plan_dispatcher", "EP_DISPATCHER_OPTION"]
 
-#: Gradient bytes per bucket when the data-parallel reduction overlaps the backward without ZeRO: PyTorch DDP's
-#: default ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel documentation), 25 MiB.
-GRADIENT_BUCKET_BYTES = 25 * 2**20
-
-#: Parameters per gradient bucket under ZeRO-1 (Megatron-Core's distributed optimizer) with ``bucket_size`` unset:
-#: ``max(40_000_000, 1_000_000 × the data-parallel group's size)`` (megatron/core/distributed/
-#: distributed_data_parallel.py: "make buckets larger to ensure that chunks used in NCCL ring-reduce implementations
-#: are large enough to remain bandwidth-bound rather than latency-bound"), over the data- and context-parallel
-#: group as its recent versions count it.
-MEGATRON_BUCKET_PARAMS = 40_000_000
-MEGATRON_BUCKET_PARAMS_PER_RANK = 1_000_000
 
 #: A memo's marker for a quantity not asked yet (a size may be ``None``: :meth:`CostView.deferred_bytes`).
 _MISSING = object()
@@ -284,46 +273,21 @@ class CostView:
         return CommCost(nbytes, seconds, keys, ((tuple((key, nbytes) for key in keys), 1),))
 
     def gradient_buckets(self, vstage: int) -> tuple[int, float]:
-        """``(K, s)``: the buckets ``vstage``'s gradients are reduced in when the reduction overlaps the backward
-        (:meth:`gradient_bucket_bytes` each, the last one smaller but costed alike), and the time of one bucket's
-        reduction with every concurrent group (a stage with experts: each bucket's time the mean over the data-
-        and expert-data-parallel reductions, weighted by their bytes)."""
-        return self._buckets(OpKind.REDUCE_GRAD, vstage)
+        """``(K, s)``: the buckets ``vstage``'s gradients are reduced in when the reduction overlaps the backward, and
+        one bucket's time with every concurrent group (:func:`sim.cost.gradient_buckets.bucketed`)."""
+        return bucketed(self._data_parallel(OpKind.REDUCE_GRAD, vstage), self.gradient_bucket_bytes(), self.oracle)
+
+    def gradient_bucket_bytes(self) -> int:
+        """Bytes of one bucket of an overlapped reduction or gather (:func:`sim.cost.gradient_buckets.bucket_bytes`)."""
+        return bucket_bytes(self.layout, self.graph.dtype_bytes)
 
     def overlapped_gather_s(self, vstage: int) -> float:
         """Under ``param_gather_overlap``, the seconds of ``vstage``'s parameter all-gather that its first forward
-        cannot hide, s. Megatron-Core gathers the parameters bucket by bucket (the buckets its gradients are reduced
-        in, :meth:`gradient_bucket_bytes`): the forward waits for a bucket's gather where it first uses that
-        bucket's parameters, and the wait dispatches the next bucket's gather (``finish_param_sync`` in
-        ``megatron/core/distributed/param_and_grad_buffer.py``). With K buckets of T seconds each and a forward of f
-        seconds spread evenly over them, the first bucket is waited for whole and each next one for what its gather
-        outlasts the compute of the bucket before it: T + (K − 1)·max(0, T − f/K)."""
-        count, each = self._buckets(OpKind.GATHER_PARAMS, vstage)
-        forward = self.compute_time(OpKind.F, vstage)
-        return each + (count - 1) * max(0.0, each - forward / count)
-
-    def _buckets(self, kind: OpKind, vstage: int) -> tuple[int, float]:
-        """``(K, s)`` of a REDUCE_GRAD or GATHER_PARAMS of ``vstage`` run bucket by bucket: :meth:`gradient_buckets`."""
-        parts = [part for part in self._data_parallel(kind, vstage) if part[2]]
-        total = sum(nbytes for _, _, nbytes in parts)
-        bucket = min(self.gradient_bucket_bytes(), total)
-        if not parts:
-            return 1, 0.0
-        seconds = sum(self.oracle.collective(name, groups, bucket).seconds * nbytes
-                      for name, groups, nbytes in parts) / total
-        return max(1, -(-total // max(bucket, 1))), seconds
-
-    def gradient_bucket_bytes(self) -> int:
-        """Bytes of one gradient bucket of an overlapped reduction, as the framework whose optimizer the plan names
-        buckets them: PyTorch DDP's 25 MiB without ZeRO (:data:`GRADIENT_BUCKET_BYTES`); under ZeRO-1, Megatron-Core's
-        distributed optimizer, :data:`MEGATRON_BUCKET_PARAMS` or :data:`MEGATRON_BUCKET_PARAMS_PER_RANK` per member
-        of the data-parallel group, whichever is more, of parameters in the model's precision. Small buckets cost a
-        collective's latency each, which at hundreds of replicas outweighs the bytes: 25 MiB buckets over 128
-        replicas made an overlapped reduction slower than one after the backward."""
-        if not self.layout.zero:
-            return GRADIENT_BUCKET_BYTES
-        params = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * self.layout.data_ranks)
-        return params * self.graph.dtype_bytes
+        cannot hide, s (:func:`sim.cost.gradient_buckets.exposed_gather_s`, in the buckets its gradients are reduced
+        in)."""
+        count, each = bucketed(self._data_parallel(OpKind.GATHER_PARAMS, vstage), self.gradient_bucket_bytes(),
+                               self.oracle)
+        return exposed_gather_s(count, each, self.compute_time(OpKind.F, vstage))
 
     def _data_parallel(self, kind: OpKind, vstage: int) -> list[tuple[str, tuple[tuple[int, ...], ...], int]]:
         """``(collective, groups, bytes)`` parts of a REDUCE_GRAD or GATHER_PARAMS of ``vstage``: every tensor shard's
