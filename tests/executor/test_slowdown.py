@@ -231,11 +231,12 @@ def test_slowing_rank_1_by_2_doubles_its_measured_compute_time(runs):
     # machine: dividing by it cancels most of the load other programs put on the machine, which changes op times
     # by up to 2x from one run to the next here. Expected: 2 × the plain run's ratio. Over 11 pairs of these runs
     # on the shared 2-core machine (load average 1 to 5) it was 1.57-2.30, median 1.92; the plain ratio was
-    # 0.92-1.06. So 1.35-2.7 passes that spread and still fails no stretch (about 1) and a stretch of rank 0 as
-    # well (about 1); the exact amount of each stretch is the in-process test's above.
+    # 0.92-1.06; a fresh clone's CI run on 2026-12-07 gave 2.77 (plain 0.84). So 1.35-3.2 passes that spread and
+    # still fails no stretch (about 1) and a stretch of rank 0 as well (about 1); the exact amount of each stretch is
+    # the in-process test's above.
     ratio = {name: _busy(run.trace, 1) / _busy(run.trace, 0) for name, run in vars(runs).items()}
     assert 0.6 < ratio["plain"] < 1.6, ratio  # the control: the two stages cost about the same
-    assert 1.35 < ratio["slowed"] / ratio["plain"] < 2.7, ratio
+    assert 1.35 < ratio["slowed"] / ratio["plain"] < 3.2, ratio
 
 
 def test_an_emulated_run_says_so_and_a_real_one_says_it_is_not(runs):
