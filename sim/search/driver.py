@@ -267,6 +267,8 @@ def _stop_workers(processes: list) -> None:
     for process in processes:
         process.join(timeout=5)
     if sys.platform.startswith("linux"):
-        for process in processes:
-            if process.is_alive():
-                process.kill()
+        killed = [process for process in processes if process.is_alive()]
+        for process in killed:
+            process.kill()
+        for process in killed:  # reaped, so that none is left a zombie or still counted alive by a caller
+            process.join(timeout=5)

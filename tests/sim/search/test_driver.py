@@ -162,6 +162,20 @@ def test_a_pool_kept_across_calls_costs_each_list_as_one_process_does(listed, mo
         single = evaluate_all(PROBLEM, candidates[3:4], in_order=True, pool=pool)  # one plan: still in the pool
         assert pool.executor()._processes == workers  # the same processes served the second call
     assert first.evaluations == oracle[:3] and single.evaluations == oracle[3:4]
-    assert not any(process.is_alive() for process in workers.values())  # stopped on leaving the block
+    assert _all_ended(workers.values())  # stopped on leaving the block
     with evaluation_pool(1) as none:
         assert none is None  # one worker: this process
+
+
+def _all_ended(processes, within_s: float = 5.0) -> bool:
+    """Whether every process has ended, looking again for up to ``within_s`` seconds: the pool's own manager thread
+    joins its workers too, and while it is reaping one the standard library's ``is_alive`` in another thread reads
+    "alive" (its ``waitpid`` finds no child to wait for) until that thread has recorded the exit status."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while any(process.is_alive() for process in processes):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
