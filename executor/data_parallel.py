@@ -275,7 +275,6 @@ class DataParallel:
                                                                                        grad=False))
         return _Works(works), _in_turn(completions)
 
-
     def settle(self) -> None:
         """ZeRO-1 with the parameter gather at each iteration's start (the plan's ``param_gather_overlap``): gather
         every vstage's updated slices now, so that the replica holds the parameters the last step made before its

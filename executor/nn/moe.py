@@ -217,7 +217,6 @@ class Mixture(nn.Module):
         weighted = returned * weights.reshape(-1)[copies, None]
         return torch.zeros_like(tokens).index_add(0, copies // self.topk, weighted)
 
-
     def _gathered(self, tokens: Tensor, chosen: Tensor, weights: Tensor, kept: Tensor | None) -> Tensor:
         """The routed experts' weighted sum under Megatron-Core's all-gather dispatcher: every process's tokens, their
         routing map and their scores (tokens × experts, dense, as Megatron gathers them) gathered to all; this

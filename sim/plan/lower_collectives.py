@@ -99,9 +99,7 @@ def add_collectives(plan: Plan) -> Plan:
             return _add_stash_reductions(plan)
         if layout.fsdp_gathers_per_step:
             return _add_fsdp_per_step(plan)
-        plan = _add_data_parallel(plan, layout.zero, layout.grad_overlap)
-        if layout.param_gather_overlap:
-            plan = _gather_before_first_forward(plan)
+        plan = _add_data_parallel(plan, layout.zero, layout.grad_overlap, layout.param_gather_overlap)
     return plan
 
 
@@ -159,11 +157,11 @@ def _add_model_parallel(plan: Plan, after: list[dict[OpKind, OpKind]], *, overla
     return plan.with_programs(tuple(programs), level="L1")
 
 
-def _add_data_parallel(plan: Plan, zero: int, overlap: bool) -> Plan:
+def _add_data_parallel(plan: Plan, zero: int, overlap: bool, gather_first: bool) -> Plan:
     """Move each rank's optimizer steps to its end, after a REDUCE_GRAD per vstage (and a GATHER_PARAMS under
-    ZeRO-1 after each step); with ``overlap`` each REDUCE_GRAD goes right after its vstage's last backward op; under
-    ZeRO-2 one per (vstage, microbatch) after that microbatch's last backward op; under ZeRO-3 none (module
-    docstring)."""
+    ZeRO-1 after each step, or with ``gather_first`` at the program's start before the vstage's first forward); with
+    ``overlap`` each REDUCE_GRAD goes right after its vstage's last backward op; under ZeRO-2 one per (vstage,
+    microbatch) after that microbatch's last backward op; under ZeRO-3 none (module docstring)."""
     programs = []
     for program in plan.programs:
         body = [op for op in program if op.kind is not OpKind.OPT_STEP]
@@ -182,10 +180,11 @@ def _add_data_parallel(plan: Plan, zero: int, overlap: bool) -> Plan:
             continue
         if overlap:
             body = _reduce_after_last_backward(body)
+        head = _first_forward_gathers(body) if gather_first else []
         tail = [] if overlap else [Op(OpKind.REDUCE_GRAD, v) for v in order]
         for v in order:
             tail.append(Op(OpKind.OPT_STEP, v, deps=(op_id(OpKind.REDUCE_GRAD, v, None),)))
-            if zero:
+            if zero and not gather_first:
                 tail.append(Op(OpKind.GATHER_PARAMS, v, deps=(op_id(OpKind.OPT_STEP, v, None),)))
         # The last backward of each vstage is what its reduction waits for: with everything the rank did before the
         # tail in program order, the compute stream has finished it when the REDUCE_GRAD is issued; the dep makes
@@ -195,19 +194,7 @@ def _add_data_parallel(plan: Plan, zero: int, overlap: bool) -> Plan:
         last_grad = {op.vstage: op_id(op.kind, op.vstage, op.mb) for op in body if op.kind in WEIGHT_GRADIENT_KINDS}
         tail = [Op(op.kind, op.vstage, deps=(last_grad[op.vstage],)) if op.kind is OpKind.REDUCE_GRAD else op
                 for op in tail]
-        programs.append(tuple(body + tail))
-    return plan.with_programs(tuple(programs), level="L1")
-
-
-def _gather_before_first_forward(plan: Plan) -> Plan:
-    """``param_gather_overlap``: each rank's GATHER_PARAMS ops moved from after its optimizer steps to the start of its
-    program, in the order of the vstages' first forwards, each first forward waiting for its vstage's (module
-    docstring)."""
-    programs = []
-    for program in plan.programs:
-        body = [op for op in program if op.kind is not OpKind.GATHER_PARAMS]
-        gathers = _first_forward_gathers(body)
-        programs.append(tuple(gathers + body))
+        programs.append(tuple(head + body + tail))
     return plan.with_programs(tuple(programs), level="L1")
 
 

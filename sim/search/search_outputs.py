@@ -111,8 +111,6 @@ def why_no_plan(result: SearchResult) -> str:
     return f"{head}; {'the most common reason' if count > 1 else 'the first'}: {reason}{tail}"
 
 
-
-
 def _fields(candidate: Candidate) -> dict[str, Any]:
     """``asdict(candidate)`` without its deep copy (a candidate's fields are numbers, strings and a tuple of ints):
     a screened search writes tens of thousands of them, and the copy was half of writing the files. A frozen
