@@ -10,15 +10,18 @@ GPU-hours per trillion tokens (§1, Table 1), that is 10¹² / (180,000 · 3,600
 The prediction goes through the one prediction path (``build_plan``, ``predict_built``) with what the simulator can
 express of that run: the preset's group-limited routing (4 of 8 groups a token, its config's ``n_group`` and
 ``topk_group``, §2.1.2) with ``--ep-dispatcher deduplicated`` (each token sent once to each server its experts are on,
-then forwarded inside it, §3.2.2); and names the rest in ``unmodelled``: ZB1P with ``--ep-overlap`` stands in for
-DualPipe (DualPipe splits each backward into its input and weight gradients as zero bubble does and overlaps each
-chunk's all-to-all with another chunk's compute, §3.2.1, which ``--ep-overlap`` models at op granularity; its two
-pipelines in opposite directions are not modelled, nor the 20 SMs its communication takes from the compute, §3.2.2);
-tensorwise FP8 for DeepSeek's fine-grained tiles and blocks (§3.3.2); selective recomputation (Megatron-Core's
-layernorm, moe_act and mla_up_proj modules) for the recomputation of RMSNorm and the MLA up-projections (§3.3.3),
-which also recomputes the experts' SwiGLU; and the microbatch size, which the report does not state (one
-sequence). Memory is not enforced (a published run is timed even where the ledger says it would not fit; its
-predicted peak is reported). Nothing is fitted.
+then forwarded inside it, §3.2.2); DualPipe's order as DualPipeV (``--schedule dualpipev``, the DualPipe repository's
+"cut-in-half" form: 32 half-size stages in a V on the 16 ranks, rank r holding stages r and 31 − r, so the embedding
+and the head + MTP module share a rank as DualPipe's two directions make them) with ``--ep-overlap`` (each chunk's
+all-to-all beside another chunk's compute, §3.2.1, at op granularity). It names the rest in ``unmodelled``: DualPipe
+itself keeps two copies of the parameters and feeds microbatches from both ends (DualPipeV's one copy is the memory
+predicted; its bubble is of the same order: the DualPipe README's (PP/2 − 1)(F&B + B − 3W) in stages of 1/PP of the
+model, against DualPipeV's p − 1 units at F = I = W in chunks of half that, ``sim.schedules.dualpipev``); the 20 SMs the
+communication takes from the compute (§3.2.2); tensorwise FP8 for DeepSeek's fine-grained tiles and blocks (§3.3.2);
+selective recomputation (Megatron-Core's layernorm, moe_act and mla_up_proj modules) for the recomputation of RMSNorm
+and the MLA up-projections (§3.3.3), which also recomputes the experts' SwiGLU; and the microbatch size, which the
+report does not state (one sequence). Memory is not enforced (a published run is timed even where the ledger says it
+would not fit; its predicted peak is reported). Nothing is fitted.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ __all__ = ["PUBLISHED_TOKENS_PER_S_PER_GPU", "Result", "parser", "run", "report"
 #: The report's 180 K H800 GPU-hours per trillion tokens (arXiv 2412.19437 §1, Table 1), as tokens/s per GPU.
 PUBLISHED_TOKENS_PER_S_PER_GPU = 1e12 / (180_000 * 3_600)
 #: What of the published run the prediction leaves out (module docstring).
-UNMODELLED = ("DualPipe's two directions (costed as ZB1P with the all-to-alls overlapped)",
+UNMODELLED = ("DualPipe's two directions and second parameter copy (costed as DualPipeV, one copy, with the all-to-alls "
+               "overlapped); the 20 SMs its communication takes",
               "fine-grained FP8 (costed as tensorwise)",
               "recomputation of RMSNorm and MLA up-projections (costed as selective, which also recomputes the "
               "experts' SwiGLU)", "microbatch size not published (1)")
@@ -46,7 +50,7 @@ UNMODELLED = ("DualPipe's two directions (costed as ZB1P with the all-to-alls ov
 
 def plan_inputs() -> PlanInputs:
     """The published run as ``sim.run`` inputs (module docstring)."""
-    return PlanInputs(model="deepseek-v3,seq=4096", topology="256x8xH800", schedule="zb1p", pp=16, dp=128, ep=64,
+    return PlanInputs(model="deepseek-v3,seq=4096", topology="256x8xH800", schedule="dualpipev", pp=16, dp=128, ep=64,
                       zero=1, precision="fp8", global_batch=15_360, microbatch_size=1, ep_overlap=True,
                       recompute="selective", ep_dispatcher="deduplicated")
 

@@ -70,7 +70,7 @@ def _compositions(layers: int, parts: int) -> Iterator[tuple[int, ...]]:
 
 
 def _expandable(candidate: Candidate) -> bool:
-    return candidate.pp > 1 and not SCHEDULES[candidate.schedule].chunked
+    return candidate.pp > 1 and SCHEDULES[candidate.schedule].flat
 
 
 def brute_force_plans(problem: SearchProblem) -> Iterator[Candidate]:

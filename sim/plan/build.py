@@ -186,14 +186,15 @@ def _generated_programs(inputs: PlanInputs, graph: LayerGraph, topology: Topolog
     num_ranks = layout.pp
     # Sizes first, so that a too-small model is named before the generator's own constraints, and counted before
     # the placement is built (--chunks 1000000000 would otherwise make a tuple of billions first).
-    num_vstages = num_ranks * inputs.chunks if entry.chunked else num_ranks
+    per_rank_count = entry.chunks_per_rank(inputs.chunks)
+    num_vstages = num_ranks * per_rank_count
     if num_vstages > len(graph):
-        per_rank = f"{inputs.chunks} per device" if entry.chunked else "one per device"
+        per_rank = "one per device" if per_rank_count == 1 else f"{per_rank_count} per device"
         where = (str(topology) if plan_is_pipeline_only(layout, topology) else
                  f"{num_ranks} pipeline ranks ({layout.describe()})")
         raise SpecError(f"more stages ({num_vstages}, {per_rank} of {where}) than layers ({len(graph)}) in "
                         f"{graph.spec}")
-    vstage_to_rank = entry.vstage_to_rank(num_ranks, inputs.chunks) if entry.chunked else tuple(range(num_ranks))
+    vstage_to_rank = entry.vstage_to_rank(num_ranks, inputs.chunks)
     # Bounded work: what the plan will hold is known from its sizes, so it is checked before generating it.
     check_plan_size(graph, num_microbatches, inputs.microbatch_size, vstage_to_rank,
                     (compute_ops_per_microbatch(entry) + int(inputs.recompute_mode == "full"))

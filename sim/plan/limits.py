@@ -38,12 +38,14 @@ MAX_BYTES = 2**63 - 1
 def compute_ops_per_microbatch(entry: ScheduleEntry) -> int:
     """Compute ops (F, B, I, W, R) a schedule gives each (vstage, microbatch): 2, or 3 with a split backward.
 
-    Counted on the schedule itself at 2 ranks and 2 microbatches (2 chunks where it takes them), the smallest
-    instance every generator accepts, so a new generator needs no entry here.
+    Counted on the schedule itself at 2 ranks and 4 microbatches (2 chunks where it takes them), an instance every
+    generator accepts (DualPipeV needs m >= 2p), so a new generator needs no entry here. Rounded up: DualPipeV
+    splits some backwards and not others, and splits a larger share of them the fewer microbatches it has.
     """
-    probe = entry.build(2, 2, 2 if entry.chunked else 1)
-    vstages = len(entry.vstage_to_rank(2, 2 if entry.chunked else 1))
-    return -(-sum(len(program) for program in probe) // (vstages * 2))
+    chunks = 2 if entry.chunked else 1
+    probe = entry.build(2, 4, chunks)
+    vstages = len(entry.vstage_to_rank(2, chunks))
+    return -(-sum(len(program) for program in probe) // (vstages * 4))
 
 
 def plan_op_count(num_microbatches: int, vstage_to_rank: tuple[int, ...], compute_per_microbatch: float,

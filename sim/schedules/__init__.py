@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from sim.core.errors import SpecError
 from sim.ir.plan import Op
+from sim.schedules.dualpipev import check_dualpipev, dualpipev, v_placement
 from sim.schedules.gpipe import gpipe
 from sim.schedules.interleaved import check_interleaved, interleaved, loop_placement
 from sim.schedules.one_f_one_b import one_f_one_b
@@ -23,12 +24,13 @@ __all__ = ["ScheduleEntry", "SCHEDULES", "get_schedule", "PLACEMENTS"]
 
 Programs = tuple[tuple[Op, ...], ...]
 
-#: ``vstage_to_rank`` of each placement style, from (ranks p, chunks v); PyTorch's
+#: ``vstage_to_rank`` of each placement style, from (ranks p, stages per rank v); PyTorch's
 #: ``generate_stage_to_rank_mapping(style=...)``. ``identity``: one vstage per rank (v = 1); ``loop``: vstage k on
-#: rank k mod p.
+#: rank k mod p; ``v``: two per rank in a V, vstages r and 2p − 1 − r on rank r.
 PLACEMENTS: dict[str, Callable[[int, int], tuple[int, ...]]] = {
     "identity": lambda num_ranks, chunks: tuple(range(num_ranks)),
     "loop": loop_placement,
+    "v": v_placement,
 }
 
 
@@ -42,9 +44,10 @@ class ScheduleEntry:
         weight_policy: ``flush``, ``stash``, ``stream`` or ``csp`` (DESIGN §3).
         generator: ``(p, m)`` → programs, or ``(p, m, v)`` → programs when ``chunked``.
         placement: a key of :data:`PLACEMENTS`.
-        chunked: whether the generator takes model chunks per rank (``--chunks``); the others run one per rank.
+        chunked: whether the generator takes model chunks per rank (``--chunks``); the others run
+            ``fixed_chunks`` per rank.
         constraints: ``(p, m, v) -> None``, raising the generator's own :class:`SpecError` for sizes it refuses,
-            without building anything (``None``: any p, m >= 1).
+            without building anything (``None``: any p, m >= 1); v is the stages per rank.
         split_backward: whether the programs split the backward into I and W.
     """
 
@@ -56,6 +59,16 @@ class ScheduleEntry:
     chunked: bool = False
     constraints: Callable[[int, int, int], None] | None = None
     split_backward: bool = False
+    fixed_chunks: int = 1
+
+    def chunks_per_rank(self, chunks: int = 1) -> int:
+        """Virtual stages on each rank: ``chunks`` (``--chunks``) for a chunked schedule, else ``fixed_chunks``."""
+        return chunks if self.chunked else self.fixed_chunks
+
+    @property
+    def flat(self) -> bool:
+        """Whether every rank runs exactly one stage (such schedules differ only in their order, not placement)."""
+        return not self.chunked and self.fixed_chunks == 1
 
     def check(self, num_ranks: int, num_microbatches: int, chunks: int = 1) -> None:
         """Refuse, without building them, the sizes :meth:`build` would refuse.
@@ -64,11 +77,12 @@ class ScheduleEntry:
             SpecError: as :meth:`build` (a wrong ``chunks``, the generator's constraints).
         """
         if not self.chunked and chunks != 1:
-            raise SpecError(f"{{chunks}} {chunks} needs an interleaved schedule; {self.name} runs one stage per rank "
+            per_rank = "one stage" if self.fixed_chunks == 1 else f"{self.fixed_chunks} stages"
+            raise SpecError(f"{{chunks}} {chunks} needs an interleaved schedule; {self.name} runs {per_rank} per rank "
                             f"(schedules taking {{chunks}}: {', '.join(n for n, e in SCHEDULES.items() if e.chunked)})",
                             "chunks")
         if self.constraints is not None:
-            self.constraints(num_ranks, num_microbatches, chunks)
+            self.constraints(num_ranks, num_microbatches, self.chunks_per_rank(chunks))
 
     def build(self, num_ranks: int, num_microbatches: int, chunks: int = 1) -> Programs:
         """The L0 programs for p ranks, m microbatches and v chunks per rank.
@@ -83,8 +97,8 @@ class ScheduleEntry:
         return self.generator(num_ranks, num_microbatches)
 
     def vstage_to_rank(self, num_ranks: int, chunks: int = 1) -> tuple[int, ...]:
-        """Rank of each of the ``num_ranks × chunks`` virtual stages."""
-        return PLACEMENTS[self.placement](num_ranks, chunks)
+        """Rank of each of the ``num_ranks × chunks_per_rank(chunks)`` virtual stages."""
+        return PLACEMENTS[self.placement](num_ranks, self.chunks_per_rank(chunks))
 
 
 SCHEDULES: dict[str, ScheduleEntry] = {
@@ -111,6 +125,12 @@ SCHEDULES: dict[str, ScheduleEntry] = {
         ScheduleEntry(
             "zb1p", "Zero Bubble ZB-H1: backward split into I and W, W deferred into 1F1B's bubbles", "flush", zb1p,
             split_backward=True,
+        ),
+        ScheduleEntry(
+            "dualpipev", "DeepSeek's DualPipeV: 2 stages per rank in a V (r and 2p-1-r), a forward and a backward of "
+            "different stages paired (their all-to-alls overlap under --ep-overlap), zero-bubble W at the ends; "
+            "m >= 2p", "flush", dualpipev, placement="v", constraints=check_dualpipev, split_backward=True,
+            fixed_chunks=2,
         ),
     )
 }

@@ -255,7 +255,7 @@ def joint_candidates(problem: SearchProblem, topology: Topology, candidates: Seq
     seen: set[Candidate] = set()
     for candidate in candidates:
         chosen = candidate
-        if candidate.pp > 1 and candidate.partition == "balanced" and not SCHEDULES[candidate.schedule].chunked:
+        if candidate.pp > 1 and candidate.partition == "balanced" and SCHEDULES[candidate.schedule].flat:
             # The program depends on the layout and on what the oracle costs, not on the schedule.
             key = (candidate.tp, candidate.dp, candidate.pp, candidate.microbatch_size, candidate.recompute,
                    candidate.sequence_parallel, candidate.zero, candidate.rank_order, candidate.cp, candidate.cp_comm,

@@ -53,7 +53,8 @@ _TP_AFTER = collective_after(Action.TP_COLLECTIVE)
 #: Added to the estimate of a plan the memory screen says will not fit, so that it sorts after every one that will, s.
 OVER_MEMORY = 1e9
 #: Warm-up plus cool-down of each schedule, in (virtual) stage times per pipeline rank beyond the first.
-FILL = {"gpipe": 1.0, "1f1b": 1.0, "interleaved": 1.0, "zb1p": 1.0 / 3.0, "pipedream": 1.0}
+#: DualPipeV: p − 1 units of F = I = W over stages of F + I + W = 3 units (sim.schedules.dualpipev, its test), 1/3.
+FILL = {"gpipe": 1.0, "1f1b": 1.0, "interleaved": 1.0, "zb1p": 1.0 / 3.0, "pipedream": 1.0, "dualpipev": 1.0 / 3.0}
 
 
 class _Screen:
@@ -90,7 +91,7 @@ class _Screen:
     def _work_of(self, candidate: Candidate) -> tuple:
         """:meth:`_work`, shared by the candidates that differ only in a one-stage-per-rank schedule (those
         schedules differ in their fill and their memory, which are not part of it)."""
-        shared = replace(candidate, schedule="1f1b") if not SCHEDULES[candidate.schedule].chunked else candidate
+        shared = replace(candidate, schedule="1f1b") if SCHEDULES[candidate.schedule].flat else candidate
         work = self.works.get(shared)
         if work is None:
             work = self.works[shared] = self._work(candidate)
@@ -107,8 +108,7 @@ class _Screen:
         if microbatches is None:
             raise SpecError("no microbatch count")
         entry = SCHEDULES[candidate.schedule]
-        vstage_to_rank = (entry.vstage_to_rank(layout.pp, candidate.chunks) if entry.chunked
-                          else tuple(range(layout.pp)))
+        vstage_to_rank = entry.vstage_to_rank(layout.pp, candidate.chunks)
         costs = inputs_costs(inputs, profile, topology, layout)
         if len(vstage_to_rank) > len(costs.graph):
             raise SpecError("more stages than layers")

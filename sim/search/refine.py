@@ -53,7 +53,7 @@ MAX_STEPS = 64
 
 def _refinable(candidate: Candidate) -> bool:
     """One stage per pipeline rank, more than one rank, the listed balanced partition."""
-    return candidate.pp > 1 and candidate.partition == "balanced" and not SCHEDULES[candidate.schedule].chunked
+    return candidate.pp > 1 and candidate.partition == "balanced" and SCHEDULES[candidate.schedule].flat
 
 
 def _layout_key(candidate: Candidate) -> Candidate:

@@ -220,12 +220,11 @@ class Screener:
         # The schedule's sizes and the data-parallel layouts it supports.
         entry.check(layout.pp, microbatches, candidate.chunks if entry.chunked else 1)
         check_data_parallel(layout, entry.name, entry.weight_policy, split_backward=entry.split_backward)
-        shared = candidate if entry.chunked else replace(candidate, schedule="1f1b")
+        shared = replace(candidate, schedule="1f1b") if entry.flat else candidate
         found = self.views.get(shared)
         if found is not None:
             return found
-        vstage_to_rank = (entry.vstage_to_rank(layout.pp, candidate.chunks) if entry.chunked
-                          else tuple(range(layout.pp)))
+        vstage_to_rank = entry.vstage_to_rank(layout.pp, candidate.chunks)
         # Candidates with the same shard, microbatch size, state sharding and precision share one oracle, and so
         # its per-device layer costs and prefix sums (sim.cost.plan_costs keeps it with the topology).
         costs = inputs_costs(inputs, self.profile, self.topology, layout)

@@ -168,7 +168,7 @@ def auto_strategy(problem: SearchProblem, candidates: list[Candidate], workers: 
     compute op of one replica: microbatches x stages x forward and backward), the ``screen`` otherwise."""
     ops = 0
     for candidate in candidates:
-        stages = candidate.pp * (candidate.chunks if SCHEDULES[candidate.schedule].chunked else 1)
+        stages = candidate.pp * SCHEDULES[candidate.schedule].chunks_per_rank(candidate.chunks)
         ops += 2 * stages * math.ceil(candidate.microbatches(problem.global_batch))
     estimate_s = (AUTO_PLAN_S * len(candidates) + AUTO_OP_S * ops) / max(1, workers)
     if estimate_s <= AUTO_EXHAUSTIVE_S:

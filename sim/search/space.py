@@ -308,7 +308,7 @@ def enumerate_candidates(problem: SearchProblem, num_devices: int, topology: Top
             # One pipeline rank has no bubble to fill: gpipe, 1f1b and zb1p run the same ops in the same time, and
             # gpipe only holds more activations at once. Interleaving needs >= 2 pipeline ranks (Megatron). So one
             # plan: 1f1b if searched, else the first synchronous schedule searched (pipedream keeps its own semantics).
-            flat = [name for name in space.schedules if not SCHEDULES[name].chunked and name != "pipedream"]
+            flat = [name for name in space.schedules if SCHEDULES[name].flat and name != "pipedream"]
             single = ["1f1b"] if "1f1b" in flat else flat[:1]
             return [(name, 1) for name in single + (["pipedream"] if "pipedream" in space.schedules else [])]
         return [(name, chunks) for name in space.schedules

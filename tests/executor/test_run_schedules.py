@@ -107,9 +107,12 @@ def test_pytorchs_own_interleaved_zero_bubble_schedule_runs_and_matches_single_p
     (2, ["--schedule", "1f1b", "--recompute"], MOE_SINKS),
     (2, ["--schedule", "zb1p"], MOE_LATENT),
     (2, ["--schedule", "1f1b", "--recompute", "selective"], MOE_LATENT),
+    (2, ["--schedule", "dualpipev"], SPEC),
+    (2, ["--schedule", "dualpipev", "--recompute"], MOE_LATENT),
 ], ids=["interleaved-2", "interleaved-4", "zb1p-2", "zb1p-4", "gpipe-recompute-2", "1f1b-recompute-2",
         "interleaved-recompute-2", "zb1p-recompute-2", "llama-1f1b-recompute-2", "llama-window-zb1p-2",
-        "moe-sinks-1f1b-recompute-2", "moe-latent-zb1p-2", "moe-latent-1f1b-selective-2"])
+        "moe-sinks-1f1b-recompute-2", "moe-latent-zb1p-2", "moe-latent-1f1b-selective-2", "dualpipev-2",
+        "moe-latent-dualpipev-recompute-2"])
 def test_flush_schedules_equal_single_process_training(tmp_path, ranks, flags, spec):
     m, warmup, iterations = 4, 1, 1
     plan, merged, losses = _train(tmp_path, _plan(tmp_path, ranks, m, *flags, model=spec), warmup, iterations)
@@ -118,6 +121,9 @@ def test_flush_schedules_equal_single_process_training(tmp_path, ranks, flags, s
         assert {"I", "W"} <= kinds and "B" not in kinds
     if "interleaved" in flags:
         assert plan.placement.vstage_to_rank == tuple(list(range(ranks)) * 2)
+    if "dualpipev" in flags:  # a V: the last rank turns in memory; full and split backwards both run
+        assert plan.placement.vstage_to_rank == tuple(range(ranks)) + tuple(reversed(range(ranks)))
+        assert {"B", "I", "W"} <= kinds
     # selective recomputation is no op of the plan: it changes what a block keeps, not the math
     assert ("R" in kinds) is ("--recompute" in flags and "selective" not in flags)
     reference = train_reference(spec, steps=warmup + iterations, num_microbatches=m, microbatch_size=1,

@@ -160,7 +160,7 @@ class Surrogate:
         parallel = plan_layout(inputs, topology)
         microbatches = plan_microbatches(inputs, parallel)
         entry = SCHEDULES[layout.schedule]
-        to_rank = entry.vstage_to_rank(parallel.pp, layout.chunks) if entry.chunked else tuple(range(parallel.pp))
+        to_rank = entry.vstage_to_rank(parallel.pp, layout.chunks)
         graph = inputs_graph(inputs, parallel)
         n, stages = len(graph), len(to_rank)
         if stages < 2:
@@ -176,7 +176,7 @@ class Surrogate:
         self.oracle = place_layers(inputs, profile, topology, parallel, to_rank)[0].oracle
         self.layout, self.parallel, self.n, self.to_rank = layout, parallel, n, np.array(to_rank)
         self.microbatches = int(microbatches if microbatches is not None else 8)
-        self.fill = FILL.get(layout.schedule, 1.0) / (layout.chunks if entry.chunked else 1)
+        self.fill = FILL.get(layout.schedule, 1.0) / entry.chunks_per_rank(layout.chunks)
         self.recompute_full = inputs.recompute_mode == "full"
         self._tabulate()
 

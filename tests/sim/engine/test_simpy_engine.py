@@ -206,8 +206,10 @@ def test_random_plans_simulate_and_respect_lower_bounds(p, m, schedule, topology
     chunks = data.draw(st.integers(2, 3), label="chunks") if entry.chunked else 1
     if entry.chunked:
         m = p * (1 + m % 3)  # interleaving needs a multiple of p (Megatron)
+    elif entry.fixed_chunks > 1:
+        m = 2 * p + m % 3  # DualPipeV needs m >= 2p
     recompute = data.draw(st.booleans(), label="recompute")
-    num_vstages = p * chunks
+    num_vstages = p * entry.chunks_per_rank(chunks)
     n = data.draw(st.integers(num_vstages, 3 * num_vstages), label="layers")
     times = data.draw(st.lists(st.tuples(st.floats(1e-4, 1e-2), st.floats(1e-4, 2e-2)), min_size=n, max_size=n))
     acts = data.draw(st.lists(st.integers(0, 50_000_000), min_size=n, max_size=n), label="activation bytes")

@@ -16,8 +16,9 @@ from sim.run import main
 from sim.schedules import SCHEDULES, ScheduleEntry
 
 #: Compute ops per (vstage, microbatch) by the schedules' definitions: F and B, or F, I and W (ZB-H1's split); a
-#: stream's F and B and at most one R (the drain's recompute), so its count is a bound.
-DEFINED = {"gpipe": 2, "1f1b": 2, "interleaved": 2, "pipedream": 2, "zb1p": 3, "stream": 3}
+#: stream's F and B and at most one R (the drain's recompute), so its count is a bound; DualPipeV's F and B or F, I
+#: and W (it splits the backwards at its ends only), so its count is a bound too.
+DEFINED = {"gpipe": 2, "1f1b": 2, "interleaved": 2, "pipedream": 2, "zb1p": 3, "stream": 3, "dualpipev": 3}
 
 
 def test_compute_ops_per_microbatch_are_the_schedules_definitions():
@@ -32,7 +33,10 @@ def test_predicted_op_count_is_the_lowered_plans(schedule, recompute):
         chunks = 2 if entry.chunked else 1
         if entry.chunked and ranks == 1 or schedule == "stream" and recompute:  # a stream refuses --recompute
             continue
-        built = build_plan(PlanInputs(f"uniform:layers={ranks * chunks}", f"{ranks}xideal", schedule, m,
+        if entry.fixed_chunks > 1 and m < 2 * ranks:  # DualPipeV needs m >= 2p
+            continue
+        layers = ranks * entry.chunks_per_rank(chunks)
+        built = build_plan(PlanInputs(f"uniform:layers={layers}", f"{ranks}xideal", schedule, m,
                                       chunks=chunks, recompute=recompute))
         plan = built.plan
         predicted = plan_op_count(m, plan.placement.vstage_to_rank, DEFINED[schedule] + recompute,
@@ -40,6 +44,10 @@ def test_predicted_op_count_is_the_lowered_plans(schedule, recompute):
         # A stream recomputes only in its drain: the bound counts one R per (vstage, frame), the plan has fewer.
         missing = sum(1 for program in plan.programs for op in program if op.kind.value == "F") - sum(
             1 for program in plan.programs for op in program if op.kind.value == "R") if schedule == "stream" else 0
+        if schedule == "dualpipev":  # B on most (vstage, microbatch), I and W on the rest: the count of 3 bounds them
+            split = sum(1 for program in plan.programs for op in program if op.kind.value == "W")
+            missing = len(plan.placement.vstage_to_rank) * m - split
+            assert split > 0 and missing > 0
         assert predicted - missing == sum(len(program) for program in plan.programs), (schedule, ranks, m)
 
 
@@ -66,7 +74,7 @@ def test_too_many_microbatches_are_rejected_before_any_generator_runs(monkeypatc
     original = ScheduleEntry.build
 
     def build_small_only(self, num_ranks, num_microbatches, chunks=1):
-        assert num_microbatches <= 2, "the generator ran for the plan itself"  # the op-count probe uses 2
+        assert num_microbatches <= 4, "the generator ran for the plan itself"  # the op-count probe uses 4
         return original(self, num_ranks, num_microbatches, chunks)
 
     monkeypatch.setattr(ScheduleEntry, "build", build_small_only)

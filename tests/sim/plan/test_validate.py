@@ -232,11 +232,13 @@ def test_validate_rejects_each_plant(name):
 
 
 def _generated(schedule: str, p: int, m: int) -> Plan:
-    """The L0 plan of a schedule generator on p ranks (two vstages each where the schedule is chunked)."""
+    """The L0 plan of a schedule generator on p ranks (two vstages each where the schedule is chunked, and the
+    schedule's own count where it fixes one)."""
     entry = SCHEDULES[schedule]
     chunks = 2 if entry.chunked else 1
-    return Plan(schedule, "L0", f"uniform:layers={p * chunks}", f"{p}xideal", m, 1, entry.weight_policy,
-                Placement(tuple((i, i + 1) for i in range(p * chunks)), entry.vstage_to_rank(p, chunks)),
+    vstages = p * entry.chunks_per_rank(chunks)
+    return Plan(schedule, "L0", f"uniform:layers={vstages}", f"{p}xideal", m, 1, entry.weight_policy,
+                Placement(tuple((i, i + 1) for i in range(vstages)), entry.vstage_to_rank(p, chunks)),
                 entry.build(p, m, chunks))
 
 
@@ -255,7 +257,12 @@ def broken_plans(draw) -> Plan:
     schedule = draw(st.sampled_from(sorted(SCHEDULES)))
     entry = SCHEDULES[schedule]
     p = draw(st.integers(2 if entry.chunked else 1, 3))
-    m = p * draw(st.integers(1, 2)) if entry.chunked else draw(st.integers(1, 4))
+    if entry.chunked:
+        m = p * draw(st.integers(1, 2))
+    elif entry.fixed_chunks > 1:  # DualPipeV: m >= 2p
+        m = entry.fixed_chunks * p + draw(st.integers(0, 2))
+    else:
+        m = draw(st.integers(1, 4))
     l0 = _generated(schedule, p, m)
     plan = lower(add_recompute(l0) if draw(st.booleans()) else l0) if draw(st.booleans()) else l0
     programs = [list(program) for program in plan.programs]
@@ -290,7 +297,8 @@ def rewired_plans(draw) -> Plan:
     of the plan: what the replay alone decides (most random edits break a rule before it)."""
     schedule = draw(st.sampled_from(sorted(SCHEDULES)))
     p = draw(st.integers(2, 3))
-    l0 = _generated(schedule, p, p * draw(st.integers(1, 2)))
+    # a multiple of p (interleaved), at least 2p where the schedule fixes two stages per rank (DualPipeV)
+    l0 = _generated(schedule, p, p * draw(st.integers(SCHEDULES[schedule].fixed_chunks, 2)))
     plan = lower(add_recompute(l0) if draw(st.booleans()) else l0)
     programs = [list(program) for program in plan.programs]
     ids = [op.id for program in programs for op in program]

@@ -30,6 +30,21 @@ def test_uniform_stages_on_free_links_give_the_closed_form(schedule, pipeline, m
         assert match.iteration_time_s == pytest.approx(estimate, rel=1e-9)
 
 
+@pytest.mark.parametrize("pipeline, microbatches", [(2, 4), (4, 8), (4, 11)])
+def test_dualpipev_estimate_is_the_simulated_time(pipeline, microbatches):
+    # 2p vstages of 8/(2p) layers: a rank computes two of them per microbatch, and the fill is p − 1 units of a third
+    # of a vstage (sim.schedules.dualpipev's closed form 6m + p − 1), which the simulator's time equals.
+    problem = SearchProblem("uniform:layers=8,fwd_ms=2,bwd_ms=4", f"{pipeline}xideal", microbatches)
+    candidate = Candidate(1, 1, pipeline, 1, "dualpipev", partition="uniform")
+    (estimate,) = estimate_all(problem, Topology.parse(problem.topology), [candidate])
+    vstage = 6e-3 * 8 / (2 * pipeline)
+    assert estimate == pytest.approx((2 * microbatches + FILL["dualpipev"] * (pipeline - 1)) * vstage, rel=1e-12)
+    simulated = run_search(SearchProblem(problem.model, problem.topology, microbatches, space=SearchSpace(
+        schedules=("dualpipev",), recompute=("none",), partitions=("uniform",), microbatch_sizes=(1,)))).evaluations
+    (match,) = [e for e in simulated if e.candidate.pp == pipeline]
+    assert match.iteration_time_s == pytest.approx(estimate, rel=1e-9)
+
+
 def test_a_deadline_leaves_the_rest_unestimated():
     problem = SearchProblem("gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000", "4xA100", 8)
     candidates = [Candidate(1, 1, 4, 1, "1f1b"), Candidate(1, 2, 2, 1, "1f1b")]
