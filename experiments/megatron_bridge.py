@@ -11,7 +11,9 @@ interleaved --chunks VP`` where VP > 1, else 1F1B), ``--cp``, ``--ep``, DP the G
 over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer (``--zero 1``, the recipes' default,
 [assumed]: the file does not say); the global batch in microbatches of the row's size; Transformer Engine's fused
 kernels (``--compile``); Transformer Engine's tensor-parallel communication overlap where the recipe keeps it
-(Llama 3 under TP > 1 but in NVFP4, :func:`tp_comm_overlap`) as ``--async-tp``; the expert all-to-alls overlapped
+(Llama 3 under TP > 1 but in NVFP4, :func:`tp_comm_overlap`) as ``--async-tp``; the data-parallel gradient
+reduction and parameter gather overlapped in the recipes' 128 Mi-parameter buckets wherever DP > 1 under the
+distributed optimizer (:func:`dp_comm_overlap`: ``--grad-overlap --param-gather-overlap --grad-bucket-size``); the expert all-to-alls overlapped
 with compute (``--ep-overlap``) from the container whose performance recipe overlaps them (:data:`EP_OVERLAP_FROM`,
 read in Megatron-Bridge's history) and the step captured as one CUDA graph (``--cuda-graphs``) from the container
 whose recipe captures the full iteration (:data:`FULL_ITERATION_GRAPHS_FROM`; the fused grouped MLP, FP8 attention
@@ -56,8 +58,8 @@ from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
-__all__ = ["DATA", "EP_OVERLAP_FROM", "FULL_ITERATION_GRAPHS_FROM", "Row", "Result", "load_rows", "expressible",
-           "ep_overlap", "tp_comm_overlap", "plan_inputs", "predict_row", "newest", "summary", "parser", "run",
+__all__ = ["DATA", "EP_OVERLAP_FROM", "FULL_ITERATION_GRAPHS_FROM", "DDP_BUCKET_PARAMS", "Row", "Result",
+           "load_rows", "expressible", "ep_overlap", "tp_comm_overlap", "dp_comm_overlap", "plan_inputs", "predict_row", "newest", "summary", "parser", "run",
            "report", "write"]
 
 DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
@@ -193,6 +195,22 @@ def tp_comm_overlap(row: Row) -> bool:
     return not row.moe and row.tp > 1 and _precision(row) != "nvfp4"
 
 
+#: Parameters per bucket of the overlapped data-parallel reduction and gather in Megatron-Bridge's recipes:
+#: ``CommOverlapConfig._get_optimizer_overlap_cfgs`` sets ``bucket_size = 128 * 1024 * 1024`` with
+#: ``overlap_grad_reduce`` and ``overlap_param_gather`` whenever the data-parallel size is > 1 under the distributed
+#: optimizer (``src/megatron/bridge/training/comm_overlap.py``, the same at v0.2.0, v0.4.0, v0.5.0 and v0.6.0).
+DDP_BUCKET_PARAMS = 128 * 1024 * 1024
+
+
+def dp_comm_overlap(row: Row) -> bool:
+    """Whether ``row``'s recipe overlaps its data-parallel gradient reduction with the backward and the distributed
+    optimizer's parameter gather with the next forward (:data:`DDP_BUCKET_PARAMS`): the distributed optimizer
+    (FSDP = 0) over more than one data-parallel replica. Costed as ``--grad-overlap --param-gather-overlap
+    --grad-bucket-size 134217728`` (under VP the recipes also align the chunks' gathers, ``align_param_gather``:
+    each chunk's gather here is waited for by that chunk's first forward)."""
+    return row.fsdp == 0 and row.gpus // (row.tp * row.pp * row.cp) > 1
+
+
 def ep_overlap(row: Row) -> bool:
     """Whether ``row``'s recipe overlaps the expert all-to-alls with compute (:data:`EP_OVERLAP_FROM`)."""
     return _from(EP_OVERLAP_FROM, row)
@@ -215,7 +233,8 @@ def plan_inputs(row: Row) -> PlanInputs:
         sequence_parallel=row.tp > 1, zero=3 if row.fsdp > 0 else 1 if dp * row.cp > 1 else 0,
         cp_comm="allgather" if row.cp > 1 else "ring", precision=_precision(row), compiled=True,
         ep_overlap=ep_overlap(row), cuda_graphs=_from(FULL_ITERATION_GRAPHS_FROM, row),
-        async_tp=tp_comm_overlap(row))
+        async_tp=tp_comm_overlap(row), grad_overlap=dp_comm_overlap(row), param_gather_overlap=dp_comm_overlap(row),
+        grad_bucket_params=DDP_BUCKET_PARAMS if dp_comm_overlap(row) else 0)
 
 
 def unmodelled(row: Row) -> tuple[str, ...]:

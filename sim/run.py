@@ -49,7 +49,7 @@ FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--c
          "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
          "ep_overlap": "--ep-overlap", "ep_dispatcher": "--ep-dispatcher",
          "fsdp_float8_gather": "--fsdp-float8-all-gather", "async_tp": "--async-tp",
-         "param_gather_overlap": "--param-gather-overlap",
+         "param_gather_overlap": "--param-gather-overlap", "grad_bucket_params": "--grad-bucket-size",
          "zero": "--zero",
          "reshard_after_forward": "--fsdp-reshard-after-forward", "dp_replicate": "--dp-replicate",
          "precision": "--precision", "compiled": "--compile", "compile": "--compile",
@@ -192,7 +192,10 @@ def make_parser() -> argparse.ArgumentParser:
     par.add_argument("--grad-overlap", action="store_true",
                      help="reduce gradients in buckets while the last backward runs instead of after the backward "
                      "pass (Megatron's default without --overlap-grad-reduce): PyTorch DDP's 25 MiB buckets, or "
-                     "under --zero 1 Megatron-Core's, max(40M, 1M x DP) parameters each")
+                     "under --zero 1 Megatron-Core's, max(40M, 1M x DP) parameters each (--grad-bucket-size sets them)")
+    par.add_argument("--grad-bucket-size", dest="grad_bucket_params", type=int, default=0, metavar="PARAMS",
+                     help="parameters per bucket of --grad-overlap and --param-gather-overlap (Megatron's "
+                     "--ddp-bucket-size; Megatron-Bridge's recipes use 134217728, 128 Mi); default: the rule above")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the CSP subnet sampler and of a long run's failures (default 0)")
     slow = parser.add_argument_group("stragglers (sim.engine.perturbation)")
@@ -286,7 +289,7 @@ def _run(argv: list[str] | None) -> int:
         compiled=args.compiled, ep=args.ep, etp=args.etp, routing=args.routing,
         capacity_factor=args.capacity_factor, ep_overlap=args.ep_overlap, ep_dispatcher=args.ep_dispatcher,
         fsdp_float8_gather=args.fsdp_float8_gather, async_tp=args.async_tp,
-        param_gather_overlap=args.param_gather_overlap,
+        param_gather_overlap=args.param_gather_overlap, grad_bucket_params=args.grad_bucket_params,
     )
     if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
         fault_options.check()  # the long run's flags, before anything is simulated or printed
@@ -431,6 +434,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--ep-overlap", args.ep_overlap), ("--ep-dispatcher", args.ep_dispatcher != DISPATCHERS[0]),
                         ("--fsdp-float8-all-gather", args.fsdp_float8_gather), ("--async-tp", args.async_tp),
                         ("--param-gather-overlap", args.param_gather_overlap),
+                        ("--grad-bucket-size", args.grad_bucket_params != 0),
                         ("--global-batch", args.global_batch is not None),
                         ("--zero", args.zero != 0),
                         ("--fsdp-reshard-after-forward", args.reshard_after_forward != "default"),

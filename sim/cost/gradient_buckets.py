@@ -31,12 +31,16 @@ MEGATRON_BUCKET_PARAMS_PER_RANK = 1_000_000
 
 
 def bucket_bytes(layout: Parallelism, dtype_bytes: int) -> int:
-    """Bytes of one bucket, as the framework whose optimizer the plan names buckets them: PyTorch DDP's 25 MiB without
+    """Bytes of one bucket: the plan's own size when it names one (``grad_bucket_params``, Megatron's
+    ``--ddp-bucket-size``, parameters of ``dtype_bytes`` bytes); else as the framework whose optimizer the plan names
+    buckets them: PyTorch DDP's 25 MiB without
     ZeRO (:data:`GRADIENT_BUCKET_BYTES`); under ZeRO-1, Megatron-Core's distributed optimizer,
     :data:`MEGATRON_BUCKET_PARAMS` or :data:`MEGATRON_BUCKET_PARAMS_PER_RANK` per member of the data-parallel group,
     whichever is more, of parameters of ``dtype_bytes`` bytes. Small buckets cost a collective's latency each, which
     at hundreds of replicas outweighs the bytes: 25 MiB buckets over 128 replicas made an overlapped reduction slower
     than one after the backward."""
+    if layout.grad_bucket_params:
+        return layout.grad_bucket_params * dtype_bytes
     if not layout.zero:
         return GRADIENT_BUCKET_BYTES
     return max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * layout.data_ranks) * dtype_bytes

@@ -68,7 +68,7 @@ RESHARD_POLICIES = ("default", "always", "never")
 
 _FIELDS = frozenset({"tp", "dp", "pp", "cp", "cp_comm", "order", "sequence_parallel", "zero", "reshard_after_forward",
                      "dp_replicate", "grad_overlap", "devices", "ep", "etp", "fsdp_float8_gather", "async_tp",
-                     "param_gather_overlap"})
+                     "param_gather_overlap", "grad_bucket_params"})
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,10 @@ class Parallelism:
             forward bucket by bucket instead of after the optimizer step (Megatron-Core's ``overlap_param_gather``:
             each bucket's gather waited for by the forward that first uses it, which then starts the next;
             :meth:`sim.cost.cost_view.CostView.overlapped_gather_s`).
+        grad_bucket_params: parameters per bucket of an overlapped reduction or gather (Megatron's
+            ``--ddp-bucket-size``, ``DistributedDataParallelConfig.bucket_size``); 0 (the default): the framework's
+            own rule (:func:`sim.cost.gradient_buckets.bucket_bytes`). It sizes what the simulator costs; the
+            executor reduces and gathers a vstage's parameters in one piece per group whatever it is.
     """
 
     tp: int = 1
@@ -143,6 +147,7 @@ class Parallelism:
     fsdp_float8_gather: bool = False
     async_tp: bool = False
     param_gather_overlap: bool = False
+    grad_bucket_params: int = 0
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp", "pp", "cp", "ep", "etp"):
@@ -187,6 +192,14 @@ class Parallelism:
             raise SpecError(f"{{param_gather_overlap}} overlaps the distributed optimizer's parameter all-gather with "
                             f"the next forward; it needs {{zero}} 1, got {{zero}} {self.zero}", "param_gather_overlap",
                             "zero")
+        if isinstance(self.grad_bucket_params, bool) or not isinstance(self.grad_bucket_params, int) \
+                or self.grad_bucket_params < 0:
+            raise SpecError(f"{{grad_bucket_params}} must be a whole number of parameters >= 1, got "
+                            f"{self.grad_bucket_params!r}", "grad_bucket_params")
+        if self.grad_bucket_params and not (self.grad_overlap or self.param_gather_overlap):
+            raise SpecError("{grad_bucket_params} sizes the buckets of an overlapped gradient reduction or parameter "
+                            "gather; it needs {grad_overlap} or {param_gather_overlap}", "grad_bucket_params",
+                            "grad_overlap", "param_gather_overlap")
         if self.fsdp_float8_gather and self.zero != 3:
             raise SpecError("{fsdp_float8_gather} gathers FSDP's parameters in FP8; it needs {zero} 3",
                             "fsdp_float8_gather", "zero")
@@ -434,6 +447,8 @@ class Parallelism:
             extras.append("gradient reduction overlapped")
         if self.param_gather_overlap:
             extras.append("parameter gather overlapped")
+        if self.grad_bucket_params:
+            extras.append(f"buckets of {self.grad_bucket_params:,} parameters")
         if self.devices:
             extras.append(f"devices {','.join(map(str, self.devices))}")
         cp = f" × CP {self.cp} ({self.cp_comm})" if self.cp > 1 else ""
@@ -458,6 +473,7 @@ class Parallelism:
                 **({"fsdp_float8_gather": True} if self.fsdp_float8_gather else {}),
                 **({"async_tp": True} if self.async_tp else {}),
                 **({"param_gather_overlap": True} if self.param_gather_overlap else {}),
+                **({"grad_bucket_params": self.grad_bucket_params} if self.grad_bucket_params else {}),
                 "groups": self.groups()}
 
     @classmethod
@@ -470,8 +486,8 @@ class Parallelism:
         if unknown:
             raise SpecError(f"{source}: parallel has unknown field(s) {', '.join(map(repr, unknown))}; it has "
                             f"{', '.join(sorted(_FIELDS | {'groups'}))}")
-        for key in ("tp", "dp", "pp", "cp", "zero", "dp_replicate", "ep", "etp"):
-            value = data.get(key, 0 if key == "zero" else 1)
+        for key in ("tp", "dp", "pp", "cp", "zero", "dp_replicate", "ep", "etp", "grad_bucket_params"):
+            value = data.get(key, 0 if key in ("zero", "grad_bucket_params") else 1)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(f"{source}: parallel.{key} must be an integer, got {value!r}")
         for key in ("sequence_parallel", "grad_overlap", "reshard_after_forward", "fsdp_float8_gather", "async_tp",
@@ -490,7 +506,8 @@ class Parallelism:
                      grad_overlap=data.get("grad_overlap", False), devices=tuple(devices),
                      ep=data.get("ep", 1), etp=data.get("etp", 1),
                      fsdp_float8_gather=data.get("fsdp_float8_gather", False), async_tp=data.get("async_tp", False),
-                     param_gather_overlap=data.get("param_gather_overlap", False))
+                     param_gather_overlap=data.get("param_gather_overlap", False),
+                     grad_bucket_params=data.get("grad_bucket_params", 0))
         if layout.pp != pp:
             raise SpecError(f"{source}: parallel.pp is {layout.pp} but the plan has {pp} rank programs")
         if "groups" in data and data["groups"] != layout.groups():

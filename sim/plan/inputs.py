@@ -79,6 +79,8 @@ class PlanInputs:
             :class:`~sim.ir.parallel.Parallelism`'s ``async_tp``).
         param_gather_overlap: under ZeRO-1 the parameter all-gather runs ahead of the next forward, bucket by bucket
             (``--param-gather-overlap``; Megatron's ``--overlap-param-gather``).
+        grad_bucket_params: parameters per bucket of an overlapped reduction or gather (``--grad-bucket-size``;
+            Megatron's ``--ddp-bucket-size``); 0: the framework's own rule.
         ep_dispatcher: how the expert-parallel ranks exchange tokens (``--ep-dispatcher``, one of
             :data:`sim.models.sharding.DISPATCHERS`): ``all-to-all``, ``deduplicated`` (once per server, DeepEP's)
             or ``all-gather`` (Megatron-Core's all-gather dispatcher).
@@ -122,6 +124,7 @@ class PlanInputs:
     fsdp_float8_gather: bool = False
     async_tp: bool = False
     param_gather_overlap: bool = False
+    grad_bucket_params: int = 0
 
     @property
     def recompute_mode(self) -> str:

@@ -83,6 +83,19 @@ def test_tensor_parallel_communication_overlaps_as_the_llama_recipes_keep_it():
                    if mb.expressible(r) is None and (r.tp == 1 or r.moe))
 
 
+def test_data_parallel_communication_overlaps_in_the_recipes_buckets_wherever_dp_is_above_one():
+    # CommOverlapConfig._get_optimizer_overlap_cfgs: overlap_grad_reduce, overlap_param_gather and 128 Mi-parameter
+    # buckets when data_parallel_size > 1 under the distributed optimizer; nothing of it under FSDP or at DP 1.
+    assert mb.DDP_BUCKET_PARAMS == 134_217_728
+    for row in (r for r in mb.load_rows() if mb.expressible(r) is None):
+        inputs = mb.plan_inputs(row)
+        on = row.fsdp == 0 and inputs.dp > 1
+        assert (inputs.grad_overlap, inputs.param_gather_overlap) == (on, on), row
+        assert inputs.grad_bucket_params == (134_217_728 if on else 0)
+    qwen = mb.plan_inputs(_row(9))  # 8 GB200s, EP 8: DP 8
+    assert qwen.grad_overlap and qwen.param_gather_overlap and qwen.zero == 1
+
+
 @pytest.mark.parametrize("line", [9, 199])  # a mixture with EP on 8 GB200s; Llama 3 8B in FP8-CS
 def test_a_rows_prediction_is_sim_runs(line, tmp_path):
     row = _row(line)
@@ -95,6 +108,9 @@ def test_a_rows_prediction_is_sim_runs(line, tmp_path):
     flags += ["--ep-overlap"] if inputs.ep_overlap else []
     flags += ["--cuda-graphs"] if inputs.cuda_graphs else []
     flags += ["--async-tp"] if inputs.async_tp else []
+    flags += ["--grad-overlap"] if inputs.grad_overlap else []
+    flags += ["--param-gather-overlap"] if inputs.param_gather_overlap else []
+    flags += ["--grad-bucket-size", str(inputs.grad_bucket_params)] if inputs.grad_bucket_params else []
     subprocess.run([sys.executable, "-m", "sim.run", *flags], check=True, capture_output=True)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert result.predicted == metrics["tokens_per_s_per_device"]

@@ -10,6 +10,7 @@ from sim.core.errors import SpecError
 from sim.cost.gpu_time import default_kernel_model, kernel_seconds
 from sim.cost.kernels.block import layer_step_kernels
 from sim.hw.topology import Topology
+from sim.ir.parallel import Parallelism
 from sim.ir.plan import OpKind
 from sim.models import build_model
 from sim.models.sharding import Sharding
@@ -196,6 +197,34 @@ def test_overlapped_buckets_are_ddps_without_zero_and_megatrons_under_zero_1():
     assert count == -(-4 * 25 * 10**6 // size)  # 100 MB of gradients, whole buckets
     assert bucket(8, 1, "8xA100")[0] == 40_000_000 * dtype_bytes
     assert bucket(64, 1, "8x8xA100")[0] == 64_000_000 * dtype_bytes
+
+
+@pytest.mark.parametrize("zero, overlap", [(0, "grad_overlap"), (1, "grad_overlap"), (1, "param_gather_overlap")])
+def test_a_named_bucket_size_replaces_the_frameworks_rule(zero, overlap):
+    # --grad-bucket-size (Megatron's --ddp-bucket-size): 7 M parameters a bucket, under either overlap and ZeRO
+    # stage: the 100 MB of gradients (4 layers of 25 MB) in whole buckets of 7 M parameters of the model's dtype,
+    # each costed as one collective of the bucket's bytes over the data-parallel group.
+    model = "uniform:layers=4,param_mb=25,fwd_ms=20,bwd_ms=40"
+    built = build_plan(PlanInputs(model, "2xA100", "1f1b", 2, dp=2, pp=1, zero=zero, global_batch=4,
+                                  grad_bucket_params=7_000_000, **{overlap: True}))
+    view = built.views()[0]
+    size = 7_000_000 * built.graph.dtype_bytes
+    assert view.gradient_bucket_bytes() == size
+    count, each = view.gradient_buckets(0)
+    assert count == -(-4 * 25 * 10**6 // size)
+    name = "all_reduce" if zero == 0 else "reduce_scatter"
+    assert each == pytest.approx(view.oracle.collective(name, built.plan.layout.dp_groups(0), size).seconds,
+                                 rel=1e-12)
+    assert built.plan.layout.to_json()["grad_bucket_params"] == 7_000_000
+    assert Parallelism.from_json(built.plan.layout.to_json(), 1, "plan") == built.plan.layout
+
+
+def test_a_bucket_size_without_an_overlap_is_refused():
+    with pytest.raises(SpecError, match="needs grad_overlap or param_gather_overlap"):
+        build_plan(PlanInputs("uniform:layers=4", "2xA100", "1f1b", 2, dp=2, pp=1, grad_bucket_params=1000))
+    with pytest.raises(SpecError, match="got -1"):
+        build_plan(PlanInputs("uniform:layers=4", "2xA100", "1f1b", 2, dp=2, pp=1, grad_overlap=True,
+                              grad_bucket_params=-1))
 
 
 def test_overlapped_gradient_reduction_streams_behind_the_last_backward():
