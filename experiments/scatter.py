@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from sim.report.png import figure_png
 
-__all__ = ["Series", "accuracy_scatter_png", "error_stats"]
+__all__ = ["Series", "accuracy_scatter_png", "error_stats", "target_line"]
 
 #: One group of points: ``(xs, ys, colour, legend label)``.
 Series = tuple[Sequence[float], Sequence[float], str, str]
@@ -46,3 +46,15 @@ def error_stats(errors: Sequence[float]) -> dict[str, float]:
     if not errors:
         return {"rows": 0, "median_abs_error": float("nan"), "max_abs_error": float("nan")}
     return {"rows": len(errors), "median_abs_error": statistics.median(errors), "max_abs_error": max(errors)}
+
+
+def target_line(label: str, stats: dict[str, float], median_target: float, max_target: float) -> str:
+    """One line: ``label``'s median and max |error| (:func:`error_stats`) beside their targets (fractions), each
+    ``met`` or ``missed by`` its distance in percentage points, so a report never prints a target without where it
+    stands."""
+    def verdict(value: float, target: float) -> str:
+        return "met" if value <= target else f"missed by {100 * (value - target):.1f} points"
+
+    median, worst = stats["median_abs_error"], stats["max_abs_error"]
+    return (f"target {label}: median |error| <= {median_target:.0%} ({median:.1%}: "
+            f"{verdict(median, median_target)}), max <= {max_target:.0%} ({worst:.1%}: {verdict(worst, max_target)})")
