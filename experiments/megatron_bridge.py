@@ -50,7 +50,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.published_rows import RowResult
+from experiments.published_rows import RowResult, device_peaks
 from experiments.scatter import accuracy_scatter_png, error_stats, target_line
 from sim.core.cli import CliParser
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
@@ -260,8 +260,8 @@ def predict_row(row: Row) -> RowResult[Row]:
     """``row``'s prediction through ``build_plan`` and ``predict`` (memory reported, not enforced)."""
     prediction = predict_built(build_plan(plan_inputs(row)), check_memory=False)
     metrics = prediction.metrics
-    peak = max(device.get("peak_memory_bytes", 0) for device in metrics["devices"])
-    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row))
+    peak, fits = device_peaks(metrics)
+    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row), fits)
 
 
 def _version(container: str) -> tuple[int, ...]:
@@ -371,6 +371,11 @@ def report(result: Result) -> str:
     lines += [f"not expressible: {count} rows: {reason}" for reason, count in sorted(reasons.items())]
     # Issue #39's targets, newest rows, dense and MoE apart.
     lines += [target_line(f"{key} (issue #39)", stats[key], *TARGETS[key]) for key in ("dense", "moe")]
+    # Every published row ran, so the memory ledger should say each fits (issue #40: no false out-of-memory).
+    for label, pick in (("dense", False), ("MoE", True)):
+        refused = [r for r in latest if r.row.moe == pick and not r.fits]
+        lines.append(f"fit verdict, {label}: {len(refused)} of {sum(r.row.moe == pick for r in latest)} newest rows "
+                     f"predicted not to fit (target 0, issue #40)")
     return "\n".join(lines)
 
 
@@ -382,12 +387,13 @@ def write(result: Result, out: Path) -> list[Path]:
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["line", "container", "system", "model", "gpus", "precision", "tp", "pp", "cp", "vp", "ep",
                      "fsdp", "gbs", "mbs", "seq", "published_tps_per_gpu", "predicted_tps_per_gpu", "error",
-                     "predicted_peak_gb", "newest", "unmodelled"])
+                     "predicted_peak_gb", "predicted_fits", "newest", "unmodelled"])
     for r, now in zip(results, current, strict=True):
         row = r.row
         writer.writerow([row.line, row.container, row.system, row.model, row.gpus, row.precision, row.tp, row.pp,
                          row.cp, row.vp, row.ep, row.fsdp, row.gbs, row.mbs, row.seq, repr(row.tokens_per_s_per_gpu),
-                         f"{r.predicted:.3f}", f"{r.error:.6f}", f"{r.peak_memory_bytes / 1e9:.3f}", int(now),
+                         f"{r.predicted:.3f}", f"{r.error:.6f}", f"{r.peak_memory_bytes / 1e9:.3f}", int(r.fits),
+                         int(now),
                          "; ".join(r.unmodelled)])
     write_text_atomic(text.getvalue(), out / "megatron_bridge.csv")
     text = io.StringIO()

@@ -3,10 +3,11 @@ tables (``megatron_bridge``, ``torchtitan``): each reads its own rows, and judge
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-__all__ = ["PublishedRow", "RowResult"]
+__all__ = ["PublishedRow", "RowResult", "device_peaks"]
 
 
 class PublishedRow(Protocol):
@@ -23,15 +24,27 @@ R = TypeVar("R", bound=PublishedRow)
 
 @dataclass(frozen=True)
 class RowResult(Generic[R]):
-    """A published row, its prediction (tokens/s per GPU), its predicted peak memory (bytes, max over devices) and
-    what of its configuration is assumed or the simulator does not model."""
+    """A published row, its prediction (tokens/s per GPU), its predicted peak memory (bytes, max over devices), what
+    of its configuration is assumed or the simulator does not model, and the memory ledger's verdict: ``fits``, every
+    device's predicted peak within its capacity (a published run ran, so ``False`` is a false out-of-memory)."""
 
     row: R
     predicted: float
     peak_memory_bytes: float
     unmodelled: tuple[str, ...]
+    fits: bool
 
     @property
     def error(self) -> float:
         """predicted / published − 1."""
         return self.predicted / self.row.tokens_per_s_per_gpu - 1
+
+
+def device_peaks(metrics: dict) -> tuple[float, bool]:
+    """From a prediction's ``metrics.json`` object: the largest predicted peak over its devices (bytes) and whether
+    every device's peak is within its capacity (``memory_capacity_bytes``; absent or ``None``: unlimited)."""
+    devices = metrics["devices"]
+    peak = max(device.get("peak_memory_bytes", 0) for device in devices)
+    fits = all(device.get("peak_memory_bytes", 0) <= (device.get("memory_capacity_bytes") or math.inf)
+               for device in devices)
+    return peak, fits

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.harness import write_csv_png
-from experiments.published_rows import RowResult
+from experiments.published_rows import RowResult, device_peaks
 from experiments.scatter import accuracy_scatter_png, error_stats, target_line
 from experiments.torchtitan_fit import DEVICE, FIGURES, fit_figures, log_error, split_rows, with_figures
 from sim.core.cli import CliParser
@@ -42,7 +42,7 @@ from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
 __all__ = ["DATA", "Row", "Result", "load_rows", "plan_inputs", "predict_row", "evaluate", "halves",
-           "summary", "parser", "run", "report", "write", "SEED"]
+           "summary", "memory_error", "parser", "run", "report", "write", "SEED"]
 
 DATA = Path(__file__).parent / "data" / "torchtitan" / "benchmarks.csv"
 
@@ -80,6 +80,7 @@ class Row:
     recompute: str
     fsdp_float8_gather: bool
     tokens_per_s_per_gpu: float
+    memory_gib: float | None = None
 
 
 def load_rows(path: Path = DATA) -> list[Row]:
@@ -99,7 +100,8 @@ def load_rows(path: Path = DATA) -> list[Row]:
                 recipe=entry["float8_recipe"], compiled=entry["torch_compile"] == "yes",
                 async_tp=entry["async_tp"] == "yes", recompute="full" if ac.startswith("full") else "selective",
                 fsdp_float8_gather="float8 FSDP all-gather" in entry["notes"] or entry["model"].endswith("405B"),
-                tokens_per_s_per_gpu=float(entry["tps_per_gpu"])))
+                tokens_per_s_per_gpu=float(entry["tps_per_gpu"]),
+                memory_gib=float(entry["memory_gib"]) if entry["memory_gib"].strip() else None))
     return rows
 
 
@@ -149,8 +151,8 @@ def predict_row(row: Row, topology: Topology | None = None) -> RowResult[Row]:
     built = build_plan(plan_inputs(row), topology)
     prediction = predict_built(built, check_memory=False)
     metrics = prediction.metrics
-    peak = max(device.get("peak_memory_bytes", 0) for device in metrics["devices"])
-    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row))
+    peak, fits = device_peaks(metrics)
+    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row), fits)
 
 
 def evaluate(path: Path = DATA) -> list[RowResult[Row]]:
@@ -290,7 +292,33 @@ def report(result: Result) -> str:
                      f"{entry['max_abs_error']:.1%}")
     lines.append(target_line("held out, fully modelled", stats["held_out_fully_modelled"], 0.05, 0.12))
     lines.append(target_line("all rows (issue #39)", stats["all"], 0.05, 0.15))
-    return "\n".join(lines)
+    return "\n".join(lines + _memory_lines(results))
+
+
+def memory_error(result: RowResult[Row]) -> float:
+    """The predicted peak (the ledger's, allocated bytes) over the published one (``memory_gib``: PyTorch's max
+    reserved, GiB), − 1."""
+    if result.row.memory_gib is None:
+        raise ValueError(f"row {result.row.row_id} publishes no memory")
+    return result.peak_memory_bytes / (result.row.memory_gib * 2**30) - 1
+
+
+def _memory_lines(results: list[RowResult[Row]]) -> list[str]:
+    """Memory beside throughput (issue #40): each row that publishes its peak, the error summary and its target, and
+    the fit verdict over every row (each ran, so each should fit)."""
+    published = [r for r in results if r.row.memory_gib is not None]
+    lines = [f"memory: {len(published)} rows publish their peak (memory_gib: PyTorch's max reserved, GiB); predicted: "
+             "the memory ledger's peak over the devices (allocated tensors), GiB"]
+    lines += [f"  {r.row.row_id:<13} published {r.row.memory_gib:6.1f}  predicted {r.peak_memory_bytes / 2**30:6.1f}  "
+              f"{memory_error(r):+7.1%}" for r in published]
+    stats = error_stats([abs(memory_error(r)) for r in published])
+    lines.append(f"memory, {stats['rows']} rows: median |error| {stats['median_abs_error']:.1%}, max "
+                 f"{stats['max_abs_error']:.1%} ({sum(memory_error(r) < 0 for r in published)} predicted below)")
+    lines.append(target_line("memory (issue #40)", stats, 0.08, 0.15))
+    refused = [r.row.row_id for r in results if not r.fits]
+    lines.append(f"fit verdict: {len(refused)} of {len(results)} published runs predicted not to fit (target 0, "
+                 f"issue #40){': ' + ', '.join(refused) if refused else ''}")
+    return lines
 
 
 def write(result: Result, out: Path) -> list[Path]:
@@ -299,11 +327,13 @@ def write(result: Result, out: Path) -> list[Path]:
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["row_id", "half", "model", "gpus", "fsdp", "tp", "pp", "cp", "seq", "float8", "compile", "ac",
-                     "published_tps_per_gpu", "predicted_tps_per_gpu", "error", "predicted_peak_gb", "unmodelled"])
+                     "published_tps_per_gpu", "predicted_tps_per_gpu", "error", "predicted_peak_gb",
+                     "published_memory_gib", "predicted_fits", "unmodelled"])
     for r, half in zip(results, split, strict=True):
         row = r.row
         writer.writerow([row.row_id, half, row.model, row.gpus, row.fsdp, row.tp, row.pp, row.cp, row.seq,
                          int(row.float8), int(row.compiled), row.recompute, repr(row.tokens_per_s_per_gpu),
                          f"{r.predicted:.3f}", f"{r.error:.6f}", f"{r.peak_memory_bytes / 1e9:.3f}",
+                         "" if row.memory_gib is None else repr(row.memory_gib), int(r.fits),
                          "; ".join(r.unmodelled)])
     return write_csv_png(out, "torchtitan", text.getvalue(), _plot(results, split))

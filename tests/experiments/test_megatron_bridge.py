@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from experiments import megatron_bridge as mb
+from experiments.published_rows import RowResult
 
 
 def _row(line):
@@ -116,3 +117,13 @@ def test_a_rows_prediction_is_sim_runs(line, tmp_path):
     assert result.predicted == metrics["tokens_per_s_per_device"]
     assert result.error == pytest.approx(result.predicted / row.tokens_per_s_per_gpu - 1)
     assert result.row.moe == (line == 9)
+
+
+def test_the_report_counts_the_newest_rows_the_ledger_says_do_not_fit():
+    # Every published row ran: a row whose predicted peak exceeds its device's capacity is a false out-of-memory.
+    rows = [r for r in mb.load_rows() if mb.expressible(r) is None]
+    dense, moe = next(r for r in rows if not r.moe), next(r for r in rows if r.moe)
+    results = [RowResult(dense, 1.0, 1.0, (), False), RowResult(moe, 1.0, 1.0, (), True)]
+    text = mb.report(mb.Result((dense, moe), tuple(results), (True, True), ()))
+    assert "fit verdict, dense: 1 of 1 newest rows predicted not to fit" in text
+    assert "fit verdict, MoE: 0 of 1 newest rows predicted not to fit" in text

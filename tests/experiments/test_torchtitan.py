@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from experiments import torchtitan
+from experiments.published_rows import RowResult
 
 
 def test_every_current_row_is_read():
@@ -54,6 +55,18 @@ def test_a_rows_prediction_is_sim_runs(row_id, tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert result.predicted == metrics["tokens_per_s_per_device"]
     assert result.error == pytest.approx(result.predicted / row.tokens_per_s_per_gpu - 1)
+    # memory beside throughput: the ledger's peak over the devices, against the published max reserved (GiB)
+    assert result.peak_memory_bytes == max(d["peak_memory_bytes"] for d in metrics["devices"])
+    assert result.fits == all(d["peak_memory_bytes"] <= d["memory_capacity_bytes"] for d in metrics["devices"])
+    assert torchtitan.memory_error(result) == pytest.approx(result.peak_memory_bytes / (row.memory_gib * 2**30) - 1)
+
+
+def test_twenty_rows_publish_their_peak_memory_and_the_report_judges_them():
+    rows = torchtitan.load_rows()
+    published = {r.row_id: r.memory_gib for r in rows if r.memory_gib is not None}
+    assert len(published) == 20 and published["tt2412_t1_1"] == 82.4 and published["trainy_2"] == 46.97
+    with pytest.raises(ValueError, match="atp_70b_6"):
+        torchtitan.memory_error(RowResult(_row("atp_70b_6"), 1.0, 1.0, (), True))
 
 
 def test_the_split_is_seeded_and_fits_only_fully_modelled_rows_of_the_fitted_device():
