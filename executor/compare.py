@@ -28,8 +28,10 @@ MEDIAN_RULE = ("median over the iterations after warm-up; with an even count the
                "the reported time is always that of a real iteration, the one drawn in trace.json and gantt.png")
 
 
-def _relative(measured: float, predicted: float) -> float | None:
-    return (measured - predicted) / measured if measured > 0 else None
+def _error(predicted: float, measured: float) -> float | None:
+    """predicted / measured − 1, the product's one sign convention for an error (the experiments' "predicted /
+    published − 1"): negative when the prediction is low. ``None`` for a measurement of 0."""
+    return predicted / measured - 1 if measured > 0 else None
 
 
 def median_iteration(times: Sequence[float], warmup: int) -> tuple[int, float]:
@@ -63,7 +65,7 @@ def compare_report(predicted: Trace, measured: Sequence[Trace], *, median_index:
     Returns:
         ``predicted_iteration_time_s``, ``measured_iteration_time_s`` (the time of ``measured[median_index]``,
         the rule stated in ``measured_statistic``),
-        ``relative_error`` = (measured − predicted) / measured, ``measured_iterations_s``, and ``ops``: per op kind the
+        ``relative_error`` = predicted / measured − 1, ``measured_iterations_s``, and ``ops``: per op kind the
         ``count`` per iteration, ``predicted_mean_s``, ``measured_mean_s`` (over all measured iterations) and
         ``relative_error``.
 
@@ -92,13 +94,13 @@ def compare_report(predicted: Trace, measured: Sequence[Trace], *, median_index:
             "count": len(pred_kinds[kind]) or len(meas_kinds[kind]) // len(measured),
             "predicted_mean_s": p,
             "measured_mean_s": m,
-            "relative_error": _relative(m, p) if p is not None and m is not None else None,
+            "relative_error": _error(p, m) if p is not None and m is not None else None,
         }
     return {
         "predicted_iteration_time_s": predicted_time,
         "measured_iteration_time_s": measured_time,
         "measured_statistic": MEDIAN_RULE,
-        "relative_error": _relative(measured_time, predicted_time),
+        "relative_error": _error(predicted_time, measured_time),
         "measured_iterations_s": times,
         "cost_source": cost_source,
         "ops": ops,
@@ -119,7 +121,7 @@ def memory_report(plan: Plan, predicted_peaks: Sequence[int], measured_peaks: Se
     Returns:
         ``method`` and ``ranks``: per process ``rank``, ``predicted_peak_memory_bytes`` (that of its pipeline rank in
         its replica; its tensor shard is what the prediction's graph describes), ``measured_peak_memory_bytes`` and
-        ``relative_error`` = (measured − predicted) / measured (``None`` when not measured); ``max_abs_relative_error``
+        ``relative_error`` = predicted / measured − 1 (``None`` when not measured); ``max_abs_relative_error``
         over the processes that measured.
 
     Raises:
@@ -134,7 +136,7 @@ def memory_report(plan: Plan, predicted_peaks: Sequence[int], measured_peaks: Se
         p, d, _ = plan.layout.coords(rank)
         predicted = int(predicted_peaks[(d if per_replica else 0) * pipeline + p])
         ranks.append({"rank": rank, "predicted_peak_memory_bytes": predicted, "measured_peak_memory_bytes": measured,
-                      "relative_error": _relative(measured, predicted) if measured is not None else None})
+                      "relative_error": _error(predicted, measured) if measured is not None else None})
     errors = [abs(row["relative_error"]) for row in ranks if row["relative_error"] is not None]
     return {"method": method, "ranks": ranks, "max_abs_relative_error": max(errors) if errors else None}
 

@@ -17,7 +17,7 @@ Procedure, on this host with N CPU ranks (``--ranks``, 2 to 4; gloo):
    measured iterations (``executor.memory``: live tensor storages, operator by operator, on the CPU), and
    ``compare.json``'s ``memory`` sets it beside the prediction's peak of that rank (``sim.predict.predict`` on the
    same plan: the simulator's memory ledger over ``sim.cost.oracle.CostOracle``'s bytes).
-3. **Verdict** against the target: every rank's |measured − predicted| / measured within :data:`TARGET_ERROR`.
+3. **Verdict** against the target: every rank's |predicted / measured − 1| within :data:`TARGET_ERROR`.
    The experiment reports what it measured whether or not the target is met.
 4. **Per layer** (:func:`layer_breakdown`): for the embedding, one block and the head at the experiment's shapes,
    the catalog's bytes (Korthikanti et al. 2022's per-layer activations of fp16 Megatron training, ``workspace``,

@@ -157,7 +157,7 @@ def summarize(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Speed-ups and verdicts from the rows (plan name → ``runs``, each with its ``median_s``, ``iterations_s`` and
     ``predicted_s``, the prediction on the mixed cluster from its round's calibration); fills each row's
     ``measured_s`` and ``predicted_s`` (medians over its runs' iterations and predictions), ``spread`` and per-run
-    ``errors`` ((measured - predicted) / measured).
+    ``errors`` (predicted / measured − 1, ``compare.json``'s convention: negative when the prediction is low).
 
     ``faster``: in every round the searched plan ran faster than the homogeneous-assumption plan.
     ``within_target``: every run of the searched plan is within :data:`TARGET_ERROR` of its prediction.
@@ -167,7 +167,7 @@ def summarize(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         row["measured_s"] = statistics.median(pooled)
         row["predicted_s"] = statistics.median(run["predicted_s"] for run in row["runs"])
         row["spread"] = spread(pooled)
-        row["errors"] = [(run["median_s"] - run["predicted_s"]) / run["median_s"] for run in row["runs"]]
+        row["errors"] = [run["predicted_s"] / run["median_s"] - 1 for run in row["runs"]]
     searched = rows["searched"]
     summary: dict[str, Any] = {"target_error": TARGET_ERROR}
     for name in (n for n in PLANS if n != "searched" and n in rows):

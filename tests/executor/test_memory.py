@@ -171,10 +171,10 @@ def test_the_report_maps_every_process_to_its_pipeline_rank():
     report = memory_report(plan, [1000, 2000], [1100, 1000, None, 2500], "counted")
     rows = report["ranks"]
     assert [row["predicted_peak_memory_bytes"] for row in rows] == [1000, 1000, 2000, 2000]
-    assert [row["relative_error"] for row in rows] == [pytest.approx(100 / 1100), 0.0, None, pytest.approx(0.2)]
+    assert [row["relative_error"] for row in rows] == [pytest.approx(1000 / 1100 - 1), 0.0, None, pytest.approx(-0.2)]
     assert report["max_abs_relative_error"] == pytest.approx(0.2) and report["method"] == "counted"
-    assert format_memory_line(report) == ("peak memory per rank, predicted / measured: rank 0 0.0 / 0.0 MB (+9.1%), "
-                                          "rank 1 0.0 / 0.0 MB (+0.0%), rank 2 0.0 / -, rank 3 0.0 / 0.0 MB (+20.0%)")
+    assert format_memory_line(report) == ("peak memory per rank, predicted / measured: rank 0 0.0 / 0.0 MB (-9.1%), "
+                                          "rank 1 0.0 / 0.0 MB (+0.0%), rank 2 0.0 / -, rank 3 0.0 / 0.0 MB (-20.0%)")
     with pytest.raises(ValueError, match="3 predicted peaks for 2 pipeline ranks"):
         memory_report(plan, [1, 2, 3], [1, 2, 3, 4], None)
     unmeasured = memory_report(plan, [1_500_000, 2_000_000], [None] * 4, None)
@@ -204,7 +204,7 @@ def test_a_two_rank_run_reports_each_ranks_predicted_and_measured_peak(tmp_path)
         assert row["predicted_peak_memory_bytes"] > state[rank]
         assert row["measured_peak_memory_bytes"] > state[rank] // 4
         measured, predicted = row["measured_peak_memory_bytes"], row["predicted_peak_memory_bytes"]
-        assert row["relative_error"] == pytest.approx((measured - predicted) / measured)
+        assert row["relative_error"] == pytest.approx(predicted / measured - 1)
     assert "peak memory per rank, predicted / measured: rank 0 " in result.stdout
 
 

@@ -30,8 +30,7 @@ def test_one_case_measures_every_rank_beside_its_prediction(tmp_path):
     assert case["case"] == "gpipe-recompute" and [r["rank"] for r in case["ranks"]] == [0, 1]
     for row in case["ranks"]:
         assert row["predicted_bytes"] > 0 and row["measured_bytes"] > 0
-        assert row["relative_error"] == pytest.approx((row["measured_bytes"] - row["predicted_bytes"])
-                                                      / row["measured_bytes"])
+        assert row["relative_error"] == pytest.approx(row["predicted_bytes"] / row["measured_bytes"] - 1)
     summary = found["summary"]
     assert summary["ranks"] == 2
     assert summary["max_abs_error"] == max(abs(r["relative_error"]) for r in case["ranks"])
@@ -77,14 +76,14 @@ def test_cases_cover_every_schedule_with_and_without_recompute_and_dp_and_tp():
 def test_the_verdict_and_table_from_hand_made_rows():
     def rank(r, predicted, measured):
         return {"rank": r, "predicted_bytes": predicted, "measured_bytes": measured,
-                "relative_error": (measured - predicted) / measured}
+                "relative_error": predicted / measured - 1}
     results = [{"case": "1f1b", "layout": "", "ranks": [rank(0, 1_000_000, 1_040_000), rank(1, 1_000_000, 900_000)]}]
     summary = summarize(results)
     assert summary["within_target"] == 1 and not summary["target_met"]
     assert summary["max_abs_error"] == pytest.approx(100_000 / 900_000)
     assert summarize(results[:0])["target_met"]
     table = format_table(results, summary, [], None)
-    assert "| 1f1b | 1 | 1.00 | 0.90 | -11.1% |" in table
+    assert "| 1f1b | 1 | 1.00 | 0.90 | +11.1% |" in table
     assert f"1 of 2 ranks within {TARGET_ERROR * 100:.0f}%" in table and "target NOT met" in table
 
 

@@ -19,7 +19,7 @@ from sim.core.errors import SpecError
 
 def _row(schedule, m, predicted, measured):
     return {"schedule": schedule, "microbatches": m, "predicted_s": predicted, "measured_s": measured,
-            "relative_error": (measured - predicted) / measured}
+            "relative_error": predicted / measured - 1}
 
 
 def test_summary_is_median_and_max_of_absolute_errors():
@@ -28,7 +28,7 @@ def test_summary_is_median_and_max_of_absolute_errors():
     assert summary["median_abs_error"] == pytest.approx(0.1)  # |errors| 0.1, 0.1, 0.0
     assert summary["max_abs_error"] == pytest.approx(0.1)
     table = format_table(rows, summary)
-    assert "| gpipe | 8 | 2200.0 | 2000.0 | – | -10.0% | – | – |" in table
+    assert "| gpipe | 8 | 2200.0 | 2000.0 | – | +10.0% | – | – |" in table
     assert "target NOT met" in table
 
 
@@ -54,7 +54,7 @@ def test_summary_reports_both_calibrations_and_busy_runs():
     rows = [_row("gpipe", 4, 0.98, 1.0), _row("gpipe", 8, 1.96, 2.0)]
     rows[0].update(predicted_2_s=1.00, relative_error_2=0.0, measured_spread=spread([0.9, 1.0, 1.2]),
                    foreign_cores=0.0)
-    rows[1].update(predicted_2_s=2.058, relative_error_2=-0.029, measured_spread=spread([2.0, 2.0, 2.1]),
+    rows[1].update(predicted_2_s=2.058, relative_error_2=0.029, measured_spread=spread([2.0, 2.0, 2.1]),
                    foreign_cores=BUSY_CORES + 0.5)
     summary = summarize(rows)
     # Predictions moved by 0.02 / 0.98 and 0.098 / 1.96 = 5 %.
@@ -63,7 +63,7 @@ def test_summary_reports_both_calibrations_and_busy_runs():
     assert summary["measured_range"] == pytest.approx((0.3 / 1.0 + 0.1 / 2.0) / 2)
     assert summary["busy_runs"] == 1
     table = format_table(rows, summary)
-    assert "| gpipe | 4 | 980.0 | 1000.0 | 900.0–1200.0 | +2.0% | +0.0% | 0.00 |" in table
+    assert "| gpipe | 4 | 980.0 | 1000.0 | 900.0–1200.0 | -2.0% | +0.0% | 0.00 |" in table
     assert "moves the predictions by up to 5.0%" in table
     assert "warning: during 1 run(s) other processes" in table
     assert summary["unsteady_runs"] == 1  # the first ranged over 30 % of its median, the second over 5 %
