@@ -93,6 +93,9 @@ EXPERIMENTS: dict[str, Experiment] = {
                               "and TP; and per layer, the bytes autograd saves beside the simulator's",
                               _command("memory_real"),
                               out="runs/memory_real"),
+    "memory_suite": Experiment("memory_suite", "peak memory on a seeded random suite of small plans (models, "
+                               "schedules, recomputation, DP/TP/PP, ZeRO), predicted vs executor.run --measure-memory "
+                               "on every CPU rank", _command("memory_suite"), out="runs/memory_suite"),
     "naspipe": Experiment("naspipe", "NASPipe CSP vs GPipe, 1F1B, PipeDream and its ablations on search spaces "
                           "c1-c3, 8xV100, simulated, beside the paper's speedups", _command("naspipe"),
                           out="runs/naspipe"),
