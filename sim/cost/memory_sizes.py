@@ -11,7 +11,7 @@ master copy in fp32; under ZeRO-1 the optimizer state split over the data-parall
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sim.core.errors import SpecError
@@ -149,14 +149,29 @@ class MemorySizes:
         measured = self.measured_memory(device)
         shards = self.shards
         if measured is not None:
-            return sum(math.ceil(sum(getattr(layer, field) for layer in measured[start:end]) / parts)
-                       for field, parts in (("param_bytes", shards.params), ("gradient_bytes", shards.gradients),
-                                            ("optimizer_bytes", shards.optimizer)))
+            total = sum(math.ceil(sum(getattr(layer, field) for layer in measured[start:end]) / parts)
+                        for field, parts in (("param_bytes", shards.params), ("gradient_bytes", shards.gradients),
+                                             ("optimizer_bytes", shards.optimizer)))
+            return total + self._shard_copies(measured[start:end])
         experts = sum(self.graph.expert_param_count(i) for i in range(start, end))
         rest = sum(self.graph.param_count(i) for i in range(start, end)) - experts
         dtype = self.graph.dtype_bytes
         return math.ceil(rest * state_bytes_per_param(dtype, shards)
                          + experts * state_bytes_per_param(dtype, shards.of_experts))
+
+    def _shard_copies(self, measured: Sequence[LayerMemory]) -> int:
+        """Under ZeRO-1 and 2 with a measured profile (the executor's training), what the executor's sharded optimizer
+        holds besides the measured optimizer state: the replica's slice of the flattened parameters, a copy it steps
+        (``executor.data_parallel``: ``_Bucket.shard``, cloned from the parameters), and under ZeRO-1 that slice's own
+        gradient, the reduce-scatter's output (``shard.grad``; under ZeRO-2 it is the sharded gradient already
+        counted). Both are 1/D of the parameters' and gradients' bytes. 0 without ZeRO, and under ZeRO-3 (FSDP)."""
+        shards = self.shards
+        if shards.optimizer == 1 or shards.params > 1:
+            return 0
+        params = math.ceil(sum(layer.param_bytes for layer in measured) / shards.optimizer)
+        slice_gradient = (math.ceil(sum(layer.gradient_bytes for layer in measured) / shards.optimizer)
+                          if shards.gradients == 1 else 0)
+        return params + slice_gradient
 
     def input_bytes(self, start: int, device: DeviceSpec | None = None) -> int:
         """Bytes of one microbatch's input to a stage that begins at layer ``start``: what it received, or the model
