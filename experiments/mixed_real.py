@@ -221,7 +221,7 @@ def format_table(rows: dict[str, dict[str, Any]], summary: dict[str, Any], slowd
                      f"{_ms(row['spread']['max_s'])} | {errors} | {busy} |")
     lines.append("")
     lines.append(f"every run with executor.run --slowdown {slowdown}; a run's time is its median iteration; error = "
-                 f"(measured - predicted on the mixed cluster from the round's calibration) / measured")
+                 f"predicted on the mixed cluster from the round's calibration / measured - 1")
     for name in (n for n in PLANS if n in summary):
         verdict = summary[name]
         same = " (the same plan)" if verdict["same_plan"] else ""
