@@ -503,8 +503,28 @@ class CostView:
 
     def reduction_buffer_bytes(self, vstage: int) -> int:
         """Bytes a data-parallel reduction of ``vstage``'s gradients holds from its issue until the update that
-        waits for it: a flat copy of the gradients where the cost source says so, else 0 (reduced in place)."""
-        return self.gradient_bytes(vstage) if self.oracle.reduction_copies(self._sized[vstage][2]) else 0
+        waits for it, where the cost source says the framework reduces a flat copy of them (the executor,
+        ``executor.data_parallel``): the copy itself under plain data parallelism (its all-reduce's result is
+        scattered back into the gradients at the update), under ZeRO-1 and 2 the replica's slice of the
+        reduce-scatter's result, 1/D of the copy (the update takes it as its gradient); else 0 (reduced in place)."""
+        if not self.oracle.reduction_copies(self._sized[vstage][2]):
+            return 0
+        flat = self.gradient_bytes(vstage)
+        return flat if not self.layout.zero else -(-flat // self.layout.data_ranks)
+
+    def reduction_takes_gradients(self, vstage: int) -> bool:
+        """Whether a reduction of ``vstage``'s gradients frees them when it copies them (ZeRO-2 with a flat copy:
+        the executor drops each microbatch's gradients once they are in the buffer, and the next backward makes them
+        afresh)."""
+        return self.layout.zero == 2 and self.oracle.reduction_copies(self._sized[vstage][2])
+
+    def reduction_transient_bytes(self, vstage: int) -> int:
+        """Bytes a data-parallel reduction of ``vstage``'s gradients holds from its issue until it ends, beyond
+        :meth:`reduction_buffer_bytes`: under ZeRO-1 and 2 with a flat copy, the copy, which nothing references once
+        its reduce-scatter has completed; else 0."""
+        if not self.layout.zero or not self.oracle.reduction_copies(self._sized[vstage][2]):
+            return 0
+        return self.gradient_bytes(vstage)
 
     def gradients_per_step(self, vstage: int) -> bool:
         """Whether ``vstage``'s weight gradients exist only from its first backward op after an update to the next

@@ -46,9 +46,12 @@ What a device holds, per rank of the plan (all bytes):
 * **A PARTIME stream** (weight policy ``stream``): a stage holds one frame's activations, its newest forward's (or
   the drain's recompute); a forward replaces the one before it, a backward consumes it.
 * **Reduction buffers** (``HOLD_REDUCTION_BUFFER``, REDUCE_GRAD): where the cost source says the framework reduces a
-  flat copy of a stage's gradients (the executor's ``executor.data_parallel``), that copy from the reduction's issue
-  until the update that waits for it starts; nothing where gradients are reduced in place (Megatron-LM's contiguous
-  buffer: the model's default).
+  flat copy of a stage's gradients (the executor's ``executor.data_parallel``): without ZeRO that copy, the
+  all-reduce's result, from the reduction's issue until the update that waits for it starts; under ZeRO-1 and 2 the
+  copy from the issue until the reduction ends (nothing references it once its reduce-scatter has completed) and the
+  replica's slice of the result, 1/D of it, until the update; under ZeRO-2 the copy replaces the microbatch's
+  gradients, which are freed as it is taken and made again by the next backward. Nothing where gradients are
+  reduced in place (Megatron-LM's contiguous buffer: the model's default).
 * **Workspace**: every op whose kind has ``workspace`` holds its stage's transient bytes while it runs, the
   backward's (``backward_workspace_bytes``) for the backward ops (B, I, W), else the forward's. A B's is its
   layer-by-layer peak: going from the last layer to the first, each layer's transient plus the gradient buffers made
@@ -109,6 +112,10 @@ class StageSizes(Protocol):
     def deferred_gradient_bytes(self, vstage: int) -> int: ...
     def gradients_per_step(self, vstage: int) -> bool: ...
     def reduction_buffer_bytes(self, vstage: int) -> int: ...
+
+    def reduction_transient_bytes(self, vstage: int) -> int: ...
+
+    def reduction_takes_gradients(self, vstage: int) -> bool: ...
     def held_gradient_bytes(self, vstage: int) -> int: ...
     def gathered_bytes(self, vstage: int, backward: bool) -> int: ...
     def held_gathered_bytes(self, vstage: int) -> int: ...
@@ -126,7 +133,7 @@ RULES: dict[MemoryEffect, str] = {
     MemoryEffect.UPDATE_WEIGHTS: "_update",
     MemoryEffect.LOAD_WEIGHTS: "_load",
     MemoryEffect.UNLOAD_WEIGHTS: "_nothing",  # frees at the op's end
-    MemoryEffect.HOLD_REDUCTION_BUFFER: "_hold_reduction",  # freed when the update that waits for it starts
+    MemoryEffect.HOLD_REDUCTION_BUFFER: "_hold_reduction",  # freed at its end and at the update (docstring)
 }
 
 
@@ -157,7 +164,8 @@ class MemoryLedger:
         # vstage -> bytes of its per-step gradient buffers that exist now (all of them, or an I's share)
         self.gradients_held: dict[int, int] = {}
         self.deferred: dict[tuple[int, int | None], int] = {}  # (vstage, mb) -> bytes its I kept for its W
-        self.reductions: dict[int, int] = {}  # vstage -> bytes its issued gradient reduction holds
+        self.reductions: dict[int, int] = {}  # vstage -> bytes its issued gradient reductions hold until the update
+        self.reducing: dict[tuple[int, int | None], int] = {}  # running reduction -> bytes freed when it ends
         self.workspaces: dict[tuple[OpKind, int, int | None], int] = {}  # running op -> the workspace it took
         self.offloaded = ({op.vstage for program in plan.programs for op in program
                            if self._effect[op.kind] is MemoryEffect.LOAD_WEIGHTS}
@@ -227,6 +235,8 @@ class MemoryLedger:
             freed += sizes.param_bytes(vstage)
         elif effect is MemoryEffect.UPDATE_WEIGHTS and vstage in self.gradients_held:
             freed += self.gradients_held.pop(vstage)  # zero_grad(set_to_none=True) after the step
+        elif effect is MemoryEffect.HOLD_REDUCTION_BUFFER and self.reducing:
+            freed += self.reducing.pop((vstage, op.mb), 0)
         return freed
 
     def _workspace_of(self, op: Op, *, new_gradients: int) -> int:
@@ -324,7 +334,12 @@ class MemoryLedger:
         held = self.sizes.reduction_buffer_bytes(op.vstage)
         if held:
             self.reductions[op.vstage] = self.reductions.get(op.vstage, 0) + held
-        return 0, held
+        transient = self.sizes.reduction_transient_bytes(op.vstage)
+        if transient:
+            self.reducing[(op.vstage, op.mb)] = transient
+        # ZeRO-2's copy replaces the microbatch's gradients, which the next backward makes afresh (_new_gradients).
+        dropped = self.gradients_held.pop(op.vstage, 0) if self.sizes.reduction_takes_gradients(op.vstage) else 0
+        return dropped, held + transient
 
     def _update(self, op: Op) -> tuple[int, int]:
         reduced = self.reductions.pop(op.vstage, 0)  # the update has waited for its reduction, whose buffer goes
@@ -383,9 +398,13 @@ def program_order_peaks(plan: Plan, views: Sequence[StageSizes]) -> tuple[int, .
     """The highest memory of each simulated rank (``i · P + p``: pipeline rank p of view i), bytes, replayed in
     program order without times.
 
-    Exact, equal to the engine's peak, for every plan without host copies: memory then changes only when the rank's
-    own ops start and end, and those run one after another in program order. A plan with PREFETCH or EVICT (whose
-    copies start when their deps are done, not when issued) is refused.
+    Exact, equal to the engine's peak, for every plan without host copies whose data-parallel collectives free
+    nothing when they end: memory then changes only when the rank's own ops start and end, and those run one after
+    another in program order. A data-parallel collective runs beside them and ends at a time program order does not
+    know; what it frees at its end (a ZeRO-1 or ZeRO-2 reduce-scatter's flat input copy, under a cost source that
+    copies) is freed here as it starts, no later than the engine frees it: the replay's peak is then a lower bound of
+    the engine's, so a plan it says does not fit does not (the search's refusals stay sound). A plan with PREFETCH or
+    EVICT (whose copies start when their deps are done, not when issued) is refused.
 
     Raises:
         ValueError: the plan has host copies.

@@ -149,8 +149,12 @@ class MemorySizes:
         measured = self.measured_memory(device)
         shards = self.shards
         if measured is not None:
+            # The executor's ZeRO-2 makes whole gradients in each microbatch's backward and reduce-scatters a flat
+            # copy of them; its slices are held by the reductions (CostView.reduction_buffer_bytes), so the
+            # gradients here are whole (per step) below ZeRO-3.
+            gradient_parts = shards.gradients if shards.params > 1 else 1
             total = sum(math.ceil(sum(getattr(layer, field) for layer in measured[start:end]) / parts)
-                        for field, parts in (("param_bytes", shards.params), ("gradient_bytes", shards.gradients),
+                        for field, parts in (("param_bytes", shards.params), ("gradient_bytes", gradient_parts),
                                              ("optimizer_bytes", shards.optimizer)))
             return total + self._shard_copies(measured[start:end])
         experts = sum(self.graph.expert_param_count(i) for i in range(start, end))
@@ -162,16 +166,13 @@ class MemorySizes:
     def _shard_copies(self, measured: Sequence[LayerMemory]) -> int:
         """Under ZeRO-1 and 2 with a measured profile (the executor's training), what the executor's sharded optimizer
         holds besides the measured optimizer state: the replica's slice of the flattened parameters, a copy it steps
-        (``executor.data_parallel``: ``_Bucket.shard``, cloned from the parameters), and under ZeRO-1 that slice's own
-        gradient, the reduce-scatter's output (``shard.grad``; under ZeRO-2 it is the sharded gradient already
-        counted). Both are 1/D of the parameters' and gradients' bytes. 0 without ZeRO, and under ZeRO-3 (FSDP)."""
+        (``executor.data_parallel``: ``_Bucket.shard``, cloned from the parameters), 1/D of the parameters' bytes.
+        (That slice's gradient is the reduce-scatter's result, held by the reduction until the update:
+        ``CostView.reduction_buffer_bytes``.) 0 without ZeRO, and under ZeRO-3 (FSDP)."""
         shards = self.shards
         if shards.optimizer == 1 or shards.params > 1:
             return 0
-        params = math.ceil(sum(layer.param_bytes for layer in measured) / shards.optimizer)
-        slice_gradient = (math.ceil(sum(layer.gradient_bytes for layer in measured) / shards.optimizer)
-                          if shards.gradients == 1 else 0)
-        return params + slice_gradient
+        return math.ceil(sum(layer.param_bytes for layer in measured) / shards.optimizer)
 
     def input_bytes(self, start: int, device: DeviceSpec | None = None) -> int:
         """Bytes of one microbatch's input to a stage that begins at layer ``start``: what it received, or the model

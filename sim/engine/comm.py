@@ -313,6 +313,7 @@ class Communication:
             start = yield from self.hold_links(lane, cost.seconds, cost.bytes_per_link)
         for member in sorted(members):
             self._finish(op, member, start)
+            self._release(member, op)  # what the ledger frees at its end (a reduce-scatter's flat input copy)
 
     def _overlapped_reduction(self, op: Op, members: list[int], lane: tuple,
                               link_bytes: tuple) -> Generator[simpy.Event, Any, float]:

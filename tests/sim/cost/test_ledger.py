@@ -144,3 +144,38 @@ def test_a_flat_copy_reduction_holds_the_gradients_from_its_issue_to_the_update(
     before = program_order_peaks(plan, plain)
     assert engine == tuple(max(peak, state + gradients) for peak in before)
     assert engine != before  # this plan's activations are smaller than its gradients: the copy sets the peak
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_a_reduction_holds_what_the_executor_holds_of_its_flat_copy(tmp_path, zero):
+    """Where a profile says the framework reduces a flat copy (``executor.data_parallel``): without ZeRO the copy is
+    the all-reduce's result and stays until the update; under ZeRO-1 and 2 the copy is freed when its reduce-scatter
+    ends and the replica's slice of the result (1/D of it) stays until the update; ZeRO-2's copy replaces the
+    microbatch's gradients, which its next backward makes again."""
+    import json
+
+    from sim.models import build_model
+
+    graph = build_model("gpt:layers=2,hidden=64,heads=2,seq=16,vocab=100")
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "format": "pipedejavu-profile", "format_version": 1, "model": graph.spec, "device": "cpu",
+        "microbatch_size": 1, "gradients": "per_step", "reduction": "flat_copy",
+        "layers": [{"name": layer.name, "fwd_s": 1e-3, "bwd_s": 2e-3} for layer in graph.layers]}))
+    built = build_plan(PlanInputs(graph.spec, "2xcpu", "1f1b", microbatch_size=1, dp=2, pp=1, zero=zero,
+                                  global_batch=4, profile=str(profile)))
+    view = built.views()[0]
+    ledger = MemoryLedger(built.plan, view)
+    gradients = view.gradient_bytes(0)
+    flat, slice_ = gradients, -(-gradients // 2)
+    for op in built.plan.programs[0]:
+        released, allocated = ledger.start(op)
+        if op.kind is OpKind.REDUCE_GRAD:
+            assert released == (gradients if zero == 2 else 0)
+            assert allocated == (flat if zero == 0 else slice_ + flat)
+            assert ledger.end(op) == (0 if zero == 0 else flat)
+            continue
+        if op.kind is OpKind.OPT_STEP:
+            reductions = 1 if zero < 2 else built.plan.num_microbatches
+            assert released == (flat if zero == 0 else reductions * slice_)
+        ledger.end(op)

@@ -1,7 +1,8 @@
 """MemorySizes' training state under ZeRO with a measured profile (the executor's training), against the executor's
-own tensors counted by hand: ``executor.data_parallel`` keeps, per replica, the whole parameters and (ZeRO-1) their
-whole gradients, and its sharded optimizer a slice of the parameters it steps, that slice's gradient (ZeRO-1; under
-ZeRO-2 the slice's gradient is the sharded gradient) and Adam's state on the slice."""
+own tensors counted by hand: ``executor.data_parallel`` keeps, per replica, the whole parameters, whole gradients
+while a backward makes them (per step; under ZeRO-2 per microbatch, until its reduction copies them), and its sharded
+optimizer a slice of the parameters it steps and Adam's state on the slice. The slices of the reduce-scatters'
+results are the reductions' (``tests/sim/cost/test_ledger.py``)."""
 
 import pytest
 
@@ -24,16 +25,11 @@ def _sizes(zero, dp):
     return MemorySizes(graph, 1, StateShards.of_zero(zero, dp), lambda device: measured), len(graph)
 
 
+@pytest.mark.parametrize("zero", [1, 2])
 @pytest.mark.parametrize("dp", [2, 4])
-def test_zero_1_holds_a_parameter_slice_and_its_gradient_beside_the_whole_ones(dp):
-    sizes, n = _sizes(1, dp)
-    assert sizes.state_bytes(0, n) == n * (PARAMS + GRADS) + -(-n * (ADAM + PARAMS + GRADS) // dp)
-
-
-@pytest.mark.parametrize("dp", [2, 4])
-def test_zero_2_holds_a_parameter_slice_beside_the_sharded_gradients(dp):
-    sizes, n = _sizes(2, dp)
-    assert sizes.state_bytes(0, n) == n * PARAMS + -(-n * GRADS // dp) + -(-n * ADAM // dp) + -(-n * PARAMS // dp)
+def test_zero_1_and_2_hold_a_parameter_slice_beside_the_whole_parameters_and_gradients(zero, dp):
+    sizes, n = _sizes(zero, dp)
+    assert sizes.state_bytes(0, n) == n * (PARAMS + GRADS) + -(-n * ADAM // dp) + -(-n * PARAMS // dp)
 
 
 def test_without_zero_and_under_zero_3_nothing_is_added():

@@ -71,10 +71,12 @@ def test_the_planner_finds_the_brute_force_best_within_one_percent(problem):
     assert all(by_candidate[e.candidate] == e for e in planned.evaluations)
 
 
-def _screen_equals_engine(problem, *, seed, count, keep=lambda candidate: True):
+def _screen_equals_engine(problem, *, seed, count, keep=lambda candidate: True, below=lambda candidate: False):
     """Assert the planner's memory screen gives the engine's own peak per simulated rank (``predict``, memory check
     off) on ``count`` of ``problem``'s candidates drawn at random; returns them. A candidate a rule refuses (e.g. a TP
-    group mixing device models, a split backward under ZeRO-3) is drawn past."""
+    group mixing device models, a split backward under ZeRO-3) is drawn past. Where ``below(candidate)``, the screen
+    may only be at or below the engine's peak (its replay frees what a collective frees at its end when it starts:
+    ``sim.cost.ledger.program_order_peaks``), and is checked so."""
     from sim.plan.build import build_plan
     from sim.predict import predict_built
     from sim.search.planner import _Screen
@@ -90,7 +92,11 @@ def _screen_equals_engine(problem, *, seed, count, keep=lambda candidate: True):
             engine = predict_built(build_plan(candidate.plan_inputs(problem)), check_memory=False)
         except SpecError:
             continue
-        assert screen.peaks(candidate) == engine.peak_memory_bytes, candidate.label
+        peaks = screen.peaks(candidate)
+        if below(candidate):
+            assert all(p <= e for p, e in zip(peaks, engine.peak_memory_bytes, strict=True)), candidate.label
+        else:
+            assert peaks == engine.peak_memory_bytes, candidate.label
         checked.append(candidate)
         if len(checked) == count:
             return checked
@@ -123,9 +129,10 @@ def test_the_memory_screen_is_the_engines_peak_for_a_mixture_over_expert_degrees
 
 def test_the_memory_screen_holds_data_parallel_buffers_as_the_engine_does(tmp_path):
     """Oracle: the engine's peak, as above, where a profile says the framework reduces a flat copy of the gradients
-    and they live per step (``executor.data_parallel``): the copy is held from each REDUCE_GRAD's issue to its update,
-    which only the lowered programs (collectives included) show; and under every ZeRO stage, FSDP's gathered
-    parameters included."""
+    and they live per step (``executor.data_parallel``): without ZeRO the copy is held from each REDUCE_GRAD's issue to
+    its update, which only the lowered programs (collectives included) show; under ZeRO-1 and 2 the copy is freed when
+    its reduce-scatter ends, at a time the replay does not know, so the screen is a lower bound there; under ZeRO-3,
+    FSDP's gathered parameters included, exact again."""
     import json
 
     from sim.models import build_model
@@ -140,7 +147,8 @@ def test_the_memory_screen_holds_data_parallel_buffers_as_the_engine_does(tmp_pa
     space = SearchSpace(schedules=("gpipe", "1f1b", "interleaved", "zb1p"), recompute=("none", "full"),
                         microbatch_sizes=(1,), chunks=(2,), zero=(0, 1, 2, 3))
     problem = SearchProblem(graph.spec, "8xcpu", 16, space=space, profile=str(profile))
-    checked = _screen_equals_engine(problem, seed=3, count=32, keep=lambda c: c.dp > 1)
+    checked = _screen_equals_engine(problem, seed=3, count=32, keep=lambda c: c.dp > 1,
+                                    below=lambda c: c.zero in (1, 2))
     assert {c.schedule for c in checked} == set(space.schedules) and {c.zero for c in checked} == {0, 1, 2, 3}
 
 
