@@ -46,6 +46,7 @@ one more block after the last, scored by the shared output head); the "w/o MTP" 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,9 @@ __all__ = ["DATA", "EP_OVERLAP_FROM", "FULL_ITERATION_GRAPHS_FROM", "DDP_BUCKET_
            "report", "write"]
 
 DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
+#: What each row's recipe keeps in memory, read from Megatron-Bridge's workload configs at its container's tag
+#: (``experiments/data/megatron-bridge/README.md``).
+RECIPE_MEMORY = DATA.parent / "recipe_memory_settings.csv"
 
 #: The preset of each published model name the product expresses.
 MODELS = {"LLAMA3_8B": "llama3.1-8b", "LLAMA3_70B": "llama3.1-70b", "LLAMA3.1_405B": "llama3.1-405b",
@@ -133,6 +137,7 @@ class Row:
     vp: int
     ep: int
     tokens_per_s_per_gpu: float
+    source_line: int = 0
 
     @property
     def config(self) -> tuple:
@@ -164,8 +169,28 @@ def load_rows(path: Path = DATA) -> list[Row]:
                 gbs=int(entry["gbs"]), mbs=int(entry["mbs"]), seq=int(entry["seq_len"]),
                 fsdp=int(entry["fsdp"]) if entry["fsdp"].strip() not in ("", "n/a") else 0, tp=_count(entry["tp"]),
                 pp=_count(entry["pp"]), cp=_count(entry["cp"]), vp=_count(entry["vp"]), ep=_count(entry["ep"]),
-                tokens_per_s_per_gpu=float(entry["tokens_per_sec_per_gpu"])))
+                tokens_per_s_per_gpu=float(entry["tokens_per_sec_per_gpu"]), source_line=int(entry["source_line"])))
     return rows
+
+
+@functools.lru_cache(maxsize=1)
+def _recipe_memory_table(path: Path = RECIPE_MEMORY) -> dict[tuple[int, str, str, str, int], dict[str, str]]:
+    """:data:`RECIPE_MEMORY` keyed by (source line, container, system, model, variant index: 0 for the row outside
+    the parentheses or alone, 1 for the one inside), read once."""
+    table: dict[tuple[int, str, str, str, int], dict[str, str]] = {}
+    with path.open(newline="", encoding="utf-8") as handle:
+        for entry in csv.DictReader(handle):
+            key = (int(entry["source_line"]), entry["container"], entry["system"], entry["model"])
+            index = sum(1 for known in table if known[:4] == key)
+            table[(*key, index)] = entry
+    return table
+
+
+def recipe_memory(row: Row) -> dict[str, str] | None:
+    """What ``row``'s recipe keeps in memory (:data:`RECIPE_MEMORY`: recomputation, offloading, other settings and
+    their citations), or ``None`` for a row it does not list."""
+    key = (row.source_line, row.container, row.system, row.model, int(row.variant == "inside_parentheses"))
+    return _recipe_memory_table().get(key)
 
 
 def expressible(row: Row) -> str | None:
@@ -239,6 +264,25 @@ def plan_inputs(row: Row) -> PlanInputs:
         grad_bucket_params=DDP_BUCKET_PARAMS if dp_comm_overlap(row) else 0)
 
 
+def _recipe_memory_gaps(row: Row) -> list[str]:
+    """What of the recipe's memory settings (:func:`recipe_memory`) the prediction does not apply: its selective
+    recomputation of named modules, its CPU offloading of activations, and whether the recipe read is uncertain."""
+    settings = recipe_memory(row)
+    if settings is None:
+        return ["the recipe's memory settings not read"]
+    gaps = []
+    modules = settings["recompute_modules"]
+    if settings["recompute_granularity"] == "selective" and modules.startswith("[") and not modules.startswith("[]"):
+        gaps.append(f"the recipe's selective recomputation of {modules[:modules.index(']') + 1]} not applied")
+    offloading = settings["offloading"]
+    if offloading.startswith("cpu_offloading=True"):
+        layers = offloading.rsplit("cpu_offloading_num_layers=", 1)[-1]
+        gaps.append(f"the recipe's CPU offloading of {layers} layers' activations not modelled")
+    if "UNCERTAIN" in settings["other_memory_settings"]:
+        gaps.append("the recipe's memory settings uncertain (no config matches the row exactly)")
+    return gaps
+
+
 def unmodelled(row: Row) -> tuple[str, ...]:
     """What of ``row`` the prediction assumes or leaves out."""
     missing = []
@@ -246,7 +290,7 @@ def unmodelled(row: Row) -> tuple[str, ...]:
         missing.append("precision not defined by the file (costed as fp8)")
     if row.fsdp == 0 and row.gpus // (row.tp * row.pp) > 1:
         missing.append("distributed optimizer assumed")
-    missing.append("recomputation not published")
+    missing.extend(_recipe_memory_gaps(row))
     if tp_comm_overlap(row):
         missing.append("Transformer Engine's TP overlap costed as async TP (the SMs its userbuffers take not modelled)")
     if _from(FULL_ITERATION_GRAPHS_FROM, row):

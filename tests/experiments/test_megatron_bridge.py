@@ -127,3 +127,17 @@ def test_the_report_counts_the_newest_rows_the_ledger_says_do_not_fit():
     text = mb.report(mb.Result((dense, moe), tuple(results), (True, True), ()))
     assert "fit verdict, dense: 1 of 1 newest rows predicted not to fit" in text
     assert "fit verdict, MoE: 0 of 1 newest rows predicted not to fit" in text
+
+
+def test_each_row_names_what_of_its_recipes_memory_settings_is_not_applied():
+    # recipe_memory_settings.csv: the recipes' recomputation and offloading, read at each container's tag
+    rows = {(r.container, r.system, r.model, r.precision): r for r in mb.load_rows() if mb.expressible(r) is None}
+    assert all(mb.recipe_memory(r) is not None for r in rows.values())
+    deepseek = rows["26.08", "DGX-GB200", "DeepSeekV3", "MXFP8"]  # v0.6.0: recompute_modules = ["mla_up_proj"]
+    assert mb.recipe_memory(deepseek)["citation"].startswith("v0.6.0:src/megatron/bridge/perf_recipes/deepseek/gb200")
+    assert "the recipe's selective recomputation of ['mla_up_proj'] not applied" in mb.unmodelled(deepseek)
+    llama = rows["26.04.01", "DGX-GB200", "LLAMA3_70B", "FP8"]  # FSDP: cpu_offloading_num_layers = 40
+    assert "the recipe's CPU offloading of 40 layers' activations not modelled" in mb.unmodelled(llama)
+    small = rows["26.08", "DGX-GB200", "Qwen3_30B_a3B", "MXFP8"]  # nothing recomputed or offloaded
+    assert not any("recipe" in item for item in mb.unmodelled(small))
+    assert not any("recomputation not published" in item for r in rows.values() for item in mb.unmodelled(r))
