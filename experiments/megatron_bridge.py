@@ -20,8 +20,11 @@ whose recipe captures the full iteration (:data:`FULL_ITERATION_GRAPHS_FROM`; th
 and paged stash that came with it are named in ``unmodelled``); the precision: BF16 as the model's own, FP8-CS as
 ``fp8``, FP8-MX and MXFP8 as ``mxfp8``, NVFP4 as ``nvfp4``, and the unqualified "FP8" of 26.02 on and the
 unlabelled 25.09 rows as ``fp8`` (the file does not define them: named in the row's ``unmodelled`` column). Routing
-is balanced and dropless, as the file says the MoE benchmarks force. Activation recomputation is not published:
-none is modelled (the predicted peak memory is reported; a row the ledger says does not fit is still timed).
+is balanced and dropless, as the file says the MoE benchmarks force. No recomputation is modelled: the tables do not
+publish it, and what the recipes keep in memory (:data:`RECIPE_MEMORY`, read at each container's tag: no row
+recomputes whole layers; DeepSeek-V3 and GPT-OSS on GB200 recompute named modules, the FP8 Llama 3 configs with FSDP
+offload activations to the CPU) is named in each row's ``unmodelled`` column, not yet applied (the predicted peak
+memory is reported; a row the ledger says does not fit is still timed).
 
 Racks of 64 [assumed]: the file does not say how the GPUs were allocated. Filled in order as ``NxGB200`` hands
 them out (domains of 72, the last partial), a 256-GPU job with 32 or 64 devices per pipeline stage has a stage whose
