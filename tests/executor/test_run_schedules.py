@@ -154,3 +154,15 @@ def test_pipedream_equals_the_delayed_update_reference(tmp_path, ranks, vertical
     _assert_state(merged, reference.state)
     for got, want in zip(losses, reference.losses, strict=True):
         assert got == pytest.approx(list(want), rel=1e-6)
+
+
+def test_dualpipev_on_four_ranks_equals_single_process_training(tmp_path):
+    # 8 vstages in a V on 4 ranks (rank r holds r and 7 - r): the middle ranks send and receive in both directions, the
+    # last rank turns in memory; m = 2p = 8 microbatches, the fewest DualPipeV takes.
+    ranks, m = 4, 8
+    plan, merged, losses = _train(tmp_path, _plan(tmp_path, ranks, m, "--schedule", "dualpipev", model=SPEC8), 1, 1)
+    assert plan.placement.vstage_to_rank == (0, 1, 2, 3, 3, 2, 1, 0)
+    reference = train_reference(SPEC8, steps=2, num_microbatches=m, microbatch_size=1, optimizer="sgd")
+    _assert_state(merged, reference.state, SPEC8)
+    for got, want in zip(losses, reference.losses, strict=True):
+        assert got == pytest.approx(list(want), rel=1e-6)
