@@ -48,7 +48,9 @@ class ScheduleEntry:
             ``fixed_chunks`` per rank.
         constraints: ``(p, m, v) -> None``, raising the generator's own :class:`SpecError` for sizes it refuses,
             without building anything (``None``: any p, m >= 1); v is the stages per rank.
-        split_backward: whether the programs split the backward into I and W.
+        split_backward: whether the programs split the backward into I and W (all of them, or some: DualPipeV).
+        fixed_chunks: virtual stages per rank of a schedule that does not take ``--chunks``: 2 for DualPipeV's V,
+            1 for the others.
     """
 
     name: str
