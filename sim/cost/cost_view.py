@@ -504,13 +504,14 @@ class CostView:
     def reduction_buffer_bytes(self, vstage: int) -> int:
         """Bytes a data-parallel reduction of ``vstage``'s gradients holds from its issue until the update that
         waits for it, where the cost source says the framework reduces a flat copy of them (the executor,
-        ``executor.data_parallel``): the copy itself under plain data parallelism (its all-reduce's result is
-        scattered back into the gradients at the update), under ZeRO-1 and 2 the replica's slice of the
-        reduce-scatter's result, 1/D of the copy (the update takes it as its gradient); else 0 (reduced in place)."""
+        ``executor.data_parallel``): under ZeRO-1 and 2 the replica's slice of the reduce-scatter's result, 1/D of
+        the copy (the update takes it as its gradient); otherwise the copy itself (plain data parallelism: its
+        all-reduce's result is scattered back into the gradients at the update; ZeRO-3's per-step reduction, not
+        measured apart); 0 where gradients are reduced in place."""
         if not self.oracle.reduction_copies(self._sized[vstage][2]):
             return 0
         flat = self.gradient_bytes(vstage)
-        return flat if not self.layout.zero else -(-flat // self.layout.data_ranks)
+        return -(-flat // self.layout.data_ranks) if self.layout.zero in (1, 2) else flat
 
     def reduction_takes_gradients(self, vstage: int) -> bool:
         """Whether a reduction of ``vstage``'s gradients frees them when it copies them (ZeRO-2 with a flat copy:
@@ -522,7 +523,7 @@ class CostView:
         """Bytes a data-parallel reduction of ``vstage``'s gradients holds from its issue until it ends, beyond
         :meth:`reduction_buffer_bytes`: under ZeRO-1 and 2 with a flat copy, the copy, which nothing references once
         its reduce-scatter has completed; else 0."""
-        if not self.layout.zero or not self.oracle.reduction_copies(self._sized[vstage][2]):
+        if self.layout.zero not in (1, 2) or not self.oracle.reduction_copies(self._sized[vstage][2]):
             return 0
         return self.gradient_bytes(vstage)
 
