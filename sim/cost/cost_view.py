@@ -23,6 +23,7 @@ from sim.cost.comm_cost import CommCost, sequential_cost
 from sim.cost.expert_exchange import expert_exchange_cost
 from sim.cost.gpu_time import KernelModel
 from sim.cost.gradient_buckets import bucket_bytes, bucketed, exposed_gather_s
+from sim.cost.ledger import IN_PLACE, ReductionMemory
 from sim.cost.memory_sizes import StateShards
 from sim.cost.oracle import CostOracle
 from sim.cost.precision import narrow_format
@@ -501,31 +502,21 @@ class CostView:
                                         fsdp.backward_gathered_bytes(params, gradients, gather=not kept))
         return found
 
-    def reduction_buffer_bytes(self, vstage: int) -> int:
-        """Bytes a data-parallel reduction of ``vstage``'s gradients holds from its issue until the update that
-        waits for it, where the cost source says the framework reduces a flat copy of them (the executor,
-        ``executor.data_parallel``): under ZeRO-1 and 2 the replica's slice of the reduce-scatter's result, 1/D of
-        the copy (the update takes it as its gradient); otherwise the copy itself (plain data parallelism: its
-        all-reduce's result is scattered back into the gradients at the update; ZeRO-3's per-step reduction, not
-        measured apart); 0 where gradients are reduced in place."""
+    def reduction_memory(self, vstage: int) -> ReductionMemory:
+        """What a data-parallel reduction of ``vstage``'s gradients holds, where the cost source says the framework
+        reduces a flat copy of them (the executor, ``executor.data_parallel``): under ZeRO-1 and 2 the copy until the
+        reduction ends (nothing references it once its reduce-scatter has completed) and the replica's slice of the
+        result, 1/D of it, until the update (which takes it as its gradient), ZeRO-2's copy replacing the
+        microbatch's gradients (the next backward makes them afresh); otherwise the copy itself until the update
+        (plain data parallelism: its all-reduce's result is scattered back into the gradients at the update;
+        ZeRO-3's per-step reduction, not measured apart). Nothing where gradients are reduced in place."""
         if not self.oracle.reduction_copies(self._sized[vstage][2]):
-            return 0
+            return IN_PLACE
         flat = self.gradient_bytes(vstage)
-        return -(-flat // self.layout.data_ranks) if self.layout.zero in (1, 2) else flat
-
-    def reduction_takes_gradients(self, vstage: int) -> bool:
-        """Whether a reduction of ``vstage``'s gradients frees them when it copies them (ZeRO-2 with a flat copy:
-        the executor drops each microbatch's gradients once they are in the buffer, and the next backward makes them
-        afresh)."""
-        return self.layout.zero == 2 and self.oracle.reduction_copies(self._sized[vstage][2])
-
-    def reduction_transient_bytes(self, vstage: int) -> int:
-        """Bytes a data-parallel reduction of ``vstage``'s gradients holds from its issue until it ends, beyond
-        :meth:`reduction_buffer_bytes`: under ZeRO-1 and 2 with a flat copy, the copy, which nothing references once
-        its reduce-scatter has completed; else 0."""
-        if self.layout.zero not in (1, 2) or not self.oracle.reduction_copies(self._sized[vstage][2]):
-            return 0
-        return self.gradient_bytes(vstage)
+        if self.layout.zero not in (1, 2):
+            return ReductionMemory(until_update=flat)
+        return ReductionMemory(until_update=-(-flat // self.layout.data_ranks), until_end=flat,
+                               takes_gradients=self.layout.zero == 2)
 
     def gradients_per_step(self, vstage: int) -> bool:
         """Whether ``vstage``'s weight gradients exist only from its first backward op after an update to the next

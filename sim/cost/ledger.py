@@ -85,13 +85,36 @@ The ledger is stateful (stash versions and PARTIME frames are counted as they go
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from sim.ir.ops import OP_SEMANTICS, Action, MemoryEffect, Op, OpKind
 from sim.ir.plan import Plan
 from sim.ir.weight_versions import weight_versions
 
-__all__ = ["StageSizes", "MemoryLedger", "RULES", "program_order_peaks", "resident_bytes", "kept_bytes"]
+__all__ = ["StageSizes", "ReductionMemory", "IN_PLACE", "MemoryLedger", "RULES", "program_order_peaks",
+           "resident_bytes", "kept_bytes"]
+
+
+@dataclass(frozen=True)
+class ReductionMemory:
+    """What one data-parallel reduction of a vstage's gradients holds on its device (the module docstring's
+    reduction buffers).
+
+    Attributes:
+        until_update: bytes held from its issue until the update that waits for it starts.
+        until_end: bytes held from its issue until the reduction ends.
+        takes_gradients: whether taking its copy frees the microbatch's gradients (the next backward makes them
+            afresh).
+    """
+
+    until_update: int = 0
+    until_end: int = 0
+    takes_gradients: bool = False
+
+
+#: A reduction done in place: it holds nothing.
+IN_PLACE = ReductionMemory()
 
 
 class StageSizes(Protocol):
@@ -111,11 +134,7 @@ class StageSizes(Protocol):
     def gradient_bytes(self, vstage: int) -> int: ...
     def deferred_gradient_bytes(self, vstage: int) -> int: ...
     def gradients_per_step(self, vstage: int) -> bool: ...
-    def reduction_buffer_bytes(self, vstage: int) -> int: ...
-
-    def reduction_transient_bytes(self, vstage: int) -> int: ...
-
-    def reduction_takes_gradients(self, vstage: int) -> bool: ...
+    def reduction_memory(self, vstage: int) -> ReductionMemory: ...
     def held_gradient_bytes(self, vstage: int) -> int: ...
     def gathered_bytes(self, vstage: int, backward: bool) -> int: ...
     def held_gathered_bytes(self, vstage: int) -> int: ...
@@ -331,15 +350,14 @@ class MemoryLedger:
         return 0, self.sizes.rebuilt_bytes(op.vstage)
 
     def _hold_reduction(self, op: Op) -> tuple[int, int]:
-        held = self.sizes.reduction_buffer_bytes(op.vstage)
-        if held:
-            self.reductions[op.vstage] = self.reductions.get(op.vstage, 0) + held
-        transient = self.sizes.reduction_transient_bytes(op.vstage)
-        if transient:
-            self.reducing[(op.vstage, op.mb)] = transient
+        held = self.sizes.reduction_memory(op.vstage)
+        if held.until_update:
+            self.reductions[op.vstage] = self.reductions.get(op.vstage, 0) + held.until_update
+        if held.until_end:
+            self.reducing[(op.vstage, op.mb)] = held.until_end
         # ZeRO-2's copy replaces the microbatch's gradients, which the next backward makes afresh (_new_gradients).
-        dropped = self.gradients_held.pop(op.vstage, 0) if self.sizes.reduction_takes_gradients(op.vstage) else 0
-        return dropped, held + transient
+        dropped = self.gradients_held.pop(op.vstage, 0) if held.takes_gradients else 0
+        return dropped, held.until_update + held.until_end
 
     def _update(self, op: Op) -> tuple[int, int]:
         reduced = self.reductions.pop(op.vstage, 0)  # the update has waited for its reduction, whose buffer goes

@@ -150,7 +150,7 @@ class MemorySizes:
         shards = self.shards
         if measured is not None:
             # The executor's ZeRO-2 makes whole gradients in each microbatch's backward and reduce-scatters a flat
-            # copy of them; its slices are held by the reductions (CostView.reduction_buffer_bytes), so the
+            # copy of them; its slices are held by the reductions (CostView.reduction_memory), so the
             # gradients here are whole (per step) below ZeRO-3.
             gradient_parts = shards.gradients if shards.params > 1 else 1
             total = sum(math.ceil(sum(getattr(layer, field) for layer in measured[start:end]) / parts)
@@ -168,7 +168,7 @@ class MemorySizes:
         holds besides the measured optimizer state: the replica's slice of the flattened parameters, a copy it steps
         (``executor.data_parallel``: ``_Bucket.shard``, cloned from the parameters), 1/D of the parameters' bytes.
         (That slice's gradient is the reduce-scatter's result, held by the reduction until the update:
-        ``CostView.reduction_buffer_bytes``.) 0 without ZeRO, and under ZeRO-3 (FSDP)."""
+        ``CostView.reduction_memory``.) 0 without ZeRO, and under ZeRO-3 (FSDP)."""
         shards = self.shards
         if shards.optimizer == 1 or shards.params > 1:
             return 0

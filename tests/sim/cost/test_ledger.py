@@ -8,7 +8,7 @@ import pytest
 
 from sim.core.errors import SpecError
 from sim.cost.cost_view import replica_views
-from sim.cost.ledger import RULES, MemoryLedger, program_order_peaks
+from sim.cost.ledger import RULES, MemoryLedger, ReductionMemory, program_order_peaks
 from sim.engine.simpy_engine import simulate
 from sim.ir.ops import OP_SEMANTICS, MemoryEffect, Op, OpKind
 from sim.models import gpt
@@ -133,8 +133,8 @@ def test_a_flat_copy_reduction_holds_the_gradients_from_its_issue_to_the_update(
                           layout=plan.layout)
 
     class Copying(type(plain[0])):
-        def reduction_buffer_bytes(self, vstage):
-            return self.gradient_bytes(vstage)
+        def reduction_memory(self, vstage):
+            return ReductionMemory(until_update=self.gradient_bytes(vstage))
 
     copying = tuple(Copying(oracle.graph, built.topology, plan.placement, plan.microbatch_size, None, oracle=oracle,
                             layout=plan.layout, replica=view.replica, concurrent=view.concurrent) for view in plain)
