@@ -41,8 +41,8 @@ __all__ = ["PUBLISHED_TOKENS_PER_S_PER_GPU", "Result", "parser", "run", "report"
 #: The report's 180 K H800 GPU-hours per trillion tokens (arXiv 2412.19437 §1, Table 1), as tokens/s per GPU.
 PUBLISHED_TOKENS_PER_S_PER_GPU = 1e12 / (180_000 * 3_600)
 #: What of the published run the prediction leaves out (module docstring).
-UNMODELLED = ("DualPipe's two directions and second parameter copy (costed as DualPipeV, one copy, with the all-to-alls "
-               "overlapped); the 20 SMs its communication takes",
+UNMODELLED = ("DualPipe's two directions and second parameter copy (costed as DualPipeV, one copy, with the "
+               "all-to-alls overlapped); the 20 SMs its communication takes",
               "fine-grained FP8 (costed as tensorwise)",
               "recomputation of RMSNorm and MLA up-projections (costed as selective, which also recomputes the "
               "experts' SwiGLU)", "microbatch size not published (1)")

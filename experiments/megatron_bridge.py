@@ -3,28 +3,28 @@ every row of ``../shared/data/megatron-bridge/`` (copied to ``experiments/data/m
 express, through the one prediction path (``build_plan`` and ``predict``), beside the published tokens per second
 per GPU; the rows it cannot express, each with the reason.
 
-Each row becomes the ``sim.run`` inputs its columns mean (:func:`plan_inputs`): the model's preset at the row's
-sequence length; on GB200 and GB300, racks of 64 of the job's GPUs (``M × 64 × GB200``; 72 or fewer GPUs, one
-domain), on B300 ``N/8 × 8 × B300``; ``--tp`` (with sequence
-parallelism, which Megatron-Core requires of a mixture under TP and the recipes set), ``--pp`` (``--schedule
-interleaved --chunks VP`` where VP > 1, else 1F1B), ``--cp``, ``--ep``, DP the GPUs left; FSDP > 0 as ``--zero 3``
-over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer (``--zero 1``, the recipes' default,
-[assumed]: the file does not say); the global batch in microbatches of the row's size; Transformer Engine's fused
-kernels (``--compile``); Transformer Engine's tensor-parallel communication overlap where the recipe keeps it
-(Llama 3 under TP > 1 but in NVFP4, :func:`tp_comm_overlap`) as ``--async-tp``; the data-parallel gradient
-reduction and parameter gather overlapped in the recipes' 128 Mi-parameter buckets wherever DP > 1 under the
-distributed optimizer (:func:`dp_comm_overlap`: ``--grad-overlap --param-gather-overlap --grad-bucket-size``); the expert all-to-alls overlapped
-with compute (``--ep-overlap``) from the container whose performance recipe overlaps them (:data:`EP_OVERLAP_FROM`,
-read in Megatron-Bridge's history) and the step captured as one CUDA graph (``--cuda-graphs``) from the container
-whose recipe captures the full iteration (:data:`FULL_ITERATION_GRAPHS_FROM`; the fused grouped MLP, FP8 attention
-and paged stash that came with it are named in ``unmodelled``); the precision: BF16 as the model's own, FP8-CS as
-``fp8``, FP8-MX and MXFP8 as ``mxfp8``, NVFP4 as ``nvfp4``, and the unqualified "FP8" of 26.02 on and the
-unlabelled 25.09 rows as ``fp8`` (the file does not define them: named in the row's ``unmodelled`` column). Routing
-is balanced and dropless, as the file says the MoE benchmarks force. No recomputation is modelled: the tables do not
-publish it, and what the recipes keep in memory (:data:`RECIPE_MEMORY`, read at each container's tag: no row
-recomputes whole layers; DeepSeek-V3 and GPT-OSS on GB200 recompute named modules, the FP8 Llama 3 configs with FSDP
-offload activations to the CPU) is named in each row's ``unmodelled`` column, not yet applied (the predicted peak
-memory is reported; a row the ledger says does not fit is still timed).
+Each row becomes the ``sim.run`` inputs its columns mean (:func:`plan_inputs`): the model's preset at the row's sequence
+length; on GB200 and GB300, racks of 64 of the job's GPUs (``M × 64 × GB200``; 72 or fewer GPUs, one domain), on B300
+``N/8 × 8 × B300``; ``--tp`` (with sequence parallelism, which Megatron-Core requires of a mixture under TP and the
+recipes set), ``--pp`` (``--schedule interleaved --chunks VP`` where VP > 1, else 1F1B), ``--cp``, ``--ep``, DP the GPUs
+left; FSDP > 0 as ``--zero 3`` over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer
+(``--zero 1``, the recipes' default, [assumed]: the file does not say); the global batch in microbatches of the row's
+size; Transformer Engine's fused kernels (``--compile``); Transformer Engine's tensor-parallel communication overlap
+where the recipe keeps it (Llama 3 under TP > 1 but in NVFP4, :func:`tp_comm_overlap`) as ``--async-tp``; the
+data-parallel gradient reduction and parameter gather overlapped in the recipes' 128 Mi-parameter buckets wherever DP >
+1 under the distributed optimizer (:func:`dp_comm_overlap`:
+``--grad-overlap --param-gather-overlap --grad-bucket-size``); the expert all-to-alls overlapped with compute
+(``--ep-overlap``) from the container whose performance recipe overlaps them (:data:`EP_OVERLAP_FROM`, read in
+Megatron-Bridge's history) and the step captured as one CUDA graph (``--cuda-graphs``) from the container whose recipe
+captures the full iteration (:data:`FULL_ITERATION_GRAPHS_FROM`; the fused grouped MLP, FP8 attention and paged stash
+that came with it are named in ``unmodelled``); the precision: BF16 as the model's own, FP8-CS as ``fp8``, FP8-MX and
+MXFP8 as ``mxfp8``, NVFP4 as ``nvfp4``, and the unqualified "FP8" of 26.02 on and the unlabelled 25.09 rows as ``fp8``
+(the file does not define them: named in the row's ``unmodelled`` column). Routing is balanced and dropless, as the file
+says the MoE benchmarks force. No recomputation is modelled: the tables do not publish it, and what the recipes keep in
+memory (:data:`RECIPE_MEMORY`, read at each container's tag: no row recomputes whole layers; DeepSeek-V3 and GPT-OSS on
+GB200 recompute named modules, the FP8 Llama 3 configs with FSDP offload activations to the CPU) is named in each row's
+``unmodelled`` column, not yet applied (the predicted peak memory is reported; a row the ledger says does not fit is
+still timed).
 
 Racks of 64 [assumed]: the file does not say how the GPUs were allocated. Filled in order as ``NxGB200`` hands
 them out (domains of 72, the last partial), a 256-GPU job with 32 or 64 devices per pipeline stage has a stage whose
@@ -62,9 +62,9 @@ from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
-__all__ = ["DATA", "EP_OVERLAP_FROM", "FULL_ITERATION_GRAPHS_FROM", "DDP_BUCKET_PARAMS", "Row", "Result",
-           "load_rows", "expressible", "ep_overlap", "tp_comm_overlap", "dp_comm_overlap", "plan_inputs", "predict_row", "newest", "summary", "parser", "run",
-           "report", "write"]
+__all__ = ["DATA", "RECIPE_MEMORY", "EP_OVERLAP_FROM", "FULL_ITERATION_GRAPHS_FROM", "DDP_BUCKET_PARAMS", "Row",
+           "Result", "load_rows", "recipe_memory", "expressible", "ep_overlap", "tp_comm_overlap", "dp_comm_overlap",
+           "plan_inputs", "predict_row", "newest", "summary", "parser", "run", "report", "write"]
 
 DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
 #: What each row's recipe keeps in memory, read from Megatron-Bridge's workload configs at its container's tag
@@ -181,10 +181,11 @@ def _recipe_memory_table(path: Path = RECIPE_MEMORY) -> dict[tuple[int, str, str
     """:data:`RECIPE_MEMORY` keyed by (source line, container, system, model, variant index: 0 for the row outside
     the parentheses or alone, 1 for the one inside), read once."""
     table: dict[tuple[int, str, str, str, int], dict[str, str]] = {}
+    seen: dict[tuple[int, str, str, str], int] = {}  # rows read so far per (line, container, system, model)
     with path.open(newline="", encoding="utf-8") as handle:
         for entry in csv.DictReader(handle):
             key = (int(entry["source_line"]), entry["container"], entry["system"], entry["model"])
-            index = sum(1 for known in table if known[:4] == key)
+            index = seen[key] = seen.get(key, -1) + 1
             table[(*key, index)] = entry
     return table
 
@@ -420,9 +421,10 @@ def report(result: Result) -> str:
     lines += [target_line(f"{key} (issue #39)", stats[key], *TARGETS[key]) for key in ("dense", "moe")]
     # Every published row ran, so the memory ledger should say each fits (issue #40: no false out-of-memory).
     for label, pick in (("dense", False), ("MoE", True)):
-        refused = [r for r in latest if r.row.moe == pick and not r.fits]
-        lines.append(f"fit verdict, {label}: {len(refused)} of {sum(r.row.moe == pick for r in latest)} newest rows "
-                     f"predicted not to fit (target 0, issue #40)")
+        family = [r for r in latest if r.row.moe == pick]
+        false_out_of_memory = sum(not r.fits for r in family)
+        lines.append(f"fit verdict, {label}: {false_out_of_memory} of {len(family)} newest rows predicted not to fit "
+                     f"(target 0, issue #40)")
     return "\n".join(lines)
 
 
@@ -440,8 +442,7 @@ def write(result: Result, out: Path) -> list[Path]:
         writer.writerow([row.line, row.container, row.system, row.model, row.gpus, row.precision, row.tp, row.pp,
                          row.cp, row.vp, row.ep, row.fsdp, row.gbs, row.mbs, row.seq, repr(row.tokens_per_s_per_gpu),
                          f"{r.predicted:.3f}", f"{r.error:.6f}", f"{r.peak_memory_bytes / 1e9:.3f}", int(r.fits),
-                         int(now),
-                         "; ".join(r.unmodelled)])
+                         int(now), "; ".join(r.unmodelled)])
     write_text_atomic(text.getvalue(), out / "megatron_bridge.csv")
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")

@@ -12,9 +12,9 @@ CPU rank (issue #40's target: every rank within 5 %).
 * 2 to 6 microbatches (a multiple of the pipeline ranks under interleaving).
 
 Each plan is predicted as a user calibrates: a profile of its model measured on this host's CPU first
-(``profiles.measure``, as ``memory_real`` does: the catalog's sizes describe fp16 Megatron training on GPUs, the executor
-trains in fp32 on the CPU), except the TP plans, costed by the model's sizes (a profile measures whole layers, a TP
-plan runs shards of them). A plan the product refuses (a layout or schedule rule) is listed with the reason, not
+(``profiles.measure``, as ``memory_real`` does: the catalog's sizes describe fp16 Megatron training on GPUs, the
+executor trains in fp32 on the CPU), except the TP plans, costed by the model's sizes (a profile measures whole layers,
+a TP plan runs shards of them). A plan the product refuses (a layout or schedule rule) is listed with the reason, not
 counted. The verdict: how many ranks are within :data:`TARGET_ERROR` of the measured peak, error = predicted /
 measured − 1.
 """

@@ -306,14 +306,14 @@ def memory_error(result: RowResult[Row]) -> float:
 def _memory_lines(results: list[RowResult[Row]]) -> list[str]:
     """Memory beside throughput (issue #40): each row that publishes its peak, the error summary and its target, and
     the fit verdict over every row (each ran, so each should fit)."""
-    published = [r for r in results if r.row.memory_gib is not None]
+    published = [(r, memory_error(r)) for r in results if r.row.memory_gib is not None]
     lines = [f"memory: {len(published)} rows publish their peak (memory_gib: PyTorch's max reserved, GiB); predicted: "
              "the memory ledger's peak over the devices (allocated tensors), GiB"]
     lines += [f"  {r.row.row_id:<13} published {r.row.memory_gib:6.1f}  predicted {r.peak_memory_bytes / 2**30:6.1f}  "
-              f"{memory_error(r):+7.1%}" for r in published]
-    stats = error_stats([abs(memory_error(r)) for r in published])
+              f"{error:+7.1%}" for r, error in published]
+    stats = error_stats([abs(error) for _, error in published])
     lines.append(f"memory, {stats['rows']} rows: median |error| {stats['median_abs_error']:.1%}, max "
-                 f"{stats['max_abs_error']:.1%} ({sum(memory_error(r) < 0 for r in published)} predicted below)")
+                 f"{stats['max_abs_error']:.1%} ({sum(error < 0 for _, error in published)} predicted below)")
     lines.append(target_line("memory (issue #40)", stats, 0.08, 0.15))
     refused = [r.row.row_id for r in results if not r.fits]
     lines.append(f"fit verdict: {len(refused)} of {len(results)} published runs predicted not to fit (target 0, "

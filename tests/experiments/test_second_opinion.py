@@ -26,7 +26,6 @@ from sim.predict import predict_built
 from sim.search.evaluate import evaluate
 from sim.search.space import Candidate, enumerate_candidates
 
-
 #: The Megatron-Bridge recipes' data-parallel overlaps (experiments.megatron_bridge.dp_comm_overlap).
 DP_OVERLAPS = {"grad_overlap", "param_gather_overlap", "grad_bucket_params"}
 

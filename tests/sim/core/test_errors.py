@@ -127,7 +127,8 @@ def test_an_invalid_choice_names_the_closest_choices(capsys):
         run_main(["--topology", "2xcpu", "--model", "gpt", "--schedule", "1fb1", "--out", "unused"])
     assert info.value.code == 2
     assert capsys.readouterr().err == ("error: argument --schedule: invalid choice: '1fb1'; did you mean 1f1b, zb1p? "
-                                       "(choose from 1f1b, dualpipev, gpipe, interleaved, pipedream, stream, zb1p, csp)\n")
+                                       "(choose from 1f1b, dualpipev, gpipe, interleaved, pipedream, stream, zb1p, "
+                                       "csp)\n")
 
 
 #: Every command's entry module, which must quiet Ctrl-C before its heavy imports.

@@ -1,5 +1,5 @@
-"""DualPipeV (``dualpipev``) against PyTorch's own order, a hand-written schedule, a brute-force list scheduler and
-its closed forms.
+"""DualPipeV (``dualpipev``) against PyTorch's own order, a hand-written schedule, the engine tests' independent
+oracle and its closed forms.
 
 Units: ``uniform:fwd_ms=1,bwd_ms=2`` with one layer per vstage gives F = 1 ms and, the backward split in halves,
 I = W = 1 ms (B = 2 ms): one time unit is 1 ms. ``Nxideal`` links are free.
@@ -19,6 +19,7 @@ from sim.plan.inputs import PlanInputs
 from sim.plan.validate import validate
 from sim.schedules import SCHEDULES
 from sim.schedules.dualpipev import dualpipev, v_placement
+from tests.sim.engine.test_simpy_engine import _uncontended_times
 
 SIZES = [(p, m) for p in range(1, 7) for m in range(2 * p, 4 * p + 3)]
 
@@ -60,47 +61,19 @@ def _build(p, m, **kw):
                                  partition="uniform", **kw))
 
 
-def _list_schedule_makespan(programs, num_vstages, duration):
-    """Brute force, independent of the engine: each rank runs its program in order, an op starting when its rank is
-    free and its inputs are done (F after the previous vstage's F, the backward after the next vstage's backward or,
-    on the last vstage, after its own F, W after its own I)."""
-    done, position, free = {}, [0] * len(programs), [0.0] * len(programs)
-    progressed = True
-    while progressed:
-        progressed = False
-        for rank, program in enumerate(programs):
-            while position[rank] < len(program):
-                op = program[position[rank]]
-                kind = "F" if op.kind.value == "F" else "W" if op.kind.value == "W" else "BI"
-                if kind == "F":
-                    needs = [("F", op.vstage - 1, op.mb)] if op.vstage > 0 else []
-                elif kind == "BI":
-                    needs = ([("BI", op.vstage + 1, op.mb)] if op.vstage < num_vstages - 1
-                             else [("F", op.vstage, op.mb)])
-                else:
-                    needs = [("BI", op.vstage, op.mb)]
-                if any(need not in done for need in needs):
-                    break
-                start = max([free[rank]] + [done[need] for need in needs])
-                free[rank] = done[(kind, op.vstage, op.mb)] = start + duration[op.kind.value]
-                position[rank] += 1
-                progressed = True
-    assert all(position[r] == len(program) for r, program in enumerate(programs)), "deadlock"
-    return max(free)
-
-
 @pytest.mark.parametrize("p, m", SIZES)
 def test_makespan_is_6m_plus_p_minus_1_units(p, m):
     # Every rank computes 2 stages x m microbatches x (F + I + W) = 6m units and idles p − 1 units: half of ZB-H1's
     # p − 1 in units of a stage twice as long (ZB-H1's 3m + p − 1 on stages of F = I = W = 2 units is 6m + 2(p − 1)).
-    # The engine's time equals the list scheduler's, which is the closed form.
+    # The engine's time and the engine tests' independent oracle (every op's end with free links, pure Python) are
+    # both the closed form.
     built = _build(p, m)
     validate(built.plan)
     result = simulate(built.plan, built.costs, built.topology)
     expected = (6 * m + p - 1) * 1e-3
     assert result.trace.makespan == pytest.approx(expected, rel=1e-12)
-    brute = _list_schedule_makespan(dualpipev(p, m), 2 * p, {"F": 1e-3, "B": 2e-3, "I": 1e-3, "W": 1e-3})
-    assert brute == pytest.approx(expected, rel=1e-12)
+    oracle = _uncontended_times(built.plan, built.costs, built.topology)
+    assert max(oracle.values()) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
