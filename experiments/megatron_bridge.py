@@ -308,8 +308,8 @@ def predict_row(row: Row) -> RowResult[Row]:
     """``row``'s prediction through ``build_plan`` and ``predict`` (memory reported, not enforced)."""
     prediction = predict_built(build_plan(plan_inputs(row)), check_memory=False)
     metrics = prediction.metrics
-    peak, fits = device_peaks(metrics)
-    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row), fits)
+    peak, fits, reserved = device_peaks(metrics)
+    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row), fits, reserved)
 
 
 def _version(container: str) -> tuple[int, ...]:

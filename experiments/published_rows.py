@@ -26,13 +26,16 @@ R = TypeVar("R", bound=PublishedRow)
 class RowResult(Generic[R]):
     """A published row, its prediction (tokens/s per GPU), its predicted peak memory (bytes, max over devices), what
     of its configuration is assumed or the simulator does not model, and the memory ledger's verdict: ``fits``, every
-    device's predicted peak within its capacity (a published run ran, so ``False`` is a false out-of-memory)."""
+    device's predicted peak within its capacity (a published run ran, so ``False`` is a false out-of-memory); and
+    the largest peak the GPUs' caching allocator is predicted to reserve (bytes; ``None`` without one:
+    :mod:`sim.cost.allocator`), what GPUs report."""
 
     row: R
     predicted: float
     peak_memory_bytes: float
     unmodelled: tuple[str, ...]
     fits: bool
+    reserved_memory_bytes: float | None = None
 
     @property
     def error(self) -> float:
@@ -40,11 +43,13 @@ class RowResult(Generic[R]):
         return self.predicted / self.row.tokens_per_s_per_gpu - 1
 
 
-def device_peaks(metrics: dict) -> tuple[float, bool]:
-    """From a prediction's ``metrics.json`` object: the largest predicted peak over its devices (bytes) and whether
-    every device's peak is within its capacity (``memory_capacity_bytes``; absent or ``None``: unlimited)."""
+def device_peaks(metrics: dict) -> tuple[float, bool, float | None]:
+    """From a prediction's ``metrics.json`` object: the largest predicted peak over its devices (allocated bytes),
+    whether every device's peak is within its capacity (``memory_capacity_bytes``; absent or ``None``: unlimited),
+    and the largest reserved peak (bytes; ``None`` where no device reports one)."""
     devices = metrics["devices"]
     peak = max(device.get("peak_memory_bytes", 0) for device in devices)
     fits = all(device.get("peak_memory_bytes", 0) <= (device.get("memory_capacity_bytes") or math.inf)
                for device in devices)
-    return peak, fits
+    reserved = [device["reserved_memory_bytes"] for device in devices if "reserved_memory_bytes" in device]
+    return peak, fits, max(reserved) if reserved else None

@@ -11,10 +11,11 @@ parallelism, and with it torchtitan's default of one microbatch per pipeline sta
 the interleaved rows, whose split is not stated); ``--recompute selective`` (torchtitan's per-op policy) or
 ``full``; ``--precision fp8`` for Float8 rows (``fp8-rowwise`` for the rows that name the rowwise recipe) and
 ``--compile`` for compiled ones, ``--fsdp-float8-all-gather`` for the Float8 rows under FSDP that gather in FP8
-(the 405B preset's and the H200 file's). What the simulator does not model is named per row in its ``unmodelled``
-column: async TP's transfers competing with the GEMMs (``--async-tp`` is modelled, the rows that name it run with
-it) and the rowwise GEMM's speed on small shapes (its casts and its bulk speed are modelled); those rows stay out of
-the fit half.
+(the 405B preset's and the H200 file's); ``--loss eager``, or ``compiled`` for compiled rows of a torchtitan that
+compiles the loss with the model (2025 on; :data:`_COMPILES_LOSS`). What the simulator does not model is named per
+row in its ``unmodelled`` column: async TP's transfers competing with the GEMMs (``--async-tp`` is modelled, the rows
+that name it run with it) and the rowwise GEMM's speed on small shapes (its casts and its bulk speed are modelled);
+those rows stay out of the fit half.
 The device figures come from the catalog; the kernel model's constants from vTrain's A100 fit half. Three figures of
 the Grand Teton H100 no source publishes (its bf16 and FP8 GEMM ceilings and its attention kernel's, under the 500 W
 cap) were fitted on a seeded half of these rows (``--fit``, :mod:`experiments.torchtitan_fit`): the table marks each
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import csv
 import io
+import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,7 @@ from experiments.scatter import accuracy_scatter_png, error_stats, target_line
 from experiments.torchtitan_fit import DEVICE, FIGURES, fit_figures, log_error, split_rows, with_figures
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
+from sim.cost.allocator import FRAGMENTATION, reserved_bytes
 from sim.hw.catalog import get_device
 from sim.hw.topology import Topology
 from sim.plan.build import build_plan
@@ -42,7 +46,7 @@ from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
 __all__ = ["DATA", "Row", "Result", "load_rows", "plan_inputs", "predict_row", "evaluate", "halves",
-           "summary", "memory_error", "parser", "run", "report", "write", "SEED"]
+           "summary", "memory_error", "memory_halves", "fit_fragmentation", "parser", "run", "report", "write", "SEED"]
 
 DATA = Path(__file__).parent / "data" / "torchtitan" / "benchmarks.csv"
 
@@ -50,6 +54,12 @@ DATA = Path(__file__).parent / "data" / "torchtitan" / "benchmarks.csv"
 _MODELS = {"Llama 3.1 8B": "llama3.1-8b", "Llama 3.1 70B": "llama3.1-70b", "Llama 3.1 405B": "llama3.1-405b"}
 #: The catalog device of each published GPU name.
 _DEVICES = {"H100 SXM HBM2e (Grand Teton)": "H100-HBM2E", "H200 (WhiteFiber)": "H200"}
+#: The torchtitan commit each benchmark file ran (the data README's software versions) and whether it compiles the
+#: loss with the model (``build_cross_entropy_loss``, pull request #1033, bbb1b616e, 2025-04-02: an ancestor of
+#: 820504e and e7c0cae, not of 9dec370, whose ``train.py`` keeps the loss eager behind a TODO).
+_COMPILES_LOSS = {"benchmarks/llama3_h100_202412_torchtitan.md": False,  # torchtitan 9dec370
+                  "benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md": True,  # 820504e
+                  "benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md": True}  # e7c0cae
 #: Stages per pipeline rank assumed for the interleaved rows (not stated in the file).
 INTERLEAVED_CHUNKS = 2
 #: What every pipeline row leaves unstated: not a gap in the model.
@@ -81,6 +91,7 @@ class Row:
     fsdp_float8_gather: bool
     tokens_per_s_per_gpu: float
     memory_gib: float | None = None
+    loss: str = "eager"
 
 
 def load_rows(path: Path = DATA) -> list[Row]:
@@ -101,7 +112,9 @@ def load_rows(path: Path = DATA) -> list[Row]:
                 async_tp=entry["async_tp"] == "yes", recompute="full" if ac.startswith("full") else "selective",
                 fsdp_float8_gather="float8 FSDP all-gather" in entry["notes"] or entry["model"].endswith("405B"),
                 tokens_per_s_per_gpu=float(entry["tps_per_gpu"]),
-                memory_gib=float(entry["memory_gib"]) if entry["memory_gib"].strip() else None))
+                memory_gib=float(entry["memory_gib"]) if entry["memory_gib"].strip() else None,
+                loss="compiled" if entry["torch_compile"] == "yes" and _COMPILES_LOSS[entry["source_file"]]
+                else "eager"))
     return rows
 
 
@@ -125,7 +138,7 @@ def plan_inputs(row: Row) -> PlanInputs:
         precision=("fp8-rowwise" if row.recipe == "rowwise" else "fp8") if row.float8 else None,
         compiled=row.compiled,
         fsdp_float8_gather=row.float8 and row.fsdp_float8_gather and row.fsdp * row.cp > 1,
-        async_tp=row.async_tp and row.tp > 1)
+        async_tp=row.async_tp and row.tp > 1, loss=row.loss)
 
 
 def unmodelled(row: Row) -> tuple[str, ...]:
@@ -151,8 +164,8 @@ def predict_row(row: Row, topology: Topology | None = None) -> RowResult[Row]:
     built = build_plan(plan_inputs(row), topology)
     prediction = predict_built(built, check_memory=False)
     metrics = prediction.metrics
-    peak, fits = device_peaks(metrics)
-    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row), fits)
+    peak, fits, reserved = device_peaks(metrics)
+    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row), fits, reserved)
 
 
 def evaluate(path: Path = DATA) -> list[RowResult[Row]]:
@@ -292,29 +305,68 @@ def report(result: Result) -> str:
                      f"{entry['max_abs_error']:.1%}")
     lines.append(target_line("held out, fully modelled", stats["held_out_fully_modelled"], 0.05, 0.12))
     lines.append(target_line("all rows (issue #39)", stats["all"], 0.05, 0.15))
-    return "\n".join(lines + _memory_lines(results))
+    return "\n".join(lines + _memory_lines(results, result.seed))
 
 
-def memory_error(result: RowResult[Row]) -> float:
-    """The predicted peak (the ledger's, allocated bytes) over the published one (``memory_gib``: PyTorch's max
-    reserved, GiB), − 1."""
+def memory_error(result: RowResult[Row], fragmentation: float = FRAGMENTATION) -> float:
+    """The predicted reserved peak (the ledger's allocated peak through the caching allocator's model with
+    ``fragmentation``, :func:`sim.cost.allocator.reserved_bytes`) over the published one (``memory_gib``: PyTorch's
+    max reserved, GiB), − 1."""
     if result.row.memory_gib is None:
         raise ValueError(f"row {result.row.row_id} publishes no memory")
-    return result.peak_memory_bytes / (result.row.memory_gib * 2**30) - 1
+    return _reserved(result, fragmentation) / (result.row.memory_gib * 2**30) - 1
 
 
-def _memory_lines(results: list[RowResult[Row]]) -> list[str]:
-    """Memory beside throughput (issue #40): each row that publishes its peak, the error summary and its target, and
-    the fit verdict over every row (each ran, so each should fit)."""
+def _reserved(result: RowResult[Row], fragmentation: float) -> int:
+    reserved = reserved_bytes(int(result.peak_memory_bytes), get_device(result.row.gpu), fragmentation)
+    assert reserved is not None, "every torchtitan row runs on GPUs"
+    return reserved
+
+
+def memory_halves(results: list[RowResult[Row]], seed: int = SEED) -> list[str]:
+    """Each memory row's half (the rows that publish a peak, in order): split by ``seed``, every other one fit."""
+    ids = [r.row.row_id for r in results if r.row.memory_gib is not None]
+    return split_rows(ids, [True] * len(ids), seed)
+
+
+def fit_fragmentation(results: list[RowResult[Row]], split: list[str]) -> float:
+    """The allocator's fragmentation (:data:`sim.cost.allocator.FRAGMENTATION`) that minimises the median |log error|
+    of the reserved peak over the ``"fit"`` rows of ``split`` (one per memory row), on a grid of 0.005 from 0 to 1
+    (the first best kept)."""
+    chosen = [r for r, half in zip([r for r in results if r.row.memory_gib is not None], split, strict=True)
+              if half == "fit"]
+    best, best_value = 0.0, math.inf
+    for step in range(201):
+        fragmentation = step / 200
+        value = statistics.median(abs(math.log1p(memory_error(r, fragmentation))) for r in chosen)
+        if value < best_value - 1e-12:
+            best, best_value = fragmentation, value
+    return best
+
+
+def _memory_lines(results: list[RowResult[Row]], seed: int = SEED) -> list[str]:
+    """Memory beside throughput (issue #40): each row that publishes its peak with its half, the allocator constant
+    refitted on the fit half beside the one the tool uses, the error summary of each half and its target, and the fit
+    verdict over every row (each ran, so each should fit)."""
     published = [(r, memory_error(r)) for r in results if r.row.memory_gib is not None]
+    split = memory_halves(results, seed)
     lines = [f"memory: {len(published)} rows publish their peak (memory_gib: PyTorch's max reserved, GiB); predicted: "
-             "the memory ledger's peak over the devices (allocated tensors), GiB"]
-    lines += [f"  {r.row.row_id:<13} published {r.row.memory_gib:6.1f}  predicted {r.peak_memory_bytes / 2**30:6.1f}  "
-              f"{error:+7.1%}" for r, error in published]
-    stats = error_stats([abs(error) for _, error in published])
-    lines.append(f"memory, {stats['rows']} rows: median |error| {stats['median_abs_error']:.1%}, max "
-                 f"{stats['max_abs_error']:.1%} ({sum(error < 0 for _, error in published)} predicted below)")
-    lines.append(target_line("memory (issue #40)", stats, 0.08, 0.15))
+             "the ledger's allocated peak and the caching allocator's reserve (sim.cost.allocator), GiB, max over "
+             "the devices"]
+    lines += [f"  {r.row.row_id:<13} {half:<9} published {r.row.memory_gib:6.1f}  allocated "
+              f"{r.peak_memory_bytes / 2**30:6.1f}  reserved {_reserved(r, FRAGMENTATION) / 2**30:6.1f}  {error:+7.1%}"
+              for (r, error), half in zip(published, split, strict=True)]
+    refit = fit_fragmentation(results, split)
+    lines.append(f"allocator fragmentation fitted on the fit half (seed {seed}, {split.count('fit')} rows): "
+                 f"{refit:.3f}; the tool's (sim.cost.allocator.FRAGMENTATION): {FRAGMENTATION:.3f}")
+    for label, wanted in (("held-out half", "held-out"), ("fit half", "fit"), ("all", None)):
+        chosen = [error for (_, error), half in zip(published, split, strict=True) if wanted in (None, half)]
+        stats = error_stats([abs(error) for error in chosen])
+        lines.append(f"memory, {label}, {stats['rows']} rows: median |error| {stats['median_abs_error']:.1%}, max "
+                     f"{stats['max_abs_error']:.1%} ({sum(error < 0 for error in chosen)} predicted below)")
+    held_out = error_stats([abs(error) for (_, error), half in zip(published, split, strict=True)
+                            if half == "held-out"])
+    lines.append(target_line("memory, held-out half (issue #40)", held_out, 0.08, 0.15))
     refused = [r.row.row_id for r in results if not r.fits]
     lines.append(f"fit verdict: {len(refused)} of {len(results)} published runs predicted not to fit (target 0, "
                  f"issue #40){': ' + ', '.join(refused) if refused else ''}")
@@ -328,12 +380,13 @@ def write(result: Result, out: Path) -> list[Path]:
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["row_id", "half", "model", "gpus", "fsdp", "tp", "pp", "cp", "seq", "float8", "compile", "ac",
                      "published_tps_per_gpu", "predicted_tps_per_gpu", "error", "predicted_peak_gb",
-                     "published_memory_gib", "predicted_fits", "unmodelled"])
+                     "predicted_reserved_gib", "published_memory_gib", "predicted_fits", "loss", "unmodelled"])
     for r, half in zip(results, split, strict=True):
         row = r.row
         writer.writerow([row.row_id, half, row.model, row.gpus, row.fsdp, row.tp, row.pp, row.cp, row.seq,
                          int(row.float8), int(row.compiled), row.recompute, repr(row.tokens_per_s_per_gpu),
                          f"{r.predicted:.3f}", f"{r.error:.6f}", f"{r.peak_memory_bytes / 1e9:.3f}",
-                         "" if row.memory_gib is None else repr(row.memory_gib), int(r.fits),
+                         f"{_reserved(r, FRAGMENTATION) / 2**30:.3f}",
+                         "" if row.memory_gib is None else repr(row.memory_gib), int(r.fits), row.loss,
                          "; ".join(r.unmodelled)])
     return write_csv_png(out, "torchtitan", text.getvalue(), _plot(results, split))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.core.errors import SpecError
+from sim.cost.allocator import reserved_bytes
 from sim.cost.cost_view import CostView, plan_state_shards
 from sim.cost.model_flops import training_rates
 from sim.cost.oracle import CostOracle
@@ -124,6 +125,8 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
         microbatch_size=plan.microbatch_size,
         peak_memory_bytes=result.peak_memory_bytes,
         memory_capacity_bytes=[topology.devices[d].memory_bytes for d in devices],
+        reserved_memory_bytes=[reserved_bytes(peak, topology.devices[d])
+                               for peak, d in zip(result.peak_memory_bytes, devices, strict=True)],
         link_bytes=result.link_bytes,
         replicas=layout.dp,
         device_of_rank=devices if plan.parallel is not None else None,

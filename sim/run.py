@@ -30,6 +30,7 @@ from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_str
 from sim.faults.options import FaultOptions, FaultPrediction, predict_faults
 from sim.ir.parallel import RESHARD_POLICIES
 from sim.models import MODELS, build_model
+from sim.models.loss import LOSSES
 from sim.models.routing import BALANCED, CAPACITY_FACTOR_HELP, ROUTING_HELP, parse_routing
 from sim.models.sharding import DISPATCHERS
 from sim.plan.build import build_plan
@@ -47,7 +48,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: be ...``; :func:`sim.core.errors.run_cli`), and a memory remedy is offered as the flags that make it.
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--cp-comm", "order": "--rank-order",
          "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
-         "ep_overlap": "--ep-overlap", "ep_dispatcher": "--ep-dispatcher",
+         "ep_overlap": "--ep-overlap", "ep_dispatcher": "--ep-dispatcher", "loss": "--loss",
          "fsdp_float8_gather": "--fsdp-float8-all-gather", "async_tp": "--async-tp",
          "param_gather_overlap": "--param-gather-overlap", "grad_bucket_params": "--grad-bucket-size",
          "zero": "--zero",
@@ -171,6 +172,12 @@ def make_parser() -> argparse.ArgumentParser:
                         help="run a llama or moe model's blocks with their elementwise work fused (torch.compile, as "
                         "torchtitan does; Transformer Engine's fused kernels): the norms, SwiGLU, residual adds and "
                         "FP8 casts in fewer kernels (GPUs only)")
+    parser.add_argument("--loss", choices=list(LOSSES), default=LOSSES[0],
+                        help="how the framework computes the cross entropy over the vocabulary, which sets the LM "
+                        "head's memory: fused (default; Megatron-LM's vocab-parallel loss, fp32 logits kept), eager "
+                        "(torchtitan without --compile: PyTorch's cross_entropy on an fp32 copy, two more fp32 "
+                        "logit tensors in the backward) or compiled (torchtitan under torch.compile: bf16 logits "
+                        "kept, one gradient copy)")
     par.add_argument("--dp-replicate", type=int, default=1, metavar="R",
                      help="with --zero 3, HSDP: the --dp replicas form R groups, each sharding the state among its "
                      "dp/R members, the groups all-reducing each layer's gradient shard (default 1: plain FSDP)")
@@ -290,6 +297,7 @@ def _run(argv: list[str] | None) -> int:
         capacity_factor=args.capacity_factor, ep_overlap=args.ep_overlap, ep_dispatcher=args.ep_dispatcher,
         fsdp_float8_gather=args.fsdp_float8_gather, async_tp=args.async_tp,
         param_gather_overlap=args.param_gather_overlap, grad_bucket_params=args.grad_bucket_params,
+        loss=args.loss,
     )
     if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
         fault_options.check()  # the long run's flags, before anything is simulated or printed
@@ -432,6 +440,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--cp", args.cp != 1), ("--ep", args.ep != 1), ("--etp", args.etp != 1),
                         ("--routing", args.routing != "balanced"), ("--capacity-factor", args.capacity_factor != 0),
                         ("--ep-overlap", args.ep_overlap), ("--ep-dispatcher", args.ep_dispatcher != DISPATCHERS[0]),
+                        ("--loss", args.loss != LOSSES[0]),
                         ("--fsdp-float8-all-gather", args.fsdp_float8_gather), ("--async-tp", args.async_tp),
                         ("--param-gather-overlap", args.param_gather_overlap),
                         ("--grad-bucket-size", args.grad_bucket_params != 0),

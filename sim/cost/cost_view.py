@@ -35,24 +35,31 @@ from sim.ir.ops import OP_SEMANTICS, SPLIT_BACKWARD_KINDS
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import DP_KINDS, EP_KINDS, OpKind, Placement, Plan
 from sim.models.graph import LayerGraph
+from sim.models.loss import LOSSES
 from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import Sharding
 
-__all__ = ["CostView", "replica_views", "plan_sharding", "plan_oracle", "plan_dispatcher", "EP_DISPATCHER_OPTION"]
+__all__ = ["CostView", "replica_views", "plan_sharding", "plan_oracle", "plan_dispatcher", "plan_loss",
+           "EP_DISPATCHER_OPTION", "LOSS_OPTION"]
 
+
+#: Bytes per parameter of an FSDP gradient accumulated unsharded over a step's microbatches: fp32, the reduce dtype
+#: torchtitan gives FSDP2 (:meth:`CostView.held_gradient_bytes`).
+REDUCE_DTYPE_BYTES = 4
 
 #: A memo's marker for a quantity not asked yet (a size may be ``None``: :meth:`CostView.deferred_bytes`).
 _MISSING = object()
 
 def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
-                  capacity_factor: float = 0.0, dispatcher: str = "all-to-all") -> Sharding:
+                  capacity_factor: float = 0.0, dispatcher: str = "all-to-all", *, loss: str = LOSSES[0]) -> Sharding:
     """What one device holds of the model under ``layout`` with recomputation ``recompute`` (``"none"``, ``"full"``
     or ``"selective"``): its tensor-parallel shard, sequence parallel or not, selectively recomputed or not, its
     share of the experts under ``routing`` and ``capacity_factor`` (:mod:`sim.models.routing`), exchanged by
-    ``dispatcher`` (:data:`sim.models.sharding.DISPATCHERS`)."""
+    ``dispatcher`` (:data:`sim.models.sharding.DISPATCHERS`), its loss computed as ``loss``
+    (:data:`sim.models.loss.LOSSES`)."""
     return Sharding(tp=layout.tp, sequence_parallel=layout.sequence_parallel,
                     selective_recompute=recompute == "selective", cp=layout.cp, ep=layout.ep, etp=layout.etp,
-                    routing=routing, capacity_factor=capacity_factor, dispatcher=dispatcher)
+                    routing=routing, capacity_factor=capacity_factor, dispatcher=dispatcher, loss=loss)
 
 
 def check_expert_layout(graph: LayerGraph, layout: Parallelism) -> None:
@@ -87,6 +94,15 @@ def plan_routing(plan: Plan) -> tuple[Routing, float]:
 
 #: The plan option of ``--ep-dispatcher`` (recorded when not the default ``all-to-all``).
 EP_DISPATCHER_OPTION = "ep_dispatcher"
+
+
+#: The plan option of ``--loss`` (recorded when not the default ``fused``).
+LOSS_OPTION = "loss"
+
+
+def plan_loss(plan: Plan) -> str:
+    """The plan's loss implementation (option ``loss``; ``fused`` when absent)."""
+    return str(plan.option(LOSS_OPTION, LOSSES[0]))
 
 
 def plan_dispatcher(plan: Plan) -> str:
@@ -473,14 +489,21 @@ class CostView:
 
     def held_gradient_bytes(self, vstage: int) -> int:
         """Under ZeRO-3 gathered for the step (``Parallelism.fsdp_gathers_per_step``), the whole (unsharded) gradient
-        bytes ``vstage`` accumulates over the step's microbatches until their one reduce-scatter; 0 otherwise."""
+        bytes ``vstage`` accumulates over the step's microbatches until their one reduce-scatter; 0 otherwise.
+
+        They accumulate in fp32 whatever the model's dtype: FSDP2 upcasts an unsharded gradient to its reduce dtype
+        once it accumulates without syncing (``FSDPParam.to_accumulated_grad_if_needed`` in ``torch/distributed/fsdp/
+        _fully_shard/_fsdp_param.py``), and torchtitan reduces in fp32 (``MixedPrecisionPolicy(reduce_dtype=...)``
+        from ``training.mixed_precision_reduce = "float32"``), so each parameter holds 4 bytes, or what a measured
+        profile says when that is more."""
         if not self.layout.fsdp_gathers_per_step:
             return 0
         key = ("held gradients", vstage)
         found = self._sizes.get(key)
         if found is None:
             start, end, device = self._sized[vstage]
-            found = self._sizes[key] = sum(self.oracle.memory.gradient_bytes(i, i + 1, device)
+            found = self._sizes[key] = sum(max(self.oracle.memory.gradient_bytes(i, i + 1, device),
+                                               REDUCE_DTYPE_BYTES * self.graph.param_count(i))
                                            for i in range(start, end))
         return found
 

@@ -225,11 +225,11 @@ class MemorySizes:
 
     def backward_workspace_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
         """Transient bytes while one backward op of layers ``[start, end)`` runs, beyond the weight gradients: the
-        largest layer's (the model's forward workspace, where nothing was measured)."""
+        largest layer's (the model's backward workspace, where nothing was measured)."""
         measured = self.measured_memory(device)
         if measured is not None:
             return self._largest(measured, "backward_transient_bytes", start, end)
-        return self.workspace_bytes(start, end)
+        return self.microbatch_size * max(layer.backward_transient_bytes for layer in self.graph.layers[start:end])
 
     def backward_peak_bytes(self, start: int, end: int, device: DeviceSpec | None = None, *,
                             new_gradients: bool = False) -> int:
@@ -253,7 +253,7 @@ class MemorySizes:
             else:
                 layer = self.graph.layers[i]
                 kept, gradients = size * layer.saved_bytes, self.graph.dtype_bytes * self.graph.param_count(i)
-                holds = size * layer.workspace_bytes + (gradients if new_gradients else 0)
+                holds = size * layer.backward_transient_bytes + (gradients if new_gradients else 0)
             value = holds + made - freed  # the gradients of the layers after i are made already
             peak = value if peak is None else max(peak, value)
             made += gradients if new_gradients else 0

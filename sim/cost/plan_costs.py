@@ -25,6 +25,7 @@ from sim.cost.cost_view import (
     CostView,
     check_expert_layout,
     plan_dispatcher,
+    plan_loss,
     plan_oracle,
     plan_recompute,
     plan_routing,
@@ -85,15 +86,15 @@ class PlanCosts:
 
 
 def sharded_graph(model: str, layout: Parallelism, recompute: str = "none", routing: Routing = BALANCED,
-                  capacity_factor: float = 0.0, dispatcher: str = "all-to-all") -> LayerGraph:
+                  capacity_factor: float = 0.0, dispatcher: str = "all-to-all", *, loss: str = "fused") -> LayerGraph:
     """The model ``model`` as one device of ``layout`` holds it, with recomputation ``recompute`` (``"none"``,
-    ``"full"``, ``"selective"``) and a mixture's ``routing``, ``capacity_factor`` (0: dropless) and token
-    ``dispatcher``; kept per shard.
+    ``"full"``, ``"selective"``), a mixture's ``routing``, ``capacity_factor`` (0: dropless) and token
+    ``dispatcher``, and the loss computed as ``loss`` (:data:`sim.models.loss.LOSSES`); kept per shard.
 
     Raises:
         SpecError: the model spec is invalid, or the layout does not divide it.
     """
-    return _graph(model, plan_sharding(layout, recompute, routing, capacity_factor, dispatcher))
+    return _graph(model, plan_sharding(layout, recompute, routing, capacity_factor, dispatcher, loss=loss))
 
 
 @lru_cache(maxsize=_GRAPHS_KEPT)
@@ -152,7 +153,8 @@ def written_plan_costs(plan: Plan, topology: Topology, profile: MeasuredProfile 
         SpecError: the plan's model spec is invalid, or its shard breaks a rule of :func:`check_graph`.
     """
     layout, precision, compiled = plan.layout, plan.option("precision"), plan.option("compile", False) is True
-    graph = sharded_graph(plan.model, layout, plan_recompute(plan), *plan_routing(plan), plan_dispatcher(plan))
+    graph = sharded_graph(plan.model, layout, plan_recompute(plan), *plan_routing(plan), plan_dispatcher(plan),
+                          loss=plan_loss(plan))
     check_graph(graph, layout, topology, precision=precision, compiled=compiled)
     return plan_costs(graph, topology, layout, plan.microbatch_size, profile, precision=precision,
                       cuda_graphs=bool(plan.option("cuda_graphs", False)), compiled=compiled)

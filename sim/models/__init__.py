@@ -87,7 +87,8 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
         raise SpecError(f"expert parallelism, routing and capacity belong to the moe family, got {spec!r} with "
                         f"{sharding.describe()}")
     if sharding.changes_model and entry.build_shard is None:
-        what = "tensor parallelism" if sharding.tp > 1 else "selective recomputation"
+        what = ("tensor parallelism" if sharding.tp > 1 else "selective recomputation" if sharding.selective_recompute
+                else f"the {sharding.loss} loss (--loss)")
         names = [known for known, e in MODELS.items() if e.build_shard is not None]
         shardable = ", ".join(names[:-1]) + " and " + names[-1]
         raise SpecError(f"{what} is modelled for {shardable} only, got {spec!r} with {sharding.describe()}")

@@ -39,6 +39,7 @@ from __future__ import annotations
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
 from sim.models.graph import LayerGraph, TransformerPart, canonical_spec
+from sim.models.loss import loss_bytes
 from sim.models.sharding import (
     NO_SHARDING,
     Collectives,
@@ -145,6 +146,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     if s % ts:
         raise SpecError(f"sequence parallelism splits the sequence: tp={t} must divide seq={s} in {spec!r}")
     vt = padded_vocab(v, t) // t  # vocabulary rows per shard
+    loss = loss_bytes(sharding.loss, s, vt, vocab_parallel=t > 1)
     dims = dict(seq=s, hidden=h, heads=a, vocab=vt * t, tp=t, sequence_parallel=sharding.sequence_parallel)
 
     full = DTYPE_BYTES * s * h  # one fp16 s x h tensor (Megatron §2.2: b*s*h)
@@ -203,11 +205,13 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
         flops_bwd=float(4 * s * h * vt),
         param_bytes=DTYPE_BYTES * (2 * h + vt * h),
         activation_bytes=4,  # the fp32 loss; nothing leaves the last layer
-        # Final-LN output (the LM head's input, 2sh; kept s/t long under sequence parallelism) + this shard's fp32
-        # logits kept by cross-entropy (4sV/t): 2205.05198 §4.3 counts 4sh + 4sV for the output layer, of which the
-        # LN input 2sh is the last block's output, counted there.
-        saved_bytes=act + 4 * s * vt,
-        workspace_bytes=DTYPE_BYTES * s * vt,  # fp16 logits before the cast to fp32 for the loss
+        # Final-LN output (the LM head's input, 2sh; kept s/t long under sequence parallelism) + what the cross
+        # entropy over this shard's logits keeps (sim.models.loss; the default, Megatron's fused loss, keeps the fp32
+        # logits 4sV/t): 2205.05198 §4.3 counts 4sh + 4sV for the output layer, of which the LN input 2sh is the last
+        # block's output, counted there.
+        saved_bytes=act + loss.saved,
+        workspace_bytes=loss.forward_transient,  # the default's: the fp16 logits before the cast to fp32
+        backward_workspace_bytes=loss.backward_transient,
         fwd=head_fwd,
         bwd=head_bwd,
         transformer=TransformerPart("head", **dims),

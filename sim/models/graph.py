@@ -200,6 +200,9 @@ class Layer:
         expert_param_bytes: of ``param_bytes``, those of routed experts (a mixture's), which the devices holding the
             same experts reduce and shard among themselves (the expert-data-parallel group, :mod:`sim.ir.parallel`)
             rather than the data-parallel group; 0 for a layer without experts.
+        backward_workspace_bytes: transient bytes per sample alive only while the layer's backward runs, beyond the
+            gradients it makes; ``None``: the same as ``workspace_bytes`` (the head's loss differs:
+            :mod:`sim.models.loss`).
     """
 
     name: str
@@ -220,6 +223,7 @@ class Layer:
     transformer: TransformerPart | None = None
     elementwise_bytes: int = 0
     expert_param_bytes: int = 0
+    backward_workspace_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for attr in ("name", "kind"):
@@ -234,6 +238,10 @@ class Layer:
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"layer {self.name!r}: {attr} must be an int >= 0, got {value!r}")
+        backward = self.backward_workspace_bytes
+        if backward is not None and (isinstance(backward, bool) or not isinstance(backward, int) or backward < 0):
+            raise ValueError(f"layer {self.name!r}: backward_workspace_bytes must be None or an int >= 0, got "
+                             f"{backward!r}")
         if self.expert_param_bytes > self.param_bytes:
             raise ValueError(f"layer {self.name!r}: expert_param_bytes {self.expert_param_bytes} exceeds param_bytes "
                              f"{self.param_bytes}")
@@ -244,6 +252,13 @@ class Layer:
         if self.fwd_s is not None:
             _check_number(self.name, "fwd_s", self.fwd_s)
             _check_number(self.name, "bwd_s", self.bwd_s)
+
+
+    @property
+    def backward_transient_bytes(self) -> int:
+        """Transient bytes per sample while the layer's backward runs, beyond its gradients:
+        ``backward_workspace_bytes``, or ``workspace_bytes`` where that is not set."""
+        return self.workspace_bytes if self.backward_workspace_bytes is None else self.backward_workspace_bytes
 
 
 def _check_number(layer: str, attr: str, value: object) -> None:

@@ -58,6 +58,7 @@ from dataclasses import dataclass, replace
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
 from sim.models.graph import LayerGraph, TransformerPart, canonical_spec
+from sim.models.loss import loss_bytes
 from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, collective_layer, padded_vocab
 
 __all__ = ["NAME", "DESCRIPTION", "DEFAULTS", "DecoderShape", "build", "block_params", "block_flops_fwd",
@@ -246,6 +247,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     local = replace(shape, seq=shape.seq // c)
     s, h = local.seq, shape.hidden
     vt = padded_vocab(shape.vocab, t) // t
+    loss = loss_bytes(sharding.loss, s, vt, vocab_parallel=t > 1)
     # What each layer is, for the GPU kernel model (sim.cost.kernels.llama).
     dims = dict(seq=shape.seq, hidden=h, heads=shape.heads, vocab=vt * t, tp=t, family="llama",
                 kv_heads=shape.kv_heads, head_dim=shape.head_dim, ffn=shape.ffn, qkv_bias=shape.qkv_bias,
@@ -276,10 +278,11 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
         flops_bwd=float(4 * s * h * vt),
         param_bytes=DTYPE_BYTES * head_params(shape, t),
         activation_bytes=FP32_BYTES,  # the fp32 loss; nothing leaves the last layer
-        # The norm's output (the LM head's input) 2sh and its fp32 statistics, and this shard's fp32 logits, which
-        # the cross entropy keeps (the last block's output, the norm's input, is counted there).
-        saved_bytes=full + FP32_BYTES * s + FP32_BYTES * s * vt,
-        workspace_bytes=DTYPE_BYTES * s * vt,  # bf16 logits before the cast to fp32 for the loss
+        # The norm's output (the LM head's input) 2sh and its fp32 statistics, and what the cross entropy over this
+        # shard's logits keeps and holds (sim.models.loss; the last block's output, the norm's input, is counted there).
+        saved_bytes=full + FP32_BYTES * s + loss.saved,
+        workspace_bytes=loss.forward_transient,
+        backward_workspace_bytes=loss.backward_transient,
         fwd=all_reduce(FP32_BYTES * s, times=3) if t > 1 else none,  # vocab-parallel cross entropy
         bwd=all_reduce(full) if t > 1 else none,  # the shards' gradients of the replicated LM head input
         transformer=TransformerPart("head", **dims),

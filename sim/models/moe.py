@@ -94,6 +94,7 @@ from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
 from sim.models.graph import Layer, LayerGraph, MixturePart, MlaPart, TransformerPart, canonical_spec
 from sim.models.llama import DecoderShape
+from sim.models.loss import loss_bytes
 from sim.models.routing import capped_shares, expert_shares, rank_loads, slowest_rank
 from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, collective_layer, padded_vocab
 
@@ -395,6 +396,8 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
                         f"must divide experts={shape.experts} and etp={etp} expert_ffn={shape.expert_ffn}, in "
                         f"{spec!r}")
     vt = padded_vocab(shape.vocab, t) // t
+    # One prediction's loss; each scored one (the main model's, each MTP module's) keeps its own.
+    loss = loss_bytes(sharding.loss, s, vt, vocab_parallel=t > 1)
     full = DTYPE_BYTES * s * h
     boundary = full // t if sp else full
     none = Collectives()
@@ -431,7 +434,8 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
     head = collective_layer(
         name="head", kind="head", flops_fwd=float(scored * 2 * s * h * vt), flops_bwd=float(scored * 4 * s * h * vt),
         param_bytes=DTYPE_BYTES * _head_params(shape, t), activation_bytes=FP32_BYTES,
-        saved_bytes=scored * (full + FP32_BYTES * s + FP32_BYTES * s * vt), workspace_bytes=DTYPE_BYTES * s * vt,
+        saved_bytes=scored * (full + FP32_BYTES * s + loss.saved), workspace_bytes=loss.forward_transient,
+        backward_workspace_bytes=loss.backward_transient,
         fwd=all_reduce(FP32_BYTES * s, times=3 * scored) if t > 1 else none,
         bwd=all_reduce(full, times=scored) if t > 1 else none,
         transformer=TransformerPart("head", **common, mtp=shape.mtp))

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from sim.models.graph import Layer
+from sim.models.loss import LOSSES
 from sim.models.routing import BALANCED, Routing
 
 #: The expert token dispatchers ``--ep-dispatcher`` takes (:class:`Sharding`'s ``dispatcher``), the default first.
@@ -62,6 +63,8 @@ class Sharding:
             experts inside it; :func:`sim.cost.collectives.deduplicated_all_to_all_cost`) or ``all-gather``
             (Megatron-Core's all-gather dispatcher, Megatron-LM's default: every token to every rank of the group,
             the experts' outputs reduce-scattered back; :mod:`sim.cost.expert_exchange`).
+        loss: how the framework computes the cross entropy over the vocabulary (:data:`sim.models.loss.LOSSES`,
+            ``--loss``), which decides what the head layer keeps and holds while it runs (:mod:`sim.models.loss`).
     """
 
     tp: int = 1
@@ -73,6 +76,7 @@ class Sharding:
     routing: Routing = BALANCED
     capacity_factor: float = 0.0
     dispatcher: str = "all-to-all"
+    loss: str = LOSSES[0]
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -88,6 +92,8 @@ class Sharding:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"Sharding.{name} must be True or False, got {value!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"Sharding.loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         if self.dispatcher not in DISPATCHERS:
             raise ValueError(f"Sharding.dispatcher must be one of {', '.join(DISPATCHERS)}, got {self.dispatcher!r}")
 
@@ -100,8 +106,10 @@ class Sharding:
     @property
     def changes_model(self) -> bool:
         """Whether a graph built with this sharding can differ from the whole model's: ``tp > 1``, ``cp > 1``,
-        selective recomputation or any expert setting (sequence parallelism alone, at ``tp = 1``, is a no-op)."""
-        return self.tp > 1 or self.cp > 1 or self.selective_recompute or self.shapes_experts
+        selective recomputation, a loss other than the default or any expert setting (sequence parallelism alone, at
+        ``tp = 1``, is a no-op)."""
+        return (self.tp > 1 or self.cp > 1 or self.selective_recompute or self.loss != LOSSES[0]
+                or self.shapes_experts)
 
     @property
     def shapes_experts(self) -> bool:
@@ -120,6 +128,8 @@ class Sharding:
             parts.append("sequence parallel")
         if self.selective_recompute:
             parts.append("selective recompute")
+        if self.loss != LOSSES[0]:
+            parts.append(f"{self.loss} loss")
         return ", ".join(parts)
 
 

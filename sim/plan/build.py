@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
-from sim.cost.cost_view import EP_DISPATCHER_OPTION, CostView
+from sim.cost.cost_view import EP_DISPATCHER_OPTION, LOSS_OPTION, CostView
 from sim.cost.oracle import CostOracle
 from sim.cost.plan_costs import PlanCosts, check_graph, plan_costs, sharded_graph
 from sim.cost.profile import MeasuredProfile, load_profile
@@ -23,6 +23,7 @@ from sim.ir.plan import Op, OpKind, Placement, Plan
 from sim.ir.schedule_csv import load_schedule_csv
 from sim.ir.weight_versions import VERTICAL_SYNC_OPTION
 from sim.models.graph import LayerGraph
+from sim.models.loss import LOSSES
 from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import DISPATCHERS
 from sim.plan.inputs import PlanInputs
@@ -254,7 +255,8 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
                                 if inputs.capacity_factor else ())
                              + (((EP_OVERLAP_OPTION, True),) if _ep_overlap(inputs, l0.layout) else ())
                              + (((EP_DISPATCHER_OPTION, inputs.ep_dispatcher),)
-                                if inputs.ep_dispatcher != DISPATCHERS[0] else ()))),
+                                if inputs.ep_dispatcher != DISPATCHERS[0] else ())
+                             + (((LOSS_OPTION, inputs.loss),) if inputs.loss != LOSSES[0] else ()))),
     )
     if inputs.recompute_mode == "selective":
         if any(op.kind is OpKind.R for program in programs for op in program):
@@ -353,8 +355,10 @@ def inputs_graph(inputs: PlanInputs, layout: Parallelism) -> LayerGraph:
     factor and token dispatcher (:func:`sim.cost.plan_costs.sharded_graph`)."""
     _check_dispatcher(inputs, layout)
     _check_float8_gather(inputs)
+    if inputs.loss not in LOSSES:
+        raise SpecError(f"{{loss}} must be one of {', '.join(LOSSES)}, got {inputs.loss!r}", "loss")
     return sharded_graph(inputs.model, layout, inputs.recompute_mode, parse_routing(inputs.routing),
-                         inputs.capacity_factor, inputs.ep_dispatcher)
+                         inputs.capacity_factor, inputs.ep_dispatcher, loss=inputs.loss)
 
 
 def inputs_costs(inputs: PlanInputs, profile: MeasuredProfile | None, topology: Topology,

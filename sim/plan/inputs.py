@@ -84,6 +84,9 @@ class PlanInputs:
         ep_dispatcher: how the expert-parallel ranks exchange tokens (``--ep-dispatcher``, one of
             :data:`sim.models.sharding.DISPATCHERS`): ``all-to-all``, ``deduplicated`` (once per server, DeepEP's)
             or ``all-gather`` (Megatron-Core's all-gather dispatcher).
+        loss: how the framework computes the cross entropy over the vocabulary (``--loss``, one of
+            :data:`sim.models.loss.LOSSES`): ``fused`` (Megatron-LM's), ``eager`` (torchtitan's without compile)
+            or ``compiled`` (torchtitan's under ``torch.compile``); it decides the head's memory.
     """
 
     model: str
@@ -125,6 +128,7 @@ class PlanInputs:
     async_tp: bool = False
     param_gather_overlap: bool = False
     grad_bucket_params: int = 0
+    loss: str = "fused"
 
     @property
     def recompute_mode(self) -> str:

@@ -89,7 +89,8 @@ def check_plan_size(graph: LayerGraph, num_microbatches: int, microbatch_size: i
             f"--microbatches {num_microbatches}")
     # Every byte the engine accounts is at most all microbatches' activations (and workspace) at once, per sample
     # at most the model input plus everything each layer keeps or uses.
-    per_sample = graph.input_bytes + sum(layer.activation_bytes + layer.saved_bytes + layer.workspace_bytes
+    per_sample = graph.input_bytes + sum(layer.activation_bytes + layer.saved_bytes
+                                         + max(layer.workspace_bytes, layer.backward_transient_bytes)
                                          for layer in graph.layers)
     if num_microbatches * microbatch_size * max(per_sample, 1) > MAX_BYTES:
         raise SpecError(

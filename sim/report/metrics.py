@@ -228,6 +228,7 @@ def compute_metrics(
     microbatch_size: int,
     peak_memory_bytes: Sequence[int] | None = None,
     memory_capacity_bytes: Sequence[float] | None = None,
+    reserved_memory_bytes: Sequence[int | None] | None = None,
     link_bytes: Sequence[tuple[tuple[str, str], int]] = (),
     replicas: int = 1,
     device_of_rank: Sequence[int] | None = None,
@@ -240,6 +241,8 @@ def compute_metrics(
         microbatch_size: samples per microbatch.
         peak_memory_bytes: per-rank peak memory, bytes (omitted from the output when unknown).
         memory_capacity_bytes: per-rank device memory, bytes.
+        reserved_memory_bytes: per-rank peak the GPU's caching allocator reserves (:mod:`sim.cost.allocator`),
+            bytes; ``None`` for a rank without one (a CPU), omitted from its entry.
         link_bytes: ``((src, dst), bytes)`` carried by each directed link.
         replicas: data-parallel replicas, each running ``num_microbatches`` microbatches (throughput counts all).
         device_of_rank: the topology device each trace rank ran on, when it is not the trace rank itself (a 3D
@@ -249,7 +252,8 @@ def compute_metrics(
         ``iteration_time_s`` (s), ``throughput_samples_per_s``, the plan's ``idle_fraction`` (1 − Σ compute busy ÷
         (devices × iteration time)), ``bubble_fraction`` and ``exposed_comm_fraction`` (per kind of
         :data:`COMM_KINDS`; module docstring), per-device ``rank``, ``device``, ``busy_s`` and the same three
-        fractions of its own time, ``peak_memory_bytes``, per-kind op counts and mean durations, and bytes per link.
+        fractions of its own time, ``peak_memory_bytes`` (allocated), ``reserved_memory_bytes`` (on a GPU), per-kind
+        op counts and mean durations, and bytes per link.
     """
     iteration = trace.makespan
     busy = [0.0] * trace.num_ranks
@@ -274,6 +278,8 @@ def compute_metrics(
         }
         if peak_memory_bytes is not None:
             entry["peak_memory_bytes"] = int(peak_memory_bytes[rank])
+        if reserved_memory_bytes is not None and reserved_memory_bytes[rank] is not None:
+            entry["reserved_memory_bytes"] = int(reserved_memory_bytes[rank])
         if memory_capacity_bytes is not None:
             capacity = memory_capacity_bytes[rank]
             entry["memory_capacity_bytes"] = int(capacity) if capacity != float("inf") else None

@@ -122,13 +122,17 @@ def format_summary(metrics: dict[str, Any], *, unit: str = "samples") -> str:
     names = [rank_label(d["rank"], d["device"], d.get("device_rank")) for d in devices]
     width = max([21, *map(len, names)])
     memory = any("peak_memory_bytes" in d for d in devices)
+    reserved = any("reserved_memory_bytes" in d for d in devices)
     header = f"{'per device':<{width + 3}}{'busy':>9}     bubble  exposed"  # each heading over its column
-    lines.append(header + ("   peak memory / capacity" if memory else ""))
+    lines.append(header + ("" if not memory else "   peak memory allocated, reserved / capacity" if reserved
+                           else "   peak memory / capacity"))
     for name, device in zip(names, devices):
         exposed = sum(device["exposed_comm_fraction"].values())
         line = (f"  {name:<{width}} {device['busy_s'] * 1e3:9.3f} ms  {device['bubble_fraction'] * 100:5.1f} %"
                 f"  {exposed * 100:5.1f} %")
         if "peak_memory_bytes" in device:
-            line += f"   {_gb(device['peak_memory_bytes'])} / {_gb(device.get('memory_capacity_bytes'))}"
+            held = device.get("reserved_memory_bytes")
+            line += (f"   {_gb(device['peak_memory_bytes'])}{'' if held is None else ', ' + _gb(held)} / "
+                     f"{_gb(device.get('memory_capacity_bytes'))}")
         lines.append(line)
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.hw.topology import Topology
 from sim.ir.parallel import RANK_ORDERS
+from sim.models.loss import LOSSES
 from sim.models.routing import CAPACITY_FACTOR_HELP, ROUTING_HELP
 from sim.plan.inputs import format_builtin_lists
 from sim.plan.partition import PARTITION_RULES
@@ -45,7 +46,8 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: a library error about one as the flag the user typed).
 FLAGS = {"global_batch": "--global-batch", "memory_limit_bytes": "--memory-limit", "time_budget_s": "--time-budget",
          "strategy": "--strategy", "evaluations": "--evaluations", "chains": "--chains", "workers": "--workers",
-         "ray": "--ray", "routing": "--routing", "capacity_factor": "--capacity-factor"}
+         "ray": "--ray", "routing": "--routing", "capacity_factor": "--capacity-factor",
+         "loss": "--loss"}
 
 
 def _listed(kind, allowed=None, name=""):
@@ -158,6 +160,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", help="measured profile JSON replacing the catalog's costs")
     parser.add_argument("--routing", default="balanced", metavar="ROUTING", help=ROUTING_HELP + "; every plan")
     parser.add_argument("--capacity-factor", type=float, default=0.0, metavar="C", help=CAPACITY_FACTOR_HELP)
+    parser.add_argument("--loss", choices=list(LOSSES), default=LOSSES[0],
+                        help="how the framework computes the loss in every plan (as sim.run --loss): fused "
+                        "(default; Megatron-LM's), eager or compiled (torchtitan's without and with torch.compile)")
     return parser
 
 
@@ -221,7 +226,7 @@ def _run(argv: list[str] | None, started: float) -> int:
                           settings=settings, cp=args.cp, cp_comms=args.cp_comm, dp_replicate=args.dp_replicate,
                           precisions=args.precision, compile=args.compile, ep=args.ep, etp=args.etp),
         perturbation=_perturbation(args.straggler or (), args.topology), routing=args.routing,
-        capacity_factor=args.capacity_factor)
+        capacity_factor=args.capacity_factor, loss=args.loss)
     out = prepare_output_dir(args.out, "--out", create=False)  # a bad --out is refused before the search, not after
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
     load_matplotlib_in_background()  # the chart at the end waits for nothing, even right after a Ctrl-C

@@ -109,6 +109,7 @@ class SearchProblem:
         routing: how a mixture's tokens spread over its experts in every candidate (``balanced``, ``skew:S[:SEED]``,
             ``trace:FILE``; :mod:`sim.models.routing`).
         capacity_factor: tokens an expert computes at most, as a multiple of its balanced share (0: dropless).
+        loss: how the framework computes the loss in every candidate (``--loss``, :data:`sim.models.loss.LOSSES`).
     """
 
     model: str
@@ -121,6 +122,7 @@ class SearchProblem:
     perturbation: Perturbation = NONE
     routing: str = "balanced"
     capacity_factor: float = 0.0
+    loss: str = "fused"
 
 
 @dataclass(frozen=True, order=True)
@@ -161,7 +163,8 @@ class Candidate:
             sequence_parallel=self.sequence_parallel, zero=self.zero, kernel_model=problem.kernel_model,
             devices=self.devices, cp=self.cp, cp_comm=self.cp_comm, dp_replicate=self.dp_replicate,
             precision=None if self.precision == MODEL_PRECISION else self.precision, compiled=self.compiled,
-            ep=self.ep, etp=self.etp, routing=problem.routing, capacity_factor=problem.capacity_factor)
+            ep=self.ep, etp=self.etp, routing=problem.routing, capacity_factor=problem.capacity_factor,
+            loss=problem.loss)
 
     def label(self) -> str:
         """A short name: ``tp2 dp2 pp2 b4 interleaved(v=2) full sp zero1 [dp-tp-pp]``."""
@@ -221,6 +224,8 @@ class Candidate:
             flags += ["--routing", problem.routing]
         if problem.capacity_factor:
             flags += ["--capacity-factor", f"{problem.capacity_factor:g}"]
+        if problem.loss != "fused":
+            flags += ["--loss", problem.loss]
         if self.rank_order != DEFAULT_RANK_ORDER:
             flags += ["--rank-order", self.rank_order]
         if self.partition != "balanced":

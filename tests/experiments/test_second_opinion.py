@@ -61,7 +61,9 @@ def test_the_published_plans_are_listed_by_the_spaces_searched_for_them():
     # DeepSeek-V3's six newest rows with MTP (lines 2, 3, 41, 43, 82, 118) joined on 2026-12-07: four problems (the
     # GB300 rows 2 and 82 share their batch, the B300 rows 43 and 118 theirs), all on 256 GPUs; and torchtitan's
     # rowwise Float8 rows became two problems of their own (precision fp8-rowwise), apart from their tensorwise twins
-    assert (sum(map(len, groups.values())), len(groups)) == (88 + 6, 61 + 4 + 2)
+    # torchtitan's 70B Float8 rows on 256 GPUs split by their loss: eager at 9dec370 (Dec 2024), compiled with the
+    # model in the June 2025 async-TP file (--loss; issue #40)
+    assert (sum(map(len, groups.values())), len(groups)) == (88 + 6, 61 + 4 + 2 + 1)
     chosen = [members for members in groups.values()
               if members[0].gpus <= 64 and not members[0].inputs.model.startswith("gpt-oss")
               or {"megatron-bridge:10", "torchtitan:tt2412_t5_2"} & {row.key for row in members}]
@@ -89,7 +91,7 @@ def test_the_published_candidate_carries_the_rows_inputs_and_names_what_it_canno
     rows = {r.row_id: r for r in torchtitan.load_rows()}
     plain = torchtitan.plan_inputs(rows["tt2412_t2_4"])  # CP 8 with FSDP, full recomputation, Float8
     candidate, left = published_candidate(plain)
-    problem = second_opinion.SearchProblem(plain.model, plain.topology, plain.global_batch)
+    problem = second_opinion.SearchProblem(plain.model, plain.topology, plain.global_batch, loss=plain.loss)
     assert left == () and replace(candidate.plan_inputs(problem), recompute=plain.recompute) == plain
     assert (candidate.cp, candidate.cp_comm, candidate.zero, candidate.recompute, candidate.precision) == (
         8, "allgather", 3, "full", "fp8")

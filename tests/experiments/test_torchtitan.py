@@ -2,6 +2,7 @@
 its prediction the one prediction path's (``sim.run`` on the same flags gives the same tokens per device)."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 
 from experiments import torchtitan
 from experiments.published_rows import RowResult
+from sim.cost.allocator import FRAGMENTATION
 
 
 def test_every_current_row_is_read():
@@ -38,6 +40,11 @@ def test_rows_become_torchtitans_configuration():
     assert torchtitan.plan_inputs(_row("atp_70b_6")).precision == "fp8-rowwise"
     assert torchtitan.plan_inputs(_row("atp_70b_4")).precision == "fp8"  # the tensorwise twin
     assert torchtitan.plan_inputs(_row("atp_70b_6")).sequence_parallel
+    # the loss as each file's torchtitan ran it: eager at 9dec370 (compile or not), compiled with the model from
+    # pull request #1033 on (the June 2025 files) when compile is on
+    assert {torchtitan.plan_inputs(_row(r)).loss for r in ("tt2412_t1_1", "tt2412_t1_2", "tt2412_t5_1")} == {"eager"}
+    assert torchtitan.plan_inputs(_row("trainy_1")).loss == "compiled"
+    assert torchtitan.plan_inputs(_row("atp_70b_1")).loss == "compiled"
 
 
 @pytest.mark.parametrize("row_id", ["tt2412_t1_2", "tt2412_t2_2"])
@@ -50,7 +57,7 @@ def test_a_rows_prediction_is_sim_runs(row_id, tmp_path):
              str(inputs.microbatch_size), "--recompute", inputs.recompute, "--ignore-memory", "--no-gantt",
              "--out", str(tmp_path)]
     flags += ["--compile"] * inputs.compiled + ["--precision", "fp8"] * (inputs.precision == "fp8")
-    flags += ["--cp-comm", inputs.cp_comm] * (inputs.cp > 1)
+    flags += ["--cp-comm", inputs.cp_comm] * (inputs.cp > 1) + ["--loss", inputs.loss]
     subprocess.run([sys.executable, "-m", "sim.run", *flags], check=True, capture_output=True)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert result.predicted == metrics["tokens_per_s_per_device"]
@@ -58,7 +65,11 @@ def test_a_rows_prediction_is_sim_runs(row_id, tmp_path):
     # memory beside throughput: the ledger's peak over the devices, against the published max reserved (GiB)
     assert result.peak_memory_bytes == max(d["peak_memory_bytes"] for d in metrics["devices"])
     assert result.fits == all(d["peak_memory_bytes"] <= d["memory_capacity_bytes"] for d in metrics["devices"])
-    assert torchtitan.memory_error(result) == pytest.approx(result.peak_memory_bytes / (row.memory_gib * 2**30) - 1)
+    # what the GPUs report: the allocated peak grown by the allocator's fragmentation, at most the device
+    reserved = max(d["reserved_memory_bytes"] for d in metrics["devices"])
+    assert result.reserved_memory_bytes == reserved == min(
+        math.ceil(result.peak_memory_bytes * (1 + FRAGMENTATION)), metrics["devices"][0]["memory_capacity_bytes"])
+    assert torchtitan.memory_error(result) == pytest.approx(reserved / (row.memory_gib * 2**30) - 1)
 
 
 def test_twenty_rows_publish_their_peak_memory_and_the_report_judges_them():
@@ -67,6 +78,22 @@ def test_twenty_rows_publish_their_peak_memory_and_the_report_judges_them():
     assert len(published) == 20 and published["tt2412_t1_1"] == 82.4 and published["trainy_2"] == 46.97
     with pytest.raises(ValueError, match="atp_70b_6"):
         torchtitan.memory_error(RowResult(_row("atp_70b_6"), 1.0, 1.0, (), True))
+
+
+def test_the_fragmentation_fit_recovers_a_known_reserve_and_stops_at_the_device():
+    from dataclasses import replace
+
+    rows = [r for r in torchtitan.load_rows() if r.memory_gib is not None]
+    # allocated peaks made so that the published reserved figures are each 1.2x of them: the fit must find 0.2
+    results = [RowResult(replace(r, memory_gib=r.memory_gib), 1.0, r.memory_gib * 2**30 / 1.2, (), True)
+               for r in rows]
+    split = torchtitan.memory_halves(results, 0)
+    assert split == torchtitan.memory_halves(results, 0) and split.count("fit") == 10
+    assert torchtitan.fit_fragmentation(results, split) == pytest.approx(0.2)
+    assert all(abs(torchtitan.memory_error(r, 0.2)) < 1e-9 for r in results)
+    # a peak the device cannot hold reserves the device, no more
+    huge = RowResult(rows[0], 1.0, 1e12, (), False)
+    assert torchtitan.memory_error(huge, 0.2) == pytest.approx(96e9 / (rows[0].memory_gib * 2**30) - 1)
 
 
 def test_the_split_is_seeded_and_fits_only_fully_modelled_rows_of_the_fitted_device():

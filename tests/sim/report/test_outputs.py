@@ -41,7 +41,10 @@ def test_a_3d_plans_table_names_the_devices_the_chart_names(three_d):
 def test_no_memory_column_when_no_memory_was_measured(three_d):
     _, metrics = three_d
     header, rows = _table(format_summary(metrics))
-    assert header.endswith("peak memory / capacity") and all(row.endswith(" GB") for row in rows)
+    # GPUs: the allocated peak, then what the caching allocator reserves (sim.cost.allocator), then the capacity
+    assert header.endswith("peak memory allocated, reserved / capacity") and all(row.endswith(" GB") for row in rows)
+    assert all(f"{d['peak_memory_bytes'] / 1e9:.2f} GB, {d['reserved_memory_bytes'] / 1e9:.2f} GB / " in row
+               for d, row in zip(metrics["devices"], rows, strict=True))
     # A measured run without --measure-memory: the devices carry no peak, and the table no column for one.
     unmeasured = {**metrics, "devices": [{k: v for k, v in d.items() if k != "peak_memory_bytes"}
                                          for d in metrics["devices"]]}
