@@ -98,7 +98,7 @@ class FastEvaluator:
         devices = [view.device_index_of(p) for view in views for p in range(pipeline)]
         names = [self.topology.devices[d].name for d in devices]
         capacities = [self.topology.devices[d].memory_bytes for d in devices]
-        capacity, reason = memory_verdict(peaks, capacities, names, pipeline, problem.memory_limit_bytes)
+        capacity, reason = memory_verdict(peaks, capacities, names, pipeline, problem)
         samples = compiled.plan.num_microbatches * inputs.microbatch_size * layout.dp
         return Evaluation(candidate, not reason, reason, makespan, samples / makespan if makespan > 0 else None,
                           compiled.plan.num_microbatches, tuple(views[0].placement.layer_counts()), peaks, capacity,

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, did_you_mean, run_cli
 from sim.core.fileio import prepare_output_dir, write_text_chunks_atomic
+from sim.cost.allocator import FRAGMENTATION
 from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.hw.topology import Topology
@@ -44,7 +45,8 @@ __all__ = ["main", "make_parser", "FLAGS"]
 
 #: The library arguments this command sets from its flags, each with its flag (:func:`sim.core.errors.run_cli` prints
 #: a library error about one as the flag the user typed).
-FLAGS = {"global_batch": "--global-batch", "memory_limit_bytes": "--memory-limit", "time_budget_s": "--time-budget",
+FLAGS = {"global_batch": "--global-batch", "memory_limit_bytes": "--memory-limit",
+         "memory_headroom": "--memory-headroom", "time_budget_s": "--time-budget",
          "strategy": "--strategy", "evaluations": "--evaluations", "chains": "--chains", "workers": "--workers",
          "ray": "--ray", "routing": "--routing", "capacity_factor": "--capacity-factor",
          "loss": "--loss"}
@@ -96,6 +98,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", help="output directory (required)")
     parser.add_argument("--memory-limit", type=parse_byte_size, metavar="BYTES",
                         help="cap on each device's memory, e.g. 40GB (default: each device's own)")
+    parser.add_argument("--memory-headroom", type=float, default=FRAGMENTATION, metavar="FRACTION",
+                        help="a pick's allocated peak times 1 + FRACTION must fit each device's memory (or "
+                        f"--memory-limit) (default {FRAGMENTATION:g}: the caching allocator's fragmentation fitted on "
+                        "torchtitan's published peaks, so that what the GPU reserves for the pick fits; 0: the "
+                        "allocated peak may fill the device)")
     parser.add_argument("--time-budget", type=float, metavar="SECONDS",
                         help="answer within this many seconds of the command's start (plus at most about 2 s): "
                         "the best plan found by then, ranked and written (default: no limit)")
@@ -219,7 +226,7 @@ def _run(argv: list[str] | None, started: float) -> int:
     settings = load_settings(args.candidates) if args.candidates else ()
     problem = SearchProblem(
         model=args.model, topology=args.topology, global_batch=args.global_batch,
-        memory_limit_bytes=args.memory_limit, profile=args.profile,
+        memory_limit_bytes=args.memory_limit, memory_headroom=args.memory_headroom, profile=args.profile,
         space=SearchSpace(schedules=args.schedules, chunks=args.chunks, recompute=args.recompute,
                           microbatch_sizes=args.microbatch_sizes, sequence_parallel=args.sequence_parallel,
                           zero=args.zero, rank_orders=orders, partitions=args.partitions,

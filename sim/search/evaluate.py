@@ -81,30 +81,37 @@ def evaluate(problem: SearchProblem, candidate: Candidate) -> Evaluation:
     devices = metrics["devices"]
     peaks = tuple(int(d["peak_memory_bytes"]) for d in devices)
     capacity, reason = memory_verdict(peaks, [d["memory_capacity_bytes"] for d in devices],
-                                      [d["device"] for d in devices], built.plan.num_ranks, problem.memory_limit_bytes)
+                                      [d["device"] for d in devices], built.plan.num_ranks, problem)
     return Evaluation(candidate, not reason, reason, float(metrics["iteration_time_s"]),
                       float(metrics["throughput_samples_per_s"]), built.plan.num_microbatches,
                       tuple(built.plan.placement.layer_counts()), peaks, capacity)
 
 
 def memory_verdict(peaks: tuple[int, ...], capacities: list[int | float | None], names: list[str], pipeline: int,
-                   limit: int | None) -> tuple[tuple[int | None, ...], str]:
-    """What each simulated rank may use (its device's memory, or ``limit`` when smaller; ``None``: no limit, the
-    catalog's ideal device), bytes, and why the plan does not fit ("" when it does): the rank most over its
-    capacity, named by pipeline rank (and simulated replica when several are)."""
+                   problem: SearchProblem) -> tuple[tuple[int | None, ...], str]:
+    """What each simulated rank may use (its device's memory, or the problem's memory limit when smaller; ``None``:
+    no limit, the catalog's ideal device), bytes, and why the plan does not fit ("" when it does): the rank most over
+    what its allocated peak may reach, that capacity less the problem's headroom (:meth:`SearchProblem.usable_bytes`),
+    named by pipeline rank (and simulated replica when several are)."""
+    limit = problem.memory_limit_bytes
+
     def bounded(cap: int | float | None) -> int | None:
         own = None if cap is None or cap == float("inf") else int(cap)
         return limit if own is None else own if limit is None else min(limit, own)
 
     capacity = tuple(bounded(cap) for cap in capacities)
-    over = [(row, peak, cap) for row, (peak, cap) in enumerate(zip(peaks, capacity)) if cap is not None and peak > cap]
+    usable = [None if cap is None else int(cap / (1 + problem.memory_headroom)) for cap in capacity]
+    over = [(row, peak, cap) for row, (peak, cap) in enumerate(zip(peaks, usable)) if cap is not None and peak > cap]
     if not over:
         return capacity, ""
     row, peak, cap = max(over, key=lambda item: item[1] - item[2])
     replica, rank = divmod(row, pipeline)
     where = f"pipeline rank {rank}" + (f" of replica {replica}" if len(peaks) > pipeline else "")
+    limited = limit is not None and cap == int(limit / (1 + problem.memory_headroom))
+    headroom = (f" after a {problem.memory_headroom:.0%} headroom (--memory-headroom)" if problem.memory_headroom
+                else "")
     return capacity, (f"out of memory: {where} ({names[row]}) needs {_size(peak)}, has {_size(cap)}"
-                      f"{' (--memory-limit)' if limit is not None and cap == limit else ''}")
+                      f"{headroom}{' (--memory-limit)' if limited else ''}")
 
 
 def _size(nbytes: int) -> str:

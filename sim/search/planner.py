@@ -28,6 +28,7 @@ so a minute estimates a few hundred of 18,507 candidates: the screen then only o
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import replace
@@ -116,12 +117,11 @@ class _Screen:
         views = costs.views(placement)
         recompute_full = inputs.recompute_mode == "full"
         worst_rank = worst_vstage = tail = 0.0
-        limit = problem.memory_limit_bytes
         capacities = []
         for view in views:
             for rank in range(layout.pp):
-                own = topology.devices[view.device_index_of(rank)].memory_bytes
-                capacities.append(own if limit is None else min(own, limit))
+                usable = problem.usable_bytes(topology.devices[view.device_index_of(rank)].memory_bytes)
+                capacities.append(math.inf if usable is None else usable)
             per_rank = [0.0] * layout.pp
             for vstage, rank in enumerate(vstage_to_rank):
                 work = view.compute_time(OpKind.F, vstage) + view.compute_time(OpKind.B, vstage)

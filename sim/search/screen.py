@@ -167,8 +167,7 @@ class Screener:
                 device = self.topology.devices[view.device_index_of(rank)]
                 capacities.append(device.memory_bytes)
                 names.append(device.name)
-        _, reason = memory_verdict(tuple(peaks), capacities, names, views[0].layout.pp,
-                                   self.problem.memory_limit_bytes)
+        _, reason = memory_verdict(tuple(peaks), capacities, names, views[0].layout.pp, self.problem)
         peak_bytes = int(max(peaks, default=0))
         if reason:
             return Bound(math.inf, False, reason.replace("needs", "needs at least", 1), peak_bytes=peak_bytes)
@@ -189,7 +188,7 @@ class Screener:
         peaks = program_order_peaks(plan, views)
         devices = [self.topology.devices[view.device_index_of(rank)] for view in views for rank in range(layout.pp)]
         _, reason = memory_verdict(peaks, [d.memory_bytes for d in devices], [d.name for d in devices], layout.pp,
-                                   self.problem.memory_limit_bytes)
+                                   self.problem)
         return reason
 
     def shape(self, candidate: Candidate) -> tuple[tuple[int, ...], Parallelism]:
@@ -249,11 +248,11 @@ class Screener:
         if self.profile is not None:
             return
         average = oracle.memory.state_bytes(0, len(oracle.graph)) / layout.pp
-        limit = self.problem.memory_limit_bytes
         largest = self.largest_capacity.get(layout)
         if largest is None:
             capacity = max(self.topology.devices[d].memory_bytes for d in layout.device_ranks)
-            largest = self.largest_capacity[layout] = capacity if limit is None else min(limit, capacity)
+            usable = self.problem.usable_bytes(capacity)
+            largest = self.largest_capacity[layout] = math.inf if usable is None else usable
         if average > largest:
             raise _OverMemory(f"out of memory: the pipeline ranks hold {average / 1e9:.2f} GB of training state each "
                               f"on average, more than the {largest / 1e9:.2f} GB of the largest device")

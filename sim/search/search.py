@@ -153,6 +153,10 @@ def check_problem(problem: SearchProblem) -> Topology:
     if problem.memory_limit_bytes is not None and problem.memory_limit_bytes <= 0:
         raise SpecError(f"{{memory_limit_bytes}} must be > 0 bytes, got {problem.memory_limit_bytes}",
                         "memory_limit_bytes")
+    headroom = problem.memory_headroom
+    if isinstance(headroom, bool) or not isinstance(headroom, int | float) or not 0 <= headroom <= 1:
+        raise SpecError(f"{{memory_headroom}} must be a fraction from 0 to 1 of each device's memory, got {headroom!r}",
+                        "memory_headroom")
     factor = problem.capacity_factor
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not math.isfinite(factor) or factor < 0:
         raise SpecError(f"{{capacity_factor}} must be a number >= 0 (0: dropless), got {factor!r}", "capacity_factor")

@@ -140,7 +140,8 @@ def search_json(result: SearchResult) -> dict[str, Any]:
     return {
         "format_version": SEARCH_FORMAT_VERSION,
         "problem": {"model": problem.model, "topology": problem.topology, "global_batch": problem.global_batch,
-                    "memory_limit_bytes": problem.memory_limit_bytes, "profile": problem.profile,
+                    "memory_limit_bytes": problem.memory_limit_bytes, "memory_headroom": problem.memory_headroom,
+                    "profile": problem.profile,
                     "perturbation": problem.perturbation.describe() or None,
                     "space": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(problem.space).items()},
                     # A mixture's routing, where it is not balanced and dropless (as a plan's options record it).

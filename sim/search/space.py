@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from itertools import product
 
 from sim.core.errors import SpecError
+from sim.cost.allocator import FRAGMENTATION
 from sim.cost.gpu_time import KernelModel
 from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import NONE, Perturbation
@@ -101,6 +102,10 @@ class SearchProblem:
         topology: topology spec (``8xA100``, ``4xV100+4xA100``, a YAML file).
         global_batch: samples per iteration over all replicas.
         memory_limit_bytes: cap on each device's memory, bytes (``None``: the device's own capacity).
+        memory_headroom: the fraction of a device's memory (or of ``memory_limit_bytes``) a pick leaves free beyond
+            its allocated peak (``--memory-headroom``): a candidate fits when its peak times ``1 + memory_headroom``
+            does. The default is the caching allocator's fragmentation (:data:`sim.cost.allocator.FRAGMENTATION`),
+            so that what a GPU would reserve for the pick fits without the allocator squeezing its cache.
         space: the choices searched.
         profile: a measured profile's path, or ``None`` for the catalog's costs.
         kernel_model: the GPU kernel model's constants (``None``: the built-in ones).
@@ -116,6 +121,7 @@ class SearchProblem:
     topology: str
     global_batch: int
     memory_limit_bytes: int | None = None
+    memory_headroom: float = FRAGMENTATION
     space: SearchSpace = field(default_factory=SearchSpace)
     profile: str | None = None
     kernel_model: KernelModel | None = None
@@ -123,6 +129,15 @@ class SearchProblem:
     routing: str = "balanced"
     capacity_factor: float = 0.0
     loss: str = "fused"
+
+    def usable_bytes(self, capacity: float | None) -> float | None:
+        """What a candidate's allocated peak may reach on a device of ``capacity`` bytes (``None`` or ``inf``: no
+        limit of its own): the smaller of it and ``memory_limit_bytes``, less the headroom; ``None`` when neither
+        limits it."""
+        own = None if capacity is None or capacity == float("inf") else capacity
+        bound = self.memory_limit_bytes if own is None else own if self.memory_limit_bytes is None \
+            else min(own, self.memory_limit_bytes)
+        return None if bound is None else bound / (1 + self.memory_headroom)
 
 
 @dataclass(frozen=True, order=True)

@@ -120,7 +120,8 @@ def test_the_module_entry_point_exits_2_without_a_traceback(tmp_path):
 
 
 def test_no_feasible_plan_exits_1_with_the_reasons_and_no_plan(tmp_path, capsys):
-    args = _with("--memory-limit", "1", "--schedules", "1f1b", "--recompute", "none")
+    # a 1-byte cap without headroom (with it, what a plan may use rounds down to 0 bytes)
+    args = _with("--memory-limit", "1", "--memory-headroom", "0", "--schedules", "1f1b", "--recompute", "none")
     assert main([*args, "--out", str(tmp_path)]) == 1
     captured = capsys.readouterr()
     assert "no feasible plan" in captured.out

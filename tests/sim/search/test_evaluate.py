@@ -2,9 +2,11 @@
 candidates are infeasible with the rule and the value; the memory limit against the simulated peaks."""
 
 import json
+import math
 
 import pytest
 
+from sim.cost.allocator import FRAGMENTATION
 from sim.run import main as sim_run
 from sim.search.evaluate import build_candidate_plan, evaluate
 from sim.search.space import Candidate, SearchProblem
@@ -77,9 +79,16 @@ def test_a_memory_limit_below_a_peak_makes_the_plan_infeasible_and_keeps_its_tim
     assert "(--memory-limit)" in capped.reason
     assert capped.iteration_time_s == free.iteration_time_s and capped.peak_memory_bytes == peaks
     assert capped.memory_capacity_bytes == (limit,) * 4
-    # At the largest peak exactly, everything fits.
-    exact = evaluate(problem(memory_limit_bytes=max(peaks)), c)
+    # At the largest peak exactly, everything fits without headroom.
+    exact = evaluate(problem(memory_limit_bytes=max(peaks), memory_headroom=0.0), c)
     assert exact.feasible and exact.reason == "" and exact.iteration_time_s == free.iteration_time_s
+    # With the default headroom (the allocator's fragmentation) the peak times 1 + headroom must fit: a limit of
+    # exactly that fits, one a few bytes below does not, and the reason names the headroom.
+    grown = math.ceil(max(peaks) * (1 + FRAGMENTATION)) + 1
+    assert evaluate(problem(memory_limit_bytes=grown), c).feasible
+    short = evaluate(problem(memory_limit_bytes=grown - 4), c)
+    assert not short.feasible and "headroom (--memory-headroom)" in short.reason
+    assert short.memory_capacity_bytes == (grown - 4,) * 4  # the capacity recorded is the limit, not the headroom's
     # A limit above the device's own memory does not raise the device's capacity.
     roomy = evaluate(problem(memory_limit_bytes=10 ** 15), c)
     assert roomy.feasible and roomy.memory_capacity_bytes == free.memory_capacity_bytes
