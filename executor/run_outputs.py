@@ -93,6 +93,12 @@ def _finish_run(plan, topology: Topology, options: RunOptions, reports: Sequence
     # Both as catalog ids, so they compare; a CUDA device the catalog has no id for keeps its own name.
     measured_ids = sorted({device_catalog_id(name) or name for name in measured_devices})
     compare["planned_devices"], compare["measured_devices"] = planned_devices, measured_ids
+    # The prediction's interval (sim.report.interval) and whether the measured median fell inside it: on CPU ranks,
+    # a regime no published run is in, so its interval is the widest pool's and says so.
+    interval = prediction.metrics["iteration_time_s_interval"]
+    low, high = interval["low"], interval["high"]
+    covers = None if low is None else bool(low <= compare["measured_iteration_time_s"] <= high)
+    compare["predicted_iteration_time_s_interval"] = {**interval, "covers_measured": covers}
     # An emulated slower device (--slowdown) is written down in both files, so it is never read as a real run.
     compare["slowdown"] = slowdown_record(options.slowdown)
     # Peak memory per process, predicted by the same simulation and measured by each rank (executor.memory).
@@ -205,6 +211,11 @@ def _print_compare(compare: dict[str, Any]) -> None:
     predicted, measured = compare["predicted_iteration_time_s"], compare["measured_iteration_time_s"]
     print(f"predicted {predicted * 1e3:.2f} ms, measured {measured * 1e3:.2f} ms (median), relative error "
           f"{compare['relative_error'] * 100:+.1f}%  [costs: {compare['cost_source']}]")
+    interval = compare.get("predicted_iteration_time_s_interval")
+    if interval is not None and interval["low"] is not None:
+        print(f"  {interval['level'] * 100:.0f} % interval {interval['low'] * 1e3:.2f}-{interval['high'] * 1e3:.2f} ms "
+              f"({'covers' if interval['covers_measured'] else 'misses'} the measurement; from {interval['runs']:,} "
+              f"published runs, outside the validated regimes in {', '.join(interval['relaxed']) or 'nothing'})")
     print("  op kind      predicted mean   measured mean")
     for kind, row in compare["ops"].items():
         p = f"{row['predicted_mean_s'] * 1e3:10.3f} ms" if row["predicted_mean_s"] is not None else "         -   "

@@ -309,7 +309,8 @@ def predict_row(row: Row) -> RowResult[Row]:
     prediction = predict_built(build_plan(plan_inputs(row)), check_memory=False)
     metrics = prediction.metrics
     peak, fits, reserved = device_peaks(metrics)
-    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row), fits, reserved)
+    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row), fits, reserved,
+                     metrics["regime"])
 
 
 def _version(container: str) -> tuple[int, ...]:

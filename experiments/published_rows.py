@@ -28,7 +28,8 @@ class RowResult(Generic[R]):
     of its configuration is assumed or the simulator does not model, and the memory ledger's verdict: ``fits``, every
     device's predicted peak within its capacity (a published run ran, so ``False`` is a false out-of-memory); and
     the largest peak the GPUs' caching allocator is predicted to reserve (bytes; ``None`` without one:
-    :mod:`sim.cost.allocator`), what GPUs report."""
+    :mod:`sim.cost.allocator`), what GPUs report; and the regime its plan is in (``metrics.json``'s ``regime``,
+    :mod:`sim.report.interval`), which its residual calibrates."""
 
     row: R
     predicted: float
@@ -36,6 +37,7 @@ class RowResult(Generic[R]):
     unmodelled: tuple[str, ...]
     fits: bool
     reserved_memory_bytes: float | None = None
+    regime: dict[str, str] | None = None
 
     @property
     def error(self) -> float:

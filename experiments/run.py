@@ -130,6 +130,10 @@ EXPERIMENTS: dict[str, Experiment] = {
                                   "VP, CP, EP, FSDP; BF16, FP8, MXFP8, NVFP4), each expressible row predicted beside "
                                   "the published tokens/s per GPU, nothing fitted", _command("megatron_bridge"),
                                   out="runs/megatron_bridge"),
+    "coverage": Experiment("coverage", "every published run predicted (vTrain, torchtitan, Megatron-Bridge) and "
+                           "the 90 % intervals per regime calibrated on a seeded half of each data set, checked on "
+                           "the other half; --write stores the calibration the tool ships", _command("coverage"),
+                           out="runs/coverage"),
     "deepseek_v3": Experiment("deepseek_v3", "DeepSeek-V3's pre-training on 2,048 H800s (PP 16, EP 64, ZeRO-1, FP8) "
                               "as its report describes it, predicted beside the 1,543 tokens/s per GPU its 180 K "
                               "GPU-hours per trillion tokens imply, nothing fitted", _command("deepseek_v3"),

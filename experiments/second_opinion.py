@@ -54,10 +54,12 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from functools import cached_property
 from pathlib import Path
 
 from experiments import megatron_bridge
@@ -78,6 +80,7 @@ from sim.schedules import SCHEDULES
 from sim.search.evaluate import Evaluation, evaluate
 from sim.search.search import SearchResult, run_search
 from sim.search.space import Candidate, SearchProblem, SearchSpace, enumerate_candidates
+from sim.search.trust import Trust
 
 __all__ = ["Published", "Refused", "Search", "Opinion", "Result", "SOURCES", "QUICK_ROWS", "TRY_ABOVE",
            "MIN_CP_TOKENS", "load_published", "published_candidate", "problem_key", "search_space", "second_opinion",
@@ -112,6 +115,11 @@ class Search:
     best: Evaluation | None
     elapsed_s: float
     screen_s: float
+
+    @cached_property
+    def trust(self) -> Trust:
+        """The regimes and calibrations of this problem's candidates (:mod:`sim.search.trust`)."""
+        return Trust(self.problem, Topology.parse(self.problem.topology))
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,32 @@ class Opinion:
         error on the published plan left in (``None`` when no plan fits)."""
         best = self.tokens_per_s_per_gpu(self.search.best)
         return None if best is None else best / self.row.published_tokens_per_s_per_gpu
+
+    @property
+    def speedup_interval(self) -> tuple[float, float] | None:
+        """The 90 % interval of the speed-up a person would measure, published plan's measured time over the searched
+        best's: the published side is a measurement, so only the best's prediction is uncertain, and its interval
+        (:mod:`sim.search.trust`, the published runs of its regime) bounds the ratio: ``versus_measured`` divided by
+        the exponentials of the best's residual bounds. ``None`` when no plan fits or nothing calibrates it."""
+        ratio, best = self.versus_measured, self.search.best
+        if ratio is None or best is None:
+            return None
+        calibration = self.search.trust.calibration(best.candidate)
+        if calibration.low is None or calibration.high is None:
+            return None
+        return ratio / math.exp(calibration.high), ratio / math.exp(calibration.low)
+
+    @property
+    def outside_regime(self) -> tuple[str, ...]:
+        """The features of the searched best's regime it lies outside the validated regimes along (empty: inside)."""
+        best = self.search.best
+        return () if best is None else self.search.trust.calibration(best.candidate).relaxed
+
+    @property
+    def surely_faster(self) -> bool:
+        """Whether the whole interval of the speed-up lies above 1: called faster only then (issue #40)."""
+        interval = self.speedup_interval
+        return interval is not None and interval[0] > 1
 
     @property
     def moved(self) -> tuple[str, ...]:
@@ -330,7 +364,8 @@ def _csv(opinions: Sequence[Opinion]) -> str:
                      "published_plan", "published_tps_per_gpu", "row_predicted_tps_per_gpu",
                      "search_published_tps_per_gpu", "not_searched", "published_fits", "published_peak_gb",
                      "published_memory", "best_plan", "best_tps_per_gpu", "best_peak_gb", "speedup", "best_vs_measured",
-                     "moved", "changes", "to_try", "space_size", "simulated", "proven_gap", "best_flags"])
+                     "speedup_low", "speedup_high", "surely_faster", "outside_regime", "moved", "changes", "to_try",
+                     "space_size", "simulated", "proven_gap", "best_flags"])
     for o in opinions:
         row, best = o.row, o.search.best
         writer.writerow([
@@ -340,10 +375,24 @@ def _csv(opinions: Sequence[Opinion]) -> str:
             _fmt(o.tokens_per_s_per_gpu(o.published_eval), ".3f"), "; ".join(o.not_searched), int(o.published_fits),
             _gb(o.published_eval), o.published_eval.reason, "" if best is None else plan_text(best.candidate),
             _fmt(o.tokens_per_s_per_gpu(best), ".3f"), _gb(best), _fmt(o.speedup, ".6f"),
-            _fmt(o.versus_measured, ".6f"), " ".join(o.moved),
+            _fmt(o.versus_measured, ".6f"), *_interval_cells(o), int(o.surely_faster), ";".join(o.outside_regime),
+            " ".join(o.moved),
             changes(o), int(o.to_try), o.search.space_size, o.search.simulated, f"{o.search.gap:.6f}",
             "" if best is None else " ".join(best.candidate.run_flags(o.search.problem))])
     return text.getvalue()
+
+
+def _interval_cells(o: Opinion) -> tuple[str, str]:
+    interval = o.speedup_interval
+    return ("", "") if interval is None else (f"{interval[0]:.6f}", f"{interval[1]:.6f}")
+
+
+def _interval_text(o: Opinion) -> str:
+    """``0.91-1.35×`` (``‡`` outside the validated regimes), ``-`` without one."""
+    interval = o.speedup_interval
+    if interval is None:
+        return "-"
+    return f"{interval[0]:.2f}-{interval[1]:.2f}×" + ("‡" if o.outside_regime else "")
 
 
 def _refused_csv(refused: Sequence[Refused]) -> str:
@@ -357,10 +406,11 @@ def _refused_csv(refused: Sequence[Refused]) -> str:
 
 def table(opinions: Sequence[Opinion]) -> list[str]:
     """The Markdown table: a line per row (tokens/s per GPU; ``*`` marks a published plan the ledger says does not
-    fit, ``†`` one whose search-side costing leaves an option out)."""
+    fit, ``†`` one whose search-side costing leaves an option out, ``‡`` a searched best outside the validated
+    regimes)."""
     lines = ["| source | row | model | GPUs | published plan | published | predicted (row) | predicted (search) "
-             "| searched best | predicted | speed-up | vs measured | moved |",
-             "|---|---|---|--:|---|--:|--:|--:|---|--:|--:|--:|---|"]
+             "| searched best | predicted | speed-up | vs measured | 90 % interval | moved |",
+             "|---|---|---|--:|---|--:|--:|--:|---|--:|--:|--:|--:|---|"]
     for o in opinions:
         row, best = o.row, o.search.best
         mark = ("" if o.published_fits else "*") + ("†" if o.not_searched else "")
@@ -370,7 +420,7 @@ def table(opinions: Sequence[Opinion]) -> list[str]:
             f"{_fmt(o.tokens_per_s_per_gpu(o.published_eval), ',.0f')} | "
             f"{'none fits' if best is None else plan_text(best.candidate)} | "
             f"{_fmt(o.tokens_per_s_per_gpu(best), ',.0f')} | {_fmt(o.speedup, '.2f')}× | "
-            f"{_fmt(o.versus_measured, '.2f')}× | {changes(o) or '-'} |")
+            f"{_fmt(o.versus_measured, '.2f')}× | {_interval_text(o)} | {changes(o) or '-'} |")
     return lines
 
 
@@ -390,7 +440,10 @@ def _markdown(opinions: Sequence[Opinion], refused: Sequence[Refused], supersede
              "own experiment's prediction, *predicted (search)* the published plan costed by the search's engine, "
              "which the speed-up (published plan's iteration time over the searched best's) compares with; *vs "
              "measured* is the searched best's prediction over the published measurement, the speed-up with the "
-             "model's error on the published plan left in. "
+             "model's error on the published plan left in, and its *90 % interval* the range a measurement of the "
+             "searched best would fall in, from the published runs of its regime (`sim.search.trust`; `‡`: outside "
+             "the validated regimes, the CSV's `outside_regime` says along which features); a plan is called faster "
+             "only when that whole interval lies above 1 (`surely_faster`). "
              "`*`: the ledger says the published plan does not fit in memory; `†`: an option of the published run "
              "is not a search choice and is left out of its search-side costing (the CSV's `not_searched`).", ""]
     lines += ["| source | rows | published fits | > 5 % faster | median speed-up | max | median vs measured |",
@@ -414,8 +467,13 @@ def _markdown(opinions: Sequence[Opinion], refused: Sequence[Refused], supersede
         lines += heading if chosen else []
         for o in chosen:
             assert o.search.best is not None
+            verdict = ("faster by its whole interval" if o.surely_faster else "not surely faster: its interval "
+                       "reaches 1")
+            outside = (f"; outside the validated regimes in {', '.join(o.outside_regime)}" if o.outside_regime
+                       else "")
             lines.append(f"- {o.row.key} ({_problem_text(o.row)}): {plan_text(o.search.best.candidate)}, predicted "
-                         f"{o.speedup:.2f}× the published {plan_text(o.published)}: "
+                         f"{o.speedup:.2f}× the published {plan_text(o.published)} (against its measurement "
+                         f"{_interval_text(o)}, 90 %: {verdict}{outside}): "
                          f"`python -m sim.run {' '.join(o.search.best.candidate.run_flags(o.search.problem))}`")
     lines += ["", "## Every row", "", *table(opinions)]
     return "\n".join(lines) + "\n"

@@ -165,7 +165,8 @@ def predict_row(row: Row, topology: Topology | None = None) -> RowResult[Row]:
     prediction = predict_built(built, check_memory=False)
     metrics = prediction.metrics
     peak, fits, reserved = device_peaks(metrics)
-    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row), fits, reserved)
+    return RowResult(row, metrics["tokens_per_s_per_device"], peak, unmodelled(row), fits, reserved,
+                     metrics["regime"])
 
 
 def evaluate(path: Path = DATA) -> list[RowResult[Row]]:

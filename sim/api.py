@@ -169,6 +169,21 @@ class Simulation:
         return float(self.metrics["iteration_time_s"])
 
     @property
+    def iteration_time_s_interval(self) -> tuple[float, float] | None:
+        """The 90 % interval of the iteration time (low, high), s, from the published runs of the plan's regime
+        (``sim.report.interval``); ``None`` where none calibrates it. :attr:`trust` says what it rests on."""
+        interval = self.metrics["iteration_time_s_interval"]
+        return None if interval["low"] is None else (float(interval["low"]), float(interval["high"]))
+
+    @property
+    def trust(self) -> str:
+        """One line: how many published runs the interval rests on, which features of the plan's regime they share,
+        and along which it lies outside the validated regimes."""
+        from sim.report.outputs import calibration_text
+
+        return calibration_text(self.metrics["iteration_time_s_interval"], self.metrics["regime"])
+
+    @property
     def throughput_samples_per_s(self) -> float:
         """Samples per second over all replicas."""
         return float(self.metrics["throughput_samples_per_s"])
@@ -197,9 +212,11 @@ class Simulation:
         from sim.report.outputs import plan_title
 
         fullest = max(self.devices(), key=lambda row: row["peak_memory_bytes"] / row["memory_capacity_bytes"])
+        bounds = self.iteration_time_s_interval
+        interval = "" if bounds is None else f" (90 % interval {bounds[0] * 1e3:.3f}-{bounds[1] * 1e3:.3f} ms)"
         return (f"Simulation({plan_title(self.plan)}\n"
-                f"  iteration {self.iteration_time_s * 1e3:.3f} ms, {self.throughput_samples_per_s:,.1f} samples/s, "
-                f"{split_text(self.metrics)}\n"
+                f"  iteration {self.iteration_time_s * 1e3:.3f} ms{interval}, {self.throughput_samples_per_s:,.1f} "
+                f"samples/s, {split_text(self.metrics)}\n"
                 f"  fullest device: rank {fullest['rank']}, {fullest['peak_memory_bytes'] / 1e9:.2f} of "
                 f"{fullest['memory_capacity_bytes'] / 1e9:.2f} GB\n"
                 f"  {len(self.metrics['devices']):,} ranks simulated, {len(self.trace.spans):,} ops)")

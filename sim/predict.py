@@ -9,6 +9,7 @@ the plan's weight policy needs: the SimPy engine for a fixed program, NASPipe's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,7 +30,9 @@ from sim.engine.simpy_engine import simulate
 from sim.hw.topology import Topology
 from sim.ir.plan import Plan
 from sim.ir.trace import Trace
+from sim.models.graph import LayerGraph
 from sim.plan.build import BuiltPlan
+from sim.report.interval import FEATURES, Regime, Residual, calibrate, regime, shipped_residuals
 from sim.report.metrics import compute_metrics, plan_header
 from sim.report.partime import partime_metrics, real_time
 
@@ -139,10 +142,47 @@ def predict(plan: Plan, profile: MeasuredProfile | None = None, *, topology: Top
             "links": [{"links": link.selector, "factor": link.factor} for link in perturbation.links],
             "jitter": perturbation.jitter, "seed": perturbation.seed, "slowed_ops": len(result.slowed_ops)}
     metrics.update(training_rates(plan, topology, metrics["iteration_time_s"]))
+    metrics.update(prediction_intervals(metrics, regime_of(plan, topology, costs.graph)))
     if plan.weight_policy == "stream":
         metrics["stream"] = _stream(plan, result.trace, views, topology, check_memory)
     return Prediction(plan, topology, result.trace, result.peak_memory_bytes, result.link_bytes, cost_source,
                       metrics, costs=views[0])
+
+
+def regime_of(plan: Plan, topology: Topology, graph: LayerGraph) -> Regime:
+    """The regime of ``plan`` on ``topology``, its devices holding ``graph`` (its model shard;
+    :func:`sim.report.interval.regime`)."""
+    layout = plan.parallel
+    ranks = layout.device_ranks if layout is not None else tuple(range(plan.num_ranks))
+    precision = plan.option("precision") or ("fp32" if graph.dtype_bytes == 4 else "bf16")
+    degrees = ({"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "pp": layout.pp, "dp": layout.dp}
+               if layout is not None else {"pp": plan.num_ranks})
+    return regime([topology.devices[d].hardware.name for d in ranks], graph.spec.partition(":")[0], str(precision),
+                  degrees, layout.zero if layout is not None else 0)
+
+
+def prediction_intervals(metrics: dict[str, Any], regime: Regime,
+                         residuals: Sequence[Residual] | None = None) -> dict[str, Any]:
+    """The ``metrics.json`` entries of a prediction's intervals (:mod:`sim.report.interval`): its ``regime``, and
+    ``iteration_time_s_interval`` and (for a model with tokens) ``tokens_per_s_per_device_interval``, each with
+    ``low``/``high`` (``null`` where nothing calibrates it), its ``level``, the published ``runs`` it is calibrated
+    on, the regime's features they share (``matched``) and those they do not (``relaxed``: empty inside a validated
+    regime), from ``residuals`` (the shipped ones by default)."""
+    calibration = calibrate(regime, shipped_residuals() if residuals is None else residuals)
+    common = {"level": calibration.level, "runs": calibration.runs, "matched": list(calibration.matched),
+              "relaxed": list(calibration.relaxed)}
+    time_s = metrics["iteration_time_s"]
+    time = calibration.time_interval(time_s) if time_s else None
+    entries: dict[str, Any] = {
+        "regime": {name: getattr(regime, name) for name in FEATURES},
+        "iteration_time_s_interval": {"low": time[0] if time else None, "high": time[1] if time else None, **common},
+    }
+    rate = metrics.get("tokens_per_s_per_device")
+    if rate is not None:
+        tokens = calibration.rate_interval(rate)
+        entries["tokens_per_s_per_device_interval"] = {"low": tokens[0] if tokens else None,
+                                                       "high": tokens[1] if tokens else None, **common}
+    return entries
 
 
 def predict_built(built: BuiltPlan, *, check_memory: bool = True, simulate_all: bool = False,

@@ -24,6 +24,7 @@ from sim.ir.plan import Plan
 from sim.ir.schedule_csv import dumps_schedule_csv
 from sim.ir.trace import Trace
 from sim.report.chrome_trace import write_chrome_trace
+from sim.report.interval import MIN_RUNS
 from sim.report.metrics import rank_label, split_text
 
 __all__ = ["write_run_outputs", "format_summary"]
@@ -96,6 +97,28 @@ def mfu_text(metrics: dict[str, Any]) -> str:
     return text
 
 
+def _interval_text(interval: dict[str, Any] | None, scale: float, spec: str, unit: str) -> str:
+    """`` (90 % interval 1.234-1.456 ms)`` for a prediction's interval, or nothing without one."""
+    if interval is None or interval.get("low") is None:
+        return ""
+    return (f" ({interval['level'] * 100:.0f} % interval {interval['low'] * scale:{spec}}-"
+            f"{interval['high'] * scale:{spec}}"
+            f"{unit})")
+
+
+def calibration_text(interval: dict[str, Any], regime: dict[str, str]) -> str:
+    """What a prediction's interval rests on, in one line: how many published runs share which features of its
+    regime, and along which features it lies outside the validated regimes (:mod:`sim.report.interval`)."""
+    if interval.get("low") is None:
+        return "no published run to calibrate an interval on (profiles/calibration/residuals.csv absent or empty)"
+    matched = ", ".join(f"{name} {regime.get(name, '?')}" for name in interval["matched"])
+    text = f"interval from {interval['runs']:,} published runs" + (f" sharing its {matched}" if matched else "")
+    if interval["relaxed"]:
+        outside = ", ".join(f"{name} {regime.get(name, '?')}" for name in interval["relaxed"])
+        text += f"; outside the validated regimes: fewer than {MIN_RUNS} published runs share its {outside} as well"
+    return text
+
+
 def format_summary(metrics: dict[str, Any], *, unit: str = "samples") -> str:
     """Human summary of ``metrics.json``: iteration time, throughput, where the devices' time goes (compute, pipeline
     bubble, exposed communication by kind), MFU against its named peak, and per-device busy/memory.
@@ -106,13 +129,18 @@ def format_summary(metrics: dict[str, Any], *, unit: str = "samples") -> str:
     if unit == "subnets":
         throughput = f"{metrics['csp']['subnets_per_s'] or 0:.2f} subnets/s ({throughput})"
     lines = [
-        f"{'run time' if unit == 'subnets' else 'iteration time':<18}{metrics['iteration_time_s'] * 1e3:.3f} ms",
+        f"{'run time' if unit == 'subnets' else 'iteration time':<18}{metrics['iteration_time_s'] * 1e3:.3f} ms"
+        + _interval_text(metrics.get("iteration_time_s_interval"), 1e3, ".3f", " ms"),
         f"throughput        {throughput}",
         f"device time       {split_text(metrics)}",
     ]
     if metrics.get("tokens_per_s") is not None:
         lines.append(f"tokens            {metrics['tokens_per_s']:,.0f} tokens/s, "
-                     f"{metrics['tokens_per_s_per_device']:,.0f} per device")
+                     f"{metrics['tokens_per_s_per_device']:,.0f} per device"
+                     + _interval_text(metrics.get("tokens_per_s_per_device_interval"), 1, ",.0f", ""))
+    interval = metrics.get("iteration_time_s_interval")
+    if interval is not None:
+        lines.append(f"trust             {calibration_text(interval, metrics.get('regime', {}))}")
     if metrics.get("mfu") is not None:
         lines.append(f"model FLOPs       {_flop(metrics['model_flops_per_iteration'])} per iteration, "
                      f"MFU {mfu_text(metrics)}")

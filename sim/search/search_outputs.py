@@ -19,18 +19,20 @@ import numpy as np
 from sim.core.collector import collector_paused
 from sim.core.fileio import json_with_record_lines, write_bytes_atomic
 from sim.core.parallel_outputs import produce_in_parallel
+from sim.hw.topology import Topology
 from sim.report.png import figure_png
 from sim.report.titles import wrap_title
 from sim.search.evaluate import Evaluation
 from sim.search.search import SearchResult
 from sim.search.space import MODEL_PRECISION, Candidate
+from sim.search.trust import Trust
 
 __all__ = ["format_table", "why_no_plan", "candidates_csv", "search_json", "pareto_png", "pareto_front",
            "write_search_outputs", "SEARCH_FORMAT_VERSION", "plot_title"]
 
 SEARCH_FORMAT_VERSION = 1
 _COLUMNS = ("rank", "TP", "DP", "PP", "b", "m", "schedule", "recompute", "SP", "ZeRO", "partition", "placement",
-            "also", "iteration (s)", "samples/s", "peak GB")
+            "also", "iteration (s)", "90% interval (s)", "samples/s", "peak GB")
 
 
 def _partition_text(counts: tuple[int, ...]) -> str:
@@ -56,19 +58,30 @@ def _also(c: Candidate) -> str:
     return ", ".join(parts) or "-"
 
 
-def _row(rank: int | str, e: Evaluation) -> tuple[str, ...]:
+def _interval_text(e: Evaluation, trust: Trust) -> str:
+    """``12.1-13.9`` (s), marked ``*`` outside the validated regimes; ``-`` without calibration."""
+    bounds = trust.calibration(e.candidate).time_interval(e.iteration_time_s)
+    if bounds is None:
+        return "-"
+    return f"{bounds[0]:.2f}-{bounds[1]:.2f}" + ("" if trust.calibration(e.candidate).validated else "*")
+
+
+def _row(rank: int | str, e: Evaluation, trust: Trust) -> tuple[str, ...]:
     c = e.candidate
     schedule = c.schedule + (f" v={c.chunks}" if c.chunks > 1 else "")
     return (str(rank), str(c.tp), str(c.dp), str(c.pp), str(c.microbatch_size), str(e.microbatches), schedule,
             c.recompute, "yes" if c.sequence_parallel else "-", str(c.zero), _partition_text(e.layer_counts),
             c.rank_order + (f" devices {','.join(map(str, c.devices))}" if c.devices else ""), _also(c),
-            f"{e.iteration_time_s:.4f}", f"{e.throughput_samples_per_s:.1f}",
+            f"{e.iteration_time_s:.4f}", _interval_text(e, trust), f"{e.throughput_samples_per_s:.1f}",
             f"{e.max_peak_memory_bytes / 1e9:.2f}")
 
 
 def format_table(result: SearchResult, top: int) -> str:
-    """The ``top`` fastest feasible plans as an aligned text table (peak GB: the highest of the devices)."""
-    rows = [_COLUMNS] + [_row(i + 1, e) for i, e in enumerate(result.ranked[:top])]
+    """The ``top`` fastest feasible plans as an aligned text table (peak GB: the highest of the devices; the interval
+    of each time from the published runs of its regime, ``*`` outside the validated regimes:
+    :mod:`sim.search.trust`)."""
+    trust = _trust(result)
+    rows = [_COLUMNS] + [_row(i + 1, e, trust) for i, e in enumerate(result.ranked[:top])]
     widths = [max(len(row[k]) for row in rows) for k in range(len(_COLUMNS))]
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
     return "\n".join(lines)
@@ -163,21 +176,32 @@ def search_json(result: SearchResult) -> dict[str, Any]:
     }
 
 
+def _trust(result: SearchResult) -> Trust:
+    return Trust(result.problem, Topology.parse(result.problem.topology))
+
+
 def candidates_csv(result: SearchResult) -> str:
-    """Every evaluated candidate, one row each, in the space's order."""
+    """Every evaluated candidate, one row each, in the space's order, with the interval of its time and the features
+    of its regime it lies outside the validated regimes along (``;``-joined; empty inside one)."""
+    trust = _trust(result)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     fields = ["tp", "dp", "pp", "microbatch_size", "schedule", "chunks", "recompute", "sequence_parallel", "zero",
               "rank_order", "partition", "devices", "cp", "cp_comm", "dp_replicate", "precision", "compiled", "ep",
               "etp"]
-    writer.writerow([*fields, "microbatches", "feasible", "iteration_time_s", "throughput_samples_per_s",
+    writer.writerow([*fields, "microbatches", "feasible", "iteration_time_s", "iteration_time_low_s",
+                     "iteration_time_high_s", "outside_regime", "throughput_samples_per_s",
                      "max_peak_memory_bytes", "layer_counts", "peak_memory_bytes", "reason"])
     for e in result.evaluations:
         c = _fields(e.candidate)
         simulated = e.iteration_time_s is not None
         c["devices"] = ";".join(map(str, c["devices"]))
+        calibration = trust.calibration(e.candidate)
+        bounds = calibration.time_interval(e.iteration_time_s) if simulated else None
         writer.writerow([*(c[f] for f in fields), e.microbatches or "", e.feasible,
                          repr(e.iteration_time_s) if simulated else "",
+                         repr(bounds[0]) if bounds else "", repr(bounds[1]) if bounds else "",
+                         ";".join(calibration.relaxed),
                          repr(e.throughput_samples_per_s) if simulated else "",
                          e.max_peak_memory_bytes if simulated else "",
                          ";".join(map(str, e.layer_counts)), ";".join(map(str, e.peak_memory_bytes)), e.reason])
