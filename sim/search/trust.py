@@ -29,17 +29,23 @@ class Trust:
         self._topology = topology
         self._residuals = shipped_residuals() if residuals is None else tuple(residuals)
         self._memo: dict[Regime, Calibration] = {}
+        self._regimes: dict[tuple, Regime] = {}  # a regime per distinct choice of what decides it
 
     def regime(self, candidate: Candidate) -> Regime:
         """``candidate``'s regime: its devices (those it names, or the first its world needs), the model's family,
         its precision, its parallel dimensions and its scale."""
-        world = candidate.tp * candidate.cp * candidate.dp * candidate.pp
-        indices = candidate.devices if candidate.devices else range(min(world, len(self._topology.devices)))
-        names = [self._topology.devices[i].hardware.name for i in indices]
-        precision = self._model_precision if candidate.precision == MODEL_PRECISION else candidate.precision
-        degrees = {"tp": candidate.tp, "cp": candidate.cp, "ep": candidate.ep, "pp": candidate.pp,
-                   "dp": candidate.dp}
-        return regime(names, self._family, precision, degrees, candidate.zero)
+        key = (candidate.devices, candidate.tp, candidate.cp, candidate.ep, candidate.pp, candidate.dp, candidate.zero,
+               candidate.precision)
+        found = self._regimes.get(key)
+        if found is None:  # once per distinct choice: a space has many candidates and few regimes
+            world = candidate.tp * candidate.cp * candidate.dp * candidate.pp
+            indices = candidate.devices if candidate.devices else range(min(world, len(self._topology.devices)))
+            names = [self._topology.devices[i].hardware.name for i in indices]
+            precision = self._model_precision if candidate.precision == MODEL_PRECISION else candidate.precision
+            degrees = {"tp": candidate.tp, "cp": candidate.cp, "ep": candidate.ep, "pp": candidate.pp,
+                       "dp": candidate.dp}
+            found = self._regimes[key] = regime(names, self._family, precision, degrees, candidate.zero)
+        return found
 
     def calibration(self, candidate: Candidate) -> Calibration:
         """What ``candidate``'s interval rests on (:class:`sim.report.interval.Calibration`)."""
