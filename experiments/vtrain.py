@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.published_rows import device_peaks
 from experiments.scatter import accuracy_scatter_png
 from experiments.vtrain_fit import FITTED, fit_kernel_model, kernel_model_yaml
 from sim.core.cli import CliParser
@@ -132,14 +133,19 @@ def topology_of(run: Run, folder: Path | None = None) -> str:
 def predict_run(run: Run, kernel_model: KernelModel | None = None, folder: Path | None = None) -> float:
     """The simulator's iteration time (s) for ``run``'s configuration (with ``kernel_model``'s constants, or the
     built-in ones; multi-server topology files go into ``folder``)."""
+    return predict_metrics(run, kernel_model, folder)["iteration_time_s"]
+
+
+def predict_metrics(run: Run, kernel_model: KernelModel | None = None, folder: Path | None = None) -> dict:
+    """The ``metrics.json`` object of ``run``'s prediction (:func:`predict_run`'s arguments); memory reported, not
+    enforced."""
     if run.layers % run.pp:  # Megatron-DeepSpeed's type:transformer partition (--partition blocks) needs it
         raise SpecError(f"{run.layers} layers do not split evenly over {run.pp} pipeline stages")
     built = build_plan(PlanInputs(model=run.model, topology=topology_of(run, folder), schedule="1f1b",
                                   microbatch_size=run.microbatch, global_batch=run.global_batch, tp=run.tp, dp=run.dp,
                                   pp=run.pp, recompute=True, partition="blocks",
                                   kernel_model=kernel_model))
-    prediction = predict_built(built, check_memory=False)
-    return prediction.metrics["iteration_time_s"]
+    return predict_built(built, check_memory=False).metrics
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -253,6 +259,7 @@ class Result:
     predicted: tuple[float, ...]
     fitted: KernelModel | None = None
     fitted_yaml: str | None = None
+    fits: tuple[bool, ...] = ()
 
     @property
     def errors(self) -> tuple[float, ...]:
@@ -301,8 +308,10 @@ def run(*, quick: bool = False, data: Path = DATA, seed: int = 0, kernel_model: 
         keep = sorted(random.Random(seed + 1).sample(range(len(runs)), min(48, len(runs))))
         runs, halves = [runs[i] for i in keep], [halves[i] for i in keep]
     with tempfile.TemporaryDirectory(prefix="vtrain-topologies-") as folder:
-        predicted = [predict_run(one, model, Path(folder)) for one in runs]
-    return Result(data.name, seed, tuple(runs), tuple(halves), tuple(predicted), fitted, fitted_yaml)
+        found = [predict_metrics(one, model, Path(folder)) for one in runs]
+    predicted = [metrics["iteration_time_s"] for metrics in found]
+    fits = tuple(device_peaks(metrics)[1] for metrics in found)
+    return Result(data.name, seed, tuple(runs), tuple(halves), tuple(predicted), fitted, fitted_yaml, fits)
 
 
 def report(result: Result) -> str:
@@ -315,7 +324,16 @@ def report(result: Result) -> str:
                  f"{halves.count('held-out')} held out; error = predicted / measured - 1")
     lines += _error_table(runs, halves, list(result.errors))
     lines.append(_ranking(runs, list(result.predicted)))
+    if result.fits:
+        refused = [i for i, fits in enumerate(result.fits) if not fits]
+        lines.append(f"fit verdict: {len(refused)} of {len(runs)} measured runs predicted not to fit their GPUs "
+                     f"(target 0, issue #40)" + (": " + ", ".join(_layout_text(runs[i]) for i in refused[:5])
+                                                 + (" ..." if len(refused) > 5 else "") if refused else ""))
     return "\n".join(lines)
+
+
+def _layout_text(run: Run) -> str:
+    return f"{run.layers}L h{run.hidden} TP{run.tp} DP{run.dp} PP{run.pp} b{run.microbatch} on {run.gpus} GPUs"
 
 
 def write(result: Result, out: Path) -> list[Path]:

@@ -83,6 +83,12 @@ def test_quick_predicts_a_seeded_sample_and_writes_every_run_with_its_split_and_
         assert half == split[everything.index(one)]  # the sample keeps each run's half of the whole file's split
         assert predicted == predict_run(one)
     assert result.errors == tuple(p / one.measured_s - 1 for p, one in zip(result.predicted, result.runs))
+    # every measured run ran, so each should fit: the report counts those the ledger says do not (issue #40)
+    assert len(result.fits) == 48 and all(result.fits)
+    assert "fit verdict: 0 of 48 measured runs predicted not to fit their GPUs" in vtrain.report(result)
+    tight = replace(result, fits=(False,) + result.fits[1:])
+    assert "fit verdict: 1 of 48 measured runs predicted not to fit their GPUs (target 0, issue #40): " in \
+        vtrain.report(tight)
     files = vtrain.write(result, tmp_path)
     assert files == [tmp_path / "vtrain.csv", tmp_path / "vtrain.png"]
     rows = list(csv.DictReader(files[0].open()))
