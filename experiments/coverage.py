@@ -33,7 +33,7 @@ from sim.core.fileio import write_text_atomic
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
-from sim.report.interval import LEVEL, MIN_RUNS, RESIDUALS, Regime, Residual, calibrate, write_residuals
+from sim.report.interval import LEVEL, MIN_RUNS, RESIDUALS, CalibrationIndex, Regime, Residual, write_residuals
 from sim.report.png import figure_png
 
 __all__ = ["DATASETS", "TARGET", "gather", "split", "check", "Result", "parser", "run", "report", "write"]
@@ -128,17 +128,14 @@ class DatasetCoverage:
 
 def check(residuals: list[Residual], halves: list[str], level: float = LEVEL) -> list[DatasetCoverage]:
     """Per data set, its held-out runs against the intervals the calibration halves give (module docstring)."""
-    pool = [r for r, half in zip(residuals, halves, strict=True) if half == "calibration"]
-    memo: dict[Regime, object] = {}
+    index = CalibrationIndex([r for r, half in zip(residuals, halves, strict=True) if half == "calibration"])
     found = []
     for dataset in dict.fromkeys(r.dataset for r in residuals):
         covered = validated = uncalibrated = 0
         widths = []
         held = [r for r, half in zip(residuals, halves, strict=True) if half == "held-out" and r.dataset == dataset]
         for r in held:
-            calibration = memo.get(r.regime)
-            if calibration is None:
-                calibration = memo[r.regime] = calibrate(r.regime, pool, level)
+            calibration = index.calibrate(r.regime, level)
             if calibration.low is None:
                 uncalibrated += 1
                 continue

@@ -32,7 +32,7 @@ from sim.ir.plan import Plan
 from sim.ir.trace import Trace
 from sim.models.graph import LayerGraph
 from sim.plan.build import BuiltPlan
-from sim.report.interval import FEATURES, Regime, Residual, calibrate, regime, shipped_residuals
+from sim.report.interval import FEATURES, CalibrationIndex, Regime, Residual, regime, shipped_index
 from sim.report.metrics import compute_metrics, plan_header
 from sim.report.partime import partime_metrics, real_time
 
@@ -168,7 +168,7 @@ def prediction_intervals(metrics: dict[str, Any], regime: Regime,
     ``low``/``high`` (``null`` where nothing calibrates it), its ``level``, the published ``runs`` it is calibrated
     on, the regime's features they share (``matched``) and those they do not (``relaxed``: empty inside a validated
     regime), from ``residuals`` (the shipped ones by default)."""
-    calibration = calibrate(regime, shipped_residuals() if residuals is None else residuals)
+    calibration = (shipped_index() if residuals is None else CalibrationIndex(residuals)).calibrate(regime)
     common = {"level": calibration.level, "runs": calibration.runs, "matched": list(calibration.matched),
               "relaxed": list(calibration.relaxed)}
     time_s = metrics["iteration_time_s"]

@@ -32,7 +32,8 @@ from pathlib import Path
 from sim.core.errors import SpecError
 
 __all__ = ["LEVEL", "MIN_RUNS", "RESIDUALS", "FEATURES", "Regime", "Residual", "Calibration",
-           "conformal_bounds", "calibrate", "load_residuals", "shipped_residuals", "regime", "write_residuals"]
+           "conformal_bounds", "calibrate", "load_residuals", "shipped_residuals", "regime", "write_residuals",
+           "CalibrationIndex", "shipped_index"]
 
 #: The coverage every interval aims at.
 LEVEL = 0.9
@@ -161,19 +162,43 @@ def conformal_bounds(residuals: Sequence[float], level: float = LEVEL) -> tuple[
     return ordered[low_rank - 1], ordered[high_rank - 1]
 
 
+class CalibrationIndex:
+    """Residuals grouped by every prefix of their regime's features, so that a regime is calibrated with a few
+    lookups (a search calibrates thousands of candidates; each regime once, memoised)."""
+
+    def __init__(self, residuals: Sequence[Residual]):
+        pools: dict[tuple[str, ...], list[float]] = {}
+        for r in residuals:
+            values = tuple(getattr(r.regime, name) for name in FEATURES)
+            for kept in range(len(FEATURES) + 1):
+                pools.setdefault(values[:kept], []).append(r.log_ratio)
+        self._pools = {key: sorted(values) for key, values in pools.items()}
+        self._memo: dict[tuple[Regime, float, int], Calibration] = {}
+
+    def calibrate(self, regime: Regime, level: float = LEVEL, min_runs: int = MIN_RUNS) -> Calibration:
+        """The calibration of ``regime``: the residuals sharing all its features when at least ``min_runs`` do,
+        else the fewest features dropped (from the last of :data:`FEATURES`) that leave ``min_runs``; every residual
+        when none does (all features relaxed)."""
+        key = (regime, level, min_runs)
+        found = self._memo.get(key)
+        if found is not None:
+            return found
+        values = tuple(getattr(regime, name) for name in FEATURES)
+        for kept in range(len(FEATURES), -1, -1):
+            pool = self._pools.get(values[:kept], [])
+            bounds = conformal_bounds(pool, level) if len(pool) >= min_runs else None
+            if bounds is not None or kept == 0:
+                low, high = bounds if bounds is not None else (None, None)
+                found = self._memo[key] = Calibration(level, len(pool), FEATURES[:kept], FEATURES[kept:], low, high)
+                return found
+        raise AssertionError("unreachable: kept == 0 returns")
+
+
 def calibrate(regime: Regime, residuals: Sequence[Residual], level: float = LEVEL,
               min_runs: int = MIN_RUNS) -> Calibration:
-    """The calibration of ``regime`` from ``residuals``: those sharing all its features when at least ``min_runs``
-    do, else the fewest features dropped (from the last of :data:`FEATURES`) that leave ``min_runs``; every residual
-    when none does (all features relaxed)."""
-    for kept in range(len(FEATURES), -1, -1):
-        names = FEATURES[:kept]
-        pool = [r.log_ratio for r in residuals if all(getattr(r.regime, n) == getattr(regime, n) for n in names)]
-        bounds = conformal_bounds(pool, level) if len(pool) >= min_runs else None
-        if bounds is not None or kept == 0:
-            low, high = bounds if bounds is not None else (None, None)
-            return Calibration(level, len(pool), names, FEATURES[kept:], low, high)
-    raise AssertionError("unreachable: kept == 0 returns")
+    """The calibration of ``regime`` from ``residuals`` (:meth:`CalibrationIndex.calibrate`; for one regime: many
+    regimes against the same residuals should share one index)."""
+    return CalibrationIndex(residuals).calibrate(regime, level, min_runs)
 
 
 _COLUMNS = ("dataset", "run", *FEATURES, "log_ratio")
@@ -211,6 +236,12 @@ def write_residuals(residuals: Sequence[Residual]) -> str:
     for r in residuals:
         lines.append(",".join([r.dataset, r.run, *(getattr(r.regime, n) for n in FEATURES), repr(r.log_ratio)]))
     return "\n".join(lines) + "\n"
+
+
+@lru_cache(maxsize=1)
+def shipped_index() -> CalibrationIndex:
+    """The shipped residuals' index (:func:`shipped_residuals`), made once per process."""
+    return CalibrationIndex(shipped_residuals())
 
 
 @lru_cache(maxsize=1)

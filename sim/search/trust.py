@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from sim.hw.topology import Topology
 from sim.models import build_model
-from sim.report.interval import Calibration, Regime, Residual, calibrate, regime, shipped_residuals
+from sim.report.interval import Calibration, CalibrationIndex, Regime, Residual, regime, shipped_index
 from sim.search.space import MODEL_PRECISION, Candidate, SearchProblem
 
 __all__ = ["Trust"]
@@ -27,8 +27,7 @@ class Trust:
         self._family = graph.spec.partition(":")[0]
         self._model_precision = "fp32" if graph.dtype_bytes == 4 else "bf16"
         self._topology = topology
-        self._residuals = shipped_residuals() if residuals is None else tuple(residuals)
-        self._memo: dict[Regime, Calibration] = {}
+        self._index = shipped_index() if residuals is None else CalibrationIndex(residuals)
         self._regimes: dict[tuple, Regime] = {}  # a regime per distinct choice of what decides it
 
     def regime(self, candidate: Candidate) -> Regime:
@@ -49,8 +48,4 @@ class Trust:
 
     def calibration(self, candidate: Candidate) -> Calibration:
         """What ``candidate``'s interval rests on (:class:`sim.report.interval.Calibration`)."""
-        key = self.regime(candidate)
-        found = self._memo.get(key)
-        if found is None:
-            found = self._memo[key] = calibrate(key, self._residuals)
-        return found
+        return self._index.calibrate(self.regime(candidate))
