@@ -91,7 +91,7 @@ def regime(devices: Sequence[str], family: str, precision: str, degrees: Mapping
     """The regime of a plan on the catalog ``devices`` (one name per device it runs on), of a model of ``family``,
     in ``precision`` (a ``--precision`` value), with parallel ``degrees`` (``tp``, ``cp``, ``ep``, ``pp``, ``dp``;
     absent: 1) and ZeRO stage ``zero``."""
-    generations = sorted({_generation(name) for name in devices})
+    generations = sorted({_generation(name) for name in set(devices)})  # a cluster has few distinct devices
     dims = [name for name in ("tp", "cp", "ep", "pp") if degrees.get(name, 1) > 1]
     if degrees.get("dp", 1) > 1:
         dims.append("fsdp" if zero == 3 else "dp")
