@@ -549,12 +549,16 @@ def report(result: Result) -> str:
                      f"predicted speed-up {s['median_speedup']:.3f}x (max {s['max_speedup']:.3f}x; against the "
                      f"measurement {s['median_versus_measured']:.3f}x), {s['to_try']} predicted > {TRY_ABOVE:.0%} "
                      f"faster")
-    lines.append(f"for a person to try (predicted > {TRY_ABOVE:.0%} faster; predictions, not measurements):")
+    lines.append(f"for a person to try (predicted > {TRY_ABOVE:.0%} faster; predictions, not measurements; the 90 % "
+                 "interval of the speed-up against the measurement, ‡ outside the validated regimes):")
     for o in to_try(opinions):
         assert o.search.best is not None
-        lines.append(f"  {o.row.key:<28} {o.speedup:.2f}x  {plan_text(o.published)} -> "
-                     f"{plan_text(o.search.best.candidate)}"
+        lines.append(f"  {o.row.key:<28} {o.speedup:.2f}x ({_interval_text(o)}: "
+                     f"{'faster by its whole interval' if o.surely_faster else 'not surely faster'})  "
+                     f"{plan_text(o.published)} -> {plan_text(o.search.best.candidate)}"
                      f"{'  (published over memory by the ledger)' if not o.published_fits else ''}")
+    surely = sum(o.surely_faster for o in opinions)
+    lines.append(f"called faster (the whole 90 % interval of the speed-up above 1): {surely} of {len(opinions)} rows")
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ ratio of two engine times, rows of one problem share one search, and bad input i
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import replace
 
 import pytest
@@ -163,6 +164,20 @@ def test_the_files_hold_every_row_and_its_speedup(quick, tmp_path):
         assert float(entry["speedup"]) == pytest.approx(o.speedup, abs=1e-6)
         assert entry["moved"].split() == list(o.moved) and int(entry["to_try"]) == o.to_try
     assert "not a measurement" in (tmp_path / "second_opinion.md").read_text()
+
+
+def test_a_speedups_interval_is_the_measurement_over_the_bests_interval(quick):
+    """The published side is measured, so the speed-up a person would see lies where the searched best's time does:
+    ``versus_measured`` over the exponentials of its regime's residual bounds; called faster only above 1."""
+    opinions, _ = quick
+    for o in opinions:
+        calibration = o.search.trust.calibration(o.search.best.candidate)
+        low, high = o.speedup_interval
+        assert low == pytest.approx(o.versus_measured / math.exp(calibration.high), rel=1e-12)
+        assert high == pytest.approx(o.versus_measured / math.exp(calibration.low), rel=1e-12)
+        assert o.surely_faster == (low > 1) and o.outside_regime == calibration.relaxed
+    # the torchtitan 8B row: predicted 9 % faster, but its interval reaches below 1, so it is not called faster
+    assert opinions[0].to_try and not opinions[0].surely_faster and opinions[0].speedup_interval[0] < 1
 
 
 @pytest.mark.parametrize("options, needle", [
