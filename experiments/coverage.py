@@ -178,6 +178,8 @@ def run(*, seed: int = 0, datasets: str = ",".join(DATASETS), write: bool = Fals
     unknown = [name for name in chosen if name not in DATASETS]
     if unknown or not chosen:
         raise SpecError(f"--datasets must name some of {', '.join(DATASETS)}, got {datasets!r}")
+    if write and set(chosen) != set(DATASETS):  # the shipped calibration is every data set's, never a part
+        raise SpecError(f"--write stores the calibration of every data set; leave out --datasets (got {datasets!r})")
     residuals = gather(chosen, progress)
     halves = split(residuals, seed)
     coverage = check(residuals, halves)

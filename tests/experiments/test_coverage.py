@@ -43,3 +43,5 @@ def test_unknown_data_sets_are_refused_before_anything_runs():
 
     with pytest.raises(SpecError, match="--datasets must name some of vtrain, torchtitan, megatron_bridge"):
         coverage.run(datasets="vtrain,mlperf")
+    with pytest.raises(SpecError, match="--write stores the calibration of every data set"):
+        coverage.run(datasets="torchtitan", write=True)
