@@ -263,7 +263,7 @@ def _route_and_shard_experts(plan: Plan, place: Place, groups: ProcessGroups, st
     if parse_spec(plan.model)[0] != "moe":
         return None, None
     from executor.nn.moe import force_routing
-    from sim.cost.cost_view import plan_dispatcher, plan_routing
+    from sim.cost.plan_settings import plan_dispatcher, plan_routing
 
     routing, capacity_factor = plan_routing(plan)
     for stage in stages.values():

@@ -9,16 +9,16 @@ the plan's weight policy needs: the SimPy engine for a fixed program, NASPipe's 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.core.errors import SpecError
 from sim.cost.allocator import reserved_bytes
-from sim.cost.cost_view import CostView, plan_state_shards
+from sim.cost.cost_view import CostView
 from sim.cost.model_flops import training_rates
 from sim.cost.oracle import CostOracle
 from sim.cost.plan_costs import PlanCosts, written_plan_costs
+from sim.cost.plan_settings import plan_state_shards
 from sim.cost.precision import narrow_format
 from sim.cost.profile import MeasuredProfile
 from sim.csp.csp_metrics import csp_metrics
@@ -32,7 +32,7 @@ from sim.ir.plan import Plan
 from sim.ir.trace import Trace
 from sim.models.graph import LayerGraph
 from sim.plan.build import BuiltPlan
-from sim.report.interval import FEATURES, CalibrationIndex, Regime, Residual, regime, shipped_index
+from sim.report.interval import FEATURES, Regime, regime, shipped_index
 from sim.report.metrics import compute_metrics, plan_header
 from sim.report.partime import partime_metrics, real_time
 
@@ -161,14 +161,13 @@ def regime_of(plan: Plan, topology: Topology, graph: LayerGraph) -> Regime:
                   degrees, layout.zero if layout is not None else 0)
 
 
-def prediction_intervals(metrics: dict[str, Any], regime: Regime,
-                         residuals: Sequence[Residual] | None = None) -> dict[str, Any]:
+def prediction_intervals(metrics: dict[str, Any], regime: Regime) -> dict[str, Any]:
     """The ``metrics.json`` entries of a prediction's intervals (:mod:`sim.report.interval`): its ``regime``, and
     ``iteration_time_s_interval`` and (for a model with tokens) ``tokens_per_s_per_device_interval``, each with
     ``low``/``high`` (``null`` where nothing calibrates it), its ``level``, the published ``runs`` it is calibrated
     on, the regime's features they share (``matched``) and those they do not (``relaxed``: empty inside a validated
-    regime), from ``residuals`` (the shipped ones by default)."""
-    calibration = (shipped_index() if residuals is None else CalibrationIndex(residuals)).calibrate(regime)
+    regime), from the shipped residuals."""
+    calibration = shipped_index().calibrate(regime)
     common = {"level": calibration.level, "runs": calibration.runs, "matched": list(calibration.matched),
               "relaxed": list(calibration.relaxed)}
     time_s = metrics["iteration_time_s"]

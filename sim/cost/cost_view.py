@@ -21,26 +21,19 @@ from sim.core.errors import SpecError
 from sim.cost import fsdp
 from sim.cost.comm_cost import CommCost, sequential_cost
 from sim.cost.expert_exchange import expert_exchange_cost
-from sim.cost.gpu_time import KernelModel
 from sim.cost.gradient_buckets import bucket_bytes, bucketed, exposed_gather_s
 from sim.cost.ledger import IN_PLACE, ReductionMemory
-from sim.cost.memory_sizes import StateShards
 from sim.cost.oracle import CostOracle
-from sim.cost.precision import narrow_format
 from sim.cost.profile import MeasuredProfile
 from sim.cost.tensor_parallel_op import tensor_parallel_op_cost
 from sim.hw.catalog import DeviceSpec
 from sim.hw.topology import Topology
 from sim.ir.ops import OP_SEMANTICS, SPLIT_BACKWARD_KINDS
 from sim.ir.parallel import Parallelism
-from sim.ir.plan import DP_KINDS, EP_KINDS, OpKind, Placement, Plan
+from sim.ir.plan import DP_KINDS, EP_KINDS, OpKind, Placement
 from sim.models.graph import LayerGraph
-from sim.models.loss import LOSSES
-from sim.models.routing import BALANCED, Routing, parse_routing
-from sim.models.sharding import Sharding
 
-__all__ = ["CostView", "replica_views", "plan_sharding", "plan_oracle", "plan_dispatcher", "plan_loss",
-           "EP_DISPATCHER_OPTION", "LOSS_OPTION"]
+__all__ = ["CostView", "replica_views"]
 
 
 #: Bytes per parameter of an FSDP gradient accumulated unsharded over a step's microbatches: fp32, the reduce dtype
@@ -49,89 +42,6 @@ REDUCE_DTYPE_BYTES = 4
 
 #: A memo's marker for a quantity not asked yet (a size may be ``None``: :meth:`CostView.deferred_bytes`).
 _MISSING = object()
-
-def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
-                  capacity_factor: float = 0.0, dispatcher: str = "all-to-all", *, loss: str = LOSSES[0]) -> Sharding:
-    """What one device holds of the model under ``layout`` with recomputation ``recompute`` (``"none"``, ``"full"``
-    or ``"selective"``): its tensor-parallel shard, sequence parallel or not, selectively recomputed or not, its
-    share of the experts under ``routing`` and ``capacity_factor`` (:mod:`sim.models.routing`), exchanged by
-    ``dispatcher`` (:data:`sim.models.sharding.DISPATCHERS`), its loss computed as ``loss``
-    (:data:`sim.models.loss.LOSSES`)."""
-    return Sharding(tp=layout.tp, sequence_parallel=layout.sequence_parallel,
-                    selective_recompute=recompute == "selective", cp=layout.cp, ep=layout.ep, etp=layout.etp,
-                    routing=routing, capacity_factor=capacity_factor, dispatcher=dispatcher, loss=loss)
-
-
-def check_expert_layout(graph: LayerGraph, layout: Parallelism) -> None:
-    """Refuse a layout the expert model does not cover: ZeRO-3 (FSDP) over a model with routed experts (their
-    parameters would be gathered over the expert-data-parallel group, which is not modelled), and expert parallelism
-    for a model without experts.
-
-    Raises:
-        SpecError: naming the flags and what would be valid.
-    """
-    experts = any(layer.expert_param_bytes for layer in graph.layers)
-    if layout.zero == 3 and experts:
-        raise SpecError("{zero} 3 (FSDP) is not modelled for a mixture of experts (its experts would be gathered over "
-                        "their expert-data-parallel group); use --zero 1 or 2", "zero")
-    if layout.ep * layout.etp > 1 and not experts:
-        family = graph.spec.partition(":")[0]
-        raise SpecError(f"{{ep}} {layout.ep} × {{etp}} {layout.etp} splits a mixture's experts; {family} has none",
-                        "ep", "etp")
-
-
-def plan_state_shards(layout: Parallelism) -> StateShards:
-    """Over how many devices ``layout``'s ZeRO stage splits each part of the training state: the data-parallel
-    shard group's, the routed experts' over their expert-data-parallel group."""
-    return StateShards.of_zero(layout.zero, layout.dp_shard, layout.expert_dp)
-
-
-def plan_routing(plan: Plan) -> tuple[Routing, float]:
-    """The plan's routing and capacity factor (options ``routing`` and ``capacity_factor``; balanced and dropless
-    when absent)."""
-    return parse_routing(str(plan.option("routing", "balanced"))), float(plan.option("capacity_factor", 0.0))
-
-
-#: The plan option of ``--ep-dispatcher`` (recorded when not the default ``all-to-all``).
-EP_DISPATCHER_OPTION = "ep_dispatcher"
-
-
-#: The plan option of ``--loss`` (recorded when not the default ``fused``).
-LOSS_OPTION = "loss"
-
-
-def plan_loss(plan: Plan) -> str:
-    """The plan's loss implementation (option ``loss``; ``fused`` when absent)."""
-    return str(plan.option(LOSS_OPTION, LOSSES[0]))
-
-
-def plan_dispatcher(plan: Plan) -> str:
-    """The plan's expert token dispatcher (option ``ep_dispatcher``; ``all-to-all`` when absent)."""
-    return str(plan.option(EP_DISPATCHER_OPTION, "all-to-all"))
-
-
-def plan_recompute(plan: Plan) -> str:
-    """The plan's recomputation: ``"full"`` (option ``recompute: true``), ``"selective"`` or ``"none"``."""
-    value = plan.option("recompute", False)
-    return "selective" if value == "selective" else "full" if value else "none"
-
-
-def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None, topology: Topology,
-                layout: Parallelism, *, cuda_graphs: bool = False, kernel_model: KernelModel | None = None,
-                precision: str | None = None, compiled: bool = False) -> CostOracle:
-    """The cost oracle of a plan: ``graph`` (what one device holds, :func:`sim.cost.plan_costs.sharded_graph`) at
-    ``microbatch_size`` samples per microbatch, with ``profile``, on ``topology``, with the training state split
-    across the data-parallel replicas as ``layout.zero``'s stage splits it, a stream's CUDA graphs, and ``kernel_model``
-    (default: the built-in constants; a written plan records none), in ``precision`` (``None``: the model's own;
-    ``"fp8"``, ``"mxfp8"``, ``"nvfp4"``: low-precision linears, :mod:`sim.cost.precision`), with its blocks under
-    ``torch.compile`` where ``compiled`` (:mod:`sim.cost.compiled`). Asked by :func:`sim.cost.plan_costs.plan_costs`
-    alone, for a built plan and a written one alike."""
-    return CostOracle(graph, microbatch_size, profile, topology, cuda_graphs=cuda_graphs,
-                      shards=plan_state_shards(layout), kernel_model=kernel_model,
-                      narrow=narrow_format(precision), compiled=compiled,
-                      cp_groups=tuple(layout.cp_group(0, 0, t) for t in range(layout.tp)) if layout.cp > 1 else (),
-                      cp_comm=layout.cp_comm)
-
 
 class CostView:
     """Durations and sizes of the ops of one plan: a model partitioned onto a topology.

@@ -21,21 +21,19 @@ from functools import lru_cache
 
 from sim.core.errors import SpecError
 from sim.cost.compiled import check_compile
-from sim.cost.cost_view import (
-    CostView,
+from sim.cost.cost_view import CostView, replica_views
+from sim.cost.gpu_time import KernelModel
+from sim.cost.oracle import CostOracle
+from sim.cost.plan_settings import (
     check_expert_layout,
     plan_dispatcher,
     plan_loss,
-    plan_oracle,
     plan_recompute,
     plan_routing,
     plan_sharding,
     plan_state_shards,
-    replica_views,
 )
-from sim.cost.gpu_time import KernelModel
-from sim.cost.oracle import CostOracle
-from sim.cost.precision import check_precision
+from sim.cost.precision import check_precision, narrow_format
 from sim.cost.profile import MeasuredProfile
 from sim.hw.topology import Topology
 from sim.ir.parallel import Parallelism
@@ -45,7 +43,7 @@ from sim.models.graph import LayerGraph
 from sim.models.routing import BALANCED, Routing
 from sim.models.sharding import Sharding
 
-__all__ = ["PlanCosts", "sharded_graph", "check_graph", "plan_costs", "written_plan_costs"]
+__all__ = ["PlanCosts", "sharded_graph", "plan_oracle", "check_graph", "plan_costs", "written_plan_costs"]
 
 #: Distinct model shards kept per process (a search meets one per tensor, sequence, context and expert degree,
 #: recomputation and routing it lists: tens, each a few hundred layer records).
@@ -85,6 +83,23 @@ class PlanCosts:
                          oracle=oracle, layout=self.layout, concurrent=tuple(range(self.layout.data_ranks)))
 
 
+def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfile | None, topology: Topology,
+                layout: Parallelism, *, cuda_graphs: bool = False, kernel_model: KernelModel | None = None,
+                precision: str | None = None, compiled: bool = False) -> CostOracle:
+    """The cost oracle of a plan: ``graph`` (what one device holds, :func:`sim.cost.plan_costs.sharded_graph`) at
+    ``microbatch_size`` samples per microbatch, with ``profile``, on ``topology``, with the training state split
+    across the data-parallel replicas as ``layout.zero``'s stage splits it, a stream's CUDA graphs, and ``kernel_model``
+    (default: the built-in constants; a written plan records none), in ``precision`` (``None``: the model's own;
+    ``"fp8"``, ``"mxfp8"``, ``"nvfp4"``: low-precision linears, :mod:`sim.cost.precision`), with its blocks under
+    ``torch.compile`` where ``compiled`` (:mod:`sim.cost.compiled`). Asked by :func:`sim.cost.plan_costs.plan_costs`
+    alone, for a built plan and a written one alike."""
+    return CostOracle(graph, microbatch_size, profile, topology, cuda_graphs=cuda_graphs,
+                      shards=plan_state_shards(layout), kernel_model=kernel_model,
+                      narrow=narrow_format(precision), compiled=compiled,
+                      cp_groups=tuple(layout.cp_group(0, 0, t) for t in range(layout.tp)) if layout.cp > 1 else (),
+                      cp_comm=layout.cp_comm)
+
+
 def sharded_graph(model: str, layout: Parallelism, recompute: str = "none", routing: Routing = BALANCED,
                   capacity_factor: float = 0.0, dispatcher: str = "all-to-all", *, loss: str = "fused") -> LayerGraph:
     """The model ``model`` as one device of ``layout`` holds it, with recomputation ``recompute`` (``"none"``,
@@ -106,7 +121,7 @@ def check_graph(graph: LayerGraph, layout: Parallelism, topology: Topology, *, p
                 compiled: bool) -> None:
     """The rules a plan's model shard must meet on its devices before it is costed: the precision and compilation
     the devices and model take (:func:`sim.cost.precision.check_precision`, :func:`sim.cost.compiled.check_compile`),
-    and a layout the expert model covers (:func:`sim.cost.cost_view.check_expert_layout`).
+    and a layout the expert model covers (:func:`sim.cost.plan_settings.check_expert_layout`).
 
     Raises:
         SpecError: naming the flag and what would be valid.
@@ -128,7 +143,7 @@ def plan_costs(graph: LayerGraph, topology: Topology, layout: Parallelism, micro
     """The costs of a plan of ``layout`` whose devices hold ``graph`` (:func:`sharded_graph`), at ``microbatch_size``
     samples per microbatch on ``topology``, with ``profile``'s measured costs where they apply, in ``precision``
     (``None``: the model's own), under a stream's CUDA graphs, the GPU ``kernel_model`` (``None``: the built-in
-    constants) and ``torch.compile`` where ``compiled`` (:func:`sim.cost.cost_view.plan_oracle`).
+    constants) and ``torch.compile`` where ``compiled`` (:func:`plan_oracle`).
 
     The oracle is kept in ``topology.cost_memo``, shared by every layout with the same state sharding (and, under
     context parallelism, the same context-parallel groups).

@@ -12,9 +12,10 @@ import math
 from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
-from sim.cost.cost_view import EP_DISPATCHER_OPTION, LOSS_OPTION, CostView
+from sim.cost.cost_view import CostView
 from sim.cost.oracle import CostOracle
 from sim.cost.plan_costs import PlanCosts, check_graph, plan_costs, sharded_graph
+from sim.cost.plan_settings import EP_DISPATCHER_OPTION, LOSS_OPTION
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
 from sim.ir.ops import INPUT_GRADIENT_KINDS

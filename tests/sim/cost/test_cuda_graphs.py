@@ -37,13 +37,12 @@ def test_a_captured_step_saves_all_but_one_launch_per_stage():
 
 def test_the_plan_records_it_and_the_prediction_path_costs_it_from_the_plan():
     built, captured = partime_metrics(True)
-    again = predict(built.plan)  # the oracle rebuilt from plan.json alone (sim.cost.cost_view.plan_oracle)
+    again = predict(built.plan)  # the oracle rebuilt from plan.json alone (sim.cost.plan_costs.plan_oracle)
     assert again.metrics["stream"]["stage_step_time_s"] == captured["stage_step_time_s"]
 
 
 def _block_oracle(cuda_graphs: bool):
-    from sim.cost.cost_view import plan_oracle
-    from sim.cost.plan_costs import sharded_graph
+    from sim.cost.plan_costs import plan_oracle, sharded_graph
     from sim.hw.topology import Topology
     from sim.ir.parallel import Parallelism
 

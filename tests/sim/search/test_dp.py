@@ -146,7 +146,8 @@ def test_with_the_update_amortised_it_equals_brute_force_over_partitions_and_pla
                                                                                         microbatches):
     # The brute force costs each plan through the plan's own cost view (the engine's numbers): per stage, the
     # partition's compute and messages plus (optimizer step + gradient reduction) / m, the slowest stage counting.
-    from sim.cost.cost_view import plan_sharding, replica_views
+    from sim.cost.cost_view import replica_views
+    from sim.cost.plan_settings import plan_sharding
     from sim.ir.plan import OpKind, Placement
     from sim.plan.partition import counts_to_ranges
 

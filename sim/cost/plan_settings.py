@@ -1,0 +1,85 @@
+"""What the cost model reads from a plan's layout and options: the shard one device holds (tensor, context and
+expert parallelism, recomputation, routing, dispatcher, loss), how ZeRO splits the training state, and the rules a
+layout must meet for the expert model. A built plan (``sim.plan.build``) writes these options and a written one
+(``plan.json``) is costed from them (:func:`sim.cost.plan_costs.written_plan_costs`), so both read them here.
+"""
+
+from __future__ import annotations
+
+from sim.core.errors import SpecError
+from sim.cost.memory_sizes import StateShards
+from sim.ir.parallel import Parallelism
+from sim.ir.plan import Plan
+from sim.models.graph import LayerGraph
+from sim.models.loss import LOSSES
+from sim.models.routing import BALANCED, Routing, parse_routing
+from sim.models.sharding import Sharding
+
+__all__ = ["plan_sharding", "check_expert_layout", "plan_state_shards", "plan_routing", "plan_loss",
+           "plan_dispatcher", "plan_recompute", "EP_DISPATCHER_OPTION", "LOSS_OPTION"]
+
+
+def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
+                  capacity_factor: float = 0.0, dispatcher: str = "all-to-all", *, loss: str = LOSSES[0]) -> Sharding:
+    """What one device holds of the model under ``layout`` with recomputation ``recompute`` (``"none"``, ``"full"``
+    or ``"selective"``): its tensor-parallel shard, sequence parallel or not, selectively recomputed or not, its
+    share of the experts under ``routing`` and ``capacity_factor`` (:mod:`sim.models.routing`), exchanged by
+    ``dispatcher`` (:data:`sim.models.sharding.DISPATCHERS`), its loss computed as ``loss``
+    (:data:`sim.models.loss.LOSSES`)."""
+    return Sharding(tp=layout.tp, sequence_parallel=layout.sequence_parallel,
+                    selective_recompute=recompute == "selective", cp=layout.cp, ep=layout.ep, etp=layout.etp,
+                    routing=routing, capacity_factor=capacity_factor, dispatcher=dispatcher, loss=loss)
+
+
+def check_expert_layout(graph: LayerGraph, layout: Parallelism) -> None:
+    """Refuse a layout the expert model does not cover: ZeRO-3 (FSDP) over a model with routed experts (their
+    parameters would be gathered over the expert-data-parallel group, which is not modelled), and expert parallelism
+    for a model without experts.
+
+    Raises:
+        SpecError: naming the flags and what would be valid.
+    """
+    experts = any(layer.expert_param_bytes for layer in graph.layers)
+    if layout.zero == 3 and experts:
+        raise SpecError("{zero} 3 (FSDP) is not modelled for a mixture of experts (its experts would be gathered over "
+                        "their expert-data-parallel group); use --zero 1 or 2", "zero")
+    if layout.ep * layout.etp > 1 and not experts:
+        family = graph.spec.partition(":")[0]
+        raise SpecError(f"{{ep}} {layout.ep} × {{etp}} {layout.etp} splits a mixture's experts; {family} has none",
+                        "ep", "etp")
+
+
+def plan_state_shards(layout: Parallelism) -> StateShards:
+    """Over how many devices ``layout``'s ZeRO stage splits each part of the training state: the data-parallel
+    shard group's, the routed experts' over their expert-data-parallel group."""
+    return StateShards.of_zero(layout.zero, layout.dp_shard, layout.expert_dp)
+
+
+def plan_routing(plan: Plan) -> tuple[Routing, float]:
+    """The plan's routing and capacity factor (options ``routing`` and ``capacity_factor``; balanced and dropless
+    when absent)."""
+    return parse_routing(str(plan.option("routing", "balanced"))), float(plan.option("capacity_factor", 0.0))
+
+
+#: The plan option of ``--ep-dispatcher`` (recorded when not the default ``all-to-all``).
+EP_DISPATCHER_OPTION = "ep_dispatcher"
+
+
+#: The plan option of ``--loss`` (recorded when not the default ``fused``).
+LOSS_OPTION = "loss"
+
+
+def plan_loss(plan: Plan) -> str:
+    """The plan's loss implementation (option ``loss``; ``fused`` when absent)."""
+    return str(plan.option(LOSS_OPTION, LOSSES[0]))
+
+
+def plan_dispatcher(plan: Plan) -> str:
+    """The plan's expert token dispatcher (option ``ep_dispatcher``; ``all-to-all`` when absent)."""
+    return str(plan.option(EP_DISPATCHER_OPTION, "all-to-all"))
+
+
+def plan_recompute(plan: Plan) -> str:
+    """The plan's recomputation: ``"full"`` (option ``recompute: true``), ``"selective"`` or ``"none"``."""
+    value = plan.option("recompute", False)
+    return "selective" if value == "selective" else "full" if value else "none"
