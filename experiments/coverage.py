@@ -30,9 +30,6 @@ from experiments.harness import write_csv_png
 from sim.core.cli import CliParser
 from sim.core.errors import SpecError
 from sim.core.fileio import write_text_atomic
-from sim.plan.build import build_plan
-from sim.plan.inputs import PlanInputs
-from sim.predict import predict_built
 from sim.report.interval import LEVEL, MIN_RUNS, RESIDUALS, CalibrationIndex, Regime, Residual, write_residuals
 from sim.report.png import figure_png
 
@@ -55,13 +52,9 @@ def _vtrain(progress: Callable[[str], None] | None) -> list[Residual]:
         for name in _VTRAIN_FILES:
             runs = vtrain.load_runs(vtrain.DATA.parent / name)
             for index, one in enumerate(runs):
-                if one.layers % one.pp:  # as experiments.vtrain: Megatron-DeepSpeed's partition needs it
+                if one.layers % one.pp:  # refused by vtrain.predict_metrics: Megatron-DeepSpeed's partition needs it
                     continue
-                built = build_plan(PlanInputs(
-                    model=one.model, topology=vtrain.topology_of(one, Path(folder)), schedule="1f1b",
-                    microbatch_size=one.microbatch, global_batch=one.global_batch, tp=one.tp, dp=one.dp, pp=one.pp,
-                    recompute=True, partition="blocks"))
-                metrics = predict_built(built, check_memory=False).metrics
+                metrics = vtrain.predict_metrics(one, folder=Path(folder))
                 residuals.append(Residual("vtrain", f"{name.removesuffix('.csv')}:{index + 2}",
                                           _regime(metrics["regime"]),
                                           math.log(one.measured_s / metrics["iteration_time_s"])))

@@ -93,21 +93,15 @@ def memory_verdict(peaks: tuple[int, ...], capacities: list[int | float | None],
     no limit, the catalog's ideal device), bytes, and why the plan does not fit ("" when it does): the rank most over
     what its allocated peak may reach, that capacity less the problem's headroom (:meth:`SearchProblem.usable_bytes`),
     named by pipeline rank (and simulated replica when several are)."""
-    limit = problem.memory_limit_bytes
-
-    def bounded(cap: int | float | None) -> int | None:
-        own = None if cap is None or cap == float("inf") else int(cap)
-        return limit if own is None else own if limit is None else min(limit, own)
-
-    capacity = tuple(bounded(cap) for cap in capacities)
-    usable = [None if cap is None else int(cap / (1 + problem.memory_headroom)) for cap in capacity]
+    capacity = tuple(problem.capacity_bytes(cap) for cap in capacities)
+    usable = [problem.usable_bytes(cap) for cap in capacities]
     over = [(row, peak, cap) for row, (peak, cap) in enumerate(zip(peaks, usable)) if cap is not None and peak > cap]
     if not over:
         return capacity, ""
     row, peak, cap = max(over, key=lambda item: item[1] - item[2])
     replica, rank = divmod(row, pipeline)
     where = f"pipeline rank {rank}" + (f" of replica {replica}" if len(peaks) > pipeline else "")
-    limited = limit is not None and cap == int(limit / (1 + problem.memory_headroom))
+    limited = problem.memory_limit_bytes is not None and capacity[row] == problem.memory_limit_bytes
     headroom = (f" after a {problem.memory_headroom:.0%} headroom (--memory-headroom)" if problem.memory_headroom
                 else "")
     return capacity, (f"out of memory: {where} ({names[row]}) needs {_size(peak)}, has {_size(cap)}"

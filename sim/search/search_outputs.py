@@ -60,10 +60,11 @@ def _also(c: Candidate) -> str:
 
 def _interval_text(e: Evaluation, trust: Trust) -> str:
     """``12.1-13.9`` (s), marked ``*`` outside the validated regimes; ``-`` without calibration."""
-    bounds = trust.calibration(e.candidate).time_interval(e.iteration_time_s)
+    calibration = trust.calibration(e.candidate)
+    bounds = calibration.time_interval(e.iteration_time_s)
     if bounds is None:
         return "-"
-    return f"{bounds[0]:.2f}-{bounds[1]:.2f}" + ("" if trust.calibration(e.candidate).validated else "*")
+    return f"{bounds[0]:.2f}-{bounds[1]:.2f}" + ("" if calibration.validated else "*")
 
 
 def _row(rank: int | str, e: Evaluation, trust: Trust) -> tuple[str, ...]:

@@ -130,14 +130,18 @@ class SearchProblem:
     capacity_factor: float = 0.0
     loss: str = "fused"
 
-    def usable_bytes(self, capacity: float | None) -> float | None:
-        """What a candidate's allocated peak may reach on a device of ``capacity`` bytes (``None`` or ``inf``: no
-        limit of its own): the smaller of it and ``memory_limit_bytes``, less the headroom; ``None`` when neither
-        limits it."""
-        own = None if capacity is None or capacity == float("inf") else capacity
-        bound = self.memory_limit_bytes if own is None else own if self.memory_limit_bytes is None \
-            else min(own, self.memory_limit_bytes)
-        return None if bound is None else bound / (1 + self.memory_headroom)
+    def capacity_bytes(self, capacity: float | None) -> int | None:
+        """What a device of ``capacity`` bytes (``None`` or ``inf``: no limit of its own) may use: the smaller of it
+        and ``memory_limit_bytes``; ``None`` when neither limits it."""
+        own = None if capacity is None or capacity == float("inf") else int(capacity)
+        limit = self.memory_limit_bytes
+        return limit if own is None else own if limit is None else min(own, limit)
+
+    def usable_bytes(self, capacity: float | None) -> int | None:
+        """What a candidate's allocated peak may reach on a device of ``capacity`` bytes: its
+        :meth:`capacity_bytes` less the headroom (rounded down); ``None`` when nothing limits it."""
+        bound = self.capacity_bytes(capacity)
+        return None if bound is None else int(bound / (1 + self.memory_headroom))
 
 
 @dataclass(frozen=True, order=True)

@@ -99,8 +99,14 @@ def test_a_plans_regime_names_its_devices_family_precision_dims_and_scale():
                                  "scale": "9-64"}
     interval = metrics["iteration_time_s_interval"]
     assert set(interval) == {"low", "high", "level", "runs", "matched", "relaxed"} and interval["level"] == 0.9
-    if interval["low"] is not None:  # with the shipped calibration: the prediction lies inside its interval's span
-        assert interval["low"] < interval["high"]
-        rates = metrics["tokens_per_s_per_device_interval"]
-        assert rates["low"] == pytest.approx(metrics["tokens_per_s_per_device"] * metrics["iteration_time_s"]
-                                             / interval["high"])
+    # the shipped calibration's bounds for that regime, applied to the predicted time and to its inverse, the rate
+    from sim.report.interval import shipped_index
+
+    calibration = shipped_index().calibrate(Regime(**metrics["regime"]))
+    time_s, rate = metrics["iteration_time_s"], metrics["tokens_per_s_per_device"]
+    assert (interval["low"], interval["high"]) == pytest.approx((time_s * math.exp(calibration.low),
+                                                                  time_s * math.exp(calibration.high)))
+    rates = metrics["tokens_per_s_per_device_interval"]
+    assert (rates["low"], rates["high"]) == pytest.approx((rate / math.exp(calibration.high),
+                                                            rate / math.exp(calibration.low)))
+    assert interval["runs"] == calibration.runs and interval["relaxed"] == list(calibration.relaxed)
