@@ -30,6 +30,7 @@ from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_str
 from sim.faults.options import FaultOptions, FaultPrediction, predict_faults
 from sim.ir.parallel import RESHARD_POLICIES
 from sim.models import MODELS, build_model
+from sim.models.blocks import BLOCKS
 from sim.models.loss import LOSSES
 from sim.models.routing import BALANCED, CAPACITY_FACTOR_HELP, ROUTING_HELP, parse_routing
 from sim.models.sharding import DISPATCHERS
@@ -48,7 +49,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 #: be ...``; :func:`sim.core.errors.run_cli`), and a memory remedy is offered as the flags that make it.
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--cp-comm", "order": "--rank-order",
          "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
-         "ep_overlap": "--ep-overlap", "ep_dispatcher": "--ep-dispatcher", "loss": "--loss",
+         "ep_overlap": "--ep-overlap", "ep_dispatcher": "--ep-dispatcher", "loss": "--loss", "blocks": "--blocks",
          "fsdp_float8_gather": "--fsdp-float8-all-gather", "async_tp": "--async-tp",
          "param_gather_overlap": "--param-gather-overlap", "grad_bucket_params": "--grad-bucket-size",
          "zero": "--zero",
@@ -178,6 +179,12 @@ def make_parser() -> argparse.ArgumentParser:
                         "(torchtitan without --compile: PyTorch's cross_entropy on an fp32 copy, two more fp32 "
                         "logit tensors in the backward) or compiled (torchtitan under torch.compile: bf16 logits "
                         "kept, one gradient copy)")
+    parser.add_argument("--blocks", choices=list(BLOCKS), default=BLOCKS[0],
+                        help="the modules the framework builds a llama or moe block from, which sets what the block "
+                        "keeps for its backward: eager (default; PyTorch modules as torchtitan builds them, linears "
+                        "keeping bf16 inputs) or transformer-engine (Megatron-Core's Transformer Engine layers: norms "
+                        "fused into the linears, a fused SwiGLU, and under --precision fp8, mxfp8 or nvfp4 every "
+                        "linear keeping its quantized input)")
     par.add_argument("--dp-replicate", type=int, default=1, metavar="R",
                      help="with --zero 3, HSDP: the --dp replicas form R groups, each sharding the state among its "
                      "dp/R members, the groups all-reducing each layer's gradient shard (default 1: plain FSDP)")
@@ -297,7 +304,7 @@ def _run(argv: list[str] | None) -> int:
         capacity_factor=args.capacity_factor, ep_overlap=args.ep_overlap, ep_dispatcher=args.ep_dispatcher,
         fsdp_float8_gather=args.fsdp_float8_gather, async_tp=args.async_tp,
         param_gather_overlap=args.param_gather_overlap, grad_bucket_params=args.grad_bucket_params,
-        loss=args.loss,
+        loss=args.loss, blocks=args.blocks,
     )
     if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
         fault_options.check()  # the long run's flags, before anything is simulated or printed
@@ -440,7 +447,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--cp", args.cp != 1), ("--ep", args.ep != 1), ("--etp", args.etp != 1),
                         ("--routing", args.routing != "balanced"), ("--capacity-factor", args.capacity_factor != 0),
                         ("--ep-overlap", args.ep_overlap), ("--ep-dispatcher", args.ep_dispatcher != DISPATCHERS[0]),
-                        ("--loss", args.loss != LOSSES[0]),
+                        ("--loss", args.loss != LOSSES[0]), ("--blocks", args.blocks != BLOCKS[0]),
                         ("--fsdp-float8-all-gather", args.fsdp_float8_gather), ("--async-tp", args.async_tp),
                         ("--param-gather-overlap", args.param_gather_overlap),
                         ("--grad-bucket-size", args.grad_bucket_params != 0),

@@ -1,34 +1,70 @@
 """What the cost model reads from a plan's layout and options: the shard one device holds (tensor, context and
-expert parallelism, recomputation, routing, dispatcher, loss), how ZeRO splits the training state, and the rules a
-layout must meet for the expert model. A built plan (``sim.plan.build``) writes these options and a written one
-(``plan.json``) is costed from them (:func:`sim.cost.plan_costs.written_plan_costs`), so both read them here.
+expert parallelism, recomputation, routing, dispatcher, loss, block implementation), how ZeRO splits the training
+state, and the rules a layout must meet for the expert model. A built plan (``sim.plan.build``) writes these options
+and a written one (``plan.json``) is costed from them (:func:`sim.cost.plan_costs.written_plan_costs`), so both read
+them here.
 """
 
 from __future__ import annotations
 
 from sim.core.errors import SpecError
+from sim.cost.kernels.record import NARROW_FORMATS
 from sim.cost.memory_sizes import StateShards
 from sim.ir.parallel import Parallelism
 from sim.ir.plan import Plan
+from sim.models.blocks import BLOCKS, DTYPE_BYTES, TRANSFORMER_ENGINE
 from sim.models.graph import LayerGraph
 from sim.models.loss import LOSSES
 from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import Sharding
 
 __all__ = ["plan_sharding", "check_expert_layout", "plan_state_shards", "plan_routing", "plan_loss",
-           "plan_dispatcher", "plan_recompute", "EP_DISPATCHER_OPTION", "LOSS_OPTION"]
+           "plan_blocks", "plan_dispatcher", "plan_recompute", "saved_input_bytes", "EP_DISPATCHER_OPTION",
+           "LOSS_OPTION", "BLOCKS_OPTION"]
 
 
 def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
-                  capacity_factor: float = 0.0, dispatcher: str = "all-to-all", *, loss: str = LOSSES[0]) -> Sharding:
+                  capacity_factor: float = 0.0, dispatcher: str = "all-to-all", *, loss: str = LOSSES[0],
+                  blocks: str = BLOCKS[0], precision: str | None = None) -> Sharding:
     """What one device holds of the model under ``layout`` with recomputation ``recompute`` (``"none"``, ``"full"``
     or ``"selective"``): its tensor-parallel shard, sequence parallel or not, selectively recomputed or not, its
     share of the experts under ``routing`` and ``capacity_factor`` (:mod:`sim.models.routing`), exchanged by
     ``dispatcher`` (:data:`sim.models.sharding.DISPATCHERS`), its loss computed as ``loss``
-    (:data:`sim.models.loss.LOSSES`)."""
+    (:data:`sim.models.loss.LOSSES`), its blocks built from ``blocks`` (:data:`sim.models.blocks.BLOCKS`), whose
+    linears keep their inputs as ``precision`` stores them (:func:`saved_input_bytes`).
+
+    Raises:
+        SpecError: ``blocks`` unknown, or a precision Transformer Engine has no recipe for.
+    """
+    if blocks not in BLOCKS:
+        raise SpecError(f"{{blocks}} must be one of {', '.join(BLOCKS)}, got {blocks!r}", "blocks")
+    width = saved_input_bytes(precision) if blocks == TRANSFORMER_ENGINE else DTYPE_BYTES
     return Sharding(tp=layout.tp, sequence_parallel=layout.sequence_parallel,
                     selective_recompute=recompute == "selective", cp=layout.cp, ep=layout.ep, etp=layout.etp,
-                    routing=routing, capacity_factor=capacity_factor, dispatcher=dispatcher, loss=loss)
+                    routing=routing, capacity_factor=capacity_factor, dispatcher=dispatcher, loss=loss,
+                    blocks=blocks, saved_input_bytes=width)
+
+
+#: The narrow formats Transformer Engine trains in (its recipes: ``Float8CurrentScaling``, ``MXFP8BlockScaling``,
+#: ``NVFP4BlockScaling``); torchao's rowwise FP8 is not one of them.
+ENGINE_FORMATS = ("fp8", "mxfp8", "nvfp4")
+
+
+def saved_input_bytes(precision: str | None) -> float:
+    """Bytes per element of a linear's input as a Transformer Engine layer keeps it for the weight gradient under
+    ``precision`` (:mod:`sim.models.blocks`): the training dtype's 2 in bf16 or fp16, else one value of the narrow
+    format with its share of the block scales (FP8 1, MXFP8 1 + 1/32, NVFP4 1/2 + 1/16).
+
+    Raises:
+        SpecError: a narrow precision Transformer Engine has no recipe for (:data:`ENGINE_FORMATS`).
+    """
+    narrow = NARROW_FORMATS.get(precision) if precision else None
+    if narrow is None:
+        return DTYPE_BYTES
+    if narrow.name not in ENGINE_FORMATS:
+        raise SpecError(f"{{precision}} {precision} is torchao's recipe; transformer-engine blocks train in "
+                        f"{', '.join(ENGINE_FORMATS)} (or bf16)", "precision", "blocks")
+    return narrow.stored_bytes(1)
 
 
 def check_expert_layout(graph: LayerGraph, layout: Parallelism) -> None:
@@ -67,6 +103,15 @@ EP_DISPATCHER_OPTION = "ep_dispatcher"
 
 #: The plan option of ``--loss`` (recorded when not the default ``fused``).
 LOSS_OPTION = "loss"
+
+
+#: The plan option of ``--blocks`` (recorded when not the default ``eager``).
+BLOCKS_OPTION = "blocks"
+
+
+def plan_blocks(plan: Plan) -> str:
+    """The plan's block implementation (option ``blocks``; ``eager`` when absent)."""
+    return str(plan.option(BLOCKS_OPTION, BLOCKS[0]))
 
 
 def plan_loss(plan: Plan) -> str:

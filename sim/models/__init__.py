@@ -21,7 +21,9 @@ from types import MappingProxyType
 from sim.core.errors import SpecError, did_you_mean
 from sim.core.spec import SpecParams, parse_spec
 from sim.models import amoebanet, cnn, gpt, hf_config, llama, moe, supernet, uniform, vgg
+from sim.models.blocks import BLOCKS
 from sim.models.graph import LayerGraph, canonical_spec
+from sim.models.loss import LOSSES
 from sim.models.sharding import NO_SHARDING, Sharding
 
 __all__ = ["ModelEntry", "MODELS", "build_model", "format_model_list", "Sharding", "NO_SHARDING"]
@@ -83,12 +85,16 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     if sharding.cp > 1 and name not in (llama.NAME, moe.NAME):
         raise SpecError(f"context parallelism is modelled for the llama and moe families only, got {spec!r} with "
                         f"{sharding.describe()}")
+    if sharding.blocks != BLOCKS[0] and name not in (llama.NAME, moe.NAME):
+        raise SpecError(f"{sharding.blocks} blocks (--blocks) are modelled for the llama and moe families only, got "
+                        f"{spec!r}")
     if sharding.shapes_experts and name != moe.NAME:
         raise SpecError(f"expert parallelism, routing and capacity belong to the moe family, got {spec!r} with "
                         f"{sharding.describe()}")
     if sharding.changes_model and entry.build_shard is None:
         what = ("tensor parallelism" if sharding.tp > 1 else "selective recomputation" if sharding.selective_recompute
-                else f"the {sharding.loss} loss (--loss)")
+                else f"the {sharding.loss} loss (--loss)" if sharding.loss != LOSSES[0]
+                else f"{sharding.blocks} blocks (--blocks)")
         names = [known for known, e in MODELS.items() if e.build_shard is not None]
         shardable = ", ".join(names[:-1]) + " and " + names[-1]
         raise SpecError(f"{what} is modelled for {shardable} only, got {spec!r} with {sharding.describe()}")

@@ -32,7 +32,11 @@ its input), the input norm's output 2sh, the attention's q 2s·a·d, k and v 2s�
 o projection's input) and its fp32 log-sum-exp 4s·a, the residual sum 2sh and the post-attention norm's output 2sh,
 the gate and up outputs 2sf each, the SiLU's output 2sf and the product (the down projection's input) 2sf, and each
 RMSNorm's fp32 reciprocal root-mean-square 4s; with QK-norm also the norms' inputs 2s·a·d + 2s·g·d and their fp32
-statistics 4s(a + g). That is 8sh + 4s·a·d + 4s·g·d + 4sa + 8sf + 8s [+ 2s(a + g)d + 4s(a + g)].
+statistics 4s(a + g). That is 8sh + 4s·a·d + 4s·g·d + 4sa + 8sf + 8s [+ 2s(a + g)d + 4s(a + g)]. Megatron-Core's
+Transformer Engine blocks (``--blocks transformer-engine``, :mod:`sim.models.blocks`) keep the two norms' outputs at w
+bytes per element (the quantized input of the linear they feed), the fused SwiGLU's fc1 output 4sf and the down
+projection's input w·sf, and under a narrow precision the o projection's quantized input w·s·a·d beside the attention's
+output: 4sh + 2w·sh + 4s·a·d + 4s·g·d + 4sa + (4 + w)sf + 8s [+ w·s·a·d] [+ the QK-norm's].
 
 Tensor-parallel shard (Megatron-LM §3, as for ``gpt``): q, k, v, gate and up are column-parallel (split by heads, the
 key/value heads too, and by f), o and down row-parallel, the norms replicated; two all-reduces of 2sh per block in
@@ -57,6 +61,7 @@ from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
+from sim.models.blocks import EAGER, TRANSFORMER_ENGINE
 from sim.models.graph import LayerGraph, TransformerPart, canonical_spec
 from sim.models.loss import loss_bytes
 from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, collective_layer, padded_vocab
@@ -183,14 +188,30 @@ def sac_recompute_flops(shape: DecoderShape, tp: int = 1) -> int:
 
 
 def block_saved_bytes(shape: DecoderShape, tp: int = 1, selective_recompute: bool = False,
-                      sequence_parallel: bool = False) -> int:
+                      sequence_parallel: bool = False, *, blocks: str = EAGER,
+                      saved_input_bytes: float = DTYPE_BYTES) -> int:
     """Bytes one block's shard keeps for its backward per sample (module docstring): what lies between the
     tensor-parallel regions (the output, the norms' outputs, the residual sum, their fp32 statistics) is replicated,
     or split by ``tp`` too under ``sequence_parallel``, the rest is split by ``tp``; under ``selective_recompute``
-    what torchtitan's per-op policy keeps."""
+    what torchtitan's per-op policy keeps. ``transformer-engine`` ``blocks`` keep what Megatron-Core's Transformer
+    Engine block keeps (:mod:`sim.models.blocks`): the norms' outputs and the o and down projections' inputs at
+    ``saved_input_bytes`` per element (the o projection's beside the attention's bf16 output when narrower), and the
+    fused SwiGLU's fc1 output 4f instead of the eager SwiGLU's four tensors."""
     h, d, f, s = shape.hidden, shape.head_dim, shape.ffn, shape.seq
     q, kv = shape.heads * d, shape.kv_heads * d
     between = tp if sequence_parallel else 1  # how many ways the tensors between the TP regions are split
+    if blocks == TRANSFORMER_ENGINE:
+        if selective_recompute:
+            raise SpecError("the llama family's selective recomputation is torchtitan's per-op policy; with "
+                            "transformer-engine blocks it is not modelled (use --recompute none or full)")
+        w = saved_input_bytes
+        quantized_copy = w if w < DTYPE_BYTES else 0  # in bf16 the o projection keeps the attention's own output
+        replicated = (DTYPE_BYTES * 2 * s * h + w * 2 * s * h + FP32_BYTES * 2 * s) / between
+        split = (DTYPE_BYTES * (2 * s * q + 2 * s * kv) + FP32_BYTES * s * shape.heads + quantized_copy * s * q
+                 + 2 * DTYPE_BYTES * s * f + w * s * f)
+        if shape.qk_norm:
+            split += DTYPE_BYTES * s * (q + kv) + FP32_BYTES * s * (shape.heads + shape.kv_heads)
+        return int(replicated + split / tp)
     if selective_recompute:
         # o and down are row-parallel: each rank's mm output is a whole-width partial sum
         width = {"wq": q // tp, "wk": kv // tp, "wv": kv // tp, "wo": h, "w1": f // tp, "w3": f // tp, "w2": h}
@@ -265,7 +286,8 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     recompute = float(sac_recompute_flops(local, t)) if sharding.selective_recompute else 0.0
     blocks = [collective_layer(name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
                      param_bytes=DTYPE_BYTES * block_params(shape, t), activation_bytes=boundary,
-                     saved_bytes=block_saved_bytes(local, t, sharding.selective_recompute, sp),
+                     saved_bytes=block_saved_bytes(local, t, sharding.selective_recompute, sp, blocks=sharding.blocks,
+                                                   saved_input_bytes=sharding.saved_input_bytes),
                      recompute_flops=recompute,
                      fwd=comm, bwd=comm,
                      transformer=TransformerPart("block", **dims))

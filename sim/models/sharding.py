@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sim.models.blocks import BLOCKS, DTYPE_BYTES, check_blocks
 from sim.models.graph import Layer
 from sim.models.loss import LOSSES
 from sim.models.routing import BALANCED, Routing
@@ -65,6 +66,10 @@ class Sharding:
             the experts' outputs reduce-scattered back; :mod:`sim.cost.expert_exchange`).
         loss: how the framework computes the cross entropy over the vocabulary (:data:`sim.models.loss.LOSSES`,
             ``--loss``), which decides what the head layer keeps and holds while it runs (:mod:`sim.models.loss`).
+        blocks: the modules the framework builds each decoder block from (:data:`sim.models.blocks.BLOCKS`,
+            ``--blocks``), which decides what a block keeps for its backward (:mod:`sim.models.blocks`).
+        saved_input_bytes: bytes per element of a linear's input as a ``transformer-engine`` block keeps it for the
+            weight gradient (w of :mod:`sim.models.blocks`): 2 in bf16, less under a narrow precision.
     """
 
     tp: int = 1
@@ -77,6 +82,8 @@ class Sharding:
     capacity_factor: float = 0.0
     dispatcher: str = "all-to-all"
     loss: str = LOSSES[0]
+    blocks: str = BLOCKS[0]
+    saved_input_bytes: float = DTYPE_BYTES
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -94,6 +101,7 @@ class Sharding:
                 raise ValueError(f"Sharding.{name} must be True or False, got {value!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"Sharding.loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        check_blocks(self.blocks, self.saved_input_bytes)
         if self.dispatcher not in DISPATCHERS:
             raise ValueError(f"Sharding.dispatcher must be one of {', '.join(DISPATCHERS)}, got {self.dispatcher!r}")
 
@@ -106,10 +114,10 @@ class Sharding:
     @property
     def changes_model(self) -> bool:
         """Whether a graph built with this sharding can differ from the whole model's: ``tp > 1``, ``cp > 1``,
-        selective recomputation, a loss other than the default or any expert setting (sequence parallelism alone, at
-        ``tp = 1``, is a no-op)."""
+        selective recomputation, a loss or blocks other than the default or any expert setting (sequence parallelism
+        alone, at ``tp = 1``, is a no-op)."""
         return (self.tp > 1 or self.cp > 1 or self.selective_recompute or self.loss != LOSSES[0]
-                or self.shapes_experts)
+                or self.blocks != BLOCKS[0] or self.shapes_experts)
 
     @property
     def shapes_experts(self) -> bool:
@@ -130,6 +138,9 @@ class Sharding:
             parts.append("selective recompute")
         if self.loss != LOSSES[0]:
             parts.append(f"{self.loss} loss")
+        if self.blocks != BLOCKS[0]:
+            parts.append(f"{self.blocks} blocks" + (f" keeping {self.saved_input_bytes:g}-byte linear inputs"
+                                                    if self.saved_input_bytes != DTYPE_BYTES else ""))
         return ", ".join(parts)
 
 

@@ -87,6 +87,9 @@ class PlanInputs:
         loss: how the framework computes the cross entropy over the vocabulary (``--loss``, one of
             :data:`sim.models.loss.LOSSES`): ``fused`` (Megatron-LM's), ``eager`` (torchtitan's without compile)
             or ``compiled`` (torchtitan's under ``torch.compile``); it decides the head's memory.
+        blocks: the modules the framework builds each decoder block from (``--blocks``, one of
+            :data:`sim.models.blocks.BLOCKS`): ``eager`` (PyTorch modules, torchtitan's) or ``transformer-engine``
+            (Megatron-Core's Transformer Engine layers); it decides what a block keeps for its backward.
     """
 
     model: str
@@ -129,6 +132,7 @@ class PlanInputs:
     param_gather_overlap: bool = False
     grad_bucket_params: int = 0
     loss: str = "fused"
+    blocks: str = "eager"
 
     @property
     def recompute_mode(self) -> str:

@@ -28,6 +28,7 @@ from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.hw.topology import Topology
 from sim.ir.parallel import RANK_ORDERS
+from sim.models.blocks import BLOCKS
 from sim.models.loss import LOSSES
 from sim.models.routing import CAPACITY_FACTOR_HELP, ROUTING_HELP
 from sim.plan.inputs import format_builtin_lists
@@ -49,7 +50,7 @@ FLAGS = {"global_batch": "--global-batch", "memory_limit_bytes": "--memory-limit
          "memory_headroom": "--memory-headroom", "time_budget_s": "--time-budget",
          "strategy": "--strategy", "evaluations": "--evaluations", "chains": "--chains", "workers": "--workers",
          "ray": "--ray", "routing": "--routing", "capacity_factor": "--capacity-factor",
-         "loss": "--loss"}
+         "loss": "--loss", "blocks": "--blocks"}
 
 
 def _listed(kind, allowed=None, name=""):
@@ -170,6 +171,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--loss", choices=list(LOSSES), default=LOSSES[0],
                         help="how the framework computes the loss in every plan (as sim.run --loss): fused "
                         "(default; Megatron-LM's), eager or compiled (torchtitan's without and with torch.compile)")
+    parser.add_argument("--blocks", choices=list(BLOCKS), default=BLOCKS[0],
+                        help="the modules every plan's blocks are built from (as sim.run --blocks): eager (default; "
+                        "torchtitan's PyTorch modules) or transformer-engine (Megatron-Core's)")
     return parser
 
 
@@ -233,7 +237,7 @@ def _run(argv: list[str] | None, started: float) -> int:
                           settings=settings, cp=args.cp, cp_comms=args.cp_comm, dp_replicate=args.dp_replicate,
                           precisions=args.precision, compile=args.compile, ep=args.ep, etp=args.etp),
         perturbation=_perturbation(args.straggler or (), args.topology), routing=args.routing,
-        capacity_factor=args.capacity_factor, loss=args.loss)
+        capacity_factor=args.capacity_factor, loss=args.loss, blocks=args.blocks)
     out = prepare_output_dir(args.out, "--out", create=False)  # a bad --out is refused before the search, not after
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
     load_matplotlib_in_background()  # the chart at the end waits for nothing, even right after a Ctrl-C

@@ -115,6 +115,7 @@ class SearchProblem:
             ``trace:FILE``; :mod:`sim.models.routing`).
         capacity_factor: tokens an expert computes at most, as a multiple of its balanced share (0: dropless).
         loss: how the framework computes the loss in every candidate (``--loss``, :data:`sim.models.loss.LOSSES`).
+        blocks: the modules every candidate's blocks are built from (``--blocks``, :data:`sim.models.blocks.BLOCKS`).
     """
 
     model: str
@@ -129,6 +130,7 @@ class SearchProblem:
     routing: str = "balanced"
     capacity_factor: float = 0.0
     loss: str = "fused"
+    blocks: str = "eager"
 
     def capacity_bytes(self, capacity: float | None) -> int | None:
         """What a device of ``capacity`` bytes (``None`` or ``inf``: no limit of its own) may use: the smaller of it
@@ -183,7 +185,7 @@ class Candidate:
             devices=self.devices, cp=self.cp, cp_comm=self.cp_comm, dp_replicate=self.dp_replicate,
             precision=None if self.precision == MODEL_PRECISION else self.precision, compiled=self.compiled,
             ep=self.ep, etp=self.etp, routing=problem.routing, capacity_factor=problem.capacity_factor,
-            loss=problem.loss)
+            loss=problem.loss, blocks=problem.blocks)
 
     def label(self) -> str:
         """A short name: ``tp2 dp2 pp2 b4 interleaved(v=2) full sp zero1 [dp-tp-pp]``."""
@@ -245,6 +247,8 @@ class Candidate:
             flags += ["--capacity-factor", f"{problem.capacity_factor:g}"]
         if problem.loss != "fused":
             flags += ["--loss", problem.loss]
+        if problem.blocks != "eager":
+            flags += ["--blocks", problem.blocks]
         if self.rank_order != DEFAULT_RANK_ORDER:
             flags += ["--rank-order", self.rank_order]
         if self.partition != "balanced":
