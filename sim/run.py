@@ -50,6 +50,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--cp-comm", "order": "--rank-order",
          "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
          "ep_overlap": "--ep-overlap", "ep_dispatcher": "--ep-dispatcher", "loss": "--loss", "blocks": "--blocks",
+         "offload_activations": "--offload-activations",
          "fsdp_float8_gather": "--fsdp-float8-all-gather", "async_tp": "--async-tp",
          "param_gather_overlap": "--param-gather-overlap", "grad_bucket_params": "--grad-bucket-size",
          "zero": "--zero",
@@ -185,6 +186,11 @@ def make_parser() -> argparse.ArgumentParser:
                         "keeping bf16 inputs) or transformer-engine (Megatron-Core's Transformer Engine layers: norms "
                         "fused into the linears, a fused SwiGLU, and under --precision fp8, mxfp8 or nvfp4 every "
                         "linear keeping its quantized input)")
+    parser.add_argument("--offload-activations", type=int, default=0, metavar="N",
+                        help="keep the activations of the first N blocks of a llama or moe model in host memory "
+                        "between forward and backward (Megatron-Core's cpu_offloading_num_layers through Transformer "
+                        "Engine): at most the other blocks' activations stay on the GPU, and an offloaded block "
+                        "takes at least its copy over the host link (default 0; needs --pp 1 and no --recompute)")
     par.add_argument("--dp-replicate", type=int, default=1, metavar="R",
                      help="with --zero 3, HSDP: the --dp replicas form R groups, each sharding the state among its "
                      "dp/R members, the groups all-reducing each layer's gradient shard (default 1: plain FSDP)")
@@ -304,7 +310,7 @@ def _run(argv: list[str] | None) -> int:
         capacity_factor=args.capacity_factor, ep_overlap=args.ep_overlap, ep_dispatcher=args.ep_dispatcher,
         fsdp_float8_gather=args.fsdp_float8_gather, async_tp=args.async_tp,
         param_gather_overlap=args.param_gather_overlap, grad_bucket_params=args.grad_bucket_params,
-        loss=args.loss, blocks=args.blocks,
+        loss=args.loss, blocks=args.blocks, offload_activations=args.offload_activations,
     )
     if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
         fault_options.check()  # the long run's flags, before anything is simulated or printed
@@ -448,6 +454,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--routing", args.routing != "balanced"), ("--capacity-factor", args.capacity_factor != 0),
                         ("--ep-overlap", args.ep_overlap), ("--ep-dispatcher", args.ep_dispatcher != DISPATCHERS[0]),
                         ("--loss", args.loss != LOSSES[0]), ("--blocks", args.blocks != BLOCKS[0]),
+                        ("--offload-activations", args.offload_activations != 0),
                         ("--fsdp-float8-all-gather", args.fsdp_float8_gather), ("--async-tp", args.async_tp),
                         ("--param-gather-overlap", args.param_gather_overlap),
                         ("--grad-bucket-size", args.grad_bucket_params != 0),

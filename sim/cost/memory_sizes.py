@@ -208,12 +208,14 @@ class MemorySizes:
 
     def activation_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
         """Bytes one in-flight microbatch keeps on the device from the forward of layers ``[start, end)`` to their
-        backward: the stage's input (a layer's saved bytes include its output, not its input) and every layer's."""
+        backward: the stage's input (a layer's saved bytes include its output, not its input) and every layer's
+        whose activations are not offloaded to the host (``Layer.activations_offloaded``)."""
         measured = self.measured_memory(device)
+        kept_layers = [i for i in range(start, end) if not self.graph.layers[i].activations_offloaded]
         if measured is not None:
-            kept = sum(self._scaled(layer.retained_bytes) for layer in measured[start:end])
+            kept = sum(self._scaled(measured[i].retained_bytes) for i in kept_layers)
             return self.input_bytes(start, device) + kept
-        saved = sum(layer.saved_bytes for layer in self.graph.layers[start:end])
+        saved = sum(self.graph.layers[i].saved_bytes for i in kept_layers)
         return self.input_bytes(start) + self.microbatch_size * saved
 
     def workspace_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
@@ -236,7 +238,8 @@ class MemorySizes:
         """How far above its starting level a full backward (B) of layers ``[start, end)`` peaks, bytes, beyond the
         gradient buffers it makes (``new_gradients``: the stage's first backward since its update creates them;
         they stay after it). The backward goes from the last layer to the first: at layer i it holds i's transient
-        and the gradients made so far (i's included), and has freed the activations of the layers after i. Negative
+        and the gradients made so far (i's included), and has freed the activations of the layers after i; an
+        offloaded layer's activations are back on the device while its backward runs, and leave with it. Negative
         when the peak is below the starting level (the activations freed outweigh what is made)."""
         measured = self.measured_memory(device)
         size = self.microbatch_size
@@ -254,10 +257,11 @@ class MemorySizes:
                 layer = self.graph.layers[i]
                 kept, gradients = size * layer.saved_bytes, self.graph.dtype_bytes * self.graph.param_count(i)
                 holds = size * layer.backward_transient_bytes + (gradients if new_gradients else 0)
-            value = holds + made - freed  # the gradients of the layers after i are made already
+            reloaded = kept if self.graph.layers[i].activations_offloaded else 0  # not in the starting level
+            value = holds + reloaded + made - freed  # the gradients of the layers after i are made already
             peak = value if peak is None else max(peak, value)
             made += gradients if new_gradients else 0
-            freed += kept
+            freed += kept - reloaded
         assert peak is not None, "an empty layer range"
         return peak - made
 

@@ -318,7 +318,23 @@ class CostOracle:
             experts = graph.expert_param_count(i)
             state = (graph.param_count(i) - experts) * per_param + experts * per_expert_param
             opt.append(2 * state / device.memory_bandwidth + launch if state else 0.0)
+        self._wait_for_offload_copies(device, fwd, bwd)
         return LayerCosts(tuple(fwd), tuple(bwd), tuple(opt))
+
+    def _wait_for_offload_copies(self, device: DeviceSpec, fwd: list[float], bwd: list[float]) -> None:
+        """Make an offloaded layer's forward last at least the copy of its activations to the host and its backward
+        at least the copy back, in place (:mod:`sim.models.offload`): Transformer Engine copies on a stream of its
+        own while the next layer computes, and stalls the compute only when the copies fall behind, so over a run of
+        layers each takes the longer of its compute and its copy."""
+        offloaded = [i for i, layer in enumerate(self.graph.layers) if layer.activations_offloaded]
+        if not offloaded:
+            return
+        # any rank of this device (or of a slowed copy of it): its host link is the device's
+        rank = next(r for r, spec in enumerate(self.topology.devices) if device in (spec, spec.base))
+        for i in offloaded:
+            nbytes = self.microbatch_size * self.graph.layers[i].saved_bytes
+            fwd[i] = max(fwd[i], self.device_to_host_s(rank, nbytes))
+            bwd[i] = max(bwd[i], self.host_to_device_s(rank, nbytes))
 
     # --- ranks of the topology ------------------------------------------------------------------------------------
 

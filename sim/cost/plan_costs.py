@@ -29,6 +29,7 @@ from sim.cost.plan_settings import (
     plan_blocks,
     plan_dispatcher,
     plan_loss,
+    plan_offload,
     plan_recompute,
     plan_routing,
     plan_sharding,
@@ -103,17 +104,18 @@ def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfil
 
 def sharded_graph(model: str, layout: Parallelism, recompute: str = "none", routing: Routing = BALANCED,
                   capacity_factor: float = 0.0, dispatcher: str = "all-to-all", *, loss: str = "fused",
-                  blocks: str = "eager", precision: str | None = None) -> LayerGraph:
+                  blocks: str = "eager", precision: str | None = None, offloaded_blocks: int = 0) -> LayerGraph:
     """The model ``model`` as one device of ``layout`` holds it, with recomputation ``recompute`` (``"none"``,
     ``"full"``, ``"selective"``), a mixture's ``routing``, ``capacity_factor`` (0: dropless) and token
     ``dispatcher``, the loss computed as ``loss`` (:data:`sim.models.loss.LOSSES`) and blocks built from ``blocks``
-    (:data:`sim.models.blocks.BLOCKS`) in ``precision``; kept per shard.
+    (:data:`sim.models.blocks.BLOCKS`) in ``precision``, the activations of the first ``offloaded_blocks`` blocks
+    offloaded to the host; kept per shard.
 
     Raises:
         SpecError: the model spec is invalid, or the layout does not divide it.
     """
     return _graph(model, plan_sharding(layout, recompute, routing, capacity_factor, dispatcher, loss=loss,
-                                       blocks=blocks, precision=precision))
+                                       blocks=blocks, precision=precision, offloaded_blocks=offloaded_blocks))
 
 
 @lru_cache(maxsize=_GRAPHS_KEPT)
@@ -173,7 +175,8 @@ def written_plan_costs(plan: Plan, topology: Topology, profile: MeasuredProfile 
     """
     layout, precision, compiled = plan.layout, plan.option("precision"), plan.option("compile", False) is True
     graph = sharded_graph(plan.model, layout, plan_recompute(plan), *plan_routing(plan), plan_dispatcher(plan),
-                          loss=plan_loss(plan), blocks=plan_blocks(plan), precision=precision)
+                          loss=plan_loss(plan), blocks=plan_blocks(plan), precision=precision,
+                          offloaded_blocks=plan_offload(plan))
     check_graph(graph, layout, topology, precision=precision, compiled=compiled)
     return plan_costs(graph, topology, layout, plan.microbatch_size, profile, precision=precision,
                       cuda_graphs=bool(plan.option("cuda_graphs", False)), compiled=compiled)

@@ -20,29 +20,32 @@ from sim.models.sharding import Sharding
 
 __all__ = ["plan_sharding", "check_expert_layout", "plan_state_shards", "plan_routing", "plan_loss",
            "plan_blocks", "plan_dispatcher", "plan_recompute", "saved_input_bytes", "EP_DISPATCHER_OPTION",
-           "LOSS_OPTION", "BLOCKS_OPTION"]
+           "LOSS_OPTION", "BLOCKS_OPTION", "OFFLOAD_OPTION", "plan_offload", "check_offload"]
 
 
 def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
                   capacity_factor: float = 0.0, dispatcher: str = "all-to-all", *, loss: str = LOSSES[0],
-                  blocks: str = BLOCKS[0], precision: str | None = None) -> Sharding:
+                  blocks: str = BLOCKS[0], precision: str | None = None, offloaded_blocks: int = 0) -> Sharding:
     """What one device holds of the model under ``layout`` with recomputation ``recompute`` (``"none"``, ``"full"``
     or ``"selective"``): its tensor-parallel shard, sequence parallel or not, selectively recomputed or not, its
     share of the experts under ``routing`` and ``capacity_factor`` (:mod:`sim.models.routing`), exchanged by
     ``dispatcher`` (:data:`sim.models.sharding.DISPATCHERS`), its loss computed as ``loss``
     (:data:`sim.models.loss.LOSSES`), its blocks built from ``blocks`` (:data:`sim.models.blocks.BLOCKS`), whose
-    linears keep their inputs as ``precision`` stores them (:func:`saved_input_bytes`).
+    linears keep their inputs as ``precision`` stores them (:func:`saved_input_bytes`), and the activations of its
+    first ``offloaded_blocks`` blocks offloaded to the host (:mod:`sim.models.offload`).
 
     Raises:
-        SpecError: ``blocks`` unknown, or a precision Transformer Engine has no recipe for.
+        SpecError: ``blocks`` unknown, a precision Transformer Engine has no recipe for, or an offload that is not a
+            whole number of blocks.
     """
+    check_offload(layout, recompute, offloaded_blocks)
     if blocks not in BLOCKS:
         raise SpecError(f"{{blocks}} must be one of {', '.join(BLOCKS)}, got {blocks!r}", "blocks")
     width = saved_input_bytes(precision) if blocks == TRANSFORMER_ENGINE else DTYPE_BYTES
     return Sharding(tp=layout.tp, sequence_parallel=layout.sequence_parallel,
                     selective_recompute=recompute == "selective", cp=layout.cp, ep=layout.ep, etp=layout.etp,
                     routing=routing, capacity_factor=capacity_factor, dispatcher=dispatcher, loss=loss,
-                    blocks=blocks, saved_input_bytes=width)
+                    blocks=blocks, saved_input_bytes=width, offloaded_blocks=offloaded_blocks)
 
 
 #: The narrow formats Transformer Engine trains in (its recipes: ``Float8CurrentScaling``, ``MXFP8BlockScaling``,
@@ -112,6 +115,37 @@ BLOCKS_OPTION = "blocks"
 def plan_blocks(plan: Plan) -> str:
     """The plan's block implementation (option ``blocks``; ``eager`` when absent)."""
     return str(plan.option(BLOCKS_OPTION, BLOCKS[0]))
+
+
+#: The plan option of ``--offload-activations`` (recorded when above 0).
+OFFLOAD_OPTION = "offload_activations"
+
+
+def plan_offload(plan: Plan) -> int:
+    """The blocks whose activations the plan offloads to the host (option ``offload_activations``; 0 when absent)."""
+    return int(plan.option(OFFLOAD_OPTION, 0))
+
+
+def check_offload(layout: Parallelism, recompute: str, count: int) -> None:
+    """Refuse an activation offload Megatron-Core refuses (:mod:`sim.models.offload`): beside pipeline parallelism or
+    activation recomputation; and a count that is not an integer >= 0.
+
+    Raises:
+        SpecError: naming the flags and what would be valid.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise SpecError(f"{{offload_activations}} must be an integer >= 0 (blocks), got {count!r}",
+                        "offload_activations")
+    if not count:
+        return
+    if layout.pp > 1:
+        raise SpecError(f"{{offload_activations}} is not modelled beside pipeline parallelism (Megatron-Core refuses "
+                        f"it: \"no support for Pipeline parallelism with CPU offloading\"); got {{pp}} {layout.pp}",
+                        "offload_activations", "pp")
+    if recompute != "none":
+        raise SpecError(f"{{offload_activations}} does not combine with {{recompute}} {recompute} (Megatron-Core: "
+                        f"\"CPU offloading does not work when activation recomputation is enabled\")",
+                        "offload_activations", "recompute")
 
 
 def plan_loss(plan: Plan) -> str:

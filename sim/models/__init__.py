@@ -24,6 +24,7 @@ from sim.models import amoebanet, cnn, gpt, hf_config, llama, moe, supernet, uni
 from sim.models.blocks import BLOCKS
 from sim.models.graph import LayerGraph, canonical_spec
 from sim.models.loss import LOSSES
+from sim.models.offload import offload_blocks
 from sim.models.sharding import NO_SHARDING, Sharding
 
 __all__ = ["ModelEntry", "MODELS", "build_model", "format_model_list", "Sharding", "NO_SHARDING"]
@@ -88,6 +89,9 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     if sharding.blocks != BLOCKS[0] and name not in (llama.NAME, moe.NAME):
         raise SpecError(f"{sharding.blocks} blocks (--blocks) are modelled for the llama and moe families only, got "
                         f"{spec!r}")
+    if sharding.offloaded_blocks and name not in (llama.NAME, moe.NAME):
+        raise SpecError(f"activation offloading (--offload-activations) is modelled for the llama and moe families "
+                        f"only, got {spec!r}")
     if sharding.shapes_experts and name != moe.NAME:
         raise SpecError(f"expert parallelism, routing and capacity belong to the moe family, got {spec!r} with "
                         f"{sharding.describe()}")
@@ -103,7 +107,7 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     # A sharding that changes nothing (tp = 1, no selective recomputation) builds the whole model, as it always has.
     graph = entry.build_shard(params, sharding) if sharding.changes_model else entry.build(params)  # type: ignore[misc]
     params.finish()  # each build already does; this guards a model that forgets
-    return graph
+    return offload_blocks(graph, sharding.offloaded_blocks) if sharding.offloaded_blocks else graph
 
 
 #: Most layers (``layers``, supernet ``blocks``) one model may have. A graph of 100,000 layers builds and partitions

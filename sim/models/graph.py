@@ -203,6 +203,9 @@ class Layer:
         backward_workspace_bytes: transient bytes per sample alive only while the layer's backward runs, beyond the
             gradients it makes; ``None``: the same as ``workspace_bytes`` (the head's loss differs:
             :mod:`sim.models.loss`).
+        activations_offloaded: the layer's saved activations leave for host memory as its forward makes them and
+            come back for its backward (Transformer Engine's CPU offloading, :mod:`sim.models.offload`), so the
+            device does not keep them between the two.
     """
 
     name: str
@@ -224,6 +227,7 @@ class Layer:
     elementwise_bytes: int = 0
     expert_param_bytes: int = 0
     backward_workspace_bytes: int | None = None
+    activations_offloaded: bool = False
 
     def __post_init__(self) -> None:
         for attr in ("name", "kind"):
@@ -242,6 +246,9 @@ class Layer:
         if backward is not None and (isinstance(backward, bool) or not isinstance(backward, int) or backward < 0):
             raise ValueError(f"layer {self.name!r}: backward_workspace_bytes must be None or an int >= 0, got "
                              f"{backward!r}")
+        if not isinstance(self.activations_offloaded, bool):
+            raise ValueError(f"layer {self.name!r}: activations_offloaded must be True or False, got "
+                             f"{self.activations_offloaded!r}")
         if self.expert_param_bytes > self.param_bytes:
             raise ValueError(f"layer {self.name!r}: expert_param_bytes {self.expert_param_bytes} exceeds param_bytes "
                              f"{self.param_bytes}")

@@ -70,6 +70,8 @@ class Sharding:
             ``--blocks``), which decides what a block keeps for its backward (:mod:`sim.models.blocks`).
         saved_input_bytes: bytes per element of a linear's input as a ``transformer-engine`` block keeps it for the
             weight gradient (w of :mod:`sim.models.blocks`): 2 in bf16, less under a narrow precision.
+        offloaded_blocks: how many of the first decoder blocks keep their activations in host memory between the
+            forward and the backward (``--offload-activations``, :mod:`sim.models.offload`); 0: none.
     """
 
     tp: int = 1
@@ -84,12 +86,16 @@ class Sharding:
     loss: str = LOSSES[0]
     blocks: str = BLOCKS[0]
     saved_input_bytes: float = DTYPE_BYTES
+    offloaded_blocks: int = 0
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"parallel degree {name} must be an int >= 1, got {value!r}")
+        offloaded = self.offloaded_blocks
+        if isinstance(offloaded, bool) or not isinstance(offloaded, int) or offloaded < 0:
+            raise ValueError(f"Sharding.offloaded_blocks must be an int >= 0, got {offloaded!r}")
         if not isinstance(self.routing, Routing):
             raise ValueError(f"Sharding.routing must be a Routing, got {self.routing!r}")
         factor = self.capacity_factor
@@ -114,10 +120,10 @@ class Sharding:
     @property
     def changes_model(self) -> bool:
         """Whether a graph built with this sharding can differ from the whole model's: ``tp > 1``, ``cp > 1``,
-        selective recomputation, a loss or blocks other than the default or any expert setting (sequence parallelism
-        alone, at ``tp = 1``, is a no-op)."""
+        selective recomputation, a loss or blocks other than the default, offloaded activations or any expert setting
+        (sequence parallelism alone, at ``tp = 1``, is a no-op)."""
         return (self.tp > 1 or self.cp > 1 or self.selective_recompute or self.loss != LOSSES[0]
-                or self.blocks != BLOCKS[0] or self.shapes_experts)
+                or self.blocks != BLOCKS[0] or self.offloaded_blocks > 0 or self.shapes_experts)
 
     @property
     def shapes_experts(self) -> bool:
@@ -141,6 +147,8 @@ class Sharding:
         if self.blocks != BLOCKS[0]:
             parts.append(f"{self.blocks} blocks" + (f" keeping {self.saved_input_bytes:g}-byte linear inputs"
                                                     if self.saved_input_bytes != DTYPE_BYTES else ""))
+        if self.offloaded_blocks:
+            parts.append(f"{self.offloaded_blocks} blocks' activations offloaded")
         return ", ".join(parts)
 
 

@@ -15,7 +15,7 @@ from sim.core.errors import SpecError
 from sim.cost.cost_view import CostView
 from sim.cost.oracle import CostOracle
 from sim.cost.plan_costs import PlanCosts, check_graph, plan_costs, sharded_graph
-from sim.cost.plan_settings import BLOCKS_OPTION, EP_DISPATCHER_OPTION, LOSS_OPTION
+from sim.cost.plan_settings import BLOCKS_OPTION, EP_DISPATCHER_OPTION, LOSS_OPTION, OFFLOAD_OPTION
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
 from sim.ir.ops import INPUT_GRADIENT_KINDS
@@ -259,7 +259,9 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
                              + (((EP_DISPATCHER_OPTION, inputs.ep_dispatcher),)
                                 if inputs.ep_dispatcher != DISPATCHERS[0] else ())
                              + (((LOSS_OPTION, inputs.loss),) if inputs.loss != LOSSES[0] else ())
-                             + (((BLOCKS_OPTION, inputs.blocks),) if inputs.blocks != BLOCKS[0] else ()))),
+                             + (((BLOCKS_OPTION, inputs.blocks),) if inputs.blocks != BLOCKS[0] else ())
+                             + (((OFFLOAD_OPTION, inputs.offload_activations),)
+                                if inputs.offload_activations else ()))),
     )
     if inputs.recompute_mode == "selective":
         if any(op.kind is OpKind.R for program in programs for op in program):
@@ -355,14 +357,14 @@ def place_layers(inputs: PlanInputs, profile: MeasuredProfile | None, topology: 
 
 def inputs_graph(inputs: PlanInputs, layout: Parallelism) -> LayerGraph:
     """The model as one device of ``layout`` holds it under these inputs: their recomputation, routing, capacity
-    factor, token dispatcher, loss and blocks (:func:`sim.cost.plan_costs.sharded_graph`)."""
+    factor, token dispatcher, loss, blocks and offloaded activations (:func:`sim.cost.plan_costs.sharded_graph`)."""
     _check_dispatcher(inputs, layout)
     _check_float8_gather(inputs)
     if inputs.loss not in LOSSES:
         raise SpecError(f"{{loss}} must be one of {', '.join(LOSSES)}, got {inputs.loss!r}", "loss")
     return sharded_graph(inputs.model, layout, inputs.recompute_mode, parse_routing(inputs.routing),
                          inputs.capacity_factor, inputs.ep_dispatcher, loss=inputs.loss, blocks=inputs.blocks,
-                         precision=inputs.precision)
+                         precision=inputs.precision, offloaded_blocks=inputs.offload_activations)
 
 
 def inputs_costs(inputs: PlanInputs, profile: MeasuredProfile | None, topology: Topology,

@@ -90,6 +90,9 @@ class PlanInputs:
         blocks: the modules the framework builds each decoder block from (``--blocks``, one of
             :data:`sim.models.blocks.BLOCKS`): ``eager`` (PyTorch modules, torchtitan's) or ``transformer-engine``
             (Megatron-Core's Transformer Engine layers); it decides what a block keeps for its backward.
+        offload_activations: the first N decoder blocks keep their activations in host memory between forward and
+            backward (``--offload-activations``, Megatron-Core's ``cpu_offloading_num_layers``;
+            :mod:`sim.models.offload`); 0: none.
     """
 
     model: str
@@ -133,6 +136,7 @@ class PlanInputs:
     grad_bucket_params: int = 0
     loss: str = "fused"
     blocks: str = "eager"
+    offload_activations: int = 0
 
     @property
     def recompute_mode(self) -> str:
