@@ -20,11 +20,13 @@ captures the full iteration (:data:`FULL_ITERATION_GRAPHS_FROM`; the fused group
 that came with it are named in ``unmodelled``); the precision: BF16 as the model's own, FP8-CS as ``fp8``, FP8-MX and
 MXFP8 as ``mxfp8``, NVFP4 as ``nvfp4``, and the unqualified "FP8" of 26.02 on and the unlabelled 25.09 rows as ``fp8``
 (the file does not define them: named in the row's ``unmodelled`` column). Routing is balanced and dropless, as the file
-says the MoE benchmarks force. No recomputation is modelled: the tables do not publish it, and what the recipes keep in
-memory (:data:`RECIPE_MEMORY`, read at each container's tag: no row recomputes whole layers; DeepSeek-V3 and GPT-OSS on
-GB200 recompute named modules, the FP8 Llama 3 configs with FSDP offload activations to the CPU) is named in each row's
-``unmodelled`` column, not yet applied (the predicted peak memory is reported; a row the ledger says does not fit is
-still timed).
+says the MoE benchmarks force. Every block is Megatron-Core's of Transformer Engine layers (``--blocks
+transformer-engine``: the linears keep their inputs as they multiply them, the SwiGLU is fused). What the recipes keep
+in memory (:data:`RECIPE_MEMORY`, read at each container's tag; the tables do not publish it) is applied where the
+product models it: the FP8 Llama 3 configs with FSDP offload the activations of their first layers to the CPU
+(``cpu_offloading_num_layers``, as ``--offload-activations``); no row recomputes whole layers, and the named modules
+DeepSeek-V3 and GPT-OSS recompute on GB200 are not applied (named in each row's ``unmodelled`` column). The predicted
+peak memory is reported; a row the ledger says does not fit is still timed.
 
 Racks of 64 [assumed]: the file does not say how the GPUs were allocated. Filled in order as ``NxGB200`` hands
 them out (domains of 72, the last partial), a 256-GPU job with 32 or 64 devices per pipeline stage has a stage whose
@@ -63,8 +65,8 @@ from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
 __all__ = ["DATA", "RECIPE_MEMORY", "EP_OVERLAP_FROM", "FULL_ITERATION_GRAPHS_FROM", "DDP_BUCKET_PARAMS", "Row",
-           "Result", "load_rows", "recipe_memory", "expressible", "ep_overlap", "tp_comm_overlap", "dp_comm_overlap",
-           "plan_inputs", "predict_row", "newest", "summary", "parser", "run", "report", "write"]
+           "Result", "load_rows", "recipe_memory", "offloaded_layers", "expressible", "ep_overlap", "tp_comm_overlap",
+           "dp_comm_overlap", "plan_inputs", "predict_row", "newest", "summary", "parser", "run", "report", "write"]
 
 DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
 #: What each row's recipe keeps in memory, read from Megatron-Bridge's workload configs at its container's tag
@@ -265,12 +267,24 @@ def plan_inputs(row: Row) -> PlanInputs:
         cp_comm="allgather" if row.cp > 1 else "ring", precision=_precision(row), compiled=True,
         ep_overlap=ep_overlap(row), cuda_graphs=_from(FULL_ITERATION_GRAPHS_FROM, row),
         async_tp=tp_comm_overlap(row), grad_overlap=dp_comm_overlap(row), param_gather_overlap=dp_comm_overlap(row),
-        grad_bucket_params=DDP_BUCKET_PARAMS if dp_comm_overlap(row) else 0)
+        grad_bucket_params=DDP_BUCKET_PARAMS if dp_comm_overlap(row) else 0, blocks="transformer-engine",
+        offload_activations=offloaded_layers(row))
+
+
+def offloaded_layers(row: Row) -> int:
+    """The layers whose activations ``row``'s recipe offloads to the CPU (``cpu_offloading_num_layers`` where the
+    recipe sets ``cpu_offloading=True``, :func:`recipe_memory`); 0 for none or a row whose recipe was not read."""
+    settings = recipe_memory(row)
+    offloading = settings["offloading"] if settings is not None else ""
+    if not offloading.startswith("cpu_offloading=True"):
+        return 0
+    return int(offloading.rsplit("cpu_offloading_num_layers=", 1)[-1].split(",")[0].strip())
 
 
 def _recipe_memory_gaps(row: Row) -> list[str]:
     """What of the recipe's memory settings (:func:`recipe_memory`) the prediction does not apply: its selective
-    recomputation of named modules, its CPU offloading of activations, and whether the recipe read is uncertain."""
+    recomputation of named modules, and whether the recipe read is uncertain (its CPU offloading is applied:
+    :func:`offloaded_layers`)."""
     settings = recipe_memory(row)
     if settings is None:
         return ["the recipe's memory settings not read"]
@@ -278,10 +292,6 @@ def _recipe_memory_gaps(row: Row) -> list[str]:
     modules = settings["recompute_modules"]
     if settings["recompute_granularity"] == "selective" and modules.startswith("[") and not modules.startswith("[]"):
         gaps.append(f"the recipe's selective recomputation of {modules[:modules.index(']') + 1]} not applied")
-    offloading = settings["offloading"]
-    if offloading.startswith("cpu_offloading=True"):
-        layers = offloading.rsplit("cpu_offloading_num_layers=", 1)[-1]
-        gaps.append(f"the recipe's CPU offloading of {layers} layers' activations not modelled")
     if "UNCERTAIN" in settings["other_memory_settings"]:
         gaps.append("the recipe's memory settings uncertain (no config matches the row exactly)")
     return gaps

@@ -97,5 +97,6 @@ def test_sim_run_names_the_flags_in_one_line(tmp_path, capsys):
               "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.count("\n") == 1, err
-    assert err.startswith("error: --offload-activations is not modelled beside pipeline parallelism") and "--pp 2" in err
+    assert err.startswith("error: --offload-activations is not modelled beside pipeline parallelism"), err
+    assert "--pp 2" in err
     assert not (tmp_path / "out").exists()
