@@ -138,6 +138,7 @@ def test_each_row_names_what_of_its_recipes_memory_settings_is_not_applied():
     assert "the recipe's selective recomputation of ['mla_up_proj'] not applied" in mb.unmodelled(deepseek)
     llama = rows["26.04.01", "DGX-GB200", "LLAMA3_70B", "FP8"]  # FSDP: cpu_offloading_num_layers = 40, applied
     assert mb.offloaded_layers(llama) == 40 and mb.plan_inputs(llama).offload_activations == 40
+    assert {mb.plan_inputs(r).blocks for r in rows.values()} == {"transformer-engine"}  # Megatron-Core's TE layers
     assert not any("offloading" in item for item in mb.unmodelled(llama))
     assert mb.offloaded_layers(rows["26.04.01", "DGX-GB300", "LLAMA3_70B", "FP8"]) == 20
     small = rows["26.08", "DGX-GB200", "Qwen3_30B_a3B", "MXFP8"]  # nothing recomputed or offloaded
