@@ -200,28 +200,24 @@ def block_saved_bytes(shape: DecoderShape, tp: int = 1, selective_recompute: boo
     h, d, f, s = shape.hidden, shape.head_dim, shape.ffn, shape.seq
     q, kv = shape.heads * d, shape.kv_heads * d
     between = tp if sequence_parallel else 1  # how many ways the tensors between the TP regions are split
-    if blocks == TRANSFORMER_ENGINE:
-        if selective_recompute:
+    if selective_recompute:
+        if blocks == TRANSFORMER_ENGINE:
             raise SpecError("the llama family's selective recomputation is torchtitan's per-op policy; with "
                             "transformer-engine blocks it is not modelled (use --recompute none or full)")
-        w = saved_input_bytes
-        quantized_copy = w if w < DTYPE_BYTES else 0  # in bf16 the o projection keeps the attention's own output
-        replicated = (DTYPE_BYTES * 2 * s * h + w * 2 * s * h + FP32_BYTES * 2 * s) / between
-        split = (DTYPE_BYTES * (2 * s * q + 2 * s * kv) + FP32_BYTES * s * shape.heads + quantized_copy * s * q
-                 + 2 * DTYPE_BYTES * s * f + w * s * f)
-        if shape.qk_norm:
-            split += DTYPE_BYTES * s * (q + kv) + FP32_BYTES * s * (shape.heads + shape.kv_heads)
-        return int(replicated + split / tp)
-    if selective_recompute:
         # o and down are row-parallel: each rank's mm output is a whole-width partial sum
         width = {"wq": q // tp, "wk": kv // tp, "wv": kv // tp, "wo": h, "w1": f // tp, "w3": f // tp, "w2": h}
         kept = sum(width[name] for name in sac_saved_linears(shape.qkv_bias)) + q // tp
         return DTYPE_BYTES * s * (kept + h // between) + FP32_BYTES * s * (shape.heads // tp)
-    replicated = (DTYPE_BYTES * 4 * s * h + FP32_BYTES * 2 * s) // between
-    split = DTYPE_BYTES * (2 * s * q + 2 * s * kv + 4 * s * f) + FP32_BYTES * s * shape.heads
+    w = saved_input_bytes  # 2 but in a transformer-engine block under a narrow precision
+    quantized_copy = w if w < DTYPE_BYTES else 0  # in bf16 the o projection keeps the attention's own output
+    # eager: gate, up, SiLU and product; Megatron's fused bias-SwiGLU: fc1's output (gate and up), and fc2 its input
+    swiglu = DTYPE_BYTES * 4 * s * f if blocks == EAGER else 2 * DTYPE_BYTES * s * f + w * s * f
+    replicated = (DTYPE_BYTES * 2 * s * h + w * 2 * s * h + FP32_BYTES * 2 * s) // between
+    split = (DTYPE_BYTES * (2 * s * q + 2 * s * kv) + FP32_BYTES * s * shape.heads + quantized_copy * s * q
+             + swiglu)
     if shape.qk_norm:
         split += DTYPE_BYTES * s * (q + kv) + FP32_BYTES * s * (shape.heads + shape.kv_heads)
-    return replicated + split // tp
+    return int(replicated + split // tp)
 
 
 def _shape(values: dict[str, int], spec: str) -> DecoderShape:

@@ -92,7 +92,6 @@ from dataclasses import dataclass, replace
 
 from sim.core.errors import SpecError
 from sim.core.spec import SpecParams
-from sim.models.blocks import EAGER, TRANSFORMER_ENGINE
 from sim.models.graph import Layer, LayerGraph, MixturePart, MlaPart, TransformerPart, canonical_spec
 from sim.models.llama import DecoderShape
 from sim.models.loss import loss_bytes
@@ -426,7 +425,7 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
             name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
             param_bytes=DTYPE_BYTES * block_params(shape, i, t, ep * etp), activation_bytes=boundary,
             expert_param_bytes=DTYPE_BYTES * expert_params(shape, ep * etp) if mixture else 0,
-            saved_bytes=block_saved_bytes(local, i, t, sp, mixture, selective=selective, blocks=sharding.blocks,
+            saved_bytes=block_saved_bytes(local, i, t, sp, mixture, selective=selective,
                                           saved_input_bytes=sharding.saved_input_bytes),
             recompute_flops=float(selective_recompute_flops(local, t)) if selective else 0.0, fwd=comm, bwd=comm,
             transformer=TransformerPart("block", **{**common, "window": window}, moe=mixture, selective=selective)))
@@ -466,7 +465,7 @@ def _mtp_layer(shape: MoeShape, local: MoeShape, sharding: Sharding, common: dic
         param_bytes=DTYPE_BYTES * mtp_params(shape, t, ep_shards), activation_bytes=2 * boundary,
         expert_param_bytes=DTYPE_BYTES * expert_params(shape, ep_shards) if mixture else 0,
         saved_bytes=inputs + block_saved_bytes(local, index, t, sp, mixture, selective=selective,
-                                               blocks=sharding.blocks, saved_input_bytes=sharding.saved_input_bytes),
+                                               saved_input_bytes=sharding.saved_input_bytes),
         recompute_flops=float(selective_recompute_flops(local, t)) if selective else 0.0, fwd=comm, bwd=comm,
         transformer=TransformerPart("block", **common, moe=mixture, selective=selective, mtp=1))
 
@@ -499,7 +498,7 @@ def selective_recompute_flops(shape: MoeShape, tp: int = 1) -> int:
 
 
 def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_parallel: bool = False,
-                      mixture: MixturePart | None = None, *, selective: bool = False, blocks: str = EAGER,
+                      mixture: MixturePart | None = None, *, selective: bool = False,
                       saved_input_bytes: float = DTYPE_BYTES) -> int:
     """Bytes block ``index``'s shard keeps for its backward per sample of ``shape.seq`` tokens (module docstring):
     between the tensor-parallel regions replicated, or split by ``tp`` under ``sequence_parallel``; the attention's
@@ -507,71 +506,39 @@ def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_paralle
     sequence parallelism, all of them without tensor parallelism), its experts' on the tokens ``mixture`` routes to
     this device (balanced over the whole model's experts when not given); under ``selective`` (recomputation) without
     the two block norms' outputs and statistics, the routed experts' SwiGLU output, and latent attention's q, k, v.
-    ``transformer-engine`` ``blocks`` keep every linear's input at ``saved_input_bytes`` per element
-    (:mod:`sim.models.blocks`): the norms' outputs (the latents' too), the routed tokens entering the experts, each
-    SwiGLU's down-projection input, and under a narrow precision the o projection's quantized input beside the
-    attention's output; in bf16 this is the count above."""
-    if blocks == TRANSFORMER_ENGINE:
-        return _engine_block_saved_bytes(shape, index, tp, sequence_parallel, mixture, selective, saved_input_bytes)
+    Each linear's input is kept at ``saved_input_bytes`` per element (w of :mod:`sim.models.blocks`: the training
+    dtype's 2, or narrower in a ``transformer-engine`` block under a narrow precision): the norms' outputs (the
+    latents' too), the routed tokens entering the experts, each SwiGLU's down-projection input, and, when narrower,
+    the o projection's quantized input beside the attention's output."""
+    w = saved_input_bytes
     s, h, a = shape.seq, shape.hidden, shape.heads
     between = tp if sequence_parallel else 1
-    replicated = DTYPE_BYTES * 4 * s * h + FP32_BYTES * 2 * s  # output, two norms' outputs, residual; statistics
-    if selective:  # Megatron-Core's "layernorm": the norms recomputed from their inputs, the output and residual kept
-        replicated = DTYPE_BYTES * 2 * s * h
+    # the output and the residual sum; the two norms' outputs (the qkv and fc1 projections' inputs) and statistics,
+    # unless Megatron-Core's "layernorm" recomputes the norms from their inputs
+    replicated = DTYPE_BYTES * 2 * s * h + (0 if selective else w * 2 * s * h + FP32_BYTES * 2 * s)
     q, kv_out = a * shape.qk_dim, (a * (shape.qk_dim + shape.value_dim) if shape.latent
                                    else 2 * shape.kv_heads * shape.head_dim)
     if selective and shape.latent:  # "mla_up_proj": the up-projections' outputs (q, k, v) recomputed from the latents
         q = kv_out = 0
-    split = DTYPE_BYTES * s * (q + kv_out + a * shape.value_dim) + FP32_BYTES * s * a
-    if shape.latent:  # the latents (norm inputs and outputs) and their statistics, replicated across the TP ranks
-        replicated += DTYPE_BYTES * 2 * s * (shape.q_lora + shape.kv_lora + shape.rope_dim) + FP32_BYTES * 2 * s
-    elif shape.qk_norm:
-        split += DTYPE_BYTES * s * (q + shape.kv_heads * shape.head_dim) + FP32_BYTES * s * (a + shape.kv_heads)
-    if not is_moe_layer(shape, index):
-        return replicated // between + (split + DTYPE_BYTES * 3 * s * shape.ffn) // tp
-    tokens = s // tp if sequence_parallel else s  # what enters the router on this rank
-    k = shape.topk
-    part = mixture or MixturePart(shape.experts, k, shape.expert_ffn)
-    received = sum(part.expert_tokens(tokens))  # the tokens this device's experts compute
-    kept = (FP32_BYTES * tokens * shape.experts + INDEX_BYTES * tokens * k  # router scores, top-k indices
-            # the experts' input and their SwiGLU's fc1 output and activation ("moe_act" recomputes the activation)
-            + DTYPE_BYTES * received * (h + (2 if selective else 3) * shape.expert_ffn // part.etp)
-            + DTYPE_BYTES * tokens * k * h  # the experts' outputs, back at their tokens' device
-            + DTYPE_BYTES * 3 * tokens * shape.shared_ffn)
-    return replicated // between + split // tp + kept
-
-
-def _engine_block_saved_bytes(shape: MoeShape, index: int, tp: int, sequence_parallel: bool,
-                              mixture: MixturePart | None, selective: bool, w: float) -> int:
-    """:func:`block_saved_bytes` of a Transformer Engine block whose linears keep their inputs at ``w`` bytes per
-    element (the tensors as there, the linears' inputs at ``w``)."""
-    s, h, a = shape.seq, shape.hidden, shape.heads
-    between = tp if sequence_parallel else 1
-    # the output and the residual sum in bf16; the two norms' outputs are the qkv and fc1 projections' inputs
-    replicated = DTYPE_BYTES * 2 * s * h + (0 if selective else w * 2 * s * h + FP32_BYTES * 2 * s)
-    q, kv_out = a * shape.qk_dim, (a * (shape.qk_dim + shape.value_dim) if shape.latent
-                                   else 2 * shape.kv_heads * shape.head_dim)
-    if selective and shape.latent:
-        q = kv_out = 0
     quantized_copy = w if w < DTYPE_BYTES else 0  # in bf16 the o projection keeps the attention's own output
     split = (DTYPE_BYTES * s * (q + kv_out + a * shape.value_dim) + FP32_BYTES * s * a
              + quantized_copy * s * a * shape.value_dim)
-    if shape.latent:  # the latents' norm inputs in bf16, their outputs (the up-projections' inputs) at w
-        latent = shape.q_lora + shape.kv_lora
+    if shape.latent:  # the latents' norm inputs, their outputs (the up-projections' inputs) and their statistics,
+        latent = shape.q_lora + shape.kv_lora  # replicated across the TP ranks
         replicated += (DTYPE_BYTES * s * (latent + shape.rope_dim) + w * s * latent + DTYPE_BYTES * s * shape.rope_dim
                        + FP32_BYTES * 2 * s)
     elif shape.qk_norm:
         split += DTYPE_BYTES * s * (q + shape.kv_heads * shape.head_dim) + FP32_BYTES * s * (a + shape.kv_heads)
-    if not is_moe_layer(shape, index):
-        return int(replicated / between + (split + (2 * DTYPE_BYTES + w) * s * shape.ffn) / tp)
-    tokens = s // tp if sequence_parallel else s
+    if not is_moe_layer(shape, index):  # the dense SwiGLU: fc1's output and fc2's input
+        return int(replicated // between + (split + (2 * DTYPE_BYTES + w) * s * shape.ffn) // tp)
+    tokens = s // tp if sequence_parallel else s  # what enters the router on this rank
     k = shape.topk
     part = mixture or MixturePart(shape.experts, k, shape.expert_ffn)
-    received = sum(part.expert_tokens(tokens))
-    width = shape.expert_ffn / part.etp
-    kept = (FP32_BYTES * tokens * shape.experts + INDEX_BYTES * tokens * k
+    received = sum(part.expert_tokens(tokens))  # the tokens this device's experts compute
+    width = shape.expert_ffn // part.etp  # etp divides expert_ffn (checked when the model is built)
+    kept = (FP32_BYTES * tokens * shape.experts + INDEX_BYTES * tokens * k  # router scores, top-k indices
             # the routed tokens as fc1 keeps them, its output, and fc2's input unless "moe_act" recomputes it
             + received * (w * h + 2 * DTYPE_BYTES * width + (0 if selective else w * width))
-            + DTYPE_BYTES * tokens * k * h
+            + DTYPE_BYTES * tokens * k * h  # the experts' outputs, back at their tokens' device
             + (2 * DTYPE_BYTES + w) * tokens * shape.shared_ffn)
-    return int(replicated / between + split / tp + kept)
+    return int(replicated // between + split // tp + kept)
