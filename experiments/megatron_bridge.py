@@ -7,7 +7,9 @@ Each row becomes the ``sim.run`` inputs its columns mean (:func:`plan_inputs`): 
 length; on GB200 and GB300, racks of 64 of the job's GPUs (``M × 64 × GB200``; 72 or fewer GPUs, one domain), on B300
 ``N/8 × 8 × B300``; ``--tp`` (with sequence parallelism, which Megatron-Core requires of a mixture under TP and the
 recipes set), ``--pp`` (``--schedule interleaved --chunks VP`` where VP > 1, else 1F1B), ``--cp``, ``--ep``, DP the GPUs
-left; FSDP > 0 as ``--zero 3`` over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer
+left; micro-batches of the row's ``mbs`` (where a parenthesised variant shares the outer one's cell and only its own
+accumulation count balances the global batch, the size that count implies: :func:`microbatch_size`); FSDP > 0 as
+``--zero 3`` over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer
 (``--zero 1``, the recipes' default, [assumed]: the file does not say); the global batch in microbatches of the row's
 size; Transformer Engine's fused kernels (``--compile``); Transformer Engine's tensor-parallel communication overlap
 where the recipe keeps it (Llama 3 under TP > 1 but in NVFP4, :func:`tp_comm_overlap`) as ``--async-tp``; the
@@ -65,8 +67,9 @@ from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
 __all__ = ["DATA", "RECIPE_MEMORY", "EP_OVERLAP_FROM", "FULL_ITERATION_GRAPHS_FROM", "DDP_BUCKET_PARAMS", "Row",
-           "Result", "load_rows", "recipe_memory", "offloaded_layers", "expressible", "ep_overlap", "tp_comm_overlap",
-           "dp_comm_overlap", "plan_inputs", "predict_row", "newest", "summary", "parser", "run", "report", "write"]
+           "Result", "microbatch_size", "load_rows", "recipe_memory", "offloaded_layers", "expressible", "ep_overlap",
+           "tp_comm_overlap", "dp_comm_overlap", "plan_inputs", "predict_row", "newest", "summary", "parser", "run",
+           "report", "write"]
 
 DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
 #: What each row's recipe keeps in memory, read from Megatron-Bridge's workload configs at its container's tag
@@ -123,7 +126,9 @@ UNDEFINED_PRECISIONS = frozenset({"FP8", ""})
 
 @dataclass(frozen=True)
 class Row:
-    """One published pre-training row (the columns read; ``experiments/data/megatron-bridge/README.md``)."""
+    """One published pre-training row (the columns read; ``experiments/data/megatron-bridge/README.md``).
+    ``accumulation`` is the published GA column (0 where the table has none); ``mbs`` is :func:`microbatch_size`'s
+    reading of the row."""
 
     line: int
     container: str
@@ -143,6 +148,7 @@ class Row:
     ep: int
     tokens_per_s_per_gpu: float
     source_line: int = 0
+    accumulation: int = 0
 
     @property
     def config(self) -> tuple:
@@ -161,6 +167,31 @@ def _count(text: str) -> int:
     return int(text) if text.strip() not in ("", "n/a") else 1
 
 
+def _data_parallel(entry: dict[str, str]) -> int:
+    """The data-parallel size of a file row: the GPUs over TP × PP × CP."""
+    return int(entry["n_gpus"]) // (_count(entry["tp"]) * _count(entry["pp"]) * _count(entry["cp"]))
+
+
+def microbatch_size(entry: dict[str, str]) -> int:
+    """The micro-batch size of a file row. The global batch is micro-batch × data-parallel size × accumulation steps
+    (``gbs = mbs × DP × GA``); where a parenthesised variant published its own layout and accumulation but shares the
+    outer variant's ``mbs`` cell, and the shared value breaks that product while the variant's GA divides it, the
+    variant's size is the one its GA implies: 25.09's Llama 3 70B on GB200, ``TP 1 (2), PP 1 (4), GA 1 (16)`` under
+    one ``mbs 2``, is 128 / (8 × 16) = 1, as its recipe says (``fp8_mx: mbs: 1, tp: 2, pp: 4, vp: 5``,
+    Megatron-Bridge v0.1.0rc3 ``scripts/performance/configs/llama3/llama3_70b_llm_pretrain.yaml`` lines 147-152). Any
+    other disagreement is left as published and named in the row's ``unmodelled`` column (:func:`unmodelled`)."""
+    mbs, gbs = int(entry["mbs"]), int(entry["gbs"])
+    if entry["variant"] != "inside_parentheses" or entry["ga"].strip() in ("", "n/a"):
+        return mbs
+    cells = [cell.strip() for cell in entry["raw_row"].strip().strip("|").split("|")]
+    mbs_cell = 3 if entry["container"] == "25.09" else 4  # 25.09's tables have no precision column (the README)
+    shared = "(" not in cells[mbs_cell]
+    per_step = _data_parallel(entry) * int(entry["ga"])
+    if shared and gbs != mbs * per_step and gbs % per_step == 0:
+        return gbs // per_step
+    return mbs
+
+
 def load_rows(path: Path = DATA) -> list[Row]:
     """Every pre-training row of ``path``, in file order."""
     rows = []
@@ -171,10 +202,11 @@ def load_rows(path: Path = DATA) -> list[Row]:
             rows.append(Row(
                 line=line, container=entry["container"], system=entry["system"], model=entry["model"],
                 gpus=int(entry["n_gpus"]), precision=entry["precision"], variant=entry["variant"],
-                gbs=int(entry["gbs"]), mbs=int(entry["mbs"]), seq=int(entry["seq_len"]),
+                gbs=int(entry["gbs"]), mbs=microbatch_size(entry), seq=int(entry["seq_len"]),
                 fsdp=int(entry["fsdp"]) if entry["fsdp"].strip() not in ("", "n/a") else 0, tp=_count(entry["tp"]),
                 pp=_count(entry["pp"]), cp=_count(entry["cp"]), vp=_count(entry["vp"]), ep=_count(entry["ep"]),
-                tokens_per_s_per_gpu=float(entry["tokens_per_sec_per_gpu"]), source_line=int(entry["source_line"])))
+                tokens_per_s_per_gpu=float(entry["tokens_per_sec_per_gpu"]), source_line=int(entry["source_line"]),
+                accumulation=_count(entry["ga"]) if entry["ga"].strip() not in ("", "n/a") else 0))
     return rows
 
 
@@ -305,6 +337,9 @@ def unmodelled(row: Row) -> tuple[str, ...]:
     if row.fsdp == 0 and row.gpus // (row.tp * row.pp) > 1:
         missing.append("distributed optimizer assumed")
     missing.extend(_recipe_memory_gaps(row))
+    if row.accumulation and row.gbs != row.mbs * row.accumulation * row.gpus // (row.tp * row.pp * row.cp):
+        missing.append(f"the published batch columns disagree (gbs {row.gbs} != mbs {row.mbs} x DP "
+                       f"{row.gpus // (row.tp * row.pp * row.cp)} x GA {row.accumulation}; costed at gbs and mbs)")
     if tp_comm_overlap(row):
         missing.append("Transformer Engine's TP overlap costed as async TP (the SMs its userbuffers take not modelled)")
     if _from(FULL_ITERATION_GRAPHS_FROM, row):

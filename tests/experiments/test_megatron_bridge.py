@@ -44,6 +44,22 @@ def test_rows_become_their_configuration():
     assert "precision not defined by the file (costed as fp8)" in mb.unmodelled(_row(70))
 
 
+def test_a_variant_sharing_the_outer_microbatch_cell_takes_the_size_its_accumulation_implies():
+    # 25.09, Llama 3 70B on 64 GB200s: "mbs 2" is shared, the parenthesised variant's TP 2 PP 4 GA 16 is its own,
+    # and gbs = mbs x DP x GA holds only at mbs 1 (128 = 1 x 8 x 16), as its recipe sets
+    outer, inner = _row(210), _row(211)
+    assert (outer.mbs, outer.accumulation, inner.mbs, inner.accumulation) == (2, 1, 1, 16)
+    for row in (r for r in mb.load_rows() if r.accumulation):  # every other row's batch columns agree as published
+        dp = row.gpus // (row.tp * row.pp * row.cp)
+        agrees = row.gbs == row.mbs * dp * row.accumulation
+        named = any("batch columns disagree" in gap for gap in mb.unmodelled(row)) if row.model in mb.MODELS else None
+        assert agrees or named, row.line
+    # 25.11's Qwen3-235B on 64 GB300s publishes gbs 8192, mbs 2, DP 64, GA 32: which cell is wrong is not known
+    qwen = _row(198)
+    assert qwen.gbs != qwen.mbs * 64 * qwen.accumulation
+    assert any("gbs 8192 != mbs 2 x DP 64 x GA 32" in gap for gap in mb.unmodelled(_row(198)))
+
+
 def test_only_each_configurations_newest_row_is_judged():
     rows = [r for r in mb.load_rows() if mb.expressible(r) is None]
     current = mb.newest(rows)
