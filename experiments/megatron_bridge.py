@@ -26,8 +26,10 @@ says the MoE benchmarks force. Every block is Megatron-Core's of Transformer Eng
 transformer-engine``: the linears keep their inputs as they multiply them, the SwiGLU is fused). What the recipes keep
 in memory (:data:`RECIPE_MEMORY`, read at each container's tag; the tables do not publish it) is applied where the
 product models it: the FP8 Llama 3 configs with FSDP offload the activations of their first layers to the CPU
-(``cpu_offloading_num_layers``, as ``--offload-activations``); no row recomputes whole layers, and the named modules
-DeepSeek-V3 and GPT-OSS recompute on GB200 are not applied (named in each row's ``unmodelled`` column). The predicted
+(``cpu_offloading_num_layers``, as ``--offload-activations``); no row recomputes whole layers; the modules DeepSeek-V3
+and GPT-OSS recompute selectively (``recompute_modules``: ``mla_up_proj``, ``moe_act``, ``layernorm``) are applied as
+``--recompute selective --recompute-modules`` (:func:`recomputed_modules`), except a list naming a module the product
+does not model (``mlp``, a whole-module checkpoint: named in the row's ``unmodelled`` column). The predicted
 peak memory is reported; a row the ledger says does not fit is still timed.
 
 Racks of 64 [assumed]: the file does not say how the GPUs were allocated. Filled in order as ``NxGB200`` hands
@@ -62,14 +64,15 @@ from experiments.published_rows import RowResult, device_peaks
 from experiments.scatter import accuracy_scatter_png, error_stats, target_line
 from sim.core.cli import CliParser
 from sim.core.fileio import write_bytes_atomic, write_text_atomic
+from sim.models.recompute_modules import RECOMPUTE_MODULES
 from sim.plan.build import build_plan
 from sim.plan.inputs import PlanInputs
 from sim.predict import predict_built
 
 __all__ = ["DATA", "RECIPE_MEMORY", "EP_OVERLAP_FROM", "FULL_ITERATION_GRAPHS_FROM", "DDP_BUCKET_PARAMS", "Row",
-           "Result", "microbatch_size", "load_rows", "recipe_memory", "offloaded_layers", "expressible", "ep_overlap",
-           "tp_comm_overlap", "dp_comm_overlap", "plan_inputs", "predict_row", "newest", "summary", "parser", "run",
-           "report", "write"]
+           "Result", "microbatch_size", "load_rows", "recipe_memory", "offloaded_layers", "recomputed_modules",
+           "expressible", "ep_overlap", "tp_comm_overlap", "dp_comm_overlap", "plan_inputs", "predict_row", "newest",
+           "summary", "parser", "run", "report", "write"]
 
 DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
 #: What each row's recipe keeps in memory, read from Megatron-Bridge's workload configs at its container's tag
@@ -300,7 +303,7 @@ def plan_inputs(row: Row) -> PlanInputs:
         ep_overlap=ep_overlap(row), cuda_graphs=_from(FULL_ITERATION_GRAPHS_FROM, row),
         async_tp=tp_comm_overlap(row), grad_overlap=dp_comm_overlap(row), param_gather_overlap=dp_comm_overlap(row),
         grad_bucket_params=DDP_BUCKET_PARAMS if dp_comm_overlap(row) else 0, blocks="transformer-engine",
-        offload_activations=offloaded_layers(row))
+        offload_activations=offloaded_layers(row), **_recomputation(row))
 
 
 def offloaded_layers(row: Row) -> int:
@@ -313,17 +316,47 @@ def offloaded_layers(row: Row) -> int:
     return int(offloading.rsplit("cpu_offloading_num_layers=", 1)[-1].split(",")[0].strip())
 
 
+def _recipe_modules(row: Row) -> tuple[str, ...]:
+    """The modules ``row``'s recipe recomputes selectively (``recompute_granularity = "selective"`` with a non-empty
+    ``recompute_modules`` list, :func:`recipe_memory`), as the recipe names them; empty for none."""
+    settings = recipe_memory(row)
+    if settings is None or settings["recompute_granularity"] != "selective":
+        return ()
+    text = settings["recompute_modules"]
+    if not text.startswith("["):
+        return ()
+    return tuple(name.strip().strip("'\"") for name in text[1:text.index("]")].split(",") if name.strip())
+
+
+def recomputed_modules(row: Row) -> tuple[str, ...]:
+    """The modules ``row``'s recipe recomputes selectively where the product models every one of them
+    (:data:`sim.models.recompute_modules.RECOMPUTE_MODULES`: DeepSeek-V3's ``mla_up_proj`` or ``moe_act``,
+    GPT-OSS's ``layernorm`` and ``moe_act``), in canonical order; empty for none, or for a list holding a module not
+    modelled (DeepSeek-V3's ``mlp`` in some recipes: named in ``unmodelled``)."""
+    named = _recipe_modules(row)
+    if not named or any(name not in RECOMPUTE_MODULES for name in named):
+        return ()
+    return tuple(name for name in RECOMPUTE_MODULES if name in named)
+
+
+def _recomputation(row: Row) -> dict[str, object]:
+    """``recompute`` and ``recompute_modules`` of ``row``'s inputs: selective recomputation of
+    :func:`recomputed_modules` where there are any, else none (no recipe recomputes whole layers)."""
+    modules = recomputed_modules(row)
+    return {"recompute": "selective", "recompute_modules": modules} if modules else {}
+
+
 def _recipe_memory_gaps(row: Row) -> list[str]:
     """What of the recipe's memory settings (:func:`recipe_memory`) the prediction does not apply: its selective
-    recomputation of named modules, and whether the recipe read is uncertain (its CPU offloading is applied:
-    :func:`offloaded_layers`)."""
+    recomputation of modules the product does not model, and whether the recipe read is uncertain (its CPU offloading
+    and its recomputation of modelled modules are applied: :func:`offloaded_layers`, :func:`recomputed_modules`)."""
     settings = recipe_memory(row)
     if settings is None:
         return ["the recipe's memory settings not read"]
     gaps = []
-    modules = settings["recompute_modules"]
-    if settings["recompute_granularity"] == "selective" and modules.startswith("[") and not modules.startswith("[]"):
-        gaps.append(f"the recipe's selective recomputation of {modules[:modules.index(']') + 1]} not applied")
+    named = _recipe_modules(row)
+    if named and not recomputed_modules(row):
+        gaps.append(f"the recipe's selective recomputation of {list(named)} not applied")
     if "UNCERTAIN" in settings["other_memory_settings"]:
         gaps.append("the recipe's memory settings uncertain (no config matches the row exactly)")
     return gaps

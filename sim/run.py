@@ -25,6 +25,7 @@ from pathlib import Path
 from sim.core.cli import CliParser, parse_byte_size
 from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_chunks_atomic
+from sim.cost.plan_settings import RECOMPUTE_MODULES_OPTION
 from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.faults.options import FaultOptions, FaultPrediction, predict_faults
@@ -32,6 +33,7 @@ from sim.ir.parallel import RESHARD_POLICIES
 from sim.models import MODELS, build_model
 from sim.models.blocks import BLOCKS
 from sim.models.loss import LOSSES
+from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, parse_recompute_modules
 from sim.models.routing import BALANCED, CAPACITY_FACTOR_HELP, ROUTING_HELP, parse_routing
 from sim.models.sharding import DISPATCHERS
 from sim.plan.build import build_plan
@@ -50,7 +52,7 @@ __all__ = ["main", "make_parser", "FLAGS"]
 FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--cp-comm", "order": "--rank-order",
          "ep": "--ep", "etp": "--etp", "routing": "--routing", "capacity_factor": "--capacity-factor",
          "ep_overlap": "--ep-overlap", "ep_dispatcher": "--ep-dispatcher", "loss": "--loss", "blocks": "--blocks",
-         "offload_activations": "--offload-activations",
+         "offload_activations": "--offload-activations", "recompute_modules": "--recompute-modules",
          "fsdp_float8_gather": "--fsdp-float8-all-gather", "async_tp": "--async-tp",
          "param_gather_overlap": "--param-gather-overlap", "grad_bucket_params": "--grad-bucket-size",
          "zero": "--zero",
@@ -97,7 +99,13 @@ def make_parser() -> argparse.ArgumentParser:
                         "input and recomputes it before the backward; selective recomputes part of each block inside "
                         "its backward: gpt the attention core (Megatron-LM, Korthikanti et al. 2022 §5), llama what "
                         "torchtitan's per-op policy does not keep, moe the norms, the experts' SwiGLU and MLA's "
-                        "up-projections (Megatron-Core's --recompute-modules layernorm moe_act mla_up_proj)")
+                        "up-projections (Megatron-Core's --recompute-modules layernorm moe_act mla_up_proj; fewer "
+                        "with --recompute-modules)")
+    parser.add_argument("--recompute-modules", type=_recompute_modules, default=DEFAULT_RECOMPUTE_MODULES,
+                        metavar="M[,M...]",
+                        help="with --recompute selective on a moe model, the Megatron-Core modules it recomputes: "
+                        f"a comma-separated list of {', '.join(RECOMPUTE_MODULES)} (default: all; DeepSeek-V3's "
+                        "Megatron-Bridge recipes recompute mla_up_proj alone)")
     parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration (default 8)")
     stream = parser.add_argument_group("stream (PARTIME) options")
     stream.add_argument("--frames", type=int, help="--schedule stream: frames of the stream, one per step (a frame is "
@@ -311,6 +319,7 @@ def _run(argv: list[str] | None) -> int:
         fsdp_float8_gather=args.fsdp_float8_gather, async_tp=args.async_tp,
         param_gather_overlap=args.param_gather_overlap, grad_bucket_params=args.grad_bucket_params,
         loss=args.loss, blocks=args.blocks, offload_activations=args.offload_activations,
+        recompute_modules=args.recompute_modules,
     )
     if fault_options != replace(FaultOptions(), seed=fault_options.seed):  # any long-run flag given
         fault_options.check()  # the long run's flags, before anything is simulated or printed
@@ -325,6 +334,8 @@ def _run(argv: list[str] | None) -> int:
     print(f"model {built.graph.summary()}{f' (one tensor-parallel shard of {tp})' if tp > 1 else ''}")
     chunks, recompute = plan.option("chunks"), plan.option("recompute")
     recompute_text = {True: ", activation recomputation", "selective": ", selective recomputation"}.get(recompute, "")
+    if plan.option(RECOMPUTE_MODULES_OPTION) is not None:
+        recompute_text += f" of {plan.option(RECOMPUTE_MODULES_OPTION)}"
     print(f"plan {plan.schedule}: {plan.num_vstages} stages on {plan.num_ranks} ranks"
           f"{f' ({chunks} chunks per rank, loop placement)' if chunks else ''}, layers per stage "
           f"{','.join(map(str, plan.placement.layer_counts()))}, {plan.num_microbatches} microbatches × "
@@ -435,6 +446,14 @@ def _device_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"not a list of device numbers: {text!r} (e.g. 4,5,6,7,0,1,2,3)") from None
 
 
+def _recompute_modules(text: str) -> tuple[str, ...]:
+    """``--recompute-modules mla_up_proj`` → the modules in canonical order (:mod:`sim.models.recompute_modules`)."""
+    try:
+        return parse_recompute_modules(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _group_lines(plan) -> str:
     """The first group of each kind, and how many there are, for the summary (plan.json lists them all)."""
     groups = plan.layout.groups()
@@ -455,6 +474,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--ep-overlap", args.ep_overlap), ("--ep-dispatcher", args.ep_dispatcher != DISPATCHERS[0]),
                         ("--loss", args.loss != LOSSES[0]), ("--blocks", args.blocks != BLOCKS[0]),
                         ("--offload-activations", args.offload_activations != 0),
+                        ("--recompute-modules", args.recompute_modules != DEFAULT_RECOMPUTE_MODULES),
                         ("--fsdp-float8-all-gather", args.fsdp_float8_gather), ("--async-tp", args.async_tp),
                         ("--param-gather-overlap", args.param_gather_overlap),
                         ("--grad-bucket-size", args.grad_bucket_params != 0),

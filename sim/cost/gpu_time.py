@@ -273,7 +273,7 @@ def _moe_block_seconds(part: TransformerPart, b: int, device: DeviceSpec, model:
     shape = MoeBlockShape(attention, mla, part.moe, mtp=bool(part.mtp))
     forward = moe_block_kernels(shape, backward=False, narrow=narrow, compiled=compiled)
     backward = moe_block_kernels(shape, backward=True, narrow=narrow, compiled=compiled,
-                                 selective_recompute=part.selective)
+                                 recomputed=part.recomputed)
     exchanges = [(model.host_collective_s, 0.0)] * expert_all_to_alls(part.moe)
     fwd = _with_exchange(_steps(forward, device, model, t, MOE_COLLECTIVE_AFTER), forward, part, exchange, False,
                          MOE_COLLECTIVE_AFTER) + exchanges

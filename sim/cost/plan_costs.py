@@ -31,6 +31,7 @@ from sim.cost.plan_settings import (
     plan_loss,
     plan_offload,
     plan_recompute,
+    plan_recompute_modules,
     plan_routing,
     plan_sharding,
     plan_state_shards,
@@ -42,6 +43,7 @@ from sim.ir.parallel import Parallelism
 from sim.ir.plan import Placement, Plan
 from sim.models import build_model
 from sim.models.graph import LayerGraph
+from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES
 from sim.models.routing import BALANCED, Routing
 from sim.models.sharding import Sharding
 
@@ -104,18 +106,20 @@ def plan_oracle(graph: LayerGraph, microbatch_size: int, profile: MeasuredProfil
 
 def sharded_graph(model: str, layout: Parallelism, recompute: str = "none", routing: Routing = BALANCED,
                   capacity_factor: float = 0.0, dispatcher: str = "all-to-all", *, loss: str = "fused",
-                  blocks: str = "eager", precision: str | None = None, offloaded_blocks: int = 0) -> LayerGraph:
+                  blocks: str = "eager", precision: str | None = None, offloaded_blocks: int = 0,
+                  recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES) -> LayerGraph:
     """The model ``model`` as one device of ``layout`` holds it, with recomputation ``recompute`` (``"none"``,
-    ``"full"``, ``"selective"``), a mixture's ``routing``, ``capacity_factor`` (0: dropless) and token
-    ``dispatcher``, the loss computed as ``loss`` (:data:`sim.models.loss.LOSSES`) and blocks built from ``blocks``
-    (:data:`sim.models.blocks.BLOCKS`) in ``precision``, the activations of the first ``offloaded_blocks`` blocks
-    offloaded to the host; kept per shard.
+    ``"full"``, ``"selective"``, the latter dropping ``recompute_modules`` in a moe-family block), a mixture's
+    ``routing``, ``capacity_factor`` (0: dropless) and token ``dispatcher``, the loss computed as ``loss``
+    (:data:`sim.models.loss.LOSSES`) and blocks built from ``blocks`` (:data:`sim.models.blocks.BLOCKS`) in
+    ``precision``, the activations of the first ``offloaded_blocks`` blocks offloaded to the host; kept per shard.
 
     Raises:
         SpecError: the model spec is invalid, or the layout does not divide it.
     """
     return _graph(model, plan_sharding(layout, recompute, routing, capacity_factor, dispatcher, loss=loss,
-                                       blocks=blocks, precision=precision, offloaded_blocks=offloaded_blocks))
+                                       blocks=blocks, precision=precision, offloaded_blocks=offloaded_blocks,
+                                       recompute_modules=recompute_modules))
 
 
 @lru_cache(maxsize=_GRAPHS_KEPT)
@@ -176,7 +180,7 @@ def written_plan_costs(plan: Plan, topology: Topology, profile: MeasuredProfile 
     layout, precision, compiled = plan.layout, plan.option("precision"), plan.option("compile", False) is True
     graph = sharded_graph(plan.model, layout, plan_recompute(plan), *plan_routing(plan), plan_dispatcher(plan),
                           loss=plan_loss(plan), blocks=plan_blocks(plan), precision=precision,
-                          offloaded_blocks=plan_offload(plan))
+                          offloaded_blocks=plan_offload(plan), recompute_modules=plan_recompute_modules(plan))
     check_graph(graph, layout, topology, precision=precision, compiled=compiled)
     return plan_costs(graph, topology, layout, plan.microbatch_size, profile, precision=precision,
                       cuda_graphs=bool(plan.option("cuda_graphs", False)), compiled=compiled)

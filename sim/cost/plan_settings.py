@@ -15,19 +15,23 @@ from sim.ir.plan import Plan
 from sim.models.blocks import BLOCKS, DTYPE_BYTES, TRANSFORMER_ENGINE
 from sim.models.graph import LayerGraph
 from sim.models.loss import LOSSES
+from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES, parse_recompute_modules
 from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import Sharding
 
 __all__ = ["plan_sharding", "check_expert_layout", "plan_state_shards", "plan_routing", "plan_loss",
            "plan_blocks", "plan_dispatcher", "plan_recompute", "saved_input_bytes", "EP_DISPATCHER_OPTION",
-           "LOSS_OPTION", "BLOCKS_OPTION", "OFFLOAD_OPTION", "plan_offload", "check_offload"]
+           "LOSS_OPTION", "BLOCKS_OPTION", "OFFLOAD_OPTION", "plan_offload", "check_offload",
+           "RECOMPUTE_MODULES_OPTION", "plan_recompute_modules", "check_recompute_modules_flag"]
 
 
 def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANCED,
                   capacity_factor: float = 0.0, dispatcher: str = "all-to-all", *, loss: str = LOSSES[0],
-                  blocks: str = BLOCKS[0], precision: str | None = None, offloaded_blocks: int = 0) -> Sharding:
+                  blocks: str = BLOCKS[0], precision: str | None = None, offloaded_blocks: int = 0,
+                  recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES) -> Sharding:
     """What one device holds of the model under ``layout`` with recomputation ``recompute`` (``"none"``, ``"full"``
-    or ``"selective"``): its tensor-parallel shard, sequence parallel or not, selectively recomputed or not, its
+    or ``"selective"``, the latter dropping ``recompute_modules`` in a moe-family block,
+    :mod:`sim.models.recompute_modules`): its tensor-parallel shard, sequence parallel or not, its
     share of the experts under ``routing`` and ``capacity_factor`` (:mod:`sim.models.routing`), exchanged by
     ``dispatcher`` (:data:`sim.models.sharding.DISPATCHERS`), its loss computed as ``loss``
     (:data:`sim.models.loss.LOSSES`), its blocks built from ``blocks`` (:data:`sim.models.blocks.BLOCKS`), whose
@@ -35,17 +39,19 @@ def plan_sharding(layout: Parallelism, recompute: str, routing: Routing = BALANC
     first ``offloaded_blocks`` blocks offloaded to the host (:mod:`sim.models.offload`).
 
     Raises:
-        SpecError: ``blocks`` unknown, a precision Transformer Engine has no recipe for, or an offload that is not a
-            whole number of blocks.
+        SpecError: ``blocks`` unknown, a precision Transformer Engine has no recipe for, an offload that is not a
+            whole number of blocks, or recompute modules without selective recomputation.
     """
     check_offload(layout, recompute, offloaded_blocks)
+    check_recompute_modules_flag(recompute, recompute_modules)
     if blocks not in BLOCKS:
         raise SpecError(f"{{blocks}} must be one of {', '.join(BLOCKS)}, got {blocks!r}", "blocks")
     width = saved_input_bytes(precision) if blocks == TRANSFORMER_ENGINE else DTYPE_BYTES
     return Sharding(tp=layout.tp, sequence_parallel=layout.sequence_parallel,
                     selective_recompute=recompute == "selective", cp=layout.cp, ep=layout.ep, etp=layout.etp,
                     routing=routing, capacity_factor=capacity_factor, dispatcher=dispatcher, loss=loss,
-                    blocks=blocks, saved_input_bytes=width, offloaded_blocks=offloaded_blocks)
+                    blocks=blocks, saved_input_bytes=width, offloaded_blocks=offloaded_blocks,
+                    recompute_modules=recompute_modules)
 
 
 #: The narrow formats Transformer Engine trains in (its recipes: ``Float8CurrentScaling``, ``MXFP8BlockScaling``,
@@ -146,6 +152,28 @@ def check_offload(layout: Parallelism, recompute: str, count: int) -> None:
         raise SpecError(f"{{offload_activations}} does not combine with {{recompute}} {recompute} (Megatron-Core: "
                         f"\"CPU offloading does not work when activation recomputation is enabled\")",
                         "offload_activations", "recompute")
+
+
+#: The plan option of ``--recompute-modules`` (recorded under selective recomputation when not the default set).
+RECOMPUTE_MODULES_OPTION = "recompute_modules"
+
+
+def plan_recompute_modules(plan: Plan) -> tuple[str, ...]:
+    """The modules the plan's selective recomputation drops in a moe-family block (option ``recompute_modules``, a
+    comma-separated list; :data:`sim.models.recompute_modules.DEFAULT_RECOMPUTE_MODULES` when absent)."""
+    value = plan.option(RECOMPUTE_MODULES_OPTION)
+    return DEFAULT_RECOMPUTE_MODULES if value is None else parse_recompute_modules(str(value))
+
+
+def check_recompute_modules_flag(recompute: str, modules: tuple[str, ...]) -> None:
+    """Refuse recompute modules other than the default without selective recomputation (they name what it drops).
+
+    Raises:
+        SpecError: naming the flags.
+    """
+    if modules != DEFAULT_RECOMPUTE_MODULES and recompute != "selective":
+        raise SpecError(f"{{recompute_modules}} {','.join(modules)} names what selective recomputation drops; it "
+                        f"needs {{recompute}} selective, got {recompute}", "recompute_modules", "recompute")
 
 
 def plan_loss(plan: Plan) -> str:

@@ -25,6 +25,7 @@ from sim.models.blocks import BLOCKS
 from sim.models.graph import LayerGraph, canonical_spec
 from sim.models.loss import LOSSES
 from sim.models.offload import offload_blocks
+from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES
 from sim.models.sharding import NO_SHARDING, Sharding
 
 __all__ = ["ModelEntry", "MODELS", "build_model", "format_model_list", "Sharding", "NO_SHARDING"]
@@ -92,6 +93,9 @@ def build_model(spec: str, sharding: Sharding = NO_SHARDING) -> LayerGraph:
     if sharding.offloaded_blocks and name not in (llama.NAME, moe.NAME):
         raise SpecError(f"activation offloading (--offload-activations) is modelled for the llama and moe families "
                         f"only, got {spec!r}")
+    if sharding.recompute_modules != DEFAULT_RECOMPUTE_MODULES and name != moe.NAME:
+        raise SpecError(f"--recompute-modules names Megatron-Core's modules of the moe family's blocks; {name}'s "
+                        f"selective recomputation is its own (drop --recompute-modules)")
     if sharding.shapes_experts and name != moe.NAME:
         raise SpecError(f"expert parallelism, routing and capacity belong to the moe family, got {spec!r} with "
                         f"{sharding.describe()}")

@@ -114,8 +114,9 @@ class TransformerPart:
         o_bias, sinks: the moe family's output-projection bias and per-head attention sinks (GPT-OSS).
         mla: the moe family's latent attention, or None for grouped-query attention.
         moe: the block's mixture of experts, or None for a dense block (and for the embedding and the head).
-        selective: the moe family's block under selective recomputation (:mod:`sim.models.moe`: its norms, experts'
-            SwiGLU and latent up-projections recomputed at the start of its backward).
+        recomputed: the moe family's block under selective recomputation: the output-discarding modules it re-runs at
+            the start of its backward (:mod:`sim.models.recompute_modules`: its norms, experts' SwiGLU, latent
+            up-projections); empty: none.
         mtp: the moe family's multi-token prediction: on a block, 1 when it is the MTP module's (its two input norms
             and the 2h → h projection before the block); on the head, the MTP modules whose prediction the shared
             output head scores besides the main one (0: none).
@@ -140,7 +141,7 @@ class TransformerPart:
     sinks: bool = False
     mla: MlaPart | None = None
     moe: MixturePart | None = None
-    selective: bool = False
+    recomputed: tuple[str, ...] = ()
     mtp: int = 0
 
     def __post_init__(self) -> None:
@@ -152,8 +153,8 @@ class TransformerPart:
             raise ValueError(f"a {self.family} transformer part needs kv_heads, head_dim and ffn >= 1")
         if self.family != "moe" and (self.mla or self.moe or self.o_bias or self.sinks):
             raise ValueError("latent attention, experts, output biases and sinks belong to the moe family")
-        if self.family != "moe" and (self.selective or self.mtp):
-            raise ValueError("the selective flag and multi-token prediction belong to the moe family's parts")
+        if self.family != "moe" and (self.recomputed or self.mtp):
+            raise ValueError("recomputed modules and multi-token prediction belong to the moe family's parts")
         for attr in ("seq", "hidden", "heads", "vocab", "tp", "cp"):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

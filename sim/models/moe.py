@@ -95,6 +95,7 @@ from sim.core.spec import SpecParams
 from sim.models.graph import Layer, LayerGraph, MixturePart, MlaPart, TransformerPart, canonical_spec
 from sim.models.llama import DecoderShape
 from sim.models.loss import loss_bytes
+from sim.models.recompute_modules import RECOMPUTE_MODULES
 from sim.models.routing import capped_shares, expert_shares, rank_loads, slowest_rank
 from sim.models.sharding import NO_SHARDING, Collectives, Sharding, all_reduce, collective_layer, padded_vocab
 
@@ -373,7 +374,7 @@ def build(params: SpecParams, sharding: Sharding = NO_SHARDING) -> LayerGraph:
 
 def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
     t, c = sharding.tp, sharding.cp
-    selective = sharding.selective_recompute
+    recomputed = sharding.recompute_modules if sharding.selective_recompute else ()
     sp = sharding.sequence_parallel and t > 1
     heads_split = shape.heads if shape.latent else min(shape.heads, shape.kv_heads)
     if shape.heads % t or heads_split % t or shape.ffn % t or shape.shared_ffn % t:
@@ -425,10 +426,10 @@ def _graph(shape: MoeShape, spec: str, sharding: Sharding) -> LayerGraph:
             name=f"block{i}", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
             param_bytes=DTYPE_BYTES * block_params(shape, i, t, ep * etp), activation_bytes=boundary,
             expert_param_bytes=DTYPE_BYTES * expert_params(shape, ep * etp) if mixture else 0,
-            saved_bytes=block_saved_bytes(local, i, t, sp, mixture, selective=selective,
+            saved_bytes=block_saved_bytes(local, i, t, sp, mixture, recomputed=recomputed,
                                           saved_input_bytes=sharding.saved_input_bytes),
-            recompute_flops=float(selective_recompute_flops(local, t)) if selective else 0.0, fwd=comm, bwd=comm,
-            transformer=TransformerPart("block", **{**common, "window": window}, moe=mixture, selective=selective)))
+            recompute_flops=float(selective_recompute_flops(local, t, recomputed)), fwd=comm, bwd=comm,
+            transformer=TransformerPart("block", **{**common, "window": window}, moe=mixture, recomputed=recomputed)))
     if shape.mtp:
         blocks.append(_mtp_layer(shape, local, sharding, common, boundary, full))
     scored = 1 + shape.mtp  # predictions the shared output head scores: the main model's and each MTP module's
@@ -458,16 +459,16 @@ def _mtp_layer(shape: MoeShape, local: MoeShape, sharding: Sharding, common: dic
     pairs = 1 + (mixture is None or shape.shared_ffn > 0)
     comm = all_reduce(full, times=pairs) if t > 1 else Collectives()
     ep_shards = sharding.ep * sharding.etp
-    selective = sharding.selective_recompute
+    recomputed = sharding.recompute_modules if sharding.selective_recompute else ()
     inputs = (DTYPE_BYTES * 8 * s * h + FP32_BYTES * 2 * s) // (t if sp else 1)
     return collective_layer(
         name="mtp", kind="decoder", flops_fwd=float(flops), flops_bwd=float(2 * flops),
         param_bytes=DTYPE_BYTES * mtp_params(shape, t, ep_shards), activation_bytes=2 * boundary,
         expert_param_bytes=DTYPE_BYTES * expert_params(shape, ep_shards) if mixture else 0,
-        saved_bytes=inputs + block_saved_bytes(local, index, t, sp, mixture, selective=selective,
+        saved_bytes=inputs + block_saved_bytes(local, index, t, sp, mixture, recomputed=recomputed,
                                                saved_input_bytes=sharding.saved_input_bytes),
-        recompute_flops=float(selective_recompute_flops(local, t)) if selective else 0.0, fwd=comm, bwd=comm,
-        transformer=TransformerPart("block", **common, moe=mixture, selective=selective, mtp=1))
+        recompute_flops=float(selective_recompute_flops(local, t, recomputed)), fwd=comm, bwd=comm,
+        transformer=TransformerPart("block", **common, moe=mixture, recomputed=recomputed, mtp=1))
 
 
 def _mixture(shape: MoeShape, moe_index: int, sharding: Sharding) -> MixturePart:
@@ -486,26 +487,28 @@ def _mixture(shape: MoeShape, moe_index: int, sharding: Sharding) -> MixturePart
                        group_topk=shape.group_topk, dispatcher=sharding.dispatcher)
 
 
-def selective_recompute_flops(shape: MoeShape, tp: int = 1) -> int:
-    """FLOPs per sample of ``shape.seq`` tokens that one block's shard re-runs in its backward under selective
-    recomputation (module docstring): latent attention's up-projections, 2s·(q_in·a·(d + r) + kv_lora·a·(d + v))/tp
-    (q_in = ``q_lora``, or h without it); none under grouped-query attention (the norms and the experts' SwiGLU are
-    elementwise, not counted)."""
-    if not shape.latent:
+def selective_recompute_flops(shape: MoeShape, tp: int = 1, recomputed: tuple[str, ...] = RECOMPUTE_MODULES) -> int:
+    """FLOPs per sample of ``shape.seq`` tokens that one block's shard re-runs in its backward when selective
+    recomputation drops the ``recomputed`` modules (module docstring; :mod:`sim.models.recompute_modules`): latent
+    attention's up-projections under ``mla_up_proj``, 2s·(q_in·a·(d + r) + kv_lora·a·(d + v))/tp (q_in = ``q_lora``,
+    or h without it); none under grouped-query attention or without ``mla_up_proj`` (the norms and the experts'
+    SwiGLU are elementwise, not counted)."""
+    if not shape.latent or "mla_up_proj" not in recomputed:
         return 0
     a, q_in = shape.heads, shape.q_lora or shape.hidden
     return 2 * shape.seq * (q_in * a * shape.qk_dim + shape.kv_lora * a * (shape.head_dim + shape.v_dim)) // tp
 
 
 def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_parallel: bool = False,
-                      mixture: MixturePart | None = None, *, selective: bool = False,
+                      mixture: MixturePart | None = None, *, recomputed: tuple[str, ...] = (),
                       saved_input_bytes: float = DTYPE_BYTES) -> int:
     """Bytes block ``index``'s shard keeps for its backward per sample of ``shape.seq`` tokens (module docstring):
     between the tensor-parallel regions replicated, or split by ``tp`` under ``sequence_parallel``; the attention's
     heads and the dense and shared SwiGLUs split by ``tp``; the mixture on the rank's tokens (1/``tp`` of them under
     sequence parallelism, all of them without tensor parallelism), its experts' on the tokens ``mixture`` routes to
-    this device (balanced over the whole model's experts when not given); under ``selective`` (recomputation) without
-    the two block norms' outputs and statistics, the routed experts' SwiGLU output, and latent attention's q, k, v.
+    this device (balanced over the whole model's experts when not given); without what selective recomputation of the
+    ``recomputed`` modules drops (:mod:`sim.models.recompute_modules`): ``layernorm`` the two block norms' outputs and
+    statistics, ``moe_act`` the routed experts' SwiGLU output, ``mla_up_proj`` latent attention's q, k, v.
     Each linear's input is kept at ``saved_input_bytes`` per element (w of :mod:`sim.models.blocks`: the training
     dtype's 2, or narrower in a ``transformer-engine`` block under a narrow precision): the norms' outputs (the
     latents' too), the routed tokens entering the experts, each SwiGLU's down-projection input, and, when narrower,
@@ -515,10 +518,10 @@ def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_paralle
     between = tp if sequence_parallel else 1
     # the output and the residual sum; the two norms' outputs (the qkv and fc1 projections' inputs) and statistics,
     # unless Megatron-Core's "layernorm" recomputes the norms from their inputs
-    replicated = DTYPE_BYTES * 2 * s * h + (0 if selective else w * 2 * s * h + FP32_BYTES * 2 * s)
+    replicated = DTYPE_BYTES * 2 * s * h + (0 if "layernorm" in recomputed else w * 2 * s * h + FP32_BYTES * 2 * s)
     q, kv_out = a * shape.qk_dim, (a * (shape.qk_dim + shape.value_dim) if shape.latent
                                    else 2 * shape.kv_heads * shape.head_dim)
-    if selective and shape.latent:  # "mla_up_proj": the up-projections' outputs (q, k, v) recomputed from the latents
+    if "mla_up_proj" in recomputed and shape.latent:  # the up-projections' outputs (q, k, v), recomputed from latents
         q = kv_out = 0
     quantized_copy = w if w < DTYPE_BYTES else 0  # in bf16 the o projection keeps the attention's own output
     split = (DTYPE_BYTES * s * (q + kv_out + a * shape.value_dim) + FP32_BYTES * s * a
@@ -538,7 +541,7 @@ def block_saved_bytes(shape: MoeShape, index: int, tp: int = 1, sequence_paralle
     width = shape.expert_ffn // part.etp  # etp divides expert_ffn (checked when the model is built)
     kept = (FP32_BYTES * tokens * shape.experts + INDEX_BYTES * tokens * k  # router scores, top-k indices
             # the routed tokens as fc1 keeps them, its output, and fc2's input unless "moe_act" recomputes it
-            + received * (w * h + 2 * DTYPE_BYTES * width + (0 if selective else w * width))
+            + received * (w * h + 2 * DTYPE_BYTES * width + (0 if "moe_act" in recomputed else w * width))
             + DTYPE_BYTES * tokens * k * h  # the experts' outputs, back at their tokens' device
             + (2 * DTYPE_BYTES + w) * tokens * shape.shared_ffn)
     return int(replicated // between + split // tp + kept)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from sim.models.blocks import BLOCKS, DTYPE_BYTES, check_blocks
 from sim.models.graph import Layer
 from sim.models.loss import LOSSES
+from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES, check_recompute_modules
 from sim.models.routing import BALANCED, Routing
 
 #: The expert token dispatchers ``--ep-dispatcher`` takes (:class:`Sharding`'s ``dispatcher``), the default first.
@@ -72,6 +73,9 @@ class Sharding:
             weight gradient (w of :mod:`sim.models.blocks`): 2 in bf16, less under a narrow precision.
         offloaded_blocks: how many of the first decoder blocks keep their activations in host memory between the
             forward and the backward (``--offload-activations``, :mod:`sim.models.offload`); 0: none.
+        recompute_modules: what ``selective_recompute`` drops in a moe-family block (Megatron-Core's
+            output-discarding modules, ``--recompute-modules``, :mod:`sim.models.recompute_modules`); another set than
+            the default needs ``selective_recompute``.
     """
 
     tp: int = 1
@@ -87,6 +91,7 @@ class Sharding:
     blocks: str = BLOCKS[0]
     saved_input_bytes: float = DTYPE_BYTES
     offloaded_blocks: int = 0
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -108,6 +113,9 @@ class Sharding:
         if self.loss not in LOSSES:
             raise ValueError(f"Sharding.loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         check_blocks(self.blocks, self.saved_input_bytes)
+        check_recompute_modules(self.recompute_modules)
+        if self.recompute_modules != DEFAULT_RECOMPUTE_MODULES and not self.selective_recompute:
+            raise ValueError(f"Sharding.recompute_modules {self.recompute_modules!r} needs selective_recompute")
         if self.dispatcher not in DISPATCHERS:
             raise ValueError(f"Sharding.dispatcher must be one of {', '.join(DISPATCHERS)}, got {self.dispatcher!r}")
 
@@ -141,7 +149,8 @@ class Sharding:
         if self.sequence_parallel:
             parts.append("sequence parallel")
         if self.selective_recompute:
-            parts.append("selective recompute")
+            parts.append("selective recompute" + (f" of {', '.join(self.recompute_modules)}"
+                                                  if self.recompute_modules != DEFAULT_RECOMPUTE_MODULES else ""))
         if self.loss != LOSSES[0]:
             parts.append(f"{self.loss} loss")
         if self.blocks != BLOCKS[0]:

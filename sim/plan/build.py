@@ -15,7 +15,13 @@ from sim.core.errors import SpecError
 from sim.cost.cost_view import CostView
 from sim.cost.oracle import CostOracle
 from sim.cost.plan_costs import PlanCosts, check_graph, plan_costs, sharded_graph
-from sim.cost.plan_settings import BLOCKS_OPTION, EP_DISPATCHER_OPTION, LOSS_OPTION, OFFLOAD_OPTION
+from sim.cost.plan_settings import (
+    BLOCKS_OPTION,
+    EP_DISPATCHER_OPTION,
+    LOSS_OPTION,
+    OFFLOAD_OPTION,
+    RECOMPUTE_MODULES_OPTION,
+)
 from sim.cost.profile import MeasuredProfile, load_profile
 from sim.hw.topology import Topology
 from sim.ir.ops import INPUT_GRADIENT_KINDS
@@ -26,6 +32,7 @@ from sim.ir.weight_versions import VERTICAL_SYNC_OPTION
 from sim.models.blocks import BLOCKS
 from sim.models.graph import LayerGraph
 from sim.models.loss import LOSSES
+from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES
 from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import DISPATCHERS
 from sim.plan.inputs import PlanInputs
@@ -267,7 +274,10 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
         if any(op.kind is OpKind.R for program in programs for op in program):
             raise SpecError(f"{{recompute}} selective recomputes inside the backward; {inputs.schedule_file} has R ops "
                             f"(full recomputation)", "recompute")
-        plan = replace(plan, options=tuple(sorted({**dict(plan.options), "recompute": "selective"}.items())))
+        modules = ({RECOMPUTE_MODULES_OPTION: ",".join(inputs.recompute_modules)}
+                   if inputs.recompute_modules != DEFAULT_RECOMPUTE_MODULES else {})
+        plan = replace(plan, options=tuple(sorted({**dict(plan.options), "recompute": "selective",
+                                                   **modules}.items())))
     elif inputs.recompute_mode == "full" or (l0.weight_policy != "stream" and any(
             op.kind is OpKind.R for program in programs for op in program)):
         plan = add_recompute(plan)  # also records ("recompute", True) in the options
@@ -364,7 +374,8 @@ def inputs_graph(inputs: PlanInputs, layout: Parallelism) -> LayerGraph:
         raise SpecError(f"{{loss}} must be one of {', '.join(LOSSES)}, got {inputs.loss!r}", "loss")
     return sharded_graph(inputs.model, layout, inputs.recompute_mode, parse_routing(inputs.routing),
                          inputs.capacity_factor, inputs.ep_dispatcher, loss=inputs.loss, blocks=inputs.blocks,
-                         precision=inputs.precision, offloaded_blocks=inputs.offload_activations)
+                         precision=inputs.precision, offloaded_blocks=inputs.offload_activations,
+                         recompute_modules=inputs.recompute_modules)
 
 
 def inputs_costs(inputs: PlanInputs, profile: MeasuredProfile | None, topology: Topology,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sim.cost.gpu_time import KernelModel
 from sim.ir.parallel import DEFAULT_RANK_ORDER
+from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES
 
 __all__ = ["PlanInputs", "format_builtin_lists"]
 
@@ -93,6 +94,8 @@ class PlanInputs:
         offload_activations: the first N decoder blocks keep their activations in host memory between forward and
             backward (``--offload-activations``, Megatron-Core's ``cpu_offloading_num_layers``;
             :mod:`sim.models.offload`); 0: none.
+        recompute_modules: what ``recompute="selective"`` drops in a moe-family block (``--recompute-modules``,
+            Megatron-Core's output-discarding modules, :mod:`sim.models.recompute_modules`); the default: all three.
     """
 
     model: str
@@ -137,6 +140,7 @@ class PlanInputs:
     loss: str = "fused"
     blocks: str = "eager"
     offload_activations: int = 0
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
 
     @property
     def recompute_mode(self) -> str:

@@ -211,6 +211,9 @@ def plan_header(plan: Plan, *, costs: str | None = None) -> dict[str, Any]:
     }
     if plan.option("recompute") == "selective":
         header["recompute"] = "selective"
+        # the option sim.cost.plan_settings.RECOMPUTE_MODULES_OPTION names, present when not the default modules
+        if plan.option("recompute_modules") is not None:
+            header["recompute_modules"] = plan.option("recompute_modules")
     if plan.parallel is not None:
         layout = plan.parallel
         header["parallel"] = {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp, "order": layout.order,

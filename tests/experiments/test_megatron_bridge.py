@@ -151,12 +151,19 @@ def test_each_row_names_what_of_its_recipes_memory_settings_is_not_applied():
     assert all(mb.recipe_memory(r) is not None for r in rows.values())
     deepseek = rows["26.08", "DGX-GB200", "DeepSeekV3", "MXFP8"]  # v0.6.0: recompute_modules = ["mla_up_proj"]
     assert mb.recipe_memory(deepseek)["citation"].startswith("v0.6.0:src/megatron/bridge/perf_recipes/deepseek/gb200")
-    assert "the recipe's selective recomputation of ['mla_up_proj'] not applied" in mb.unmodelled(deepseek)
+    deepseek_inputs = mb.plan_inputs(deepseek)  # applied: Megatron-Core's output-discarding up-projection checkpoint
+    assert (deepseek_inputs.recompute, deepseek_inputs.recompute_modules) == ("selective", ("mla_up_proj",))
+    assert not any("recomputation" in item for item in mb.unmodelled(deepseek))
+    gpt_oss = rows["26.04.01", "DGX-GB200", "GPT OSS 120B", "BF16"]  # recompute_modules = ["layernorm", "moe_act"]
+    assert mb.recomputed_modules(gpt_oss) == ("layernorm", "moe_act")
+    dense_mlp = rows["26.04.01", "DGX-GB200", "DeepSeekV3", "MXFP8"]  # ["mlp"]: a whole-module checkpoint, not modelled
+    assert mb.recomputed_modules(dense_mlp) == () and mb.plan_inputs(dense_mlp).recompute_mode == "none"
+    assert "the recipe's selective recomputation of ['mlp'] not applied" in mb.unmodelled(dense_mlp)
     llama = rows["26.04.01", "DGX-GB200", "LLAMA3_70B", "FP8"]  # FSDP: cpu_offloading_num_layers = 40, applied
     assert mb.offloaded_layers(llama) == 40 and mb.plan_inputs(llama).offload_activations == 40
     assert {mb.plan_inputs(r).blocks for r in rows.values()} == {"transformer-engine"}  # Megatron-Core's TE layers
     assert not any("offloading" in item for item in mb.unmodelled(llama))
     assert mb.offloaded_layers(rows["26.04.01", "DGX-GB300", "LLAMA3_70B", "FP8"]) == 20
     small = rows["26.08", "DGX-GB200", "Qwen3_30B_a3B", "MXFP8"]  # nothing recomputed or offloaded
-    assert not any("recipe" in item for item in mb.unmodelled(small))
+    assert not any("recipe" in item for item in mb.unmodelled(small)) and mb.plan_inputs(small).recompute_mode == "none"
     assert not any("recomputation not published" in item for r in rows.values() for item in mb.unmodelled(r))

@@ -59,6 +59,7 @@ from sim.cost.kernels.llama import (
 from sim.cost.kernels.pointwise import add_kernel, norm_backward_kernels, norm_kernels, swiglu_kernels
 from sim.cost.kernels.record import ADD_FLOPS, Kernel, Narrow, gemm, grouped_gemm, mem
 from sim.models.graph import MixturePart, MlaPart
+from sim.models.recompute_modules import RECOMPUTE_MODULES
 
 __all__ = ["MoeBlockShape", "moe_block_kernels", "selective_recompute_kernels", "MOE_COLLECTIVE_AFTER",
            "expert_all_to_alls"]
@@ -90,11 +91,11 @@ class MoeBlockShape:
 
 
 def moe_block_kernels(shape: MoeBlockShape, *, backward: bool, dtype_bytes: int = 2, narrow: Narrow | None = None,
-                      compiled: bool = False, selective_recompute: bool = False) -> tuple[Kernel, ...]:
+                      compiled: bool = False, recomputed: tuple[str, ...] = ()) -> tuple[Kernel, ...]:
     """One block's kernels on one device, in execution order (module docstring); ``narrow``: the attention's and
     the experts' linears on low-precision operands (the router stays in the training dtype, as Transformer Engine
-    keeps it); ``selective_recompute``: the backward starts by re-running what selective recomputation dropped
-    (:func:`selective_recompute_kernels`)."""
+    keeps it); ``recomputed``: the backward starts by re-running what selective recomputation of these modules
+    dropped (:func:`selective_recompute_kernels`; empty: nothing)."""
     db, a = dtype_bytes, shape.attention
     if not backward:
         attention = (_mla_forward(shape, db, narrow, compiled) if shape.mla else
@@ -108,25 +109,27 @@ def moe_block_kernels(shape: MoeBlockShape, *, backward: bool, dtype_bytes: int 
     ffn = (_mixture_backward(shape, db, narrow, compiled) if shape.mixture else
            swiglu_backward("", a.tokens, a.h, a.ffn, db, narrow, compiled))
     attention = _mla_backward(shape, db, narrow, compiled) if shape.mla else attention_backward(a, db, narrow, compiled)
-    recompute = selective_recompute_kernels(shape, db, narrow, compiled) if selective_recompute else []
+    recompute = selective_recompute_kernels(shape, db, narrow, compiled, recomputed) if recomputed else []
     return tuple([*recompute, *ffn, *norm_backward("ffn_norm", a, db, compiled, norm_inputs), *attention,
                   *_mtp_input(shape, db, narrow, compiled, backward=True)])
 
 
-def selective_recompute_kernels(shape: MoeBlockShape, db: int, narrow: Narrow | None,
-                                compiled: bool) -> list[Kernel]:
-    """What Megatron-Core's output-discarding recomputation (``--recompute-modules layernorm moe_act`` and, under latent
-    attention, ``mla_up_proj``; :mod:`sim.models.moe`) re-runs before a block's backward: the two block norms, the
-    routed experts' SwiGLU, and latent attention's up-projections with the rotary embedding and the query/key
-    assembly; each kernel as the forward runs it, named ``recompute_...``."""
+def selective_recompute_kernels(shape: MoeBlockShape, db: int, narrow: Narrow | None, compiled: bool,
+                                recomputed: tuple[str, ...] = RECOMPUTE_MODULES) -> list[Kernel]:
+    """What Megatron-Core's output-discarding recomputation of the ``recomputed`` modules
+    (:mod:`sim.models.recompute_modules`) re-runs before a block's backward: ``layernorm`` the two block norms,
+    ``moe_act`` the routed experts' SwiGLU, ``mla_up_proj`` latent attention's up-projections with the rotary
+    embedding and the query/key assembly; each kernel as the forward runs it, named ``recompute_...``."""
     a, m = shape.attention, shape.mixture
-    kernels = [*norm_kernels("attention_norm", a.norm_tokens, a.h, db, compiled=compiled),
-               *norm_kernels("ffn_norm", a.norm_tokens, a.h, db, compiled=compiled)]
-    if m is not None:
+    kernels = []
+    if "layernorm" in recomputed:
+        kernels += [*norm_kernels("attention_norm", a.norm_tokens, a.h, db, compiled=compiled),
+                    *norm_kernels("ffn_norm", a.norm_tokens, a.h, db, compiled=compiled)]
+    if m is not None and "moe_act" in recomputed:
         received = sum(m.expert_tokens(shape.tokens))
         kernels += _expert_activation(received * (m.expert_ffn // m.etp), db, m.swiglu_clamp, backward=False,
                                       compiled=compiled)
-    if shape.mla is not None:
+    if shape.mla is not None and "mla_up_proj" in recomputed:
         ups = ("q_up", "kv_up", "mla_query_rope", "mla_key_assemble")
         kernels += [k for k in _mla_forward(shape, db, narrow, compiled) if k.name.startswith(ups)]
     return [replace(k, name="recompute_" + k.name) for k in kernels]

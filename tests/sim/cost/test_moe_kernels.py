@@ -34,7 +34,7 @@ def _kernels(part, b=1, backward=False):
                                 sequence_parallel=part.sequence_parallel, o_bias=part.o_bias,
                                 value_dim=mla.v_dim if mla else 0)
     return moe_block_kernels(MoeBlockShape(attention, mla, part.moe, mtp=bool(part.mtp)), backward=backward,
-                             compiled=True, selective_recompute=part.selective and backward)
+                             compiled=True, recomputed=part.recomputed if backward else ())
 
 
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b", "mixtral-8x7b"])
@@ -119,6 +119,19 @@ def test_selective_recomputation_re_runs_the_norms_the_experts_swiglu_and_mlas_u
     selective = transformer_layer_seconds(layer.transformer, 1, H100, MODEL)
     full = transformer_layer_seconds(reference.transformer, 1, H100, MODEL)
     assert selective.fwd == full.fwd and selective.bwd > full.bwd
+
+
+def test_recomputing_only_the_up_projections_re_runs_only_their_kernels():
+    every = build_model("deepseek-v3,seq=4096", Sharding(selective_recompute=True)).layers[-3]
+    ups = build_model("deepseek-v3,seq=4096", Sharding(selective_recompute=True,
+                                                        recompute_modules=("mla_up_proj",))).layers[-3]
+    names = {k.name for k in _kernels(ups.transformer, backward=True) if k.name.startswith("recompute_")}
+    assert names and all(n.removeprefix("recompute_").startswith(("q_up", "kv_up", "mla_query_rope",
+                                                                  "mla_key_assemble")) for n in names)
+    all_names = {k.name for k in _kernels(every.transformer, backward=True) if k.name.startswith("recompute_")}
+    assert names < all_names and ups.recompute_flops == every.recompute_flops  # the same GEMMs, fewer elementwise
+    fewer = transformer_layer_seconds(ups.transformer, 1, H100, MODEL)
+    assert fewer.bwd < transformer_layer_seconds(every.transformer, 1, H100, MODEL).bwd
 
 
 def test_the_shared_head_scoring_the_mtp_prediction_costs_a_second_head_pass():

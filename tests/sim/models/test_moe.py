@@ -22,6 +22,7 @@ from sim.models.moe import (
     shape_of,
     total_params,
 )
+from sim.models.recompute_modules import RECOMPUTE_MODULES
 from sim.models.sharding import Sharding
 
 #: Exact totals: the safetensors parameter count the HuggingFace Hub shows for each model (DeepSeek-V3's main model
@@ -211,7 +212,7 @@ def test_selective_recomputation_keeps_a_mixture_blocks_tensors_by_hand():
     # Grouped-query attention: only elementwise work is re-run, no FLOPs; the forward and backward are unchanged.
     assert all(layer.recompute_flops == 0 for layer in chosen.layers)
     assert [lay.flops_bwd for lay in chosen.layers] == [lay.flops_bwd for lay in plain.layers]
-    assert chosen.layers[1].transformer.selective and not plain.layers[1].transformer.selective
+    assert chosen.layers[1].transformer.recomputed == RECOMPUTE_MODULES and not plain.layers[1].transformer.recomputed
 
 
 def test_selective_recomputation_under_latent_attention_re_runs_the_up_projections():
@@ -227,6 +228,31 @@ def test_selective_recomputation_under_latent_attention_re_runs_the_up_projectio
     # under tensor parallelism by heads the shard re-runs its half
     half = build_model(SMALL_MLA, Sharding(tp=2, sequence_parallel=True, selective_recompute=True))
     assert half.layers[1].recompute_flops == chosen.layers[1].recompute_flops / 2
+
+
+@pytest.mark.parametrize("modules", [("layernorm",), ("moe_act",), ("mla_up_proj",), ("layernorm", "mla_up_proj"),
+                                     ("moe_act", "mla_up_proj")])
+def test_each_recomputed_module_drops_its_own_tensors_and_nothing_else(modules):
+    s, h, a, d, r, v, k, f = 32, 64, 4, 16, 8, 12, 2, 32
+    each = {"layernorm": 2 * 2 * s * h + 4 * 2 * s,  # the two norms' bf16 outputs and fp32 statistics
+            "moe_act": 2 * s * k * f,  # the routed experts' SwiGLU output (bf16, k copies of each token)
+            "mla_up_proj": 2 * s * a * (d + r) + 2 * s * a * (d + r + v)}  # q, and the assembled k and v
+    plain = build_model(SMALL_MLA)
+    chosen = build_model(SMALL_MLA, Sharding(selective_recompute=True, recompute_modules=modules))
+    assert plain.layers[1].saved_bytes - chosen.layers[1].saved_bytes == sum(each[m] for m in modules)
+    assert chosen.layers[1].transformer.recomputed == modules
+    assert (chosen.layers[1].recompute_flops > 0) is ("mla_up_proj" in modules)  # only the up-projections are GEMMs
+
+
+def test_recompute_modules_are_checked():
+    with pytest.raises(ValueError, match="needs selective_recompute"):
+        Sharding(recompute_modules=("mla_up_proj",))
+    with pytest.raises(ValueError, match="'core_attn' is not modelled; choose from layernorm, moe_act, mla_up_proj"):
+        Sharding(selective_recompute=True, recompute_modules=("core_attn",))
+    with pytest.raises(ValueError, match="in the order"):
+        Sharding(selective_recompute=True, recompute_modules=("mla_up_proj", "layernorm"))
+    with pytest.raises(ValueError, match="non-empty"):
+        Sharding(selective_recompute=True, recompute_modules=())
 
 
 # --- multi-token prediction (DeepSeek-V3 §2.2, depth 1) -----------------------------------------------------------
