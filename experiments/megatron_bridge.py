@@ -6,7 +6,8 @@ per GPU; the rows it cannot express, each with the reason.
 Each row becomes the ``sim.run`` inputs its columns mean (:func:`plan_inputs`): the model's preset at the row's sequence
 length; on GB200 and GB300, racks of 64 of the job's GPUs (``M × 64 × GB200``; 72 or fewer GPUs, one domain), on B300
 ``N/8 × 8 × B300``; ``--tp`` (with sequence parallelism, which Megatron-Core requires of a mixture under TP and the
-recipes set), ``--pp`` (``--schedule interleaved --chunks VP`` where VP > 1, else 1F1B), ``--cp``, ``--ep``, DP the GPUs
+recipes set), ``--pp`` (``--schedule interleaved --chunks VP`` where VP > 1, else 1F1B; the layers split as the recipe
+has Megatron-Core split them, :func:`partition`), ``--cp``, ``--ep``, DP the GPUs
 left; micro-batches of the row's ``mbs`` (where a parenthesised variant shares the outer one's cell and only its own
 accumulation count balances the global batch, the size that count implies: :func:`microbatch_size`); FSDP > 0 as
 ``--zero 3`` over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer
@@ -71,8 +72,8 @@ from sim.predict import predict_built
 
 __all__ = ["DATA", "RECIPE_MEMORY", "EP_OVERLAP_FROM", "FULL_ITERATION_GRAPHS_FROM", "DDP_BUCKET_PARAMS", "Row",
            "Result", "microbatch_size", "load_rows", "recipe_memory", "offloaded_layers", "recomputed_modules",
-           "expressible", "ep_overlap", "tp_comm_overlap", "dp_comm_overlap", "plan_inputs", "predict_row", "newest",
-           "summary", "parser", "run", "report", "write"]
+           "partition", "expressible", "ep_overlap", "tp_comm_overlap", "dp_comm_overlap", "plan_inputs", "predict_row",
+           "newest", "summary", "parser", "run", "report", "write"]
 
 DATA = Path(__file__).parent / "data" / "megatron-bridge" / "performance_summary_blackwell_nvl.csv"
 #: What each row's recipe keeps in memory, read from Megatron-Bridge's workload configs at its container's tag
@@ -303,7 +304,29 @@ def plan_inputs(row: Row) -> PlanInputs:
         ep_overlap=ep_overlap(row), cuda_graphs=_from(FULL_ITERATION_GRAPHS_FROM, row),
         async_tp=tp_comm_overlap(row), grad_overlap=dp_comm_overlap(row), param_gather_overlap=dp_comm_overlap(row),
         grad_bucket_params=DDP_BUCKET_PARAMS if dp_comm_overlap(row) else 0, blocks="transformer-engine",
-        offload_activations=offloaded_layers(row), **_recomputation(row))
+        offload_activations=offloaded_layers(row), partition=partition(row), **_recomputation(row))
+
+
+#: Megatron-Bridge's dense recipes whose pipeline split counts the embedding and the loss as one layer each
+#: (``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``: Llama 3.1 405B's recipe
+#: at every tag read, v0.1.0rc3 ``recipes/llama/llama31_405b.py`` lines 47-48 to v0.5.0 ``recipes/llama/llama3.py``
+#: lines 1146-1147). Megatron-Core then splits num_layers + 2 evenly over the model chunks and builds one block fewer
+#: in the first chunk and in the last (``get_num_layers_to_build``, ``transformer_block.py``, Megatron-LM d98e8a6).
+EMBEDDING_AND_LOSS_IN_SPLIT = frozenset({"LLAMA3.1_405B"})
+
+
+def partition(row: Row) -> str:
+    """``--partition`` of ``row``: the layer split its recipe makes. The dense models' are Megatron-Core's even
+    splits: with the embedding and the loss counted (:data:`EMBEDDING_AND_LOSS_IN_SPLIT`) every model chunk holds the
+    same number of the model's layers, embedding and head included (``uniform``); else the blocks split evenly, the
+    embedding joining the first chunk and the head the last (``blocks``, Megatron-Core's default). A mixture's recipe
+    sets its own ``pipeline_model_parallel_layout``, not read here: ``balanced`` (the product's own split, named in
+    ``unmodelled``)."""
+    if row.pp == 1:
+        return "balanced"  # one stage: every split is the same
+    if row.moe:
+        return "balanced"
+    return "uniform" if row.model in EMBEDDING_AND_LOSS_IN_SPLIT else "blocks"
 
 
 def offloaded_layers(row: Row) -> int:
@@ -370,6 +393,8 @@ def unmodelled(row: Row) -> tuple[str, ...]:
     if row.fsdp == 0 and row.gpus // (row.tp * row.pp) > 1:
         missing.append("distributed optimizer assumed")
     missing.extend(_recipe_memory_gaps(row))
+    if row.moe and row.pp > 1:
+        missing.append("the recipe's pipeline layout not read (layers split by --partition balanced)")
     if row.accumulation and row.gbs != row.mbs * row.accumulation * row.gpus // (row.tp * row.pp * row.cp):
         missing.append(f"the published batch columns disagree (gbs {row.gbs} != mbs {row.mbs} x DP "
                        f"{row.gpus // (row.tp * row.pp * row.cp)} x GA {row.accumulation}; costed at gbs and mbs)")

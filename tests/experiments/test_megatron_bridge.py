@@ -60,6 +60,22 @@ def test_a_variant_sharing_the_outer_microbatch_cell_takes_the_size_its_accumula
     assert any("gbs 8192 != mbs 2 x DP 64 x GA 32" in gap for gap in mb.unmodelled(_row(198)))
 
 
+def test_each_dense_pipeline_is_split_as_megatron_core_builds_its_recipe():
+    from sim.plan.build import build_plan
+
+    # Llama 3.1 405B counts the embedding and the loss in the split: (126 + 2) / (16 x 4) = 2 layers per chunk, the
+    # first chunk the embedding and one block, the last one block and the head (get_num_layers_to_build)
+    llama405 = build_plan(mb.plan_inputs(_row(37))).plan.placement.layer_counts()
+    assert mb.partition(_row(37)) == "uniform" and llama405 == (2,) * 64
+    # Llama 3 70B does not: 80 / (4 x 5) = 4 blocks per chunk, the embedding joining the first, the head the last
+    llama70 = build_plan(mb.plan_inputs(_row(211))).plan.placement.layer_counts()
+    assert mb.partition(_row(211)) == "blocks" and llama70 == (5,) + (4,) * 18 + (5,)
+    # a mixture's recipe sets a layout not read here: named
+    deepseek = _row(3)
+    assert mb.partition(deepseek) == "balanced"
+    assert "the recipe's pipeline layout not read (layers split by --partition balanced)" in mb.unmodelled(deepseek)
+
+
 def test_only_each_configurations_newest_row_is_judged():
     rows = [r for r in mb.load_rows() if mb.expressible(r) is None]
     current = mb.newest(rows)
