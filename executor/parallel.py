@@ -28,7 +28,8 @@ data axis, ``d = replica·C + part``). Each process:
 
 Not supported, and refused before launch (:func:`check_parallel`): sequence parallelism, tensor parallelism of a
 model other than ``gpt`` and ``llama`` (the sharded layers exist for them only), context parallelism of a model
-other than ``llama``, expert tensor parallelism (``etp`` > 1), HSDP, data parallelism with a schedule that updates
+other than ``llama``, expert tensor parallelism (``etp`` > 1), freeing stage outputs once sent
+(``deallocate_pipeline_outputs``), HSDP, data parallelism with a schedule that updates
 per microbatch (weight stashing), and ``--calibrate-out`` (a profile times one device's whole layers).
 """
 
@@ -141,6 +142,10 @@ def check_parallel(plan: Plan) -> None:
     if layout.cp > 1 and parse_spec(plan.model)[0] != "llama":
         raise SpecError(f"context parallelism (cp = {layout.cp}) is implemented for the llama family only, not "
                         f"{plan.model!r}")
+    if layout.deallocate_pipeline_outputs:
+        raise SpecError("the executor keeps each stage's output until its backward; a plan that frees it once sent "
+                        "(--deallocate-pipeline-outputs) is simulated only: simulate it with sim.run, run the plan "
+                        "without --deallocate-pipeline-outputs")
     if layout.dp_replicate > 1:
         raise SpecError(f"the executor runs FSDP over the whole data-parallel group; HSDP (plan: {layout.describe()}) "
                         f"is simulated only so far: simulate it with sim.run, run the plan without --dp-replicate")

@@ -7,7 +7,9 @@ Each row becomes the ``sim.run`` inputs its columns mean (:func:`plan_inputs`): 
 length; on GB200 and GB300, racks of 64 of the job's GPUs (``M × 64 × GB200``; 72 or fewer GPUs, one domain), on B300
 ``N/8 × 8 × B300``; ``--tp`` (with sequence parallelism, which Megatron-Core requires of a mixture under TP and the
 recipes set), ``--pp`` (``--schedule interleaved --chunks VP`` where VP > 1, else 1F1B; the layers split as the recipe
-has Megatron-Core split them, :func:`partition`), ``--cp``, ``--ep``, DP the GPUs
+has Megatron-Core split them, :func:`partition`; each stage's output freed once sent,
+``--deallocate-pipeline-outputs``, as the Bridge's ``GPTModelProvider`` sets ``deallocate_pipeline_outputs = True`` at
+every tag read, v0.1.0rc3 to v0.6.0 ``src/megatron/bridge/models/gpt_provider.py``), ``--cp``, ``--ep``, DP the GPUs
 left; micro-batches of the row's ``mbs`` (where a parenthesised variant shares the outer one's cell and only its own
 accumulation count balances the global batch, the size that count implies: :func:`microbatch_size`); FSDP > 0 as
 ``--zero 3`` over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer
@@ -304,6 +306,7 @@ def plan_inputs(row: Row) -> PlanInputs:
         ep_overlap=ep_overlap(row), cuda_graphs=_from(FULL_ITERATION_GRAPHS_FROM, row),
         async_tp=tp_comm_overlap(row), grad_overlap=dp_comm_overlap(row), param_gather_overlap=dp_comm_overlap(row),
         grad_bucket_params=DDP_BUCKET_PARAMS if dp_comm_overlap(row) else 0, blocks="transformer-engine",
+        deallocate_pipeline_outputs=row.pp > 1,
         offload_activations=offloaded_layers(row), partition=partition(row), **_recomputation(row))
 
 

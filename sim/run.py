@@ -55,6 +55,7 @@ FLAGS = {"tp": "--tp", "dp": "--dp", "pp": "--pp", "cp": "--cp", "cp_comm": "--c
          "offload_activations": "--offload-activations", "recompute_modules": "--recompute-modules",
          "fsdp_float8_gather": "--fsdp-float8-all-gather", "async_tp": "--async-tp",
          "param_gather_overlap": "--param-gather-overlap", "grad_bucket_params": "--grad-bucket-size",
+         "deallocate_pipeline_outputs": "--deallocate-pipeline-outputs",
          "zero": "--zero",
          "reshard_after_forward": "--fsdp-reshard-after-forward", "dp_replicate": "--dp-replicate",
          "precision": "--precision", "compiled": "--compile", "compile": "--compile",
@@ -221,6 +222,10 @@ def make_parser() -> argparse.ArgumentParser:
                      help="reduce gradients in buckets while the last backward runs instead of after the backward "
                      "pass (Megatron's default without --overlap-grad-reduce): PyTorch DDP's 25 MiB buckets, or "
                      "under --zero 1 Megatron-Core's, max(40M, 1M x DP) parameters each (--grad-bucket-size sets them)")
+    par.add_argument("--deallocate-pipeline-outputs", action="store_true",
+                     help="with --pp > 1, free each stage's output once it is sent (Megatron-Core's "
+                     "deallocate_pipeline_outputs, set by Megatron-LM and Megatron-Bridge): every in-flight "
+                     "microbatch keeps one boundary activation fewer; PyTorch's pipelining (torchtitan) keeps it")
     par.add_argument("--grad-bucket-size", dest="grad_bucket_params", type=int, default=0, metavar="PARAMS",
                      help="parameters per bucket of --grad-overlap and --param-gather-overlap (Megatron's "
                      "--ddp-bucket-size; Megatron-Bridge's recipes use 134217728, 128 Mi); default: the rule above")
@@ -318,6 +323,7 @@ def _run(argv: list[str] | None) -> int:
         capacity_factor=args.capacity_factor, ep_overlap=args.ep_overlap, ep_dispatcher=args.ep_dispatcher,
         fsdp_float8_gather=args.fsdp_float8_gather, async_tp=args.async_tp,
         param_gather_overlap=args.param_gather_overlap, grad_bucket_params=args.grad_bucket_params,
+        deallocate_pipeline_outputs=args.deallocate_pipeline_outputs,
         loss=args.loss, blocks=args.blocks, offload_activations=args.offload_activations,
         recompute_modules=args.recompute_modules,
     )
@@ -478,6 +484,7 @@ def _run_csp(args: argparse.Namespace) -> int:
                         ("--fsdp-float8-all-gather", args.fsdp_float8_gather), ("--async-tp", args.async_tp),
                         ("--param-gather-overlap", args.param_gather_overlap),
                         ("--grad-bucket-size", args.grad_bucket_params != 0),
+                        ("--deallocate-pipeline-outputs", args.deallocate_pipeline_outputs),
                         ("--global-batch", args.global_batch is not None),
                         ("--zero", args.zero != 0),
                         ("--fsdp-reshard-after-forward", args.reshard_after_forward != "default"),

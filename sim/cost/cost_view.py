@@ -314,8 +314,9 @@ class CostView:
         return self._size("state_bytes", vstage)
 
     def activation_bytes(self, vstage: int) -> int:
-        """Bytes one in-flight microbatch keeps on the device from its forward to its backward."""
-        return self._size("activation_bytes", vstage)
+        """Bytes one in-flight microbatch keeps on the device from its forward to its backward (without the output it
+        sends where the layout's runtime frees it: ``Parallelism.deallocate_pipeline_outputs``)."""
+        return self._size("activation_bytes", vstage, output_freed=self.layout.deallocate_pipeline_outputs)
 
     def checkpoint_bytes(self, vstage: int) -> int:
         """Bytes one in-flight microbatch keeps from forward to backward when its activations are recomputed: the

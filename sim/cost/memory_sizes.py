@@ -206,17 +206,23 @@ class MemorySizes:
             return self._largest(measured, "retained_bytes", start, end)
         return self.microbatch_size * max(layer.saved_bytes for layer in self.graph.layers[start:end])
 
-    def activation_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
+    def activation_bytes(self, start: int, end: int, device: DeviceSpec | None = None, *,
+                         output_freed: bool = False) -> int:
         """Bytes one in-flight microbatch keeps on the device from the forward of layers ``[start, end)`` to their
         backward: the stage's input (a layer's saved bytes include its output, not its input) and every layer's
-        whose activations are not offloaded to the host (``Layer.activations_offloaded``)."""
+        whose activations are not offloaded to the host (``Layer.activations_offloaded``); with ``output_freed``
+        (``Parallelism.deallocate_pipeline_outputs``) without the output the stage sends to the next, which the
+        runtime frees once sent (nothing for the model's last stage, which sends nothing)."""
         measured = self.measured_memory(device)
         kept_layers = [i for i in range(start, end) if not self.graph.layers[i].activations_offloaded]
+        sent = output_freed and end < len(self.graph.layers)
         if measured is not None:
             kept = sum(self._scaled(measured[i].retained_bytes) for i in kept_layers)
-            return self.input_bytes(start, device) + kept
+            freed = self._scaled(measured[end - 1].output_bytes) if sent else 0
+            return self.input_bytes(start, device) + kept - freed
         saved = sum(self.graph.layers[i].saved_bytes for i in kept_layers)
-        return self.input_bytes(start) + self.microbatch_size * saved
+        freed = self.graph.boundary_bytes(end) if sent else 0
+        return self.input_bytes(start) + self.microbatch_size * (saved - freed)
 
     def workspace_bytes(self, start: int, end: int, device: DeviceSpec | None = None) -> int:
         """Transient bytes while one forward (or recompute) of layers ``[start, end)`` runs: the largest layer's."""

@@ -68,6 +68,7 @@ RESHARD_POLICIES = ("default", "always", "never")
 
 _FIELDS = frozenset({"tp", "dp", "pp", "cp", "cp_comm", "order", "sequence_parallel", "zero", "reshard_after_forward",
                      "dp_replicate", "grad_overlap", "devices", "ep", "etp", "fsdp_float8_gather", "async_tp",
+                     "deallocate_pipeline_outputs",
                      "param_gather_overlap", "grad_bucket_params"})
 
 
@@ -128,6 +129,12 @@ class Parallelism:
             ``--ddp-bucket-size``, ``DistributedDataParallelConfig.bucket_size``); 0 (the default): the framework's
             own rule (:func:`sim.cost.gradient_buckets.bucket_bytes`). It sizes what the simulator costs; the
             executor reduces and gathers a vstage's parameters in one piece per group whatever it is.
+        deallocate_pipeline_outputs: the pipeline runtime frees each stage's output once it is sent (Megatron-Core's
+            ``deallocate_pipeline_outputs``, which Megatron-LM's training and Megatron-Bridge's models set: the next
+            stage holds the tensor, and the backward needs only its autograd node, ``deallocate_output_tensor`` in
+            ``megatron/core/pipeline_parallel/schedules.py``), so an in-flight microbatch keeps one boundary
+            activation fewer (:meth:`sim.cost.memory_sizes.MemorySizes.activation_bytes`); PyTorch's pipelining
+            (torchtitan) keeps it. Needs ``pp`` > 1; the executor does not implement it.
     """
 
     tp: int = 1
@@ -148,6 +155,7 @@ class Parallelism:
     async_tp: bool = False
     param_gather_overlap: bool = False
     grad_bucket_params: int = 0
+    deallocate_pipeline_outputs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp", "pp", "cp", "ep", "etp"):
@@ -180,6 +188,12 @@ class Parallelism:
         if not isinstance(self.fsdp_float8_gather, bool):
             raise SpecError(f"{{fsdp_float8_gather}} must be true or false, got {self.fsdp_float8_gather!r}",
                             "fsdp_float8_gather")
+        if not isinstance(self.deallocate_pipeline_outputs, bool):
+            raise SpecError(f"{{deallocate_pipeline_outputs}} must be true or false, got "
+                            f"{self.deallocate_pipeline_outputs!r}", "deallocate_pipeline_outputs")
+        if self.deallocate_pipeline_outputs and self.pp == 1:
+            raise SpecError("{deallocate_pipeline_outputs} frees what a pipeline stage sends to the next; it needs "
+                            "{pp} > 1", "deallocate_pipeline_outputs", "pp")
         if not isinstance(self.async_tp, bool):
             raise SpecError(f"{{async_tp}} must be true or false, got {self.async_tp!r}", "async_tp")
         if self.async_tp and not self.sequence_parallel:
@@ -449,6 +463,8 @@ class Parallelism:
             extras.append("parameter gather overlapped")
         if self.grad_bucket_params:
             extras.append(f"buckets of {self.grad_bucket_params:,} parameters")
+        if self.deallocate_pipeline_outputs:
+            extras.append("stage outputs freed once sent")
         if self.devices:
             extras.append(f"devices {','.join(map(str, self.devices))}")
         cp = f" × CP {self.cp} ({self.cp_comm})" if self.cp > 1 else ""
@@ -474,6 +490,7 @@ class Parallelism:
                 **({"async_tp": True} if self.async_tp else {}),
                 **({"param_gather_overlap": True} if self.param_gather_overlap else {}),
                 **({"grad_bucket_params": self.grad_bucket_params} if self.grad_bucket_params else {}),
+                **({"deallocate_pipeline_outputs": True} if self.deallocate_pipeline_outputs else {}),
                 "groups": self.groups()}
 
     @classmethod
@@ -491,7 +508,7 @@ class Parallelism:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(f"{source}: parallel.{key} must be an integer, got {value!r}")
         for key in ("sequence_parallel", "grad_overlap", "reshard_after_forward", "fsdp_float8_gather", "async_tp",
-                    "param_gather_overlap"):
+                    "param_gather_overlap", "deallocate_pipeline_outputs"):
             if not isinstance(data.get(key, key == "reshard_after_forward"), bool):
                 raise SpecError(f"{source}: parallel.{key} must be true or false, got {data[key]!r}")
         devices = data.get("devices", [])
@@ -507,7 +524,8 @@ class Parallelism:
                      ep=data.get("ep", 1), etp=data.get("etp", 1),
                      fsdp_float8_gather=data.get("fsdp_float8_gather", False), async_tp=data.get("async_tp", False),
                      param_gather_overlap=data.get("param_gather_overlap", False),
-                     grad_bucket_params=data.get("grad_bucket_params", 0))
+                     grad_bucket_params=data.get("grad_bucket_params", 0),
+                     deallocate_pipeline_outputs=data.get("deallocate_pipeline_outputs", False))
         if layout.pp != pp:
             raise SpecError(f"{source}: parallel.pp is {layout.pp} but the plan has {pp} rank programs")
         if "groups" in data and data["groups"] != layout.groups():

@@ -94,6 +94,8 @@ class PlanInputs:
         offload_activations: the first N decoder blocks keep their activations in host memory between forward and
             backward (``--offload-activations``, Megatron-Core's ``cpu_offloading_num_layers``;
             :mod:`sim.models.offload`); 0: none.
+        deallocate_pipeline_outputs: the pipeline runtime frees each stage's output once sent
+            (``--deallocate-pipeline-outputs``, Megatron-Core's; :class:`sim.ir.parallel.Parallelism`).
         recompute_modules: what ``recompute="selective"`` drops in a moe-family block (``--recompute-modules``,
             Megatron-Core's output-discarding modules, :mod:`sim.models.recompute_modules`); the default: all three.
     """
@@ -137,6 +139,7 @@ class PlanInputs:
     async_tp: bool = False
     param_gather_overlap: bool = False
     grad_bucket_params: int = 0
+    deallocate_pipeline_outputs: bool = False
     loss: str = "fused"
     blocks: str = "eager"
     offload_activations: int = 0

@@ -126,7 +126,10 @@ def plans(tmp_path_factory):
     ("tp2pp2", None, ("--calibrate-out", "{tmp}/cal.json"), "--calibrate-out profiles whole layers"),
     ("tp2pp2", None, ("--inject-failure", "4:0F0"), "the rank must be 0..3"),
     ("tp2pp2", None, ("--inject-failure", "3:0F0"), "rank 3 has no op '0F0'"),  # global rank 3 runs pipeline rank 1
-], ids=["too-few-devices", "sequence-parallel", "tp-cnn", "dp-stash", "calibrate", "inject-range", "inject-op"])
+    ("tp2pp2", lambda d: d["parallel"].update(deallocate_pipeline_outputs=True), (),
+     "the executor keeps each stage's output until its backward"),
+], ids=["too-few-devices", "sequence-parallel", "tp-cnn", "dp-stash", "calibrate", "inject-range", "inject-op",
+        "freed-outputs"])
 def test_3d_plans_the_executor_cannot_run_are_refused_before_launch(tmp_path, capsys, plans, name, edit, extra,
                                                                     message):
     plan = plans[name] if edit is None else edited_plan(plans[name], tmp_path / "edited.json", edit)

@@ -70,6 +70,9 @@ def test_each_dense_pipeline_is_split_as_megatron_core_builds_its_recipe():
     # Llama 3 70B does not: 80 / (4 x 5) = 4 blocks per chunk, the embedding joining the first, the head the last
     llama70 = build_plan(mb.plan_inputs(_row(211))).plan.placement.layer_counts()
     assert mb.partition(_row(211)) == "blocks" and llama70 == (5,) + (4,) * 18 + (5,)
+    # and Megatron-Core frees each stage's output once sent (the Bridge's GPTModelProvider sets it)
+    assert mb.plan_inputs(_row(211)).deallocate_pipeline_outputs
+    assert not mb.plan_inputs(_row(9)).deallocate_pipeline_outputs  # PP 1: nothing sent
     # a mixture's recipe sets a layout not read here: named
     deepseek = _row(3)
     assert mb.partition(deepseek) == "balanced"

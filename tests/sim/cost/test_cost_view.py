@@ -223,3 +223,24 @@ def test_cost_model_names_the_ranks_its_profile_applies_to(tmp_path):
     assert no_fit.profiled_ranks() == (0, 1, 4, 5) and not no_fit.uses_measured_p2p()
     roofline = CostView(graph, topology, placement, 2)
     assert roofline.profiled_ranks() == () and not roofline.uses_measured_p2p()
+
+
+@pytest.mark.parametrize("pp, microbatches", [(2, 4), (4, 8), (4, 2)])
+def test_freeing_stage_outputs_lowers_each_ranks_peak_by_its_in_flight_boundaries(pp, microbatches):
+    from sim.plan.build import build_plan
+    from sim.plan.inputs import PlanInputs
+    from sim.predict import predict_built
+
+    def peaks(free):
+        built = build_plan(PlanInputs(model="llama:layers=8,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=1000,seq=256",
+                                      topology=f"{pp}xH100", pp=pp, microbatches=microbatches, microbatch_size=2,
+                                      partition="uniform", deallocate_pipeline_outputs=free))
+        devices = predict_built(built, check_memory=False).metrics["devices"]
+        return [device["peak_memory_bytes"] for device in devices], built.graph.boundary_bytes(2)
+
+    (kept, boundary), (freed, _) = peaks(False), peaks(True)
+    # 1F1B: rank r holds min(pp - r, microbatches) forwards at its peak (Megatron's warm-up), each sending one
+    # boundary of 2 samples; the last rank sends nothing
+    for rank in range(pp):
+        in_flight = min(pp - rank, microbatches) if rank < pp - 1 else 0
+        assert kept[rank] - freed[rank] == in_flight * 2 * boundary, rank

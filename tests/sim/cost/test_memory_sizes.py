@@ -37,3 +37,13 @@ def test_without_zero_and_under_zero_3_nothing_is_added():
     assert sizes.state_bytes(0, n) == n * (PARAMS + GRADS + ADAM)
     sizes, n = _sizes(3, 2)
     assert sizes.state_bytes(0, n) == -(-n * PARAMS // 2) + -(-n * GRADS // 2) + -(-n * ADAM // 2)
+
+
+def test_a_freed_stage_output_is_the_boundary_the_stage_sends_and_the_last_stage_frees_nothing():
+    graph = build_model("llama:layers=4,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=1000,seq=128")
+    sizes = MemorySizes(graph, 2, StateShards(), lambda device: None)
+    n = len(graph)
+    for start, end in ((0, 2), (2, 4), (1, 3)):  # stages that send their output on
+        kept, freed = sizes.activation_bytes(start, end), sizes.activation_bytes(start, end, output_freed=True)
+        assert kept - freed == 2 * graph.boundary_bytes(end) == 2 * 128 * 256 * 2  # two samples of s·h in bf16
+    assert sizes.activation_bytes(3, n, output_freed=True) == sizes.activation_bytes(3, n)  # sends nothing

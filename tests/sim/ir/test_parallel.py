@@ -49,6 +49,14 @@ def test_json_round_trip(layout):
     assert Parallelism.from_json(layout.to_json(), layout.pp, "x") == layout
 
 
+def test_freed_stage_outputs_are_written_only_when_asked_and_read_back():
+    kept, freed = Parallelism(pp=2), Parallelism(pp=2, deallocate_pipeline_outputs=True)
+    assert "deallocate_pipeline_outputs" not in kept.to_json()
+    assert freed.to_json()["deallocate_pipeline_outputs"] is True
+    assert Parallelism.from_json(freed.to_json(), 2, "x") == freed
+    assert "stage outputs freed once sent" in freed.describe()
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"tp": 0}, r"^tp must be an integer >= 1, got 0"),
     ({"dp": True}, r"^dp must be an integer >= 1, got True"),
@@ -58,6 +66,8 @@ def test_json_round_trip(layout):
     ({"zero": 2, "dp": 2, "grad_overlap": True}, r"^grad_overlap buckets one reduction per step"),
     ({"zero": 1}, r"^zero 1 .*needs dp > 1"),
     ({"sequence_parallel": True}, r"^sequence_parallel .*needs tp > 1"),
+    ({"deallocate_pipeline_outputs": True}, r"^deallocate_pipeline_outputs frees .*needs pp > 1"),
+    ({"pp": 2, "deallocate_pipeline_outputs": 1}, r"^deallocate_pipeline_outputs must be true or false, got 1"),
 ])
 def test_bad_layouts_are_refused_by_name(kwargs, message):
     with pytest.raises(SpecError, match=message):
