@@ -104,8 +104,10 @@ def test_the_published_candidate_carries_the_rows_inputs_and_names_what_it_canno
     assert (candidate.schedule, candidate.chunks, candidate.pp, candidate.tp) == ("interleaved", 2, 8, 8)
     bridge = next(r for r in megatron_bridge.load_rows() if r.line == 195)  # DeepSeek-V3, EP 32, PP 2, VP 4
     candidate, left = published_candidate(megatron_bridge.plan_inputs(bridge))
-    # the recipe's data-parallel overlaps, which the search does not vary, are named (both sides costed without them)
-    assert left == ("grad_overlap=True", "param_gather_overlap=True", "grad_bucket_params=134217728")
+    # the recipe's data-parallel overlaps, freed stage outputs and recomputed modules, which the search does not vary,
+    # are named (both sides costed with the defaults)
+    assert left == ("grad_overlap=True", "param_gather_overlap=True", "grad_bucket_params=134217728",
+                    "deallocate_pipeline_outputs=True", "recompute_modules=('moe_act',)")
     assert (candidate.ep, candidate.pp, candidate.chunks, candidate.zero) == (32, 2, 4, 1)
 
 
