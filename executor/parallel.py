@@ -50,7 +50,7 @@ from sim.ir.parallel import Parallelism
 from sim.ir.plan import Plan
 
 __all__ = ["Place", "ProcessGroups", "make_groups", "microbatch_index", "check_parallel", "build_process", "save_state",
-           "ProcessModel"]
+           "ProcessModel", "tensor_parallel_module"]
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def build_process(plan: Plan, place: Place, groups: ProcessGroups, *, seed: int,
         from executor.nn.gpt_parallel import parallel_loss
         from executor.nn.tensor_parallel import TensorParallelComm
 
-        shard_layer = _parallel_module(plan.model).shard_layer
+        shard_layer = tensor_parallel_module(plan.model).shard_layer
 
         comm = TensorParallelComm(groups.tp, layout.tp, place.tp, sync=sync)
         values = {key: int(value) for key, value in parse_spec(plan.model)[1].items()}
@@ -315,7 +315,7 @@ def save_state(directory: str, plan: Plan, place: Place, model: ProcessModel, gr
                 continue
             state = merge_expert_shards(blocks)
         if plan.layout.tp > 1:
-            unshard_state = _parallel_module(plan.model).unshard_state
+            unshard_state = tensor_parallel_module(plan.model).unshard_state
             shards: list[Any] = [None] * plan.layout.tp
             dist.all_gather_object(shards, state, group=groups.tp)
             if place.tp != 0:
@@ -325,8 +325,12 @@ def save_state(directory: str, plan: Plan, place: Place, model: ProcessModel, gr
         torch.save(state, Path(directory, f"stage{v}.pt"))
 
 
-def _parallel_module(model: str) -> Any:
-    """The module of ``model``'s tensor-parallel shards (its ``shard_layer`` and ``unshard_state``)."""
+def tensor_parallel_module(model: str) -> Any:
+    """The module of ``model``'s tensor-parallel shards (its ``shard_layer`` and ``unshard_state``): gpt's or llama's.
+
+    Raises:
+        KeyError: a model without tensor-parallel shards (:func:`check_parallel` refuses it first).
+    """
     from executor.nn import gpt_parallel, llama_parallel
 
     return {"gpt": gpt_parallel, "llama": llama_parallel}[parse_spec(model)[0]]

@@ -103,13 +103,13 @@ def run_case(out: Path, case: str, inputs: PlanInputs, *, iterations: int, warmu
         "measured_iteration_time_s"], "predicted_time_s": compare["predicted_iteration_time_s"], "ranks": ranks}
 
 
-def measure_profile(out: Path, model: str, microbatch_size: int) -> Path:
+def measure_profile(out: Path, model: str, microbatch_size: int, tp: int = 1) -> Path:
     """A measured profile of ``model`` on this host's CPU (``profiles.measure``): per layer its times and its memory
-    (``profiles.layer_memory``). Timing repeats are few (3 after 1 warm-up): the experiment is about memory, whose
-    figures do not vary between runs."""
+    (``profiles.layer_memory``), of one tensor-parallel shard of each layer where ``tp`` > 1. Timing repeats are few
+    (3 after 1 warm-up): the experiment is about memory, whose figures do not vary between runs."""
     path = out / "profile.json"
     run_module("profiles.measure", "--model", model, "--device", "cpu", "--microbatch-size", str(microbatch_size),
-               "--no-p2p", "--warmup", "1", "--repeats", "3", "--out", str(path))
+               "--tp", str(tp), "--no-p2p", "--warmup", "1", "--repeats", "3", "--out", str(path))
     return path
 
 

@@ -13,10 +13,10 @@ CPU rank (issue #40's target: every rank within 5 %).
 
 Each plan is predicted as a user calibrates: a profile of its model measured on this host's CPU first
 (``profiles.measure``, as ``memory_real`` does: the catalog's sizes describe fp16 Megatron training on GPUs, the
-executor trains in fp32 on the CPU), except the TP plans, costed by the model's sizes (a profile measures whole layers,
-a TP plan runs shards of them). A plan the product refuses (a layout or schedule rule) is listed with the reason, not
-counted. The verdict: how many ranks are within :data:`TARGET_ERROR` of the measured peak, error = predicted /
-measured − 1.
+executor trains in fp32 on the CPU); a TP plan's profile measures one tensor-parallel shard of each layer
+(``profiles.measure --tp N``), what each of its ranks runs. A plan the product refuses (a layout or schedule rule) is
+listed with the reason, not counted. The verdict: how many ranks are within :data:`TARGET_ERROR` of the measured peak,
+error = predicted / measured − 1.
 """
 
 from __future__ import annotations
@@ -44,12 +44,11 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb1p", "pipedream")
 
 @dataclass(frozen=True)
 class SuitePlan:
-    """One drawn plan: its name (``plan<i>``, then what it is), its ``sim.run`` inputs (without a profile) and
-    whether it is costed with a measured profile (all but tensor parallelism)."""
+    """One drawn plan: its name (``plan<i>``, then what it is) and its ``sim.run`` inputs (without a profile: the
+    suite measures one per model and tensor-parallel degree)."""
 
     name: str
     inputs: PlanInputs
-    profiled: bool
 
 
 def draw_plans(seed: int, count: int, ranks: int) -> list[SuitePlan]:
@@ -83,7 +82,7 @@ def draw_plans(seed: int, count: int, ranks: int) -> list[SuitePlan]:
         else:
             inputs = PlanInputs(model, topology, "1f1b", microbatches=microbatches, microbatch_size=1, tp=ranks, pp=1)
             what = f"tp{ranks}"
-        plans.append(SuitePlan(f"plan{i}-{what}-m{microbatches}", inputs, layout != "tp"))
+        plans.append(SuitePlan(f"plan{i}-{what}-m{microbatches}", inputs))
     return plans
 
 
@@ -123,16 +122,16 @@ def run(*, out: Path, seed: int = 0, plans: int = 12, ranks: int = 2, quick: boo
     if plans < 1:
         raise SpecError(f"--plans must be >= 1, got {plans}")
     count = 2 if quick else plans
-    profiles: dict[str, Path] = {}
+    profiles: dict[tuple[str, int], Path] = {}
     results, skipped = [], []
     for plan in draw_plans(seed, count, ranks):
         inputs = plan.inputs
-        if plan.profiled:
-            if inputs.model not in profiles:
-                where = out / f"profile-{len(profiles)}"
-                where.mkdir(parents=True, exist_ok=True)
-                profiles[inputs.model] = measure_profile(where, inputs.model, inputs.microbatch_size)
-            inputs = replace(inputs, profile=str(profiles[inputs.model]))
+        key = (inputs.model, inputs.tp)
+        if key not in profiles:
+            where = out / f"profile-{len(profiles)}"
+            where.mkdir(parents=True, exist_ok=True)
+            profiles[key] = measure_profile(where, inputs.model, inputs.microbatch_size, inputs.tp)
+        inputs = replace(inputs, profile=str(profiles[key]))
         try:
             build_plan(inputs)
         except SpecError as exc:
@@ -141,8 +140,7 @@ def run(*, out: Path, seed: int = 0, plans: int = 12, ranks: int = 2, quick: boo
         if progress is not None:
             progress(f"{plan.name}: {inputs.model}")
         case = run_case(out, plan.name, inputs, iterations=2, warmup=1)
-        results.append({"case": plan.name, "model": inputs.model, "layout": case["layout"],
-                        "profiled": plan.profiled, "ranks": case["ranks"]})
+        results.append({"case": plan.name, "model": inputs.model, "layout": case["layout"], "ranks": case["ranks"]})
     return Result(seed, ranks, tuple(results), tuple(skipped), summarize(results))
 
 

@@ -45,14 +45,15 @@ __all__ = ["measure_layer_memory"]
 
 
 def measure_layer_memory(spec: str, *, microbatch_size: int = 1, optimizer: str = "adam", seed: int = 0,
-                         device: torch.device | str = "cpu") -> tuple[LayerMemory, ...]:
-    """Measure every layer of ``spec`` on ``device`` (module docstring for what each figure holds), in layer order.
+                         device: torch.device | str = "cpu", tp: int = 1) -> tuple[LayerMemory, ...]:
+    """Measure every layer of ``spec`` on ``device`` (module docstring for what each figure holds), in layer order;
+    with ``tp`` > 1 one tensor-parallel shard of each (:mod:`profiles.layer_inputs`).
 
     Raises:
         SpecError: an invalid spec, a model without a torch implementation, or an unknown optimizer.
     """
     device = torch.device(device)
-    model = layers_on_inputs(spec, microbatch_size=microbatch_size, seed=seed, device=device)
+    model = layers_on_inputs(spec, microbatch_size=microbatch_size, seed=seed, device=device, tp=tp)
     layers, layer_inputs, targets, make_loss = model.layers, model.inputs, model.targets, model.loss
     last = len(layers) - 1
     measured = []

@@ -89,7 +89,7 @@ def median_time_s(run: Callable[[Any], Any], *, warmup: int, repeats: int, sync:
 
 
 def time_layers(spec: str, *, microbatch_size: int = 1, optimizer: str = "adam", warmup: int = 3, repeats: int = 10,
-                seed: int = 0, device: torch.device | str = "cpu") -> tuple[LayerMeasurement, ...]:
+                seed: int = 0, device: torch.device | str = "cpu", tp: int = 1) -> tuple[LayerMeasurement, ...]:
     """Time every layer of ``spec`` on ``device`` (module docstring for what each time contains).
 
     Args:
@@ -100,6 +100,7 @@ def time_layers(spec: str, *, microbatch_size: int = 1, optimizer: str = "adam",
         repeats: timed runs, >= 1; the median is kept.
         seed: seeds the weights, the synthetic microbatch and the output gradients.
         device: where to run, e.g. ``"cpu"`` or ``"cuda:0"``.
+        tp: with > 1, time one tensor-parallel shard of each layer (:mod:`profiles.layer_inputs`).
 
     Returns:
         One :class:`LayerMeasurement` per graph layer, in graph order.
@@ -110,7 +111,7 @@ def time_layers(spec: str, *, microbatch_size: int = 1, optimizer: str = "adam",
     device = torch.device(device)
     sync = _synchronizer(device)
     # Each layer's real input: what the layers before it make of the microbatch. No graph is needed for these.
-    model = layers_on_inputs(spec, microbatch_size=microbatch_size, seed=seed, device=device)
+    model = layers_on_inputs(spec, microbatch_size=microbatch_size, seed=seed, device=device, tp=tp)
     graph, layers, layer_inputs, targets, make_loss = (model.graph, model.layers, model.inputs, model.targets,
                                                        model.loss)
 

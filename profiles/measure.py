@@ -36,6 +36,7 @@ import torch
 from executor.nn.optim import OPTIMIZERS
 from executor.nn.stages import TORCH_MODELS
 from executor.provenance import catalog_id_for_gpu, cpu_model, software_versions
+from profiles.layer_inputs import TENSOR_PARALLEL_MODELS
 from profiles.layer_memory import measure_layer_memory
 from profiles.layer_timing import LayerMeasurement, time_layers
 from profiles.p2p import P2PChoice, P2PError, choose_p2p, ping_pong, power_of_two_sizes
@@ -47,6 +48,7 @@ from sim.cost.p2p_fit import fit_latency_bandwidth
 from sim.cost.profile import LayerMemory, layer_memory_fields, profile_document
 from sim.hw.catalog import get_device
 from sim.models import build_model
+from sim.models.sharding import Sharding
 
 __all__ = ["main", "make_parser"]
 
@@ -62,6 +64,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device-name", help="catalog id written as the profile's device (default: cpu, or the "
                         "CUDA device's catalog id looked up from its name)")
     parser.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch (default 1)")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="measure one tensor-parallel shard of each layer, as a rank of a group of TP runs it "
+                        "(gpt and llama; its collectives are the simulator's to cost): the profile then applies to "
+                        "plans of --tp TP only (default 1: whole layers)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimizer whose step is timed")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs before the timed ones (default 3)")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs; the median is kept (default 10)")
@@ -82,7 +88,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Reject out-of-range numbers and an unusable ``--out`` before anything is measured."""
-    for flag, value, minimum in (("--microbatch-size", args.microbatch_size, 1), ("--warmup", args.warmup, 0),
+    for flag, value, minimum in (("--microbatch-size", args.microbatch_size, 1), ("--tp", args.tp, 1),
+                                 ("--warmup", args.warmup, 0),
                                  ("--repeats", args.repeats, 1), ("--threads", args.threads, 1),
                                  ("--p2p-repeats", args.p2p_repeats, 1)):
         if value is not None and value < minimum:
@@ -92,13 +99,19 @@ def _check_args(args: argparse.Namespace) -> None:
     check_output_file(args.out, "--out")
 
 
-def _check_model(spec: str) -> str:
-    """The canonical spec of ``spec``; SpecError if it is invalid or has no torch implementation."""
+def _check_model(spec: str, tp: int = 1) -> str:
+    """The canonical spec of ``spec``; SpecError if it is invalid, has no torch implementation, or (``tp`` > 1) has
+    no tensor-parallel shards or is not divided by ``tp``."""
     graph = build_model(spec)
     name = parse_spec(graph.spec)[0]
     if name not in TORCH_MODELS:
         raise SpecError(f"model {name!r} has no torch implementation, so {graph.spec!r} cannot be measured "
                         f"(torch models: {', '.join(TORCH_MODELS)})")
+    if tp > 1:
+        if name not in TENSOR_PARALLEL_MODELS:
+            raise SpecError(f"--tp {tp}: the executor splits only {' and '.join(TENSOR_PARALLEL_MODELS)} layers into "
+                            f"tensor-parallel shards, not {name}")
+        build_model(graph.spec, Sharding(tp=tp))  # a degree that does not divide the heads or widths: one line
     return graph.spec
 
 
@@ -141,7 +154,8 @@ def _profile_json(args: argparse.Namespace, spec: str, device_id: str, gpu_name:
     # The executor's optimizer step ends with zero_grad(set_to_none=True): gradients live from a stage's first
     # backward after an update to the next update (executor.interpreter), which is what this profile is for.
     # And its gradient reduction all-reduces a flat copy of a stage's gradients (executor.data_parallel).
-    extra: dict[str, Any] = {"optimizer": args.optimizer, "gradients": "per_step", "reduction": "flat_copy"}
+    extra: dict[str, Any] = {"optimizer": args.optimizer, "gradients": "per_step", "reduction": "flat_copy",
+                             **({"tensor_parallel": args.tp} if args.tp > 1 else {})}
     if host_copy is not None:
         extra["host_copy"] = host_copy
     return profile_document(model=spec, device=device_id, microbatch_size=args.microbatch_size,
@@ -194,21 +208,22 @@ def _measure_p2p(args: argparse.Namespace, choice: P2PChoice,
 def _run(argv: list[str] | None) -> int:
     args = make_parser().parse_args(argv)
     _check_args(args)
-    spec = _check_model(args.model)
+    spec = _check_model(args.model, args.tp)
     device, device_id, gpu_name = _resolve_device(args.device, args.device_name)
     sizes = () if args.no_p2p else power_of_two_sizes(args.p2p_min_bytes, args.p2p_max_bytes)
     threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else None)
     if threads is not None:
         torch.set_num_threads(threads)
 
-    print(f"measuring {spec} on {device_id} ({gpu_name or cpu_model() or 'cpu'}), microbatch size "
+    shard = f", one shard of tensor-parallel {args.tp}" if args.tp > 1 else ""
+    print(f"measuring {spec}{shard} on {device_id} ({gpu_name or cpu_model() or 'cpu'}), microbatch size "
           f"{args.microbatch_size}, {args.optimizer}, median of {args.repeats} after {args.warmup} warm-up, "
           f"{torch.get_num_threads()} thread(s)")
     layers = time_layers(spec, microbatch_size=args.microbatch_size, optimizer=args.optimizer, warmup=args.warmup,
-                         repeats=args.repeats, seed=args.seed, device=device)
+                         repeats=args.repeats, seed=args.seed, device=device, tp=args.tp)
     print(format_table(layers))
     memory = measure_layer_memory(spec, microbatch_size=args.microbatch_size, optimizer=args.optimizer,
-                                  seed=args.seed, device=device)
+                                  seed=args.seed, device=device, tp=args.tp)
 
     choice = choose_p2p(device.type, torch.cuda.device_count() if device.type == "cuda" else 0)
     if args.no_p2p:

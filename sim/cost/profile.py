@@ -116,6 +116,8 @@ class MeasuredProfile:
         gradients: how long weight gradients live where the profile applies (:data:`GRADIENT_LIFETIMES`).
         reduction: how a data-parallel gradient reduction holds its data where the profile applies
             (:data:`REDUCTIONS`).
+        tensor_parallel: the tensor-parallel degree whose shard of each layer was measured (``profiles.measure --tp``;
+            1: whole layers); a plan takes the profile only at this ``--tp``.
     """
 
     source: str
@@ -130,6 +132,7 @@ class MeasuredProfile:
     memory: tuple[LayerMemory, ...] | None = None
     gradients: str = "resident"
     reduction: str = "in_place"
+    tensor_parallel: int = 1
 
 
 def _number(data: dict[str, Any], key: str, where: str, *, required: bool = True) -> float | None:
@@ -177,6 +180,10 @@ def load_profile(path: str | Path) -> MeasuredProfile:
     reduction = data.get("reduction", "in_place")
     if reduction not in REDUCTIONS:
         raise SpecError(f"profile {source}: reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    tensor_parallel = data.get("tensor_parallel", 1)
+    if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+        raise SpecError(f"profile {source}: tensor_parallel must be an integer >= 1 (the measured shards' degree), "
+                        f"got {tensor_parallel!r}")
     p2p = data.get("p2p") or {}
     if not isinstance(p2p, dict):
         raise SpecError(f"profile {source}: p2p must be an object")
@@ -188,7 +195,7 @@ def load_profile(path: str | Path) -> MeasuredProfile:
         latency = bandwidth = None
     h2d, d2h = _host_copy_bandwidths(data.get("host_copy"), source)
     return MeasuredProfile(source, data["model"], data["device"], mbs, tuple(layers), latency, bandwidth, h2d, d2h,
-                           memory=memory, gradients=gradients, reduction=reduction)
+                           memory=memory, gradients=gradients, reduction=reduction, tensor_parallel=tensor_parallel)
 
 
 def layer_memory_fields(memory: LayerMemory) -> dict[str, int]:

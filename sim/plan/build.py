@@ -119,13 +119,12 @@ def build_plan(inputs: PlanInputs, topology: Topology | None = None) -> BuiltPla
         raise ValueError(f"topology {topology.spec!r} is not the inputs' {inputs.topology!r}")
     layout = plan_layout(inputs, topology)
     microbatches = plan_microbatches(inputs, layout)
-    if layout.tp > 1 and inputs.profile:
-        raise SpecError(f"a measured profile times whole layers on one device; {{tp}} {layout.tp} splits them "
-                        f"({{profile}} {inputs.profile})", "tp", "profile")
+    profile = load_profile(inputs.profile) if inputs.profile else None
+    if profile is not None:
+        _check_profile_shards(profile, layout)
     routing = parse_routing(inputs.routing)
     graph = inputs_graph(inputs, layout)
     check_graph(graph, layout, topology, precision=inputs.precision, compiled=inputs.compiled)
-    profile = load_profile(inputs.profile) if inputs.profile else None
     if inputs.schedule_file:
         l0 = _programs_from_file(inputs, graph, topology, layout, microbatches)
     else:
@@ -283,6 +282,21 @@ def _l0_plan(inputs: PlanInputs, graph: LayerGraph, topology: Topology, l0: _Pro
         plan = add_recompute(plan)  # also records ("recompute", True) in the options
     validate_l0(plan)
     return plan
+
+
+def _check_profile_shards(profile: MeasuredProfile, layout: Parallelism) -> None:
+    """Refuse a measured profile whose layers are not what one device of ``layout`` runs: a profile measures whole
+    layers, or with ``profiles.measure --tp T`` one tensor-parallel shard of each (without sequence parallelism, which
+    the executor does not run); it applies at that degree only."""
+    measured = profile.tensor_parallel
+    if measured != layout.tp:
+        what = "whole layers" if measured == 1 else f"the shards of --tp {measured}"
+        raise SpecError(f"{{profile}} {profile.source} measured {what}; {{tp}} {layout.tp} runs "
+                        f"{'whole layers' if layout.tp == 1 else 'shards of ' + str(layout.tp)} (measure them with "
+                        f"python -m profiles.measure --tp {layout.tp})", "profile", "tp")
+    if layout.sequence_parallel:
+        raise SpecError(f"{{profile}} {profile.source} measured shards without sequence parallelism; drop "
+                        f"{{sequence_parallel}} or the profile", "profile", "sequence_parallel")
 
 
 def _check_float8_gather(inputs: PlanInputs) -> None:

@@ -18,7 +18,6 @@ def test_the_same_seed_draws_the_same_suite_and_another_seed_another():
     for layout in ("pp4-", "dp4-zero0", "dp4-zero1", "dp4-zero2", "tp4", "pp2-dp2"):
         assert layout in names, layout
     for plan in first:
-        assert plan.profiled == (plan.inputs.tp == 1)
         dims = dict(item.split("=") for item in plan.inputs.model.removeprefix("gpt:").split(","))
         assert all(int(dims[key]) in values for key, values in memory_suite.MODEL_SPACE.items())
 

@@ -100,6 +100,13 @@ def test_the_profile_reads_back_and_refuses_partial_memory(tmp_path, measured):
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(SpecError, match="gradients must be one of resident, per_step"):
         load_profile(tmp_path / "bad.json")
+    for value in (0, True, "2"):
+        data = json.loads((tmp_path / "profile.json").read_text())
+        data["tensor_parallel"] = value
+        (tmp_path / "bad.json").write_text(json.dumps(data))
+        with pytest.raises(SpecError, match=r"tensor_parallel must be an integer >= 1 \(the measured shards' degree\)"):
+            load_profile(tmp_path / "bad.json")
+    assert profile.tensor_parallel == 1  # whole layers when the field is absent
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb1p", "pipedream"])

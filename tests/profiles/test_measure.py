@@ -20,6 +20,7 @@ from sim.cost.p2p_fit import fit_latency_bandwidth
 from sim.cost.profile import load_profile
 from sim.hw.catalog import get_device
 from sim.models import build_model
+from sim.models.sharding import Sharding
 from sim.run import main as sim_run_main
 
 GPT = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=50"
@@ -186,6 +187,54 @@ def test_the_written_profile_loads_and_drives_the_simulator(tmp_path, capsys):
     assert multiprocessing.active_children() == []  # the two ping-pong ranks are gone
 
 
+def test_a_tensor_parallel_shard_is_measured_as_a_rank_of_the_group_holds_it(tmp_path, capsys):
+    out = tmp_path / "gpt-tp2.json"
+    assert main(["--model", GPT, *QUICK, "--tp", "2", "--no-p2p", "--out", str(out)]) == 0
+    assert "one shard of tensor-parallel 2" in capsys.readouterr().out
+    data, profile = json.loads(out.read_text()), load_profile(out)
+    assert data["tensor_parallel"] == profile.tensor_parallel == 2
+    # each layer's parameters are the shard's: the sharded graph's counts, in fp32 (Megatron's split of a GPT block,
+    # the vocabulary split by rows; sim.models.sharding)
+    shard = build_model(GPT, Sharding(tp=2))
+    assert [entry["param_bytes"] for entry in data["layers"]] == [4 * shard.param_count(i) for i in range(len(shard))]
+    whole = build_model(GPT)
+    assert shard.param_count(1) < whole.param_count(1)
+    # a profile of whole layers says so by leaving the field out
+    assert "tensor_parallel" not in json.loads((_whole_profile(tmp_path)).read_text())
+
+
+def test_a_tp_plan_takes_only_a_profile_of_its_own_shards_and_then_predicts_the_executors_peak(tmp_path):
+    from experiments.memory_real import run_case
+    from sim.core.errors import SpecError
+    from sim.plan.build import build_plan
+    from sim.plan.inputs import PlanInputs
+
+    spec = "gpt:layers=3,hidden=128,heads=2,seq=64,vocab=500"
+    shards, whole = tmp_path / "tp2.json", tmp_path / "whole.json"
+    for out, flags in ((shards, ["--tp", "2"]), (whole, [])):
+        assert main(["--model", spec, *QUICK, *flags, "--no-p2p", "--out", str(out)]) == 0
+    plan = PlanInputs(spec, "2xcpu", "1f1b", microbatches=3, tp=2, pp=1, profile=str(shards))
+    with pytest.raises(SpecError, match=r"measured whole layers; tp 2 runs shards of 2 \(measure them with python "
+                                        r"-m profiles.measure --tp 2\)"):
+        build_plan(PlanInputs(**{**plan.__dict__, "profile": str(whole)}))
+    with pytest.raises(SpecError, match="measured the shards of --tp 2; tp 1 runs whole layers"):
+        build_plan(PlanInputs(spec, "1xcpu", "1f1b", microbatches=3, profile=str(shards)))
+    with pytest.raises(SpecError, match="measured shards without sequence parallelism"):
+        build_plan(PlanInputs(**{**plan.__dict__, "sequence_parallel": True}))
+    # the executor's two ranks each peak where the ledger, sized by the shard's profile, says (the suite's target is
+    # 5 %; within 1 % here: a shard measured alone holds what the rank's own layers hold)
+    case = run_case(tmp_path / "runs", "tp2", plan, iterations=2, warmup=1)
+    assert [r["rank"] for r in case["ranks"]] == [0, 1]
+    assert all(abs(r["relative_error"]) < 0.01 for r in case["ranks"]), case["ranks"]
+    assert multiprocessing.active_children() == []
+
+
+def _whole_profile(tmp_path):
+    out = tmp_path / "gpt.json"
+    assert main(["--model", GPT, *QUICK, "--no-p2p", "--out", str(out)]) == 0
+    return out
+
+
 def test_no_p2p_writes_no_p2p_and_says_why(tmp_path, capsys):
     out = tmp_path / "cnn.json"
     assert main(["--model", CNN, *QUICK, "--optimizer", "sgd", "--threads", "2", "--no-p2p", "--out", str(out)]) == 0
@@ -212,6 +261,9 @@ BAD_ARGS = [
     (["--model", GPT, "--device-name", "nosuch-gpu"], "unknown device"),
     (["--model", GPT, "--p2p-max-bytes", "1500"], "at least two message sizes"),
     (["--model", GPT, "--repeats", "two"], "invalid int"),
+    (["--model", GPT, "--tp", "0"], "--tp must be >= 1"),
+    (["--model", GPT, "--tp", "3"], "tp=3 must divide"),
+    (["--model", CNN, "--tp", "2"], "--tp 2: the executor splits only gpt and llama layers"),
 ]
 
 
