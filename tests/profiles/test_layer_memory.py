@@ -31,6 +31,36 @@ def measured():
     return measure_layer_memory(SPEC)
 
 
+@pytest.mark.parametrize("spec", [SPEC, "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,seq=16,vocab=50",
+                                  "moe:layers=2,hidden=64,heads=4,kv_heads=2,head_dim=16,ffn=96,vocab=50,seq=16,"
+                                  "experts=4,topk=2,expert_ffn=32"])
+def test_what_a_layer_keeps_and_its_gradients_are_what_torchs_own_memory_tracker_counts(spec):
+    """The oracle is PyTorch's MemTracker (``torch.distributed._tools.mem_tracker``), which attributes every live
+    storage to a category as its tensors are made: after a layer's forward (the head's with its loss) its
+    activations, less the storages the layer was handed (its input and the targets), are what the layer keeps; after
+    the backward, its gradients. Ours are measured by an independent counter (``executor.memory.StorageCounter``)."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    from profiles.layer_inputs import layers_on_inputs
+
+    cpu = torch.device("cpu")
+    model = layers_on_inputs(spec, microbatch_size=2, seed=0, device=cpu)
+    ours = measure_layer_memory(spec, microbatch_size=2)
+    last = len(model.layers) - 1
+    for i, (layer, given) in enumerate(zip(model.layers, model.inputs)):
+        x = given.detach().clone().requires_grad_(i > 0)
+        tracker = MemTracker()
+        tracker.track_external(layer)
+        with tracker:
+            out = model.loss(layer(x), model.targets) if i == last else layer(x)
+            kept = tracker.get_tracker_snapshot("current")[cpu][_MemRefType.ACT]
+            out.backward(None if i == last else torch.randn_like(out))
+            gradients = tracker.get_tracker_snapshot("current")[cpu][_MemRefType.GRAD]
+        handed = (x.untyped_storage().nbytes() if i > 0 else 0) + (
+            model.targets.untyped_storage().nbytes() if i == last else 0)
+        assert (kept - handed, gradients) == (ours[i].retained_bytes, ours[i].gradient_bytes), model.graph.layers[i]
+
+
 def test_state_is_four_bytes_per_parameter_and_adams_two_moments(measured):
     graph = build_model(SPEC)
     layers = build_layers(graph.spec, seed=0)
