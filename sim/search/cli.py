@@ -28,9 +28,12 @@ from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import Perturbation, SlowLink, Straggler, parse_straggler
 from sim.hw.topology import Topology
 from sim.ir.parallel import RANK_ORDERS
+from sim.models import build_model
 from sim.models.blocks import BLOCKS
 from sim.models.loss import LOSSES
+from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, parse_recompute_modules
 from sim.models.routing import CAPACITY_FACTOR_HELP, ROUTING_HELP
+from sim.models.sharding import Sharding
 from sim.plan.inputs import format_builtin_lists
 from sim.plan.partition import PARTITION_RULES
 from sim.report.png import load_matplotlib_in_background
@@ -50,7 +53,8 @@ FLAGS = {"global_batch": "--global-batch", "memory_limit_bytes": "--memory-limit
          "memory_headroom": "--memory-headroom", "time_budget_s": "--time-budget",
          "strategy": "--strategy", "evaluations": "--evaluations", "chains": "--chains", "workers": "--workers",
          "ray": "--ray", "routing": "--routing", "capacity_factor": "--capacity-factor",
-         "loss": "--loss", "blocks": "--blocks"}
+         "loss": "--loss", "blocks": "--blocks", "deallocate_pipeline_outputs": "--deallocate-pipeline-outputs",
+         "recompute_modules": "--recompute-modules"}
 
 
 def _listed(kind, allowed=None, name=""):
@@ -174,7 +178,29 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--blocks", choices=list(BLOCKS), default=BLOCKS[0],
                         help="the modules every plan's blocks are built from (as sim.run --blocks): eager (default; "
                         "torchtitan's PyTorch modules) or transformer-engine (Megatron-Core's)")
+    parser.add_argument("--deallocate-pipeline-outputs", action="store_true",
+                        help="every plan with pipeline stages frees each stage's output once sent (as sim.run "
+                        "--deallocate-pipeline-outputs: Megatron-Core's)")
+    parser.add_argument("--recompute-modules", type=_recompute_modules, default=DEFAULT_RECOMPUTE_MODULES,
+                        metavar="M[,M...]",
+                        help="what a plan's selective recomputation drops in a mixture's blocks (as sim.run "
+                        f"--recompute-modules: {', '.join(RECOMPUTE_MODULES)}; default all)")
     return parser
+
+
+def _recompute_modules(text: str) -> tuple[str, ...]:
+    """``--recompute-modules mla_up_proj`` → the modules in canonical order (:mod:`sim.models.recompute_modules`)."""
+    try:
+        return parse_recompute_modules(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _check_recompute_modules(problem: SearchProblem) -> None:
+    """Refuse ``--recompute-modules`` for a model that is not a mixture, once, before the search (each selective plan
+    would be refused by it otherwise)."""
+    if problem.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
+        build_model(problem.model, Sharding(selective_recompute=True, recompute_modules=problem.recompute_modules))
 
 
 class _Progress:
@@ -237,7 +263,9 @@ def _run(argv: list[str] | None, started: float) -> int:
                           settings=settings, cp=args.cp, cp_comms=args.cp_comm, dp_replicate=args.dp_replicate,
                           precisions=args.precision, compile=args.compile, ep=args.ep, etp=args.etp),
         perturbation=_perturbation(args.straggler or (), args.topology), routing=args.routing,
-        capacity_factor=args.capacity_factor, loss=args.loss, blocks=args.blocks)
+        capacity_factor=args.capacity_factor, loss=args.loss, blocks=args.blocks,
+        deallocate_pipeline_outputs=args.deallocate_pipeline_outputs, recompute_modules=args.recompute_modules)
+    _check_recompute_modules(problem)
     out = prepare_output_dir(args.out, "--out", create=False)  # a bad --out is refused before the search, not after
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), args.time_budget)
     load_matplotlib_in_background()  # the chart at the end waits for nothing, even right after a Ctrl-C

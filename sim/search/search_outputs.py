@@ -20,6 +20,7 @@ from sim.core.collector import collector_paused
 from sim.core.fileio import json_with_record_lines, write_bytes_atomic
 from sim.core.parallel_outputs import produce_in_parallel
 from sim.hw.topology import Topology
+from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES
 from sim.report.png import figure_png
 from sim.report.titles import wrap_title
 from sim.search.evaluate import Evaluation
@@ -160,7 +161,13 @@ def search_json(result: SearchResult) -> dict[str, Any]:
                     "space": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(problem.space).items()},
                     # A mixture's routing, where it is not balanced and dropless (as a plan's options record it).
                     **({"routing": problem.routing} if problem.routing != "balanced" else {}),
-                    **({"capacity_factor": problem.capacity_factor} if problem.capacity_factor else {})},
+                    **({"capacity_factor": problem.capacity_factor} if problem.capacity_factor else {}),
+                    # How the framework runs every plan, where it is not the default (as the plans' options say).
+                    **({"loss": problem.loss} if problem.loss != "fused" else {}),
+                    **({"blocks": problem.blocks} if problem.blocks != "eager" else {}),
+                    **({"deallocate_pipeline_outputs": True} if problem.deallocate_pipeline_outputs else {}),
+                    **({"recompute_modules": list(problem.recompute_modules)}
+                       if problem.recompute_modules != DEFAULT_RECOMPUTE_MODULES else {})},
         "strategy": result.strategy,
         "seed": result.seed,
         "space_size": result.space_size,

@@ -29,6 +29,7 @@ from sim.cost.precision import PRECISIONS
 from sim.engine.perturbation import NONE, Perturbation
 from sim.hw.topology import Topology
 from sim.ir.parallel import CP_COMMS, DEFAULT_RANK_ORDER, RANK_ORDERS, ZERO_STAGES, Parallelism
+from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES
 from sim.plan.inputs import PlanInputs
 from sim.schedules import SCHEDULES
 from sim.search.placement import stage_placements
@@ -116,6 +117,10 @@ class SearchProblem:
         capacity_factor: tokens an expert computes at most, as a multiple of its balanced share (0: dropless).
         loss: how the framework computes the loss in every candidate (``--loss``, :data:`sim.models.loss.LOSSES`).
         blocks: the modules every candidate's blocks are built from (``--blocks``, :data:`sim.models.blocks.BLOCKS`).
+        deallocate_pipeline_outputs: every candidate with pipeline stages frees each stage's output once sent
+            (``--deallocate-pipeline-outputs``, Megatron-Core's; :class:`sim.ir.parallel.Parallelism`).
+        recompute_modules: what a candidate's selective recomputation drops in a mixture's blocks
+            (``--recompute-modules``, :mod:`sim.models.recompute_modules`).
     """
 
     model: str
@@ -131,6 +136,8 @@ class SearchProblem:
     capacity_factor: float = 0.0
     loss: str = "fused"
     blocks: str = "eager"
+    deallocate_pipeline_outputs: bool = False
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
 
     def capacity_bytes(self, capacity: float | None) -> int | None:
         """What a device of ``capacity`` bytes (``None`` or ``inf``: no limit of its own) may use: the smaller of it
@@ -185,7 +192,9 @@ class Candidate:
             devices=self.devices, cp=self.cp, cp_comm=self.cp_comm, dp_replicate=self.dp_replicate,
             precision=None if self.precision == MODEL_PRECISION else self.precision, compiled=self.compiled,
             ep=self.ep, etp=self.etp, routing=problem.routing, capacity_factor=problem.capacity_factor,
-            loss=problem.loss, blocks=problem.blocks)
+            loss=problem.loss, blocks=problem.blocks,
+            deallocate_pipeline_outputs=problem.deallocate_pipeline_outputs and self.pp > 1,
+            recompute_modules=problem.recompute_modules if self.recompute == "selective" else DEFAULT_RECOMPUTE_MODULES)
 
     def label(self) -> str:
         """A short name: ``tp2 dp2 pp2 b4 interleaved(v=2) full sp zero1 [dp-tp-pp]``."""
@@ -249,6 +258,10 @@ class Candidate:
             flags += ["--loss", problem.loss]
         if problem.blocks != "eager":
             flags += ["--blocks", problem.blocks]
+        if problem.deallocate_pipeline_outputs and self.pp > 1:
+            flags.append("--deallocate-pipeline-outputs")
+        if self.recompute == "selective" and problem.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
+            flags += ["--recompute-modules", ",".join(problem.recompute_modules)]
         if self.rank_order != DEFAULT_RANK_ORDER:
             flags += ["--rank-order", self.rank_order]
         if self.partition != "balanced":

@@ -86,6 +86,8 @@ BAD = [
     (["--chunks", "1"], "chunks cannot include 1"),
     (["--routing", "zipf"], "zipf"),
     (["--capacity-factor", "-1"], "--capacity-factor"),
+    (["--recompute-modules", "core_attn"], "argument --recompute-modules: recompute module 'core_attn'"),
+    (["--recompute-modules", "moe_act"], "--recompute-modules names Megatron-Core's modules of the moe family"),
 ]
 
 
@@ -173,6 +175,25 @@ def test_a_routed_search_records_its_routing_and_its_plan_is_the_one_sim_run_bui
     assert (record["problem"]["routing"], record["problem"]["capacity_factor"]) == ("skew:1.2:4", 1.5)
     again = printed.split("the best plan again: python -m sim.run ")[1].split(" --out DIR")[0].split()
     assert again[again.index("--routing") + 1] == "skew:1.2:4" and again[again.index("--capacity-factor") + 1] == "1.5"
+    assert sim_run([*again, "--no-gantt", "--out", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "search" / "plan.json").read_text() == (tmp_path / "run" / "plan.json").read_text()
+
+
+def test_a_megatron_style_search_records_how_its_plans_run_and_its_plan_is_the_one_sim_run_builds(tmp_path, capsys):
+    """``--blocks``, ``--deallocate-pipeline-outputs`` and ``--recompute-modules`` apply to every plan where they have
+    a meaning: ``search.json`` records them, and the printed flags rebuild the best plan byte for byte."""
+    moe = ("moe:layers=4,experts=8,hidden=256,expert_ffn=256,ffn=512,heads=4,kv_heads=2,head_dim=64,seq=64,topk=2,"
+           "vocab=500")
+    args = ["--topology", "4xA100", "--model", moe, "--global-batch", "8", "--no-progress", "--schedules", "1f1b",
+            "--recompute", "selective", "--zero", "0", "--ep", "1", "--blocks", "transformer-engine",
+            "--deallocate-pipeline-outputs", "--recompute-modules", "layernorm,moe_act"]
+    assert main([*args, "--out", str(tmp_path / "search")]) == 0
+    printed = capsys.readouterr().out
+    problem = json.loads((tmp_path / "search" / "search.json").read_text())["problem"]
+    assert (problem["blocks"], problem["deallocate_pipeline_outputs"], problem["recompute_modules"]) == (
+        "transformer-engine", True, ["layernorm", "moe_act"])
+    again = printed.split("the best plan again: python -m sim.run ")[1].split(" --out DIR")[0].split()
+    assert again[again.index("--recompute-modules") + 1] == "layernorm,moe_act"
     assert sim_run([*again, "--no-gantt", "--out", str(tmp_path / "run")]) == 0
     assert (tmp_path / "search" / "plan.json").read_text() == (tmp_path / "run" / "plan.json").read_text()
 

@@ -215,6 +215,30 @@ def test_run_flags_name_every_choice_that_differs_from_sim_runs_defaults():
     assert c.microbatches(8) == 2.0 and Candidate(1, 1, 4, 3, "1f1b").microbatches(8) == pytest.approx(8 / 3)
 
 
+def test_the_problems_framework_settings_reach_the_candidates_they_apply_to():
+    from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES
+    from sim.plan.build import build_plan
+    from sim.run import make_parser
+
+    mixture = "qwen3-30b-a3b,seq=1024"
+    p = SearchProblem(model=mixture, topology="8xH100", global_batch=8, deallocate_pipeline_outputs=True,
+                      recompute_modules=("moe_act",))
+    piped, flat = Candidate(1, 4, 2, 1, "1f1b", 1, "selective"), Candidate(1, 8, 1, 1, "1f1b", 1, "full")
+    # freeing stage outputs needs stages, the modules a selective recomputation: each where it has a meaning
+    assert (piped.plan_inputs(p).deallocate_pipeline_outputs, piped.plan_inputs(p).recompute_modules) == (
+        True, ("moe_act",))
+    assert (flat.plan_inputs(p).deallocate_pipeline_outputs, flat.plan_inputs(p).recompute_modules) == (
+        False, DEFAULT_RECOMPUTE_MODULES)
+    assert "--deallocate-pipeline-outputs" not in flat.run_flags(p) and "--recompute-modules" not in flat.run_flags(p)
+    # and the flags rebuild the same plan with sim.run
+    flags = piped.run_flags(p)
+    assert flags[flags.index("--recompute-modules") + 1] == "moe_act" and "--deallocate-pipeline-outputs" in flags
+    args = make_parser().parse_args([*flags, "--out", "unused"])
+    assert (args.deallocate_pipeline_outputs, args.recompute_modules) == (True, ("moe_act",))
+    built = build_plan(piped.plan_inputs(p))
+    assert built.plan.layout.deallocate_pipeline_outputs and built.plan.option("recompute_modules") == "moe_act"
+
+
 def test_one_pipeline_rank_lists_one_synchronous_schedule():
     found = enumerate_candidates(problem(4, schedules=("gpipe", "zb1p", "interleaved"), recompute=("none",),
                                          sequence_parallel=(False,), zero=(0,)), 2)
