@@ -265,7 +265,9 @@ def make_parser() -> argparse.ArgumentParser:
                       help="seeded runs the expected figures and the interval sweep average (default 16)")
     parser.add_argument("--partition", default="balanced",
                         help="uniform, balanced (exact DP, default), blocks (Megatron-DeepSpeed's type:transformer: "
-                        "blocks split evenly, embedding first, head last) or layer counts per stage, e.g. 12,12,13,13")
+                        "blocks split evenly, embedding first, head last), layer counts per stage, e.g. 12,12,13,13, "
+                        "or a Megatron-Core pipeline_model_parallel_layout, e.g. 'Et*4|(t*4|)*14tmL' (E embedding, t "
+                        "decoder, m MTP, L loss; | between stages)")
     parser.add_argument("--profile", help="measured profile JSON (profiles/README.md) replacing roofline costs")
     parser.add_argument("--ignore-memory", action="store_true",
                         help="report peak memory but do not fail when a device runs out")

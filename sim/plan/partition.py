@@ -1,4 +1,5 @@
-"""Partitioning a layer chain into contiguous pipeline stages (``--partition uniform|balanced|blocks|<counts>``).
+"""Partitioning a layer chain into contiguous pipeline stages (``--partition uniform|balanced|blocks|<counts>``, or a
+Megatron-Core layout: :mod:`sim.plan.megatron_layout`).
 
 ``blocks`` is Megatron-DeepSpeed's ``partition_method="type:transformer"``: the transformer blocks split as evenly as
 :func:`uniform_counts` splits layers, the embedding joins the first stage and the head the last (a GPT model).
@@ -31,6 +32,7 @@ from sim.core.errors import SpecError, did_you_mean
 from sim.cost.oracle import CostOracle
 from sim.hw.topology import Topology
 from sim.plan.bottleneck import StageCosts, min_max_counts
+from sim.plan.megatron_layout import is_megatron_layout, layout_counts
 
 __all__ = ["parse_partition", "uniform_counts", "balanced_counts", "block_counts", "stage_time", "counts_to_ranges",
            "PARTITION_RULES"]
@@ -167,8 +169,8 @@ def _check_placement(topology: Topology, num_stages: int, vstage_to_rank: tuple[
 
 def parse_partition(text: str, oracle: CostOracle, num_stages: int,
                     vstage_to_rank: tuple[int, ...] | None = None) -> tuple[int, ...]:
-    """Resolve ``--partition``: ``uniform``, ``balanced``, ``blocks`` or comma-separated layer counts such as
-    ``4,6,6,8``.
+    """Resolve ``--partition``: ``uniform``, ``balanced``, ``blocks``, comma-separated layer counts such as
+    ``4,6,6,8``, or a Megatron-Core layout such as ``Et*4|(t*4|)*14tmL`` (:mod:`sim.plan.megatron_layout`).
 
     ``vstage_to_rank`` (default: stage s on rank s) tells ``balanced`` which device runs each stage.
 
@@ -184,10 +186,13 @@ def parse_partition(text: str, oracle: CostOracle, num_stages: int,
         return balanced_counts(oracle, num_stages, vstage_to_rank)
     if text == "blocks":
         return block_counts(oracle, num_stages)
+    if is_megatron_layout(text):
+        return layout_counts(text, oracle.graph, num_stages)
     try:
         counts = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise SpecError(f"{{partition}} must be uniform, balanced, blocks or layer counts like 4,4,8; got {text!r}"
+        raise SpecError(f"{{partition}} must be uniform, balanced, blocks, layer counts like 4,4,8 or a Megatron "
+                        f"layout like Et*2|t*2L; got {text!r}"
                         f"{did_you_mean(text, ('uniform', 'balanced', 'blocks'))}",
                         "partition") from None
     if any(c < 1 for c in counts):
