@@ -7,7 +7,7 @@ Each row becomes the ``sim.run`` inputs its columns mean (:func:`plan_inputs`): 
 length; on GB200 and GB300, racks of 64 of the job's GPUs (``M × 64 × GB200``; 72 or fewer GPUs, one domain), on B300
 ``N/8 × 8 × B300``; ``--tp`` (with sequence parallelism, which Megatron-Core requires of a mixture under TP and the
 recipes set), ``--pp`` (``--schedule interleaved --chunks VP`` where VP > 1, else 1F1B; the layers split as the recipe
-has Megatron-Core split them, :func:`partition`; each stage's output freed once sent,
+has Megatron-Core split them, DeepSeek-V3's by its recipe's ``pipeline_model_parallel_layout``, :func:`partition`; each stage's output freed once sent,
 ``--deallocate-pipeline-outputs``, as the Bridge's ``GPTModelProvider`` sets ``deallocate_pipeline_outputs = True`` at
 every tag read, v0.1.0rc3 to v0.6.0 ``src/megatron/bridge/models/gpt_provider.py``), ``--cp``, ``--ep``, DP the GPUs
 left; micro-batches of the row's ``mbs`` (where a parenthesised variant shares the outer one's cell and only its own
@@ -318,15 +318,30 @@ def plan_inputs(row: Row) -> PlanInputs:
 EMBEDDING_AND_LOSS_IN_SPLIT = frozenset({"LLAMA3.1_405B"})
 
 
+#: DeepSeek-V3's layer layout by (PP, VP) as Megatron-Bridge's recipes set it, ``{last}`` its last stage's MTP layer
+#: (where the model trains one) and the loss: ``set_deepseek_v3_pipeline_model_parallel_layout``'s ``layout_map``
+#: (the same at v0.2.0, v0.4.2 and v0.5.0 ``src/megatron/bridge/recipes/deepseek/deepseek_v3.py`` and v0.6.0
+#: ``recipes/deepseek/h100/deepseek_v3.py``, ``last_layer = ["mtp"] * mtp_layers + ["loss"]``), and on GB300 at PP 2 ×
+#: VP 8 the ``pp_layout="Et*4|(t*4|)*14tmL"`` its performance configs set (v0.4.2 and v0.5.0
+#: ``deepseek_workload_base_configs.py``, v0.6.0 ``perf_recipes/deepseek/gb300/deepseek_v3.py``): Megatron-Core's
+#: layout syntax, which ``--partition`` takes (:mod:`sim.plan.megatron_layout`).
+DEEPSEEK_V3_LAYOUTS = {(4, 1): "Et*16|t*16|t*16|t*13{last}", (8, 1): "Et*8|(t*8|)*6t*5{last}",
+                       (4, 2): "Et*8|(t*8|)*6t*5{last}", (16, 1): "Et*4|(t*4|)*14t{last}",
+                       (8, 2): "Et*4|(t*4|)*14t{last}", (4, 4): "Et*4|(t*4|)*14t{last}",
+                       (2, 8): "Et*4|(t*4|)*14t{last}"}
+
+
 def partition(row: Row) -> str:
     """``--partition`` of ``row``: the layer split its recipe makes. The dense models' are Megatron-Core's even
     splits: with the embedding and the loss counted (:data:`EMBEDDING_AND_LOSS_IN_SPLIT`) every model chunk holds the
     same number of the model's layers, embedding and head included (``uniform``); else the blocks split evenly, the
-    embedding joining the first chunk and the head the last (``blocks``, Megatron-Core's default). A mixture's recipe
-    sets its own ``pipeline_model_parallel_layout``, not read here: ``balanced`` (the product's own split, named in
-    ``unmodelled``)."""
+    embedding joining the first chunk and the head the last (``blocks``, Megatron-Core's default). DeepSeek-V3's is
+    its recipe's layout (:data:`DEEPSEEK_V3_LAYOUTS`); the other mixtures' recipes set layouts not read here:
+    ``balanced`` (the product's own split, named in ``unmodelled``)."""
     if row.pp == 1:
         return "balanced"  # one stage: every split is the same
+    if row.model.startswith("DeepSeekV3") and (row.pp, row.vp) in DEEPSEEK_V3_LAYOUTS:
+        return DEEPSEEK_V3_LAYOUTS[row.pp, row.vp].format(last="L" if "w/o MTP" in row.model else "mL")
     if row.moe:
         return "balanced"
     return "uniform" if row.model in EMBEDDING_AND_LOSS_IN_SPLIT else "blocks"
@@ -396,7 +411,7 @@ def unmodelled(row: Row) -> tuple[str, ...]:
     if row.fsdp == 0 and row.gpus // (row.tp * row.pp) > 1:
         missing.append("distributed optimizer assumed")
     missing.extend(_recipe_memory_gaps(row))
-    if row.moe and row.pp > 1:
+    if row.moe and row.pp > 1 and partition(row) == "balanced":
         missing.append("the recipe's pipeline layout not read (layers split by --partition balanced)")
     if row.accumulation and row.gbs != row.mbs * row.accumulation * row.gpus // (row.tp * row.pp * row.cp):
         missing.append(f"the published batch columns disagree (gbs {row.gbs} != mbs {row.mbs} x DP "

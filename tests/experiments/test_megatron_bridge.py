@@ -73,10 +73,16 @@ def test_each_dense_pipeline_is_split_as_megatron_core_builds_its_recipe():
     # and Megatron-Core frees each stage's output once sent (the Bridge's GPTModelProvider sets it)
     assert mb.plan_inputs(_row(211)).deallocate_pipeline_outputs
     assert not mb.plan_inputs(_row(9)).deallocate_pipeline_outputs  # PP 1: nothing sent
-    # a mixture's recipe sets a layout not read here: named
-    deepseek = _row(3)
-    assert mb.partition(deepseek) == "balanced"
-    assert "the recipe's pipeline layout not read (layers split by --partition balanced)" in mb.unmodelled(deepseek)
+    # DeepSeek-V3's is its recipe's Megatron layout (PP 4 x VP 4: the embedding and 4 decoders, 14 stages of 4, the
+    # last decoder with the MTP layer and the loss; without MTP the loss alone)
+    deepseek = build_plan(mb.plan_inputs(_row(3))).plan.placement.layer_counts()
+    assert mb.partition(_row(3)) == "Et*4|(t*4|)*14tmL" and deepseek == (5,) + (4,) * 14 + (3,)
+    assert mb.partition(_row(203)) == "Et*4|(t*4|)*14tL"
+    assert not any("layout" in gap for gap in mb.unmodelled(_row(3)))
+    # a mixture's recipe whose layout is not read is split by the product's own rule, and named
+    qwen = next(r for r in mb.load_rows() if r.model == "Qwen3_235B_a22B" and r.pp > 1)
+    assert mb.partition(qwen) == "balanced"
+    assert "the recipe's pipeline layout not read (layers split by --partition balanced)" in mb.unmodelled(qwen)
 
 
 def test_only_each_configurations_newest_row_is_judged():
