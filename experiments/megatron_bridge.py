@@ -7,12 +7,13 @@ Each row becomes the ``sim.run`` inputs its columns mean (:func:`plan_inputs`): 
 length; on GB200 and GB300, racks of 64 of the job's GPUs (``M × 64 × GB200``; 72 or fewer GPUs, one domain), on B300
 ``N/8 × 8 × B300``; ``--tp`` (with sequence parallelism, which Megatron-Core requires of a mixture under TP and the
 recipes set), ``--pp`` (``--schedule interleaved --chunks VP`` where VP > 1, else 1F1B; the layers split as the recipe
-has Megatron-Core split them, DeepSeek-V3's by its recipe's ``pipeline_model_parallel_layout``, :func:`partition`; each stage's output freed once sent,
-``--deallocate-pipeline-outputs``, as the Bridge's ``GPTModelProvider`` sets ``deallocate_pipeline_outputs = True`` at
-every tag read, v0.1.0rc3 to v0.6.0 ``src/megatron/bridge/models/gpt_provider.py``), ``--cp``, ``--ep``, DP the GPUs
-left; micro-batches of the row's ``mbs`` (where a parenthesised variant shares the outer one's cell and only its own
-accumulation count balances the global batch, the size that count implies: :func:`microbatch_size`); FSDP > 0 as
-``--zero 3`` over the data-parallel devices, FSDP = 0 as Megatron's distributed optimizer
+has Megatron-Core split them, DeepSeek-V3's by its recipe's ``pipeline_model_parallel_layout``, :func:`partition`;
+each stage's output freed once sent, ``--deallocate-pipeline-outputs``, as the Bridge's ``GPTModelProvider`` sets
+``deallocate_pipeline_outputs = True`` at every tag read, v0.1.0rc3 to v0.6.0
+``src/megatron/bridge/models/gpt_provider.py``), ``--cp``, ``--ep``, DP the GPUs left; micro-batches of the row's
+``mbs`` (where a parenthesised variant shares the outer one's cell and only its own accumulation count balances the
+global batch, the size that count implies: :func:`microbatch_size`); FSDP > 0 as ``--zero 3`` over the
+data-parallel devices, FSDP = 0 as Megatron's distributed optimizer
 (``--zero 1``, the recipes' default, [assumed]: the file does not say); the global batch in microbatches of the row's
 size; Transformer Engine's fused kernels (``--compile``); Transformer Engine's tensor-parallel communication overlap
 where the recipe keeps it (Llama 3 under TP > 1 but in NVFP4, :func:`tp_comm_overlap`) as ``--async-tp``; the
