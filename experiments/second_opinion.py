@@ -279,7 +279,8 @@ def second_opinion(rows: Sequence[Published], *, workers: int = 2, time_budget_s
         space = search_space(members, [candidate for candidate, _ in published.values()])
         first = members[0].inputs
         problem = SearchProblem(first.model, first.topology, first.global_batch or 0, space=space, loss=first.loss,
-                                blocks=first.blocks)
+                                blocks=first.blocks, deallocate_pipeline_outputs=first.deallocate_pipeline_outputs,
+                                recompute_modules=first.recompute_modules)
         topology = Topology.parse(problem.topology)
         listed = set(enumerate_candidates(problem, topology.num_ranks, topology))
         for key, (candidate, _) in published.items():

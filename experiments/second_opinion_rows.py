@@ -118,10 +118,10 @@ def load_published(keys: Sequence[str] | None = None) -> tuple[list[Published], 
 
 def problem_key(row: Published) -> tuple:
     """What makes two rows one problem: model (with its sequence), topology, global batch, precision, compile, loss,
-    blocks."""
+    blocks, freed stage outputs, recomputed modules."""
     inputs = row.inputs
     return (inputs.model, inputs.topology, inputs.global_batch, inputs.precision, inputs.compiled, inputs.loss,
-            inputs.blocks)
+            inputs.blocks, inputs.deallocate_pipeline_outputs, inputs.recompute_modules)
 
 
 def published_candidate(inputs: PlanInputs) -> tuple[Candidate, tuple[str, ...]]:
@@ -135,7 +135,9 @@ def published_candidate(inputs: PlanInputs) -> tuple[Candidate, tuple[str, ...]]
         dp_replicate=inputs.dp_replicate, precision=inputs.precision or MODEL_PRECISION, compiled=inputs.compiled,
         ep=inputs.ep, etp=inputs.etp)
     problem = SearchProblem(inputs.model, inputs.topology, inputs.global_batch or 0, profile=inputs.profile,
-                            kernel_model=inputs.kernel_model, loss=inputs.loss, blocks=inputs.blocks)
+                            kernel_model=inputs.kernel_model, loss=inputs.loss, blocks=inputs.blocks,
+                            deallocate_pipeline_outputs=inputs.deallocate_pipeline_outputs,
+                            recompute_modules=inputs.recompute_modules)
     own = replace(candidate.plan_inputs(problem), recompute=inputs.recompute)
     left = tuple(f"{f.name}={getattr(inputs, f.name)!r}" for f in fields(PlanInputs)
                  if getattr(inputs, f.name) != getattr(own, f.name))
