@@ -32,7 +32,7 @@ from sim.ir.weight_versions import VERTICAL_SYNC_OPTION
 from sim.models.blocks import BLOCKS
 from sim.models.graph import LayerGraph
 from sim.models.loss import LOSSES
-from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES
+from sim.models.recompute_modules import DEFAULT_RECOMPUTE_MODULES, check_recompute_modules
 from sim.models.routing import BALANCED, Routing, parse_routing
 from sim.models.sharding import DISPATCHERS
 from sim.plan.inputs import PlanInputs
@@ -152,6 +152,13 @@ def _check_inputs(inputs: PlanInputs) -> None:
         raise SpecError(f"{{capacity_factor}} must be a number >= 0 (0: dropless), got {factor!r}", "capacity_factor")
     if inputs.recompute_mode not in ("none", "full", "selective"):
         raise SpecError(f"{{recompute}} takes full or selective, got {inputs.recompute!r}", "recompute")
+    try:
+        check_recompute_modules(inputs.recompute_modules)
+    except ValueError as error:
+        # the library's own line, its field named as the caller's flag ("recompute_modules must be ..." first)
+        message = str(error).replace("recompute_modules", "{recompute_modules}", 1)
+        raise SpecError(message if "{recompute_modules}" in message else f"{{recompute_modules}}: {message}",
+                        "recompute_modules") from None
     if inputs.schedule_file and inputs.vertical_sync:
         raise SpecError("{vertical_sync} applies to the pipedream schedule, not to a schedule file", "vertical_sync")
     if inputs.schedule_file and inputs.chunks != 1:

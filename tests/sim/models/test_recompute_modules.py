@@ -57,6 +57,13 @@ def test_the_written_plan_predicts_the_same():
     assert again.metrics == predict_built(fewer, check_memory=False).metrics
 
 
+def test_modules_given_as_anything_but_a_tuple_of_known_names_are_refused_before_building():
+    for modules, needle in ((["moe_act"], "non-empty tuple"), (("mla_up_proj", "moe_act"), "in the order"),
+                            (("core_attn",), "'core_attn' is not modelled")):
+        with pytest.raises(SpecError, match=needle):
+            _built(recompute="selective", recompute_modules=modules)
+
+
 @pytest.mark.parametrize("extra, needle", [
     (dict(recompute_modules=("mla_up_proj",)), "needs --recompute selective, got none"),
     (dict(recompute="full", recompute_modules=("moe_act",)), "needs --recompute selective, got full"),
