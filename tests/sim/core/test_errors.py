@@ -72,7 +72,7 @@ def test_the_library_names_its_partition_and_sim_run_names_the_flag(tmp_path, ca
     with pytest.raises(SystemExit):
         run_main(["--topology", "4xV100", "--model", "uniform:layers=8", "--schedule", "1f1b", "--partition", "x",
                   "--out", str(tmp_path / "out")])
-    assert capsys.readouterr().err.startswith("error: --partition must be uniform, balanced, blocks or layer counts")
+    assert capsys.readouterr().err.startswith("error: --partition must be uniform, balanced, blocks, layer counts")
 
 
 def test_the_library_names_workers_and_sim_search_names_its_flag(tmp_path, capsys):
