@@ -311,12 +311,14 @@ def plan_inputs(row: Row) -> PlanInputs:
         offload_activations=offloaded_layers(row), partition=partition(row), **_recomputation(row))
 
 
-#: Megatron-Bridge's dense recipes whose pipeline split counts the embedding and the loss as one layer each
-#: (``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``: Llama 3.1 405B's recipe
-#: at every tag read, v0.1.0rc3 ``recipes/llama/llama31_405b.py`` lines 47-48 to v0.5.0 ``recipes/llama/llama3.py``
-#: lines 1146-1147). Megatron-Core then splits num_layers + 2 evenly over the model chunks and builds one block fewer
-#: in the first chunk and in the last (``get_num_layers_to_build``, ``transformer_block.py``, Megatron-LM d98e8a6).
-EMBEDDING_AND_LOSS_IN_SPLIT = frozenset({"LLAMA3.1_405B"})
+#: Megatron-Bridge's recipes whose pipeline split counts the embedding and the loss as one layer each
+#: (``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``): Llama 3.1 405B's at every
+#: tag read (v0.1.0rc3 ``recipes/llama/llama31_405b.py`` lines 47-48 to v0.5.0 ``recipes/llama/llama3.py`` lines
+#: 1146-1147) and Qwen3-235B-A22B's (v0.2.0 ``recipes/qwen/qwen3_moe.py`` lines 160-161, v0.4.2 and v0.5.0 lines
+#: 166-167, v0.6.0 ``recipes/qwen/h100/qwen3_moe.py`` lines 261-262, which its performance recipes start from).
+#: Megatron-Core then splits num_layers + 2 evenly over the model chunks and builds one block fewer in the first chunk
+#: and in the last (``get_num_layers_to_build``, ``transformer_block.py``, Megatron-LM d98e8a6).
+EMBEDDING_AND_LOSS_IN_SPLIT = frozenset({"LLAMA3.1_405B", "Qwen3_235B_a22B"})
 
 
 #: DeepSeek-V3's layer layout by (PP, VP) as Megatron-Bridge's recipes set it, ``{last}`` its last stage's MTP layer
@@ -337,15 +339,15 @@ def partition(row: Row) -> str:
     splits: with the embedding and the loss counted (:data:`EMBEDDING_AND_LOSS_IN_SPLIT`) every model chunk holds the
     same number of the model's layers, embedding and head included (``uniform``); else the blocks split evenly, the
     embedding joining the first chunk and the head the last (``blocks``, Megatron-Core's default). DeepSeek-V3's is
-    its recipe's layout (:data:`DEEPSEEK_V3_LAYOUTS`); the other mixtures' recipes set layouts not read here:
-    ``balanced`` (the product's own split, named in ``unmodelled``)."""
+    its recipe's layout (:data:`DEEPSEEK_V3_LAYOUTS`), Qwen3-235B-A22B's the embedding-and-loss split; the other
+    mixtures' are not read here: ``balanced`` (the product's own split, named in ``unmodelled``)."""
     if row.pp == 1:
         return "balanced"  # one stage: every split is the same
     if row.model.startswith("DeepSeekV3") and (row.pp, row.vp) in DEEPSEEK_V3_LAYOUTS:
         return DEEPSEEK_V3_LAYOUTS[row.pp, row.vp].format(last="L" if "w/o MTP" in row.model else "mL")
-    if row.moe:
-        return "balanced"
-    return "uniform" if row.model in EMBEDDING_AND_LOSS_IN_SPLIT else "blocks"
+    if row.model in EMBEDDING_AND_LOSS_IN_SPLIT:
+        return "uniform"
+    return "balanced" if row.moe else "blocks"
 
 
 def offloaded_layers(row: Row) -> int:

@@ -79,10 +79,13 @@ def test_each_dense_pipeline_is_split_as_megatron_core_builds_its_recipe():
     assert mb.partition(_row(3)) == "Et*4|(t*4|)*14tmL" and deepseek == (5,) + (4,) * 14 + (3,)
     assert mb.partition(_row(203)) == "Et*4|(t*4|)*14tL"
     assert not any("layout" in gap for gap in mb.unmodelled(_row(3)))
+    # Qwen3-235B-A22B counts the embedding and the loss too: (94 + 2) / (8 x 3) = 4 layers per chunk
+    qwen = build_plan(mb.plan_inputs(_row(11))).plan.placement.layer_counts()  # 26.08, GB200, PP 8, VP 3
+    assert mb.partition(_row(11)) == "uniform" and qwen == (4,) * 24
     # a mixture's recipe whose layout is not read is split by the product's own rule, and named
-    qwen = next(r for r in mb.load_rows() if r.model == "Qwen3_235B_a22B" and r.pp > 1)
-    assert mb.partition(qwen) == "balanced"
-    assert "the recipe's pipeline layout not read (layers split by --partition balanced)" in mb.unmodelled(qwen)
+    unread = _row(204)  # 25.11's DeepSeek-V3 without MTP at PP 8 x VP 4: the recipe's layout map has no such entry
+    assert mb.partition(unread) == "balanced"
+    assert "the recipe's pipeline layout not read (layers split by --partition balanced)" in mb.unmodelled(unread)
 
 
 def test_only_each_configurations_newest_row_is_judged():
