@@ -22,7 +22,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.core.cli import CliParser, parse_byte_size
+from sim.core.cli import CliParser, argument_type, parse_byte_size
 from sim.core.errors import SpecError, run_cli
 from sim.core.fileio import prepare_output_dir, write_json_atomic, write_text_chunks_atomic
 from sim.cost.plan_settings import RECOMPUTE_MODULES_OPTION
@@ -102,8 +102,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "torchtitan's per-op policy does not keep, moe the norms, the experts' SwiGLU and MLA's "
                         "up-projections (Megatron-Core's --recompute-modules layernorm moe_act mla_up_proj; fewer "
                         "with --recompute-modules)")
-    parser.add_argument("--recompute-modules", type=_recompute_modules, default=DEFAULT_RECOMPUTE_MODULES,
-                        metavar="M[,M...]",
+    parser.add_argument("--recompute-modules", type=argument_type(parse_recompute_modules),
+                        default=DEFAULT_RECOMPUTE_MODULES, metavar="M[,M...]",
                         help="with --recompute selective on a moe model, the Megatron-Core modules it recomputes: "
                         f"a comma-separated list of {', '.join(RECOMPUTE_MODULES)} (default: all; DeepSeek-V3's "
                         "Megatron-Bridge recipes recompute mla_up_proj alone)")
@@ -452,14 +452,6 @@ def _device_list(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a list of device numbers: {text!r} (e.g. 4,5,6,7,0,1,2,3)") from None
-
-
-def _recompute_modules(text: str) -> tuple[str, ...]:
-    """``--recompute-modules mla_up_proj`` → the modules in canonical order (:mod:`sim.models.recompute_modules`)."""
-    try:
-        return parse_recompute_modules(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _group_lines(plan) -> str:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import NoReturn
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 from sim.core.errors import did_you_mean, fail
 
-__all__ = ["CliParser", "parse_byte_size", "BYTE_UNITS"]
+_T = TypeVar("_T")
+
+__all__ = ["CliParser", "parse_byte_size", "argument_type", "BYTE_UNITS"]
 
 #: Byte-size suffixes: SI for KB/MB/GB/TB, binary for KiB/MiB/GiB/TiB (upper-cased before lookup).
 BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
@@ -58,3 +61,14 @@ def parse_byte_size(text: str) -> int:
     if not math.isfinite(number) or number < 0:
         raise argparse.ArgumentTypeError(f"a byte size must be finite and >= 0, got {text!r}")
     return int(number * BYTE_UNITS[unit])
+
+
+def argument_type(parse: Callable[[str], _T]) -> Callable[[str], _T]:
+    """An argparse ``type`` from a library parser that raises ValueError: its message becomes the flag's one
+    ``error:`` line (argparse itself would replace it with "invalid ... value")."""
+    def convert(text: str) -> _T:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return convert

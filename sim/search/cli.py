@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from sim.core.cli import CliParser, parse_byte_size
+from sim.core.cli import CliParser, argument_type, parse_byte_size
 from sim.core.errors import SpecError, did_you_mean, run_cli
 from sim.core.fileio import prepare_output_dir, write_text_chunks_atomic
 from sim.cost.allocator import FRAGMENTATION
@@ -181,19 +181,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deallocate-pipeline-outputs", action="store_true",
                         help="every plan with pipeline stages frees each stage's output once sent (as sim.run "
                         "--deallocate-pipeline-outputs: Megatron-Core's)")
-    parser.add_argument("--recompute-modules", type=_recompute_modules, default=DEFAULT_RECOMPUTE_MODULES,
-                        metavar="M[,M...]",
+    parser.add_argument("--recompute-modules", type=argument_type(parse_recompute_modules),
+                        default=DEFAULT_RECOMPUTE_MODULES, metavar="M[,M...]",
                         help="what a plan's selective recomputation drops in a mixture's blocks (as sim.run "
                         f"--recompute-modules: {', '.join(RECOMPUTE_MODULES)}; default all)")
     return parser
-
-
-def _recompute_modules(text: str) -> tuple[str, ...]:
-    """``--recompute-modules mla_up_proj`` → the modules in canonical order (:mod:`sim.models.recompute_modules`)."""
-    try:
-        return parse_recompute_modules(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _check_recompute_modules(problem: SearchProblem) -> None:
